@@ -1,0 +1,30 @@
+//===- FoldConstants.h - fold-constants: drop ops computed at compile time ===//
+//
+// After infer-shapes, an op whose every output holds a compile-time value
+// (ConstTensor) is no longer needed: its outputs become constants and the op
+// is removed. Run eliminate-dead afterwards to drop what only fed it.
+//
+// Before:  %t = Concat(%a, %b)        ; %t known: i64[4] {2,16,4,16}
+//          %y = Reshape(%x, %t)
+// After:   %y = Reshape(%x, %t)       ; %t is a constant, Concat is gone
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_PASSES_FOLDCONSTANTS_H
+#define PIPEC_PASSES_FOLDCONSTANTS_H
+
+#include "compiler/ir/Graph.h"
+
+namespace pipec {
+
+/// Returns whether any op was removed.
+llvm::Expected<bool> foldConstants(Graph &graph);
+
+class FoldConstantsPass {
+public:
+  static llvm::StringRef name() { return "fold-constants"; }
+  llvm::Expected<bool> run(Graph &graph) { return foldConstants(graph); }
+};
+
+} // namespace pipec
+
+#endif // PIPEC_PASSES_FOLDCONSTANTS_H

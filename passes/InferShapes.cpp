@@ -1,0 +1,335 @@
+//===- InferShapes.cpp - infer-shapes: a static shape for every value -----===//
+#include "passes/InferShapes.h"
+#include "passes/ConstantEvaluator.h"
+#include "passes/ContribShapes.h"
+
+#include "onnx/defs/schema.h"
+#include "onnx/shape_inference/implementation.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+#include <deque>
+#include <unordered_map>
+
+using namespace llvm;
+
+namespace pipec {
+namespace {
+
+class ShapeInferer {
+public:
+  explicit ShapeInferer(Graph &graph) : graph(graph) {
+    for (const auto &info : graph.model->graph().value_info())
+      declared[info.name()] = &info;
+    for (const auto &info : graph.model->graph().output())
+      declared[info.name()] = &info;
+  }
+
+  Expected<bool> run();
+
+private:
+  Graph &graph;
+  StringMap<const onnx::ValueInfoProto *> declared;
+
+  template <typename... Ts> Error fail(const Op &op, const char *fmt, Ts &&...args) {
+    return createStringError(inconvertibleErrorCode(), "%s: %s: %s", graph.path.c_str(),
+                             describeOp(graph, op).c_str(),
+                             formatv(fmt, std::forward<Ts>(args)...).str().c_str());
+  }
+
+  /// The kind of an output computed at compile time: a parameter when it
+  /// derives from one or is a fill (the weights of models exported without
+  /// their values are ConstantOfShape fills), a constant otherwise.
+  ValueKind derivedKind(const Op &op, const Value &out) const {
+    if (!looksLikeParameter(out.type, out.numElements()))
+      return ValueKind::Constant;
+    if (op.opType == "ConstantOfShape")
+      return ValueKind::Weight;
+    for (int id : op.inputs)
+      if (id >= 0 && graph.values[id].kind == ValueKind::Weight)
+        return ValueKind::Weight;
+    return ValueKind::Constant;
+  }
+  /// The value of input \p id when it is a small compile-time constant.
+  std::shared_ptr<const ConstTensor> knownValue(int id);
+  Expected<bool> tryFold(Op &op);
+  Expected<std::optional<std::vector<TensorType>>> onnxInference(Op &op);
+  std::optional<TensorType> declaredType(const Value &value);
+  Error inferOp(Op &op);
+};
+
+std::shared_ptr<const ConstTensor> ShapeInferer::knownValue(int id) {
+  Value &value = graph.values[id];
+  if (value.constant)
+    return value.constant;
+  if (value.kind != ValueKind::Constant || value.producer >= 0 || !value.shapeKnown ||
+      value.numElements() > MaxFoldElements)
+    return nullptr;
+  auto read = graph.readConstant(id, MaxFoldElements);
+  if (!read) {
+    consumeError(read.takeError());
+    return nullptr;
+  }
+  value.constant = *read;
+  return value.constant;
+}
+
+Expected<bool> ShapeInferer::tryFold(Op &op) {
+  ConstTensor folded;
+  if (op.domain.empty() && (op.opType == "Shape" || op.opType == "Size")) {
+    if (op.inputs.empty() || op.inputs[0] < 0)
+      return fail(op, "has no input");
+    const Value &in = graph.values[op.inputs[0]];
+    folded.type = DType::I64;
+    if (op.opType == "Size") {
+      folded.ints = {in.numElements()};
+    } else {
+      int64_t rank = static_cast<int64_t>(in.shape.size());
+      int64_t start = 0, end = rank;
+      for (const auto &attr : graph.node(op).attribute()) {
+        if (attr.name() == "start")
+          start = attr.i();
+        if (attr.name() == "end")
+          end = attr.i();
+      }
+      start = std::clamp<int64_t>(start < 0 ? start + rank : start, 0, rank);
+      end = std::clamp<int64_t>(end < 0 ? end + rank : end, 0, rank);
+      for (int64_t d = start; d < end; ++d)
+        folded.ints.push_back(in.shape[d]);
+      folded.shape = {static_cast<int64_t>(folded.ints.size())};
+    }
+  } else {
+    if (!isEvaluable(op))
+      return false;
+    std::vector<std::shared_ptr<const ConstTensor>> held;
+    std::vector<const ConstTensor *> inputs;
+    for (int id : op.inputs) {
+      if (id < 0) {
+        inputs.push_back(nullptr);
+        continue;
+      }
+      auto value = knownValue(id);
+      if (!value)
+        return false;
+      inputs.push_back(value.get());
+      held.push_back(std::move(value));
+    }
+    auto result = evaluateOp(graph, op, inputs, MaxFoldElements);
+    if (!result)
+      return result.takeError();
+    if (!*result)
+      return false;
+    if ((*result)->size() != 1 || op.outputs.size() != 1 || op.outputs[0] < 0)
+      return false;
+    folded = std::move((**result)[0]);
+  }
+  Value &out = graph.values[op.outputs[0]];
+  out.type = folded.type;
+  out.shape = folded.shape;
+  out.shapeKnown = true;
+  out.kind = derivedKind(op, out);
+  out.constant = std::make_shared<const ConstTensor>(std::move(folded));
+  return true;
+}
+
+void fillTensorProto(const ConstTensor &t, onnx::TensorProto &proto) {
+  proto.set_data_type(static_cast<int32_t>(t.type));
+  for (int64_t d : t.shape)
+    proto.add_dims(d);
+  int64_t n = t.numElements();
+  switch (t.type) {
+  case DType::F32:
+    for (int64_t i = 0; i < n; ++i)
+      proto.add_float_data(static_cast<float>(t.floats[i]));
+    break;
+  case DType::F64:
+    for (int64_t i = 0; i < n; ++i)
+      proto.add_double_data(t.floats[i]);
+    break;
+  case DType::I64:
+    for (int64_t i = 0; i < n; ++i)
+      proto.add_int64_data(t.ints[i]);
+    break;
+  case DType::U32:
+  case DType::U64:
+    for (int64_t i = 0; i < n; ++i)
+      proto.add_uint64_data(static_cast<uint64_t>(t.ints[i]));
+    break;
+  default:
+    if (t.isFloat()) // f16/bf16: ONNX's inference only needs their shape
+      proto.clear_data_type(), proto.set_data_type(static_cast<int32_t>(t.type));
+    else
+      for (int64_t i = 0; i < n; ++i)
+        proto.add_int32_data(static_cast<int32_t>(t.ints[i]));
+  }
+}
+
+Expected<std::optional<std::vector<TensorType>>> ShapeInferer::onnxInference(Op &op) {
+  int64_t opset = graph.opsetFor(op.domain);
+  const onnx::OpSchema *schema = onnx::OpSchemaRegistry::Schema(
+      op.opType, static_cast<int>(opset ? opset : 1), op.domain);
+  if (!schema || !schema->has_type_and_shape_inference_function())
+    return std::nullopt;
+  onnx::NodeProto &node = *graph.model->mutable_graph()->mutable_node(op.nodeIndex);
+  std::deque<onnx::TypeProto> types;
+  std::deque<onnx::TensorProto> data;
+  std::unordered_map<std::string, onnx::TypeProto *> typesByName;
+  std::unordered_map<std::string, const onnx::TensorProto *> dataByName;
+  std::unordered_map<std::string, const onnx::SparseTensorProto *> sparseByName;
+  for (size_t i = 0; i < op.inputs.size(); ++i) {
+    if (op.inputs[i] < 0)
+      continue;
+    const Value &value = graph.values[op.inputs[i]];
+    onnx::TypeProto &type = types.emplace_back();
+    auto *tensor = type.mutable_tensor_type();
+    tensor->set_elem_type(static_cast<int32_t>(value.type));
+    auto *shape = tensor->mutable_shape();
+    for (int64_t d : value.shape)
+      shape->add_dim()->set_dim_value(d);
+    typesByName[node.input(static_cast<int>(i))] = &type;
+    if (auto known = knownValue(op.inputs[i])) {
+      onnx::TensorProto &proto = data.emplace_back();
+      fillTensorProto(*known, proto);
+      proto.set_name(node.input(static_cast<int>(i)));
+      dataByName[node.input(static_cast<int>(i))] = &proto;
+    }
+  }
+  onnx::shape_inference::InferenceContextImpl context(node, typesByName, dataByName,
+                                                      sparseByName);
+  try {
+    schema->GetTypeAndShapeInferenceFunction()(context);
+  } catch (const std::exception &e) {
+    StringRef what(e.what());
+    // ONNX cannot see into subgraphs here; let the declared types answer.
+    if (what.contains("GraphProto attribute inferencing"))
+      return std::nullopt;
+    return fail(op, "shape inference failed: {0}", what.trim());
+  }
+  std::vector<TensorType> out(op.outputs.size());
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    const onnx::TypeProto *type = context.getOutputType(i);
+    if (!type->has_tensor_type() || !type->tensor_type().has_shape())
+      return std::nullopt;
+    out[i].type = static_cast<DType>(type->tensor_type().elem_type());
+    for (const auto &dim : type->tensor_type().shape().dim()) {
+      if (!dim.has_dim_value())
+        return std::nullopt;
+      out[i].shape.push_back(dim.dim_value());
+    }
+  }
+  return std::optional<std::vector<TensorType>>(std::move(out));
+}
+
+std::optional<TensorType> ShapeInferer::declaredType(const Value &value) {
+  auto it = declared.find(value.name);
+  if (it == declared.end() || !it->second->type().has_tensor_type())
+    return std::nullopt;
+  const auto &tensor = it->second->type().tensor_type();
+  if (!tensor.has_shape() || !isKnownDType(tensor.elem_type()))
+    return std::nullopt;
+  TensorType out;
+  out.type = static_cast<DType>(tensor.elem_type());
+  for (int i = 0; i < tensor.shape().dim_size(); ++i) {
+    const auto &dim = tensor.shape().dim(i);
+    if (dim.has_dim_value()) {
+      out.shape.push_back(dim.dim_value());
+      continue;
+    }
+    auto bound = bindSymbolicDim(graph.bindings, dim.dim_param(), i);
+    if (!bound)
+      return std::nullopt;
+    out.shape.push_back(*bound);
+  }
+  return out;
+}
+
+Error ShapeInferer::inferOp(Op &op) {
+  for (int id : op.inputs)
+    if (id >= 0 && !graph.values[id].shapeKnown)
+      return fail(op, "input '{0}' has no shape", graph.values[id].name);
+  auto folded = tryFold(op);
+  if (!folded)
+    return folded.takeError();
+  if (*folded)
+    return Error::success();
+
+  auto types = inferContribShapes(graph, op);
+  if (!types)
+    return types.takeError();
+  if (!*types) {
+    types = onnxInference(op);
+    if (!types)
+      return types.takeError();
+  }
+  bool compileTime = !op.inputs.empty();
+  for (int id : op.inputs)
+    if (id >= 0 && graph.values[id].kind != ValueKind::Constant &&
+        graph.values[id].kind != ValueKind::Weight)
+      compileTime = false;
+  for (int id : op.captures)
+    if (graph.values[id].kind != ValueKind::Constant && graph.values[id].kind != ValueKind::Weight)
+      compileTime = false;
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    if (op.outputs[i] < 0)
+      continue;
+    Value &out = graph.values[op.outputs[i]];
+    std::optional<TensorType> type;
+    if (*types && i < (*types)->size())
+      type = (**types)[i];
+    if (!type)
+      type = declaredType(out);
+    if (!type) {
+      bool known = graph.opsetFor(op.domain) > 0 &&
+                   onnx::OpSchemaRegistry::Schema(op.opType,
+                                                  static_cast<int>(graph.opsetFor(op.domain)),
+                                                  op.domain) != nullptr;
+      if (!known)
+        return fail(op, "cannot infer the shape of output '{0}': no shape rule for this op "
+                        "and the model declares no static type for it",
+                    out.name);
+      return fail(op, "cannot infer a static shape for output '{0}' (it depends on run-time "
+                      "data, or an input shape is not bound; see --input-shape and --dim)",
+                  out.name);
+    }
+    for (int64_t d : type->shape)
+      if (d < 0)
+        return fail(op, "inferred a negative dimension for output '{0}'", out.name);
+    out.type = type->type;
+    out.shape = type->shape;
+    out.shapeKnown = true;
+    if (compileTime)
+      out.kind = derivedKind(op, out);
+  }
+  return Error::success();
+}
+
+Expected<bool> ShapeInferer::run() {
+  bool changed = false;
+  for (Op &op : graph.ops) {
+    if (op.dead)
+      continue;
+    bool allKnown = true;
+    for (int id : op.outputs)
+      allKnown &= id < 0 || graph.values[id].shapeKnown;
+    if (allKnown && !op.outputs.empty())
+      continue;
+    try {
+      if (Error err = inferOp(op))
+        return std::move(err);
+    } catch (const std::exception &e) {
+      return fail(op, "shape inference failed: {0}", e.what());
+    }
+    changed = true;
+  }
+  for (int id : graph.outputs)
+    if (!graph.values[id].shapeKnown)
+      return createStringError(inconvertibleErrorCode(), "%s: graph output '%s' has no shape",
+                               graph.path.c_str(), graph.values[id].name.c_str());
+  return changed;
+}
+
+} // namespace
+
+Expected<bool> inferShapes(Graph &graph) { return ShapeInferer(graph).run(); }
+
+} // namespace pipec

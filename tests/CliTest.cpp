@@ -1,0 +1,99 @@
+//===- CliTest.cpp - The pipec command line -----------------------------===//
+#include "TestUtil.h"
+
+#include "llvm/Support/JSON.h"
+
+using namespace pipec::test;
+
+namespace {
+
+const std::string Pipec = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
+
+TEST(Cli, ModelThenInspectJson) {
+  TempDir dir;
+  std::string out;
+  std::string model = dir.path("gpt.onnx");
+  ASSERT_EQ(runCommand(Pipec + " model gpt --layers 3 --hidden 32 --vocab 100 --seq 8 -o " + model,
+                       out),
+            0)
+      << out;
+  ASSERT_EQ(runCommand(Pipec + " inspect " + model + " --seq 8 --batch 2 --format json", out), 0)
+      << out;
+  auto json = llvm::json::parse(out);
+  ASSERT_TRUE(!!json) << llvm::toString(json.takeError()) << out;
+  const auto *root = json->getAsObject();
+  ASSERT_NE(root, nullptr);
+  EXPECT_EQ(root->getInteger("format_version").getValueOr(-1), 1);
+  const auto *m = root->getObject("model");
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->getString("path").getValueOr("").str(), model);
+  EXPECT_EQ(m->getString("sha256")->size(), 64u);
+  EXPECT_GT(*m->getInteger("nodes"), 0);
+  const auto *layers = root->getArray("layers");
+  ASSERT_NE(layers, nullptr);
+  ASSERT_EQ(layers->size(), 5u);
+  const char *fields[] = {"index",    "name",      "kind",           "ops",
+                          "params",   "flops_fwd", "activation_bytes", "boundary_bytes"};
+  for (const auto &layer : *layers)
+    for (const char *field : fields)
+      EXPECT_TRUE(layer.getAsObject()->get(field)) << field;
+  EXPECT_EQ((*layers)[0].getAsObject()->getString("kind").getValueOr(""), "embedding");
+  EXPECT_EQ((*layers)[1].getAsObject()->getString("kind").getValueOr(""), "block");
+  EXPECT_EQ((*layers)[4].getAsObject()->getString("kind").getValueOr(""), "head");
+  // Hidden state of batch 2, seq 8, width 32 in float.
+  EXPECT_EQ((*layers)[1].getAsObject()->getInteger("boundary_bytes").getValueOr(-1), 2 * 8 * 32 * 4);
+  int64_t sum = 0;
+  for (const auto &layer : *layers)
+    sum += *layer.getAsObject()->getInteger("params");
+  EXPECT_EQ(sum, *m->getInteger("params"));
+}
+
+TEST(Cli, InspectTextShowsTheTable) {
+  TempDir dir;
+  std::string out;
+  std::string model = dir.path("resnet.onnx");
+  ASSERT_EQ(runCommand(Pipec + " model resnet --layers 4 --hidden 8 --seq 32 --vocab 10 -o " +
+                           model,
+                       out),
+            0)
+      << out;
+  ASSERT_EQ(runCommand(Pipec + " inspect " + model, out), 0) << out;
+  EXPECT_NE(out.find("boundary bytes"), std::string::npos) << out;
+  EXPECT_NE(out.find("/layer1/layer1.0"), std::string::npos) << out;
+  EXPECT_NE(out.find("grouped by module-path"), std::string::npos) << out;
+}
+
+TEST(Cli, ErrorsAreOneLineWithExitCodes) {
+  TempDir dir;
+  std::string out;
+  EXPECT_EQ(runCommand(Pipec + " inspect " + dir.path("missing.onnx"), out), 1);
+  EXPECT_NE(out.find("missing.onnx: cannot open"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+
+  EXPECT_EQ(runCommand(Pipec + " inspect x.onnx --no-such-flag", out), 2) << out;
+  EXPECT_EQ(runCommand(Pipec + " frobnicate", out), 2) << out;
+  EXPECT_EQ(runCommand(Pipec + " inspect x.onnx --format yaml", out), 2) << out;
+  EXPECT_EQ(runCommand(Pipec + " inspect x.onnx --input-shape ids", out), 1) << out;
+  EXPECT_NE(out.find("--input-shape ids: expected NAME=D0,D1,.."), std::string::npos) << out;
+  EXPECT_EQ(runCommand(Pipec + " model transformerxl -o " + dir.path("m.onnx"), out), 1) << out;
+  EXPECT_NE(out.find("transformerxl"), std::string::npos) << out;
+}
+
+TEST(Cli, PrintAfterAndStats) {
+  TempDir dir;
+  std::string out;
+  std::string model = dir.path("mlp.onnx");
+  ASSERT_EQ(runCommand(Pipec + " model mlp --layers 2 --hidden 16 --vocab 8 -o " + model, out), 0);
+  ASSERT_EQ(runCommand(Pipec + " inspect " + model +
+                           " --print-after=fold-constants,group-layers --stats --dump-dir " +
+                           dir.path("dump"),
+                       out),
+            0)
+      << out;
+  EXPECT_NE(out.find("IR after fold-constants"), std::string::npos);
+  EXPECT_NE(out.find("IR after group-layers"), std::string::npos);
+  EXPECT_NE(out.find("stats: infer-shapes"), std::string::npos);
+  EXPECT_TRUE(fileExists(dir.path("dump/04-group-layers.txt")));
+}
+
+} // namespace

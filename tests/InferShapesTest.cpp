@@ -1,0 +1,172 @@
+//===- InferShapesTest.cpp - infer-shapes, fold-constants, eliminate-dead ===//
+#include "TestUtil.h"
+
+#include "models/ModelGenerators.h"
+#include "passes/EliminateDead.h"
+#include "passes/FoldConstants.h"
+#include "passes/InferShapes.h"
+
+using namespace pipec;
+using namespace pipec::test;
+using llvm::toString;
+
+namespace {
+
+int countOps(const Graph &graph, llvm::StringRef type) {
+  int n = 0;
+  for (const Op &op : graph.ops)
+    n += !op.dead && op.opType == type;
+  return n;
+}
+
+/// The subgraph torch writes for x.view(x.size(0), 4, -1).
+GraphBuilder torchViewModel() {
+  GraphBuilder b(13);
+  b.input("x", 1, {-1, 16}, {"batch"});
+  b.node("Shape", {"x"}, {"s"});
+  b.ints("zero", {0});
+  b.node("Gather", {"s", "zero"}, {"b"});
+  b.ints("rest", {4, -1});
+  b.node("Concat", {"b", "rest"}, {"target"}).add_attribute()->set_name("axis");
+  b.node("Reshape", {"x", "target"}, {"y"}, "/model/view/Reshape");
+  b.output("y");
+  return b;
+}
+
+TEST(InferShapes, FoldsTorchShapeArithmetic) {
+  GraphBuilder b = torchViewModel();
+  auto &concat = b.graph().mutable_node()->at(2);
+  concat.mutable_attribute(0)->set_i(0);
+  concat.mutable_attribute(0)->set_type(onnx::AttributeProto::INT);
+  ImportOptions options;
+  options.bindings.batch = 3;
+  auto graph = importOnnxBuffer(llvm::MemoryBuffer::getMemBufferCopy(b.serialize()), "view.onnx",
+                                ".", options);
+  ASSERT_TRUE(!!graph) << toString(graph.takeError());
+
+  auto changed = inferShapes(*graph);
+  ASSERT_TRUE(!!changed) << toString(changed.takeError());
+  EXPECT_TRUE(*changed);
+  const Value &target = graph->values[graph->findValue("target")];
+  ASSERT_NE(target.constant, nullptr);
+  EXPECT_EQ(target.constant->ints, (std::vector<int64_t>{3, 4, -1}));
+  EXPECT_EQ(graph->values[graph->findValue("y")].shape, (std::vector<int64_t>{3, 4, 4}));
+
+  // fold-constants removes what became constant, eliminate-dead has nothing left.
+  auto folded = foldConstants(*graph);
+  ASSERT_TRUE(!!folded);
+  EXPECT_TRUE(*folded);
+  EXPECT_EQ(graph->liveOpCount(), 1);
+  EXPECT_EQ(graph->ops[0].opType, "Reshape");
+  auto dead = eliminateDead(*graph);
+  ASSERT_TRUE(!!dead);
+  EXPECT_FALSE(*dead) << "no-change twin: nothing is dead after folding";
+
+  // Running infer-shapes again changes nothing.
+  changed = inferShapes(*graph);
+  ASSERT_TRUE(!!changed);
+  EXPECT_FALSE(*changed);
+}
+
+TEST(InferShapes, EliminatesOpsNoOutputNeeds) {
+  GraphBuilder b;
+  b.input("x", 1, {2});
+  b.node("Neg", {"x"}, {"unused"}, "dead");
+  b.node("Relu", {"x"}, {"y"}, "live");
+  b.output("y");
+  auto graph = importOnnxBuffer(llvm::MemoryBuffer::getMemBufferCopy(b.serialize()), "m.onnx",
+                                ".");
+  ASSERT_TRUE(!!graph);
+  ASSERT_TRUE(!!inferShapes(*graph));
+  auto changed = eliminateDead(*graph);
+  ASSERT_TRUE(!!changed);
+  EXPECT_TRUE(*changed);
+  ASSERT_EQ(graph->ops.size(), 1u);
+  EXPECT_EQ(graph->ops[0].name, "live");
+}
+
+TEST(InferShapes, FoldsRangeConstantOfShapeExpandAndOldOpsetAttributes) {
+  GraphBuilder b(9);
+  b.input("x", 1, {-1, 6}, {"seq"});
+  b.node("Shape", {"x"}, {"s"});
+  auto &slice = b.node("Slice", {"s"}, {"first"}); // opset 9: starts/ends are attributes
+  auto attr = [&](onnx::NodeProto &n, const char *name, std::vector<int64_t> v) {
+    auto *a = n.add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INTS);
+    for (int64_t x : v)
+      a->add_ints(x);
+  };
+  attr(slice, "starts", {0});
+  attr(slice, "ends", {1});
+  auto &sq = b.node("Squeeze", {"first"}, {"n"});
+  attr(sq, "axes", {0});
+  b.node("Cast", {"n"}, {"nf"}).add_attribute()->set_name("to");
+  b.graph().mutable_node(3)->mutable_attribute(0)->set_type(onnx::AttributeProto::INT);
+  b.graph().mutable_node(3)->mutable_attribute(0)->set_i(1);
+  auto &fill = b.node("ConstantOfShape", {"s"}, {"ones"});
+  auto *value = fill.add_attribute();
+  value->set_name("value");
+  value->set_type(onnx::AttributeProto::TENSOR);
+  value->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+  value->mutable_t()->add_dims(1);
+  value->mutable_t()->add_float_data(2.0f);
+  b.node("Mul", {"x", "ones"}, {"y"});
+  b.output("y");
+  ImportOptions options;
+  options.bindings.seq = 5;
+  auto graph = importBytes(b.serialize(), options);
+  ASSERT_TRUE(!!graph) << toString(graph.takeError());
+  EXPECT_EQ(countOps(*graph, "Shape"), 0);
+  EXPECT_EQ(countOps(*graph, "ConstantOfShape"), 0);
+  const Value &ones = graph->values[graph->findValue("ones")];
+  ASSERT_NE(ones.constant, nullptr);
+  EXPECT_EQ(ones.shape, (std::vector<int64_t>{5, 6}));
+  EXPECT_DOUBLE_EQ(ones.constant->floats[29], 2.0);
+  EXPECT_EQ(graph->values[graph->outputs[0]].shape, (std::vector<int64_t>{5, 6}));
+}
+
+TEST(InferShapes, GeneratedModelsEndFullyStatic) {
+  for (auto family : {models::Family::Gpt, models::Family::Llama, models::Family::Bert,
+                      models::Family::Mlp, models::Family::Resnet}) {
+    models::GeneratorOptions options;
+    options.family = family;
+    options.layers = 2;
+    options.seq = family == models::Family::Resnet ? 32 : 16;
+    options.batch = 0; // symbolic, as torch exports with dynamic_axes
+    auto model = models::generateModel(options);
+    ASSERT_TRUE(!!model) << toString(model.takeError());
+    std::string bytes;
+    model->SerializeToString(&bytes);
+    ImportOptions importOptions;
+    importOptions.bindings.batch = 2;
+    importOptions.bindings.seq = options.seq;
+    auto graph = importBytes(bytes, importOptions);
+    ASSERT_TRUE(!!graph) << toString(graph.takeError());
+    EXPECT_EQ(countOps(*graph, "Shape"), 0) << models::familyName(family).str();
+    for (const Op &op : graph->ops)
+      for (int out : op.outputs)
+        if (out >= 0) {
+          EXPECT_TRUE(graph->values[out].shapeKnown) << describeOp(*graph, op);
+          for (int64_t d : graph->values[out].shape)
+            EXPECT_GE(d, 0) << describeOp(*graph, op);
+        }
+    const Value &out = graph->values[graph->outputs[0]];
+    EXPECT_EQ(out.shape.front(), 2) << models::familyName(family).str();
+  }
+}
+
+TEST(InferShapes, DataDependentShapeIsAClearError) {
+  GraphBuilder b;
+  b.input("x", 1, {4});
+  b.node("NonZero", {"x"}, {"nz"}, "/model/nonzero");
+  b.output("nz", 7);
+  std::string err;
+  auto graph = importBytes(b.serialize());
+  ASSERT_FALSE(!!graph);
+  err = toString(graph.takeError());
+  EXPECT_NE(err.find("node '/model/nonzero' (NonZero)"), std::string::npos) << err;
+  EXPECT_NE(err.find("static shape"), std::string::npos) << err;
+}
+
+} // namespace

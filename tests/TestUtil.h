@@ -1,0 +1,66 @@
+//===- TestUtil.h - Helpers shared by pipec's tests ---------------------===//
+#ifndef PIPEC_TESTS_TESTUTIL_H
+#define PIPEC_TESTS_TESTUTIL_H
+
+#include "compiler/PassPipeline.h"
+
+#include "onnx/onnx_pb.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace pipec::test {
+
+/// A fresh directory under the build tree, removed when the object dies.
+class TempDir {
+public:
+  TempDir();
+  ~TempDir();
+  std::string path(llvm::StringRef name) const;
+  const std::string &root() const { return dir; }
+
+private:
+  std::string dir;
+};
+
+/// Builds small ONNX graphs for importer tests.
+class GraphBuilder {
+public:
+  explicit GraphBuilder(int opset = 17);
+  onnx::ModelProto model;
+  onnx::GraphProto &graph() { return *model.mutable_graph(); }
+
+  /// Adds a graph input; a dim < 0 becomes the symbolic dim named in \p symbols.
+  void input(const std::string &name, int elemType, const std::vector<int64_t> &dims,
+             const std::vector<std::string> &symbols = {});
+  void output(const std::string &name, int elemType = 1);
+  onnx::NodeProto &node(const std::string &opType, const std::vector<std::string> &inputs,
+                        const std::vector<std::string> &outputs, const std::string &name = "");
+  /// Adds a float initializer with values 0.5, 1.5, 2.5, ... as raw_data.
+  onnx::TensorProto &weight(const std::string &name, const std::vector<int64_t> &dims);
+  /// Adds an int64 initializer.
+  onnx::TensorProto &ints(const std::string &name, const std::vector<int64_t> &values);
+  std::string serialize() const;
+  /// Writes the model to \p path.
+  void write(const std::string &path) const;
+};
+
+/// Imports bytes with the default graph passes.
+llvm::Expected<Graph> importBytes(const std::string &bytes, const ImportOptions &options = {});
+/// Imports a file with the default graph passes.
+llvm::Expected<Graph> loadFile(const std::string &path, const ImportOptions &options = {});
+
+/// Runs a shell command; returns its exit status and captures stdout+stderr.
+int runCommand(const std::string &command, std::string &output);
+
+std::string readFile(const std::string &path);
+bool fileExists(const std::string &path);
+
+/// The real third-party models, or "" when the shared folder is absent.
+std::string realModel(llvm::StringRef relative);
+
+} // namespace pipec::test
+
+#endif // PIPEC_TESTS_TESTUTIL_H

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Configures (once) and builds pipec incrementally in build/.
+# Usage: tools/build.sh [extra cmake -D options...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs="${PIPEC_JOBS:-2}"
+if [ ! -f build/build.ninja ] || [ $# -gt 0 ]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+fi
+cmake --build build -j "$jobs"

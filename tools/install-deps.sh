@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages pipec builds and tests with, when missing.
+# Runs as root (or through sudo). Safe to run again: it installs only what is
+# not there, and refreshes the package lists only when it has to install.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libonnx-dev libprotobuf-dev protobuf-compiler
+  llvm-14-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libopenblas-dev
+  libopenmpi-dev openmpi-bin
+  libonnx-testdata
+  clang-format
+  python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,222 @@
+//===- pipec.cpp - The pipec command line -------------------------------===//
+//
+//   pipec inspect MODEL [--format text|json]   layers, params, FLOPs, cuts
+//   pipec model FAMILY --layers N ... -o FILE   generate a model
+//
+// Exit codes: 0 success, 1 bad input or a failed step (the message names
+// the file, node or layer), 2 bad usage (unknown command or flag).
+//
+//===----------------------------------------------------------------------===//
+#include "compiler/PassPipeline.h"
+#include "models/ModelGenerators.h"
+#include "compiler/InspectReport.h"
+
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/WithColor.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace llvm;
+using namespace pipec;
+
+namespace {
+
+constexpr int ExitInput = 1;
+constexpr int ExitUsage = 2;
+
+cl::SubCommand InspectCmd("inspect", "Show a model's layers, params, FLOPs and cut points");
+cl::SubCommand ModelCmd("model", "Generate a GPT, Llama, BERT, MLP or ResNet model as ONNX");
+
+cl::OptionCategory ShapeCat("Shape binding");
+cl::OptionCategory DebugCat("Pass debugging");
+
+// inspect
+cl::opt<std::string> InspectModel(cl::Positional, cl::desc("MODEL.onnx"), cl::Required,
+                                  cl::sub(InspectCmd));
+cl::opt<std::string> InspectFormat("format", cl::desc("Output format: text or json"),
+                                   cl::init("text"), cl::sub(InspectCmd));
+cl::opt<std::string> InspectOutput("o", cl::desc("Write to FILE instead of stdout"),
+                                   cl::value_desc("FILE"), cl::sub(InspectCmd));
+cl::list<std::string> InputShapes("input-shape",
+                                  cl::desc("Bind an input's shape: NAME=D0,D1,.. (repeatable)"),
+                                  cl::value_desc("NAME=D0,D1,.."), cl::cat(ShapeCat),
+                                  cl::sub(InspectCmd));
+cl::list<std::string> Dims("dim", cl::desc("Bind a named symbolic dimension: NAME=V (repeatable)"),
+                           cl::value_desc("NAME=V"), cl::cat(ShapeCat), cl::sub(InspectCmd));
+cl::opt<int64_t> Batch("batch", cl::desc("Value of batch-like symbolic dims"), cl::init(1),
+                       cl::cat(ShapeCat), cl::sub(InspectCmd));
+cl::opt<int64_t> Seq("seq", cl::desc("Value of sequence-like symbolic dims"), cl::init(128),
+                     cl::cat(ShapeCat), cl::sub(InspectCmd));
+cl::opt<int64_t> Past("past", cl::desc("Value of past-length symbolic dims"), cl::init(0),
+                      cl::cat(ShapeCat), cl::sub(InspectCmd));
+cl::list<std::string> PrintAfter("print-after",
+                                 cl::desc("Print the IR after the named pass (or 'all')"),
+                                 cl::CommaSeparated, cl::cat(DebugCat), cl::sub(InspectCmd));
+cl::opt<std::string> DumpDir("dump-dir", cl::desc("Write the IR after every pass to DIR"),
+                             cl::value_desc("DIR"), cl::cat(DebugCat), cl::sub(InspectCmd));
+cl::opt<bool> Stats("stats", cl::desc("Print per-pass time and op counts"), cl::cat(DebugCat),
+                    cl::sub(InspectCmd));
+
+// model
+cl::opt<std::string> ModelFamily(cl::Positional, cl::desc("gpt|llama|bert|mlp|resnet"),
+                                 cl::Required, cl::sub(ModelCmd));
+cl::opt<std::string> ModelOutput("o", cl::desc("Output .onnx file"), cl::value_desc("FILE"),
+                                 cl::Required, cl::sub(ModelCmd));
+cl::opt<int> ModelLayers("layers", cl::desc("Blocks (resnet: bottleneck blocks, 16 = ResNet-50)"),
+                         cl::init(2), cl::sub(ModelCmd));
+cl::opt<int> ModelHidden("hidden", cl::desc("Model width"), cl::init(64), cl::sub(ModelCmd));
+cl::opt<int> ModelHeads("heads", cl::desc("Attention heads"), cl::init(4), cl::sub(ModelCmd));
+cl::opt<int> ModelKvHeads("kv-heads", cl::desc("Llama key/value heads (0 = heads)"), cl::init(0),
+                          cl::sub(ModelCmd));
+cl::opt<int> ModelFfn("ffn", cl::desc("Feed-forward width (0 = family default)"), cl::init(0),
+                      cl::sub(ModelCmd));
+cl::opt<int> ModelVocab("vocab", cl::desc("Vocabulary (mlp: features, resnet: classes)"),
+                        cl::init(1000), cl::sub(ModelCmd));
+cl::opt<int> ModelSeq("seq", cl::desc("Sequence length (resnet: image size)"), cl::init(16),
+                      cl::sub(ModelCmd));
+cl::opt<int> ModelBatch("batch", cl::desc("Static batch (0 = symbolic 'batch')"), cl::init(0),
+                        cl::sub(ModelCmd));
+cl::opt<int> ModelOpset("opset", cl::desc("ONNX opset, 13..17"), cl::init(17), cl::sub(ModelCmd));
+cl::opt<bool> ModelTied("tied", cl::desc("Tie the LM head to the token embedding"),
+                        cl::sub(ModelCmd));
+cl::opt<bool> ModelLoss("loss", cl::desc("Add a labels input and a loss output"),
+                        cl::sub(ModelCmd));
+cl::opt<bool> ModelExternal("external-data", cl::desc("Store weights in FILE.data"),
+                            cl::sub(ModelCmd));
+cl::opt<bool> ModelFp16("fp16", cl::desc("Store weights as float16"), cl::sub(ModelCmd));
+cl::opt<uint64_t> ModelSeed("seed", cl::desc("Weight seed"), cl::init(1), cl::sub(ModelCmd));
+
+int reportError(Error err) {
+  WithColor::error(errs(), "pipec") << toString(std::move(err)) << "\n";
+  return ExitInput;
+}
+
+Expected<ImportOptions> importOptionsFromFlags() {
+  ImportOptions options;
+  auto bad = [](StringRef flag, StringRef value, StringRef want) {
+    return createStringError(inconvertibleErrorCode(), "--%s %s: expected %s", flag.str().c_str(),
+                             value.str().c_str(), want.str().c_str());
+  };
+  for (const std::string &spec : InputShapes) {
+    auto [name, dims] = StringRef(spec).split('=');
+    if (name.empty() || dims.empty())
+      return bad("input-shape", spec, "NAME=D0,D1,..");
+    std::vector<int64_t> shape;
+    SmallVector<StringRef, 8> parts;
+    dims.split(parts, ',');
+    for (StringRef part : parts) {
+      int64_t d;
+      if (part.trim().getAsInteger(10, d) || d < 0)
+        return bad("input-shape", spec, "non-negative integer dimensions");
+      shape.push_back(d);
+    }
+    options.bindings.inputShapes[name.str()] = shape;
+  }
+  for (const std::string &spec : Dims) {
+    auto [name, text] = StringRef(spec).split('=');
+    int64_t v;
+    if (name.empty() || text.getAsInteger(10, v) || v < 0)
+      return bad("dim", spec, "NAME=V with a non-negative integer V");
+    options.bindings.dims[name.str()] = v;
+  }
+  if (Batch < 1 || Seq < 1 || Past < 0)
+    return createStringError(inconvertibleErrorCode(),
+                             "--batch and --seq must be at least 1, --past at least 0");
+  options.bindings.batch = Batch;
+  options.bindings.seq = Seq;
+  options.bindings.past = Past;
+  return options;
+}
+
+int runInspect() {
+  if (InspectFormat != "text" && InspectFormat != "json") {
+    WithColor::error(errs(), "pipec") << "--format " << InspectFormat
+                                      << ": expected text or json\n";
+    return ExitUsage;
+  }
+  auto importOptions = importOptionsFromFlags();
+  if (!importOptions)
+    return reportError(importOptions.takeError());
+  PipelineOptions pipeline;
+  pipeline.printAfter.assign(PrintAfter.begin(), PrintAfter.end());
+  pipeline.dumpDir = DumpDir;
+  pipeline.stats = Stats;
+  auto graph = loadGraph(InspectModel, *importOptions, pipeline);
+  if (!graph)
+    return reportError(graph.takeError());
+  auto layers = buildLayerGraph(*graph, pipeline);
+  if (!layers)
+    return reportError(layers.takeError());
+  std::unique_ptr<raw_fd_ostream> file;
+  raw_ostream *os = &outs();
+  if (!InspectOutput.empty()) {
+    std::error_code ec;
+    file = std::make_unique<raw_fd_ostream>(InspectOutput, ec);
+    if (ec)
+      return reportError(createStringError(ec, "%s: cannot write: %s", InspectOutput.c_str(),
+                                           ec.message().c_str()));
+    os = file.get();
+  }
+  InspectReport report = makeInspectReport(*graph, *layers);
+  if (InspectFormat == "json")
+    printInspectJson(report, *graph, *layers, *os);
+  else
+    printInspectText(report, *graph, *layers, *os);
+  return 0;
+}
+
+int runModel() {
+  auto family = models::parseFamily(ModelFamily);
+  if (!family)
+    return reportError(family.takeError());
+  models::GeneratorOptions options;
+  options.family = *family;
+  options.layers = ModelLayers;
+  options.hidden = ModelHidden;
+  options.heads = ModelHeads;
+  options.kvHeads = ModelKvHeads;
+  options.ffn = ModelFfn;
+  options.vocab = ModelVocab;
+  options.seq = ModelSeq;
+  options.batch = ModelBatch;
+  options.opset = ModelOpset;
+  options.tiedEmbeddings = ModelTied;
+  options.withLoss = ModelLoss;
+  options.seed = ModelSeed;
+  options.fp16Weights = ModelFp16;
+  auto model = models::generateModel(options);
+  if (!model)
+    return reportError(model.takeError());
+  if (Error err = models::writeModel(*model, ModelOutput, ModelExternal))
+    return reportError(std::move(err));
+  outs() << "wrote " << ModelOutput << " (" << model->graph().node_size() << " nodes, "
+         << model->graph().initializer_size() << " initializers)\n";
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  InitLLVM init(argc, argv);
+  cl::HideUnrelatedOptions({&ShapeCat, &DebugCat, &cl::getGeneralCategory()});
+  std::string errors;
+  raw_string_ostream errorStream(errors);
+  if (!cl::ParseCommandLineOptions(argc, argv,
+                                   "pipec: compile ONNX models into pipeline-parallel plans\n\n"
+                                   "  pipec inspect MODEL.onnx [--format text|json]\n"
+                                   "  pipec model gpt|llama|bert|mlp|resnet [options] -o FILE\n\n"
+                                   "Exit codes: 0 ok, 1 bad input or failed step, 2 bad usage.\n",
+                                   &errorStream)) {
+    errorStream.flush();
+    errs() << errors;
+    return ExitUsage;
+  }
+  if (InspectCmd)
+    return runInspect();
+  if (ModelCmd)
+    return runModel();
+  WithColor::error(errs(), "pipec") << "no command given; try 'pipec --help'\n";
+  return ExitUsage;
+}
