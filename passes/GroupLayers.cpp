@@ -188,7 +188,8 @@ bool Grouper::byModulePath(std::vector<int> &order, std::vector<Segment> &segmen
   }
   // Pick the pattern: at least two real instances, more than one op each on
   // average, and among those that cover nearly the most ops, the one with the
-  // most instances ("/layer#/layer#.#" over "/layer#").
+  // most instances ("/layer#/layer#.#" over "/layer#"); on a tie the more
+  // specific path, which names the block itself.
   struct Candidate {
     std::string pattern;
     std::vector<std::string> instances;
@@ -208,10 +209,18 @@ bool Grouper::byModulePath(std::vector<int> &order, std::vector<Segment> &segmen
         c.instances.push_back(inst.first().str());
         c.covered += inst.second;
       }
-    if (c.instances.size() < 2 || c.covered < 2 * c.instances.size())
+    if (c.instances.empty() || c.covered < 2 * c.instances.size())
       continue;
     candidates.push_back(std::move(c));
   }
+  // A one-block model names one instance; take it only when nothing repeats.
+  bool anyRepeats = false;
+  for (auto &c : candidates)
+    anyRepeats |= c.instances.size() >= 2;
+  if (anyRepeats)
+    candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
+                                    [](const Candidate &c) { return c.instances.size() < 2; }),
+                     candidates.end());
   if (candidates.empty())
     return false;
   size_t maxCovered = 0;
@@ -224,7 +233,9 @@ bool Grouper::byModulePath(std::vector<int> &order, std::vector<Segment> &segmen
     if (c.covered * 10 < maxCovered * 9)
       continue;
     if (!best || c.instances.size() > best->instances.size() ||
-        (c.instances.size() == best->instances.size() && c.pattern < best->pattern))
+        (c.instances.size() == best->instances.size() &&
+         (c.pattern.size() > best->pattern.size() ||
+          (c.pattern.size() == best->pattern.size() && c.pattern < best->pattern))))
       best = &c;
   }
   std::vector<std::string> instances = best->instances;
@@ -379,23 +390,33 @@ bool Grouper::byRepeatedStructure(std::vector<Segment> &segments) const {
   }
   if (!bestK || bestCovered * 4 < n)
     return false;
-  // Align block boundaries with the fewest live bytes: the most whole
-  // blocks first, then the cheapest cuts. Cuts at the ends of the graph are
-  // free and would pull the phase, so they do not count.
+  // Align block boundaries with the fewest live bytes per cut, then the most
+  // whole blocks. Cuts at the ends of the graph are free and would pull the
+  // phase, so they do not count.
+  // A stretch that starts `phase` ops early (ops before the first block that
+  // happen to match) ends `phase` ops early too: the last cut may lie that
+  // far past it.
   std::vector<int64_t> live = liveBytes(runtime);
-  size_t end = std::min(bestStart + bestLength, n - 1);
+  auto lastCut = [&](size_t phase) { return std::min(bestStart + bestLength + phase, n - 1); };
   size_t bestPhase = 0, bestCuts = 0;
   int64_t bestCost = INT64_MAX;
   for (size_t phase = 0; phase < bestK; ++phase) {
     int64_t cost = 0;
     size_t cuts = 0;
-    for (size_t t = bestStart + phase; t <= end; t += bestK)
+    for (size_t t = bestStart + phase; t <= lastCut(phase); t += bestK)
       cost += live[t], ++cuts;
-    if (cuts > bestCuts || (cuts == bestCuts && cost < bestCost))
+    if (cuts == 0)
+      continue;
+    // cost / cuts < bestCost / bestCuts, in integers.
+    bool cheaper = bestCuts == 0 || static_cast<__int128>(cost) * bestCuts <
+                                        static_cast<__int128>(bestCost) * cuts;
+    bool same = bestCuts != 0 && static_cast<__int128>(cost) * bestCuts ==
+                                     static_cast<__int128>(bestCost) * cuts;
+    if (cheaper || (same && cuts > bestCuts))
       bestCost = cost, bestPhase = phase, bestCuts = cuts;
   }
   std::vector<size_t> cuts;
-  for (size_t t = bestStart + bestPhase; t <= end; t += bestK)
+  for (size_t t = bestStart + bestPhase; t <= lastCut(bestPhase); t += bestK)
     cuts.push_back(t);
   if (cuts.size() < 3)
     return false;
