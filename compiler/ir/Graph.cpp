@@ -4,6 +4,8 @@
 
 #include "onnx/onnx_pb.h"
 
+#include <google/protobuf/arena.h>
+
 #include "llvm/Support/FormatVariadic.h"
 
 #include <cstring>

@@ -24,6 +24,10 @@
 #include <string>
 #include <vector>
 
+namespace google::protobuf {
+class Arena;
+} // namespace google::protobuf
+
 namespace onnx {
 class ModelProto;
 class NodeProto;
@@ -139,8 +143,11 @@ public:
 
   /// Path of the model file as given to the importer.
   std::string path;
+  /// Owns `model` and every message in it: one allocation region instead of
+  /// hundreds of thousands of small ones.
+  std::unique_ptr<google::protobuf::Arena> arena;
   /// The model as parsed, with inline weight bytes replaced by references.
-  std::unique_ptr<onnx::ModelProto> model;
+  onnx::ModelProto *model = nullptr;
   /// Mapped files: [0] is the model file, then external data files.
   std::vector<std::unique_ptr<llvm::MemoryBuffer>> files;
   std::vector<std::string> fileNames;

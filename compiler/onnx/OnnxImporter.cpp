@@ -48,7 +48,9 @@ private:
   }
 
   Error readOpsets();
-  Expected<int> addTensor(const onnx::TensorProto &tensor, int tensorIndex, StringRef what);
+  /// \p describe names the tensor in errors; it runs only on failure.
+  Expected<int> addTensor(const onnx::TensorProto &tensor, int tensorIndex,
+                          function_ref<std::string()> describe);
   Expected<WeightRef> externalStorage(const onnx::TensorProto &tensor, StringRef what);
   Error addInputs();
   Error addNodes();
@@ -58,7 +60,7 @@ private:
   int64_t bindDim(StringRef name, size_t position, StringRef input);
   void collectCaptures(const onnx::GraphProto &body, std::vector<std::string> &names);
   /// Defines \p name as \p id; a second definition wins over the first.
-  void define(StringRef name, int id, StringRef by);
+  void define(StringRef name, int id, function_ref<std::string()> by);
 };
 
 std::string nodeLabel(const onnx::NodeProto &node) {
@@ -143,16 +145,18 @@ Expected<WeightRef> Importer::externalStorage(const onnx::TensorProto &tensor, S
 }
 
 Expected<int> Importer::addTensor(const onnx::TensorProto &tensor, int tensorIndex,
-                                  StringRef what) {
-  if (!isKnownDType(tensor.data_type()))
+                                  function_ref<std::string()> describe) {
+  if (!isKnownDType(tensor.data_type())) {
+    std::string what = describe();
     return fail("{0}: unknown data type {1}", what, tensor.data_type());
+  }
   int id = graph.addValue("", ValueKind::Constant);
   Value &value = graph.values[id];
   value.name = tensor.name();
   value.type = static_cast<DType>(tensor.data_type());
   for (int64_t d : tensor.dims()) {
     if (d < 0)
-      return fail("{0}: negative dimension {1}", what, d);
+      return fail("{0}: negative dimension {1}", describe(), d);
     value.shape.push_back(d);
   }
   value.shapeKnown = true;
@@ -161,6 +165,7 @@ Expected<int> Importer::addTensor(const onnx::TensorProto &tensor, int tensorInd
     return id;
   int64_t expected = value.numElements() * dtypeSize(value.type);
   if (tensor.data_location() == onnx::TensorProto::EXTERNAL) {
+    std::string what = describe();
     auto storage = externalStorage(tensor, what);
     if (!storage)
       return storage.takeError();
@@ -170,7 +175,7 @@ Expected<int> Importer::addTensor(const onnx::TensorProto &tensor, int tensorInd
     graph.values[id].storage = *storage;
   } else if (tensor.has_raw_data() &&
              static_cast<int64_t>(tensor.raw_data().size()) != expected) {
-    return fail("{0}: holds {1} bytes, its shape {2} of {3} needs {4}", what,
+    return fail("{0}: holds {1} bytes, its shape {2} of {3} needs {4}", describe(),
                 tensor.raw_data().size(), formatShape(value.shape), dtypeName(value.type),
                 expected);
   }
@@ -179,13 +184,13 @@ Expected<int> Importer::addTensor(const onnx::TensorProto &tensor, int tensorInd
   return id;
 }
 
-void Importer::define(StringRef name, int id, StringRef by) {
+void Importer::define(StringRef name, int id, function_ref<std::string()> by) {
   auto [it, inserted] = graph.valueIds.try_emplace(name, id);
   if (inserted)
     return;
   int previous = it->second;
   graph.warnings.push_back(
-      formatv("name '{0}' is defined twice; the last definition ({1}) wins", name, by).str());
+      formatv("name '{0}' is defined twice; the last definition ({1}) wins", name, by()).str());
   // Keep the earlier definition under a unique name so that it stays addressable.
   std::string renamed;
   for (int n = 1;; ++n) {
@@ -242,10 +247,11 @@ Error Importer::addInputs() {
     const onnx::TensorProto &tensor = g.initializer(i);
     if (tensor.name().empty())
       return fail("initializer #{0} has no name", i);
-    auto id = addTensor(tensor, i, formatv("initializer '{0}'", tensor.name()).str());
+    auto describe = [&] { return formatv("initializer '{0}'", tensor.name()).str(); };
+    auto id = addTensor(tensor, i, describe);
     if (!id)
       return id.takeError();
-    define(tensor.name(), *id, "initializer");
+    define(tensor.name(), *id, describe);
   }
   for (const auto &input : g.input()) {
     // Older exporters list every initializer as a graph input too; the
@@ -306,12 +312,12 @@ Error Importer::addNodes() {
   // First define every output, so that unsorted node lists resolve.
   for (int n = 0; n < g.node_size(); ++n) {
     const onnx::NodeProto &node = g.node(n);
-    std::string label = nodeLabel(node);
+    auto label = [&] { return nodeLabel(node); };
     bool isConstant = node.op_type() == "Constant" &&
                       (node.domain().empty() || node.domain() == "ai.onnx");
     if (isConstant) {
       if (node.output_size() != 1)
-        return fail("{0}: a Constant has exactly one output", label);
+        return fail("{0}: a Constant has exactly one output", label());
       const onnx::TensorProto *tensor = nullptr;
       for (const auto &attr : node.attribute())
         if (attr.name() == "value" && attr.has_t())
@@ -464,7 +470,8 @@ Expected<Graph> importOnnxBuffer(std::unique_ptr<MemoryBuffer> buffer, StringRef
   auto skeleton = makeSkeleton(buffer->getBuffer(), options.inlineThreshold);
   if (!skeleton)
     return fail(toString(skeleton.takeError()));
-  graph.model = std::make_unique<onnx::ModelProto>();
+  graph.arena = std::make_unique<google::protobuf::Arena>();
+  graph.model = google::protobuf::Arena::CreateMessage<onnx::ModelProto>(graph.arena.get());
   bool parsed = false;
   try {
     parsed = graph.model->ParseFromString(*skeleton);

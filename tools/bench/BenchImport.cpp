@@ -1,0 +1,180 @@
+//===- BenchImport.cpp - Import and grouping speed ----------------------===//
+//
+// Measures, on generated models written once under build/bench-data:
+//  - a 1,024-layer GPT (134k nodes): bare protobuf parse of the file, the
+//    skeleton scan, pipec's import, and import + passes + group-layers;
+//  - a GPT with ~1.5 GB of weights stored inline against the same model with
+//    external data: pipec's import time must not grow with weight bytes,
+//    while a bare protobuf parse copies them.
+// Run through tools/bench.sh, which writes the table to docs/PERFORMANCE.md.
+//
+//===----------------------------------------------------------------------===//
+#include "compiler/PassPipeline.h"
+#include "compiler/onnx/WireSkeleton.h"
+#include "models/ModelGenerators.h"
+#include "passes/GroupLayers.h"
+
+#include "onnx/onnx_pb.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+#include <benchmark/benchmark.h>
+#include <google/protobuf/arena.h>
+#include <google/protobuf/io/coded_stream.h>
+
+#include <cstdlib>
+#include <iostream>
+
+using namespace pipec;
+
+namespace {
+
+std::string dataDir() {
+  std::string dir = std::string(PIPEC_BINARY_DIR) + "/bench-data";
+  llvm::sys::fs::create_directories(dir);
+  return dir;
+}
+
+/// Generates the model once; later runs reuse the file.
+std::string ensureModel(const std::string &name, models::GeneratorOptions options,
+                        bool externalData) {
+  std::string path = dataDir() + "/" + name;
+  if (llvm::sys::fs::exists(path))
+    return path;
+  auto model = models::generateModel(options);
+  if (!model) {
+    std::cerr << llvm::toString(model.takeError()) << "\n";
+    std::exit(1);
+  }
+  if (llvm::Error err = models::writeModel(*model, path, externalData, 1024)) {
+    std::cerr << llvm::toString(std::move(err)) << "\n";
+    std::exit(1);
+  }
+  return path;
+}
+
+models::GeneratorOptions deepGpt() {
+  models::GeneratorOptions o;
+  o.layers = 1024;
+  o.hidden = 64;
+  o.heads = 4;
+  o.vocab = 1000;
+  o.seq = 16;
+  return o;
+}
+
+/// About 1.5 GB of fp32 weights: 24 blocks of hidden 1024 (12 h^2 each),
+/// a 32000 x 1024 embedding and LM head.
+models::GeneratorOptions heavyGpt() {
+  models::GeneratorOptions o;
+  o.layers = 24;
+  o.hidden = 1024;
+  o.heads = 16;
+  o.vocab = 32000;
+  o.seq = 16;
+  return o;
+}
+
+void setBytes(benchmark::State &state, const std::string &path) {
+  uint64_t size = 0;
+  llvm::sys::fs::file_size(path, size);
+  state.counters["file_MB"] = static_cast<double>(size) / 1e6;
+}
+
+/// protobuf's own parser on the whole file: the floor for any importer that
+/// hands the bytes to protobuf, and it copies every weight.
+void protobufParse(benchmark::State &state, const std::string &path) {
+  setBytes(state, path);
+  auto buffer = llvm::MemoryBuffer::getFile(path, false, false);
+  for (auto _ : state) {
+    google::protobuf::Arena arena;
+    auto *model = google::protobuf::Arena::CreateMessage<onnx::ModelProto>(&arena);
+    google::protobuf::io::CodedInputStream stream(
+        reinterpret_cast<const uint8_t *>((*buffer)->getBufferStart()),
+        static_cast<int>((*buffer)->getBufferSize()));
+    stream.SetTotalBytesLimit(INT32_MAX);
+    if (!model->ParseFromCodedStream(&stream))
+      state.SkipWithError("parse failed");
+    benchmark::DoNotOptimize(model);
+  }
+}
+
+void skeleton(benchmark::State &state, const std::string &path) {
+  setBytes(state, path);
+  auto buffer = llvm::MemoryBuffer::getFile(path, false, false);
+  for (auto _ : state) {
+    auto out = makeSkeleton((*buffer)->getBuffer(), 64);
+    if (!out)
+      state.SkipWithError(llvm::toString(out.takeError()).c_str());
+    else
+      state.counters["skeleton_MB"] = static_cast<double>(out->size()) / 1e6;
+  }
+}
+
+void importOnly(benchmark::State &state, const std::string &path) {
+  setBytes(state, path);
+  for (auto _ : state) {
+    auto graph = importOnnx(path);
+    if (!graph) {
+      state.SkipWithError(llvm::toString(graph.takeError()).c_str());
+      break;
+    }
+    state.counters["nodes"] = graph->model->graph().node_size();
+  }
+}
+
+void importAndGroup(benchmark::State &state, const std::string &path) {
+  setBytes(state, path);
+  ImportOptions options;
+  options.bindings.seq = 16;
+  for (auto _ : state) {
+    auto graph = loadGraph(path, options, PipelineOptions());
+    if (!graph) {
+      state.SkipWithError(llvm::toString(graph.takeError()).c_str());
+      break;
+    }
+    auto layers = groupLayers(*graph);
+    if (!layers) {
+      state.SkipWithError(llvm::toString(layers.takeError()).c_str());
+      break;
+    }
+    state.counters["layers"] = static_cast<double>(layers->layers.size());
+  }
+}
+
+void registerAll() {
+  std::string deep = ensureModel("gpt-1024l.onnx", deepGpt(), false);
+  benchmark::RegisterBenchmark("gpt1024/protobuf_parse", protobufParse, deep)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gpt1024/skeleton_scan", skeleton, deep)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gpt1024/pipec_import", importOnly, deep)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gpt1024/import_passes_group", importAndGroup, deep)
+      ->Unit(benchmark::kMillisecond);
+  if (std::getenv("PIPEC_BENCH_SKIP_HEAVY"))
+    return;
+  std::string inlined = ensureModel("gpt-1.5gb-inline.onnx", heavyGpt(), false);
+  std::string external = ensureModel("gpt-1.5gb-external.onnx", heavyGpt(), true);
+  benchmark::RegisterBenchmark("gpt1.5GB/protobuf_parse_inline", protobufParse, inlined)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gpt1.5GB/pipec_import_inline", importOnly, inlined)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gpt1.5GB/pipec_import_external", importOnly, external)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gpt1.5GB/import_passes_group_inline", importAndGroup, inlined)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gpt1.5GB/import_passes_group_external", importAndGroup, external)
+      ->Unit(benchmark::kMillisecond);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  benchmark::Initialize(&argc, argv);
+  registerAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
