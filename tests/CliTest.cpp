@@ -97,3 +97,35 @@ TEST(Cli, PrintAfterAndStats) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(Cli, HelpListsCommands) {
+  std::string out;
+  EXPECT_EQ(runCommand(Pipec + " --help", out), 0);
+  EXPECT_NE(out.find("inspect"), std::string::npos) << out;
+  EXPECT_NE(out.find("model"), std::string::npos) << out;
+  EXPECT_NE(out.find("Exit codes"), std::string::npos) << out;
+  EXPECT_EQ(runCommand(Pipec + " inspect --help", out), 0);
+  EXPECT_NE(out.find("--input-shape"), std::string::npos) << out;
+}
+
+/// The bundled models are generated; regenerating gives the same bytes.
+TEST(Cli, BundledModelsAreReproducible) {
+  TempDir dir;
+  std::string out;
+  std::string made = dir.path("gpt-4l.onnx");
+  ASSERT_EQ(runCommand(Pipec + " model gpt --layers 4 --hidden 64 --heads 4 --vocab 512 --seq 32 "
+                               "-o " + made,
+                       out),
+            0)
+      << out;
+  std::string bundled = std::string(PIPEC_SOURCE_DIR) + "/models/bundled/gpt-4l.onnx";
+  EXPECT_TRUE(readFile(made) == readFile(bundled)) << "models/bundled/make.sh is out of date";
+  ASSERT_EQ(runCommand(Pipec + " inspect " + bundled + " --format json", out), 0) << out;
+  auto json = llvm::json::parse(out);
+  ASSERT_TRUE(!!json);
+  EXPECT_EQ(json->getAsObject()->getArray("layers")->size(), 6u);
+}
+
+} // namespace
