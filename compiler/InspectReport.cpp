@@ -30,9 +30,8 @@ std::string humanCount(int64_t value, bool binary) {
 InspectReport makeInspectReport(const Graph &graph, const LayerGraph &layers) {
   InspectReport report;
   const MemoryBuffer &file = *graph.files[0];
-  auto digest = SHA256::hash(
-      ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(file.getBufferStart()),
-                        file.getBufferSize()));
+  auto digest = SHA256::hash(ArrayRef<uint8_t>(
+      reinterpret_cast<const uint8_t *>(file.getBufferStart()), file.getBufferSize()));
   report.sha256 = toHex(digest, /*LowerCase=*/true);
   report.nodes = graph.model->graph().node_size();
   report.params = layers.totalParams();
@@ -86,8 +85,8 @@ void printInspectText(const InspectReport &report, const Graph &graph, const Lay
     nameWidth = std::max(nameWidth, layer.name.size());
   nameWidth = std::min<size_t>(nameWidth, 48);
   os << formatv("{0,5}  {1}  {2,-9} {3,6} {4,12} {5,12} {6,12} {7,14}\n", "index",
-                left_justify("name", nameWidth), "kind", "ops", "params", "fwd FLOPs",
-                "act bytes", "boundary bytes");
+                left_justify("name", nameWidth), "kind", "ops", "params", "fwd FLOPs", "act bytes",
+                "boundary bytes");
   int64_t totalActivation = 0;
   for (size_t i = 0; i < layers.layers.size(); ++i) {
     const Layer &layer = layers.layers[i];

@@ -16,9 +16,7 @@ using namespace llvm;
 namespace pipec {
 namespace {
 
-raw_ostream &logOf(const PipelineOptions &options) {
-  return options.log ? *options.log : errs();
-}
+raw_ostream &logOf(const PipelineOptions &options) { return options.log ? *options.log : errs(); }
 
 bool wantsPrint(const PipelineOptions &options, StringRef pass) {
   for (const auto &name : options.printAfter)
@@ -84,7 +82,7 @@ Error runGraphPasses(Graph &graph, const PipelineOptions &options) {
     return dump(options, index++, name, [&](raw_ostream &os) { printGraph(graph, os); });
   };
 #define PIPEC_GRAPH_PASS(NAME, CLASS)                                                              \
-  if (Error err = runOne(NAME, CLASS()))                                                          \
+  if (Error err = runOne(NAME, CLASS()))                                                           \
     return err;
 #include "passes/Passes.def"
   return Error::success();
@@ -100,9 +98,9 @@ Expected<Graph> loadGraph(StringRef path, const ImportOptions &importOptions,
     logOf(options) << formatv("stats: {0,-16} {1,8:f3} ms  ops {2}\n", "import",
                               secondsSince(start) * 1e3, graph->liveOpCount());
   if (Error err = dump(options, 0, "import", [&](raw_ostream &os) { printGraph(*graph, os); }))
-    return std::move(err);
+    return err;
   if (Error err = runGraphPasses(*graph, options))
-    return std::move(err);
+    return err;
   return graph;
 }
 
@@ -117,7 +115,7 @@ Expected<LayerGraph> buildLayerGraph(const Graph &graph, const PipelineOptions &
                               groupingMethodName(layers->method));
   if (Error err = dump(options, static_cast<int>(passNames().size()), "group-layers",
                        [&](raw_ostream &os) { layers->print(os); }))
-    return std::move(err);
+    return err;
   return layers;
 }
 

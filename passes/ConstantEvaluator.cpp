@@ -62,8 +62,7 @@ Kind kindOf(const Op &op) {
       .Case("Range", Kind::Range)
       .Case("Where", Kind::Where)
       .Cases("Add", "Sub", "Mul", "Div", "Equal", "Less", "Greater", Kind::Binary)
-      .Cases("LessOrEqual", "GreaterOrEqual", "And", "Or", "Min", "Max", "Pow", "Mod",
-             Kind::Binary)
+      .Cases("LessOrEqual", "GreaterOrEqual", "And", "Or", "Min", "Max", "Pow", "Mod", Kind::Binary)
       .Cases("Neg", "Not", "Sqrt", "Reciprocal", "Abs", "Floor", "Ceil", "Relu", Kind::Unary)
       .Cases("ReduceProd", "ReduceSum", "ReduceMin", "ReduceMax", Kind::Reduce)
       .Default(Kind::Unknown);
@@ -345,9 +344,9 @@ Expected<std::vector<int64_t>> reshapeTarget(ArrayRef<int64_t> inShape, const Co
 
 bool isEvaluable(const Op &op) { return kindOf(op) != Kind::Unknown; }
 
-Expected<std::optional<std::vector<ConstTensor>>>
-evaluateOp(const Graph &graph, const Op &op, ArrayRef<const ConstTensor *> in,
-           int64_t maxElements) {
+Expected<std::optional<std::vector<ConstTensor>>> evaluateOp(const Graph &graph, const Op &op,
+                                                             ArrayRef<const ConstTensor *> in,
+                                                             int64_t maxElements) {
   const onnx::NodeProto &node = graph.node(op);
   auto need = [&](size_t i) -> Expected<const ConstTensor *> {
     if (i >= in.size() || !in[i])

@@ -139,8 +139,7 @@ size_t Grouper::bestCut(const std::vector<int64_t> &live, size_t lo, size_t hi, 
 /// The numbered prefixes of a path: for "/model/layers.3/mlp/fc1/MatMul",
 /// ("/model/layers.#", "/model/layers.3") and ("/model/layers.#/mlp/fc#",
 /// ...). A digit run counts when a separator or the end follows it.
-void numberedPrefixes(StringRef path,
-                      SmallVectorImpl<std::pair<std::string, std::string>> &out) {
+void numberedPrefixes(StringRef path, SmallVectorImpl<std::pair<std::string, std::string>> &out) {
   std::string pattern;
   for (size_t i = 0; i < path.size();) {
     if (!isDigit(path[i])) {
@@ -408,10 +407,10 @@ bool Grouper::byRepeatedStructure(std::vector<Segment> &segments) const {
     if (cuts == 0)
       continue;
     // cost / cuts < bestCost / bestCuts, in integers.
-    bool cheaper = bestCuts == 0 || static_cast<__int128>(cost) * bestCuts <
-                                        static_cast<__int128>(bestCost) * cuts;
-    bool same = bestCuts != 0 && static_cast<__int128>(cost) * bestCuts ==
-                                     static_cast<__int128>(bestCost) * cuts;
+    bool cheaper = bestCuts == 0 ||
+                   static_cast<__int128>(cost) * bestCuts < static_cast<__int128>(bestCost) * cuts;
+    bool same = bestCuts != 0 &&
+                static_cast<__int128>(cost) * bestCuts == static_cast<__int128>(bestCost) * cuts;
     if (cheaper || (same && cuts > bestCuts))
       bestCost = cost, bestPhase = phase, bestCuts = cuts;
   }
@@ -451,8 +450,7 @@ void Grouper::byCutAnalysis(std::vector<Segment> &segments) const {
     segments.push_back({formatv("segment.{0}", i).str(), LayerKind::Other, kept[i], kept[i + 1]});
 }
 
-void Grouper::splitLargeEnds(const std::vector<int> &order,
-                             std::vector<Segment> &segments) const {
+void Grouper::splitLargeEnds(const std::vector<int> &order, std::vector<Segment> &segments) const {
   // A stem or head much larger than a block (MobileNet's first and last
   // stages) is split where the fewest bytes are live, into pieces about the
   // size of a block, so that balancing has room to move.
@@ -475,8 +473,8 @@ void Grouper::splitLargeEnds(const std::vector<int> &order,
     }
     std::vector<size_t> cuts = {s.begin};
     while (s.end - cuts.back() > target + target / 2) {
-      size_t lo = cuts.back() + target / 2, hi = std::min(cuts.back() + target + target / 2,
-                                                           s.end - target / 2);
+      size_t lo = cuts.back() + target / 2,
+             hi = std::min(cuts.back() + target + target / 2, s.end - target / 2);
       cuts.push_back(bestCut(live, lo, std::max(lo, hi), /*latest=*/false));
     }
     cuts.push_back(s.end);
@@ -622,9 +620,8 @@ Expected<LayerGraph> Grouper::build(const std::vector<int> &order, std::vector<S
       }
     }
     layer.weights.assign(weights.begin(), weights.end());
-    std::sort(layer.weights.begin(), layer.weights.end(), [&](int a, int b) {
-      return graph.values[a].name < graph.values[b].name;
-    });
+    std::sort(layer.weights.begin(), layer.weights.end(),
+              [&](int a, int b) { return graph.values[a].name < graph.values[b].name; });
     for (int w : layer.weights)
       layer.params += graph.values[w].numElements();
   }
@@ -645,8 +642,8 @@ Expected<LayerGraph> Grouper::build(const std::vector<int> &order, std::vector<S
       lg.crossings.push_back({static_cast<int>(id), from, to});
   }
   if (Error err = lg.verify())
-    return std::move(err);
-  return std::move(lg);
+    return err;
+  return lg;
 }
 
 Expected<LayerGraph> Grouper::run() {

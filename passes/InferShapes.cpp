@@ -166,8 +166,8 @@ void fillTensorProto(const ConstTensor &t, onnx::TensorProto &proto) {
 
 Expected<std::optional<std::vector<TensorType>>> ShapeInferer::onnxInference(Op &op) {
   int64_t opset = graph.opsetFor(op.domain);
-  const onnx::OpSchema *schema = onnx::OpSchemaRegistry::Schema(
-      op.opType, static_cast<int>(opset ? opset : 1), op.domain);
+  const onnx::OpSchema *schema =
+      onnx::OpSchemaRegistry::Schema(op.opType, static_cast<int>(opset ? opset : 1), op.domain);
   if (!schema || !schema->has_type_and_shape_inference_function())
     return std::nullopt;
   onnx::NodeProto &node = *graph.model->mutable_graph()->mutable_node(op.nodeIndex);
@@ -194,8 +194,7 @@ Expected<std::optional<std::vector<TensorType>>> ShapeInferer::onnxInference(Op 
       dataByName[node.input(static_cast<int>(i))] = &proto;
     }
   }
-  onnx::shape_inference::InferenceContextImpl context(node, typesByName, dataByName,
-                                                      sparseByName);
+  onnx::shape_inference::InferenceContextImpl context(node, typesByName, dataByName, sparseByName);
   try {
     schema->GetTypeAndShapeInferenceFunction()(context);
   } catch (const std::exception &e) {
@@ -279,16 +278,18 @@ Error ShapeInferer::inferOp(Op &op) {
     if (!type)
       type = declaredType(out);
     if (!type) {
-      bool known = graph.opsetFor(op.domain) > 0 &&
-                   onnx::OpSchemaRegistry::Schema(op.opType,
-                                                  static_cast<int>(graph.opsetFor(op.domain)),
-                                                  op.domain) != nullptr;
+      bool known =
+          graph.opsetFor(op.domain) > 0 &&
+          onnx::OpSchemaRegistry::Schema(op.opType, static_cast<int>(graph.opsetFor(op.domain)),
+                                         op.domain) != nullptr;
       if (!known)
-        return fail(op, "cannot infer the shape of output '{0}': no shape rule for this op "
-                        "and the model declares no static type for it",
+        return fail(op,
+                    "cannot infer the shape of output '{0}': no shape rule for this op "
+                    "and the model declares no static type for it",
                     out.name);
-      return fail(op, "cannot infer a static shape for output '{0}' (it depends on run-time "
-                      "data, or an input shape is not bound; see --input-shape and --dim)",
+      return fail(op,
+                  "cannot infer a static shape for output '{0}' (it depends on run-time "
+                  "data, or an input shape is not bound; see --input-shape and --dim)",
                   out.name);
     }
     for (int64_t d : type->shape)
@@ -315,7 +316,7 @@ Expected<bool> ShapeInferer::run() {
       continue;
     try {
       if (Error err = inferOp(op))
-        return std::move(err);
+        return err;
     } catch (const std::exception &e) {
       return fail(op, "shape inference failed: {0}", e.what());
     }

@@ -13,9 +13,9 @@ TEST(Cli, ModelThenInspectJson) {
   TempDir dir;
   std::string out;
   std::string model = dir.path("gpt.onnx");
-  ASSERT_EQ(runCommand(Pipec + " model gpt --layers 3 --hidden 32 --vocab 100 --seq 8 -o " + model,
-                       out),
-            0)
+  ASSERT_EQ(
+      runCommand(Pipec + " model gpt --layers 3 --hidden 32 --vocab 100 --seq 8 -o " + model, out),
+      0)
       << out;
   ASSERT_EQ(runCommand(Pipec + " inspect " + model + " --seq 8 --batch 2 --format json", out), 0)
       << out;
@@ -32,8 +32,8 @@ TEST(Cli, ModelThenInspectJson) {
   const auto *layers = root->getArray("layers");
   ASSERT_NE(layers, nullptr);
   ASSERT_EQ(layers->size(), 5u);
-  const char *fields[] = {"index",    "name",      "kind",           "ops",
-                          "params",   "flops_fwd", "activation_bytes", "boundary_bytes"};
+  const char *fields[] = {
+      "index", "name", "kind", "ops", "params", "flops_fwd", "activation_bytes", "boundary_bytes"};
   for (const auto &layer : *layers)
     for (const char *field : fields)
       EXPECT_TRUE(layer.getAsObject()->get(field)) << field;
@@ -41,7 +41,8 @@ TEST(Cli, ModelThenInspectJson) {
   EXPECT_EQ((*layers)[1].getAsObject()->getString("kind").getValueOr(""), "block");
   EXPECT_EQ((*layers)[4].getAsObject()->getString("kind").getValueOr(""), "head");
   // Hidden state of batch 2, seq 8, width 32 in float.
-  EXPECT_EQ((*layers)[1].getAsObject()->getInteger("boundary_bytes").getValueOr(-1), 2 * 8 * 32 * 4);
+  EXPECT_EQ((*layers)[1].getAsObject()->getInteger("boundary_bytes").getValueOr(-1),
+            2 * 8 * 32 * 4);
   int64_t sum = 0;
   for (const auto &layer : *layers)
     sum += *layer.getAsObject()->getInteger("params");
@@ -52,9 +53,8 @@ TEST(Cli, InspectTextShowsTheTable) {
   TempDir dir;
   std::string out;
   std::string model = dir.path("resnet.onnx");
-  ASSERT_EQ(runCommand(Pipec + " model resnet --layers 4 --hidden 8 --seq 32 --vocab 10 -o " +
-                           model,
-                       out),
+  ASSERT_EQ(runCommand(
+                Pipec + " model resnet --layers 4 --hidden 8 --seq 32 --vocab 10 -o " + model, out),
             0)
       << out;
   ASSERT_EQ(runCommand(Pipec + " inspect " + model, out), 0) << out;
@@ -115,8 +115,10 @@ TEST(Cli, BundledModelsAreReproducible) {
   TempDir dir;
   std::string out;
   std::string made = dir.path("gpt-4l.onnx");
-  ASSERT_EQ(runCommand(Pipec + " model gpt --layers 4 --hidden 64 --heads 4 --vocab 512 --seq 32 "
-                               "-o " + made,
+  ASSERT_EQ(runCommand(Pipec +
+                           " model gpt --layers 4 --hidden 64 --heads 4 --vocab 512 --seq 32 "
+                           "-o " +
+                           made,
                        out),
             0)
       << out;

@@ -94,8 +94,8 @@ TEST(GroupLayers, BlockParamsMatchTheArchitecture) {
   const int64_t h = 32;
   // GPT-2 block: ln_1, ln_2 (2h each), c_attn (h x 3h + 3h), c_proj (h x h + h),
   // c_fc (h x 4h + 4h), mlp c_proj (4h x h + h).
-  int64_t expected = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (4 * h * h + 4 * h) +
-                     (4 * h * h + h);
+  int64_t expected =
+      4 * h + (3 * h * h + 3 * h) + (h * h + h) + (4 * h * h + 4 * h) + (4 * h * h + h);
   EXPECT_EQ(g.layers.layers[1].params, expected);
   // Forward FLOPs of a block are dominated by 2 * tokens * 12 h^2 of GEMMs.
   int64_t tokens = 2 * 8;
@@ -143,8 +143,8 @@ TEST(GroupLayers, LossGetsItsOwnLayer) {
   auto o = options(models::Family::Gpt, 2);
   o.withLoss = true;
   auto g = generateAndGroup(o);
-  EXPECT_EQ(kinds(g.layers), (std::vector<std::string>{"embedding", "block", "block", "head",
-                                                        "loss"}));
+  EXPECT_EQ(kinds(g.layers),
+            (std::vector<std::string>{"embedding", "block", "block", "head", "loss"}));
 }
 
 TEST(GroupLayers, RepeatedStructureWithoutNames) {

@@ -57,8 +57,7 @@ TEST(Importer, LastDefinitionOfATwiceDefinedNameWins) {
   b.node("Relu", {"x"}, {"t"}, "second_def");
   b.node("Abs", {"t"}, {"y"}, "use");
   b.output("y");
-  auto graph = importOnnxBuffer(llvm::MemoryBuffer::getMemBufferCopy(b.serialize()), "m.onnx",
-                                ".");
+  auto graph = importOnnxBuffer(llvm::MemoryBuffer::getMemBufferCopy(b.serialize()), "m.onnx", ".");
   ASSERT_TRUE(!!graph) << toString(graph.takeError());
   EXPECT_TRUE(hasWarning(*graph, "'t' is defined twice"));
   const Op *use = nullptr;
@@ -364,8 +363,7 @@ TEST(ImporterErrors, MissingInitializerNamesTheNode) {
   b.node("Add", {"x", "bias"}, {"y"}, "/model/add");
   b.output("y");
   std::string err = errorOf(importBytes(b.serialize()));
-  EXPECT_NE(err.find("node '/model/add' (Add): input 'bias' is not produced"),
-            std::string::npos)
+  EXPECT_NE(err.find("node '/model/add' (Add): input 'bias' is not produced"), std::string::npos)
       << err;
 }
 

@@ -74,8 +74,7 @@ TEST(InferShapes, EliminatesOpsNoOutputNeeds) {
   b.node("Neg", {"x"}, {"unused"}, "dead");
   b.node("Relu", {"x"}, {"y"}, "live");
   b.output("y");
-  auto graph = importOnnxBuffer(llvm::MemoryBuffer::getMemBufferCopy(b.serialize()), "m.onnx",
-                                ".");
+  auto graph = importOnnxBuffer(llvm::MemoryBuffer::getMemBufferCopy(b.serialize()), "m.onnx", ".");
   ASSERT_TRUE(!!graph);
   ASSERT_TRUE(!!inferShapes(*graph));
   auto changed = eliminateDead(*graph);

@@ -50,8 +50,7 @@ TEST(RealModels, BertLargeKeras) {
   EXPECT_EQ(m.layers.layers.size(), 26u);
   EXPECT_EQ(m.layers.layers.front().kind, LayerKind::Embedding);
   EXPECT_EQ(m.layers.layers.back().kind, LayerKind::Head);
-  EXPECT_EQ(m.layers.layers[24].name,
-            "tf_bert_for_question_answering/bert/encoder/layer_._23");
+  EXPECT_EQ(m.layers.layers[24].name, "tf_bert_for_question_answering/bert/encoder/layer_._23");
   // Keras' Tensordot reshapes are shape arithmetic and fold away.
   for (const Op &op : m.graph->ops)
     EXPECT_NE(op.opType, "Shape");

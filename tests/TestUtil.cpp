@@ -90,8 +90,7 @@ onnx::TensorProto &GraphBuilder::weight(const std::string &name, const std::vect
   return *t;
 }
 
-onnx::TensorProto &GraphBuilder::ints(const std::string &name,
-                                      const std::vector<int64_t> &values) {
+onnx::TensorProto &GraphBuilder::ints(const std::string &name, const std::vector<int64_t> &values) {
   auto *t = graph().add_initializer();
   t->set_name(name);
   t->set_data_type(onnx::TensorProto::INT64);
@@ -119,7 +118,7 @@ Expected<Graph> importBytes(const std::string &bytes, const ImportOptions &optio
     return graph.takeError();
   PipelineOptions pipeline;
   if (Error err = runGraphPasses(*graph, pipeline))
-    return std::move(err);
+    return err;
   return graph;
 }
 

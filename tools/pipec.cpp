@@ -7,9 +7,10 @@
 // the file, node or layer), 2 bad usage (unknown command or flag).
 //
 //===----------------------------------------------------------------------===//
+#include "compiler/InspectReport.h"
 #include "compiler/PassPipeline.h"
 #include "models/ModelGenerators.h"
-#include "compiler/InspectReport.h"
+#include "tools/Versions.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
@@ -132,8 +133,8 @@ Expected<ImportOptions> importOptionsFromFlags() {
 
 int runInspect() {
   if (InspectFormat != "text" && InspectFormat != "json") {
-    WithColor::error(errs(), "pipec") << "--format " << InspectFormat
-                                      << ": expected text or json\n";
+    WithColor::error(errs(), "pipec")
+        << "--format " << InspectFormat << ": expected text or json\n";
     return ExitUsage;
   }
   auto importOptions = importOptionsFromFlags();
@@ -201,6 +202,7 @@ int runModel() {
 int main(int argc, char **argv) {
   InitLLVM init(argc, argv);
   cl::HideUnrelatedOptions({&ShapeCat, &DebugCat, &cl::getGeneralCategory()});
+  cl::SetVersionPrinter([](raw_ostream &os) { printVersions(os); });
   std::string errors;
   raw_string_ostream errorStream(errors);
   if (!cl::ParseCommandLineOptions(argc, argv,

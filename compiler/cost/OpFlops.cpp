@@ -31,10 +31,10 @@ const std::vector<int64_t> &shapeOf(const Graph &graph, const Op &op, size_t inp
 
 bool isDataMovementOp(const Op &op) {
   static const StringSet<> movement = {
-      "Reshape", "Transpose", "Gather", "Concat",    "Split",          "Slice",
-      "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand",         "Tile",
-      "Cast",    "Shape",     "Size",    "Pad",      "ConstantOfShape", "Constant",
-      "Dropout", "GatherElements", "ScatterND", "Range", "DepthToSpace", "SpaceToDepth"};
+      "Reshape", "Transpose",      "Gather",    "Concat",   "Split",           "Slice",
+      "Squeeze", "Unsqueeze",      "Flatten",   "Identity", "Expand",          "Tile",
+      "Cast",    "Shape",          "Size",      "Pad",      "ConstantOfShape", "Constant",
+      "Dropout", "GatherElements", "ScatterND", "Range",    "DepthToSpace",    "SpaceToDepth"};
   return movement.contains(op.opType);
 }
 
@@ -69,7 +69,8 @@ int64_t forwardFlops(const Graph &graph, const Op &op) {
       int64_t spatial = 1;
       for (size_t i = 2; i < w.size(); ++i)
         spatial *= w[i];
-      return 2 * inElems * cout * spatial / std::max<int64_t>(1, attrInt(graph.node(op), "group", 1));
+      return 2 * inElems * cout * spatial /
+             std::max<int64_t>(1, attrInt(graph.node(op), "group", 1));
     }
     return 2 * elements(graph, op.outputs[0]) * kernel;
   }

@@ -73,9 +73,7 @@ Graph::~Graph() = default;
 Graph::Graph(Graph &&) noexcept = default;
 Graph &Graph::operator=(Graph &&) noexcept = default;
 
-const onnx::NodeProto &Graph::node(const Op &op) const {
-  return model->graph().node(op.nodeIndex);
-}
+const onnx::NodeProto &Graph::node(const Op &op) const { return model->graph().node(op.nodeIndex); }
 
 int64_t Graph::opsetFor(StringRef domain) const {
   if (domain == "ai.onnx")
@@ -267,15 +265,16 @@ Expected<std::shared_ptr<const ConstTensor>> Graph::readConstant(int valueId,
   }
   if (value.tensorIndex < 0)
     return fail(createStringError(inconvertibleErrorCode(), "is not known at compile time"));
-  const onnx::TensorProto &tensor = value.tensorIndex < model->graph().initializer_size()
-                                        ? model->graph().initializer(value.tensorIndex)
-                                        : *constantTensors[value.tensorIndex -
-                                                           model->graph().initializer_size()];
-  Error err = tensor.has_raw_data()
-                  ? decodeRaw(*out, ArrayRef<uint8_t>(
-                                        reinterpret_cast<const uint8_t *>(tensor.raw_data().data()),
+  const onnx::TensorProto &tensor =
+      value.tensorIndex < model->graph().initializer_size()
+          ? model->graph().initializer(value.tensorIndex)
+          : *constantTensors[value.tensorIndex - model->graph().initializer_size()];
+  Error err =
+      tensor.has_raw_data()
+          ? decodeRaw(*out,
+                      ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(tensor.raw_data().data()),
                                         tensor.raw_data().size()))
-                  : decodeTyped(*out, tensor);
+          : decodeTyped(*out, tensor);
   if (err)
     return fail(std::move(err));
   return std::shared_ptr<const ConstTensor>(std::move(out));
@@ -401,9 +400,8 @@ void printGraph(const Graph &graph, raw_ostream &os) {
 
 Error verifyGraph(const Graph &graph, bool requireShapes) {
   auto fail = [&](const Op &op, const Twine &why) {
-    return createStringError(inconvertibleErrorCode(), "%s: verifier: %s: %s",
-                             graph.path.c_str(), describeOp(graph, op).c_str(),
-                             why.str().c_str());
+    return createStringError(inconvertibleErrorCode(), "%s: verifier: %s: %s", graph.path.c_str(),
+                             describeOp(graph, op).c_str(), why.str().c_str());
   };
   std::vector<bool> defined(graph.values.size(), false);
   for (size_t id = 0; id < graph.values.size(); ++id)

@@ -173,8 +173,7 @@ Expected<int> Importer::addTensor(const onnx::TensorProto &tensor, int tensorInd
       return fail("{0}: holds {1} bytes, its shape {2} of {3} needs {4}", what, storage->length,
                   formatShape(value.shape), dtypeName(value.type), expected);
     graph.values[id].storage = *storage;
-  } else if (tensor.has_raw_data() &&
-             static_cast<int64_t>(tensor.raw_data().size()) != expected) {
+  } else if (tensor.has_raw_data() && static_cast<int64_t>(tensor.raw_data().size()) != expected) {
     return fail("{0}: holds {1} bytes, its shape {2} of {3} needs {4}", describe(),
                 tensor.raw_data().size(), formatShape(value.shape), dtypeName(value.type),
                 expected);
@@ -313,8 +312,8 @@ Error Importer::addNodes() {
   for (int n = 0; n < g.node_size(); ++n) {
     const onnx::NodeProto &node = g.node(n);
     auto label = [&] { return nodeLabel(node); };
-    bool isConstant = node.op_type() == "Constant" &&
-                      (node.domain().empty() || node.domain() == "ai.onnx");
+    bool isConstant =
+        node.op_type() == "Constant" && (node.domain().empty() || node.domain() == "ai.onnx");
     if (isConstant) {
       if (node.output_size() != 1)
         return fail("{0}: a Constant has exactly one output", label());
@@ -488,11 +487,11 @@ Expected<Graph> importOnnxBuffer(std::unique_ptr<MemoryBuffer> buffer, StringRef
   Importer importer(graph, options, baseDir);
   try {
     if (Error err = importer.run())
-      return std::move(err);
+      return err;
   } catch (const std::exception &e) {
     return fail(Twine("import failed: ") + e.what());
   }
-  return std::move(graph);
+  return graph;
 }
 
 Expected<Graph> importOnnx(StringRef path, const ImportOptions &options) {

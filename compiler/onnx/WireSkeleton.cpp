@@ -232,7 +232,7 @@ Expected<std::string> makeSkeleton(StringRef bytes, uint64_t threshold) {
   out.reserve(std::min<size_t>(bytes.size(), 1 << 20));
   const auto *begin = reinterpret_cast<const uint8_t *>(bytes.data());
   if (Error err = writer.rewrite(MessageKind::Model, begin, begin + bytes.size(), out, 0))
-    return std::move(err);
+    return err;
   return out;
 }
 
