@@ -230,6 +230,8 @@ public:
   /// initializer itself, or with fp16Weights the output of its Cast to float.
   /// Each weight is seeded from the options' seed and its own name.
   std::string addWeight(StringRef Name, ArrayRef<int64_t> Dims, Init Kind = Init::Normal) {
+    if (Opts.lightWeights)
+      return addFill(Name, Dims, kFloat, Kind == Init::One ? 1.0f : 0.02f);
     onnx::TensorProto *T = Graph.add_initializer();
     T->set_name(Name.str());
     int64_t Count = 1;
@@ -250,8 +252,27 @@ public:
     return addNode("Cast", ("/" + Name).str(), {Name.str()}, {attrInt("to", kFloat)});
   }
 
+  /// With lightWeights: a ConstantOfShape fill named \p Name instead of an
+  /// initializer, as ONNX's "light" test models store their weights.
+  std::string addFill(StringRef Name, ArrayRef<int64_t> Dims, int32_t ElemType, float Value) {
+    std::string Shape = constVector(("/" + Name).str(), Dims);
+    onnx::AttributeProto A;
+    A.set_name("value");
+    A.set_type(onnx::AttributeProto::TENSOR);
+    onnx::TensorProto *T = A.mutable_t();
+    T->set_data_type(ElemType);
+    T->add_dims(1);
+    if (ElemType == kFloat)
+      T->add_float_data(Value);
+    else
+      T->add_int32_data(static_cast<int32_t>(Value));
+    return addNode("ConstantOfShape", ("/" + Name).str(), {Shape}, {A}, Name);
+  }
+
   /// Adds a float32 initializer with fixed contents (masks, rotary tables).
   std::string addBuffer(StringRef Name, ArrayRef<int64_t> Dims, ArrayRef<float> Values) {
+    if (Opts.lightWeights)
+      return addFill(Name, Dims, kFloat, 0.0f);
     onnx::TensorProto *T = Graph.add_initializer();
     T->set_name(Name.str());
     T->set_data_type(kFloat);
@@ -263,6 +284,8 @@ public:
 
   /// Adds a BOOL initializer with fixed contents, one byte (0 or 1) each.
   std::string addBoolBuffer(StringRef Name, ArrayRef<int64_t> Dims, ArrayRef<uint8_t> Values) {
+    if (Opts.lightWeights)
+      return addFill(Name, Dims, onnx::TensorProto::BOOL, 1.0f);
     onnx::TensorProto *T = Graph.add_initializer();
     T->set_name(Name.str());
     T->set_data_type(onnx::TensorProto::BOOL);

@@ -75,6 +75,11 @@ struct GeneratorOptions {
   uint64_t seed = 1;
   /// Store weights as FLOAT16 initializers, each followed by a Cast to float.
   bool fp16Weights = false;
+  /// Every weight and buffer is a ConstantOfShape fill (named like the
+  /// weight) instead of an initializer: the graph keeps its structure,
+  /// parameter counts and FLOPs but carries no weight bytes, for planning
+  /// models too large to write out (a Llama-3-405B shape is a few MB).
+  bool lightWeights = false;
 };
 
 /// Builds the model described by \p opts (ir_version 8, producer "pipec").

@@ -185,10 +185,10 @@ bool Grouper::byModulePath(std::vector<int> &order, std::vector<Segment> &segmen
     for (auto &[pattern, instance] : prefixes)
       ++patterns[pattern][instance];
   }
-  // Pick the pattern: at least two real instances, more than one op each on
-  // average, and among those that cover nearly the most ops, the one with the
-  // most instances ("/layer#/layer#.#" over "/layer#"); on a tie the more
-  // specific path, which names the block itself.
+  // Pick the pattern: at least two real instances, at least 1.5 ops each on
+  // average (not per-op names like "MatMul_3"), and among those that cover nearly the most ops, the
+  // one with the most instances ("/layer#/layer#.#" over "/layer#"); on a tie the more specific
+  // path, which names the block itself.
   struct Candidate {
     std::string pattern;
     std::vector<std::string> instances;
@@ -208,7 +208,7 @@ bool Grouper::byModulePath(std::vector<int> &order, std::vector<Segment> &segmen
         c.instances.push_back(inst.first().str());
         c.covered += inst.second;
       }
-    if (c.instances.empty() || c.covered < 2 * c.instances.size())
+    if (c.instances.empty() || 2 * c.covered < 3 * c.instances.size()) // per-op names
       continue;
     candidates.push_back(std::move(c));
   }

@@ -7,9 +7,12 @@
 // the file, node or layer), 2 bad usage (unknown command or flag).
 //
 //===----------------------------------------------------------------------===//
+#include "compiler/Compile.h"
 #include "compiler/InspectReport.h"
 #include "compiler/PassPipeline.h"
+#include "compiler/Report.h"
 #include "models/ModelGenerators.h"
+#include "runtime/plan/PlanFile.h"
 #include "tools/Versions.h"
 
 #include "llvm/ADT/StringExtras.h"
@@ -29,6 +32,8 @@ constexpr int ExitUsage = 2;
 
 cl::SubCommand InspectCmd("inspect", "Show a model's layers, params, FLOPs and cut points");
 cl::SubCommand ModelCmd("model", "Generate a GPT, Llama, BERT, MLP or ResNet model as ONNX");
+cl::SubCommand CompileCmd("compile", "Partition a model into pipeline stages and write a plan");
+cl::SubCommand ReportCmd("report", "Show a plan's partition report");
 
 cl::OptionCategory ShapeCat("Shape binding");
 cl::OptionCategory DebugCat("Pass debugging");
@@ -43,22 +48,76 @@ cl::opt<std::string> InspectOutput("o", cl::desc("Write to FILE instead of stdou
 cl::list<std::string> InputShapes("input-shape",
                                   cl::desc("Bind an input's shape: NAME=D0,D1,.. (repeatable)"),
                                   cl::value_desc("NAME=D0,D1,.."), cl::cat(ShapeCat),
-                                  cl::sub(InspectCmd));
+                                  cl::sub(InspectCmd), cl::sub(CompileCmd));
 cl::list<std::string> Dims("dim", cl::desc("Bind a named symbolic dimension: NAME=V (repeatable)"),
-                           cl::value_desc("NAME=V"), cl::cat(ShapeCat), cl::sub(InspectCmd));
+                           cl::value_desc("NAME=V"), cl::cat(ShapeCat), cl::sub(InspectCmd),
+                           cl::sub(CompileCmd));
 cl::opt<int64_t> Batch("batch", cl::desc("Value of batch-like symbolic dims"), cl::init(1),
                        cl::cat(ShapeCat), cl::sub(InspectCmd));
 cl::opt<int64_t> Seq("seq", cl::desc("Value of sequence-like symbolic dims"), cl::init(128),
-                     cl::cat(ShapeCat), cl::sub(InspectCmd));
+                     cl::cat(ShapeCat), cl::sub(InspectCmd), cl::sub(CompileCmd));
 cl::opt<int64_t> Past("past", cl::desc("Value of past-length symbolic dims"), cl::init(0),
-                      cl::cat(ShapeCat), cl::sub(InspectCmd));
+                      cl::cat(ShapeCat), cl::sub(InspectCmd), cl::sub(CompileCmd));
 cl::list<std::string> PrintAfter("print-after",
                                  cl::desc("Print the IR after the named pass (or 'all')"),
-                                 cl::CommaSeparated, cl::cat(DebugCat), cl::sub(InspectCmd));
+                                 cl::CommaSeparated, cl::cat(DebugCat), cl::sub(InspectCmd),
+                                 cl::sub(CompileCmd));
 cl::opt<std::string> DumpDir("dump-dir", cl::desc("Write the IR after every pass to DIR"),
-                             cl::value_desc("DIR"), cl::cat(DebugCat), cl::sub(InspectCmd));
+                             cl::value_desc("DIR"), cl::cat(DebugCat), cl::sub(InspectCmd),
+                             cl::sub(CompileCmd));
 cl::opt<bool> Stats("stats", cl::desc("Print per-pass time and op counts"), cl::cat(DebugCat),
-                    cl::sub(InspectCmd));
+                    cl::sub(InspectCmd), cl::sub(CompileCmd));
+
+// compile
+cl::OptionCategory CompileCat("Compile");
+cl::opt<std::string> CompileModel(cl::Positional, cl::desc("MODEL.onnx"), cl::Required,
+                                  cl::sub(CompileCmd));
+cl::opt<std::string> CompileOutput("o", cl::desc("Plan file to write"), cl::value_desc("PLAN"),
+                                   cl::init("model.plan"), cl::sub(CompileCmd));
+cl::opt<int> Stages("stages", cl::desc("Pipeline stages P (ranks)"), cl::init(4),
+                    cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<int> VirtualStages("virtual-stages", cl::desc("Chunks per rank V"), cl::init(1),
+                           cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<int> Microbatches("microbatches", cl::desc("Microbatches M per step (default 4P)"),
+                          cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<int64_t> GlobalBatch("batch",
+                             cl::desc("Global batch per step (default: one sample per "
+                                      "microbatch)"),
+                             cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string> Schedule("schedule",
+                              cl::desc("gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|dualpipev"),
+                              cl::init("1f1b"), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string> Hardware("hardware",
+                              cl::desc("h100|h200|a100|cpu|FILE.json, or one per rank: h100,a100"),
+                              cl::init("h100"), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string> Balance("balance", cl::desc("time|params|uniform|LAYOUT (e.g. E,t*7|t*8,L)"),
+                             cl::init("time"), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string> MemoryLimit("memory-limit",
+                                 cl::desc("Bytes per rank (80GB, 64GiB, none), or one per rank"),
+                                 cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string> Mode("mode", cl::desc("train|infer"), cl::init("train"), cl::cat(CompileCat),
+                          cl::sub(CompileCmd));
+cl::opt<std::string> Precision("precision", cl::desc("fp32|bf16 (default bf16 on GPUs)"),
+                               cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string> OptimizerFlag("optimizer", cl::desc("sgd|momentum|adamw"), cl::init("adamw"),
+                                   cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<bool> Recompute("recompute", cl::desc("Activation checkpointing per stage"),
+                        cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string> Costs("costs", cl::desc("Measured per-layer costs (JSON) over the roofline"),
+                           cl::value_desc("FILE"), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<int> DataParallel("dp", cl::desc("Data-parallel replicas"), cl::init(1),
+                          cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string> Emit("emit", cl::desc("Plan encoding: binary|text|json"), cl::init("binary"),
+                          cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<bool> CompileReport("report", cl::desc("Print the partition report"), cl::cat(CompileCat),
+                            cl::sub(CompileCmd));
+
+// report
+cl::opt<std::string> ReportPlan(cl::Positional, cl::desc("PLAN"), cl::Required, cl::sub(ReportCmd));
+cl::opt<std::string> ReportFormat("format", cl::desc("Output format: text or json"),
+                                  cl::init("text"), cl::sub(ReportCmd));
+cl::opt<std::string> ReportOutput("o", cl::desc("Write to FILE instead of stdout"),
+                                  cl::value_desc("FILE"), cl::sub(ReportCmd));
 
 // model
 cl::opt<std::string> ModelFamily(cl::Positional, cl::desc("gpt|llama|bert|mlp|resnet"),
@@ -87,6 +146,9 @@ cl::opt<bool> ModelLoss("loss", cl::desc("Add a labels input and a loss output")
 cl::opt<bool> ModelExternal("external-data", cl::desc("Store weights in FILE.data"),
                             cl::sub(ModelCmd));
 cl::opt<bool> ModelFp16("fp16", cl::desc("Store weights as float16"), cl::sub(ModelCmd));
+cl::opt<bool> ModelLight("light",
+                         cl::desc("Weights as ConstantOfShape fills: structure without bytes"),
+                         cl::sub(ModelCmd));
 cl::opt<uint64_t> ModelSeed("seed", cl::desc("Weight seed"), cl::init(1), cl::sub(ModelCmd));
 
 int reportError(Error err) {
@@ -168,6 +230,85 @@ int runInspect() {
   return 0;
 }
 
+Expected<std::unique_ptr<raw_fd_ostream>> openOutput(const std::string &path) {
+  std::error_code ec;
+  auto file = std::make_unique<raw_fd_ostream>(path, ec);
+  if (ec)
+    return createStringError(ec, "%s: cannot write: %s", path.c_str(), ec.message().c_str());
+  return file;
+}
+
+int runCompile() {
+  auto importOptions = importOptionsFromFlags();
+  if (!importOptions)
+    return reportError(importOptions.takeError());
+  auto encoding = parsePlanEncoding(Emit);
+  if (!encoding)
+    return reportError(encoding.takeError());
+  CompileOptions options;
+  options.import = *importOptions;
+  options.stages = Stages;
+  options.virtualStages = VirtualStages;
+  options.microbatches = Microbatches;
+  options.globalBatch = GlobalBatch;
+  if (Mode != "train" && Mode != "infer")
+    return reportError(createStringError(inconvertibleErrorCode(),
+                                         "--mode %s: expected train or infer", Mode.c_str()));
+  options.training = Mode == "train";
+  auto schedule = parseSchedule(Schedule);
+  if (!schedule)
+    return reportError(schedule.takeError());
+  options.schedule = *schedule;
+  options.hardware = Hardware;
+  options.balance = Balance;
+  options.memoryLimit = MemoryLimit;
+  options.precision = Precision;
+  auto optimizer = parseOptimizer(OptimizerFlag);
+  if (!optimizer)
+    return reportError(optimizer.takeError());
+  options.optimizer = *optimizer;
+  options.recompute = Recompute;
+  options.costs = Costs;
+  options.dataParallel = DataParallel;
+  PipelineOptions pipeline;
+  pipeline.printAfter.assign(PrintAfter.begin(), PrintAfter.end());
+  pipeline.dumpDir = DumpDir;
+  pipeline.stats = Stats;
+  auto plan = compileModel(CompileModel, options, pipeline);
+  if (!plan)
+    return reportError(plan.takeError());
+  if (Error err = writePlan(*plan, CompileOutput, *encoding))
+    return reportError(std::move(err));
+  if (CompileReport)
+    printReportText(*plan, outs());
+  outs() << "wrote " << CompileOutput << "  (layout " << plan->layout() << ")\n";
+  return 0;
+}
+
+int runReport() {
+  if (ReportFormat != "text" && ReportFormat != "json") {
+    WithColor::error(errs(), "pipec") << "--format " << ReportFormat << ": expected text or json\n";
+    return ExitUsage;
+  }
+  auto plan = readPlan(ReportPlan);
+  if (!plan)
+    return reportError(plan.takeError());
+  std::unique_ptr<raw_fd_ostream> file;
+  raw_ostream *os = &outs();
+  if (!ReportOutput.empty()) {
+    auto opened = openOutput(ReportOutput);
+    if (!opened)
+      return reportError(opened.takeError());
+    file = std::move(*opened);
+    os = file.get();
+  }
+  if (ReportFormat == "json")
+    printReportJson(*plan, *os);
+  else
+    printReportText(*plan, *os);
+  return 0;
+}
+
 int runModel() {
   auto family = models::parseFamily(ModelFamily);
   if (!family)
@@ -187,6 +328,7 @@ int runModel() {
   options.withLoss = ModelLoss;
   options.seed = ModelSeed;
   options.fp16Weights = ModelFp16;
+  options.lightWeights = ModelLight;
   auto model = models::generateModel(options);
   if (!model)
     return reportError(model.takeError());
@@ -201,13 +343,15 @@ int runModel() {
 
 int main(int argc, char **argv) {
   InitLLVM init(argc, argv);
-  cl::HideUnrelatedOptions({&ShapeCat, &DebugCat, &cl::getGeneralCategory()});
+  cl::HideUnrelatedOptions({&ShapeCat, &DebugCat, &CompileCat, &cl::getGeneralCategory()});
   cl::SetVersionPrinter([](raw_ostream &os) { printVersions(os); });
   std::string errors;
   raw_string_ostream errorStream(errors);
   if (!cl::ParseCommandLineOptions(argc, argv,
                                    "pipec: compile ONNX models into pipeline-parallel plans\n\n"
                                    "  pipec inspect MODEL.onnx [--format text|json]\n"
+                                   "  pipec compile MODEL.onnx -o MODEL.plan [--stages P] ...\n"
+                                   "  pipec report MODEL.plan [--format text|json]\n"
                                    "  pipec model gpt|llama|bert|mlp|resnet [options] -o FILE\n\n"
                                    "Exit codes: 0 ok, 1 bad input or failed step, 2 bad usage.\n",
                                    &errorStream)) {
@@ -219,6 +363,10 @@ int main(int argc, char **argv) {
     return runInspect();
   if (ModelCmd)
     return runModel();
+  if (CompileCmd)
+    return runCompile();
+  if (ReportCmd)
+    return runReport();
   WithColor::error(errs(), "pipec") << "no command given; try 'pipec --help'\n";
   return ExitUsage;
 }

@@ -1,0 +1,309 @@
+//===- CostModel.cpp - Per-layer F / I / W cost on a HardwareSpec ---------===//
+#include "compiler/cost/CostModel.h"
+#include "compiler/cost/OpFlops.h"
+
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+#include <set>
+
+using namespace llvm;
+
+namespace pipec {
+
+Expected<Precision> parsePrecision(StringRef name) {
+  if (name == "fp32")
+    return Precision::FP32;
+  if (name == "bf16")
+    return Precision::BF16;
+  return createStringError(inconvertibleErrorCode(), "--precision %s: expected fp32 or bf16",
+                           name.str().c_str());
+}
+
+StringRef precisionName(Precision precision) {
+  return precision == Precision::BF16 ? "bf16" : "fp32";
+}
+
+namespace {
+
+/// Bytes of a value as the run would hold it: fp32 activations and weights
+/// are bf16 under mixed precision.
+double bytesAt(const Value &v, Precision precision) {
+  double bytes = static_cast<double>(v.byteSize());
+  if (precision == Precision::BF16 && v.type == DType::F32)
+    bytes /= 2;
+  return bytes;
+}
+
+bool isWeight(const Graph &graph, int id) {
+  return id >= 0 && graph.values[id].kind == ValueKind::Weight;
+}
+
+bool isActivation(const Graph &graph, int id) {
+  return id >= 0 && (graph.values[id].kind == ValueKind::Activation ||
+                     graph.values[id].kind == ValueKind::Input);
+}
+
+bool isCompileTime(const Graph &graph, const Op &op) {
+  for (int out : op.outputs)
+    if (out >= 0 && graph.values[out].kind == ValueKind::Activation)
+      return false;
+  return true;
+}
+
+/// Ops whose forward cost is a fair estimate of their input gradient.
+const StringSet<> &pointwiseLike() {
+  static const StringSet<> ops = {"Add",
+                                  "Sub",
+                                  "Mul",
+                                  "Div",
+                                  "Relu",
+                                  "Gelu",
+                                  "FastGelu",
+                                  "BiasGelu",
+                                  "QuickGelu",
+                                  "Erf",
+                                  "Tanh",
+                                  "Sigmoid",
+                                  "Softmax",
+                                  "LogSoftmax",
+                                  "Pow",
+                                  "Sqrt",
+                                  "Reciprocal",
+                                  "Neg",
+                                  "Exp",
+                                  "Log",
+                                  "Where",
+                                  "Clip",
+                                  "HardSigmoid",
+                                  "HardSwish",
+                                  "Softplus",
+                                  "Elu",
+                                  "Selu",
+                                  "LeakyRelu",
+                                  "Abs",
+                                  "Sum",
+                                  "Mean",
+                                  "Max",
+                                  "Min",
+                                  "ReduceMean",
+                                  "ReduceSum",
+                                  "ReduceMax",
+                                  "ReduceMin",
+                                  "MaxPool",
+                                  "AveragePool",
+                                  "GlobalAveragePool",
+                                  "GlobalMaxPool",
+                                  "Dropout",
+                                  "RotaryEmbedding",
+                                  "Cast",
+                                  "Equal",
+                                  "Less",
+                                  "Greater",
+                                  "Not",
+                                  "And",
+                                  "Or",
+                                  "LayerNormalization",
+                                  "SkipLayerNormalization",
+                                  "SimplifiedLayerNormalization",
+                                  "SkipSimplifiedLayerNormalization",
+                                  "BatchNormalization",
+                                  "InstanceNormalization",
+                                  "GroupNormalization",
+                                  "SoftmaxCrossEntropyLoss",
+                                  "NegativeLogLikelihoodLoss",
+                                  "EmbedLayerNormalization"};
+  return ops;
+}
+
+} // namespace
+
+OpCost opCost(const Graph &graph, const Op &op, Precision precision) {
+  OpCost cost;
+  if (op.dead || isCompileTime(graph, op))
+    return cost;
+  StringRef type = op.opType;
+  double in = 0, out = 0, weights = 0, outElems = 0;
+  for (int id : op.inputs)
+    if (id >= 0) {
+      (isWeight(graph, id) ? weights : in) += bytesAt(graph.values[id], precision);
+    }
+  for (int id : op.outputs)
+    if (id >= 0) {
+      out += bytesAt(graph.values[id], precision);
+      outElems += static_cast<double>(graph.values[id].numElements());
+    }
+  double f = static_cast<double>(forwardFlops(graph, op));
+  cost.flops[Forward] = f;
+  bool viewOnly = type == "Reshape" || type == "Squeeze" || type == "Unsqueeze" ||
+                  type == "Flatten" || type == "Identity";
+  cost.bytes[Forward] = viewOnly ? 0 : in + weights + out;
+  bool anyWeight = false;
+  for (int id : op.inputs)
+    anyWeight |= isWeight(graph, id);
+
+  if (type == "MatMul" || type == "Gemm" || type == "FusedMatMul") {
+    int activations = 0;
+    for (size_t i = 0; i < std::min<size_t>(2, op.inputs.size()); ++i)
+      activations += isActivation(graph, op.inputs[i]);
+    double gemm = type == "Gemm" ? f - (op.inputs.size() > 2 ? outElems : 0) : f;
+    cost.flops[BackwardInput] = gemm * activations;
+    cost.flops[BackwardWeight] =
+        gemm * (2 - activations) +
+        (anyWeight && type == "Gemm" && op.inputs.size() > 2 ? outElems : 0);
+    cost.bytes[BackwardInput] = activations ? out + in + weights : 0;
+    cost.bytes[BackwardWeight] = activations < 2 ? out + in + weights : 0;
+    return cost;
+  }
+  if (type == "Conv" || type == "ConvTranspose") {
+    cost.flops[BackwardInput] = f;
+    cost.flops[BackwardWeight] = anyWeight ? f : 0;
+    cost.bytes[BackwardInput] = out + in + weights;
+    cost.bytes[BackwardWeight] = anyWeight ? out + in + weights : 0;
+    return cost;
+  }
+  if (type == "Attention" || type == "MultiHeadAttention" || type == "GroupQueryAttention") {
+    cost.flops[BackwardInput] = 2 * f;
+    cost.flops[BackwardWeight] = anyWeight ? f / 2 : 0;
+    cost.bytes[BackwardInput] = 2 * (in + out);
+    cost.bytes[BackwardWeight] = anyWeight ? in + out + weights : 0;
+    return cost;
+  }
+  if (type == "Gather" || type == "EmbedLayerNormalization") {
+    bool table = !op.inputs.empty() && isWeight(graph, op.inputs[0]);
+    cost.flops[BackwardInput] = table ? (type == "Gather" ? 0 : f) : 0;
+    cost.flops[BackwardWeight] = table ? outElems : 0;
+    cost.bytes[BackwardInput] = table ? 0 : out;
+    cost.bytes[BackwardWeight] = table ? 2 * out : 0;
+    if (!table) // gathering activations: the gradient is a scatter
+      cost.bytes[BackwardInput] = 2 * out;
+    return cost;
+  }
+  if (isDataMovementOp(op)) {
+    cost.bytes[BackwardInput] = viewOnly ? 0 : in + out;
+    return cost;
+  }
+  if (pointwiseLike().contains(type)) {
+    cost.flops[BackwardInput] = f;
+    cost.bytes[BackwardInput] = in + 2 * out;
+    if (anyWeight) {
+      cost.flops[BackwardWeight] = outElems;
+      cost.bytes[BackwardWeight] = out + weights;
+    }
+    return cost;
+  }
+  cost.defaulted = true;
+  cost.flops[BackwardInput] = f;
+  cost.bytes[BackwardInput] = in + out;
+  return cost;
+}
+
+CostTable computeCosts(const LayerGraph &lg, const HardwareSpec &hw, Precision precision) {
+  const Graph &graph = *lg.graph;
+  CostTable table;
+  table.hardware = hw.name;
+  table.precision = precision;
+  std::set<std::string> defaulted;
+  double peak = hw.peakFlops(precision == Precision::BF16);
+  for (size_t l = 0; l < lg.layers.size(); ++l) {
+    const Layer &layer = lg.layers[l];
+    LayerCost lc;
+    lc.name = layer.name;
+    lc.kind = layer.kind;
+    lc.params = layer.params;
+    for (int op : layer.ops) {
+      const Op &o = graph.ops[op];
+      OpCost c = opCost(graph, o, precision);
+      for (int p = 0; p < 3; ++p) {
+        lc.flops[p] += c.flops[p];
+        lc.bytes[p] += c.bytes[p];
+        if (c.flops[p] > 0 || c.bytes[p] > 0)
+          lc.time[p] +=
+              std::max(c.flops[p] / peak, c.bytes[p] / hw.memoryBandwidth) + hw.launchOverhead;
+      }
+      if (c.defaulted) {
+        ++lc.defaultedOps;
+        defaulted.insert(o.domain.empty() ? o.opType : o.domain + "." + o.opType);
+      }
+      for (int out : o.outputs)
+        if (out >= 0 && graph.values[out].kind == ValueKind::Activation)
+          lc.activationBytes += static_cast<int64_t>(bytesAt(graph.values[out], precision));
+    }
+    if (l + 1 < lg.layers.size())
+      for (int id : lg.crossingAfter(l))
+        lc.boundaryBytes += static_cast<int64_t>(bytesAt(graph.values[id], precision));
+    if (l > 0)
+      lc.inputBytes = table.layers.back().boundaryBytes;
+    table.layers.push_back(std::move(lc));
+  }
+  table.defaultedOpTypes.assign(defaulted.begin(), defaulted.end());
+  return table;
+}
+
+Error applyMeasuredCosts(CostTable &table, StringRef path) {
+  auto fail = [&](const Twine &why) {
+    return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
+                             why.str().c_str());
+  };
+  auto buffer = MemoryBuffer::getFile(path);
+  if (!buffer)
+    return fail("cannot open: " + buffer.getError().message());
+  auto json = json::parse((*buffer)->getBuffer());
+  if (!json)
+    return fail("not JSON: " + toString(json.takeError()));
+  const json::Object *root = json->getAsObject();
+  if (!root)
+    return fail("expected a JSON object");
+  if (root->getInteger("format_version").getValueOr(0) != 1)
+    return fail("format_version must be 1");
+  const json::Array *layers = root->getArray("layers");
+  if (!layers)
+    return fail("missing 'layers'");
+  StringMap<size_t> byName;
+  for (size_t i = 0; i < table.layers.size(); ++i)
+    byName[table.layers[i].name] = i;
+  for (size_t i = 0; i < layers->size(); ++i) {
+    const json::Object *entry = (*layers)[i].getAsObject();
+    if (!entry)
+      return fail(formatv("layers[{0}] is not an object", i));
+    auto name = entry->getString("name");
+    if (!name)
+      return fail(formatv("layers[{0}] has no name", i));
+    auto it = byName.find(*name);
+    if (it == byName.end())
+      return fail(formatv("layer '{0}' is not a layer of this model", *name));
+    LayerCost &lc = table.layers[it->second];
+    const char *keys[3] = {"forward_s", "backward_input_s", "backward_weight_s"};
+    for (int p = 0; p < 3; ++p) {
+      auto v = entry->getNumber(keys[p]);
+      if (!v || *v < 0)
+        return fail(formatv("layer '{0}': '{1}' must be a non-negative number", *name, keys[p]));
+      lc.time[p] = *v;
+    }
+    lc.measured = true;
+  }
+  return Error::success();
+}
+
+void writeCostTable(const CostTable &table, raw_ostream &os) {
+  json::OStream j(os, 2);
+  j.object([&] {
+    j.attribute("format_version", 1);
+    j.attribute("hardware", table.hardware);
+    j.attribute("precision", precisionName(table.precision));
+    j.attributeArray("layers", [&] {
+      for (const LayerCost &lc : table.layers)
+        j.object([&] {
+          j.attribute("name", lc.name);
+          j.attribute("forward_s", lc.time[Forward]);
+          j.attribute("backward_input_s", lc.time[BackwardInput]);
+          j.attribute("backward_weight_s", lc.time[BackwardWeight]);
+        });
+    });
+  });
+  os << "\n";
+}
+
+} // namespace pipec

@@ -1,0 +1,474 @@
+//===- HardwareSpec.cpp - Built-in, file and calibrated hardware specs ---===//
+//
+// Datasheet numbers for the built-in GPUs, the JSON reader and writer, and the
+// CPU calibration with its on-disk cache. docs/HARDWARE.md cites every number.
+//
+//===----------------------------------------------------------------------===//
+#include "compiler/cost/HardwareSpec.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
+#include "llvm/Support/xxhash.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cassert>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+using namespace llvm;
+
+namespace pipec {
+
+double LinkSpec::transferTime(int64_t bytes) const {
+  if (bytes <= 0)
+    return 0;
+  assert(bandwidth > 0 && "link without bandwidth");
+  return latency + double(bytes) / bandwidth;
+}
+
+bool LinkSpec::operator==(const LinkSpec &o) const {
+  return name == o.name && bandwidth == o.bandwidth && latency == o.latency;
+}
+
+bool HardwareSpec::operator==(const HardwareSpec &o) const {
+  return name == o.name && peakFlopsF32 == o.peakFlopsF32 && peakFlopsBf16 == o.peakFlopsBf16 &&
+         memoryBandwidth == o.memoryBandwidth && memoryBytes == o.memoryBytes &&
+         launchOverhead == o.launchOverhead && intraNode == o.intraNode &&
+         interNode == o.interNode && devicesPerNode == o.devicesPerNode && source == o.source;
+}
+
+namespace {
+
+// NVLink latency: estimate from NCCL point-to-point small-message latency.
+// InfiniBand NDR: 400 Gb/s per port = 50e9 B/s; latency is an estimate.
+// Launch overhead: estimate of one CUDA kernel launch plus stream bookkeeping.
+constexpr double nvlinkLatency = 2e-6;
+constexpr double infinibandNdrBandwidth = 50e9;
+constexpr double infinibandLatency = 5e-6;
+constexpr double gpuLaunchOverhead = 4e-6;
+
+HardwareSpec gpu(StringRef name, double f32, double bf16, double memBw, int64_t memBytes,
+                 double nvlinkPerDirection, StringRef source) {
+  HardwareSpec s;
+  s.name = name.str();
+  s.peakFlopsF32 = f32;
+  s.peakFlopsBf16 = bf16;
+  s.memoryBandwidth = memBw;
+  s.memoryBytes = memBytes;
+  s.launchOverhead = gpuLaunchOverhead;
+  s.intraNode = {"nvlink", nvlinkPerDirection, nvlinkLatency};
+  s.interNode = {"infiniband", infinibandNdrBandwidth, infinibandLatency};
+  s.devicesPerNode = 8;
+  s.source = source.str();
+  return s;
+}
+
+// Memory sizes are the datasheets' decimal gigabytes (80 GB = 80e9 bytes),
+// a little under what the devices hold, which leaves room for the CUDA context.
+Optional<HardwareSpec> datasheetGpu(StringRef name) {
+  if (name == "a100") // A100 80GB SXM: NVLink 3 is 600 GB/s total.
+    return gpu(name, 19.5e12, 312e12, 2.0e12, 80'000'000'000, 300e9,
+               "NVIDIA A100 datasheet (80GB SXM): 312 TFLOPS bf16 dense, 19.5 TFLOPS fp32, "
+               "2039 GB/s HBM2e, NVLink 600 GB/s; latencies and launch overhead estimated");
+  if (name == "h100") // H100 SXM: NVLink 4 is 900 GB/s total.
+    return gpu(name, 67e12, 989e12, 3.35e12, 80'000'000'000, 450e9,
+               "NVIDIA H100 datasheet (SXM): 989 TFLOPS bf16 dense, 67 TFLOPS fp32, "
+               "3.35 TB/s HBM3, NVLink 900 GB/s; latencies and launch overhead estimated");
+  if (name == "h200") // H200 SXM: H100 compute, HBM3e, NVLink 900 GB/s total.
+    return gpu(name, 67e12, 989e12, 4.8e12, 141'000'000'000, 450e9,
+               "NVIDIA H200 datasheet (SXM): 989 TFLOPS bf16 dense, 67 TFLOPS fp32, "
+               "4.8 TB/s HBM3e, 141 GB, NVLink 900 GB/s; latencies and launch overhead estimated");
+  return None;
+}
+
+//===-- JSON reader -------------------------------------------------------===//
+
+std::string formatNumber(double d) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", d);
+  return buf;
+}
+
+// Reads the fields of one JSON object, keeping the first problem (which names
+// the file and the dotted field); once there is one, later reads do nothing.
+class FieldReader {
+public:
+  FieldReader(StringRef path, const json::Object &obj, StringRef prefix, bool allOptional)
+      : path(path), obj(obj), prefix(prefix), allOptional(allOptional) {}
+
+  void onlyKnown(ArrayRef<StringRef> known) {
+    std::vector<StringRef> keys;
+    for (const auto &kv : obj)
+      keys.push_back(kv.first);
+    llvm::sort(keys); // report the same key on every run
+    for (StringRef key : keys)
+      if (!llvm::is_contained(known, key))
+        fail(key, "is not a known field");
+  }
+  void text(StringRef key, std::string &out, bool required = true) {
+    if (const json::Value *v = find(key, required)) {
+      if (Optional<StringRef> s = v->getAsString())
+        out = s->str();
+      else
+        fail(key, "must be a string");
+    }
+  }
+  /// A number > 0, or >= 0 when \p zeroOk.
+  void number(StringRef key, double &out, bool zeroOk = false) {
+    const json::Value *v = find(key);
+    Optional<double> d = v ? v->getAsNumber() : None;
+    if (v && !d)
+      fail(key, "must be a number");
+    else if (d && (*d < 0 || (*d == 0 && !zeroOk)))
+      fail(key,
+           (zeroOk ? "must not be negative, got " : "must be positive, got ") + formatNumber(*d));
+    else if (d)
+      out = *d;
+  }
+  /// An integer in [1, max].
+  void count(StringRef key, int64_t &out, int64_t max) {
+    const json::Value *v = find(key);
+    Optional<int64_t> i = v ? v->getAsInteger() : None;
+    if (v && !i)
+      fail(key, "must be an integer");
+    else if (i && (*i <= 0 || *i > max))
+      fail(key, "must be in [1, " + Twine(max) + "], got " + Twine(*i));
+    else if (i)
+      out = *i;
+  }
+  const json::Object *object(StringRef key) {
+    const json::Value *v = find(key);
+    if (v && !v->getAsObject())
+      fail(key, "must be an object");
+    return v ? v->getAsObject() : nullptr;
+  }
+  Error finish() {
+    return problem.empty() ? Error::success()
+                           : createStringError(inconvertibleErrorCode(), problem);
+  }
+
+private:
+  const json::Value *find(StringRef key, bool required = true) {
+    if (!problem.empty())
+      return nullptr;
+    const json::Value *v = obj.get(key);
+    if (!v && required && !allOptional)
+      fail(key, "is missing");
+    return v;
+  }
+  void fail(StringRef key, const Twine &what) {
+    if (problem.empty())
+      problem = (path + ": field '" + prefix + key + "' " + what).str();
+  }
+
+  StringRef path;
+  const json::Object &obj;
+  std::string prefix;
+  bool allOptional;
+  std::string problem;
+};
+
+// Over a base every field is optional, link fields included.
+Error readSpec(StringRef path, const json::Object &obj, bool hasBase, HardwareSpec &spec) {
+  FieldReader r(path, obj, "", hasBase);
+  r.onlyKnown({"name", "base", "peak_flops_fp32", "peak_flops_bf16", "memory_bandwidth",
+               "memory_bytes", "launch_overhead_s", "devices_per_node", "intra_node", "inter_node",
+               "source"});
+  r.text("name", spec.name);
+  r.number("peak_flops_fp32", spec.peakFlopsF32);
+  r.number("peak_flops_bf16", spec.peakFlopsBf16);
+  r.number("memory_bandwidth", spec.memoryBandwidth);
+  r.count("memory_bytes", spec.memoryBytes, std::numeric_limits<int64_t>::max());
+  r.number("launch_overhead_s", spec.launchOverhead, /*zeroOk=*/true);
+  int64_t devices = spec.devicesPerNode;
+  r.count("devices_per_node", devices, std::numeric_limits<int>::max());
+  spec.devicesPerNode = int(devices);
+  std::pair<StringRef, LinkSpec *> links[] = {{"intra_node", &spec.intraNode},
+                                              {"inter_node", &spec.interNode}};
+  for (auto [key, link] : links) {
+    const json::Object *linkObj = r.object(key);
+    if (!linkObj)
+      continue;
+    FieldReader l(path, *linkObj, (key + ".").str(), hasBase);
+    l.onlyKnown({"name", "bandwidth", "latency_s"});
+    l.text("name", link->name);
+    l.number("bandwidth", link->bandwidth);
+    l.number("latency_s", link->latency, /*zeroOk=*/true);
+    if (Error e = l.finish())
+      return e;
+  }
+  // Optional even without a base: loadHardwareFile() defaults it to the path.
+  r.text("source", spec.source, /*required=*/false);
+  return r.finish();
+}
+
+//===-- CPU calibration ---------------------------------------------------===//
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// sgemm rate on all OpenBLAS threads: 512^3 repeated for ~0.2 s after a warm-up.
+double measureGemmRate() {
+  const int n = 512;
+  const size_t size = size_t(n) * n;
+  std::vector<float> a(size, 0.5f), b(size, 0.25f), c(size, 0.0f);
+  auto gemm = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+  };
+  gemm(); // starts the thread pool and warms the caches
+  int calls = 0;
+  Clock::time_point start = Clock::now();
+  double elapsed = 0;
+  do {
+    gemm();
+    ++calls;
+    elapsed = secondsSince(start);
+  } while (elapsed < 0.2);
+  return 2.0 * n * n * double(n) * calls / elapsed;
+}
+
+// Best of five 64 MiB memcpys; the buffers are written first so page faults
+// are not timed. Returns the bytes copied per second (one direction).
+double measureCopyRate() {
+  const size_t bytes = size_t(64) << 20;
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    Clock::time_point start = Clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    best = std::min(best, secondsSince(start));
+    src[i] = char(dst[bytes - 1 - i] + 1); // keep the copies observable
+  }
+  return double(bytes) / best;
+}
+
+// Per-op dispatch cost: the fastest of a few batches of 1x1x1 sgemm calls,
+// i.e. the library's entry and argument handling without arithmetic.
+double measureDispatch() {
+  float a = 1, b = 1, c = 0;
+  const int batch = 2000;
+  double best = 1e30;
+  for (int round = 0; round < 5; ++round) {
+    Clock::time_point start = Clock::now();
+    for (int i = 0; i < batch; ++i)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, 1, 1, 1.0f, &a, 1, &b, 1, 1.0f, &c,
+                  1);
+    best = std::min(best, secondsSince(start) / batch);
+  }
+  return best;
+}
+
+std::string cpuModelName() {
+  ErrorOr<std::unique_ptr<MemoryBuffer>> buf = MemoryBuffer::getFileAsStream("/proc/cpuinfo");
+  if (buf) {
+    SmallVector<StringRef, 64> lines;
+    (*buf)->getBuffer().split(lines, '\n');
+    for (StringRef line : lines)
+      if (line.startswith("model name"))
+        return line.split(':').second.trim().str();
+  }
+  return "unknown cpu";
+}
+
+unsigned cpuCount() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+Optional<std::string> nonEmptyEnv(StringRef name) {
+  Optional<std::string> v = sys::Process::GetEnv(name);
+  if (v && v->empty())
+    return None;
+  return v;
+}
+
+// Writes through a unique temporary file and a rename, so a concurrent reader
+// never sees half a file. Failures only mean the next run calibrates again.
+void writeCache(StringRef path, const HardwareSpec &spec) {
+  StringRef dir = sys::path::parent_path(path);
+  if (sys::fs::create_directories(dir))
+    return;
+  SmallString<256> tmp;
+  int fd;
+  if (sys::fs::createUniqueFile(dir + "/cpu-%%%%%%.json.tmp", fd, tmp))
+    return;
+  {
+    raw_fd_ostream os(fd, /*shouldClose=*/true);
+    writeHardwareJson(spec, os);
+    os.close();
+    if (os.has_error()) {
+      os.clear_error();
+      sys::fs::remove(tmp);
+      return;
+    }
+  }
+  if (sys::fs::rename(tmp, path))
+    sys::fs::remove(tmp);
+}
+
+} // namespace
+
+StringRef builtinHardwareNames() { return "a100, h100, h200, cpu"; }
+
+Expected<HardwareSpec> builtinHardware(StringRef name) {
+  std::string lower = name.lower();
+  if (Optional<HardwareSpec> spec = datasheetGpu(lower))
+    return *spec;
+  if (lower == "cpu")
+    return cpuHardware();
+  return createStringError(inconvertibleErrorCode(), "unknown hardware '" + name +
+                                                         "' (known: " + builtinHardwareNames() +
+                                                         ", or a path ending in .json)");
+}
+
+Expected<HardwareSpec> loadHardwareFile(StringRef path) {
+  ErrorOr<std::unique_ptr<MemoryBuffer>> buf = MemoryBuffer::getFile(path, /*IsText=*/true);
+  if (!buf)
+    return createStringError(buf.getError(), path + ": cannot read: " + buf.getError().message());
+  Expected<json::Value> root = json::parse((*buf)->getBuffer());
+  if (!root)
+    return createStringError(inconvertibleErrorCode(),
+                             path + ": not valid JSON: " + toString(root.takeError()));
+  const json::Object *obj = root->getAsObject();
+  if (!obj)
+    return createStringError(inconvertibleErrorCode(), path + ": expected a JSON object");
+
+  HardwareSpec spec;
+  bool hasBase = obj->get("base") != nullptr;
+  if (hasBase) {
+    Optional<StringRef> base = obj->getString("base");
+    Expected<HardwareSpec> baseSpec =
+        base ? builtinHardware(*base)
+             : createStringError(inconvertibleErrorCode(), "must be a string");
+    if (!baseSpec)
+      return createStringError(inconvertibleErrorCode(),
+                               path + ": field 'base' " + toString(baseSpec.takeError()));
+    spec = std::move(*baseSpec);
+    spec.source = ("file " + path + " over " + spec.name + ": " + spec.source).str();
+  } else {
+    spec.source = ("file " + path).str();
+  }
+  if (Error e = readSpec(path, *obj, hasBase, spec))
+    return e;
+  return spec;
+}
+
+Expected<HardwareSpec> resolveHardware(StringRef nameOrPath) {
+  if (nameOrPath.endswith(".json"))
+    return loadHardwareFile(nameOrPath);
+  return builtinHardware(nameOrPath);
+}
+
+Expected<HardwareSpec> calibrateCpu() {
+  double gemm = measureGemmRate();
+  double copy = measureCopyRate();
+  double dispatch = measureDispatch();
+  if (!(gemm > 0) || !(copy > 0))
+    return createStringError(inconvertibleErrorCode(),
+                             "cpu calibration measured no time (clock too coarse?)");
+  unsigned cpus = cpuCount();
+  HardwareSpec s;
+  s.name = "cpu";
+  // OpenBLAS computes in fp32 only; bf16 models run in fp32 on the CPU ranks.
+  s.peakFlopsF32 = gemm;
+  s.peakFlopsBf16 = gemm;
+  s.memoryBandwidth = 2 * copy; // a copy reads and writes every byte
+  s.memoryBytes = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
+  s.launchOverhead = dispatch;
+  // Ranks on one machine talk through shared memory: a memcpy plus ~1 us of
+  // MPI bookkeeping; there is no separate network, so both links are loopback.
+  s.intraNode = {"loopback", copy, 1e-6};
+  s.interNode = s.intraNode;
+  s.devicesPerNode = int(cpus);
+  s.source = "calibrated on " + cpuModelName() + ", " + std::to_string(cpus) +
+             " cpus: OpenBLAS sgemm 512^3 on " + std::to_string(openblas_get_num_threads()) +
+             " threads, 64 MiB memcpy, 1x1x1 sgemm call";
+  return s;
+}
+
+std::string cpuCachePath() {
+  SmallString<256> dir;
+  if (Optional<std::string> d = nonEmptyEnv("PIPEC_CACHE_DIR")) {
+    dir = *d;
+  } else if (Optional<std::string> xdg = nonEmptyEnv("XDG_CACHE_HOME")) {
+    dir = *xdg;
+    sys::path::append(dir, "pipec");
+  } else if (Optional<std::string> home = nonEmptyEnv("HOME")) {
+    dir = *home;
+    sys::path::append(dir, ".cache", "pipec");
+  } else {
+    return "";
+  }
+  uint64_t hash = xxHash64(cpuModelName() + "/" + std::to_string(cpuCount()));
+  sys::path::append(dir, "cpu-" + utohexstr(hash, /*LowerCase=*/true) + ".json");
+  return std::string(dir);
+}
+
+Expected<HardwareSpec> cpuHardware() {
+  std::string path = cpuCachePath();
+  if (!path.empty() && sys::fs::exists(path)) {
+    Expected<HardwareSpec> cached = loadHardwareFile(path);
+    if (cached && cached->name == "cpu")
+      return cached;
+    consumeError(cached.takeError()); // stale or damaged: measure again
+  }
+  Expected<HardwareSpec> spec = calibrateCpu();
+  if (spec && !path.empty())
+    writeCache(path, *spec);
+  return spec;
+}
+
+void writeHardwareJson(const HardwareSpec &spec, raw_ostream &os) {
+  json::OStream j(os, /*IndentSize=*/2);
+  // llvm::json prints every double with 17 digits (1e-6 as 9.9999999999999995e-07);
+  // the shortest form that parses back to the same double reads better.
+  auto number = [&](StringRef key, double d) {
+    assert(std::isfinite(d) && "JSON has no infinities");
+    char buf[32];
+    for (int digits = 1; digits <= 17; ++digits) {
+      std::snprintf(buf, sizeof(buf), "%.*g", digits, d);
+      if (std::strtod(buf, nullptr) == d)
+        break;
+    }
+    j.attributeBegin(key);
+    j.rawValue(buf);
+    j.attributeEnd();
+  };
+  auto link = [&](StringRef key, const LinkSpec &l) {
+    j.attributeObject(key, [&] {
+      j.attribute("name", l.name);
+      number("bandwidth", l.bandwidth);
+      number("latency_s", l.latency);
+    });
+  };
+  j.object([&] {
+    j.attribute("name", spec.name);
+    number("peak_flops_fp32", spec.peakFlopsF32);
+    number("peak_flops_bf16", spec.peakFlopsBf16);
+    number("memory_bandwidth", spec.memoryBandwidth);
+    j.attribute("memory_bytes", spec.memoryBytes);
+    number("launch_overhead_s", spec.launchOverhead);
+    j.attribute("devices_per_node", int64_t(spec.devicesPerNode));
+    link("intra_node", spec.intraNode);
+    link("inter_node", spec.interNode);
+    j.attribute("source", spec.source);
+  });
+  os << "\n";
+}
+
+} // namespace pipec

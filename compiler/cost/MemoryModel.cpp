@@ -1,0 +1,76 @@
+//===- MemoryModel.cpp - Bytes a pipeline stage holds ---------------------===//
+#include "compiler/cost/MemoryModel.h"
+
+#include "llvm/ADT/StringSwitch.h"
+
+#include <cmath>
+#include <string>
+
+using namespace llvm;
+
+namespace pipec {
+
+Expected<Optimizer> parseOptimizer(StringRef name) {
+  std::string lower = name.lower();
+  if (lower == "sgd")
+    return Optimizer::SGD;
+  if (lower == "momentum" || lower == "sgd-momentum")
+    return Optimizer::Momentum;
+  if (lower == "adam" || lower == "adamw")
+    return Optimizer::Adam;
+  return createStringError(inconvertibleErrorCode(),
+                           "--optimizer %s: expected sgd, momentum or adamw", name.str().c_str());
+}
+
+StringRef optimizerName(Optimizer optimizer) {
+  switch (optimizer) {
+  case Optimizer::SGD:
+    return "sgd";
+  case Optimizer::Momentum:
+    return "momentum";
+  case Optimizer::Adam:
+    return "adamw";
+  }
+  return "adamw";
+}
+
+int64_t bytesPerParam(const TrainingSetup &setup) {
+  if (!setup.training)
+    return setup.mixedPrecision ? 2 : 4;
+  int64_t state = setup.optimizer == Optimizer::SGD        ? 0
+                  : setup.optimizer == Optimizer::Momentum ? 4
+                                                           : 8;
+  // Mixed precision: bf16 weight and gradient plus an fp32 master copy.
+  int64_t weightsAndGrads = setup.mixedPrecision ? 2 + 2 + 4 : 4 + 4;
+  return weightsAndGrads + state;
+}
+
+Expected<int64_t> parseByteSize(StringRef text, StringRef flag) {
+  StringRef t = text.trim();
+  size_t split = t.find_first_not_of("0123456789.eE+-");
+  StringRef number = t.substr(0, split), unit = split == StringRef::npos ? "" : t.substr(split);
+  double value;
+  if (number.empty() || number.getAsDouble(value) || value < 0)
+    return createStringError(inconvertibleErrorCode(),
+                             "--%s %s: expected a size such as 80GB, 80GiB or 8.5e10",
+                             flag.str().c_str(), text.str().c_str());
+  std::string u = unit.trim().lower();
+  double scale = StringSwitch<double>(u)
+                     .Cases("", "b", 1)
+                     .Cases("k", "kb", 1e3)
+                     .Cases("m", "mb", 1e6)
+                     .Cases("g", "gb", 1e9)
+                     .Cases("t", "tb", 1e12)
+                     .Case("kib", 1024.0)
+                     .Case("mib", 1024.0 * 1024)
+                     .Case("gib", 1024.0 * 1024 * 1024)
+                     .Case("tib", 1024.0 * 1024 * 1024 * 1024)
+                     .Default(-1);
+  if (scale < 0)
+    return createStringError(inconvertibleErrorCode(),
+                             "--%s %s: unknown unit '%s' (use B, KB, MB, GB, TB or KiB..TiB)",
+                             flag.str().c_str(), text.str().c_str(), unit.str().c_str());
+  return static_cast<int64_t>(std::llround(value * scale));
+}
+
+} // namespace pipec

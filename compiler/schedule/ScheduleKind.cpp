@@ -1,0 +1,140 @@
+//===- ScheduleKind.cpp - Pipeline schedules and their placements ---------===//
+#include "compiler/schedule/ScheduleKind.h"
+
+#include "llvm/ADT/StringSwitch.h"
+
+#include <algorithm>
+#include <optional>
+
+using namespace llvm;
+
+namespace pipec {
+
+Expected<ScheduleKind> parseSchedule(StringRef name) {
+  std::optional<ScheduleKind> kind = StringSwitch<std::optional<ScheduleKind>>(name.lower())
+                                         .Case("gpipe", ScheduleKind::GPipe)
+                                         .Case("1f1b", ScheduleKind::OneFOneB)
+                                         .Case("interleaved", ScheduleKind::Interleaved)
+                                         .Case("zb-h1", ScheduleKind::ZBH1)
+                                         .Case("zb-h2", ScheduleKind::ZBH2)
+                                         .Case("zbv", ScheduleKind::ZBV)
+                                         .Case("dualpipev", ScheduleKind::DualPipeV)
+                                         .Case("forward", ScheduleKind::ForwardOnly)
+                                         .Default(std::nullopt);
+  if (!kind)
+    return createStringError(inconvertibleErrorCode(),
+                             "--schedule %s: expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, "
+                             "dualpipev or forward",
+                             name.str().c_str());
+  return *kind;
+}
+
+StringRef scheduleName(ScheduleKind kind) {
+  switch (kind) {
+  case ScheduleKind::GPipe:
+    return "gpipe";
+  case ScheduleKind::OneFOneB:
+    return "1f1b";
+  case ScheduleKind::Interleaved:
+    return "interleaved";
+  case ScheduleKind::ZBH1:
+    return "zb-h1";
+  case ScheduleKind::ZBH2:
+    return "zb-h2";
+  case ScheduleKind::ZBV:
+    return "zbv";
+  case ScheduleKind::DualPipeV:
+    return "dualpipev";
+  case ScheduleKind::ForwardOnly:
+    return "forward";
+  }
+  return "1f1b";
+}
+
+bool isVShaped(ScheduleKind kind) {
+  return kind == ScheduleKind::ZBV || kind == ScheduleKind::DualPipeV;
+}
+
+bool splitsBackward(ScheduleKind kind) {
+  return kind == ScheduleKind::ZBH1 || kind == ScheduleKind::ZBH2 || kind == ScheduleKind::ZBV ||
+         kind == ScheduleKind::DualPipeV;
+}
+
+int rankOfChunk(ScheduleKind kind, int stages, int virtualStages, int chunk) {
+  (void)virtualStages;
+  if (isVShaped(kind)) {
+    int round = chunk / stages, offset = chunk % stages;
+    return round % 2 == 0 ? offset : stages - 1 - offset;
+  }
+  return chunk % stages;
+}
+
+Error checkScheduleShape(ScheduleKind kind, int stages, int virtualStages, int microbatches) {
+  auto fail = [&](const Twine &why) {
+    return createStringError(inconvertibleErrorCode(),
+                             "%s with %d stages, %d virtual stages and "
+                             "%d microbatches: %s",
+                             scheduleName(kind).str().c_str(), stages, virtualStages, microbatches,
+                             why.str().c_str());
+  };
+  if (stages < 1)
+    return fail("--stages must be at least 1");
+  if (microbatches < 1)
+    return fail("--microbatches must be at least 1");
+  switch (kind) {
+  case ScheduleKind::GPipe:
+  case ScheduleKind::OneFOneB:
+  case ScheduleKind::ZBH1:
+  case ScheduleKind::ZBH2:
+  case ScheduleKind::ForwardOnly:
+    if (virtualStages != 1)
+      return fail("this schedule runs one chunk per rank; use --virtual-stages 1 (or "
+                  "--schedule interleaved)");
+    return Error::success();
+  case ScheduleKind::Interleaved:
+    if (virtualStages < 2)
+      return fail("interleaved 1F1B needs --virtual-stages 2 or more");
+    // PyTorch's ScheduleInterleaved1F1B runs microbatches in rounds of P.
+    if (microbatches % stages != 0)
+      return fail("the microbatches must be a multiple of the stages (rounds of P)");
+    return Error::success();
+  case ScheduleKind::ZBV:
+    if (virtualStages != 2)
+      return fail("ZB-V places exactly two chunks per rank in a V; use --virtual-stages 2");
+    if (microbatches < stages)
+      return fail("ZB-V needs at least as many microbatches as stages");
+    return Error::success();
+  case ScheduleKind::DualPipeV:
+    if (virtualStages != 2)
+      return fail("DualPipeV places exactly two chunks per rank in a V; use --virtual-stages 2");
+    if (microbatches < 2 * stages)
+      return fail("DualPipeV needs at least twice as many microbatches as stages (M >= 2P)");
+    return Error::success();
+  }
+  return Error::success();
+}
+
+int64_t inFlightActivations(ScheduleKind kind, int stages, int virtualStages, int microbatches,
+                            int rank) {
+  int64_t p = stages, v = virtualStages, m = microbatches, r = rank;
+  switch (kind) {
+  case ScheduleKind::GPipe:
+    return m;
+  case ScheduleKind::OneFOneB:
+  case ScheduleKind::ZBH1:
+    return std::min(m, p - r);
+  case ScheduleKind::ZBH2:
+    return std::min(m, 2 * (p - r) - 1);
+  case ScheduleKind::Interleaved:
+    return std::min(v * m, (v - 1) * p + 2 * (p - 1 - r) + 1);
+  case ScheduleKind::ZBV:
+    return std::min(v * m, 2 * p);
+  case ScheduleKind::DualPipeV:
+    return std::min(v * m, 2 * (p + 1));
+  case ScheduleKind::ForwardOnly:
+    return 1;
+  }
+  return m;
+}
+
+} // namespace pipec

@@ -1,0 +1,557 @@
+//===- BalanceStages.cpp - balance-stages ---------------------------------===//
+#include "passes/BalanceStages.h"
+
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+using namespace llvm;
+
+namespace pipec {
+
+StringRef balanceMethodName(BalanceMethod method) {
+  switch (method) {
+  case BalanceMethod::Time:
+    return "time";
+  case BalanceMethod::Params:
+    return "params";
+  case BalanceMethod::Uniform:
+    return "uniform";
+  case BalanceMethod::Layout:
+    return "layout";
+  }
+  return "time";
+}
+
+namespace {
+
+constexpr double Inf = std::numeric_limits<double>::infinity();
+
+/// Everything a chunk's cost needs, as prefix sums over layers.
+class ChunkCosts {
+public:
+  ChunkCosts(const LayerGraph &lg, const BalanceOptions &options)
+      : lg(lg), options(options), layers(static_cast<int>(lg.layers.size())),
+        chunks(options.stages * options.virtualStages) {
+    // One prefix table per distinct cost table.
+    for (const CostTable *table : options.rankCosts) {
+      if (tableIndex.count(table))
+        continue;
+      tableIndex[table] = static_cast<int>(prefix.size());
+      std::array<std::vector<double>, 3> p;
+      for (auto &v : p)
+        v.assign(layers + 1, 0);
+      for (int l = 0; l < layers; ++l)
+        for (int k = 0; k < 3; ++k)
+          p[k][l + 1] = p[k][l] + (passCounts(k) ? table->layers[l].time[k] : 0);
+      prefix.push_back(std::move(p));
+    }
+    const CostTable &first = *options.rankCosts.front();
+    params.assign(layers + 1, 0);
+    activations.assign(layers + 1, 0);
+    for (int l = 0; l < layers; ++l) {
+      params[l + 1] = params[l] + lg.layers[l].params;
+      activations[l + 1] = activations[l] + first.layers[l].activationBytes;
+    }
+    for (auto &[w, users] : lg.sharedWeights())
+      shared.push_back({lg.graph->values[w].numElements(), users});
+  }
+
+  int layerCount() const { return layers; }
+  int chunkCount() const { return chunks; }
+
+  int rankOf(int chunk) const {
+    return rankOfChunk(options.schedule, options.stages, options.virtualStages, chunk);
+  }
+
+  /// Parameters of layers [i, j), a shared weight counted once.
+  int64_t paramsOf(int i, int j) const {
+    int64_t n = params[j] - params[i];
+    for (const auto &[elems, users] : shared) {
+      int inside = 0;
+      for (int u : users)
+        inside += u >= i && u < j;
+      if (inside > 1)
+        n -= elems * (inside - 1);
+    }
+    return n;
+  }
+
+  double computeTime(int chunk, int i, int j, int pass) const {
+    const auto &p = prefix[tableIndex.at(options.rankCosts[rankOf(chunk)])];
+    return p[pass][j] - p[pass][i];
+  }
+
+  /// Sending the tensors that cross the cut at j, and their gradients back.
+  double commTime(int chunk, int j) const {
+    if (j <= 0 || j >= layers || chunk + 1 >= chunks)
+      return 0;
+    int from = rankOf(chunk), to = rankOf(chunk + 1);
+    if (from == to)
+      return 0;
+    const HardwareSpec &hw = options.rankHardware[from];
+    bool sameNode = from / std::max(1, hw.devicesPerNode) == to / std::max(1, hw.devicesPerNode);
+    const LinkSpec &link = sameNode ? hw.intraNode : hw.interNode;
+    int64_t bytes = options.rankCosts[from]->layers[j - 1].boundaryBytes;
+    return link.transferTime(bytes) * (options.training.training ? 2 : 1);
+  }
+
+  double time(int chunk, int i, int j) const {
+    if (i >= j)
+      return 0;
+    return computeTime(chunk, i, j, 0) + computeTime(chunk, i, j, 1) + computeTime(chunk, i, j, 2) +
+           commTime(chunk, j);
+  }
+
+  int64_t inFlight(int rank) const {
+    return inFlightActivations(options.schedule, options.stages, options.virtualStages,
+                               options.microbatches, rank);
+  }
+
+  /// Bytes chunk [i, j) adds to its rank: parameters with their state and
+  /// its share of the rank's in-flight activations.
+  int64_t memory(int chunk, int i, int j) const {
+    if (i >= j)
+      return 0;
+    int rank = rankOf(chunk);
+    int64_t v = options.virtualStages;
+    int64_t perChunk = (inFlight(rank) + v - 1) / v;
+    int64_t act = activations[j] - activations[i];
+    int64_t kept = act;
+    if (!options.training.training) {
+      perChunk = 1;
+    } else if (options.training.recompute) {
+      int64_t input = i > 0 ? options.rankCosts[rank]->layers[i - 1].boundaryBytes : 0;
+      kept = input;
+    }
+    int64_t bytes = paramsOf(i, j) * bytesPerParam(options.training) + perChunk * kept;
+    if (options.training.recompute && options.training.training)
+      bytes += act; // one microbatch rebuilt at a time
+    return bytes;
+  }
+
+  int64_t capOf(int chunk) const {
+    int64_t limit = options.memoryLimit[rankOf(chunk)];
+    return limit <= 0 ? std::numeric_limits<int64_t>::max() : limit / options.virtualStages;
+  }
+
+private:
+  bool passCounts(int pass) const { return options.training.training || pass == 0; }
+
+  const LayerGraph &lg;
+  const BalanceOptions &options;
+  int layers, chunks;
+  std::map<const CostTable *, int> tableIndex;
+  std::vector<std::array<std::vector<double>, 3>> prefix;
+  std::vector<int64_t> params, activations;
+  std::vector<std::pair<int64_t, std::vector<int>>> shared;
+};
+
+/// Exact contiguous partition of L layers into K non-empty chunks:
+/// minimises the largest cost(k, i, j) subject to fits(k, i, j), then, among
+/// the partitions that reach it, the sum of squared costs. cost must not
+/// decrease as a chunk grows to the left (i smaller); fits may be anything.
+/// Returns the K + 1 cut positions, or an empty vector when nothing fits.
+std::vector<int> partition(int layers, int chunks, const std::function<double(int, int, int)> &cost,
+                           const std::function<bool(int, int, int)> &fits) {
+  // Phase 1: the least bottleneck.
+  std::vector<std::vector<double>> best(chunks, std::vector<double>(layers + 1, Inf));
+  for (int j = 1; j <= layers - (chunks - 1); ++j)
+    if (fits(0, 0, j))
+      best[0][j] = cost(0, 0, j);
+  for (int k = 1; k < chunks; ++k)
+    for (int j = k + 1; j <= layers - (chunks - 1 - k); ++j)
+      for (int i = j - 1; i >= k; --i) {
+        double c = cost(k, i, j);
+        if (c >= best[k][j])
+          break; // cost only grows as the chunk grows to the left
+        if (!fits(k, i, j))
+          continue; // memory need not be monotone (recompute keeps the input)
+        best[k][j] = std::min(best[k][j], std::max(best[k - 1][i], c));
+      }
+  double bottleneck = best[chunks - 1][layers];
+  if (bottleneck == Inf)
+    return {};
+  // Phase 2: the most even partition under that bottleneck.
+  double limit = bottleneck * (1 + 1e-12) + 1e-300;
+  std::vector<std::vector<double>> squares(chunks, std::vector<double>(layers + 1, Inf));
+  std::vector<std::vector<int>> from(chunks, std::vector<int>(layers + 1, -1));
+  for (int j = 1; j <= layers - (chunks - 1); ++j)
+    if (fits(0, 0, j) && cost(0, 0, j) <= limit)
+      squares[0][j] = cost(0, 0, j) * cost(0, 0, j), from[0][j] = 0;
+  for (int k = 1; k < chunks; ++k)
+    for (int j = k + 1; j <= layers - (chunks - 1 - k); ++j)
+      for (int i = j - 1; i >= k; --i) {
+        double c = cost(k, i, j);
+        if (c > limit)
+          break;
+        if (!fits(k, i, j))
+          continue;
+        double s = squares[k - 1][i] + c * c;
+        if (s < squares[k][j])
+          squares[k][j] = s, from[k][j] = i;
+      }
+  std::vector<int> cuts(chunks + 1, 0);
+  cuts[chunks] = layers;
+  for (int k = chunks - 1; k > 0; --k)
+    cuts[k] = from[k][cuts[k + 1]];
+  return cuts;
+}
+
+Error memoryError(const LayerGraph &lg, const ChunkCosts &costs, const BalanceOptions &options) {
+  // A single layer that cannot fit anywhere is the clearest answer.
+  for (int l = 0; l < costs.layerCount(); ++l) {
+    bool fitsSomewhere = false;
+    for (int k = 0; k < costs.chunkCount() && !fitsSomewhere; ++k)
+      fitsSomewhere = costs.memory(k, l, l + 1) <= costs.capOf(k);
+    if (!fitsSomewhere)
+      return createStringError(inconvertibleErrorCode(),
+                               "layer %d ('%s') alone needs %lld bytes, more than any stage's "
+                               "memory limit allows",
+                               l, lg.layers[l].name.c_str(),
+                               static_cast<long long>(costs.memory(0, l, l + 1)));
+  }
+  // Otherwise the stage that overflows most in the memory-blind optimum.
+  auto cuts = partition(
+      costs.layerCount(), costs.chunkCount(),
+      [&](int k, int i, int j) { return costs.time(k, i, j); }, [](int, int, int) { return true; });
+  int worst = 0;
+  double worstRatio = 0;
+  for (int k = 0; k < costs.chunkCount(); ++k) {
+    double ratio = static_cast<double>(costs.memory(k, cuts[k], cuts[k + 1])) /
+                   static_cast<double>(costs.capOf(k));
+    if (ratio > worstRatio)
+      worstRatio = ratio, worst = k;
+  }
+  return createStringError(
+      inconvertibleErrorCode(),
+      "no partition into %d stages fits the memory limits: stage %d (rank %d, layers %d..%d) "
+      "needs %lld bytes against a limit of %lld; raise --memory-limit, add stages, or turn on "
+      "--recompute",
+      costs.chunkCount(), worst, costs.rankOf(worst), cuts[worst], cuts[worst + 1] - 1,
+      static_cast<long long>(costs.memory(worst, cuts[worst], cuts[worst + 1])),
+      static_cast<long long>(costs.capOf(worst)));
+  (void)options;
+}
+
+} // namespace
+
+double predictStepTime(ScheduleKind schedule, int stages, int virtualStages, int microbatches,
+                       const std::vector<ChunkPlan> &chunks, double &bubbleFraction) {
+  // Closed forms with per-chunk times t_k = F + I + W + send, R_r the sum of
+  // rank r's chunks; for equal chunks they give the textbook bubbles:
+  //   GPipe, 1F1B   T = sum_k t_k + (M - 1) max_r R_r      (P-1)/(M+P-1)
+  //   interleaved   T = M max_r R_r + (P - 1) max_k t_k     (P-1)/(VM+P-1)
+  //   ZB-H1         T = M max_r R_r + (P - 1) max_k (F + I - W)   3M + P - 1
+  //   ZB-H2, ZB-V   T = M max_r R_r + (P - 1) max_k (F + I - 2W)^+
+  //   DualPipeV     T = M max_r R_r + (P/2 - 1) max_k (F + 2I - W)^+
+  //   forward       T = sum_k F_k + (M - 1) max_k F_k
+  // The event simulator replaces these once schedules are lowered.
+  double p = stages, m = microbatches;
+  std::vector<double> rank(stages, 0);
+  double sum = 0, maxChunk = 0, maxFI_W = 0, maxFI_2W = 0, maxDual = 0, sumF = 0, maxF = 0;
+  for (const ChunkPlan &c : chunks) {
+    double t = c.totalTime();
+    rank[c.rank] += t;
+    sum += t;
+    maxChunk = std::max(maxChunk, t);
+    maxFI_W = std::max(maxFI_W, c.time[0] + c.time[1] - c.time[2]);
+    maxFI_2W = std::max(maxFI_2W, c.time[0] + c.time[1] - 2 * c.time[2]);
+    maxDual = std::max(maxDual, c.time[0] + 2 * c.time[1] - c.time[2]);
+    sumF += c.time[0] + c.commTime;
+    maxF = std::max(maxF, c.time[0] + c.commTime);
+  }
+  double maxRank = *std::max_element(rank.begin(), rank.end());
+  double step = 0;
+  switch (schedule) {
+  case ScheduleKind::GPipe:
+  case ScheduleKind::OneFOneB:
+    step = sum + (m - 1) * maxRank;
+    break;
+  case ScheduleKind::Interleaved:
+    step = m * maxRank + (p - 1) * maxChunk;
+    break;
+  case ScheduleKind::ZBH1:
+    step = m * maxRank + (p - 1) * std::max(0.0, maxFI_W);
+    break;
+  case ScheduleKind::ZBH2:
+  case ScheduleKind::ZBV:
+    step = m * maxRank + (p - 1) * std::max(0.0, maxFI_2W);
+    break;
+  case ScheduleKind::DualPipeV:
+    step = m * maxRank + std::max(0.0, p / 2 - 1) * std::max(0.0, maxDual);
+    break;
+  case ScheduleKind::ForwardOnly:
+    step = sumF + (m - 1) * maxF;
+    break;
+  }
+  double busy = 0;
+  for (const ChunkPlan &c : chunks)
+    busy += m * (schedule == ScheduleKind::ForwardOnly ? c.time[0] + c.commTime : c.totalTime());
+  bubbleFraction = step > 0 ? std::max(0.0, 1 - busy / (p * step)) : 0;
+  (void)virtualStages;
+  return step;
+}
+
+Expected<std::vector<std::pair<int, int>>> parseLayout(StringRef layout, const LayerGraph &lg,
+                                                       int chunks) {
+  auto fail = [&](const Twine &why) {
+    return createStringError(inconvertibleErrorCode(), "--balance %s: %s", layout.str().c_str(),
+                             why.str().c_str());
+  };
+  // Expand "(...)*N" and "x*N" into plain text.
+  std::function<Expected<std::string>(StringRef)> expand =
+      [&](StringRef text) -> Expected<std::string> {
+    std::string out;
+    for (size_t i = 0; i < text.size();) {
+      std::string unit;
+      if (text[i] == '(') {
+        int depth = 0;
+        size_t j = i;
+        for (; j < text.size(); ++j) {
+          depth += text[j] == '(' ? 1 : text[j] == ')' ? -1 : 0;
+          if (depth == 0)
+            break;
+        }
+        if (j == text.size())
+          return fail("unbalanced parenthesis");
+        auto inner = expand(text.slice(i + 1, j));
+        if (!inner)
+          return inner.takeError();
+        unit = *inner;
+        i = j + 1;
+      } else {
+        unit = std::string(1, text[i]);
+        ++i;
+      }
+      if (i < text.size() && text[i] == '*') {
+        size_t j = ++i;
+        while (j < text.size() && isDigit(text[j]))
+          ++j;
+        unsigned n;
+        if (text.slice(i, j).getAsInteger(10, n))
+          return fail(formatv("expected a count after '*' at offset {0}", i));
+        std::string repeated;
+        for (unsigned r = 0; r < n; ++r)
+          repeated += unit;
+        unit = repeated;
+        i = j;
+      }
+      out += unit;
+    }
+    return out;
+  };
+  auto expanded = expand(layout);
+  if (!expanded)
+    return expanded.takeError();
+  SmallVector<StringRef, 16> stages;
+  StringRef(*expanded).split(stages, '|');
+  if (static_cast<int>(stages.size()) != chunks)
+    return fail(formatv("has {0} stages, the plan has {1} (stages x virtual stages)", stages.size(),
+                        chunks));
+  int layers = static_cast<int>(lg.layers.size());
+  int firstBlock = layers, lastBlock = -1;
+  for (int l = 0; l < layers; ++l)
+    if (lg.layers[l].kind == LayerKind::Block)
+      firstBlock = std::min(firstBlock, l), lastBlock = std::max(lastBlock, l);
+  std::vector<std::pair<int, int>> ranges;
+  int next = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    int begin = next;
+    for (char c : stages[s]) {
+      if (c == ',' || c == ' ')
+        continue;
+      auto expect = [&](bool ok, const char *what) -> Error {
+        if (ok)
+          return Error::success();
+        std::string at = next < layers
+                             ? formatv("layer {0} ('{1}', {2})", next, lg.layers[next].name,
+                                       layerKindName(lg.layers[next].kind))
+                                   .str()
+                             : std::string("the end of the model");
+        return fail(formatv("stage {0}: '{1}' wants {2}, but the next is {3}", s, c, what, at));
+      };
+      switch (c) {
+      case 'E':
+        if (Error err = expect(next == 0 && firstBlock > 0, "the layers before the first block"))
+          return std::move(err);
+        next = std::min(firstBlock, layers);
+        break;
+      case 't':
+        if (Error err =
+                expect(next < layers && lg.layers[next].kind == LayerKind::Block, "a block"))
+          return std::move(err);
+        ++next;
+        break;
+      case 'L':
+        if (Error err =
+                expect(next == lastBlock + 1 && next < layers, "the layers after the last block"))
+          return std::move(err);
+        next = layers;
+        break;
+      case 'o':
+        if (Error err = expect(next < layers, "a layer"))
+          return std::move(err);
+        ++next;
+        break;
+      default:
+        return fail(
+            formatv("stage {0}: unknown token '{1}' (use E, t, L, o, *N, (...), | and ,)", s, c));
+      }
+    }
+    ranges.emplace_back(begin, next - 1);
+  }
+  if (next != layers)
+    return fail(formatv("covers {0} of the model's {1} layers", next, layers));
+  return ranges;
+}
+
+std::string formatLayout(const LayerGraph &lg, const StagePlan &plan) {
+  int layers = static_cast<int>(lg.layers.size());
+  int firstBlock = layers, lastBlock = -1;
+  for (int l = 0; l < layers; ++l)
+    if (lg.layers[l].kind == LayerKind::Block)
+      firstBlock = std::min(firstBlock, l), lastBlock = std::max(lastBlock, l);
+  std::string out;
+  for (size_t k = 0; k < plan.chunks.size(); ++k) {
+    const ChunkPlan &c = plan.chunks[k];
+    if (k)
+      out += "|";
+    std::vector<std::string> items;
+    int l = c.firstLayer;
+    while (l <= c.lastLayer) {
+      if (l == 0 && firstBlock > 0 && firstBlock <= layers && c.lastLayer >= firstBlock - 1) {
+        items.push_back("E");
+        l = firstBlock;
+      } else if (l == lastBlock + 1 && c.lastLayer == layers - 1 && lastBlock >= 0) {
+        items.push_back("L");
+        l = layers;
+      } else if (lg.layers[l].kind == LayerKind::Block) {
+        int run = 0;
+        while (l <= c.lastLayer && lg.layers[l].kind == LayerKind::Block)
+          ++run, ++l;
+        items.push_back(run == 1 ? "t" : formatv("t*{0}", run).str());
+      } else {
+        items.push_back("o");
+        ++l;
+      }
+    }
+    out += join(items, ",");
+  }
+  return out;
+}
+
+Expected<StagePlan> balanceStages(const LayerGraph &lg, const BalanceOptions &options) {
+  int chunks = options.stages * options.virtualStages;
+  int layers = static_cast<int>(lg.layers.size());
+  if (static_cast<int>(options.rankCosts.size()) != options.stages ||
+      static_cast<int>(options.rankHardware.size()) != options.stages ||
+      static_cast<int>(options.memoryLimit.size()) != options.stages)
+    return createStringError(inconvertibleErrorCode(),
+                             "balance-stages: need a cost table, hardware and memory limit per "
+                             "rank (%d ranks)",
+                             options.stages);
+  if (Error err = checkScheduleShape(options.schedule, options.stages, options.virtualStages,
+                                     options.microbatches))
+    return std::move(err);
+  ChunkCosts costs(lg, options);
+  std::vector<int> cuts;
+  if (options.method == BalanceMethod::Layout) {
+    auto ranges = parseLayout(options.layout, lg, chunks);
+    if (!ranges)
+      return ranges.takeError();
+    cuts.push_back(0);
+    for (auto &[first, last] : *ranges)
+      cuts.push_back(last + 1);
+  } else {
+    if (layers < chunks)
+      return createStringError(
+          inconvertibleErrorCode(),
+          "cannot split %d layers into %d stages without leaving a stage empty; use fewer "
+          "--stages or --virtual-stages, or a --balance layout with empty stages",
+          layers, chunks);
+    auto fits = [&](int k, int i, int j) { return costs.memory(k, i, j) <= costs.capOf(k); };
+    if (options.method == BalanceMethod::Uniform) {
+      cuts.push_back(0);
+      for (int k = 0; k < chunks; ++k)
+        cuts.push_back(cuts.back() + layers / chunks + (k < layers % chunks ? 1 : 0));
+    } else if (options.method == BalanceMethod::Params) {
+      cuts = partition(
+          layers, chunks,
+          [&](int, int i, int j) { return static_cast<double>(costs.paramsOf(i, j)); }, fits);
+    } else {
+      cuts = partition(
+          layers, chunks, [&](int k, int i, int j) { return costs.time(k, i, j); }, fits);
+    }
+    if (cuts.empty())
+      return memoryError(lg, costs, options);
+  }
+
+  StagePlan plan;
+  plan.method = options.method;
+  std::vector<int> chunksSeen(options.stages, 0);
+  for (int k = 0; k < chunks; ++k) {
+    ChunkPlan c;
+    c.index = k;
+    c.rank = costs.rankOf(k);
+    c.chunkOnRank = chunksSeen[c.rank]++;
+    int i = cuts[k], j = cuts[k + 1];
+    c.firstLayer = i;
+    c.lastLayer = j - 1;
+    for (int p = 0; p < 3; ++p)
+      c.time[p] = costs.computeTime(k, i, j, p);
+    c.commTime = i < j ? costs.commTime(k, j) : 0;
+    c.params = costs.paramsOf(i, j);
+    const CostTable &table = *options.rankCosts[c.rank];
+    for (int l = i; l < j; ++l) {
+      c.flopsForward += table.layers[l].flops[Forward];
+      c.activationBytes += table.layers[l].activationBytes;
+    }
+    c.boundaryBytes = j > 0 && j < layers && k + 1 < chunks ? table.layers[j - 1].boundaryBytes : 0;
+    plan.chunks.push_back(c);
+  }
+  plan.layout = formatLayout(lg, plan);
+  double sum = 0;
+  for (const ChunkPlan &c : plan.chunks) {
+    plan.bottleneck = std::max(plan.bottleneck, c.totalTime());
+    sum += c.totalTime();
+  }
+  plan.imbalance = sum > 0 ? plan.bottleneck / (sum / chunks) : 1;
+  plan.stepTime = predictStepTime(options.schedule, options.stages, options.virtualStages,
+                                  options.microbatches, plan.chunks, plan.bubbleFraction);
+  for (int r = 0; r < options.stages; ++r) {
+    RankPlan rank;
+    rank.index = r;
+    rank.hardware = options.rankHardware[r].name;
+    rank.memoryLimit = options.memoryLimit[r];
+    plan.ranks.push_back(rank);
+  }
+  for (int k = 0; k < chunks; ++k) {
+    const ChunkPlan &c = plan.chunks[k];
+    RankPlan &rank = plan.ranks[c.rank];
+    int64_t total = costs.memory(k, cuts[k], cuts[k + 1]);
+    int64_t weights = c.params * bytesPerParam(options.training);
+    rank.weightBytes += weights;
+    rank.activationBytes += total - weights;
+    rank.peakMemory += total;
+    rank.busy +=
+        options.microbatches * (options.training.training ? c.totalTime() : c.time[0] + c.commTime);
+  }
+  for (const RankPlan &rank : plan.ranks)
+    if (rank.memoryLimit > 0 && rank.peakMemory > rank.memoryLimit)
+      plan.fitsMemory = false;
+  if (!plan.fitsMemory && options.method == BalanceMethod::Layout) {
+    for (const RankPlan &rank : plan.ranks)
+      if (rank.memoryLimit > 0 && rank.peakMemory > rank.memoryLimit)
+        return createStringError(
+            inconvertibleErrorCode(), "layout %s: rank %d needs %lld bytes against a limit of %lld",
+            plan.layout.c_str(), rank.index, static_cast<long long>(rank.peakMemory),
+            static_cast<long long>(rank.memoryLimit));
+  }
+  return plan;
+}
+
+} // namespace pipec

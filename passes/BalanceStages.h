@@ -1,0 +1,117 @@
+//===- BalanceStages.h - balance-stages: layers to pipeline chunks ------===//
+//
+// Cuts the chain of layers into P x V contiguous chunks and places chunk k on
+// rank rankOfChunk(k) (looped, or a V for ZB-V and DualPipeV). Methods:
+//   time     the least predicted step time: the slowest chunk, compute plus
+//            the send of its boundary tensors, is as fast as it can be; among
+//            the partitions that achieve it, the one with the least sum of
+//            squared chunk times (the most even). Exact: dynamic programming
+//            over (chunk, layer), O(P V L^2) with pruning.
+//   params   DeepSpeed's default: the same exact min-max over parameter
+//            counts.
+//   uniform  equal layer counts (the first chunks take the remainder).
+//   LAYOUT   an explicit layout, Megatron-like: "E,t*7|t*8|t*8|t*7,L".
+// Memory limits hold per rank: weights, gradients, optimizer state and the
+// activations of the microbatches the schedule keeps in flight. With V > 1 a
+// rank's limit is split evenly over its chunks. Every plan prints its layout.
+//
+// Before: 34 layers (embedding, 32 blocks, head), P = 4
+// After:  E,t*8|t*8|t*8|t*8,L   (chunk times within one block of each other)
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_PASSES_BALANCESTAGES_H
+#define PIPEC_PASSES_BALANCESTAGES_H
+
+#include "compiler/cost/CostModel.h"
+#include "compiler/cost/MemoryModel.h"
+#include "compiler/schedule/ScheduleKind.h"
+
+namespace pipec {
+
+enum class BalanceMethod { Time, Params, Uniform, Layout };
+llvm::StringRef balanceMethodName(BalanceMethod method);
+
+struct BalanceOptions {
+  int stages = 1;
+  int virtualStages = 1;
+  int microbatches = 1;
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  BalanceMethod method = BalanceMethod::Time;
+  /// The layout string when method is Layout.
+  std::string layout;
+  TrainingSetup training;
+  /// Per rank (size stages): the cost table of its hardware (tables may be
+  /// shared between ranks), the hardware, and the memory limit in bytes
+  /// (0: no limit).
+  std::vector<const CostTable *> rankCosts;
+  std::vector<HardwareSpec> rankHardware;
+  std::vector<int64_t> memoryLimit;
+};
+
+struct ChunkPlan {
+  int index = 0;
+  int rank = 0;
+  /// Position among the rank's chunks (0 .. V-1).
+  int chunkOnRank = 0;
+  /// Layer range, inclusive; firstLayer > lastLayer for an empty chunk.
+  int firstLayer = 0, lastLayer = -1;
+  std::array<double, 3> time{};
+  /// Sending the boundary tensors after the chunk (and their gradients).
+  double commTime = 0;
+  int64_t params = 0;
+  double flopsForward = 0;
+  int64_t activationBytes = 0; ///< kept per microbatch
+  int64_t boundaryBytes = 0;   ///< sent per microbatch
+  double totalTime() const { return time[0] + time[1] + time[2] + commTime; }
+  bool empty() const { return firstLayer > lastLayer; }
+};
+
+struct RankPlan {
+  int index = 0;
+  std::string hardware;
+  int64_t memoryLimit = 0;
+  int64_t weightBytes = 0;     ///< weights, gradients and optimizer state
+  int64_t activationBytes = 0; ///< activations at the schedule's peak
+  int64_t peakMemory = 0;
+  /// Compute and send time per step.
+  double busy = 0;
+};
+
+struct StagePlan {
+  BalanceMethod method = BalanceMethod::Time;
+  std::string layout;
+  std::vector<ChunkPlan> chunks;
+  std::vector<RankPlan> ranks;
+  /// The slowest chunk's time per microbatch.
+  double bottleneck = 0;
+  /// Predicted step time and bubble by the schedule's closed form.
+  double stepTime = 0;
+  double bubbleFraction = 0;
+  /// Slowest over mean chunk time.
+  double imbalance = 1;
+  bool fitsMemory = true;
+};
+
+/// Balances \p layers as \p options say. Errors: fewer layers than chunks
+/// (unless a layout asks for empty chunks), a malformed layout (naming the
+/// stage and layer), and memory limits nothing fits (naming the stage, rank
+/// and bytes).
+llvm::Expected<StagePlan> balanceStages(const LayerGraph &layers, const BalanceOptions &options);
+
+/// The Megatron-like layout of a plan: "E,t*7|t*8|...|t*7,L".
+std::string formatLayout(const LayerGraph &layers, const StagePlan &plan);
+
+/// Parses \p layout into one inclusive layer range per chunk (empty chunks
+/// as {first, first - 1}). Tokens: E the leading non-block layers, t one
+/// block, L the trailing non-block layers, o any one layer; "x*N" and
+/// "(...)*N" repeat; "|" ends a stage; "," and spaces separate for reading.
+llvm::Expected<std::vector<std::pair<int, int>>> parseLayout(llvm::StringRef layout,
+                                                             const LayerGraph &layers, int chunks);
+
+/// Step time of a plan under its schedule (closed forms; see the .cpp).
+double predictStepTime(ScheduleKind schedule, int stages, int virtualStages, int microbatches,
+                       const std::vector<ChunkPlan> &chunks, double &bubbleFraction);
+
+} // namespace pipec
+
+#endif // PIPEC_PASSES_BALANCESTAGES_H

@@ -1,0 +1,111 @@
+//===- PlanFile.cpp - Read and write plan files ---------------------------===//
+#include "runtime/plan/PlanFile.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/text_format.h>
+#include <google/protobuf/util/json_util.h>
+
+using namespace llvm;
+
+namespace pipec {
+
+Expected<PlanEncoding> parsePlanEncoding(StringRef name) {
+  if (name == "binary")
+    return PlanEncoding::Binary;
+  if (name == "text")
+    return PlanEncoding::Text;
+  if (name == "json")
+    return PlanEncoding::Json;
+  return createStringError(inconvertibleErrorCode(), "--emit %s: expected binary, text or json",
+                           name.str().c_str());
+}
+
+Expected<std::string> serializePlan(const plan::Plan &plan, PlanEncoding encoding) {
+  std::string out;
+  switch (encoding) {
+  case PlanEncoding::Binary: {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    if (!plan.SerializeToCodedStream(&coded))
+      return createStringError(inconvertibleErrorCode(), "cannot serialize the plan");
+    break;
+  }
+  case PlanEncoding::Text:
+    if (!google::protobuf::TextFormat::PrintToString(plan, &out))
+      return createStringError(inconvertibleErrorCode(), "cannot print the plan as text");
+    break;
+  case PlanEncoding::Json: {
+    google::protobuf::util::JsonPrintOptions options;
+    options.add_whitespace = true;
+    options.preserve_proto_field_names = true;
+    auto status = google::protobuf::util::MessageToJsonString(plan, &out, options);
+    if (!status.ok())
+      return createStringError(inconvertibleErrorCode(), "cannot print the plan as JSON: %s",
+                               status.ToString().c_str());
+    break;
+  }
+  }
+  return out;
+}
+
+Error writePlan(const plan::Plan &plan, StringRef path, PlanEncoding encoding) {
+  auto bytes = serializePlan(plan, encoding);
+  if (!bytes)
+    return bytes.takeError();
+  SmallString<256> temp(path);
+  temp += ".tmp";
+  {
+    std::error_code ec;
+    raw_fd_ostream os(temp, ec);
+    if (ec)
+      return createStringError(ec, "%s: cannot write: %s", path.str().c_str(),
+                               ec.message().c_str());
+    os << *bytes;
+    os.close();
+    if (os.has_error())
+      return createStringError(os.error(), "%s: write failed: %s", path.str().c_str(),
+                               os.error().message().c_str());
+  }
+  if (std::error_code ec = sys::fs::rename(temp, path))
+    return createStringError(ec, "%s: cannot rename into place: %s", path.str().c_str(),
+                             ec.message().c_str());
+  return Error::success();
+}
+
+Expected<plan::Plan> readPlan(StringRef path) {
+  auto fail = [&](const Twine &why) {
+    return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
+                             why.str().c_str());
+  };
+  auto buffer = MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  if (!buffer)
+    return fail("cannot open: " + buffer.getError().message());
+  StringRef bytes = (*buffer)->getBuffer();
+  plan::Plan plan;
+  StringRef head = bytes.ltrim();
+  bool parsed = false;
+  if (head.startswith("{")) {
+    google::protobuf::util::JsonParseOptions options;
+    parsed = google::protobuf::util::JsonStringToMessage(std::string(bytes), &plan, options).ok();
+  } else if (head.startswith("format_version")) {
+    parsed = google::protobuf::TextFormat::ParseFromString(std::string(bytes), &plan);
+  } else {
+    parsed = plan.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()));
+  }
+  if (!parsed)
+    return fail("not a pipec plan (truncated, corrupt, or another kind of file)");
+  if (plan.format_version() != PlanFormatVersion)
+    return fail("plan format_version " + Twine(plan.format_version()) +
+                " is not the one this pipec reads (" + Twine(PlanFormatVersion) +
+                "); recompile the model");
+  return plan;
+}
+
+} // namespace pipec

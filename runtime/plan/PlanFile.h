@@ -1,0 +1,39 @@
+//===- PlanFile.h - Read and write plan files ---------------------------===//
+//
+// A plan is written in protobuf's binary format by default, or as text or
+// JSON through protobuf's own printers (`--emit text|json`). Reading detects
+// the format from the first bytes and refuses a format_version it does not
+// know. Writing the same Plan twice gives the same bytes (map fields are
+// written in key order).
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_RUNTIME_PLAN_PLANFILE_H
+#define PIPEC_RUNTIME_PLAN_PLANFILE_H
+
+#include "runtime/plan/plan.pb.h"
+
+#include "llvm/Support/Error.h"
+
+namespace pipec {
+
+/// The format_version this build writes and reads.
+inline constexpr uint32_t PlanFormatVersion = 1;
+
+enum class PlanEncoding { Binary, Text, Json };
+
+llvm::Expected<PlanEncoding> parsePlanEncoding(llvm::StringRef name);
+
+/// Serializes \p plan; deterministic for equal plans.
+llvm::Expected<std::string> serializePlan(const plan::Plan &plan, PlanEncoding encoding);
+
+/// Writes \p plan to \p path atomically (a temporary file renamed into
+/// place). Errors name the path.
+llvm::Error writePlan(const plan::Plan &plan, llvm::StringRef path, PlanEncoding encoding);
+
+/// Reads a plan in any of the three encodings. Errors name the path: not a
+/// plan, truncated, or a format_version this build does not read.
+llvm::Expected<plan::Plan> readPlan(llvm::StringRef path);
+
+} // namespace pipec
+
+#endif // PIPEC_RUNTIME_PLAN_PLANFILE_H

@@ -1,0 +1,172 @@
+//===- CompileTest.cpp - pipec compile and pipec report -----------------===//
+#include "TestUtil.h"
+
+#include "compiler/Compile.h"
+#include "compiler/Report.h"
+#include "runtime/plan/PlanFile.h"
+
+#include "llvm/Support/JSON.h"
+
+#include <cstdlib>
+#include <fstream>
+
+using namespace pipec;
+using namespace pipec::test;
+using llvm::toString;
+
+namespace {
+
+const std::string Pipec = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
+
+std::string generateGpt(const TempDir &dir, int layers) {
+  std::string model = dir.path("gpt.onnx"), out;
+  EXPECT_EQ(runCommand(Pipec + " model gpt --layers " + std::to_string(layers) +
+                           " --hidden 64 --heads 4 --vocab 512 --seq 32 -o " + model,
+                       out),
+            0)
+      << out;
+  return model;
+}
+
+TEST(Compile, PlanIsDeterministicAndRoundTrips) {
+  TempDir dir;
+  std::string model = generateGpt(dir, 8), out;
+  std::string a = dir.path("a.plan"), b = dir.path("b.plan");
+  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --seq 32 --stages 4 -o " + a, out), 0)
+      << out;
+  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --seq 32 --stages 4 -o " + b, out), 0)
+      << out;
+  EXPECT_TRUE(readFile(a) == readFile(b)) << "compiling twice gives byte-identical plans";
+  auto plan = readPlan(a);
+  ASSERT_TRUE(!!plan) << toString(plan.takeError());
+  EXPECT_EQ(plan->format_version(), PlanFormatVersion);
+  EXPECT_EQ(plan->stages_size(), 4);
+  EXPECT_EQ(plan->model().sha256().size(), 64u);
+  // Text and JSON encodings read back to the same plan.
+  for (const char *emit : {"text", "json"}) {
+    std::string path = dir.path(std::string("c.") + emit);
+    ASSERT_EQ(runCommand(Pipec + " compile " + model + " --seq 32 --stages 4 --emit " + emit +
+                             " -o " + path,
+                         out),
+              0)
+        << out;
+    auto again = readPlan(path);
+    ASSERT_TRUE(!!again) << toString(again.takeError());
+    EXPECT_EQ(again->SerializeAsString(), plan->SerializeAsString()) << emit;
+  }
+}
+
+TEST(Compile, ReportJsonFields) {
+  TempDir dir;
+  std::string model = generateGpt(dir, 8), out;
+  std::string plan = dir.path("m.plan");
+  ASSERT_EQ(
+      runCommand(Pipec + " compile " + model + " --seq 32 --stages 2 --microbatches 4 -o " + plan,
+                 out),
+      0)
+      << out;
+  ASSERT_EQ(runCommand(Pipec + " report " + plan + " --format json", out), 0) << out;
+  auto json = llvm::json::parse(out);
+  ASSERT_TRUE(!!json) << toString(json.takeError());
+  const auto *root = json->getAsObject();
+  const auto *sched = root->getObject("schedule");
+  ASSERT_NE(sched, nullptr);
+  EXPECT_EQ(sched->getString("name").getValueOr(""), "1f1b");
+  EXPECT_EQ(sched->getInteger("stages").getValueOr(0), 2);
+  EXPECT_EQ(sched->getInteger("microbatches").getValueOr(0), 4);
+  const auto *stages = root->getArray("stages");
+  ASSERT_EQ(stages->size(), 2u);
+  for (const char *field : {"index", "rank", "chunk", "first_layer", "last_layer", "layers",
+                            "params", "time_f_s", "time_i_s", "time_w_s", "memory_peak_bytes"})
+    EXPECT_TRUE((*stages)[0].getAsObject()->get(field)) << field;
+  EXPECT_EQ((*stages)[0].getAsObject()->getInteger("first_layer").getValueOr(-1), 0);
+  EXPECT_EQ((*stages)[1].getAsObject()->getInteger("last_layer").getValueOr(-1), 9);
+  const auto *ranks = root->getArray("ranks");
+  ASSERT_EQ(ranks->size(), 2u);
+  for (const char *field :
+       {"index", "actions", "instructions", "busy_s", "idle_s", "peak_memory_bytes"})
+    EXPECT_TRUE((*ranks)[0].getAsObject()->get(field)) << field;
+  EXPECT_GT(root->getObject("predicted")->getNumber("step_time_s").getValueOr(0), 0);
+  EXPECT_EQ(root->getArray("balance_comparison")->size(), 3u);
+}
+
+TEST(Compile, MemoryLimitAndLayoutErrorsAreOneLine) {
+  TempDir dir;
+  std::string model = generateGpt(dir, 4), out;
+  EXPECT_EQ(runCommand(Pipec + " compile " + model + " --seq 32 --stages 2 --memory-limit 1MB -o " +
+                           dir.path("x.plan"),
+                       out),
+            1);
+  EXPECT_NE(out.find("memory limit"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_EQ(runCommand(Pipec + " compile " + model +
+                           " --seq 32 --stages 2 --balance 'E,t*2|t*3,L' -o " + dir.path("x.plan"),
+                       out),
+            1);
+  EXPECT_NE(out.find("stage 1: 't' wants a block, but the next is layer 5 ('head', head)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(runCommand(Pipec + " compile " + model +
+                           " --seq 32 --stages 2 --balance 'E,t*2|t*2,L' -o " + dir.path("x.plan"),
+                       out),
+            0)
+      << out;
+  EXPECT_NE(out.find("layout E,t*2|t*2,L"), std::string::npos) << out;
+  EXPECT_EQ(runCommand(Pipec + " compile " + model +
+                           " --stages 2 --schedule dualpipev "
+                           "--virtual-stages 2 --microbatches 2 -o " +
+                           dir.path("x.plan"),
+                       out),
+            1);
+  EXPECT_NE(out.find("M >= 2P"), std::string::npos) << out;
+  EXPECT_EQ(runCommand(Pipec + " report " + model, out), 1);
+  EXPECT_NE(out.find("not a pipec plan"), std::string::npos) << out;
+}
+
+TEST(Compile, GoldenReportForAGeneratedGpt) {
+  TempDir dir;
+  std::string model = std::string(PIPEC_SOURCE_DIR) + "/models/bundled/gpt-4l.onnx";
+  std::string plan = dir.path("gpt.plan"), out;
+  ASSERT_EQ(
+      runCommand(Pipec + " compile " + model + " --seq 32 --stages 2 --microbatches 8 -o " + plan,
+                 out),
+      0)
+      << out;
+  ASSERT_EQ(runCommand(Pipec + " report " + plan, out), 0) << out;
+  // The model path depends on the checkout; the rest is golden.
+  size_t at = out.find(model);
+  ASSERT_NE(at, std::string::npos);
+  out.replace(at, model.size(), "models/bundled/gpt-4l.onnx");
+  std::string golden = std::string(PIPEC_SOURCE_DIR) + "/tests/golden/gpt-4l.report.txt";
+  if (std::getenv("PIPEC_UPDATE_GOLDEN"))
+    std::ofstream(golden) << out;
+  EXPECT_EQ(out, readFile(golden));
+}
+
+TEST(Compile, HeterogeneousHardwareListAndFile) {
+  TempDir dir;
+  // Wide enough to be compute-bound, light so that it carries no weight bytes.
+  std::string model = dir.path("wide.onnx"), out;
+  ASSERT_EQ(runCommand(Pipec +
+                           " model gpt --layers 8 --hidden 1024 --heads 16 --vocab 1000 "
+                           "--seq 512 --light -o " +
+                           model,
+                       out),
+            0)
+      << out;
+  std::ofstream(dir.path("slow.json"))
+      << R"({"base": "h100", "name": "h100-half", "peak_flops_bf16": 4.945e14,
+            "peak_flops_fp32": 3.35e13, "memory_bandwidth": 1.675e12})";
+  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --seq 512 --stages 2 --hardware h100," +
+                           dir.path("slow.json") + " -o " + dir.path("h.plan") + " --report",
+                       out),
+            0)
+      << out;
+  auto plan = readPlan(dir.path("h.plan"));
+  ASSERT_TRUE(!!plan);
+  EXPECT_EQ(plan->hardware(1).name(), "h100-half");
+  EXPECT_GT(plan->stages(0).last_layer() - plan->stages(0).first_layer(),
+            plan->stages(1).last_layer() - plan->stages(1).first_layer());
+}
+
+} // namespace

@@ -1,0 +1,271 @@
+//===- HardwareSpecTest.cpp - Built-in, JSON and calibrated specs --------===//
+#include "compiler/cost/HardwareSpec.h"
+
+#include "llvm/ADT/SmallString.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+using namespace llvm;
+using namespace pipec;
+
+namespace {
+
+std::string errorText(Error e) { return toString(std::move(e)); }
+
+/// A file under the system temp dir holding \p text; removed on destruction.
+class TempJson {
+public:
+  explicit TempJson(StringRef text) {
+    int fd;
+    EXPECT_FALSE(sys::fs::createTemporaryFile("pipec-hw", "json", fd, path));
+    raw_fd_ostream os(fd, /*shouldClose=*/true);
+    os << text;
+  }
+  ~TempJson() { sys::fs::remove(path); }
+  StringRef str() const { return path; }
+
+private:
+  SmallString<128> path;
+};
+
+std::string toJson(const HardwareSpec &spec) {
+  std::string text;
+  raw_string_ostream os(text);
+  writeHardwareJson(spec, os);
+  return os.str();
+}
+
+/// Loads \p text and returns the error message (empty on success).
+std::string loadError(const TempJson &file) {
+  Expected<HardwareSpec> spec = loadHardwareFile(file.str());
+  return spec ? "" : errorText(spec.takeError());
+}
+
+const char *fullSpec = R"({
+  "name": "test", "peak_flops_fp32": 1e12, "peak_flops_bf16": 2e12,
+  "memory_bandwidth": 3e11, "memory_bytes": 16000000000, "launch_overhead_s": 5e-6,
+  "devices_per_node": 4,
+  "intra_node": {"name": "pcie", "bandwidth": 25e9, "latency_s": 3e-6},
+  "inter_node": {"name": "infiniband", "bandwidth": 12.5e9, "latency_s": 6e-6}
+})";
+
+TEST(HardwareSpec, DatasheetNumbers) {
+  Expected<HardwareSpec> a100 = builtinHardware("a100");
+  ASSERT_TRUE(bool(a100)) << errorText(a100.takeError());
+  EXPECT_EQ(a100->peakFlopsBf16, 312e12);
+  EXPECT_EQ(a100->peakFlopsF32, 19.5e12);
+  EXPECT_EQ(a100->memoryBandwidth, 2.0e12);
+  EXPECT_EQ(a100->memoryBytes, 80'000'000'000);
+  EXPECT_EQ(a100->intraNode, (LinkSpec{"nvlink", 300e9, 2e-6}));
+  EXPECT_EQ(a100->interNode, (LinkSpec{"infiniband", 50e9, 5e-6}));
+  EXPECT_EQ(a100->launchOverhead, 4e-6);
+  EXPECT_EQ(a100->devicesPerNode, 8);
+  EXPECT_EQ(a100->peakFlops(true), 312e12);
+  EXPECT_EQ(a100->peakFlops(false), 19.5e12);
+
+  Expected<HardwareSpec> h100 = builtinHardware("h100");
+  ASSERT_TRUE(bool(h100));
+  EXPECT_EQ(h100->peakFlopsBf16, 989e12);
+  EXPECT_EQ(h100->peakFlopsF32, 67e12);
+  EXPECT_EQ(h100->memoryBandwidth, 3.35e12);
+  EXPECT_EQ(h100->memoryBytes, 80'000'000'000);
+  EXPECT_EQ(h100->intraNode, (LinkSpec{"nvlink", 450e9, 2e-6}));
+  EXPECT_EQ(h100->interNode, (LinkSpec{"infiniband", 50e9, 5e-6}));
+
+  Expected<HardwareSpec> h200 = builtinHardware("H200");
+  ASSERT_TRUE(bool(h200));
+  EXPECT_EQ(h200->name, "h200");
+  EXPECT_EQ(h200->peakFlopsBf16, 989e12);
+  EXPECT_EQ(h200->peakFlopsF32, 67e12);
+  EXPECT_EQ(h200->memoryBandwidth, 4.8e12);
+  EXPECT_EQ(h200->memoryBytes, 141'000'000'000);
+  EXPECT_EQ(h200->intraNode.bandwidth, 450e9);
+  EXPECT_FALSE(h200->source.empty());
+}
+
+TEST(HardwareSpec, UnknownNameListsKnownOnes) {
+  Expected<HardwareSpec> spec = resolveHardware("v100");
+  ASSERT_FALSE(bool(spec));
+  std::string msg = errorText(spec.takeError());
+  EXPECT_NE(msg.find("'v100'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("a100, h100, h200, cpu"), std::string::npos) << msg;
+}
+
+TEST(HardwareSpec, TransferTime) {
+  LinkSpec link{"nvlink", 100e9, 2e-6};
+  EXPECT_EQ(link.transferTime(0), 0);
+  EXPECT_DOUBLE_EQ(link.transferTime(1'000'000'000), 2e-6 + 0.01);
+  EXPECT_DOUBLE_EQ(link.transferTime(1), 2e-6 + 1e-11);
+}
+
+TEST(HardwareSpec, JsonIsShortAndStable) {
+  Expected<HardwareSpec> a100 = builtinHardware("a100");
+  ASSERT_TRUE(bool(a100));
+  std::string text = toJson(*a100);
+  EXPECT_TRUE(StringRef(text).startswith(
+      "{\n  \"name\": \"a100\",\n  \"peak_flops_fp32\": 1.95e+13,\n  \"peak_flops_bf16\": "
+      "3.12e+14,\n"
+      "  \"memory_bandwidth\": 2e+12,\n  \"memory_bytes\": 80000000000,\n"
+      "  \"launch_overhead_s\": 4e-06,\n  \"devices_per_node\": 8,\n"))
+      << text;
+  EXPECT_NE(text.find("\"latency_s\": 2e-06"), std::string::npos) << text;
+}
+
+TEST(HardwareSpec, JsonRoundTrip) {
+  for (StringRef name : {"a100", "h100", "h200"}) {
+    Expected<HardwareSpec> spec = builtinHardware(name);
+    ASSERT_TRUE(bool(spec));
+    spec->launchOverhead = 1.0 / 3; // a double that needs all 17 digits
+    TempJson file(toJson(*spec));
+    Expected<HardwareSpec> back = resolveHardware(file.str());
+    ASSERT_TRUE(bool(back)) << errorText(back.takeError());
+    EXPECT_EQ(*back, *spec) << toJson(*back);
+  }
+}
+
+TEST(HardwareSpec, FullFileWithoutSource) {
+  TempJson file(fullSpec);
+  Expected<HardwareSpec> spec = loadHardwareFile(file.str());
+  ASSERT_TRUE(bool(spec)) << errorText(spec.takeError());
+  EXPECT_EQ(spec->name, "test");
+  EXPECT_EQ(spec->memoryBytes, 16'000'000'000);
+  EXPECT_EQ(spec->devicesPerNode, 4);
+  EXPECT_EQ(spec->interNode, (LinkSpec{"infiniband", 12.5e9, 6e-6}));
+  EXPECT_EQ(spec->source, ("file " + file.str()).str());
+}
+
+TEST(HardwareSpec, BaseOverride) {
+  TempJson file(R"({"base": "h100", "name": "h100-ib200",
+                    "inter_node": {"bandwidth": 25e9}, "devices_per_node": 4})");
+  Expected<HardwareSpec> spec = loadHardwareFile(file.str());
+  ASSERT_TRUE(bool(spec)) << errorText(spec.takeError());
+  Expected<HardwareSpec> h100 = builtinHardware("h100");
+  ASSERT_TRUE(bool(h100));
+  EXPECT_EQ(spec->name, "h100-ib200");
+  EXPECT_EQ(spec->interNode, (LinkSpec{"infiniband", 25e9, 5e-6}));
+  EXPECT_EQ(spec->devicesPerNode, 4);
+  EXPECT_EQ(spec->peakFlopsBf16, h100->peakFlopsBf16);
+  EXPECT_EQ(spec->intraNode, h100->intraNode);
+  EXPECT_NE(spec->source.find("over h100"), std::string::npos) << spec->source;
+}
+
+TEST(HardwareSpec, MissingField) {
+  std::string text = fullSpec;
+  text.replace(text.find("\"peak_flops_bf16\": 2e12,"), 24, "");
+  TempJson file(text);
+  std::string msg = loadError(file);
+  EXPECT_NE(msg.find(file.str().str()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'peak_flops_bf16' is missing"), std::string::npos) << msg;
+
+  TempJson nested(R"({"name": "x", "peak_flops_fp32": 1, "peak_flops_bf16": 1,
+    "memory_bandwidth": 1, "memory_bytes": 1, "launch_overhead_s": 0, "devices_per_node": 1,
+    "intra_node": {"name": "pcie", "bandwidth": 1}, "inter_node": {}})");
+  msg = loadError(nested);
+  EXPECT_NE(msg.find("'intra_node.latency_s' is missing"), std::string::npos) << msg;
+}
+
+TEST(HardwareSpec, NegativeBandwidth) {
+  std::string text = fullSpec;
+  text.replace(text.find("25e9"), 4, "-25e9");
+  TempJson file(text);
+  std::string msg = loadError(file);
+  EXPECT_NE(msg.find(file.str().str()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'intra_node.bandwidth' must be positive, got -2.5e+10"), std::string::npos)
+      << msg;
+}
+
+TEST(HardwareSpec, WrongTypesAndUnknownFields) {
+  TempJson wrongType(R"({"base": "a100", "memory_bytes": "80GB"})");
+  EXPECT_NE(loadError(wrongType).find("'memory_bytes' must be an integer"), std::string::npos)
+      << loadError(wrongType);
+  TempJson typo(R"({"base": "a100", "peak_flop_bf16": 1e15})");
+  EXPECT_NE(loadError(typo).find("'peak_flop_bf16' is not a known field"), std::string::npos)
+      << loadError(typo);
+  TempJson badBase(R"({"base": "tpu"})");
+  EXPECT_NE(loadError(badBase).find("'base' unknown hardware 'tpu'"), std::string::npos)
+      << loadError(badBase);
+}
+
+TEST(HardwareSpec, NotJson) {
+  TempJson file("name = a100\n");
+  std::string msg = loadError(file);
+  EXPECT_NE(msg.find(file.str().str()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not valid JSON"), std::string::npos) << msg;
+
+  Expected<HardwareSpec> missing = resolveHardware("/nonexistent/pipec-hw.json");
+  ASSERT_FALSE(bool(missing));
+  EXPECT_NE(errorText(missing.takeError()).find("/nonexistent/pipec-hw.json: cannot read"),
+            std::string::npos);
+}
+
+TEST(HardwareSpec, CalibratedCpuIsCached) {
+  SmallString<128> dir;
+  ASSERT_FALSE(sys::fs::createUniqueDirectory("pipec-cache", dir));
+  const char *old = std::getenv("PIPEC_CACHE_DIR");
+  std::string saved = old ? old : "";
+  setenv("PIPEC_CACHE_DIR", dir.c_str(), 1);
+
+  std::string path = cpuCachePath();
+  EXPECT_TRUE(StringRef(path).startswith(dir)) << path;
+  EXPECT_FALSE(sys::fs::exists(path));
+
+  Expected<HardwareSpec> cpu = builtinHardware("cpu");
+  ASSERT_TRUE(bool(cpu)) << errorText(cpu.takeError());
+  EXPECT_EQ(cpu->name, "cpu");
+  EXPECT_GT(cpu->peakFlopsF32, 1e9);
+  EXPECT_LT(cpu->peakFlopsF32, 1e13);
+  EXPECT_GT(cpu->memoryBandwidth, 1e9);
+  EXPECT_LT(cpu->memoryBandwidth, 1e12);
+  EXPECT_GT(cpu->launchOverhead, 0);
+  EXPECT_LT(cpu->launchOverhead, 1e-3);
+  EXPECT_GT(cpu->memoryBytes, 0);
+  EXPECT_EQ(cpu->intraNode.name, "loopback");
+  EXPECT_GT(cpu->intraNode.transferTime(1 << 20), 1e-6);
+
+  // Written, and read back equal.
+  ASSERT_TRUE(sys::fs::exists(path));
+  Expected<HardwareSpec> fromFile = loadHardwareFile(path);
+  ASSERT_TRUE(bool(fromFile)) << errorText(fromFile.takeError());
+  EXPECT_EQ(*fromFile, *cpu);
+  Expected<HardwareSpec> again = cpuHardware();
+  ASSERT_TRUE(bool(again));
+  EXPECT_EQ(*again, *cpu);
+
+  // Used: an edited cache is what cpuHardware() returns.
+  HardwareSpec edited = *cpu;
+  edited.peakFlopsF32 = 123e9;
+  {
+    std::error_code ec;
+    raw_fd_ostream os(path, ec);
+    ASSERT_FALSE(ec);
+    writeHardwareJson(edited, os);
+  }
+  Expected<HardwareSpec> cached = cpuHardware();
+  ASSERT_TRUE(bool(cached));
+  EXPECT_EQ(cached->peakFlopsF32, 123e9);
+
+  // A damaged cache is measured again and rewritten.
+  {
+    std::error_code ec;
+    raw_fd_ostream os(path, ec);
+    os << "{";
+  }
+  Expected<HardwareSpec> remeasured = cpuHardware();
+  ASSERT_TRUE(bool(remeasured));
+  EXPECT_GT(remeasured->peakFlopsF32, 1e9);
+  Expected<HardwareSpec> rewritten = loadHardwareFile(path);
+  ASSERT_TRUE(bool(rewritten)) << errorText(rewritten.takeError());
+  EXPECT_EQ(*rewritten, *remeasured);
+
+  if (old)
+    setenv("PIPEC_CACHE_DIR", saved.c_str(), 1);
+  else
+    unsetenv("PIPEC_CACHE_DIR");
+  sys::fs::remove_directories(dir);
+}
+
+} // namespace
