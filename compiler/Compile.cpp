@@ -65,7 +65,7 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
   int M = options.microbatches > 0 ? options.microbatches : 4 * P;
   ScheduleKind schedule = options.training ? options.schedule : ScheduleKind::ForwardOnly;
   if (Error err = checkScheduleShape(schedule, P, V, M))
-    return std::move(err);
+    return err;
   int64_t microbatchSize = 1;
   if (options.globalBatch > 0) {
     if (options.globalBatch % M != 0)
@@ -129,7 +129,7 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
       it->second = computeCosts(*layers, hw, *precision);
       if (!options.costs.empty())
         if (Error err = applyMeasuredCosts(it->second, options.costs))
-          return std::move(err);
+          return err;
     }
   }
   for (const HardwareSpec &hw : hardware)

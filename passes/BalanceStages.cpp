@@ -377,24 +377,24 @@ Expected<std::vector<std::pair<int, int>>> parseLayout(StringRef layout, const L
       switch (c) {
       case 'E':
         if (Error err = expect(next == 0 && firstBlock > 0, "the layers before the first block"))
-          return std::move(err);
+          return err;
         next = std::min(firstBlock, layers);
         break;
       case 't':
         if (Error err =
                 expect(next < layers && lg.layers[next].kind == LayerKind::Block, "a block"))
-          return std::move(err);
+          return err;
         ++next;
         break;
       case 'L':
         if (Error err =
                 expect(next == lastBlock + 1 && next < layers, "the layers after the last block"))
-          return std::move(err);
+          return err;
         next = layers;
         break;
       case 'o':
         if (Error err = expect(next < layers, "a layer"))
-          return std::move(err);
+          return err;
         ++next;
         break;
       default:
@@ -456,7 +456,7 @@ Expected<StagePlan> balanceStages(const LayerGraph &lg, const BalanceOptions &op
                              options.stages);
   if (Error err = checkScheduleShape(options.schedule, options.stages, options.virtualStages,
                                      options.microbatches))
-    return std::move(err);
+    return err;
   ChunkCosts costs(lg, options);
   std::vector<int> cuts;
   if (options.method == BalanceMethod::Layout) {

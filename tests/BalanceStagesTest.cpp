@@ -136,9 +136,11 @@ TEST(BalanceStages, ExactOnHundredsOfRandomInstances) {
     EXPECT_NEAR(plan->bottleneck, expected, 1e-12 * expected) << "trial " << trial;
     for (const ChunkPlan &c : plan->chunks)
       EXPECT_FALSE(c.empty()) << "trial " << trial;
-    for (const RankPlan &r : plan->ranks)
-      if (limit > 0)
+    for (const RankPlan &r : plan->ranks) {
+      if (limit > 0) {
         EXPECT_LE(r.peakMemory, limit) << "trial " << trial;
+      }
+    }
     ++checked;
   }
   EXPECT_GT(checked, 250);
