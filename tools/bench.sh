@@ -8,5 +8,5 @@ cd "$(dirname "$0")/.."
 tools/install-deps.sh
 tools/build.sh >/dev/null
 json=build/bench-import.json
-build/bin/bench_import --benchmark_min_time=0.5 --benchmark_out="$json" --benchmark_out_format=json
+build/bin/bench_compile --benchmark_min_time=0.5 --benchmark_out="$json" --benchmark_out_format=json
 python3 tools/bench_table.py "$json" docs/PERFORMANCE.md

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turns Google Benchmark JSON from bench_import into the table in PERFORMANCE.md."""
+"""Turns Google Benchmark JSON from bench_compile into the table in PERFORMANCE.md."""
 import json
 import platform
 import sys
@@ -19,9 +19,9 @@ lines.append("| benchmark | time (ms) | notes |")
 lines.append("|---|---:|---|")
 for name, b in rows.items():
     notes = ", ".join(
-        f"{k}={v:,.0f}" if isinstance(v, (int, float)) else f"{k}={v}"
+        (f"{k}={v:.4f}" if k == "imbalance" else f"{k}={v:,.0f}") if isinstance(v, (int, float)) else f"{k}={v}"
         for k, v in b.items()
-        if k in ("nodes", "layers", "file_MB", "skeleton_MB")
+        if k in ("nodes", "layers", "file_MB", "skeleton_MB", "imbalance")
     )
     lines.append(f"| {name} | {b['real_time']:.2f} | {notes} |")
 ratios = []
@@ -35,12 +35,16 @@ if inline and external:
     ratios.append(f"- 1.5 GB of inline weights: pipec imports in {inline:.1f} ms against "
                   f"{external:.1f} ms with external data ({inline / external:.2f}x); "
                   f"a bare protobuf parse copies the weights and takes {pinline:.0f} ms.")
+bal = ms("gpt1024/balance_time_64_stages")
+if bal:
+    ratios.append(f"- balance-stages (time, exact) of the 1,026-layer chain onto 64 stages: "
+                  f"{bal:.0f} ms.")
 ctx = data["context"]
 machine = (f"{ctx.get('num_cpus')} CPUs at {ctx.get('mhz_per_cpu')} MHz, "
            f"{platform.system()} {platform.release()}, date {ctx.get('date')}")
 section = "\n".join(
     ["<!-- BEGIN import -->",
-     "Command: `tools/bench.sh` (runs `build/bin/bench_import --benchmark_min_time=0.5`).",
+     "Command: `tools/bench.sh` (runs `build/bin/bench_compile --benchmark_min_time=0.5`).",
      f"Machine: {machine}.", ""] + lines + [""] + ratios + ["<!-- END import -->"])
 text = open(doc).read()
 begin, end = text.index("<!-- BEGIN import -->"), text.index("<!-- END import -->")

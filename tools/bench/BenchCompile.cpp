@@ -1,17 +1,19 @@
-//===- BenchImport.cpp - Import and grouping speed ----------------------===//
+//===- BenchCompile.cpp - Import, grouping and balancing speed ----------===//
 //
 // Measures, on generated models written once under build/bench-data:
 //  - a 1,024-layer GPT (134k nodes): bare protobuf parse of the file, the
 //    skeleton scan, pipec's import, and import + passes + group-layers;
 //  - a GPT with ~1.5 GB of weights stored inline against the same model with
 //    external data: pipec's import time must not grow with weight bytes,
-//    while a bare protobuf parse copies them.
+//    while a bare protobuf parse copies them;
+//  - balance-stages of the 1,026-layer chain onto 16 and 64 stages.
 // Run through tools/bench.sh, which writes the table to docs/PERFORMANCE.md.
 //
 //===----------------------------------------------------------------------===//
 #include "compiler/PassPipeline.h"
 #include "compiler/onnx/WireSkeleton.h"
 #include "models/ModelGenerators.h"
+#include "passes/BalanceStages.h"
 #include "passes/GroupLayers.h"
 
 #include "onnx/onnx_pb.h"
@@ -143,6 +145,46 @@ void importAndGroup(benchmark::State &state, const std::string &path) {
   }
 }
 
+/// balance-stages alone: the layer graph and costs are built once.
+void balance(benchmark::State &state, const std::string &path, int stages, BalanceMethod method) {
+  ImportOptions options;
+  options.bindings.seq = 16;
+  auto graph = loadGraph(path, options, PipelineOptions());
+  if (!graph) {
+    state.SkipWithError(llvm::toString(graph.takeError()).c_str());
+    return;
+  }
+  auto layers = groupLayers(*graph);
+  if (!layers) {
+    state.SkipWithError(llvm::toString(layers.takeError()).c_str());
+    return;
+  }
+  auto hw = builtinHardware("h100");
+  if (!hw) {
+    state.SkipWithError(llvm::toString(hw.takeError()).c_str());
+    return;
+  }
+  CostTable table = computeCosts(*layers, *hw, Precision::BF16);
+  BalanceOptions b;
+  b.stages = stages;
+  b.microbatches = 4 * stages;
+  b.method = method;
+  for (int r = 0; r < stages; ++r) {
+    b.rankCosts.push_back(&table);
+    b.rankHardware.push_back(*hw);
+    b.memoryLimit.push_back(hw->memoryBytes);
+  }
+  for (auto _ : state) {
+    auto plan = balanceStages(*layers, b);
+    if (!plan) {
+      state.SkipWithError(llvm::toString(plan.takeError()).c_str());
+      break;
+    }
+    state.counters["layers"] = static_cast<double>(layers->layers.size());
+    state.counters["imbalance"] = plan->imbalance;
+  }
+}
+
 void registerAll() {
   std::string deep = ensureModel("gpt-1024l.onnx", deepGpt(), false);
   benchmark::RegisterBenchmark("gpt1024/protobuf_parse", protobufParse, deep)
@@ -152,6 +194,15 @@ void registerAll() {
   benchmark::RegisterBenchmark("gpt1024/pipec_import", importOnly, deep)
       ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("gpt1024/import_passes_group", importAndGroup, deep)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gpt1024/balance_time_16_stages", balance, deep, 16,
+                               BalanceMethod::Time)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gpt1024/balance_time_64_stages", balance, deep, 64,
+                               BalanceMethod::Time)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gpt1024/balance_params_64_stages", balance, deep, 64,
+                               BalanceMethod::Params)
       ->Unit(benchmark::kMillisecond);
   if (std::getenv("PIPEC_BENCH_SKIP_HEAVY"))
     return;
