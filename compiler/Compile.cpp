@@ -1,7 +1,10 @@
 //===- Compile.cpp - `pipec compile`: a model to a plan -------------------===//
 #include "compiler/Compile.h"
+#include "compiler/schedule/Schedule.h"
+#include "compiler/sim/Simulator.h"
 #include "passes/BalanceStages.h"
 #include "passes/GroupLayers.h"
+#include "passes/LowerSchedule.h"
 #include "runtime/plan/PlanFile.h"
 
 #include "onnx/onnx_pb.h"
@@ -11,6 +14,8 @@
 #include "llvm/Support/SHA256.h"
 
 #include <map>
+#include <optional>
+#include <set>
 
 using namespace llvm;
 
@@ -53,88 +58,109 @@ void fillHardware(const HardwareSpec &hw, bool bf16, plan::HardwareInfo &out) {
   out.set_source(hw.source);
 }
 
-} // namespace
+/// What one microbatch size needs, shared by the schedules tried for it.
+struct Prepared {
+  Graph graph;
+  LayerGraph layers;
+  std::map<std::string, CostTable> tables;
+  std::vector<const CostTable *> rankCosts;
+};
 
-Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &options,
-                                  const PipelineOptions &pipeline) {
-  int P = options.stages, V = options.virtualStages;
-  if (P < 1)
-    return flagError("--stages must be at least 1");
-  if (V < 1)
-    return flagError("--virtual-stages must be at least 1");
-  int M = options.microbatches > 0 ? options.microbatches : 4 * P;
-  ScheduleKind schedule = options.training ? options.schedule : ScheduleKind::ForwardOnly;
-  if (Error err = checkScheduleShape(schedule, P, V, M))
-    return err;
-  int64_t microbatchSize = 1;
-  if (options.globalBatch > 0) {
-    if (options.globalBatch % M != 0)
-      return flagError(
-          formatv("--batch {0} does not divide into {1} microbatches", options.globalBatch, M));
-    microbatchSize = options.globalBatch / M;
-  }
-  ImportOptions importOptions = options.import;
-  importOptions.bindings.batch = microbatchSize;
+struct Setup {
+  std::vector<HardwareSpec> hardware;
+  std::vector<int64_t> limits;
+  Precision precision = Precision::BF16;
+};
 
-  // Hardware per rank.
+Expected<Setup> resolveSetup(const CompileOptions &options) {
+  Setup setup;
+  int P = options.stages;
   auto names = perRank("hardware", options.hardware, P);
   if (!names)
     return names.takeError();
-  std::vector<HardwareSpec> hardware;
   for (const std::string &name : *names) {
     auto hw = resolveHardware(name);
     if (!hw)
       return hw.takeError();
-    hardware.push_back(*hw);
+    setup.hardware.push_back(*hw);
   }
   std::string precisionText = options.precision;
   if (precisionText.empty())
-    precisionText = hardware[0].name == "cpu" ? "fp32" : "bf16";
+    precisionText = setup.hardware[0].name == "cpu" ? "fp32" : "bf16";
   auto precision = parsePrecision(precisionText);
   if (!precision)
     return precision.takeError();
-  std::vector<int64_t> limits;
+  setup.precision = *precision;
   if (options.memoryLimit.empty()) {
-    for (const HardwareSpec &hw : hardware)
-      limits.push_back(hw.memoryBytes);
+    for (const HardwareSpec &hw : setup.hardware)
+      setup.limits.push_back(hw.memoryBytes);
   } else {
     auto values = perRank("memory-limit", options.memoryLimit, P);
     if (!values)
       return values.takeError();
     for (const std::string &v : *values) {
       if (v == "none") {
-        limits.push_back(0);
+        setup.limits.push_back(0);
         continue;
       }
       auto bytes = parseByteSize(v, "memory-limit");
       if (!bytes)
         return bytes.takeError();
-      limits.push_back(*bytes);
+      setup.limits.push_back(*bytes);
     }
   }
+  return setup;
+}
 
+Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOptions &options,
+                                            const PipelineOptions &pipeline, const Setup &setup,
+                                            int64_t microbatchSize) {
+  ImportOptions importOptions = options.import;
+  importOptions.bindings.batch = microbatchSize;
   auto graph = loadGraph(modelPath, importOptions, pipeline);
   if (!graph)
     return graph.takeError();
-  auto layers = buildLayerGraph(*graph, pipeline);
+  auto out = std::make_unique<Prepared>();
+  out->graph = std::move(*graph);
+  auto layers = buildLayerGraph(out->graph, pipeline);
   if (!layers)
     return layers.takeError();
-
-  // One cost table per distinct hardware.
-  std::map<std::string, CostTable> tables;
-  std::vector<const CostTable *> rankCosts;
-  for (const HardwareSpec &hw : hardware) {
-    auto [it, inserted] = tables.try_emplace(hw.name);
+  out->layers = std::move(*layers);
+  for (const HardwareSpec &hw : setup.hardware) {
+    auto [it, inserted] = out->tables.try_emplace(hw.name);
     if (inserted) {
-      it->second = computeCosts(*layers, hw, *precision);
+      it->second = computeCosts(out->layers, hw, setup.precision);
       if (!options.costs.empty())
         if (Error err = applyMeasuredCosts(it->second, options.costs))
           return err;
     }
   }
-  for (const HardwareSpec &hw : hardware)
-    rankCosts.push_back(&tables.at(hw.name));
+  for (const HardwareSpec &hw : setup.hardware)
+    out->rankCosts.push_back(&out->tables.at(hw.name));
+  return out;
+}
 
+plan::TensorRef tensorRef(const Graph &graph, int id, Precision precision) {
+  const Value &v = graph.values[id];
+  plan::TensorRef t;
+  t.set_name(v.name);
+  bool halve = precision == Precision::BF16 && v.type == DType::F32;
+  t.set_dtype(halve ? "bf16" : dtypeName(v.type).str());
+  for (int64_t d : v.shape)
+    t.add_shape(d);
+  t.set_bytes(halve ? v.byteSize() / 2 : v.byteSize());
+  return t;
+}
+
+/// Balance, schedule, lower, verify and simulate one configuration.
+Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
+                               const Setup &setup, const Prepared &prepared, ScheduleKind schedule,
+                               int V, int M, int64_t microbatchSize, bool withAlternatives = true) {
+  int P = options.stages;
+  const LayerGraph &layers = prepared.layers;
+  const Graph &graph = prepared.graph;
+  if (Error err = checkScheduleShape(schedule, P, V, M))
+    return err;
   BalanceOptions balance;
   balance.stages = P;
   balance.virtualStages = V;
@@ -142,11 +168,11 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
   balance.schedule = schedule;
   balance.training.training = options.training;
   balance.training.optimizer = options.optimizer;
-  balance.training.mixedPrecision = *precision == Precision::BF16;
+  balance.training.mixedPrecision = setup.precision == Precision::BF16;
   balance.training.recompute = options.recompute;
-  balance.rankCosts = rankCosts;
-  balance.rankHardware = hardware;
-  balance.memoryLimit = limits;
+  balance.rankCosts = prepared.rankCosts;
+  balance.rankHardware = setup.hardware;
+  balance.memoryLimit = setup.limits;
   StringRef method = options.balance;
   if (method == "time")
     balance.method = BalanceMethod::Time;
@@ -158,7 +184,7 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
     balance.method = BalanceMethod::Layout;
     balance.layout = options.balance;
   }
-  auto stagePlan = balanceStages(*layers, balance);
+  auto stagePlan = balanceStages(layers, balance);
   if (!stagePlan)
     return stagePlan.takeError();
 
@@ -166,13 +192,13 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
   plan.set_format_version(PlanFormatVersion);
   auto *model = plan.mutable_model();
   model->set_path(modelPath.str());
-  const MemoryBuffer &file = *graph->files[0];
+  const MemoryBuffer &file = *graph.files[0];
   model->set_sha256(
       toHex(SHA256::hash(ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(file.getBufferStart()),
                                            file.getBufferSize())),
             /*LowerCase=*/true));
-  model->set_nodes(graph->model->graph().node_size());
-  model->set_params(layers->totalParams());
+  model->set_nodes(graph.model->graph().node_size());
+  model->set_params(layers.totalParams());
   auto *info = plan.mutable_schedule();
   info->set_name(scheduleName(schedule).str());
   info->set_stages(P);
@@ -180,26 +206,26 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
   info->set_microbatches(M);
   info->set_mode(options.training ? "train" : "infer");
   info->set_data_parallel(options.dataParallel);
-  info->set_global_batch(microbatchSize * M);
+  info->set_global_batch(microbatchSize * M * options.dataParallel);
   info->set_microbatch_size(microbatchSize);
-  for (const HardwareSpec &hw : hardware)
-    fillHardware(hw, *precision == Precision::BF16, *plan.add_hardware());
+  for (const HardwareSpec &hw : setup.hardware)
+    fillHardware(hw, setup.precision == Precision::BF16, *plan.add_hardware());
   auto *training = plan.mutable_training();
-  training->set_precision(precisionName(*precision).str());
+  training->set_precision(precisionName(setup.precision).str());
   training->set_optimizer(optimizerName(options.optimizer).str());
   training->set_recompute(options.recompute);
   training->set_bytes_per_param(bytesPerParam(balance.training));
   plan.set_balance_method(balanceMethodName(balance.method).str());
   plan.set_layout(stagePlan->layout);
-  for (int id : graph->inputs) {
-    const Value &v = graph->values[id];
+  for (int id : graph.inputs) {
+    const Value &v = graph.values[id];
     std::string dims;
     for (size_t d = 0; d < v.shape.size(); ++d)
       dims += (d ? "," : "") + std::to_string(v.shape[d]);
     (*plan.mutable_input_shapes())[v.name] = dims;
   }
-  const CostTable &first = *rankCosts[0];
-  for (size_t l = 0; l < layers->layers.size(); ++l) {
+  const CostTable &first = *prepared.rankCosts[0];
+  for (size_t l = 0; l < layers.layers.size(); ++l) {
     const LayerCost &lc = first.layers[l];
     auto *li = plan.add_layers();
     li->set_index(static_cast<int>(l));
@@ -222,14 +248,13 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
     s->set_first_layer(c.firstLayer);
     s->set_last_layer(c.lastLayer);
     for (int l = c.firstLayer; l <= c.lastLayer; ++l)
-      s->add_layers(layers->layers[l].name);
+      s->add_layers(layers.layers[l].name);
     s->set_params(c.params);
     s->set_flops_f(c.flopsForward);
     s->set_time_f_s(c.time[Forward]);
     s->set_time_i_s(c.time[BackwardInput]);
     s->set_time_w_s(c.time[BackwardWeight]);
     s->set_comm_s(c.commTime);
-    s->set_memory_peak_bytes(stagePlan->ranks[c.rank].peakMemory);
     s->set_boundary_bytes(c.boundaryBytes);
     s->set_activation_bytes(c.activationBytes);
   }
@@ -241,53 +266,263 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
     rank->set_peak_memory_bytes(r.peakMemory);
     rank->set_weight_bytes(r.weightBytes);
     rank->set_activation_bytes(r.activationBytes);
-    rank->set_busy_s(r.busy);
-    rank->set_idle_s(std::max(0.0, stagePlan->stepTime - r.busy));
   }
-  auto *predicted = plan.mutable_predicted();
-  predicted->set_step_time_s(stagePlan->stepTime);
-  predicted->set_bubble_fraction(stagePlan->bubbleFraction);
-  predicted->set_bottleneck_s(stagePlan->bottleneck);
-  predicted->set_imbalance(stagePlan->imbalance);
 
-  // What balancing bought: the other methods on the same inputs.
-  for (BalanceMethod alt : {BalanceMethod::Time, BalanceMethod::Params, BalanceMethod::Uniform}) {
-    auto *a = plan.add_alternatives();
-    a->set_method(balanceMethodName(alt).str());
-    BalanceOptions altOptions = balance;
-    altOptions.method = alt;
-    auto altPlan = alt == balance.method ? Expected<StagePlan>(*stagePlan)
-                                         : balanceStages(*layers, altOptions);
-    if (!altPlan) {
-      a->set_error(toString(altPlan.takeError()));
-      continue;
+  // Schedule, lower, verify, simulate.
+  auto sched = generateSchedule(schedule, P, V, M);
+  if (!sched)
+    return sched.takeError();
+  LoweringInputs lowering;
+  lowering.training = options.training;
+  lowering.recompute = options.recompute;
+  std::map<int, std::set<int>> tiedRanks;
+  for (const ChunkPlan &c : stagePlan->chunks) {
+    std::vector<plan::TensorRef> tensors;
+    std::vector<bool> grads;
+    bool last = c.index + 1 == static_cast<int>(stagePlan->chunks.size());
+    if (!last && !c.empty() && c.lastLayer + 1 < static_cast<int>(layers.layers.size()))
+      for (int id : layers.crossingAfter(c.lastLayer)) {
+        tensors.push_back(tensorRef(graph, id, setup.precision));
+        const Value &v = graph.values[id];
+        grads.push_back(v.kind == ValueKind::Activation && isFloatDType(v.type));
+      }
+    lowering.sendTensors.push_back(tensors);
+    lowering.hasGradient.push_back(grads);
+    lowering.activationBytes.push_back(c.activationBytes);
+    int64_t input = 0;
+    if (c.index > 0) {
+      const ChunkPlan &prev = stagePlan->chunks[c.index - 1];
+      input = prev.boundaryBytes;
     }
-    a->set_layout(altPlan->layout);
-    a->set_step_time_s(altPlan->stepTime);
-    a->set_bottleneck_s(altPlan->bottleneck);
-    a->set_imbalance(altPlan->imbalance);
-    a->set_fits_memory(altPlan->fitsMemory);
+    lowering.inputBytes.push_back(input);
   }
-
-  for (const std::string &w : graph->warnings)
-    plan.add_warnings(w);
-  if (!first.defaultedOpTypes.empty())
-    plan.add_warnings("ops costed by the default rule (F = one FLOP per output element, I = F, "
-                      "W = 0): " +
-                      join(first.defaultedOpTypes, ", "));
-  for (auto &[w, users] : layers->sharedWeights()) {
+  int64_t gradBytes = setup.precision == Precision::BF16 ? 2 : 4;
+  for (auto &[w, users] : layers.sharedWeights()) {
     std::set<int> ranks;
     for (int l : users)
       for (const ChunkPlan &c : stagePlan->chunks)
         if (l >= c.firstLayer && l <= c.lastLayer)
           ranks.insert(c.rank);
-    if (ranks.size() > 1)
-      plan.add_warnings(formatv("weight '{0}' is shared by {1} ranks: each keeps a copy and "
-                                "their gradients are all-reduced",
-                                graph->values[w].name, ranks.size())
-                            .str());
+    if (ranks.size() < 2)
+      continue;
+    LoweringInputs::AllReduce ar;
+    ar.group = "tied:" + graph.values[w].name;
+    ar.ranks.assign(ranks.begin(), ranks.end());
+    ar.bytes = graph.values[w].numElements() * gradBytes;
+    lowering.allReduces.push_back(ar);
+    plan.add_warnings(formatv("weight '{0}' is shared by {1} ranks: each keeps a copy and their "
+                              "gradients are all-reduced",
+                              graph.values[w].name, ranks.size())
+                          .str());
   }
+  if (options.dataParallel > 1)
+    for (int r = 0; r < P; ++r) {
+      LoweringInputs::AllReduce ar;
+      ar.group = "dp";
+      ar.ranks = {r};
+      int64_t params = 0;
+      for (const ChunkPlan &c : stagePlan->chunks)
+        if (c.rank == r)
+          params += c.params;
+      ar.bytes = params * gradBytes;
+      lowering.allReduces.push_back(ar);
+    }
+  auto programs = lowerSchedule(*sched, lowering);
+  if (!programs)
+    return programs.takeError();
+  if (Error err = verifyProgram(*programs, P, M, schedule, V))
+    return err;
+  for (auto &program : *programs)
+    *plan.add_programs() = std::move(program);
+  for (int k = 0; k < plan.stages_size(); ++k) {
+    const plan::RankProgram &program = plan.programs(plan.stages(k).rank());
+    plan.mutable_stages(k)->set_memory_peak_bytes(plan.ranks(plan.stages(k).rank()).weight_bytes() +
+                                                  program.peak_activation_bytes());
+  }
+  auto simulated = simulatePlan(plan);
+  if (!simulated)
+    return simulated.takeError();
+  auto *sim = plan.mutable_simulated();
+  sim->set_step_time_s(simulated->stepTime);
+  sim->set_bubble_fraction(simulated->bubbleFraction);
+  for (int r = 0; r < P; ++r) {
+    sim->add_busy_s(simulated->busy[r]);
+    sim->add_idle_s(simulated->idle[r]);
+    sim->add_peak_memory_bytes(simulated->peakMemory[r]);
+    auto *rank = plan.mutable_ranks(r);
+    rank->set_busy_s(simulated->busy[r]);
+    rank->set_idle_s(simulated->idle[r]);
+    rank->set_peak_memory_bytes(simulated->peakMemory[r]);
+    rank->set_activation_bytes(plan.programs(r).peak_activation_bytes());
+  }
+  auto *predicted = plan.mutable_predicted();
+  predicted->set_step_time_s(simulated->stepTime);
+  predicted->set_bubble_fraction(simulated->bubbleFraction);
+  predicted->set_bottleneck_s(stagePlan->bottleneck);
+  predicted->set_imbalance(stagePlan->imbalance);
+
+  // What balancing bought: the other methods on the same inputs, simulated
+  // the same way.
+  for (const char *alt : {"time", "params", "uniform"}) {
+    if (!withAlternatives)
+      break;
+    auto *a = plan.add_alternatives();
+    a->set_method(alt);
+    if (options.balance == alt) {
+      a->set_layout(plan.layout());
+      a->set_step_time_s(plan.predicted().step_time_s());
+      a->set_bottleneck_s(plan.predicted().bottleneck_s());
+      a->set_imbalance(plan.predicted().imbalance());
+      a->set_fits_memory(
+          std::none_of(plan.ranks().begin(), plan.ranks().end(), [](const plan::Rank &r) {
+            return r.memory_limit_bytes() > 0 && r.peak_memory_bytes() > r.memory_limit_bytes();
+          }));
+      continue;
+    }
+    CompileOptions altOptions = options;
+    altOptions.balance = alt;
+    auto altPlan = buildPlan(modelPath, altOptions, setup, prepared, schedule, V, M, microbatchSize,
+                             /*withAlternatives=*/false);
+    if (!altPlan) {
+      a->set_error(toString(altPlan.takeError()));
+      continue;
+    }
+    a->set_layout(altPlan->layout());
+    a->set_step_time_s(altPlan->predicted().step_time_s());
+    a->set_bottleneck_s(altPlan->predicted().bottleneck_s());
+    a->set_imbalance(altPlan->predicted().imbalance());
+    a->set_fits_memory(
+        std::none_of(altPlan->ranks().begin(), altPlan->ranks().end(), [](const plan::Rank &r) {
+          return r.memory_limit_bytes() > 0 && r.peak_memory_bytes() > r.memory_limit_bytes();
+        }));
+  }
+  for (const std::string &w : graph.warnings)
+    plan.add_warnings(w);
+  if (!first.defaultedOpTypes.empty())
+    plan.add_warnings("ops costed by the default rule (F = one FLOP per output element, I = F, "
+                      "W = 0): " +
+                      join(first.defaultedOpTypes, ", "));
+  for (const plan::Rank &r : plan.ranks())
+    if (r.memory_limit_bytes() > 0 && r.peak_memory_bytes() > r.memory_limit_bytes())
+      plan.add_warnings(formatv("rank {0} needs {1} bytes, over its limit of {2}", r.index(),
+                                r.peak_memory_bytes(), r.memory_limit_bytes())
+                            .str());
   return plan;
+}
+
+} // namespace
+
+Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &options,
+                                  const PipelineOptions &pipeline) {
+  int P = options.stages;
+  if (P < 1)
+    return flagError("--stages must be at least 1");
+  if (options.virtualStages < 1)
+    return flagError("--virtual-stages must be at least 1");
+  if (options.dataParallel < 1)
+    return flagError("--dp must be at least 1");
+  auto setup = resolveSetup(options);
+  if (!setup)
+    return setup.takeError();
+  int64_t perReplica = options.globalBatch / options.dataParallel;
+  if (options.globalBatch > 0 && options.globalBatch % options.dataParallel != 0)
+    return flagError(formatv("--batch {0} does not divide over --dp {1} replicas",
+                             options.globalBatch, options.dataParallel));
+  auto microbatchSizeFor = [&](int M) -> Expected<int64_t> {
+    if (options.globalBatch <= 0)
+      return 1;
+    if (perReplica % M != 0)
+      return flagError(formatv("--batch {0} does not divide into {1} microbatches of {2} "
+                               "replica(s)",
+                               options.globalBatch, M, options.dataParallel));
+    return perReplica / M;
+  };
+  std::map<int64_t, std::unique_ptr<Prepared>> cache;
+  auto preparedFor = [&](int64_t size) -> Expected<const Prepared *> {
+    auto it = cache.find(size);
+    if (it != cache.end())
+      return it->second.get();
+    auto made = prepare(modelPath, options, pipeline, *setup, size);
+    if (!made)
+      return made.takeError();
+    const Prepared *ptr = made->get();
+    cache[size] = std::move(*made);
+    return ptr;
+  };
+
+  if (!options.autoSchedule || !options.training) {
+    ScheduleKind schedule = options.training ? options.schedule : ScheduleKind::ForwardOnly;
+    int V = options.training ? options.virtualStages : 1;
+    int M = options.microbatches > 0 ? options.microbatches : 4 * P;
+    auto size = microbatchSizeFor(M);
+    if (!size)
+      return size.takeError();
+    auto prepared = preparedFor(*size);
+    if (!prepared)
+      return prepared.takeError();
+    return buildPlan(modelPath, options, *setup, **prepared, schedule, V, M, *size);
+  }
+
+  // --schedule auto: simulate the candidates, keep the fastest that fits.
+  std::vector<int> counts;
+  if (options.microbatches > 0)
+    counts = {options.microbatches};
+  else
+    for (int f : {1, 2, 4, 8})
+      counts.push_back(f * P);
+  struct Candidate {
+    ScheduleKind kind;
+    int V;
+  };
+  std::vector<Candidate> candidates = {{ScheduleKind::GPipe, 1},       {ScheduleKind::OneFOneB, 1},
+                                       {ScheduleKind::Interleaved, 2}, {ScheduleKind::ZBH1, 1},
+                                       {ScheduleKind::ZBH2, 1},        {ScheduleKind::ZBV, 2},
+                                       {ScheduleKind::DualPipeV, 2}};
+  std::vector<std::string> tried;
+  std::optional<plan::Plan> best;
+  std::string bestText;
+  for (int M : counts)
+    for (const Candidate &c : candidates) {
+      std::string name = formatv("{0} V={1} M={2}", scheduleName(c.kind), c.V, M).str();
+      if (Error err = checkScheduleShape(c.kind, P, c.V, M)) {
+        tried.push_back(name + ": not accepted: " + toString(std::move(err)));
+        continue;
+      }
+      auto size = microbatchSizeFor(M);
+      if (!size) {
+        tried.push_back(name + ": " + toString(size.takeError()));
+        continue;
+      }
+      auto prepared = preparedFor(*size);
+      if (!prepared)
+        return prepared.takeError();
+      auto candidate = buildPlan(modelPath, options, *setup, **prepared, c.kind, c.V, M, *size);
+      if (!candidate) {
+        tried.push_back(name + ": " + toString(candidate.takeError()));
+        continue;
+      }
+      bool fits = true;
+      for (const plan::Rank &r : candidate->ranks())
+        fits &= r.memory_limit_bytes() <= 0 || r.peak_memory_bytes() <= r.memory_limit_bytes();
+      double step = candidate->predicted().step_time_s();
+      tried.push_back(formatv("{0}: step {1:e3} s, bubble {2:f1}%{3}", name, step,
+                              100 * candidate->predicted().bubble_fraction(),
+                              fits ? "" : ", over the memory limit")
+                          .str());
+      if (fits && (!best || step < best->predicted().step_time_s())) {
+        best = std::move(*candidate);
+        bestText = name;
+      }
+    }
+  if (!best)
+    return flagError("--schedule auto: no schedule fits the memory limits; tried " +
+                     join(tried, "; "));
+  best->add_schedule_search("chose " + bestText +
+                            ": the least simulated step time among the "
+                            "candidates that fit the memory limits");
+  for (const std::string &t : tried)
+    best->add_schedule_search(t);
+  return std::move(*best);
 }
 
 } // namespace pipec

@@ -26,6 +26,8 @@ struct CompileOptions {
   /// Global batch; 0: one sample per microbatch.
   int64_t globalBatch = 0;
   ScheduleKind schedule = ScheduleKind::OneFOneB;
+  /// --schedule auto: simulate schedules, V and M, keep the fastest that fits.
+  bool autoSchedule = false;
   /// A name or JSON file, or a comma-separated list with one per rank.
   std::string hardware = "h100";
   /// time, params, uniform, or a layout string.

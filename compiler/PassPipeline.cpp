@@ -113,8 +113,10 @@ Expected<LayerGraph> buildLayerGraph(const Graph &graph, const PipelineOptions &
     logOf(options) << formatv("stats: {0,-16} {1,8:f3} ms  layers {2} ({3})\n", "group-layers",
                               secondsSince(start) * 1e3, layers->layers.size(),
                               groupingMethodName(layers->method));
-  if (Error err = dump(options, static_cast<int>(passNames().size()), "group-layers",
-                       [&](raw_ostream &os) { layers->print(os); }))
+  auto names = passNames();
+  int index =
+      static_cast<int>(std::find(names.begin(), names.end(), "group-layers") - names.begin()) + 1;
+  if (Error err = dump(options, index, "group-layers", [&](raw_ostream &os) { layers->print(os); }))
     return err;
   return layers;
 }

@@ -1,6 +1,7 @@
 //===- Report.cpp - `pipec report`: the partition report of a plan --------===//
 #include "compiler/Report.h"
 #include "compiler/InspectReport.h"
+#include "compiler/sim/Simulator.h"
 
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
@@ -68,8 +69,8 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
                   formatSeconds(s.time_w_s()), humanCount(s.boundary_bytes(), true), memory);
   }
   const auto &p = plan.predicted();
-  os << formatv("\npredicted step {0}, bubble {1:f1}%, slowest stage {2} per microbatch, "
-                "imbalance {3:f3} (slowest / mean)\n",
+  os << formatv("\npredicted step {0} (simulated), bubble {1:f1}%, slowest stage {2} per "
+                "microbatch, imbalance {3:f3} (slowest / mean)\n",
                 formatSeconds(p.step_time_s()), 100 * p.bubble_fraction(),
                 formatSeconds(p.bottleneck_s()), p.imbalance());
   for (const auto &r : plan.ranks())
@@ -77,6 +78,20 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
       os << formatv("warning: rank {0} needs {1}, over its limit of {2}\n", r.index(),
                     humanCount(r.peak_memory_bytes(), true),
                     humanCount(r.memory_limit_bytes(), true));
+  if (plan.programs_size()) {
+    if (auto sim = simulatePlan(plan)) {
+      os << "\ntimeline (simulated; digits: forward of microbatch N mod 10, a-z: backward, A-Z: "
+            "weight gradient, #: optimizer, .: idle)\n";
+      os << formatTimeline(*sim, plan.schedule().stages(), 96);
+    } else {
+      os << "\ntimeline: " << toString(sim.takeError()) << "\n";
+    }
+  }
+  if (plan.schedule_search_size()) {
+    os << "\nschedule search\n";
+    for (const auto &line : plan.schedule_search())
+      os << "  " << line << "\n";
+  }
   if (plan.alternatives_size()) {
     os << "\nbalancing  predicted step  slowest stage  imbalance  layout\n";
     for (const auto &a : plan.alternatives()) {
@@ -143,8 +158,15 @@ void printReportJson(const plan::Plan &plan, raw_ostream &os) {
         j.object([&] {
           j.attribute("index", r.index());
           j.attribute("hardware", r.hardware());
-          j.attributeArray("actions", [] {});
-          j.attribute("instructions", 0);
+          const plan::RankProgram *program =
+              r.index() < plan.programs_size() ? &plan.programs(r.index()) : nullptr;
+          j.attributeArray("actions", [&] {
+            if (program)
+              for (const auto &a : program->actions())
+                j.value(a);
+          });
+          j.attribute("instructions",
+                      program ? static_cast<int64_t>(program->instructions_size()) : 0);
           j.attribute("busy_s", r.busy_s());
           j.attribute("idle_s", r.idle_s());
           j.attribute("peak_memory_bytes", r.peak_memory_bytes());

@@ -11,6 +11,7 @@
 #include "compiler/InspectReport.h"
 #include "compiler/PassPipeline.h"
 #include "compiler/Report.h"
+#include "compiler/sim/Simulator.h"
 #include "models/ModelGenerators.h"
 #include "runtime/plan/PlanFile.h"
 #include "tools/Versions.h"
@@ -18,6 +19,7 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/WithColor.h"
 #include "llvm/Support/raw_ostream.h"
@@ -34,6 +36,7 @@ cl::SubCommand InspectCmd("inspect", "Show a model's layers, params, FLOPs and c
 cl::SubCommand ModelCmd("model", "Generate a GPT, Llama, BERT, MLP or ResNet model as ONNX");
 cl::SubCommand CompileCmd("compile", "Partition a model into pipeline stages and write a plan");
 cl::SubCommand ReportCmd("report", "Show a plan's partition report");
+cl::SubCommand SimulateCmd("simulate", "Simulate a plan's instruction streams; write a trace");
 
 cl::OptionCategory ShapeCat("Shape binding");
 cl::OptionCategory DebugCat("Pass debugging");
@@ -85,7 +88,7 @@ cl::opt<int64_t> GlobalBatch("batch",
                                       "microbatch)"),
                              cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> Schedule("schedule",
-                              cl::desc("gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|dualpipev"),
+                              cl::desc("gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|dualpipev|auto"),
                               cl::init("1f1b"), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> Hardware("hardware",
                               cl::desc("h100|h200|a100|cpu|FILE.json, or one per rank: h100,a100"),
@@ -118,6 +121,14 @@ cl::opt<std::string> ReportFormat("format", cl::desc("Output format: text or jso
                                   cl::init("text"), cl::sub(ReportCmd));
 cl::opt<std::string> ReportOutput("o", cl::desc("Write to FILE instead of stdout"),
                                   cl::value_desc("FILE"), cl::sub(ReportCmd));
+
+// simulate
+cl::opt<std::string> SimulatePlan(cl::Positional, cl::desc("PLAN"), cl::Required,
+                                  cl::sub(SimulateCmd));
+cl::opt<std::string> TraceFile("trace", cl::desc("Write a Chrome/Perfetto trace (JSON)"),
+                               cl::value_desc("FILE"), cl::sub(SimulateCmd));
+cl::opt<int> TimelineWidth("width", cl::desc("Columns of the text timeline"), cl::init(100),
+                           cl::sub(SimulateCmd));
 
 // model
 cl::opt<std::string> ModelFamily(cl::Positional, cl::desc("gpt|llama|bert|mlp|resnet"),
@@ -255,10 +266,14 @@ int runCompile() {
     return reportError(createStringError(inconvertibleErrorCode(),
                                          "--mode %s: expected train or infer", Mode.c_str()));
   options.training = Mode == "train";
-  auto schedule = parseSchedule(Schedule);
-  if (!schedule)
-    return reportError(schedule.takeError());
-  options.schedule = *schedule;
+  if (Schedule == "auto") {
+    options.autoSchedule = true;
+  } else {
+    auto schedule = parseSchedule(Schedule);
+    if (!schedule)
+      return reportError(schedule.takeError());
+    options.schedule = *schedule;
+  }
   options.hardware = Hardware;
   options.balance = Balance;
   options.memoryLimit = MemoryLimit;
@@ -309,6 +324,37 @@ int runReport() {
   return 0;
 }
 
+int runSimulate() {
+  auto plan = readPlan(SimulatePlan);
+  if (!plan)
+    return reportError(plan.takeError());
+  auto result = simulatePlan(*plan);
+  if (!result)
+    return reportError(result.takeError());
+  if (!TraceFile.empty()) {
+    auto file = openOutput(TraceFile);
+    if (!file)
+      return reportError(file.takeError());
+    writeChromeTrace(*result, **file);
+  }
+  outs() << formatv("{0} P={1} V={2} M={3}: step {4}, bubble {5:f1}%\n", plan->schedule().name(),
+                    plan->schedule().stages(), plan->schedule().virtual_stages(),
+                    plan->schedule().microbatches(), formatSeconds(result->stepTime),
+                    100 * result->bubbleFraction);
+  for (size_t r = 0; r < result->busy.size(); ++r)
+    outs() << formatv("  rank {0}: busy {1}, idle {2}, peak memory {3}\n", r,
+                      formatSeconds(result->busy[r]), formatSeconds(result->idle[r]),
+                      humanCount(result->peakMemory[r], true));
+  outs() << "\n"
+         << formatTimeline(*result, plan->schedule().stages(),
+                           std::max(20, TimelineWidth.getValue()))
+         << "  digits: forward of microbatch N (mod 10); a-z: backward (I or B); A-Z: weight "
+            "gradient (W); *: recompute; #: optimizer; .: idle\n";
+  if (!TraceFile.empty())
+    outs() << "wrote " << TraceFile << "\n";
+  return 0;
+}
+
 int runModel() {
   auto family = models::parseFamily(ModelFamily);
   if (!family)
@@ -352,6 +398,7 @@ int main(int argc, char **argv) {
                                    "  pipec inspect MODEL.onnx [--format text|json]\n"
                                    "  pipec compile MODEL.onnx -o MODEL.plan [--stages P] ...\n"
                                    "  pipec report MODEL.plan [--format text|json]\n"
+                                   "  pipec simulate MODEL.plan [--trace trace.json]\n"
                                    "  pipec model gpt|llama|bert|mlp|resnet [options] -o FILE\n\n"
                                    "Exit codes: 0 ok, 1 bad input or failed step, 2 bad usage.\n",
                                    &errorStream)) {
@@ -367,6 +414,8 @@ int main(int argc, char **argv) {
     return runCompile();
   if (ReportCmd)
     return runReport();
+  if (SimulateCmd)
+    return runSimulate();
   WithColor::error(errs(), "pipec") << "no command given; try 'pipec --help'\n";
   return ExitUsage;
 }

@@ -90,19 +90,30 @@ Error checkScheduleShape(ScheduleKind kind, int stages, int virtualStages, int m
     if (virtualStages != 1)
       return fail("this schedule runs one chunk per rank; use --virtual-stages 1 (or "
                   "--schedule interleaved)");
+    // PyTorch's Schedule1F1B refuses fewer microbatches than stages. ZB-H1
+    // takes any M: PyTorch's ScheduleInterleavedZeroBubble applies the
+    // interleaved rounds rule below even to one stage per rank, where rounds
+    // change nothing in the order.
+    if (kind == ScheduleKind::OneFOneB && microbatches < stages)
+      return fail("1F1B needs at least as many microbatches as stages");
     return Error::success();
-  case ScheduleKind::Interleaved:
+  case ScheduleKind::Interleaved: {
     if (virtualStages < 2)
       return fail("interleaved 1F1B needs --virtual-stages 2 or more");
-    // PyTorch's ScheduleInterleaved1F1B runs microbatches in rounds of P.
-    if (microbatches % stages != 0)
-      return fail("the microbatches must be a multiple of the stages (rounds of P)");
+    // PyTorch's ScheduleInterleaved1F1B runs microbatches in R = max(1, M / P)
+    // rounds of equal size, so M need not be a multiple of P (M = 10 with
+    // P = 4 runs two rounds of 5), but R must divide M.
+    int rounds = std::max(1, microbatches / stages);
+    if (microbatches % rounds != 0)
+      return fail("the microbatches must split into max(1, M / P) = " + Twine(rounds) +
+                  " equal rounds");
     return Error::success();
+  }
   case ScheduleKind::ZBV:
+    // PyTorch's ScheduleZBVZeroBubble takes any M: it builds the order for
+    // max(M, 2P - 1) microbatches and drops the extra ones.
     if (virtualStages != 2)
       return fail("ZB-V places exactly two chunks per rank in a V; use --virtual-stages 2");
-    if (microbatches < stages)
-      return fail("ZB-V needs at least as many microbatches as stages");
     return Error::success();
   case ScheduleKind::DualPipeV:
     if (virtualStages != 2)
@@ -125,12 +136,16 @@ int64_t inFlightActivations(ScheduleKind kind, int stages, int virtualStages, in
     return std::min(m, p - r);
   case ScheduleKind::ZBH2:
     return std::min(m, 2 * (p - r) - 1);
-  case ScheduleKind::Interleaved:
-    return std::min(v * m, (v - 1) * p + 2 * (p - 1 - r) + 1);
+  case ScheduleKind::Interleaved: {
+    // Warm-up counts microbatches per round, M / max(1, M / P): P when P
+    // divides M, M itself below 2P.
+    int64_t perRound = m / std::max<int64_t>(1, m / p);
+    return std::min(v * m, (v - 1) * perRound + 2 * (p - 1 - r) + 1);
+  }
   case ScheduleKind::ZBV:
     return std::min(v * m, 2 * p);
   case ScheduleKind::DualPipeV:
-    return std::min(v * m, 2 * (p + 1));
+    return std::min(v * m, 2 * p + 1);
   case ScheduleKind::ForwardOnly:
     return 1;
   }

@@ -35,12 +35,13 @@ int rankOfChunk(ScheduleKind kind, int stages, int virtualStages, int chunk);
 llvm::Error checkScheduleShape(ScheduleKind kind, int stages, int virtualStages, int microbatches);
 
 /// Microbatches of one chunk's activations that rank \p rank keeps alive at
-/// its peak, summed over its chunks:
+/// its peak, summed over its chunks, as the generated orders hold them:
 ///   GPipe M; 1F1B and ZB-H1 min(M, P - r); ZB-H2 min(M, 2(P - r) - 1);
-///   interleaved 1F1B min(V M, (V - 1) P + 2 (P - 1 - r) + 1) (PyTorch's
-///   warm-up count plus the one in steady state); ZB-V min(V M, 2P), the
-///   same bytes as 1F1B's P full stages (Qi et al., 2024); DualPipeV
-///   min(V M, 2(P + 1)), DeepSeek's P + 1 stages; forward-only 1.
+///   interleaved 1F1B min(V M, (V - 1) n + 2 (P - 1 - r) + 1) with n = M / R
+///   microbatches per round (PyTorch's warm-up count plus the one in steady
+///   state); ZB-V min(V M, 2P), the same bytes as 1F1B's P full stages
+///   (Qi et al., 2024); DualPipeV min(V M, 2P + 1), within DeepSeek's P + 1
+///   full stages; forward-only 1.
 int64_t inFlightActivations(ScheduleKind kind, int stages, int virtualStages, int microbatches,
                             int rank);
 

@@ -1,0 +1,461 @@
+//===- Simulator.cpp - Event simulation of a plan's instruction streams ---===//
+#include "compiler/sim/Simulator.h"
+
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+
+#include <map>
+#include <set>
+#include <tuple>
+
+using namespace llvm;
+
+namespace pipec {
+namespace {
+
+using Op = plan::Instruction;
+
+bool isP2P(const plan::Instruction &i) { return i.op() == Op::SEND || i.op() == Op::RECV; }
+
+bool isCompute(const plan::Instruction &i) {
+  return i.op() == Op::FORWARD || i.op() == Op::BACKWARD || i.op() == Op::BACKWARD_INPUT ||
+         i.op() == Op::BACKWARD_WEIGHT || i.op() == Op::RECOMPUTE;
+}
+
+char categoryOf(const plan::Instruction &i) {
+  switch (i.op()) {
+  case Op::FORWARD:
+    return 'F';
+  case Op::BACKWARD:
+    return 'B';
+  case Op::BACKWARD_INPUT:
+    return 'I';
+  case Op::BACKWARD_WEIGHT:
+    return 'W';
+  case Op::RECOMPUTE:
+    return 'R';
+  default:
+    return 'O';
+  }
+}
+
+struct RankState {
+  int pc = 0;
+  double clock = 0; ///< when the rank's compute stream is free
+  double busy = 0;
+  /// Posted RECVs by (stage, microbatch, grad): how many have not matched
+  /// yet, and when the data of those that matched arrived.
+  std::map<std::tuple<int, int, bool>, std::pair<int, double>> inbox;
+  int outstanding = 0;  ///< all posted RECVs not yet matched
+  double sendsDone = 0; ///< when its last SEND finished
+};
+
+/// One direction of one pair of ranks: NCCL matches the k-th send with the
+/// k-th receive.
+struct Channel {
+  std::vector<std::pair<int, double>> sends, recvs; // (instruction, post time)
+  size_t matched = 0;
+};
+
+std::string describe(const plan::Instruction &ins) {
+  if (ins.op() == Op::ALLREDUCE)
+    return "ALLREDUCE " + ins.group();
+  return formatv("{0} {1} s{2} mb{3} {4} {5} {6}", ins.op() == Op::SEND ? "SEND" : "RECV",
+                 ins.grad() ? "grad" : "act", ins.stage(), ins.microbatch(),
+                 ins.op() == Op::SEND ? "->" : "<-", ins.peer(), ins.tensor().name())
+      .str();
+}
+
+class Streams {
+public:
+  Streams(ArrayRef<const plan::RankProgram *> programs, const StreamCosts &costs)
+      : programs(programs), costs(costs), P(static_cast<int>(programs.size())), state(P) {}
+
+  Expected<SimulationResult> run(Deadlock *deadlock);
+
+private:
+  ArrayRef<const plan::RankProgram *> programs;
+  const StreamCosts &costs;
+  int P;
+  std::vector<RankState> state;
+  std::map<std::pair<int, int>, Channel> channels; // (from, to)
+  SimulationResult result;
+
+  const plan::Instruction &at(int r, int i) const { return programs[r]->instructions(i); }
+  bool done(int r) const { return state[r].pc >= programs[r]->instructions_size(); }
+  /// Runs rank r until it blocks; returns whether it moved.
+  Expected<bool> step(int r);
+  Expected<bool> match(Deadlock *deadlock);
+};
+
+Expected<bool> Streams::step(int r) {
+  RankState &st = state[r];
+  bool moved = false;
+  while (!done(r)) {
+    const plan::Instruction &ins = at(r, st.pc);
+    if (isP2P(ins)) {
+      int peer = ins.peer();
+      if (peer < 0 || peer >= P || peer == r)
+        return createStringError(inconvertibleErrorCode(), "rank %d step %d: %s names peer %d", r,
+                                 st.pc, describe(ins).c_str(), peer);
+      if (ins.op() == Op::SEND) {
+        channels[{r, peer}].sends.emplace_back(st.pc, st.clock);
+      } else {
+        channels[{peer, r}].recvs.emplace_back(st.pc, st.clock);
+        ++st.inbox[{ins.stage(), ins.microbatch(), ins.grad()}].first;
+        ++st.outstanding;
+      }
+      ++st.pc;
+      moved = true;
+      continue;
+    }
+    if (ins.op() == Op::ALLREDUCE)
+      return moved; // collectives are completed by run()
+    // Everything else runs on the compute stream after the data it receives:
+    // a forward needs the activations of the stage before, a backward the
+    // gradients of its own outputs, the optimizer step everything.
+    double ready = 0;
+    auto needs = [&](std::tuple<int, int, bool> key) {
+      auto it = st.inbox.find(key);
+      if (it == st.inbox.end())
+        return true;
+      ready = std::max(ready, it->second.second);
+      return it->second.first == 0;
+    };
+    bool satisfied = true;
+    if (ins.op() == Op::FORWARD)
+      satisfied = needs({ins.stage() - 1, ins.microbatch(), false});
+    else if (ins.op() == Op::BACKWARD || ins.op() == Op::BACKWARD_INPUT)
+      satisfied = needs({ins.stage(), ins.microbatch(), true});
+    else if (ins.op() == Op::OPTIMIZER_STEP) {
+      satisfied = st.outstanding == 0;
+      for (auto &[key, entry] : st.inbox)
+        ready = std::max(ready, entry.second);
+    }
+    if (!satisfied)
+      return moved;
+    double duration = costs.compute ? costs.compute(r, ins) : 0;
+    double start = std::max(st.clock, ready);
+    if (isCompute(ins) || ins.op() == Op::OPTIMIZER_STEP) {
+      TimelineEvent e;
+      e.rank = r;
+      e.category = categoryOf(ins);
+      e.name = ins.op() == Op::OPTIMIZER_STEP
+                   ? std::string("optimizer step")
+                   : formatv("{0}{1}{2}", ins.stage(), e.category, ins.microbatch()).str();
+      e.start = start;
+      e.duration = duration;
+      e.microbatch = ins.microbatch();
+      result.events.push_back(e);
+      if (isCompute(ins))
+        st.busy += duration;
+    }
+    st.clock = start + duration;
+    ++st.pc;
+    moved = true;
+  }
+  return moved;
+}
+
+Expected<bool> Streams::match(Deadlock *deadlock) {
+  bool progress = false;
+  for (auto &[key, ch] : channels) {
+    auto [from, to] = key;
+    while (ch.matched < std::min(ch.sends.size(), ch.recvs.size())) {
+      auto [si, sendPosted] = ch.sends[ch.matched];
+      auto [ri, recvPosted] = ch.recvs[ch.matched];
+      const plan::Instruction &send = at(from, si), &recv = at(to, ri);
+      bool same = send.stage() == recv.stage() && send.microbatch() == recv.microbatch() &&
+                  send.grad() == recv.grad() && send.tensor().name() == recv.tensor().name();
+      if (!same && deadlock) {
+        deadlock->waitingAt.assign(P, -1);
+        deadlock->waitingAt[from] = si;
+        deadlock->waitingAt[to] = ri;
+      }
+      if (!same)
+        return createStringError(
+            inconvertibleErrorCode(),
+            "rank %d step %d: %s is rank %d's send number %zu to rank %d, but rank %d's "
+            "receive number %zu from rank %d is %s (step %d): point-to-point operations match "
+            "in order",
+            from, si, describe(send).c_str(), from, ch.matched, to, to, ch.matched, from,
+            describe(recv).c_str(), ri);
+      if (send.tensor().bytes() != recv.tensor().bytes() ||
+          send.tensor().dtype() != recv.tensor().dtype() ||
+          !std::equal(send.tensor().shape().begin(), send.tensor().shape().end(),
+                      recv.tensor().shape().begin(), recv.tensor().shape().end()))
+        return createStringError(
+            inconvertibleErrorCode(),
+            "rank %d step %d: %s sends %lld bytes of %s, rank %d step %d "
+            "receives %lld bytes of %s",
+            from, si, describe(send).c_str(), static_cast<long long>(send.tensor().bytes()),
+            send.tensor().dtype().c_str(), to, ri, static_cast<long long>(recv.tensor().bytes()),
+            recv.tensor().dtype().c_str());
+      double start = std::max(sendPosted, recvPosted);
+      double length = costs.transfer ? costs.transfer(from, to, send.tensor().bytes()) : 0;
+      TimelineEvent e;
+      e.rank = from;
+      e.category = 'C';
+      e.name = formatv("send {0} s{1} mb{2} -> {3} {4}", send.grad() ? "grad" : "act", send.stage(),
+                       send.microbatch(), to, send.tensor().name())
+                   .str();
+      e.start = start;
+      e.duration = length;
+      e.microbatch = send.microbatch();
+      result.events.push_back(e);
+      auto &entry = state[to].inbox[{recv.stage(), recv.microbatch(), recv.grad()}];
+      --entry.first;
+      entry.second = std::max(entry.second, start + length);
+      --state[to].outstanding;
+      state[from].sendsDone = std::max(state[from].sendsDone, start + length);
+      ++ch.matched;
+      progress = true;
+    }
+  }
+  return progress;
+}
+
+Expected<SimulationResult> Streams::run(Deadlock *deadlock) {
+  while (true) {
+    bool progress = false;
+    for (int r = 0; r < P; ++r) {
+      auto moved = step(r);
+      if (!moved)
+        return moved.takeError();
+      progress |= *moved;
+    }
+    auto matched = match(deadlock);
+    if (!matched)
+      return matched.takeError();
+    progress |= *matched;
+    // Collectives: every rank of the group waits at the same ALLREDUCE.
+    for (int r = 0; r < P; ++r) {
+      if (done(r) || at(r, state[r].pc).op() != Op::ALLREDUCE || state[r].outstanding > 0)
+        continue;
+      const plan::Instruction &ins = at(r, state[r].pc);
+      bool ready = true;
+      double start = 0;
+      for (int peer : ins.ranks()) {
+        if (peer < 0 || peer >= P || done(peer) || at(peer, state[peer].pc).op() != Op::ALLREDUCE ||
+            at(peer, state[peer].pc).group() != ins.group() || state[peer].outstanding > 0) {
+          ready = false;
+          break;
+        }
+        start = std::max(start, state[peer].clock);
+      }
+      if (!ready)
+        continue;
+      for (int peer : ins.ranks()) {
+        double length = costs.allReduce ? costs.allReduce(peer, at(peer, state[peer].pc)) : 0;
+        TimelineEvent e;
+        e.rank = peer;
+        e.category = 'C';
+        e.name = "allreduce " + ins.group();
+        e.start = start;
+        e.duration = length;
+        result.events.push_back(e);
+        state[peer].clock = start + length;
+        ++state[peer].pc;
+      }
+      progress = true;
+    }
+    bool all = true;
+    for (int r = 0; r < P; ++r)
+      all &= done(r);
+    if (all)
+      break;
+    if (!progress) {
+      std::string waits;
+      std::vector<int> waiting(P, -1);
+      for (int r = 0; r < P; ++r) {
+        if (done(r))
+          continue;
+        waiting[r] = state[r].pc;
+        std::string what =
+            at(r, state[r].pc).op() == Op::ALLREDUCE
+                ? describe(at(r, state[r].pc))
+                : "data of an unmatched RECV before step " + std::to_string(state[r].pc);
+        // Name the receive that has no send yet.
+        for (auto &[key, ch] : channels)
+          if (key.second == r && ch.recvs.size() > ch.matched) {
+            what = describe(at(r, ch.recvs[ch.matched].first));
+            break;
+          }
+        waits += formatv("{0}rank {1} waits in {2}", waits.empty() ? "" : "; ", r, what).str();
+      }
+      if (deadlock)
+        deadlock->waitingAt = waiting;
+      return createStringError(inconvertibleErrorCode(),
+                               "deadlock under blocking point-to-point semantics: %s",
+                               waits.c_str());
+    }
+  }
+  for (auto &[key, ch] : channels)
+    if (ch.sends.size() != ch.recvs.size()) {
+      auto [from, to] = key;
+      bool moreSends = ch.sends.size() > ch.recvs.size();
+      int rank = moreSends ? from : to;
+      int index = moreSends ? ch.sends[ch.recvs.size()].first : ch.recvs[ch.sends.size()].first;
+      const char *missing = moreSends ? "RECV" : "SEND";
+      return createStringError(inconvertibleErrorCode(), "rank %d step %d: %s has no matching %s",
+                               rank, index, describe(at(rank, index)).c_str(), missing);
+    }
+  double step = 0;
+  for (RankState &st : state) {
+    st.clock = std::max(st.clock, st.sendsDone);
+    step = std::max(step, st.clock);
+  }
+  result.stepTime = step;
+  double busy = 0;
+  for (int r = 0; r < P; ++r) {
+    result.busy.push_back(state[r].busy);
+    result.idle.push_back(step - state[r].busy);
+    busy += state[r].busy;
+  }
+  result.bubbleFraction = step > 0 ? std::max(0.0, 1 - busy / (P * step)) : 0;
+  std::stable_sort(result.events.begin(), result.events.end(),
+                   [](const TimelineEvent &a, const TimelineEvent &b) {
+                     return a.rank != b.rank ? a.rank < b.rank : a.start < b.start;
+                   });
+  return result;
+}
+
+} // namespace
+
+Expected<SimulationResult> runStreams(ArrayRef<const plan::RankProgram *> programs,
+                                      const StreamCosts &costs, Deadlock *deadlock) {
+  return Streams(programs, costs).run(deadlock);
+}
+
+Expected<SimulationResult> simulatePlan(const plan::Plan &plan) {
+  if (plan.programs_size() == 0)
+    return createStringError(inconvertibleErrorCode(),
+                             "the plan has no instruction streams to simulate");
+  std::map<int, const plan::Stage *> stages;
+  for (const auto &s : plan.stages())
+    stages[s.index()] = &s;
+  auto hardware = [&](int r) -> const plan::HardwareInfo & {
+    return plan.hardware(std::min(r, plan.hardware_size() - 1));
+  };
+  auto link = [&](int from, int to, int64_t bytes) {
+    const plan::HardwareInfo &hw = hardware(from);
+    int perNode = std::max(1, hw.devices_per_node());
+    const plan::LinkInfo &l = from / perNode == to / perNode ? hw.intra_node() : hw.inter_node();
+    if (bytes <= 0 || l.bandwidth() <= 0)
+      return 0.0;
+    return l.latency_s() + static_cast<double>(bytes) / l.bandwidth();
+  };
+  StreamCosts costs;
+  costs.compute = [&](int r, const plan::Instruction &ins) {
+    auto it = stages.find(ins.stage());
+    const plan::Stage *s = it == stages.end() ? nullptr : it->second;
+    switch (ins.op()) {
+    case Op::FORWARD:
+    case Op::RECOMPUTE:
+      return s ? s->time_f_s() : 0.0;
+    case Op::BACKWARD:
+      return s ? s->time_i_s() + s->time_w_s() : 0.0;
+    case Op::BACKWARD_INPUT:
+      return s ? s->time_i_s() : 0.0;
+    case Op::BACKWARD_WEIGHT:
+      return s ? s->time_w_s() : 0.0;
+    case Op::OPTIMIZER_STEP: {
+      // Every byte of weights, gradients and state is read and written once.
+      const plan::HardwareInfo &hw = hardware(r);
+      if (r >= plan.ranks_size() || hw.memory_bandwidth() <= 0)
+        return 0.0;
+      return 2.0 * static_cast<double>(plan.ranks(r).weight_bytes()) / hw.memory_bandwidth();
+    }
+    default:
+      return 0.0;
+    }
+  };
+  costs.transfer = link;
+  costs.allReduce = [&](int r, const plan::Instruction &ins) {
+    // A ring: 2 (n - 1) steps of bytes / n each.
+    bool dp = ins.group() == "dp";
+    int n = dp ? std::max(1, plan.schedule().data_parallel()) : std::max(1, ins.ranks_size());
+    if (n <= 1)
+      return 0.0;
+    int64_t chunk = ins.bytes() / n;
+    if (dp) { // replicas sit on other nodes
+      const plan::LinkInfo &l = hardware(r).inter_node();
+      return l.bandwidth() > 0
+                 ? 2.0 * (n - 1) * (l.latency_s() + static_cast<double>(chunk) / l.bandwidth())
+                 : 0.0;
+    }
+    int other = ins.ranks(0) == r ? ins.ranks(1) : ins.ranks(0);
+    return 2.0 * (n - 1) * link(r, other, chunk);
+  };
+  std::vector<const plan::RankProgram *> programs;
+  for (const auto &p : plan.programs())
+    programs.push_back(&p);
+  auto result = runStreams(programs, costs);
+  if (!result)
+    return result.takeError();
+  for (int r = 0; r < plan.programs_size(); ++r) {
+    int64_t weights = r < plan.ranks_size() ? plan.ranks(r).weight_bytes() : 0;
+    result->peakMemory.push_back(weights + plan.programs(r).peak_activation_bytes());
+  }
+  return result;
+}
+
+void writeChromeTrace(const SimulationResult &result, raw_ostream &os) {
+  json::OStream j(os, 1);
+  j.object([&] {
+    j.attribute("displayTimeUnit", "ms");
+    j.attributeArray("traceEvents", [&] {
+      std::set<int> ranks;
+      for (const TimelineEvent &e : result.events)
+        ranks.insert(e.rank);
+      for (int r : ranks)
+        for (int comm = 0; comm < 2; ++comm)
+          j.object([&] {
+            j.attribute("name", "thread_name");
+            j.attribute("ph", "M");
+            j.attribute("pid", 0);
+            j.attribute("tid", 2 * r + comm);
+            j.attributeObject("args", [&] {
+              j.attribute("name", formatv("rank {0}{1}", r, comm ? " comm" : "").str());
+            });
+          });
+      for (const TimelineEvent &e : result.events)
+        j.object([&] {
+          j.attribute("name", e.name);
+          j.attribute("cat", std::string(1, e.category));
+          j.attribute("ph", "X");
+          j.attribute("pid", 0);
+          j.attribute("tid", 2 * e.rank + (e.category == 'C' ? 1 : 0));
+          j.attribute("ts", e.start * 1e6);
+          j.attribute("dur", e.duration * 1e6);
+        });
+    });
+  });
+  os << "\n";
+}
+
+std::string formatTimeline(const SimulationResult &result, int ranks, int width) {
+  std::vector<std::string> rows(ranks, std::string(width, '.'));
+  double step = result.stepTime > 0 ? result.stepTime : 1;
+  for (const TimelineEvent &e : result.events) {
+    if (e.category == 'C' || e.rank >= ranks || e.duration <= 0)
+      continue;
+    int from = static_cast<int>(e.start / step * width);
+    int to = std::max(from + 1, static_cast<int>((e.start + e.duration) / step * width));
+    char c = e.category == 'O' ? '#' : static_cast<char>('0' + (e.microbatch % 10));
+    if (e.category == 'B' || e.category == 'I')
+      c = e.microbatch < 26 ? static_cast<char>('a' + e.microbatch % 26) : c;
+    if (e.category == 'W')
+      c = static_cast<char>('A' + e.microbatch % 26);
+    if (e.category == 'R')
+      c = '*';
+    for (int x = from; x < std::min(to, width); ++x)
+      rows[e.rank][x] = c;
+  }
+  std::string out;
+  for (int r = 0; r < ranks; ++r)
+    out += formatv("rank {0,2} |{1}|\n", r, rows[r]).str();
+  return out;
+}
+
+} // namespace pipec

@@ -1,0 +1,98 @@
+//===- Simulator.h - Event simulation of a plan's instruction streams ---===//
+//
+// Runs every rank's stream under the cost model. Each rank has a compute
+// stream and a communication stream. A compute instruction starts when the
+// compute stream is free and the tensors it receives have arrived; its
+// duration is the stage's predicted F, I, W (B = I + W; RECOMPUTE = F). A
+// group of SEND / RECV is posted after the compute before it and starts when
+// every rank it pairs with has posted its matching group and their
+// communication streams are free; each transfer takes latency + bytes /
+// bandwidth on the link between the two ranks (NVLink within a node,
+// InfiniBand between nodes), so sends overlap later compute. An ALLREDUCE
+// takes a ring's 2 (n - 1) (latency + bytes / n / bandwidth); the optimizer
+// step reads and writes the rank's weights and state once at memory
+// bandwidth.
+//
+// The result: per-rank timeline, busy and idle time, bubble fraction, step
+// time, and peak memory (weights and state plus plan-memory's peak of live
+// activations).
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_SIM_SIMULATOR_H
+#define PIPEC_SIM_SIMULATOR_H
+
+#include "runtime/plan/plan.pb.h"
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/Support/Error.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace pipec {
+
+struct TimelineEvent {
+  int rank = 0;
+  std::string name;    ///< "0F3", "SEND act s0 mb3 -> 1 x", "ALLREDUCE dp"
+  char category = 'F'; ///< F, B, I, W, R (recompute), C (communication), O (optimizer)
+  double start = 0, duration = 0;
+  int microbatch = -1;
+};
+
+struct SimulationResult {
+  double stepTime = 0;
+  double bubbleFraction = 0;
+  std::vector<double> busy; ///< compute seconds per rank
+  std::vector<double> idle; ///< step time minus busy
+  std::vector<int64_t> peakMemory;
+  std::vector<TimelineEvent> events;
+};
+
+/// What the streams cost; every function may return 0 (the verifier runs
+/// the streams with no costs at all).
+struct StreamCosts {
+  /// Seconds of a compute, RECOMPUTE or OPTIMIZER_STEP instruction on a rank.
+  std::function<double(int rank, const plan::Instruction &)> compute;
+  /// Seconds to move \p bytes from one rank to another.
+  std::function<double(int from, int to, int64_t bytes)> transfer;
+  /// Seconds of an ALLREDUCE on a rank.
+  std::function<double(int rank, const plan::Instruction &)> allReduce;
+};
+
+/// Where the streams stopped when they deadlock: per rank, the instruction
+/// it waits in (-1 when it finished).
+struct Deadlock {
+  std::vector<int> waitingAt;
+};
+
+/// Runs the streams. Semantics, those of NCCL point-to-point with an
+/// asynchronous communication stream per direction:
+///  - SEND and RECV are posted when a rank reaches them and never block it;
+///  - between two ranks, the k-th SEND one way matches the k-th RECV there
+///    (NCCL matches by order, not by tag): a pair that disagrees on stage,
+///    microbatch, tensor, shape or dtype is an error;
+///  - a compute waits until every RECV posted before it has matched and its
+///    data has arrived; a rank's step ends when its sends have finished;
+///  - an ALLREDUCE completes when every rank of its group reached it.
+/// A state where no rank can move is a deadlock: the error says who waits
+/// for what and \p deadlock (when given) receives the blocked positions.
+llvm::Expected<SimulationResult> runStreams(llvm::ArrayRef<const plan::RankProgram *> programs,
+                                            const StreamCosts &costs, Deadlock *deadlock = nullptr);
+
+/// Simulates \p plan's programs with the plan's stage times and links.
+llvm::Expected<SimulationResult> simulatePlan(const plan::Plan &plan);
+
+/// Chrome / Perfetto trace JSON: one process, one thread per rank and one
+/// per rank's communication stream; times in microseconds.
+void writeChromeTrace(const SimulationResult &result, llvm::raw_ostream &os);
+
+/// A rank x time grid for terminals: each column is step / width seconds;
+/// a cell shows the microbatch of the compute running there (F and W in
+/// lower case for I, upper case for B), '.' when idle.
+std::string formatTimeline(const SimulationResult &result, int ranks, int width);
+
+} // namespace pipec
+
+#endif // PIPEC_SIM_SIMULATOR_H

@@ -1,0 +1,77 @@
+//===- LowerSchedule.h - lower-schedule, plan-memory, verify-program ----===//
+//
+// lower-schedule turns each rank's compute actions into its instruction
+// stream: LOAD of inputs and labels, a RECV of every boundary tensor before
+// the compute that reads it and a SEND after the compute that makes it (one
+// per tensor: a boundary may carry the hidden state, a mask and position
+// ids), RECOMPUTE before a backward when checkpointing, the all-reduces of
+// tied weights and data-parallel replicas, and OPTIMIZER_STEP. SEND and RECV
+// are posted asynchronously; the ones between two computes form one group
+// (one NCCL group: they complete together), which is what keeps 1F1B's
+// send-forward / receive-backward pairs from deadlocking.
+//
+// plan-memory gives every forward's kept activations a buffer, freed by the
+// full backward (B) or, with split backward, by W; buffers of a stage reuse
+// slots by liveness. It yields each rank's peak activation bytes.
+//
+// verify-program checks that every SEND has a matching RECV (peer, tensor,
+// shape, dtype), that each rank's order respects the data dependencies, and
+// that the streams cannot deadlock under blocking, NCCL-like semantics, by
+// running all ranks; on failure it prints the rank x step grid with the
+// blocked steps marked.
+//
+// Before: rank 1: 1F0 1F1 1B0 1F2 1B1 1B2          (P = 2, M = 3)
+// After:  rank 1: RECV act 0.0 <- 0 | LOAD labels 0 | FORWARD 1.0 |
+//                 RECV act 0.1 <- 0 | ... | BACKWARD 1.0 | SEND grad 1.0 -> 0 | ...
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_PASSES_LOWERSCHEDULE_H
+#define PIPEC_PASSES_LOWERSCHEDULE_H
+
+#include "compiler/schedule/Schedule.h"
+#include "runtime/plan/plan.pb.h"
+
+#include <string>
+#include <vector>
+
+namespace pipec {
+
+struct LoweringInputs {
+  /// Per global chunk: the tensors that cross its output boundary (empty for
+  /// the last chunk) and whether each carries a gradient back.
+  std::vector<std::vector<plan::TensorRef>> sendTensors;
+  std::vector<std::vector<bool>> hasGradient;
+  /// Per global chunk: activation bytes kept per microbatch, and the bytes of
+  /// its input (all that recompute keeps).
+  std::vector<int64_t> activationBytes;
+  std::vector<int64_t> inputBytes;
+  bool training = true;
+  bool recompute = false;
+  /// Gradient all-reduces before the optimizer step.
+  struct AllReduce {
+    std::string group; ///< "dp" or "tied:<weight>"
+    std::vector<int> ranks;
+    int64_t bytes = 0;
+  };
+  std::vector<AllReduce> allReduces;
+};
+
+/// lower-schedule and plan-memory. The result has one RankProgram per rank.
+llvm::Expected<std::vector<plan::RankProgram>> lowerSchedule(const Schedule &schedule,
+                                                             const LoweringInputs &inputs);
+
+/// verify-program; the error holds the rank x step grid when it fails.
+llvm::Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages,
+                          int microbatches, ScheduleKind kind, int virtualStages);
+
+/// One line per instruction, e.g. "SEND act s1 mb3 -> 2 /h.3/Add_output_0".
+std::string formatInstruction(const plan::Instruction &instruction);
+
+/// The rank x step grid of compute actions; steps in \p marked (one per rank,
+/// -1 for none) are shown in brackets.
+std::string formatGrid(const std::vector<plan::RankProgram> &programs,
+                       const std::vector<int> &marked);
+
+} // namespace pipec
+
+#endif // PIPEC_PASSES_LOWERSCHEDULE_H
