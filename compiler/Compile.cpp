@@ -61,6 +61,7 @@ void fillHardware(const HardwareSpec &hw, bool bf16, plan::HardwareInfo &out) {
 /// What one microbatch size needs, shared by the schedules tried for it.
 struct Prepared {
   Graph graph;
+  std::string sha256; ///< of the model file, hashed once
   LayerGraph layers;
   std::map<std::string, CostTable> tables;
   std::vector<const CostTable *> rankCosts;
@@ -122,6 +123,11 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
     return graph.takeError();
   auto out = std::make_unique<Prepared>();
   out->graph = std::move(*graph);
+  const MemoryBuffer &file = *out->graph.files[0];
+  out->sha256 =
+      toHex(SHA256::hash(ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(file.getBufferStart()),
+                                           file.getBufferSize())),
+            /*LowerCase=*/true);
   auto layers = buildLayerGraph(out->graph, pipeline);
   if (!layers)
     return layers.takeError();
@@ -192,11 +198,7 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   plan.set_format_version(PlanFormatVersion);
   auto *model = plan.mutable_model();
   model->set_path(modelPath.str());
-  const MemoryBuffer &file = *graph.files[0];
-  model->set_sha256(
-      toHex(SHA256::hash(ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(file.getBufferStart()),
-                                           file.getBufferSize())),
-            /*LowerCase=*/true));
+  model->set_sha256(prepared.sha256);
   model->set_nodes(graph.model->graph().node_size());
   model->set_params(layers.totalParams());
   auto *info = plan.mutable_schedule();

@@ -170,3 +170,81 @@ TEST(Compile, HeterogeneousHardwareListAndFile) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(Compile, EveryScheduleCompilesReportsAndSimulates) {
+  TempDir dir;
+  std::string model = dir.path("gpt32.onnx"), out;
+  ASSERT_EQ(runCommand(Pipec +
+                           " model gpt --layers 32 --hidden 64 --heads 4 --vocab 256 --seq 16 "
+                           "-o " +
+                           model,
+                       out),
+            0)
+      << out;
+  struct Case {
+    const char *schedule;
+    int v;
+  };
+  for (Case c : {Case{"gpipe", 1}, Case{"1f1b", 1}, Case{"interleaved", 2}, Case{"zb-h1", 1},
+                 Case{"zb-h2", 1}, Case{"zbv", 2}, Case{"dualpipev", 2}}) {
+    SCOPED_TRACE(c.schedule);
+    std::string plan = dir.path(std::string(c.schedule) + ".plan");
+    ASSERT_EQ(runCommand(Pipec + " compile " + model + " --seq 16 --stages 4 --microbatches 8 " +
+                             "--schedule " + c.schedule + " --virtual-stages " +
+                             std::to_string(c.v) + " -o " + plan,
+                         out),
+              0)
+        << out;
+    auto loaded = readPlan(plan);
+    ASSERT_TRUE(!!loaded) << toString(loaded.takeError());
+    EXPECT_EQ(loaded->programs_size(), 4);
+    EXPECT_EQ(loaded->stages_size(), 4 * c.v);
+    ASSERT_EQ(runCommand(Pipec + " report " + plan, out), 0) << out;
+    EXPECT_NE(out.find("timeline (simulated"), std::string::npos) << out;
+    ASSERT_EQ(runCommand(Pipec + " report " + plan + " --format json", out), 0) << out;
+    auto json = llvm::json::parse(out);
+    ASSERT_TRUE(!!json) << toString(json.takeError());
+    const auto *ranks = json->getAsObject()->getArray("ranks");
+    ASSERT_EQ(ranks->size(), 4u);
+    // Each rank runs its F for every microbatch of each of its chunks.
+    const auto *actions = (*ranks)[0].getAsObject()->getArray("actions");
+    int forwards = 0;
+    for (const auto &a : *actions)
+      forwards += a.getAsString()->contains('F');
+    EXPECT_EQ(forwards, 8 * c.v);
+    std::string trace = dir.path(std::string(c.schedule) + ".json");
+    ASSERT_EQ(runCommand(Pipec + " simulate " + plan + " --trace " + trace, out), 0) << out;
+    EXPECT_NE(out.find("rank  3 |"), std::string::npos) << out;
+    auto traceJson = llvm::json::parse(readFile(trace));
+    ASSERT_TRUE(!!traceJson) << toString(traceJson.takeError());
+    EXPECT_GT(traceJson->getAsObject()->getArray("traceEvents")->size(), 64u);
+  }
+}
+
+TEST(Compile, AutoScheduleSaysWhatItTried) {
+  TempDir dir;
+  std::string model = dir.path("gpt8.onnx"), out;
+  ASSERT_EQ(runCommand(Pipec +
+                           " model gpt --layers 8 --hidden 64 --heads 4 --vocab 256 --seq 16 "
+                           "-o " +
+                           model,
+                       out),
+            0);
+  std::string plan = dir.path("auto.plan");
+  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --seq 16 --stages 2 --schedule auto -o " +
+                           plan + " --report",
+                       out),
+            0)
+      << out;
+  EXPECT_NE(out.find("schedule search"), std::string::npos) << out;
+  EXPECT_NE(out.find("chose "), std::string::npos) << out;
+  EXPECT_NE(out.find("dualpipev V=2 M=2: not accepted"), std::string::npos) << out;
+  auto loaded = readPlan(plan);
+  ASSERT_TRUE(!!loaded);
+  // The winner is no slower than any candidate that fits.
+  EXPECT_GT(loaded->schedule_search_size(), 10);
+}
+
+} // namespace

@@ -21,7 +21,7 @@ for name, b in rows.items():
     notes = ", ".join(
         (f"{k}={v:.4f}" if k == "imbalance" else f"{k}={v:,.0f}") if isinstance(v, (int, float)) else f"{k}={v}"
         for k, v in b.items()
-        if k in ("nodes", "layers", "file_MB", "skeleton_MB", "imbalance")
+        if k in ("nodes", "layers", "file_MB", "skeleton_MB", "imbalance", "instructions")
     )
     lines.append(f"| {name} | {b['real_time']:.2f} | {notes} |")
 ratios = []
@@ -39,6 +39,10 @@ bal = ms("gpt1024/balance_time_64_stages")
 if bal:
     ratios.append(f"- balance-stages (time, exact) of the 1,026-layer chain onto 64 stages: "
                   f"{bal:.0f} ms.")
+comp = ms("gpt1024/compile_p64_m256")
+if comp:
+    ratios.append(f"- `pipec compile` of the 1,024-layer GPT for P = 64, M = 256 (balance x3, schedule, "
+                  f"lower, verify and simulate each): {comp / 1000:.2f} s.")
 ctx = data["context"]
 machine = (f"{ctx.get('num_cpus')} CPUs at {ctx.get('mhz_per_cpu')} MHz, "
            f"{platform.system()} {platform.release()}, date {ctx.get('date')}")

@@ -10,6 +10,7 @@
 // Run through tools/bench.sh, which writes the table to docs/PERFORMANCE.md.
 //
 //===----------------------------------------------------------------------===//
+#include "compiler/Compile.h"
 #include "compiler/PassPipeline.h"
 #include "compiler/onnx/WireSkeleton.h"
 #include "models/ModelGenerators.h"
@@ -185,6 +186,26 @@ void balance(benchmark::State &state, const std::string &path, int stages, Balan
   }
 }
 
+/// The whole compile: import, passes, grouping, costs, three balancings,
+/// schedule, lowering, verification and simulation of each.
+void compileAll(benchmark::State &state, const std::string &path, int stages, int microbatches) {
+  CompileOptions options;
+  options.import.bindings.seq = 16;
+  options.stages = stages;
+  options.microbatches = microbatches;
+  for (auto _ : state) {
+    auto plan = compileModel(path, options, PipelineOptions());
+    if (!plan) {
+      state.SkipWithError(llvm::toString(plan.takeError()).c_str());
+      break;
+    }
+    int64_t instructions = 0;
+    for (const auto &program : plan->programs())
+      instructions += program.instructions_size();
+    state.counters["instructions"] = static_cast<double>(instructions);
+  }
+}
+
 void registerAll() {
   std::string deep = ensureModel("gpt-1024l.onnx", deepGpt(), false);
   benchmark::RegisterBenchmark("gpt1024/protobuf_parse", protobufParse, deep)
@@ -204,6 +225,9 @@ void registerAll() {
   benchmark::RegisterBenchmark("gpt1024/balance_params_64_stages", balance, deep, 64,
                                BalanceMethod::Params)
       ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gpt1024/compile_p64_m256", compileAll, deep, 64, 256)
+      ->Unit(benchmark::kMillisecond)
+      ->Iterations(1);
   if (std::getenv("PIPEC_BENCH_SKIP_HEAVY"))
     return;
   std::string inlined = ensureModel("gpt-1.5gb-inline.onnx", heavyGpt(), false);
