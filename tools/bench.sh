@@ -7,6 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
 tools/build.sh >/dev/null
-json=build/bench-import.json
+json=build/bench-compile.json
 build/bin/bench_compile --benchmark_min_time=0.5 --benchmark_out="$json" --benchmark_out_format=json
 python3 tools/bench_table.py "$json" docs/PERFORMANCE.md

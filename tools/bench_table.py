@@ -6,7 +6,7 @@ import sys
 
 results, doc = sys.argv[1], sys.argv[2]
 data = json.load(open(results))
-rows = {b["name"]: b for b in data["benchmarks"]}
+rows = {b["name"].split("/iterations:")[0]: b for b in data["benchmarks"]}
 
 
 def ms(name):
