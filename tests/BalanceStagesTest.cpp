@@ -182,23 +182,15 @@ TEST(BalanceStages, MemoryErrorNamesTheLayerOrStage) {
 }
 
 TEST(BalanceStages, LayoutParsing) {
-  auto model = models::generateModel([] {
-    models::GeneratorOptions o;
-    o.layers = 6;
-    o.hidden = 16;
-    o.heads = 2;
-    o.vocab = 32;
-    o.seq = 4;
-    o.withLoss = true;
-    return o;
-  }());
-  ASSERT_TRUE(!!model);
-  std::string bytes;
-  model->SerializeToString(&bytes);
-  ImportOptions io;
-  io.bindings.seq = 4;
-  auto graph = importBytes(bytes, io);
-  ASSERT_TRUE(!!graph);
+  models::GeneratorOptions o;
+  o.layers = 6;
+  o.hidden = 16;
+  o.heads = 2;
+  o.vocab = 32;
+  o.seq = 4;
+  o.withLoss = true;
+  auto graph = importGenerated(o);
+  ASSERT_TRUE(!!graph) << toString(graph.takeError());
   auto lg = groupLayers(*graph);
   ASSERT_TRUE(!!lg);
   ASSERT_EQ(lg->layers.size(), 9u); // embedding, 6 blocks, head, loss
@@ -303,14 +295,8 @@ TEST(BalanceStages, HeterogeneousRanksGetProportionateWork) {
   o.seq = 2048;
   o.batch = 1;
   o.lightWeights = true;
-  auto model = models::generateModel(o);
-  ASSERT_TRUE(!!model);
-  std::string bytes;
-  model->SerializeToString(&bytes);
-  ImportOptions io;
-  io.bindings.seq = 2048;
-  auto graph = importBytes(bytes, io);
-  ASSERT_TRUE(!!graph);
+  auto graph = importGenerated(o);
+  ASSERT_TRUE(!!graph) << toString(graph.takeError());
   auto lg = groupLayers(*graph);
   ASSERT_TRUE(!!lg);
   auto h100 = builtinHardware("h100");

@@ -21,14 +21,7 @@ struct Grouped {
 };
 
 Grouped generateAndGroup(models::GeneratorOptions options, int64_t batch = 2) {
-  auto model = models::generateModel(options);
-  EXPECT_TRUE(!!model) << toString(model.takeError());
-  std::string bytes;
-  model->SerializeToString(&bytes);
-  ImportOptions importOptions;
-  importOptions.bindings.batch = batch;
-  importOptions.bindings.seq = options.seq;
-  auto graph = importBytes(bytes, importOptions);
+  auto graph = importGenerated(options, batch);
   EXPECT_TRUE(!!graph) << toString(graph.takeError());
   Grouped out;
   out.graph = std::make_unique<Graph>(std::move(*graph));

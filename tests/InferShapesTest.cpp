@@ -133,14 +133,7 @@ TEST(InferShapes, GeneratedModelsEndFullyStatic) {
     options.layers = 2;
     options.seq = family == models::Family::Resnet ? 32 : 16;
     options.batch = 0; // symbolic, as torch exports with dynamic_axes
-    auto model = models::generateModel(options);
-    ASSERT_TRUE(!!model) << toString(model.takeError());
-    std::string bytes;
-    model->SerializeToString(&bytes);
-    ImportOptions importOptions;
-    importOptions.bindings.batch = 2;
-    importOptions.bindings.seq = options.seq;
-    auto graph = importBytes(bytes, importOptions);
+    auto graph = importGenerated(options, /*batch=*/2);
     ASSERT_TRUE(!!graph) << toString(graph.takeError());
     EXPECT_EQ(countOps(*graph, "Shape"), 0) << models::familyName(family).str();
     for (const Op &op : graph->ops)

@@ -122,6 +122,18 @@ Expected<Graph> importBytes(const std::string &bytes, const ImportOptions &optio
   return graph;
 }
 
+Expected<Graph> importGenerated(const models::GeneratorOptions &options, int64_t batch) {
+  auto model = models::generateModel(options);
+  if (!model)
+    return model.takeError();
+  std::string bytes;
+  model->SerializeToString(&bytes);
+  ImportOptions importOptions;
+  importOptions.bindings.batch = batch;
+  importOptions.bindings.seq = options.seq;
+  return importBytes(bytes, importOptions);
+}
+
 Expected<Graph> loadFile(const std::string &path, const ImportOptions &options) {
   return loadGraph(path, options, PipelineOptions());
 }

@@ -3,6 +3,7 @@
 #define PIPEC_TESTS_TESTUTIL_H
 
 #include "compiler/PassPipeline.h"
+#include "models/ModelGenerators.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -49,6 +50,10 @@ public:
 
 /// Imports bytes with the default graph passes.
 llvm::Expected<Graph> importBytes(const std::string &bytes, const ImportOptions &options = {});
+/// Generates a model, imports it with the default graph passes, binding the
+/// batch to \p batch and the sequence to the generator's.
+llvm::Expected<Graph> importGenerated(const models::GeneratorOptions &options, int64_t batch = 1);
+
 /// Imports a file with the default graph passes.
 llvm::Expected<Graph> loadFile(const std::string &path, const ImportOptions &options = {});
 
