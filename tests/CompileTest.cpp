@@ -9,6 +9,8 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
+#include <zlib.h>
 
 using namespace pipec;
 using namespace pipec::test;
@@ -245,6 +247,66 @@ TEST(Compile, AutoScheduleSaysWhatItTried) {
   ASSERT_TRUE(!!loaded);
   // The winner is no slower than any candidate that fits.
   EXPECT_GT(loaded->schedule_search_size(), 10);
+}
+
+} // namespace
+
+namespace {
+
+/// Distinct byte values in a PNG's decompressed image data: a blank page
+/// has a handful, a drawn report hundreds.
+int distinctPixelBytes(const std::string &png) {
+  std::string idat;
+  size_t at = 8; // signature
+  while (at + 8 <= png.size()) {
+    uint32_t length = (uint8_t(png[at]) << 24) | (uint8_t(png[at + 1]) << 16) |
+                      (uint8_t(png[at + 2]) << 8) | uint8_t(png[at + 3]);
+    std::string type = png.substr(at + 4, 4);
+    if (type == "IDAT")
+      idat += png.substr(at + 8, length);
+    at += 12 + length;
+  }
+  std::string raw(64 << 20, '\0');
+  uLongf size = raw.size();
+  if (uncompress(reinterpret_cast<Bytef *>(raw.data()), &size,
+                 reinterpret_cast<const Bytef *>(idat.data()), idat.size()) != Z_OK)
+    return 0;
+  std::set<unsigned char> seen(raw.begin(), raw.begin() + size);
+  return static_cast<int>(seen.size());
+}
+
+TEST(Compile, HtmlReportRendersInABrowser) {
+  TempDir dir;
+  std::string model = std::string(PIPEC_SOURCE_DIR) + "/models/bundled/gpt-4l.onnx", out;
+  std::string plan = dir.path("m.plan"), html = dir.path("report.html");
+  ASSERT_EQ(
+      runCommand(Pipec + " compile " + model + " --seq 32 --stages 4 --schedule zb-h1 -o " + plan,
+                 out),
+      0)
+      << out;
+  ASSERT_EQ(runCommand(Pipec + " report " + plan + " --format html -o " + html, out), 0) << out;
+  std::string text = readFile(html);
+  EXPECT_NE(text.find("<svg class=timeline"), std::string::npos);
+  EXPECT_NE(text.find("rank 3"), std::string::npos);
+  EXPECT_NE(text.find("zb-h1, P = 4, V = 1, M = 16"), std::string::npos);
+  EXPECT_EQ(text.find("http"), text.find("http://www.w3.org/2000/svg"))
+      << "self-contained: no link but the SVG namespace";
+  // 16 microbatches x 4 ranks of F, I and W boxes in the timeline.
+  size_t boxes = 0;
+  for (size_t p = text.find("<title>"); p != std::string::npos; p = text.find("<title>", p + 1))
+    ++boxes;
+  EXPECT_GE(boxes, 16u * 4 * 3);
+  std::string chromium;
+  if (runCommand("command -v chromium", chromium) != 0)
+    GTEST_SKIP() << "chromium is not installed";
+  std::string png = dir.path("report.png");
+  runCommand("cd " + dir.root() +
+                 " && timeout 120 chromium --headless --no-sandbox --disable-gpu "
+                 "--hide-scrollbars --window-size=1400,1500 --screenshot=" +
+                 png + " file://" + html,
+             out);
+  ASSERT_TRUE(fileExists(png)) << out;
+  EXPECT_GT(distinctPixelBytes(readFile(png)), 100) << "the rendered page is blank";
 }
 
 } // namespace

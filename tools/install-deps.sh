@@ -14,6 +14,7 @@ packages=(
   libonnx-testdata
   clang-format
   python3
+  chromium fonts-dejavu-core zlib1g-dev
 )
 
 missing=()

@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "compiler/Compile.h"
+#include "compiler/HtmlReport.h"
 #include "compiler/InspectReport.h"
 #include "compiler/PassPipeline.h"
 #include "compiler/Report.h"
@@ -117,7 +118,7 @@ cl::opt<bool> CompileReport("report", cl::desc("Print the partition report"), cl
 
 // report
 cl::opt<std::string> ReportPlan(cl::Positional, cl::desc("PLAN"), cl::Required, cl::sub(ReportCmd));
-cl::opt<std::string> ReportFormat("format", cl::desc("Output format: text or json"),
+cl::opt<std::string> ReportFormat("format", cl::desc("Output format: text, json or html"),
                                   cl::init("text"), cl::sub(ReportCmd));
 cl::opt<std::string> ReportOutput("o", cl::desc("Write to FILE instead of stdout"),
                                   cl::value_desc("FILE"), cl::sub(ReportCmd));
@@ -301,8 +302,9 @@ int runCompile() {
 }
 
 int runReport() {
-  if (ReportFormat != "text" && ReportFormat != "json") {
-    WithColor::error(errs(), "pipec") << "--format " << ReportFormat << ": expected text or json\n";
+  if (ReportFormat != "text" && ReportFormat != "json" && ReportFormat != "html") {
+    WithColor::error(errs(), "pipec")
+        << "--format " << ReportFormat << ": expected text, json or html\n";
     return ExitUsage;
   }
   auto plan = readPlan(ReportPlan);
@@ -319,6 +321,8 @@ int runReport() {
   }
   if (ReportFormat == "json")
     printReportJson(*plan, *os);
+  else if (ReportFormat == "html")
+    printReportHtml(*plan, *os);
   else
     printReportText(*plan, *os);
   return 0;

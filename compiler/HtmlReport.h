@@ -1,0 +1,24 @@
+//===- HtmlReport.h - `pipec report --format html` ----------------------===//
+//
+// One self-contained HTML file, no network: a summary (model, schedule, P,
+// V, M, predicted step time, bubble, peak memory per rank against the
+// limit), the stage table, bars of per-stage time and per-rank memory, the
+// simulated pipeline timeline as SVG (one row per rank, F / I / W / B /
+// communication coloured, microbatch numbers, bubbles visible), and the
+// comparison of balancing methods.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_HTMLREPORT_H
+#define PIPEC_HTMLREPORT_H
+
+#include "runtime/plan/plan.pb.h"
+
+#include "llvm/Support/raw_ostream.h"
+
+namespace pipec {
+
+void printReportHtml(const plan::Plan &plan, llvm::raw_ostream &os);
+
+} // namespace pipec
+
+#endif // PIPEC_HTMLREPORT_H
