@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
-# The main job on a bundled model: install what is missing, build, generate
-# the bundled GPT and inspect it (layers, params, FLOPs, boundary bytes).
+# The main job on a bundled model: install what is missing, build, generate a
+# GPT, inspect it, compile it for 4 pipeline stages with the default schedule,
+# print the partition report and write report.html.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
 tools/build.sh
 mkdir -p out
+pipec=build/bin/pipec
 echo
-echo "== generating a 12-layer GPT (hidden 256, vocab 8000) as out/gpt-12l.onnx"
-build/bin/pipec model gpt --layers 12 --hidden 256 --heads 8 --vocab 8000 --seq 128 -o out/gpt-12l.onnx
+echo "== 1. generate a 12-layer GPT (hidden 256, vocab 8000, seq 128): out/gpt-12l.onnx"
+$pipec model gpt --layers 12 --hidden 256 --heads 8 --vocab 8000 --seq 128 -o out/gpt-12l.onnx
 echo
-echo "== pipec inspect out/gpt-12l.onnx"
-build/bin/pipec inspect out/gpt-12l.onnx
-build/bin/pipec inspect out/gpt-12l.onnx --format json -o out/gpt-12l.inspect.json
+echo "== 2. pipec inspect out/gpt-12l.onnx"
+$pipec inspect out/gpt-12l.onnx
+$pipec inspect out/gpt-12l.onnx --format json -o out/gpt-12l.inspect.json
 echo
-echo "== the bundled ResNet-50 layout, grouped from its ONNX graph"
-build/bin/pipec inspect models/bundled/resnet50-w8.onnx | head -n 30
+echo "== 3. pipec compile for 4 stages (1F1B, H100 cost model) -> out/gpt-12l.plan"
+$pipec compile out/gpt-12l.onnx -o out/gpt-12l.plan --stages 4
 echo
-echo "outputs: out/gpt-12l.onnx, out/gpt-12l.inspect.json"
+echo "== 4. pipec report: the partition, the simulated timeline and the balancing comparison"
+$pipec report out/gpt-12l.plan
+$pipec report out/gpt-12l.plan --format html -o out/report.html
+$pipec simulate out/gpt-12l.plan --trace out/trace.json > /dev/null
+echo
+echo "outputs:"
+echo "  out/gpt-12l.onnx              the generated model"
+echo "  out/gpt-12l.inspect.json      its layer table as JSON"
+echo "  out/gpt-12l.plan              the compiled plan (pipec report / simulate read it)"
+echo "  out/report.html               the partition report with the timeline; open it in a browser"
+echo "  out/trace.json                the simulated timeline for chrome://tracing or ui.perfetto.dev"
