@@ -9,9 +9,7 @@
 #include <google/protobuf/stubs/common.h>
 #include <mpi.h>
 
-#ifdef PIPEC_HAVE_CUDA
-#include "runtime/cuda/Devices.h"
-#endif
+#include <dlfcn.h>
 
 namespace pipec {
 
@@ -27,26 +25,36 @@ void printVersions(llvm::raw_ostream &os) {
   MPI_Get_library_version(mpi, &length); // allowed before MPI_Init
   llvm::StringRef mpiText(mpi, static_cast<size_t>(length));
   os << "  mpi       " << mpiText.split('\n').first.split(',').first << "\n";
-#ifdef PIPEC_HAVE_CUDA
-  if (auto v = cuda::libraryVersions()) {
-    os << llvm::formatv(
-        "  cuda      runtime {0}.{1}, driver {2}, cublas {3}, nccl {4}\n", v->runtime / 1000,
-        (v->runtime % 1000) / 10,
-        v->driver ? llvm::formatv("{0}.{1}", v->driver / 1000, (v->driver % 1000) / 10).str()
-                  : std::string("none"),
-        v->cublas, v->nccl);
-  } else {
-    os << "  cuda      " << llvm::toString(v.takeError()) << "\n";
+#ifdef PIPEC_CUDA_LIB_DIR
+  // Loaded on demand: linking the CUDA libraries would cost every pipec
+  // invocation their load time.
+  std::string dir = PIPEC_CUDA_LIB_DIR;
+  void *cudart = dlopen((dir + "/libcudart.so").c_str(), RTLD_LAZY | RTLD_LOCAL);
+  void *cublas = dlopen((dir + "/libcublas.so").c_str(), RTLD_LAZY | RTLD_LOCAL);
+  void *nccl = dlopen((dir + "/libnccl.so").c_str(), RTLD_LAZY | RTLD_LOCAL);
+  int runtime = 0, driver = 0, devices = -1, cublasVersion = 0, ncclVersion = 0;
+  if (cudart) {
+    using IntFn = int (*)(int *);
+    if (auto f = reinterpret_cast<IntFn>(dlsym(cudart, "cudaRuntimeGetVersion")))
+      f(&runtime);
+    if (auto f = reinterpret_cast<IntFn>(dlsym(cudart, "cudaDriverGetVersion")))
+      f(&driver);
+    if (auto f = reinterpret_cast<IntFn>(dlsym(cudart, "cudaGetDeviceCount")))
+      if (f(&devices) != 0)
+        devices = 0;
   }
-  if (auto devices = cuda::listDevices()) {
-    if (devices->empty())
-      os << "  devices   none\n";
-    for (const auto &d : *devices)
-      os << llvm::formatv("  device {0}  {1}, sm_{2}{3}, {4} GiB\n", d.index, d.name, d.major,
-                          d.minor, d.memoryBytes >> 30);
-  } else {
-    os << "  devices   " << llvm::toString(devices.takeError()) << "\n";
-  }
+  if (cublas)
+    if (auto f = reinterpret_cast<int (*)(void *, int *)>(dlsym(cublas, "cublasGetVersion_v2")))
+      f(nullptr, &cublasVersion);
+  if (nccl)
+    if (auto f = reinterpret_cast<int (*)(int *)>(dlsym(nccl, "ncclGetVersion")))
+      f(&ncclVersion);
+  os << llvm::formatv(
+      "  cuda      runtime {0}.{1}, driver {2}, cublas {3}, nccl {4}, devices {5}\n",
+      runtime / 1000, (runtime % 1000) / 10,
+      driver ? llvm::formatv("{0}.{1}", driver / 1000, (driver % 1000) / 10).str()
+             : std::string("none"),
+      cublasVersion, ncclVersion, devices < 0 ? 0 : devices);
 #else
   os << "  cuda      not built (configured with -DPIPEC_CUDA=OFF or no toolkit)\n";
 #endif
