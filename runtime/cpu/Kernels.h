@@ -99,9 +99,8 @@ Tensor transpose(const Tensor &tensor, llvm::ArrayRef<int64_t> perm);
 /// k x n; float and double go to OpenBLAS. With beta == 0, C is not read.
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
-void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alpha,
-          const double *a, int64_t lda, const double *b, int64_t ldb, double beta, double *c,
-          int64_t ldc);
+void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
+          int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc);
 
 } // namespace pipec::cpu
 

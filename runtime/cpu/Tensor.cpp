@@ -10,6 +10,8 @@
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallString.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
@@ -296,8 +298,8 @@ static void copyFromWire(Tensor &tensor, StringRef bytes) {
   std::memcpy(tensor.rawData(), bytes.data(), tensor.byteSize());
 }
 
-static Expected<std::string> readExternalData(const onnx::TensorProto &proto,
-                                              StringRef baseDir, StringRef tensorName) {
+static Expected<std::string> readExternalData(const onnx::TensorProto &proto, StringRef baseDir,
+                                              StringRef tensorName) {
   std::string location;
   int64_t offset = 0, length = -1;
   for (const auto &entry : proto.external_data()) {
@@ -372,23 +374,23 @@ Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto, StringRef baseD
   switch (*type) {
   case ElemType::Float:
     if (Error e = checkCount(proto.float_data_size()))
-      return std::move(e);
+      return e;
     llvm::copy(proto.float_data(), tensor.data<float>());
     break;
   case ElemType::Double:
     if (Error e = checkCount(proto.double_data_size()))
-      return std::move(e);
+      return e;
     llvm::copy(proto.double_data(), tensor.data<double>());
     break;
   case ElemType::Int64:
     if (Error e = checkCount(proto.int64_data_size()))
-      return std::move(e);
+      return e;
     llvm::copy(proto.int64_data(), tensor.data<int64_t>());
     break;
   case ElemType::UInt32:
   case ElemType::UInt64:
     if (Error e = checkCount(proto.uint64_data_size()))
-      return std::move(e);
+      return e;
     visitStorage(*type, [&](auto tag) {
       using T = decltype(tag);
       for (int64_t i = 0; i < count; ++i)
@@ -398,7 +400,7 @@ Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto, StringRef baseD
   case ElemType::Float16:
   case ElemType::BFloat16:
     if (Error e = checkCount(proto.int32_data_size()))
-      return std::move(e);
+      return e;
     for (int64_t i = 0; i < count; ++i) {
       auto bits = static_cast<uint16_t>(proto.int32_data(i));
       tensor.data<float>()[i] =
@@ -407,7 +409,7 @@ Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto, StringRef baseD
     break;
   default: // The small integer types and bool travel in int32_data.
     if (Error e = checkCount(proto.int32_data_size()))
-      return std::move(e);
+      return e;
     visitStorage(*type, [&](auto tag) {
       using T = decltype(tag);
       for (int64_t i = 0; i < count; ++i)
@@ -452,8 +454,7 @@ bool allClose(const Tensor &actual, const Tensor &expected, double rtol, double 
     return false;
   };
   if (actual.isNull() || expected.isNull())
-    return mismatch("null tensor: got " + actual.describe() + ", expected " +
-                    expected.describe());
+    return mismatch("null tensor: got " + actual.describe() + ", expected " + expected.describe());
   if (actual.elemType() != expected.elemType() || actual.shape() != expected.shape())
     return mismatch("got " + actual.describe() + ", expected " + expected.describe());
   bool floating = isFloating(actual.elemType());
@@ -474,7 +475,8 @@ bool allClose(const Tensor &actual, const Tensor &expected, double rtol, double 
     }
     if (!close)
       return mismatch(formatv("element {0} of {1}: got {2}, expected {3}", i, actual.describe(),
-                              actual.getDouble(i), expected.getDouble(i))
+                              format("%.9g", actual.getDouble(i)),
+                              format("%.9g", expected.getDouble(i)))
                           .str());
   }
   return true;

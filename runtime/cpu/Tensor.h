@@ -20,8 +20,8 @@
 #include "llvm/Support/Error.h"
 #include "llvm/Support/ErrorHandling.h"
 
-#include <cassert>
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -161,7 +161,9 @@ uint16_t floatToBFloat16(float value);
 float bfloat16ToFloat(uint16_t bits);
 
 /// A dense row-major tensor. A default-constructed Tensor is null (no type,
-/// no storage); every other Tensor has storage for numElements() elements.
+/// no storage); every other Tensor has 64-byte aligned storage for
+/// numElements() elements. Copies share storage and nothing is synchronized:
+/// threads may read a shared buffer, but a writer needs its own clone().
 class Tensor {
 public:
   Tensor() = default;
@@ -252,7 +254,8 @@ std::string shapeString(llvm::ArrayRef<int64_t> shape);
 /// (file, offset, length, resolved against \p baseDir, the model's directory)
 /// are all accepted. Errors name the tensor: unsupported data type, size
 /// mismatch, unreadable external file.
-llvm::Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto, llvm::StringRef baseDir = "");
+llvm::Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto,
+                                       llvm::StringRef baseDir = "");
 /// Writes \p tensor as raw_data (half types in their 16-bit encoding).
 onnx::TensorProto toTensorProto(const Tensor &tensor, llvm::StringRef name = "");
 
@@ -261,8 +264,8 @@ onnx::TensorProto toTensorProto(const Tensor &tensor, llvm::StringRef name = "")
 /// infinities must match exactly); integers and bools must be equal. On a
 /// mismatch returns false and, if \p why is given, describes the first
 /// difference.
-bool allClose(const Tensor &actual, const Tensor &expected, double rtol = 1e-5,
-              double atol = 1e-8, std::string *why = nullptr);
+bool allClose(const Tensor &actual, const Tensor &expected, double rtol = 1e-5, double atol = 1e-8,
+              std::string *why = nullptr);
 
 } // namespace pipec::cpu
 
