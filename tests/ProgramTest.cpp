@@ -239,6 +239,20 @@ TEST(Simulator, ClosedFormsWithUnitCosts) {
           << "P=" << p << " M=" << m;
 }
 
+TEST(Simulator, VShapedSchedulesWithUnitCosts) {
+  // ZB-V and DualPipeV with F = I = W = 1 per chunk: each rank's work is
+  // 2 chunks x 3 units x M; the bubble is P - 1 units, the same for both
+  // (this simulator runs DualPipeV's overlapped forward and backward one
+  // after the other, so DeepSeek's overlap gain does not show here).
+  for (auto kind : {ScheduleKind::ZBV, ScheduleKind::DualPipeV})
+    for (int p : {2, 4, 8})
+      for (int m : {2 * p, 3 * p, 4 * p}) {
+        double step = simulate(unitPlan(kind, p, 2, m, 1, 1, 1)).stepTime;
+        EXPECT_NEAR(step, 6.0 * m + p - 1, 1e-9)
+            << scheduleName(kind).str() << " P=" << p << " M=" << m;
+      }
+}
+
 TEST(Simulator, ActivationMemoryFollowsTheSchedule) {
   // 1F1B keeps P - r microbatches on rank r, GPipe keeps M.
   plan::Plan oneF = unitPlan(ScheduleKind::OneFOneB, 4, 1, 8, 1, 1, 1);

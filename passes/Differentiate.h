@@ -1,0 +1,141 @@
+//===- Differentiate.h - differentiate: backward ops per layer, split I / W ===//
+//
+// Reverse-mode autodiff at compile time. For every layer, from the last to
+// the first, the gradient rule of each op (in reverse topological order)
+// emits backward nodes. Nodes that produce the gradient of a weight, or of a
+// value computed from weights alone (a tied embedding's Transpose), go to the
+// layer's weight-gradient list W; all other nodes go to its input-gradient
+// list I. Gradients are ONNX ops where ONNX has one and ops of domain "pipec"
+// (documented below; runtime/cpu/GradKernels implements them) where it has
+// not.
+//
+// Rules exist for: MatMul (2-D, batched, broadcast; not 1-D operands), Gemm
+// (transA/transB, alpha/beta, bias C), Add, Sub, Mul, Div, Sum (numpy
+// broadcasting), Neg, Relu, Tanh, Sigmoid, Erf, Gelu, Sqrt, Reciprocal, Exp,
+// Log, Pow (constant scalar exponent), ReduceMean and ReduceSum, Softmax,
+// LayerNormalization, Gather (gradient for the data operand: embeddings),
+// Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Expand, Concat, Split,
+// Slice (step 1), Where, Cast, Identity and Dropout (as identity: inference-
+// mode dropout), SoftmaxCrossEntropyLoss (no class weights, reduction mean
+// or sum). Values of kind Weight are trainable when they are initializers of
+// a float type; a registered buffer (e.g. a rotary cos/sin table) gets a
+// gradient like any weight, which the optimizer may ignore.
+//
+// Naming: the gradient of value V is "grad:V". When V has several users its
+// contributions are named "grad:V#K" and summed by a Sum node into "grad:V"
+// in the layer of V's producer. Temporaries are named "bwd:N" (N counts up).
+//
+// Order of evaluation, the runtime's contract: forward of every layer (plus
+// Backward::lossForward after the last), then for layers L = last..0 the
+// list inputGrad[L] followed by weightGrad[L]. weightGrad[L] may read tensors
+// made by inputGrad[L] (e.g. the summed "grad:Y" of a layer's output) and by
+// the I lists of later layers; inputGrad[L] never reads a W list's tensors.
+// Both may read forward values of any layer and of the graph inputs.
+//
+// Gradients of the tensors that cross a layer boundary ("grad:V", or the
+// contributions "grad:V#K" when V has users in several layers) are what
+// crosses the same boundary backward.
+//
+// Before:  layer 0: Y = MatMul(X, W1); H = Relu(Y)
+//          layer 1: Z = MatMul(H, W2); loss = ReduceSum(Z, keepdims=0)
+// After:   I[1]: grad:loss = Constant(1)
+//                grad:Z = Expand(Reshape(grad:loss, [1, 1]), [B, N])
+//                grad:H = MatMul(grad:Z, Transpose(W2, perm=[1, 0]))
+//          W[1]: grad:W2 = Gemm(Reshape(H, [-1, K]), Reshape(grad:Z, [-1, N]),
+//                               transA=1)
+//          I[0]: grad:Y = pipec.ReluGrad(grad:H, Y)
+//          W[0]: grad:W1 = Gemm(Reshape(X, ..), Reshape(grad:Y, ..), transA=1)
+//
+// pipec-domain ops (inputs; outputs; attributes):
+//  - SumTo(dY; dX; shape: ints). dY summed over the dimensions along which
+//    `shape` was broadcast to dY's shape (numpy rules).
+//  - ReluGrad(dY, X; dX). dX = dY where X > 0, else 0.
+//  - TanhGrad(dY, Y; dX), Y = tanh(X). dX = dY * (1 - Y^2).
+//  - SigmoidGrad(dY, Y; dX), Y = sigmoid(X). dX = dY * Y * (1 - Y).
+//  - ErfGrad(dY, X; dX). dX = dY * 2 / sqrt(pi) * exp(-X^2).
+//  - GeluGrad(dY, X; dX; approximate: "none" | "tanh"). dX = dY * gelu'(X),
+//    the derivative of the exact (erf) or the tanh-approximated GELU.
+//  - SoftmaxGrad(dY, Y; dX; axis: int). Y = softmax(X, axis);
+//    dX = Y * (dY - sum(dY * Y, axis)).
+//  - GatherGrad(dY, Indices; dData; axis: int, shape: ints). Scatter-add of
+//    dY into zeros of `shape` (Data's shape) along `axis`; negative indices
+//    count from the end.
+//  - LayerNormGradInput(dY, X, Scale; dX; axis: int, epsilon: float).
+//    Normalised axes are axis..rank-1; with Xh = (X - mean) * rstd and
+//    G = dY * Scale: dX = rstd * (G - mean(G) - Xh * mean(G * Xh)).
+//  - LayerNormGradWeight(dY, X; dScale; axis: int, epsilon: float,
+//    shape: ints). dScale = sum over the leading axes of dY * Xh, reshaped
+//    to `shape` (Scale's shape). It reads only forward values and dY, so it
+//    can run in W long after I.
+//  - SoftmaxCrossEntropyLossGrad(dLoss, Scores, Labels; dScores;
+//    reduction: "mean" | "sum", ignore_index: int, optional). Scores
+//    [N, C, d1..], Labels int [N, d1..], dLoss a scalar;
+//    dScores = dLoss * (softmax(Scores, 1) - onehot(Labels)) / count, count
+//    being the number of labels != ignore_index for "mean" and 1 for "sum";
+//    ignored positions get 0.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_PASSES_DIFFERENTIATE_H
+#define PIPEC_PASSES_DIFFERENTIATE_H
+
+#include "compiler/ir/LayerGraph.h"
+
+#include "onnx/onnx_pb.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace pipec {
+
+/// Which scalar is minimised.
+struct LossSpec {
+  enum class Kind {
+    /// A scalar float output of the model itself (e.g. "loss").
+    ModelOutput,
+    /// mean((output - labels)^2) over all elements; labels float, output's
+    /// shape.
+    Mse,
+    /// SoftmaxCrossEntropyLoss(output, labels), mean reduction, class
+    /// dimension 1; labels integer.
+    SoftmaxCrossEntropy,
+  };
+  Kind kind = Kind::ModelOutput;
+  /// The output the loss is (ModelOutput) or is computed from; "" means
+  /// "loss" for ModelOutput and the first graph output otherwise.
+  std::string output;
+  /// The labels value fed at run time (Mse, SoftmaxCrossEntropy).
+  std::string labels = "labels";
+};
+
+/// The backward program of a model.
+struct Backward {
+  /// Per layer, in the layer order of the LayerGraph.
+  std::vector<std::vector<onnx::NodeProto>> inputGrad;
+  std::vector<std::vector<onnx::NodeProto>> weightGrad;
+  /// Forward nodes that compute the loss (scalar "pipec:loss") when it is
+  /// not a model output; they run after the last layer's forward. Empty for
+  /// LossSpec::Kind::ModelOutput.
+  std::vector<onnx::NodeProto> lossForward;
+  /// The name of the loss value.
+  std::string lossValue;
+  /// Trainable weight (initializer) name -> name of its gradient value. A
+  /// weight read by several layers gets its gradient summed in the W list of
+  /// the lowest of those layers.
+  std::map<std::string, std::string> weightGrads;
+  /// Float graph input name -> gradient name; filled only when asked for.
+  std::map<std::string, std::string> inputGrads;
+};
+
+/// Builds the backward program of \p graph (after infer-shapes: every
+/// value's shape must be static) grouped as \p layers. Values that only
+/// feed compile-time constants get no gradient. With \p graphInputGrads the
+/// gradients of float graph inputs are computed too (into inputGrad[0]).
+/// Fails naming the node for an op without a rule ("node 'N' (Op): no
+/// gradient rule") or an unsupported form of one, and for a bad loss spec.
+llvm::Expected<Backward> differentiate(const Graph &graph, const LayerGraph &layers,
+                                       const LossSpec &loss, bool graphInputGrads = false);
+
+} // namespace pipec
+
+#endif // PIPEC_PASSES_DIFFERENTIATE_H

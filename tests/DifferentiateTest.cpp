@@ -1,0 +1,725 @@
+//===- DifferentiateTest.cpp - Gradient rules against finite differences ===//
+//
+// Each test builds a tiny graph, runs differentiate, evaluates the forward
+// and then the backward node lists (layers last to first, I then W) with the
+// CPU kernels, and compares every weight and graph-input gradient against
+// double-sided finite differences of the loss.
+//
+// Tolerances: the rule graphs are float64 (eps 1e-6, |g - fd| <= 1e-6 +
+// 1e-5 |fd|); the generated models are float32 (eps 1e-3 on the
+// weights, |g - fd| <= 2e-3 + 2e-2 |fd|, sampled elements; for the ReLU MLP,
+// elements whose one-sided differences disagree, a kink, are skipped).
+//
+//===----------------------------------------------------------------------===//
+#include "passes/Differentiate.h"
+#include "passes/GroupLayers.h"
+#include "runtime/cpu/GradKernels.h"
+#include "runtime/cpu/Kernels.h"
+#include "tests/TestUtil.h"
+
+#include <random>
+
+using namespace pipec;
+using namespace pipec::test;
+using cpu::ElemType;
+using cpu::Tensor;
+
+namespace {
+
+constexpr int kFloat = onnx::TensorProto::FLOAT;
+constexpr int kDouble = onnx::TensorProto::DOUBLE;
+constexpr int kInt64 = onnx::TensorProto::INT64;
+
+Tensor toTensor(const ConstTensor &c) {
+  Tensor t(static_cast<ElemType>(c.type), c.shape);
+  for (int64_t i = 0; i < c.numElements(); ++i) {
+    if (t.elemType() == ElemType::Int64)
+      t.data<int64_t>()[i] = c.intAt(i); // INT64_MAX slice ends survive
+    else
+      t.setDouble(i, c.isFloat() ? c.floatAt(i) : double(c.intAt(i)));
+  }
+  return t;
+}
+
+/// Evaluates a graph and its backward program with the CPU kernels.
+class Interpreter {
+public:
+  Interpreter(const Graph &graph, const Backward &backward) : graph(graph), backward(backward) {}
+
+  /// Runs forward and the loss; \p feeds holds inputs and overridden weights.
+  /// Returns the loss.
+  double forward(const std::map<std::string, Tensor> &feeds) {
+    env = feeds;
+    for (const Op &op : graph.ops)
+      if (!op.dead)
+        run(graph.node(op));
+    for (const onnx::NodeProto &node : backward.lossForward)
+      run(node);
+    return get(backward.lossValue).getDouble(0);
+  }
+  /// Runs the backward lists after forward().
+  void runBackward() {
+    for (size_t l = backward.inputGrad.size(); l-- > 0;) {
+      for (const onnx::NodeProto &node : backward.inputGrad[l])
+        run(node);
+      for (const onnx::NodeProto &node : backward.weightGrad[l])
+        run(node);
+    }
+  }
+  Tensor get(const std::string &name) {
+    auto it = env.find(name);
+    if (it != env.end())
+      return it->second;
+    int id = graph.findValue(name);
+    if (id < 0) {
+      ADD_FAILURE() << "no value '" << name << "'";
+      return Tensor(ElemType::Float, {});
+    }
+    auto c = graph.readConstant(id, 1 << 24);
+    if (!c) {
+      ADD_FAILURE() << llvm::toString(c.takeError());
+      return Tensor(ElemType::Float, {});
+    }
+    return env[name] = toTensor(**c);
+  }
+
+private:
+  void run(const onnx::NodeProto &node) {
+    std::vector<Tensor> held;
+    held.reserve(node.input_size());
+    std::vector<const Tensor *> inputs;
+    for (const std::string &name : node.input()) {
+      if (name.empty()) {
+        inputs.push_back(nullptr);
+        continue;
+      }
+      held.push_back(get(name));
+      inputs.push_back(&held.back());
+    }
+    auto outs = cpu::runAnyOp(node, graph.opsetFor(""), inputs);
+    if (!outs) {
+      std::string names;
+      for (size_t k = 0; k < inputs.size(); ++k)
+        names += " " + node.input(k) + ":" + (inputs[k] ? inputs[k]->describe() : "null");
+      ADD_FAILURE() << llvm::toString(outs.takeError()) << " (inputs" << names << ")";
+      return;
+    }
+    for (int k = 0; k < node.output_size(); ++k)
+      if (!node.output(k).empty() && k < static_cast<int>(outs->size()))
+        env[node.output(k)] = (*outs)[k];
+  }
+
+  const Graph &graph;
+  const Backward &backward;
+  std::map<std::string, Tensor> env;
+};
+
+Tensor randomTensor(ElemType type, const std::vector<int64_t> &shape, std::mt19937 &rng, double lo,
+                    double hi) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  Tensor t(type, shape);
+  for (int64_t i = 0; i < t.numElements(); ++i)
+    t.setDouble(i, dist(rng));
+  return t;
+}
+
+struct Check {
+  LossSpec loss = {LossSpec::Kind::Mse, "", "labels"};
+  /// Range of the random weights and float inputs.
+  double lo = -1.0, hi = 1.0;
+  double eps = 1e-6, rtol = 1e-5, atol = 1e-6;
+  /// Elements checked per tensor (at random); all if the tensor is smaller.
+  int samples = 1000;
+  /// Fixed feeds (integer inputs such as indices and labels).
+  std::map<std::string, Tensor> feeds;
+  unsigned seed = 7;
+  /// Skip elements where the loss has a kink (see checkFiniteDifferences).
+  bool skipKinks = false;
+};
+
+struct Differentiated {
+  Graph graph;
+  LayerGraph layers;
+  Backward backward;
+};
+
+/// Imports the model and differentiates it; gtest failure on an error.
+std::unique_ptr<Differentiated> build(const std::string &bytes, const LossSpec &loss,
+                                      bool inputGrads, const ImportOptions &options = {}) {
+  auto graph = importBytes(bytes, options);
+  if (!graph) {
+    ADD_FAILURE() << llvm::toString(graph.takeError());
+    return nullptr;
+  }
+  auto result = std::make_unique<Differentiated>(Differentiated{std::move(*graph), {}, {}});
+  auto layers = groupLayers(result->graph);
+  if (!layers) {
+    ADD_FAILURE() << llvm::toString(layers.takeError());
+    return nullptr;
+  }
+  result->layers = std::move(*layers);
+  auto backward = differentiate(result->graph, result->layers, loss, inputGrads);
+  if (!backward) {
+    ADD_FAILURE() << llvm::toString(backward.takeError());
+    return nullptr;
+  }
+  result->backward = std::move(*backward);
+  return result;
+}
+
+/// Checks every weight and float graph-input gradient of \p d against finite
+/// differences; returns the number of gradients checked.
+int checkFiniteDifferences(Differentiated &d, Check check) {
+  const Graph &graph = d.graph;
+  std::mt19937 rng(check.seed);
+  std::map<std::string, Tensor> feeds = check.feeds;
+  std::vector<std::pair<std::string, std::string>> grads; // value, gradient
+  for (const Value &v : graph.values) {
+    bool trainable = v.kind == ValueKind::Weight && v.producer < 0 && isFloatDType(v.type);
+    bool floatInput = v.kind == ValueKind::Input && isFloatDType(v.type);
+    if (!trainable && !floatInput)
+      continue;
+    if (!feeds.count(v.name))
+      feeds[v.name] = randomTensor(static_cast<ElemType>(v.type), v.shape, rng, check.lo, check.hi);
+    if (trainable && !v.users.empty()) {
+      EXPECT_TRUE(d.backward.weightGrads.count(v.name)) << "no gradient for weight " << v.name;
+      if (d.backward.weightGrads.count(v.name))
+        grads.push_back({v.name, d.backward.weightGrads[v.name]});
+    }
+    if (floatInput && d.backward.inputGrads.count(v.name))
+      grads.push_back({v.name, d.backward.inputGrads[v.name]});
+  }
+  if (check.loss.kind == LossSpec::Kind::Mse && !feeds.count(check.loss.labels)) {
+    const Value &y = graph.values[graph.outputs.front()];
+    feeds[check.loss.labels] = randomTensor(static_cast<ElemType>(y.type), y.shape, rng, -1, 1);
+  }
+
+  Interpreter interp(graph, d.backward);
+  double base = interp.forward(feeds);
+  interp.runBackward();
+  int checked = 0, skipped = 0;
+  for (const auto &[name, gradName] : grads) {
+    Tensor grad = interp.get(gradName);
+    const Tensor &x = feeds[name];
+    EXPECT_EQ(grad.shape(), x.shape()) << gradName;
+    if (grad.shape() != x.shape())
+      continue;
+    std::vector<int64_t> indices(x.numElements());
+    for (int64_t i = 0; i < x.numElements(); ++i)
+      indices[i] = i;
+    std::shuffle(indices.begin(), indices.end(), rng);
+    if (static_cast<int64_t>(indices.size()) > check.samples)
+      indices.resize(check.samples);
+    for (int64_t i : indices) {
+      std::map<std::string, Tensor> plus = feeds, minus = feeds;
+      plus[name] = x.clone();
+      minus[name] = x.clone();
+      plus[name].setDouble(i, x.getDouble(i) + check.eps);
+      minus[name].setDouble(i, x.getDouble(i) - check.eps);
+      Interpreter probe(graph, d.backward);
+      double up = probe.forward(plus), down = probe.forward(minus);
+      double fd = (up - down) / (2 * check.eps);
+      double g = grad.getDouble(i);
+      double tolerance = check.atol + check.rtol * std::abs(fd);
+      if (check.skipKinks) {
+        // A ReLU switching inside [x - eps, x + eps] makes the two one-sided
+        // differences disagree; finite differences say nothing there.
+        double right = (up - base) / check.eps, left = (base - down) / check.eps;
+        if (std::abs(right - left) > 10 * tolerance) {
+          ++skipped;
+          continue;
+        }
+      }
+      EXPECT_NEAR(g, fd, tolerance)
+          << "d loss / d " << name << "[" << i << "] (gradient " << gradName << ")";
+      ++checked;
+    }
+  }
+  EXPECT_LE(skipped * 4, checked) << "too many kinks to trust the check";
+  return checked;
+}
+
+/// Differentiates \p b's model with weight and input gradients and checks
+/// them all in float64.
+void checkModel(const GraphBuilder &b, Check check = {}) {
+  auto d = build(b.serialize(), check.loss, /*inputGrads=*/true);
+  ASSERT_TRUE(d);
+  EXPECT_GT(checkFiniteDifferences(*d, check), 0);
+}
+
+/// A float64 weight (values are replaced by random ones in the checks).
+void doubleWeight(GraphBuilder &b, const std::string &name, const std::vector<int64_t> &dims) {
+  onnx::TensorProto &t = b.weight(name, dims);
+  t.set_data_type(kDouble);
+  t.set_raw_data(std::string(t.raw_data().size() * 2, '\0'));
+}
+
+/// A float64 scalar constant initializer.
+void doubleScalar(GraphBuilder &b, const std::string &name, double value) {
+  onnx::TensorProto *t = b.graph().add_initializer();
+  t->set_name(name);
+  t->set_data_type(kDouble);
+  t->add_double_data(value);
+}
+
+/// x [dims] (op) w [wdims] -> y, all float64.
+GraphBuilder binaryModel(const std::string &op, const std::vector<int64_t> &xDims,
+                         const std::vector<int64_t> &wDims, bool swap = false) {
+  GraphBuilder b;
+  b.input("x", kDouble, xDims);
+  doubleWeight(b, "w", wDims);
+  b.node(op, swap ? std::vector<std::string>{"w", "x"} : std::vector<std::string>{"x", "w"}, {"y"},
+         "n");
+  b.output("y", kDouble);
+  return b;
+}
+
+/// y = op(x * w), x [3, 4], w [4].
+GraphBuilder unaryModel(const std::string &op) {
+  GraphBuilder b;
+  b.input("x", kDouble, {3, 4});
+  doubleWeight(b, "w", {4});
+  b.node("Mul", {"x", "w"}, {"h"}, "mul");
+  b.node(op, {"h"}, {"y"}, "n");
+  b.output("y", kDouble);
+  return b;
+}
+
+TEST(Differentiate, MatMul2D) { checkModel(binaryModel("MatMul", {3, 4}, {4, 5})); }
+
+TEST(Differentiate, MatMulBatchedWith2DWeight) {
+  checkModel(binaryModel("MatMul", {2, 3, 4}, {4, 5}));
+}
+
+TEST(Differentiate, MatMulBatchedBothAndBroadcast) {
+  checkModel(binaryModel("MatMul", {2, 3, 4}, {2, 4, 5}));
+  checkModel(binaryModel("MatMul", {3, 4}, {2, 4, 5}));
+  checkModel(binaryModel("MatMul", {2, 4, 5}, {3, 4}, /*swap=*/true));
+}
+
+TEST(Differentiate, Gemm) {
+  for (int transA = 0; transA < 2; ++transA)
+    for (int transB = 0; transB < 2; ++transB) {
+      GraphBuilder b;
+      b.input("a", kDouble, transA ? std::vector<int64_t>{4, 3} : std::vector<int64_t>{3, 4});
+      doubleWeight(b, "w", transB ? std::vector<int64_t>{5, 4} : std::vector<int64_t>{4, 5});
+      doubleWeight(b, "c", {5});
+      auto &n = b.node("Gemm", {"a", "w", "c"}, {"y"}, "gemm");
+      auto *a = n.add_attribute();
+      a->set_name("transA"), a->set_type(onnx::AttributeProto::INT), a->set_i(transA);
+      a = n.add_attribute();
+      a->set_name("transB"), a->set_type(onnx::AttributeProto::INT), a->set_i(transB);
+      a = n.add_attribute();
+      a->set_name("alpha"), a->set_type(onnx::AttributeProto::FLOAT), a->set_f(0.5f);
+      a = n.add_attribute();
+      a->set_name("beta"), a->set_type(onnx::AttributeProto::FLOAT), a->set_f(2.0f);
+      b.output("y", kDouble);
+      SCOPED_TRACE("transA " + std::to_string(transA) + " transB " + std::to_string(transB));
+      checkModel(b);
+    }
+}
+
+TEST(Differentiate, ElementwiseBroadcasting) {
+  Check positive;
+  positive.lo = 0.5, positive.hi = 1.5;
+  for (const char *op : {"Add", "Sub", "Mul", "Div"}) {
+    SCOPED_TRACE(op);
+    checkModel(binaryModel(op, {2, 3, 4}, {3, 1}), positive);
+    checkModel(binaryModel(op, {2, 3, 4}, {4}, /*swap=*/true), positive);
+    checkModel(binaryModel(op, {3, 4}, {3, 4}), positive);
+  }
+}
+
+TEST(Differentiate, Activations) {
+  for (const char *op : {"Relu", "Tanh", "Sigmoid", "Erf", "Neg", "Identity"}) {
+    SCOPED_TRACE(op);
+    checkModel(unaryModel(op));
+  }
+}
+
+TEST(Differentiate, GeluGradKernel) {
+  // Gelu is an opset-20 op, past what the importer takes: the kernel is
+  // checked against finite differences of the forward kernel instead.
+  for (const char *approximate : {"none", "tanh"}) {
+    onnx::NodeProto gelu, grad;
+    gelu.set_op_type("Gelu");
+    grad.set_op_type("GeluGrad");
+    grad.set_domain("pipec");
+    gelu.add_input("x"), gelu.add_output("y");
+    grad.add_input("dy"), grad.add_input("x"), grad.add_output("dx");
+    for (onnx::NodeProto *n : {&gelu, &grad}) {
+      auto *a = n->add_attribute();
+      a->set_name("approximate"), a->set_type(onnx::AttributeProto::STRING), a->set_s(approximate);
+    }
+    std::vector<double> xs{-2.5, -1.0, -0.3, 0.0, 0.4, 1.2, 3.0};
+    const double eps = 1e-6;
+    Tensor x = Tensor::fromValues<double>({7}, xs), ones(ElemType::Double, {7});
+    for (int i = 0; i < 7; ++i)
+      ones.setDouble(i, 1.0);
+    Tensor plus = x.clone(), minus = x.clone();
+    for (int i = 0; i < 7; ++i) {
+      plus.setDouble(i, xs[i] + eps);
+      minus.setDouble(i, xs[i] - eps);
+    }
+    auto yPlus = cpu::runAnyOp(gelu, 20, {&plus});
+    auto yMinus = cpu::runAnyOp(gelu, 20, {&minus});
+    auto dx = cpu::runAnyOp(grad, 20, {&ones, &x});
+    ASSERT_TRUE(bool(yPlus)) << llvm::toString(yPlus.takeError());
+    ASSERT_TRUE(bool(yMinus)) << llvm::toString(yMinus.takeError());
+    ASSERT_TRUE(bool(dx)) << llvm::toString(dx.takeError());
+    for (int i = 0; i < 7; ++i) {
+      double fd = ((*yPlus)[0].getDouble(i) - (*yMinus)[0].getDouble(i)) / (2 * eps);
+      EXPECT_NEAR((*dx)[0].getDouble(i), fd, 1e-6) << approximate << " at " << xs[i];
+    }
+  }
+}
+
+TEST(Differentiate, GradKernelErrors) {
+  onnx::NodeProto node;
+  node.set_name("g");
+  node.set_domain("pipec");
+  node.set_op_type("SumTo");
+  node.add_input("dy");
+  node.add_output("dx");
+  auto *a = node.add_attribute();
+  a->set_name("shape"), a->set_type(onnx::AttributeProto::INTS), a->add_ints(3);
+  Tensor dy(ElemType::Float, {2, 4});
+  auto bad = cpu::runAnyOp(node, 17, {&dy});
+  ASSERT_FALSE(bool(bad));
+  EXPECT_EQ(llvm::toString(bad.takeError()).rfind("node 'g' (SumTo)", 0), 0u);
+  node.set_op_type("NoSuchGrad");
+  auto unknown = cpu::runGradOp(node, {&dy});
+  ASSERT_FALSE(bool(unknown));
+  EXPECT_NE(llvm::toString(unknown.takeError()).find("NoSuchGrad"), std::string::npos);
+}
+
+TEST(Differentiate, Sum) {
+  GraphBuilder b = binaryModel("Sum", {2, 3, 4}, {3, 1});
+  b.graph().mutable_node(0)->add_input("x");
+  checkModel(b);
+}
+
+TEST(Differentiate, SqrtReciprocalExpLogPow) {
+  Check positive;
+  positive.lo = 0.5, positive.hi = 1.5;
+  for (const char *op : {"Sqrt", "Reciprocal", "Exp", "Log"}) {
+    SCOPED_TRACE(op);
+    checkModel(unaryModel(op), positive);
+  }
+  GraphBuilder b = unaryModel("Identity");
+  doubleScalar(b, "three", 3.0);
+  b.graph().mutable_node(1)->set_op_type("Pow");
+  b.graph().mutable_node(1)->add_input("three");
+  checkModel(b, positive);
+}
+
+TEST(Differentiate, ReduceMeanAndSum) {
+  for (int keepdims = 0; keepdims < 2; ++keepdims) {
+    GraphBuilder b = unaryModel("Identity");
+    auto &n = *b.graph().mutable_node(1);
+    n.set_op_type("ReduceMean");
+    auto *a = n.add_attribute();
+    a->set_name("axes"), a->set_type(onnx::AttributeProto::INTS), a->add_ints(-1);
+    a = n.add_attribute();
+    a->set_name("keepdims"), a->set_type(onnx::AttributeProto::INT), a->set_i(keepdims);
+    checkModel(b);
+  }
+  GraphBuilder b = unaryModel("Identity");
+  b.ints("axes", {0});
+  b.graph().mutable_node(1)->set_op_type("ReduceSum");
+  b.graph().mutable_node(1)->add_input("axes");
+  checkModel(b);
+}
+
+TEST(Differentiate, Softmax) {
+  for (int axis : {-1, 0}) {
+    GraphBuilder b = unaryModel("Softmax");
+    auto *a = b.graph().mutable_node(1)->add_attribute();
+    a->set_name("axis"), a->set_type(onnx::AttributeProto::INT), a->set_i(axis);
+    checkModel(b);
+  }
+}
+
+TEST(Differentiate, ShapeOps) {
+  {
+    GraphBuilder b = unaryModel("Transpose");
+    auto *a = b.graph().mutable_node(1)->add_attribute();
+    a->set_name("perm"), a->set_type(onnx::AttributeProto::INTS), a->add_ints(1), a->add_ints(0);
+    checkModel(b);
+  }
+  {
+    GraphBuilder b = unaryModel("Reshape");
+    b.ints("shape", {2, 6});
+    b.graph().mutable_node(1)->add_input("shape");
+    checkModel(b);
+  }
+  {
+    GraphBuilder b = unaryModel("Unsqueeze");
+    b.ints("axes", {1});
+    b.graph().mutable_node(1)->add_input("axes");
+    checkModel(b);
+  }
+  {
+    GraphBuilder b = unaryModel("Cast");
+    auto *a = b.graph().mutable_node(1)->add_attribute();
+    a->set_name("to"), a->set_type(onnx::AttributeProto::INT), a->set_i(kDouble);
+    checkModel(b);
+  }
+}
+
+void setIntAttr(onnx::NodeProto &node, const std::string &name, int64_t value) {
+  auto *a = node.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(value);
+}
+
+TEST(Differentiate, LayerNormalization) {
+  for (int axis : {-1, 1})
+    for (bool bias : {true, false}) {
+      GraphBuilder b;
+      b.input("x", kDouble, {2, 3, 4});
+      doubleWeight(b, "scale", axis == -1 ? std::vector<int64_t>{4} : std::vector<int64_t>{3, 4});
+      std::vector<std::string> inputs{"x", "scale"};
+      if (bias) {
+        doubleWeight(b, "bias", axis == -1 ? std::vector<int64_t>{4} : std::vector<int64_t>{3, 4});
+        inputs.push_back("bias");
+      }
+      auto &n = b.node("LayerNormalization", inputs, {"y"}, "ln");
+      setIntAttr(n, "axis", axis);
+      b.output("y", kDouble);
+      SCOPED_TRACE("axis " + std::to_string(axis) + (bias ? " with bias" : ""));
+      checkModel(b);
+    }
+}
+
+TEST(Differentiate, WhereExpandDropoutSqueeze) {
+  {
+    GraphBuilder b;
+    b.input("c", onnx::TensorProto::BOOL, {3, 1});
+    b.input("x", kDouble, {3, 4});
+    doubleWeight(b, "w", {4});
+    b.node("Where", {"c", "x", "w"}, {"y"}, "where");
+    b.output("y", kDouble);
+    Check check;
+    check.feeds["c"] = Tensor::fromValues<bool>({3, 1}, {true, false, true});
+    checkModel(b, check);
+  }
+  {
+    GraphBuilder b = unaryModel("Expand");
+    b.ints("shape", {2, 3, 4});
+    b.graph().mutable_node(1)->add_input("shape");
+    checkModel(b);
+  }
+  checkModel(unaryModel("Dropout"));
+  {
+    GraphBuilder b = unaryModel("Unsqueeze");
+    b.ints("axes", {0});
+    b.graph().mutable_node(1)->add_input("axes");
+    b.graph().mutable_node(1)->set_output(0, "u");
+    b.node("Squeeze", {"u", "axes"}, {"y"}, "squeeze");
+    checkModel(b);
+  }
+}
+
+TEST(Differentiate, ConcatSplitSlice) {
+  {
+    GraphBuilder b;
+    b.input("x", kDouble, {3, 2});
+    doubleWeight(b, "w", {3, 4});
+    auto &n = b.node("Concat", {"x", "w", "x"}, {"y"}, "concat");
+    setIntAttr(n, "axis", 1);
+    b.output("y", kDouble);
+    checkModel(b);
+  }
+  {
+    // Only two of the three parts reach the loss: the third gets zeros.
+    GraphBuilder b = unaryModel("Split");
+    b.ints("split", {1, 2, 1});
+    auto &n = *b.graph().mutable_node(1);
+    n.add_input("split");
+    n.set_output(0, "p0");
+    n.add_output("p1");
+    n.add_output("p2");
+    setIntAttr(n, "axis", 1);
+    b.node("Mul", {"p0", "p2"}, {"y"}, "mul2");
+    checkModel(b);
+  }
+  {
+    GraphBuilder b = unaryModel("Slice");
+    b.ints("starts", {1, -3});
+    b.ints("ends", {100, 3});
+    b.ints("axes", {0, 1});
+    auto &n = *b.graph().mutable_node(1);
+    for (const char *in : {"starts", "ends", "axes"})
+      n.add_input(in);
+    checkModel(b);
+  }
+}
+
+TEST(Differentiate, GatherOnEmbedding) {
+  GraphBuilder b;
+  b.input("ids", kInt64, {2, 3});
+  doubleWeight(b, "emb", {6, 4});
+  b.node("Gather", {"emb", "ids"}, {"h"}, "gather");
+  b.node("Tanh", {"h"}, {"y"}, "tanh");
+  b.output("y", kDouble);
+  Check check;
+  check.feeds["ids"] = Tensor::fromValues<int64_t>({2, 3}, {0, 5, 2, 2, -1, 3});
+  checkModel(b, check);
+}
+
+TEST(Differentiate, SoftmaxCrossEntropy) {
+  // As a loss spec on the model's output, and as the model's own loss op.
+  GraphBuilder b = binaryModel("MatMul", {4, 3}, {3, 5});
+  Check check;
+  check.feeds["labels"] = Tensor::fromValues<int64_t>({4}, {0, 4, 2, 2});
+  check.loss = {LossSpec::Kind::SoftmaxCrossEntropy, "", "labels"};
+  checkModel(b, check);
+
+  b.input("labels", kInt64, {4});
+  auto &n = b.node("SoftmaxCrossEntropyLoss", {"y", "labels"}, {"loss"}, "ce");
+  auto *a = n.add_attribute();
+  a->set_name("ignore_index"), a->set_type(onnx::AttributeProto::INT), a->set_i(2);
+  b.output("loss", kDouble);
+  check.loss = {LossSpec::Kind::ModelOutput, "loss", ""};
+  checkModel(b, check);
+}
+
+TEST(Differentiate, SharedValueAccumulates) {
+  // x feeds two paths and w is read twice: both gradients are sums.
+  GraphBuilder b;
+  b.input("x", kDouble, {3, 4});
+  doubleWeight(b, "w", {4, 4});
+  b.node("MatMul", {"x", "w"}, {"h"}, "mm1");
+  b.node("Tanh", {"h"}, {"t"}, "tanh");
+  b.node("MatMul", {"t", "w"}, {"u"}, "mm2");
+  b.node("Mul", {"u", "x"}, {"y"}, "mul");
+  b.output("y", kDouble);
+  checkModel(b);
+}
+
+TEST(Differentiate, NoRuleNamesTheNode) {
+  GraphBuilder b = unaryModel("Abs");
+  auto graph = importBytes(b.serialize());
+  ASSERT_TRUE(bool(graph)) << llvm::toString(graph.takeError());
+  auto layers = groupLayers(*graph);
+  ASSERT_TRUE(bool(layers)) << llvm::toString(layers.takeError());
+  auto backward = differentiate(*graph, *layers, {LossSpec::Kind::Mse, "", "labels"});
+  ASSERT_FALSE(bool(backward));
+  EXPECT_EQ(llvm::toString(backward.takeError()), "node 'n' (Abs): no gradient rule");
+}
+
+TEST(Differentiate, BadLossSpecs) {
+  GraphBuilder b = binaryModel("MatMul", {3, 4}, {4, 5});
+  auto graph = importBytes(b.serialize());
+  ASSERT_TRUE(bool(graph)) << llvm::toString(graph.takeError());
+  auto layers = groupLayers(*graph);
+  ASSERT_TRUE(bool(layers)) << llvm::toString(layers.takeError());
+  auto notScalar = differentiate(*graph, *layers, {LossSpec::Kind::ModelOutput, "y", ""});
+  ASSERT_FALSE(bool(notScalar));
+  EXPECT_EQ(llvm::toString(notScalar.takeError()), "loss: 'y' is not a scalar ([3,5])");
+  auto missing = differentiate(*graph, *layers, {LossSpec::Kind::ModelOutput, "", ""});
+  ASSERT_FALSE(bool(missing));
+  EXPECT_EQ(llvm::toString(missing.takeError()), "loss: no value named 'loss'");
+}
+
+/// The name of the value whose gradient \p output is, or "" for a temporary.
+std::string gradientOf(const std::string &output) {
+  llvm::StringRef name(output);
+  if (!name.consume_front("grad:"))
+    return "";
+  return name.split('#').first.str();
+}
+
+/// Every W node writes temporaries or weight gradients, every I node
+/// temporaries or activation / input gradients.
+void expectSplit(const Differentiated &d) {
+  const Graph &graph = d.graph;
+  for (size_t l = 0; l < d.backward.inputGrad.size(); ++l) {
+    for (const auto &[list, isW] :
+         {std::pair(&d.backward.inputGrad[l], false), std::pair(&d.backward.weightGrad[l], true)})
+      for (const onnx::NodeProto &node : *list)
+        for (const std::string &out : node.output()) {
+          std::string of = gradientOf(out);
+          if (of.empty())
+            continue;
+          int id = graph.findValue(of);
+          ASSERT_GE(id, 0) << out;
+          EXPECT_EQ(graph.values[id].kind == ValueKind::Weight, isW)
+              << "layer " << l << (isW ? " W" : " I") << " writes " << out;
+        }
+  }
+}
+
+TEST(Differentiate, MlpEndToEnd) {
+  models::GeneratorOptions options;
+  options.family = models::Family::Mlp;
+  options.layers = 2;
+  options.hidden = 6;
+  options.vocab = 5;
+  options.withLoss = true;
+  options.batch = 3;
+  auto model = models::generateModel(options);
+  ASSERT_TRUE(bool(model)) << llvm::toString(model.takeError());
+  std::string bytes;
+  model->SerializeToString(&bytes);
+  ImportOptions importOptions;
+  importOptions.bindings.batch = 3;
+  auto d = build(bytes, {LossSpec::Kind::ModelOutput, "loss", ""}, false, importOptions);
+  ASSERT_TRUE(d);
+  EXPECT_GE(d->layers.layers.size(), 3u);
+  expectSplit(*d);
+  Check check;
+  check.eps = 1e-3, check.atol = 2e-3, check.rtol = 2e-2, check.samples = 6;
+  check.skipKinks = true;
+  check.loss = {LossSpec::Kind::ModelOutput, "loss", ""};
+  EXPECT_GT(checkFiniteDifferences(*d, check), 30);
+  EXPECT_EQ(d->backward.weightGrads.size(), 8u);
+  // Every layer with weights does its weight gradients in W.
+  for (size_t l = 0; l < d->layers.layers.size(); ++l) {
+    if (!d->layers.layers[l].weights.empty()) {
+      EXPECT_FALSE(d->backward.weightGrad[l].empty()) << "layer " << l;
+    }
+  }
+}
+
+/// Differentiates a small generated decoder (input_ids and labels int64
+/// [2, 4]) and checks sampled elements of every weight gradient in float32.
+void checkDecoder(models::Family family, bool tied) {
+  models::GeneratorOptions options;
+  options.family = family;
+  options.layers = 1;
+  options.hidden = 8;
+  options.heads = 2;
+  options.vocab = 11;
+  options.seq = 4;
+  options.batch = 2;
+  options.withLoss = true;
+  options.tiedEmbeddings = tied;
+  auto model = models::generateModel(options);
+  ASSERT_TRUE(bool(model)) << llvm::toString(model.takeError());
+  std::string bytes;
+  model->SerializeToString(&bytes);
+  ImportOptions importOptions;
+  importOptions.bindings.batch = 2;
+  importOptions.bindings.seq = 4;
+  auto d = build(bytes, {LossSpec::Kind::ModelOutput, "loss", ""}, false, importOptions);
+  ASSERT_TRUE(d);
+  expectSplit(*d);
+  Check check;
+  check.eps = 1e-3, check.atol = 2e-3, check.rtol = 2e-2, check.samples = 8;
+  check.lo = -0.5, check.hi = 0.5;
+  check.loss = {LossSpec::Kind::ModelOutput, "loss", ""};
+  check.feeds["input_ids"] = Tensor::fromValues<int64_t>({2, 4}, {1, 5, 10, 3, 0, 7, 7, 2});
+  check.feeds["labels"] = Tensor::fromValues<int64_t>({2, 4}, {5, 10, 3, 9, 7, 7, 2, 4});
+  EXPECT_GT(checkFiniteDifferences(*d, check), 20);
+}
+
+TEST(Differentiate, GptEndToEnd) { checkDecoder(models::Family::Gpt, false); }
+
+TEST(Differentiate, GptTiedEmbeddingsEndToEnd) { checkDecoder(models::Family::Gpt, true); }
+
+TEST(Differentiate, LlamaEndToEnd) { checkDecoder(models::Family::Llama, false); }
+
+} // namespace
