@@ -3,6 +3,7 @@
 #include "compiler/schedule/Schedule.h"
 #include "compiler/sim/Simulator.h"
 #include "passes/BalanceStages.h"
+#include "passes/Differentiate.h"
 #include "passes/GroupLayers.h"
 #include "passes/LowerSchedule.h"
 #include "runtime/plan/PlanFile.h"
@@ -62,6 +63,9 @@ void fillHardware(const HardwareSpec &hw, bool bf16, plan::HardwareInfo &out) {
 struct Prepared {
   Graph graph;
   std::string sha256; ///< of the model file, hashed once
+  /// Train mode: the backward program, or why there is none.
+  std::optional<Backward> backward;
+  std::string lossText, backwardError;
   LayerGraph layers;
   std::map<std::string, CostTable> tables;
   std::vector<const CostTable *> rankCosts;
@@ -143,6 +147,28 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   }
   for (const HardwareSpec &hw : setup.hardware)
     out->rankCosts.push_back(&out->tables.at(hw.name));
+  if (options.training) {
+    // The loss: the model's own "loss" output, else one against a "labels"
+    // input (cross-entropy for integer labels, MSE for float ones).
+    LossSpec loss;
+    int labels = out->graph.findValue("labels");
+    if (out->graph.findValue("loss") >= 0) {
+      out->lossText = "the model's output 'loss'";
+    } else if (labels >= 0 && out->graph.values[labels].kind == ValueKind::Input) {
+      bool integer = isIntegerDType(out->graph.values[labels].type);
+      loss.kind = integer ? LossSpec::Kind::SoftmaxCrossEntropy : LossSpec::Kind::Mse;
+      out->lossText = integer ? "softmax cross-entropy against 'labels'" : "MSE against 'labels'";
+    } else {
+      out->backwardError = "the model has no 'loss' output and no 'labels' input to train against";
+    }
+    if (out->backwardError.empty()) {
+      auto backward = differentiate(out->graph, out->layers, loss);
+      if (backward)
+        out->backward = std::move(*backward);
+      else
+        out->backwardError = toString(backward.takeError());
+    }
+  }
   return out;
 }
 
@@ -241,6 +267,17 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
     li->set_activation_bytes(lc.activationBytes);
     li->set_boundary_bytes(lc.boundaryBytes);
     li->set_measured(lc.measured);
+    if (prepared.backward) {
+      li->set_backward_input_ops(static_cast<int>(prepared.backward->inputGrad[l].size()));
+      li->set_backward_weight_ops(static_cast<int>(prepared.backward->weightGrad[l].size()));
+    }
+  }
+  if (options.training) {
+    if (prepared.backward)
+      plan.set_loss(prepared.lossText);
+    else
+      plan.add_warnings("no backward program yet: " + prepared.backwardError +
+                        " (the plan's timing stands; running it needs the gradients)");
   }
   for (const ChunkPlan &c : stagePlan->chunks) {
     auto *s = plan.add_stages();

@@ -310,3 +310,42 @@ TEST(Compile, HtmlReportRendersInABrowser) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(Compile, TrainingPlansCarryTheBackwardProgram) {
+  TempDir dir;
+  std::string model = dir.path("gpt.onnx"), out;
+  ASSERT_EQ(runCommand(Pipec +
+                           " model gpt --layers 2 --hidden 32 --heads 4 --vocab 64 --seq 8 "
+                           "--loss -o " +
+                           model,
+                       out),
+            0);
+  ASSERT_EQ(
+      runCommand(Pipec + " compile " + model + " --seq 8 --stages 2 -o " + dir.path("g.plan"), out),
+      0)
+      << out;
+  auto plan = readPlan(dir.path("g.plan"));
+  ASSERT_TRUE(!!plan);
+  EXPECT_EQ(plan->loss(), "the model's output 'loss'");
+  // Every block has both an input-gradient and a weight-gradient part.
+  for (const auto &layer : plan->layers())
+    if (layer.kind() == "block") {
+      EXPECT_GT(layer.backward_input_ops(), 10) << layer.name();
+      EXPECT_GT(layer.backward_weight_ops(), 5) << layer.name();
+    }
+  // A model with nothing to train against says so and still plans.
+  ASSERT_EQ(
+      runCommand(Pipec + " model mlp --layers 2 --hidden 16 --vocab 8 -o " + dir.path("mlp.onnx"),
+                 out),
+      0);
+  ASSERT_EQ(runCommand(Pipec + " compile " + dir.path("mlp.onnx") + " --stages 2 -o " +
+                           dir.path("m.plan") + " --report",
+                       out),
+            0)
+      << out;
+  EXPECT_NE(out.find("no backward program yet"), std::string::npos) << out;
+}
+
+} // namespace
