@@ -201,7 +201,7 @@ std::vector<int> partition(int layers, int chunks, const std::function<double(in
   return cuts;
 }
 
-Error memoryError(const LayerGraph &lg, const ChunkCosts &costs, const BalanceOptions &options) {
+Error memoryError(const LayerGraph &lg, const ChunkCosts &costs) {
   // A single layer that cannot fit anywhere is the clearest answer.
   for (int l = 0; l < costs.layerCount(); ++l) {
     bool fitsSomewhere = false;
@@ -234,12 +234,11 @@ Error memoryError(const LayerGraph &lg, const ChunkCosts &costs, const BalanceOp
       costs.chunkCount(), worst, costs.rankOf(worst), cuts[worst], cuts[worst + 1] - 1,
       static_cast<long long>(costs.memory(worst, cuts[worst], cuts[worst + 1])),
       static_cast<long long>(costs.capOf(worst)));
-  (void)options;
 }
 
 } // namespace
 
-double predictStepTime(ScheduleKind schedule, int stages, int virtualStages, int microbatches,
+double predictStepTime(ScheduleKind schedule, int stages, int microbatches,
                        const std::vector<ChunkPlan> &chunks, double &bubbleFraction) {
   // Closed forms with per-chunk times t_k = F + I + W + send, R_r the sum of
   // rank r's chunks; for equal chunks they give the textbook bubbles:
@@ -292,7 +291,6 @@ double predictStepTime(ScheduleKind schedule, int stages, int virtualStages, int
   for (const ChunkPlan &c : chunks)
     busy += m * (schedule == ScheduleKind::ForwardOnly ? c.time[0] + c.commTime : c.totalTime());
   bubbleFraction = step > 0 ? std::max(0.0, 1 - busy / (p * step)) : 0;
-  (void)virtualStages;
   return step;
 }
 
@@ -487,7 +485,7 @@ Expected<StagePlan> balanceStages(const LayerGraph &lg, const BalanceOptions &op
           layers, chunks, [&](int k, int i, int j) { return costs.time(k, i, j); }, fits);
     }
     if (cuts.empty())
-      return memoryError(lg, costs, options);
+      return memoryError(lg, costs);
   }
 
   StagePlan plan;
@@ -520,8 +518,8 @@ Expected<StagePlan> balanceStages(const LayerGraph &lg, const BalanceOptions &op
     sum += c.totalTime();
   }
   plan.imbalance = sum > 0 ? plan.bottleneck / (sum / chunks) : 1;
-  plan.stepTime = predictStepTime(options.schedule, options.stages, options.virtualStages,
-                                  options.microbatches, plan.chunks, plan.bubbleFraction);
+  plan.stepTime = predictStepTime(options.schedule, options.stages, options.microbatches,
+                                  plan.chunks, plan.bubbleFraction);
   for (int r = 0; r < options.stages; ++r) {
     RankPlan rank;
     rank.index = r;

@@ -109,7 +109,7 @@ llvm::Expected<std::vector<std::pair<int, int>>> parseLayout(llvm::StringRef lay
                                                              const LayerGraph &layers, int chunks);
 
 /// Step time of a plan under its schedule (closed forms; see the .cpp).
-double predictStepTime(ScheduleKind schedule, int stages, int virtualStages, int microbatches,
+double predictStepTime(ScheduleKind schedule, int stages, int microbatches,
                        const std::vector<ChunkPlan> &chunks, double &bubbleFraction);
 
 } // namespace pipec

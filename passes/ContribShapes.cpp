@@ -110,9 +110,11 @@ Expected<std::optional<Types>> inferContribShapes(const Graph &graph, const Op &
     int64_t heads = attrInt(node, "num_heads", 0);
     if (heads <= 0)
       return fail("num_heads must be positive");
-    int64_t qk = weights->shape[1] / 3, v = weights->shape[1] / 3;
+    // The value width: a third of the fused projection, or the last of
+    // qkv_hidden_sizes.
+    int64_t v = weights->shape[1] / 3;
     if (auto sizes = attrInts(node, "qkv_hidden_sizes"); sizes && sizes->size() == 3)
-      qk = (*sizes)[0], v = (*sizes)[2];
+      v = (*sizes)[2];
     int64_t batch = x->shape[0], seq = x->shape[1], headSize = v / heads;
     out[0] = {x->type, {batch, seq, v}};
     if (out.size() > 1) {
@@ -120,7 +122,6 @@ Expected<std::optional<Types>> inferContribShapes(const Graph &graph, const Op &
       int64_t pastLen = past && past->shape.size() == 5 ? past->shape[3] : 0;
       out[1] = {x->type, {2, batch, heads, pastLen + seq, headSize}};
     }
-    (void)qk;
     return std::optional<Types>(out);
   }
   case Rule::MultiHeadAttention:

@@ -132,7 +132,11 @@ Expected<bool> ShapeInferer::tryFold(Op &op) {
   return true;
 }
 
-void fillTensorProto(const ConstTensor &t, onnx::TensorProto &proto) {
+/// Writes \p t as ONNX typed data; false for half types, whose values ONNX's
+/// inference cannot read from typed fields (it is then given no data).
+bool fillTensorProto(const ConstTensor &t, onnx::TensorProto &proto) {
+  if (t.type == DType::F16 || t.type == DType::BF16)
+    return false;
   proto.set_data_type(static_cast<int32_t>(t.type));
   for (int64_t d : t.shape)
     proto.add_dims(d);
@@ -156,12 +160,10 @@ void fillTensorProto(const ConstTensor &t, onnx::TensorProto &proto) {
       proto.add_uint64_data(static_cast<uint64_t>(t.ints[i]));
     break;
   default:
-    if (t.isFloat()) // f16/bf16: ONNX's inference only needs their shape
-      proto.clear_data_type(), proto.set_data_type(static_cast<int32_t>(t.type));
-    else
-      for (int64_t i = 0; i < n; ++i)
-        proto.add_int32_data(static_cast<int32_t>(t.ints[i]));
+    for (int64_t i = 0; i < n; ++i)
+      proto.add_int32_data(static_cast<int32_t>(t.ints[i]));
   }
+  return true;
 }
 
 Expected<std::optional<std::vector<TensorType>>> ShapeInferer::onnxInference(Op &op) {
@@ -188,10 +190,11 @@ Expected<std::optional<std::vector<TensorType>>> ShapeInferer::onnxInference(Op 
       shape->add_dim()->set_dim_value(d);
     typesByName[node.input(static_cast<int>(i))] = &type;
     if (auto known = knownValue(op.inputs[i])) {
-      onnx::TensorProto &proto = data.emplace_back();
-      fillTensorProto(*known, proto);
+      onnx::TensorProto proto;
+      if (!fillTensorProto(*known, proto))
+        continue;
       proto.set_name(node.input(static_cast<int>(i)));
-      dataByName[node.input(static_cast<int>(i))] = &proto;
+      dataByName[node.input(static_cast<int>(i))] = &data.emplace_back(std::move(proto));
     }
   }
   onnx::shape_inference::InferenceContextImpl context(node, typesByName, dataByName, sparseByName);

@@ -351,7 +351,6 @@ std::string formatGrid(const std::vector<plan::RankProgram> &programs,
 Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, int microbatches,
                     ScheduleKind kind, int virtualStages) {
   int P = static_cast<int>(programs.size()), K = stages * virtualStages;
-  (void)microbatches;
   auto fail = [&](const Twine &why, const std::vector<int> &marked = {}) {
     std::string text = "verify-program: " + why.str();
     if (!marked.empty())
@@ -419,11 +418,21 @@ Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, 
         break;
       }
     }
+    // Every microbatch runs forward on every stage of the rank, and a
+    // training step has each one's weight gradient before the optimizer.
+    for (int stage = 0; stage < K; ++stage) {
+      if (rankOfChunk(kind, stages, virtualStages, stage) != r)
+        continue;
+      for (int m = 0; m < microbatches; ++m)
+        if (!forwarded.count({stage, m}))
+          return fail(
+              formatv("rank {0}: stage {1} never runs the forward of microbatch {2}", r, stage, m));
+    }
+    bool training =
+        std::any_of(prog.instructions().begin(), prog.instructions().end(),
+                    [](const plan::Instruction &x) { return x.op() == Op::OPTIMIZER_STEP; });
     for (auto &sm : forwarded)
-      if (!programs[r].instructions().empty() &&
-          std::any_of(prog.instructions().begin(), prog.instructions().end(),
-                      [](const plan::Instruction &x) { return x.op() == Op::OPTIMIZER_STEP; }) &&
-          !weightGrad.count(sm))
+      if (training && !weightGrad.count(sm))
         return fail(formatv("rank {0}: stage {1} microbatch {2} has no weight gradient before the "
                             "optimizer step",
                             r, sm.first, sm.second));

@@ -337,15 +337,13 @@ TEST(BalanceStages, ClosedFormsOfTheStepTime) {
     return out;
   };
   double bubble;
-  predictStepTime(ScheduleKind::OneFOneB, 4, 1, 6, chunks(4, 1, ScheduleKind::OneFOneB), bubble);
+  predictStepTime(ScheduleKind::OneFOneB, 4, 6, chunks(4, 1, ScheduleKind::OneFOneB), bubble);
   EXPECT_NEAR(bubble, 3.0 / 9.0, 1e-12);
-  predictStepTime(ScheduleKind::GPipe, 4, 1, 24, chunks(4, 1, ScheduleKind::GPipe), bubble);
+  predictStepTime(ScheduleKind::GPipe, 4, 24, chunks(4, 1, ScheduleKind::GPipe), bubble);
   EXPECT_NEAR(bubble, 3.0 / 27.0, 1e-12);
-  predictStepTime(ScheduleKind::Interleaved, 4, 2, 8, chunks(4, 2, ScheduleKind::Interleaved),
-                  bubble);
+  predictStepTime(ScheduleKind::Interleaved, 4, 8, chunks(4, 2, ScheduleKind::Interleaved), bubble);
   EXPECT_NEAR(bubble, 3.0 / (16.0 + 3.0), 1e-12);
-  double zb =
-      predictStepTime(ScheduleKind::ZBH1, 4, 1, 8, chunks(4, 1, ScheduleKind::ZBH1), bubble);
+  double zb = predictStepTime(ScheduleKind::ZBH1, 4, 8, chunks(4, 1, ScheduleKind::ZBH1), bubble);
   EXPECT_NEAR(zb, 3 * 8 + 4 - 1, 1e-12);
 }
 

@@ -89,8 +89,10 @@ llvm::Expected<SimulationResult> simulatePlan(const plan::Plan &plan);
 void writeChromeTrace(const SimulationResult &result, llvm::raw_ostream &os);
 
 /// A rank x time grid for terminals: each column is step / width seconds;
-/// a cell shows the microbatch of the compute running there (F and W in
-/// lower case for I, upper case for B), '.' when idle.
+/// a cell shows what runs there: the forward of microbatch N as the digit
+/// N mod 10, a backward (B or I) as a lower-case letter (a = microbatch 0),
+/// a weight gradient (W) as an upper-case one, '*' a recompute, '#' the
+/// optimizer step, '.' idle.
 std::string formatTimeline(const SimulationResult &result, int ranks, int width);
 
 } // namespace pipec

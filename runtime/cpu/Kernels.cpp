@@ -334,8 +334,13 @@ Tensor transpose(const Tensor &tensor, ArrayRef<int64_t> perm) {
   return out;
 }
 
-void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-          int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+namespace {
+
+/// C = alpha op(A) op(B) + beta C through \p blas (cblas_sgemm or
+/// cblas_dgemm); BLAS rejects k == 0, which only scales C.
+template <typename T, typename Blas>
+void gemmWith(Blas blas, bool transA, bool transB, int64_t m, int64_t n, int64_t k, T alpha,
+              const T *a, int64_t lda, const T *b, int64_t ldb, T beta, T *c, int64_t ldc) {
   if (m == 0 || n == 0)
     return;
   if (k == 0) {
@@ -344,22 +349,20 @@ void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha
         c[i * ldc + j] = beta == 0 ? 0 : beta * c[i * ldc + j];
     return;
   }
-  cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
-              m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  blas(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, m, n,
+       k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+} // namespace
+
+void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+          int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  gemmWith(cblas_sgemm, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
           int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc) {
-  if (m == 0 || n == 0)
-    return;
-  if (k == 0) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j)
-        c[i * ldc + j] = beta == 0 ? 0 : beta * c[i * ldc + j];
-    return;
-  }
-  cblas_dgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
-              m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  gemmWith(cblas_dgemm, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 namespace {
