@@ -1,5 +1,6 @@
 //===- Compile.cpp - `pipec compile`: a model to a plan -------------------===//
 #include "compiler/Compile.h"
+#include "compiler/StagePrograms.h"
 #include "compiler/schedule/Schedule.h"
 #include "compiler/sim/Simulator.h"
 #include "passes/BalanceStages.h"
@@ -449,6 +450,22 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   return plan;
 }
 
+/// The programs `pipec run` executes. A model the runtime cannot execute
+/// still compiles (the plan's timing stands); the plan then says why.
+void attachStagePrograms(plan::Plan &plan, const Prepared &prepared) {
+  if (plan.schedule().mode() == "train" && !prepared.backward)
+    return; // the backward warning is already there
+  const Backward *backward = plan.schedule().mode() == "train" ? &*prepared.backward : nullptr;
+  if (Error err = buildStagePrograms(plan, prepared.graph, prepared.layers, backward)) {
+    plan.clear_stage_programs();
+    plan.clear_weights();
+    plan.clear_trainable();
+    plan.clear_data();
+    plan.clear_outputs();
+    plan.add_warnings("the plan cannot be run: " + toString(std::move(err)));
+  }
+}
+
 } // namespace
 
 Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &options,
@@ -499,7 +516,11 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
     auto prepared = preparedFor(*size);
     if (!prepared)
       return prepared.takeError();
-    return buildPlan(modelPath, options, *setup, **prepared, schedule, V, M, *size);
+    auto built = buildPlan(modelPath, options, *setup, **prepared, schedule, V, M, *size);
+    if (!built)
+      return built.takeError();
+    attachStagePrograms(*built, **prepared);
+    return built;
   }
 
   // --schedule auto: simulate the candidates, keep the fastest that fits.
@@ -519,6 +540,7 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
                                        {ScheduleKind::DualPipeV, 2}};
   std::vector<std::string> tried;
   std::optional<plan::Plan> best;
+  const Prepared *bestPrepared = nullptr;
   std::string bestText;
   for (int M : counts)
     for (const Candidate &c : candidates) {
@@ -550,6 +572,7 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
                           .str());
       if (fits && (!best || step < best->predicted().step_time_s())) {
         best = std::move(*candidate);
+        bestPrepared = *prepared;
         bestText = name;
       }
     }
@@ -561,6 +584,7 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
                             "candidates that fit the memory limits");
   for (const std::string &t : tried)
     best->add_schedule_search(t);
+  attachStagePrograms(*best, *bestPrepared);
   return std::move(*best);
 }
 

@@ -11,6 +11,7 @@
 
 #include "compiler/ir/Attributes.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/Twine.h"
 
 #include <algorithm>
@@ -26,6 +27,13 @@ Error nodeError(const Graph &graph, const Op &op, const Twine &what) {
     name = graph.values[op.outputs[0]].name;
   return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s", name.c_str(),
                            op.opType.c_str(), what.str().c_str());
+}
+
+/// False for operands that get no gradient by definition:
+/// BatchNormalization's running mean and variance are statistics, not
+/// parameters, and nothing flows back into them.
+bool carriesGradient(const Op &op, size_t input) {
+  return !(op.opType == "BatchNormalization" && input >= 3);
 }
 
 /// Where one gradient contribution was written, so that a lone
@@ -137,6 +145,22 @@ private:
     setInts(node, "perm", perm);
     return out(node);
   }
+  /// \p grad [N, C, d...] summed to the per-channel [C]: the gradient of a
+  /// per-channel bias.
+  std::string sumToChannels(const std::string &grad, const std::vector<int64_t> &gradShape) {
+    std::vector<int64_t> kept(gradShape.size(), 1);
+    kept[1] = gradShape[1];
+    return reshape(sumTo(grad, gradShape, kept), {gradShape[1]});
+  }
+  /// A per-channel [C] value reshaped to [C, 1, ...] so that it broadcasts
+  /// over a rank-\p rank value [N, C, d...].
+  std::string channelsFirst(const std::string &x, int64_t channels, size_t rank) {
+    std::vector<int64_t> shape(rank - 1, 1);
+    shape[0] = channels;
+    return reshape(x, shape);
+  }
+  Error setWindowAttrs(onnx::NodeProto &g, const Op &op, ArrayRef<int64_t> kernel,
+                       ArrayRef<int64_t> xShape, ArrayRef<int64_t> yShape);
 
   // --- gradient bookkeeping ---
   const Value &val(int id) const { return graph.values[id]; }
@@ -275,6 +299,45 @@ Expected<std::vector<int64_t>> reduceAxes(const Graph &graph, const Op &op, size
   return axes;
 }
 
+/// Sets kernel_shape, strides, dilations and explicit pads on \p g, the
+/// gradient node of the Conv or pool \p op whose input has shape \p xShape
+/// and output \p yShape. auto_pad is resolved here as the forward kernels
+/// resolve it, so the gradient kernels only know explicit pads.
+Error Differentiator::setWindowAttrs(onnx::NodeProto &g, const Op &op, ArrayRef<int64_t> kernel,
+                                     ArrayRef<int64_t> xShape, ArrayRef<int64_t> yShape) {
+  const onnx::NodeProto &node = graph.node(op);
+  size_t rank = kernel.size();
+  if (rank < 1 || rank > 3 || xShape.size() != rank + 2 || yShape.size() != rank + 2)
+    return nodeError(graph, op,
+                     "gradient with " + Twine(int64_t(xShape.size()) - 2) +
+                         " spatial dimensions is not implemented (1 to 3 are)");
+  std::vector<int64_t> strides = attrInts(node, "strides").value_or(std::vector<int64_t>(rank, 1));
+  std::vector<int64_t> dilations =
+      attrInts(node, "dilations").value_or(std::vector<int64_t>(rank, 1));
+  std::vector<int64_t> pads = attrInts(node, "pads").value_or(std::vector<int64_t>(2 * rank, 0));
+  if (strides.size() != rank || dilations.size() != rank || pads.size() != 2 * rank)
+    return nodeError(graph, op, "strides, dilations or pads do not match the spatial rank");
+  std::string autoPad = attrString(node, "auto_pad", "NOTSET");
+  if (autoPad == "VALID") {
+    std::fill(pads.begin(), pads.end(), 0);
+  } else if (autoPad == "SAME_UPPER" || autoPad == "SAME_LOWER") {
+    for (size_t d = 0; d < rank; ++d) {
+      int64_t extent = (kernel[d] - 1) * dilations[d] + 1;
+      int64_t total =
+          std::max<int64_t>(0, (yShape[d + 2] - 1) * strides[d] + extent - xShape[d + 2]);
+      pads[d] = autoPad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      pads[rank + d] = total - pads[d];
+    }
+  } else if (autoPad != "NOTSET") {
+    return nodeError(graph, op, "unknown auto_pad '" + autoPad + "'");
+  }
+  setInts(g, "kernel_shape", kernel);
+  setInts(g, "strides", strides);
+  setInts(g, "dilations", dilations);
+  setInts(g, "pads", pads);
+  return Error::success();
+}
+
 Error Differentiator::differentiateOp(const Op &op) {
   const onnx::NodeProto &node = graph.node(op);
   // Output gradients, complete now: the op's users have all been visited.
@@ -287,7 +350,8 @@ Error Differentiator::differentiateOp(const Op &op) {
     anyGrad |= finalGrad.count(o) > 0;
   }
   auto wants = [&](size_t i) {
-    return i < op.inputs.size() && op.inputs[i] >= 0 && needsGrad[op.inputs[i]];
+    return i < op.inputs.size() && op.inputs[i] >= 0 && needsGrad[op.inputs[i]] &&
+           carriesGradient(op, i);
   };
   bool anyWanted = false;
   for (size_t i = 0; i < op.inputs.size(); ++i)
@@ -386,6 +450,30 @@ Error Differentiator::differentiateOp(const Op &op) {
       onnx::NodeProto &g = emit("GeluGrad", {dy, in(0)}, "pipec");
       setString(g, "approximate", attrString(node, "approximate", "none"));
       contribute(op.inputs[0], out(g));
+      return Error::success();
+    });
+  if (t == "Abs")
+    return forEachWanted([&](size_t) {
+      contribute(op.inputs[0], binary("Mul", dy, unary("Sign", in(0))));
+      return Error::success();
+    });
+  if (t == "Clip")
+    return forEachWanted([&](size_t i) -> Error {
+      // Inside [min, max] (bounds included) Y equals X and dY passes.
+      if (i != 0)
+        return nodeError(graph, op, "gradient for the bounds min / max is not implemented");
+      std::string inside = binary("Equal", in(0), y);
+      contribute(op.inputs[0], out(emit("Where", {inside, dy, constScalar(0.0, type)})));
+      return Error::success();
+    });
+  if (t == "Max" || t == "Min")
+    return forEachWanted([&](size_t i) {
+      // dY goes to the first operand that equals Y (ties are not split).
+      std::string zero = constScalar(0.0, type);
+      std::string g = out(emit("Where", {binary("Equal", in(i), y), dy, zero}));
+      for (size_t k = 0; k < i; ++k)
+        g = out(emit("Where", {binary("Equal", in(k), y), zero, g}));
+      contribute(op.inputs[i], sumTo(g, yShape, shapeOf(i)));
       return Error::success();
     });
   if (t == "Sum")
@@ -579,6 +667,90 @@ Error Differentiator::differentiateOp(const Op &op) {
       }
       return Error::success();
     });
+  // Convolution, pooling and batch normalisation ([N, C, d1..] layouts).
+  if (t == "Conv")
+    return forEachWanted([&](size_t i) -> Error {
+      const std::vector<int64_t> &xShape = shapeOf(0), &wShape = shapeOf(1);
+      if (i == 2) {
+        contribute(op.inputs[2], sumToChannels(dy, yShape));
+        return Error::success();
+      }
+      // dX scatters W^T dY back through col2im; dW is dY times X's im2col
+      // columns, transposed.
+      onnx::NodeProto &g = i == 0 ? emit("ConvGradInput", {dy, in(1)}, "pipec")
+                                  : emit("ConvGradWeight", {dy, in(0)}, "pipec");
+      std::vector<int64_t> kernel(wShape.begin() + std::min<size_t>(2, wShape.size()),
+                                  wShape.end());
+      if (Error err = setWindowAttrs(g, op, kernel, xShape, yShape))
+        return err;
+      setInt(g, "group", attrInt(node, "group", 1));
+      setInts(g, "shape", i == 0 ? xShape : wShape);
+      contribute(op.inputs[i], out(g));
+      return Error::success();
+    });
+  if (t == "MaxPool" || t == "AveragePool" || t == "GlobalMaxPool")
+    return forEachWanted([&](size_t) -> Error {
+      const std::vector<int64_t> &xShape = shapeOf(0);
+      std::vector<int64_t> kernel;
+      if (t == "GlobalMaxPool")
+        kernel.assign(xShape.begin() + std::min<size_t>(2, xShape.size()), xShape.end());
+      else if (auto k = attrInts(node, "kernel_shape"))
+        kernel = *k;
+      else
+        return nodeError(graph, op, "missing attribute 'kernel_shape'");
+      bool isMax = t != "AveragePool";
+      onnx::NodeProto &g = isMax ? emit("MaxPoolGrad", {dy, in(0)}, "pipec")
+                                 : emit("AveragePoolGrad", {dy}, "pipec");
+      if (Error err = setWindowAttrs(g, op, kernel, xShape, yShape))
+        return err;
+      if (!isMax) {
+        setInt(g, "count_include_pad", attrInt(node, "count_include_pad", 0));
+        setInts(g, "shape", xShape);
+      }
+      contribute(op.inputs[0], out(g));
+      return Error::success();
+    });
+  if (t == "GlobalAveragePool")
+    return forEachWanted([&](size_t) {
+      const std::vector<int64_t> &xShape = shapeOf(0);
+      int64_t size = 1;
+      for (size_t d = 2; d < xShape.size(); ++d)
+        size *= xShape[d];
+      std::string g = binary("Expand", dy, constInts(xShape));
+      contribute(op.inputs[0], binary("Mul", g, constScalar(1.0 / double(size), type)));
+      return Error::success();
+    });
+  if (t == "BatchNormalization")
+    return forEachWanted([&](size_t i) -> Error {
+      // Inference form: Y = Scale (X - Mean) / sqrt(Var + epsilon) + B, the
+      // running statistics being constants (carriesGradient).
+      if (graph.opsetFor("") >= 14 && attrInt(node, "training_mode", 0))
+        return nodeError(graph, op,
+                         "gradient of training-mode BatchNormalization is not "
+                         "implemented (only inference mode is)");
+      if (op.inputs.size() < 5 || llvm::is_contained(op.inputs, -1))
+        return nodeError(graph, op, "expects 5 inputs");
+      const std::vector<int64_t> &xShape = shapeOf(0);
+      for (size_t k = 1; k < 5; ++k)
+        if (val(op.inputs[k]).type != type)
+          return nodeError(graph, op,
+                           "gradient with parameters of another element type than X is not "
+                           "implemented");
+      float epsilon = attrFloat(node, "epsilon", 1e-5f);
+      if (i == 0) {
+        // dX = dY Scale / sqrt(Var + epsilon), per channel.
+        std::string rstd = unary("Sqrt", binary("Add", in(4), constScalar(epsilon, type)));
+        std::string factor = channelsFirst(binary("Div", in(1), rstd), xShape[1], xShape.size());
+        contribute(op.inputs[0], binary("Mul", dy, factor));
+      } else if (i == 1) {
+        onnx::NodeProto &g = emit("BatchNormGradWeight", {dy, in(0), in(3), in(4)}, "pipec");
+        setFloat(g, "epsilon", epsilon);
+        contribute(op.inputs[1], out(g));
+      } else {
+        contribute(op.inputs[2], sumToChannels(dy, yShape));
+      }
+      return Error::success();
+    });
   // Broadcasting, selection and slicing.
   if (t == "Expand")
     return forEachWanted([&](size_t i) {
@@ -714,8 +886,8 @@ Expected<Backward> Differentiator::run(const LossSpec &loss) {
     if (op.dead)
       continue;
     bool any = false;
-    for (int i : op.inputs)
-      any |= i >= 0 && needsGrad[i];
+    for (size_t i = 0; i < op.inputs.size(); ++i)
+      any |= op.inputs[i] >= 0 && needsGrad[op.inputs[i]] && carriesGradient(op, i);
     for (int o : op.outputs)
       if (o >= 0 && any && isFloatDType(val(o).type) && val(o).kind != ValueKind::Constant)
         needsGrad[o] = true;

@@ -10,16 +10,24 @@
 // not.
 //
 // Rules exist for: MatMul (2-D, batched, broadcast; not 1-D operands), Gemm
-// (transA/transB, alpha/beta, bias C), Add, Sub, Mul, Div, Sum (numpy
-// broadcasting), Neg, Relu, Tanh, Sigmoid, Erf, Gelu, Sqrt, Reciprocal, Exp,
-// Log, Pow (constant scalar exponent), ReduceMean and ReduceSum, Softmax,
-// LayerNormalization, Gather (gradient for the data operand: embeddings),
-// Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Expand, Concat, Split,
-// Slice (step 1), Where, Cast, Identity and Dropout (as identity: inference-
-// mode dropout), SoftmaxCrossEntropyLoss (no class weights, reduction mean
-// or sum). Values of kind Weight are trainable when they are initializers of
-// a float type; a registered buffer (e.g. a rotary cos/sin table) gets a
-// gradient like any weight, which the optimizer may ignore.
+// (transA/transB, alpha/beta, bias C), Add, Sub, Mul, Div, Sum, Max, Min
+// (numpy broadcasting; Max / Min send dY to the first operand equal to Y),
+// Neg, Abs, Clip (for X; not for the bounds), Relu, Tanh, Sigmoid, Erf, Gelu,
+// Sqrt, Reciprocal, Exp, Log, Pow (constant scalar exponent), ReduceMean and
+// ReduceSum, Softmax, LayerNormalization, Gather (gradient for the data
+// operand: embeddings), Reshape, Flatten, Squeeze, Unsqueeze, Transpose,
+// Expand, Concat, Split, Slice (step 1), Where, Cast, Identity and Dropout
+// (as identity: inference-mode dropout), SoftmaxCrossEntropyLoss (no class
+// weights, reduction mean or sum), Conv (1 to 3 spatial dimensions; strides,
+// pads, dilations, group, every auto_pad; X, W and bias B), MaxPool and
+// AveragePool (1 to 3 spatial dimensions, ceil_mode, dilations,
+// count_include_pad; output 0 only), GlobalAveragePool, GlobalMaxPool and
+// BatchNormalization in inference mode (training_mode = 0: X, Scale and B;
+// the running mean and variance are statistics and get no gradient, so they
+// have no entry in Backward::weightGrads). Values of kind Weight are
+// trainable when they are initializers of a float type; a registered buffer
+// (e.g. a rotary cos/sin table) gets a gradient like any weight, which the
+// optimizer may ignore.
 //
 // Naming: the gradient of value V is "grad:V". When V has several users its
 // contributions are named "grad:V#K" and summed by a Sum node into "grad:V"
@@ -67,6 +75,30 @@
 //    shape: ints). dScale = sum over the leading axes of dY * Xh, reshaped
 //    to `shape` (Scale's shape). It reads only forward values and dY, so it
 //    can run in W long after I.
+//  - ConvGradInput(dY, W; dX; kernel_shape, strides, dilations, pads: ints,
+//    group: int, shape: ints). The gradient of Conv(X, W) for X, of
+//    `shape` (X's shape): per image and group, W^T dY scattered back over
+//    the windows (col2im). pads are explicit, begin then end per spatial
+//    dimension (the pass resolves auto_pad); the output's spatial sizes are
+//    dY's.
+//  - ConvGradWeight(dY, X; dW; kernel_shape, strides, dilations, pads: ints,
+//    group: int, shape: ints). The gradient for W, of `shape` (W's shape):
+//    dY times the transposed im2col columns of X, summed over the batch. The
+//    bias gets SumTo over all but the channel dimension.
+//  - MaxPoolGrad(dY, X; dX; kernel_shape, strides, dilations, pads: ints).
+//    Each dY element is added at the position of its window's maximum in X
+//    (the first one in row-major window order, padding never), recomputed
+//    from X as the forward kernel picks it. GlobalMaxPool uses it with the
+//    whole spatial extent as the window.
+//  - AveragePoolGrad(dY; dX; kernel_shape, strides, dilations, pads: ints,
+//    count_include_pad: int, shape: ints). Each dY element divided by its
+//    window's count (positions inside the padded input with
+//    count_include_pad, inside X otherwise) and added to the window's
+//    positions inside X; dX has `shape`.
+//  - BatchNormGradWeight(dY, X, Mean, Var; dScale; epsilon: float). X
+//    [N, C, d1..], the others [C]; dScale[c] = sum over all but dimension 1
+//    of dY * (X - Mean[c]) / sqrt(Var[c] + epsilon). (Inference-mode dX is
+//    dY * Scale / sqrt(Var + epsilon) in ONNX ops.)
 //  - SoftmaxCrossEntropyLossGrad(dLoss, Scores, Labels; dScores;
 //    reduction: "mean" | "sum", ignore_index: int, optional). Scores
 //    [N, C, d1..], Labels int [N, d1..], dLoss a scalar;

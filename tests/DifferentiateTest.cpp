@@ -7,8 +7,9 @@
 //
 // Tolerances: the rule graphs are float64 (eps 1e-6, |g - fd| <= 1e-6 +
 // 1e-5 |fd|); the generated models are float32 (eps 1e-3 on the
-// weights, |g - fd| <= 2e-3 + 2e-2 |fd|, sampled elements; for the ReLU MLP,
-// elements whose one-sided differences disagree, a kink, are skipped).
+// weights, |g - fd| <= 2e-3 + 2e-2 |fd|, sampled elements). In models with
+// ReLU or MaxPool, elements whose one-sided differences disagree, a kink,
+// are skipped.
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Differentiate.h"
@@ -167,20 +168,48 @@ std::unique_ptr<Differentiated> build(const std::string &bytes, const LossSpec &
   return result;
 }
 
+/// 3 or 4 when every use of \p id is as the running mean (3) or variance (4)
+/// of a BatchNormalization, which are statistics without a gradient; -1
+/// otherwise.
+int statisticInput(const Graph &graph, int id) {
+  int kind = -1;
+  for (int user : graph.values[id].users) {
+    const Op &op = graph.ops[user];
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      if (op.inputs[k] != id)
+        continue;
+      if (op.opType != "BatchNormalization" || k < 3 || (kind >= 0 && kind != int(k)))
+        return -1;
+      kind = static_cast<int>(k);
+    }
+  }
+  return kind;
+}
+
 /// Checks every weight and float graph-input gradient of \p d against finite
-/// differences; returns the number of gradients checked.
+/// differences; returns the number of gradients checked. BatchNormalization
+/// statistics must have no gradient; running variances are drawn positive.
 int checkFiniteDifferences(Differentiated &d, Check check) {
   const Graph &graph = d.graph;
   std::mt19937 rng(check.seed);
   std::map<std::string, Tensor> feeds = check.feeds;
   std::vector<std::pair<std::string, std::string>> grads; // value, gradient
-  for (const Value &v : graph.values) {
+  for (size_t id = 0; id < graph.values.size(); ++id) {
+    const Value &v = graph.values[id];
     bool trainable = v.kind == ValueKind::Weight && v.producer < 0 && isFloatDType(v.type);
     bool floatInput = v.kind == ValueKind::Input && isFloatDType(v.type);
     if (!trainable && !floatInput)
       continue;
+    int statistic = statisticInput(graph, static_cast<int>(id));
     if (!feeds.count(v.name))
-      feeds[v.name] = randomTensor(static_cast<ElemType>(v.type), v.shape, rng, check.lo, check.hi);
+      feeds[v.name] =
+          statistic == 4
+              ? randomTensor(static_cast<ElemType>(v.type), v.shape, rng, 0.5, 1.5)
+              : randomTensor(static_cast<ElemType>(v.type), v.shape, rng, check.lo, check.hi);
+    if (statistic >= 0) {
+      EXPECT_FALSE(d.backward.weightGrads.count(v.name)) << "statistic " << v.name << " trained";
+      continue;
+    }
     if (trainable && !v.users.empty()) {
       EXPECT_TRUE(d.backward.weightGrads.count(v.name)) << "no gradient for weight " << v.name;
       if (d.backward.weightGrads.count(v.name))
@@ -474,6 +503,29 @@ void setIntAttr(onnx::NodeProto &node, const std::string &name, int64_t value) {
   a->set_i(value);
 }
 
+void setFloatAttr(onnx::NodeProto &node, const std::string &name, float value) {
+  auto *a = node.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::FLOAT);
+  a->set_f(value);
+}
+
+void setIntsAttr(onnx::NodeProto &node, const std::string &name,
+                 const std::vector<int64_t> &values) {
+  auto *a = node.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INTS);
+  for (int64_t v : values)
+    a->add_ints(v);
+}
+
+void setStringAttr(onnx::NodeProto &node, const std::string &name, const std::string &value) {
+  auto *a = node.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::STRING);
+  a->set_s(value);
+}
+
 TEST(Differentiate, LayerNormalization) {
   for (int axis : {-1, 1})
     for (bool bias : {true, false}) {
@@ -569,6 +621,226 @@ TEST(Differentiate, GatherOnEmbedding) {
   checkModel(b, check);
 }
 
+TEST(Differentiate, ConvGradKernelErrors) {
+  // dY [1, 3, 4, 4] cannot come from X [1, 2, 4, 4] and an unpadded 3x3 W.
+  onnx::NodeProto node;
+  node.set_name("c");
+  node.set_domain("pipec");
+  node.set_op_type("ConvGradInput");
+  node.add_input("dy"), node.add_input("w"), node.add_output("dx");
+  setIntsAttr(node, "shape", {1, 2, 4, 4});
+  Tensor dy(ElemType::Float, {1, 3, 4, 4}), w(ElemType::Float, {3, 2, 3, 3});
+  auto bad = cpu::runAnyOp(node, 17, {&dy, &w});
+  ASSERT_FALSE(bool(bad));
+  EXPECT_EQ(llvm::toString(bad.takeError()),
+            "node 'c' (ConvGradInput): output size 4 does not fit input size 4 in spatial "
+            "dimension 0");
+  node.set_op_type("MaxPoolGrad");
+  auto noKernel = cpu::runAnyOp(node, 17, {&dy, &dy});
+  ASSERT_FALSE(bool(noKernel));
+  EXPECT_EQ(llvm::toString(noKernel.takeError()),
+            "node 'c' (MaxPoolGrad): missing attribute 'kernel_shape'");
+}
+
+TEST(Differentiate, AbsClipMaxMin) {
+  checkModel(unaryModel("Abs"));
+  for (bool lower : {true, false}) {
+    // Bounds as inputs; without a lower one min is omitted by an empty name.
+    GraphBuilder b = unaryModel("Clip");
+    doubleScalar(b, "lo", -0.2);
+    doubleScalar(b, "hi", 0.3);
+    auto &n = *b.graph().mutable_node(1);
+    n.add_input(lower ? "lo" : "");
+    n.add_input("hi");
+    SCOPED_TRACE(lower ? "min and max" : "max only");
+    checkModel(b);
+  }
+  {
+    // Opset 10: bounds as attributes.
+    GraphBuilder b(10);
+    b.input("x", kDouble, {3, 4});
+    doubleWeight(b, "w", {4});
+    b.node("Mul", {"x", "w"}, {"h"}, "mul");
+    auto &n = b.node("Clip", {"h"}, {"y"}, "clip");
+    setFloatAttr(n, "min", -0.25f);
+    setFloatAttr(n, "max", 0.5f);
+    b.output("y", kDouble);
+    SCOPED_TRACE("opset 10");
+    checkModel(b);
+  }
+  for (const char *op : {"Max", "Min"}) {
+    SCOPED_TRACE(op);
+    checkModel(binaryModel(op, {2, 3, 4}, {3, 1}));
+    checkModel(binaryModel(op, {3, 4}, {3, 4}, /*swap=*/true));
+    // Three operands, x twice: where the two tie, the first takes dY.
+    GraphBuilder b = binaryModel(op, {3, 4}, {4});
+    b.graph().mutable_node(0)->add_input("x");
+    checkModel(b);
+  }
+}
+
+/// A Conv case: attributes left empty are omitted.
+struct ConvCase {
+  std::string name;
+  std::vector<int64_t> x, w, strides, pads, dilations = {};
+  int64_t group = 1;
+  std::string autoPad = "";
+  bool bias = false;
+};
+
+TEST(Differentiate, Conv) {
+  const ConvCase cases[] = {
+      {"3x3 pad 1 bias", {2, 3, 5, 5}, {4, 3, 3, 3}, {}, {1, 1, 1, 1}, {}, 1, "", true},
+      {"stride 2 asymmetric pads", {1, 2, 6, 5}, {3, 2, 3, 2}, {2, 2}, {0, 1, 1, 0}, {}, 1, ""},
+      {"dilation 2", {1, 2, 7, 7}, {2, 2, 3, 3}, {}, {1, 1, 1, 1}, {2, 2}, 1, ""},
+      {"group 2 stride 2 bias", {2, 4, 5, 5}, {6, 2, 3, 3}, {2, 2}, {1, 1, 1, 1}, {}, 2, "", true},
+      {"depthwise", {1, 3, 4, 4}, {3, 1, 3, 3}, {}, {1, 1, 1, 1}, {}, 3, ""},
+      {"1x1 bias", {2, 3, 4, 4}, {5, 3, 1, 1}, {}, {}, {}, 1, "", true},
+      {"1x1 stride 2", {1, 3, 5, 5}, {2, 3, 1, 1}, {2, 2}, {}, {}, 1, ""},
+      {"SAME_UPPER", {1, 2, 5, 5}, {2, 2, 2, 2}, {2, 2}, {}, {}, 1, "SAME_UPPER"},
+      {"SAME_LOWER", {1, 2, 5, 6}, {2, 2, 2, 3}, {2, 2}, {}, {}, 1, "SAME_LOWER"},
+      {"VALID bias", {1, 2, 5, 5}, {2, 2, 3, 3}, {2, 1}, {}, {}, 1, "VALID", true},
+      {"1-D bias", {2, 3, 7}, {4, 3, 3}, {2}, {1, 0}, {}, 1, "", true},
+      {"3-D bias",
+       {1, 2, 3, 4, 4},
+       {2, 2, 2, 3, 3},
+       {1, 2, 1},
+       {1, 1, 1, 0, 0, 1},
+       {},
+       1,
+       "",
+       true},
+  };
+  for (const ConvCase &c : cases) {
+    GraphBuilder b;
+    b.input("x", kDouble, c.x);
+    doubleWeight(b, "w", c.w);
+    std::vector<std::string> inputs{"x", "w"};
+    if (c.bias) {
+      doubleWeight(b, "b", {c.w[0]});
+      inputs.push_back("b");
+    }
+    auto &n = b.node("Conv", inputs, {"y"}, "conv");
+    for (const auto &[name, values] : {std::pair("strides", c.strides), std::pair("pads", c.pads),
+                                       std::pair("dilations", c.dilations)})
+      if (!values.empty())
+        setIntsAttr(n, name, values);
+    if (c.group != 1)
+      setIntAttr(n, "group", c.group);
+    if (!c.autoPad.empty())
+      setStringAttr(n, "auto_pad", c.autoPad);
+    b.output("y", kDouble);
+    SCOPED_TRACE(c.name);
+    checkModel(b);
+  }
+}
+
+/// A MaxPool or AveragePool case: attributes left empty are omitted.
+struct PoolCase {
+  std::string op;
+  std::vector<int64_t> x, kernel, strides, pads, dilations = {};
+  int64_t ceilMode = 0, countIncludePad = 0;
+  std::string autoPad = "";
+};
+
+TEST(Differentiate, Pools) {
+  const PoolCase cases[] = {
+      // Overlapping windows.
+      {"MaxPool", {2, 2, 7, 7}, {3, 3}, {2, 2}, {1, 1, 1, 1}},
+      {"MaxPool", {1, 2, 5, 5}, {3, 3}, {1, 1}, {}},
+      {"MaxPool", {1, 2, 5, 5}, {2, 2}, {2, 2}, {}, {}, /*ceilMode=*/1},
+      {"MaxPool", {1, 1, 6, 6}, {3, 3}, {2, 2}, {1, 1, 1, 1}, {}, 1},
+      {"MaxPool", {1, 2, 6, 6}, {2, 2}, {1, 1}, {}, {2, 2}},
+      {"MaxPool", {1, 2, 6, 6}, {3, 3}, {2, 2}, {}, {}, 0, 0, "SAME_UPPER"},
+      {"MaxPool", {2, 3, 9}, {3}, {2}, {1, 1}},
+      {"MaxPool", {1, 1, 4, 4, 4}, {2, 2, 2}, {2, 2, 2}, {}},
+      {"AveragePool", {2, 2, 7, 7}, {3, 3}, {2, 2}, {1, 1, 1, 1}},
+      {"AveragePool", {2, 2, 7, 7}, {3, 3}, {2, 2}, {1, 1, 1, 1}, {}, 0, /*countIncludePad=*/1},
+      {"AveragePool", {1, 2, 5, 5}, {2, 2}, {2, 2}, {}, {}, 1, 1},
+      {"AveragePool", {1, 1, 6, 6}, {3, 3}, {2, 2}, {1, 1, 1, 1}, {}, 1, 1},
+      {"AveragePool", {1, 2, 4, 4}, {2, 2}, {1, 1}, {}, {}, 0, 0, "SAME_LOWER"},
+      {"AveragePool", {2, 3, 6}, {3}, {1}, {1, 1}, {}, 0, 1},
+  };
+  for (const PoolCase &c : cases) {
+    GraphBuilder b;
+    b.input("x", kDouble, c.x);
+    auto &n = b.node(c.op, {"x"}, {"y"}, "pool");
+    for (const auto &[name, values] :
+         {std::pair("kernel_shape", c.kernel), std::pair("strides", c.strides),
+          std::pair("pads", c.pads), std::pair("dilations", c.dilations)})
+      if (!values.empty())
+        setIntsAttr(n, name, values);
+    if (c.ceilMode)
+      setIntAttr(n, "ceil_mode", 1);
+    if (c.countIncludePad)
+      setIntAttr(n, "count_include_pad", 1);
+    if (!c.autoPad.empty())
+      setStringAttr(n, "auto_pad", c.autoPad);
+    b.output("y", kDouble);
+    SCOPED_TRACE(c.op + " x " + ::testing::PrintToString(c.x) + " kernel " +
+                 ::testing::PrintToString(c.kernel) + " ceil " + std::to_string(c.ceilMode) +
+                 " include pad " + std::to_string(c.countIncludePad) + " " + c.autoPad);
+    checkModel(b);
+  }
+}
+
+TEST(Differentiate, GlobalPools) {
+  for (const char *op : {"GlobalAveragePool", "GlobalMaxPool"})
+    for (const std::vector<int64_t> &dims : {std::vector<int64_t>{2, 3, 4, 5}, {2, 3, 5}}) {
+      // y = pool(x * w), w per channel.
+      GraphBuilder b;
+      b.input("x", kDouble, dims);
+      std::vector<int64_t> wDims(dims.size() - 1, 1);
+      wDims[0] = dims[1];
+      doubleWeight(b, "w", wDims);
+      b.node("Mul", {"x", "w"}, {"h"}, "mul");
+      b.node(op, {"h"}, {"y"}, "pool");
+      b.output("y", kDouble);
+      SCOPED_TRACE(std::string(op) + " rank " + std::to_string(dims.size()));
+      checkModel(b);
+    }
+}
+
+TEST(Differentiate, BatchNormalizationInference) {
+  for (const std::vector<int64_t> &dims : {std::vector<int64_t>{2, 3, 4, 4}, {4, 3}}) {
+    GraphBuilder b;
+    b.input("x", kDouble, dims);
+    for (const char *name : {"scale", "bias", "mean", "var"})
+      doubleWeight(b, name, {3});
+    auto &n = b.node("BatchNormalization", {"x", "scale", "bias", "mean", "var"}, {"y"}, "bn");
+    setFloatAttr(n, "epsilon", 1e-3f);
+    b.output("y", kDouble);
+    SCOPED_TRACE("rank " + std::to_string(dims.size()));
+    auto d = build(b.serialize(), Check().loss, /*inputGrads=*/true);
+    ASSERT_TRUE(d);
+    // The statistics have no gradient (checkFiniteDifferences expects so).
+    EXPECT_GT(checkFiniteDifferences(*d, Check()), 0);
+    EXPECT_EQ(d->backward.weightGrads.size(), 2u);
+    EXPECT_TRUE(d->backward.weightGrads.count("scale"));
+    EXPECT_TRUE(d->backward.weightGrads.count("bias"));
+  }
+}
+
+TEST(Differentiate, TrainingModeBatchNormalizationIsRejected) {
+  GraphBuilder b(15);
+  b.input("x", kDouble, {2, 3});
+  for (const char *name : {"scale", "bias", "mean", "var"})
+    doubleWeight(b, name, {3});
+  auto &n = b.node("BatchNormalization", {"x", "scale", "bias", "mean", "var"},
+                   {"y", "new_mean", "new_var"}, "bn");
+  setIntAttr(n, "training_mode", 1);
+  b.output("y", kDouble);
+  auto graph = importBytes(b.serialize());
+  ASSERT_TRUE(bool(graph)) << llvm::toString(graph.takeError());
+  auto layers = groupLayers(*graph);
+  ASSERT_TRUE(bool(layers)) << llvm::toString(layers.takeError());
+  auto backward = differentiate(*graph, *layers, {LossSpec::Kind::Mse, "", "labels"});
+  ASSERT_FALSE(bool(backward));
+  EXPECT_EQ(llvm::toString(backward.takeError()),
+            "node 'bn' (BatchNormalization): gradient of training-mode BatchNormalization is "
+            "not implemented (only inference mode is)");
+}
+
 TEST(Differentiate, SoftmaxCrossEntropy) {
   // As a loss spec on the model's output, and as the model's own loss op.
   GraphBuilder b = binaryModel("MatMul", {4, 3}, {3, 5});
@@ -600,14 +872,14 @@ TEST(Differentiate, SharedValueAccumulates) {
 }
 
 TEST(Differentiate, NoRuleNamesTheNode) {
-  GraphBuilder b = unaryModel("Abs");
+  GraphBuilder b = unaryModel("Sin");
   auto graph = importBytes(b.serialize());
   ASSERT_TRUE(bool(graph)) << llvm::toString(graph.takeError());
   auto layers = groupLayers(*graph);
   ASSERT_TRUE(bool(layers)) << llvm::toString(layers.takeError());
   auto backward = differentiate(*graph, *layers, {LossSpec::Kind::Mse, "", "labels"});
   ASSERT_FALSE(bool(backward));
-  EXPECT_EQ(llvm::toString(backward.takeError()), "node 'n' (Abs): no gradient rule");
+  EXPECT_EQ(llvm::toString(backward.takeError()), "node 'n' (Sin): no gradient rule");
 }
 
 TEST(Differentiate, BadLossSpecs) {
@@ -721,5 +993,81 @@ TEST(Differentiate, GptEndToEnd) { checkDecoder(models::Family::Gpt, false); }
 TEST(Differentiate, GptTiedEmbeddingsEndToEnd) { checkDecoder(models::Family::Gpt, true); }
 
 TEST(Differentiate, LlamaEndToEnd) { checkDecoder(models::Family::Llama, false); }
+
+TEST(Differentiate, SmallCnnEndToEnd) {
+  // images [2, 3, 8, 8] -> Conv 3x3 pad 1 (+ bias) -> BatchNormalization
+  // (eval) -> Relu -> MaxPool 2x2 -> Conv 3x3 stride 2 pad 1 ->
+  // GlobalAveragePool -> Flatten -> Gemm -> logits [2, 3]; softmax cross
+  // entropy as the loss spec.
+  GraphBuilder b;
+  b.input("images", kDouble, {2, 3, 8, 8});
+  doubleWeight(b, "conv1.weight", {4, 3, 3, 3});
+  doubleWeight(b, "conv1.bias", {4});
+  for (const char *name : {"bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"})
+    doubleWeight(b, name, {4});
+  doubleWeight(b, "conv2.weight", {5, 4, 3, 3});
+  doubleWeight(b, "fc.weight", {3, 5});
+  doubleWeight(b, "fc.bias", {3});
+  auto &conv1 = b.node("Conv", {"images", "conv1.weight", "conv1.bias"}, {"c1"}, "conv1");
+  setIntsAttr(conv1, "pads", {1, 1, 1, 1});
+  b.node("BatchNormalization", {"c1", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"},
+         {"n1"}, "bn");
+  b.node("Relu", {"n1"}, {"r1"}, "relu");
+  auto &pool = b.node("MaxPool", {"r1"}, {"p1"}, "maxpool");
+  setIntsAttr(pool, "kernel_shape", {2, 2});
+  setIntsAttr(pool, "strides", {2, 2});
+  auto &conv2 = b.node("Conv", {"p1", "conv2.weight"}, {"c2"}, "conv2");
+  setIntsAttr(conv2, "strides", {2, 2});
+  setIntsAttr(conv2, "pads", {1, 1, 1, 1});
+  b.node("GlobalAveragePool", {"c2"}, {"g"}, "avgpool");
+  b.node("Flatten", {"g"}, {"f"}, "flatten");
+  auto &fc = b.node("Gemm", {"f", "fc.weight", "fc.bias"}, {"logits"}, "fc");
+  setIntAttr(fc, "transB", 1);
+  b.output("logits", kDouble);
+
+  Check check;
+  check.loss = {LossSpec::Kind::SoftmaxCrossEntropy, "logits", "labels"};
+  check.feeds["labels"] = Tensor::fromValues<int64_t>({2}, {0, 2});
+  check.skipKinks = true;
+  auto d = build(b.serialize(), check.loss, /*inputGrads=*/true);
+  ASSERT_TRUE(d);
+  expectSplit(*d);
+  EXPECT_GT(checkFiniteDifferences(*d, check), 400);
+  // conv1 weight and bias, bn weight and bias, conv2, fc weight and bias.
+  EXPECT_EQ(d->backward.weightGrads.size(), 7u);
+  EXPECT_EQ(d->backward.inputGrads.count("images"), 1u);
+}
+
+TEST(Differentiate, ResnetEndToEnd) {
+  // One bottleneck block per stage, base width 2, 16 x 16 images, float32.
+  models::GeneratorOptions options;
+  options.family = models::Family::Resnet;
+  options.layers = 4;
+  options.hidden = 2;
+  options.vocab = 3;
+  options.seq = 16;
+  options.batch = 2;
+  options.withLoss = true;
+  auto model = models::generateModel(options);
+  ASSERT_TRUE(bool(model)) << llvm::toString(model.takeError());
+  std::string bytes;
+  model->SerializeToString(&bytes);
+  ImportOptions importOptions;
+  importOptions.bindings.batch = 2;
+  auto d = build(bytes, {LossSpec::Kind::ModelOutput, "loss", ""}, false, importOptions);
+  ASSERT_TRUE(d);
+  expectSplit(*d);
+  Check check;
+  check.eps = 1e-3, check.atol = 2e-3, check.rtol = 2e-2, check.samples = 4;
+  check.lo = -0.5, check.hi = 0.5;
+  check.skipKinks = true;
+  check.loss = {LossSpec::Kind::ModelOutput, "loss", ""};
+  check.feeds["labels"] = Tensor::fromValues<int64_t>({2}, {0, 2});
+  EXPECT_GT(checkFiniteDifferences(*d, check), 100);
+  // Each block: 4 convolutions (one downsampling) and 4 batch norms, which
+  // train their scale and bias only; the stem's conv and batch norm; the
+  // classifier's weight and bias.
+  EXPECT_EQ(d->backward.weightGrads.size(), size_t(4 * (4 + 4 * 2) + (1 + 2) + 2));
+}
 
 } // namespace

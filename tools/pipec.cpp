@@ -14,6 +14,8 @@
 #include "compiler/Report.h"
 #include "compiler/sim/Simulator.h"
 #include "models/ModelGenerators.h"
+#include "runtime/comm/Comm.h"
+#include "runtime/core/Executor.h"
 #include "runtime/plan/PlanFile.h"
 #include "tools/Versions.h"
 
@@ -22,6 +24,7 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/WithColor.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -33,11 +36,18 @@ namespace {
 constexpr int ExitInput = 1;
 constexpr int ExitUsage = 2;
 
+#ifdef PIPEC_CUDA_LIB_DIR
+constexpr bool PIPEC_HAS_CUDA_BACKEND = true;
+#else
+constexpr bool PIPEC_HAS_CUDA_BACKEND = false;
+#endif
+
 cl::SubCommand InspectCmd("inspect", "Show a model's layers, params, FLOPs and cut points");
 cl::SubCommand ModelCmd("model", "Generate a GPT, Llama, BERT, MLP or ResNet model as ONNX");
 cl::SubCommand CompileCmd("compile", "Partition a model into pipeline stages and write a plan");
 cl::SubCommand ReportCmd("report", "Show a plan's partition report");
 cl::SubCommand SimulateCmd("simulate", "Simulate a plan's instruction streams; write a trace");
+cl::SubCommand RunCmd("run", "Run a plan: train or infer on CPU ranks (threads or MPI processes)");
 
 cl::OptionCategory ShapeCat("Shape binding");
 cl::OptionCategory DebugCat("Pass debugging");
@@ -130,6 +140,50 @@ cl::opt<std::string> TraceFile("trace", cl::desc("Write a Chrome/Perfetto trace 
                                cl::value_desc("FILE"), cl::sub(SimulateCmd));
 cl::opt<int> TimelineWidth("width", cl::desc("Columns of the text timeline"), cl::init(100),
                            cl::sub(SimulateCmd));
+
+// run
+cl::opt<std::string> RunPlan(cl::Positional, cl::desc("PLAN"), cl::Required, cl::sub(RunCmd));
+cl::opt<int> RunSteps("steps", cl::desc("Training (or inference) steps"), cl::init(1),
+                      cl::sub(RunCmd));
+cl::opt<std::string> RunBackend("backend", cl::desc("cpu or cuda"), cl::init("cpu"),
+                                cl::sub(RunCmd));
+cl::opt<std::string> RunComm("comm",
+                             cl::desc("local (ranks as threads), mpi (one process per rank, "
+                                      "under mpirun) or nccl; default: mpi under mpirun, else "
+                                      "local"),
+                             cl::sub(RunCmd));
+cl::opt<uint64_t> RunSeed("seed", cl::desc("Seed of the synthetic data"), cl::init(1),
+                          cl::sub(RunCmd));
+cl::opt<std::string> RunData("data", cl::desc("Directory of NAME.npy or NAME.pb per input"),
+                             cl::value_desc("DIR"), cl::sub(RunCmd));
+cl::opt<std::string> RunModel("model", cl::desc("The model file (default: the plan's path)"),
+                              cl::value_desc("FILE"), cl::sub(RunCmd));
+cl::opt<std::string> RunOptimizer("optimizer",
+                                  cl::desc("sgd, momentum or adamw (default: the plan's)"),
+                                  cl::sub(RunCmd));
+cl::opt<double> RunLr("lr", cl::desc("Learning rate (default 1e-3 adamw, 1e-2 sgd)"), cl::init(0),
+                      cl::sub(RunCmd));
+cl::opt<double> RunMomentum("momentum", cl::desc("SGD momentum"), cl::init(0.9), cl::sub(RunCmd));
+cl::opt<double> RunWeightDecay("weight-decay", cl::desc("Decoupled weight decay"), cl::init(0),
+                               cl::sub(RunCmd));
+cl::opt<std::string> RunSave("save-weights", cl::desc("Write the trained model as ONNX"),
+                             cl::value_desc("OUT.onnx"), cl::sub(RunCmd));
+cl::opt<std::string> RunCheckpoint("checkpoint", cl::desc("Write atomic checkpoints to DIR"),
+                                   cl::value_desc("DIR"), cl::sub(RunCmd));
+cl::opt<int> RunCheckpointEvery("checkpoint-every", cl::desc("Steps between checkpoints"),
+                                cl::init(1), cl::sub(RunCmd));
+cl::opt<bool> RunResume("resume", cl::desc("Continue from --checkpoint DIR's latest checkpoint"),
+                        cl::sub(RunCmd));
+cl::opt<std::string> RunOutputs("outputs", cl::desc("Inference: write graph outputs to DIR"),
+                                cl::value_desc("DIR"), cl::sub(RunCmd));
+cl::opt<std::string> RunOutputFormat("output-format", cl::desc("npy or pb"), cl::init("npy"),
+                                     cl::sub(RunCmd));
+cl::opt<std::string> RunTrace("trace", cl::desc("Write the measured timeline (Chrome trace)"),
+                              cl::value_desc("FILE"), cl::sub(RunCmd));
+cl::opt<double> RunTimeout("timeout",
+                           cl::desc("Seconds a rank may wait without progress before failing"),
+                           cl::init(120), cl::sub(RunCmd));
+cl::opt<bool> RunQuiet("quiet", cl::desc("No progress lines"), cl::sub(RunCmd));
 
 // model
 cl::opt<std::string> ModelFamily(cl::Positional, cl::desc("gpt|llama|bert|mlp|resnet"),
@@ -359,6 +413,74 @@ int runSimulate() {
   return 0;
 }
 
+int runRun() {
+  bool underMpi = rt::launchedByMpi();
+  std::string comm = RunComm.empty() ? (underMpi ? "mpi" : "local") : RunComm.getValue();
+  if (comm != "local" && comm != "mpi" && comm != "nccl") {
+    errs() << "pipec run: --comm " << comm << ": expected local, mpi or nccl\n";
+    return ExitUsage;
+  }
+  if (RunBackend != "cpu" && RunBackend != "cuda") {
+    errs() << "pipec run: --backend " << RunBackend << ": expected cpu or cuda\n";
+    return ExitUsage;
+  }
+  if (RunBackend == "cuda" || comm == "nccl")
+    return reportError(createStringError(
+        inconvertibleErrorCode(), "--backend cuda / --comm nccl: %s",
+        PIPEC_HAS_CUDA_BACKEND ? "the CUDA executor is not built into this pipec yet"
+                               : "this pipec was built without CUDA"));
+  if (RunOutputFormat != "npy" && RunOutputFormat != "pb") {
+    errs() << "pipec run: --output-format " << RunOutputFormat << ": expected npy or pb\n";
+    return ExitUsage;
+  }
+  if (RunResume && RunCheckpoint.empty()) {
+    errs() << "pipec run: --resume needs --checkpoint DIR\n";
+    return ExitUsage;
+  }
+  auto plan = readPlan(RunPlan);
+  if (!plan)
+    return reportError(plan.takeError());
+  rt::RunOptions options;
+  options.steps = RunSteps;
+  options.seed = RunSeed;
+  options.dataDir = RunData;
+  options.modelPath = RunModel;
+  options.planDir = sys::path::parent_path(RunPlan).str();
+  options.optimizer = RunOptimizer;
+  options.lr = RunLr;
+  options.momentum = RunMomentum;
+  options.weightDecay = RunWeightDecay;
+  options.saveWeights = RunSave;
+  options.checkpointDir = RunCheckpoint;
+  options.checkpointEvery = RunCheckpointEvery;
+  options.resume = RunResume;
+  options.outputsDir = RunOutputs;
+  options.outputsAsPb = RunOutputFormat == "pb";
+  options.tracePath = RunTrace;
+  options.timeoutSeconds = RunTimeout;
+  options.progress = !RunQuiet;
+  options.log = &outs();
+  bool train = plan->schedule().mode() == "train";
+  int ranks = plan->schedule().stages() * std::max(1, plan->schedule().data_parallel());
+  auto result = comm == "mpi" ? rt::runMpi(*plan, options) : rt::runLocal(*plan, options);
+  if (!result)
+    return reportError(result.takeError());
+  if (!RunQuiet && result->primary) {
+    double perStep = result->seconds / std::max(1, RunSteps - result->firstStep);
+    outs() << formatv("{0} {1} step(s) of {2} on {3} rank(s) ({4}): {5} per step, predicted {6}\n",
+                      train ? "trained" : "ran", RunSteps - result->firstStep,
+                      plan->schedule().name(), ranks, comm, formatSeconds(perStep),
+                      formatSeconds(plan->predicted().step_time_s()));
+    if (!RunSave.empty())
+      outs() << "wrote " << RunSave << "\n";
+    if (!RunOutputs.empty())
+      outs() << "wrote " << result->outputs.size() << " output(s) to " << RunOutputs << "\n";
+    if (!RunTrace.empty())
+      outs() << "wrote " << RunTrace << "\n";
+  }
+  return 0;
+}
+
 int runModel() {
   auto family = models::parseFamily(ModelFamily);
   if (!family)
@@ -403,6 +525,8 @@ int main(int argc, char **argv) {
                                    "  pipec compile MODEL.onnx -o MODEL.plan [--stages P] ...\n"
                                    "  pipec report MODEL.plan [--format text|json]\n"
                                    "  pipec simulate MODEL.plan [--trace trace.json]\n"
+                                   "  pipec run MODEL.plan [--steps N] [--data DIR] ...\n"
+                                   "  mpirun -np P pipec run MODEL.plan --comm mpi\n"
                                    "  pipec model gpt|llama|bert|mlp|resnet [options] -o FILE\n\n"
                                    "Exit codes: 0 ok, 1 bad input or failed step, 2 bad usage.\n",
                                    &errorStream)) {
@@ -420,6 +544,8 @@ int main(int argc, char **argv) {
     return runReport();
   if (SimulateCmd)
     return runSimulate();
+  if (RunCmd)
+    return runRun();
   WithColor::error(errs(), "pipec") << "no command given; try 'pipec --help'\n";
   return ExitUsage;
 }

@@ -327,6 +327,8 @@ Error Importer::addNodes() {
         auto id = addTensor(*tensor, index, label);
         if (!id)
           return id.takeError();
+        // The value goes by the node's output name, whatever the tensor's.
+        graph.values[*id].name = node.output(0);
         define(node.output(0), *id, label);
         continue;
       }

@@ -1,7 +1,10 @@
 //===- GradKernels.cpp - CPU kernels for pipec's gradient ops -----------===//
 //
 // Plain loops over float or double storage; each kernel follows the formula
-// in passes/Differentiate.h.
+// in passes/Differentiate.h. The convolution gradients are GEMMs (OpenBLAS,
+// through Kernels.h) around im2col and its adjoint col2im; the windows are
+// walked in the forward kernels' order so that MaxPoolGrad picks the same
+// maximum as MaxPool.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/GradKernels.h"
@@ -10,6 +13,8 @@
 
 #include "onnx/onnx_pb.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 
 using namespace llvm;
@@ -268,13 +273,359 @@ Expected<std::vector<Tensor>> layerNormGradWeight(const onnx::NodeProto &node,
   return std::vector<Tensor>{dscale};
 }
 
+//===----------------------------------------------------------------------===//
+// Convolution and pooling gradients
+//===----------------------------------------------------------------------===//
+
+/// Sliding-window geometry of a Conv or pool gradient, padded to three
+/// spatial dimensions as the forward kernels pad it (a 1-D or 2-D op gets
+/// leading dimensions of size 1). Pads are explicit (the differentiate pass
+/// resolves auto_pad) and the output sizes are dY's.
+struct Window {
+  static constexpr int MaxRank = 3;
+  std::array<int64_t, MaxRank> in, kernel, stride, dilation, padBegin, padEnd, out;
+  int64_t inSize() const { return in[0] * in[1] * in[2]; }
+  int64_t outSize() const { return out[0] * out[1] * out[2]; }
+  int64_t kernelSize() const { return kernel[0] * kernel[1] * kernel[2]; }
+  /// True when every window is one input element at the same position: the
+  /// im2col columns are the image itself.
+  bool isIdentity() const {
+    for (int d = 0; d < MaxRank; ++d)
+      if (kernel[d] != 1 || stride[d] != 1 || padBegin[d] != 0 || out[d] != in[d])
+        return false;
+    return true;
+  }
+};
+
+std::vector<int64_t> intsAttr(const onnx::NodeProto &node, StringRef name,
+                              std::vector<int64_t> otherwise) {
+  if (const auto *a = attr(node, name))
+    return std::vector<int64_t>(a->ints().begin(), a->ints().end());
+  return otherwise;
+}
+
+/// Reads strides, dilations and pads for a window of \p kernel sliding over
+/// \p in to give \p out, and checks that the sizes agree (out as with
+/// ceil_mode off or on).
+Expected<Window> windowOf(const onnx::NodeProto &node, ArrayRef<int64_t> in,
+                          ArrayRef<int64_t> kernel, ArrayRef<int64_t> out) {
+  size_t rank = in.size();
+  if (rank < 1 || rank > Window::MaxRank)
+    return fail(node, Twine(rank) + " spatial dimensions (1 to 3 are supported)");
+  if (kernel.size() != rank || out.size() != rank)
+    return fail(node, "kernel " + shapeString(kernel) + ", input " + shapeString(in) +
+                          " and output " + shapeString(out) + " spatial sizes differ in rank");
+  if (const auto *given = attr(node, "kernel_shape");
+      given &&
+      !std::equal(given->ints().begin(), given->ints().end(), kernel.begin(), kernel.end()))
+    return fail(node, "kernel_shape does not match the kernel " + shapeString(kernel));
+  std::vector<int64_t> strides = intsAttr(node, "strides", std::vector<int64_t>(rank, 1));
+  std::vector<int64_t> dilations = intsAttr(node, "dilations", std::vector<int64_t>(rank, 1));
+  std::vector<int64_t> pads = intsAttr(node, "pads", std::vector<int64_t>(2 * rank, 0));
+  if (strides.size() != rank || dilations.size() != rank || pads.size() != 2 * rank)
+    return fail(node, "strides, dilations or pads do not match the spatial rank");
+  Window w;
+  size_t lead = Window::MaxRank - rank;
+  for (int d = 0; d < Window::MaxRank; ++d) {
+    w.in[d] = w.kernel[d] = w.stride[d] = w.dilation[d] = w.out[d] = 1;
+    w.padBegin[d] = w.padEnd[d] = 0;
+  }
+  for (size_t i = 0; i < rank; ++i) {
+    size_t d = lead + i;
+    w.in[d] = in[i], w.kernel[d] = kernel[i], w.stride[d] = strides[i];
+    w.dilation[d] = dilations[i], w.padBegin[d] = pads[i], w.padEnd[d] = pads[rank + i];
+    w.out[d] = out[i];
+    if (w.kernel[d] < 1 || w.stride[d] < 1 || w.dilation[d] < 1 || w.padBegin[d] < 0 ||
+        w.padEnd[d] < 0)
+      return fail(node, "kernel, strides and dilations must be positive and pads non-negative");
+    int64_t span = w.in[d] + w.padBegin[d] + w.padEnd[d] - (w.kernel[d] - 1) * w.dilation[d] - 1;
+    if (span < 0 || w.out[d] < span / w.stride[d] + 1 ||
+        w.out[d] > (span + w.stride[d] - 1) / w.stride[d] + 1)
+      return fail(node, "output size " + Twine(w.out[d]) + " does not fit input size " +
+                            Twine(w.in[d]) + " in spatial dimension " + Twine(i));
+  }
+  return w;
+}
+
+/// Calls f(k, o, i, inPadded) for every kernel tap k and output position o
+/// (both row-major; the taps outermost) of one plane. i is the input element
+/// the tap reads, or -1 where it reads padding; inPadded says whether the
+/// tap lies inside the padded input. For one o the taps come in increasing
+/// k, as in the forward kernels' window loops.
+template <typename F> void forEachTap(const Window &w, F &&f) {
+  int64_t k = 0;
+  for (int64_t kd = 0; kd < w.kernel[0]; ++kd)
+    for (int64_t kh = 0; kh < w.kernel[1]; ++kh)
+      for (int64_t kw = 0; kw < w.kernel[2]; ++kw, ++k) {
+        int64_t o = 0;
+        for (int64_t od = 0; od < w.out[0]; ++od) {
+          int64_t id = od * w.stride[0] - w.padBegin[0] + kd * w.dilation[0];
+          bool padD = id >= -w.padBegin[0] && id < w.in[0] + w.padEnd[0];
+          bool inD = id >= 0 && id < w.in[0];
+          for (int64_t oh = 0; oh < w.out[1]; ++oh) {
+            int64_t ih = oh * w.stride[1] - w.padBegin[1] + kh * w.dilation[1];
+            bool padH = padD && ih >= -w.padBegin[1] && ih < w.in[1] + w.padEnd[1];
+            bool inH = inD && ih >= 0 && ih < w.in[1];
+            for (int64_t ow = 0; ow < w.out[2]; ++ow, ++o) {
+              int64_t iw = ow * w.stride[2] - w.padBegin[2] + kw * w.dilation[2];
+              bool padW = padH && iw >= -w.padBegin[2] && iw < w.in[2] + w.padEnd[2];
+              bool inW = inH && iw >= 0 && iw < w.in[2];
+              f(k, o, inW ? (id * w.in[1] + ih) * w.in[2] + iw : int64_t(-1), padW);
+            }
+          }
+        }
+      }
+}
+
+/// Unfolds \p channels planes of \p image into columns [channels * kernel
+/// taps, output positions], zeros where a tap reads padding.
+template <typename T> void im2col(const T *image, int64_t channels, const Window &w, T *columns) {
+  int64_t inSize = w.inSize(), colSize = w.kernelSize() * w.outSize(), outSize = w.outSize();
+  for (int64_t c = 0; c < channels; ++c) {
+    const T *plane = image + c * inSize;
+    T *cols = columns + c * colSize;
+    forEachTap(w, [&](int64_t k, int64_t o, int64_t i, bool) {
+      cols[k * outSize + o] = i < 0 ? T(0) : plane[i];
+    });
+  }
+}
+
+/// The adjoint of im2col: adds every column entry to the image element it
+/// was read from.
+template <typename T> void col2im(const T *columns, int64_t channels, const Window &w, T *image) {
+  int64_t inSize = w.inSize(), colSize = w.kernelSize() * w.outSize(), outSize = w.outSize();
+  for (int64_t c = 0; c < channels; ++c) {
+    T *plane = image + c * inSize;
+    const T *cols = columns + c * colSize;
+    forEachTap(w, [&](int64_t k, int64_t o, int64_t i, bool) {
+      if (i >= 0)
+        plane[i] += cols[k * outSize + o];
+    });
+  }
+}
+
+/// The shape attribute, required.
+Expected<std::vector<int64_t>> shapeAttr(const onnx::NodeProto &node) {
+  const auto *a = attr(node, "shape");
+  if (!a)
+    return fail(node, "missing attribute 'shape'");
+  return std::vector<int64_t>(a->ints().begin(), a->ints().end());
+}
+
+/// Conv's operands as its gradients see them: X [N, C, in...], W [M, C /
+/// group, kernel...], dY [N, M, out...].
+struct ConvShapes {
+  int64_t batch, channels, maps, group;
+  Window window;
+  int64_t groupChannels() const { return channels / group; }
+  int64_t groupMaps() const { return maps / group; }
+  /// Rows of one group's im2col matrix.
+  int64_t rows() const { return groupChannels() * window.kernelSize(); }
+};
+
+Expected<ConvShapes> convShapes(const onnx::NodeProto &node, const Tensor &dy, ArrayRef<int64_t> x,
+                                ArrayRef<int64_t> w) {
+  if (dy.rank() < 3 || int64_t(x.size()) != dy.rank() || int64_t(w.size()) != dy.rank())
+    return fail(node, "dY " + dy.describe() + ", X " + shapeString(x) + " and W " + shapeString(w) +
+                          " must have the same rank >= 3");
+  ConvShapes s;
+  s.batch = x[0], s.channels = x[1], s.maps = w[0];
+  s.group = attr(node, "group") ? attr(node, "group")->i() : 1;
+  if (s.group < 1 || s.channels % s.group != 0 || s.maps % s.group != 0 ||
+      w[1] != s.channels / s.group || dy.dim(0) != s.batch || dy.dim(1) != s.maps)
+    return fail(node, "dY " + dy.describe() + ", X " + shapeString(x) + " and W " + shapeString(w) +
+                          " do not fit with group " + Twine(s.group));
+  auto window =
+      windowOf(node, x.drop_front(2), w.drop_front(2), ArrayRef<int64_t>(dy.shape()).drop_front(2));
+  if (!window)
+    return window.takeError();
+  s.window = *window;
+  return s;
+}
+
+Expected<std::vector<Tensor>> convGradInput(const onnx::NodeProto &node,
+                                            ArrayRef<const Tensor *> inputs) {
+  const Tensor &dy = *inputs[0], &weight = *inputs[1];
+  auto xShape = shapeAttr(node);
+  if (!xShape)
+    return xShape.takeError();
+  if (dy.elemType() != weight.elemType())
+    return fail(node, "dY " + dy.describe() + " and W " + weight.describe() + " differ in type");
+  auto s = convShapes(node, dy, *xShape, weight.shape());
+  if (!s)
+    return s.takeError();
+  return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
+    using T = decltype(tag);
+    const Window &w = s->window;
+    Tensor dx(dy.elemType(), *xShape);
+    int64_t rows = s->rows(), cols = w.outSize(), gc = s->groupChannels(), gm = s->groupMaps();
+    bool identity = w.isIdentity();
+    std::vector<T> columns(identity ? 0 : rows * cols);
+    for (int64_t n = 0; n < s->batch; ++n)
+      for (int64_t g = 0; g < s->group; ++g) {
+        T *image = dx.data<T>() + (n * s->channels + g * gc) * w.inSize();
+        // columns = W_g^T dY_g: [rows, gm] x [gm, cols].
+        T *target = identity ? image : columns.data();
+        gemm(true, false, rows, cols, gm, T(1), weight.data<T>() + g * gm * rows, rows,
+             dy.data<T>() + (n * s->maps + g * gm) * cols, cols, T(0), target, cols);
+        if (!identity)
+          col2im(columns.data(), gc, w, image);
+      }
+    return std::vector<Tensor>{dx};
+  });
+}
+
+Expected<std::vector<Tensor>> convGradWeight(const onnx::NodeProto &node,
+                                             ArrayRef<const Tensor *> inputs) {
+  const Tensor &dy = *inputs[0], &x = *inputs[1];
+  auto wShape = shapeAttr(node);
+  if (!wShape)
+    return wShape.takeError();
+  if (dy.elemType() != x.elemType())
+    return fail(node, "dY " + dy.describe() + " and X " + x.describe() + " differ in type");
+  auto s = convShapes(node, dy, x.shape(), *wShape);
+  if (!s)
+    return s.takeError();
+  return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
+    using T = decltype(tag);
+    const Window &w = s->window;
+    Tensor dw(dy.elemType(), *wShape);
+    int64_t rows = s->rows(), cols = w.outSize(), gc = s->groupChannels(), gm = s->groupMaps();
+    bool identity = w.isIdentity();
+    std::vector<T> columns(identity ? 0 : rows * cols);
+    for (int64_t n = 0; n < s->batch; ++n)
+      for (int64_t g = 0; g < s->group; ++g) {
+        const T *image = x.data<T>() + (n * s->channels + g * gc) * w.inSize();
+        if (!identity)
+          im2col(image, gc, w, columns.data());
+        // dW_g += dY_g columns^T: [gm, cols] x [cols, rows].
+        gemm(false, true, gm, rows, cols, T(1), dy.data<T>() + (n * s->maps + g * gm) * cols, cols,
+             identity ? image : columns.data(), cols, T(1), dw.data<T>() + g * gm * rows, rows);
+      }
+    return std::vector<Tensor>{dw};
+  });
+}
+
+/// The window of a pool over \p xShape whose gradient is \p dy.
+Expected<Window> poolWindow(const onnx::NodeProto &node, const Tensor &dy,
+                            ArrayRef<int64_t> xShape) {
+  if (dy.rank() < 3 || int64_t(xShape.size()) != dy.rank() || dy.dim(0) != xShape[0] ||
+      dy.dim(1) != xShape[1])
+    return fail(node, "dY " + dy.describe() + " does not fit X " + shapeString(xShape));
+  const auto *kernel = attr(node, "kernel_shape");
+  if (!kernel)
+    return fail(node, "missing attribute 'kernel_shape'");
+  return windowOf(node, xShape.drop_front(2),
+                  std::vector<int64_t>(kernel->ints().begin(), kernel->ints().end()),
+                  ArrayRef<int64_t>(dy.shape()).drop_front(2));
+}
+
+Expected<std::vector<Tensor>> maxPoolGrad(const onnx::NodeProto &node,
+                                          ArrayRef<const Tensor *> inputs) {
+  const Tensor &dy = *inputs[0], &x = *inputs[1];
+  if (dy.elemType() != x.elemType())
+    return fail(node, "dY " + dy.describe() + " and X " + x.describe() + " differ in type");
+  auto w = poolWindow(node, dy, x.shape());
+  if (!w)
+    return w.takeError();
+  return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
+    using T = decltype(tag);
+    Tensor dx(dy.elemType(), x.shape());
+    int64_t planes = x.dim(0) * x.dim(1), inSize = w->inSize(), outSize = w->outSize();
+    std::vector<T> best(outSize);
+    std::vector<int64_t> argmax(outSize);
+    for (int64_t p = 0; p < planes; ++p) {
+      const T *in = x.data<T>() + p * inSize;
+      std::fill(argmax.begin(), argmax.end(), -1);
+      // The forward kernel's choice: the first strict maximum in window order.
+      forEachTap(*w, [&](int64_t, int64_t o, int64_t i, bool) {
+        if (i >= 0 && (argmax[o] < 0 || in[i] > best[o])) {
+          best[o] = in[i];
+          argmax[o] = i;
+        }
+      });
+      const T *grad = dy.data<T>() + p * outSize;
+      T *out = dx.data<T>() + p * inSize;
+      for (int64_t o = 0; o < outSize; ++o)
+        if (argmax[o] >= 0)
+          out[argmax[o]] += grad[o];
+    }
+    return std::vector<Tensor>{dx};
+  });
+}
+
+Expected<std::vector<Tensor>> averagePoolGrad(const onnx::NodeProto &node,
+                                              ArrayRef<const Tensor *> inputs) {
+  const Tensor &dy = *inputs[0];
+  auto xShape = shapeAttr(node);
+  if (!xShape)
+    return xShape.takeError();
+  auto w = poolWindow(node, dy, *xShape);
+  if (!w)
+    return w.takeError();
+  bool includePad = attr(node, "count_include_pad") && attr(node, "count_include_pad")->i();
+  int64_t outSize = w->outSize(), inSize = w->inSize();
+  // Every plane has the same window counts.
+  std::vector<int64_t> count(outSize, 0);
+  forEachTap(*w, [&](int64_t, int64_t o, int64_t i, bool inPadded) {
+    count[o] += includePad ? inPadded : i >= 0;
+  });
+  return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
+    using T = decltype(tag);
+    Tensor dx(dy.elemType(), *xShape);
+    int64_t planes = dx.dim(0) * dx.dim(1);
+    for (int64_t p = 0; p < planes; ++p) {
+      const T *grad = dy.data<T>() + p * outSize;
+      T *out = dx.data<T>() + p * inSize;
+      forEachTap(*w, [&](int64_t, int64_t o, int64_t i, bool) {
+        if (i >= 0)
+          out[i] += grad[o] / static_cast<T>(count[o]);
+      });
+    }
+    return std::vector<Tensor>{dx};
+  });
+}
+
+Expected<std::vector<Tensor>> batchNormGradWeight(const onnx::NodeProto &node,
+                                                  ArrayRef<const Tensor *> inputs) {
+  const Tensor &dy = *inputs[0], &x = *inputs[1], &mean = *inputs[2], &var = *inputs[3];
+  if (dy.shape() != x.shape() || dy.elemType() != x.elemType() || x.rank() < 2)
+    return fail(node,
+                "dY " + dy.describe() + " and X " + x.describe() + " must be alike, of rank >= 2");
+  int64_t channels = x.dim(1);
+  for (const Tensor *p : {&mean, &var})
+    if (p->rank() != 1 || p->dim(0) != channels)
+      return fail(node, "mean and variance must have shape [" + Twine(channels) + "], got " +
+                            p->describe());
+  double epsilon = attr(node, "epsilon") ? attr(node, "epsilon")->f() : 1e-5;
+  int64_t batch = x.dim(0), spatial = numElementsOf(ArrayRef<int64_t>(x.shape()).drop_front(2));
+  return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
+    using T = decltype(tag);
+    Tensor dscale(dy.elemType(), {channels});
+    const T *pd = dy.data<T>(), *px = x.data<T>();
+    for (int64_t c = 0; c < channels; ++c) {
+      double mu = mean.getDouble(c), acc = 0;
+      for (int64_t n = 0; n < batch; ++n) {
+        int64_t base = (n * channels + c) * spatial;
+        for (int64_t s = 0; s < spatial; ++s)
+          acc += double(pd[base + s]) * (double(px[base + s]) - mu);
+      }
+      dscale.data<T>()[c] = static_cast<T>(acc / std::sqrt(var.getDouble(c) + epsilon));
+    }
+    return std::vector<Tensor>{dscale};
+  });
+}
+
 } // namespace
 
 bool isGradOpSupported(StringRef opType) {
   return opType == "SumTo" || opType == "ReluGrad" || opType == "TanhGrad" ||
          opType == "SigmoidGrad" || opType == "ErfGrad" || opType == "SoftmaxGrad" ||
          opType == "GatherGrad" || opType == "SoftmaxCrossEntropyLossGrad" ||
-         opType == "LayerNormGradInput" || opType == "GeluGrad" || opType == "LayerNormGradWeight";
+         opType == "LayerNormGradInput" || opType == "GeluGrad" ||
+         opType == "LayerNormGradWeight" || opType == "ConvGradInput" ||
+         opType == "ConvGradWeight" || opType == "MaxPoolGrad" || opType == "AveragePoolGrad" ||
+         opType == "BatchNormGradWeight";
 }
 
 Expected<std::vector<Tensor>> runGradOp(const onnx::NodeProto &node,
@@ -351,6 +702,25 @@ Expected<std::vector<Tensor>> runGradOp(const onnx::NodeProto &node,
     if (Error err = need(2))
       return err;
     return layerNormGradWeight(node, inputs);
+  }
+  if (t == "ConvGradInput" || t == "ConvGradWeight" || t == "MaxPoolGrad") {
+    if (Error err = need(2))
+      return err;
+    if (t == "ConvGradInput")
+      return convGradInput(node, inputs);
+    if (t == "ConvGradWeight")
+      return convGradWeight(node, inputs);
+    return maxPoolGrad(node, inputs);
+  }
+  if (t == "AveragePoolGrad") {
+    if (Error err = need(1))
+      return err;
+    return averagePoolGrad(node, inputs);
+  }
+  if (t == "BatchNormGradWeight") {
+    if (Error err = need(4))
+      return err;
+    return batchNormGradWeight(node, inputs);
   }
   if (t == "SoftmaxCrossEntropyLossGrad") {
     if (Error err = need(3))

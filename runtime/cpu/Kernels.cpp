@@ -1671,7 +1671,9 @@ Expected<Outputs> conv(const OpContext &ctx) {
       Tensor y(x.elemType(), outShape);
       int64_t groupChannels = channels / group, groupMaps = maps / group;
       int64_t rows = groupChannels * w->kernelSize(), cols = w->outSize();
+      // A 1x1 kernel over the unpadded input reads the image as the columns.
       bool pointwise = w->kernelSize() == 1 && w->padBegin == std::array<int64_t, 3>{0, 0, 0} &&
+                       w->padEnd == std::array<int64_t, 3>{0, 0, 0} &&
                        w->stride == std::array<int64_t, 3>{1, 1, 1};
       std::vector<T> columns(pointwise ? 0 : rows * cols);
       for (int64_t n = 0; n < batch; ++n)

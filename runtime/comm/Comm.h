@@ -1,0 +1,87 @@
+//===- Comm.h - How the ranks of a run talk to each other ---------------===//
+//
+// One interface, two transports:
+//  - local: every rank is a thread of one process (`pipec run PLAN`); a
+//    message is a shared, immutable tensor handed over through a queue;
+//  - mpi: one process per rank (`mpirun -np N pipec run PLAN --comm mpi`),
+//    any number of nodes; point-to-point is MPI_Isend/MPI_Irecv, sums are
+//    MPI_Allreduce on communicators made once per group.
+//
+// Point-to-point semantics are the plan's (NCCL's): between two ranks,
+// messages match in the order they are posted, so a rank posts its receives
+// from a peer in the order that peer sends. A send returns at once; a
+// receive returns a handle that wait() completes.
+//
+// A rank that fails calls fail(): local peers blocked in wait() or in a sum
+// return an error naming it within a poll interval; under MPI the job is
+// aborted (mpirun then names the rank). A wait that sees no progress for
+// the timeout fails too, so a run never hangs.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_RUNTIME_COMM_COMM_H
+#define PIPEC_RUNTIME_COMM_COMM_H
+
+#include "runtime/cpu/Tensor.h"
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/Support/Error.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pipec::rt {
+
+class Comm {
+public:
+  virtual ~Comm();
+  /// This rank and the number of ranks, over all pipeline replicas.
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Posts \p tensor to \p peer. Tensors are never modified once made, so
+  /// the storage is shared until the message is delivered.
+  virtual llvm::Error send(int peer, const cpu::Tensor &tensor) = 0;
+  /// Posts a receive from \p peer of a tensor of \p type and \p shape.
+  virtual llvm::Expected<int> postRecv(int peer, cpu::ElemType type,
+                                       std::vector<int64_t> shape) = 0;
+  virtual llvm::Expected<cpu::Tensor> wait(int handle) = 0;
+  /// Announces the groups sum() will be called on, identically on every
+  /// rank (MPI makes their communicators here, collectively).
+  virtual llvm::Error prepareGroups(const std::vector<std::vector<int>> &groups) = 0;
+  /// Element-wise sums float tensors over \p group (sorted global ranks,
+  /// including this one) in place; every member gets the same bits.
+  virtual llvm::Error sum(llvm::ArrayRef<int> group,
+                          llvm::MutableArrayRef<cpu::Tensor> tensors) = 0;
+  /// Sums \p values over all ranks in place.
+  virtual llvm::Error sumAll(llvm::MutableArrayRef<double> values) = 0;
+  /// Every rank's \p bytes, at rank 0 (others get an empty list).
+  virtual llvm::Expected<std::vector<std::string>> gather(const std::string &bytes) = 0;
+  /// Completes the sends posted so far.
+  virtual llvm::Error flush() = 0;
+  /// Tells the other ranks this one failed with \p why.
+  virtual void fail(const std::string &why) = 0;
+};
+
+/// The shared state of a local run; one Comm per rank thread.
+class LocalWorld {
+public:
+  LocalWorld(int size, double timeoutSeconds);
+  ~LocalWorld();
+  std::unique_ptr<Comm> comm(int rank);
+  struct State;
+
+private:
+  std::shared_ptr<State> state;
+};
+
+/// MPI_Init_thread if needed; the Comm of this process. MPI is finalized
+/// when the last MpiComm is destroyed.
+llvm::Expected<std::unique_ptr<Comm>> makeMpiComm(double timeoutSeconds);
+
+/// Whether this process was started by mpirun (Open MPI, MPICH or Slurm
+/// environment variables).
+bool launchedByMpi();
+
+} // namespace pipec::rt
+
+#endif // PIPEC_RUNTIME_COMM_COMM_H

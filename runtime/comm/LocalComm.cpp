@@ -1,0 +1,248 @@
+//===- LocalComm.cpp - Ranks as threads of one process ------------------===//
+#include "runtime/comm/Comm.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+using namespace llvm;
+
+namespace pipec::rt {
+
+Comm::~Comm() = default;
+
+namespace {
+using Clock = std::chrono::steady_clock;
+constexpr auto Poll = std::chrono::milliseconds(50);
+} // namespace
+
+struct LocalWorld::State {
+  int size;
+  double timeout;
+  std::mutex mutex;
+  std::condition_variable changed;
+  int failedRank = -1;
+  std::string failure;
+  /// Messages from src to dst, numbered in send order.
+  struct Channel {
+    uint64_t sent = 0, posted = 0;
+    std::map<uint64_t, cpu::Tensor> messages;
+  };
+  std::map<std::pair<int, int>, Channel> channels;
+  /// One collective in flight per group: members deposit, then each reads
+  /// every part; the slot resets when all have read.
+  struct Slot {
+    int arrived = 0, done = 0;
+    std::vector<std::vector<cpu::Tensor>> parts;
+    std::vector<std::string> strings;
+  };
+  std::map<std::vector<int>, Slot> slots;
+
+  /// Waits under \p lock until \p ready; fails when a rank failed or
+  /// nothing happened for the timeout. \p what says what rank \p self waits
+  /// for.
+  template <typename Ready>
+  Error waitFor(std::unique_lock<std::mutex> &lock, int self, const std::string &what,
+                Ready ready) {
+    auto start = Clock::now();
+    while (!ready()) {
+      if (failedRank >= 0)
+        return createStringError(inconvertibleErrorCode(), "rank %d failed: %s", failedRank,
+                                 failure.c_str());
+      if (std::chrono::duration<double>(Clock::now() - start).count() > timeout)
+        return createStringError(inconvertibleErrorCode(),
+                                 "rank %d: no progress for %.0f s waiting for %s", self, timeout,
+                                 what.c_str());
+      changed.wait_for(lock, Poll);
+    }
+    return Error::success();
+  }
+};
+
+namespace {
+
+class LocalComm final : public Comm {
+public:
+  LocalComm(std::shared_ptr<LocalWorld::State> state, int self)
+      : state(std::move(state)), self(self) {}
+  int rank() const override { return self; }
+  int size() const override { return state->size; }
+
+  Error send(int peer, const cpu::Tensor &tensor) override {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    auto &channel = state->channels[{self, peer}];
+    channel.messages.emplace(channel.sent++, tensor);
+    state->changed.notify_all();
+    return Error::success();
+  }
+
+  Expected<int> postRecv(int peer, cpu::ElemType type, std::vector<int64_t> shape) override {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    auto &channel = state->channels[{peer, self}];
+    pending.push_back({peer, channel.posted++, type, std::move(shape)});
+    return static_cast<int>(pending.size()) - 1;
+  }
+
+  Expected<cpu::Tensor> wait(int handle) override {
+    if (handle < 0 || handle >= static_cast<int>(pending.size()))
+      return createStringError(inconvertibleErrorCode(), "rank %d: no receive %d", self, handle);
+    const Pending &p = pending[handle];
+    std::unique_lock<std::mutex> lock(state->mutex);
+    auto &channel = state->channels[{p.peer, self}];
+    if (Error err = state->waitFor(lock, self, formatv("a message from rank {0}", p.peer).str(),
+                                   [&] { return channel.messages.count(p.sequence) > 0; }))
+      return err;
+    auto it = channel.messages.find(p.sequence);
+    cpu::Tensor tensor = std::move(it->second);
+    channel.messages.erase(it);
+    if (tensor.elemType() != p.type || tensor.shape() != p.shape)
+      return createStringError(
+          inconvertibleErrorCode(), "rank %d: message %llu from rank %d is %s, expected %s[%s]",
+          self, static_cast<unsigned long long>(p.sequence), p.peer, tensor.describe().c_str(),
+          cpu::elemTypeName(p.type).str().c_str(), cpu::shapeString(p.shape).c_str());
+    return tensor;
+  }
+
+  Error prepareGroups(const std::vector<std::vector<int>> &) override { return Error::success(); }
+
+  Error sum(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
+    if (group.size() < 2)
+      return Error::success();
+    std::vector<cpu::Tensor> mine(tensors.begin(), tensors.end());
+    return collective(group, std::move(mine), "", [&](State::Slot &slot) {
+      // Every member adds the parts in member order: the same bits on all.
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        cpu::Tensor total = slot.parts[0][t].clone();
+        for (size_t m = 1; m < slot.parts.size(); ++m)
+          addInto(total, slot.parts[m][t]);
+        tensors[t] = std::move(total);
+      }
+    });
+  }
+
+  Error sumAll(MutableArrayRef<double> values) override {
+    std::vector<int> all(state->size);
+    for (int r = 0; r < state->size; ++r)
+      all[r] = r;
+    if (all.size() < 2)
+      return Error::success();
+    cpu::Tensor t = cpu::Tensor::fromValues<double>({static_cast<int64_t>(values.size())},
+                                                    ArrayRef<double>(values.data(), values.size()));
+    std::vector<cpu::Tensor> one{t};
+    if (Error err = sum(all, one))
+      return err;
+    for (size_t i = 0; i < values.size(); ++i)
+      values[i] = one[0].data<double>()[i];
+    return Error::success();
+  }
+
+  Expected<std::vector<std::string>> gather(const std::string &bytes) override {
+    std::vector<int> all(state->size);
+    for (int r = 0; r < state->size; ++r)
+      all[r] = r;
+    std::vector<std::string> out;
+    if (Error err = collective(all, {}, bytes, [&](State::Slot &slot) {
+          if (self == 0)
+            out = slot.strings;
+        }))
+      return err;
+    return out;
+  }
+
+  Error flush() override { return Error::success(); }
+
+  void fail(const std::string &why) override {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    if (state->failedRank < 0) {
+      state->failedRank = self;
+      state->failure = why;
+    }
+    state->changed.notify_all();
+  }
+
+private:
+  using State = LocalWorld::State;
+  struct Pending {
+    int peer;
+    uint64_t sequence;
+    cpu::ElemType type;
+    std::vector<int64_t> shape;
+  };
+
+  static void addInto(cpu::Tensor &total, const cpu::Tensor &part) {
+    if (total.elemType() == cpu::ElemType::Double) {
+      double *t = total.data<double>();
+      const double *p = part.data<double>();
+      for (int64_t i = 0; i < total.numElements(); ++i)
+        t[i] += p[i];
+    } else {
+      float *t = total.data<float>();
+      const float *p = part.data<float>();
+      for (int64_t i = 0; i < total.numElements(); ++i)
+        t[i] += p[i];
+    }
+  }
+
+  template <typename Read>
+  Error collective(ArrayRef<int> group, std::vector<cpu::Tensor> parts, const std::string &bytes,
+                   Read read) {
+    std::vector<int> key(group.begin(), group.end());
+    size_t index = std::find(key.begin(), key.end(), self) - key.begin();
+    if (index == key.size())
+      return createStringError(inconvertibleErrorCode(), "rank %d is not in its sum group", self);
+    std::unique_lock<std::mutex> lock(state->mutex);
+    State::Slot &slot = state->slots[key];
+    std::string what = "a collective of ranks";
+    for (int r : key)
+      what += " " + std::to_string(r);
+    // A slot still being read by the last round is not ours yet.
+    if (Error err = state->waitFor(lock, self, what, [&] { return slot.done == 0; }))
+      return err;
+    if (slot.arrived == 0) {
+      slot.parts.assign(key.size(), {});
+      slot.strings.assign(key.size(), {});
+    }
+    slot.parts[index] = std::move(parts);
+    slot.strings[index] = bytes;
+    ++slot.arrived;
+    state->changed.notify_all();
+    if (Error err = state->waitFor(lock, self, what,
+                                   [&] { return slot.arrived == static_cast<int>(key.size()); }))
+      return err;
+    for (auto &p : slot.parts)
+      if (p.size() != slot.parts[index].size())
+        return createStringError(inconvertibleErrorCode(),
+                                 "rank %d: members of a sum disagree on its tensors", self);
+    read(slot);
+    if (++slot.done == static_cast<int>(key.size())) {
+      slot.arrived = 0;
+      slot.done = 0;
+      slot.parts.clear();
+      slot.strings.clear();
+    }
+    state->changed.notify_all();
+    return Error::success();
+  }
+
+  std::shared_ptr<State> state;
+  int self;
+  std::vector<Pending> pending;
+};
+
+} // namespace
+
+LocalWorld::LocalWorld(int size, double timeoutSeconds) : state(std::make_shared<State>()) {
+  state->size = size;
+  state->timeout = timeoutSeconds;
+}
+
+LocalWorld::~LocalWorld() = default;
+
+std::unique_ptr<Comm> LocalWorld::comm(int rank) {
+  return std::make_unique<LocalComm>(state, rank);
+}
+
+} // namespace pipec::rt

@@ -1,0 +1,274 @@
+//===- MpiComm.cpp - One process per rank, over MPI ---------------------===//
+#include "runtime/comm/Comm.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <thread>
+
+using namespace llvm;
+
+namespace pipec::rt {
+
+bool launchedByMpi() {
+  for (const char *var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(var))
+      return true;
+  return false;
+}
+
+namespace {
+
+Error mpiError(int code, const Twine &what) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return createStringError(inconvertibleErrorCode(), "%s: MPI error: %s", what.str().c_str(),
+                           std::string(text, length).c_str());
+}
+
+#define PIPEC_MPI_TRY(call, what)                                                                  \
+  do {                                                                                             \
+    int code_ = (call);                                                                            \
+    if (code_ != MPI_SUCCESS)                                                                      \
+      return mpiError(code_, what);                                                                \
+  } while (false)
+
+class MpiComm final : public Comm {
+public:
+  MpiComm(double timeout) : timeout(timeout) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &self);
+    MPI_Comm_size(MPI_COMM_WORLD, &count);
+  }
+  ~MpiComm() override {
+    consumeError(flush());
+    for (auto &[group, comm] : comms)
+      if (comm != MPI_COMM_NULL)
+        MPI_Comm_free(&comm);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized)
+      MPI_Finalize();
+  }
+  int rank() const override { return self; }
+  int size() const override { return count; }
+
+  Error send(int peer, const cpu::Tensor &tensor) override {
+    if (tensor.byteSize() > static_cast<size_t>(INT_MAX))
+      return createStringError(inconvertibleErrorCode(),
+                               "rank %d: a message of %zu bytes is over MPI's 2 GiB count", self,
+                               tensor.byteSize());
+    sends.push_back({MPI_REQUEST_NULL, tensor});
+    Message &m = sends.back();
+    PIPEC_MPI_TRY(MPI_Isend(const_cast<void *>(m.tensor.rawData()),
+                            static_cast<int>(m.tensor.byteSize()), MPI_BYTE, peer, 0,
+                            MPI_COMM_WORLD, &m.request),
+                  formatv("rank {0}: send to rank {1}", self, peer));
+    // Retire completed sends so their tensors can go.
+    while (!sends.empty()) {
+      int done = 0;
+      PIPEC_MPI_TRY(MPI_Test(&sends.front().request, &done, MPI_STATUS_IGNORE),
+                    formatv("rank {0}: send", self));
+      if (!done)
+        break;
+      sends.pop_front();
+    }
+    return Error::success();
+  }
+
+  Expected<int> postRecv(int peer, cpu::ElemType type, std::vector<int64_t> shape) override {
+    cpu::Tensor tensor(type, std::move(shape));
+    if (tensor.byteSize() > static_cast<size_t>(INT_MAX))
+      return createStringError(inconvertibleErrorCode(),
+                               "rank %d: a message of %zu bytes is over MPI's 2 GiB count", self,
+                               tensor.byteSize());
+    int handle = nextHandle++;
+    Message &m = recvs[handle];
+    m.tensor = std::move(tensor);
+    m.peer = peer;
+    PIPEC_MPI_TRY(MPI_Irecv(m.tensor.rawData(), static_cast<int>(m.tensor.byteSize()), MPI_BYTE,
+                            peer, 0, MPI_COMM_WORLD, &m.request),
+                  formatv("rank {0}: receive from rank {1}", self, peer));
+    return handle;
+  }
+
+  Expected<cpu::Tensor> wait(int handle) override {
+    auto it = recvs.find(handle);
+    if (it == recvs.end())
+      return createStringError(inconvertibleErrorCode(), "rank %d: no receive %d", self, handle);
+    Message &m = it->second;
+    MPI_Status status;
+    if (Error err = poll(m.request, &status, formatv("a message from rank {0}", m.peer).str()))
+      return err;
+    int received = 0;
+    MPI_Get_count(&status, MPI_BYTE, &received);
+    if (static_cast<size_t>(received) != m.tensor.byteSize())
+      return createStringError(inconvertibleErrorCode(),
+                               "rank %d: rank %d sent %d bytes, expected %s (%zu bytes)", self,
+                               m.peer, received, m.tensor.describe().c_str(), m.tensor.byteSize());
+    cpu::Tensor out = std::move(m.tensor);
+    recvs.erase(it);
+    return out;
+  }
+
+  Error prepareGroups(const std::vector<std::vector<int>> &groups) override {
+    for (const std::vector<int> &group : groups) {
+      if (group.size() < 2 || comms.count(group))
+        continue;
+      bool member = std::find(group.begin(), group.end(), self) != group.end();
+      MPI_Comm comm = MPI_COMM_NULL;
+      PIPEC_MPI_TRY(MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, self, &comm),
+                    formatv("rank {0}: making a communicator", self));
+      comms[group] = comm;
+    }
+    return Error::success();
+  }
+
+  Error sum(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
+    if (group.size() < 2 || tensors.empty())
+      return Error::success();
+    auto it = comms.find(std::vector<int>(group.begin(), group.end()));
+    if (it == comms.end() || it->second == MPI_COMM_NULL)
+      return createStringError(inconvertibleErrorCode(), "rank %d: no communicator for a group",
+                               self);
+    bool isDouble = tensors[0].elemType() == cpu::ElemType::Double;
+    size_t elementSize = isDouble ? sizeof(double) : sizeof(float);
+    size_t total = 0;
+    for (const cpu::Tensor &t : tensors)
+      total += static_cast<size_t>(t.numElements());
+    // One fused buffer, reduced in pieces below INT_MAX elements.
+    std::vector<char> buffer(total * elementSize);
+    size_t at = 0;
+    for (const cpu::Tensor &t : tensors) {
+      std::memcpy(buffer.data() + at, t.rawData(), t.byteSize());
+      at += t.byteSize();
+    }
+    for (size_t start = 0; start < total; start += INT_MAX / 2) {
+      int n = static_cast<int>(std::min<size_t>(INT_MAX / 2, total - start));
+      PIPEC_MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, buffer.data() + start * elementSize, n,
+                                  isDouble ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, it->second),
+                    formatv("rank {0}: all-reduce", self));
+    }
+    at = 0;
+    for (cpu::Tensor &t : tensors) {
+      cpu::Tensor fresh(t.elemType(), t.shape());
+      std::memcpy(fresh.rawData(), buffer.data() + at, fresh.byteSize());
+      at += fresh.byteSize();
+      t = std::move(fresh);
+    }
+    return Error::success();
+  }
+
+  Error sumAll(MutableArrayRef<double> values) override {
+    PIPEC_MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
+                                MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
+                  formatv("rank {0}: all-reduce", self));
+    return Error::success();
+  }
+
+  Expected<std::vector<std::string>> gather(const std::string &bytes) override {
+    if (bytes.size() > static_cast<size_t>(INT_MAX))
+      return createStringError(inconvertibleErrorCode(),
+                               "rank %d: %zu bytes to gather, over MPI's 2 GiB count", self,
+                               bytes.size());
+    int mine = static_cast<int>(bytes.size());
+    std::vector<int> sizes(self == 0 ? count : 0), offsets;
+    PIPEC_MPI_TRY(MPI_Gather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, MPI_COMM_WORLD),
+                  formatv("rank {0}: gather", self));
+    std::vector<char> all;
+    if (self == 0) {
+      int64_t total = 0;
+      for (int s : sizes) {
+        offsets.push_back(static_cast<int>(total));
+        total += s;
+      }
+      if (total > INT_MAX)
+        return createStringError(inconvertibleErrorCode(),
+                                 "gathering %lld bytes at rank 0 is over MPI's 2 GiB count",
+                                 static_cast<long long>(total));
+      all.resize(total);
+    }
+    PIPEC_MPI_TRY(MPI_Gatherv(bytes.data(), mine, MPI_BYTE, all.data(), sizes.data(),
+                              offsets.data(), MPI_BYTE, 0, MPI_COMM_WORLD),
+                  formatv("rank {0}: gather", self));
+    std::vector<std::string> out;
+    for (int r = 0; self == 0 && r < count; ++r)
+      out.emplace_back(all.data() + offsets[r], sizes[r]);
+    return out;
+  }
+
+  Error flush() override {
+    while (!sends.empty()) {
+      if (Error err = poll(sends.front().request, MPI_STATUS_IGNORE, "a send to complete"))
+        return err;
+      sends.pop_front();
+    }
+    return Error::success();
+  }
+
+  void fail(const std::string &why) override {
+    // The job cannot go on without this rank: mpirun names it to the user and
+    // stops the others.
+    fprintf(stderr, "pipec: rank %d: %s\n", self, why.c_str());
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+
+private:
+  struct Message {
+    MPI_Request request = MPI_REQUEST_NULL;
+    cpu::Tensor tensor;
+    int peer = -1;
+  };
+
+  /// Waits for \p request, polling so that a stuck peer turns into an error
+  /// after the timeout instead of a hang.
+  Error poll(MPI_Request &request, MPI_Status *status, const std::string &what) {
+    auto start = std::chrono::steady_clock::now();
+    auto pause = std::chrono::microseconds(1);
+    while (true) {
+      int done = 0;
+      PIPEC_MPI_TRY(MPI_Test(&request, &done, status), formatv("rank {0}: waiting", self));
+      if (done)
+        return Error::success();
+      double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > timeout)
+        return createStringError(inconvertibleErrorCode(),
+                                 "rank %d: no progress for %.0f s waiting for %s", self, timeout,
+                                 what.c_str());
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(2000));
+    }
+  }
+
+  double timeout;
+  int self = 0, count = 1, nextHandle = 0;
+  std::deque<Message> sends;
+  std::map<int, Message> recvs;
+  std::map<std::vector<int>, MPI_Comm> comms;
+};
+
+} // namespace
+
+Expected<std::unique_ptr<Comm>> makeMpiComm(double timeoutSeconds) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    int code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    if (code != MPI_SUCCESS)
+      return mpiError(code, "MPI_Init_thread");
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  return std::make_unique<MpiComm>(timeoutSeconds);
+}
+
+} // namespace pipec::rt
