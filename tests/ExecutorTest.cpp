@@ -17,7 +17,9 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 
+#include <chrono>
 #include <cmath>
+#include <fstream>
 
 using namespace pipec;
 using namespace pipec::test;
@@ -153,6 +155,17 @@ protected:
     return model("mlp", o);
   }
 
+  static std::string cnn() {
+    models::GeneratorOptions o;
+    o.family = models::Family::Resnet;
+    o.layers = 4;
+    o.hidden = 4;
+    o.vocab = 10;
+    o.seq = 16;
+    o.withLoss = true;
+    return model("cnn", o);
+  }
+
   /// Pipelined \p setups against one rank with the whole batch.
   void check(const std::string &path, int64_t batch, const std::vector<Config> &setups,
              const std::string &optimizer = "sgd", int steps = 1, double tolerance = 1e-5) {
@@ -192,6 +205,17 @@ TEST_F(Equivalence, GptUntied) {
 }
 
 TEST_F(Equivalence, MlpEverySchedule) { check(mlp(), 8, everySchedule()); }
+
+TEST_F(Equivalence, CnnEverySchedule) {
+  check(cnn(), 4,
+        {{"gpipe", 2, 1, 4, 1},
+         {"1f1b", 3, 1, 4, 1},
+         {"interleaved", 2, 2, 4, 1},
+         {"zb-h1", 2, 1, 2, 1},
+         {"zb-h2", 2, 1, 4, 1},
+         {"zbv", 2, 2, 4, 1},
+         {"dualpipev", 2, 2, 4, 1}});
+}
 
 TEST_F(Equivalence, DataParallelTimesPipeline) {
   check(gpt(true), 8, {{"1f1b", 2, 1, 2, 2}, {"zb-h1", 2, 1, 2, 2}, {"gpipe", 1, 1, 4, 2}});
@@ -239,6 +263,235 @@ TEST_F(Equivalence, TrainingLowersTheLossOnAFixedDataset) {
   ASSERT_TRUE(static_cast<bool>(result)) << llvm::toString(result.takeError());
   ASSERT_EQ(result->losses.size(), 150u);
   EXPECT_LT(result->losses.back(), 0.5 * result->losses.front());
+}
+
+//===----------------------------------------------------------------------===//
+// Through the CLI: MPI processes, faults, bad input, checkpoints, outputs
+//===----------------------------------------------------------------------===//
+
+std::string pipec() { return std::string(PIPEC_BINARY_DIR) + "/bin/pipec"; }
+
+bool haveMpirun() {
+  std::string out;
+  return runCommand("mpirun --version", out) == 0;
+}
+
+/// mpirun as root, oversubscribed (tests start more ranks than cores).
+std::string mpirun(int ranks, const std::string &env = "") {
+  std::string cmd = "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
+  if (!env.empty())
+    cmd += env + " ";
+  cmd += formatv("mpirun -np {0} --oversubscribe", ranks).str();
+  if (!env.empty())
+    cmd += " -x " + env.substr(0, env.find('='));
+  return cmd + " ";
+}
+
+/// Initializers of an ONNX file by name.
+std::map<std::string, cpu::Tensor> readWeights(const std::string &path) {
+  std::map<std::string, cpu::Tensor> out;
+  onnx::ModelProto model;
+  std::string bytes = readFile(path);
+  EXPECT_TRUE(model.ParseFromString(bytes)) << path;
+  for (const onnx::TensorProto &t : model.graph().initializer()) {
+    auto tensor = cpu::fromTensorProto(t, llvm::sys::path::parent_path(path));
+    EXPECT_TRUE(static_cast<bool>(tensor));
+    if (tensor)
+      out.emplace(t.name(), std::move(*tensor));
+  }
+  return out;
+}
+
+class RunCli : public Equivalence {
+protected:
+  /// Compiles \p model to a plan file with the given compile flags.
+  std::string plan(const std::string &model, const std::string &flags, const std::string &name) {
+    std::string path = dir->path(name + ".plan"), out;
+    int rc =
+        runCommand(pipec() + " compile " + model + " -o " + path + " --hardware cpu " + flags, out);
+    EXPECT_EQ(rc, 0) << out;
+    return path;
+  }
+};
+
+TEST_F(RunCli, MpiProcessesMatchThreadsAndOneRank) {
+  if (!haveMpirun())
+    GTEST_SKIP() << "mpirun is not installed";
+  std::string model = gpt(true), out;
+  std::string one = plan(model, "--stages 1 --microbatches 1 --batch 8", "one");
+  std::string two = plan(model, "--stages 2 --microbatches 4 --batch 8 --schedule zb-h1", "two");
+  std::string dp = plan(model, "--stages 2 --microbatches 2 --batch 8 --dp 2", "dp");
+  std::string flags = " --steps 2 --optimizer sgd --lr 0.5 --quiet --save-weights ";
+  ASSERT_EQ(runCommand(pipec() + " run " + one + flags + dir->path("one.onnx"), out), 0) << out;
+  ASSERT_EQ(runCommand(pipec() + " run " + two + flags + dir->path("local.onnx"), out), 0) << out;
+  ASSERT_EQ(runCommand(mpirun(2) + pipec() + " run " + two + " --comm mpi" + flags +
+                           dir->path("mpi.onnx"),
+                       out),
+            0)
+      << out;
+  ASSERT_EQ(
+      runCommand(mpirun(4) + pipec() + " run " + dp + " --comm mpi" + flags + dir->path("dp.onnx"),
+                 out),
+      0)
+      << out;
+  // Threads and processes run the same arithmetic: the same bytes.
+  EXPECT_EQ(readFile(dir->path("local.onnx")), readFile(dir->path("mpi.onnx")));
+  auto reference = readWeights(dir->path("one.onnx"));
+  ASSERT_GT(reference.size(), 10u);
+  for (const char *name : {"mpi.onnx", "dp.onnx"}) {
+    auto weights = readWeights(dir->path(name));
+    ASSERT_EQ(weights.size(), reference.size()) << name;
+    double worst = 0;
+    for (const auto &[w, ref] : reference)
+      worst = std::max(worst, relativeError(weights.at(w), ref));
+    EXPECT_LT(worst, 1e-5) << name;
+  }
+}
+
+TEST_F(RunCli, MpiRankKilledMidStepEndsTheJob) {
+  if (!haveMpirun())
+    GTEST_SKIP() << "mpirun is not installed";
+  std::string two = plan(gpt(true), "--stages 2 --microbatches 4 --batch 8", "kill");
+  std::string out;
+  auto start = std::chrono::steady_clock::now();
+  int rc = runCommand("timeout 60 " + mpirun(2, "PIPEC_FAULT=rank=1,step=1,at=5,kind=kill") +
+                          pipec() + " run " + two + " --comm mpi --steps 3",
+                      out);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 124) << "the job hung: " << out;
+  EXPECT_LT(seconds, 30) << out;
+  EXPECT_NE(out.find("rank 1"), std::string::npos) << out;
+}
+
+TEST_F(RunCli, FailingRankStopsTheOthers) {
+  std::string two = plan(gpt(true), "--stages 4 --microbatches 4 --batch 8", "fail");
+  std::string out;
+  int rc = runCommand("PIPEC_FAULT=rank=2,step=0,at=3,kind=error timeout 60 " + pipec() + " run " +
+                          two + " --steps 2",
+                      out);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("error: rank 2: injected fault"), std::string::npos) << out;
+  if (haveMpirun()) {
+    rc = runCommand("timeout 60 " + mpirun(4, "PIPEC_FAULT=rank=2,step=0,at=3,kind=error") +
+                        pipec() + " run " + two + " --comm mpi --steps 2",
+                    out);
+    EXPECT_NE(rc, 0) << out;
+    EXPECT_NE(rc, 124) << out;
+    EXPECT_NE(out.find("rank 2: injected fault"), std::string::npos) << out;
+  }
+}
+
+TEST_F(RunCli, BadInputNamesTheFault) {
+  std::string model = gpt(true), other = mlp(), out;
+  std::string p = plan(model, "--stages 2 --microbatches 2 --batch 4", "bad");
+  // A plan for another model.
+  EXPECT_EQ(runCommand(pipec() + " run " + p + " --model " + other, out), 1) << out;
+  EXPECT_NE(out.find("sha256"), std::string::npos) << out;
+  EXPECT_NE(out.find(other), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  // A missing data file.
+  std::string empty = dir->path("empty-data");
+  llvm::sys::fs::create_directories(empty);
+  EXPECT_EQ(runCommand(pipec() + " run " + p + " --data " + empty, out), 1) << out;
+  EXPECT_NE(out.find("input_ids"), std::string::npos) << out;
+  EXPECT_NE(out.find(empty), std::string::npos) << out;
+  // A data file of the wrong shape.
+  std::string wrong = dir->path("wrong-data");
+  llvm::sys::fs::create_directories(wrong);
+  for (const char *name : {"input_ids", "labels"})
+    ASSERT_FALSE(
+        static_cast<bool>(rt::writeNpy(cpu::Tensor::fromValues<int64_t>({2, 3}, {1, 2, 3, 4, 5, 6}),
+                                       wrong + "/" + name + ".npy")));
+  EXPECT_EQ(runCommand(pipec() + " run " + p + " --data " + wrong, out), 1) << out;
+  EXPECT_NE(out.find("[2,3]"), std::string::npos) << out;
+  // The wrong number of MPI processes.
+  if (haveMpirun()) {
+    EXPECT_NE(runCommand("timeout 60 " + mpirun(3) + pipec() + " run " + p + " --comm mpi", out),
+              0);
+    EXPECT_NE(out.find("mpirun -np 2"), std::string::npos) << out;
+  }
+  // Not a plan; a truncated plan.
+  EXPECT_EQ(runCommand(pipec() + " run " + model, out), 1) << out;
+  std::string bytes = readFile(p);
+  std::string cut = dir->path("cut.plan");
+  { std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2); }
+  EXPECT_EQ(runCommand(pipec() + " run " + cut, out), 1) << out;
+  // Flags.
+  EXPECT_EQ(runCommand(pipec() + " run " + p + " --comm carrier-pigeon", out), 2) << out;
+  EXPECT_EQ(runCommand(pipec() + " run " + p + " --resume", out), 2) << out;
+  EXPECT_EQ(runCommand(pipec() + " run " + p + " --backend cuda", out), 1) << out;
+  EXPECT_NE(out.find("cuda"), std::string::npos) << out;
+}
+
+TEST_F(RunCli, ResumedRunIsBitIdentical) {
+  std::string p = plan(gpt(true),
+                       "--stages 2 --microbatches 2 --batch 4 --schedule zbv "
+                       "--virtual-stages 2",
+                       "resume");
+  std::string ckpt = dir->path("ckpt"), out;
+  std::string flags = " --optimizer adamw --quiet";
+  ASSERT_EQ(runCommand(pipec() + " run " + p + " --steps 4" + flags + " --save-weights " +
+                           dir->path("straight.onnx"),
+                       out),
+            0)
+      << out;
+  // Killed during step 2 (after the checkpoint of step 2), then resumed.
+  int rc = runCommand("PIPEC_FAULT=rank=1,step=2,at=4,kind=error " + pipec() + " run " + p +
+                          " --steps 4 --checkpoint " + ckpt + flags,
+                      out);
+  ASSERT_EQ(rc, 1) << out;
+  EXPECT_EQ(readFile(ckpt + "/latest"), "step-2\n");
+  ASSERT_EQ(runCommand(pipec() + " run " + p + " --steps 4 --resume --checkpoint " + ckpt + flags +
+                           " --save-weights " + dir->path("resumed.onnx"),
+                       out),
+            0)
+      << out;
+  std::string straight = readFile(dir->path("straight.onnx"));
+  ASSERT_FALSE(straight.empty());
+  EXPECT_TRUE(straight == readFile(dir->path("resumed.onnx")));
+  // A checkpoint of another plan is refused by name.
+  std::string q = plan(mlp(), "--stages 2 --microbatches 2 --batch 4", "resume-other");
+  EXPECT_EQ(runCommand(pipec() + " run " + q + " --steps 4 --resume --checkpoint " + ckpt, out), 1);
+  EXPECT_NE(out.find("checkpoint"), std::string::npos) << out;
+}
+
+TEST_F(RunCli, InferenceWritesOutputsThatDoNotDependOnTheSplit) {
+  std::string model = gpt(false), out;
+  std::string one = plan(model, "--mode infer --stages 1 --microbatches 1 --batch 4", "inf1");
+  std::string three = plan(model, "--mode infer --stages 3 --microbatches 2 --batch 4", "inf3");
+  ASSERT_EQ(runCommand(pipec() + " run " + one + " --steps 2 --outputs " + dir->path("o1"), out), 0)
+      << out;
+  ASSERT_EQ(runCommand(pipec() + " run " + three + " --steps 2 --outputs " + dir->path("o3"), out),
+            0)
+      << out;
+  auto a = rt::readNpy(dir->path("o1") + "/logits.npy");
+  auto b = rt::readNpy(dir->path("o3") + "/logits.npy");
+  ASSERT_TRUE(static_cast<bool>(a)) << llvm::toString(a.takeError());
+  ASSERT_TRUE(static_cast<bool>(b)) << llvm::toString(b.takeError());
+  EXPECT_EQ(a->shape(), (std::vector<int64_t>{8, 8, 64})); // 2 steps x 4 samples
+  std::string why;
+  EXPECT_TRUE(cpu::allClose(*b, *a, 1e-5, 1e-6, &why)) << why;
+}
+
+TEST_F(RunCli, SavedModelHoldsTheTrainedWeights) {
+  plan::Plan p = compileFor(gpt(true), Config{"1f1b", 2, 1, 2, 1}, 4);
+  rt::RunOptions options;
+  options.steps = 2;
+  options.optimizer = "sgd";
+  options.lr = 0.5;
+  options.collectWeights = true;
+  options.saveWeights = dir->path("saved.onnx");
+  auto result = rt::runLocal(p, options);
+  ASSERT_TRUE(static_cast<bool>(result)) << llvm::toString(result.takeError());
+  auto saved = readWeights(options.saveWeights);
+  for (const auto &[name, w] : result->weights) {
+    ASSERT_TRUE(saved.count(name)) << name;
+    EXPECT_EQ(relativeError(saved.at(name), w), 0) << name;
+  }
+  // The saved model is a model pipec reads.
+  std::string out;
+  EXPECT_EQ(runCommand(pipec() + " inspect " + options.saveWeights, out), 0) << out;
 }
 
 } // namespace

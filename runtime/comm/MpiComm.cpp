@@ -216,7 +216,7 @@ public:
   void fail(const std::string &why) override {
     // The job cannot go on without this rank: mpirun names it to the user and
     // stops the others.
-    fprintf(stderr, "pipec: rank %d: %s\n", self, why.c_str());
+    fprintf(stderr, "pipec: error: %s\n", why.c_str());
     fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }

@@ -943,10 +943,16 @@ Error writeOutputs(const RunOptions &o, const RunResult &result) {
 
 Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &options) {
   if (plan.stage_programs_size() == 0) {
-    for (const std::string &w : plan.warnings())
-      if (StringRef(w).startswith("the plan cannot be run") ||
-          StringRef(w).startswith("no backward program"))
+    for (const std::string &w : plan.warnings()) {
+      if (StringRef(w).startswith("the plan cannot be run"))
         return createStringError(inconvertibleErrorCode(), "%s", w.c_str());
+      if (StringRef(w).startswith("no backward program yet: "))
+        return createStringError(
+            inconvertibleErrorCode(),
+            "the plan cannot train: %s; compile with --mode infer to "
+            "run it forward",
+            StringRef(w).drop_front(25).split(" (the plan").first.str().c_str());
+    }
     return createStringError(inconvertibleErrorCode(),
                              "the plan has no stage programs (compiled by an older pipec?)");
   }
