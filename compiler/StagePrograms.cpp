@@ -137,36 +137,52 @@ bool sendsGradient(const Graph &graph, int id) {
 }
 
 /// Synthetic-data range of integer graph input \p id: the table size when it
-/// indexes a Gather, the class count when it labels a cross-entropy.
+/// indexes a Gather, the class count when it labels a cross-entropy, looking
+/// through ops that move values without changing them (labels are often
+/// shifted by a Slice and flattened first).
 int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward) {
-  for (int user : graph.values[id].users) {
-    const Op &op = graph.ops[user];
-    if (op.opType == "Gather" && op.inputs.size() > 1 && op.inputs[1] == id) {
-      const Value &data = graph.values[op.inputs[0]];
-      int64_t axis = 0;
-      for (const auto &a : graph.node(op).attribute())
-        if (a.name() == "axis")
-          axis = a.i();
-      if (axis < 0)
-        axis += static_cast<int64_t>(data.shape.size());
-      if (axis >= 0 && axis < static_cast<int64_t>(data.shape.size()))
-        return data.shape[axis];
-    }
-    if ((op.opType == "SoftmaxCrossEntropyLoss" || op.opType == "NegativeLogLikelihoodLoss") &&
-        op.inputs.size() > 1 && op.inputs[1] == id) {
-      const Value &scores = graph.values[op.inputs[0]];
-      if (scores.shape.size() > 1)
-        return scores.shape[1];
-    }
-  }
-  if (backward)
-    for (const onnx::NodeProto &n : backward->lossForward)
-      if (n.op_type() == "SoftmaxCrossEntropyLoss" && n.input_size() > 1 &&
-          n.input(1) == graph.values[id].name) {
-        int scores = graph.findValue(n.input(0));
-        if (scores >= 0 && graph.values[scores].shape.size() > 1)
-          return graph.values[scores].shape[1];
+  static const std::set<std::string> passThrough = {"Slice",     "Reshape",  "Flatten", "Squeeze",
+                                                    "Unsqueeze", "Identity", "Cast",    "Transpose",
+                                                    "Expand",    "Concat",   "Split"};
+  std::vector<int> work = {id};
+  std::set<int> seen = {id};
+  while (!work.empty()) {
+    int v = work.back();
+    work.pop_back();
+    for (int user : graph.values[v].users) {
+      const Op &op = graph.ops[user];
+      bool asData = !op.inputs.empty() && op.inputs[0] == v;
+      if (op.opType == "Gather" && op.inputs.size() > 1 && op.inputs[1] == v) {
+        const Value &data = graph.values[op.inputs[0]];
+        int64_t axis = 0;
+        for (const auto &a : graph.node(op).attribute())
+          if (a.name() == "axis")
+            axis = a.i();
+        if (axis < 0)
+          axis += static_cast<int64_t>(data.shape.size());
+        if (axis >= 0 && axis < static_cast<int64_t>(data.shape.size()))
+          return data.shape[axis];
       }
+      if ((op.opType == "SoftmaxCrossEntropyLoss" || op.opType == "NegativeLogLikelihoodLoss") &&
+          op.inputs.size() > 1 && op.inputs[1] == v) {
+        const Value &scores = graph.values[op.inputs[0]];
+        if (scores.shape.size() > 1)
+          return scores.shape[1];
+      }
+      if (passThrough.count(op.opType) && (asData || op.opType == "Concat"))
+        for (int out : op.outputs)
+          if (out >= 0 && seen.insert(out).second)
+            work.push_back(out);
+    }
+    if (backward)
+      for (const onnx::NodeProto &n : backward->lossForward)
+        if (n.op_type() == "SoftmaxCrossEntropyLoss" && n.input_size() > 1 &&
+            n.input(1) == graph.values[v].name) {
+          int scores = graph.findValue(n.input(0));
+          if (scores >= 0 && graph.values[scores].shape.size() > 1)
+            return graph.values[scores].shape[1];
+        }
+  }
   return 2;
 }
 

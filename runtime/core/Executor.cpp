@@ -988,6 +988,8 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
     return shared.takeError();
   Shared &s = **shared;
   int ranks = s.P * s.dp;
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  cpu::setBlasThreads(static_cast<int>(cores) / ranks);
   LocalWorld world(ranks, options.timeoutSeconds);
   std::vector<std::unique_ptr<Comm>> comms;
   std::vector<std::unique_ptr<RankExecutor>> executors;
@@ -1079,6 +1081,12 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
     if ((*comm)->rank() == 0)
       (*comm)->fail(text);
     return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
+  }
+  // Processes on one node share its cores.
+  if (const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) {
+    int perNode = std::max(1, std::atoi(local));
+    unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    cpu::setBlasThreads(static_cast<int>(cores) / perNode);
   }
   RankExecutor ex(s, **comm);
   RunResult result;

@@ -20,6 +20,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <dlfcn.h>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -2256,6 +2257,12 @@ Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
       out.roundToElemType();
   }
   return std::move(*outputs);
+}
+
+void setBlasThreads(int threads) {
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
+    set(std::max(1, threads));
 }
 
 } // namespace pipec::cpu
