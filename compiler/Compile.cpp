@@ -450,13 +450,34 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   return plan;
 }
 
+/// The runtime feeds every input by samples along its first dimension, one
+/// microbatch at a time. An input whose first dimension is not the microbatch
+/// size (fixed so in the model, or bound so by --input-shape) would be fed the
+/// wrong samples, and its outputs stacked to the wrong batch.
+Error checkDataBatch(const plan::Plan &plan) {
+  const plan::ScheduleInfo &s = plan.schedule();
+  for (const plan::DataInput &d : plan.data()) {
+    if (d.shape_size() == 0 || d.shape(0) == s.microbatch_size())
+      continue;
+    return flagError(formatv("input '{0}' has {1} in its first dimension (the batch), but the "
+                             "microbatches hold {2} sample(s); give --batch {3} for {4} "
+                             "microbatch(es) of {1}",
+                             d.name(), d.shape(0), s.microbatch_size(),
+                             d.shape(0) * s.microbatches() * s.data_parallel(), s.microbatches()));
+  }
+  return Error::success();
+}
+
 /// The programs `pipec run` executes. A model the runtime cannot execute
 /// still compiles (the plan's timing stands); the plan then says why.
 void attachStagePrograms(plan::Plan &plan, const Prepared &prepared) {
   if (plan.schedule().mode() == "train" && !prepared.backward)
     return; // the backward warning is already there
   const Backward *backward = plan.schedule().mode() == "train" ? &*prepared.backward : nullptr;
-  if (Error err = buildStagePrograms(plan, prepared.graph, prepared.layers, backward)) {
+  Error err = buildStagePrograms(plan, prepared.graph, prepared.layers, backward);
+  if (!err)
+    err = checkDataBatch(plan);
+  if (err) {
     plan.clear_stage_programs();
     plan.clear_weights();
     plan.clear_trainable();

@@ -360,3 +360,44 @@ TEST(Compile, TrainingPlansCarryTheBackwardProgram) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(Compile, AFixedBatchMustBeTheMicrobatch) {
+  // The runtime feeds dimension 0 of every input as the microbatch's samples:
+  // a model with a static batch of 4 runs only in microbatches of 4.
+  TempDir dir;
+  std::string model = dir.path("mlp4.onnx"), out;
+  ASSERT_EQ(
+      runCommand(Pipec + " model mlp --layers 2 --hidden 16 --vocab 8 --batch 4 -o " + model, out),
+      0)
+      << out;
+  auto compile = [&](const std::string &flags, const std::string &name) {
+    EXPECT_EQ(runCommand(Pipec + " compile " + model + " --mode infer --stages 2 " + flags +
+                             " -o " + dir.path(name),
+                         out),
+              0)
+        << out;
+    auto plan = readPlan(dir.path(name));
+    EXPECT_TRUE(!!plan) << (plan ? "" : toString(plan.takeError()));
+    return plan ? *plan : plan::Plan();
+  };
+  auto cannotRun = [](const plan::Plan &plan) {
+    for (const std::string &w : plan.warnings())
+      if (llvm::StringRef(w).startswith("the plan cannot be run"))
+        return w;
+    return std::string();
+  };
+  plan::Plan split = compile("--batch 4 --microbatches 2", "split.plan");
+  std::string why = cannotRun(split);
+  EXPECT_NE(why.find("input 'x' has 4 in its first dimension"), std::string::npos) << why;
+  EXPECT_NE(why.find("--batch 8"), std::string::npos) << why;
+  EXPECT_EQ(split.stage_programs_size(), 0);
+  // No change: microbatches of the model's batch run.
+  plan::Plan whole = compile("--batch 8 --microbatches 2", "whole.plan");
+  EXPECT_EQ(cannotRun(whole), "");
+  EXPECT_EQ(whole.schedule().microbatch_size(), 4);
+  EXPECT_GT(whole.stage_programs_size(), 0);
+}
+
+} // namespace

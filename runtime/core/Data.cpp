@@ -263,10 +263,26 @@ Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, S
       return createStringError(inconvertibleErrorCode(),
                                "input '%s' is a scalar; inputs need a batch dimension",
                                spec.name().c_str());
+    if (spec.shape(0) != plan.schedule().microbatch_size() && plan.schedule().microbatch_size() > 0)
+      return createStringError(inconvertibleErrorCode(),
+                               "input '%s' holds %lld samples, the plan's microbatches %lld",
+                               spec.name().c_str(), static_cast<long long>(spec.shape(0)),
+                               static_cast<long long>(plan.schedule().microbatch_size()));
     if (!dir.empty()) {
+      // NAME.npy, else with '/', ':' and '\' made '_' (as outputs are named).
+      std::string safe = spec.name();
+      for (char &c : safe)
+        if (c == '/' || c == ':' || c == '\\')
+          c = '_';
       SmallString<256> npy(dir), pb(dir);
       sys::path::append(npy, spec.name() + ".npy");
       sys::path::append(pb, spec.name() + ".pb");
+      if (!sys::fs::exists(npy) && !sys::fs::exists(pb)) {
+        npy = dir;
+        pb = dir;
+        sys::path::append(npy, safe + ".npy");
+        sys::path::append(pb, safe + ".pb");
+      }
       Expected<cpu::Tensor> data = createStringError(inconvertibleErrorCode(), "");
       if (sys::fs::exists(npy)) {
         data = readNpy(npy);

@@ -437,7 +437,13 @@ Error RankExecutor::optimizerStep(int t) {
     };
     if (s.options.collectWeights)
       lastGrads[name] = g.clone();
-    if (s.optimizer == OptimizerKind::AdamW) {
+    if (!isDouble && s.optimizer == OptimizerKind::Sgd) {
+      // The common case without the per-element type switch.
+      const float *gp = g.data<float>(), *wp = w.data<float>();
+      float *up = updated.data<float>();
+      for (int64_t i = 0; i < n; ++i)
+        up[i] = static_cast<float>(wp[i] - lr * (gp[i] * scale + o.weightDecay * wp[i]));
+    } else if (s.optimizer == OptimizerKind::AdamW) {
       auto &m = moment1[name], &v = moment2[name];
       if (m.isNull()) {
         m = cpu::Tensor(w.elemType(), w.shape());

@@ -325,10 +325,43 @@ Tensor transpose(const Tensor &tensor, ArrayRef<int64_t> perm) {
     readStrides[i] = inStrides[perm[i]];
   }
   Tensor out(tensor.elemType(), outShape);
+  size_t rank = perm.size();
+  bool leadingKept = true;
+  for (size_t i = 0; i + 2 < rank; ++i)
+    leadingKept &= perm[i] == static_cast<int64_t>(i);
   visitStorage(tensor.elemType(), [&](auto tag) {
     using T = decltype(tag);
     const T *src = tensor.data<T>();
     T *dst = out.data<T>();
+    if (rank >= 2 && leadingKept && perm[rank - 2] == static_cast<int64_t>(rank - 1) &&
+        perm[rank - 1] == static_cast<int64_t>(rank - 2)) {
+      // Matrices transposed in tiles (weights in backward, attention keys).
+      int64_t rows = tensor.shape()[rank - 2], cols = tensor.shape()[rank - 1];
+      int64_t batch = rows * cols > 0 ? tensor.numElements() / (rows * cols) : 0;
+      constexpr int64_t Tile = 32;
+      for (int64_t b = 0; b < batch; ++b) {
+        const T *in = src + b * rows * cols;
+        T *o = dst + b * rows * cols;
+        for (int64_t i0 = 0; i0 < rows; i0 += Tile)
+          for (int64_t j0 = 0; j0 < cols; j0 += Tile)
+            for (int64_t i = i0; i < std::min(rows, i0 + Tile); ++i)
+              for (int64_t j = j0; j < std::min(cols, j0 + Tile); ++j)
+                o[j * rows + i] = in[i * cols + j];
+      }
+      return;
+    }
+    if (rank >= 1 && perm[rank - 1] == static_cast<int64_t>(rank - 1) && !std::is_same_v<T, bool>) {
+      // The last dimension stays innermost: copy whole rows (attention heads).
+      int64_t row = tensor.shape()[rank - 1];
+      if (row == 0)
+        return;
+      Shape outer(outShape.begin(), outShape.end() - 1);
+      Shape outerStrides(readStrides.begin(), readStrides.end() - 1);
+      forEachStrided<1>(outer, {outerStrides}, [&](int64_t o, const std::array<int64_t, 1> &off) {
+        std::memcpy(dst + o * row, src + off[0], row * sizeof(T));
+      });
+      return;
+    }
     forEachStrided<1>(outShape, {readStrides},
                       [&](int64_t o, const std::array<int64_t, 1> &off) { dst[o] = src[off[0]]; });
   });
@@ -589,9 +622,13 @@ Expected<Outputs> pow(const OpContext &ctx) {
     return visitStorage(y.elemType(), [&](auto yTag) -> Expected<Outputs> {
       using TY = decltype(yTag);
       return Outputs{broadcastBinary<TX, TY, TX>(x, y, x.elemType(), *shape, [](TX a, TY b) {
-        if constexpr (IsFloat<TX>)
+        if constexpr (IsFloat<TX>) {
+          if (b == TY(2)) // squares and cubes (GELU's tanh form) without libm
+            return static_cast<TX>(a * a);
+          if (b == TY(3))
+            return static_cast<TX>(a * a * a);
           return static_cast<TX>(std::pow(a, b));
-        else
+        } else
           return saturatingCast<TX>(std::pow(double(a), double(b)));
       })};
     });

@@ -1,0 +1,134 @@
+//===- BenchRuntime.cpp - What the CPU executor achieves ------------------===//
+//
+// On generated models written once under build/bench-data:
+//  - a 6-block GPT trained for one step on 1 rank and on 2 ranks (1F1B, the
+//    same 8 microbatches): the pipeline speedup on 2 cores, and per rank the
+//    measured compute time against the cost model's prediction;
+//  - a tiny, deep MLP on 4 ranks with 64 microbatches, where kernels do
+//    almost nothing: the executor's overhead per instruction.
+// Run through tools/bench-runtime.sh, which writes the table to
+// docs/PERFORMANCE.md.
+//
+//===----------------------------------------------------------------------===//
+#include "compiler/Compile.h"
+#include "models/ModelGenerators.h"
+#include "runtime/core/Executor.h"
+
+#include "llvm/Support/FileSystem.h"
+
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <iostream>
+
+using namespace pipec;
+
+namespace {
+
+std::string ensureModel(const std::string &name, const models::GeneratorOptions &options) {
+  std::string dir = std::string(PIPEC_BINARY_DIR) + "/bench-data";
+  llvm::sys::fs::create_directories(dir);
+  std::string path = dir + "/" + name;
+  if (llvm::sys::fs::exists(path))
+    return path;
+  auto model = models::generateModel(options);
+  if (!model) {
+    std::cerr << llvm::toString(model.takeError()) << "\n";
+    std::exit(1);
+  }
+  if (llvm::Error err = models::writeModel(*model, path, false)) {
+    std::cerr << llvm::toString(std::move(err)) << "\n";
+    std::exit(1);
+  }
+  return path;
+}
+
+std::string gpt() {
+  models::GeneratorOptions o;
+  o.family = models::Family::Gpt;
+  o.layers = 6;
+  o.hidden = 256;
+  o.heads = 8;
+  o.vocab = 2000;
+  o.seq = 64;
+  o.withLoss = true;
+  return ensureModel("bench-gpt6.onnx", o);
+}
+
+std::string tinyMlp() {
+  models::GeneratorOptions o;
+  o.family = models::Family::Mlp;
+  o.layers = 16;
+  o.hidden = 8;
+  o.vocab = 8;
+  o.withLoss = true;
+  return ensureModel("bench-mlp16.onnx", o);
+}
+
+plan::Plan compile(const std::string &model, int stages, int microbatches, int64_t batch) {
+  CompileOptions options;
+  options.stages = stages;
+  options.microbatches = microbatches;
+  options.globalBatch = batch;
+  options.hardware = "cpu";
+  options.schedule = ScheduleKind::OneFOneB;
+  auto plan = compileModel(model, options, PipelineOptions());
+  if (!plan) {
+    std::cerr << llvm::toString(plan.takeError()) << "\n";
+    std::exit(1);
+  }
+  return *plan;
+}
+
+/// One training step per iteration (after a warm-up step); counters carry
+/// the prediction and the measured compute time per rank.
+void trainStep(benchmark::State &state, const std::string &model, int stages, int microbatches,
+               int64_t batch) {
+  plan::Plan plan = compile(model, stages, microbatches, batch);
+  rt::RunOptions options;
+  options.steps = 1;
+  options.optimizer = "sgd";
+  auto warm = rt::runLocal(plan, options);
+  if (!warm) {
+    state.SkipWithError(llvm::toString(warm.takeError()).c_str());
+    return;
+  }
+  std::vector<double> busy(stages, 0);
+  int64_t instructions = 0;
+  for (auto _ : state) {
+    auto result = rt::runLocal(plan, options);
+    if (!result) {
+      state.SkipWithError(llvm::toString(result.takeError()).c_str());
+      return;
+    }
+    state.SetIterationTime(result->seconds);
+    for (int r = 0; r < stages; ++r)
+      busy[r] += result->busySeconds[r];
+    instructions = result->instructions;
+  }
+  double n = static_cast<double>(state.iterations());
+  state.counters["predicted_step_s"] = plan.predicted().step_time_s();
+  state.counters["instructions"] = static_cast<double>(instructions);
+  for (int r = 0; r < stages; ++r) {
+    state.counters["rank" + std::to_string(r) + "_busy_s"] = busy[r] / n;
+    state.counters["rank" + std::to_string(r) + "_predicted_busy_s"] = plan.ranks(r).busy_s();
+  }
+}
+
+void BM_GptOneRank(benchmark::State &state) { trainStep(state, gpt(), 1, 8, 8); }
+void BM_GptTwoRanks(benchmark::State &state) { trainStep(state, gpt(), 2, 8, 8); }
+void BM_MlpOverhead(benchmark::State &state) { trainStep(state, tinyMlp(), 4, 64, 64); }
+
+BENCHMARK(BM_GptOneRank)->Name("gpt6/1_rank_m8")->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GptTwoRanks)
+    ->Name("gpt6/2_ranks_1f1b_m8")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MlpOverhead)
+    ->Name("mlp16_tiny/4_ranks_1f1b_m64")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+} // namespace
+
+BENCHMARK_MAIN();
