@@ -36,12 +36,6 @@ namespace {
 constexpr int ExitInput = 1;
 constexpr int ExitUsage = 2;
 
-#ifdef PIPEC_CUDA_LIB_DIR
-constexpr bool PIPEC_HAS_CUDA_BACKEND = true;
-#else
-constexpr bool PIPEC_HAS_CUDA_BACKEND = false;
-#endif
-
 cl::SubCommand InspectCmd("inspect", "Show a model's layers, params, FLOPs and cut points");
 cl::SubCommand ModelCmd("model", "Generate a GPT, Llama, BERT, MLP or ResNet model as ONNX");
 cl::SubCommand CompileCmd("compile", "Partition a model into pipeline stages and write a plan");
@@ -184,6 +178,14 @@ cl::opt<double> RunTimeout("timeout",
                            cl::desc("Seconds a rank may wait without progress before failing"),
                            cl::init(120), cl::sub(RunCmd));
 cl::opt<bool> RunQuiet("quiet", cl::desc("No progress lines"), cl::sub(RunCmd));
+cl::opt<std::string> RunPrecision("precision",
+                                  cl::desc("cuda: fp32, or bf16 tensor-core GEMMs with fp32 "
+                                           "weights (default: the plan's)"),
+                                  cl::sub(RunCmd));
+cl::opt<int> RunRanksPerDevice("ranks-per-device",
+                               cl::desc("cuda: ranks sharing one GPU (rank r uses GPU "
+                                        "r / N); lets one GPU run a whole pipeline"),
+                               cl::init(1), cl::sub(RunCmd));
 
 // model
 cl::opt<std::string> ModelFamily(cl::Positional, cl::desc("gpt|llama|bert|mlp|resnet"),
@@ -424,11 +426,22 @@ int runRun() {
     errs() << "pipec run: --backend " << RunBackend << ": expected cpu or cuda\n";
     return ExitUsage;
   }
-  if (RunBackend == "cuda" || comm == "nccl")
-    return reportError(createStringError(
-        inconvertibleErrorCode(), "--backend cuda / --comm nccl: %s",
-        PIPEC_HAS_CUDA_BACKEND ? "the CUDA executor is not built into this pipec yet"
-                               : "this pipec was built without CUDA"));
+  if (comm == "nccl" && RunBackend != "cuda") {
+    errs() << "pipec run: --comm nccl moves device memory; it needs --backend cuda\n";
+    return ExitUsage;
+  }
+  if (comm == "nccl" && !underMpi)
+    return reportError(createStringError(inconvertibleErrorCode(),
+                                         "--comm nccl: start one process per rank with mpirun "
+                                         "(NCCL is bootstrapped over MPI)"));
+  if (RunRanksPerDevice < 1) {
+    errs() << "pipec run: --ranks-per-device must be at least 1\n";
+    return ExitUsage;
+  }
+  if (!RunPrecision.empty() && RunPrecision != "fp32" && RunPrecision != "bf16") {
+    errs() << "pipec run: --precision " << RunPrecision << ": expected fp32 or bf16\n";
+    return ExitUsage;
+  }
   if (RunOutputFormat != "npy" && RunOutputFormat != "pb") {
     errs() << "pipec run: --output-format " << RunOutputFormat << ": expected npy or pb\n";
     return ExitUsage;
@@ -460,9 +473,13 @@ int runRun() {
   options.timeoutSeconds = RunTimeout;
   options.progress = !RunQuiet;
   options.log = &outs();
+  options.backend = RunBackend;
+  options.precision = RunPrecision;
+  options.ranksPerDevice = RunRanksPerDevice;
+  options.comm = comm == "nccl" ? "nccl" : "mpi";
   bool train = plan->schedule().mode() == "train";
   int ranks = plan->schedule().stages() * std::max(1, plan->schedule().data_parallel());
-  auto result = comm == "mpi" ? rt::runMpi(*plan, options) : rt::runLocal(*plan, options);
+  auto result = comm == "local" ? rt::runLocal(*plan, options) : rt::runMpi(*plan, options);
   if (!result)
     return reportError(result.takeError());
   if (!RunQuiet && result->primary) {

@@ -60,6 +60,17 @@ public:
   virtual llvm::Error flush() = 0;
   /// Tells the other ranks this one failed with \p why.
   virtual void fail(const std::string &why) = 0;
+
+  /// Whether send() may be handed device tensors (the sender's stream
+  /// synchronized): local threads share the process's devices; NCCL moves
+  /// device memory. Otherwise the executor sends host copies.
+  virtual bool devicePointToPoint() const { return false; }
+  /// Whether sum() works on device tensors (NCCL); otherwise host tensors.
+  virtual bool deviceSums() const { return false; }
+  /// Brackets the SEND/RECV instructions that the plan posts together, for
+  /// transports that must issue them as one group (NCCL).
+  virtual llvm::Error groupStart() { return llvm::Error::success(); }
+  virtual llvm::Error groupEnd() { return llvm::Error::success(); }
 };
 
 /// The shared state of a local run; one Comm per rank thread.
@@ -77,6 +88,12 @@ private:
 /// MPI_Init_thread if needed; the Comm of this process. MPI is finalized
 /// when the last MpiComm is destroyed.
 llvm::Expected<std::unique_ptr<Comm>> makeMpiComm(double timeoutSeconds);
+
+/// NCCL over \p bootstrap (an MPI Comm, kept for host sums and gathers):
+/// point-to-point and gradient sums move device memory of \p device. From
+/// the CUDA plugin; fails clearly without it.
+llvm::Expected<std::unique_ptr<Comm>> makeNcclComm(std::unique_ptr<Comm> bootstrap, int device,
+                                                   double timeoutSeconds);
 
 /// Whether this process was started by mpirun (Open MPI, MPICH or Slurm
 /// environment variables).

@@ -153,6 +153,7 @@ public:
   }
 
   Error flush() override { return Error::success(); }
+  bool devicePointToPoint() const override { return true; }
 
   void fail(const std::string &why) override {
     std::lock_guard<std::mutex> lock(state->mutex);

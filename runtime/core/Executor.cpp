@@ -1,6 +1,7 @@
 //===- Executor.cpp - Runs a plan: one executor per rank -----------------===//
 #include "runtime/core/Executor.h"
 #include "runtime/comm/Comm.h"
+#include "runtime/core/Backend.h"
 #include "runtime/core/Data.h"
 #include "runtime/core/ModelIO.h"
 #include "runtime/cpu/GradKernels.h"
@@ -44,7 +45,7 @@ Error rankError(int rank, const Twine &why) {
   return createStringError(inconvertibleErrorCode(), "rank %d: %s", rank, why.str().c_str());
 }
 
-enum class OptimizerKind { Sgd, Momentum, AdamW };
+using OptimizerKind = OptimizerUpdate::Kind;
 
 struct Fault {
   int rank = -1, step = -1, at = -1;
@@ -104,16 +105,19 @@ int64_t firstSample(const Shared &s, int step, int replica, int mb) {
 
 class RankExecutor {
 public:
-  RankExecutor(const Shared &shared, Comm &comm)
-      : s(shared), comm(comm), global(comm.rank()), replica(global / shared.P),
+  RankExecutor(const Shared &shared, Comm &comm, Backend &backend)
+      : s(shared), comm(comm), be(backend), global(comm.rank()), replica(global / shared.P),
         rank(global % shared.P), program(shared.plan->programs(rank)) {}
 
   Error load();
   Error step(int t, double &lossSum, double &lossCount);
-  Error saveCheckpoint(StringRef file, int nextStep) const;
+  Error saveCheckpoint(StringRef file, int nextStep);
   Error loadCheckpoint(StringRef file, int &nextStep);
 
   int globalRank() const { return global; }
+  Backend &backend() { return be; }
+  /// Host copies of this rank's trainable weights.
+  Expected<std::map<std::string, cpu::Tensor>> trainedWeights();
   int replicaIndex() const { return replica; }
   std::map<std::string, cpu::Tensor> weights; ///< this rank's weights and constants
   std::map<std::string, cpu::Tensor> lastGrads;
@@ -137,9 +141,12 @@ private:
   Error allReduce(const Ins &ins);
   Error optimizerStep(int t);
   void prune(Env &values, const std::set<std::string> &keep);
+  /// \p t as the Comm takes it: device tensors stay when it moves them.
+  Expected<cpu::Tensor> forComm(const cpu::Tensor &t);
 
   const Shared &s;
   Comm &comm;
+  Backend &be;
   int global, replica, rank;
   const plan::RankProgram &program;
   std::map<std::pair<int, int>, Env> envs;
@@ -170,7 +177,10 @@ Error RankExecutor::load() {
                                          name, cpu::elemTypeName(tensor->elemType())));
       trainableHere.push_back(name);
     }
-    weights[name] = std::move(*tensor);
+    auto placed = be.upload(*tensor);
+    if (!placed)
+      return rankError(global, "loading weights: " + toString(placed.takeError()));
+    weights[name] = std::move(*placed);
   }
   for (int k = 0; k < s.K; ++k) {
     if (!local(k))
@@ -207,7 +217,7 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
                                  stage, mb, phase, cpu::nodeLabel(node), node.op_type(), name));
       inputs.push_back(&w->second);
     }
-    auto outs = cpu::runAnyOp(node, s.plan->opset(), inputs);
+    auto outs = be.run(node, s.plan->opset(), inputs);
     if (!outs)
       return rankError(global, formatv("stage {0} microbatch {1} {2}: {3}", stage, mb, phase,
                                        toString(outs.takeError())));
@@ -226,7 +236,10 @@ Error RankExecutor::loadInputs(int stage, int mb, int t) {
     auto tensor = s.data->microbatch(name, firstSample(s, t, replica, mb));
     if (!tensor)
       return rankError(global, toString(tensor.takeError()));
-    values[name] = std::move(*tensor);
+    auto placed = be.upload(*tensor);
+    if (!placed)
+      return placed.takeError();
+    values[name] = std::move(*placed);
   }
   return Error::success();
 }
@@ -289,13 +302,20 @@ Error RankExecutor::forward(int stage, int mb, int t, bool again) {
     if (it == values.end() || it->second.numElements() != 1)
       return rankError(global, formatv("stage {0} microbatch {1}: no scalar loss '{2}'", stage, mb,
                                        s.plan->loss_value()));
-    lossSum += it->second.getDouble(0);
+    auto host = be.download(it->second);
+    if (!host)
+      return host.takeError();
+    lossSum += host->getDouble(0);
     lossCount += 1;
   }
   if (!s.training)
     for (const std::string &name : sp.outputs())
-      if (auto it = values.find(name); it != values.end())
-        outputs[name][firstSample(s, t, replica, mb)] = it->second;
+      if (auto it = values.find(name); it != values.end()) {
+        auto host = be.download(it->second);
+        if (!host)
+          return host.takeError();
+        outputs[name][firstSample(s, t, replica, mb)] = std::move(*host);
+      }
   for (const std::string &name : sp.send()) {
     auto it = values.find(name);
     if (it == values.end())
@@ -319,32 +339,32 @@ Error RankExecutor::backwardInput(int stage, int mb) {
   if (Error err = runNodes(sp.backward_input(), values, stage, mb, "backward-input"))
     return err;
   for (const plan::GradSum &g : sp.input_grads()) {
-    cpu::Tensor total;
+    std::vector<const cpu::Tensor *> terms;
     for (const std::string &term : g.terms()) {
       auto it = values.find(term);
       if (it == values.end())
         return rankError(global, formatv("stage {0} microbatch {1}: gradient term '{2}' of '{3}' "
                                          "was not computed",
                                          stage, mb, term, g.value()));
-      if (total.isNull()) {
-        total = it->second.clone();
-        continue;
-      }
-      if (it->second.shape() != total.shape())
+      if (!terms.empty() && it->second.shape() != terms[0]->shape())
         return rankError(global, formatv("stage {0}: gradient terms of '{1}' differ in shape",
                                          stage, g.value()));
-      float *dst = total.data<float>();
-      const float *src = it->second.data<float>();
-      for (int64_t i = 0; i < total.numElements(); ++i)
-        dst[i] += src[i];
+      terms.push_back(&it->second);
     }
-    if (total.isNull()) {
+    Expected<cpu::Tensor> made = cpu::Tensor();
+    if (terms.empty()) {
       auto v = values.find(g.value());
       if (v == values.end())
         return rankError(global, formatv("stage {0}: no value '{1}' to shape its zero gradient",
                                          stage, g.value()));
-      total = cpu::Tensor(v->second.elemType(), v->second.shape());
+      made = be.zeros(v->second.elemType(), v->second.shape());
+    } else {
+      made = be.sum(terms);
     }
+    if (!made)
+      return rankError(global, formatv("stage {0}: the gradient of '{1}': {2}", stage, g.value(),
+                                       toString(made.takeError())));
+    cpu::Tensor total = std::move(*made);
     if (local(stage - 1))
       env(stage - 1, mb)["grad-next:" + g.value()] = std::move(total);
     else
@@ -373,17 +393,9 @@ Error RankExecutor::backwardWeight(int stage, int mb) {
         return rankError(global,
                          formatv("stage {0}: gradient '{1}' is {2}, weight '{3}' is {4}", stage,
                                  term, it->second.describe(), g.value(), acc->second.describe()));
-      if (acc->second.elemType() == cpu::ElemType::Double) {
-        double *dst = acc->second.data<double>();
-        const double *src = it->second.data<double>();
-        for (int64_t i = 0; i < acc->second.numElements(); ++i)
-          dst[i] += src[i];
-      } else {
-        float *dst = acc->second.data<float>();
-        const float *src = it->second.data<float>();
-        for (int64_t i = 0; i < acc->second.numElements(); ++i)
-          dst[i] += src[i];
-      }
+      if (Error err = be.addInto(acc->second, it->second))
+        return rankError(global, formatv("stage {0}: accumulating '{1}': {2}", stage, term,
+                                         toString(std::move(err))));
     }
   }
   return Error::success();
@@ -407,88 +419,90 @@ Error RankExecutor::allReduce(const Ins &ins) {
   }
   std::sort(group.begin(), group.end());
   std::vector<cpu::Tensor> tensors;
-  for (const std::string &n : names)
-    tensors.push_back(grads[n]);
+  bool onDevice = comm.deviceSums();
+  for (const std::string &n : names) {
+    if (onDevice) {
+      tensors.push_back(grads[n]);
+      continue;
+    }
+    auto host = be.download(grads[n]);
+    if (!host)
+      return host.takeError();
+    tensors.push_back(host->onHost() && host->rawData() == grads[n].rawData() ? host->clone()
+                                                                              : *host);
+  }
   if (Error err = comm.sum(group, tensors))
     return err;
-  for (size_t i = 0; i < names.size(); ++i)
-    grads[names[i]] = std::move(tensors[i]);
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto placed = be.upload(tensors[i]);
+    if (!placed)
+      return placed.takeError();
+    grads[names[i]] = std::move(*placed);
+  }
   return Error::success();
 }
 
 Error RankExecutor::optimizerStep(int t) {
   const RunOptions &o = s.options;
-  double scale = 1.0 / (static_cast<double>(s.M) * s.dp);
-  double lr = s.lr;
+  OptimizerUpdate u;
+  u.kind = s.optimizer;
+  u.lr = s.lr;
+  u.momentum = o.momentum;
+  u.weightDecay = o.weightDecay;
+  u.beta1 = o.beta1;
+  u.beta2 = o.beta2;
+  u.epsilon = o.epsilon;
+  u.gradScale = 1.0 / (static_cast<double>(s.M) * s.dp);
+  u.step = t;
   for (const std::string &name : trainableHere) {
     cpu::Tensor &g = grads[name];
-    cpu::Tensor &w = weights[name];
-    cpu::Tensor updated = w.clone(); // never in place: views of w may be in flight
-    int64_t n = w.numElements();
-    bool isDouble = w.elemType() == cpu::ElemType::Double;
-    auto get = [&](const cpu::Tensor &x, int64_t i) {
-      return isDouble ? x.data<double>()[i] : static_cast<double>(x.data<float>()[i]);
-    };
-    auto set = [&](cpu::Tensor &x, int64_t i, double v) {
-      if (isDouble)
-        x.data<double>()[i] = v;
-      else
-        x.data<float>()[i] = static_cast<float>(v);
-    };
-    if (s.options.collectWeights)
-      lastGrads[name] = g.clone();
-    if (!isDouble && s.optimizer == OptimizerKind::Sgd) {
-      // The common case without the per-element type switch.
-      const float *gp = g.data<float>(), *wp = w.data<float>();
-      float *up = updated.data<float>();
-      for (int64_t i = 0; i < n; ++i)
-        up[i] = static_cast<float>(wp[i] - lr * (gp[i] * scale + o.weightDecay * wp[i]));
-    } else if (s.optimizer == OptimizerKind::AdamW) {
-      auto &m = moment1[name], &v = moment2[name];
-      if (m.isNull()) {
-        m = cpu::Tensor(w.elemType(), w.shape());
-        v = cpu::Tensor(w.elemType(), w.shape());
-      }
-      double c1 = 1 - std::pow(o.beta1, t + 1), c2 = 1 - std::pow(o.beta2, t + 1);
-      for (int64_t i = 0; i < n; ++i) {
-        double gi = get(g, i) * scale;
-        double mi = o.beta1 * get(m, i) + (1 - o.beta1) * gi;
-        double vi = o.beta2 * get(v, i) + (1 - o.beta2) * gi * gi;
-        set(m, i, mi);
-        set(v, i, vi);
-        double wi = get(w, i);
-        wi -= lr * (mi / c1 / (std::sqrt(vi / c2) + o.epsilon) + o.weightDecay * wi);
-        set(updated, i, wi);
-      }
-    } else {
-      auto &buf = moment1[name];
-      if (s.optimizer == OptimizerKind::Momentum && buf.isNull())
-        buf = cpu::Tensor(w.elemType(), w.shape());
-      for (int64_t i = 0; i < n; ++i) {
-        double wi = get(w, i);
-        double gi = get(g, i) * scale + o.weightDecay * wi;
-        if (s.optimizer == OptimizerKind::Momentum) {
-          gi = o.momentum * get(buf, i) + gi;
-          set(buf, i, gi);
-        }
-        set(updated, i, wi - lr * gi);
-      }
-    }
     if (s.options.collectWeights) {
-      cpu::Tensor &lg = lastGrads[name];
-      for (int64_t i = 0; i < n; ++i)
-        set(lg, i, get(lg, i) * scale);
+      auto host = be.download(g);
+      if (!host)
+        return host.takeError();
+      cpu::Tensor scaled = host->clone();
+      for (int64_t i = 0; i < scaled.numElements(); ++i)
+        scaled.setDouble(i, scaled.getDouble(i) * u.gradScale);
+      lastGrads[name] = std::move(scaled);
     }
-    w = std::move(updated);
+    if (Error err = be.optimize(u, weights[name], g, moment1[name], moment2[name]))
+      return rankError(global, formatv("updating '{0}': {1}", name, toString(std::move(err))));
   }
   return Error::success();
+}
+
+Expected<std::map<std::string, cpu::Tensor>> RankExecutor::trainedWeights() {
+  std::map<std::string, cpu::Tensor> out;
+  for (const std::string &name : trainableHere) {
+    auto host = be.download(weights[name]);
+    if (!host)
+      return host.takeError();
+    out.emplace(name, std::move(*host));
+  }
+  return out;
+}
+
+Expected<cpu::Tensor> RankExecutor::forComm(const cpu::Tensor &t) {
+  if (t.onHost())
+    return t;
+  if (comm.devicePointToPoint()) {
+    // The receiver reads it on its own stream: the data must be complete.
+    if (Error err = be.synchronize())
+      return err;
+    return t;
+  }
+  return be.download(t);
 }
 
 Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
   lossSum = lossCount = 0;
   grads.clear();
-  for (const std::string &name : trainableHere)
-    grads[name] = cpu::Tensor(weights[name].elemType(), weights[name].shape());
+  for (const std::string &name : trainableHere) {
+    auto zero = be.zeros(weights[name].elemType(), weights[name].shape());
+    if (!zero)
+      return zero.takeError();
+    grads[name] = std::move(*zero);
+  }
   std::map<int, std::pair<int, int>> bufferOwner; // buffer -> (stage, mb) for primary buffers
   for (const plan::Buffer &b : program.buffers())
     if (b.alloc_at() >= 0 && b.alloc_at() < program.instructions_size() &&
@@ -503,6 +517,12 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
       return rankError(global, formatv("injected fault at step {0} instruction {1}", t, i));
     }
     int stage = ins.stage(), mb = ins.microbatch();
+    bool isComm = ins.op() == Ins::SEND || ins.op() == Ins::RECV;
+    bool prevComm = i > 0 && (program.instructions(i - 1).op() == Ins::SEND ||
+                              program.instructions(i - 1).op() == Ins::RECV);
+    if (isComm && !prevComm)
+      if (Error err = comm.groupStart())
+        return err;
     double started = wallNow();
     char category = 0;
     Error err = Error::success();
@@ -541,7 +561,12 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
                                         i, ins.tensor().name(), stage, mb));
         break;
       }
-      err = comm.send(peerGlobal(ins.peer()), it->second);
+      auto message = forComm(it->second);
+      if (!message) {
+        err = message.takeError();
+        break;
+      }
+      err = comm.send(peerGlobal(ins.peer()), *message);
       outbox.erase(it);
       break;
     }
@@ -583,6 +608,12 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
     }
     if (err)
       return err;
+    bool nextComm =
+        i + 1 < program.instructions_size() && (program.instructions(i + 1).op() == Ins::SEND ||
+                                                program.instructions(i + 1).op() == Ins::RECV);
+    if (isComm && !nextComm)
+      if (Error err = comm.groupEnd())
+        return err;
     ++instructions;
     if (category) {
       double begin = started;
@@ -611,16 +642,26 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
 // "m:NAME", "v:NAME", with doc_string "step=N".
 //===--------------------------------------------------------------------===//
 
-Error RankExecutor::saveCheckpoint(StringRef file, int nextStep) const {
+Error RankExecutor::saveCheckpoint(StringRef file, int nextStep) {
   onnx::GraphProto g;
   g.set_name("pipec checkpoint");
   g.set_doc_string(formatv("step={0}", nextStep).str());
+  auto add = [&](const cpu::Tensor &t, const std::string &name) -> Error {
+    auto host = be.download(t);
+    if (!host)
+      return host.takeError();
+    *g.add_initializer() = cpu::toTensorProto(*host, name);
+    return Error::success();
+  };
   for (const std::string &name : trainableHere) {
-    *g.add_initializer() = cpu::toTensorProto(weights.at(name), "w:" + name);
+    if (Error err = add(weights.at(name), "w:" + name))
+      return err;
     if (auto it = moment1.find(name); it != moment1.end() && !it->second.isNull())
-      *g.add_initializer() = cpu::toTensorProto(it->second, "m:" + name);
+      if (Error err = add(it->second, "m:" + name))
+        return err;
     if (auto it = moment2.find(name); it != moment2.end() && !it->second.isNull())
-      *g.add_initializer() = cpu::toTensorProto(it->second, "v:" + name);
+      if (Error err = add(it->second, "v:" + name))
+        return err;
   }
   std::string bytes;
   if (!g.SerializeToString(&bytes))
@@ -641,9 +682,12 @@ Error RankExecutor::loadCheckpoint(StringRef file, int &nextStep) {
     return rankError(global, formatv("checkpoint {0}: bad step", file));
   std::set<std::string> seen;
   for (const onnx::TensorProto &t : g.initializer()) {
-    auto tensor = cpu::fromTensorProto(t);
+    auto host = cpu::fromTensorProto(t);
+    if (!host)
+      return rankError(global, formatv("checkpoint {0}: {1}", file, toString(host.takeError())));
+    auto tensor = be.upload(*host);
     if (!tensor)
-      return rankError(global, formatv("checkpoint {0}: {1}", file, toString(tensor.takeError())));
+      return tensor.takeError();
     StringRef name = t.name();
     std::string weight = name.drop_front(2).str();
     if (!weights.count(weight))
@@ -988,6 +1032,27 @@ Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &o
   return path;
 }
 
+namespace {
+
+/// The backend of one rank: the CPU, or CUDA device \p device.
+Expected<std::unique_ptr<Backend>> makeBackend(const Shared &s, int device, int pipelineRank) {
+  if (s.options.backend == "cpu")
+    return makeCpuBackend();
+  if (s.options.backend != "cuda")
+    return createStringError(inconvertibleErrorCode(), "--backend %s: expected cpu or cuda",
+                             s.options.backend.c_str());
+  std::string precision =
+      s.options.precision.empty() ? s.plan->training().precision() : s.options.precision;
+  auto backend = makeCudaBackend(device, precision == "bf16");
+  if (!backend)
+    return backend.takeError();
+  if (Error err = (*backend)->reserve(s.plan->ranks(pipelineRank).peak_memory_bytes()))
+    return err;
+  return backend;
+}
+
+} // namespace
+
 Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) {
   auto shared = makeShared(plan, options);
   if (!shared)
@@ -998,10 +1063,15 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
   cpu::setBlasThreads(static_cast<int>(cores) / ranks);
   LocalWorld world(ranks, options.timeoutSeconds);
   std::vector<std::unique_ptr<Comm>> comms;
+  std::vector<std::unique_ptr<Backend>> backends;
   std::vector<std::unique_ptr<RankExecutor>> executors;
   for (int r = 0; r < ranks; ++r) {
+    auto backend = makeBackend(s, r / std::max(1, options.ranksPerDevice), r % s.P);
+    if (!backend)
+      return backend.takeError();
+    backends.push_back(std::move(*backend));
     comms.push_back(world.comm(r));
-    executors.push_back(std::make_unique<RankExecutor>(s, *comms.back()));
+    executors.push_back(std::make_unique<RankExecutor>(s, *comms.back(), *backends.back()));
   }
   std::vector<RunResult> results(ranks);
   std::vector<std::string> errors(ranks);
@@ -1041,9 +1111,11 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
       outputs[name].insert(parts.begin(), parts.end());
     if (ex->replicaIndex() != 0)
       continue;
-    for (const auto &[name, w] : ex->weights)
-      if (s.trainable.count(name))
-        trained.emplace(name, w);
+    auto weights = ex->trainedWeights();
+    if (!weights)
+      return weights.takeError();
+    for (auto &[name, w] : *weights)
+      trained.emplace(name, std::move(w));
     if (options.collectWeights)
       for (const auto &[name, g] : ex->lastGrads)
         result.gradients.emplace(name, g);
@@ -1094,7 +1166,28 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
     unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     cpu::setBlasThreads(static_cast<int>(cores) / perNode);
   }
-  RankExecutor ex(s, **comm);
+  int localRank = 0;
+  if (const char *lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"))
+    localRank = std::atoi(lr);
+  else if (const char *lr = std::getenv("SLURM_LOCALID"))
+    localRank = std::atoi(lr);
+  auto backend =
+      makeBackend(s, localRank / std::max(1, options.ranksPerDevice), (*comm)->rank() % s.P);
+  if (!backend) {
+    std::string text = toString(backend.takeError());
+    (*comm)->fail(text);
+    return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
+  }
+  std::unique_ptr<Comm> transport = std::move(*comm);
+  if (options.comm == "nccl") {
+    auto nccl = makeNcclComm(std::move(transport), localRank / std::max(1, options.ranksPerDevice),
+                             options.timeoutSeconds);
+    if (!nccl)
+      return nccl.takeError();
+    transport = std::move(*nccl);
+  }
+  comm = std::move(transport);
+  RankExecutor ex(s, **comm, **backend);
   RunResult result;
   result.primary = (*comm)->rank() == 0;
   auto fail = [&](Error err) -> Error {
@@ -1109,10 +1202,13 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
   // Inference outputs and trained weights go to rank 0.
   bool wantWeights = !options.saveWeights.empty() || options.collectWeights;
   onnx::GraphProto mine;
-  if (wantWeights && ex.replicaIndex() == 0)
-    for (const auto &[name, w] : ex.weights)
-      if (s.trainable.count(name))
-        *mine.add_initializer() = cpu::toTensorProto(w, name);
+  if (wantWeights && ex.replicaIndex() == 0) {
+    auto weights = ex.trainedWeights();
+    if (!weights)
+      return fail(weights.takeError());
+    for (const auto &[name, w] : *weights)
+      *mine.add_initializer() = cpu::toTensorProto(w, name);
+  }
   for (const auto &[name, parts] : ex.outputs)
     for (const auto &[start, t] : parts) {
       onnx::TensorProto p = cpu::toTensorProto(t, name);

@@ -78,6 +78,14 @@ struct RunOptions {
   double timeoutSeconds = 120;
   /// Keep the trained weights and last gradients in the result (tests).
   bool collectWeights = false;
+  /// cpu or cuda.
+  std::string backend = "cpu";
+  /// fp32 or bf16 (CUDA GEMMs); empty: the plan's.
+  std::string precision;
+  /// CUDA: ranks sharing one device (rank r uses device r / ranksPerDevice).
+  int ranksPerDevice = 1;
+  /// runMpi's transport: mpi (host tensors) or nccl (device tensors).
+  std::string comm = "mpi";
 };
 
 struct RunResult {

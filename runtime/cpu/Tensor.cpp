@@ -234,9 +234,21 @@ std::vector<int64_t> Tensor::toInt64Vector() const {
   return result;
 }
 
+Tensor Tensor::onDevice(ElemType type, std::vector<int64_t> shape, std::shared_ptr<void> storage,
+                        int device) {
+  Tensor t;
+  t.type = type;
+  t.dims = std::move(shape);
+  t.count = numElementsOf(t.dims);
+  t.storage = std::move(storage);
+  t.deviceIndex = device;
+  return t;
+}
+
 Tensor Tensor::clone() const {
   if (isNull())
     return Tensor();
+  assert(onHost() && "clone() of a device tensor: use its backend");
   Tensor copy(type, dims);
   std::memcpy(copy.rawData(), rawData(), byteSize());
   return copy;

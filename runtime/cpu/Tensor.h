@@ -193,6 +193,16 @@ public:
     return fromValues<T>({}, llvm::ArrayRef<T>(value), type);
   }
 
+  /// A tensor whose elements live in the memory of accelerator \p device,
+  /// owned by \p storage (a backend's allocation, in the host layout: half
+  /// types stored as float). Host code must not read its data; backends move
+  /// it with their own copies.
+  static Tensor onDevice(ElemType type, std::vector<int64_t> shape, std::shared_ptr<void> storage,
+                         int device);
+  /// -1 for host memory, else the device holding the elements.
+  int device() const { return deviceIndex; }
+  bool onHost() const { return deviceIndex < 0; }
+
   bool isNull() const { return !storage; }
   ElemType elemType() const { return type; }
   const std::vector<int64_t> &shape() const { return dims; }
@@ -224,7 +234,7 @@ public:
   /// All elements converted to int64: for shape, axes and index inputs.
   std::vector<int64_t> toInt64Vector() const;
 
-  /// An independent deep copy.
+  /// An independent deep copy (of a host tensor).
   Tensor clone() const;
   /// A tensor of the same elements and storage under another shape with the
   /// same number of elements.
@@ -241,6 +251,7 @@ private:
   std::vector<int64_t> dims;
   int64_t count = 0;
   std::shared_ptr<void> storage;
+  int deviceIndex = -1;
 };
 
 /// Number of elements of \p shape (1 for a scalar).

@@ -1,0 +1,102 @@
+//===- Backend.h - Where a rank computes: CPU or a CUDA device -----------===//
+//
+// The executor (Executor.h) is the same for every backend; a Backend runs
+// the stage programs' nodes and the few operations the executor does itself
+// (gradient accumulation, the optimizer update). Values are cpu::Tensor
+// handles: host tensors on the CPU backend, device tensors
+// (cpu::Tensor::onDevice) on the CUDA backend. A backend accepts host
+// tensors anywhere (weights and data are loaded on the host) and returns its
+// own.
+//
+// The CUDA backend runs every op it has a kernel for on its device, on the
+// rank's compute stream; any other op runs on the CPU kernels with its
+// inputs copied to the host and its outputs back (counted in
+// fallbackOps()). Half of the precision choice is here: with bf16, GEMMs use
+// bf16 tensor cores with fp32 accumulation while weights, gradients and the
+// optimizer stay fp32.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_RUNTIME_CORE_BACKEND_H
+#define PIPEC_RUNTIME_CORE_BACKEND_H
+
+#include "runtime/cpu/Tensor.h"
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace onnx {
+class NodeProto;
+} // namespace onnx
+
+namespace pipec::rt {
+
+/// One optimizer update of one weight: w, and the moments it needs, are
+/// replaced by new tensors (never written in place: views of w may still be
+/// in flight to another rank).
+struct OptimizerUpdate {
+  enum class Kind { Sgd, Momentum, AdamW } kind = Kind::Sgd;
+  double lr = 1e-2, momentum = 0.9, weightDecay = 0;
+  double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;
+  /// The accumulated gradient is multiplied by this first (1 / (M * dp)).
+  double gradScale = 1;
+  /// 0-based step, for Adam's bias correction.
+  int step = 0;
+};
+
+class Backend {
+public:
+  virtual ~Backend() = default;
+  /// "cpu" or "cuda:N".
+  virtual std::string name() const = 0;
+  /// Evaluates \p node (any domain) under default-domain \p opset.
+  virtual llvm::Expected<std::vector<cpu::Tensor>>
+  run(const onnx::NodeProto &node, int64_t opset, llvm::ArrayRef<const cpu::Tensor *> inputs) = 0;
+  /// The backend's copy of host tensor \p host (the same handle on the CPU).
+  virtual llvm::Expected<cpu::Tensor> upload(const cpu::Tensor &host) = 0;
+  /// A host copy of \p tensor, complete when this returns.
+  virtual llvm::Expected<cpu::Tensor> download(const cpu::Tensor &tensor) = 0;
+  /// A zero tensor of the backend's.
+  virtual llvm::Expected<cpu::Tensor> zeros(cpu::ElemType type, llvm::ArrayRef<int64_t> shape) = 0;
+  /// A fresh tensor holding the sum of \p terms (same type and element
+  /// count; float or double).
+  virtual llvm::Expected<cpu::Tensor> sum(llvm::ArrayRef<const cpu::Tensor *> terms) = 0;
+  /// \p accumulator += \p term, in place (the accumulator is the backend's
+  /// own, never shared).
+  virtual llvm::Error addInto(cpu::Tensor &accumulator, const cpu::Tensor &term) = 0;
+  /// Applies \p update to weight \p w with gradient \p g; \p m and \p v are
+  /// the moments (null until the first step; the backend creates them).
+  virtual llvm::Error optimize(const OptimizerUpdate &update, cpu::Tensor &w, const cpu::Tensor &g,
+                               cpu::Tensor &m, cpu::Tensor &v) = 0;
+  /// A hint before the first step: the plan's peak bytes for this rank
+  /// (weights, gradients, optimizer state, activations). The CUDA backend
+  /// sizes its memory pool from it.
+  virtual llvm::Error reserve(int64_t bytes) {
+    (void)bytes;
+    return llvm::Error::success();
+  }
+  /// Waits until everything queued on the rank's streams is done.
+  virtual llvm::Error synchronize() = 0;
+  /// Ops that ran on the CPU kernels instead of the device, by op type.
+  virtual std::map<std::string, int64_t> fallbackOps() const { return {}; }
+};
+
+/// The CPU backend: the kernels of runtime/cpu, GEMMs through OpenBLAS.
+std::unique_ptr<Backend> makeCpuBackend();
+
+/// Whether this pipec was built with the CUDA backend.
+bool haveCudaBackend();
+
+/// The CUDA backend on \p device with its own compute stream; \p bf16 selects
+/// bf16 tensor-core GEMMs. Fails with a clear message when pipec was built
+/// without CUDA or the device does not exist.
+llvm::Expected<std::unique_ptr<Backend>> makeCudaBackend(int device, bool bf16);
+
+} // namespace pipec::rt
+
+#endif // PIPEC_RUNTIME_CORE_BACKEND_H

@@ -1,0 +1,221 @@
+//===- CpuBackend.cpp - The CPU backend, and finding the CUDA one --------===//
+#include "runtime/comm/Comm.h"
+#include "runtime/core/Backend.h"
+#include "runtime/cpu/GradKernels.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+#include <cmath>
+#include <dlfcn.h>
+
+using namespace llvm;
+
+namespace pipec::rt {
+
+namespace {
+
+Error notOnHost(const cpu::Tensor &t) {
+  return createStringError(inconvertibleErrorCode(),
+                           "the CPU backend was handed a tensor on device %d (%s)", t.device(),
+                           t.describe().c_str());
+}
+
+template <typename T> void addTo(T *dst, const T *src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] += src[i];
+}
+
+class CpuBackend final : public Backend {
+public:
+  std::string name() const override { return "cpu"; }
+
+  Expected<std::vector<cpu::Tensor>> run(const onnx::NodeProto &node, int64_t opset,
+                                         ArrayRef<const cpu::Tensor *> inputs) override {
+    for (const cpu::Tensor *t : inputs)
+      if (t && !t->onHost())
+        return notOnHost(*t);
+    return cpu::runAnyOp(node, opset, inputs);
+  }
+
+  Expected<cpu::Tensor> upload(const cpu::Tensor &host) override { return host; }
+
+  Expected<cpu::Tensor> download(const cpu::Tensor &tensor) override {
+    if (!tensor.onHost())
+      return notOnHost(tensor);
+    return tensor;
+  }
+
+  Expected<cpu::Tensor> zeros(cpu::ElemType type, ArrayRef<int64_t> shape) override {
+    return cpu::Tensor(type, shape.vec());
+  }
+
+  Expected<cpu::Tensor> sum(ArrayRef<const cpu::Tensor *> terms) override {
+    if (terms.empty())
+      return createStringError(inconvertibleErrorCode(), "a sum of no terms");
+    cpu::Tensor total = terms[0]->clone();
+    for (const cpu::Tensor *t : terms.drop_front())
+      if (Error err = addInto(total, *t))
+        return err;
+    return total;
+  }
+
+  Error addInto(cpu::Tensor &acc, const cpu::Tensor &term) override {
+    if (!acc.onHost() || !term.onHost())
+      return notOnHost(acc.onHost() ? term : acc);
+    if (acc.elemType() != term.elemType() || acc.numElements() != term.numElements())
+      return createStringError(inconvertibleErrorCode(), "adding %s into %s",
+                               term.describe().c_str(), acc.describe().c_str());
+    if (acc.elemType() == cpu::ElemType::Double)
+      addTo(acc.data<double>(), term.data<double>(), acc.numElements());
+    else if (acc.elemType() == cpu::ElemType::Float)
+      addTo(acc.data<float>(), term.data<float>(), acc.numElements());
+    else
+      return createStringError(inconvertibleErrorCode(), "adding %s: float or double only",
+                               acc.describe().c_str());
+    return Error::success();
+  }
+
+  Error optimize(const OptimizerUpdate &u, cpu::Tensor &w, const cpu::Tensor &g, cpu::Tensor &m,
+                 cpu::Tensor &v) override {
+    using Kind = OptimizerUpdate::Kind;
+    if (!w.onHost() || !g.onHost())
+      return notOnHost(w.onHost() ? g : w);
+    if (w.elemType() == cpu::ElemType::Float)
+      return update<float>(u, w, g, m, v);
+    if (w.elemType() == cpu::ElemType::Double)
+      return update<double>(u, w, g, m, v);
+    (void)Kind::Sgd;
+    return createStringError(inconvertibleErrorCode(), "training %s: float or double weights only",
+                             w.describe().c_str());
+  }
+
+  Error synchronize() override { return Error::success(); }
+
+private:
+  /// Every update in double, stored in the weight's type; the weight is
+  /// replaced (never written in place).
+  template <typename T>
+  Error update(const OptimizerUpdate &u, cpu::Tensor &w, const cpu::Tensor &g, cpu::Tensor &m,
+               cpu::Tensor &v) {
+    using Kind = OptimizerUpdate::Kind;
+    int64_t n = w.numElements();
+    cpu::Tensor out(w.elemType(), w.shape());
+    const T *wp = w.data<T>(), *gp = g.data<T>();
+    T *op = out.data<T>();
+    if (u.kind == Kind::Sgd) {
+      for (int64_t i = 0; i < n; ++i)
+        op[i] = static_cast<T>(wp[i] - u.lr * (gp[i] * u.gradScale + u.weightDecay * wp[i]));
+    } else if (u.kind == Kind::Momentum) {
+      if (m.isNull())
+        m = cpu::Tensor(w.elemType(), w.shape());
+      T *buf = m.data<T>();
+      for (int64_t i = 0; i < n; ++i) {
+        double gi = gp[i] * u.gradScale + u.weightDecay * wp[i];
+        gi = u.momentum * buf[i] + gi;
+        buf[i] = static_cast<T>(gi);
+        op[i] = static_cast<T>(wp[i] - u.lr * gi);
+      }
+    } else {
+      if (m.isNull()) {
+        m = cpu::Tensor(w.elemType(), w.shape());
+        v = cpu::Tensor(w.elemType(), w.shape());
+      }
+      T *mp = m.data<T>(), *vp = v.data<T>();
+      double c1 = 1 - std::pow(u.beta1, u.step + 1), c2 = 1 - std::pow(u.beta2, u.step + 1);
+      for (int64_t i = 0; i < n; ++i) {
+        double gi = gp[i] * u.gradScale;
+        double mi = u.beta1 * mp[i] + (1 - u.beta1) * gi;
+        double vi = u.beta2 * vp[i] + (1 - u.beta2) * gi * gi;
+        mp[i] = static_cast<T>(mi);
+        vp[i] = static_cast<T>(vi);
+        double wi = wp[i];
+        wi -= u.lr * (mi / c1 / (std::sqrt(vi / c2) + u.epsilon) + u.weightDecay * wi);
+        op[i] = static_cast<T>(wi);
+      }
+    }
+    w = std::move(out);
+    return Error::success();
+  }
+};
+
+} // namespace
+
+std::unique_ptr<Backend> makeCpuBackend() { return std::make_unique<CpuBackend>(); }
+
+//===----------------------------------------------------------------------===//
+// The CUDA backend is a plugin (libpipec_cuda_backend.so beside the binary's
+// lib/ directory or on the library path): loading cudart, cuBLAS and NCCL
+// costs every pipec invocation tens of milliseconds, so only runs that ask
+// for the GPU pay it.
+//===----------------------------------------------------------------------===//
+
+void *cudaPlugin(std::string *why) {
+  static void *handle = nullptr;
+  static std::string error;
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    Dl_info info;
+    std::vector<std::string> candidates;
+    if (dladdr(reinterpret_cast<void *>(&makeCpuBackend), &info) && info.dli_fname) {
+      std::string self = info.dli_fname;
+      std::string dir = self.substr(0, self.rfind('/') + 1);
+      candidates.push_back(dir + "../lib/libpipec_cuda_backend.so");
+      candidates.push_back(dir + "libpipec_cuda_backend.so");
+    }
+    candidates.push_back("libpipec_cuda_backend.so");
+    for (const std::string &c : candidates) {
+      handle = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (handle)
+        break;
+      if (const char *e = dlerror())
+        error = e;
+    }
+  }
+  if (!handle && why)
+    *why = error.empty() ? "libpipec_cuda_backend.so not found" : error;
+  return handle;
+}
+
+bool haveCudaBackend() { return cudaPlugin(nullptr) != nullptr; }
+
+Expected<std::unique_ptr<Backend>> makeCudaBackend(int device, bool bf16) {
+  std::string why;
+  void *plugin = cudaPlugin(&why);
+  if (!plugin)
+    return createStringError(inconvertibleErrorCode(),
+                             "--backend cuda: this pipec has no CUDA backend (%s); build it where "
+                             "the CUDA toolkit is installed",
+                             why.c_str());
+  using Factory = Backend *(*)(int, bool, std::string *);
+  auto factory = reinterpret_cast<Factory>(dlsym(plugin, "pipecMakeCudaBackend"));
+  if (!factory)
+    return createStringError(inconvertibleErrorCode(),
+                             "--backend cuda: the CUDA plugin lacks pipecMakeCudaBackend");
+  std::string error;
+  Backend *backend = factory(device, bf16, &error);
+  if (!backend)
+    return createStringError(inconvertibleErrorCode(), "--backend cuda: %s", error.c_str());
+  return std::unique_ptr<Backend>(backend);
+}
+
+Expected<std::unique_ptr<Comm>> makeNcclComm(std::unique_ptr<Comm> bootstrap, int device,
+                                             double timeoutSeconds) {
+  std::string why;
+  void *plugin = cudaPlugin(&why);
+  if (!plugin)
+    return createStringError(inconvertibleErrorCode(),
+                             "--comm nccl: this pipec has no CUDA backend (%s)", why.c_str());
+  using Factory = Comm *(*)(Comm *, int, double, std::string *);
+  auto factory = reinterpret_cast<Factory>(dlsym(plugin, "pipecMakeNcclComm"));
+  if (!factory)
+    return createStringError(inconvertibleErrorCode(),
+                             "--comm nccl: the CUDA plugin lacks pipecMakeNcclComm");
+  std::string error;
+  Comm *comm = factory(bootstrap.release(), device, timeoutSeconds, &error);
+  if (!comm)
+    return createStringError(inconvertibleErrorCode(), "--comm nccl: %s", error.c_str());
+  return std::unique_ptr<Comm>(comm);
+}
+
+} // namespace pipec::rt
