@@ -576,7 +576,16 @@ Error Differentiator::differentiateOp(const Op &op) {
       const std::vector<int64_t> &a = shapeOf(0), &b = shapeOf(1);
       if (a.size() < 2 || b.size() < 2)
         return nodeError(graph, op, "gradient of a 1-D MatMul operand is not implemented");
-      if (i == 0) {
+      if (i == 0 && b.size() == 2) {
+        // dA = dY B^T as one GEMM over the folded batch rows: the BLAS reads B
+        // transposed, so no transposed copy of the weight is made.
+        int64_t n = yShape.back();
+        onnx::NodeProto &g = emit("Gemm", {reshape(dy, {-1, n}), in(1)});
+        setInt(g, "transB", 1);
+        std::vector<int64_t> gShape = yShape;
+        gShape.back() = a.back();
+        contribute(op.inputs[0], sumTo(reshape(out(g), gShape), gShape, a));
+      } else if (i == 0) {
         // dA = dY B^T, summed over broadcast batch dimensions.
         std::string g = binary("MatMul", dy, transposeLast2(in(1), b.size()));
         std::vector<int64_t> gShape = yShape;

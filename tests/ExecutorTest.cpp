@@ -65,7 +65,7 @@ rt::RunResult runPlan(const plan::Plan &plan, const std::string &optimizer = "sg
   options.steps = steps;
   options.seed = 7;
   options.optimizer = optimizer;
-  options.lr = optimizer == "adamw" ? 1e-2 : 0.5;
+  options.lr = optimizer == "adamw" ? 1e-3 : 0.5;
   options.collectWeights = true;
   options.timeoutSeconds = 60;
   auto result = rt::runLocal(plan, options);
