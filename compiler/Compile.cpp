@@ -450,20 +450,29 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   return plan;
 }
 
-/// The runtime feeds every input by samples along its first dimension, one
-/// microbatch at a time. An input whose first dimension is not the microbatch
-/// size (fixed so in the model, or bound so by --input-shape) would be fed the
-/// wrong samples, and its outputs stacked to the wrong batch.
+/// The runtime feeds every input by samples along its batch axis (the
+/// dimension the model names like a batch, else the first), one microbatch at
+/// a time. An input whose batch dimension is not the microbatch size (fixed
+/// so in the model, or bound so by --input-shape) would be fed the wrong
+/// samples, and its outputs stacked to the wrong batch.
 Error checkDataBatch(const plan::Plan &plan) {
   const plan::ScheduleInfo &s = plan.schedule();
   for (const plan::DataInput &d : plan.data()) {
-    if (d.shape_size() == 0 || d.shape(0) == s.microbatch_size())
+    int axis = d.batch_axis();
+    if (d.shape_size() == 0)
+      continue; // the runtime names a scalar input itself
+    if (axis < 0 || axis >= d.shape_size())
+      return flagError(formatv("input '{0}' has batch axis {1}, outside its {2} dimensions",
+                               d.name(), axis, d.shape_size()));
+    int64_t samples = d.shape(axis);
+    if (samples == s.microbatch_size())
       continue;
-    return flagError(formatv("input '{0}' has {1} in its first dimension (the batch), but the "
-                             "microbatches hold {2} sample(s); give --batch {3} for {4} "
-                             "microbatch(es) of {1}",
-                             d.name(), d.shape(0), s.microbatch_size(),
-                             d.shape(0) * s.microbatches() * s.data_parallel(), s.microbatches()));
+    std::string where =
+        axis == 0 ? std::string("its first dimension") : formatv("dimension {0}", axis).str();
+    return flagError(formatv("input '{0}' has {1} in {2} (the batch), but the microbatches hold "
+                             "{3} sample(s); give --batch {4} for {5} microbatch(es) of {1}",
+                             d.name(), samples, where, s.microbatch_size(),
+                             samples * s.microbatches() * s.data_parallel(), s.microbatches()));
   }
   return Error::success();
 }

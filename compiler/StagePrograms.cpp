@@ -7,8 +7,11 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
+#include <tuple>
 
 using namespace llvm;
 
@@ -137,13 +140,23 @@ bool sendsGradient(const Graph &graph, int id) {
 }
 
 /// Synthetic-data range of integer graph input \p id: the table size when it
-/// indexes a Gather, the class count when it labels a cross-entropy, looking
-/// through ops that move values without changing them (labels are often
-/// shifted by a Slice and flattened first).
+/// indexes a Gather or a contrib op's embedding or cache, the class count
+/// when it labels a cross-entropy, looking through ops that move values
+/// without changing them (labels are often shifted by a Slice and flattened
+/// first).
 int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward) {
   static const std::set<std::string> passThrough = {"Slice",     "Reshape",  "Flatten", "Squeeze",
                                                     "Unsqueeze", "Identity", "Cast",    "Transpose",
                                                     "Expand",    "Concat",   "Split"};
+  // Contrib ops that index tables (op, index input, table input):
+  // EmbedLayerNormalization's input_ids, segment_ids and position_ids (word,
+  // segment and position embeddings), RotaryEmbedding's position_ids (the
+  // cos cache).
+  static const std::tuple<StringRef, size_t, size_t> contribTables[] = {
+      {"EmbedLayerNormalization", 0, 2},
+      {"EmbedLayerNormalization", 1, 4},
+      {"EmbedLayerNormalization", 8, 3},
+      {"RotaryEmbedding", 1, 2}};
   std::vector<int> work = {id};
   std::set<int> seen = {id};
   while (!work.empty()) {
@@ -162,6 +175,15 @@ int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward) {
           axis += static_cast<int64_t>(data.shape.size());
         if (axis >= 0 && axis < static_cast<int64_t>(data.shape.size()))
           return data.shape[axis];
+      }
+      for (const auto &[type, index, table] : contribTables) {
+        if (op.opType != type || op.domain != "com.microsoft" ||
+            op.inputs.size() <= std::max(index, table) || op.inputs[index] != v ||
+            op.inputs[table] < 0)
+          continue;
+        const Value &rows = graph.values[op.inputs[table]];
+        if (!rows.shape.empty())
+          return rows.shape[0];
       }
       if ((op.opType == "SoftmaxCrossEntropyLoss" || op.opType == "NegativeLogLikelihoodLoss") &&
           op.inputs.size() > 1 && op.inputs[1] == v) {
@@ -184,6 +206,41 @@ int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward) {
         }
   }
   return 2;
+}
+
+/// Whether the importer binds symbolic dimension \p name at \p position from
+/// the batch: bindSymbolicDim under bindings in which only the batch rule
+/// gives -1.
+bool boundFromBatch(StringRef name, size_t position) {
+  ShapeBindings probe;
+  probe.batch = -1;
+  probe.seq = -2;
+  probe.past = -4;
+  std::optional<int64_t> bound = bindSymbolicDim(probe, name, position);
+  return bound && *bound == -1;
+}
+
+/// The dimension of graph input or output \p name that holds the samples:
+/// the first one the model declares symbolic and the importer binds from the
+/// batch (past_0 [2, batch_size, heads, past, head] gives 1). std::nullopt
+/// when the model declares none (fixed shapes, a time-major sequence), or
+/// when it lies past \p rank.
+std::optional<int>
+declaredBatchAxis(const google::protobuf::RepeatedPtrField<onnx::ValueInfoProto> &declared,
+                  const std::string &name, size_t rank) {
+  for (const onnx::ValueInfoProto &info : declared) {
+    if (info.name() != name)
+      continue;
+    if (!info.type().has_tensor_type() || !info.type().tensor_type().has_shape())
+      return std::nullopt;
+    const auto &dims = info.type().tensor_type().shape().dim();
+    for (int i = 0; i < dims.size() && static_cast<size_t>(i) < rank; ++i)
+      if (!(dims[i].has_dim_value() && dims[i].dim_value() >= 0) &&
+          boundFromBatch(dims[i].dim_param(), i))
+        return i;
+    return std::nullopt;
+  }
+  return std::nullopt;
 }
 
 } // namespace
@@ -462,6 +519,8 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
     d.set_dtype(dtypeName(v.type).str());
     for (int64_t dim : v.shape)
       d.add_shape(dim);
+    d.set_batch_axis(
+        declaredBatchAxis(graph.model->graph().input(), v.name, v.shape.size()).value_or(0));
     d.set_role(it->second == 0 || K == 1 ? "input" : "labels");
     if (isIntegerDType(v.type)) {
       std::string lower = StringRef(v.name).lower();
@@ -477,6 +536,11 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
     for (int64_t dim : v.shape)
       t.add_shape(dim);
     t.set_bytes(v.byteSize());
+    // Outputs the model declares without a batch dimension stack along
+    // dimension 0 as before (fixed batch in the file); only scalars have none.
+    std::optional<int> axis =
+        declaredBatchAxis(graph.model->graph().output(), v.name, v.shape.size());
+    plan.add_output_batch_axes(axis ? *axis : (v.shape.empty() ? -1 : 0));
   }
   return Error::success();
 }

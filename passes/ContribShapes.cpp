@@ -8,6 +8,8 @@
 
 #include "llvm/ADT/StringSwitch.h"
 
+#include <algorithm>
+
 using namespace llvm;
 
 namespace pipec {
@@ -80,11 +82,19 @@ Expected<std::optional<Types>> inferContribShapes(const Graph &graph, const Op &
     for (auto &t : out)
       t = {x->type, x->shape};
     return std::optional<Types>(out);
-  case Rule::SimplifiedNorm:
-    // Outputs: Y, inv_std_var.
+  case Rule::SimplifiedNorm: {
+    // Outputs: Y, inv_std_var (the normalized dimensions [axis, rank) set
+    // to 1).
+    int64_t rank = static_cast<int64_t>(x->shape.size());
+    int64_t axis = attrInt(node, "axis", -1);
+    if (axis < -rank || axis >= rank)
+      return fail("axis " + Twine(axis) + " is out of range for rank " + Twine(rank));
+    TensorType stats{DType::F32, x->shape};
+    std::fill(stats.shape.begin() + (axis < 0 ? axis + rank : axis), stats.shape.end(), 1);
     for (size_t i = 0; i < out.size(); ++i)
-      out[i] = i == 0 ? TensorType{x->type, x->shape} : rowStats(*x);
+      out[i] = i == 0 ? TensorType{x->type, x->shape} : stats;
     return std::optional<Types>(out);
+  }
   case Rule::SkipNorm:
     // Outputs: output, mean, inv_std_var, input_skip_bias_sum.
     for (size_t i = 0; i < out.size(); ++i)
@@ -136,6 +146,7 @@ Expected<std::optional<Types>> inferContribShapes(const Graph &graph, const Op &
     const Value *key = input(1), *value = input(2);
     int64_t batch = x->shape[0], seq = x->shape[1];
     int64_t headSize = x->shape[2] / heads, outWidth = x->shape[2], keyLen = seq;
+    int64_t valueHeadSize = headSize;
     if (rule == Rule::MultiHeadAttention) {
       if (value && value->shape.size() == 3)
         outWidth = value->shape[2];
@@ -145,17 +156,23 @@ Expected<std::optional<Types>> inferContribShapes(const Graph &graph, const Op &
         keyLen = key->shape[1];
       else if (key && key->shape.size() == 4)
         keyLen = key->shape[2];
+      valueHeadSize = outWidth / heads;
     } else {
       // Packed QKV when key is absent: D = (N + 2 * kvN) * H.
       if (!key)
         headSize = x->shape[2] / (heads + 2 * kvHeads), outWidth = heads * headSize;
+      valueHeadSize = headSize;
     }
     const Value *pastKey = input(rule == Rule::MultiHeadAttention ? 6 : 3);
     int64_t pastLen = pastKey && pastKey->shape.size() == 4 ? pastKey->shape[2] : 0;
     int64_t presentHeads = rule == Rule::MultiHeadAttention ? heads : kvHeads;
+    // Outputs: output, present_key, present_value (values have their own
+    // head size).
     for (size_t i = 0; i < out.size(); ++i)
       out[i] = i == 0 ? TensorType{x->type, {batch, seq, outWidth}}
-                      : TensorType{x->type, {batch, presentHeads, pastLen + keyLen, headSize}};
+                      : TensorType{x->type,
+                                   {batch, presentHeads, pastLen + keyLen,
+                                    i == 2 ? valueHeadSize : headSize}};
     return std::optional<Types>(out);
   }
   }

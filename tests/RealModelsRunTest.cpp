@@ -9,7 +9,9 @@
 // B: the global batch is M x B and the dataset (the B reference samples) is
 // read modulo B, so every microbatch holds the whole reference batch and the
 // expected output is the reference stacked M times along the batch. That also
-// works for models whose batch is fixed in the file.
+// works for models whose batch is fixed in the file. The batch is the
+// dimension the model names like one (GPT-2's past and present states hold it
+// in dimension 1), else the first.
 //
 // A model with ops outside cpu::isSupported (subgraphs included) that fails to
 // run must fail cleanly, and the test skips naming those ops; a run that
@@ -109,6 +111,9 @@ llvm::Expected<onnx::TensorProto> readTensorProto(const std::string &path) {
 struct ModelInfo {
   std::vector<std::string> inputs, outputs;
   std::set<std::string> unsupported;
+  /// Per output: the first dimension declared with a name containing
+  /// "batch", else 0.
+  std::map<std::string, int> outputBatchAxis;
 };
 
 void collectUnsupported(const onnx::GraphProto &graph, std::set<std::string> &out) {
@@ -136,8 +141,15 @@ ModelInfo readModelInfo(const std::string &path) {
   for (const onnx::ValueInfoProto &v : model.graph().input())
     if (!initializers.count(v.name()))
       info.inputs.push_back(v.name());
-  for (const onnx::ValueInfoProto &v : model.graph().output())
+  for (const onnx::ValueInfoProto &v : model.graph().output()) {
     info.outputs.push_back(v.name());
+    int axis = 0;
+    const auto &dims = v.type().tensor_type().shape().dim();
+    for (int i = dims.size() - 1; i >= 0; --i)
+      if (llvm::StringRef(dims[i].dim_param()).lower().find("batch") != std::string::npos)
+        axis = i;
+    info.outputBatchAxis[v.name()] = axis;
+  }
   collectUnsupported(model.graph(), info.unsupported);
   return info;
 }
@@ -151,15 +163,19 @@ std::string nameOf(const onnx::TensorProto &proto, const std::vector<std::string
   return k < names.size() ? names[k] : "";
 }
 
-/// \p t stacked \p times along dimension 0.
-cpu::Tensor stack(const cpu::Tensor &t, int times) {
+/// \p t stacked \p times along dimension \p axis.
+cpu::Tensor stack(const cpu::Tensor &t, int times, int axis) {
   if (times == 1 || t.rank() == 0)
     return t;
   std::vector<int64_t> shape = t.shape();
-  shape[0] *= times;
+  shape[axis] *= times;
   cpu::Tensor out(t.elemType(), shape);
-  for (int i = 0; i < times; ++i)
-    std::memcpy(static_cast<char *>(out.rawData()) + i * t.byteSize(), t.rawData(), t.byteSize());
+  int64_t outer = cpu::numElementsOf(llvm::ArrayRef<int64_t>(shape).take_front(axis));
+  size_t slice = t.byteSize() / static_cast<size_t>(std::max<int64_t>(outer, 1));
+  for (int64_t o = 0; o < outer; ++o)
+    for (int i = 0; i < times; ++i)
+      std::memcpy(static_cast<char *>(out.rawData()) + (o * times + i) * slice,
+                  static_cast<const char *>(t.rawData()) + o * slice, slice);
   return out;
 }
 
@@ -312,7 +328,7 @@ TEST_P(RealModelRun, MatchesOnnxRuntime) {
         std::string path = outDir + "/" + safe + ".npy";
         auto actual = rt::readNpy(path);
         ASSERT_TRUE(!!actual) << what << ": " << llvm::toString(actual.takeError());
-        cpu::Tensor want = stack(reference, M);
+        cpu::Tensor want = stack(reference, M, info.outputBatchAxis[name]);
         auto [rtol, atol] = tolerance(want.elemType());
         std::string why;
         EXPECT_TRUE(cpu::allClose(*actual, want, rtol, atol, &why))

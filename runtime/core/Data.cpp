@@ -128,6 +128,14 @@ uint64_t splitmix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+/// \p shape without dimension \p axis: the shape of one sample.
+std::vector<int64_t> sampleShape(ArrayRef<int64_t> shape, int axis) {
+  std::vector<int64_t> out(shape.begin(), shape.end());
+  if (axis >= 0 && axis < static_cast<int>(out.size()))
+    out.erase(out.begin() + axis);
+  return out;
+}
+
 uint64_t hashName(StringRef name) {
   uint64_t h = 0xcbf29ce484222325ull; // FNV-1a
   for (char c : name)
@@ -263,10 +271,16 @@ Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, S
       return createStringError(inconvertibleErrorCode(),
                                "input '%s' is a scalar; inputs need a batch dimension",
                                spec.name().c_str());
-    if (spec.shape(0) != plan.schedule().microbatch_size() && plan.schedule().microbatch_size() > 0)
+    int axis = spec.batch_axis();
+    if (axis < 0 || axis >= spec.shape_size())
+      return createStringError(inconvertibleErrorCode(),
+                               "input '%s': batch axis %d is outside its %d dimensions",
+                               spec.name().c_str(), axis, spec.shape_size());
+    if (spec.shape(axis) != plan.schedule().microbatch_size() &&
+        plan.schedule().microbatch_size() > 0)
       return createStringError(inconvertibleErrorCode(),
                                "input '%s' holds %lld samples, the plan's microbatches %lld",
-                               spec.name().c_str(), static_cast<long long>(spec.shape(0)),
+                               spec.name().c_str(), static_cast<long long>(spec.shape(axis)),
                                static_cast<long long>(plan.schedule().microbatch_size()));
     if (!dir.empty()) {
       // NAME.npy, else with '/', ':' and '\' made '_' (as outputs are named).
@@ -304,16 +318,17 @@ Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, S
       }
       if (!data)
         return data.takeError();
-      std::vector<int64_t> row(spec.shape().begin() + 1, spec.shape().end());
-      std::vector<int64_t> have(data->shape().begin() + (data->rank() > 0 ? 1 : 0),
-                                data->shape().end());
-      if (data->rank() == 0 || have != row || data->dim(0) == 0)
-        return createStringError(inconvertibleErrorCode(),
-                                 "--data %s: input '%s' has shape %s; samples of shape %s are "
-                                 "needed, stacked along a first dimension",
-                                 dir.str().c_str(), spec.name().c_str(),
-                                 cpu::shapeString(data->shape()).c_str(),
-                                 cpu::shapeString(row).c_str());
+      std::vector<int64_t> row =
+          sampleShape(ArrayRef<int64_t>(spec.shape().data(), spec.shape_size()), axis);
+      if (data->rank() != spec.shape_size() || sampleShape(data->shape(), axis) != row ||
+          data->dim(axis) == 0)
+        return createStringError(
+            inconvertibleErrorCode(),
+            "--data %s: input '%s' has shape %s; samples of shape %s are "
+            "needed, stacked along %s",
+            dir.str().c_str(), spec.name().c_str(), cpu::shapeString(data->shape()).c_str(),
+            cpu::shapeString(row).c_str(),
+            axis == 0 ? "a first dimension" : formatv("dimension {0}", axis).str().c_str());
       if (data->elemType() != in.type) {
         bool ok = cpu::isFloating(data->elemType()) == cpu::isFloating(in.type);
         if (!ok)
@@ -341,37 +356,48 @@ Expected<cpu::Tensor> DataSource::microbatch(const std::string &name, int64_t fi
   const Input &in = it->second;
   std::vector<int64_t> shape(in.spec.shape().begin(), in.spec.shape().end());
   cpu::Tensor out(in.type, shape);
-  int64_t samples = shape[0];
-  int64_t perSample = samples > 0 ? out.numElements() / samples : 0;
+  // The microbatch as [outer, samples, inner] around the batch axis.
+  int axis = in.spec.batch_axis();
+  int64_t samples = shape[axis];
+  int64_t outer = cpu::numElementsOf(ArrayRef<int64_t>(shape).take_front(axis));
+  int64_t inner = cpu::numElementsOf(ArrayRef<int64_t>(shape).drop_front(axis + 1));
   if (!in.dataset.isNull()) {
-    int64_t rows = in.dataset.dim(0);
-    size_t rowBytes = in.dataset.byteSize() / static_cast<size_t>(rows);
-    for (int64_t s = 0; s < samples; ++s) {
-      int64_t row = (first + s) % rows;
-      std::memcpy(static_cast<char *>(out.rawData()) + s * rowBytes,
-                  static_cast<const char *>(in.dataset.rawData()) + row * rowBytes, rowBytes);
-    }
+    int64_t rows = in.dataset.dim(axis);
+    size_t element = cpu::storageSize(in.type);
+    size_t innerBytes = static_cast<size_t>(inner) * element;
+    const char *from = static_cast<const char *>(in.dataset.rawData());
+    char *to = static_cast<char *>(out.rawData());
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t s = 0; s < samples; ++s) {
+        int64_t row = (first + s) % rows;
+        std::memcpy(to + (o * samples + s) * innerBytes, from + (o * rows + row) * innerBytes,
+                    innerBytes);
+      }
     return out;
   }
+  // Element e of a sample is its e-th value in row-major order (outer, then
+  // inner): along axis 0 that is the sample's own flat layout.
   uint64_t base = splitmix(seed ^ hashName(name));
   bool floating = cpu::isFloating(in.type);
   for (int64_t s = 0; s < samples; ++s) {
     uint64_t sampleKey = splitmix(base + static_cast<uint64_t>(first + s));
-    for (int64_t e = 0; e < perSample; ++e) {
-      int64_t i = s * perSample + e;
-      uint64_t u = splitmix(sampleKey ^ static_cast<uint64_t>(e) * 0xD6E8FEB86659FD93ull);
-      if (in.spec.ones()) {
-        out.setDouble(i, 1);
-      } else if (floating) {
-        // Box-Muller from two 53-bit uniforms.
-        double u1 = (static_cast<double>(u >> 11) + 0.5) * 0x1.0p-53;
-        double u2 = static_cast<double>(splitmix(u) >> 11) * 0x1.0p-53;
-        out.setDouble(i, std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2));
-      } else {
-        int64_t high = std::max<int64_t>(in.spec.high(), 1);
-        out.setDouble(i, static_cast<double>(u % static_cast<uint64_t>(high)));
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t j = 0; j < inner; ++j) {
+        int64_t e = o * inner + j;
+        int64_t i = (o * samples + s) * inner + j;
+        uint64_t u = splitmix(sampleKey ^ static_cast<uint64_t>(e) * 0xD6E8FEB86659FD93ull);
+        if (in.spec.ones()) {
+          out.setDouble(i, 1);
+        } else if (floating) {
+          // Box-Muller from two 53-bit uniforms.
+          double u1 = (static_cast<double>(u >> 11) + 0.5) * 0x1.0p-53;
+          double u2 = static_cast<double>(splitmix(u) >> 11) * 0x1.0p-53;
+          out.setDouble(i, std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2));
+        } else {
+          int64_t high = std::max<int64_t>(in.spec.high(), 1);
+          out.setDouble(i, static_cast<double>(u % static_cast<uint64_t>(high)));
+        }
       }
-    }
   }
   if (floating)
     out.roundToElemType();

@@ -11,7 +11,13 @@
 //    sample, element): integers uniform in [0, high), floats N(0, 1), masks
 //    all ones;
 //  - --data DIR: DIR/NAME.npy or DIR/NAME.pb (an ONNX TensorProto) holds a
-//    dataset [N, ...] per input; sample i is row i mod N.
+//    dataset per input, N samples stacked along the input's batch axis;
+//    sample i is index i mod N along it.
+//
+// An input's batch axis (DataInput.batch_axis) is the dimension that holds
+// its samples: 0 for most inputs, 1 for a past state [2, batch, heads, past,
+// head]. A microbatch is sliced along it, so each sample keeps its contents
+// whichever axis holds it.
 //
 // .npy files are NumPy's format (versions 1 to 3, C order, little-endian).
 //
@@ -42,7 +48,8 @@ public:
   /// else one file per input in \p dir (errors name the file).
   static llvm::Expected<std::shared_ptr<DataSource>> open(const plan::Plan &plan,
                                                           llvm::StringRef dir, uint64_t seed);
-  /// Samples first .. first + B - 1 of input \p name.
+  /// Samples first .. first + B - 1 of input \p name, stacked along its batch
+  /// axis.
   llvm::Expected<cpu::Tensor> microbatch(const std::string &name, int64_t first) const;
 
 private:

@@ -939,26 +939,55 @@ void parseEvents(StringRef text, std::vector<TraceEvent> &events) {
   }
 }
 
-/// Concatenates per-microbatch outputs in sample order.
-Error assembleOutputs(const std::map<std::string, std::map<int64_t, cpu::Tensor>> &parts,
+/// Concatenates per-microbatch outputs in sample order, along each output's
+/// batch axis (Plan.output_batch_axes; dimension 0 in plans without them).
+/// An output without a batch dimension (axis -1, or a scalar) keeps the last
+/// microbatch's value: the one of the highest-numbered samples.
+Error assembleOutputs(const plan::Plan &plan,
+                      const std::map<std::string, std::map<int64_t, cpu::Tensor>> &parts,
                       RunResult &result) {
+  std::map<std::string, int> axes;
+  for (int i = 0; i < plan.outputs_size(); ++i)
+    axes[plan.outputs(i).name()] =
+        i < plan.output_batch_axes_size() ? plan.output_batch_axes(i) : 0;
   for (const auto &[name, pieces] : parts) {
     if (pieces.empty())
       continue;
+    auto known = axes.find(name);
+    int axis = known == axes.end() ? 0 : known->second;
     const cpu::Tensor &first = pieces.begin()->second;
-    std::vector<int64_t> shape = first.shape();
-    if (shape.empty()) {
-      result.outputs[name] = first;
+    if (axis < 0 || first.rank() == 0) {
+      result.outputs[name] = pieces.rbegin()->second;
       continue;
     }
-    shape[0] = 0;
-    for (const auto &[start, t] : pieces)
-      shape[0] += t.dim(0);
-    cpu::Tensor all(first.elemType(), shape);
-    size_t at = 0;
+    std::vector<int64_t> shape = first.shape();
     for (const auto &[start, t] : pieces) {
-      std::memcpy(static_cast<char *>(all.rawData()) + at, t.rawData(), t.byteSize());
-      at += t.byteSize();
+      std::vector<int64_t> other = t.shape();
+      if (axis >= first.rank() || t.rank() != first.rank() || t.elemType() != first.elemType() ||
+          !std::equal(shape.begin(), shape.begin() + axis, other.begin()) ||
+          !std::equal(shape.begin() + axis + 1, shape.end(), other.begin() + axis + 1))
+        return createStringError(inconvertibleErrorCode(),
+                                 "output '%s': microbatch pieces %s and %s do not stack along "
+                                 "dimension %d",
+                                 name.c_str(), first.describe().c_str(), t.describe().c_str(),
+                                 axis);
+    }
+    shape[axis] = 0;
+    for (const auto &[start, t] : pieces)
+      shape[axis] += t.dim(axis);
+    cpu::Tensor all(first.elemType(), shape);
+    // [outer, batch, inner]: each piece fills its slice of every outer row.
+    int64_t outer = cpu::numElementsOf(ArrayRef<int64_t>(shape).take_front(axis));
+    size_t inner =
+        static_cast<size_t>(cpu::numElementsOf(ArrayRef<int64_t>(shape).drop_front(axis + 1))) *
+        cpu::storageSize(first.elemType());
+    size_t outRow = static_cast<size_t>(shape[axis]) * inner, at = 0;
+    for (const auto &[start, t] : pieces) {
+      size_t pieceRow = static_cast<size_t>(t.dim(axis)) * inner;
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(static_cast<char *>(all.rawData()) + o * outRow + at,
+                    static_cast<const char *>(t.rawData()) + o * pieceRow, pieceRow);
+      at += pieceRow;
     }
     result.outputs[name] = std::move(all);
   }
@@ -1120,7 +1149,7 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
       for (const auto &[name, g] : ex->lastGrads)
         result.gradients.emplace(name, g);
   }
-  if (Error err = assembleOutputs(outputs, result))
+  if (Error err = assembleOutputs(plan, outputs, result))
     return err;
   if (Error err = writeOutputs(options, result))
     return err;
@@ -1245,7 +1274,7 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
       }
     }
   }
-  if (Error err = assembleOutputs(outputs, result))
+  if (Error err = assembleOutputs(plan, outputs, result))
     return fail(std::move(err));
   if (Error err = writeOutputs(options, result))
     return fail(std::move(err));

@@ -2239,28 +2239,31 @@ bool isDefaultDomain(StringRef domain) { return domain.empty() || domain == "ai.
 } // namespace
 
 bool isSupported(StringRef opType, StringRef domain) {
-  return isDefaultDomain(domain) && findKernel(opType);
+  return (isDefaultDomain(domain) && findKernel(opType)) || isContribOp(opType, domain);
 }
 
 std::vector<std::string> supportedOps() {
   std::vector<std::string> ops;
   for (const KernelInfo &k : kernels)
     ops.push_back(k.op.str());
+  for (const auto &[domain, op] : contribOps())
+    if (isDefaultDomain(domain))
+      ops.push_back(op);
   llvm::sort(ops);
   return ops;
 }
 
-Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
-                                    ArrayRef<const Tensor *> inputs) {
-  OpContext ctx(node, opset, inputs);
+namespace {
+
+/// The default-domain kernel of \p ctx's node, after checking its inputs
+/// against the kernel's counts.
+Expected<Outputs> runDefaultDomainOp(const OpContext &ctx) {
+  const onnx::NodeProto &node = ctx.node;
   if (!isDefaultDomain(node.domain()))
     return ctx.unsupported("no CPU kernel for domain '" + node.domain() + "'");
   const KernelInfo *kernel = findKernel(node.op_type());
   if (!kernel)
     return ctx.unsupported("no CPU kernel for op " + node.op_type());
-  if (static_cast<int>(inputs.size()) > node.input_size())
-    return ctx.fail(
-        formatv("{0} input tensors for {1} node inputs", inputs.size(), node.input_size()));
   int required = kernel->maxInputs < 0 ? node.input_size() : kernel->minInputs;
   if (kernel->maxInputs >= 0 && node.input_size() > kernel->maxInputs)
     return ctx.fail(
@@ -2271,11 +2274,24 @@ Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
   for (int i = 0; i < required; ++i)
     if (!ctx.optInput(i))
       return ctx.fail("missing required input " + Twine(i));
+  return kernel->run(ctx);
+}
+
+} // namespace
+
+Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
+                                    ArrayRef<const Tensor *> inputs) {
+  OpContext ctx(node, opset, inputs);
+  if (static_cast<int>(inputs.size()) > node.input_size())
+    return ctx.fail(
+        formatv("{0} input tensors for {1} node inputs", inputs.size(), node.input_size()));
   for (const Tensor *t : inputs)
     if (t && t->isNull())
       return ctx.fail("an input is a null tensor");
 
-  Expected<Outputs> outputs = kernel->run(ctx);
+  Expected<Outputs> outputs = isContribOp(node.op_type(), node.domain())
+                                  ? runContribOp(node, inputs)
+                                  : runDefaultDomainOp(ctx);
   if (!outputs)
     return outputs.takeError();
   size_t wanted = ctx.numOutputs();

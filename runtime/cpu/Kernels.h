@@ -7,6 +7,12 @@
 // Gemm, Conv through im2col) go to OpenBLAS, which threads them; every other
 // kernel is a plain single-threaded loop.
 //
+// Besides the default domain, runOp evaluates the onnxruntime contrib ops
+// that transformer exporters emit (com.microsoft Attention, MultiHeadAttention,
+// RotaryEmbedding, SkipLayerNormalization, ...; SimplifiedLayerNormalization
+// in the default domain, where onnxruntime registers it); their kernels live
+// in ContribKernels.cpp.
+//
 // Half types (float16, bfloat16) are computed in float and rounded to their
 // type at the end, as numpy does. Ops, attributes and element types outside
 // what is implemented give an UnsupportedError; malformed nodes or inputs
@@ -28,6 +34,7 @@
 #include "llvm/Support/Error.h"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace onnx {
@@ -59,13 +66,17 @@ private:
 /// How errors name \p node: its name, else its first output, else "<unnamed>".
 std::string nodeLabel(const onnx::NodeProto &node);
 
-/// True if runOp has a kernel for \p opType in \p domain ("" or "ai.onnx").
-/// A supported op can still return UnsupportedError for a rare attribute or
-/// element type.
+/// True if runOp has a kernel for \p opType in \p domain ("" or "ai.onnx",
+/// or "com.microsoft" for the contrib ops). A supported op can still return
+/// UnsupportedError for a rare attribute, layout or element type.
 bool isSupported(llvm::StringRef opType, llvm::StringRef domain = "");
 
-/// The op types runOp implements, sorted.
+/// The default-domain op types runOp implements, sorted.
 std::vector<std::string> supportedOps();
+
+/// The onnxruntime contrib ops runOp implements, as (domain, op type) pairs
+/// in a fixed order; the domain is "" for SimplifiedLayerNormalization.
+std::vector<std::pair<std::string, std::string>> contribOps();
 
 /// Evaluates \p node under the default-domain opset \p opset.
 ///
@@ -78,6 +89,14 @@ std::vector<std::string> supportedOps();
 /// omits (empty names) may be null Tensors.
 llvm::Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
                                           llvm::ArrayRef<const Tensor *> inputs);
+
+/// True if \p opType in \p domain is one of contribOps().
+bool isContribOp(llvm::StringRef opType, llvm::StringRef domain);
+
+/// Evaluates a contrib op (isContribOp) as runOp does, before runOp's common
+/// checks on outputs and its half-precision rounding; runOp calls it.
+llvm::Expected<std::vector<Tensor>> runContribOp(const onnx::NodeProto &node,
+                                                 llvm::ArrayRef<const Tensor *> inputs);
 
 //===----------------------------------------------------------------------===//
 // Building blocks shared with other kernels
