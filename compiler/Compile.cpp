@@ -479,11 +479,11 @@ Error checkDataBatch(const plan::Plan &plan) {
 
 /// The programs `pipec run` executes. A model the runtime cannot execute
 /// still compiles (the plan's timing stands); the plan then says why.
-void attachStagePrograms(plan::Plan &plan, const Prepared &prepared) {
+void attachStagePrograms(plan::Plan &plan, const Prepared &prepared, StringRef freeze) {
   if (plan.schedule().mode() == "train" && !prepared.backward)
     return; // the backward warning is already there
   const Backward *backward = plan.schedule().mode() == "train" ? &*prepared.backward : nullptr;
-  Error err = buildStagePrograms(plan, prepared.graph, prepared.layers, backward);
+  Error err = buildStagePrograms(plan, prepared.graph, prepared.layers, backward, freeze);
   if (!err)
     err = checkDataBatch(plan);
   if (err) {
@@ -549,7 +549,7 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
     auto built = buildPlan(modelPath, options, *setup, **prepared, schedule, V, M, *size);
     if (!built)
       return built.takeError();
-    attachStagePrograms(*built, **prepared);
+    attachStagePrograms(*built, **prepared, options.freeze);
     return built;
   }
 
@@ -614,7 +614,7 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
                             "candidates that fit the memory limits");
   for (const std::string &t : tried)
     best->add_schedule_search(t);
-  attachStagePrograms(*best, *bestPrepared);
+  attachStagePrograms(*best, *bestPrepared, options.freeze);
   return std::move(*best);
 }
 

@@ -42,6 +42,9 @@ struct CompileOptions {
   /// A measured cost table (JSON) overriding the roofline.
   std::string costs;
   int dataParallel = 1;
+  /// Weights (a regular expression over their names) the optimizer leaves
+  /// alone.
+  std::string freeze;
 };
 
 /// Compiles \p modelPath into a plan. Errors name the flag, file, layer or

@@ -6,6 +6,7 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/Regex.h"
 
 #include <algorithm>
 #include <map>
@@ -246,7 +247,7 @@ declaredBatchAxis(const google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>
 } // namespace
 
 Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph &layers,
-                         const Backward *backward) {
+                         const Backward *backward, StringRef freeze) {
   int K = plan.stages_size();
   int numLayers = static_cast<int>(layers.layers.size());
   plan.set_opset(graph.opsetFor(""));
@@ -498,11 +499,28 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
       return t.takeError();
     *plan.add_weights() = std::move(*t);
   }
-  if (backward)
+  if (backward) {
+    // Registered buffers look like weights in ONNX: float initializers. Those
+    // named like one, and those the user freezes, are not trained.
+    llvm::Regex buffer("(^|[./_])(inv_freq|cos_cached|sin_cached|cos_cache|sin_cache|"
+                       "causal_mask|masked_bias|attn\\.bias)$");
+    std::optional<llvm::Regex> frozen;
+    if (!freeze.empty())
+      frozen.emplace(freeze);
+    std::vector<std::string> skipped;
     for (const auto &[w, gradName] : backward->weightGrads) {
       (void)gradName;
+      if (buffer.match(w) || (frozen && frozen->match(w))) {
+        skipped.push_back(w);
+        continue;
+      }
       plan.add_trainable(w);
     }
+    if (!skipped.empty())
+      plan.add_warnings("not trained (buffers by name" +
+                        std::string(freeze.empty() ? "" : ", or --freeze") +
+                        "): " + join(skipped, ", "));
+  }
   if (backward) {
     plan.set_loss_value(backward->lossValue);
     plan.set_loss_reduction("mean");

@@ -36,10 +36,13 @@ namespace pipec {
 
 /// Fills plan.stage_programs, weights, trainable, data, outputs, opset and
 /// loss_value for the stages already in \p plan. \p backward is null in
-/// inference mode (or when there is no backward program). Fails naming the
-/// stage and value when a stage would read something no one gives it.
+/// inference mode (or when there is no backward program). Weights matching
+/// the regular expression \p freeze, and registered buffers recognised by
+/// name (rotary cos/sin caches, inv_freq, causal masks), are not trainable.
+/// Fails naming the stage and value when a stage would read something no one
+/// gives it.
 llvm::Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph &layers,
-                               const Backward *backward);
+                               const Backward *backward, llvm::StringRef freeze = "");
 
 } // namespace pipec
 

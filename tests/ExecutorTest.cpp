@@ -155,6 +155,18 @@ protected:
     return model("mlp", o);
   }
 
+  static std::string llama() {
+    models::GeneratorOptions o;
+    o.family = models::Family::Llama;
+    o.layers = 4;
+    o.hidden = 32;
+    o.heads = 4;
+    o.kvHeads = 2;
+    o.vocab = 64;
+    o.seq = 8;
+    o.withLoss = true;
+    return model("llama", o);
+  }
   static std::string cnn() {
     models::GeneratorOptions o;
     o.family = models::Family::Resnet;
@@ -205,6 +217,10 @@ TEST_F(Equivalence, GptUntied) {
 }
 
 TEST_F(Equivalence, MlpEverySchedule) { check(mlp(), 8, everySchedule()); }
+
+TEST_F(Equivalence, LlamaGroupedQueryAttention) {
+  check(llama(), 4, {{"1f1b", 2, 1, 4, 1}, {"zb-h2", 3, 1, 4, 1}, {"dualpipev", 2, 2, 4, 1}});
+}
 
 TEST_F(Equivalence, CnnEverySchedule) {
   check(cnn(), 4,
@@ -472,6 +488,27 @@ TEST_F(RunCli, InferenceWritesOutputsThatDoNotDependOnTheSplit) {
   EXPECT_EQ(a->shape(), (std::vector<int64_t>{8, 8, 64})); // 2 steps x 4 samples
   std::string why;
   EXPECT_TRUE(cpu::allClose(*b, *a, 1e-5, 1e-6, &why)) << why;
+}
+
+TEST_F(RunCli, BuffersAndFrozenWeightsStayPut) {
+  std::string model = llama(), out;
+  std::string p = plan(model, "--stages 2 --microbatches 2 --batch 4 --freeze 'norm'", "frozen");
+  ASSERT_EQ(runCommand(pipec() + " run " + p + " --steps 2 --quiet --save-weights " +
+                           dir->path("frozen.onnx"),
+                       out),
+            0)
+      << out;
+  auto before = readWeights(model), after = readWeights(dir->path("frozen.onnx"));
+  int changed = 0, kept = 0;
+  for (const auto &[name, w] : before) {
+    bool same = relativeError(after.at(name), w) == 0;
+    bool frozen = llvm::StringRef(name).contains("rotary_emb") || name == "causal_mask" ||
+                  llvm::StringRef(name).contains("norm");
+    EXPECT_EQ(same, frozen) << name;
+    (same ? kept : changed) += 1;
+  }
+  EXPECT_GT(changed, 10);
+  EXPECT_GE(kept, 4);
 }
 
 TEST_F(RunCli, SavedModelHoldsTheTrainedWeights) {

@@ -25,6 +25,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/Regex.h"
 #include "llvm/Support/WithColor.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -111,6 +112,10 @@ cl::opt<std::string> OptimizerFlag("optimizer", cl::desc("sgd|momentum|adamw"), 
                                    cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<bool> Recompute("recompute", cl::desc("Activation checkpointing per stage"),
                         cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string> Freeze("freeze",
+                            cl::desc("Weights not to train: a regular expression over their "
+                                     "names"),
+                            cl::value_desc("REGEX"), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> Costs("costs", cl::desc("Measured per-layer costs (JSON) over the roofline"),
                            cl::value_desc("FILE"), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<int> DataParallel("dp", cl::desc("Data-parallel replicas"), cl::init(1),
@@ -340,6 +345,14 @@ int runCompile() {
     return reportError(optimizer.takeError());
   options.optimizer = *optimizer;
   options.recompute = Recompute;
+  if (!Freeze.empty()) {
+    std::string why;
+    if (!Regex(Freeze).isValid(why)) {
+      errs() << "pipec compile: --freeze " << Freeze << ": " << why << "\n";
+      return ExitUsage;
+    }
+    options.freeze = Freeze;
+  }
   options.costs = Costs;
   options.dataParallel = DataParallel;
   PipelineOptions pipeline;
