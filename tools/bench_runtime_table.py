@@ -35,13 +35,12 @@ if one and two:
                  f"gives OpenBLAS both cores; two ranks get one each and run their stages at once, "
                  f"so the gain comes from the kernels OpenBLAS does not thread, less the bubble "
                  f"(1/9 at P = 2, M = 8).")
-mlp = rows.get("mlp16_tiny/4_ranks_1f1b_m64")
-if mlp:
-    per_rank = mlp["instructions"] / 4
-    notes.append(f"- Executor overhead: a 16-layer MLP of width 8 (kernels do next to nothing) on "
-                 f"4 ranks, 64 microbatches: {mlp['real_time'] * 1e3 / per_rank:.1f} us of wall "
-                 f"time per instruction ({per_rank:.0f} instructions per rank per step, "
-                 f"{mlp['real_time']:.2f} ms per step, 4 ranks on 2 cores).")
+for name, b in rows.items():
+    if "overhead_per_instruction_s" in b:
+        notes.append(f"- Executor overhead, {name}: {b['overhead_per_instruction_s'] * 1e6:.1f} us "
+                     f"per instruction outside node kernels and message waits "
+                     f"({b['instructions']:.0f} instructions and {b['nodes']:.0f} nodes per step "
+                     f"over all ranks).")
 notes.append("- The cost model's `cpu` spec is a roofline calibrated on one OpenBLAS GEMM; the "
              "measured / predicted column is its error on whole steps, which include the "
              "single-threaded element-wise kernels, softmax and layer norms the roofline prices "

@@ -125,6 +125,10 @@ public:
   std::vector<TraceEvent> events;
   double busy = 0;
   int64_t instructions = 0;
+  /// Time inside the backend's node kernels, time in whole instructions
+  /// (excluding waits for messages), and nodes run.
+  double kernelSeconds = 0, instructionSeconds = 0;
+  int64_t nodesRun = 0;
 
 private:
   const plan::StageProgram &stageProgram(int stage) const { return s.plan->stage_programs(stage); }
@@ -217,7 +221,10 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
                                  stage, mb, phase, cpu::nodeLabel(node), node.op_type(), name));
       inputs.push_back(&w->second);
     }
+    auto kernelStart = Clock::now();
     auto outs = be.run(node, s.plan->opset(), inputs);
+    kernelSeconds += std::chrono::duration<double>(Clock::now() - kernelStart).count();
+    ++nodesRun;
     if (!outs)
       return rankError(global, formatv("stage {0} microbatch {1} {2}: {3}", stage, mb, phase,
                                        toString(outs.takeError())));
@@ -608,6 +615,7 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
     }
     if (err)
       return err;
+    instructionSeconds += wallNow() - started;
     bool nextComm =
         i + 1 < program.instructions_size() && (program.instructions(i + 1).op() == Ins::SEND ||
                                                 program.instructions(i + 1).op() == Ins::RECV);
@@ -1128,10 +1136,18 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
     return createStringError(inconvertibleErrorCode(), "%s", errors[firstFailed].c_str());
 
   RunResult result = std::move(results[0]);
+  double waited = 0;
   for (const auto &ex : executors) {
     result.busySeconds.push_back(ex->busy / std::max(1, options.steps - result.firstStep));
     result.instructions += ex->instructions;
+    result.nodes += ex->nodesRun;
+    result.kernelSeconds += ex->kernelSeconds;
+    result.instructionSeconds += ex->instructionSeconds;
+    for (const TraceEvent &e : ex->events)
+      if (e.category == 'C' && e.name.rfind("recv", 0) == 0)
+        waited += e.duration;
   }
+  result.instructionSeconds -= waited;
   // Replica 0 holds every weight; tied copies are identical.
   std::map<std::string, std::map<int64_t, cpu::Tensor>> outputs;
   std::map<std::string, cpu::Tensor> trained;

@@ -103,6 +103,11 @@ struct RunResult {
   /// Mean measured compute time per step, per global rank (local runs).
   std::vector<double> busySeconds;
   int64_t instructions = 0;
+  /// Summed over ranks (local runs): nodes run, seconds inside node kernels,
+  /// and seconds inside instructions less waits for messages. Their
+  /// difference over the instructions is the executor's own overhead.
+  int64_t nodes = 0;
+  double kernelSeconds = 0, instructionSeconds = 0;
   /// Whether this process reports for the run (local, or MPI rank 0).
   bool primary = true;
 };

@@ -94,7 +94,8 @@ void trainStep(benchmark::State &state, const std::string &model, int stages, in
     return;
   }
   std::vector<double> busy(stages, 0);
-  int64_t instructions = 0;
+  int64_t instructions = 0, nodes = 0;
+  double overhead = 0;
   for (auto _ : state) {
     auto result = rt::runLocal(plan, options);
     if (!result) {
@@ -105,10 +106,15 @@ void trainStep(benchmark::State &state, const std::string &model, int stages, in
     for (int r = 0; r < stages; ++r)
       busy[r] += result->busySeconds[r];
     instructions = result->instructions;
+    nodes = result->nodes;
+    overhead += (result->instructionSeconds - result->kernelSeconds) /
+                std::max<int64_t>(1, result->instructions);
   }
   double n = static_cast<double>(state.iterations());
   state.counters["predicted_step_s"] = plan.predicted().step_time_s();
   state.counters["instructions"] = static_cast<double>(instructions);
+  state.counters["nodes"] = static_cast<double>(nodes);
+  state.counters["overhead_per_instruction_s"] = overhead / n;
   for (int r = 0; r < stages; ++r) {
     state.counters["rank" + std::to_string(r) + "_busy_s"] = busy[r] / n;
     state.counters["rank" + std::to_string(r) + "_predicted_busy_s"] = plan.ranks(r).busy_s();
