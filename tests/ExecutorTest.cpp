@@ -9,6 +9,7 @@
 #include "TestUtil.h"
 
 #include "compiler/Compile.h"
+#include "runtime/core/Backend.h"
 #include "runtime/core/Data.h"
 #include "runtime/core/Executor.h"
 #include "runtime/plan/PlanFile.h"
@@ -279,6 +280,38 @@ TEST_F(Equivalence, TrainingLowersTheLossOnAFixedDataset) {
   ASSERT_TRUE(static_cast<bool>(result)) << llvm::toString(result.takeError());
   ASSERT_EQ(result->losses.size(), 150u);
   EXPECT_LT(result->losses.back(), 0.5 * result->losses.front());
+}
+
+/// Whether a CUDA device and the CUDA plugin are here.
+bool haveGpu() {
+  auto backend = rt::makeCudaBackend(0, false);
+  if (!backend) {
+    llvm::consumeError(backend.takeError());
+    return false;
+  }
+  return true;
+}
+
+// The same pipelined step on the GPU (two ranks sharing device 0) and on the
+// CPU: the pipeline and the backends agree.
+TEST_F(Equivalence, CudaBackendMatchesCpu) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no CUDA device or no CUDA backend";
+  plan::Plan p = compileFor(gpt(true), Config{"1f1b", 2, 1, 4, 1}, 8);
+  rt::RunResult cpuRun = runPlan(p);
+  rt::RunOptions options;
+  options.steps = 1;
+  options.seed = 7;
+  options.optimizer = "sgd";
+  options.lr = 0.5;
+  options.collectWeights = true;
+  options.backend = "cuda";
+  options.precision = "fp32";
+  options.ranksPerDevice = 2;
+  auto gpuRun = rt::runLocal(p, options);
+  ASSERT_TRUE(static_cast<bool>(gpuRun)) << llvm::toString(gpuRun.takeError());
+  // Different summation orders (cuBLAS, atomics): agreement to 1e-4.
+  expectSameStep(*gpuRun, cpuRun, "cuda vs cpu", 1e-4);
 }
 
 //===----------------------------------------------------------------------===//

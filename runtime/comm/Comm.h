@@ -34,7 +34,7 @@ namespace pipec::rt {
 
 class Comm {
 public:
-  virtual ~Comm();
+  virtual ~Comm() = default;
   /// This rank and the number of ranks, over all pipeline replicas.
   virtual int rank() const = 0;
   virtual int size() const = 0;

@@ -12,8 +12,6 @@ using namespace llvm;
 
 namespace pipec::rt {
 
-Comm::~Comm() = default;
-
 namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto Poll = std::chrono::milliseconds(50);

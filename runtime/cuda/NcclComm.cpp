@@ -80,12 +80,21 @@ public:
   }
 
   Error send(int peer, const cpu::Tensor &tensor) override {
-    if (tensor.onHost())
-      return createStringError(inconvertibleErrorCode(),
-                               "rank %d: NCCL sends device tensors; got a host %s", rank(),
-                               tensor.describe().c_str());
-    PIPEC_CUDA_TRY(ncclSend(tensor.rawData(), tensor.byteSize(), ncclChar, peer, world, stream));
-    sends.push_back(tensor); // kept alive until flush()
+    cpu::Tensor message = tensor;
+    if (tensor.onHost()) {
+      // Backends keep small integer results (shapes) on the host.
+      void *memory = nullptr;
+      PIPEC_CUDA_TRY(cudaMallocAsync(&memory, std::max<size_t>(tensor.byteSize(), 1), stream));
+      cudaStream_t s = stream;
+      std::shared_ptr<void> storage(memory, [s](void *p) { cudaFreeAsync(p, s); });
+      PIPEC_CUDA_TRY(cudaMemcpyAsync(memory, tensor.rawData(), tensor.byteSize(),
+                                     cudaMemcpyHostToDevice, stream));
+      PIPEC_CUDA_TRY(cudaStreamSynchronize(stream)); // the host tensor may go now
+      message =
+          cpu::Tensor::onDevice(tensor.elemType(), tensor.shape(), std::move(storage), device);
+    }
+    PIPEC_CUDA_TRY(ncclSend(message.rawData(), message.byteSize(), ncclChar, peer, world, stream));
+    sends.push_back(std::move(message)); // kept alive until flush()
     return Error::success();
   }
 

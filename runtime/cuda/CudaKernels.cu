@@ -1,0 +1,570 @@
+//===- CudaKernels.cu - The CUDA backend's device kernels ----------------===//
+//
+// Three kernel shapes run every body of KernelBodies.h: forEach (a
+// grid-stride loop over elements), forEachRowWarp (a warp per row, lanes
+// combining with shuffles) and forEachRowSerial (a thread per row: rows
+// whose elements are strided, where neighbouring threads then read
+// neighbouring memory). Each launcher wraps its body in a small functor and
+// picks the kernel; the functors carry their parameters by value.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/CudaKernels.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+namespace pipec::cuda::kernels {
+namespace {
+
+constexpr int Threads = 256;
+constexpr int WarpSize = 32;
+/// Grid-stride loops cap the grid here (far above what fills an H200).
+constexpr int64_t MaxBlocks = 1 << 16;
+
+int blocksFor(int64_t threads) {
+  return static_cast<int>(std::clamp<int64_t>((threads + Threads - 1) / Threads, 1, MaxBlocks));
+}
+
+template <typename F> __global__ void forEach(int64_t n, F f) {
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    f(i);
+}
+
+/// The lanes of one warp; every lane calls each reduction.
+struct WarpLanes {
+  __device__ int lane() const { return threadIdx.x & (WarpSize - 1); }
+  __device__ int count() const { return WarpSize; }
+  __device__ float sum(float v) const {
+    for (int offset = WarpSize / 2; offset > 0; offset /= 2)
+      v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+  }
+  __device__ double sum(double v) const {
+    for (int offset = WarpSize / 2; offset > 0; offset /= 2)
+      v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+  }
+  __device__ float max(float v) const {
+    for (int offset = WarpSize / 2; offset > 0; offset /= 2)
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+  }
+};
+
+/// Rows are assigned per warp, so the loop condition is uniform in a warp
+/// and every lane reaches every shuffle.
+template <typename F> __global__ void forEachRowWarp(int64_t rows, F f) {
+  int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / WarpSize;
+  int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / WarpSize;
+  WarpLanes lanes;
+  for (int64_t row = warp; row < rows; row += warps)
+    f(lanes, row);
+}
+
+template <typename F> __global__ void forEachRowSerial(int64_t rows, F f) {
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  SerialLanes lanes;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; row < rows;
+       row += stride)
+    f(lanes, row);
+}
+
+template <typename F> cudaError_t launch(int64_t n, const F &f, cudaStream_t stream) {
+  if (n <= 0)
+    return cudaSuccess;
+  forEach<<<blocksFor(n), Threads, 0, stream>>>(n, f);
+  return cudaGetLastError();
+}
+
+/// A warp per row when the row is contiguous, else a thread per row.
+template <typename F>
+cudaError_t launchRows(int64_t rows, bool contiguous, const F &f, cudaStream_t stream) {
+  if (rows <= 0)
+    return cudaSuccess;
+  if (contiguous)
+    forEachRowWarp<<<blocksFor(rows * WarpSize), Threads, 0, stream>>>(rows, f);
+  else
+    forEachRowSerial<<<blocksFor(rows), Threads, 0, stream>>>(rows, f);
+  return cudaGetLastError();
+}
+
+/// One warp for a whole-tensor reduction of a few thousand elements.
+template <typename F> cudaError_t launchOneWarp(const F &f, cudaStream_t stream) {
+  forEachRowWarp<<<1, WarpSize, 0, stream>>>(1, f);
+  return cudaGetLastError();
+}
+
+/// Calls f(T{}) with the unsigned type of \p bytes bytes.
+template <typename F> cudaError_t bySize(int bytes, F &&f) {
+  switch (bytes) {
+  case 1:
+    return f(uint8_t{});
+  case 2:
+    return f(uint16_t{});
+  case 4:
+    return f(uint32_t{});
+  case 8:
+    return f(uint64_t{});
+  default:
+    return cudaErrorInvalidValue;
+  }
+}
+
+/// Calls f(T{}) with the C++ type of \p type.
+template <typename F> cudaError_t byScalar(Scalar type, F &&f) {
+  switch (type) {
+  case Scalar::F32:
+    return f(float{});
+  case Scalar::F64:
+    return f(double{});
+  case Scalar::I64:
+    return f(int64_t{});
+  case Scalar::I32:
+    return f(int32_t{});
+  case Scalar::Bool:
+    return f(bool{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+//===----------------------------------------------------------------------===//
+// Functors: one per body
+//===----------------------------------------------------------------------===//
+
+struct UnaryFn {
+  Unary op;
+  float alpha;
+  const float *x;
+  float *y;
+  __device__ void operator()(int64_t i) const { unaryElement(i, op, alpha, x, y); }
+};
+
+template <typename T> struct ArithmeticFn {
+  Binary op;
+  IndexMap map;
+  const T *a, *b;
+  T *out;
+  __device__ void operator()(int64_t i) const { arithmeticElement<T>(i, op, map, a, b, out); }
+};
+
+template <typename T> struct CompareFn {
+  Binary op;
+  IndexMap map;
+  const T *a, *b;
+  bool *out;
+  __device__ void operator()(int64_t i) const { compareElement<T>(i, op, map, a, b, out); }
+};
+
+template <typename T> struct WhereFn {
+  IndexMap map;
+  const bool *cond;
+  const T *x, *y;
+  T *out;
+  __device__ void operator()(int64_t i) const { whereElement<T>(i, map, cond, x, y, out); }
+};
+
+template <typename T> struct CopyFn {
+  IndexMap map;
+  const T *in;
+  T *out;
+  __device__ void operator()(int64_t i) const { copyElement<T>(i, map, in, out); }
+};
+
+template <typename From, typename To> struct CastFn {
+  const From *in;
+  To *out;
+  __device__ void operator()(int64_t i) const { castElement<From, To>(i, in, out); }
+};
+
+template <typename T> struct FillFn {
+  T value;
+  T *out;
+  __device__ void operator()(int64_t i) const { fillElement<T>(i, value, out); }
+};
+
+template <typename T> struct AddFn {
+  const T *a, *b;
+  T *out;
+  __device__ void operator()(int64_t i) const { addElement<T>(i, a, b, out); }
+};
+
+struct PointwiseFn {
+  Pointwise op;
+  const float *dy, *a;
+  float *dx;
+  __device__ void operator()(int64_t i) const { pointwiseElement(i, op, dy, a, dx); }
+};
+
+template <typename T, typename I> struct GatherFn {
+  GatherParams p;
+  const T *data;
+  const I *indices;
+  T *out;
+  int *flag;
+  __device__ void operator()(int64_t i) const {
+    gatherElement<T, I>(i, p, data, indices, out, flag);
+  }
+};
+
+template <typename I> struct GatherGradFn {
+  GatherParams p;
+  const float *dy;
+  const I *indices;
+  float *dx;
+  int *flag;
+  __device__ void operator()(int64_t i) const { gatherGradElement<I>(i, p, dy, indices, dx, flag); }
+};
+
+struct ReducePartialFn {
+  ReducePlan plan;
+  const float *in;
+  double *partial;
+  __device__ void operator()(int64_t t) const { reducePartialElement<float>(t, plan, in, partial); }
+};
+
+struct ReduceFinishFn {
+  int64_t outputs, chunks;
+  const double *partial;
+  double scale;
+  float *out;
+  __device__ void operator()(int64_t o) const {
+    reduceFinishElement<float>(o, outputs, chunks, partial, scale, out);
+  }
+};
+
+struct SoftmaxFn {
+  RowLayout layout;
+  const float *x;
+  float *y;
+  bool logarithm;
+  template <typename L> __device__ void operator()(const L &lanes, int64_t row) const {
+    softmaxRow(lanes, row, layout, x, y, logarithm);
+  }
+};
+
+struct SoftmaxGradFn {
+  RowLayout layout;
+  const float *dy, *y;
+  float *dx;
+  template <typename L> __device__ void operator()(const L &lanes, int64_t row) const {
+    softmaxGradRow(lanes, row, layout, dy, y, dx);
+  }
+};
+
+struct LayerNormFn {
+  int64_t size;
+  float epsilon;
+  const float *x, *gamma, *beta;
+  float *y, *mean, *invStd;
+  template <typename L> __device__ void operator()(const L &lanes, int64_t row) const {
+    layerNormRow(lanes, row, size, epsilon, x, gamma, beta, y, mean, invStd);
+  }
+};
+
+struct LayerNormGradInputFn {
+  int64_t size;
+  float epsilon;
+  const float *dy, *x, *scale;
+  float *dx;
+  template <typename L> __device__ void operator()(const L &lanes, int64_t row) const {
+    layerNormGradInputRow(lanes, row, size, epsilon, dy, x, scale, dx);
+  }
+};
+
+struct LayerNormStatsFn {
+  int64_t size;
+  float epsilon;
+  const float *x;
+  float *mean, *rstd;
+  template <typename L> __device__ void operator()(const L &lanes, int64_t row) const {
+    layerNormStatsRow(lanes, row, size, epsilon, x, mean, rstd);
+  }
+};
+
+struct LayerNormGradWeightFn {
+  int64_t rows, size, chunkLength;
+  const float *dy, *x, *mean, *rstd;
+  double *partial;
+  __device__ void operator()(int64_t t) const {
+    layerNormGradWeightPartial(t, rows, size, chunkLength, dy, x, mean, rstd, partial);
+  }
+};
+
+struct CrossEntropyFn {
+  RowLayout layout;
+  CrossEntropyParams p;
+  const float *scores;
+  const int64_t *labels;
+  float *logProb, *losses, *valid;
+  int *flag;
+  template <typename L> __device__ void operator()(const L &lanes, int64_t row) const {
+    crossEntropyRow(lanes, row, layout, p, scores, labels, logProb, losses, valid, flag);
+  }
+};
+
+struct CrossEntropyFinishFn {
+  int64_t positions;
+  bool mean;
+  const float *losses, *valid;
+  float *out;
+  template <typename L> __device__ void operator()(const L &lanes, int64_t) const {
+    crossEntropyFinish(lanes, positions, mean, losses, valid, out);
+  }
+};
+
+struct LabelCountFn {
+  int64_t positions;
+  CrossEntropyParams p;
+  const int64_t *labels;
+  double *count;
+  template <typename L> __device__ void operator()(const L &lanes, int64_t) const {
+    labelCount(lanes, positions, p, labels, count);
+  }
+};
+
+struct CrossEntropyGradFn {
+  RowLayout layout;
+  CrossEntropyParams p;
+  const float *dLoss;
+  const double *count;
+  const float *scores;
+  const int64_t *labels;
+  float *dx;
+  int *flag;
+  template <typename L> __device__ void operator()(const L &lanes, int64_t row) const {
+    crossEntropyGradRow(lanes, row, layout, p, dLoss, count, scores, labels, dx, flag);
+  }
+};
+
+template <typename T> struct OptimizerFn {
+  OptimizerParams p;
+  const T *w, *g, *m, *v;
+  T *wOut, *mOut, *vOut;
+  __device__ void operator()(int64_t i) const {
+    optimizerElement<T>(i, p, w, g, m, v, wOut, mOut, vOut);
+  }
+};
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Launchers
+//===----------------------------------------------------------------------===//
+
+cudaError_t launchUnary(Unary op, float alpha, const float *x, float *y, int64_t n,
+                        cudaStream_t stream) {
+  return launch(n, UnaryFn{op, alpha, x, y}, stream);
+}
+
+cudaError_t launchBinary(Binary op, Scalar type, const IndexMap &map, const void *a, const void *b,
+                         void *out, int64_t n, cudaStream_t stream) {
+  if (isComparison(op))
+    return byScalar(type, [&](auto tag) {
+      using T = decltype(tag);
+      return launch(n,
+                    CompareFn<T>{op, map, static_cast<const T *>(a), static_cast<const T *>(b),
+                                 static_cast<bool *>(out)},
+                    stream);
+    });
+  bool floatOnly = op == Binary::Div || op == Binary::Pow;
+  if (type == Scalar::F32)
+    return launch(n,
+                  ArithmeticFn<float>{op, map, static_cast<const float *>(a),
+                                      static_cast<const float *>(b), static_cast<float *>(out)},
+                  stream);
+  if (type == Scalar::I64 && !floatOnly)
+    return launch(n,
+                  ArithmeticFn<int64_t>{op, map, static_cast<const int64_t *>(a),
+                                        static_cast<const int64_t *>(b),
+                                        static_cast<int64_t *>(out)},
+                  stream);
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launchWhere(int elemBytes, const IndexMap &map, const bool *cond, const void *x,
+                        const void *y, void *out, int64_t n, cudaStream_t stream) {
+  return bySize(elemBytes, [&](auto tag) {
+    using T = decltype(tag);
+    return launch(n,
+                  WhereFn<T>{map, cond, static_cast<const T *>(x), static_cast<const T *>(y),
+                             static_cast<T *>(out)},
+                  stream);
+  });
+}
+
+cudaError_t launchCopy(int elemBytes, const IndexMap &map, const void *in, void *out, int64_t n,
+                       cudaStream_t stream) {
+  return bySize(elemBytes, [&](auto tag) {
+    using T = decltype(tag);
+    return launch(n, CopyFn<T>{map, static_cast<const T *>(in), static_cast<T *>(out)}, stream);
+  });
+}
+
+cudaError_t launchCast(Scalar from, Scalar to, const void *in, void *out, int64_t n,
+                       cudaStream_t stream) {
+  return byScalar(from, [&](auto fromTag) {
+    using From = decltype(fromTag);
+    return byScalar(to, [&](auto toTag) {
+      using To = decltype(toTag);
+      return launch(n, CastFn<From, To>{static_cast<const From *>(in), static_cast<To *>(out)},
+                    stream);
+    });
+  });
+}
+
+cudaError_t launchFill(int elemBytes, uint64_t pattern, void *out, int64_t n, cudaStream_t stream) {
+  return bySize(elemBytes, [&](auto tag) {
+    using T = decltype(tag);
+    return launch(n, FillFn<T>{static_cast<T>(pattern), static_cast<T *>(out)}, stream);
+  });
+}
+
+cudaError_t launchAdd(Scalar type, const void *a, const void *b, void *out, int64_t n,
+                      cudaStream_t stream) {
+  if (type == Scalar::F32)
+    return launch(n,
+                  AddFn<float>{static_cast<const float *>(a), static_cast<const float *>(b),
+                               static_cast<float *>(out)},
+                  stream);
+  if (type == Scalar::F64)
+    return launch(n,
+                  AddFn<double>{static_cast<const double *>(a), static_cast<const double *>(b),
+                                static_cast<double *>(out)},
+                  stream);
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launchPointwise(Pointwise op, const float *dy, const float *a, float *dx, int64_t n,
+                            cudaStream_t stream) {
+  return launch(n, PointwiseFn{op, dy, a, dx}, stream);
+}
+
+cudaError_t launchGather(int elemBytes, bool int32Indices, const GatherParams &p, const void *data,
+                         const void *indices, void *out, int *flag, cudaStream_t stream) {
+  int64_t n = p.outer * p.count * p.inner;
+  return bySize(elemBytes, [&](auto tag) {
+    using T = decltype(tag);
+    if (int32Indices)
+      return launch(n,
+                    GatherFn<T, int32_t>{p, static_cast<const T *>(data),
+                                         static_cast<const int32_t *>(indices),
+                                         static_cast<T *>(out), flag},
+                    stream);
+    return launch(n,
+                  GatherFn<T, int64_t>{p, static_cast<const T *>(data),
+                                       static_cast<const int64_t *>(indices), static_cast<T *>(out),
+                                       flag},
+                  stream);
+  });
+}
+
+cudaError_t launchGatherGrad(bool int32Indices, const GatherParams &p, const float *dy,
+                             const void *indices, float *dx, int *flag, cudaStream_t stream) {
+  int64_t n = p.outer * p.count * p.inner;
+  if (int32Indices)
+    return launch(n, GatherGradFn<int32_t>{p, dy, static_cast<const int32_t *>(indices), dx, flag},
+                  stream);
+  return launch(n, GatherGradFn<int64_t>{p, dy, static_cast<const int64_t *>(indices), dx, flag},
+                stream);
+}
+
+cudaError_t launchReduce(const ReducePlan &plan, const float *in, double *partial, double scale,
+                         float *out, cudaStream_t stream) {
+  if (cudaError_t e =
+          launch(plan.outputs * plan.chunks, ReducePartialFn{plan, in, partial}, stream))
+    return e;
+  return launch(plan.outputs, ReduceFinishFn{plan.outputs, plan.chunks, partial, scale, out},
+                stream);
+}
+
+cudaError_t launchSoftmax(const RowLayout &layout, const float *x, float *y, bool logarithm,
+                          cudaStream_t stream) {
+  return launchRows(rowCount(layout), layout.inner == 1, SoftmaxFn{layout, x, y, logarithm},
+                    stream);
+}
+
+cudaError_t launchSoftmaxGrad(const RowLayout &layout, const float *dy, const float *y, float *dx,
+                              cudaStream_t stream) {
+  return launchRows(rowCount(layout), layout.inner == 1, SoftmaxGradFn{layout, dy, y, dx}, stream);
+}
+
+cudaError_t launchLayerNorm(int64_t rows, int64_t size, float epsilon, const float *x,
+                            const float *gamma, const float *beta, float *y, float *mean,
+                            float *invStd, cudaStream_t stream) {
+  return launchRows(rows, true, LayerNormFn{size, epsilon, x, gamma, beta, y, mean, invStd},
+                    stream);
+}
+
+cudaError_t launchLayerNormGradInput(int64_t rows, int64_t size, float epsilon, const float *dy,
+                                     const float *x, const float *scale, float *dx,
+                                     cudaStream_t stream) {
+  return launchRows(rows, true, LayerNormGradInputFn{size, epsilon, dy, x, scale, dx}, stream);
+}
+
+int64_t layerNormGradWeightChunks(int64_t rows, int64_t size) {
+  int64_t wanted = size > 0 ? (int64_t(1) << 17) / size : 1;
+  return std::clamp<int64_t>(std::min(wanted, (rows + 31) / 32), 1, std::max<int64_t>(rows, 1));
+}
+
+cudaError_t launchLayerNormGradWeight(int64_t rows, int64_t size, float epsilon, const float *dy,
+                                      const float *x, float *mean, float *rstd, double *partial,
+                                      int64_t chunks, float *dScale, cudaStream_t stream) {
+  if (cudaError_t e =
+          launchRows(rows, true, LayerNormStatsFn{size, epsilon, x, mean, rstd}, stream))
+    return e;
+  int64_t chunkLength = (rows + chunks - 1) / chunks;
+  if (cudaError_t e = launch(
+          size * chunks, LayerNormGradWeightFn{rows, size, chunkLength, dy, x, mean, rstd, partial},
+          stream))
+    return e;
+  return launch(size, ReduceFinishFn{size, chunks, partial, 1.0, dScale}, stream);
+}
+
+cudaError_t launchCrossEntropy(const RowLayout &layout, const CrossEntropyParams &p,
+                               const float *scores, const int64_t *labels, float *logProb,
+                               float *losses, float *valid, float *out, int *flag,
+                               cudaStream_t stream) {
+  int64_t rows = rowCount(layout);
+  if (cudaError_t e = launchRows(
+          rows, layout.inner == 1,
+          CrossEntropyFn{layout, p, scores, labels, logProb, losses, valid, flag}, stream))
+    return e;
+  if (p.reduction == 0)
+    return cudaSuccess;
+  return launchOneWarp(CrossEntropyFinishFn{rows, p.reduction == 2, losses, valid, out}, stream);
+}
+
+cudaError_t launchCrossEntropyGrad(const RowLayout &layout, const CrossEntropyParams &p,
+                                   const float *dLoss, const float *scores, const int64_t *labels,
+                                   double *count, float *dx, int *flag, cudaStream_t stream) {
+  int64_t rows = rowCount(layout);
+  if (cudaError_t e = launchOneWarp(LabelCountFn{rows, p, labels, count}, stream))
+    return e;
+  return launchRows(rows, layout.inner == 1,
+                    CrossEntropyGradFn{layout, p, dLoss, count, scores, labels, dx, flag}, stream);
+}
+
+cudaError_t launchOptimizer(Scalar type, const OptimizerParams &p, const void *w, const void *g,
+                            const void *m, const void *v, void *wOut, void *mOut, void *vOut,
+                            int64_t n, cudaStream_t stream) {
+  if (type == Scalar::F32)
+    return launch(n,
+                  OptimizerFn<float>{p, static_cast<const float *>(w),
+                                     static_cast<const float *>(g), static_cast<const float *>(m),
+                                     static_cast<const float *>(v), static_cast<float *>(wOut),
+                                     static_cast<float *>(mOut), static_cast<float *>(vOut)},
+                  stream);
+  if (type == Scalar::F64)
+    return launch(n,
+                  OptimizerFn<double>{p, static_cast<const double *>(w),
+                                      static_cast<const double *>(g),
+                                      static_cast<const double *>(m),
+                                      static_cast<const double *>(v), static_cast<double *>(wOut),
+                                      static_cast<double *>(mOut), static_cast<double *>(vOut)},
+                  stream);
+  return cudaErrorInvalidValue;
+}
+
+} // namespace pipec::cuda::kernels

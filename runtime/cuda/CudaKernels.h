@@ -1,0 +1,117 @@
+//===- CudaKernels.h - Launchers of the CUDA backend's device kernels ----===//
+//
+// Host functions that queue one kernel (or a short fixed sequence) on a
+// stream and return the launch status; they never synchronize. Pointers are
+// device memory of the stream's device, sized by the caller; outputs never
+// alias inputs unless a launcher says so. The math of every kernel is in
+// KernelBodies.h; these only choose grid sizes and element types. GEMMs are
+// not here: the backend calls cuBLAS itself.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_RUNTIME_CUDA_CUDAKERNELS_H
+#define PIPEC_RUNTIME_CUDA_CUDAKERNELS_H
+
+#include "runtime/cuda/KernelBodies.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace pipec::cuda::kernels {
+
+/// y = op(x) on n floats (y may be x).
+cudaError_t launchUnary(Unary op, float alpha, const float *x, float *y, int64_t n,
+                        cudaStream_t stream);
+
+/// out[i] = op(a[.], b[.]) for the n elements of map's output. Arithmetic
+/// for F32 and I64 (Div and Pow: F32 only); comparisons for every Scalar,
+/// writing bool.
+cudaError_t launchBinary(Binary op, Scalar type, const IndexMap &map, const void *a, const void *b,
+                         void *out, int64_t n, cudaStream_t stream);
+
+/// out[i] = cond ? x : y over a three-operand map; elements of 1, 2, 4 or 8
+/// bytes.
+cudaError_t launchWhere(int elemBytes, const IndexMap &map, const bool *cond, const void *x,
+                        const void *y, void *out, int64_t n, cudaStream_t stream);
+
+/// out[i] = in[offsetOf(map, 0, i)]: transposes, slices and broadcasts of
+/// elements of 1, 2, 4 or 8 bytes.
+cudaError_t launchCopy(int elemBytes, const IndexMap &map, const void *in, void *out, int64_t n,
+                       cudaStream_t stream);
+
+/// Converts n elements between F32, F64, I64, I32 and Bool.
+cudaError_t launchCast(Scalar from, Scalar to, const void *in, void *out, int64_t n,
+                       cudaStream_t stream);
+
+/// Sets n elements of \p elemBytes (1, 2, 4 or 8) to the low bytes of
+/// \p pattern.
+cudaError_t launchFill(int elemBytes, uint64_t pattern, void *out, int64_t n, cudaStream_t stream);
+
+/// out = a + b on n elements of F32 or F64 (out may be a or b).
+cudaError_t launchAdd(Scalar type, const void *a, const void *b, void *out, int64_t n,
+                      cudaStream_t stream);
+
+/// dx = dy * f(a) on n floats.
+cudaError_t launchPointwise(Pointwise op, const float *dy, const float *a, float *dx, int64_t n,
+                            cudaStream_t stream);
+
+/// Gather of elements of 1, 2, 4 or 8 bytes with int64 (or int32) indices;
+/// bad indices set *flag.
+cudaError_t launchGather(int elemBytes, bool int32Indices, const GatherParams &p, const void *data,
+                         const void *indices, void *out, int *flag, cudaStream_t stream);
+
+/// Scatter-adds dy into dx, which the caller has zeroed.
+cudaError_t launchGatherGrad(bool int32Indices, const GatherParams &p, const float *dy,
+                             const void *indices, float *dx, int *flag, cudaStream_t stream);
+
+/// Both passes of \p plan over floats: \p partial holds plan.outputs *
+/// plan.chunks doubles; out gets plan.outputs floats times \p scale.
+cudaError_t launchReduce(const ReducePlan &plan, const float *in, double *partial, double scale,
+                         float *out, cudaStream_t stream);
+
+cudaError_t launchSoftmax(const RowLayout &layout, const float *x, float *y, bool logarithm,
+                          cudaStream_t stream);
+
+cudaError_t launchSoftmaxGrad(const RowLayout &layout, const float *dy, const float *y, float *dx,
+                              cudaStream_t stream);
+
+/// Rows of \p size contiguous elements; beta, mean and invStd may be null.
+cudaError_t launchLayerNorm(int64_t rows, int64_t size, float epsilon, const float *x,
+                            const float *gamma, const float *beta, float *y, float *mean,
+                            float *invStd, cudaStream_t stream);
+
+cudaError_t launchLayerNormGradInput(int64_t rows, int64_t size, float epsilon, const float *dy,
+                                     const float *x, const float *scale, float *dx,
+                                     cudaStream_t stream);
+
+/// Scratch sizes for launchLayerNormGradWeight: \p chunks row chunks.
+int64_t layerNormGradWeightChunks(int64_t rows, int64_t size);
+
+/// dScale (size floats) from dy and x (rows x size); mean and rstd hold
+/// rows floats, partial size * chunks doubles (chunks from
+/// layerNormGradWeightChunks).
+cudaError_t launchLayerNormGradWeight(int64_t rows, int64_t size, float epsilon, const float *dy,
+                                      const float *x, float *mean, float *rstd, double *partial,
+                                      int64_t chunks, float *dScale, cudaStream_t stream);
+
+/// SoftmaxCrossEntropyLoss: per-position losses and valid flags (rowCount
+/// floats each), logProb if not null, and for reduction sum or mean the
+/// scalar \p out.
+cudaError_t launchCrossEntropy(const RowLayout &layout, const CrossEntropyParams &p,
+                               const float *scores, const int64_t *labels, float *logProb,
+                               float *losses, float *valid, float *out, int *flag,
+                               cudaStream_t stream);
+
+/// SoftmaxCrossEntropyLossGrad; \p count is one double of scratch.
+cudaError_t launchCrossEntropyGrad(const RowLayout &layout, const CrossEntropyParams &p,
+                                   const float *dLoss, const float *scores, const int64_t *labels,
+                                   double *count, float *dx, int *flag, cudaStream_t stream);
+
+/// One optimizer update of n elements of F32 or F64.
+cudaError_t launchOptimizer(Scalar type, const OptimizerParams &p, const void *w, const void *g,
+                            const void *m, const void *v, void *wOut, void *mOut, void *vOut,
+                            int64_t n, cudaStream_t stream);
+
+} // namespace pipec::cuda::kernels
+
+#endif // PIPEC_RUNTIME_CUDA_CUDAKERNELS_H

@@ -1,0 +1,379 @@
+#!/usr/bin/env bash
+# gpu-check.sh - everything that needs a GPU, in one run, for a machine that
+# has one:
+#   1. configure and build pipec with CUDA (build-gpu/, native architecture)
+#   2. GpuTest: every device kernel against the CPU kernels
+#   3. equivalence: a GPT trained 3 steps on one rank and as a 2-stage pipeline
+#      (two ranks sharing the GPU) gives the same weights; and the same as the
+#      CPU backend
+#   4. benchmark: a bf16 GPT stack on one GPU, 1F1B and ZB-H1 with the ranks
+#      sharing the device: measured and predicted step time, TFLOP/s, MFU
+#   5. optional: the same model in torch.distributed.pipelining, as a ratio
+# and prints one table. A piece that cannot run is marked in the table; the
+# script still goes on (exit status 1 if a check failed, 0 otherwise).
+#
+# Formulas: training FLOPs per step = 3 x M x (sum over stages of the plan's
+# forward FLOPs per microbatch) (backward = 2x forward); TFLOP/s = FLOPs /
+# steady step time; MFU = TFLOP/s / the GPU's dense bf16 peak. The steady
+# step time is (N t_N - t_1) / (N - 1) from an N-step and a 1-step run, so
+# that start-up (cuBLAS, the memory pool's first step) is not counted.
+#
+# Usage: tools/gpu-check.sh
+# Environment: PIPEC_GPU_BUILD (build-gpu), PIPEC_JOBS (16),
+#   PIPEC_PEAK_TFLOPS (peak dense bf16 TFLOP/s; default from the GPU's name),
+#   PIPEC_BENCH="layers hidden heads seq vocab batch microbatches steps"
+#   (default "8 1024 16 512 8192 16 8 6"), PIPEC_SKIP_BUILD=1, PIPEC_TORCH=0.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+build="${PIPEC_GPU_BUILD:-build-gpu}"
+jobs="${PIPEC_JOBS:-16}"
+work="$build/gpu-check"
+mkdir -p "$work"
+pipec="$build/bin/pipec"
+status=0
+rows=()
+
+# row CHECK RESULT DETAIL: one line of the final table.
+row() {
+  rows+=("$1|$2|$3")
+  echo "== $1: $2${3:+ ($3)}"
+  if [ "$2" = FAIL ]; then status=1; fi
+}
+
+# The last line of FILE matching PATTERN, for a table cell.
+last() { grep -E "$2" "$1" 2>/dev/null | tail -1 | tr -d '\n' | cut -c1-110; }
+
+#--- 0. the device -------------------------------------------------------------
+gpu="none"
+arch=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)
+  arch=${cap/./}
+fi
+echo "== GPU: ${gpu:-none} (compute capability ${cap:-?})"
+
+#--- 1. build ------------------------------------------------------------------
+if [ "${PIPEC_SKIP_BUILD:-0}" != 1 ]; then
+  archFlag=()
+  if [ -n "$arch" ]; then archFlag=(-DCMAKE_CUDA_ARCHITECTURES="$arch"); fi
+  if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPIPEC_CUDA=ON \
+      ${archFlag[@]+"${archFlag[@]}"} >"$work/configure.log" 2>&1; then
+    targets=(pipec GpuTest)
+    # The CUDA plugin that `pipec run --backend cuda` loads, if the build has it.
+    while read -r t; do targets+=("$t"); done < <(ninja -C "$build" -t targets all 2>/dev/null |
+      sed -n 's/^\(pipec_cuda_backend\|pipec_cuda_plugin\): .*/\1/p' | sort -u)
+    if cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$work/build.log" 2>&1; then
+      row build ok "${targets[*]}"
+    else
+      row build FAIL "$(last "$work/build.log" 'error|FAILED')"
+    fi
+  else
+    row build FAIL "configure: $(last "$work/configure.log" 'Error|error')"
+  fi
+fi
+if ! grep -q 'PIPEC_HAVE_CUDA:INTERNAL=ON\|pipec: CUDA backend ON' "$work/configure.log" 2>/dev/null &&
+   [ "${PIPEC_SKIP_BUILD:-0}" != 1 ]; then
+  row cuda-toolkit FAIL "configured without CUDA: see $work/configure.log"
+fi
+
+#--- 2. GpuTest ----------------------------------------------------------------
+if [ -x "$build/tests/GpuTest" ]; then
+  timeout 900 "$build/tests/GpuTest" >"$work/gputest.log" 2>&1
+  rc=$?
+  passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$work/gputest.log" | tail -1)
+  skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$work/gputest.log" | tail -1)
+  failed=$(grep -c '^\[  FAILED  \] .*\.' "$work/gputest.log")
+  detail="${passed:-0} passed, ${skipped:-0} skipped, $failed failed"
+  if [ $rc -eq 0 ] && [ "${skipped:-0}" -le 0 ]; then
+    row GpuTest ok "$detail"
+  elif [ $rc -eq 0 ]; then
+    row GpuTest SKIPPED "$detail: no device seen by the tests?"
+  else
+    row GpuTest FAIL "$detail (rc $rc; $work/gputest.log)"
+  fi
+else
+  row GpuTest UNAVAILABLE "not built"
+fi
+
+#--- helpers for pipec run ------------------------------------------------------
+# Seconds from pipec's "12.34 ms" style.
+seconds() {
+  python3 -c 'import sys
+v, u = sys.argv[1].split()
+print(float(v) * {"s": 1, "ms": 1e-3, "us": 1e-6}[u])' "$1" 2>/dev/null
+}
+# pipec run ... > LOG; prints "MEASURED PREDICTED" (seconds) from its summary.
+runPipec() {
+  local log=$1
+  shift
+  timeout 900 "$pipec" run "$@" >"$log" 2>&1 || return 1
+  local line
+  line=$(grep -E 'step\(s\) of .* per step, predicted' "$log" | tail -1)
+  [ -n "$line" ] || return 1
+  local measured predicted
+  measured=$(echo "$line" | sed -E 's/.*: ([0-9.]+ [mu]?s) per step.*/\1/')
+  predicted=$(echo "$line" | sed -E 's/.*predicted ([0-9.]+ [mu]?s).*/\1/')
+  echo "$(seconds "$measured") $(seconds "$predicted")"
+}
+
+# Compares the float initializers of two ONNX files (no onnx/numpy needed).
+cat >"$work/compare.py" <<'EOF'
+import struct, sys
+
+def varint(b, i):
+    r = s = 0
+    while True:
+        c = b[i]; i += 1; r |= (c & 0x7F) << s; s += 7
+        if c < 0x80:
+            return r, i
+
+def fields(b):
+    i = 0
+    while i < len(b):
+        key, i = varint(b, i)
+        f, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = varint(b, i)
+        elif wt == 1:
+            v = b[i:i + 8]; i += 8
+        elif wt == 2:
+            n, i = varint(b, i); v = b[i:i + n]; i += n
+        elif wt == 5:
+            v = b[i:i + 4]; i += 4
+        else:
+            raise ValueError("wire type %d" % wt)
+        yield f, wt, v
+
+def weights(path):
+    out = {}
+    for f, wt, graph in fields(open(path, "rb").read()):
+        if f != 7 or wt != 2:  # ModelProto.graph
+            continue
+        for g, gwt, t in fields(graph):
+            if g != 5 or gwt != 2:  # GraphProto.initializer
+                continue
+            name, dtype, raw, floats = None, 1, None, []
+            for k, kwt, v in fields(t):
+                if k == 8: name = v.decode()
+                elif k == 2: dtype = v
+                elif k == 9: raw = v
+                elif k == 4 and kwt == 2: floats += struct.unpack("<%df" % (len(v) // 4), v)
+                elif k == 4: floats.append(struct.unpack("<f", v)[0])
+                elif k == 14 and v == 1: raise ValueError("%s: external data" % name)
+            if dtype == 1:
+                out[name] = struct.unpack("<%df" % (len(raw) // 4), raw) if raw is not None else floats
+    return out
+
+a, b = weights(sys.argv[1]), weights(sys.argv[2])
+rtol, atol = float(sys.argv[3]), float(sys.argv[4])
+if set(a) != set(b) or not a:
+    print("different weights: %d vs %d" % (len(a), len(b))); sys.exit(1)
+worst, where, bad = 0.0, "", 0
+for name in sorted(a):
+    for x, y in zip(a[name], b[name]):
+        d = abs(x - y)
+        if d > worst: worst, where = d, name
+        if d > atol + rtol * abs(y): bad += 1
+print("%d tensors, max |diff| %.3g (%s), %d beyond rtol %g atol %g" % (len(a), worst, where, bad, rtol, atol))
+sys.exit(1 if bad else 0)
+EOF
+
+#--- 3. pipeline vs one rank ----------------------------------------------------
+if [ -x "$pipec" ]; then
+  gptFlags=(--layers 4 --hidden 256 --heads 8 --vocab 2000 --seq 64 --loss)
+  trainFlags=(--steps 3 --seed 7 --optimizer sgd --lr 0.01 --quiet)
+  if "$pipec" model gpt "${gptFlags[@]}" -o "$work/gpt.onnx" >"$work/model.log" 2>&1 &&
+     "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-1.plan" --stages 1 --microbatches 4 \
+       --batch 8 --hardware h200 --precision fp32 --optimizer sgd >>"$work/model.log" 2>&1 &&
+     "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-2.plan" --stages 2 --microbatches 4 \
+       --batch 8 --hardware h200 --precision fp32 --optimizer sgd >>"$work/model.log" 2>&1; then
+    ok1=0; ok2=0; okc=0
+    timeout 900 "$pipec" run "$work/gpt-1.plan" --backend cuda --precision fp32 "${trainFlags[@]}" \
+      --save-weights "$work/w-cuda-1.onnx" >"$work/run-1.log" 2>&1 && ok1=1
+    timeout 900 "$pipec" run "$work/gpt-2.plan" --backend cuda --precision fp32 \
+      --ranks-per-device 2 "${trainFlags[@]}" --save-weights "$work/w-cuda-2.onnx" \
+      >"$work/run-2.log" 2>&1 && ok2=1
+    timeout 900 "$pipec" run "$work/gpt-1.plan" --backend cpu "${trainFlags[@]}" \
+      --save-weights "$work/w-cpu-1.onnx" >"$work/run-cpu.log" 2>&1 && okc=1
+    if [ $ok1 = 1 ] && [ $ok2 = 1 ]; then
+      if out=$(python3 "$work/compare.py" "$work/w-cuda-1.onnx" "$work/w-cuda-2.onnx" 1e-5 1e-6); then
+        row "2-stage = 1-rank (cuda)" ok "$out"
+      else
+        row "2-stage = 1-rank (cuda)" FAIL "$out"
+      fi
+    else
+      row "2-stage = 1-rank (cuda)" FAIL \
+        "1 rank: $(last "$work/run-1.log" 'rror'); 2 ranks: $(last "$work/run-2.log" 'rror')"
+    fi
+    if [ $ok1 = 1 ] && [ $okc = 1 ]; then
+      if out=$(python3 "$work/compare.py" "$work/w-cuda-1.onnx" "$work/w-cpu-1.onnx" 1e-3 1e-5); then
+        row "cuda = cpu (1 rank)" ok "$out"
+      else
+        row "cuda = cpu (1 rank)" FAIL "$out"
+      fi
+    elif [ $ok1 = 1 ]; then
+      row "cuda = cpu (1 rank)" UNAVAILABLE "cpu run: $(last "$work/run-cpu.log" 'rror')"
+    else
+      row "cuda = cpu (1 rank)" UNAVAILABLE "no cuda run"
+    fi
+    fallbacks=$(grep -ih 'fall' "$work/run-1.log" | head -1)
+    [ -n "$fallbacks" ] && row "cpu fallbacks" info "$fallbacks"
+  else
+    row equivalence FAIL "$(last "$work/model.log" 'rror')"
+  fi
+else
+  row equivalence UNAVAILABLE "no $pipec"
+fi
+
+#--- 4. benchmark --------------------------------------------------------------
+read -r bLayers bHidden bHeads bSeq bVocab bBatch bMicro bSteps <<<"${PIPEC_BENCH:-8 1024 16 512 8192 16 8 6}"
+peak="${PIPEC_PEAK_TFLOPS:-}"
+if [ -z "$peak" ]; then
+  case "$gpu" in
+    *H200* | *H100*) peak=989 ;;
+    *A100*) peak=312 ;;
+    *L40S*) peak=362 ;;
+    *) peak="" ;;
+  esac
+fi
+benchRows=()
+pipecP1=""
+if [ -x "$pipec" ] && "$pipec" model gpt --layers "$bLayers" --hidden "$bHidden" --heads "$bHeads" \
+     --seq "$bSeq" --vocab "$bVocab" --loss -o "$work/bench.onnx" >"$work/bench-model.log" 2>&1; then
+  for config in "1f1b 1" "1f1b 2" "zb-h1 2"; do
+    read -r sched stages <<<"$config"
+    plan="$work/bench-$sched-$stages.plan"
+    if ! "$pipec" compile "$work/bench.onnx" -o "$plan" --stages "$stages" --schedule "$sched" \
+         --microbatches "$bMicro" --batch "$bBatch" --hardware h200 --precision bf16 \
+         >"$work/bench-compile-$sched-$stages.log" 2>&1; then
+      benchRows+=("$sched|$stages|compile failed|||")
+      continue
+    fi
+    flops=$("$pipec" report "$plan" --format json 2>/dev/null | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+print(3 * d["schedule"]["microbatches"] * sum(s["flops_fwd"] for s in d["stages"]))' 2>/dev/null)
+    common=(--backend cuda --precision bf16 --ranks-per-device "$stages" --seed 3)
+    if timesN=$(runPipec "$work/bench-$sched-$stages-n.log" "$plan" "${common[@]}" --steps "$bSteps") &&
+       times1=$(runPipec "$work/bench-$sched-$stages-1.log" "$plan" "${common[@]}" --steps 1); then
+      read -r tN predicted <<<"$timesN"
+      read -r t1 _ <<<"$times1"
+      cells=$(python3 -c '
+import sys
+n, tN, t1, pred, flops, peak = sys.argv[1:7]
+n, tN, t1, pred = int(n), float(tN), float(t1), float(pred)
+steady = (n * tN - t1) / (n - 1) if n > 1 and n * tN > t1 else tN
+tf = float(flops) / steady / 1e12 if flops else 0
+mfu = "%.1f%%" % (100 * tf / float(peak)) if peak and tf else "n/a"
+print("%.2f ms|%.2f ms|%.2f|%s|%.2f" % (steady * 1e3, pred * 1e3, tf, mfu, steady / pred))' \
+        "$bSteps" "$tN" "$t1" "$predicted" "${flops:-0}" "$peak")
+      benchRows+=("$sched|$stages|$cells")
+      if [ "$stages" = 1 ]; then pipecP1=$(echo "$cells" | cut -d'|' -f1 | cut -d' ' -f1); fi
+    else
+      benchRows+=("$sched|$stages|run failed: $(last "$work/bench-$sched-$stages-n.log" 'rror')||||")
+      status=1
+    fi
+  done
+else
+  benchRows+=("-|-|model generation failed or no pipec||||")
+fi
+
+#--- 5. torch ------------------------------------------------------------------
+torchCell="not importable"
+if [ "${PIPEC_TORCH:-1}" = 1 ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  cat >"$work/torch_bench.py" <<'EOF'
+# The benchmark GPT (pre-LN blocks, tied to nothing, GELU MLP of 4x) in bf16
+# autocast with AdamW, one pipeline stage of torch.distributed.pipelining
+# (world size 1: NCCL cannot put two ranks on one GPU), M microbatches.
+import os, sys, time, torch, torch.nn as nn, torch.nn.functional as F
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+L, H, NH, S, V, B, M, STEPS = map(int, sys.argv[1:9])
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29517")
+dist.init_process_group("gloo", rank=0, world_size=1)
+dev = torch.device("cuda:0")
+class Block(nn.Module):
+    def __init__(s):
+        super().__init__(); s.ln1 = nn.LayerNorm(H); s.qkv = nn.Linear(H, 3 * H); s.proj = nn.Linear(H, H)
+        s.ln2 = nn.LayerNorm(H); s.fc = nn.Linear(H, 4 * H); s.out = nn.Linear(4 * H, H)
+    def forward(s, x):
+        b, t, _ = x.shape
+        q, k, v = s.qkv(s.ln1(x)).view(b, t, 3, NH, H // NH).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, H)
+        x = x + s.proj(a)
+        return x + s.out(F.gelu(s.fc(s.ln2(x))))
+class Gpt(nn.Module):
+    def __init__(s):
+        super().__init__(); s.tok = nn.Embedding(V, H); s.pos = nn.Embedding(S, H)
+        s.blocks = nn.ModuleList(Block() for _ in range(L)); s.ln = nn.LayerNorm(H); s.head = nn.Linear(H, V)
+    def forward(s, ids):
+        x = s.tok(ids) + s.pos(torch.arange(ids.shape[1], device=ids.device))
+        for b in s.blocks: x = b(x)
+        return s.head(s.ln(x))
+model = Gpt().to(dev)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+loss = lambda logits, y: F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
+ids = torch.randint(0, V, (B, S), device=dev); labels = torch.randint(0, V, (B, S), device=dev)
+def pipelined():
+    sched = Schedule1F1B(PipelineStage(model, 0, 1, dev), n_microbatches=M, loss_fn=loss)
+    return lambda: sched.step(ids, target=labels)
+def accumulated():
+    # The same microbatches without the pipelining runtime.
+    def run():
+        for x, y in zip(ids.chunk(M), labels.chunk(M)):
+            (loss(model(x), y) / M).backward()
+    return run
+def step(body):
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        body()
+    opt.step()
+try:
+    body, mode = pipelined(), "pipelining"
+    step(body)
+except Exception as e:  # a torch without single-stage schedules
+    print("pipelining failed (%s); timing gradient accumulation" % e)
+    body, mode = accumulated(), "accumulation"
+    step(body)
+torch.cuda.synchronize()
+print("TORCH_MODE", mode)
+t = time.perf_counter()
+for _ in range(STEPS): step(body)
+torch.cuda.synchronize()
+print("TORCH_STEP_MS %.3f" % ((time.perf_counter() - t) / STEPS * 1e3))
+EOF
+  if timeout 600 python3 "$work/torch_bench.py" "$bLayers" "$bHidden" "$bHeads" "$bSeq" "$bVocab" \
+       "$bBatch" "$bMicro" "$bSteps" >"$work/torch.log" 2>&1; then
+    torchMs=$(sed -n 's/^TORCH_STEP_MS //p' "$work/torch.log")
+    torchMode=$(sed -n 's/^TORCH_MODE //p' "$work/torch.log")
+    if [ -n "$pipecP1" ] && [ -n "$torchMs" ]; then
+      torchCell="$torchMs ms/step ($torchMode); pipec 1-rank / torch = $(python3 -c "print('%.2f' % ($pipecP1 / $torchMs))")"
+    else
+      torchCell="$torchMs ms/step (no pipec 1-rank time to compare)"
+    fi
+  else
+    torchCell="failed: $(last "$work/torch.log" 'rror')"
+  fi
+elif [ "${PIPEC_TORCH:-1}" != 1 ]; then
+  torchCell="skipped (PIPEC_TORCH=0)"
+fi
+
+#--- table ---------------------------------------------------------------------
+echo
+echo "GPU: ${gpu:-none}; logs in $work"
+printf '%-26s %-11s %s\n' CHECK RESULT DETAIL
+for r in "${rows[@]}"; do
+  IFS='|' read -r c res d <<<"$r"
+  printf '%-26s %-11s %s\n' "$c" "$res" "$d"
+done
+echo
+echo "GPT L=$bLayers H=$bHidden heads=$bHeads seq=$bSeq vocab=$bVocab, batch $bBatch in $bMicro microbatches, bf16, ranks sharing one GPU (peak ${peak:-?} TFLOP/s)"
+printf '%-7s %-3s %-12s %-12s %-9s %-7s %s\n' SCHED P STEP PREDICTED TFLOP/s MFU MEASURED/PRED
+for r in "${benchRows[@]}"; do
+  IFS='|' read -r s p step pred tf mfu ratio <<<"$r"
+  printf '%-7s %-3s %-12s %-12s %-9s %-7s %s\n' "$s" "$p" "$step" "$pred" "$tf" "$mfu" "$ratio"
+done
+echo "torch (same GPT, bf16 autocast, 1 stage): $torchCell"
+echo "(the prediction assumes one GPU per rank; with P ranks on one GPU the measured time is ~P x longer)"
+exit $status
