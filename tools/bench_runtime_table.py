@@ -35,12 +35,21 @@ if one and two:
                  f"gives OpenBLAS both cores; two ranks get one each and run their stages at once, "
                  f"so the gain comes from the kernels OpenBLAS does not thread, less the bubble "
                  f"(1/9 at P = 2, M = 8).")
-for name, b in rows.items():
-    if "overhead_per_instruction_s" in b:
-        notes.append(f"- Executor overhead, {name}: {b['overhead_per_instruction_s'] * 1e6:.1f} us "
-                     f"per instruction outside node kernels and message waits "
-                     f"({b['instructions']:.0f} instructions and {b['nodes']:.0f} nodes per step "
-                     f"over all ranks).")
+mlp = rows.get("mlp16_tiny/4_ranks_1f1b_m64")
+if mlp:
+    notes.append(f"- Executor overhead per instruction (the tiny MLP, where kernels do next to "
+                 f"nothing): {mlp['overhead_per_instruction_s'] * 1e6:.1f} us of time inside "
+                 f"instructions but outside node kernels and message waits; "
+                 f"{mlp['instructions']:.0f} instructions and {mlp['nodes']:.0f} nodes per step "
+                 f"over 4 ranks, {mlp['real_time']:.2f} ms per step.")
+for name in ("gpt6/1_rank_m8", "gpt6/2_ranks_1f1b_m8"):
+    b = rows.get(name)
+    if b:
+        notes.append(f"- {name}: {b['overhead_per_instruction_s'] * 1e3:.2f} ms per instruction "
+                     f"outside node kernels; on this model that is mostly the executor's own "
+                     f"arithmetic (gradient accumulation, the optimizer update, synthetic data), "
+                     f"{b['overhead_per_instruction_s'] * b['instructions'] / (b['real_time'] / 1e3) * 100:.0f}% "
+                     f"of the step.")
 notes.append("- The cost model's `cpu` spec is a roofline calibrated on one OpenBLAS GEMM; the "
              "measured / predicted column is its error on whole steps, which include the "
              "single-threaded element-wise kernels, softmax and layer norms the roofline prices "
