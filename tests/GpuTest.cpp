@@ -660,6 +660,9 @@ struct OpCase {
   double rtol = 1e-4, atol = 1e-5;
 };
 
+/// Test listings show the case's name, not its bytes.
+void PrintTo(const OpCase &c, std::ostream *os) { *os << c.name; }
+
 std::vector<OpCase> opCases() {
   std::vector<OpCase> cases;
   auto add = [&](std::string name, onnx::NodeProto node, std::vector<Tensor> inputs,
