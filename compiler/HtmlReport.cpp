@@ -68,11 +68,14 @@ void legend(raw_ostream &os) {
   os << "</div>\n";
 }
 
-void timeline(const plan::Plan &plan, const SimulationResult &sim, raw_ostream &os) {
-  int ranks = plan.schedule().stages();
+void timeline(const plan::Plan &plan, const SimulationResult &sim, raw_ostream &os,
+              double scale = 0) {
+  int ranks = plan.schedule().stages() * std::max(1, plan.schedule().data_parallel());
+  if (scale <= 0)
+    ranks = plan.schedule().stages();
   const double width = 1100, rowHeight = 34, commHeight = 6, left = 70, top = 24;
   double height = top + ranks * (rowHeight + commHeight + 10) + 30;
-  double step = sim.stepTime > 0 ? sim.stepTime : 1;
+  double step = scale > 0 ? scale : (sim.stepTime > 0 ? sim.stepTime : 1);
   auto x = [&](double t) { return left + t / step * width; };
   os << formatv("<svg class=timeline viewBox='0 0 {0} {1}' width='{0}' height='{1}' "
                 "xmlns='http://www.w3.org/2000/svg' font-family='sans-serif'>\n",
@@ -155,7 +158,7 @@ void bars(raw_ostream &os, StringRef title, const std::vector<std::string> &labe
 
 } // namespace
 
-void printReportHtml(const plan::Plan &plan, raw_ostream &os) {
+void printReportHtml(const plan::Plan &plan, raw_ostream &os, const SimulationResult *measured) {
   const auto &sched = plan.schedule();
   auto sim = simulatePlan(plan);
   os << "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>\n<title>pipec report: "
@@ -211,6 +214,17 @@ void printReportHtml(const plan::Plan &plan, raw_ostream &os) {
     timeline(plan, *sim, os);
   else
     os << "<p class=warn>" << escape(toString(sim.takeError())) << "</p>\n";
+  if (measured) {
+    os << "<h2>Measured timeline</h2>\n<p>The last step of <code>pipec run --trace</code>: "
+       << escape(formatSeconds(measured->stepTime)) << " against "
+       << escape(formatSeconds(plan.predicted().step_time_s())) << " predicted ("
+       << formatv("{0:f1}", plan.predicted().step_time_s() > 0
+                                ? measured->stepTime / plan.predicted().step_time_s()
+                                : 0.0)
+       << "x), bubble " << formatv("{0:f1}", 100 * measured->bubbleFraction)
+       << "%. Drawn on its own time scale; ranks past P are data-parallel replicas.</p>\n";
+    timeline(plan, *measured, os, measured->stepTime);
+  }
 
   os << "<h2>Stages</h2>\n<table>\n<tr><th>stage</th><th>rank</th><th>chunk</th>"
         "<th class=l>layers</th><th>params</th><th>fwd FLOPs</th><th>F</th><th>I</th>"

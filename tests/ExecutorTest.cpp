@@ -9,6 +9,7 @@
 #include "TestUtil.h"
 
 #include "compiler/Compile.h"
+#include "compiler/sim/Simulator.h"
 #include "runtime/core/Backend.h"
 #include "runtime/core/Data.h"
 #include "runtime/core/Executor.h"
@@ -542,6 +543,38 @@ TEST_F(RunCli, BuffersAndFrozenWeightsStayPut) {
   }
   EXPECT_GT(changed, 10);
   EXPECT_GE(kept, 4);
+}
+
+TEST_F(RunCli, MeasuredTraceBesideThePrediction) {
+  std::string p = plan(gpt(true), "--stages 2 --microbatches 4 --batch 8", "traced"), out;
+  std::string trace = dir->path("run-trace.json");
+  ASSERT_EQ(runCommand(pipec() + " run " + p + " --steps 2 --quiet --trace " + trace, out), 0)
+      << out;
+  ASSERT_EQ(runCommand(pipec() + " report " + p + " --trace " + trace, out), 0) << out;
+  EXPECT_NE(out.find("measured (last step of"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 1: compute"), std::string::npos) << out;
+  std::string html = dir->path("traced.html");
+  ASSERT_EQ(
+      runCommand(pipec() + " report " + p + " --trace " + trace + " --format html -o " + html, out),
+      0)
+      << out;
+  std::string page = readFile(html);
+  EXPECT_NE(page.find("Measured timeline"), std::string::npos);
+  // Both timelines: one SVG for the simulation, one for the measurement.
+  size_t timelines = 0;
+  for (size_t at = page.find("class=timeline"); at != std::string::npos;
+       at = page.find("class=timeline", at + 1))
+    ++timelines;
+  EXPECT_EQ(timelines, 2u);
+  // The last step's forwards are all there: 4 microbatches on each of 2 ranks.
+  auto measured = readMeasuredTrace(trace, 2);
+  ASSERT_TRUE(static_cast<bool>(measured)) << llvm::toString(measured.takeError());
+  int forwards = 0;
+  for (const TimelineEvent &e : measured->events)
+    forwards += e.category == 'F';
+  EXPECT_EQ(forwards, 8);
+  EXPECT_GT(measured->stepTime, 0);
+  EXPECT_EQ(runCommand(pipec() + " report " + p + " --trace " + p, out), 1) << out;
 }
 
 TEST_F(RunCli, SavedModelHoldsTheTrainedWeights) {

@@ -29,6 +29,8 @@
 #include "llvm/Support/WithColor.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <optional>
+
 using namespace llvm;
 using namespace pipec;
 
@@ -129,6 +131,10 @@ cl::opt<bool> CompileReport("report", cl::desc("Print the partition report"), cl
 cl::opt<std::string> ReportPlan(cl::Positional, cl::desc("PLAN"), cl::Required, cl::sub(ReportCmd));
 cl::opt<std::string> ReportFormat("format", cl::desc("Output format: text, json or html"),
                                   cl::init("text"), cl::sub(ReportCmd));
+cl::opt<std::string> ReportTrace("trace",
+                                 cl::desc("A measured trace (pipec run --trace): compare its last "
+                                          "step with the prediction"),
+                                 cl::value_desc("FILE"), cl::sub(ReportCmd));
 cl::opt<std::string> ReportOutput("o", cl::desc("Write to FILE instead of stdout"),
                                   cl::value_desc("FILE"), cl::sub(ReportCmd));
 
@@ -388,12 +394,33 @@ int runReport() {
     file = std::move(*opened);
     os = file.get();
   }
+  std::optional<SimulationResult> measured;
+  if (!ReportTrace.empty()) {
+    auto read = readMeasuredTrace(ReportTrace, plan->schedule().stages() *
+                                                   std::max(1, plan->schedule().data_parallel()));
+    if (!read)
+      return reportError(read.takeError());
+    measured = std::move(*read);
+  }
   if (ReportFormat == "json")
     printReportJson(*plan, *os);
   else if (ReportFormat == "html")
-    printReportHtml(*plan, *os);
+    printReportHtml(*plan, *os, measured ? &*measured : nullptr);
   else
     printReportText(*plan, *os);
+  if (measured && ReportFormat == "text") {
+    double predicted = plan->predicted().step_time_s();
+    *os << formatv("\nmeasured (last step of {0}): step {1} against {2} predicted ({3:f1}x), "
+                   "bubble {4:f1}%\n",
+                   ReportTrace, formatSeconds(measured->stepTime), formatSeconds(predicted),
+                   predicted > 0 ? measured->stepTime / predicted : 0.0,
+                   100 * measured->bubbleFraction);
+    for (size_t r = 0; r < measured->busy.size(); ++r) {
+      double p = r < static_cast<size_t>(plan->ranks_size()) ? plan->ranks(r).busy_s() : 0;
+      *os << formatv("  rank {0}: compute {1} measured, {2} predicted\n", r,
+                     formatSeconds(measured->busy[r]), formatSeconds(p));
+    }
+  }
   return 0;
 }
 

@@ -3,7 +3,9 @@
 
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
 
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -432,6 +434,80 @@ void writeChromeTrace(const SimulationResult &result, raw_ostream &os) {
     });
   });
   os << "\n";
+}
+
+Expected<SimulationResult> readMeasuredTrace(StringRef path, int ranks) {
+  auto fail = [&](const Twine &why) {
+    return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
+                             why.str().c_str());
+  };
+  auto buffer = MemoryBuffer::getFile(path);
+  if (!buffer)
+    return fail(buffer.getError().message());
+  auto parsed = json::parse((*buffer)->getBuffer());
+  if (!parsed)
+    return fail("not JSON: " + toString(parsed.takeError()));
+  const json::Object *root = parsed->getAsObject();
+  const json::Array *list = root ? root->getArray("traceEvents") : nullptr;
+  if (!list)
+    return fail("not a Chrome trace (no traceEvents)");
+  std::vector<TimelineEvent> events;
+  for (const json::Value &v : *list) {
+    const json::Object *e = v.getAsObject();
+    if (!e || e->getString("ph").getValueOr("") != "X")
+      continue;
+    TimelineEvent t;
+    t.rank = static_cast<int>(e->getInteger("tid").getValueOr(0) / 2);
+    t.name = e->getString("name").getValueOr("").str();
+    StringRef cat = e->getString("cat").getValueOr("F");
+    t.category = cat.empty() ? 'F' : cat[0];
+    t.start = e->getNumber("ts").getValueOr(0) / 1e6;
+    t.duration = e->getNumber("dur").getValueOr(0) / 1e6;
+    // "<stage><kind><microbatch>", e.g. "2I5".
+    size_t kind = t.name.find_first_of("FBIWR");
+    if (t.category != 'C' && kind != std::string::npos)
+      StringRef(t.name).drop_front(kind + 1).getAsInteger(10, t.microbatch);
+    if (t.rank < ranks)
+      events.push_back(std::move(t));
+  }
+  if (events.empty())
+    return fail("holds no events of ranks below " + Twine(ranks));
+  // The last step starts where every rank has ended the step before it.
+  std::map<int, std::vector<double>> optimizerEnds;
+  for (const TimelineEvent &e : events)
+    if (e.category == 'O')
+      optimizerEnds[e.rank].push_back(e.start + e.duration);
+  double from = -1;
+  for (auto &[rank, ends] : optimizerEnds) {
+    std::sort(ends.begin(), ends.end());
+    if (ends.size() >= 2)
+      from = std::max(from, ends[ends.size() - 2]);
+  }
+  SimulationResult result;
+  result.busy.assign(ranks, 0);
+  double begin = std::numeric_limits<double>::max(), end = 0;
+  for (const TimelineEvent &e : events)
+    if (e.start >= from) {
+      begin = std::min(begin, e.start);
+      end = std::max(end, e.start + e.duration);
+    }
+  for (TimelineEvent &e : events) {
+    if (e.start < from)
+      continue;
+    e.start -= begin;
+    if (e.category != 'C')
+      result.busy[e.rank] += e.duration;
+    result.events.push_back(std::move(e));
+  }
+  result.stepTime = end - begin;
+  for (int r = 0; r < ranks; ++r)
+    result.idle.push_back(std::max(0.0, result.stepTime - result.busy[r]));
+  double busy = 0;
+  for (double b : result.busy)
+    busy += b;
+  result.bubbleFraction =
+      result.stepTime > 0 ? 1 - busy / (result.stepTime * std::max(1, ranks)) : 0;
+  return result;
 }
 
 std::string formatTimeline(const SimulationResult &result, int ranks, int width) {

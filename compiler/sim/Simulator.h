@@ -88,6 +88,12 @@ llvm::Expected<SimulationResult> simulatePlan(const plan::Plan &plan);
 /// per rank's communication stream; times in microseconds.
 void writeChromeTrace(const SimulationResult &result, llvm::raw_ostream &os);
 
+/// Reads a trace in that format, as `pipec run --trace` writes one, and
+/// keeps its last step: the events after the last optimizer step but one
+/// (all of them for an inference run), shifted to start at 0, with each
+/// rank's compute time. Errors name the file.
+llvm::Expected<SimulationResult> readMeasuredTrace(llvm::StringRef path, int ranks);
+
 /// A rank x time grid for terminals: each column is step / width seconds;
 /// a cell shows what runs there: the forward of microbatch N as the digit
 /// N mod 10, a backward (B or I) as a lower-case letter (a = microbatch 0),
