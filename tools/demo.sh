@@ -29,6 +29,7 @@ echo "== 5. train: compile for 4 CPU ranks (1F1B, 8 microbatches of 1) and run 3
 $pipec compile out/gpt-12l.onnx -o out/gpt-12l-cpu.plan --stages 4 --hardware cpu --batch 8 \
   --microbatches 8
 $pipec run out/gpt-12l-cpu.plan --steps 3 --trace out/run-trace.json --save-weights out/gpt-12l-trained.onnx
+$pipec report out/gpt-12l-cpu.plan --trace out/run-trace.json --format html -o out/run-report.html
 echo
 echo "outputs:"
 echo "  out/gpt-12l.onnx              the generated model"
@@ -38,4 +39,5 @@ echo "  out/report.html               the partition report with the timeline; op
 echo "  out/trace.json                the simulated timeline for chrome://tracing or ui.perfetto.dev"
 echo "  out/gpt-12l-cpu.plan          the plan for 4 CPU ranks that step 5 ran"
 echo "  out/run-trace.json            the measured timeline of those steps, in the same format"
+echo "  out/run-report.html           the CPU plan's report with the measured last step under the simulated one"
 echo "  out/gpt-12l-trained.onnx      the model after 3 training steps"
