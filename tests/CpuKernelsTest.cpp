@@ -388,6 +388,17 @@ TEST(CpuKernels, SliceWithNegativeStepsAndStartsFromAttributes) {
                     .attr("ends", std::vector<int64_t>{2, 1000}),
                 {&x}, 9);
   expectClose(v9[0], Tensor::fromValues<int64_t>({1, 3}, {5, 6, 7}));
+  // An empty dimension read backwards, and a step too large to add to.
+  Tensor empty(ElemType::Float, {0, 3});
+  Tensor zero = Tensor::fromValues<int64_t>({1}, {0});
+  Tensor back = Tensor::fromValues<int64_t>({1}, {-1});
+  auto none = run(NodeBuilder("Slice", 5), {&empty, &back, &ends, &zero, &back}, 13);
+  EXPECT_EQ(none[0].shape(), (std::vector<int64_t>{0, 3}));
+  Tensor huge = Tensor::fromValues<int64_t>({1}, {INT64_MAX});
+  Tensor begin0 = Tensor::fromValues<int64_t>({1}, {0});
+  Tensor endMax = Tensor::fromValues<int64_t>({1}, {INT64_MAX});
+  auto first = run(NodeBuilder("Slice", 5), {&x, &begin0, &endMax, &axes, &huge}, 13);
+  expectClose(first[0], Tensor::fromValues<int64_t>({2, 1}, {0, 4}));
 }
 
 TEST(CpuKernels, ReshapeZeroCopiesUnlessAllowZero) {

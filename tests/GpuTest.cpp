@@ -980,6 +980,51 @@ TEST_F(CudaBackendTest, PoolReusesFreedMemory) {
   EXPECT_EQ(survivor.rawData(), address);
 }
 
+/// Rank \p reader's backend reads a tensor of rank \p owner's (two ranks of
+/// a local run, on one device or two): the owner's pool must not hand the
+/// memory out again until the reader's queued work is done, even after
+/// every other handle is gone. Addresses show it: the pool reuses a freed
+/// block of the same size class at once.
+void checkForeignTensorIsHeld(int ownerDevice, int readerDevice) {
+  auto owner = cuda::createCudaBackend(ownerDevice, false);
+  auto reader = cuda::createCudaBackend(readerDevice, false);
+  ASSERT_TRUE(owner && reader);
+  Tensor x = floats({1 << 16});
+  Tensor shared;
+  {
+    auto made = (*owner)->upload(x);
+    ASSERT_TRUE(!!made) << llvm::toString(made.takeError());
+    shared = std::move(*made);
+  }
+  void *address = shared.rawData();
+  llvm::Error synced = (*owner)->synchronize(); // as before a send
+  ASSERT_FALSE(static_cast<bool>(synced)) << llvm::toString(std::move(synced));
+  auto negated = (*reader)->run(NodeBuilder("Neg", 1), 17, {&shared});
+  ASSERT_TRUE(!!negated) << llvm::toString(negated.takeError());
+  shared = Tensor(); // the owner's last handle
+  auto during = (*owner)->zeros(ElemType::Float, {1 << 16});
+  ASSERT_TRUE(!!during);
+  EXPECT_NE(during->rawData(), address) << "reused while the reader may still read it";
+  auto host = (*reader)->download((*negated)[0]); // retires the reader's holds
+  ASSERT_TRUE(!!host) << llvm::toString(host.takeError());
+  Tensor expected = runCpu(NodeBuilder("Neg", 1), {x})[0];
+  EXPECT_TRUE(close(*host, expected));
+  auto after = (*owner)->zeros(ElemType::Float, {1 << 16});
+  ASSERT_TRUE(!!after);
+  EXPECT_EQ(after->rawData(), address) << "the reader's hold was never released";
+}
+
+TEST_F(CudaBackendTest, TensorsOfAnotherBackendOnTheDeviceAreHeld) {
+  checkForeignTensorIsHeld(0, 0);
+}
+
+TEST_F(CudaBackendTest, TensorsOfAnotherDeviceAreHeldWhileCopied) {
+  auto devices = cuda::listDevices();
+  if (!devices || devices->size() < 2)
+    GTEST_SKIP() << "needs two CUDA devices";
+  checkForeignTensorIsHeld(0, 1);
+}
+
 TEST_F(CudaBackendTest, ViewsShareMemory) {
   Tensor x = up(floats({2, 3, 4}));
   Tensor shape = int64s({2}, {6, 4});

@@ -5,7 +5,8 @@
 #   2. GpuTest: every device kernel against the CPU kernels
 #   3. equivalence: a GPT trained 3 steps on one rank and as a 2-stage pipeline
 #      (two ranks sharing the GPU) gives the same weights; and the same as the
-#      CPU backend
+#      CPU backend; and over NCCL under mpirun (2 stages with two GPUs, else
+#      one rank)
 #   4. benchmark: a bf16 GPT stack on one GPU, 1F1B and ZB-H1 with the ranks
 #      sharing the device: measured and predicted step time, TFLOP/s, MFU
 #   5. optional: the same model in torch.distributed.pipelining, as a ratio
@@ -84,8 +85,10 @@ if [ -x "$build/tests/GpuTest" ]; then
   passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$work/gputest.log" | tail -1)
   skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$work/gputest.log" | tail -1)
   failed=$(grep -c '^\[  FAILED  \] .*\.' "$work/gputest.log")
+  # Skipped for want of any device (not, say, of a second one).
+  noDevice=$(grep -c '^no CUDA device$' "$work/gputest.log")
   detail="${passed:-0} passed, ${skipped:-0} skipped, $failed failed"
-  if [ $rc -eq 0 ] && [ "${skipped:-0}" -le 0 ]; then
+  if [ $rc -eq 0 ] && [ "$noDevice" -le 0 ]; then
     row GpuTest ok "$detail"
   elif [ $rc -eq 0 ]; then
     row GpuTest SKIPPED "$detail: no device seen by the tests?"
@@ -219,6 +222,29 @@ if [ -x "$pipec" ]; then
     fi
     fallbacks=$(grep -ih 'fall' "$work/run-1.log" | head -1)
     [ -n "$fallbacks" ] && row "cpu fallbacks" info "$fallbacks"
+    # NCCL (one process per rank under mpirun; NCCL cannot put two ranks of a
+    # communicator on one GPU): the 2-stage plan on two GPUs, else one rank
+    # (which still loads the plugin's NCCL transport and sets it up).
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    if ! command -v mpirun >/dev/null 2>&1; then
+      row "nccl = local" UNAVAILABLE "no mpirun"
+    elif [ $ok1 != 1 ]; then
+      row "nccl = local" UNAVAILABLE "no 1-rank cuda run to compare with"
+    else
+      if [ "$gpus" -ge 2 ]; then nPlan=2; else nPlan=1; fi
+      if OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 900 \
+           mpirun -np "$nPlan" "$pipec" run "$work/gpt-$nPlan.plan" --backend cuda --comm nccl \
+           --precision fp32 "${trainFlags[@]}" --save-weights "$work/w-nccl.onnx" \
+           >"$work/run-nccl.log" 2>&1; then
+        if out=$(python3 "$work/compare.py" "$work/w-cuda-1.onnx" "$work/w-nccl.onnx" 1e-5 1e-6); then
+          row "nccl = local ($nPlan rank)" ok "$out"
+        else
+          row "nccl = local ($nPlan rank)" FAIL "$out"
+        fi
+      else
+        row "nccl = local ($nPlan rank)" FAIL "$(last "$work/run-nccl.log" 'rror')"
+      fi
+    fi
   else
     row equivalence FAIL "$(last "$work/model.log" 'rror')"
   fi

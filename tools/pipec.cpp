@@ -474,6 +474,11 @@ int runRun() {
     return reportError(createStringError(inconvertibleErrorCode(),
                                          "--comm nccl: start one process per rank with mpirun "
                                          "(NCCL is bootstrapped over MPI)"));
+  if (comm == "nccl" && RunRanksPerDevice > 1) {
+    errs() << "pipec run: --comm nccl takes one GPU per rank (NCCL refuses two ranks of one "
+              "communicator on one device); share a GPU with --comm local\n";
+    return ExitUsage;
+  }
   if (RunRanksPerDevice < 1) {
     errs() << "pipec run: --ranks-per-device must be at least 1\n";
     return ExitUsage;

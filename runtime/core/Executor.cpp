@@ -438,6 +438,11 @@ Error RankExecutor::allReduce(const Ins &ins) {
     tensors.push_back(host->onHost() && host->rawData() == grads[n].rawData() ? host->clone()
                                                                               : *host);
   }
+  // A device sum reads the accumulators on the transport's stream: the
+  // compute stream must have finished writing them.
+  if (onDevice)
+    if (Error err = be.synchronize())
+      return err;
   if (Error err = comm.sum(group, tensors))
     return err;
   for (size_t i = 0; i < names.size(); ++i) {

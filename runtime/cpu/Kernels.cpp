@@ -1369,14 +1369,18 @@ Expected<Outputs> slice(const OpContext &ctx) {
     if (end < 0)
       end += dim;
     int64_t length;
-    if (step > 0) {
+    if (dim == 0) {
+      begin = 0;
+      length = 0;
+    } else if (step > 0) {
       begin = std::clamp<int64_t>(begin, 0, dim);
       end = std::clamp<int64_t>(end, 0, dim);
-      length = end > begin ? (end - begin + step - 1) / step : 0;
+      // Written so that a huge step cannot overflow.
+      length = end > begin ? (end - begin - 1) / step + 1 : 0;
     } else {
       begin = std::clamp<int64_t>(begin, 0, dim - 1);
       end = std::clamp<int64_t>(end, -1, dim - 1);
-      length = begin > end ? (begin - end - step - 1) / -step : 0;
+      length = begin > end ? (begin - end - 1) / -step + 1 : 0;
     }
     shape[*axis] = length;
     readStrides[*axis] = inStrides[*axis] * step;

@@ -421,7 +421,10 @@ Error CudaBackend::uploadInto(void *dst, const void *src, size_t bytes) {
 Expected<Tensor> CudaBackend::upload(const Tensor &host) {
   if (Error err = enter())
     return err;
-  return onDevice(host);
+  PIPEC_TRY_ASSIGN(out, onDevice(host));
+  if (Error err = commitHolds())
+    return err;
+  return out;
 }
 
 Expected<Tensor> CudaBackend::onDevice(const Tensor &t) {
@@ -437,6 +440,9 @@ Expected<Tensor> CudaBackend::onDevice(const Tensor &t) {
   } else if (t.byteSize() > 0) {
     PIPEC_CUDA_TRY(
         cudaMemcpyPeerAsync(out.rawData(), device, t.rawData(), t.device(), t.byteSize(), stream));
+    // The copy is still queued when the caller drops its handle; the other
+    // device's pool must not hand the memory out before it has run.
+    heldNow.push_back(t);
   }
   return out;
 }
@@ -520,7 +526,14 @@ Error CudaBackend::commitHolds() {
 }
 
 void CudaBackend::retireHolds(bool all) {
-  while (!held.empty() && (all || cudaEventQuery(held.front().done) == cudaSuccess)) {
+  while (!held.empty()) {
+    if (!all && cudaEventQuery(held.front().done) != cudaSuccess) {
+      // cudaErrorNotReady is also left as the thread's last error, which the
+      // next kernel launch (or cuBLAS) would take for its own failure. A
+      // device error stays sticky and is reported by the next call.
+      cudaGetLastError();
+      break;
+    }
     spareEvents.push_back(held.front().done);
     held.pop_front();
   }
@@ -1026,18 +1039,21 @@ Result CudaBackend::slice(const NodeView &n) {
       begin += dim;
     if (end < 0)
       end += dim;
-    int64_t length;
+    // Lengths as 1 + (span - 1) / |step|: a step near INT64_MAX (an
+    // exporter's "to the end") must not overflow.
+    int64_t length = 0;
     if (step > 0) {
       begin = std::clamp<int64_t>(begin, 0, dim);
       end = std::clamp<int64_t>(end, 0, dim);
-      length = end > begin ? (end - begin + step - 1) / step : 0;
-    } else {
+      length = end > begin ? 1 + (end - begin - 1) / step : 0;
+    } else if (dim > 0) { // clamping to [0, dim - 1] needs an element
       begin = std::clamp<int64_t>(begin, 0, dim - 1);
       end = std::clamp<int64_t>(end, -1, dim - 1);
-      length = begin > end ? (begin - end - step - 1) / -step : 0;
+      length = begin > end ? 1 + (begin - end - 1) / -step : 0;
     }
     shape[*axis] = length;
-    strides[*axis] = inStrides[*axis] * step;
+    // Only a second element steps (then |step| < dim: no overflow).
+    strides[*axis] = length > 1 ? inStrides[*axis] * step : inStrides[*axis];
     if (length > 0)
       base += begin * inStrides[*axis];
   }

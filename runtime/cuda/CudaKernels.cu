@@ -71,9 +71,15 @@ template <typename F> __global__ void forEachRowSerial(int64_t rows, F f) {
     f(lanes, row);
 }
 
+/// Clears a status an earlier call left behind (cudaErrorNotReady from an
+/// event query is one), so that the check after a launch reports the
+/// launch's own failure. A sticky device error survives and is reported.
+void clearStaleError() { cudaGetLastError(); }
+
 template <typename F> cudaError_t launch(int64_t n, const F &f, cudaStream_t stream) {
   if (n <= 0)
     return cudaSuccess;
+  clearStaleError();
   forEach<<<blocksFor(n), Threads, 0, stream>>>(n, f);
   return cudaGetLastError();
 }
@@ -83,6 +89,7 @@ template <typename F>
 cudaError_t launchRows(int64_t rows, bool contiguous, const F &f, cudaStream_t stream) {
   if (rows <= 0)
     return cudaSuccess;
+  clearStaleError();
   if (contiguous)
     forEachRowWarp<<<blocksFor(rows * WarpSize), Threads, 0, stream>>>(rows, f);
   else
@@ -92,6 +99,7 @@ cudaError_t launchRows(int64_t rows, bool contiguous, const F &f, cudaStream_t s
 
 /// One warp for a whole-tensor reduction of a few thousand elements.
 template <typename F> cudaError_t launchOneWarp(const F &f, cudaStream_t stream) {
+  clearStaleError();
   forEachRowWarp<<<1, WarpSize, 0, stream>>>(1, f);
   return cudaGetLastError();
 }

@@ -3,6 +3,8 @@
 
 #include "runtime/cuda/CudaStatus.h"
 
+#include "llvm/ADT/STLExtras.h"
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -135,11 +137,21 @@ Error DevicePool::reserve(size_t bytes) {
 }
 
 Error DevicePool::trim() {
+  DeviceScope scope(deviceIndex); // callable from any thread
   std::lock_guard<std::mutex> lock(mutex);
   return freeCachedLocked();
 }
 
 Error DevicePool::freeCachedLocked() {
+  // A cached block may still be read or written by work queued on the
+  // owner's stream (stream-ordered reuse): the device must be idle before
+  // the block goes back to CUDA. cudaFree synchronizes in practice, but not
+  // by contract.
+  bool anyOwn = llvm::any_of(freeBlocks, [&](const auto &entry) {
+    return llvm::any_of(entry.second, [&](void *block) { return ownBlocks.count(block) != 0; });
+  });
+  if (anyOwn)
+    PIPEC_CUDA_TRY(cudaDeviceSynchronize());
   for (auto &[size, blocks] : freeBlocks) {
     std::vector<void *> kept;
     for (void *block : blocks) {

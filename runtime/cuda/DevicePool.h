@@ -13,10 +13,10 @@
 //
 // reserve() carves blocks from one arena cudaMalloc'ed up front; blocks
 // beyond it are cudaMalloc'ed one by one. When cudaMalloc fails the pool
-// frees its cached blocks (cudaFree waits for the device) and tries once
-// more. Everything is released when the pool is destroyed, which happens
-// after the backend and the last tensor using the pool are gone: each
-// block's handle holds the pool.
+// waits for the device, frees its cached blocks and tries once more.
+// Everything is released when the pool is destroyed, which happens after
+// the backend and the last tensor using the pool are gone: each block's
+// handle holds the pool.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_CUDA_DEVICEPOOL_H
