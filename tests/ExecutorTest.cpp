@@ -17,6 +17,7 @@
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
 #include "llvm/Support/Path.h"
 
 #include <chrono>
@@ -575,6 +576,37 @@ TEST_F(RunCli, MeasuredTraceBesideThePrediction) {
   EXPECT_EQ(forwards, 8);
   EXPECT_GT(measured->stepTime, 0);
   EXPECT_EQ(runCommand(pipec() + " report " + p + " --trace " + p, out), 1) << out;
+}
+
+TEST_F(RunCli, ProfiledCostsFeedCompile) {
+  std::string model = gpt(true), out, costs = dir->path("costs.json");
+  ASSERT_EQ(runCommand(pipec() + " profile " + model + " --batch 2 --steps 2 -o " + costs, out), 0)
+      << out;
+  auto parsed = llvm::json::parse(readFile(costs));
+  ASSERT_TRUE(static_cast<bool>(parsed)) << llvm::toString(parsed.takeError());
+  const llvm::json::Array *layers = parsed->getAsObject()->getArray("layers");
+  ASSERT_NE(layers, nullptr);
+  // One row per layer (embedding, 6 blocks, head and the loss), each timed.
+  plan::Plan p = compileFor(model, Config{"1f1b", 2, 1, 2, 1}, 4);
+  ASSERT_EQ(static_cast<int>(layers->size()), p.layers_size());
+  int blocks = 0;
+  for (const llvm::json::Value &v : *layers) {
+    const llvm::json::Object *row = v.getAsObject();
+    EXPECT_GE(row->getNumber("forward_s").getValueOr(-1), 0);
+    if (row->getString("name").getValueOr("").contains("/h.")) {
+      ++blocks;
+      EXPECT_GT(row->getNumber("forward_s").getValueOr(0), 0);
+      EXPECT_GT(row->getNumber("backward_input_s").getValueOr(0), 0);
+      EXPECT_GT(row->getNumber("backward_weight_s").getValueOr(0), 0);
+    }
+  }
+  EXPECT_EQ(blocks, 6);
+  std::string planned =
+      plan(model, "--stages 2 --batch 4 --microbatches 2 --costs " + costs, "profiled");
+  auto read = readPlan(planned);
+  ASSERT_TRUE(static_cast<bool>(read)) << llvm::toString(read.takeError());
+  for (const plan::LayerInfo &layer : read->layers())
+    EXPECT_TRUE(layer.measured()) << layer.name();
 }
 
 TEST_F(RunCli, SavedModelHoldsTheTrainedWeights) {

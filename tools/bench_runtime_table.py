@@ -53,7 +53,9 @@ for name in ("gpt6/1_rank_m8", "gpt6/2_ranks_1f1b_m8"):
 notes.append("- The cost model's `cpu` spec is a roofline calibrated on one OpenBLAS GEMM; the "
              "measured / predicted column is its error on whole steps, which include the "
              "single-threaded element-wise kernels, softmax and layer norms the roofline prices "
-             "at peak bandwidth.")
+             "at peak bandwidth. The `_profiled_costs` rows predict from `pipec profile`'s "
+             "measured per-layer table (microbatch of 1) instead, which is what `compile --costs` "
+             "is for.")
 ctx = data["context"]
 machine = (f"{ctx.get('num_cpus')} CPUs at {ctx.get('mhz_per_cpu')} MHz, "
            f"{platform.system()} {platform.release()}, date {ctx.get('date')}")

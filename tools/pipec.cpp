@@ -17,6 +17,7 @@
 #include "runtime/comm/Comm.h"
 #include "runtime/core/Executor.h"
 #include "runtime/plan/PlanFile.h"
+#include "tools/Profile.h"
 #include "tools/Versions.h"
 
 #include "llvm/ADT/StringExtras.h"
@@ -44,6 +45,9 @@ cl::SubCommand ModelCmd("model", "Generate a GPT, Llama, BERT, MLP or ResNet mod
 cl::SubCommand CompileCmd("compile", "Partition a model into pipeline stages and write a plan");
 cl::SubCommand ReportCmd("report", "Show a plan's partition report");
 cl::SubCommand SimulateCmd("simulate", "Simulate a plan's instruction streams; write a trace");
+cl::SubCommand ProfileCmd("profile",
+                          "Measure each layer's F, I and W time on this CPU: a cost table for "
+                          "compile --costs");
 cl::SubCommand RunCmd("run", "Run a plan: train or infer on CPU ranks (threads or MPI processes)");
 
 cl::OptionCategory ShapeCat("Shape binding");
@@ -59,14 +63,15 @@ cl::opt<std::string> InspectOutput("o", cl::desc("Write to FILE instead of stdou
 cl::list<std::string> InputShapes("input-shape",
                                   cl::desc("Bind an input's shape: NAME=D0,D1,.. (repeatable)"),
                                   cl::value_desc("NAME=D0,D1,.."), cl::cat(ShapeCat),
-                                  cl::sub(InspectCmd), cl::sub(CompileCmd));
+                                  cl::sub(InspectCmd), cl::sub(CompileCmd), cl::sub(ProfileCmd));
 cl::list<std::string> Dims("dim", cl::desc("Bind a named symbolic dimension: NAME=V (repeatable)"),
                            cl::value_desc("NAME=V"), cl::cat(ShapeCat), cl::sub(InspectCmd),
-                           cl::sub(CompileCmd));
+                           cl::sub(CompileCmd), cl::sub(ProfileCmd));
 cl::opt<int64_t> Batch("batch", cl::desc("Value of batch-like symbolic dims"), cl::init(1),
                        cl::cat(ShapeCat), cl::sub(InspectCmd));
 cl::opt<int64_t> Seq("seq", cl::desc("Value of sequence-like symbolic dims"), cl::init(128),
-                     cl::cat(ShapeCat), cl::sub(InspectCmd), cl::sub(CompileCmd));
+                     cl::cat(ShapeCat), cl::sub(InspectCmd), cl::sub(CompileCmd),
+                     cl::sub(ProfileCmd));
 cl::opt<int64_t> Past("past", cl::desc("Value of past-length symbolic dims"), cl::init(0),
                       cl::cat(ShapeCat), cl::sub(InspectCmd), cl::sub(CompileCmd));
 cl::list<std::string> PrintAfter("print-after",
@@ -145,6 +150,16 @@ cl::opt<std::string> TraceFile("trace", cl::desc("Write a Chrome/Perfetto trace 
                                cl::value_desc("FILE"), cl::sub(SimulateCmd));
 cl::opt<int> TimelineWidth("width", cl::desc("Columns of the text timeline"), cl::init(100),
                            cl::sub(SimulateCmd));
+
+// profile
+cl::opt<std::string> ProfileModel(cl::Positional, cl::desc("MODEL.onnx"), cl::Required,
+                                  cl::sub(ProfileCmd));
+cl::opt<std::string> ProfileOutput("o", cl::desc("The cost table (JSON)"), cl::value_desc("FILE"),
+                                   cl::Required, cl::sub(ProfileCmd));
+cl::opt<int64_t> ProfileBatch("batch", cl::desc("Samples per microbatch"), cl::init(1),
+                              cl::sub(ProfileCmd));
+cl::opt<int> ProfileSteps("steps", cl::desc("Measured steps (after one warm-up)"), cl::init(3),
+                          cl::sub(ProfileCmd));
 
 // run
 cl::opt<std::string> RunPlan(cl::Positional, cl::desc("PLAN"), cl::Required, cl::sub(RunCmd));
@@ -455,6 +470,30 @@ int runSimulate() {
   return 0;
 }
 
+int runProfile() {
+  auto importOptions = importOptionsFromFlags();
+  if (!importOptions)
+    return reportError(importOptions.takeError());
+  if (ProfileBatch < 1 || ProfileSteps < 1) {
+    errs() << "pipec profile: --batch and --steps must be at least 1\n";
+    return ExitUsage;
+  }
+  ProfileOptions options;
+  options.import = *importOptions;
+  options.microbatchSize = ProfileBatch;
+  options.steps = ProfileSteps;
+  std::string text;
+  raw_string_ostream os(text);
+  if (Error err = profileModel(ProfileModel, options, os))
+    return reportError(std::move(err));
+  auto file = openOutput(ProfileOutput);
+  if (!file)
+    return reportError(file.takeError());
+  **file << os.str();
+  outs() << "wrote " << ProfileOutput << " (compile with --costs " << ProfileOutput << ")\n";
+  return 0;
+}
+
 int runRun() {
   bool underMpi = rt::launchedByMpi();
   std::string comm = RunComm.empty() ? (underMpi ? "mpi" : "local") : RunComm.getValue();
@@ -588,6 +627,7 @@ int main(int argc, char **argv) {
                                    "  pipec report MODEL.plan [--format text|json]\n"
                                    "  pipec simulate MODEL.plan [--trace trace.json]\n"
                                    "  pipec run MODEL.plan [--steps N] [--data DIR] ...\n"
+                                   "  pipec profile MODEL.onnx -o costs.json [--batch B]\n"
                                    "  mpirun -np P pipec run MODEL.plan --comm mpi\n"
                                    "  pipec model gpt|llama|bert|mlp|resnet [options] -o FILE\n\n"
                                    "Exit codes: 0 ok, 1 bad input or failed step, 2 bad usage.\n",
@@ -608,6 +648,8 @@ int main(int argc, char **argv) {
     return runSimulate();
   if (RunCmd)
     return runRun();
+  if (ProfileCmd)
+    return runProfile();
   WithColor::error(errs(), "pipec") << "no command given; try 'pipec --help'\n";
   return ExitUsage;
 }

@@ -129,6 +129,8 @@ public:
   /// (excluding waits for messages), and nodes run.
   double kernelSeconds = 0, instructionSeconds = 0;
   int64_t nodesRun = 0;
+  /// Seconds spent waiting for messages inside compute instructions.
+  double waitSeconds = 0;
 
 private:
   const plan::StageProgram &stageProgram(int stage) const { return s.plan->stage_programs(stage); }
@@ -263,6 +265,7 @@ Error RankExecutor::collect(bool grad, int stageField, int mb) {
     if (!tensor)
       return tensor.takeError();
     double waited = wallNow() - start;
+    waitSeconds += waited;
     if (waited > 1e-5)
       events.push_back(
           {formatv("recv {0} {1}", grad ? "grad" : "act", name).str(), 'C', global, start, waited});
@@ -536,6 +539,7 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
       if (Error err = comm.groupStart())
         return err;
     double started = wallNow();
+    double waitedBefore = waitSeconds;
     char category = 0;
     Error err = Error::success();
     switch (ins.op()) {
@@ -629,8 +633,11 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
         return err;
     ++instructions;
     if (category) {
-      double begin = started;
-      double duration = wallNow() - started;
+      // A compute first waits for its receives (traced on the comm track);
+      // its own event starts when they are in.
+      double waited = waitSeconds - waitedBefore;
+      double begin = started + waited;
+      double duration = wallNow() - started - waited;
       if (category != 'C')
         busy += duration;
       std::string name = category == 'C'   ? "allreduce " + ins.group()

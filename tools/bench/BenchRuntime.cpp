@@ -4,6 +4,8 @@
 //  - a 6-block GPT trained for one step on 1 rank and on 2 ranks (1F1B, the
 //    same 8 microbatches): the pipeline speedup on 2 cores, and per rank the
 //    measured compute time against the cost model's prediction;
+//  - the same two runs predicted from `pipec profile`'s measured cost table
+//    instead of the roofline;
 //  - a tiny, deep MLP on 4 ranks with 64 microbatches, where kernels do
 //    almost nothing: the executor's overhead per instruction.
 // Run through tools/bench-runtime.sh, which writes the table to
@@ -13,6 +15,7 @@
 #include "compiler/Compile.h"
 #include "models/ModelGenerators.h"
 #include "runtime/core/Executor.h"
+#include "tools/Profile.h"
 
 #include "llvm/Support/FileSystem.h"
 
@@ -65,8 +68,30 @@ std::string tinyMlp() {
   return ensureModel("bench-mlp16.onnx", o);
 }
 
-plan::Plan compile(const std::string &model, int stages, int microbatches, int64_t batch) {
+/// The GPT's cost table from `pipec profile` at microbatch size 1.
+std::string profiledCosts() {
+  static std::string path;
+  if (!path.empty())
+    return path;
+  path = std::string(PIPEC_BINARY_DIR) + "/bench-data/bench-gpt6.costs.json";
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  ProfileOptions options;
+  options.steps = 3;
+  if (llvm::Error err = profileModel(gpt(), options, os)) {
+    std::cerr << llvm::toString(std::move(err)) << "\n";
+    std::exit(1);
+  }
+  std::error_code ec;
+  llvm::raw_fd_ostream file(path, ec);
+  file << os.str();
+  return path;
+}
+
+plan::Plan compile(const std::string &model, int stages, int microbatches, int64_t batch,
+                   const std::string &costs = "") {
   CompileOptions options;
+  options.costs = costs;
   options.stages = stages;
   options.microbatches = microbatches;
   options.globalBatch = batch;
@@ -83,8 +108,8 @@ plan::Plan compile(const std::string &model, int stages, int microbatches, int64
 /// One training step per iteration (after a warm-up step); counters carry
 /// the prediction and the measured compute time per rank.
 void trainStep(benchmark::State &state, const std::string &model, int stages, int microbatches,
-               int64_t batch) {
-  plan::Plan plan = compile(model, stages, microbatches, batch);
+               int64_t batch, const std::string &costs = "") {
+  plan::Plan plan = compile(model, stages, microbatches, batch, costs);
   rt::RunOptions options;
   options.steps = 1;
   options.optimizer = "sgd";
@@ -124,10 +149,24 @@ void trainStep(benchmark::State &state, const std::string &model, int stages, in
 void BM_GptOneRank(benchmark::State &state) { trainStep(state, gpt(), 1, 8, 8); }
 void BM_GptTwoRanks(benchmark::State &state) { trainStep(state, gpt(), 2, 8, 8); }
 void BM_MlpOverhead(benchmark::State &state) { trainStep(state, tinyMlp(), 4, 64, 64); }
+void BM_GptOneRankProfiled(benchmark::State &state) {
+  trainStep(state, gpt(), 1, 8, 8, profiledCosts());
+}
+void BM_GptTwoRanksProfiled(benchmark::State &state) {
+  trainStep(state, gpt(), 2, 8, 8, profiledCosts());
+}
 
 BENCHMARK(BM_GptOneRank)->Name("gpt6/1_rank_m8")->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GptTwoRanks)
     ->Name("gpt6/2_ranks_1f1b_m8")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GptOneRankProfiled)
+    ->Name("gpt6/1_rank_m8_profiled_costs")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GptTwoRanksProfiled)
+    ->Name("gpt6/2_ranks_1f1b_m8_profiled_costs")
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MlpOverhead)
