@@ -620,18 +620,19 @@ int main(int argc, char **argv) {
   cl::SetVersionPrinter([](raw_ostream &os) { printVersions(os); });
   std::string errors;
   raw_string_ostream errorStream(errors);
-  if (!cl::ParseCommandLineOptions(argc, argv,
-                                   "pipec: compile ONNX models into pipeline-parallel plans\n\n"
-                                   "  pipec inspect MODEL.onnx [--format text|json]\n"
-                                   "  pipec compile MODEL.onnx -o MODEL.plan [--stages P] ...\n"
-                                   "  pipec report MODEL.plan [--format text|json]\n"
-                                   "  pipec simulate MODEL.plan [--trace trace.json]\n"
-                                   "  pipec run MODEL.plan [--steps N] [--data DIR] ...\n"
-                                   "  pipec profile MODEL.onnx -o costs.json [--batch B]\n"
-                                   "  mpirun -np P pipec run MODEL.plan --comm mpi\n"
-                                   "  pipec model gpt|llama|bert|mlp|resnet [options] -o FILE\n\n"
-                                   "Exit codes: 0 ok, 1 bad input or failed step, 2 bad usage.\n",
-                                   &errorStream)) {
+  if (!cl::ParseCommandLineOptions(
+          argc, argv,
+          "pipec: compile ONNX models into pipeline-parallel plans\n\n"
+          "  pipec inspect MODEL.onnx [--format text|json]\n"
+          "  pipec compile MODEL.onnx -o MODEL.plan [--stages P] ...\n"
+          "  pipec report MODEL.plan [--format text|json|html] [--trace run.json]\n"
+          "  pipec simulate MODEL.plan [--trace trace.json]\n"
+          "  pipec run MODEL.plan [--steps N] [--data DIR] ...\n"
+          "  pipec profile MODEL.onnx -o costs.json [--batch B]\n"
+          "  mpirun -np P pipec run MODEL.plan --comm mpi\n"
+          "  pipec model gpt|llama|bert|mlp|resnet [options] -o FILE\n\n"
+          "Exit codes: 0 ok, 1 bad input or failed step, 2 bad usage.\n",
+          &errorStream)) {
     errorStream.flush();
     errs() << errors;
     return ExitUsage;
