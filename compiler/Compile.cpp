@@ -316,6 +316,11 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   lowering.training = options.training;
   lowering.recompute = options.recompute;
   std::map<int, std::set<int>> tiedRanks;
+  // Only gradients the backward program computes cross back.
+  std::set<std::string> flowing;
+  if (prepared.backward)
+    flowing = valuesWithGradients(*prepared.backward);
+  const std::set<std::string> *flowingPtr = prepared.backward ? &flowing : nullptr;
   for (const ChunkPlan &c : stagePlan->chunks) {
     std::vector<plan::TensorRef> tensors;
     std::vector<bool> grads;
@@ -324,7 +329,7 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
       for (int id : layers.crossingAfter(c.lastLayer)) {
         tensors.push_back(tensorRef(graph, id, setup.precision));
         const Value &v = graph.values[id];
-        grads.push_back(v.kind == ValueKind::Activation && isFloatDType(v.type));
+        grads.push_back(sendsGradient(graph, id, flowingPtr));
       }
     lowering.sendTensors.push_back(tensors);
     lowering.hasGradient.push_back(grads);

@@ -133,12 +133,26 @@ StringRef gradientOf(StringRef name) {
   return name;
 }
 
-/// Whether lowering sends a gradient back for boundary tensor \p id (the
-/// rule of Compile's LoweringInputs.hasGradient).
-bool sendsGradient(const Graph &graph, int id) {
-  const Value &v = graph.values[id];
-  return v.kind == ValueKind::Activation && isFloatDType(v.type);
+} // namespace
+
+std::set<std::string> valuesWithGradients(const Backward &backward) {
+  std::set<std::string> out;
+  for (const auto *lists : {&backward.inputGrad, &backward.weightGrad})
+    for (const auto &list : *lists)
+      for (const onnx::NodeProto &n : list)
+        for (const std::string &o : n.output())
+          if (StringRef v = gradientOf(o); !v.empty())
+            out.insert(v.str());
+  return out;
 }
+
+bool sendsGradient(const Graph &graph, int id, const std::set<std::string> *flowing) {
+  const Value &v = graph.values[id];
+  return v.kind == ValueKind::Activation && isFloatDType(v.type) &&
+         (!flowing || flowing->count(v.name));
+}
+
+namespace {
 
 /// Synthetic-data range of integer graph input \p id: the table size when it
 /// indexes a Gather or a contrib op's embedding or cache, the class count
@@ -254,6 +268,10 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
   std::set<int> weightIds;
   std::set<std::string> loaded;
   std::map<std::string, int> loadedBy; // graph input -> first stage that loads it
+  std::set<std::string> flowing;
+  if (backward)
+    flowing = valuesWithGradients(*backward);
+  const std::set<std::string> *flowingPtr = backward ? &flowing : nullptr;
   for (int k = 0; k < K; ++k) {
     const plan::Stage &stage = plan.stages(k);
     int a = stage.first_layer(), b = stage.last_layer();
@@ -276,7 +294,7 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
     for (int id : sendIds) {
       send.insert(graph.values[id].name);
       sp.add_send(graph.values[id].name);
-      if (sendsGradient(graph, id))
+      if (sendsGradient(graph, id, flowingPtr))
         sendWithGrad.insert(graph.values[id].name);
     }
 
@@ -399,9 +417,10 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
               in = it->second;
 
       // Received tensors send back their gradient.
+      std::set<std::string> zeroShaped;
       for (const std::string &v : recv) {
         int id = graph.findValue(v);
-        if (id < 0 || !sendsGradient(graph, id))
+        if (id < 0 || !sendsGradient(graph, id, flowingPtr))
           continue;
         plan::GradSum &g = *sp.add_input_grads();
         g.set_value(v);
@@ -417,6 +436,8 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
                                          v));
         if (sendWithGrad.count(v) && !findCombiner(v))
           terms.push_back("grad-next:" + v);
+        if (terms.empty())
+          zeroShaped.insert(v); // the zeros sent back take V's shape
         for (const std::string &t : terms)
           g.add_terms(t);
       }
@@ -481,6 +502,7 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
               return stageError(k, formatv("the gradient of '{0}' needs '{1}', which the stage "
                                            "does not compute",
                                            g.value(), t));
+      keep.insert(zeroShaped.begin(), zeroShaped.end());
       for (const std::string &name : keep)
         sp.add_keep(name);
     }

@@ -32,6 +32,9 @@
 #include "passes/Differentiate.h"
 #include "runtime/plan/plan.pb.h"
 
+#include <set>
+#include <string>
+
 namespace pipec {
 
 /// Fills plan.stage_programs, weights, trainable, data, outputs, opset and
@@ -43,6 +46,16 @@ namespace pipec {
 /// gives it.
 llvm::Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph &layers,
                                const Backward *backward, llvm::StringRef freeze = "");
+
+/// The values whose gradient the backward program computes (some node makes
+/// "grad:V" or a contribution "grad:V#K").
+std::set<std::string> valuesWithGradients(const Backward &backward);
+
+/// Whether a gradient crosses back over boundary tensor \p id: a float
+/// activation that a gradient reaches (\p flowing, from
+/// valuesWithGradients; null: every float activation). lower-schedule and
+/// the stage programs use this one rule.
+bool sendsGradient(const Graph &graph, int id, const std::set<std::string> *flowing);
 
 } // namespace pipec
 
