@@ -648,6 +648,204 @@ TEST(GpuKernelBodies, PoolSizeClasses) {
   }
 }
 
+/// Row-major C = op(A) op(B) + beta C, summed in double: the host stand-in
+/// for the backend's cuBLAS calls.
+void hostGemm(bool transA, bool transB, int64_t m, int64_t n, int64_t kk, const float *a,
+              int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < kk; ++p)
+        acc += double(transA ? a[p * lda + i] : a[i * lda + p]) *
+               double(transB ? b[j * ldb + p] : b[p * ldb + j]);
+      c[i * ldc + j] = static_cast<float>(acc + double(beta) * c[i * ldc + j]);
+    }
+}
+
+/// A window op's attributes, for the CPU nodes and the kernel bodies.
+struct WindowCase {
+  Shape x, kernel, strides, dilations, pads;
+  int64_t group = 1;
+};
+
+NodeBuilder &withWindow(NodeBuilder &b, const WindowCase &c, bool dilations = true) {
+  b.ints("kernel_shape", c.kernel).ints("strides", c.strides).ints("pads", c.pads);
+  if (dilations)
+    b.ints("dilations", c.dilations);
+  return b;
+}
+
+Shape spatial(const Shape &shape) { return Shape(shape.begin() + 2, shape.end()); }
+
+TEST(GpuKernelBodies, ConvAndItsGradientsMatchCpu) {
+  const WindowCase cases[] = {
+      {{2, 4, 7, 6}, {3, 3}, {2, 1}, {1, 2}, {1, 0, 2, 1}, 2},
+      {{3, 3, 5, 5}, {2, 3}, {1, 1}, {1, 1}, {0, 1, 1, 0}, 1},
+      {{2, 6, 4, 4}, {1, 1}, {1, 1}, {1, 1}, {0, 0, 0, 0}, 3}, // identity columns
+      {{2, 2, 9}, {3}, {2}, {2}, {1, 1}, 1},                   // 1-D
+  };
+  for (const WindowCase &c : cases) {
+    int64_t batch = c.x[0], channels = c.x[1], maps = 2 * c.group, gc = channels / c.group;
+    Shape wShape{maps, gc};
+    wShape.insert(wShape.end(), c.kernel.begin(), c.kernel.end());
+    Tensor x = floats(c.x), weight = floats(wShape), bias = floats({maps});
+    NodeBuilder convNode("Conv", 3);
+    withWindow(convNode, c).i("group", c.group);
+    Tensor expected = runCpu(convNode, {x, weight, bias})[0];
+
+    k::Im2colParams p;
+    ASSERT_TRUE(
+        k::makeConvWindow(spatial(c.x), c.kernel, c.strides, c.dilations, c.pads, false, p.w));
+    p.images = batch * c.group, p.channels = gc, p.group = c.group;
+    int64_t rows = p.rows(), cols = p.w.outSize(), gm = maps / c.group;
+    ASSERT_EQ(expected.numElements(), batch * maps * cols);
+    std::vector<float> columns(p.images * rows * cols);
+    for (int64_t t = 0; t < int64_t(columns.size()); ++t)
+      k::im2colElement(t, p, x.data<float>(), columns.data());
+    Tensor y(ElemType::Float, expected.shape());
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t g = 0; g < c.group; ++g)
+        hostGemm(false, false, gm, cols, rows, weight.data<float>() + g * gm * rows, rows,
+                 columns.data() + (n * c.group + g) * rows * cols, cols, 0.0f,
+                 y.data<float>() + (n * maps + g * gm) * cols, cols);
+    for (int64_t i = 0; i < y.numElements(); ++i)
+      k::biasElement(i, maps, cols, bias.data<float>(), y.data<float>());
+    EXPECT_TRUE(close(y, expected)) << "Conv over " << cpu::shapeString(c.x);
+
+    Tensor dy = floats(expected.shape());
+    NodeBuilder gradInput("ConvGradInput", 2, 1, "pipec");
+    withWindow(gradInput, c).i("group", c.group).ints("shape", c.x);
+    Tensor dxExpected = runCpu(gradInput, {dy, weight})[0];
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t g = 0; g < c.group; ++g)
+        hostGemm(true, false, rows, cols, gm, weight.data<float>() + g * gm * rows, rows,
+                 dy.data<float>() + (n * maps + g * gm) * cols, cols, 0.0f,
+                 columns.data() + (n * c.group + g) * rows * cols, cols);
+    Tensor dx(ElemType::Float, c.x);
+    for (int64_t i = 0; i < dx.numElements(); ++i)
+      k::col2imElement(i, p, columns.data(), dx.data<float>());
+    EXPECT_TRUE(close(dx, dxExpected)) << "ConvGradInput over " << cpu::shapeString(c.x);
+
+    NodeBuilder gradWeight("ConvGradWeight", 2, 1, "pipec");
+    withWindow(gradWeight, c).i("group", c.group).ints("shape", wShape);
+    Tensor dwExpected = runCpu(gradWeight, {dy, x})[0];
+    p.batchInner = true;
+    for (int64_t t = 0; t < int64_t(columns.size()); ++t)
+      k::im2colElement(t, p, x.data<float>(), columns.data());
+    // dY as [group, gm, batch, cols], as the backend's copy lays it out.
+    std::vector<float> gradT(batch * maps * cols);
+    for (int64_t g = 0; g < c.group; ++g)
+      for (int64_t m = 0; m < gm; ++m)
+        for (int64_t n = 0; n < batch; ++n)
+          for (int64_t o = 0; o < cols; ++o)
+            gradT[((g * gm + m) * batch + n) * cols + o] =
+                dy.data<float>()[(n * maps + g * gm + m) * cols + o];
+    Tensor dw(ElemType::Float, wShape);
+    int64_t depth = batch * cols;
+    for (int64_t g = 0; g < c.group; ++g)
+      hostGemm(false, true, gm, rows, depth, gradT.data() + g * gm * depth, depth,
+               columns.data() + g * rows * depth, depth, 0.0f, dw.data<float>() + g * gm * rows,
+               rows);
+    EXPECT_TRUE(close(dw, dwExpected)) << "ConvGradWeight over " << cpu::shapeString(c.x);
+  }
+}
+
+TEST(GpuKernelBodies, PoolsAndTheirGradientsMatchCpu) {
+  struct PoolCase {
+    WindowCase window;
+    bool ceilMode, includePad;
+  };
+  const PoolCase cases[] = {
+      {{{2, 3, 7, 8}, {3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}}, true, false},
+      {{{2, 3, 7, 8}, {3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}}, true, true},
+      {{{1, 2, 6, 6}, {2, 2}, {2, 2}, {1, 1}, {0, 0, 0, 0}}, false, false},
+      {{{1, 2, 9, 7}, {2, 3}, {1, 2}, {2, 1}, {1, 0, 0, 2}}, false, true},
+      {{{2, 2, 11}, {3}, {2}, {1}, {1, 1}}, true, true}, // 1-D
+  };
+  for (const PoolCase &c : cases)
+    for (bool isMax : {true, false}) {
+      const WindowCase &wc = c.window;
+      // AveragePool has dilations only from opset 19; the CPU kernels read
+      // them for both.
+      bool dilated = wc.dilations != Shape(wc.dilations.size(), 1);
+      if (!isMax && dilated)
+        continue;
+      Tensor x = floats(wc.x);
+      NodeBuilder forward(isMax ? "MaxPool" : "AveragePool", 1);
+      withWindow(forward, wc).i("ceil_mode", c.ceilMode).i("count_include_pad", c.includePad);
+      Tensor expected = runCpu(forward, {x})[0];
+      k::PoolParams p;
+      ASSERT_TRUE(k::makeConvWindow(spatial(wc.x), wc.kernel, wc.strides, wc.dilations, wc.pads,
+                                    c.ceilMode, p.w));
+      p.isMax = isMax, p.includePad = c.includePad;
+      Tensor y(ElemType::Float, expected.shape());
+      ASSERT_EQ(y.numElements(), wc.x[0] * wc.x[1] * p.w.outSize());
+      for (int64_t t = 0; t < y.numElements(); ++t)
+        k::poolElement(t, p, x.data<float>(), y.data<float>());
+      std::string what = std::string(isMax ? "Max" : "Average") + " over " +
+                         cpu::shapeString(wc.x) + (c.ceilMode ? ", ceil" : "") +
+                         (c.includePad ? ", pads counted" : "");
+      EXPECT_TRUE(close(y, expected)) << what;
+
+      Tensor dy = floats(expected.shape());
+      NodeBuilder backward(isMax ? "MaxPoolGrad" : "AveragePoolGrad", isMax ? 2 : 1, 1, "pipec");
+      withWindow(backward, wc).i("count_include_pad", c.includePad);
+      if (!isMax)
+        backward.ints("shape", wc.x);
+      Tensor dxExpected = isMax ? runCpu(backward, {dy, x})[0] : runCpu(backward, {dy})[0];
+      k::ConvWindow w;
+      ASSERT_TRUE(k::makeGradWindow(spatial(wc.x), wc.kernel, wc.strides, wc.dilations, wc.pads,
+                                    spatial(dy.shape()), w));
+      p.w = w;
+      Tensor dx(ElemType::Float, wc.x);
+      for (int64_t i = 0; i < dx.numElements(); ++i)
+        k::poolGradElement(i, p, dy.data<float>(), x.data<float>(), dx.data<float>());
+      EXPECT_TRUE(close(dx, dxExpected)) << what << " (gradient)";
+    }
+}
+
+TEST(GpuKernelBodies, BatchNormMatchesCpu) {
+  Tensor x = floats({3, 4, 5, 2}, -2, 3), scale = floats({4}), bias = floats({4}),
+         mean = floats({4}), var = floats({4}, 0.5f, 2);
+  Tensor expected = runCpu(NodeBuilder("BatchNormalization", 5).f("epsilon", 1e-3f),
+                           {x, scale, bias, mean, var})[0];
+  Tensor y(ElemType::Float, x.shape());
+  for (int64_t i = 0; i < y.numElements(); ++i)
+    k::batchNormElement(i, 4, 10, 1e-3f, x.data<float>(), scale.data<float>(), bias.data<float>(),
+                        mean.data<float>(), var.data<float>(), y.data<float>());
+  EXPECT_TRUE(close(y, expected));
+
+  Tensor dy = floats(x.shape());
+  Tensor dScale = runCpu(NodeBuilder("BatchNormGradWeight", 4, 1, "pipec").f("epsilon", 1e-3f),
+                         {dy, x, mean, var})[0];
+  for (int64_t chunks : {1, 4, 30}) {
+    std::vector<double> partial(4 * chunks);
+    for (int64_t t = 0; t < 4 * chunks; ++t)
+      k::batchNormGradWeightPartial(t, 4, 3, 10, chunks, dy.data<float>(), x.data<float>(),
+                                    mean.data<float>(), partial.data());
+    Tensor got(ElemType::Float, {4});
+    for (int64_t c = 0; c < 4; ++c)
+      k::batchNormGradWeightFinish(c, chunks, 1e-3f, partial.data(), var.data<float>(),
+                                   got.data<float>());
+    EXPECT_TRUE(close(got, dScale)) << chunks << " chunks";
+  }
+}
+
+TEST(GpuKernelBodies, GlobalAveragePoolMatchesCpu) {
+  Tensor x = floats({3, 5, 6, 7});
+  Tensor expected = runCpu(NodeBuilder("GlobalAveragePool", 1), {x})[0];
+  k::ReducePlan plan;
+  ASSERT_TRUE(k::makeReducePlan(x.shape(), {false, false, true, true}, plan));
+  std::vector<double> partial(plan.outputs * plan.chunks);
+  for (int64_t t = 0; t < plan.outputs * plan.chunks; ++t)
+    k::reducePartialElement<float>(t, plan, x.data<float>(), partial.data());
+  Tensor actual(ElemType::Float, expected.shape());
+  for (int64_t o = 0; o < plan.outputs; ++o)
+    k::reduceFinishElement<float>(o, plan.outputs, plan.chunks, partial.data(), 1.0 / 42,
+                                  actual.data<float>());
+  EXPECT_TRUE(close(actual, expected));
+}
+
 //===----------------------------------------------------------------------===//
 // Every device kernel through the backend
 //===----------------------------------------------------------------------===//
@@ -812,6 +1010,58 @@ std::vector<OpCase> opCases() {
           .s("reduction", "sum")
           .i("ignore_index", 1),
       {Tensor::scalar(0.5f), floats({2, 4, 3}), int64s({2, 3}, {1, 0, 3, 2, 1, 1})});
+  // Convolution, pooling and batch normalization. Conv's GEMMs sum k =
+  // channels * taps products in cuBLAS's order.
+  auto convCase = [&](std::string name, const WindowCase &c, int64_t maps, bool bias, double atol) {
+    Shape wShape{maps, c.x[1] / c.group};
+    wShape.insert(wShape.end(), c.kernel.begin(), c.kernel.end());
+    NodeBuilder forward("Conv", bias ? 3 : 2);
+    withWindow(forward, c).i("group", c.group);
+    std::vector<Tensor> inputs{floats(c.x), floats(wShape)};
+    if (bias)
+      inputs.push_back(floats({maps}));
+    Tensor y = runCpu(forward, inputs)[0];
+    add(name, forward, inputs, 17, atol);
+    NodeBuilder gradInput("ConvGradInput", 2, 1, "pipec");
+    withWindow(gradInput, c).i("group", c.group).ints("shape", c.x);
+    add(name + "GradInput", gradInput, {floats(y.shape()), inputs[1]}, 17, atol);
+    NodeBuilder gradWeight("ConvGradWeight", 2, 1, "pipec");
+    withWindow(gradWeight, c).i("group", c.group).ints("shape", wShape);
+    add(name + "GradWeight", gradWeight, {floats(y.shape()), inputs[0]}, 17, atol);
+  };
+  convCase("Conv3x3", {{4, 16, 14, 14}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}}, 32, true, 1e-4);
+  convCase("ConvStridedDilated", {{2, 6, 11, 9}, {3, 2}, {2, 1}, {2, 1}, {1, 0, 2, 1}, 2}, 4, false,
+           1e-4);
+  convCase("ConvPointwise", {{3, 32, 8, 8}, {1, 1}, {1, 1}, {1, 1}, {0, 0, 0, 0}}, 48, true, 1e-4);
+  convCase("ConvDepthwise", {{2, 8, 10, 10}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 8}, 8, true,
+           1e-4);
+  convCase("Conv1D", {{2, 4, 20}, {5}, {2}, {1}, {2, 2}}, 6, true, 1e-4);
+  add("ConvValid", NodeBuilder("Conv", 2).s("auto_pad", "VALID"),
+      {floats({2, 3, 9, 9}), floats({5, 3, 3, 3})});
+  auto poolCase = [&](std::string name, const WindowCase &c, bool ceilMode, bool includePad) {
+    for (bool isMax : {true, false}) {
+      std::string op = isMax ? "MaxPool" : "AveragePool";
+      NodeBuilder forward(op, 1);
+      withWindow(forward, c, isMax).i("ceil_mode", ceilMode).i("count_include_pad", includePad);
+      Tensor x = floats(c.x);
+      Tensor y = runCpu(forward, {x})[0];
+      add(op + name, forward, {x});
+      NodeBuilder backward(op + "Grad", isMax ? 2 : 1, 1, "pipec");
+      withWindow(backward, c, isMax).i("count_include_pad", includePad);
+      if (isMax)
+        add(op + "Grad" + name, backward, {floats(y.shape()), x});
+      else
+        add(op + "Grad" + name, backward.ints("shape", c.x), {floats(y.shape())});
+    }
+  };
+  poolCase("3x3Ceil", {{4, 8, 15, 15}, {3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}}, true, false);
+  poolCase("3x3IncludePad", {{2, 4, 9, 10}, {3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}}, false, true);
+  poolCase("2x2", {{2, 16, 32, 32}, {2, 2}, {2, 2}, {1, 1}, {0, 0, 0, 0}}, false, false);
+  add("GlobalAveragePool", NodeBuilder("GlobalAveragePool", 1), {floats({4, 64, 7, 7})});
+  add("BatchNormalization", NodeBuilder("BatchNormalization", 5).f("epsilon", 1e-3f),
+      {floats({4, 16, 9, 9}), floats({16}), floats({16}), floats({16}), floats({16}, 0.5f, 2)});
+  add("BatchNormGradWeight", NodeBuilder("BatchNormGradWeight", 4, 1, "pipec"),
+      {floats({8, 16, 12, 12}), floats({8, 16, 12, 12}), floats({16}), floats({16}, 0.5f, 2)});
   return cases;
 }
 
@@ -1049,8 +1299,9 @@ TEST_F(CudaBackendTest, ShapeArithmeticStaysOnTheHost) {
 }
 
 TEST_F(CudaBackendTest, OpsWithoutKernelsFallBackAndAreCounted) {
+  // Conv's SAME_* padding is computed by the CPU kernels only.
   Tensor x = floats({1, 2, 6, 6}), w = floats({3, 2, 3, 3});
-  onnx::NodeProto conv = NodeBuilder("Conv", 2).ints("pads", {1, 1, 1, 1});
+  onnx::NodeProto conv = NodeBuilder("Conv", 2).s("auto_pad", "SAME_UPPER");
   Tensor expected = runCpu(conv, {x, w})[0];
   Tensor dx = up(x), dw = up(w);
   auto out = backend->run(conv, 17, {&dx, &dw});

@@ -3,8 +3,8 @@
 // Layout: the node view (attributes, errors naming the node); the backend
 // class with its memory, transfers and device-side checks; the op table and
 // one method per op family (views, data movement, elementwise, GEMMs, rows,
-// reductions, losses, gradients); the executor's own operations (sums,
-// optimizer); the factory.
+// reductions, losses, gradients, convolution and pooling); the executor's
+// own operations (sums, optimizer); the factory.
 //
 // An op method returns the node's outputs, or nullopt when the node is
 // outside what the device kernels do (an element type, attribute or shape
@@ -257,6 +257,14 @@ private:
   Result layerNormGradInput(const NodeView &n);
   Result layerNormGradWeight(const NodeView &n);
   Result crossEntropyGrad(const NodeView &n);
+  Result conv(const NodeView &n);
+  Result convGradInput(const NodeView &n);
+  Result convGradWeight(const NodeView &n);
+  Result windowPool(const NodeView &n);
+  Result poolGrad(const NodeView &n);
+  Result globalAveragePool(const NodeView &n);
+  Result batchNorm(const NodeView &n);
+  Result batchNormGradWeight(const NodeView &n);
 
   // Building blocks.
   /// out = in read through \p strides (one per output dimension) from
@@ -270,6 +278,12 @@ private:
   Error gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
              int64_t lda, int64_t strideA, const float *b, int64_t ldb, int64_t strideB, float beta,
              float *c, int64_t ldc, int64_t strideC, int64_t batch);
+  /// gemm for every (image n < \p count, group g < \p groups), operand X at
+  /// X + n * xN + g * xG: strided batches over the longer of the two.
+  Error gemmGrid(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const float *a,
+                 int64_t lda, int64_t aN, int64_t aG, const float *b, int64_t ldb, int64_t bN,
+                 int64_t bG, float beta, float *c, int64_t ldc, int64_t cN, int64_t cG,
+                 int64_t count, int64_t groups);
   /// A float sum of \p x over the dimensions marked \p reduced, into \p out
   /// (its element count is the kept dimensions' product), times \p scale.
   Expected<bool> reduceInto(const Tensor &x, const std::vector<bool> &reduced, double scale,
@@ -685,16 +699,19 @@ Result CudaBackend::runDevice(const NodeView &n) {
   };
   // clang-format off
   static const Entry onnxOps[] = {
-      {"Abs", &CudaBackend::unary}, {"Add", &CudaBackend::binary}, {"Cast", &CudaBackend::cast},
-      {"Concat", &CudaBackend::concat}, {"ConstantOfShape", &CudaBackend::constantOfShape},
+      {"Abs", &CudaBackend::unary}, {"Add", &CudaBackend::binary},
+      {"AveragePool", &CudaBackend::windowPool}, {"BatchNormalization", &CudaBackend::batchNorm},
+      {"Cast", &CudaBackend::cast}, {"Concat", &CudaBackend::concat},
+      {"ConstantOfShape", &CudaBackend::constantOfShape}, {"Conv", &CudaBackend::conv},
       {"Div", &CudaBackend::binary}, {"Equal", &CudaBackend::binary}, {"Erf", &CudaBackend::unary},
       {"Exp", &CudaBackend::unary}, {"Expand", &CudaBackend::expand},
       {"Flatten", &CudaBackend::view}, {"Gather", &CudaBackend::gather},
       {"Gelu", &CudaBackend::unary}, {"Gemm", &CudaBackend::gemmOp},
-      {"Greater", &CudaBackend::binary}, {"Identity", &CudaBackend::identity},
-      {"LayerNormalization", &CudaBackend::layerNorm}, {"LeakyRelu", &CudaBackend::unary},
-      {"Less", &CudaBackend::binary}, {"Log", &CudaBackend::unary},
-      {"LogSoftmax", &CudaBackend::softmax}, {"MatMul", &CudaBackend::matMul},
+      {"GlobalAveragePool", &CudaBackend::globalAveragePool}, {"Greater", &CudaBackend::binary},
+      {"Identity", &CudaBackend::identity}, {"LayerNormalization", &CudaBackend::layerNorm},
+      {"LeakyRelu", &CudaBackend::unary}, {"Less", &CudaBackend::binary},
+      {"Log", &CudaBackend::unary}, {"LogSoftmax", &CudaBackend::softmax},
+      {"MatMul", &CudaBackend::matMul}, {"MaxPool", &CudaBackend::windowPool},
       {"Mul", &CudaBackend::binary}, {"Neg", &CudaBackend::unary}, {"Pow", &CudaBackend::binary},
       {"Reciprocal", &CudaBackend::unary}, {"ReduceMean", &CudaBackend::reduce},
       {"ReduceSum", &CudaBackend::reduce}, {"Relu", &CudaBackend::unary},
@@ -702,17 +719,21 @@ Result CudaBackend::runDevice(const NodeView &n) {
       {"Sigmoid", &CudaBackend::unary}, {"Size", &CudaBackend::shapeOf},
       {"Slice", &CudaBackend::slice}, {"Softmax", &CudaBackend::softmax},
       {"SoftmaxCrossEntropyLoss", &CudaBackend::crossEntropy}, {"Split", &CudaBackend::split},
-      {"Sqrt", &CudaBackend::unary}, {"Squeeze", &CudaBackend::view},
-      {"Sub", &CudaBackend::binary}, {"Sum", &CudaBackend::variadicSum},
-      {"Tanh", &CudaBackend::unary}, {"Transpose", &CudaBackend::transpose},
-      {"Unsqueeze", &CudaBackend::view}, {"Where", &CudaBackend::where},
+      {"Sqrt", &CudaBackend::unary}, {"Squeeze", &CudaBackend::view}, {"Sub", &CudaBackend::binary},
+      {"Sum", &CudaBackend::variadicSum}, {"Tanh", &CudaBackend::unary},
+      {"Transpose", &CudaBackend::transpose}, {"Unsqueeze", &CudaBackend::view},
+      {"Where", &CudaBackend::where},
   };
   static const Entry pipecOps[] = {
-      {"ErfGrad", &CudaBackend::pointwiseGrad}, {"GatherGrad", &CudaBackend::gatherGrad},
-      {"GeluGrad", &CudaBackend::pointwiseGrad},
+      {"AveragePoolGrad", &CudaBackend::poolGrad},
+      {"BatchNormGradWeight", &CudaBackend::batchNormGradWeight},
+      {"ConvGradInput", &CudaBackend::convGradInput},
+      {"ConvGradWeight", &CudaBackend::convGradWeight}, {"ErfGrad", &CudaBackend::pointwiseGrad},
+      {"GatherGrad", &CudaBackend::gatherGrad}, {"GeluGrad", &CudaBackend::pointwiseGrad},
       {"LayerNormGradInput", &CudaBackend::layerNormGradInput},
       {"LayerNormGradWeight", &CudaBackend::layerNormGradWeight},
-      {"ReluGrad", &CudaBackend::pointwiseGrad}, {"SigmoidGrad", &CudaBackend::pointwiseGrad},
+      {"MaxPoolGrad", &CudaBackend::poolGrad}, {"ReluGrad", &CudaBackend::pointwiseGrad},
+      {"SigmoidGrad", &CudaBackend::pointwiseGrad},
       {"SoftmaxCrossEntropyLossGrad", &CudaBackend::crossEntropyGrad},
       {"SoftmaxGrad", &CudaBackend::softmaxGrad}, {"SumTo", &CudaBackend::sumTo},
       {"TanhGrad", &CudaBackend::pointwiseGrad},
@@ -779,6 +800,24 @@ Error CudaBackend::gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t 
                                               CUDA_R_32F, ildc, strideC, static_cast<int>(batch),
                                               compute, CUBLAS_GEMM_DEFAULT));
   }
+  return Error::success();
+}
+
+Error CudaBackend::gemmGrid(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                            const float *a, int64_t lda, int64_t aN, int64_t aG, const float *b,
+                            int64_t ldb, int64_t bN, int64_t bG, float beta, float *c, int64_t ldc,
+                            int64_t cN, int64_t cG, int64_t count, int64_t groups) {
+  if (count >= groups) {
+    for (int64_t g = 0; g < groups; ++g)
+      if (Error err = gemm(transA, transB, m, n, k, 1.0f, a + g * aG, lda, aN, b + g * bG, ldb, bN,
+                           beta, c + g * cG, ldc, cN, count))
+        return err;
+    return Error::success();
+  }
+  for (int64_t i = 0; i < count; ++i)
+    if (Error err = gemm(transA, transB, m, n, k, 1.0f, a + i * aN, lda, aG, b + i * bN, ldb, bG,
+                         beta, c + i * cN, ldc, cG, groups))
+      return err;
   return Error::success();
 }
 
@@ -1900,6 +1939,367 @@ Result CudaBackend::crossEntropyGrad(const NodeView &n) {
       static_cast<const int64_t *>(l.rawData()), static_cast<double *>(count.get()),
       static_cast<float *>(out.rawData()),
       checkSlot(n, formatv("a label is out of range [0, {0})", layout.size).str()), stream));
+  return Outputs{out};
+}
+
+//===----------------------------------------------------------------------===//
+// Convolution, pooling and batch normalization
+//===----------------------------------------------------------------------===//
+
+/// Im2col columns of one batch chunk stay under this size (one image's at
+/// least).
+constexpr int64_t ConvColumnBytes = int64_t(256) << 20;
+
+Shape spatialOf(ArrayRef<int64_t> shape) { return Shape(shape.begin() + 2, shape.end()); }
+
+/// \p shape's first two dimensions, then the window's output sizes.
+Shape windowOutShape(int64_t batch, int64_t channels, const k::ConvWindow &w, size_t rank) {
+  Shape shape{batch, channels};
+  for (size_t i = 0; i < rank; ++i)
+    shape.push_back(w.out[3 - rank + i]);
+  return shape;
+}
+
+/// The strides, dilations and pads of a window op over \p rank spatial
+/// dimensions, defaults as the CPU kernels'. For a forward op auto_pad VALID
+/// zeroes the pads; SAME_UPPER and SAME_LOWER give nullopt (the CPU kernels
+/// compute them). Gradients have explicit pads.
+struct WindowAttrs {
+  Shape strides, dilations, pads;
+};
+
+std::optional<WindowAttrs> windowAttrs(const NodeView &n, size_t rank, bool forward) {
+  WindowAttrs a{n.attrInts("strides").value_or(Shape(rank, 1)),
+                n.attrInts("dilations").value_or(Shape(rank, 1)),
+                n.attrInts("pads").value_or(Shape(2 * rank, 0))};
+  if (forward) {
+    std::string autoPad = n.attrString("auto_pad", "NOTSET");
+    if (autoPad == "VALID" && a.pads.size() == 2 * rank)
+      a.pads.assign(2 * rank, 0);
+    else if (autoPad != "NOTSET")
+      return std::nullopt;
+  }
+  return a;
+}
+
+/// Images per im2col chunk for images of \p imageFloats column floats.
+int64_t convChunk(int64_t imageFloats, int64_t batch) {
+  int64_t fit = ConvColumnBytes / std::max<int64_t>(imageFloats * int64_t(sizeof(float)), 1);
+  return std::clamp<int64_t>(fit, 1, std::max<int64_t>(batch, 1));
+}
+
+/// Conv's operands: X [N, C, in...], W [M, C / group, kernel...] and its
+/// window, as the forward op and both gradients see them.
+struct ConvGeometry {
+  int64_t batch, channels, maps, group;
+  k::ConvWindow w;
+  int64_t gc() const { return channels / group; }
+  int64_t gm() const { return maps / group; }
+  int64_t rows() const { return gc() * w.kernelSize(); }
+  int64_t cols() const { return w.outSize(); }
+};
+
+/// The geometry of a 1-D to 3-D Conv of X \p x and W \p weight; with
+/// \p out (dY's shape, for a gradient) the output sizes are given. Nullopt
+/// for what the device does not handle or a malformed node (nonempty
+/// tensors only).
+std::optional<ConvGeometry> convGeometry(const NodeView &n, ArrayRef<int64_t> x,
+                                         ArrayRef<int64_t> weight, const Shape *out) {
+  if (x.size() < 3 || x.size() > 5 || weight.size() != x.size() || product(x) == 0 ||
+      product(weight) == 0)
+    return std::nullopt;
+  ConvGeometry g{x[0], x[1], weight[0], n.attrInt("group", 1), {}};
+  if (g.group < 1 || g.channels % g.group != 0 || g.maps % g.group != 0 ||
+      weight[1] != g.channels / g.group)
+    return std::nullopt;
+  Shape kernel = spatialOf(weight);
+  if (auto given = n.attrInts("kernel_shape"); given && *given != kernel)
+    return std::nullopt;
+  size_t rank = kernel.size();
+  auto attrs = windowAttrs(n, rank, !out);
+  if (!attrs)
+    return std::nullopt;
+  if (out) {
+    if (out->size() != x.size() || (*out)[0] != g.batch || (*out)[1] != g.maps ||
+        !k::makeGradWindow(spatialOf(x), kernel, attrs->strides, attrs->dilations, attrs->pads,
+                           spatialOf(*out), g.w))
+      return std::nullopt;
+  } else if (!k::makeConvWindow(spatialOf(x), kernel, attrs->strides, attrs->dilations, attrs->pads,
+                                false, g.w)) {
+    return std::nullopt;
+  }
+  if (g.w.outSize() == 0 || !fitsInt(g.rows()) || !fitsInt(g.cols()) || !fitsInt(g.gm()) ||
+      !fitsInt(g.w.inSize()))
+    return std::nullopt;
+  return g;
+}
+
+Result CudaBackend::conv(const NodeView &n) {
+  const Tensor *x = n.in(0), *weight = n.in(1), *bias = n.in(2);
+  if (!isFloat(x) || !isFloat(weight) || (n.in(2) && !isFloat(bias)) || n.numOutputs() != 1)
+    return std::nullopt;
+  auto geometry = convGeometry(n, x->shape(), weight->shape(), nullptr);
+  if (!geometry || (bias && (bias->rank() != 1 || bias->dim(0) != geometry->maps)))
+    return std::nullopt;
+  const ConvGeometry &g = *geometry;
+  int64_t rows = g.rows(), cols = g.cols(), inSize = g.w.inSize();
+  PIPEC_TRY_ASSIGN(xd, onDevice(*x));
+  PIPEC_TRY_ASSIGN(wd, onDevice(*weight));
+  PIPEC_TRY_ASSIGN(y,
+                   allocate(ElemType::Float, windowOutShape(g.batch, g.maps, g.w, x->rank() - 2)));
+  const float *image = static_cast<const float *>(xd.rawData());
+  const float *w = static_cast<const float *>(wd.rawData());
+  float *out = static_cast<float *>(y.rawData());
+  bool identity = g.w.isIdentity();
+  int64_t chunk = identity ? g.batch : convChunk(g.group * rows * cols, g.batch);
+  std::shared_ptr<void> columnBlock;
+  if (!identity) {
+    PIPEC_TRY_ASSIGN(block,
+                     scratch(static_cast<size_t>(chunk * g.group * rows * cols) * sizeof(float)));
+    columnBlock = block;
+  }
+  float *columns = static_cast<float *>(columnBlock.get());
+  for (int64_t n0 = 0; n0 < g.batch; n0 += chunk) {
+    int64_t count = std::min(chunk, g.batch - n0);
+    const float *source = image + n0 * g.channels * inSize;
+    int64_t sourceN = g.channels * inSize, sourceG = g.gc() * inSize;
+    if (!identity) {
+      k::Im2colParams p;
+      p.w = g.w, p.images = count * g.group, p.channels = g.gc(), p.group = g.group;
+      PIPEC_CUDA_TRY(k::launchIm2col(p, source, columns, stream));
+      source = columns, sourceN = g.group * rows * cols, sourceG = rows * cols;
+    }
+    // Y_(n, g) = W_g [gm, rows] x columns_(n, g) [rows, cols].
+    if (Error err = gemmGrid(false, false, g.gm(), cols, rows, w, rows, 0, g.gm() * rows, source,
+                             cols, sourceN, sourceG, 0.0f, out + n0 * g.maps * cols, cols,
+                             g.maps * cols, g.gm() * cols, count, g.group))
+      return err;
+  }
+  if (bias) {
+    PIPEC_TRY_ASSIGN(b, onDevice(*bias));
+    PIPEC_CUDA_TRY(k::launchBias(y.numElements(), g.maps, cols,
+                                 static_cast<const float *>(b.rawData()), out, stream));
+  }
+  return Outputs{y};
+}
+
+Result CudaBackend::convGradInput(const NodeView &n) {
+  const Tensor *dy = n.in(0), *weight = n.in(1);
+  auto xShape = n.attrInts("shape");
+  if (!isFloat(dy) || !isFloat(weight) || !xShape || n.numOutputs() != 1)
+    return std::nullopt;
+  auto geometry = convGeometry(n, *xShape, weight->shape(), &dy->shape());
+  if (!geometry)
+    return std::nullopt;
+  const ConvGeometry &g = *geometry;
+  int64_t rows = g.rows(), cols = g.cols(), inSize = g.w.inSize();
+  PIPEC_TRY_ASSIGN(dyd, onDevice(*dy));
+  PIPEC_TRY_ASSIGN(wd, onDevice(*weight));
+  PIPEC_TRY_ASSIGN(dx, allocate(ElemType::Float, *xShape));
+  const float *grad = static_cast<const float *>(dyd.rawData());
+  const float *w = static_cast<const float *>(wd.rawData());
+  float *image = static_cast<float *>(dx.rawData());
+  bool identity = g.w.isIdentity();
+  int64_t chunk = identity ? g.batch : convChunk(g.group * rows * cols, g.batch);
+  std::shared_ptr<void> columnBlock;
+  if (!identity) {
+    PIPEC_TRY_ASSIGN(block,
+                     scratch(static_cast<size_t>(chunk * g.group * rows * cols) * sizeof(float)));
+    columnBlock = block;
+  }
+  float *columns = static_cast<float *>(columnBlock.get());
+  for (int64_t n0 = 0; n0 < g.batch; n0 += chunk) {
+    int64_t count = std::min(chunk, g.batch - n0);
+    float *target = image + n0 * g.channels * inSize;
+    int64_t targetN = g.channels * inSize, targetG = g.gc() * inSize;
+    if (!identity)
+      target = columns, targetN = g.group * rows * cols, targetG = rows * cols;
+    // columns_(n, g) = W_g^T [rows, gm] x dY_(n, g) [gm, cols].
+    if (Error err = gemmGrid(true, false, rows, cols, g.gm(), w, rows, 0, g.gm() * rows,
+                             grad + n0 * g.maps * cols, cols, g.maps * cols, g.gm() * cols, 0.0f,
+                             target, cols, targetN, targetG, count, g.group))
+      return err;
+    if (!identity) {
+      k::Im2colParams p;
+      p.w = g.w, p.images = count * g.group, p.channels = g.gc(), p.group = g.group;
+      PIPEC_CUDA_TRY(k::launchCol2im(p, columns, image + n0 * g.channels * inSize, stream));
+    }
+  }
+  return Outputs{dx};
+}
+
+Result CudaBackend::convGradWeight(const NodeView &n) {
+  const Tensor *dy = n.in(0), *x = n.in(1);
+  auto wShape = n.attrInts("shape");
+  if (!isFloat(dy) || !isFloat(x) || !wShape || n.numOutputs() != 1)
+    return std::nullopt;
+  auto geometry = convGeometry(n, x->shape(), *wShape, &dy->shape());
+  if (!geometry)
+    return std::nullopt;
+  const ConvGeometry &g = *geometry;
+  int64_t rows = g.rows(), cols = g.cols(), inSize = g.w.inSize(), gm = g.gm();
+  // One GEMM per group sums a chunk's images: K = count * cols.
+  int64_t chunk = std::min(convChunk(g.group * rows * cols, g.batch), INT_MAX / cols);
+  PIPEC_TRY_ASSIGN(dyd, onDevice(*dy));
+  PIPEC_TRY_ASSIGN(xd, onDevice(*x));
+  PIPEC_TRY_ASSIGN(dw, allocate(ElemType::Float, *wShape));
+  PIPEC_TRY_ASSIGN(columnBlock,
+                   scratch(static_cast<size_t>(chunk * g.group * rows * cols) * sizeof(float)));
+  PIPEC_TRY_ASSIGN(gradBlock, scratch(static_cast<size_t>(chunk * g.maps * cols) * sizeof(float)));
+  const float *grad = static_cast<const float *>(dyd.rawData());
+  const float *image = static_cast<const float *>(xd.rawData());
+  float *columns = static_cast<float *>(columnBlock.get());
+  float *gradT = static_cast<float *>(gradBlock.get());
+  for (int64_t n0 = 0; n0 < g.batch; n0 += chunk) {
+    int64_t count = std::min(chunk, g.batch - n0);
+    // dY of the chunk as [group, gm, count, cols].
+    k::IndexMap map;
+    if (!k::makeIndexMap({g.group, gm, count, cols}, {{gm * cols, cols, g.maps * cols, 1}}, map,
+                         {n0 * g.maps * cols}))
+      return std::nullopt;
+    PIPEC_CUDA_TRY(k::launchCopy(4, map, grad, gradT, count * g.maps * cols, stream));
+    k::Im2colParams p;
+    p.w = g.w, p.images = count * g.group, p.channels = g.gc(), p.group = g.group;
+    p.batchInner = true;
+    PIPEC_CUDA_TRY(k::launchIm2col(p, image + n0 * g.channels * inSize, columns, stream));
+    // dW_g += dY_g [gm, count * cols] x columns_g^T [count * cols, rows].
+    int64_t depth = count * cols;
+    if (Error err = gemm(false, true, gm, rows, depth, 1.0f, gradT, depth, gm * depth, columns,
+                         depth, rows * depth, n0 == 0 ? 0.0f : 1.0f,
+                         static_cast<float *>(dw.rawData()), rows, gm * rows, g.group))
+      return err;
+  }
+  return Outputs{dw};
+}
+
+Result CudaBackend::windowPool(const NodeView &n) {
+  const Tensor *x = n.in(0);
+  auto kernel = n.attrInts("kernel_shape");
+  if (!isFloat(x) || !kernel || x->rank() < 3 || x->rank() > 5 || n.wantsOutput(1) ||
+      x->numElements() == 0)
+    return std::nullopt;
+  auto attrs = windowAttrs(n, kernel->size(), true);
+  k::PoolParams p;
+  if (!attrs || !k::makeConvWindow(spatialOf(x->shape()), *kernel, attrs->strides, attrs->dilations,
+                                   attrs->pads, n.attrInt("ceil_mode", 0), p.w))
+    return std::nullopt;
+  p.isMax = n.op() == "MaxPool";
+  p.includePad = n.attrInt("count_include_pad", 0);
+  PIPEC_TRY_ASSIGN(xd, onDevice(*x));
+  PIPEC_TRY_ASSIGN(
+      y, allocate(ElemType::Float, windowOutShape(x->dim(0), x->dim(1), p.w, x->rank() - 2)));
+  PIPEC_CUDA_TRY(k::launchPool(p, x->dim(0) * x->dim(1), static_cast<const float *>(xd.rawData()),
+                               static_cast<float *>(y.rawData()), stream));
+  return Outputs{y};
+}
+
+/// MaxPoolGrad (dY, X) and AveragePoolGrad (dY; X's shape as attribute).
+Result CudaBackend::poolGrad(const NodeView &n) {
+  bool isMax = n.op() == "MaxPoolGrad";
+  const Tensor *dy = n.in(0), *x = isMax ? n.in(1) : nullptr;
+  auto kernel = n.attrInts("kernel_shape");
+  std::optional<Shape> xShape = isMax && isFloat(x) ? x->shape() : n.attrInts("shape");
+  if (!isFloat(dy) || (isMax && !isFloat(x)) || !kernel || !xShape || n.numOutputs() != 1 ||
+      dy->rank() < 3 || dy->rank() > 5 || xShape->size() != size_t(dy->rank()) ||
+      (*xShape)[0] != dy->dim(0) || (*xShape)[1] != dy->dim(1) || product(*xShape) == 0 ||
+      dy->numElements() == 0)
+    return std::nullopt;
+  auto attrs = windowAttrs(n, kernel->size(), false);
+  k::PoolParams p;
+  if (!attrs || !k::makeGradWindow(spatialOf(*xShape), *kernel, attrs->strides, attrs->dilations,
+                                   attrs->pads, spatialOf(dy->shape()), p.w))
+    return std::nullopt;
+  p.isMax = isMax;
+  p.includePad = n.attrInt("count_include_pad", 0);
+  PIPEC_TRY_ASSIGN(dyd, onDevice(*dy));
+  Tensor xd;
+  if (isMax) {
+    PIPEC_TRY_ASSIGN(dev, onDevice(*x));
+    xd = dev;
+  }
+  PIPEC_TRY_ASSIGN(dx, allocate(ElemType::Float, *xShape));
+  PIPEC_CUDA_TRY(k::launchPoolGrad(p, dy->dim(0) * dy->dim(1),
+                                   static_cast<const float *>(dyd.rawData()),
+                                   isMax ? static_cast<const float *>(xd.rawData()) : nullptr,
+                                   static_cast<float *>(dx.rawData()), stream));
+  return Outputs{dx};
+}
+
+Result CudaBackend::globalAveragePool(const NodeView &n) {
+  const Tensor *x = n.in(0);
+  if (!isFloat(x) || x->rank() < 3 || n.numOutputs() != 1)
+    return std::nullopt;
+  int64_t size = product(ArrayRef<int64_t>(x->shape()).drop_front(2));
+  if (size == 0)
+    return std::nullopt;
+  Shape outShape = x->shape();
+  std::fill(outShape.begin() + 2, outShape.end(), 1);
+  std::vector<bool> reduced(x->rank(), true);
+  reduced[0] = reduced[1] = false;
+  PIPEC_TRY_ASSIGN(dev, onDevice(*x));
+  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, outShape));
+  PIPEC_TRY_ASSIGN(done, reduceInto(dev, reduced, 1.0 / static_cast<double>(size), out));
+  if (!done)
+    return std::nullopt;
+  return Outputs{out};
+}
+
+/// BatchNormalization in inference mode.
+Result CudaBackend::batchNorm(const NodeView &n) {
+  const Tensor *x = n.in(0);
+  if (!isFloat(x) || x->rank() < 2 || n.numOutputs() < 1)
+    return std::nullopt;
+  if ((n.opset < 9 && n.attrInt("spatial", 1) == 0) ||
+      (n.opset >= 14 && n.attrInt("training_mode", 0)))
+    return std::nullopt;
+  for (size_t i = 1; i <= 4; ++i)
+    if (n.wantsOutput(i))
+      return std::nullopt;
+  int64_t channels = x->dim(1);
+  std::vector<Tensor> params;
+  for (size_t i = 1; i <= 4; ++i) {
+    const Tensor *t = n.in(i);
+    if (!isFloat(t) || t->rank() != 1 || t->dim(0) != channels)
+      return std::nullopt;
+    PIPEC_TRY_ASSIGN(dev, onDevice(*t));
+    params.push_back(dev);
+  }
+  int64_t spatial = product(ArrayRef<int64_t>(x->shape()).drop_front(2));
+  double epsilon = n.attrFloat("epsilon", 1e-5f);
+  PIPEC_TRY_ASSIGN(xd, onDevice(*x));
+  PIPEC_TRY_ASSIGN(y, allocate(ElemType::Float, x->shape()));
+  auto param = [&](size_t i) { return static_cast<const float *>(params[i].rawData()); };
+  PIPEC_CUDA_TRY(k::launchBatchNorm(x->dim(0), channels, spatial, epsilon,
+                                    static_cast<const float *>(xd.rawData()), param(0), param(1),
+                                    param(2), param(3), static_cast<float *>(y.rawData()), stream));
+  return Outputs{y};
+}
+
+Result CudaBackend::batchNormGradWeight(const NodeView &n) {
+  const Tensor *dy = n.in(0), *x = n.in(1), *mean = n.in(2), *var = n.in(3);
+  if (!isFloat(dy) || !isFloat(x) || !isFloat(mean) || !isFloat(var) || dy->shape() != x->shape() ||
+      x->rank() < 2 || n.numOutputs() != 1)
+    return std::nullopt;
+  int64_t channels = x->dim(1);
+  for (const Tensor *t : {mean, var})
+    if (t->rank() != 1 || t->dim(0) != channels)
+      return std::nullopt;
+  double epsilon = n.attr("epsilon") ? n.attr("epsilon")->f() : 1e-5;
+  int64_t batch = x->dim(0), spatial = product(ArrayRef<int64_t>(x->shape()).drop_front(2));
+  PIPEC_TRY_ASSIGN(dyd, onDevice(*dy));
+  PIPEC_TRY_ASSIGN(xd, onDevice(*x));
+  PIPEC_TRY_ASSIGN(md, onDevice(*mean));
+  PIPEC_TRY_ASSIGN(vd, onDevice(*var));
+  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, {channels}));
+  if (channels == 0)
+    return Outputs{out};
+  int64_t chunks = k::batchNormGradWeightChunks(channels, batch * spatial);
+  PIPEC_TRY_ASSIGN(partial, scratch(static_cast<size_t>(channels * chunks) * sizeof(double)));
+  PIPEC_CUDA_TRY(k::launchBatchNormGradWeight(
+      batch, channels, spatial, epsilon, static_cast<const float *>(dyd.rawData()),
+      static_cast<const float *>(xd.rawData()), static_cast<const float *>(md.rawData()),
+      static_cast<const float *>(vd.rawData()), static_cast<double *>(partial.get()), chunks,
+      static_cast<float *>(out.rawData()), stream));
   return Outputs{out};
 }
 

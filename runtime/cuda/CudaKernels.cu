@@ -346,6 +346,71 @@ struct CrossEntropyGradFn {
   }
 };
 
+struct Im2colFn {
+  Im2colParams p;
+  const float *image;
+  float *columns;
+  __device__ void operator()(int64_t t) const { im2colElement(t, p, image, columns); }
+};
+
+struct Col2imFn {
+  Im2colParams p;
+  const float *columns;
+  float *image;
+  __device__ void operator()(int64_t i) const { col2imElement(i, p, columns, image); }
+};
+
+struct BiasFn {
+  int64_t maps, size;
+  const float *bias;
+  float *y;
+  __device__ void operator()(int64_t i) const { biasElement(i, maps, size, bias, y); }
+};
+
+struct PoolFn {
+  PoolParams p;
+  const float *x;
+  float *y;
+  __device__ void operator()(int64_t t) const { poolElement(t, p, x, y); }
+};
+
+struct PoolGradFn {
+  PoolParams p;
+  const float *dy, *x;
+  float *dx;
+  __device__ void operator()(int64_t i) const { poolGradElement(i, p, dy, x, dx); }
+};
+
+struct BatchNormFn {
+  int64_t channels, spatial;
+  double epsilon;
+  const float *x, *scale, *bias, *mean, *var;
+  float *y;
+  __device__ void operator()(int64_t i) const {
+    batchNormElement(i, channels, spatial, epsilon, x, scale, bias, mean, var, y);
+  }
+};
+
+struct BatchNormGradWeightFn {
+  int64_t channels, batch, spatial, chunks;
+  const float *dy, *x, *mean;
+  double *partial;
+  __device__ void operator()(int64_t t) const {
+    batchNormGradWeightPartial(t, channels, batch, spatial, chunks, dy, x, mean, partial);
+  }
+};
+
+struct BatchNormGradWeightFinishFn {
+  int64_t chunks;
+  double epsilon;
+  const double *partial;
+  const float *var;
+  float *out;
+  __device__ void operator()(int64_t c) const {
+    batchNormGradWeightFinish(c, chunks, epsilon, partial, var, out);
+  }
+};
+
 template <typename T> struct OptimizerFn {
   OptimizerParams p;
   const T *w, *g, *m, *v;
@@ -552,6 +617,55 @@ cudaError_t launchCrossEntropyGrad(const RowLayout &layout, const CrossEntropyPa
     return e;
   return launchRows(rows, layout.inner == 1,
                     CrossEntropyGradFn{layout, p, dLoss, count, scores, labels, dx, flag}, stream);
+}
+
+cudaError_t launchIm2col(const Im2colParams &p, const float *image, float *columns,
+                         cudaStream_t stream) {
+  return launch(p.images * p.rows() * p.w.outSize(), Im2colFn{p, image, columns}, stream);
+}
+
+cudaError_t launchCol2im(const Im2colParams &p, const float *columns, float *image,
+                         cudaStream_t stream) {
+  return launch(p.images * p.channels * p.w.inSize(), Col2imFn{p, columns, image}, stream);
+}
+
+cudaError_t launchBias(int64_t n, int64_t maps, int64_t size, const float *bias, float *y,
+                       cudaStream_t stream) {
+  return launch(n, BiasFn{maps, size, bias, y}, stream);
+}
+
+cudaError_t launchPool(const PoolParams &p, int64_t planes, const float *x, float *y,
+                       cudaStream_t stream) {
+  return launch(planes * p.w.outSize(), PoolFn{p, x, y}, stream);
+}
+
+cudaError_t launchPoolGrad(const PoolParams &p, int64_t planes, const float *dy, const float *x,
+                           float *dx, cudaStream_t stream) {
+  return launch(planes * p.w.inSize(), PoolGradFn{p, dy, x, dx}, stream);
+}
+
+cudaError_t launchBatchNorm(int64_t batch, int64_t channels, int64_t spatial, double epsilon,
+                            const float *x, const float *scale, const float *bias,
+                            const float *mean, const float *var, float *y, cudaStream_t stream) {
+  return launch(batch * channels * spatial,
+                BatchNormFn{channels, spatial, epsilon, x, scale, bias, mean, var, y}, stream);
+}
+
+int64_t batchNormGradWeightChunks(int64_t channels, int64_t count) {
+  int64_t wanted = channels > 0 ? (int64_t(1) << 17) / channels : 1;
+  return std::clamp<int64_t>(std::min(wanted, (count + 255) / 256), 1, std::max<int64_t>(count, 1));
+}
+
+cudaError_t launchBatchNormGradWeight(int64_t batch, int64_t channels, int64_t spatial,
+                                      double epsilon, const float *dy, const float *x,
+                                      const float *mean, const float *var, double *partial,
+                                      int64_t chunks, float *dScale, cudaStream_t stream) {
+  if (cudaError_t e = launch(
+          channels * chunks,
+          BatchNormGradWeightFn{channels, batch, spatial, chunks, dy, x, mean, partial}, stream))
+    return e;
+  return launch(channels, BatchNormGradWeightFinishFn{chunks, epsilon, partial, var, dScale},
+                stream);
 }
 
 cudaError_t launchOptimizer(Scalar type, const OptimizerParams &p, const void *w, const void *g,

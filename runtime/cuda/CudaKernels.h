@@ -107,6 +107,43 @@ cudaError_t launchCrossEntropyGrad(const RowLayout &layout, const CrossEntropyPa
                                    const float *dLoss, const float *scores, const int64_t *labels,
                                    double *count, float *dx, int *flag, cudaStream_t stream);
 
+/// Unfolds p.images images into columns (layout as Im2colParams says).
+cudaError_t launchIm2col(const Im2colParams &p, const float *image, float *columns,
+                         cudaStream_t stream);
+
+/// The adjoint of launchIm2col (columns [images, rows, outSize]): writes
+/// every element of the images.
+cudaError_t launchCol2im(const Im2colParams &p, const float *columns, float *image,
+                         cudaStream_t stream);
+
+/// y [batch, maps, size] (n elements) += bias per map.
+cudaError_t launchBias(int64_t n, int64_t maps, int64_t size, const float *bias, float *y,
+                       cudaStream_t stream);
+
+/// MaxPool or AveragePool of \p planes planes.
+cudaError_t launchPool(const PoolParams &p, int64_t planes, const float *x, float *y,
+                       cudaStream_t stream);
+
+/// MaxPoolGrad (x is the forward input) or AveragePoolGrad (x unused) of
+/// \p planes planes; writes every element of dx.
+cudaError_t launchPoolGrad(const PoolParams &p, int64_t planes, const float *dy, const float *x,
+                           float *dx, cudaStream_t stream);
+
+/// BatchNormalization in inference mode of X [batch, channels, spatial].
+cudaError_t launchBatchNorm(int64_t batch, int64_t channels, int64_t spatial, double epsilon,
+                            const float *x, const float *scale, const float *bias,
+                            const float *mean, const float *var, float *y, cudaStream_t stream);
+
+/// Chunks per channel for launchBatchNormGradWeight's partial sums.
+int64_t batchNormGradWeightChunks(int64_t channels, int64_t count);
+
+/// BatchNormGradWeight: dScale (channels floats); \p partial holds
+/// channels * chunks doubles.
+cudaError_t launchBatchNormGradWeight(int64_t batch, int64_t channels, int64_t spatial,
+                                      double epsilon, const float *dy, const float *x,
+                                      const float *mean, const float *var, double *partial,
+                                      int64_t chunks, float *dScale, cudaStream_t stream);
+
 /// One optimizer update of n elements of F32 or F64.
 cudaError_t launchOptimizer(Scalar type, const OptimizerParams &p, const void *w, const void *g,
                             const void *m, const void *v, void *wOut, void *mOut, void *vOut,

@@ -747,6 +747,303 @@ PIPEC_HD void crossEntropyGradRow(const L &lanes, int64_t row, const RowLayout &
 }
 
 //===----------------------------------------------------------------------===//
+// Convolution, pooling and batch normalization
+//===----------------------------------------------------------------------===//
+
+/// Sliding-window geometry padded to three spatial dimensions as the CPU
+/// kernels pad it: a 1-D or 2-D op gets leading dimensions of size 1.
+struct ConvWindow {
+  int64_t in[3] = {1, 1, 1}, kernel[3] = {1, 1, 1}, stride[3] = {1, 1, 1};
+  int64_t dilation[3] = {1, 1, 1}, padBegin[3] = {0, 0, 0}, padEnd[3] = {0, 0, 0};
+  int64_t out[3] = {1, 1, 1};
+  PIPEC_HD int64_t inSize() const { return in[0] * in[1] * in[2]; }
+  PIPEC_HD int64_t outSize() const { return out[0] * out[1] * out[2]; }
+  PIPEC_HD int64_t kernelSize() const { return kernel[0] * kernel[1] * kernel[2]; }
+  /// Every window is one input element at its own position: the im2col
+  /// columns are the image itself.
+  bool isIdentity() const {
+    for (int d = 0; d < 3; ++d)
+      if (kernel[d] != 1 || stride[d] != 1 || padBegin[d] != 0 || out[d] != in[d])
+        return false;
+    return true;
+  }
+};
+
+/// The window of a forward Conv or pool with explicit pads (auto_pad NOTSET)
+/// over the spatial sizes \p in, output sizes as the CPU kernels compute
+/// them (ceil_mode for pools). False when the attributes do not fit.
+inline bool makeConvWindow(const std::vector<int64_t> &in, const std::vector<int64_t> &kernel,
+                           const std::vector<int64_t> &strides,
+                           const std::vector<int64_t> &dilations, const std::vector<int64_t> &pads,
+                           bool ceilMode, ConvWindow &w) {
+  w = ConvWindow();
+  size_t rank = in.size();
+  if (rank < 1 || rank > 3 || kernel.size() != rank || strides.size() != rank ||
+      dilations.size() != rank || pads.size() != 2 * rank)
+    return false;
+  size_t lead = 3 - rank;
+  for (size_t i = 0; i < rank; ++i) {
+    size_t d = lead + i;
+    int64_t k = kernel[i], s = strides[i], dil = dilations[i];
+    int64_t begin = pads[i], end = pads[rank + i];
+    if (k < 1 || s < 1 || dil < 1 || begin < 0 || end < 0)
+      return false;
+    int64_t span = in[i] + begin + end - ((k - 1) * dil + 1);
+    if (span < 0)
+      return false;
+    int64_t out = (ceilMode ? (span + s - 1) / s : span / s) + 1;
+    if (ceilMode && (out - 1) * s >= in[i] + begin)
+      --out;
+    w.in[d] = in[i], w.kernel[d] = k, w.stride[d] = s, w.dilation[d] = dil;
+    w.padBegin[d] = begin, w.padEnd[d] = end, w.out[d] = out;
+  }
+  return true;
+}
+
+/// The window of a Conv or pool gradient: as makeConvWindow with the output
+/// sizes given (dY's), which must be what ceil_mode off or on gives.
+inline bool makeGradWindow(const std::vector<int64_t> &in, const std::vector<int64_t> &kernel,
+                           const std::vector<int64_t> &strides,
+                           const std::vector<int64_t> &dilations, const std::vector<int64_t> &pads,
+                           const std::vector<int64_t> &out, ConvWindow &w) {
+  if (out.size() != in.size() || !makeConvWindow(in, kernel, strides, dilations, pads, false, w))
+    return false;
+  size_t lead = 3 - in.size();
+  for (size_t i = 0; i < in.size(); ++i) {
+    size_t d = lead + i;
+    int64_t span = w.in[d] + w.padBegin[d] + w.padEnd[d] - (w.kernel[d] - 1) * w.dilation[d] - 1;
+    if (out[i] < span / w.stride[d] + 1 || out[i] > (span + w.stride[d] - 1) / w.stride[d] + 1)
+      return false;
+    w.out[d] = out[i];
+  }
+  return true;
+}
+
+/// im2col and col2im over `images` images of `channels` contiguous planes
+/// (image b of a grouped Conv is batch b / group, group b % group, whose
+/// planes are contiguous in X). Columns are [images, rows, outSize] with
+/// rows = channels * taps; with batchInner they are [group, rows, images /
+/// group, outSize], so that one GEMM per group sums over the batch.
+struct Im2colParams {
+  ConvWindow w;
+  int64_t images = 1, channels = 1, group = 1;
+  bool batchInner = false;
+  PIPEC_HD int64_t rows() const { return channels * w.kernelSize(); }
+};
+
+/// Input position (row-major in the image plane) that tap \p k of output
+/// position \p o reads, or -1 in the padding.
+PIPEC_HD int64_t tapSource(const ConvWindow &w, int64_t k, int64_t o) {
+  int64_t kw = k % w.kernel[2], kh = (k / w.kernel[2]) % w.kernel[1],
+          kd = k / (w.kernel[2] * w.kernel[1]);
+  int64_t ow = o % w.out[2], oh = (o / w.out[2]) % w.out[1], od = o / (w.out[2] * w.out[1]);
+  int64_t id = od * w.stride[0] - w.padBegin[0] + kd * w.dilation[0];
+  int64_t ih = oh * w.stride[1] - w.padBegin[1] + kh * w.dilation[1];
+  int64_t iw = ow * w.stride[2] - w.padBegin[2] + kw * w.dilation[2];
+  if (id < 0 || id >= w.in[0] || ih < 0 || ih >= w.in[1] || iw < 0 || iw >= w.in[2])
+    return -1;
+  return (id * w.in[1] + ih) * w.in[2] + iw;
+}
+
+/// Column element \p t (in [images, rows, outSize] order) from the images.
+PIPEC_HD void im2colElement(int64_t t, const Im2colParams &p, const float *image, float *columns) {
+  int64_t outSize = p.w.outSize(), rows = p.rows(), taps = p.w.kernelSize();
+  int64_t o = t % outSize, r = (t / outSize) % rows, b = t / (outSize * rows);
+  int64_t c = r / taps, k = r % taps;
+  int64_t i = tapSource(p.w, k, o);
+  float v = i < 0 ? 0.0f : image[(b * p.channels + c) * p.w.inSize() + i];
+  if (p.batchInner) {
+    int64_t batch = p.images / p.group, n = b / p.group, g = b % p.group;
+    columns[((g * rows + r) * batch + n) * outSize + o] = v;
+  } else {
+    columns[t] = v;
+  }
+}
+
+/// Output position along one dimension that tap \p k reads input \p i from,
+/// or -1.
+PIPEC_HD int64_t tapTarget(int64_t i, int64_t k, int64_t stride, int64_t dilation, int64_t pad,
+                           int64_t out) {
+  int64_t num = i + pad - k * dilation;
+  if (num < 0 || num % stride != 0 || num / stride >= out)
+    return -1;
+  return num / stride;
+}
+
+/// Image element \p i: the sum of the column entries read from it, taps in
+/// increasing order (the CPU col2im's order for one element).
+PIPEC_HD void col2imElement(int64_t i, const Im2colParams &p, const float *columns, float *image) {
+  const ConvWindow &w = p.w;
+  int64_t inSize = w.inSize(), outSize = w.outSize(), taps = w.kernelSize();
+  int64_t pos = i % inSize, plane = i / inSize; // plane = b * channels + c
+  int64_t iw = pos % w.in[2], ih = (pos / w.in[2]) % w.in[1], id = pos / (w.in[2] * w.in[1]);
+  const float *cols = columns + plane * taps * outSize;
+  float acc = 0;
+  int64_t k = 0;
+  for (int64_t kd = 0; kd < w.kernel[0]; ++kd) {
+    int64_t od = tapTarget(id, kd, w.stride[0], w.dilation[0], w.padBegin[0], w.out[0]);
+    for (int64_t kh = 0; kh < w.kernel[1]; ++kh) {
+      int64_t oh = tapTarget(ih, kh, w.stride[1], w.dilation[1], w.padBegin[1], w.out[1]);
+      for (int64_t kw = 0; kw < w.kernel[2]; ++kw, ++k) {
+        int64_t ow = tapTarget(iw, kw, w.stride[2], w.dilation[2], w.padBegin[2], w.out[2]);
+        if (od < 0 || oh < 0 || ow < 0)
+          continue;
+        acc += cols[k * outSize + (od * w.out[1] + oh) * w.out[2] + ow];
+      }
+    }
+  }
+  image[i] = acc;
+}
+
+/// y[i] += bias[channel of i] for y [batch, maps, size].
+PIPEC_HD void biasElement(int64_t i, int64_t maps, int64_t size, const float *bias, float *y) {
+  y[i] += bias[(i / size) % maps];
+}
+
+/// A 1-D to 3-D MaxPool or AveragePool.
+struct PoolParams {
+  ConvWindow w;
+  bool isMax = true, includePad = false;
+};
+
+/// Taps of output position (od, oh, ow) inside the padded input (includePad)
+/// or the input: the AveragePool divisor.
+PIPEC_HD int64_t poolCount(const ConvWindow &w, const int64_t *o, bool includePad) {
+  int64_t count = 1;
+  for (int d = 0; d < 3; ++d) {
+    int64_t n = 0;
+    for (int64_t k = 0; k < w.kernel[d]; ++k) {
+      int64_t at = o[d] * w.stride[d] - w.padBegin[d] + k * w.dilation[d];
+      n += includePad ? (at >= -w.padBegin[d] && at < w.in[d] + w.padEnd[d])
+                      : (at >= 0 && at < w.in[d]);
+    }
+    count *= n;
+  }
+  return count;
+}
+
+/// The input position of the maximum of window \p o over \p plane (the
+/// first strict maximum in tap order, as the CPU kernels pick it), -1 for a
+/// window of padding only; \p best gets its value.
+PIPEC_HD int64_t poolArgmax(const ConvWindow &w, int64_t o, const float *plane, float &best) {
+  int64_t bestIndex = -1;
+  best = -INFINITY;
+  int64_t taps = w.kernelSize();
+  for (int64_t k = 0; k < taps; ++k) {
+    int64_t i = tapSource(w, k, o);
+    if (i >= 0 && (bestIndex < 0 || plane[i] > best)) {
+      best = plane[i];
+      bestIndex = i;
+    }
+  }
+  return bestIndex;
+}
+
+/// Pool output element \p t of [planes, outSize].
+PIPEC_HD void poolElement(int64_t t, const PoolParams &p, const float *x, float *y) {
+  const ConvWindow &w = p.w;
+  int64_t outSize = w.outSize(), o = t % outSize, plane = t / outSize;
+  const float *in = x + plane * w.inSize();
+  if (p.isMax) {
+    float best;
+    poolArgmax(w, o, in, best);
+    y[t] = best;
+    return;
+  }
+  int64_t taps = w.kernelSize(), valid = 0;
+  double sum = 0;
+  for (int64_t k = 0; k < taps; ++k) {
+    int64_t i = tapSource(w, k, o);
+    if (i >= 0) {
+      sum += in[i];
+      ++valid;
+    }
+  }
+  int64_t at[3] = {o / (w.out[2] * w.out[1]), (o / w.out[2]) % w.out[1], o % w.out[2]};
+  int64_t count = p.includePad ? poolCount(w, at, true) : valid;
+  y[t] = static_cast<float>(count ? sum / static_cast<double>(count) : 0.0);
+}
+
+/// Input gradient element \p i of [planes, inSize]: MaxPoolGrad adds dY of
+/// the windows whose maximum it is in increasing output order,
+/// AveragePoolGrad dY / count of every window reading it in increasing tap
+/// order (the CPU kernels' orders for one element).
+PIPEC_HD void poolGradElement(int64_t i, const PoolParams &p, const float *dy, const float *x,
+                              float *dx) {
+  const ConvWindow &w = p.w;
+  int64_t inSize = w.inSize(), outSize = w.outSize();
+  int64_t pos = i % inSize, plane = i / inSize;
+  int64_t at[3] = {pos / (w.in[2] * w.in[1]), (pos / w.in[2]) % w.in[1], pos % w.in[2]};
+  const float *grad = dy + plane * outSize;
+  float acc = 0;
+  int64_t o3[3];
+  // Max: taps in decreasing order meet the windows in increasing order.
+  for (int64_t a = 0; a < w.kernel[0]; ++a) {
+    int64_t kd = p.isMax ? w.kernel[0] - 1 - a : a;
+    o3[0] = tapTarget(at[0], kd, w.stride[0], w.dilation[0], w.padBegin[0], w.out[0]);
+    if (o3[0] < 0)
+      continue;
+    for (int64_t b = 0; b < w.kernel[1]; ++b) {
+      int64_t kh = p.isMax ? w.kernel[1] - 1 - b : b;
+      o3[1] = tapTarget(at[1], kh, w.stride[1], w.dilation[1], w.padBegin[1], w.out[1]);
+      if (o3[1] < 0)
+        continue;
+      for (int64_t c = 0; c < w.kernel[2]; ++c) {
+        int64_t kw = p.isMax ? w.kernel[2] - 1 - c : c;
+        o3[2] = tapTarget(at[2], kw, w.stride[2], w.dilation[2], w.padBegin[2], w.out[2]);
+        if (o3[2] < 0)
+          continue;
+        int64_t o = (o3[0] * w.out[1] + o3[1]) * w.out[2] + o3[2];
+        if (p.isMax) {
+          float best;
+          if (poolArgmax(w, o, x + plane * inSize, best) == pos)
+            acc += grad[o];
+        } else {
+          acc += grad[o] / static_cast<float>(poolCount(w, o3, p.includePad));
+        }
+      }
+    }
+  }
+  dx[i] = acc;
+}
+
+/// BatchNormalization (inference) of element \p i of X [batch, channels,
+/// spatial], in double as the CPU kernel computes it.
+PIPEC_HD void batchNormElement(int64_t i, int64_t channels, int64_t spatial, double epsilon,
+                               const float *x, const float *scale, const float *bias,
+                               const float *mean, const float *var, float *y) {
+  int64_t c = (i / spatial) % channels;
+  double mul = static_cast<double>(scale[c]) / sqrt(static_cast<double>(var[c]) + epsilon);
+  double add = static_cast<double>(bias[c]) - static_cast<double>(mean[c]) * mul;
+  y[i] = static_cast<float>(static_cast<double>(x[i]) * mul + add);
+}
+
+/// Pass one of BatchNormGradWeight: partial t covers channel t / chunks and
+/// chunk t % chunks of its batch * spatial elements, summing dY (X - mean).
+PIPEC_HD void batchNormGradWeightPartial(int64_t t, int64_t channels, int64_t batch,
+                                         int64_t spatial, int64_t chunks, const float *dy,
+                                         const float *x, const float *mean, double *partial) {
+  int64_t c = t / chunks, chunk = t % chunks, count = batch * spatial;
+  int64_t length = (count + chunks - 1) / chunks;
+  int64_t end = (chunk + 1) * length < count ? (chunk + 1) * length : count;
+  double mu = static_cast<double>(mean[c]), acc = 0;
+  for (int64_t r = chunk * length; r < end; ++r) {
+    int64_t i = ((r / spatial) * channels + c) * spatial + r % spatial;
+    acc += static_cast<double>(dy[i]) * (static_cast<double>(x[i]) - mu);
+  }
+  partial[t] = acc;
+}
+
+/// Pass two: dScale[c] = sum of its chunks / sqrt(var + epsilon).
+PIPEC_HD void batchNormGradWeightFinish(int64_t c, int64_t chunks, double epsilon,
+                                        const double *partial, const float *var, float *out) {
+  double acc = 0;
+  for (int64_t k = 0; k < chunks; ++k)
+    acc += partial[c * chunks + k];
+  out[c] = static_cast<float>(acc / sqrt(static_cast<double>(var[c]) + epsilon));
+}
+
+//===----------------------------------------------------------------------===//
 // Optimizer
 //===----------------------------------------------------------------------===//
 
