@@ -195,6 +195,18 @@ protected:
     o.withLoss = true;
     return model("bert", o);
   }
+  static std::string gptHalf() {
+    models::GeneratorOptions o;
+    o.family = models::Family::Gpt;
+    o.layers = 4;
+    o.hidden = 32;
+    o.heads = 4;
+    o.vocab = 64;
+    o.seq = 8;
+    o.withLoss = true;
+    o.fp16Weights = true;
+    return model("gpt-fp16", o);
+  }
   static std::string cnn() {
     models::GeneratorOptions o;
     o.family = models::Family::Resnet;
@@ -254,6 +266,12 @@ TEST_F(Equivalence, LlamaGroupedQueryAttention) {
 // reaches: it crosses every boundary forward and nothing comes back.
 TEST_F(Equivalence, BertEncoder) {
   check(bert(), 4, {{"1f1b", 3, 1, 4, 1}, {"zbv", 2, 2, 4, 1}, {"interleaved", 2, 2, 2, 1}});
+}
+
+// float16 weights train through float32 master copies; every op rounds to
+// float16, so a different summation order shows at float16's precision.
+TEST_F(Equivalence, Float16WeightsTrainThroughFloat32Masters) {
+  check(gptHalf(), 4, {{"1f1b", 2, 1, 4, 1}, {"zbv", 2, 2, 4, 1}}, "adamw", 2, 1e-2);
 }
 
 TEST_F(Equivalence, CnnEverySchedule) {
@@ -518,6 +536,25 @@ TEST_F(RunCli, ResumedRunIsBitIdentical) {
                        out),
             0)
       << out;
+  // float16 weights resume from their float32 masters.
+  std::string half = plan(gptHalf(), "--stages 2 --microbatches 2 --batch 4", "resume-half");
+  ASSERT_EQ(runCommand(pipec() + " run " + half + " --steps 3" + flags + " --save-weights " +
+                           dir->path("half-straight.onnx"),
+                       out),
+            0)
+      << out;
+  ASSERT_EQ(
+      runCommand(pipec() + " run " + half + " --steps 2 --checkpoint " + ckpt + "-half" + flags,
+                 out),
+      0)
+      << out;
+  ASSERT_EQ(runCommand(pipec() + " run " + half + " --steps 3 --resume --checkpoint " + ckpt +
+                           "-half" + flags + " --save-weights " + dir->path("half-resumed.onnx"),
+                       out),
+            0)
+      << out;
+  EXPECT_TRUE(readFile(dir->path("half-straight.onnx")) ==
+              readFile(dir->path("half-resumed.onnx")));
   // Killed during step 2 (after the checkpoint of step 2), then resumed.
   int rc = runCommand("PIPEC_FAULT=rank=1,step=2,at=4,kind=error " + pipec() + " run " + p +
                           " --steps 4 --checkpoint " + ckpt + flags,

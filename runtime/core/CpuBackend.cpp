@@ -62,13 +62,21 @@ public:
   Error addInto(cpu::Tensor &acc, const cpu::Tensor &term) override {
     if (!acc.onHost() || !term.onHost())
       return notOnHost(acc.onHost() ? term : acc);
-    if (acc.elemType() != term.elemType() || acc.numElements() != term.numElements())
+    // float16 and bfloat16 are stored as float: a float32 accumulator takes
+    // them as they are.
+    auto floatStored = [](cpu::ElemType t) {
+      return t == cpu::ElemType::Float || t == cpu::ElemType::Float16 ||
+             t == cpu::ElemType::BFloat16;
+    };
+    bool same = acc.elemType() == term.elemType() ||
+                (acc.elemType() == cpu::ElemType::Float && floatStored(term.elemType()));
+    if (!same || acc.numElements() != term.numElements())
       return createStringError(inconvertibleErrorCode(), "adding %s into %s",
                                term.describe().c_str(), acc.describe().c_str());
     if (acc.elemType() == cpu::ElemType::Double)
       addTo(acc.data<double>(), term.data<double>(), acc.numElements());
     else if (acc.elemType() == cpu::ElemType::Float)
-      addTo(acc.data<float>(), term.data<float>(), acc.numElements());
+      addTo(acc.data<float>(), static_cast<const float *>(term.rawData()), acc.numElements());
     else
       return createStringError(inconvertibleErrorCode(), "adding %s: float or double only",
                                acc.describe().c_str());

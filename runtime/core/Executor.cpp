@@ -159,6 +159,10 @@ private:
   std::map<std::tuple<bool, int, int, std::string>, cpu::Tensor> outbox;
   std::map<std::tuple<bool, int, int, std::string>, int> pending;
   std::map<std::string, cpu::Tensor> grads, moment1, moment2;
+  /// float32 master copies of trained float16 / bfloat16 weights.
+  std::map<std::string, cpu::Tensor> master;
+  /// \p t converted to ONNX element type \p to by the backend's Cast.
+  Expected<cpu::Tensor> castTo(const cpu::Tensor &t, int to);
   std::vector<std::string> trainableHere;
   std::map<int, std::set<std::string>> keepSets, inputSets;
   double lossSum = 0, lossCount = 0;
@@ -177,15 +181,26 @@ Error RankExecutor::load() {
     auto tensor = cpu::fromTensorProto(*it->second, s.modelDir);
     if (!tensor)
       return rankError(global, "loading weights: " + toString(tensor.takeError()));
+    bool half = tensor->elemType() == cpu::ElemType::Float16 ||
+                tensor->elemType() == cpu::ElemType::BFloat16;
     if (s.trainable.count(name)) {
-      if (tensor->elemType() != cpu::ElemType::Float && tensor->elemType() != cpu::ElemType::Double)
-        return rankError(global, formatv("weight '{0}' is {1}; training needs float32 weights",
-                                         name, cpu::elemTypeName(tensor->elemType())));
+      if (tensor->elemType() != cpu::ElemType::Float &&
+          tensor->elemType() != cpu::ElemType::Double && !half)
+        return rankError(global, formatv("weight '{0}' is {1}; training needs float weights", name,
+                                         cpu::elemTypeName(tensor->elemType())));
       trainableHere.push_back(name);
     }
     auto placed = be.upload(*tensor);
     if (!placed)
       return rankError(global, "loading weights: " + toString(placed.takeError()));
+    if (half && s.trainable.count(name)) {
+      // Half weights train through a float32 master copy: the optimizer
+      // updates it, the model computes with its rounding.
+      auto copy = castTo(*placed, onnx::TensorProto::FLOAT);
+      if (!copy)
+        return copy.takeError();
+      master[name] = std::move(*copy);
+    }
     weights[name] = std::move(*placed);
   }
   for (int k = 0; k < s.K; ++k) {
@@ -398,8 +413,9 @@ Error RankExecutor::backwardWeight(int stage, int mb) {
         return rankError(global, formatv("stage {0} microbatch {1}: gradient term '{2}' of weight "
                                          "'{3}' was not computed",
                                          stage, mb, term, g.value()));
-      if (it->second.numElements() != acc->second.numElements() ||
-          it->second.elemType() != acc->second.elemType())
+      // Element types are the backend's to reconcile (a float32 accumulator
+      // takes float16 terms).
+      if (it->second.numElements() != acc->second.numElements())
         return rankError(global,
                          formatv("stage {0}: gradient '{1}' is {2}, weight '{3}' is {4}", stage,
                                  term, it->second.describe(), g.value(), acc->second.describe()));
@@ -480,10 +496,37 @@ Error RankExecutor::optimizerStep(int t) {
         scaled.setDouble(i, scaled.getDouble(i) * u.gradScale);
       lastGrads[name] = std::move(scaled);
     }
-    if (Error err = be.optimize(u, weights[name], g, moment1[name], moment2[name]))
+    auto m = master.find(name);
+    cpu::Tensor &target = m != master.end() ? m->second : weights[name];
+    if (Error err = be.optimize(u, target, g, moment1[name], moment2[name]))
       return rankError(global, formatv("updating '{0}': {1}", name, toString(std::move(err))));
+    if (m != master.end()) {
+      int type = weights[name].elemType() == cpu::ElemType::Float16 ? onnx::TensorProto::FLOAT16
+                                                                    : onnx::TensorProto::BFLOAT16;
+      auto rounded = castTo(m->second, type);
+      if (!rounded)
+        return rounded.takeError();
+      weights[name] = std::move(*rounded);
+    }
   }
   return Error::success();
+}
+
+Expected<cpu::Tensor> RankExecutor::castTo(const cpu::Tensor &t, int to) {
+  onnx::NodeProto cast;
+  cast.set_op_type("Cast");
+  cast.set_name("pipec:master-cast");
+  cast.add_input("x");
+  cast.add_output("y");
+  auto *a = cast.add_attribute();
+  a->set_name("to");
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(to);
+  const cpu::Tensor *in[] = {&t};
+  auto out = be.run(cast, 13, in);
+  if (!out)
+    return out.takeError();
+  return std::move((*out)[0]);
 }
 
 Expected<std::map<std::string, cpu::Tensor>> RankExecutor::trainedWeights() {
@@ -513,7 +556,9 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
   lossSum = lossCount = 0;
   grads.clear();
   for (const std::string &name : trainableHere) {
-    auto zero = be.zeros(weights[name].elemType(), weights[name].shape());
+    // Half weights accumulate their gradients in float32, like their master.
+    auto zero = be.zeros(master.count(name) ? cpu::ElemType::Float : weights[name].elemType(),
+                         weights[name].shape());
     if (!zero)
       return zero.takeError();
     grads[name] = std::move(*zero);
@@ -676,6 +721,9 @@ Error RankExecutor::saveCheckpoint(StringRef file, int nextStep) {
   for (const std::string &name : trainableHere) {
     if (Error err = add(weights.at(name), "w:" + name))
       return err;
+    if (auto it = master.find(name); it != master.end())
+      if (Error err = add(it->second, "p:" + name))
+        return err;
     if (auto it = moment1.find(name); it != moment1.end() && !it->second.isNull())
       if (Error err = add(it->second, "m:" + name))
         return err;
@@ -721,6 +769,8 @@ Error RankExecutor::loadCheckpoint(StringRef file, int &nextStep) {
                                          cpu::shapeString(weights[weight].shape())));
       weights[weight] = std::move(*tensor);
       seen.insert(weight);
+    } else if (name.startswith("p:")) {
+      master[weight] = std::move(*tensor);
     } else if (name.startswith("m:")) {
       moment1[weight] = std::move(*tensor);
     } else if (name.startswith("v:")) {
