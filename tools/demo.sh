@@ -26,6 +26,8 @@ $pipec report out/gpt-12l.plan --format html -o out/report.html
 $pipec simulate out/gpt-12l.plan --trace out/trace.json > /dev/null
 echo
 echo "== 5. train: compile for 4 CPU ranks (1F1B, 8 microbatches of 1) and run 3 steps"
+echo "   (synthetic token ids are uniform: the loss starts near ln(8000) = 8.99 and has little to"
+echo "    learn; pipec run --data DIR trains on real data)"
 $pipec compile out/gpt-12l.onnx -o out/gpt-12l-cpu.plan --stages 4 --hardware cpu --batch 8 \
   --microbatches 8
 $pipec run out/gpt-12l-cpu.plan --steps 3 --trace out/run-trace.json --save-weights out/gpt-12l-trained.onnx
