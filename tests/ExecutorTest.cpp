@@ -63,8 +63,11 @@ plan::Plan compileFor(const std::string &model, const Config &s, int64_t globalB
   return *plan;
 }
 
+/// Extra run settings for the equivalence checks (clipping, schedules).
+rt::RunOptions extraOptions;
+
 rt::RunResult runPlan(const plan::Plan &plan, const std::string &optimizer = "sgd", int steps = 1) {
-  rt::RunOptions options;
+  rt::RunOptions options = extraOptions;
   options.steps = steps;
   options.seed = 7;
   options.optimizer = optimizer;
@@ -298,6 +301,17 @@ TEST_F(Equivalence, AdamWOverThreeSteps) {
 
 TEST_F(Equivalence, MomentumOverThreeSteps) {
   check(mlp(), 8, {{"interleaved", 2, 2, 4, 1}}, "momentum", 3);
+}
+
+// The global gradient norm counts every weight once (a tied embedding on one
+// of its two ranks), so clipping scales a pipelined step as it scales the
+// one-rank step; with a warm-up and a cosine schedule over three steps.
+TEST_F(Equivalence, ClippingAndScheduleMatch) {
+  extraOptions.clipGradNorm = 0.05;
+  extraOptions.lrSchedule = "cosine";
+  extraOptions.warmup = 1;
+  check(gpt(true), 8, {{"1f1b", 2, 1, 4, 1}, {"zbv", 2, 2, 4, 1}, {"1f1b", 2, 1, 2, 2}}, "sgd", 3);
+  extraOptions = rt::RunOptions();
 }
 
 TEST_F(Equivalence, RecomputeChangesNothing) {

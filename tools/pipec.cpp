@@ -184,6 +184,15 @@ cl::opt<std::string> RunOptimizer("optimizer",
 cl::opt<double> RunLr("lr", cl::desc("Learning rate (default 1e-3 adamw, 1e-2 sgd)"), cl::init(0),
                       cl::sub(RunCmd));
 cl::opt<double> RunMomentum("momentum", cl::desc("SGD momentum"), cl::init(0.9), cl::sub(RunCmd));
+cl::opt<std::string> RunLrSchedule("lr-schedule",
+                                   cl::desc("constant, linear or cosine (decay to 0 over the "
+                                            "run's steps)"),
+                                   cl::init("constant"), cl::sub(RunCmd));
+cl::opt<int> RunWarmup("warmup", cl::desc("Steps of linear learning-rate warm-up"), cl::init(0),
+                       cl::sub(RunCmd));
+cl::opt<double> RunClip("clip-grad-norm",
+                        cl::desc("Scale gradients down to this global norm (0: off)"), cl::init(0),
+                        cl::sub(RunCmd));
 cl::opt<double> RunWeightDecay("weight-decay", cl::desc("Decoupled weight decay"), cl::init(0),
                                cl::sub(RunCmd));
 cl::opt<std::string> RunSave("save-weights", cl::desc("Write the trained model as ONNX"),
@@ -547,6 +556,13 @@ int runRun() {
   options.lr = RunLr;
   options.momentum = RunMomentum;
   options.weightDecay = RunWeightDecay;
+  options.lrSchedule = RunLrSchedule;
+  options.warmup = RunWarmup;
+  options.clipGradNorm = RunClip;
+  if (RunWarmup < 0 || RunClip < 0) {
+    errs() << "pipec run: --warmup and --clip-grad-norm must not be negative\n";
+    return ExitUsage;
+  }
   options.saveWeights = RunSave;
   options.checkpointDir = RunCheckpoint;
   options.checkpointEvery = RunCheckpointEvery;

@@ -129,6 +129,8 @@ public:
   /// (excluding waits for messages), and nodes run.
   double kernelSeconds = 0, instructionSeconds = 0;
   int64_t nodesRun = 0;
+  /// The last step's learning rate and (with clipping) gradient norm.
+  double lastLr = 0, lastGradNorm = -1;
   /// Seconds spent waiting for messages inside compute instructions.
   double waitSeconds = 0;
 
@@ -165,6 +167,8 @@ private:
   Expected<cpu::Tensor> castTo(const cpu::Tensor &t, int to);
   std::vector<std::string> trainableHere;
   std::map<int, std::set<std::string>> keepSets, inputSets;
+  /// Tied weight -> the lowest pipeline rank holding it.
+  std::map<std::string, int> tiedOwner;
   double lossSum = 0, lossCount = 0;
 };
 
@@ -203,6 +207,10 @@ Error RankExecutor::load() {
     }
     weights[name] = std::move(*placed);
   }
+  for (const Ins &ins : program.instructions())
+    if (ins.op() == Ins::ALLREDUCE && StringRef(ins.group()).startswith("tied:") &&
+        ins.ranks_size() > 0)
+      tiedOwner[ins.group().substr(5)] = *std::min_element(ins.ranks().begin(), ins.ranks().end());
   for (int k = 0; k < s.K; ++k) {
     if (!local(k))
       continue;
@@ -473,11 +481,27 @@ Error RankExecutor::allReduce(const Ins &ins) {
   return Error::success();
 }
 
+/// The learning rate of step \p t under the run's schedule.
+double scheduledLr(const Shared &s, int t) {
+  const RunOptions &o = s.options;
+  double lr = s.lr;
+  if (o.warmup > 0 && t < o.warmup)
+    return lr * (t + 1) / o.warmup;
+  int decaySteps = o.steps - o.warmup;
+  double progress = decaySteps > 0 ? std::clamp(double(t - o.warmup) / decaySteps, 0.0, 1.0) : 0.0;
+  if (o.lrSchedule == "linear")
+    return lr * (1 - progress);
+  if (o.lrSchedule == "cosine")
+    return lr * 0.5 * (1 + std::cos(M_PI * progress));
+  return lr;
+}
+
 Error RankExecutor::optimizerStep(int t) {
   const RunOptions &o = s.options;
   OptimizerUpdate u;
   u.kind = s.optimizer;
-  u.lr = s.lr;
+  u.lr = scheduledLr(s, t);
+  lastLr = u.lr;
   u.momentum = o.momentum;
   u.weightDecay = o.weightDecay;
   u.beta1 = o.beta1;
@@ -485,6 +509,28 @@ Error RankExecutor::optimizerStep(int t) {
   u.epsilon = o.epsilon;
   u.gradScale = 1.0 / (static_cast<double>(s.M) * s.dp);
   u.step = t;
+  if (o.clipGradNorm > 0) {
+    // Every rank adds the squares of the weights it counts: a tied weight on
+    // the lowest of its ranks, replicas' (identical) gradients on replica 0.
+    double squares[1] = {0};
+    if (replica == 0)
+      for (const std::string &name : trainableHere) {
+        if (auto owner = tiedOwner.find(name); owner != tiedOwner.end() && owner->second != rank)
+          continue;
+        auto host = be.download(grads[name]);
+        if (!host)
+          return host.takeError();
+        for (int64_t i = 0; i < host->numElements(); ++i) {
+          double g = host->getDouble(i) * u.gradScale;
+          squares[0] += g * g;
+        }
+      }
+    if (Error err = comm.sumAll(squares))
+      return err;
+    lastGradNorm = std::sqrt(squares[0]);
+    if (lastGradNorm > o.clipGradNorm)
+      u.gradScale *= o.clipGradNorm / (lastGradNorm + 1e-6);
+  }
   for (const std::string &name : trainableHere) {
     cpu::Tensor &g = grads[name];
     if (s.options.collectWeights) {
@@ -842,6 +888,11 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
     return createStringError(inconvertibleErrorCode(),
                              "--optimizer %s: expected sgd, momentum or adamw", opt.c_str());
   s->lr = options.lr > 0 ? options.lr : (s->optimizer == OptimizerKind::AdamW ? 1e-3 : 1e-2);
+  if (options.lrSchedule != "constant" && options.lrSchedule != "linear" &&
+      options.lrSchedule != "cosine")
+    return createStringError(inconvertibleErrorCode(),
+                             "--lr-schedule %s: expected constant, linear or cosine",
+                             options.lrSchedule.c_str());
   auto data = DataSource::open(plan, options.dataDir, options.seed);
   if (!data)
     return data.takeError();
@@ -938,6 +989,10 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
       *o.log << formatv("step {0}/{1}", t + 1, o.steps);
       if (s.training)
         *o.log << formatv("  loss {0:f4}", loss);
+      if (s.training && (o.lrSchedule != "constant" || o.warmup > 0))
+        *o.log << formatv("  lr {0:e2}", ex.lastLr);
+      if (s.training && ex.lastGradNorm >= 0)
+        *o.log << formatv("  grad-norm {0:f3}", ex.lastGradNorm);
       *o.log << formatv("  {0:f1} samples/s  ETA {1}\n", rate, formatDuration(eta));
       o.log->flush();
     }

@@ -59,6 +59,13 @@ struct RunOptions {
   double momentum = 0.9;
   double weightDecay = 0;
   double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;
+  /// Learning-rate schedule over the run's steps: constant, linear or
+  /// cosine decay to 0, after `warmup` steps of linear warm-up from 0.
+  std::string lrSchedule = "constant";
+  int warmup = 0;
+  /// Scale the step's gradient down to this global norm (all weights of all
+  /// ranks, each counted once) when it is larger; 0: no clipping.
+  double clipGradNorm = 0;
   /// Atomic checkpoints every checkpointEvery steps, in checkpointDir.
   std::string checkpointDir;
   int checkpointEvery = 1;
