@@ -4,7 +4,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "passes/ContribShapes.h"
-#include "compiler/ir/Attributes.h"
+#include "runtime/plan/Attributes.h"
 
 #include "llvm/ADT/StringSwitch.h"
 

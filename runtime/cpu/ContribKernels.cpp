@@ -19,6 +19,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Kernels.h"
+#include "runtime/plan/Attributes.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -56,26 +57,14 @@ public:
   const Tensor *optInput(size_t i) const { return i < inputs.size() ? inputs[i] : nullptr; }
   const Tensor &input(size_t i) const { return *inputs[i]; }
 
-  const onnx::AttributeProto *attr(StringRef name) const {
-    for (const auto &a : node.attribute())
-      if (a.name() == name)
-        return &a;
-    return nullptr;
-  }
+  const onnx::AttributeProto *attr(StringRef name) const { return findAttr(node, name); }
   int64_t attrInt(StringRef name, int64_t otherwise) const {
-    const auto *a = attr(name);
-    return a ? a->i() : otherwise;
+    return pipec::attrInt(node, name, otherwise);
   }
   float attrFloat(StringRef name, float otherwise) const {
-    const auto *a = attr(name);
-    return a ? a->f() : otherwise;
+    return pipec::attrFloat(node, name, otherwise);
   }
-  std::optional<Shape> attrInts(StringRef name) const {
-    const auto *a = attr(name);
-    if (!a)
-      return std::nullopt;
-    return Shape(a->ints().begin(), a->ints().end());
-  }
+  std::optional<Shape> attrInts(StringRef name) const { return pipec::attrInts(node, name); }
 
   Error fail(const Twine &message) const {
     return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s",

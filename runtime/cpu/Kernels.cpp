@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Kernels.h"
+#include "runtime/plan/Attributes.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -78,30 +79,17 @@ public:
     return i < numOutputs() && !node.output(static_cast<int>(i)).empty();
   }
 
-  const onnx::AttributeProto *attr(StringRef name) const {
-    for (const auto &a : node.attribute())
-      if (a.name() == name)
-        return &a;
-    return nullptr;
-  }
+  const onnx::AttributeProto *attr(StringRef name) const { return findAttr(node, name); }
   int64_t attrInt(StringRef name, int64_t otherwise) const {
-    const auto *a = attr(name);
-    return a ? a->i() : otherwise;
+    return pipec::attrInt(node, name, otherwise);
   }
   float attrFloat(StringRef name, float otherwise) const {
-    const auto *a = attr(name);
-    return a ? a->f() : otherwise;
+    return pipec::attrFloat(node, name, otherwise);
   }
   std::string attrString(StringRef name, StringRef otherwise) const {
-    const auto *a = attr(name);
-    return a ? a->s() : otherwise.str();
+    return pipec::attrString(node, name, otherwise);
   }
-  std::optional<Shape> attrInts(StringRef name) const {
-    const auto *a = attr(name);
-    if (!a)
-      return std::nullopt;
-    return Shape(a->ints().begin(), a->ints().end());
-  }
+  std::optional<Shape> attrInts(StringRef name) const { return pipec::attrInts(node, name); }
   /// An integer list that ONNX moved from attribute \p name to input \p i in
   /// some opset (Squeeze axes, Slice starts, Split sizes): the input when the
   /// node has it, else the attribute, else nullopt.

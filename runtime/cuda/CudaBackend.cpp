@@ -14,6 +14,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CudaBackend.h"
+#include "runtime/plan/Attributes.h"
 
 #include "runtime/cpu/GradKernels.h"
 #include "runtime/cpu/Kernels.h"
@@ -117,30 +118,17 @@ public:
   }
   StringRef op() const { return node.op_type(); }
 
-  const onnx::AttributeProto *attr(StringRef name) const {
-    for (const auto &a : node.attribute())
-      if (a.name() == name)
-        return &a;
-    return nullptr;
-  }
+  const onnx::AttributeProto *attr(StringRef name) const { return findAttr(node, name); }
   int64_t attrInt(StringRef name, int64_t otherwise) const {
-    const auto *a = attr(name);
-    return a ? a->i() : otherwise;
+    return pipec::attrInt(node, name, otherwise);
   }
   float attrFloat(StringRef name, float otherwise) const {
-    const auto *a = attr(name);
-    return a ? a->f() : otherwise;
+    return pipec::attrFloat(node, name, otherwise);
   }
   std::string attrString(StringRef name, StringRef otherwise) const {
-    const auto *a = attr(name);
-    return a ? a->s() : otherwise.str();
+    return pipec::attrString(node, name, otherwise);
   }
-  std::optional<Shape> attrInts(StringRef name) const {
-    const auto *a = attr(name);
-    if (!a)
-      return std::nullopt;
-    return Shape(a->ints().begin(), a->ints().end());
-  }
+  std::optional<Shape> attrInts(StringRef name) const { return pipec::attrInts(node, name); }
   /// \p axis in [-rank, rank) made non-negative, or nullopt.
   static std::optional<int64_t> normalizeAxis(int64_t axis, int64_t rank) {
     if (axis < -rank || axis >= rank)

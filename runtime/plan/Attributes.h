@@ -1,6 +1,11 @@
 //===- Attributes.h - Typed access to ONNX node attributes --------------===//
-#ifndef PIPEC_IR_ATTRIBUTES_H
-#define PIPEC_IR_ATTRIBUTES_H
+//
+// Shared by the compiler (passes read attributes of the graph's nodes) and the
+// runtime (kernels read those of the plan's nodes).
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_PLAN_ATTRIBUTES_H
+#define PIPEC_PLAN_ATTRIBUTES_H
 
 #include "onnx/onnx_pb.h"
 
@@ -45,4 +50,4 @@ inline std::optional<std::vector<int64_t>> attrInts(const onnx::NodeProto &node,
 
 } // namespace pipec
 
-#endif // PIPEC_IR_ATTRIBUTES_H
+#endif // PIPEC_PLAN_ATTRIBUTES_H
