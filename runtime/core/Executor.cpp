@@ -21,6 +21,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <malloc.h>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -1207,7 +1208,20 @@ Expected<std::unique_ptr<Backend>> makeBackend(const Shared &s, int device, int 
 
 } // namespace
 
+/// Keeps freed tensor memory in the heap: a step frees and reallocates the
+/// same large activations over and over, and returning them to the kernel
+/// each time costs a page fault per page on the next touch.
+void keepFreedMemory() {
+  static bool done = false;
+  if (done)
+    return;
+  done = true;
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+}
+
 Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) {
+  keepFreedMemory();
   auto shared = makeShared(plan, options);
   if (!shared)
     return shared.takeError();
@@ -1302,6 +1316,7 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
 }
 
 Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
+  keepFreedMemory();
   auto comm = makeMpiComm(options.timeoutSeconds);
   if (!comm)
     return comm.takeError();
