@@ -36,7 +36,7 @@ struct Config {
 };
 
 plan::Plan compileFor(const std::string &model, const Config &s, int64_t globalBatch,
-                      bool recompute = false, const std::string &optimizer = "sgd") {
+                      bool recompute = false) {
   CompileOptions options;
   options.stages = s.stages;
   options.virtualStages = s.virtualStages;
@@ -53,7 +53,6 @@ plan::Plan compileFor(const std::string &model, const Config &s, int64_t globalB
     return {};
   }
   options.schedule = *kind;
-  (void)optimizer;
   auto plan = compileModel(model, options, PipelineOptions());
   EXPECT_TRUE(static_cast<bool>(plan)) << (plan ? "" : llvm::toString(plan.takeError()));
   if (!plan)
@@ -149,20 +148,28 @@ protected:
       EXPECT_TRUE(static_cast<bool>(proto));
       if (!proto)
         return path;
-      llvm::consumeError(models::writeModel(*proto, path, false));
+      llvm::Error err = models::writeModel(*proto, path, false);
+      EXPECT_FALSE(static_cast<bool>(err)) << llvm::toString(std::move(err));
     }
     return path;
   }
-  static std::string gpt(bool tied = true) {
+  /// A small transformer with a loss: 4 blocks of width 32, 4 heads,
+  /// vocabulary 64, sequence 8.
+  static models::GeneratorOptions transformer(models::Family family) {
     models::GeneratorOptions o;
-    o.family = models::Family::Gpt;
-    o.layers = 6;
+    o.family = family;
+    o.layers = 4;
     o.hidden = 32;
     o.heads = 4;
     o.vocab = 64;
     o.seq = 8;
-    o.tiedEmbeddings = tied;
     o.withLoss = true;
+    return o;
+  }
+  static std::string gpt(bool tied = true) {
+    models::GeneratorOptions o = transformer(models::Family::Gpt);
+    o.layers = 6;
+    o.tiedEmbeddings = tied;
     return model(tied ? "gpt-tied" : "gpt", o);
   }
   static std::string mlp() {
@@ -174,39 +181,14 @@ protected:
     o.withLoss = true;
     return model("mlp", o);
   }
-
   static std::string llama() {
-    models::GeneratorOptions o;
-    o.family = models::Family::Llama;
-    o.layers = 4;
-    o.hidden = 32;
-    o.heads = 4;
+    models::GeneratorOptions o = transformer(models::Family::Llama);
     o.kvHeads = 2;
-    o.vocab = 64;
-    o.seq = 8;
-    o.withLoss = true;
     return model("llama", o);
   }
-  static std::string bert() {
-    models::GeneratorOptions o;
-    o.family = models::Family::Bert;
-    o.layers = 4;
-    o.hidden = 32;
-    o.heads = 4;
-    o.vocab = 64;
-    o.seq = 8;
-    o.withLoss = true;
-    return model("bert", o);
-  }
+  static std::string bert() { return model("bert", transformer(models::Family::Bert)); }
   static std::string gptHalf() {
-    models::GeneratorOptions o;
-    o.family = models::Family::Gpt;
-    o.layers = 4;
-    o.hidden = 32;
-    o.heads = 4;
-    o.vocab = 64;
-    o.seq = 8;
-    o.withLoss = true;
+    models::GeneratorOptions o = transformer(models::Family::Gpt);
     o.fp16Weights = true;
     return model("gpt-fp16", o);
   }
@@ -230,8 +212,10 @@ protected:
       std::string what = formatv("{0} {1} P={2} V={3} M={4} dp={5}", llvm::sys::path::stem(path),
                                  s.schedule, s.stages, s.virtualStages, s.microbatches, s.dp);
       plan::Plan pipelined = compileFor(path, s, batch);
-      if (pipelined.stage_programs_size() == 0)
+      if (pipelined.stage_programs_size() == 0) {
+        ADD_FAILURE() << what << ": the plan has no stage programs to run";
         continue;
+      }
       SCOPED_TRACE(what);
       expectSameStep(runPlan(pipelined, optimizer, steps), reference, what, tolerance);
     }
