@@ -13,7 +13,6 @@
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
-#include "llvm/Support/SHA256.h"
 
 #include <map>
 #include <optional>
@@ -63,7 +62,7 @@ void fillHardware(const HardwareSpec &hw, bool bf16, plan::HardwareInfo &out) {
 /// What one microbatch size needs, shared by the schedules tried for it.
 struct Prepared {
   Graph graph;
-  std::string sha256; ///< of the model file, hashed once
+  std::string sha256; ///< of the model file
   /// Train mode: the backward program, or why there is none.
   std::optional<Backward> backward;
   std::string lossText, backwardError;
@@ -120,7 +119,7 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
 
 Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOptions &options,
                                             const PipelineOptions &pipeline, const Setup &setup,
-                                            int64_t microbatchSize) {
+                                            int64_t microbatchSize, StringRef knownSha256 = "") {
   ImportOptions importOptions = options.import;
   importOptions.bindings.batch = microbatchSize;
   auto graph = loadGraph(modelPath, importOptions, pipeline);
@@ -128,11 +127,9 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
     return graph.takeError();
   auto out = std::make_unique<Prepared>();
   out->graph = std::move(*graph);
-  const MemoryBuffer &file = *out->graph.files[0];
+  // One hash per compile: a 1.5 GB model takes seconds.
   out->sha256 =
-      toHex(SHA256::hash(ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(file.getBufferStart()),
-                                           file.getBufferSize())),
-            /*LowerCase=*/true);
+      knownSha256.empty() ? sha256Hex(out->graph.files[0]->getBuffer()) : knownSha256.str();
   auto layers = buildLayerGraph(out->graph, pipeline);
   if (!layers)
     return layers.takeError();
@@ -177,12 +174,22 @@ plan::TensorRef tensorRef(const Graph &graph, int id, Precision precision) {
   const Value &v = graph.values[id];
   plan::TensorRef t;
   t.set_name(v.name);
+  // dtype is the value's own; bytes are what the link carries at the plan's
+  // precision (bf16 plans move float32 activations as bf16).
   bool halve = precision == Precision::BF16 && v.type == DType::F32;
-  t.set_dtype(halve ? "bf16" : dtypeName(v.type).str());
+  t.set_dtype(dtypeName(v.type).str());
   for (int64_t d : v.shape)
     t.add_shape(d);
   t.set_bytes(halve ? v.byteSize() / 2 : v.byteSize());
   return t;
+}
+
+bool overMemoryLimit(const plan::Rank &r) {
+  return r.memory_limit_bytes() > 0 && r.peak_memory_bytes() > r.memory_limit_bytes();
+}
+
+bool fitsMemory(const plan::Plan &plan) {
+  return std::none_of(plan.ranks().begin(), plan.ranks().end(), overMemoryLimit);
 }
 
 /// Balance, schedule, lower, verify and simulate one configuration.
@@ -328,7 +335,6 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
     if (!last && !c.empty() && c.lastLayer + 1 < static_cast<int>(layers.layers.size()))
       for (int id : layers.crossingAfter(c.lastLayer)) {
         tensors.push_back(tensorRef(graph, id, setup.precision));
-        const Value &v = graph.values[id];
         grads.push_back(sendsGradient(graph, id, flowingPtr));
       }
     lowering.sendTensors.push_back(tensors);
@@ -418,10 +424,7 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
       a->set_step_time_s(plan.predicted().step_time_s());
       a->set_bottleneck_s(plan.predicted().bottleneck_s());
       a->set_imbalance(plan.predicted().imbalance());
-      a->set_fits_memory(
-          std::none_of(plan.ranks().begin(), plan.ranks().end(), [](const plan::Rank &r) {
-            return r.memory_limit_bytes() > 0 && r.peak_memory_bytes() > r.memory_limit_bytes();
-          }));
+      a->set_fits_memory(fitsMemory(plan));
       continue;
     }
     CompileOptions altOptions = options;
@@ -436,10 +439,7 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
     a->set_step_time_s(altPlan->predicted().step_time_s());
     a->set_bottleneck_s(altPlan->predicted().bottleneck_s());
     a->set_imbalance(altPlan->predicted().imbalance());
-    a->set_fits_memory(
-        std::none_of(altPlan->ranks().begin(), altPlan->ranks().end(), [](const plan::Rank &r) {
-          return r.memory_limit_bytes() > 0 && r.peak_memory_bytes() > r.memory_limit_bytes();
-        }));
+    a->set_fits_memory(fitsMemory(*altPlan));
   }
   for (const std::string &w : graph.warnings)
     plan.add_warnings(w);
@@ -448,7 +448,7 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
                       "W = 0): " +
                       join(first.defaultedOpTypes, ", "));
   for (const plan::Rank &r : plan.ranks())
-    if (r.memory_limit_bytes() > 0 && r.peak_memory_bytes() > r.memory_limit_bytes())
+    if (overMemoryLimit(r))
       plan.add_warnings(formatv("rank {0} needs {1} bytes, over its limit of {2}", r.index(),
                                 r.peak_memory_bytes(), r.memory_limit_bytes())
                             .str());
@@ -533,7 +533,8 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
     auto it = cache.find(size);
     if (it != cache.end())
       return it->second.get();
-    auto made = prepare(modelPath, options, pipeline, *setup, size);
+    auto made = prepare(modelPath, options, pipeline, *setup, size,
+                        cache.empty() ? "" : cache.begin()->second->sha256);
     if (!made)
       return made.takeError();
     const Prepared *ptr = made->get();
@@ -576,6 +577,11 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
   std::vector<std::string> tried;
   std::optional<plan::Plan> best;
   const Prepared *bestPrepared = nullptr;
+  struct {
+    ScheduleKind kind = ScheduleKind::OneFOneB;
+    int V = 1, M = 1;
+    int64_t microbatchSize = 1;
+  } bestShape;
   std::string bestText;
   for (int M : counts)
     for (const Candidate &c : candidates) {
@@ -592,14 +598,14 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
       auto prepared = preparedFor(*size);
       if (!prepared)
         return prepared.takeError();
-      auto candidate = buildPlan(modelPath, options, *setup, **prepared, c.kind, c.V, M, *size);
+      // The balancing alternatives are built for the winner alone, below.
+      auto candidate = buildPlan(modelPath, options, *setup, **prepared, c.kind, c.V, M, *size,
+                                 /*withAlternatives=*/false);
       if (!candidate) {
         tried.push_back(name + ": " + toString(candidate.takeError()));
         continue;
       }
-      bool fits = true;
-      for (const plan::Rank &r : candidate->ranks())
-        fits &= r.memory_limit_bytes() <= 0 || r.peak_memory_bytes() <= r.memory_limit_bytes();
+      bool fits = fitsMemory(*candidate);
       double step = candidate->predicted().step_time_s();
       tried.push_back(formatv("{0}: step {1:e3} s, bubble {2:f1}%{3}", name, step,
                               100 * candidate->predicted().bubble_fraction(),
@@ -609,11 +615,17 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
         best = std::move(*candidate);
         bestPrepared = *prepared;
         bestText = name;
+        bestShape = {c.kind, c.V, M, *size};
       }
     }
   if (!best)
     return flagError("--schedule auto: no schedule fits the memory limits; tried " +
                      join(tried, "; "));
+  auto full = buildPlan(modelPath, options, *setup, *bestPrepared, bestShape.kind, bestShape.V,
+                        bestShape.M, bestShape.microbatchSize);
+  if (!full)
+    return full.takeError();
+  best = std::move(*full);
   best->add_schedule_search("chose " + bestText +
                             ": the least simulated step time among the "
                             "candidates that fit the memory limits");

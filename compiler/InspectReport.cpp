@@ -4,10 +4,10 @@
 
 #include "onnx/onnx_pb.h"
 
+#include "runtime/plan/PlanFile.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
-#include "llvm/Support/SHA256.h"
 
 #include <map>
 
@@ -29,10 +29,7 @@ std::string humanCount(int64_t value, bool binary) {
 
 InspectReport makeInspectReport(const Graph &graph, const LayerGraph &layers) {
   InspectReport report;
-  const MemoryBuffer &file = *graph.files[0];
-  auto digest = SHA256::hash(ArrayRef<uint8_t>(
-      reinterpret_cast<const uint8_t *>(file.getBufferStart()), file.getBufferSize()));
-  report.sha256 = toHex(digest, /*LowerCase=*/true);
+  report.sha256 = sha256Hex(graph.files[0]->getBuffer());
   report.nodes = graph.model->graph().node_size();
   report.params = layers.totalParams();
   for (const Layer &layer : layers.layers)

@@ -48,8 +48,12 @@ void planMemory(plan::RankProgram &program) {
         slot = static_cast<int>(slotBytes.size());
         slotBytes.push_back(buffer->bytes());
       } else {
+        // A stage's slots hold both kinds of its buffers (kept inputs and,
+        // with recompute, rebuilt activations): a slot is as big as the
+        // largest it holds.
         slot = pool.back();
         pool.pop_back();
+        slotBytes[slot] = std::max(slotBytes[slot], buffer->bytes());
       }
       buffer->set_slot(slot);
       live += buffer->bytes();

@@ -298,11 +298,21 @@ TEST_F(Equivalence, ClippingAndScheduleMatch) {
   extraOptions = rt::RunOptions();
 }
 
+// Recompute, including V-shaped schedules, whose next stage on the same rank
+// hands its gradient over before this stage recomputes.
 TEST_F(Equivalence, RecomputeChangesNothing) {
   std::string path = gpt(true);
-  rt::RunResult plain = runPlan(compileFor(path, Config{"1f1b", 2, 1, 4, 1}, 8));
-  rt::RunResult again = runPlan(compileFor(path, Config{"1f1b", 2, 1, 4, 1}, 8, true));
-  expectSameStep(again, plain, "recompute", 1e-7);
+  for (const Config &c :
+       {Config{"1f1b", 2, 1, 4, 1}, Config{"zbv", 2, 2, 4, 1}, Config{"dualpipev", 2, 2, 4, 1}}) {
+    plan::Plan rebuilt = compileFor(path, c, 8, true);
+    int recomputes = 0;
+    for (const plan::RankProgram &p : rebuilt.programs())
+      for (const plan::Instruction &i : p.instructions())
+        recomputes += i.op() == plan::Instruction::RECOMPUTE;
+    EXPECT_EQ(recomputes, c.stages * c.virtualStages * c.microbatches) << c.schedule;
+    rt::RunResult plain = runPlan(compileFor(path, c, 8));
+    expectSameStep(runPlan(rebuilt), plain, "recompute " + c.schedule, 1e-7);
+  }
 }
 
 TEST_F(Equivalence, TrainingLowersTheLossOnAFixedDataset) {

@@ -80,14 +80,17 @@ public:
   Expected<int> postRecv(int peer, cpu::ElemType type, std::vector<int64_t> shape) override {
     std::lock_guard<std::mutex> lock(state->mutex);
     auto &channel = state->channels[{peer, self}];
-    pending.push_back({peer, channel.posted++, type, std::move(shape)});
-    return static_cast<int>(pending.size()) - 1;
+    int handle = next++;
+    pending.emplace(handle, Pending{peer, channel.posted++, type, std::move(shape)});
+    return handle;
   }
 
   Expected<cpu::Tensor> wait(int handle) override {
-    if (handle < 0 || handle >= static_cast<int>(pending.size()))
+    auto found = pending.find(handle);
+    if (found == pending.end())
       return createStringError(inconvertibleErrorCode(), "rank %d: no receive %d", self, handle);
-    const Pending &p = pending[handle];
+    Pending p = std::move(found->second);
+    pending.erase(found);
     std::unique_lock<std::mutex> lock(state->mutex);
     auto &channel = state->channels[{p.peer, self}];
     if (Error err = state->waitFor(lock, self, formatv("a message from rank {0}", p.peer).str(),
@@ -228,7 +231,8 @@ private:
 
   std::shared_ptr<State> state;
   int self;
-  std::vector<Pending> pending;
+  std::map<int, Pending> pending; ///< posted, not yet waited for
+  int next = 0;
 };
 
 } // namespace

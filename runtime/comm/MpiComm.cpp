@@ -139,6 +139,13 @@ public:
       return createStringError(inconvertibleErrorCode(), "rank %d: no communicator for a group",
                                self);
     bool isDouble = tensors[0].elemType() == cpu::ElemType::Double;
+    for (const cpu::Tensor &t : tensors)
+      if (t.elemType() != tensors[0].elemType() ||
+          (t.elemType() != cpu::ElemType::Float && t.elemType() != cpu::ElemType::Double))
+        return createStringError(inconvertibleErrorCode(),
+                                 "rank %d: a sum needs float32 or float64 tensors of one type, "
+                                 "got %s and %s",
+                                 self, tensors[0].describe().c_str(), t.describe().c_str());
     size_t elementSize = isDouble ? sizeof(double) : sizeof(float);
     size_t total = 0;
     for (const cpu::Tensor &t : tensors)

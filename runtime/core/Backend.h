@@ -89,9 +89,6 @@ public:
 /// The CPU backend: the kernels of runtime/cpu, GEMMs through OpenBLAS.
 std::unique_ptr<Backend> makeCpuBackend();
 
-/// Whether this pipec was built with the CUDA backend.
-bool haveCudaBackend();
-
 /// The CUDA backend on \p device with its own compute stream; \p bf16 selects
 /// bf16 tensor-core GEMMs. Fails with a clear message when pipec was built
 /// without CUDA or the device does not exist.

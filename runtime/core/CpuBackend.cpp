@@ -85,14 +85,12 @@ public:
 
   Error optimize(const OptimizerUpdate &u, cpu::Tensor &w, const cpu::Tensor &g, cpu::Tensor &m,
                  cpu::Tensor &v) override {
-    using Kind = OptimizerUpdate::Kind;
     if (!w.onHost() || !g.onHost())
       return notOnHost(w.onHost() ? g : w);
     if (w.elemType() == cpu::ElemType::Float)
       return update<float>(u, w, g, m, v);
     if (w.elemType() == cpu::ElemType::Double)
       return update<double>(u, w, g, m, v);
-    (void)Kind::Sgd;
     return createStringError(inconvertibleErrorCode(), "training %s: float or double weights only",
                              w.describe().c_str());
   }
@@ -184,8 +182,6 @@ void *cudaPlugin(std::string *why) {
     *why = error.empty() ? "libpipec_cuda_backend.so not found" : error;
   return handle;
 }
-
-bool haveCudaBackend() { return cudaPlugin(nullptr) != nullptr; }
 
 Expected<std::unique_ptr<Backend>> makeCudaBackend(int device, bool bf16) {
   std::string why;

@@ -1,5 +1,6 @@
 //===- Data.cpp - What a training or inference step feeds ---------------===//
 #include "runtime/core/Data.h"
+#include "runtime/plan/PlanFile.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -230,29 +231,20 @@ Error writeNpy(const cpu::Tensor &tensor, StringRef path) {
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  std::string tmp = (path + ".tmp").str();
-  {
-    std::error_code ec;
-    raw_fd_ostream os(tmp, ec);
-    if (ec)
-      return createStringError(ec, "%s: %s", path.str().c_str(), ec.message().c_str());
-    os << "\x93NUMPY" << '\x01' << '\x00';
-    os << static_cast<char>(header.size() & 0xff) << static_cast<char>(header.size() >> 8);
-    os << header;
-    if (tensor.elemType() == cpu::ElemType::Float16) {
-      for (float f : tensor.values<float>()) {
-        uint16_t bits = cpu::floatToHalf(f);
-        os.write(reinterpret_cast<const char *>(&bits), 2);
-      }
-    } else {
-      os.write(static_cast<const char *>(tensor.rawData()), tensor.byteSize());
+  std::string bytes;
+  raw_string_ostream os(bytes);
+  os << "\x93NUMPY" << '\x01' << '\x00';
+  os << static_cast<char>(header.size() & 0xff) << static_cast<char>(header.size() >> 8);
+  os << header;
+  if (tensor.elemType() == cpu::ElemType::Float16) {
+    for (float f : tensor.values<float>()) {
+      uint16_t bits = cpu::floatToHalf(f);
+      os.write(reinterpret_cast<const char *>(&bits), 2);
     }
-    if (os.has_error())
-      return createStringError(inconvertibleErrorCode(), "%s: write failed", path.str().c_str());
+  } else {
+    os.write(static_cast<const char *>(tensor.rawData()), tensor.byteSize());
   }
-  if (std::error_code ec = sys::fs::rename(tmp, path))
-    return createStringError(ec, "%s: %s", path.str().c_str(), ec.message().c_str());
-  return Error::success();
+  return writeFileAtomically(path, os.str());
 }
 
 Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, StringRef dir,

@@ -6,6 +6,7 @@
 #include "runtime/core/ModelIO.h"
 #include "runtime/cpu/GradKernels.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/plan/PlanFile.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -15,7 +16,6 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
-#include "llvm/Support/SHA256.h"
 
 #include <chrono>
 #include <cmath>
@@ -116,7 +116,6 @@ public:
   Error loadCheckpoint(StringRef file, int &nextStep);
 
   int globalRank() const { return global; }
-  Backend &backend() { return be; }
   /// Host copies of this rank's trainable weights.
   Expected<std::map<std::string, cpu::Tensor>> trainedWeights();
   int replicaIndex() const { return replica; }
@@ -168,6 +167,11 @@ private:
   Expected<cpu::Tensor> castTo(const cpu::Tensor &t, int to);
   std::vector<std::string> trainableHere;
   std::map<int, std::set<std::string>> keepSets, inputSets;
+  /// Buffer -> (stage, microbatch) of the FORWARD that fills it: what FREE
+  /// drops.
+  std::map<int, std::pair<int, int>> bufferOwner;
+  /// Whether the run writes a trace (events are kept only then).
+  bool tracing = !s.options.tracePath.empty();
   /// Tied weight -> the lowest pipeline rank holding it.
   std::map<std::string, int> tiedOwner;
   double lossSum = 0, lossCount = 0;
@@ -208,6 +212,10 @@ Error RankExecutor::load() {
     }
     weights[name] = std::move(*placed);
   }
+  for (const plan::Buffer &b : program.buffers())
+    if (b.alloc_at() >= 0 && b.alloc_at() < program.instructions_size() &&
+        program.instructions(b.alloc_at()).op() == Ins::FORWARD)
+      bufferOwner[b.index()] = {b.stage(), b.microbatch()};
   for (const Ins &ins : program.instructions())
     if (ins.op() == Ins::ALLREDUCE && StringRef(ins.group()).startswith("tied:") &&
         ins.ranks_size() > 0)
@@ -290,7 +298,7 @@ Error RankExecutor::collect(bool grad, int stageField, int mb) {
       return tensor.takeError();
     double waited = wallNow() - start;
     waitSeconds += waited;
-    if (waited > 1e-5)
+    if (tracing && waited > 1e-5)
       events.push_back(
           {formatv("recv {0} {1}", grad ? "grad" : "act", name).str(), 'C', global, start, waited});
     if (grad)
@@ -303,8 +311,10 @@ Error RankExecutor::collect(bool grad, int stageField, int mb) {
 }
 
 void RankExecutor::prune(Env &values, const std::set<std::string> &keep) {
+  // Gradients already handed over by the next stage on this rank (ZB-V and
+  // DualPipeV run it before a RECOMPUTE here) are backward's inputs too.
   for (auto it = values.begin(); it != values.end();)
-    if (keep.count(it->first))
+    if (keep.count(it->first) || StringRef(it->first).startswith("grad-next:"))
       ++it;
     else
       it = values.erase(it);
@@ -463,8 +473,8 @@ Error RankExecutor::allReduce(const Ins &ins) {
     auto host = be.download(grads[n]);
     if (!host)
       return host.takeError();
-    tensors.push_back(host->onHost() && host->rawData() == grads[n].rawData() ? host->clone()
-                                                                              : *host);
+    // The transports sum into fresh tensors: no copy is needed here.
+    tensors.push_back(std::move(*host));
   }
   // A device sum reads the accumulators on the transport's stream: the
   // compute stream must have finished writing them.
@@ -610,12 +620,6 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
       return zero.takeError();
     grads[name] = std::move(*zero);
   }
-  std::map<int, std::pair<int, int>> bufferOwner; // buffer -> (stage, mb) for primary buffers
-  for (const plan::Buffer &b : program.buffers())
-    if (b.alloc_at() >= 0 && b.alloc_at() < program.instructions_size() &&
-        program.instructions(b.alloc_at()).op() == Ins::FORWARD)
-      bufferOwner[b.index()] = {b.stage(), b.microbatch()};
-
   for (int i = 0; i < program.instructions_size(); ++i) {
     const Ins &ins = program.instructions(i);
     if (s.fault.rank == global && s.fault.step == t && s.fault.at == i) {
@@ -679,13 +683,7 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
       break;
     }
     case Ins::RECV: {
-      auto typeOf = [&]() -> Expected<cpu::ElemType> {
-        StringRef dtype = ins.tensor().dtype();
-        if (dtype == "bf16") // the CPU backend computes and sends float32
-          dtype = "f32";
-        return elemTypeOfName(dtype);
-      };
-      auto type = typeOf();
+      auto type = elemTypeOfName(ins.tensor().dtype());
       if (!type) {
         err = type.takeError();
         break;
@@ -732,10 +730,12 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
       double duration = wallNow() - started - waited;
       if (category != 'C')
         busy += duration;
-      std::string name = category == 'C'   ? "allreduce " + ins.group()
-                         : category == 'O' ? std::string("optimizer")
-                                           : formatv("{0}{1}{2}", stage, category, mb).str();
-      events.push_back({name, category, global, begin, duration});
+      if (tracing) {
+        std::string name = category == 'C'   ? "allreduce " + ins.group()
+                           : category == 'O' ? std::string("optimizer")
+                                             : formatv("{0}{1}{2}", stage, category, mb).str();
+        events.push_back({name, category, global, begin, duration});
+      }
     }
   }
   if (Error err = comm.flush())
@@ -1174,10 +1174,7 @@ Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &o
     return createStringError(inconvertibleErrorCode(),
                              "%s: cannot read the plan's model: %s (pass --model FILE)",
                              path.c_str(), file.getError().message().c_str());
-  std::string hash = toHex(
-      SHA256::hash(ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>((*file)->getBufferStart()),
-                                     (*file)->getBufferSize())),
-      /*LowerCase=*/true);
+  std::string hash = sha256Hex((*file)->getBuffer());
   if (hash != plan.model().sha256())
     return createStringError(inconvertibleErrorCode(),
                              "%s: sha256 %s differs from the plan's model (%s, sha256 %s); "
@@ -1267,18 +1264,13 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
     return createStringError(inconvertibleErrorCode(), "%s", errors[firstFailed].c_str());
 
   RunResult result = std::move(results[0]);
-  double waited = 0;
   for (const auto &ex : executors) {
     result.busySeconds.push_back(ex->busy / std::max(1, options.steps - result.firstStep));
     result.instructions += ex->instructions;
     result.nodes += ex->nodesRun;
     result.kernelSeconds += ex->kernelSeconds;
-    result.instructionSeconds += ex->instructionSeconds;
-    for (const TraceEvent &e : ex->events)
-      if (e.category == 'C' && e.name.rfind("recv", 0) == 0)
-        waited += e.duration;
+    result.instructionSeconds += ex->instructionSeconds - ex->waitSeconds;
   }
-  result.instructionSeconds -= waited;
   // Replica 0 holds every weight; tied copies are identical.
   std::map<std::string, std::map<int64_t, cpu::Tensor>> outputs;
   std::map<std::string, cpu::Tensor> trained;

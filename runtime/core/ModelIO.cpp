@@ -15,23 +15,6 @@ using namespace llvm;
 
 namespace pipec::rt {
 
-Error writeFileAtomically(StringRef path, StringRef bytes) {
-  std::string tmp = (path + ".tmp").str();
-  {
-    std::error_code ec;
-    raw_fd_ostream os(tmp, ec);
-    if (ec)
-      return createStringError(ec, "%s: %s", tmp.c_str(), ec.message().c_str());
-    os << bytes;
-    os.flush();
-    if (os.has_error())
-      return createStringError(inconvertibleErrorCode(), "%s: write failed", tmp.c_str());
-  }
-  if (std::error_code ec = sys::fs::rename(tmp, path))
-    return createStringError(ec, "%s: %s", path.str().c_str(), ec.message().c_str());
-  return Error::success();
-}
-
 Error saveTrainedModel(StringRef modelPath, const std::map<std::string, cpu::Tensor> &trained,
                        StringRef out) {
   auto fail = [&](const Twine &why) {
@@ -116,9 +99,14 @@ Error saveTrainedModel(StringRef modelPath, const std::map<std::string, cpu::Ten
       t.clear_raw_data();
       t.set_data_location(onnx::TensorProto::EXTERNAL);
     }
+    // Streamed, not through writeFileAtomically: it is over a gigabyte.
     os.close();
-    if (os.has_error())
-      return fail(tmp + ": write failed");
+    if (os.has_error()) {
+      std::string why = os.error().message();
+      os.clear_error(); // an unhandled stream error would abort at destruction
+      sys::fs::remove(tmp);
+      return fail(tmp + ": write failed: " + why);
+    }
     if (std::error_code rc = sys::fs::rename(tmp, dataPath))
       return fail(std::string(dataPath) + ": " + rc.message());
   }

@@ -11,6 +11,7 @@
 #define PIPEC_RUNTIME_CORE_MODELIO_H
 
 #include "runtime/cpu/Tensor.h"
+#include "runtime/plan/PlanFile.h"
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
@@ -19,9 +20,6 @@
 #include <string>
 
 namespace pipec::rt {
-
-/// Writes \p bytes to \p path through a temporary file and a rename.
-llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef bytes);
 
 /// Writes \p modelPath with the weights in \p trained to \p out.
 llvm::Error saveTrainedModel(llvm::StringRef modelPath,

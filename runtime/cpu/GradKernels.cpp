@@ -618,16 +618,6 @@ Expected<std::vector<Tensor>> batchNormGradWeight(const onnx::NodeProto &node,
 
 } // namespace
 
-bool isGradOpSupported(StringRef opType) {
-  return opType == "SumTo" || opType == "ReluGrad" || opType == "TanhGrad" ||
-         opType == "SigmoidGrad" || opType == "ErfGrad" || opType == "SoftmaxGrad" ||
-         opType == "GatherGrad" || opType == "SoftmaxCrossEntropyLossGrad" ||
-         opType == "LayerNormGradInput" || opType == "GeluGrad" ||
-         opType == "LayerNormGradWeight" || opType == "ConvGradInput" ||
-         opType == "ConvGradWeight" || opType == "MaxPoolGrad" || opType == "AveragePoolGrad" ||
-         opType == "BatchNormGradWeight";
-}
-
 Expected<std::vector<Tensor>> runGradOp(const onnx::NodeProto &node,
                                         ArrayRef<const Tensor *> inputs) {
   StringRef t = node.op_type();

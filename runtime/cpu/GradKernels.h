@@ -26,9 +26,6 @@ class NodeProto;
 
 namespace pipec::cpu {
 
-/// True if runGradOp implements \p opType (domain "pipec").
-bool isGradOpSupported(llvm::StringRef opType);
-
 /// Evaluates a pipec-domain gradient node. \p inputs holds one pointer per
 /// node input, in order. Float and double element types. Returns one Tensor
 /// per output; errors name the node and op.

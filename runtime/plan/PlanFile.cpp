@@ -1,9 +1,11 @@
 //===- PlanFile.cpp - Read and write plan files ---------------------------===//
 #include "runtime/plan/PlanFile.h"
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/SHA256.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <google/protobuf/io/coded_stream.h>
@@ -59,23 +61,35 @@ Error writePlan(const plan::Plan &plan, StringRef path, PlanEncoding encoding) {
   auto bytes = serializePlan(plan, encoding);
   if (!bytes)
     return bytes.takeError();
-  SmallString<256> temp(path);
-  temp += ".tmp";
-  {
-    std::error_code ec;
-    raw_fd_ostream os(temp, ec);
-    if (ec)
-      return createStringError(ec, "%s: cannot write: %s", path.str().c_str(),
-                               ec.message().c_str());
-    os << *bytes;
-    os.close();
-    if (os.has_error())
-      return createStringError(os.error(), "%s: write failed: %s", path.str().c_str(),
-                               os.error().message().c_str());
+  return writeFileAtomically(path, *bytes);
+}
+
+std::string sha256Hex(StringRef bytes) {
+  return toHex(SHA256::hash(ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(bytes.data()),
+                                              bytes.size())),
+               /*LowerCase=*/true);
+}
+
+Error writeFileAtomically(StringRef path, StringRef bytes) {
+  std::string temp = (path + ".tmp").str();
+  std::error_code ec;
+  raw_fd_ostream os(temp, ec);
+  if (ec)
+    return createStringError(ec, "%s: cannot write: %s", path.str().c_str(), ec.message().c_str());
+  os << bytes;
+  os.close(); // close() reports what a full disk refused, too
+  if (os.has_error()) {
+    std::error_code failed = os.error();
+    os.clear_error(); // an unhandled stream error would abort at destruction
+    sys::fs::remove(temp);
+    return createStringError(failed, "%s: write failed: %s", path.str().c_str(),
+                             failed.message().c_str());
   }
-  if (std::error_code ec = sys::fs::rename(temp, path))
-    return createStringError(ec, "%s: cannot rename into place: %s", path.str().c_str(),
-                             ec.message().c_str());
+  if (std::error_code rc = sys::fs::rename(temp, path)) {
+    sys::fs::remove(temp);
+    return createStringError(rc, "%s: cannot rename into place: %s", path.str().c_str(),
+                             rc.message().c_str());
+  }
   return Error::success();
 }
 

@@ -26,6 +26,14 @@ llvm::Expected<PlanEncoding> parsePlanEncoding(llvm::StringRef name);
 /// Serializes \p plan; deterministic for equal plans.
 llvm::Expected<std::string> serializePlan(const plan::Plan &plan, PlanEncoding encoding);
 
+/// The lowercase hex SHA-256 of \p bytes: how a plan names its model file.
+std::string sha256Hex(llvm::StringRef bytes);
+
+/// Writes \p bytes to \p path through a temporary file and a rename, so that
+/// readers see the old file or the new one, never a part; a failed write
+/// leaves no temporary behind.
+llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef bytes);
+
 /// Writes \p plan to \p path atomically (a temporary file renamed into
 /// place). Errors name the path.
 llvm::Error writePlan(const plan::Plan &plan, llvm::StringRef path, PlanEncoding encoding);
