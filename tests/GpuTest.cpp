@@ -566,31 +566,23 @@ TEST(GpuKernelBodies, UnaryPointwiseAndCastsMatchCpu) {
   EXPECT_TRUE(close(flags, castTo(odd, ElemType::Bool)));
 }
 
-/// The CPU backend's update (runtime/core/CpuBackend.cpp), the reference for
-/// the device's.
-void referenceUpdate(const k::OptimizerParams &p, Tensor &w, const Tensor &g, Tensor &m,
+/// The reference for the device's update: the CPU backend's own
+/// (runtime/core/CpuBackend.cpp), on host tensors, at \p step.
+void referenceUpdate(const k::OptimizerParams &p, int step, Tensor &w, const Tensor &g, Tensor &m,
                      Tensor &v) {
-  for (int64_t i = 0; i < w.numElements(); ++i) {
-    float &wi = w.data<float>()[i];
-    float gi = g.data<float>()[i];
-    if (p.kind == 0) {
-      wi = static_cast<float>(wi - p.lr * (gi * p.gradScale + p.weightDecay * wi));
-    } else if (p.kind == 1) {
-      double d = gi * p.gradScale + p.weightDecay * wi;
-      d = p.momentum * m.data<float>()[i] + d;
-      m.data<float>()[i] = static_cast<float>(d);
-      wi = static_cast<float>(wi - p.lr * d);
-    } else {
-      double d = gi * p.gradScale;
-      double mi = p.beta1 * m.data<float>()[i] + (1 - p.beta1) * d;
-      double vi = p.beta2 * v.data<float>()[i] + (1 - p.beta2) * d * d;
-      m.data<float>()[i] = static_cast<float>(mi);
-      v.data<float>()[i] = static_cast<float>(vi);
-      double wd = wi;
-      wd -= p.lr * (mi / p.c1 / (std::sqrt(vi / p.c2) + p.epsilon) + p.weightDecay * wd);
-      wi = static_cast<float>(wd);
-    }
-  }
+  using Kind = rt::OptimizerUpdate::Kind;
+  rt::OptimizerUpdate u;
+  u.kind = p.kind == 0 ? Kind::Sgd : p.kind == 1 ? Kind::Momentum : Kind::AdamW;
+  u.lr = p.lr;
+  u.momentum = p.momentum;
+  u.weightDecay = p.weightDecay;
+  u.beta1 = p.beta1;
+  u.beta2 = p.beta2;
+  u.epsilon = p.epsilon;
+  u.gradScale = p.gradScale;
+  u.step = step;
+  llvm::Error err = rt::makeCpuBackend()->optimize(u, w, g, m, v);
+  ASSERT_FALSE(static_cast<bool>(err)) << llvm::toString(std::move(err));
 }
 
 k::OptimizerParams optimizerParams(int kind, int step) {
@@ -615,7 +607,7 @@ TEST(GpuKernelBodies, OptimizerMatchesCpuBackend) {
     for (int step = 0; step < 3; ++step) {
       Tensor g = floats({50});
       k::OptimizerParams p = optimizerParams(kind, step);
-      referenceUpdate(p, wRef, g, mRef, vRef);
+      referenceUpdate(p, step, wRef, g, mRef, vRef);
       Tensor wOut(ElemType::Float, {50}), mOut(ElemType::Float, {50}), vOut(ElemType::Float, {50});
       for (int64_t i = 0; i < 50; ++i)
         k::optimizerElement<float>(i, p, w.data<float>(), g.data<float>(), m.data<float>(),
@@ -1165,7 +1157,7 @@ TEST_F(CudaBackendTest, OptimizerMatchesCpuBackend) {
     for (int step = 0; step < 3; ++step) {
       Tensor g = floats({1000});
       k::OptimizerParams p = optimizerParams(code, step);
-      referenceUpdate(p, wRef, g, mRef, vRef);
+      referenceUpdate(p, step, wRef, g, mRef, vRef);
       rt::OptimizerUpdate u;
       u.kind = kind;
       u.lr = p.lr;
