@@ -6,6 +6,7 @@ import sys
 
 results, doc = sys.argv[1], sys.argv[2]
 data = json.load(open(results))
+ctx = data["context"]
 rows = {b["name"].split("/manual_time")[0]: b for b in data["benchmarks"]}
 
 
@@ -20,20 +21,22 @@ ranks = ["| run | rank | measured compute (ms) | predicted compute (ms) | measur
 for name, b in rows.items():
     step = b["real_time"] / 1e3  # ms -> s
     pred = b["predicted_step_s"]
-    lines.append(f"| {name} | {ms(step)} | {ms(pred)} | {step / pred:.1f} |")
+    ratio = f"{step / pred:.1f}" if pred > 0 else "-"
+    lines.append(f"| {name} | {ms(step)} | {ms(pred)} | {ratio} |")
     r = 0
     while f"rank{r}_busy_s" in b:
         busy, pbusy = b[f"rank{r}_busy_s"], b[f"rank{r}_predicted_busy_s"]
-        ranks.append(f"| {name} | {r} | {ms(busy)} | {ms(pbusy)} | {busy / pbusy:.1f} |")
+        ratio = f"{busy / pbusy:.1f}" if pbusy > 0 else "-"
+        ranks.append(f"| {name} | {r} | {ms(busy)} | {ms(pbusy)} | {ratio} |")
         r += 1
 notes = []
 one, two = rows.get("gpt6/1_rank_m8"), rows.get("gpt6/2_ranks_1f1b_m8")
 if one and two:
     notes.append(f"- 2 ranks (1F1B) against 1 rank on the same 8 microbatches: "
                  f"{one['real_time'] / two['real_time']:.2f}x faster "
-                 f"({one['real_time']:.0f} ms against {two['real_time']:.0f} ms per step). One rank "
-                 f"gives OpenBLAS both cores; two ranks get one each and run their stages at once, "
-                 f"so the gain comes from the kernels OpenBLAS does not thread, less the bubble "
+                 f"({one['real_time']:.0f} ms against {two['real_time']:.0f} ms per step, "
+                 f"{ctx.get('num_cpus')} CPUs). Ranks share the cores' OpenBLAS threads, so the gain "
+                 f"comes from the kernels OpenBLAS does not thread, less the bubble "
                  f"(1/9 at P = 2, M = 8).")
 mlp = rows.get("mlp16_tiny/4_ranks_1f1b_m64")
 if mlp:
@@ -56,14 +59,14 @@ notes.append("- The cost model's `cpu` spec is a roofline calibrated on one Open
              "at peak bandwidth. The `_profiled_costs` rows predict from `pipec profile`'s "
              "measured per-layer table (microbatch of 1) instead, which is what `compile --costs` "
              "is for.")
-ctx = data["context"]
 machine = (f"{ctx.get('num_cpus')} CPUs at {ctx.get('mhz_per_cpu')} MHz, "
            f"{platform.system()} {platform.release()}, date {ctx.get('date')}")
 section = "\n".join(
     ["<!-- BEGIN runtime -->",
      "Command: `tools/bench-runtime.sh` (runs `build/bin/bench_runtime --benchmark_min_time=2`).",
      f"Machine: {machine}. Models: a GPT of 6 blocks, hidden 256, 8 heads, vocabulary 2,000, "
-     "sequence 64, trained with SGD, global batch 8; the tiny MLP above.", ""]
+     "sequence 64, trained with SGD, global batch 8; and an MLP of 16 layers of width 8 "
+     "(`mlp16_tiny`), whose kernels do next to nothing.", ""]
     + lines + [""] + ranks + [""] + notes + ["<!-- END runtime -->"])
 text = open(doc).read()
 if "<!-- BEGIN runtime -->" in text:
