@@ -68,14 +68,12 @@ void legend(raw_ostream &os) {
   os << "</div>\n";
 }
 
-void timeline(const plan::Plan &plan, const SimulationResult &sim, raw_ostream &os,
-              double scale = 0) {
-  int ranks = plan.schedule().stages() * std::max(1, plan.schedule().data_parallel());
-  if (scale <= 0)
-    ranks = plan.schedule().stages();
+/// One row per rank of \p ranks (a simulation has the pipeline's, a measured
+/// run every replica's), drawn over \p sim's step time.
+void timeline(const SimulationResult &sim, int ranks, raw_ostream &os) {
   const double width = 1100, rowHeight = 34, commHeight = 6, left = 70, top = 24;
   double height = top + ranks * (rowHeight + commHeight + 10) + 30;
-  double step = scale > 0 ? scale : (sim.stepTime > 0 ? sim.stepTime : 1);
+  double step = sim.stepTime > 0 ? sim.stepTime : 1;
   auto x = [&](double t) { return left + t / step * width; };
   os << formatv("<svg class=timeline viewBox='0 0 {0} {1}' width='{0}' height='{1}' "
                 "xmlns='http://www.w3.org/2000/svg' font-family='sans-serif'>\n",
@@ -211,7 +209,7 @@ void printReportHtml(const plan::Plan &plan, raw_ostream &os, const SimulationRe
   os << "<h2>Pipeline timeline</h2>\n";
   legend(os);
   if (sim)
-    timeline(plan, *sim, os);
+    timeline(*sim, sched.stages(), os);
   else
     os << "<p class=warn>" << escape(toString(sim.takeError())) << "</p>\n";
   if (measured) {
@@ -223,7 +221,7 @@ void printReportHtml(const plan::Plan &plan, raw_ostream &os, const SimulationRe
                                 : 0.0)
        << "x), bubble " << formatv("{0:f1}", 100 * measured->bubbleFraction)
        << "%. Drawn on its own time scale; ranks past P are data-parallel replicas.</p>\n";
-    timeline(plan, *measured, os, measured->stepTime);
+    timeline(*measured, sched.stages() * std::max(1, sched.data_parallel()), os);
   }
 
   os << "<h2>Stages</h2>\n<table>\n<tr><th>stage</th><th>rank</th><th>chunk</th>"

@@ -7,7 +7,7 @@
 // communication coloured, microbatch numbers, bubbles visible), and the
 // comparison of balancing methods; with a measured trace (`pipec run
 // --trace`), the measured timeline of the run's last step beneath the
-// simulated one, on the same scale.
+// simulated one, on its own time scale.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_HTMLREPORT_H

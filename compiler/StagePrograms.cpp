@@ -1,5 +1,6 @@
 //===- StagePrograms.cpp - What each stage of a plan executes -----------===//
 #include "compiler/StagePrograms.h"
+#include "runtime/plan/Attributes.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -182,10 +183,7 @@ int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward) {
       bool asData = !op.inputs.empty() && op.inputs[0] == v;
       if (op.opType == "Gather" && op.inputs.size() > 1 && op.inputs[1] == v) {
         const Value &data = graph.values[op.inputs[0]];
-        int64_t axis = 0;
-        for (const auto &a : graph.node(op).attribute())
-          if (a.name() == "axis")
-            axis = a.i();
+        int64_t axis = attrInt(graph.node(op), "axis", 0);
         if (axis < 0)
           axis += static_cast<int64_t>(data.shape.size());
         if (axis >= 0 && axis < static_cast<int64_t>(data.shape.size()))
@@ -266,7 +264,6 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
   int numLayers = static_cast<int>(layers.layers.size());
   plan.set_opset(graph.opsetFor(""));
   std::set<int> weightIds;
-  std::set<std::string> loaded;
   std::map<std::string, int> loadedBy; // graph input -> first stage that loads it
   std::set<std::string> flowing;
   if (backward)
@@ -347,7 +344,7 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
         return stageError(
             k, formatv("the loss '{0}' is not computed on the last stage", backward->lossValue));
     }
-    std::set<std::string> forwardValues = produced;
+    const std::set<std::string> &forwardValues = produced; // forward's, before backward
     for (int l = a; l <= b; ++l)
       for (int opIndex : layers.layers[l].ops)
         for (int out : graph.ops[opIndex].outputs)
@@ -444,8 +441,8 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
 
       // Weights: each stage accumulates its own contributions.
       std::set<std::string> dropped;
-      for (const auto &[w, gradName] : backward->weightGrads) {
-        (void)gradName;
+      for (const auto &entry : backward->weightGrads) {
+        const std::string &w = entry.first;
         std::vector<std::string> terms = contributions(w);
         if (terms.empty())
           continue;
@@ -530,8 +527,8 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
     if (!freeze.empty())
       frozen.emplace(freeze);
     std::vector<std::string> skipped;
-    for (const auto &[w, gradName] : backward->weightGrads) {
-      (void)gradName;
+    for (const auto &entry : backward->weightGrads) {
+      const std::string &w = entry.first;
       if (buffer.match(w) || (frozen && frozen->match(w))) {
         skipped.push_back(w);
         continue;

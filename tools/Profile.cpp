@@ -38,9 +38,13 @@ Error profileModel(StringRef modelPath, const ProfileOptions &options, raw_ostre
   auto plan = compileModel(modelPath, each, PipelineOptions());
   if (!plan)
     return plan.takeError();
-  for (const std::string &w : plan->warnings())
-    if (StringRef(w).startswith("the plan cannot be run"))
-      return createStringError(inconvertibleErrorCode(), "profile: %s", w.c_str());
+  if (plan->stage_programs_size() == 0) {
+    std::string why = plan->warnings_size() ? plan->warnings(plan->warnings_size() - 1) : "";
+    for (const std::string &w : plan->warnings())
+      if (StringRef(w).startswith("the plan cannot be run"))
+        why = w;
+    return createStringError(inconvertibleErrorCode(), "profile: %s", why.c_str());
+  }
 
   rt::RunOptions run;
   run.seed = options.seed;
@@ -106,14 +110,14 @@ Error profileModel(StringRef modelPath, const ProfileOptions &options, raw_ostre
                               .str());
     j.attributeArray("layers", [&] {
       for (const plan::Stage &stage : plan->stages()) {
+        // One layer per stage: its times are the stage's.
         auto t = seconds[stage.index()];
         for (const std::string &layer : stage.layers())
           j.object([&] {
-            // One layer per stage here: its times are the stage's.
             j.attribute("name", layer);
-            j.attribute("forward_s", t[0] / stage.layers_size());
-            j.attribute("backward_input_s", t[1] / stage.layers_size());
-            j.attribute("backward_weight_s", t[2] / stage.layers_size());
+            j.attribute("forward_s", t[0]);
+            j.attribute("backward_input_s", t[1]);
+            j.attribute("backward_weight_s", t[2]);
           });
       }
     });

@@ -10,6 +10,7 @@
 #include "runtime/cpu/GradKernels.h"
 
 #include "runtime/cpu/Kernels.h"
+#include "runtime/plan/Attributes.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -23,10 +24,7 @@ namespace pipec::cpu {
 namespace {
 
 const onnx::AttributeProto *attr(const onnx::NodeProto &node, StringRef name) {
-  for (const auto &a : node.attribute())
-    if (a.name() == name)
-      return &a;
-  return nullptr;
+  return findAttr(node, name);
 }
 
 Error fail(const onnx::NodeProto &node, const Twine &what) {
@@ -299,9 +297,7 @@ struct Window {
 
 std::vector<int64_t> intsAttr(const onnx::NodeProto &node, StringRef name,
                               std::vector<int64_t> otherwise) {
-  if (const auto *a = attr(node, name))
-    return std::vector<int64_t>(a->ints().begin(), a->ints().end());
-  return otherwise;
+  return attrInts(node, name).value_or(std::move(otherwise));
 }
 
 /// Reads strides, dilations and pads for a window of \p kernel sliding over
@@ -406,10 +402,10 @@ template <typename T> void col2im(const T *columns, int64_t channels, const Wind
 
 /// The shape attribute, required.
 Expected<std::vector<int64_t>> shapeAttr(const onnx::NodeProto &node) {
-  const auto *a = attr(node, "shape");
-  if (!a)
+  auto shape = attrInts(node, "shape");
+  if (!shape)
     return fail(node, "missing attribute 'shape'");
-  return std::vector<int64_t>(a->ints().begin(), a->ints().end());
+  return *shape;
 }
 
 /// Conv's operands as its gradients see them: X [N, C, in...], W [M, C /
