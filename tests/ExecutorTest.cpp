@@ -317,6 +317,35 @@ TEST_F(Equivalence, RecomputeChangesNothing) {
   }
 }
 
+// Fused element-wise kernels compute each op as its own kernel does: a fused
+// run (the default, so every check above runs fused) equals an unfused one,
+// for every model family, forward, both backward halves, and recompute.
+TEST_F(Equivalence, FusionChangesNothing) {
+  struct Case {
+    std::string path;
+    bool expectFused;
+  };
+  for (const Case &c : {Case{gpt(true), true}, Case{llama(), true}, Case{bert(), true},
+                        Case{gptHalf(), true}, Case{mlp(), false}, Case{cnn(), false}}) {
+    for (const Config &setup : {Config{"1f1b", 2, 1, 4, 1}, Config{"zbv", 2, 2, 4, 1}}) {
+      std::string what = llvm::sys::path::stem(c.path).str() + " " + setup.schedule;
+      plan::Plan plan = compileFor(c.path, setup, 8, setup.schedule == "zbv");
+      extraOptions.fuse = false;
+      rt::RunResult plain = runPlan(plan, "sgd", 2);
+      extraOptions.fuse = true;
+      rt::RunResult fused = runPlan(plan, "sgd", 2);
+      EXPECT_EQ(plain.fusedGroups, 0) << what;
+      if (c.expectFused) {
+        EXPECT_GT(fused.fusedGroups, 0) << what;
+        EXPECT_GT(fused.fusedNodes, 2 * fused.fusedGroups) << what;
+        EXPECT_LT(fused.nodes, plain.nodes) << what;
+      }
+      expectSameStep(fused, plain, "fusion " + what, 1e-7);
+    }
+  }
+  extraOptions = rt::RunOptions();
+}
+
 TEST_F(Equivalence, TrainingLowersTheLossOnAFixedDataset) {
   // Eight samples written as .npy: every step sees the same batch, which the
   // model must fit.

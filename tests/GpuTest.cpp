@@ -14,6 +14,7 @@
 //    fallbacks, host shape arithmetic and errors found on the device.
 //
 //===----------------------------------------------------------------------===//
+#include "runtime/cpu/Fused.h"
 #include "runtime/cpu/GradKernels.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/CudaBackend.h"
@@ -839,6 +840,84 @@ TEST(GpuKernelBodies, GlobalAveragePoolMatchesCpu) {
 }
 
 //===----------------------------------------------------------------------===//
+// Fused element-wise programs
+//===----------------------------------------------------------------------===//
+
+onnx::NodeProto step(const std::string &op, std::vector<std::string> in, const std::string &out,
+                     const std::string &domain = "") {
+  onnx::NodeProto n;
+  n.set_op_type(op);
+  n.set_domain(domain);
+  n.set_name(out);
+  for (const std::string &name : in)
+    n.add_input(name);
+  n.add_output(out);
+  return n;
+}
+
+/// GPT-2's GELU on x + bias with its tanh kept, a TanhGrad and a Sum: x is
+/// in0 [rows, cols], bias in1 [cols], scalars in2 (0.5), in3 (3), in4
+/// (0.044715), in5 (sqrt(2/pi)), in6 (1), dY in7 [rows, cols]; outputs
+/// out0 (the GELU), out1 (tanh), out2 (the sum).
+onnx::NodeProto fusedGelu() {
+  std::vector<onnx::NodeProto> body = {step("Add", {"in0", "in1"}, "h"),
+                                       step("Mul", {"in2", "h"}, "a"),
+                                       step("Pow", {"h", "in3"}, "p"),
+                                       step("Mul", {"in4", "p"}, "b"),
+                                       step("Add", {"h", "b"}, "s"),
+                                       step("Mul", {"in5", "s"}, "u"),
+                                       step("Tanh", {"u"}, "out1"),
+                                       step("Add", {"in6", "out1"}, "e"),
+                                       step("Mul", {"a", "e"}, "out0"),
+                                       step("TanhGrad", {"in7", "out1"}, "g", "pipec"),
+                                       step("Sum", {"out0", "g", "h"}, "out2")};
+  std::vector<const onnx::NodeProto *> pointers;
+  for (const onnx::NodeProto &n : body)
+    pointers.push_back(&n);
+  return cpu::makeFusedNode("gelu", pointers,
+                            {"in0", "in1", "in2", "in3", "in4", "in5", "in6", "in7"},
+                            {"out0", "out1", "out2"});
+}
+
+std::vector<Tensor> fusedGeluInputs(int64_t rows, int64_t cols) {
+  return {floats({rows, cols}, -3, 3), floats({cols}),
+          Tensor::scalar(0.5f),        Tensor::scalar(3.0f),
+          Tensor::scalar(0.044715f),   Tensor::scalar(0.7978845608f),
+          Tensor::scalar(1.0f),        floats({rows, cols})};
+}
+
+// The device loop body on the host, element by element, against the CPU
+// kernel of the fused node (itself checked against the unfused body in
+// FusionTest).
+TEST(GpuKernelBodies, FusedProgramMatchesCpu) {
+  onnx::NodeProto node = fusedGelu();
+  std::vector<Tensor> inputs = fusedGeluInputs(9, 40);
+  std::vector<const Tensor *> in = pointers(inputs);
+  auto kernel = cpu::compileFused(node, 17);
+  ASSERT_TRUE(!!kernel) << llvm::toString(kernel.takeError());
+  auto shape = cpu::fusedShape(*kernel, in);
+  ASSERT_TRUE(shape.has_value());
+  k::FusedMap map;
+  ASSERT_TRUE(cpu::makeFusedMap(*shape, in, map));
+  // Three tensors, not three handles of one.
+  std::vector<Tensor> outs;
+  for (int o = 0; o < 3; ++o)
+    outs.emplace_back(ElemType::Float, *shape);
+  const float *src[k::MaxFusedInputs] = {};
+  for (size_t i = 0; i < inputs.size(); ++i)
+    src[i] = inputs[i].data<float>();
+  float *dst[k::MaxFusedOutputs] = {outs[0].data<float>(), outs[1].data<float>(),
+                                    outs[2].data<float>()};
+  for (int64_t i = 0; i < outs[0].numElements(); ++i)
+    k::fusedElement(i, kernel->program, map, src, dst);
+  auto expected = cpu::runFused(node, 17, in);
+  ASSERT_TRUE(!!expected) << llvm::toString(expected.takeError());
+  for (size_t o = 0; o < outs.size(); ++o)
+    for (int64_t i = 0; i < outs[o].numElements(); ++i)
+      ASSERT_EQ(outs[o].data<float>()[i], (*expected)[o].data<float>()[i]) << o << " " << i;
+}
+
+//===----------------------------------------------------------------------===//
 // Every device kernel through the backend
 //===----------------------------------------------------------------------===//
 
@@ -868,6 +947,7 @@ std::vector<OpCase> opCases() {
   add("GeluTanh", NodeBuilder("Gelu", 1).s("approximate", "tanh"), {floats({300}, -4, 4)});
   add("LeakyRelu", NodeBuilder("LeakyRelu", 1).f("alpha", 0.2f), {floats({300})});
   add("AddLarge", NodeBuilder("Add", 2), {floats({1000, 300}), floats({300})});
+  add("FusedGelu", fusedGelu(), fusedGeluInputs(512, 768));
   add("AddBroadcast", NodeBuilder("Add", 2), {floats({2, 1, 4}), floats({3, 1})});
   add("SubBroadcast", NodeBuilder("Sub", 2), {floats({2, 3, 4}), floats({4})});
   add("MulScalar", NodeBuilder("Mul", 2), {floats({5, 6}), floats({})});
@@ -1287,6 +1367,19 @@ TEST_F(CudaBackendTest, ShapeArithmeticStaysOnTheHost) {
   ASSERT_TRUE(!!dim) << llvm::toString(dim.takeError());
   EXPECT_TRUE((*dim)[0].onHost());
   EXPECT_EQ((*dim)[0].getInt64(0), 3);
+  EXPECT_TRUE(backend->fallbackOps().empty());
+}
+
+TEST_F(CudaBackendTest, FusedNodesOfIntegersRunTheirBodyOnTheDevice) {
+  onnx::NodeProto add = step("Add", {"in0", "in1"}, "s"), mul = step("Mul", {"s", "in0"}, "out0");
+  onnx::NodeProto fused = cpu::makeFusedNode("ints", {&add, &mul}, {"in0", "in1"}, {"out0"});
+  Tensor a = up(int64s({64, 3}, -50, 50)), b = up(int64s({3}, -5, 5));
+  auto out = backend->run(fused, 17, {&a, &b});
+  ASSERT_TRUE(!!out) << llvm::toString(out.takeError());
+  ASSERT_EQ(out->size(), 1u);
+  EXPECT_FALSE((*out)[0].onHost());
+  Tensor expected = runCpu(fused, {down(a), down(b)})[0];
+  EXPECT_EQ(down((*out)[0]).toInt64Vector(), expected.toInt64Vector());
   EXPECT_TRUE(backend->fallbackOps().empty());
 }
 

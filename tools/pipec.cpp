@@ -213,6 +213,9 @@ cl::opt<double> RunTimeout("timeout",
                            cl::desc("Seconds a rank may wait without progress before failing"),
                            cl::init(120), cl::sub(RunCmd));
 cl::opt<bool> RunQuiet("quiet", cl::desc("No progress lines"), cl::sub(RunCmd));
+cl::opt<bool> RunNoFuse("no-fuse",
+                        cl::desc("Run each element-wise node as its own kernel (no fusion)"),
+                        cl::sub(RunCmd));
 cl::opt<std::string> RunPrecision("precision",
                                   cl::desc("cuda: fp32, or bf16 tensor-core GEMMs with fp32 "
                                            "weights (default: the plan's)"),
@@ -576,6 +579,7 @@ int runRun() {
   options.backend = RunBackend;
   options.precision = RunPrecision;
   options.ranksPerDevice = RunRanksPerDevice;
+  options.fuse = !RunNoFuse;
   options.comm = comm == "nccl" ? "nccl" : "mpi";
   bool train = plan->schedule().mode() == "train";
   int ranks = plan->schedule().stages() * std::max(1, plan->schedule().data_parallel());
@@ -588,6 +592,9 @@ int runRun() {
                       train ? "trained" : "ran", RunSteps - result->firstStep,
                       plan->schedule().name(), ranks, comm, formatSeconds(perStep),
                       formatSeconds(plan->predicted().step_time_s()));
+    if (result->fusedGroups > 0)
+      outs() << formatv("fused {0} element-wise nodes into {1} kernels\n", result->fusedNodes,
+                        result->fusedGroups);
     if (!RunSave.empty())
       outs() << "wrote " << RunSave << "\n";
     if (!RunOutputs.empty())

@@ -3,6 +3,7 @@
 #include "runtime/comm/Comm.h"
 #include "runtime/core/Backend.h"
 #include "runtime/core/Data.h"
+#include "runtime/core/Fusion.h"
 #include "runtime/core/ModelIO.h"
 #include "runtime/cpu/GradKernels.h"
 #include "runtime/cpu/Kernels.h"
@@ -96,6 +97,10 @@ struct Shared {
   OptimizerKind optimizer = OptimizerKind::AdamW;
   double lr = 1e-3;
   Fault fault;
+  /// The plan's stage programs as this run executes them (fused unless
+  /// --no-fuse).
+  std::vector<plan::StageProgram> programs;
+  FusionStats fusion;
 };
 
 /// Microbatch \p mb's first sample at step \p step on replica \p replica.
@@ -135,7 +140,7 @@ public:
   double waitSeconds = 0;
 
 private:
-  const plan::StageProgram &stageProgram(int stage) const { return s.plan->stage_programs(stage); }
+  const plan::StageProgram &stageProgram(int stage) const { return s.programs[stage]; }
   bool local(int stage) const { return stage >= 0 && stage < s.K && s.rankOfStage[stage] == rank; }
   int peerGlobal(int pipelineRank) const { return replica * s.P + pipelineRank; }
   Env &env(int stage, int mb) { return envs[{stage, mb}]; }
@@ -902,6 +907,13 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
   if (plan.programs_size() != s->P)
     return createStringError(inconvertibleErrorCode(), "the plan has %d programs for %d ranks",
                              plan.programs_size(), s->P);
+  s->programs.assign(plan.stage_programs().begin(), plan.stage_programs().end());
+  if (options.fuse)
+    for (plan::StageProgram &program : s->programs) {
+      FusionStats stats = fuseStageProgram(program, plan.opset(), plan.loss_value());
+      s->fusion.groups += stats.groups;
+      s->fusion.nodes += stats.nodes;
+    }
   return s;
 }
 
@@ -954,6 +966,8 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
       return err;
   }
   result.firstStep = first;
+  result.fusedGroups = s.fusion.groups;
+  result.fusedNodes = s.fusion.nodes;
   auto started = Clock::now();
   for (int t = first; t < o.steps; ++t) {
     double sum = 0, count = 0;

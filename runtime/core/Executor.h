@@ -93,6 +93,8 @@ struct RunOptions {
   int ranksPerDevice = 1;
   /// runMpi's transport: mpi (host tensors) or nccl (device tensors).
   std::string comm = "mpi";
+  /// Fuse element-wise chains into single kernels (runtime/core/Fusion.h).
+  bool fuse = true;
 };
 
 struct RunResult {
@@ -115,6 +117,9 @@ struct RunResult {
   /// difference over the instructions is the executor's own overhead.
   int64_t nodes = 0;
   double kernelSeconds = 0, instructionSeconds = 0;
+  /// Fused element-wise nodes made over all stage programs, and the nodes
+  /// they replace.
+  int64_t fusedGroups = 0, fusedNodes = 0;
   /// Whether this process reports for the run (local, or MPI rank 0).
   bool primary = true;
 };

@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/GradKernels.h"
+#include "runtime/cpu/Fused.h"
 
 #include "runtime/cpu/Kernels.h"
 #include "runtime/plan/Attributes.h"
@@ -718,6 +719,8 @@ Expected<std::vector<Tensor>> runGradOp(const onnx::NodeProto &node,
 
 Expected<std::vector<Tensor>> runAnyOp(const onnx::NodeProto &node, int64_t opset,
                                        ArrayRef<const Tensor *> inputs) {
+  if (node.domain() == "pipec" && node.op_type() == FusedOpType)
+    return runFused(node, opset, inputs);
   if (node.domain() == "pipec")
     return runGradOp(node, inputs);
   return runOp(node, opset, inputs);

@@ -16,6 +16,7 @@
 #include "runtime/cuda/CudaBackend.h"
 #include "runtime/plan/Attributes.h"
 
+#include "runtime/cpu/Fused.h"
 #include "runtime/cpu/GradKernels.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/CudaKernels.h"
@@ -240,6 +241,7 @@ private:
   Result crossEntropy(const NodeView &n);
   Result sumTo(const NodeView &n);
   Result pointwiseGrad(const NodeView &n);
+  Result fused(const NodeView &n);
   Result softmaxGrad(const NodeView &n);
   Result gatherGrad(const NodeView &n);
   Result layerNormGradInput(const NodeView &n);
@@ -717,6 +719,7 @@ Result CudaBackend::runDevice(const NodeView &n) {
       {"BatchNormGradWeight", &CudaBackend::batchNormGradWeight},
       {"ConvGradInput", &CudaBackend::convGradInput},
       {"ConvGradWeight", &CudaBackend::convGradWeight}, {"ErfGrad", &CudaBackend::pointwiseGrad},
+      {"FusedElementwise", &CudaBackend::fused},
       {"GatherGrad", &CudaBackend::gatherGrad}, {"GeluGrad", &CudaBackend::pointwiseGrad},
       {"LayerNormGradInput", &CudaBackend::layerNormGradInput},
       {"LayerNormGradWeight", &CudaBackend::layerNormGradWeight},
@@ -1786,6 +1789,46 @@ Result CudaBackend::pointwiseGrad(const NodeView &n) {
       op, static_cast<const float *>(d.rawData()), static_cast<const float *>(x.rawData()),
       static_cast<float *>(out.rawData()), out.numElements(), stream));
   return Outputs{out};
+}
+
+/// A fused element-wise node (runtime/cpu/Fused.h) as one kernel; its body
+/// node by node on this backend when the kernel does not take the inputs
+/// (not all float32, or an output smaller than the others).
+Result CudaBackend::fused(const NodeView &n) {
+  auto kernel = cpu::compileFused(n.node, n.opset);
+  if (!kernel)
+    return kernel.takeError();
+  std::vector<const Tensor *> inputs(n.allInputs().begin(), n.allInputs().end());
+  std::optional<Shape> shape = cpu::fusedShape(*kernel, inputs);
+  k::FusedMap map;
+  if (!shape || !cpu::makeFusedMap(*shape, inputs, map)) {
+    auto outputs = cpu::runFusedBody(n.node, inputs,
+                                     [&](const onnx::NodeProto &step, ArrayRef<const Tensor *> in) {
+                                       return dispatch(NodeView(step, n.opset, in, device));
+                                     });
+    if (!outputs)
+      return outputs.takeError();
+    return std::move(*outputs);
+  }
+  const k::FusedProgram &p = kernel->program;
+  std::vector<Tensor> devices;
+  const float *in[k::MaxFusedInputs] = {};
+  for (int i = 0; i < p.inputs; ++i) {
+    PIPEC_TRY_ASSIGN(d, onDevice(*inputs[i]));
+    devices.push_back(d);
+    in[i] = static_cast<const float *>(devices.back().rawData());
+  }
+  Outputs outputs;
+  float *out[k::MaxFusedOutputs] = {};
+  for (int o = 0; o < p.outputs; ++o) {
+    PIPEC_TRY_ASSIGN(t, allocate(ElemType::Float, *shape));
+    outputs.push_back(t);
+    out[o] = static_cast<float *>(outputs.back().rawData());
+  }
+  int64_t count = product(*shape);
+  if (count > 0)
+    PIPEC_CUDA_TRY(k::launchFused(p, map, in, out, count, stream));
+  return outputs;
 }
 
 Result CudaBackend::softmaxGrad(const NodeView &n) {

@@ -205,6 +205,14 @@ struct PointwiseFn {
   __device__ void operator()(int64_t i) const { pointwiseElement(i, op, dy, a, dx); }
 };
 
+struct FusedFn {
+  FusedProgram program;
+  FusedMap map;
+  const float *in[MaxFusedInputs];
+  float *out[MaxFusedOutputs];
+  __device__ void operator()(int64_t i) const { fusedElement(i, program, map, in, out); }
+};
+
 template <typename T, typename I> struct GatherFn {
   GatherParams p;
   const T *data;
@@ -512,6 +520,16 @@ cudaError_t launchAdd(Scalar type, const void *a, const void *b, void *out, int6
 cudaError_t launchPointwise(Pointwise op, const float *dy, const float *a, float *dx, int64_t n,
                             cudaStream_t stream) {
   return launch(n, PointwiseFn{op, dy, a, dx}, stream);
+}
+
+cudaError_t launchFused(const FusedProgram &program, const FusedMap &map, const float *const *in,
+                        float *const *out, int64_t n, cudaStream_t stream) {
+  FusedFn f{program, map, {}, {}};
+  for (int k = 0; k < program.inputs && k < MaxFusedInputs; ++k)
+    f.in[k] = in[k];
+  for (int o = 0; o < program.outputs && o < MaxFusedOutputs; ++o)
+    f.out[o] = out[o];
+  return launch(n, f, stream);
 }
 
 cudaError_t launchGather(int elemBytes, bool int32Indices, const GatherParams &p, const void *data,

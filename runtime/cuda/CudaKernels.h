@@ -55,6 +55,11 @@ cudaError_t launchAdd(Scalar type, const void *a, const void *b, void *out, int6
 cudaError_t launchPointwise(Pointwise op, const float *dy, const float *a, float *dx, int64_t n,
                             cudaStream_t stream);
 
+/// A fused element-wise program (KernelBodies.h) over n output elements:
+/// program.inputs input pointers read through map, program.outputs outputs.
+cudaError_t launchFused(const FusedProgram &program, const FusedMap &map, const float *const *in,
+                        float *const *out, int64_t n, cudaStream_t stream);
+
 /// Gather of elements of 1, 2, 4 or 8 bytes with int64 (or int32) indices;
 /// bad indices set *flag.
 cudaError_t launchGather(int elemBytes, bool int32Indices, const GatherParams &p, const void *data,

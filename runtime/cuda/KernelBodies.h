@@ -51,18 +51,20 @@ enum class Scalar : int { F32, F64, I64, I32, Bool };
 /// offset_k = base[k] + sum_d index_d * strides[k][d]. Dimensions of size 1
 /// are dropped and contiguous ones merged, so a plain elementwise op walks
 /// one dimension.
-struct IndexMap {
+template <int N> struct BasicIndexMap {
+  static constexpr int Capacity = N;
   int rank = 0;
   int operands = 1;
   int64_t shape[MaxRank] = {};
-  int64_t strides[MaxOperands][MaxRank] = {};
-  int64_t base[MaxOperands] = {};
+  int64_t strides[N][MaxRank] = {};
+  int64_t base[N] = {};
 };
+using IndexMap = BasicIndexMap<MaxOperands>;
 
 /// The offset of output element \p index (< the map's element count) in
 /// operand \p k. What is left of the index at the outermost dimension is
 /// its coordinate there, so a one-dimensional walk divides nothing.
-PIPEC_HD int64_t offsetOf(const IndexMap &map, int k, int64_t index) {
+template <int N> PIPEC_HD int64_t offsetOf(const BasicIndexMap<N> &map, int k, int64_t index) {
   int64_t offset = map.base[k];
   for (int d = map.rank - 1; d > 0; --d) {
     int64_t i = index % map.shape[d];
@@ -73,7 +75,8 @@ PIPEC_HD int64_t offsetOf(const IndexMap &map, int k, int64_t index) {
 }
 
 /// offsetOf for every operand at once (one division per inner dimension).
-PIPEC_HD void offsetsOf(const IndexMap &map, int64_t index, int64_t *offsets) {
+template <int N>
+PIPEC_HD void offsetsOf(const BasicIndexMap<N> &map, int64_t index, int64_t *offsets) {
   for (int k = 0; k < map.operands; ++k)
     offsets[k] = map.base[k];
   for (int d = map.rank - 1; d > 0; --d) {
@@ -111,12 +114,13 @@ inline std::vector<int64_t> broadcastStrides(const std::vector<int64_t> &shape,
 /// An IndexMap walking \p outShape with one stride vector per operand (each
 /// of outShape's rank) and the given base offsets (0 when omitted). Returns
 /// false when more than MaxRank dimensions remain after merging.
-inline bool makeIndexMap(const std::vector<int64_t> &outShape,
-                         const std::vector<std::vector<int64_t>> &strides, IndexMap &map,
-                         const std::vector<int64_t> &bases = {}) {
-  map = IndexMap();
+template <int N>
+bool makeIndexMap(const std::vector<int64_t> &outShape,
+                  const std::vector<std::vector<int64_t>> &strides, BasicIndexMap<N> &map,
+                  const std::vector<int64_t> &bases = {}) {
+  map = BasicIndexMap<N>();
   map.operands = static_cast<int>(strides.size());
-  if (map.operands < 1 || map.operands > MaxOperands)
+  if (map.operands < 1 || map.operands > N)
     return false;
   for (int k = 0; k < map.operands; ++k)
     map.base[k] = k < static_cast<int>(bases.size()) ? bases[k] : 0;
@@ -354,6 +358,67 @@ template <typename T> PIPEC_HD void addElement(int64_t i, const T *a, const T *b
 }
 
 template <typename T> PIPEC_HD void fillElement(int64_t i, T value, T *out) { out[i] = value; }
+
+//===----------------------------------------------------------------------===//
+// Fused element-wise programs
+//===----------------------------------------------------------------------===//
+
+/// Limits of one fused node (runtime/cpu/Fused.h makes them; the fusion
+/// pass never builds a larger one).
+constexpr int MaxFusedInputs = 8;
+constexpr int MaxFusedOps = 16;
+constexpr int MaxFusedOutputs = 4;
+constexpr int MaxFusedRegisters = MaxFusedInputs + MaxFusedOps;
+
+enum class FusedKind : int { Unary, Binary, Pointwise };
+
+/// One step: register dst = op(register a[, register b]). Registers
+/// 0..inputs-1 hold the inputs; step s writes register inputs + s.
+struct FusedOp {
+  FusedKind kind = FusedKind::Unary;
+  int op = 0;
+  int a = 0, b = 0;
+  float alpha = 0;
+};
+
+/// A straight-line program over one element of every operand.
+struct FusedProgram {
+  int inputs = 0, ops = 0, outputs = 0;
+  FusedOp code[MaxFusedOps];
+  /// The register each output is read from.
+  int outputRegister[MaxFusedOutputs] = {};
+};
+
+/// One step on one element, each op exactly as its own kernel computes it.
+PIPEC_HD float fusedStep(const FusedOp &step, float a, float b) {
+  switch (step.kind) {
+  case FusedKind::Unary:
+    return unaryValue(static_cast<Unary>(step.op), a, step.alpha);
+  case FusedKind::Binary:
+    return arithmeticValue<float>(static_cast<Binary>(step.op), a, b);
+  case FusedKind::Pointwise:
+    return a * static_cast<float>(
+                   pointwiseFactor(static_cast<Pointwise>(step.op), static_cast<double>(b)));
+  }
+  return a;
+}
+
+using FusedMap = BasicIndexMap<MaxFusedInputs>;
+
+/// Output element \p i of every output: the inputs read through \p map
+/// (numpy broadcasting), the program run in registers.
+PIPEC_HD void fusedElement(int64_t i, const FusedProgram &p, const FusedMap &map,
+                           const float *const *in, float *const *out) {
+  float r[MaxFusedRegisters];
+  int64_t off[MaxFusedInputs];
+  offsetsOf(map, i, off);
+  for (int k = 0; k < p.inputs; ++k)
+    r[k] = in[k][off[k]];
+  for (int s = 0; s < p.ops; ++s)
+    r[p.inputs + s] = fusedStep(p.code[s], r[p.code[s].a], r[p.code[s].b]);
+  for (int o = 0; o < p.outputs; ++o)
+    out[o][i] = r[p.outputRegister[o]];
+}
 
 //===----------------------------------------------------------------------===//
 // Gather and its gradient

@@ -7,7 +7,9 @@
 //  - the same two runs predicted from `pipec profile`'s measured cost table
 //    instead of the roofline;
 //  - a tiny, deep MLP on 4 ranks with 64 microbatches, where kernels do
-//    almost nothing: the executor's overhead per instruction.
+//    almost nothing: the executor's overhead per instruction;
+//  - fused element-wise kernels: the one-rank GPT step without fusion, and
+//    GPT-2's eight-node GELU as one fused kernel against eight kernels.
 // Run through tools/bench-runtime.sh, which writes the table to
 // docs/PERFORMANCE.md.
 //
@@ -15,6 +17,8 @@
 #include "compiler/Compile.h"
 #include "models/ModelGenerators.h"
 #include "runtime/core/Executor.h"
+#include "runtime/cpu/Fused.h"
+#include "runtime/cpu/GradKernels.h"
 #include "tools/Profile.h"
 
 #include "llvm/Support/FileSystem.h"
@@ -108,11 +112,12 @@ plan::Plan compile(const std::string &model, int stages, int microbatches, int64
 /// One training step per iteration (after a warm-up step); counters carry
 /// the prediction and the measured compute time per rank.
 void trainStep(benchmark::State &state, const std::string &model, int stages, int microbatches,
-               int64_t batch, const std::string &costs = "") {
+               int64_t batch, const std::string &costs = "", bool fuse = true) {
   plan::Plan plan = compile(model, stages, microbatches, batch, costs);
   rt::RunOptions options;
   options.steps = 1;
   options.optimizer = "sgd";
+  options.fuse = fuse;
   auto warm = rt::runLocal(plan, options);
   if (!warm) {
     state.SkipWithError(llvm::toString(warm.takeError()).c_str());
@@ -155,6 +160,58 @@ void BM_GptOneRankProfiled(benchmark::State &state) {
 void BM_GptTwoRanksProfiled(benchmark::State &state) {
   trainStep(state, gpt(), 2, 8, 8, profiledCosts());
 }
+void BM_GptOneRankUnfused(benchmark::State &state) { trainStep(state, gpt(), 1, 8, 8, "", false); }
+
+/// GPT-2's GELU (tanh form, eight nodes) on x + bias, x of [rows, cols],
+/// as the forward of a training step keeps it (the tanh and x / 2 too): one
+/// fused node (state.range(0) = 1) or its nodes one kernel each.
+void BM_GeluChain(benchmark::State &state) {
+  auto step = [](const std::string &op, std::vector<std::string> in, const std::string &out) {
+    onnx::NodeProto n;
+    n.set_op_type(op);
+    n.set_name(out);
+    for (const std::string &name : in)
+      n.add_input(name);
+    n.add_output(out);
+    return n;
+  };
+  std::vector<onnx::NodeProto> body = {
+      step("Add", {"x", "bias"}, "h"),  step("Mul", {"half", "h"}, "a"),
+      step("Pow", {"h", "three"}, "p"), step("Mul", {"c", "p"}, "b"),
+      step("Add", {"h", "b"}, "s"),     step("Mul", {"root", "s"}, "u"),
+      step("Tanh", {"u"}, "t"),         step("Add", {"one", "t"}, "e"),
+      step("Mul", {"a", "e"}, "y")};
+  std::vector<const onnx::NodeProto *> pointers;
+  for (const onnx::NodeProto &n : body)
+    pointers.push_back(&n);
+  onnx::NodeProto fused = cpu::makeFusedNode(
+      "gelu", pointers, {"x", "bias", "half", "three", "c", "root", "one"}, {"a", "t", "y"});
+  const int64_t rows = 2048, cols = 1024;
+  cpu::Tensor x(cpu::ElemType::Float, {rows, cols}), bias(cpu::ElemType::Float, {cols});
+  for (int64_t i = 0; i < x.numElements(); ++i)
+    x.data<float>()[i] = static_cast<float>((i * 7919) % 2001) / 1000.0f - 1.0f;
+  for (int64_t i = 0; i < cols; ++i)
+    bias.data<float>()[i] = static_cast<float>(i % 17) / 17.0f;
+  cpu::Tensor half = cpu::Tensor::scalar(0.5f), three = cpu::Tensor::scalar(3.0f),
+              c = cpu::Tensor::scalar(0.044715f), root = cpu::Tensor::scalar(0.7978845608f),
+              one = cpu::Tensor::scalar(1.0f);
+  std::vector<const cpu::Tensor *> in = {&x, &bias, &half, &three, &c, &root, &one};
+  bool fuse = state.range(0) == 1;
+  for (auto _ : state) {
+    auto out = fuse ? cpu::runFused(fused, 17, in)
+                    : cpu::runFusedBody(
+                          fused, in,
+                          [](const onnx::NodeProto &n, llvm::ArrayRef<const cpu::Tensor *> args) {
+                            return cpu::runAnyOp(n, 17, args);
+                          });
+    if (!out) {
+      state.SkipWithError(llvm::toString(out.takeError()).c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(out->front().rawData());
+  }
+  state.counters["elements"] = static_cast<double>(rows * cols);
+}
 
 BENCHMARK(BM_GptOneRank)->Name("gpt6/1_rank_m8")->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GptTwoRanks)
@@ -169,6 +226,12 @@ BENCHMARK(BM_GptTwoRanksProfiled)
     ->Name("gpt6/2_ranks_1f1b_m8_profiled_costs")
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GptOneRankUnfused)
+    ->Name("gpt6/1_rank_m8_unfused")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GeluChain)->Name("gelu_2048x1024/fused")->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GeluChain)->Name("gelu_2048x1024/unfused")->Arg(0)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MlpOverhead)
     ->Name("mlp16_tiny/4_ranks_1f1b_m64")
     ->UseManualTime()

@@ -1,0 +1,328 @@
+//===- FusionTest.cpp - Fused element-wise nodes and the fusion pass -----===//
+//
+// The fused kernel against its body run node by node (the CPU kernels), on
+// broadcast shapes, for every op it fuses; the fallback for integer inputs
+// and for an output smaller than the others; bodies it refuses; and the
+// pass: what it groups, which values stay visible, and what it must not
+// move past a reader. The executor-level check (a fused run equals an
+// unfused one) is in ExecutorTest.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/core/Fusion.h"
+#include "runtime/cpu/Fused.h"
+#include "runtime/cpu/GradKernels.h"
+#include "runtime/cpu/Kernels.h"
+
+#include "onnx/onnx_pb.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+using namespace pipec;
+using cpu::ElemType;
+using cpu::Tensor;
+
+namespace {
+
+constexpr int64_t Opset = 17;
+
+onnx::NodeProto node(const std::string &op, std::vector<std::string> inputs, std::string output,
+                     const std::string &domain = "") {
+  onnx::NodeProto n;
+  n.set_op_type(op);
+  n.set_domain(domain);
+  n.set_name(output + "_node");
+  for (const std::string &in : inputs)
+    n.add_input(in);
+  n.add_output(output);
+  return n;
+}
+
+void setString(onnx::NodeProto &n, const std::string &name, const std::string &value) {
+  onnx::AttributeProto *a = n.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::STRING);
+  a->set_s(value);
+}
+
+void setFloat(onnx::NodeProto &n, const std::string &name, float value) {
+  onnx::AttributeProto *a = n.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::FLOAT);
+  a->set_f(value);
+}
+
+Tensor randomTensor(std::vector<int64_t> shape, uint32_t seed, float lo = -2, float hi = 2) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Tensor t(ElemType::Float, std::move(shape));
+  for (int64_t i = 0; i < t.numElements(); ++i)
+    t.data<float>()[i] = dist(rng);
+  return t;
+}
+
+std::vector<Tensor> unfused(const onnx::NodeProto &fused, const std::vector<const Tensor *> &in) {
+  auto outs = cpu::runFusedBody(
+      fused, in, [](const onnx::NodeProto &n, auto args) { return cpu::runAnyOp(n, Opset, args); });
+  EXPECT_TRUE(static_cast<bool>(outs)) << (outs ? "" : llvm::toString(outs.takeError()));
+  return outs ? std::move(*outs) : std::vector<Tensor>{};
+}
+
+std::vector<Tensor> fused(const onnx::NodeProto &node, const std::vector<const Tensor *> &in) {
+  auto outs = cpu::runFused(node, Opset, in);
+  EXPECT_TRUE(static_cast<bool>(outs)) << (outs ? "" : llvm::toString(outs.takeError()));
+  return outs ? std::move(*outs) : std::vector<Tensor>{};
+}
+
+/// Largest |a - b| over all outputs; the shapes must match.
+double worstDifference(const std::vector<Tensor> &a, const std::vector<Tensor> &b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t o = 0; o < a.size() && o < b.size(); ++o) {
+    EXPECT_EQ(a[o].shape(), b[o].shape()) << "output " << o;
+    if (a[o].shape() != b[o].shape())
+      return INFINITY;
+    for (int64_t i = 0; i < a[o].numElements(); ++i)
+      worst = std::max(worst, std::abs(a[o].getDouble(i) - b[o].getDouble(i)));
+  }
+  return worst;
+}
+
+/// A GELU (tanh form, as GPT-2 exports it) on x + bias, its backward
+/// factors, and a Sum: 13 steps over a [3, 37, 24] x, a [24] bias and
+/// scalar constants.
+struct GeluCase {
+  Tensor x = randomTensor({3, 37, 24}, 1), bias = randomTensor({24}, 2),
+         dy = randomTensor({3, 37, 24}, 4);
+  Tensor half = Tensor::scalar(0.5f), c = Tensor::scalar(0.044715f),
+         root = Tensor::scalar(0.7978845608f), one = Tensor::scalar(1.0f),
+         three = Tensor::scalar(3.0f);
+  onnx::NodeProto fusedNode;
+  std::vector<const Tensor *> inputs;
+
+  GeluCase() {
+    std::vector<onnx::NodeProto> body = {
+        node("Add", {"x", "bias"}, "h"),  node("Mul", {"half", "h"}, "a"),
+        node("Pow", {"h", "three"}, "p"), node("Mul", {"c", "p"}, "b"),
+        node("Add", {"h", "b"}, "s"),     node("Mul", {"root", "s"}, "u"),
+        node("Tanh", {"u"}, "t"),         node("Add", {"one", "t"}, "e"),
+        node("Mul", {"a", "e"}, "y"),     node("TanhGrad", {"dy", "t"}, "g", "pipec"),
+        node("Div", {"g", "three"}, "q"), node("Sum", {"y", "q", "h"}, "z"),
+    };
+    std::vector<const onnx::NodeProto *> pointers;
+    for (const onnx::NodeProto &n : body)
+      pointers.push_back(&n);
+    fusedNode = cpu::makeFusedNode("gelu", pointers,
+                                   {"x", "bias", "half", "three", "c", "root", "one", "dy"},
+                                   {"y", "t", "z"});
+    inputs = {&x, &bias, &half, &three, &c, &root, &one, &dy};
+  }
+};
+
+TEST(FusedKernel, MatchesItsBodyOnBroadcasts) {
+  GeluCase g;
+  auto kernel = cpu::compileFused(g.fusedNode, Opset);
+  ASSERT_TRUE(static_cast<bool>(kernel)) << llvm::toString(kernel.takeError());
+  EXPECT_EQ(kernel->program.ops, 13); // 12 nodes, the Sum of three taking two
+  auto shape = cpu::fusedShape(*kernel, g.inputs);
+  ASSERT_TRUE(shape.has_value());
+  EXPECT_EQ(*shape, (std::vector<int64_t>{3, 37, 24}));
+  std::vector<Tensor> a = fused(g.fusedNode, g.inputs), b = unfused(g.fusedNode, g.inputs);
+  ASSERT_EQ(a.size(), 3u);
+  // Each op computed as its own kernel computes it: the same bits.
+  EXPECT_EQ(worstDifference(a, b), 0.0);
+}
+
+TEST(FusedKernel, EveryUnaryAndPointwiseOpMatches) {
+  Tensor x = randomTensor({5, 130}, 11, 0.1f, 3), dy = randomTensor({5, 130}, 12);
+  struct Case {
+    std::string op, domain, attr, value;
+    float alpha = 0;
+  };
+  const Case cases[] = {{"Relu", ""},
+                        {"Tanh", ""},
+                        {"Sigmoid", ""},
+                        {"Erf", ""},
+                        {"Sqrt", ""},
+                        {"Exp", ""},
+                        {"Log", ""},
+                        {"Neg", ""},
+                        {"Reciprocal", ""},
+                        {"Abs", ""},
+                        {"LeakyRelu", "", "alpha", "", 0.2f},
+                        {"Gelu", "", "approximate", "none"},
+                        {"Gelu", "", "approximate", "tanh"},
+                        {"ReluGrad", "pipec"},
+                        {"TanhGrad", "pipec"},
+                        {"SigmoidGrad", "pipec"},
+                        {"ErfGrad", "pipec"},
+                        {"GeluGrad", "pipec", "approximate", "none"},
+                        {"GeluGrad", "pipec", "approximate", "tanh"}};
+  for (const Case &c : cases) {
+    bool grad = c.domain == "pipec";
+    onnx::NodeProto step =
+        node(c.op, grad ? std::vector<std::string>{"dy", "x"} : std::vector<std::string>{"x"}, "y",
+             c.domain);
+    if (c.attr == "alpha")
+      setFloat(step, "alpha", c.alpha);
+    else if (!c.attr.empty())
+      setString(step, c.attr, c.value);
+    ASSERT_TRUE(cpu::isFusable(step, Opset)) << c.op;
+    // y, then y * x so that the node has two steps.
+    onnx::NodeProto then = node("Mul", {"y", "x"}, "z");
+    onnx::NodeProto f = cpu::makeFusedNode(
+        "f", {&step, &then},
+        grad ? std::vector<std::string>{"dy", "x"} : std::vector<std::string>{"x"}, {"z"});
+    std::vector<const Tensor *> in =
+        grad ? std::vector<const Tensor *>{&dy, &x} : std::vector<const Tensor *>{&x};
+    EXPECT_EQ(worstDifference(fused(f, in), unfused(f, in)), 0.0) << c.op << " " << c.value;
+  }
+}
+
+TEST(FusedKernel, IntegerInputsRunTheBodyNodeByNode) {
+  Tensor a = Tensor::fromValues<int64_t>({2, 2}, {1, 2, 3, 4});
+  Tensor b = Tensor::fromValues<int64_t>({2}, {10, 20});
+  onnx::NodeProto add = node("Add", {"a", "b"}, "s"), mul = node("Mul", {"s", "a"}, "m");
+  onnx::NodeProto f = cpu::makeFusedNode("ints", {&add, &mul}, {"a", "b"}, {"m"});
+  auto kernel = cpu::compileFused(f, Opset);
+  ASSERT_TRUE(static_cast<bool>(kernel));
+  EXPECT_FALSE(cpu::fusedShape(*kernel, {&a, &b}).has_value());
+  std::vector<Tensor> out = fused(f, {&a, &b});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].elemType(), ElemType::Int64);
+  EXPECT_EQ(out[0].toInt64Vector(), (std::vector<int64_t>{11, 44, 39, 96}));
+}
+
+TEST(FusedKernel, AnOutputSmallerThanTheOthersRunsTheBody) {
+  // t = Tanh(bias) is [4]; y = x * t is [3, 4]: t cannot be written at
+  // y's shape, so the body runs node by node and t keeps its shape.
+  Tensor x = randomTensor({3, 4}, 5), bias = randomTensor({4}, 6);
+  onnx::NodeProto tanh = node("Tanh", {"bias"}, "t"), mul = node("Mul", {"x", "t"}, "y");
+  onnx::NodeProto f = cpu::makeFusedNode("small", {&tanh, &mul}, {"x", "bias"}, {"t", "y"});
+  auto kernel = cpu::compileFused(f, Opset);
+  ASSERT_TRUE(static_cast<bool>(kernel));
+  EXPECT_FALSE(cpu::fusedShape(*kernel, {&x, &bias}).has_value());
+  std::vector<Tensor> out = fused(f, {&x, &bias});
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].shape(), (std::vector<int64_t>{4}));
+  EXPECT_EQ(out[1].shape(), (std::vector<int64_t>{3, 4}));
+  EXPECT_FLOAT_EQ(out[1].data<float>()[5], x.data<float>()[5] * std::tanh(bias.data<float>()[1]));
+}
+
+TEST(FusedKernel, BadBodiesAreRefusedByName) {
+  onnx::NodeProto tanh = node("Tanh", {"missing"}, "t");
+  onnx::NodeProto f = cpu::makeFusedNode("bad", {&tanh}, {"x"}, {"t"});
+  auto kernel = cpu::compileFused(f, Opset);
+  ASSERT_FALSE(static_cast<bool>(kernel));
+  std::string why = llvm::toString(kernel.takeError());
+  EXPECT_NE(why.find("'missing'"), std::string::npos) << why;
+  EXPECT_NE(why.find("bad"), std::string::npos) << why;
+
+  onnx::NodeProto matmul = node("MatMul", {"x", "x"}, "m");
+  f = cpu::makeFusedNode("notfusable", {&matmul}, {"x"}, {"m"});
+  kernel = cpu::compileFused(f, Opset);
+  ASSERT_FALSE(static_cast<bool>(kernel));
+  why = llvm::toString(kernel.takeError());
+  EXPECT_NE(why.find("MatMul"), std::string::npos) << why;
+
+  onnx::NodeProto add = node("Add", {"x", "x"}, "s");
+  f = cpu::makeFusedNode("noout", {&add}, {"x"}, {"nowhere"});
+  kernel = cpu::compileFused(f, Opset);
+  ASSERT_FALSE(static_cast<bool>(kernel));
+  EXPECT_NE(llvm::toString(kernel.takeError()).find("'nowhere'"), std::string::npos);
+}
+
+//===----------------------------------------------------------------------===//
+// The pass
+//===----------------------------------------------------------------------===//
+
+std::vector<std::string> opsOf(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes) {
+  std::vector<std::string> ops;
+  for (const onnx::NodeProto &n : nodes)
+    ops.push_back(n.op_type());
+  return ops;
+}
+
+const onnx::NodeProto *findFused(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes) {
+  for (const onnx::NodeProto &n : nodes)
+    if (n.op_type() == cpu::FusedOpType)
+      return &n;
+  return nullptr;
+}
+
+TEST(FusionPass, GroupsAChainAndKeepsWhatOthersRead) {
+  plan::StageProgram p;
+  *p.add_forward() = node("MatMul", {"in", "w"}, "m");
+  *p.add_forward() = node("Add", {"m", "bias"}, "h");
+  *p.add_forward() = node("Mul", {"h", "half"}, "a");
+  *p.add_forward() = node("Tanh", {"h"}, "t");
+  *p.add_forward() = node("Add", {"t", "one"}, "e");
+  *p.add_forward() = node("Mul", {"a", "e"}, "y");
+  *p.add_forward() = node("MatMul", {"y", "w2"}, "out");
+  p.add_keep("t");   // backward reads it
+  p.add_send("out"); // the next stage does
+  *p.add_backward_input() = node("Mul", {"grad:y", "a"}, "grad:e");
+  rt::FusionStats stats = rt::fuseStageProgram(p, Opset, "");
+  EXPECT_EQ(stats.groups, 1);
+  EXPECT_EQ(stats.nodes, 5);
+  EXPECT_EQ(opsOf(p.forward()),
+            (std::vector<std::string>{"MatMul", cpu::FusedOpType.str(), "MatMul"}));
+  const onnx::NodeProto *f = findFused(p.forward());
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(std::vector<std::string>(f->input().begin(), f->input().end()),
+            (std::vector<std::string>{"m", "bias", "half", "one"}));
+  // a: read by backward; t: kept; y: read by the MatMul after. h and e are
+  // internal.
+  EXPECT_EQ(std::vector<std::string>(f->output().begin(), f->output().end()),
+            (std::vector<std::string>{"a", "t", "y"}));
+  // A single node (backward's Mul) stays as it is.
+  EXPECT_EQ(opsOf(p.backward_input()), (std::vector<std::string>{"Mul"}));
+}
+
+TEST(FusionPass, NeverMovesAValuePastItsReader) {
+  // t = Tanh(x) is read by the MatMul at position 1; fusing it with Exp at
+  // position 2 would make t only after the MatMul needs it.
+  plan::StageProgram p;
+  *p.add_forward() = node("Tanh", {"x"}, "t");
+  *p.add_forward() = node("MatMul", {"t", "w"}, "m");
+  *p.add_forward() = node("Exp", {"t"}, "e");
+  *p.add_forward() = node("Add", {"e", "m"}, "y");
+  p.add_send("y");
+  rt::FusionStats stats = rt::fuseStageProgram(p, Opset, "");
+  // Exp and Add fuse (both after the MatMul); Tanh stays before it.
+  EXPECT_EQ(stats.groups, 1);
+  EXPECT_EQ(opsOf(p.forward()),
+            (std::vector<std::string>{"Tanh", "MatMul", cpu::FusedOpType.str()}));
+  const onnx::NodeProto *f = findFused(p.forward());
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(std::vector<std::string>(f->output().begin(), f->output().end()),
+            (std::vector<std::string>{"y"}));
+}
+
+TEST(FusionPass, RespectsTheLimitsAndOldOpsets) {
+  // A chain of 40 additions of distinct inputs: no group over 8 inputs or 16
+  // steps.
+  plan::StageProgram p;
+  std::string last = "x0";
+  for (int i = 1; i <= 40; ++i) {
+    std::string out = "s" + std::to_string(i);
+    *p.add_forward() = node("Add", {last, "x" + std::to_string(i)}, out);
+    last = out;
+  }
+  p.add_send(last);
+  plan::StageProgram old = p;
+  rt::FusionStats stats = rt::fuseStageProgram(p, Opset, "");
+  EXPECT_EQ(stats.nodes, 40);
+  EXPECT_GE(stats.groups, 6); // at most 7 additions (8 inputs) a group
+  for (const onnx::NodeProto &n : p.forward()) {
+    EXPECT_LE(n.input_size(), 8);
+    auto kernel = cpu::compileFused(n, Opset);
+    EXPECT_TRUE(static_cast<bool>(kernel)) << llvm::toString(kernel.takeError());
+  }
+  // Before opset 7 binary ops broadcast only by attribute: nothing fuses.
+  EXPECT_EQ(rt::fuseStageProgram(old, 6, "").groups, 0);
+}
+
+} // namespace
