@@ -71,7 +71,7 @@ std::vector<Tensor> unfused(const onnx::NodeProto &fused, const std::vector<cons
 }
 
 std::vector<Tensor> fused(const onnx::NodeProto &node, const std::vector<const Tensor *> &in) {
-  auto outs = cpu::runFused(node, Opset, in);
+  auto outs = cpu::runAnyOp(node, Opset, in);
   EXPECT_TRUE(static_cast<bool>(outs)) << (outs ? "" : llvm::toString(outs.takeError()));
   return outs ? std::move(*outs) : std::vector<Tensor>{};
 }
@@ -234,6 +234,22 @@ TEST(FusedKernel, BadBodiesAreRefusedByName) {
   EXPECT_NE(llvm::toString(kernel.takeError()).find("'nowhere'"), std::string::npos);
 }
 
+TEST(MatMulBias, AddsTheBiasInPlaceWithTheAddsBits) {
+  Tensor a = randomTensor({2, 5, 7}, 21), b = randomTensor({7, 6}, 22),
+         bias = randomTensor({6}, 23), rows = randomTensor({5, 6}, 24);
+  onnx::NodeProto mm = node("MatMul", {"a", "b"}, "m"), add = node("Add", {"bias", "m"}, "y");
+  onnx::NodeProto f = cpu::makeFusedNode("linear", {&mm, &add}, {"a", "b", "bias"}, {"y"});
+  f.set_op_type(cpu::MatMulBiasOpType.str());
+  EXPECT_EQ(cpu::epilogueBias({&a, &b, &bias}), 6);
+  std::vector<Tensor> got = fused(f, {&a, &b, &bias});
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].shape(), (std::vector<int64_t>{2, 5, 6}));
+  EXPECT_EQ(worstDifference(got, unfused(f, {&a, &b, &bias})), 0.0);
+  // A [5, 6] "bias" is no epilogue: the body runs as it is.
+  EXPECT_FALSE(cpu::epilogueBias({&a, &b, &rows}).has_value());
+  EXPECT_EQ(worstDifference(fused(f, {&a, &b, &rows}), unfused(f, {&a, &b, &rows})), 0.0);
+}
+
 //===----------------------------------------------------------------------===//
 // The pass
 //===----------------------------------------------------------------------===//
@@ -265,15 +281,21 @@ TEST(FusionPass, GroupsAChainAndKeepsWhatOthersRead) {
   p.add_send("out"); // the next stage does
   *p.add_backward_input() = node("Mul", {"grad:y", "a"}, "grad:e");
   rt::FusionStats stats = rt::fuseStageProgram(p, Opset, "");
+  // The first MatMul takes its bias Add; the second has no Add after it.
+  EXPECT_EQ(stats.matMulBias, 1);
   EXPECT_EQ(stats.groups, 1);
-  EXPECT_EQ(stats.nodes, 5);
-  EXPECT_EQ(opsOf(p.forward()),
-            (std::vector<std::string>{"MatMul", cpu::FusedOpType.str(), "MatMul"}));
+  EXPECT_EQ(stats.nodes, 4);
+  EXPECT_EQ(opsOf(p.forward()), (std::vector<std::string>{cpu::MatMulBiasOpType.str(),
+                                                          cpu::FusedOpType.str(), "MatMul"}));
+  const onnx::NodeProto &mb = p.forward(0);
+  EXPECT_EQ(std::vector<std::string>(mb.input().begin(), mb.input().end()),
+            (std::vector<std::string>{"in", "w", "bias"}));
+  EXPECT_EQ(mb.output(0), "h");
   const onnx::NodeProto *f = findFused(p.forward());
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(std::vector<std::string>(f->input().begin(), f->input().end()),
-            (std::vector<std::string>{"m", "bias", "half", "one"}));
-  // a: read by backward; t: kept; y: read by the MatMul after. h and e are
+            (std::vector<std::string>{"h", "half", "one"}));
+  // a: read by backward; t: kept; y: read by the MatMul after. e is
   // internal.
   EXPECT_EQ(std::vector<std::string>(f->output().begin(), f->output().end()),
             (std::vector<std::string>{"a", "t", "y"}));
@@ -282,19 +304,19 @@ TEST(FusionPass, GroupsAChainAndKeepsWhatOthersRead) {
 }
 
 TEST(FusionPass, NeverMovesAValuePastItsReader) {
-  // t = Tanh(x) is read by the MatMul at position 1; fusing it with Exp at
-  // position 2 would make t only after the MatMul needs it.
+  // t = Tanh(x) is read by the Softmax at position 1; fusing it with Exp at
+  // position 2 would make t only after the Softmax needs it.
   plan::StageProgram p;
   *p.add_forward() = node("Tanh", {"x"}, "t");
-  *p.add_forward() = node("MatMul", {"t", "w"}, "m");
+  *p.add_forward() = node("Softmax", {"t"}, "m");
   *p.add_forward() = node("Exp", {"t"}, "e");
   *p.add_forward() = node("Add", {"e", "m"}, "y");
   p.add_send("y");
   rt::FusionStats stats = rt::fuseStageProgram(p, Opset, "");
-  // Exp and Add fuse (both after the MatMul); Tanh stays before it.
+  // Exp and Add fuse (both after the Softmax); Tanh stays before it.
   EXPECT_EQ(stats.groups, 1);
   EXPECT_EQ(opsOf(p.forward()),
-            (std::vector<std::string>{"Tanh", "MatMul", cpu::FusedOpType.str()}));
+            (std::vector<std::string>{"Tanh", "Softmax", cpu::FusedOpType.str()}));
   const onnx::NodeProto *f = findFused(p.forward());
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(std::vector<std::string>(f->output().begin(), f->output().end()),

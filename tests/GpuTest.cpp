@@ -879,6 +879,14 @@ onnx::NodeProto fusedGelu() {
                             {"out0", "out1", "out2"});
 }
 
+/// MatMul(in0, in1) + in2 as the fusion pass makes it.
+onnx::NodeProto matMulBias() {
+  onnx::NodeProto mm = step("MatMul", {"in0", "in1"}, "m"), add = step("Add", {"in2", "m"}, "out0");
+  onnx::NodeProto f = cpu::makeFusedNode("linear", {&mm, &add}, {"in0", "in1", "in2"}, {"out0"});
+  f.set_op_type(cpu::MatMulBiasOpType.str());
+  return f;
+}
+
 std::vector<Tensor> fusedGeluInputs(int64_t rows, int64_t cols) {
   return {floats({rows, cols}, -3, 3), floats({cols}),
           Tensor::scalar(0.5f),        Tensor::scalar(3.0f),
@@ -948,6 +956,11 @@ std::vector<OpCase> opCases() {
   add("LeakyRelu", NodeBuilder("LeakyRelu", 1).f("alpha", 0.2f), {floats({300})});
   add("AddLarge", NodeBuilder("Add", 2), {floats({1000, 300}), floats({300})});
   add("FusedGelu", fusedGelu(), fusedGeluInputs(512, 768));
+  // The bias in cuBLASLt's epilogue; a [rows, n] addend runs the two nodes.
+  add("MatMulBiasEpilogue", matMulBias(),
+      {floats({4, 96, 128}), floats({128, 384}), floats({384})});
+  add("MatMulBiasOddSizes", matMulBias(), {floats({7, 33}), floats({33, 5}), floats({1, 5})});
+  add("MatMulBiasNotAnEpilogue", matMulBias(), {floats({7, 33}), floats({33, 5}), floats({7, 5})});
   add("AddBroadcast", NodeBuilder("Add", 2), {floats({2, 1, 4}), floats({3, 1})});
   add("SubBroadcast", NodeBuilder("Sub", 2), {floats({2, 3, 4}), floats({4})});
   add("MulScalar", NodeBuilder("Mul", 2), {floats({5, 6}), floats({})});

@@ -592,9 +592,10 @@ int runRun() {
                       train ? "trained" : "ran", RunSteps - result->firstStep,
                       plan->schedule().name(), ranks, comm, formatSeconds(perStep),
                       formatSeconds(plan->predicted().step_time_s()));
-    if (result->fusedGroups > 0)
-      outs() << formatv("fused {0} element-wise nodes into {1} kernels\n", result->fusedNodes,
-                        result->fusedGroups);
+    if (result->fusedGroups > 0 || result->fusedMatMulBias > 0)
+      outs() << formatv("fused {0} element-wise nodes into {1} kernels, and {2} bias adds into "
+                        "their MatMuls\n",
+                        result->fusedNodes, result->fusedGroups, result->fusedMatMulBias);
     if (!RunSave.empty())
       outs() << "wrote " << RunSave << "\n";
     if (!RunOutputs.empty())

@@ -913,6 +913,7 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
       FusionStats stats = fuseStageProgram(program, plan.opset(), plan.loss_value());
       s->fusion.groups += stats.groups;
       s->fusion.nodes += stats.nodes;
+      s->fusion.matMulBias += stats.matMulBias;
     }
   return s;
 }
@@ -968,6 +969,7 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
   result.firstStep = first;
   result.fusedGroups = s.fusion.groups;
   result.fusedNodes = s.fusion.nodes;
+  result.fusedMatMulBias = s.fusion.matMulBias;
   auto started = Clock::now();
   for (int t = first; t < o.steps; ++t) {
     double sum = 0, count = 0;

@@ -120,6 +120,8 @@ struct RunResult {
   /// Fused element-wise nodes made over all stage programs, and the nodes
   /// they replace.
   int64_t fusedGroups = 0, fusedNodes = 0;
+  /// MatMuls whose bias Add was fused into them.
+  int64_t fusedMatMulBias = 0;
   /// Whether this process reports for the run (local, or MPI rank 0).
   bool primary = true;
 };

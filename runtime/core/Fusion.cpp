@@ -185,6 +185,58 @@ FusionStats ListFuser::run() {
   return stats;
 }
 
+/// MatMul, then an Add of a bias to its product and nothing else reading
+/// the product: one MatMulBias node at the Add's place.
+int64_t fuseMatMulBias(NodeList &nodes, const StringSet<> &external) {
+  auto isDefault = [](const onnx::NodeProto &n) {
+    return n.domain().empty() || n.domain() == "ai.onnx";
+  };
+  StringMap<std::vector<int>> readers;
+  for (int i = 0; i < nodes.size(); ++i)
+    for (const std::string &name : nodes[i].input())
+      if (!name.empty())
+        readers[name].push_back(i);
+  std::vector<int> fusedInto(nodes.size(), -1); // MatMul -> its Add
+  for (int i = 0; i < nodes.size(); ++i) {
+    const onnx::NodeProto &mm = nodes[i];
+    if (!isDefault(mm) || mm.op_type() != "MatMul" || mm.input_size() != 2 ||
+        mm.output_size() != 1 || external.count(mm.output(0)))
+      continue;
+    auto r = readers.find(mm.output(0));
+    if (r == readers.end() || r->second.size() != 1)
+      continue;
+    const onnx::NodeProto &add = nodes[r->second[0]];
+    if (!isDefault(add) || add.op_type() != "Add" || add.input_size() != 2 ||
+        add.output_size() != 1 || add.attribute_size() != 0 || add.input(0) == add.input(1))
+      continue;
+    fusedInto[i] = r->second[0];
+  }
+  NodeList rebuilt;
+  int64_t made = 0;
+  std::vector<int> madeBy(nodes.size(), -1); // Add -> its MatMul
+  for (int i = 0; i < nodes.size(); ++i)
+    if (fusedInto[i] >= 0)
+      madeBy[fusedInto[i]] = i;
+  for (int i = 0; i < nodes.size(); ++i) {
+    if (fusedInto[i] >= 0)
+      continue;
+    if (madeBy[i] < 0) {
+      *rebuilt.Add() = nodes[i];
+      continue;
+    }
+    const onnx::NodeProto &mm = nodes[madeBy[i]], &add = nodes[i];
+    const std::string &bias = add.input(0) == mm.output(0) ? add.input(1) : add.input(0);
+    std::string name = "fused:" + (mm.name().empty() ? mm.output(0) : mm.name());
+    onnx::NodeProto fused =
+        cpu::makeFusedNode(name, {&mm, &add}, {mm.input(0), mm.input(1), bias}, {add.output(0)});
+    fused.set_op_type(cpu::MatMulBiasOpType.str());
+    *rebuilt.Add() = std::move(fused);
+    ++made;
+  }
+  nodes.Swap(&rebuilt);
+  return made;
+}
+
 void addNames(StringSet<> &set, const google::protobuf::RepeatedPtrField<std::string> &names) {
   for (const std::string &name : names)
     set.insert(name);
@@ -218,6 +270,8 @@ FusionStats fuseStageProgram(plan::StageProgram &program, int64_t opset, StringR
     for (NodeList *other : lists)
       if (other != list)
         addInputs(external, *other);
+    if (opset >= 7)
+      total.matMulBias += fuseMatMulBias(*list, external);
     FusionStats stats = ListFuser(*list, external, opset).run();
     total.groups += stats.groups;
     total.nodes += stats.nodes;

@@ -17,6 +17,13 @@
 // Before:  t = Tanh(x); u = Add(t, one); y = Mul(x, u); z = MatMul(y, w)
 // After:   y = FusedElementwise(x, one); z = MatMul(y, w)
 //
+// First, a MatMul whose product only an Add reads (a linear layer's bias)
+// becomes one MatMulBias node (runtime/cpu/Fused.h): the CUDA backend adds
+// the bias in the GEMM's epilogue (cuBLASLt), the CPU in place.
+//
+// Before:  m = MatMul(x, w); y = Add(b, m)
+// After:   y = MatMulBias(x, w, b)
+//
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_CORE_FUSION_H
 #define PIPEC_RUNTIME_CORE_FUSION_H
@@ -30,8 +37,10 @@
 namespace pipec::rt {
 
 struct FusionStats {
-  /// Fused nodes made, and the nodes they replace.
+  /// Fused element-wise nodes made, and the nodes they replace.
   int64_t groups = 0, nodes = 0;
+  /// MatMulBias nodes made (each replacing a MatMul and an Add).
+  int64_t matMulBias = 0;
 };
 
 /// Fuses the three node lists of \p program in place; \p opset is the

@@ -419,4 +419,46 @@ Expected<std::vector<Tensor>> runFused(const onnx::NodeProto &node, int64_t opse
   return outputs;
 }
 
+std::optional<int64_t> epilogueBias(ArrayRef<const Tensor *> inputs) {
+  if (inputs.size() != 3)
+    return std::nullopt;
+  const Tensor *a = inputs[0], *b = inputs[1], *bias = inputs[2];
+  for (const Tensor *t : {a, b, bias})
+    if (!t || t->elemType() != ElemType::Float)
+      return std::nullopt;
+  if (a->rank() < 2 || b->rank() != 2 || a->dim(-1) != b->dim(0) || bias->rank() < 1 ||
+      bias->rank() > a->rank())
+    return std::nullopt;
+  int64_t n = b->dim(1);
+  if (bias->dim(-1) != n || bias->numElements() != n)
+    return std::nullopt;
+  return n;
+}
+
+Expected<std::vector<Tensor>> runMatMulBias(const onnx::NodeProto &node, int64_t opset,
+                                            ArrayRef<const Tensor *> inputs) {
+  const onnx::GraphProto *body = bodyOf(node);
+  if (!body || body->node_size() != 2 || body->node(0).op_type() != "MatMul" ||
+      body->node(1).op_type() != "Add")
+    return fusedError(node, "the body is not a MatMul and an Add");
+  std::optional<int64_t> n = epilogueBias(inputs);
+  if (!n)
+    return runFusedBody(node, inputs,
+                        [&](const onnx::NodeProto &step, ArrayRef<const Tensor *> in) {
+                          return runAnyOp(step, opset, in);
+                        });
+  auto product = runOp(body->node(0), opset, {inputs[0], inputs[1]});
+  if (!product)
+    return product.takeError();
+  // Float addition commutes exactly: the same bits as the Add, either way
+  // round.
+  Tensor &y = product->front();
+  float *out = y.data<float>();
+  const float *bias = inputs[2]->data<float>();
+  for (int64_t row = 0, rows = y.numElements() / std::max<int64_t>(*n, 1); row < rows; ++row)
+    for (int64_t j = 0; j < *n; ++j)
+      out[row * *n + j] += bias[j];
+  return std::move(*product);
+}
+
 } // namespace pipec::cpu

@@ -43,6 +43,9 @@ namespace pipec::cpu {
 
 inline constexpr llvm::StringLiteral FusedDomain = "pipec";
 inline constexpr llvm::StringLiteral FusedOpType = "FusedElementwise";
+/// A MatMul and the Add of a bias to its product (runtime/core/Fusion.h);
+/// inputs A, B, bias; its body holds the two nodes.
+inline constexpr llvm::StringLiteral MatMulBiasOpType = "MatMulBias";
 
 /// Whether \p node (at default-domain \p opset) can be a step of a fused
 /// node: a float element-wise op the fused kernels compute exactly as its
@@ -95,6 +98,16 @@ runFusedBody(const onnx::NodeProto &node, llvm::ArrayRef<const Tensor *> inputs,
 /// over a block, so that each op's loop is tight and the block stays in L1.
 llvm::Expected<std::vector<Tensor>> runFused(const onnx::NodeProto &node, int64_t opset,
                                              llvm::ArrayRef<const Tensor *> inputs);
+
+/// The bias length of MatMulBias \p node on \p inputs when the bias can be
+/// added in a GEMM's epilogue: A float32 [..., M, K], B float32 [K, N], the
+/// bias float32 with N elements along the last axis (leading axes 1);
+/// nullopt otherwise (the body then runs node by node).
+std::optional<int64_t> epilogueBias(llvm::ArrayRef<const Tensor *> inputs);
+
+/// The CPU kernel of MatMulBias: the MatMul, then the bias added in place.
+llvm::Expected<std::vector<Tensor>> runMatMulBias(const onnx::NodeProto &node, int64_t opset,
+                                                  llvm::ArrayRef<const Tensor *> inputs);
 
 } // namespace pipec::cpu
 

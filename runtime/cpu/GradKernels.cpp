@@ -721,6 +721,8 @@ Expected<std::vector<Tensor>> runAnyOp(const onnx::NodeProto &node, int64_t opse
                                        ArrayRef<const Tensor *> inputs) {
   if (node.domain() == "pipec" && node.op_type() == FusedOpType)
     return runFused(node, opset, inputs);
+  if (node.domain() == "pipec" && node.op_type() == MatMulBiasOpType)
+    return runMatMulBias(node, opset, inputs);
   if (node.domain() == "pipec")
     return runGradOp(node, inputs);
   return runOp(node, opset, inputs);

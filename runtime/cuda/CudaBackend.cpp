@@ -28,6 +28,7 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -242,6 +243,7 @@ private:
   Result sumTo(const NodeView &n);
   Result pointwiseGrad(const NodeView &n);
   Result fused(const NodeView &n);
+  Result matMulBias(const NodeView &n);
   Result softmaxGrad(const NodeView &n);
   Result gatherGrad(const NodeView &n);
   Result layerNormGradInput(const NodeView &n);
@@ -274,6 +276,10 @@ private:
                  int64_t lda, int64_t aN, int64_t aG, const float *b, int64_t ldb, int64_t bN,
                  int64_t bG, float beta, float *c, int64_t ldc, int64_t cN, int64_t cG,
                  int64_t count, int64_t groups);
+  /// Row-major C[m, n] = A[m, k] B[k, n] + bias[n], the bias added in
+  /// cuBLASLt's epilogue; false when cuBLASLt offers no algorithm for it.
+  Expected<bool> gemmBias(int64_t m, int64_t n, int64_t k, const float *a, const float *b,
+                          const float *bias, float *c);
   /// A float sum of \p x over the dimensions marked \p reduced, into \p out
   /// (its element count is the kept dimensions' product), times \p scale.
   Expected<bool> reduceInto(const Tensor &x, const std::vector<bool> &reduced, double scale,
@@ -283,6 +289,9 @@ private:
   bool bf16;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  /// cuBLASLt's workspace (allocated on first use).
+  std::shared_ptr<void> ltWorkspace;
   std::shared_ptr<DevicePool> pool;
 
   std::shared_ptr<void> flagBlock;
@@ -339,6 +348,7 @@ Error CudaBackend::init() {
   PIPEC_CUDA_TRY(cublasSetStream(blas, stream));
   // Plain fp32 unless bf16 is asked for: no TF32 behind the user's back.
   PIPEC_CUDA_TRY(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH));
+  PIPEC_CUDA_TRY(cublasLtCreate(&lt));
   pool = DevicePool::create(device);
   PIPEC_TRY_ASSIGN(block, pool->allocate(MaxChecks * sizeof(int)));
   flagBlock = block;
@@ -370,6 +380,9 @@ CudaBackend::~CudaBackend() {
     cudaFreeHost(staging);
   if (blas)
     cublasDestroy(blas);
+  if (lt)
+    cublasLtDestroy(lt);
+  ltWorkspace.reset();
   flagBlock.reset();
   constants.clear();
   if (stream)
@@ -719,7 +732,7 @@ Result CudaBackend::runDevice(const NodeView &n) {
       {"BatchNormGradWeight", &CudaBackend::batchNormGradWeight},
       {"ConvGradInput", &CudaBackend::convGradInput},
       {"ConvGradWeight", &CudaBackend::convGradWeight}, {"ErfGrad", &CudaBackend::pointwiseGrad},
-      {"FusedElementwise", &CudaBackend::fused},
+      {"FusedElementwise", &CudaBackend::fused}, {"MatMulBias", &CudaBackend::matMulBias},
       {"GatherGrad", &CudaBackend::gatherGrad}, {"GeluGrad", &CudaBackend::pointwiseGrad},
       {"LayerNormGradInput", &CudaBackend::layerNormGradInput},
       {"LayerNormGradWeight", &CudaBackend::layerNormGradWeight},
@@ -792,6 +805,63 @@ Error CudaBackend::gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t 
                                               compute, CUBLAS_GEMM_DEFAULT));
   }
   return Error::success();
+}
+
+Expected<bool> CudaBackend::gemmBias(int64_t m, int64_t n, int64_t k, const float *a,
+                                     const float *b, const float *bias, float *c) {
+  constexpr size_t WorkspaceBytes = size_t(32) << 20;
+  if (!ltWorkspace) {
+    PIPEC_TRY_ASSIGN(block, pool->allocate(WorkspaceBytes));
+    ltWorkspace = block;
+  }
+  // Row-major C = A B + bias is column-major C^T[n, m] = B^T[n, k] A^T[k, m]
+  // + bias, the bias one value per row of C^T: cuBLASLt's BIAS epilogue.
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t bLayout = nullptr, aLayout = nullptr, cLayout = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  auto release = [&] {
+    if (preference)
+      cublasLtMatmulPreferenceDestroy(preference);
+    for (cublasLtMatrixLayout_t layout : {bLayout, aLayout, cLayout})
+      if (layout)
+        cublasLtMatrixLayoutDestroy(layout);
+    if (op)
+      cublasLtMatmulDescDestroy(op);
+  };
+  auto body = [&]() -> Expected<bool> {
+    cublasComputeType_t compute = bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+    PIPEC_CUDA_TRY(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F));
+    cublasOperation_t none = CUBLAS_OP_N;
+    PIPEC_CUDA_TRY(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &none, sizeof(none)));
+    PIPEC_CUDA_TRY(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    PIPEC_CUDA_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                  sizeof(epilogue)));
+    PIPEC_CUDA_TRY(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    PIPEC_CUDA_TRY(cublasLtMatrixLayoutCreate(&bLayout, CUDA_R_32F, n, k, n));
+    PIPEC_CUDA_TRY(cublasLtMatrixLayoutCreate(&aLayout, CUDA_R_32F, k, m, k));
+    PIPEC_CUDA_TRY(cublasLtMatrixLayoutCreate(&cLayout, CUDA_R_32F, n, m, n));
+    PIPEC_CUDA_TRY(cublasLtMatmulPreferenceCreate(&preference));
+    size_t workspace = WorkspaceBytes;
+    PIPEC_CUDA_TRY(cublasLtMatmulPreferenceSetAttribute(
+        preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+    cublasLtMatmulHeuristicResult_t found = {};
+    int count = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(lt, op, bLayout, aLayout, cLayout, cLayout, preference, 1,
+                                       &found, &count) != CUBLAS_STATUS_SUCCESS ||
+        count == 0)
+      return false;
+    float alpha = 1, beta = 0;
+    PIPEC_CUDA_TRY(cublasLtMatmul(lt, op, &alpha, b, bLayout, a, aLayout, &beta, c, cLayout, c,
+                                  cLayout, &found.algo, ltWorkspace.get(), WorkspaceBytes, stream));
+    return true;
+  };
+  Expected<bool> done = body();
+  release();
+  return done;
 }
 
 Error CudaBackend::gemmGrid(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
@@ -1829,6 +1899,42 @@ Result CudaBackend::fused(const NodeView &n) {
   if (count > 0)
     PIPEC_CUDA_TRY(k::launchFused(p, map, in, out, count, stream));
   return outputs;
+}
+
+/// A MatMul and its bias Add (runtime/cpu/Fused.h) as one cuBLASLt GEMM with
+/// a bias epilogue; the two nodes as they are for other shapes or types,
+/// or when cuBLASLt has no algorithm.
+Result CudaBackend::matMulBias(const NodeView &n) {
+  std::vector<const Tensor *> inputs(n.allInputs().begin(), n.allInputs().end());
+  std::optional<int64_t> nn = cpu::epilogueBias(inputs);
+  auto unfused = [&]() -> Result {
+    auto outputs = cpu::runFusedBody(n.node, inputs,
+                                     [&](const onnx::NodeProto &step, ArrayRef<const Tensor *> in) {
+                                       return dispatch(NodeView(step, n.opset, in, device));
+                                     });
+    if (!outputs)
+      return outputs.takeError();
+    return std::move(*outputs);
+  };
+  if (!nn)
+    return unfused();
+  const Tensor &a = *inputs[0];
+  int64_t k = a.dim(-1), m = a.numElements() / std::max<int64_t>(k, 1);
+  if (m == 0 || k == 0 || *nn == 0 || !fitsInt(m) || !fitsInt(k) || !fitsInt(*nn))
+    return unfused();
+  Shape shape = a.shape();
+  shape.back() = *nn;
+  PIPEC_TRY_ASSIGN(da, onDevice(a));
+  PIPEC_TRY_ASSIGN(db, onDevice(*inputs[1]));
+  PIPEC_TRY_ASSIGN(dbias, onDevice(*inputs[2]));
+  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, shape));
+  PIPEC_TRY_ASSIGN(done, gemmBias(m, *nn, k, static_cast<const float *>(da.rawData()),
+                                  static_cast<const float *>(db.rawData()),
+                                  static_cast<const float *>(dbias.rawData()),
+                                  static_cast<float *>(out.rawData())));
+  if (!done)
+    return unfused();
+  return Outputs{out};
 }
 
 Result CudaBackend::softmaxGrad(const NodeView &n) {
