@@ -8,7 +8,8 @@
 #      CPU backend; and over NCCL under mpirun (2 stages with two GPUs, else
 #      one rank)
 #   4. benchmark: a bf16 GPT stack on one GPU, 1F1B and ZB-H1 with the ranks
-#      sharing the device: measured and predicted step time, TFLOP/s, MFU
+#      sharing the device: measured and predicted step time, TFLOP/s, MFU;
+#      and one rank again without fused kernels (run --no-fuse)
 #   5. optional: the same model in torch.distributed.pipelining, as a ratio
 # and prints one table. A piece that cannot run is marked in the table; the
 # script still goes on (exit status 1 if a check failed, 0 otherwise).
@@ -267,22 +268,31 @@ benchRows=()
 pipecP1=""
 if [ -x "$pipec" ] && "$pipec" model gpt --layers "$bLayers" --hidden "$bHidden" --heads "$bHeads" \
      --seq "$bSeq" --vocab "$bVocab" --loss -o "$work/bench.onnx" >"$work/bench-model.log" 2>&1; then
-  for config in "1f1b 1" "1f1b 2" "zb-h1 2"; do
-    read -r sched stages <<<"$config"
+  # The second row is the first without fused kernels (run --no-fuse).
+  for config in "1f1b 1" "1f1b 1 no-fuse" "1f1b 2" "zb-h1 2"; do
+    read -r sched stages extra <<<"$config"
     plan="$work/bench-$sched-$stages.plan"
-    if ! "$pipec" compile "$work/bench.onnx" -o "$plan" --stages "$stages" --schedule "$sched" \
-         --microbatches "$bMicro" --batch "$bBatch" --hardware h200 --precision bf16 \
-         >"$work/bench-compile-$sched-$stages.log" 2>&1; then
-      benchRows+=("$sched|$stages|compile failed|||")
+    label="$sched${extra:+ ($extra)}"
+    if [ -n "$extra" ] && [ -f "$plan" ]; then
+      flagsExtra=(--"$extra")
+    else
+      flagsExtra=()
+    fi
+    if [ ${#flagsExtra[@]} = 0 ] && ! "$pipec" compile "$work/bench.onnx" -o "$plan" \
+         --stages "$stages" --schedule "$sched" --microbatches "$bMicro" --batch "$bBatch" \
+         --hardware h200 --precision bf16 >"$work/bench-compile-$sched-$stages.log" 2>&1; then
+      benchRows+=("$label|$stages|compile failed|||")
       continue
     fi
     flops=$("$pipec" report "$plan" --format json 2>/dev/null | python3 -c '
 import json, sys
 d = json.load(sys.stdin)
 print(3 * d["schedule"]["microbatches"] * sum(s["flops_fwd"] for s in d["stages"]))' 2>/dev/null)
-    common=(--backend cuda --precision bf16 --ranks-per-device "$stages" --seed 3)
-    if timesN=$(runPipec "$work/bench-$sched-$stages-n.log" "$plan" "${common[@]}" --steps "$bSteps") &&
-       times1=$(runPipec "$work/bench-$sched-$stages-1.log" "$plan" "${common[@]}" --steps 1); then
+    common=(--backend cuda --precision bf16 --ranks-per-device "$stages" --seed 3
+            ${flagsExtra[@]+"${flagsExtra[@]}"})
+    tag="$sched-$stages${extra:+-$extra}"
+    if timesN=$(runPipec "$work/bench-$tag-n.log" "$plan" "${common[@]}" --steps "$bSteps") &&
+       times1=$(runPipec "$work/bench-$tag-1.log" "$plan" "${common[@]}" --steps 1); then
       read -r tN predicted <<<"$timesN"
       read -r t1 _ <<<"$times1"
       cells=$(python3 -c '
@@ -294,10 +304,12 @@ tf = float(flops) / steady / 1e12 if flops else 0
 mfu = "%.1f%%" % (100 * tf / float(peak)) if peak and tf else "n/a"
 print("%.2f ms|%.2f ms|%.2f|%s|%.2f" % (steady * 1e3, pred * 1e3, tf, mfu, steady / pred))' \
         "$bSteps" "$tN" "$t1" "$predicted" "${flops:-0}" "$peak")
-      benchRows+=("$sched|$stages|$cells")
-      if [ "$stages" = 1 ]; then pipecP1=$(echo "$cells" | cut -d'|' -f1 | cut -d' ' -f1); fi
+      benchRows+=("$label|$stages|$cells")
+      if [ "$stages" = 1 ] && [ -z "$extra" ]; then
+        pipecP1=$(echo "$cells" | cut -d'|' -f1 | cut -d' ' -f1)
+      fi
     else
-      benchRows+=("$sched|$stages|run failed: $(last "$work/bench-$sched-$stages-n.log" 'rror')||||")
+      benchRows+=("$label|$stages|run failed: $(last "$work/bench-$tag-n.log" 'rror')||||")
       status=1
     fi
   done
@@ -395,10 +407,10 @@ for r in "${rows[@]}"; do
 done
 echo
 echo "GPT L=$bLayers H=$bHidden heads=$bHeads seq=$bSeq vocab=$bVocab, batch $bBatch in $bMicro microbatches, bf16, ranks sharing one GPU (peak ${peak:-?} TFLOP/s)"
-printf '%-7s %-3s %-12s %-12s %-9s %-7s %s\n' SCHED P STEP PREDICTED TFLOP/s MFU MEASURED/PRED
+printf '%-16s %-3s %-12s %-12s %-9s %-7s %s\n' SCHED P STEP PREDICTED TFLOP/s MFU MEASURED/PRED
 for r in "${benchRows[@]}"; do
   IFS='|' read -r s p step pred tf mfu ratio <<<"$r"
-  printf '%-7s %-3s %-12s %-12s %-9s %-7s %s\n' "$s" "$p" "$step" "$pred" "$tf" "$mfu" "$ratio"
+  printf '%-16s %-3s %-12s %-12s %-9s %-7s %s\n' "$s" "$p" "$step" "$pred" "$tf" "$mfu" "$ratio"
 done
 echo "torch (same GPT, bf16 autocast, 1 stage): $torchCell"
 echo "(the prediction assumes one GPU per rank; with P ranks on one GPU the measured time is ~P x longer)"
