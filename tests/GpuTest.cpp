@@ -1383,6 +1383,21 @@ TEST_F(CudaBackendTest, ShapeArithmeticStaysOnTheHost) {
   EXPECT_TRUE(backend->fallbackOps().empty());
 }
 
+TEST_F(CudaBackendTest, SumOfSquaresMatchesCpuBackend) {
+  // Large enough for many blocks; a double tensor and an empty one too.
+  Tensor big = floats({1 << 20}, -2, 2), small = floats({37}), none(ElemType::Float, {0});
+  Tensor wide(ElemType::Double, {1000});
+  for (int64_t i = 0; i < wide.numElements(); ++i)
+    wide.setDouble(i, std::sin(static_cast<double>(i)));
+  auto cpuBackend = rt::makeCpuBackend();
+  auto expected = cpuBackend->sumOfSquares({&big, &small, &none, &wide}, 0.25);
+  ASSERT_TRUE(!!expected) << llvm::toString(expected.takeError());
+  Tensor dBig = up(big), dSmall = up(small), dWide = up(wide);
+  auto actual = backend->sumOfSquares({&dBig, &dSmall, &none, &dWide}, 0.25);
+  ASSERT_TRUE(!!actual) << llvm::toString(actual.takeError());
+  EXPECT_NEAR(*actual, *expected, 1e-12 * *expected);
+}
+
 TEST_F(CudaBackendTest, FusedNodesOfIntegersRunTheirBodyOnTheDevice) {
   onnx::NodeProto add = step("Add", {"in0", "in1"}, "s"), mul = step("Mul", {"s", "in0"}, "out0");
   onnx::NodeProto fused = cpu::makeFusedNode("ints", {&add, &mul}, {"in0", "in1"}, {"out0"});

@@ -69,6 +69,11 @@ public:
   /// \p accumulator += \p term, in place (the accumulator is the backend's
   /// own, never shared).
   virtual llvm::Error addInto(cpu::Tensor &accumulator, const cpu::Tensor &term) = 0;
+  /// The sum over \p tensors (float or double) of (scale x)^2 for every
+  /// element x, in double: the squared gradient norm for clipping, without
+  /// moving the gradients off the device.
+  virtual llvm::Expected<double> sumOfSquares(llvm::ArrayRef<const cpu::Tensor *> tensors,
+                                              double scale) = 0;
   /// Applies \p update to weight \p w with gradient \p g; \p m and \p v are
   /// the moments (null until the first step; the backend creates them).
   virtual llvm::Error optimize(const OptimizerUpdate &update, cpu::Tensor &w, const cpu::Tensor &g,

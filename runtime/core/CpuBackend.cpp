@@ -59,6 +59,28 @@ public:
     return total;
   }
 
+  Expected<double> sumOfSquares(ArrayRef<const cpu::Tensor *> tensors, double scale) override {
+    double total = 0;
+    for (const cpu::Tensor *t : tensors) {
+      if (!t->onHost())
+        return notOnHost(*t);
+      auto add = [&](const auto *data) {
+        for (int64_t i = 0; i < t->numElements(); ++i) {
+          double g = static_cast<double>(data[i]) * scale;
+          total += g * g;
+        }
+      };
+      if (t->elemType() == cpu::ElemType::Double)
+        add(t->data<double>());
+      else if (t->elemType() == cpu::ElemType::Float)
+        add(t->data<float>());
+      else
+        return createStringError(inconvertibleErrorCode(), "the norm of %s: float or double only",
+                                 t->describe().c_str());
+    }
+    return total;
+  }
+
   Error addInto(cpu::Tensor &acc, const cpu::Tensor &term) override {
     if (!acc.onHost() || !term.onHost())
       return notOnHost(acc.onHost() ? term : acc);

@@ -528,19 +528,18 @@ Error RankExecutor::optimizerStep(int t) {
   if (o.clipGradNorm > 0) {
     // Every rank adds the squares of the weights it counts: a tied weight on
     // the lowest of its ranks, replicas' (identical) gradients on replica 0.
+    // The backend sums where the gradients are: one number leaves a device.
     double squares[1] = {0};
-    if (replica == 0)
-      for (const std::string &name : trainableHere) {
-        if (auto owner = tiedOwner.find(name); owner != tiedOwner.end() && owner->second != rank)
-          continue;
-        auto host = be.download(grads[name]);
-        if (!host)
-          return host.takeError();
-        for (int64_t i = 0; i < host->numElements(); ++i) {
-          double g = host->getDouble(i) * u.gradScale;
-          squares[0] += g * g;
-        }
-      }
+    if (replica == 0) {
+      std::vector<const cpu::Tensor *> counted;
+      for (const std::string &name : trainableHere)
+        if (auto owner = tiedOwner.find(name); owner == tiedOwner.end() || owner->second == rank)
+          counted.push_back(&grads[name]);
+      auto sum = be.sumOfSquares(counted, u.gradScale);
+      if (!sum)
+        return rankError(global, "the gradient norm: " + toString(sum.takeError()));
+      squares[0] = *sum;
+    }
     if (Error err = comm.sumAll(squares))
       return err;
     lastGradNorm = std::sqrt(squares[0]);

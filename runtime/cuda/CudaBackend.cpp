@@ -167,6 +167,7 @@ public:
   Expected<Tensor> zeros(ElemType type, ArrayRef<int64_t> shape) override;
   Expected<Tensor> sum(ArrayRef<const Tensor *> terms) override;
   Error addInto(Tensor &accumulator, const Tensor &term) override;
+  Expected<double> sumOfSquares(ArrayRef<const Tensor *> tensors, double scale) override;
   Error optimize(const rt::OptimizerUpdate &update, Tensor &w, const Tensor &g, Tensor &m,
                  Tensor &v) override;
   Error reserve(int64_t bytes) override;
@@ -2492,6 +2493,29 @@ Error CudaBackend::addInto(Tensor &accumulator, const Tensor &term) {
   PIPEC_CUDA_TRY(k::launchAdd(*type, accumulator.rawData(), t.rawData(), accumulator.rawData(),
                               accumulator.numElements(), stream));
   return commitHolds();
+}
+
+Expected<double> CudaBackend::sumOfSquares(ArrayRef<const Tensor *> tensors, double scale) {
+  if (Error err = enter())
+    return err;
+  PIPEC_TRY_ASSIGN(block, pool->allocate(sizeof(double)));
+  double *total = static_cast<double *>(block.get());
+  PIPEC_CUDA_TRY(cudaMemsetAsync(total, 0, sizeof(double), stream));
+  for (const Tensor *t : tensors) {
+    auto type = scalarOf(t->elemType());
+    if (!type || (*type != k::Scalar::F32 && *type != k::Scalar::F64))
+      return createStringError(inconvertibleErrorCode(),
+                               "cuda:%d: the norm of %s: float or double only", device,
+                               t->describe().c_str());
+    PIPEC_TRY_ASSIGN(d, onDevice(*t));
+    PIPEC_CUDA_TRY(k::launchSumSquares(*type, d.rawData(), d.numElements(), scale, total, stream));
+  }
+  double result = 0;
+  PIPEC_CUDA_TRY(cudaMemcpyAsync(&result, total, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  PIPEC_CUDA_TRY(cudaStreamSynchronize(stream));
+  if (Error err = commitHolds())
+    return err;
+  return result;
 }
 
 Error CudaBackend::optimize(const rt::OptimizerUpdate &u, Tensor &w, const Tensor &g, Tensor &m,

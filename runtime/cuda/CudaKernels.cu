@@ -522,6 +522,44 @@ cudaError_t launchPointwise(Pointwise op, const float *dy, const float *a, float
   return launch(n, PointwiseFn{op, dy, a, dx}, stream);
 }
 
+template <typename T>
+__global__ void sumSquaresKernel(const T *x, int64_t n, double scale, double *total) {
+  __shared__ double warps[Threads / WarpSize];
+  double s = 0;
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    double g = static_cast<double>(x[i]) * scale;
+    s += g * g;
+  }
+  WarpLanes lanes;
+  s = lanes.sum(s);
+  int warp = threadIdx.x / WarpSize;
+  if (lanes.lane() == 0)
+    warps[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    s = lanes.lane() < static_cast<int>(blockDim.x / WarpSize) ? warps[lanes.lane()] : 0.0;
+    s = lanes.sum(s);
+    if (lanes.lane() == 0)
+      atomicAdd(total, s);
+  }
+}
+
+cudaError_t launchSumSquares(Scalar type, const void *x, int64_t n, double scale, double *total,
+                             cudaStream_t stream) {
+  if (n == 0)
+    return cudaSuccess;
+  int blocks = static_cast<int>(std::min<int64_t>(blocksFor(n), 1024));
+  if (type == Scalar::F64)
+    sumSquaresKernel<<<blocks, Threads, 0, stream>>>(static_cast<const double *>(x), n, scale,
+                                                     total);
+  else
+    sumSquaresKernel<<<blocks, Threads, 0, stream>>>(static_cast<const float *>(x), n, scale,
+                                                     total);
+  return cudaGetLastError();
+}
+
 cudaError_t launchFused(const FusedProgram &program, const FusedMap &map, const float *const *in,
                         float *const *out, int64_t n, cudaStream_t stream) {
   FusedFn f{program, map, {}, {}};

@@ -55,6 +55,11 @@ cudaError_t launchAdd(Scalar type, const void *a, const void *b, void *out, int6
 cudaError_t launchPointwise(Pointwise op, const float *dy, const float *a, float *dx, int64_t n,
                             cudaStream_t stream);
 
+/// *total += sum over i < n of (scale x[i])^2 (float or double x), in
+/// double: one partial sum per block, added atomically.
+cudaError_t launchSumSquares(Scalar type, const void *x, int64_t n, double scale, double *total,
+                             cudaStream_t stream);
+
 /// A fused element-wise program (KernelBodies.h) over n output elements:
 /// program.inputs input pointers read through map, program.outputs outputs.
 cudaError_t launchFused(const FusedProgram &program, const FusedMap &map, const float *const *in,
