@@ -135,6 +135,26 @@ TEST(FusedKernel, MatchesItsBodyOnBroadcasts) {
   EXPECT_EQ(worstDifference(a, b), 0.0);
 }
 
+TEST(FusedKernel, BroadcastsAlongEveryAxisMatch) {
+  // Inputs broadcast along the middle, the outer and the inner axes; 1000
+  // elements, so that blocks start inside rows.
+  Tensor x = randomTensor({4, 10, 25}, 31), column = randomTensor({10, 1}, 32),
+         plane = randomTensor({4, 1, 25}, 33), row = randomTensor({1, 10, 25}, 34);
+  onnx::NodeProto add = node("Add", {"x", "column"}, "s"), mul = node("Mul", {"s", "plane"}, "m"),
+                  sub = node("Sub", {"row", "m"}, "y");
+  onnx::NodeProto f =
+      cpu::makeFusedNode("axes", {&add, &mul, &sub}, {"x", "column", "plane", "row"}, {"y"});
+  std::vector<const Tensor *> in = {&x, &column, &plane, &row};
+  EXPECT_EQ(worstDifference(fused(f, in), unfused(f, in)), 0.0);
+  // The same with x broadcast too: the output is [4, 10, 25] from the others.
+  Tensor small = randomTensor({25}, 35);
+  onnx::NodeProto add2 = node("Add", {"small", "column"}, "s");
+  onnx::NodeProto f2 =
+      cpu::makeFusedNode("axes2", {&add2, &mul, &sub}, {"small", "column", "plane", "row"}, {"y"});
+  std::vector<const Tensor *> in2 = {&small, &column, &plane, &row};
+  EXPECT_EQ(worstDifference(fused(f2, in2), unfused(f2, in2)), 0.0);
+}
+
 TEST(FusedKernel, EveryUnaryAndPointwiseOpMatches) {
   Tensor x = randomTensor({5, 130}, 11, 0.1f, 3), dy = randomTensor({5, 130}, 12);
   struct Case {

@@ -20,7 +20,7 @@ ranks = ["| run | rank | measured compute (ms) | predicted compute (ms) | measur
          "|---|---:|---:|---:|---:|"]
 for name, b in rows.items():
     if "predicted_step_s" not in b:
-        continue
+        continue  # the fusion rows have notes of their own
     step = b["real_time"] / 1e3  # ms -> s
     pred = b["predicted_step_s"]
     ratio = f"{step / pred:.1f}" if pred > 0 else "-"
@@ -55,19 +55,23 @@ for name in ("gpt6/1_rank_m8", "gpt6/2_ranks_1f1b_m8"):
                      f"arithmetic (gradient accumulation, the optimizer update, synthetic data), "
                      f"{b['overhead_per_instruction_s'] * b['instructions'] / (b['real_time'] / 1e3) * 100:.0f}% "
                      f"of the step.")
-unfused = rows.get("gpt6/1_rank_m8_unfused")
-if one and unfused:
-    notes.append(f"- Fused element-wise kernels (the default; `pipec run --no-fuse` turns them "
-                 f"off): one rank's step {one['real_time']:.0f} ms fused against "
-                 f"{unfused['real_time']:.0f} ms unfused ({unfused['real_time'] / one['real_time']:.2f}x), "
-                 f"{one['nodes']:.0f} against {unfused['nodes']:.0f} nodes run per step. GEMMs "
-                 f"dominate a CPU step, so the step gains little.")
-gf, gu = rows.get("gelu_2048x1024/fused"), rows.get("gelu_2048x1024/unfused")
-if gf and gu:
+fz = rows.get("gpt6/1_rank_m8_fused_vs_unfused")
+if fz:
+    notes.append(f"- Fused element-wise kernels and MatMul bias adds (the default; `pipec run "
+                 f"--no-fuse` turns them off), one rank, the two runs alternating: "
+                 f"{fz['fused_step_s'] * 1e3:.0f} ms fused against {fz['unfused_step_s'] * 1e3:.0f} ms "
+                 f"unfused per step ({fz['unfused_step_s'] / fz['fused_step_s']:.2f}x), "
+                 f"{fz['fused_nodes']:.0f} against {fz['unfused_nodes']:.0f} nodes run per step. "
+                 f"OpenBLAS GEMMs and libm's tanh dominate a CPU step, so it gains little; on a GPU, "
+                 f"where element-wise ops are bound by memory and launches, each fused node saves "
+                 f"its steps' round trips to memory.")
+gelu = rows.get("gelu_2048x1024/fused_vs_unfused")
+if gelu:
     notes.append(f"- GPT-2's GELU (eight nodes, tanh form, on a 2048 x 1024 activation plus a bias, "
-                 f"keeping the tanh and x / 2 for backward as training does): "
-                 f"{gf['real_time']:.2f} ms as one fused kernel against {gu['real_time']:.2f} ms "
-                 f"as eight kernels, {gu['real_time'] / gf['real_time']:.2f}x.")
+                 f"keeping the tanh and x / 2 for backward as training does), the two forms "
+                 f"alternating: {gelu['fused_s'] * 1e3:.2f} ms as one fused kernel against "
+                 f"{gelu['unfused_s'] * 1e3:.2f} ms as eight kernels, "
+                 f"{gelu['unfused_s'] / gelu['fused_s']:.2f}x.")
 notes.append("- The cost model's `cpu` spec is a roofline calibrated on one OpenBLAS GEMM; the "
              "measured / predicted column is its error on whole steps, which include the "
              "single-threaded element-wise kernels, softmax and layer norms the roofline prices "

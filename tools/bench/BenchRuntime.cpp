@@ -8,7 +8,8 @@
 //    instead of the roofline;
 //  - a tiny, deep MLP on 4 ranks with 64 microbatches, where kernels do
 //    almost nothing: the executor's overhead per instruction;
-//  - fused element-wise kernels: the one-rank GPT step without fusion, and
+//  - fused element-wise kernels: the one-rank GPT step with and without
+//    fusion, alternating, and
 //    GPT-2's eight-node GELU as one fused kernel against eight kernels.
 // Run through tools/bench-runtime.sh, which writes the table to
 // docs/PERFORMANCE.md.
@@ -25,6 +26,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 
@@ -160,11 +162,43 @@ void BM_GptOneRankProfiled(benchmark::State &state) {
 void BM_GptTwoRanksProfiled(benchmark::State &state) {
   trainStep(state, gpt(), 2, 8, 8, profiledCosts());
 }
-void BM_GptOneRankUnfused(benchmark::State &state) { trainStep(state, gpt(), 1, 8, 8, "", false); }
+/// One rank's step with and without fusion, alternating within each
+/// iteration so that both see the same machine; the iteration time is the
+/// fused step's.
+void BM_GptFusedAgainstUnfused(benchmark::State &state) {
+  plan::Plan plan = compile(gpt(), 1, 8, 8);
+  rt::RunOptions fused, unfused;
+  fused.steps = unfused.steps = 1;
+  fused.optimizer = unfused.optimizer = "sgd";
+  unfused.fuse = false;
+  double fusedSeconds = 0, unfusedSeconds = 0;
+  int64_t fusedNodes = 0, unfusedNodes = 0;
+  for (auto _ : state) {
+    auto a = rt::runLocal(plan, unfused);
+    auto b = rt::runLocal(plan, fused);
+    if (!a || !b) {
+      std::string why = !a ? llvm::toString(a.takeError()) : llvm::toString(b.takeError());
+      if (a && !b)
+        llvm::consumeError(b.takeError());
+      state.SkipWithError(why.c_str());
+      return;
+    }
+    state.SetIterationTime(b->seconds);
+    fusedSeconds += b->seconds;
+    unfusedSeconds += a->seconds;
+    fusedNodes = b->nodes;
+    unfusedNodes = a->nodes;
+  }
+  double n = static_cast<double>(state.iterations());
+  state.counters["fused_step_s"] = fusedSeconds / n;
+  state.counters["unfused_step_s"] = unfusedSeconds / n;
+  state.counters["fused_nodes"] = static_cast<double>(fusedNodes);
+  state.counters["unfused_nodes"] = static_cast<double>(unfusedNodes);
+}
 
 /// GPT-2's GELU (tanh form, eight nodes) on x + bias, x of [rows, cols],
 /// as the forward of a training step keeps it (the tanh and x / 2 too): one
-/// fused node (state.range(0) = 1) or its nodes one kernel each.
+/// fused node against its nodes one kernel each.
 void BM_GeluChain(benchmark::State &state) {
   auto step = [](const std::string &op, std::vector<std::string> in, const std::string &out) {
     onnx::NodeProto n;
@@ -196,20 +230,35 @@ void BM_GeluChain(benchmark::State &state) {
               c = cpu::Tensor::scalar(0.044715f), root = cpu::Tensor::scalar(0.7978845608f),
               one = cpu::Tensor::scalar(1.0f);
   std::vector<const cpu::Tensor *> in = {&x, &bias, &half, &three, &c, &root, &one};
-  bool fuse = state.range(0) == 1;
+  // Both forms alternate within an iteration: they see the same machine.
+  double fusedSeconds = 0, unfusedSeconds = 0;
+  using Clock = std::chrono::steady_clock;
   for (auto _ : state) {
-    auto out = fuse ? cpu::runFused(fused, 17, in)
-                    : cpu::runFusedBody(
-                          fused, in,
-                          [](const onnx::NodeProto &n, llvm::ArrayRef<const cpu::Tensor *> args) {
-                            return cpu::runAnyOp(n, 17, args);
-                          });
-    if (!out) {
-      state.SkipWithError(llvm::toString(out.takeError()).c_str());
+    auto t0 = Clock::now();
+    auto one = cpu::runFused(fused, 17, in);
+    auto t1 = Clock::now();
+    auto eight = cpu::runFusedBody(
+        fused, in, [](const onnx::NodeProto &n, llvm::ArrayRef<const cpu::Tensor *> args) {
+          return cpu::runAnyOp(n, 17, args);
+        });
+    auto t2 = Clock::now();
+    if (!one || !eight) {
+      std::string why = !one ? llvm::toString(one.takeError()) : llvm::toString(eight.takeError());
+      if (one && !eight)
+        llvm::consumeError(eight.takeError());
+      state.SkipWithError(why.c_str());
       return;
     }
-    benchmark::DoNotOptimize(out->front().rawData());
+    benchmark::DoNotOptimize(one->front().rawData());
+    benchmark::DoNotOptimize(eight->front().rawData());
+    double f = std::chrono::duration<double>(t1 - t0).count();
+    state.SetIterationTime(f);
+    fusedSeconds += f;
+    unfusedSeconds += std::chrono::duration<double>(t2 - t1).count();
   }
+  double n = static_cast<double>(state.iterations());
+  state.counters["fused_s"] = fusedSeconds / n;
+  state.counters["unfused_s"] = unfusedSeconds / n;
   state.counters["elements"] = static_cast<double>(rows * cols);
 }
 
@@ -226,12 +275,14 @@ BENCHMARK(BM_GptTwoRanksProfiled)
     ->Name("gpt6/2_ranks_1f1b_m8_profiled_costs")
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_GptOneRankUnfused)
-    ->Name("gpt6/1_rank_m8_unfused")
+BENCHMARK(BM_GptFusedAgainstUnfused)
+    ->Name("gpt6/1_rank_m8_fused_vs_unfused")
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_GeluChain)->Name("gelu_2048x1024/fused")->Arg(1)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_GeluChain)->Name("gelu_2048x1024/unfused")->Arg(0)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GeluChain)
+    ->Name("gelu_2048x1024/fused_vs_unfused")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MlpOverhead)
     ->Name("mlp16_tiny/4_ranks_1f1b_m64")
     ->UseManualTime()
