@@ -158,7 +158,7 @@ TEST(FusedKernel, BroadcastsAlongEveryAxisMatch) {
 TEST(FusedKernel, EveryUnaryAndPointwiseOpMatches) {
   Tensor x = randomTensor({5, 130}, 11, 0.1f, 3), dy = randomTensor({5, 130}, 12);
   struct Case {
-    std::string op, domain, attr, value;
+    std::string op, domain, attr = "", value = "";
     float alpha = 0;
   };
   const Case cases[] = {{"Relu", ""},
