@@ -28,85 +28,44 @@ Error fusedError(const onnx::NodeProto &node, const Twine &why) {
 
 /// The fused step of \p node, or nullopt if it has none.
 std::optional<k::FusedOp> stepOf(const onnx::NodeProto &node, int64_t opset) {
+  if (node.output_size() != 1)
+    return std::nullopt;
   k::FusedOp step;
-  StringRef t = node.op_type();
   if (node.domain() == "pipec") {
-    if (node.input_size() != 2 || node.output_size() != 1)
+    std::optional<k::Pointwise> op = pointwiseOpOf(node);
+    if (!op || node.input_size() != 2)
       return std::nullopt;
     step.kind = k::FusedKind::Pointwise;
-    if (t == "ReluGrad")
-      step.op = static_cast<int>(k::Pointwise::ReluGrad);
-    else if (t == "TanhGrad")
-      step.op = static_cast<int>(k::Pointwise::TanhGrad);
-    else if (t == "SigmoidGrad")
-      step.op = static_cast<int>(k::Pointwise::SigmoidGrad);
-    else if (t == "ErfGrad")
-      step.op = static_cast<int>(k::Pointwise::ErfGrad);
-    else if (t == "GeluGrad" && attrString(node, "approximate", "none") == "none")
-      step.op = static_cast<int>(k::Pointwise::GeluErfGrad);
-    else if (t == "GeluGrad" && attrString(node, "approximate", "none") == "tanh")
-      step.op = static_cast<int>(k::Pointwise::GeluTanhGrad);
-    else
-      return std::nullopt;
+    step.op = static_cast<int>(*op);
     return step;
   }
-  if (!node.domain().empty() && node.domain() != "ai.onnx")
-    return std::nullopt;
   // Before opset 7, binary ops broadcast only with an attribute.
-  if (opset < 7 || node.output_size() != 1)
+  if ((!node.domain().empty() && node.domain() != "ai.onnx") || opset < 7)
     return std::nullopt;
-  static const std::pair<StringLiteral, k::Binary> binaries[] = {{"Add", k::Binary::Add},
-                                                                 {"Sub", k::Binary::Sub},
-                                                                 {"Mul", k::Binary::Mul},
-                                                                 {"Div", k::Binary::Div},
-                                                                 {"Pow", k::Binary::Pow}};
+  StringRef t = node.op_type();
   // Sum of two or more: its additions left to right, as its own kernel
-  // (stepsOf counts them).
+  // (fusedSteps counts them).
   if (t == "Sum" && node.input_size() >= 2 && node.input_size() <= k::MaxFusedInputs &&
       node.attribute_size() == 0) {
     step.kind = k::FusedKind::Binary;
     step.op = static_cast<int>(k::Binary::Add);
     return step;
   }
-  for (const auto &[name, op] : binaries)
-    if (t == name) {
-      if (node.input_size() != 2 || node.attribute_size() != 0)
-        return std::nullopt;
-      step.kind = k::FusedKind::Binary;
-      step.op = static_cast<int>(op);
-      return step;
-    }
-  static const std::pair<StringLiteral, k::Unary> unaries[] = {{"Relu", k::Unary::Relu},
-                                                               {"Tanh", k::Unary::Tanh},
-                                                               {"Sigmoid", k::Unary::Sigmoid},
-                                                               {"Erf", k::Unary::Erf},
-                                                               {"Sqrt", k::Unary::Sqrt},
-                                                               {"Exp", k::Unary::Exp},
-                                                               {"Log", k::Unary::Log},
-                                                               {"Neg", k::Unary::Neg},
-                                                               {"Reciprocal", k::Unary::Reciprocal},
-                                                               {"Abs", k::Unary::Abs},
-                                                               {"LeakyRelu", k::Unary::LeakyRelu}};
-  if (node.input_size() != 1)
-    return std::nullopt;
-  step.kind = k::FusedKind::Unary;
-  if (t == "Gelu") {
-    std::string approximate = attrString(node, "approximate", "none");
-    if (approximate != "none" && approximate != "tanh")
+  if (std::optional<k::Binary> op = binaryOpOf(t)) {
+    if (k::isComparison(*op) || node.input_size() != 2 || node.attribute_size() != 0)
       return std::nullopt;
-    step.op = static_cast<int>(approximate == "none" ? k::Unary::GeluErf : k::Unary::GeluTanh);
+    step.kind = k::FusedKind::Binary;
+    step.op = static_cast<int>(*op);
     return step;
   }
-  for (const auto &[name, op] : unaries)
-    if (t == name) {
-      step.op = static_cast<int>(op);
-      if (op == k::Unary::LeakyRelu)
-        step.alpha = attrFloat(node, "alpha", 0.01f);
-      else if (node.attribute_size() != 0)
-        return std::nullopt;
-      return step;
-    }
-  return std::nullopt;
+  std::optional<k::Unary> op = unaryOpOf(node, &step.alpha);
+  // Attributes other than the ones unaryOpOf reads change what an op does.
+  bool ownAttributes = t == "Gelu" || t == "LeakyRelu" || node.attribute_size() == 0;
+  if (!op || node.input_size() != 1 || !ownAttributes)
+    return std::nullopt;
+  step.kind = k::FusedKind::Unary;
+  step.op = static_cast<int>(*op);
+  return step;
 }
 
 const onnx::GraphProto *bodyOf(const onnx::NodeProto &node) {
@@ -223,7 +182,71 @@ void gather(const k::FusedMap &map, int k, const float *data, int64_t start, int
   }
 }
 
+/// runFusedBody on the CPU kernels.
+Expected<std::vector<Tensor>> runBodyOnCpu(const onnx::NodeProto &node, int64_t opset,
+                                           ArrayRef<const Tensor *> inputs) {
+  return runFusedBody(node, inputs, [&](const onnx::NodeProto &step, ArrayRef<const Tensor *> in) {
+    return runAnyOp(step, opset, in);
+  });
+}
+
 } // namespace
+
+std::optional<k::Unary> unaryOpOf(const onnx::NodeProto &node, float *alpha) {
+  StringRef t = node.op_type();
+  if (t == "Gelu") {
+    std::string approximate = attrString(node, "approximate", "none");
+    if (approximate == "none")
+      return k::Unary::GeluErf;
+    if (approximate == "tanh")
+      return k::Unary::GeluTanh;
+    return std::nullopt;
+  }
+  if (t == "LeakyRelu") {
+    *alpha = attrFloat(node, "alpha", 0.01f);
+    return k::Unary::LeakyRelu;
+  }
+  static const std::pair<StringLiteral, k::Unary> ops[] = {
+      {"Relu", k::Unary::Relu}, {"Tanh", k::Unary::Tanh}, {"Sigmoid", k::Unary::Sigmoid},
+      {"Erf", k::Unary::Erf},   {"Sqrt", k::Unary::Sqrt}, {"Exp", k::Unary::Exp},
+      {"Log", k::Unary::Log},   {"Neg", k::Unary::Neg},   {"Reciprocal", k::Unary::Reciprocal},
+      {"Abs", k::Unary::Abs}};
+  for (const auto &[name, op] : ops)
+    if (t == name)
+      return op;
+  return std::nullopt;
+}
+
+std::optional<k::Binary> binaryOpOf(StringRef opType) {
+  static const std::pair<StringLiteral, k::Binary> ops[] = {
+      {"Add", k::Binary::Add},   {"Sub", k::Binary::Sub},        {"Mul", k::Binary::Mul},
+      {"Div", k::Binary::Div},   {"Pow", k::Binary::Pow},        {"Equal", k::Binary::Equal},
+      {"Less", k::Binary::Less}, {"Greater", k::Binary::Greater}};
+  for (const auto &[name, op] : ops)
+    if (opType == name)
+      return op;
+  return std::nullopt;
+}
+
+std::optional<k::Pointwise> pointwiseOpOf(const onnx::NodeProto &node) {
+  StringRef t = node.op_type();
+  if (t == "ReluGrad")
+    return k::Pointwise::ReluGrad;
+  if (t == "TanhGrad")
+    return k::Pointwise::TanhGrad;
+  if (t == "SigmoidGrad")
+    return k::Pointwise::SigmoidGrad;
+  if (t == "ErfGrad")
+    return k::Pointwise::ErfGrad;
+  if (t != "GeluGrad")
+    return std::nullopt;
+  std::string approximate = attrString(node, "approximate", "none");
+  if (approximate == "none")
+    return k::Pointwise::GeluErfGrad;
+  if (approximate == "tanh")
+    return k::Pointwise::GeluTanhGrad;
+  return std::nullopt;
+}
 
 int fusedSteps(const onnx::NodeProto &node) {
   return node.op_type() == "Sum" ? std::max(1, node.input_size() - 1) : 1;
@@ -398,9 +421,7 @@ Expected<std::vector<Tensor>> runFused(const onnx::NodeProto &node, int64_t opse
   std::optional<std::vector<int64_t>> shape = fusedShape(*kernel, inputs);
   k::FusedMap map;
   if (!shape || !makeFusedMap(*shape, inputs, map))
-    return runFusedBody(node, inputs, [&](const onnx::NodeProto &n, ArrayRef<const Tensor *> args) {
-      return runAnyOp(n, opset, args);
-    });
+    return runBodyOnCpu(node, opset, inputs);
   const k::FusedProgram &p = kernel->program;
   std::vector<Tensor> outputs;
   for (int o = 0; o < p.outputs; ++o)
@@ -474,10 +495,7 @@ Expected<std::vector<Tensor>> runMatMulBias(const onnx::NodeProto &node, int64_t
     return fusedError(node, "the body is not a MatMul and an Add");
   std::optional<int64_t> n = epilogueBias(inputs);
   if (!n)
-    return runFusedBody(node, inputs,
-                        [&](const onnx::NodeProto &step, ArrayRef<const Tensor *> in) {
-                          return runAnyOp(step, opset, in);
-                        });
+    return runBodyOnCpu(node, opset, inputs);
   auto product = runOp(body->node(0), opset, {inputs[0], inputs[1]});
   if (!product)
     return product.takeError();

@@ -47,6 +47,16 @@ inline constexpr llvm::StringLiteral FusedOpType = "FusedElementwise";
 /// inputs A, B, bias; its body holds the two nodes.
 inline constexpr llvm::StringLiteral MatMulBiasOpType = "MatMulBias";
 
+/// The kernels' code of float unary op \p node (Gelu by its approximation;
+/// LeakyRelu's slope into \p alpha), or nullopt. Shared by the fused and
+/// the single-op kernels.
+std::optional<cuda::kernels::Unary> unaryOpOf(const onnx::NodeProto &node, float *alpha);
+/// Add, Sub, Mul, Div, Pow, Equal, Less or Greater.
+std::optional<cuda::kernels::Binary> binaryOpOf(llvm::StringRef opType);
+/// The pipec pointwise gradients: ReluGrad, TanhGrad, SigmoidGrad, ErfGrad,
+/// GeluGrad (by its approximation).
+std::optional<cuda::kernels::Pointwise> pointwiseOpOf(const onnx::NodeProto &node);
+
 /// Whether \p node (at default-domain \p opset) can be a step of a fused
 /// node: a float element-wise op the fused kernels compute exactly as its
 /// own kernel does.

@@ -243,6 +243,7 @@ private:
   Result crossEntropy(const NodeView &n);
   Result sumTo(const NodeView &n);
   Result pointwiseGrad(const NodeView &n);
+  Result runBody(const NodeView &n);
   Result fused(const NodeView &n);
   Result matMulBias(const NodeView &n);
   Result softmaxGrad(const NodeView &n);
@@ -1360,34 +1361,8 @@ Result CudaBackend::unary(const NodeView &n) {
   const Tensor *x = n.in(0);
   if (!isFloat(x) || n.numOutputs() != 1)
     return std::nullopt;
-  static const std::pair<StringLiteral, k::Unary> ops[] = {{"Relu", k::Unary::Relu},
-                                                           {"Tanh", k::Unary::Tanh},
-                                                           {"Sigmoid", k::Unary::Sigmoid},
-                                                           {"Erf", k::Unary::Erf},
-                                                           {"Sqrt", k::Unary::Sqrt},
-                                                           {"Exp", k::Unary::Exp},
-                                                           {"Log", k::Unary::Log},
-                                                           {"Neg", k::Unary::Neg},
-                                                           {"Reciprocal", k::Unary::Reciprocal},
-                                                           {"Abs", k::Unary::Abs},
-                                                           {"LeakyRelu", k::Unary::LeakyRelu}};
   float alpha = 0;
-  std::optional<k::Unary> op;
-  if (n.op() == "Gelu") {
-    std::string approximate = n.attrString("approximate", "none");
-    if (approximate == "none")
-      op = k::Unary::GeluErf;
-    else if (approximate == "tanh")
-      op = k::Unary::GeluTanh;
-    else
-      return std::nullopt;
-  } else {
-    for (const auto &[name, value] : ops)
-      if (name == n.op())
-        op = value;
-    if (op == k::Unary::LeakyRelu)
-      alpha = n.attrFloat("alpha", 0.01f);
-  }
+  std::optional<k::Unary> op = cpu::unaryOpOf(n.node, &alpha);
   if (!op)
     return std::nullopt;
   PIPEC_TRY_ASSIGN(dev, onDevice(*x));
@@ -1405,14 +1380,7 @@ Result CudaBackend::binary(const NodeView &n) {
     return std::nullopt;
   if (n.opset < 7 && n.attrInt("broadcast", 0))
     return std::nullopt;
-  static const std::pair<StringLiteral, k::Binary> ops[] = {
-      {"Add", k::Binary::Add},   {"Sub", k::Binary::Sub},        {"Mul", k::Binary::Mul},
-      {"Div", k::Binary::Div},   {"Pow", k::Binary::Pow},        {"Equal", k::Binary::Equal},
-      {"Less", k::Binary::Less}, {"Greater", k::Binary::Greater}};
-  std::optional<k::Binary> op;
-  for (const auto &[name, value] : ops)
-    if (name == n.op())
-      op = value;
+  std::optional<k::Binary> op = cpu::binaryOpOf(n.op());
   auto type = scalarOf(a->elemType());
   if (!op || !type)
     return std::nullopt;
@@ -1837,29 +1805,28 @@ Result CudaBackend::pointwiseGrad(const NodeView &n) {
   const Tensor *dy = n.in(0), *a = n.in(1);
   if (!isFloat(dy) || !isFloat(a) || dy->shape() != a->shape() || n.numOutputs() != 1)
     return std::nullopt;
-  k::Pointwise op;
-  StringRef t = n.op();
-  if (t == "ReluGrad")
-    op = k::Pointwise::ReluGrad;
-  else if (t == "TanhGrad")
-    op = k::Pointwise::TanhGrad;
-  else if (t == "SigmoidGrad")
-    op = k::Pointwise::SigmoidGrad;
-  else if (t == "ErfGrad")
-    op = k::Pointwise::ErfGrad;
-  else if (n.attrString("approximate", "none") == "none")
-    op = k::Pointwise::GeluErfGrad;
-  else if (n.attrString("approximate", "none") == "tanh")
-    op = k::Pointwise::GeluTanhGrad;
-  else
+  std::optional<k::Pointwise> op = cpu::pointwiseOpOf(n.node);
+  if (!op)
     return std::nullopt;
   PIPEC_TRY_ASSIGN(d, onDevice(*dy));
   PIPEC_TRY_ASSIGN(x, onDevice(*a));
   PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, dy->shape()));
   PIPEC_CUDA_TRY(k::launchPointwise(
-      op, static_cast<const float *>(d.rawData()), static_cast<const float *>(x.rawData()),
+      *op, static_cast<const float *>(d.rawData()), static_cast<const float *>(x.rawData()),
       static_cast<float *>(out.rawData()), out.numElements(), stream));
   return Outputs{out};
+}
+
+/// The body of a fused node (runtime/cpu/Fused.h) node by node on this
+/// backend: for inputs its kernel does not take.
+Result CudaBackend::runBody(const NodeView &n) {
+  auto outputs = cpu::runFusedBody(n.node, n.allInputs(),
+                                   [&](const onnx::NodeProto &step, ArrayRef<const Tensor *> in) {
+                                     return dispatch(NodeView(step, n.opset, in, device));
+                                   });
+  if (!outputs)
+    return outputs.takeError();
+  return std::move(*outputs);
 }
 
 /// A fused element-wise node (runtime/cpu/Fused.h) as one kernel; its body
@@ -1869,18 +1836,11 @@ Result CudaBackend::fused(const NodeView &n) {
   auto kernel = cpu::compileFused(n.node, n.opset);
   if (!kernel)
     return kernel.takeError();
-  std::vector<const Tensor *> inputs(n.allInputs().begin(), n.allInputs().end());
+  ArrayRef<const Tensor *> inputs = n.allInputs();
   std::optional<Shape> shape = cpu::fusedShape(*kernel, inputs);
   k::FusedMap map;
-  if (!shape || !cpu::makeFusedMap(*shape, inputs, map)) {
-    auto outputs = cpu::runFusedBody(n.node, inputs,
-                                     [&](const onnx::NodeProto &step, ArrayRef<const Tensor *> in) {
-                                       return dispatch(NodeView(step, n.opset, in, device));
-                                     });
-    if (!outputs)
-      return outputs.takeError();
-    return std::move(*outputs);
-  }
+  if (!shape || !cpu::makeFusedMap(*shape, inputs, map))
+    return runBody(n);
   const k::FusedProgram &p = kernel->program;
   std::vector<Tensor> devices;
   const float *in[k::MaxFusedInputs] = {};
@@ -1906,23 +1866,14 @@ Result CudaBackend::fused(const NodeView &n) {
 /// a bias epilogue; the two nodes as they are for other shapes or types,
 /// or when cuBLASLt has no algorithm.
 Result CudaBackend::matMulBias(const NodeView &n) {
-  std::vector<const Tensor *> inputs(n.allInputs().begin(), n.allInputs().end());
+  ArrayRef<const Tensor *> inputs = n.allInputs();
   std::optional<int64_t> nn = cpu::epilogueBias(inputs);
-  auto unfused = [&]() -> Result {
-    auto outputs = cpu::runFusedBody(n.node, inputs,
-                                     [&](const onnx::NodeProto &step, ArrayRef<const Tensor *> in) {
-                                       return dispatch(NodeView(step, n.opset, in, device));
-                                     });
-    if (!outputs)
-      return outputs.takeError();
-    return std::move(*outputs);
-  };
   if (!nn)
-    return unfused();
+    return runBody(n);
   const Tensor &a = *inputs[0];
   int64_t k = a.dim(-1), m = a.numElements() / std::max<int64_t>(k, 1);
   if (m == 0 || k == 0 || *nn == 0 || !fitsInt(m) || !fitsInt(k) || !fitsInt(*nn))
-    return unfused();
+    return runBody(n);
   Shape shape = a.shape();
   shape.back() = *nn;
   PIPEC_TRY_ASSIGN(da, onDevice(a));
@@ -1934,7 +1885,7 @@ Result CudaBackend::matMulBias(const NodeView &n) {
                                   static_cast<const float *>(dbias.rawData()),
                                   static_cast<float *>(out.rawData())));
   if (!done)
-    return unfused();
+    return runBody(n);
   return Outputs{out};
 }
 
