@@ -129,7 +129,9 @@ TEST(CostModel, RooflineTimesAndMeasuredOverrides) {
   EXPECT_TRUE(table.layers[0].measured);
   EXPECT_FALSE(table.layers[1].measured);
 
-  // Round trip through the writer.
+  // Round trip through the writer: every layer, the roofline one too (given
+  // a time of its own, so that a dropped layer cannot pass as read back).
+  table.layers[1].time[Forward] = 0.75;
   {
     std::string text;
     llvm::raw_string_ostream os(text);
@@ -140,7 +142,9 @@ TEST(CostModel, RooflineTimesAndMeasuredOverrides) {
   CostTable again = computeCosts(*lg, hw, Precision::FP32);
   ASSERT_FALSE(static_cast<bool>(applyMeasuredCosts(again, dir.path("round.json"))));
   EXPECT_DOUBLE_EQ(again.layers[0].time[BackwardInput], 0.25);
-  EXPECT_DOUBLE_EQ(again.layers[1].time[Forward], table.layers[1].time[Forward]);
+  EXPECT_DOUBLE_EQ(again.layers[1].time[Forward], 0.75);
+  EXPECT_TRUE(again.layers[0].measured);
+  EXPECT_TRUE(again.layers[1].measured);
 
   std::ofstream(dir.path("bad.json"))
       << R"({"format_version": 1, "layers": [{"name": "nope", "forward_s": 1,

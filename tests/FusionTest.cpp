@@ -76,6 +76,14 @@ std::vector<Tensor> fused(const onnx::NodeProto &node, const std::vector<const T
   return outs ? std::move(*outs) : std::vector<Tensor>{};
 }
 
+/// Whether the fused kernel itself (not its body, the fallback) takes
+/// \p in: else a comparison with the body compares the body with itself.
+bool kernelTakes(const onnx::NodeProto &node, const std::vector<const Tensor *> &in) {
+  auto kernel = cpu::compileFused(node, Opset);
+  EXPECT_TRUE(static_cast<bool>(kernel)) << (kernel ? "" : llvm::toString(kernel.takeError()));
+  return kernel && cpu::fusedShape(*kernel, in).has_value();
+}
+
 /// Largest |a - b| over all outputs; the shapes must match.
 double worstDifference(const std::vector<Tensor> &a, const std::vector<Tensor> &b) {
   EXPECT_EQ(a.size(), b.size());
@@ -145,6 +153,7 @@ TEST(FusedKernel, BroadcastsAlongEveryAxisMatch) {
   onnx::NodeProto f =
       cpu::makeFusedNode("axes", {&add, &mul, &sub}, {"x", "column", "plane", "row"}, {"y"});
   std::vector<const Tensor *> in = {&x, &column, &plane, &row};
+  ASSERT_TRUE(kernelTakes(f, in));
   EXPECT_EQ(worstDifference(fused(f, in), unfused(f, in)), 0.0);
   // The same with x broadcast too: the output is [4, 10, 25] from the others.
   Tensor small = randomTensor({25}, 35);
@@ -152,6 +161,7 @@ TEST(FusedKernel, BroadcastsAlongEveryAxisMatch) {
   onnx::NodeProto f2 =
       cpu::makeFusedNode("axes2", {&add2, &mul, &sub}, {"small", "column", "plane", "row"}, {"y"});
   std::vector<const Tensor *> in2 = {&small, &column, &plane, &row};
+  ASSERT_TRUE(kernelTakes(f2, in2));
   EXPECT_EQ(worstDifference(fused(f2, in2), unfused(f2, in2)), 0.0);
 }
 
@@ -197,6 +207,7 @@ TEST(FusedKernel, EveryUnaryAndPointwiseOpMatches) {
         grad ? std::vector<std::string>{"dy", "x"} : std::vector<std::string>{"x"}, {"z"});
     std::vector<const Tensor *> in =
         grad ? std::vector<const Tensor *>{&dy, &x} : std::vector<const Tensor *>{&x};
+    ASSERT_TRUE(kernelTakes(f, in)) << c.op;
     EXPECT_EQ(worstDifference(fused(f, in), unfused(f, in)), 0.0) << c.op << " " << c.value;
   }
 }
@@ -265,9 +276,28 @@ TEST(MatMulBias, AddsTheBiasInPlaceWithTheAddsBits) {
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].shape(), (std::vector<int64_t>{2, 5, 6}));
   EXPECT_EQ(worstDifference(got, unfused(f, {&a, &b, &bias})), 0.0);
-  // A [5, 6] "bias" is no epilogue: the body runs as it is.
+  // y = a b + addend, element by element; row r of a [2 x 5, 7] view.
+  auto product = [&](int64_t r, int64_t j) {
+    float dot = 0;
+    for (int64_t kk = 0; kk < 7; ++kk)
+      dot += a.data<float>()[r * 7 + kk] * b.data<float>()[kk * 6 + j];
+    return dot;
+  };
+  for (int64_t r = 0; r < 10; ++r)
+    for (int64_t j = 0; j < 6; ++j)
+      EXPECT_NEAR(got[0].data<float>()[r * 6 + j], product(r, j) + bias.data<float>()[j], 1e-5)
+          << r << " " << j;
+  // A [5, 6] addend is no epilogue: the two nodes run, broadcasting it over
+  // the batch of 2.
   EXPECT_FALSE(cpu::epilogueBias({&a, &b, &rows}).has_value());
-  EXPECT_EQ(worstDifference(fused(f, {&a, &b, &rows}), unfused(f, {&a, &b, &rows})), 0.0);
+  std::vector<Tensor> plain = fused(f, {&a, &b, &rows});
+  ASSERT_EQ(plain.size(), 1u);
+  ASSERT_EQ(plain[0].shape(), (std::vector<int64_t>{2, 5, 6}));
+  for (int64_t r = 0; r < 10; ++r)
+    for (int64_t j = 0; j < 6; ++j)
+      EXPECT_NEAR(plain[0].data<float>()[r * 6 + j],
+                  product(r, j) + rows.data<float>()[(r % 5) * 6 + j], 1e-5)
+          << r << " " << j;
 }
 
 //===----------------------------------------------------------------------===//

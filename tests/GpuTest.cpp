@@ -621,8 +621,11 @@ TEST(GpuKernelBodies, OptimizerMatchesCpuBackend) {
         v = vOut;
     }
     EXPECT_TRUE(close(w, wRef, 1e-6, 1e-6)) << "kind " << kind;
-    EXPECT_TRUE(close(m, mRef, 1e-6, 1e-7)) << "kind " << kind;
-    EXPECT_TRUE(close(v, vRef, 1e-6, 1e-9)) << "kind " << kind;
+    // SGD keeps no moments; momentum one, AdamW two.
+    if (kind >= 1)
+      EXPECT_TRUE(close(m, mRef, 1e-6, 1e-7)) << "kind " << kind;
+    if (kind == 2)
+      EXPECT_TRUE(close(v, vRef, 1e-6, 1e-9)) << "kind " << kind;
   }
 }
 
@@ -1264,7 +1267,8 @@ TEST_F(CudaBackendTest, OptimizerMatchesCpuBackend) {
       Tensor before = dw;
       llvm::Error err = backend->optimize(u, dw, up(g), m, v);
       ASSERT_FALSE(static_cast<bool>(err)) << llvm::toString(std::move(err));
-      EXPECT_NE(dw.rawData(), before.rawData()) << "updated in place";
+      EXPECT_NE(dw.rawData(), before.rawData())
+          << "the weight must be a new tensor, not written in place";
     }
     EXPECT_TRUE(close(down(dw), wRef, 1e-6, 1e-6)) << "kind " << code;
     if (code >= 1) {
