@@ -349,6 +349,30 @@ TEST_F(Equivalence, FusionChangesNothing) {
   extraOptions = rt::RunOptions();
 }
 
+// Half gradient terms (a half activation read twice) sum in float and round
+// to the half type; a float32 accumulator takes half terms as they are.
+TEST(CpuBackend, SumsHalfTermsAndRounds) {
+  auto be = rt::makeCpuBackend();
+  cpu::Tensor a =
+      cpu::Tensor::fromValues<float>({3}, {1.0f, 0.1f, 1000.0f}, cpu::ElemType::Float16);
+  cpu::Tensor b = cpu::Tensor::fromValues<float>({3}, {2.0f, 0.2f, 0.3f}, cpu::ElemType::Float16);
+  auto total = be->sum({&a, &b});
+  ASSERT_TRUE(static_cast<bool>(total)) << llvm::toString(total.takeError());
+  ASSERT_EQ(total->elemType(), cpu::ElemType::Float16);
+  cpu::Tensor expected = cpu::Tensor::fromValues<float>({3},
+                                                        {a.data<float>()[0] + b.data<float>()[0],
+                                                         a.data<float>()[1] + b.data<float>()[1],
+                                                         a.data<float>()[2] + b.data<float>()[2]},
+                                                        cpu::ElemType::Float16);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(total->data<float>()[i], expected.data<float>()[i]) << i;
+  // 1000 + 0.3 is not a float16 (steps of 0.5 there): rounded to 1000.5.
+  EXPECT_EQ(total->data<float>()[2], 1000.5f);
+  cpu::Tensor acc(cpu::ElemType::Float, {3});
+  ASSERT_FALSE(static_cast<bool>(be->addInto(acc, a)));
+  EXPECT_EQ(acc.data<float>()[1], a.data<float>()[1]);
+}
+
 TEST_F(Equivalence, TrainingLowersTheLossOnAFixedDataset) {
   // Eight samples written as .npy: every step sees the same batch, which the
   // model must fit.

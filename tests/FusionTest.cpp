@@ -271,7 +271,7 @@ TEST(MatMulBias, AddsTheBiasInPlaceWithTheAddsBits) {
   onnx::NodeProto mm = node("MatMul", {"a", "b"}, "m"), add = node("Add", {"bias", "m"}, "y");
   onnx::NodeProto f = cpu::makeFusedNode("linear", {&mm, &add}, {"a", "b", "bias"}, {"y"});
   f.set_op_type(cpu::MatMulBiasOpType.str());
-  EXPECT_EQ(cpu::epilogueBias({&a, &b, &bias}), 6);
+  EXPECT_EQ(cpu::epilogueBias(f, {&a, &b, &bias}), 6);
   std::vector<Tensor> got = fused(f, {&a, &b, &bias});
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].shape(), (std::vector<int64_t>{2, 5, 6}));
@@ -289,7 +289,7 @@ TEST(MatMulBias, AddsTheBiasInPlaceWithTheAddsBits) {
           << r << " " << j;
   // A [5, 6] addend is no epilogue: the two nodes run, broadcasting it over
   // the batch of 2.
-  EXPECT_FALSE(cpu::epilogueBias({&a, &b, &rows}).has_value());
+  EXPECT_FALSE(cpu::epilogueBias(f, {&a, &b, &rows}).has_value());
   std::vector<Tensor> plain = fused(f, {&a, &b, &rows});
   ASSERT_EQ(plain.size(), 1u);
   ASSERT_EQ(plain[0].shape(), (std::vector<int64_t>{2, 5, 6}));

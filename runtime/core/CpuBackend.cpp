@@ -85,21 +85,20 @@ public:
     if (!acc.onHost() || !term.onHost())
       return notOnHost(acc.onHost() ? term : acc);
     // float16 and bfloat16 are stored as float: a float32 accumulator takes
-    // them as they are.
-    auto floatStored = [](cpu::ElemType t) {
-      return t == cpu::ElemType::Float || t == cpu::ElemType::Float16 ||
-             t == cpu::ElemType::BFloat16;
-    };
+    // them as they are, and a half one adds in float and rounds (a sum of
+    // half gradient terms).
     bool same = acc.elemType() == term.elemType() ||
-                (acc.elemType() == cpu::ElemType::Float && floatStored(term.elemType()));
+                (acc.elemType() == cpu::ElemType::Float && cpu::storedAs<float>(term.elemType()));
     if (!same || acc.numElements() != term.numElements())
       return createStringError(inconvertibleErrorCode(), "adding %s into %s",
                                term.describe().c_str(), acc.describe().c_str());
-    if (acc.elemType() == cpu::ElemType::Double)
+    if (acc.elemType() == cpu::ElemType::Double) {
       addTo(acc.data<double>(), term.data<double>(), acc.numElements());
-    else if (acc.elemType() == cpu::ElemType::Float)
-      addTo(acc.data<float>(), static_cast<const float *>(term.rawData()), acc.numElements());
-    else
+    } else if (cpu::storedAs<float>(acc.elemType())) {
+      addTo(static_cast<float *>(acc.rawData()), static_cast<const float *>(term.rawData()),
+            acc.numElements());
+      acc.roundToElemType();
+    } else
       return createStringError(inconvertibleErrorCode(), "adding %s: float or double only",
                                acc.describe().c_str());
     return Error::success();

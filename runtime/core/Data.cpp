@@ -146,6 +146,14 @@ uint64_t hashName(StringRef name) {
 
 } // namespace
 
+std::string safeFileName(StringRef name) {
+  std::string safe = name.str();
+  for (char &c : safe)
+    if (c == '/' || c == ':' || c == '\\')
+      c = '_';
+  return safe;
+}
+
 Expected<cpu::Tensor> readNpy(StringRef path) {
   auto fail = [&](const Twine &why) {
     return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
@@ -275,11 +283,8 @@ Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, S
                                spec.name().c_str(), static_cast<long long>(spec.shape(axis)),
                                static_cast<long long>(plan.schedule().microbatch_size()));
     if (!dir.empty()) {
-      // NAME.npy, else with '/', ':' and '\' made '_' (as outputs are named).
-      std::string safe = spec.name();
-      for (char &c : safe)
-        if (c == '/' || c == ':' || c == '\\')
-          c = '_';
+      // NAME.npy, else under its safe file name (as outputs are named).
+      std::string safe = safeFileName(spec.name());
       SmallString<256> npy(dir), pb(dir);
       sys::path::append(npy, spec.name() + ".npy");
       sys::path::append(pb, spec.name() + ".pb");
@@ -289,25 +294,22 @@ Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, S
         sys::path::append(npy, safe + ".npy");
         sys::path::append(pb, safe + ".pb");
       }
-      Expected<cpu::Tensor> data = createStringError(inconvertibleErrorCode(), "");
-      if (sys::fs::exists(npy)) {
-        data = readNpy(npy);
-      } else if (sys::fs::exists(pb)) {
-        consumeError(data.takeError());
+      auto read = [&]() -> Expected<cpu::Tensor> {
+        if (sys::fs::exists(npy))
+          return readNpy(npy);
+        if (!sys::fs::exists(pb))
+          return createStringError(
+              inconvertibleErrorCode(), "--data %s: no %s.npy or %s.pb for input '%s'",
+              dir.str().c_str(), spec.name().c_str(), spec.name().c_str(), spec.name().c_str());
         auto buffer = MemoryBuffer::getFile(pb, false, false);
         onnx::TensorProto proto;
         if (!buffer || !proto.ParseFromArray((*buffer)->getBufferStart(),
                                              static_cast<int>((*buffer)->getBufferSize())))
-          data = createStringError(inconvertibleErrorCode(), "%s: not an ONNX TensorProto",
+          return createStringError(inconvertibleErrorCode(), "%s: not an ONNX TensorProto",
                                    pb.c_str());
-        else
-          data = cpu::fromTensorProto(proto, dir);
-      } else {
-        consumeError(data.takeError());
-        return createStringError(inconvertibleErrorCode(),
-                                 "--data %s: no %s.npy or %s.pb for input '%s'", dir.str().c_str(),
-                                 spec.name().c_str(), spec.name().c_str(), spec.name().c_str());
-      }
+        return cpu::fromTensorProto(proto, dir);
+      };
+      Expected<cpu::Tensor> data = read();
       if (!data)
         return data.takeError();
       std::vector<int64_t> row =

@@ -33,8 +33,13 @@
 
 #include <map>
 #include <memory>
+#include <string>
 
 namespace pipec::rt {
+
+/// \p name as a file name: '/', ':' and '\\' made '_' (graph inputs and
+/// outputs are named like paths).
+std::string safeFileName(llvm::StringRef name);
 
 llvm::Expected<cpu::Tensor> readNpy(llvm::StringRef path);
 llvm::Error writeNpy(const cpu::Tensor &tensor, llvm::StringRef path);

@@ -400,16 +400,12 @@ Error RankExecutor::backwardInput(int stage, int mb) {
                                          stage, g.value()));
       terms.push_back(&it->second);
     }
-    Expected<cpu::Tensor> made = cpu::Tensor();
-    if (terms.empty()) {
-      auto v = values.find(g.value());
-      if (v == values.end())
-        return rankError(global, formatv("stage {0}: no value '{1}' to shape its zero gradient",
-                                         stage, g.value()));
-      made = be.zeros(v->second.elemType(), v->second.shape());
-    } else {
-      made = be.sum(terms);
-    }
+    auto v = values.find(g.value());
+    if (terms.empty() && v == values.end())
+      return rankError(global, formatv("stage {0}: no value '{1}' to shape its zero gradient",
+                                       stage, g.value()));
+    Expected<cpu::Tensor> made =
+        terms.empty() ? be.zeros(v->second.elemType(), v->second.shape()) : be.sum(terms);
     if (!made)
       return rankError(global, formatv("stage {0}: the gradient of '{1}': {2}", stage, g.value(),
                                        toString(made.takeError())));
@@ -1141,12 +1137,8 @@ Error writeOutputs(const RunOptions &o, const RunResult &result) {
   if (std::error_code ec = sys::fs::create_directories(o.outputsDir))
     return createStringError(ec, "--outputs %s: %s", o.outputsDir.c_str(), ec.message().c_str());
   for (const auto &[name, tensor] : result.outputs) {
-    std::string safe = name;
-    for (char &c : safe)
-      if (c == '/' || c == ':' || c == '\\')
-        c = '_';
     SmallString<256> path(o.outputsDir);
-    sys::path::append(path, safe + (o.outputsAsPb ? ".pb" : ".npy"));
+    sys::path::append(path, safeFileName(name) + (o.outputsAsPb ? ".pb" : ".npy"));
     if (o.outputsAsPb) {
       std::string bytes;
       cpu::toTensorProto(tensor, name).SerializeToString(&bytes);

@@ -471,8 +471,10 @@ Expected<std::vector<Tensor>> runFused(const onnx::NodeProto &node, int64_t opse
   return outputs;
 }
 
-std::optional<int64_t> epilogueBias(ArrayRef<const Tensor *> inputs) {
-  if (inputs.size() != 3)
+std::optional<int64_t> epilogueBias(const onnx::NodeProto &node, ArrayRef<const Tensor *> inputs) {
+  const onnx::GraphProto *body = bodyOf(node);
+  if (!body || body->node_size() != 2 || body->node(0).op_type() != "MatMul" ||
+      body->node(1).op_type() != "Add" || inputs.size() != 3)
     return std::nullopt;
   const Tensor *a = inputs[0], *b = inputs[1], *bias = inputs[2];
   for (const Tensor *t : {a, b, bias})
@@ -489,14 +491,10 @@ std::optional<int64_t> epilogueBias(ArrayRef<const Tensor *> inputs) {
 
 Expected<std::vector<Tensor>> runMatMulBias(const onnx::NodeProto &node, int64_t opset,
                                             ArrayRef<const Tensor *> inputs) {
-  const onnx::GraphProto *body = bodyOf(node);
-  if (!body || body->node_size() != 2 || body->node(0).op_type() != "MatMul" ||
-      body->node(1).op_type() != "Add")
-    return fusedError(node, "the body is not a MatMul and an Add");
-  std::optional<int64_t> n = epilogueBias(inputs);
+  std::optional<int64_t> n = epilogueBias(node, inputs);
   if (!n)
     return runBodyOnCpu(node, opset, inputs);
-  auto product = runOp(body->node(0), opset, {inputs[0], inputs[1]});
+  auto product = runOp(bodyOf(node)->node(0), opset, {inputs[0], inputs[1]});
   if (!product)
     return product.takeError();
   // Float addition commutes exactly: the same bits as the Add, either way

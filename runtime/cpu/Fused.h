@@ -110,10 +110,12 @@ llvm::Expected<std::vector<Tensor>> runFused(const onnx::NodeProto &node, int64_
                                              llvm::ArrayRef<const Tensor *> inputs);
 
 /// The bias length of MatMulBias \p node on \p inputs when the bias can be
-/// added in a GEMM's epilogue: A float32 [..., M, K], B float32 [K, N], the
-/// bias float32 with N elements along the last axis (leading axes 1);
-/// nullopt otherwise (the body then runs node by node).
-std::optional<int64_t> epilogueBias(llvm::ArrayRef<const Tensor *> inputs);
+/// added in a GEMM's epilogue: a body of MatMul then Add, A float32
+/// [..., M, K], B float32 [K, N], the bias float32 with N elements along the
+/// last axis (leading axes 1); nullopt otherwise (the body then runs node by
+/// node).
+std::optional<int64_t> epilogueBias(const onnx::NodeProto &node,
+                                    llvm::ArrayRef<const Tensor *> inputs);
 
 /// The CPU kernel of MatMulBias: the MatMul, then the bias added in place.
 llvm::Expected<std::vector<Tensor>> runMatMulBias(const onnx::NodeProto &node, int64_t opset,

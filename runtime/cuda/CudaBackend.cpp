@@ -36,7 +36,9 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <numeric>
+#include <tuple>
 
 using namespace llvm;
 
@@ -214,7 +216,9 @@ private:
   // Dispatch.
   Expected<Outputs> dispatch(const NodeView &n);
   Result runDevice(const NodeView &n);
-  Expected<Outputs> runOnHost(const NodeView &n);
+  /// \p n on the CPU kernels with host \p inputs: small integer outputs
+  /// stay on the host (shape arithmetic), the others go to the device.
+  Expected<Outputs> runOnHost(const NodeView &n, ArrayRef<const Tensor *> inputs);
   Expected<Outputs> runConstant(const NodeView &n);
   Expected<Outputs> runFallback(const NodeView &n);
   bool isHostShapeMath(const NodeView &n) const;
@@ -293,7 +297,19 @@ private:
   cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;
   /// cuBLASLt's workspace (allocated on first use).
+  static constexpr size_t LtWorkspaceBytes = size_t(32) << 20;
   std::shared_ptr<void> ltWorkspace;
+  /// A bias-epilogue GEMM of one shape: descriptors and the algorithm
+  /// cuBLASLt's heuristic chose (found: it offered one).
+  struct LtPlan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t bLayout = nullptr, aLayout = nullptr, cLayout = nullptr;
+    cublasLtMatmulAlgo_t algo = {};
+    bool found = false;
+    ~LtPlan();
+  };
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<LtPlan>> ltPlans;
+  Expected<const LtPlan *> ltPlan(int64_t m, int64_t n, int64_t k);
   std::shared_ptr<DevicePool> pool;
 
   std::shared_ptr<void> flagBlock;
@@ -382,6 +398,7 @@ CudaBackend::~CudaBackend() {
     cudaFreeHost(staging);
   if (blas)
     cublasDestroy(blas);
+  ltPlans.clear();
   if (lt)
     cublasLtDestroy(lt);
   ltWorkspace.reset();
@@ -616,7 +633,7 @@ Expected<Outputs> CudaBackend::dispatch(const NodeView &n) {
   if (defaultDomain && n.op() == "Constant")
     return runConstant(n);
   if (defaultDomain && isHostShapeMath(n))
-    return runOnHost(n);
+    return runOnHost(n, n.allInputs());
   Result result = runDevice(n);
   if (!result)
     return n.wrap(result.takeError());
@@ -634,8 +651,8 @@ bool CudaBackend::isHostShapeMath(const NodeView &n) const {
   return true;
 }
 
-Expected<Outputs> CudaBackend::runOnHost(const NodeView &n) {
-  auto outputs = cpu::runAnyOp(n.node, n.opset, n.allInputs());
+Expected<Outputs> CudaBackend::runOnHost(const NodeView &n, ArrayRef<const Tensor *> inputs) {
+  auto outputs = cpu::runAnyOp(n.node, n.opset, inputs);
   if (!outputs)
     return outputs.takeError();
   for (Tensor &t : *outputs) {
@@ -653,7 +670,7 @@ Expected<Outputs> CudaBackend::runConstant(const NodeView &n) {
   std::string key = n.node.SerializeAsString();
   if (auto it = constants.find(key); it != constants.end())
     return it->second;
-  auto outputs = runOnHost(n);
+  auto outputs = runOnHost(n, n.allInputs());
   if (!outputs)
     return outputs.takeError();
   size_t bytes = 0;
@@ -683,17 +700,10 @@ Expected<Outputs> CudaBackend::runFallback(const NodeView &n) {
     hosts[i] = host;
     pointers[i] = &hosts[i];
   }
-  auto outputs = cpu::runAnyOp(n.node, n.opset, pointers);
-  if (!outputs)
-    return outputs.takeError();
-  ++fallbacks[n.op().str()];
-  for (Tensor &t : *outputs) {
-    if (t.isNull())
-      continue;
-    PIPEC_TRY_ASSIGN(uploaded, onDevice(t));
-    t = uploaded;
-  }
-  return std::move(*outputs);
+  auto outputs = runOnHost(n, pointers);
+  if (outputs)
+    ++fallbacks[n.op().str()];
+  return outputs;
 }
 
 Result CudaBackend::runDevice(const NodeView &n) {
@@ -809,61 +819,70 @@ Error CudaBackend::gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t 
   return Error::success();
 }
 
-Expected<bool> CudaBackend::gemmBias(int64_t m, int64_t n, int64_t k, const float *a,
-                                     const float *b, const float *bias, float *c) {
-  constexpr size_t WorkspaceBytes = size_t(32) << 20;
-  if (!ltWorkspace) {
-    PIPEC_TRY_ASSIGN(block, pool->allocate(WorkspaceBytes));
-    ltWorkspace = block;
-  }
+CudaBackend::LtPlan::~LtPlan() {
+  for (cublasLtMatrixLayout_t layout : {bLayout, aLayout, cLayout})
+    if (layout)
+      cublasLtMatrixLayoutDestroy(layout);
+  if (op)
+    cublasLtMatmulDescDestroy(op);
+}
+
+Expected<const CudaBackend::LtPlan *> CudaBackend::ltPlan(int64_t m, int64_t n, int64_t k) {
+  auto &slot = ltPlans[{m, n, k}];
+  if (slot)
+    return slot.get();
+  auto plan = std::make_unique<LtPlan>();
   // Row-major C = A B + bias is column-major C^T[n, m] = B^T[n, k] A^T[k, m]
   // + bias, the bias one value per row of C^T: cuBLASLt's BIAS epilogue.
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t bLayout = nullptr, aLayout = nullptr, cLayout = nullptr;
+  cublasComputeType_t compute = bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+  PIPEC_CUDA_TRY(cublasLtMatmulDescCreate(&plan->op, compute, CUDA_R_32F));
+  cublasOperation_t none = CUBLAS_OP_N;
+  PIPEC_CUDA_TRY(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &none, sizeof(none)));
+  PIPEC_CUDA_TRY(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  PIPEC_CUDA_TRY(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                sizeof(epilogue)));
+  PIPEC_CUDA_TRY(cublasLtMatrixLayoutCreate(&plan->bLayout, CUDA_R_32F, n, k, n));
+  PIPEC_CUDA_TRY(cublasLtMatrixLayoutCreate(&plan->aLayout, CUDA_R_32F, k, m, k));
+  PIPEC_CUDA_TRY(cublasLtMatrixLayoutCreate(&plan->cLayout, CUDA_R_32F, n, m, n));
   cublasLtMatmulPreference_t preference = nullptr;
-  auto release = [&] {
-    if (preference)
-      cublasLtMatmulPreferenceDestroy(preference);
-    for (cublasLtMatrixLayout_t layout : {bLayout, aLayout, cLayout})
-      if (layout)
-        cublasLtMatrixLayoutDestroy(layout);
-    if (op)
-      cublasLtMatmulDescDestroy(op);
-  };
-  auto body = [&]() -> Expected<bool> {
-    cublasComputeType_t compute = bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
-    PIPEC_CUDA_TRY(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F));
-    cublasOperation_t none = CUBLAS_OP_N;
-    PIPEC_CUDA_TRY(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &none, sizeof(none)));
-    PIPEC_CUDA_TRY(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
-    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    PIPEC_CUDA_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                                  sizeof(epilogue)));
-    PIPEC_CUDA_TRY(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    PIPEC_CUDA_TRY(cublasLtMatrixLayoutCreate(&bLayout, CUDA_R_32F, n, k, n));
-    PIPEC_CUDA_TRY(cublasLtMatrixLayoutCreate(&aLayout, CUDA_R_32F, k, m, k));
-    PIPEC_CUDA_TRY(cublasLtMatrixLayoutCreate(&cLayout, CUDA_R_32F, n, m, n));
-    PIPEC_CUDA_TRY(cublasLtMatmulPreferenceCreate(&preference));
-    size_t workspace = WorkspaceBytes;
-    PIPEC_CUDA_TRY(cublasLtMatmulPreferenceSetAttribute(
-        preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
-    cublasLtMatmulHeuristicResult_t found = {};
-    int count = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(lt, op, bLayout, aLayout, cLayout, cLayout, preference, 1,
-                                       &found, &count) != CUBLAS_STATUS_SUCCESS ||
-        count == 0)
-      return false;
-    float alpha = 1, beta = 0;
-    PIPEC_CUDA_TRY(cublasLtMatmul(lt, op, &alpha, b, bLayout, a, aLayout, &beta, c, cLayout, c,
-                                  cLayout, &found.algo, ltWorkspace.get(), WorkspaceBytes, stream));
-    return true;
-  };
-  Expected<bool> done = body();
-  release();
-  return done;
+  PIPEC_CUDA_TRY(cublasLtMatmulPreferenceCreate(&preference));
+  size_t workspace = LtWorkspaceBytes;
+  cublasLtMatmulHeuristicResult_t found = {};
+  int count = 0;
+  bool asked = cublasLtMatmulPreferenceSetAttribute(
+                   preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                   sizeof(workspace)) == CUBLAS_STATUS_SUCCESS &&
+               cublasLtMatmulAlgoGetHeuristic(lt, plan->op, plan->bLayout, plan->aLayout,
+                                              plan->cLayout, plan->cLayout, preference, 1, &found,
+                                              &count) == CUBLAS_STATUS_SUCCESS;
+  cublasLtMatmulPreferenceDestroy(preference);
+  plan->found = asked && count > 0;
+  plan->algo = found.algo;
+  slot = std::move(plan);
+  return slot.get();
+}
+
+Expected<bool> CudaBackend::gemmBias(int64_t m, int64_t n, int64_t k, const float *a,
+                                     const float *b, const float *bias, float *c) {
+  // One descriptor set and algorithm per shape, found once: a model's
+  // linear layers repeat a few shapes every microbatch.
+  PIPEC_TRY_ASSIGN(plan, ltPlan(m, n, k));
+  if (!plan->found)
+    return false;
+  if (!ltWorkspace) {
+    PIPEC_TRY_ASSIGN(block, pool->allocate(LtWorkspaceBytes));
+    ltWorkspace = block;
+  }
+  PIPEC_CUDA_TRY(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof(bias)));
+  float alpha = 1, beta = 0;
+  PIPEC_CUDA_TRY(cublasLtMatmul(lt, plan->op, &alpha, b, plan->bLayout, a, plan->aLayout, &beta, c,
+                                plan->cLayout, c, plan->cLayout, &plan->algo, ltWorkspace.get(),
+                                LtWorkspaceBytes, stream));
+  return true;
 }
 
 Error CudaBackend::gemmGrid(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
@@ -1867,7 +1886,7 @@ Result CudaBackend::fused(const NodeView &n) {
 /// or when cuBLASLt has no algorithm.
 Result CudaBackend::matMulBias(const NodeView &n) {
   ArrayRef<const Tensor *> inputs = n.allInputs();
-  std::optional<int64_t> nn = cpu::epilogueBias(inputs);
+  std::optional<int64_t> nn = cpu::epilogueBias(n.node, inputs);
   if (!nn)
     return runBody(n);
   const Tensor &a = *inputs[0];
@@ -2402,6 +2421,25 @@ Expected<Tensor> CudaBackend::sum(ArrayRef<const Tensor *> terms) {
   if (terms.empty())
     return createStringError(inconvertibleErrorCode(), "cuda:%d: a sum of no terms", device);
   const Tensor &first = *terms[0];
+  if (first.elemType() == ElemType::Float16 || first.elemType() == ElemType::BFloat16) {
+    // Half gradient terms (rare: half activations with several consumers)
+    // are added on the host, where the sum rounds to the half type as the
+    // CPU backend's does.
+    PIPEC_TRY_ASSIGN(total, download(first));
+    total = total.clone();
+    for (const Tensor *t : terms.drop_front()) {
+      if (t->elemType() != first.elemType() || t->numElements() != first.numElements())
+        return createStringError(inconvertibleErrorCode(), "cuda:%d: adding %s to %s", device,
+                                 t->describe().c_str(), first.describe().c_str());
+      PIPEC_TRY_ASSIGN(term, download(*t));
+      float *acc = static_cast<float *>(total.rawData());
+      const float *add = static_cast<const float *>(term.rawData());
+      for (int64_t i = 0; i < total.numElements(); ++i)
+        acc[i] += add[i];
+      total.roundToElemType();
+    }
+    return onDevice(total);
+  }
   auto type = scalarOf(first.elemType());
   if (!type || (*type != k::Scalar::F32 && *type != k::Scalar::F64))
     return createStringError(inconvertibleErrorCode(), "cuda:%d: summing %s: float or double only",
@@ -2435,8 +2473,13 @@ Error CudaBackend::addInto(Tensor &accumulator, const Tensor &term) {
                              "cuda:%d: the accumulator %s is not this device's", device,
                              accumulator.describe().c_str());
   auto type = scalarOf(accumulator.elemType());
-  if (!type || (*type != k::Scalar::F32 && *type != k::Scalar::F64) ||
-      term.elemType() != accumulator.elemType() || term.numElements() != accumulator.numElements())
+  // A float32 accumulator takes float16 / bfloat16 terms: they are stored
+  // as float (the CPU backend's rule).
+  bool sameStorage =
+      term.elemType() == accumulator.elemType() ||
+      (accumulator.elemType() == ElemType::Float && cpu::storedAs<float>(term.elemType()));
+  if (!type || (*type != k::Scalar::F32 && *type != k::Scalar::F64) || !sameStorage ||
+      term.numElements() != accumulator.numElements())
     return createStringError(inconvertibleErrorCode(),
                              "cuda:%d: adding %s into %s (float or double of one size only)",
                              device, term.describe().c_str(), accumulator.describe().c_str());

@@ -136,12 +136,6 @@ Error DevicePool::reserve(size_t bytes) {
   return Error::success();
 }
 
-Error DevicePool::trim() {
-  DeviceScope scope(deviceIndex); // callable from any thread
-  std::lock_guard<std::mutex> lock(mutex);
-  return freeCachedLocked();
-}
-
 Error DevicePool::freeCachedLocked() {
   // A cached block may still be read or written by work queued on the
   // owner's stream (stream-ordered reuse): the device must be idle before

@@ -60,9 +60,6 @@ public:
   /// free memory; less, or nothing, is not an error). Once only.
   llvm::Error reserve(size_t bytes);
 
-  /// Returns the cached blocks that are not in the arena to CUDA.
-  llvm::Error trim();
-
   /// Whether \p address is the start of a block of this pool (one handed
   /// out, or cached).
   bool owns(const void *address) const;
@@ -84,7 +81,8 @@ private:
   int deviceIndex;
   mutable std::mutex mutex;
   std::map<size_t, std::vector<void *>> freeBlocks;
-  /// Blocks from their own cudaMalloc, with their class (for trim()).
+  /// Blocks from their own cudaMalloc, with their class (freed when an
+  /// allocation finds the device full).
   std::map<void *, size_t> ownBlocks;
   char *arena = nullptr;
   size_t arenaSize = 0, arenaUsed = 0;

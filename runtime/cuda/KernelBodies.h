@@ -52,7 +52,6 @@ enum class Scalar : int { F32, F64, I64, I32, Bool };
 /// are dropped and contiguous ones merged, so a plain elementwise op walks
 /// one dimension.
 template <int N> struct BasicIndexMap {
-  static constexpr int Capacity = N;
   int rank = 0;
   int operands = 1;
   int64_t shape[MaxRank] = {};

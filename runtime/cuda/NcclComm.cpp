@@ -212,14 +212,12 @@ public:
                                  "rank %d: NCCL sums floating-point device tensors, not %s", rank(),
                                  t.describe().c_str());
     PIPEC_CUDA_TRY(cudaSetDevice(device));
-    // The accumulators come straight from the backend, whose compute stream
-    // may still be adding into them (the executor synchronizes the backend
-    // before sends, not before sums). The sends queued here first complete
-    // under the timeout; then the device is idle but for this rank's own
-    // compute work, which needs no peer.
+    // The executor has synchronized the backend, so the accumulators are
+    // written (Executor.cpp, allReduce). The sends queued here complete
+    // first, under the timeout, so that the all-reduce does not wait behind
+    // a peer that is itself waiting for them.
     if (Error err = drain("earlier sends and receives to complete"))
       return err;
-    PIPEC_CUDA_TRY(cudaDeviceSynchronize());
     PIPEC_CUDA_TRY(ncclGroupStart());
     for (cpu::Tensor &t : tensors) {
       ncclDataType_t type = t.elemType() == cpu::ElemType::Double ? ncclFloat64 : ncclFloat32;
