@@ -1,5 +1,6 @@
 //===- Compile.cpp - `pipec compile`: a model to a plan -------------------===//
 #include "compiler/Compile.h"
+#include "compiler/InspectReport.h"
 #include "compiler/StagePrograms.h"
 #include "compiler/schedule/Schedule.h"
 #include "compiler/sim/Simulator.h"
@@ -83,11 +84,18 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   auto names = perRank("hardware", options.hardware, P);
   if (!names)
     return names.takeError();
+  // Each name once: `cpu` reads (or measures) its calibration, a JSON spec
+  // is parsed.
+  std::map<std::string, HardwareSpec> resolved;
   for (const std::string &name : *names) {
-    auto hw = resolveHardware(name);
-    if (!hw)
-      return hw.takeError();
-    setup.hardware.push_back(*hw);
+    auto it = resolved.find(name);
+    if (it == resolved.end()) {
+      auto hw = resolveHardware(name);
+      if (!hw)
+        return hw.takeError();
+      it = resolved.emplace(name, std::move(*hw)).first;
+    }
+    setup.hardware.push_back(it->second);
   }
   std::string precisionText = options.precision;
   if (precisionText.empty())
@@ -322,7 +330,6 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   LoweringInputs lowering;
   lowering.training = options.training;
   lowering.recompute = options.recompute;
-  std::map<int, std::set<int>> tiedRanks;
   // Only gradients the backward program computes cross back.
   std::set<std::string> flowing;
   if (prepared.backward)
@@ -449,8 +456,9 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
                       join(first.defaultedOpTypes, ", "));
   for (const plan::Rank &r : plan.ranks())
     if (overMemoryLimit(r))
-      plan.add_warnings(formatv("rank {0} needs {1} bytes, over its limit of {2}", r.index(),
-                                r.peak_memory_bytes(), r.memory_limit_bytes())
+      plan.add_warnings(formatv("rank {0} needs {1}, over its limit of {2}", r.index(),
+                                humanCount(r.peak_memory_bytes(), true),
+                                humanCount(r.memory_limit_bytes(), true))
                             .str());
   return plan;
 }

@@ -73,15 +73,9 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
                 "microbatch, imbalance {3:f3} (slowest / mean)\n",
                 formatSeconds(p.step_time_s()), 100 * p.bubble_fraction(),
                 formatSeconds(p.bottleneck_s()), p.imbalance());
-  for (const auto &r : plan.ranks())
-    if (r.memory_limit_bytes() > 0 && r.peak_memory_bytes() > r.memory_limit_bytes())
-      os << formatv("warning: rank {0} needs {1}, over its limit of {2}\n", r.index(),
-                    humanCount(r.peak_memory_bytes(), true),
-                    humanCount(r.memory_limit_bytes(), true));
   if (plan.programs_size()) {
     if (auto sim = simulatePlan(plan)) {
-      os << "\ntimeline (simulated; digits: forward of microbatch N mod 10, a-z: backward, A-Z: "
-            "weight gradient, #: optimizer, .: idle)\n";
+      os << "\ntimeline (simulated; " << timelineLegend() << ")\n";
       os << formatTimeline(*sim, plan.schedule().stages(), 96);
     } else {
       os << "\ntimeline: " << toString(sim.takeError()) << "\n";

@@ -154,6 +154,16 @@ TEST(CostModel, RooflineTimesAndMeasuredOverrides) {
   std::string text = toString(std::move(err));
   EXPECT_NE(text.find("bad.json: layer 'nope' is not a layer of this model"), std::string::npos)
       << text;
+
+  // Times measured on another kind of device are refused, naming both.
+  std::ofstream(dir.path("other.json"))
+      << R"({"format_version": 1, "hardware": "h100", "layers": []})";
+  err = applyMeasuredCosts(table, dir.path("other.json"));
+  ASSERT_TRUE(!!err);
+  text = toString(std::move(err));
+  EXPECT_NE(text.find("other.json: measured on 'h100', but these costs are for 'test'"),
+            std::string::npos)
+      << text;
 }
 
 } // namespace

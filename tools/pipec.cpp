@@ -299,6 +299,29 @@ Expected<ImportOptions> importOptionsFromFlags() {
   return options;
 }
 
+/// Where a command's output goes: stdout, or a file written atomically
+/// once the command has produced all of it (a failed write is an error
+/// naming the file, and leaves no partial file).
+class Output {
+public:
+  explicit Output(std::string path) : path(std::move(path)), buffer(text) {}
+  raw_ostream &stream() {
+    if (path.empty())
+      return outs();
+    return buffer;
+  }
+  Error finish() {
+    if (path.empty())
+      return Error::success();
+    buffer.flush();
+    return writeFileAtomically(path, text);
+  }
+
+private:
+  std::string path, text;
+  raw_string_ostream buffer;
+};
+
 int runInspect() {
   if (InspectFormat != "text" && InspectFormat != "json") {
     WithColor::error(errs(), "pipec")
@@ -318,30 +341,15 @@ int runInspect() {
   auto layers = buildLayerGraph(*graph, pipeline);
   if (!layers)
     return reportError(layers.takeError());
-  std::unique_ptr<raw_fd_ostream> file;
-  raw_ostream *os = &outs();
-  if (!InspectOutput.empty()) {
-    std::error_code ec;
-    file = std::make_unique<raw_fd_ostream>(InspectOutput, ec);
-    if (ec)
-      return reportError(createStringError(ec, "%s: cannot write: %s", InspectOutput.c_str(),
-                                           ec.message().c_str()));
-    os = file.get();
-  }
+  Output out(InspectOutput);
   InspectReport report = makeInspectReport(*graph, *layers);
   if (InspectFormat == "json")
-    printInspectJson(report, *graph, *layers, *os);
+    printInspectJson(report, *graph, *layers, out.stream());
   else
-    printInspectText(report, *graph, *layers, *os);
+    printInspectText(report, *graph, *layers, out.stream());
+  if (Error err = out.finish())
+    return reportError(std::move(err));
   return 0;
-}
-
-Expected<std::unique_ptr<raw_fd_ostream>> openOutput(const std::string &path) {
-  std::error_code ec;
-  auto file = std::make_unique<raw_fd_ostream>(path, ec);
-  if (ec)
-    return createStringError(ec, "%s: cannot write: %s", path.c_str(), ec.message().c_str());
-  return file;
 }
 
 int runCompile() {
@@ -412,15 +420,8 @@ int runReport() {
   auto plan = readPlan(ReportPlan);
   if (!plan)
     return reportError(plan.takeError());
-  std::unique_ptr<raw_fd_ostream> file;
-  raw_ostream *os = &outs();
-  if (!ReportOutput.empty()) {
-    auto opened = openOutput(ReportOutput);
-    if (!opened)
-      return reportError(opened.takeError());
-    file = std::move(*opened);
-    os = file.get();
-  }
+  Output out(ReportOutput);
+  raw_ostream *os = &out.stream();
   std::optional<SimulationResult> measured;
   if (!ReportTrace.empty()) {
     auto read = readMeasuredTrace(ReportTrace, plan->schedule().stages() *
@@ -448,6 +449,8 @@ int runReport() {
                      formatSeconds(measured->busy[r]), formatSeconds(p));
     }
   }
+  if (Error err = out.finish())
+    return reportError(std::move(err));
   return 0;
 }
 
@@ -459,10 +462,10 @@ int runSimulate() {
   if (!result)
     return reportError(result.takeError());
   if (!TraceFile.empty()) {
-    auto file = openOutput(TraceFile);
-    if (!file)
-      return reportError(file.takeError());
-    writeChromeTrace(*result, **file);
+    Output trace(TraceFile);
+    writeChromeTrace(*result, trace.stream());
+    if (Error err = trace.finish())
+      return reportError(std::move(err));
   }
   outs() << formatv("{0} P={1} V={2} M={3}: step {4}, bubble {5:f1}%\n", plan->schedule().name(),
                     plan->schedule().stages(), plan->schedule().virtual_stages(),
@@ -475,8 +478,7 @@ int runSimulate() {
   outs() << "\n"
          << formatTimeline(*result, plan->schedule().stages(),
                            std::max(20, TimelineWidth.getValue()))
-         << "  digits: forward of microbatch N (mod 10); a-z: backward (I or B); A-Z: weight "
-            "gradient (W); *: recompute; #: optimizer; .: idle\n";
+         << "  " << timelineLegend() << "\n";
   if (!TraceFile.empty())
     outs() << "wrote " << TraceFile << "\n";
   return 0;
@@ -498,10 +500,8 @@ int runProfile() {
   raw_string_ostream os(text);
   if (Error err = profileModel(ProfileModel, options, os))
     return reportError(std::move(err));
-  auto file = openOutput(ProfileOutput);
-  if (!file)
-    return reportError(file.takeError());
-  **file << os.str();
+  if (Error err = writeFileAtomically(ProfileOutput, os.str()))
+    return reportError(std::move(err));
   outs() << "wrote " << ProfileOutput << " (compile with --costs " << ProfileOutput << ")\n";
   return 0;
 }
@@ -546,6 +546,10 @@ int runRun() {
     errs() << "pipec run: --resume needs --checkpoint DIR\n";
     return ExitUsage;
   }
+  if (RunSteps < 1 || RunCheckpointEvery < 1) {
+    errs() << "pipec run: --steps and --checkpoint-every must be at least 1\n";
+    return ExitUsage;
+  }
   auto plan = readPlan(RunPlan);
   if (!plan)
     return reportError(plan.takeError());
@@ -587,11 +591,12 @@ int runRun() {
   if (!result)
     return reportError(result.takeError());
   if (!RunQuiet && result->primary) {
-    double perStep = result->seconds / std::max(1, RunSteps - result->firstStep);
+    // A resumed run whose checkpoint is already at --steps runs none.
+    int done = std::max(0, RunSteps - result->firstStep);
+    double perStep = result->seconds / std::max(1, done);
     outs() << formatv("{0} {1} step(s) of {2} on {3} rank(s) ({4}): {5} per step, predicted {6}\n",
-                      train ? "trained" : "ran", RunSteps - result->firstStep,
-                      plan->schedule().name(), ranks, comm, formatSeconds(perStep),
-                      formatSeconds(plan->predicted().step_time_s()));
+                      train ? "trained" : "ran", done, plan->schedule().name(), ranks, comm,
+                      formatSeconds(perStep), formatSeconds(plan->predicted().step_time_s()));
     if (result->fusedGroups > 0 || result->fusedMatMulBias > 0)
       outs() << formatv("fused {0} element-wise nodes into {1} kernels, and {2} bias adds into "
                         "their MatMuls\n",

@@ -258,6 +258,12 @@ Error applyMeasuredCosts(CostTable &table, StringRef path) {
     return fail("expected a JSON object");
   if (root->getInteger("format_version").getValueOr(0) != 1)
     return fail("format_version must be 1");
+  // Times measured on one kind of device say nothing of another.
+  if (auto measuredOn = root->getString("hardware");
+      measuredOn && !table.hardware.empty() && *measuredOn != table.hardware)
+    return fail(formatv("measured on '{0}', but these costs are for '{1}' (--hardware)",
+                        *measuredOn, table.hardware)
+                    .str());
   const json::Array *layers = root->getArray("layers");
   if (!layers)
     return fail("missing 'layers'");

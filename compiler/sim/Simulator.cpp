@@ -467,7 +467,7 @@ Expected<SimulationResult> readMeasuredTrace(StringRef path, int ranks) {
     size_t kind = t.name.find_first_of("FBIWR");
     if (t.category != 'C' && kind != std::string::npos)
       StringRef(t.name).drop_front(kind + 1).getAsInteger(10, t.microbatch);
-    if (t.rank < ranks)
+    if (t.rank >= 0 && t.rank < ranks)
       events.push_back(std::move(t));
   }
   if (events.empty())
@@ -510,6 +510,11 @@ Expected<SimulationResult> readMeasuredTrace(StringRef path, int ranks) {
   return result;
 }
 
+const char *timelineLegend() {
+  return "digits: forward of microbatch N (mod 10); a-z: backward (I or B, mod 26); A-Z: weight "
+         "gradient (W, mod 26); *: recompute; #: optimizer; .: idle";
+}
+
 std::string formatTimeline(const SimulationResult &result, int ranks, int width) {
   std::vector<std::string> rows(ranks, std::string(width, '.'));
   double step = result.stepTime > 0 ? result.stepTime : 1;
@@ -520,7 +525,7 @@ std::string formatTimeline(const SimulationResult &result, int ranks, int width)
     int to = std::max(from + 1, static_cast<int>((e.start + e.duration) / step * width));
     char c = e.category == 'O' ? '#' : static_cast<char>('0' + (e.microbatch % 10));
     if (e.category == 'B' || e.category == 'I')
-      c = e.microbatch < 26 ? static_cast<char>('a' + e.microbatch % 26) : c;
+      c = static_cast<char>('a' + e.microbatch % 26);
     if (e.category == 'W')
       c = static_cast<char>('A' + e.microbatch % 26);
     if (e.category == 'R')

@@ -100,6 +100,8 @@ llvm::Expected<SimulationResult> readMeasuredTrace(llvm::StringRef path, int ran
 /// a weight gradient (W) as an upper-case one, '*' a recompute, '#' the
 /// optimizer step, '.' idle.
 std::string formatTimeline(const SimulationResult &result, int ranks, int width);
+/// What formatTimeline's characters mean, one line.
+const char *timelineLegend();
 
 } // namespace pipec
 
