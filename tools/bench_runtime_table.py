@@ -34,8 +34,9 @@ for name, b in rows.items():
 notes = []
 one, two = rows.get("gpt6/1_rank_m8"), rows.get("gpt6/2_ranks_1f1b_m8")
 if one and two:
+    speedup = one['real_time'] / two['real_time']
     notes.append(f"- 2 ranks (1F1B) against 1 rank on the same 8 microbatches: "
-                 f"{one['real_time'] / two['real_time']:.2f}x faster "
+                 f"{speedup:.2f}x {'faster' if speedup >= 1 else 'the speed (slower)'} "
                  f"({one['real_time']:.0f} ms against {two['real_time']:.0f} ms per step, "
                  f"{ctx.get('num_cpus')} CPUs). Ranks share the cores' OpenBLAS threads, so the gain "
                  f"comes from the kernels OpenBLAS does not thread, less the bubble "
@@ -50,21 +51,22 @@ if mlp:
 for name in ("gpt6/1_rank_m8", "gpt6/2_ranks_1f1b_m8"):
     b = rows.get(name)
     if b:
+        # Instructions and their overhead are summed over the ranks: per rank,
+        # against the step's wall time.
+        nranks = sum(1 for key in b if key.endswith("_busy_s") and "predicted" not in key)
+        share = (b['overhead_per_instruction_s'] * b['instructions'] / max(1, nranks)
+                 / (b['real_time'] / 1e3) * 100)
         notes.append(f"- {name}: {b['overhead_per_instruction_s'] * 1e3:.2f} ms per instruction "
-                     f"outside node kernels; on this model that is mostly the executor's own "
-                     f"arithmetic (gradient accumulation, the optimizer update, synthetic data), "
-                     f"{b['overhead_per_instruction_s'] * b['instructions'] / (b['real_time'] / 1e3) * 100:.0f}% "
-                     f"of the step.")
+                     f"inside instructions but outside node kernels and waits (gradient "
+                     f"accumulation, the optimizer update and loading data happen there), "
+                     f"{share:.0f}% of each rank's step.")
 fz = rows.get("gpt6/1_rank_m8_fused_vs_unfused")
 if fz:
     notes.append(f"- Fused element-wise kernels and MatMul bias adds (the default; `pipec run "
                  f"--no-fuse` turns them off), one rank, the two runs alternating: "
                  f"{fz['fused_step_s'] * 1e3:.0f} ms fused against {fz['unfused_step_s'] * 1e3:.0f} ms "
                  f"unfused per step ({fz['unfused_step_s'] / fz['fused_step_s']:.2f}x), "
-                 f"{fz['fused_nodes']:.0f} against {fz['unfused_nodes']:.0f} nodes run per step. "
-                 f"OpenBLAS GEMMs and libm's tanh dominate a CPU step, so it gains little; on a GPU, "
-                 f"where element-wise ops are bound by memory and launches, each fused node saves "
-                 f"its steps' round trips to memory.")
+                 f"{fz['fused_nodes']:.0f} against {fz['unfused_nodes']:.0f} nodes run per step.")
 gelu = rows.get("gelu_2048x1024/fused_vs_unfused")
 if gelu:
     notes.append(f"- GPT-2's GELU (eight nodes, tanh form, on a 2048 x 1024 activation plus a bias, "

@@ -281,7 +281,8 @@ if [ -x "$pipec" ] && "$pipec" model gpt --layers "$bLayers" --hidden "$bHidden"
     if [ ${#flagsExtra[@]} = 0 ] && ! "$pipec" compile "$work/bench.onnx" -o "$plan" \
          --stages "$stages" --schedule "$sched" --microbatches "$bMicro" --batch "$bBatch" \
          --hardware h200 --precision bf16 >"$work/bench-compile-$sched-$stages.log" 2>&1; then
-      benchRows+=("$label|$stages|compile failed|||")
+      benchRows+=("$label|$stages|compile failed: $(last "$work/bench-compile-$sched-$stages.log" 'rror')|||")
+      status=1
       continue
     fi
     flops=$("$pipec" report "$plan" --format json 2>/dev/null | python3 -c '

@@ -163,37 +163,43 @@ void BM_GptTwoRanksProfiled(benchmark::State &state) {
   trainStep(state, gpt(), 2, 8, 8, profiledCosts());
 }
 /// One rank's step with and without fusion, alternating within each
-/// iteration so that both see the same machine; the iteration time is the
-/// fused step's.
+/// iteration (and which goes first) so that both see the same machine,
+/// after a warm-up run of each; the iteration time is the fused step's.
 void BM_GptFusedAgainstUnfused(benchmark::State &state) {
   plan::Plan plan = compile(gpt(), 1, 8, 8);
   rt::RunOptions fused, unfused;
   fused.steps = unfused.steps = 1;
   fused.optimizer = unfused.optimizer = "sgd";
   unfused.fuse = false;
-  double fusedSeconds = 0, unfusedSeconds = 0;
-  int64_t fusedNodes = 0, unfusedNodes = 0;
-  for (auto _ : state) {
-    auto a = rt::runLocal(plan, unfused);
-    auto b = rt::runLocal(plan, fused);
-    if (!a || !b) {
-      std::string why = !a ? llvm::toString(a.takeError()) : llvm::toString(b.takeError());
-      if (a && !b)
-        llvm::consumeError(b.takeError());
-      state.SkipWithError(why.c_str());
-      return;
+  rt::RunResult withFusion, without;
+  auto run = [&](const rt::RunOptions &options, rt::RunResult &into) {
+    auto result = rt::runLocal(plan, options);
+    if (!result) {
+      state.SkipWithError(llvm::toString(result.takeError()).c_str());
+      return false;
     }
-    state.SetIterationTime(b->seconds);
-    fusedSeconds += b->seconds;
-    unfusedSeconds += a->seconds;
-    fusedNodes = b->nodes;
-    unfusedNodes = a->nodes;
+    into = std::move(*result);
+    return true;
+  };
+  if (!run(fused, withFusion) || !run(unfused, without))
+    return;
+  double fusedSeconds = 0, unfusedSeconds = 0;
+  bool fusedFirst = false;
+  for (auto _ : state) {
+    fusedFirst = !fusedFirst;
+    bool ok = fusedFirst ? run(fused, withFusion) && run(unfused, without)
+                         : run(unfused, without) && run(fused, withFusion);
+    if (!ok)
+      return;
+    state.SetIterationTime(withFusion.seconds);
+    fusedSeconds += withFusion.seconds;
+    unfusedSeconds += without.seconds;
   }
   double n = static_cast<double>(state.iterations());
   state.counters["fused_step_s"] = fusedSeconds / n;
   state.counters["unfused_step_s"] = unfusedSeconds / n;
-  state.counters["fused_nodes"] = static_cast<double>(fusedNodes);
-  state.counters["unfused_nodes"] = static_cast<double>(unfusedNodes);
+  state.counters["fused_nodes"] = static_cast<double>(withFusion.nodes);
+  state.counters["unfused_nodes"] = static_cast<double>(without.nodes);
 }
 
 /// GPT-2's GELU (tanh form, eight nodes) on x + bias, x of [rows, cols],
@@ -230,31 +236,47 @@ void BM_GeluChain(benchmark::State &state) {
               c = cpu::Tensor::scalar(0.044715f), root = cpu::Tensor::scalar(0.7978845608f),
               one = cpu::Tensor::scalar(1.0f);
   std::vector<const cpu::Tensor *> in = {&x, &bias, &half, &three, &c, &root, &one};
-  // Both forms alternate within an iteration: they see the same machine.
+  // Both forms alternate within an iteration, each going first in turn:
+  // they see the same machine.
   double fusedSeconds = 0, unfusedSeconds = 0;
   using Clock = std::chrono::steady_clock;
-  for (auto _ : state) {
-    auto t0 = Clock::now();
-    auto one = cpu::runFused(fused, 17, in);
-    auto t1 = Clock::now();
-    auto eight = cpu::runFusedBody(
+  // Seconds of one call of \p body, or a negative number after an error.
+  auto timed = [&](auto body) {
+    auto start = Clock::now();
+    auto out = body();
+    double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (!out) {
+      state.SkipWithError(llvm::toString(out.takeError()).c_str());
+      return -1.0;
+    }
+    benchmark::DoNotOptimize(out->front().rawData());
+    return seconds;
+  };
+  auto asOne = [&] { return cpu::runFused(fused, 17, in); };
+  auto asEight = [&] {
+    return cpu::runFusedBody(
         fused, in, [](const onnx::NodeProto &n, llvm::ArrayRef<const cpu::Tensor *> args) {
           return cpu::runAnyOp(n, 17, args);
         });
-    auto t2 = Clock::now();
-    if (!one || !eight) {
-      std::string why = !one ? llvm::toString(one.takeError()) : llvm::toString(eight.takeError());
-      if (one && !eight)
-        llvm::consumeError(eight.takeError());
-      state.SkipWithError(why.c_str());
-      return;
+  };
+  bool fusedFirst = false;
+  for (auto _ : state) {
+    fusedFirst = !fusedFirst;
+    double f = -1, u = -1;
+    if (fusedFirst) {
+      f = timed(asOne);
+      if (f >= 0)
+        u = timed(asEight);
+    } else {
+      u = timed(asEight);
+      if (u >= 0)
+        f = timed(asOne);
     }
-    benchmark::DoNotOptimize(one->front().rawData());
-    benchmark::DoNotOptimize(eight->front().rawData());
-    double f = std::chrono::duration<double>(t1 - t0).count();
+    if (f < 0 || u < 0)
+      return;
     state.SetIterationTime(f);
     fusedSeconds += f;
-    unfusedSeconds += std::chrono::duration<double>(t2 - t1).count();
+    unfusedSeconds += u;
   }
   double n = static_cast<double>(state.iterations());
   state.counters["fused_s"] = fusedSeconds / n;
