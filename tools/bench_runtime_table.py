@@ -38,9 +38,8 @@ if one and two:
     notes.append(f"- 2 ranks (1F1B) against 1 rank on the same 8 microbatches: "
                  f"{speedup:.2f}x {'faster' if speedup >= 1 else 'the speed (slower)'} "
                  f"({one['real_time']:.0f} ms against {two['real_time']:.0f} ms per step, "
-                 f"{ctx.get('num_cpus')} CPUs). Ranks share the cores' OpenBLAS threads, so the gain "
-                 f"comes from the kernels OpenBLAS does not thread, less the bubble "
-                 f"(1/9 at P = 2, M = 8).")
+                 f"{ctx.get('num_cpus')} CPUs). The ranks share the cores with OpenBLAS's threads; "
+                 f"the bubble is 1/9 at P = 2, M = 8.")
 mlp = rows.get("mlp16_tiny/4_ranks_1f1b_m64")
 if mlp:
     notes.append(f"- Executor overhead per instruction (the tiny MLP, where kernels do next to "
