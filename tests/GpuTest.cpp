@@ -622,10 +622,12 @@ TEST(GpuKernelBodies, OptimizerMatchesCpuBackend) {
     }
     EXPECT_TRUE(close(w, wRef, 1e-6, 1e-6)) << "kind " << kind;
     // SGD keeps no moments; momentum one, AdamW two.
-    if (kind >= 1)
+    if (kind >= 1) {
       EXPECT_TRUE(close(m, mRef, 1e-6, 1e-7)) << "kind " << kind;
-    if (kind == 2)
+    }
+    if (kind == 2) {
       EXPECT_TRUE(close(v, vRef, 1e-6, 1e-9)) << "kind " << kind;
+    }
   }
 }
 

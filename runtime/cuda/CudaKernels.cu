@@ -36,11 +36,6 @@ template <typename F> __global__ void forEach(int64_t n, F f) {
 struct WarpLanes {
   __device__ int lane() const { return threadIdx.x & (WarpSize - 1); }
   __device__ int count() const { return WarpSize; }
-  __device__ float sum(float v) const {
-    for (int offset = WarpSize / 2; offset > 0; offset /= 2)
-      v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-  }
   __device__ double sum(double v) const {
     for (int offset = WarpSize / 2; offset > 0; offset /= 2)
       v += __shfl_xor_sync(0xffffffffu, v, offset);

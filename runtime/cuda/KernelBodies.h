@@ -566,7 +566,6 @@ PIPEC_HD void reduceFinishElement(int64_t o, int64_t outputs, int64_t chunks, co
 struct SerialLanes {
   PIPEC_HD int lane() const { return 0; }
   PIPEC_HD int count() const { return 1; }
-  PIPEC_HD float sum(float v) const { return v; }
   PIPEC_HD double sum(double v) const { return v; }
   PIPEC_HD float max(float v) const { return v; }
 };
@@ -592,11 +591,13 @@ PIPEC_HD void softmaxRow(const L &lanes, int64_t row, const RowLayout &l, const 
   for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
     maxValue = fmaxf(maxValue, in[j * l.inner]);
   maxValue = lanes.max(maxValue);
-  float sum = 0;
+  // Sums in double, as the CPU kernels do (a 50k-wide row loses digits in
+  // float).
+  double sum = 0;
   for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
     sum += expf(in[j * l.inner] - maxValue);
   sum = lanes.sum(sum);
-  float scale = logarithm ? logf(sum) : 1.0f / sum;
+  float scale = logarithm ? static_cast<float>(log(sum)) : static_cast<float>(1.0 / sum);
   for (int64_t j = lanes.lane(); j < l.size; j += lanes.count()) {
     float shifted = in[j * l.inner] - maxValue;
     out[j * l.inner] = logarithm ? shifted - scale : expf(shifted) * scale;
@@ -608,30 +609,32 @@ template <typename L>
 PIPEC_HD void softmaxGradRow(const L &lanes, int64_t row, const RowLayout &l, const float *dy,
                              const float *y, float *dx) {
   int64_t base = rowBase(l, row);
-  float dot = 0;
+  double dot = 0;
   for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
-    dot += dy[base + j * l.inner] * y[base + j * l.inner];
-  dot = lanes.sum(dot);
+    dot += static_cast<double>(dy[base + j * l.inner]) * y[base + j * l.inner];
+  float total = static_cast<float>(lanes.sum(dot));
   for (int64_t j = lanes.lane(); j < l.size; j += lanes.count()) {
     int64_t i = base + j * l.inner;
-    dx[i] = y[i] * (dy[i] - dot);
+    dx[i] = y[i] * (dy[i] - total);
   }
 }
 
-/// Mean and 1 / sqrt(variance + epsilon) of a contiguous row (two passes).
+/// Mean and 1 / sqrt(variance + epsilon) of a contiguous row (two passes,
+/// summed in double as the CPU kernels do).
 template <typename L>
 PIPEC_HD void rowMoments(const L &lanes, const float *in, int64_t size, float epsilon, float &mean,
                          float &rstd) {
-  float sum = 0;
+  double sum = 0;
   for (int64_t j = lanes.lane(); j < size; j += lanes.count())
     sum += in[j];
-  mean = lanes.sum(sum) / static_cast<float>(size);
-  float sq = 0;
+  double mu = lanes.sum(sum) / static_cast<double>(size);
+  double sq = 0;
   for (int64_t j = lanes.lane(); j < size; j += lanes.count()) {
-    float d = in[j] - mean;
+    double d = in[j] - mu;
     sq += d * d;
   }
-  rstd = 1.0f / sqrtf(lanes.sum(sq) / static_cast<float>(size) + epsilon);
+  mean = static_cast<float>(mu);
+  rstd = static_cast<float>(1.0 / sqrt(lanes.sum(sq) / static_cast<double>(size) + epsilon));
 }
 
 /// LayerNormalization of contiguous row \p row of \p size elements; gamma
@@ -664,14 +667,14 @@ PIPEC_HD void layerNormGradInputRow(const L &lanes, int64_t row, int64_t size, f
   float *out = dx + row * size;
   float mu, rstd;
   rowMoments(lanes, in, size, epsilon, mu, rstd);
-  float sumG = 0, sumGX = 0;
+  double sumG = 0, sumGX = 0;
   for (int64_t j = lanes.lane(); j < size; j += lanes.count()) {
     float g = d[j] * scale[j];
     sumG += g;
-    sumGX += g * (in[j] - mu) * rstd;
+    sumGX += static_cast<double>(g) * ((in[j] - mu) * rstd);
   }
-  float meanG = lanes.sum(sumG) / static_cast<float>(size);
-  float meanGX = lanes.sum(sumGX) / static_cast<float>(size);
+  float meanG = static_cast<float>(lanes.sum(sumG) / static_cast<double>(size));
+  float meanGX = static_cast<float>(lanes.sum(sumGX) / static_cast<double>(size));
   for (int64_t j = lanes.lane(); j < size; j += lanes.count()) {
     float xh = (in[j] - mu) * rstd;
     out[j] = rstd * (d[j] * scale[j] - meanG - xh * meanGX);
@@ -726,10 +729,10 @@ PIPEC_HD void crossEntropyRow(const L &lanes, int64_t row, const RowLayout &l,
   for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
     maxValue = fmaxf(maxValue, in[j * l.inner]);
   maxValue = lanes.max(maxValue);
-  float sum = 0;
+  double sum = 0;
   for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
     sum += expf(in[j * l.inner] - maxValue);
-  float logSum = logf(lanes.sum(sum));
+  float logSum = static_cast<float>(log(lanes.sum(sum)));
   if (logProb)
     for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
       logProb[base + j * l.inner] = in[j * l.inner] - maxValue - logSum;
@@ -800,12 +803,12 @@ PIPEC_HD void crossEntropyGradRow(const L &lanes, int64_t row, const RowLayout &
   for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
     maxValue = fmaxf(maxValue, in[j * l.inner]);
   maxValue = lanes.max(maxValue);
-  float sum = 0;
+  double sum = 0;
   for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
     sum += expf(in[j * l.inner] - maxValue);
-  sum = lanes.sum(sum);
+  float total = static_cast<float>(lanes.sum(sum));
   for (int64_t j = lanes.lane(); j < l.size; j += lanes.count()) {
-    float prob = expf(in[j * l.inner] - maxValue) / sum;
+    float prob = expf(in[j * l.inner] - maxValue) / total;
     out[j * l.inner] = scale * (prob - (j == label ? 1.0f : 0.0f));
   }
 }
