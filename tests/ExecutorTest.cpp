@@ -585,8 +585,23 @@ TEST_F(RunCli, BadInputNamesTheFault) {
   std::string cut = dir->path("cut.plan");
   { std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2); }
   EXPECT_EQ(runCommand(pipec() + " run " + cut, out), 1) << out;
+  // A hand-edited plan whose stage names a rank it does not have: every
+  // reader refuses it by the stage and rank, none crashes.
+  {
+    auto edited = readPlan(p);
+    ASSERT_TRUE(static_cast<bool>(edited)) << llvm::toString(edited.takeError());
+    edited->mutable_stages(1)->set_rank(7);
+    std::string wrong = dir->path("wrong-rank.plan");
+    ASSERT_FALSE(static_cast<bool>(writePlan(*edited, wrong, PlanEncoding::Text)));
+    for (const char *command : {" run ", " report ", " simulate "}) {
+      EXPECT_EQ(runCommand(pipec() + command + wrong, out), 1) << command << out;
+      EXPECT_NE(out.find("stage 1 is on rank 7, but the plan has 2 rank(s)"), std::string::npos)
+          << command << out;
+    }
+  }
   // Flags.
   EXPECT_EQ(runCommand(pipec() + " run " + p + " --comm carrier-pigeon", out), 2) << out;
+  EXPECT_EQ(runCommand(pipec() + " run " + p + " --steps 0", out), 2) << out;
   EXPECT_EQ(runCommand(pipec() + " run " + p + " --resume", out), 2) << out;
   if (!haveGpu()) {
     EXPECT_EQ(runCommand(pipec() + " run " + p + " --backend cuda", out), 1) << out;

@@ -119,6 +119,25 @@ Expected<plan::Plan> readPlan(StringRef path) {
     return fail("plan format_version " + Twine(plan.format_version()) +
                 " is not the one this pipec reads (" + Twine(PlanFormatVersion) +
                 "); recompile the model");
+  // What the readers index without checking (a hand-edited text or JSON
+  // plan may break it).
+  for (const plan::Stage &stage : plan.stages())
+    if (stage.rank() < 0 || stage.rank() >= plan.ranks_size())
+      return fail("stage " + Twine(stage.index()) + " is on rank " + Twine(stage.rank()) +
+                  ", but the plan has " + Twine(plan.ranks_size()) + " rank(s)");
+  if (plan.programs_size() > 0 && plan.hardware_size() == 0)
+    return fail("instruction streams but no hardware entries");
+  if (plan.programs_size() > plan.ranks_size())
+    return fail(Twine(plan.programs_size()) + " instruction streams for " +
+                Twine(plan.ranks_size()) + " rank(s)");
+  if (plan.stage_programs_size() > 0 && plan.stage_programs_size() != plan.stages_size())
+    return fail(Twine(plan.stage_programs_size()) + " stage programs for " +
+                Twine(plan.stages_size()) + " stage(s)");
+  for (const plan::RankProgram &program : plan.programs())
+    for (const plan::Instruction &ins : program.instructions())
+      if (ins.stage() < -1 || ins.stage() >= plan.stages_size())
+        return fail("an instruction of rank " + Twine(program.rank()) + " names stage " +
+                    Twine(ins.stage()) + " of " + Twine(plan.stages_size()));
   return plan;
 }
 
