@@ -251,8 +251,10 @@ private:
         return createStringError(inconvertibleErrorCode(),
                                  "rank %d: no progress for %.0f s waiting for %s", self, timeout,
                                  what.c_str());
+      // Backing off to at most 100 us: a message that arrives is seen
+      // within that, where a longer sleep would delay the critical path.
       std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(2000));
+      pause = std::min(pause * 2, std::chrono::microseconds(100));
     }
   }
 
