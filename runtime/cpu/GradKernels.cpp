@@ -24,10 +24,6 @@ using namespace llvm;
 namespace pipec::cpu {
 namespace {
 
-const onnx::AttributeProto *attr(const onnx::NodeProto &node, StringRef name) {
-  return findAttr(node, name);
-}
-
 Error fail(const onnx::NodeProto &node, const Twine &what) {
   return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s", nodeLabel(node).c_str(),
                            node.op_type().c_str(), what.str().c_str());
@@ -73,7 +69,7 @@ Expected<std::vector<Tensor>> softmaxGrad(const onnx::NodeProto &node,
   const Tensor &dy = *inputs[0], &y = *inputs[1];
   if (dy.shape() != y.shape())
     return fail(node, "dY " + dy.describe() + " and Y " + y.describe() + " differ");
-  int64_t axis = attr(node, "axis") ? attr(node, "axis")->i() : -1;
+  int64_t axis = attrInt(node, "axis", -1);
   if (axis < 0)
     axis += y.rank();
   if (axis < 0 || axis >= y.rank())
@@ -103,12 +99,12 @@ Expected<std::vector<Tensor>> softmaxGrad(const onnx::NodeProto &node,
 Expected<std::vector<Tensor>> gatherGrad(const onnx::NodeProto &node,
                                          ArrayRef<const Tensor *> inputs) {
   const Tensor &dy = *inputs[0], &indices = *inputs[1];
-  const auto *shapeAttr = attr(node, "shape");
+  const auto *shapeAttr = findAttr(node, "shape");
   if (!shapeAttr)
     return fail(node, "missing attribute 'shape'");
   std::vector<int64_t> shape(shapeAttr->ints().begin(), shapeAttr->ints().end());
   int64_t rank = static_cast<int64_t>(shape.size());
-  int64_t axis = attr(node, "axis") ? attr(node, "axis")->i() : 0;
+  int64_t axis = attrInt(node, "axis", 0);
   if (axis < 0)
     axis += rank;
   if (axis < 0 || axis >= rank)
@@ -145,8 +141,8 @@ Expected<std::vector<Tensor>> crossEntropyGrad(const onnx::NodeProto &node,
   int64_t inner = numElementsOf(ArrayRef<int64_t>(scores.shape()).drop_front(2));
   if (labels.numElements() != n * inner)
     return fail(node, "labels " + labels.describe() + " do not match scores " + scores.describe());
-  std::string reduction = attr(node, "reduction") ? attr(node, "reduction")->s() : "mean";
-  const auto *ignoreAttr = attr(node, "ignore_index");
+  std::string reduction = attrString(node, "reduction", "mean");
+  const auto *ignoreAttr = findAttr(node, "ignore_index");
   std::vector<int64_t> lab = labels.toInt64Vector();
   double count = 0;
   for (int64_t l : lab)
@@ -190,12 +186,12 @@ Expected<LayerNormRows> layerNormRows(const onnx::NodeProto &node, const Tensor 
                                       const Tensor &x) {
   if (dy.shape() != x.shape() || dy.elemType() != x.elemType())
     return fail(node, "dY " + dy.describe() + " and X " + x.describe() + " differ");
-  int64_t axis = attr(node, "axis") ? attr(node, "axis")->i() : -1;
+  int64_t axis = attrInt(node, "axis", -1);
   if (axis < 0)
     axis += x.rank();
   if (axis < 0 || axis >= x.rank())
     return fail(node, "axis out of range for " + x.describe());
-  double epsilon = attr(node, "epsilon") ? attr(node, "epsilon")->f() : 1e-5;
+  double epsilon = attrFloat(node, "epsilon", 1e-5);
   LayerNormRows r;
   r.rows = numElementsOf(ArrayRef<int64_t>(x.shape()).take_front(axis));
   r.width = numElementsOf(ArrayRef<int64_t>(x.shape()).drop_front(axis));
@@ -255,7 +251,7 @@ Expected<std::vector<Tensor>> layerNormGradWeight(const onnx::NodeProto &node,
   if (!isFloating(x.elemType()))
     return fail(node, "element type " + elemTypeName(x.elemType()).str() + " is not supported");
   std::vector<int64_t> shape{r->width};
-  if (const auto *shapeAttr = attr(node, "shape"))
+  if (const auto *shapeAttr = findAttr(node, "shape"))
     shape.assign(shapeAttr->ints().begin(), shapeAttr->ints().end());
   if (numElementsOf(shape) != r->width)
     return fail(node, "shape " + shapeString(shape) + " does not match X " + x.describe());
@@ -312,7 +308,7 @@ Expected<Window> windowOf(const onnx::NodeProto &node, ArrayRef<int64_t> in,
   if (kernel.size() != rank || out.size() != rank)
     return fail(node, "kernel " + shapeString(kernel) + ", input " + shapeString(in) +
                           " and output " + shapeString(out) + " spatial sizes differ in rank");
-  if (const auto *given = attr(node, "kernel_shape");
+  if (const auto *given = findAttr(node, "kernel_shape");
       given &&
       !std::equal(given->ints().begin(), given->ints().end(), kernel.begin(), kernel.end()))
     return fail(node, "kernel_shape does not match the kernel " + shapeString(kernel));
@@ -427,7 +423,7 @@ Expected<ConvShapes> convShapes(const onnx::NodeProto &node, const Tensor &dy, A
                           " must have the same rank >= 3");
   ConvShapes s;
   s.batch = x[0], s.channels = x[1], s.maps = w[0];
-  s.group = attr(node, "group") ? attr(node, "group")->i() : 1;
+  s.group = attrInt(node, "group", 1);
   if (s.group < 1 || s.channels % s.group != 0 || s.maps % s.group != 0 ||
       w[1] != s.channels / s.group || dy.dim(0) != s.batch || dy.dim(1) != s.maps)
     return fail(node, "dY " + dy.describe() + ", X " + shapeString(x) + " and W " + shapeString(w) +
@@ -509,7 +505,7 @@ Expected<Window> poolWindow(const onnx::NodeProto &node, const Tensor &dy,
   if (dy.rank() < 3 || int64_t(xShape.size()) != dy.rank() || dy.dim(0) != xShape[0] ||
       dy.dim(1) != xShape[1])
     return fail(node, "dY " + dy.describe() + " does not fit X " + shapeString(xShape));
-  const auto *kernel = attr(node, "kernel_shape");
+  const auto *kernel = findAttr(node, "kernel_shape");
   if (!kernel)
     return fail(node, "missing attribute 'kernel_shape'");
   return windowOf(node, xShape.drop_front(2),
@@ -560,7 +556,7 @@ Expected<std::vector<Tensor>> averagePoolGrad(const onnx::NodeProto &node,
   auto w = poolWindow(node, dy, *xShape);
   if (!w)
     return w.takeError();
-  bool includePad = attr(node, "count_include_pad") && attr(node, "count_include_pad")->i();
+  bool includePad = findAttr(node, "count_include_pad") && findAttr(node, "count_include_pad")->i();
   int64_t outSize = w->outSize(), inSize = w->inSize();
   // Every plane has the same window counts.
   std::vector<int64_t> count(outSize, 0);
@@ -594,7 +590,7 @@ Expected<std::vector<Tensor>> batchNormGradWeight(const onnx::NodeProto &node,
     if (p->rank() != 1 || p->dim(0) != channels)
       return fail(node, "mean and variance must have shape [" + Twine(channels) + "], got " +
                             p->describe());
-  double epsilon = attr(node, "epsilon") ? attr(node, "epsilon")->f() : 1e-5;
+  double epsilon = attrFloat(node, "epsilon", 1e-5);
   int64_t batch = x.dim(0), spatial = numElementsOf(ArrayRef<int64_t>(x.shape()).drop_front(2));
   return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
     using T = decltype(tag);
@@ -629,7 +625,7 @@ Expected<std::vector<Tensor>> runGradOp(const onnx::NodeProto &node,
   if (t == "SumTo") {
     if (Error err = need(1))
       return err;
-    const auto *shapeAttr = attr(node, "shape");
+    const auto *shapeAttr = findAttr(node, "shape");
     if (!shapeAttr)
       return fail(node, "missing attribute 'shape'");
     std::vector<int64_t> shape(shapeAttr->ints().begin(), shapeAttr->ints().end());
@@ -641,34 +637,18 @@ Expected<std::vector<Tensor>> runGradOp(const onnx::NodeProto &node,
     }
     return std::vector<Tensor>{sumToShape(*inputs[0], shape)};
   }
-  if (t == "ReluGrad" || t == "TanhGrad" || t == "SigmoidGrad" || t == "ErfGrad") {
+  if (t == "ReluGrad" || t == "TanhGrad" || t == "SigmoidGrad" || t == "ErfGrad" ||
+      t == "GeluGrad") {
     if (Error err = need(2))
       return err;
-    if (t == "ReluGrad")
-      return pointwise(node, inputs, [](double x) { return x > 0 ? 1.0 : 0.0; });
-    if (t == "TanhGrad")
-      return pointwise(node, inputs, [](double y) { return 1.0 - y * y; });
-    if (t == "SigmoidGrad")
-      return pointwise(node, inputs, [](double y) { return y * (1.0 - y); });
+    // The factors of KernelBodies.h, which the fused and device kernels
+    // compute too: one formula per gradient.
+    std::optional<cuda::kernels::Pointwise> op = pointwiseOpOf(node);
+    if (!op)
+      return fail(node, "approximate '" + attrString(node, "approximate", "none") +
+                            "' is not 'none' or 'tanh'");
     return pointwise(node, inputs,
-                     [](double x) { return 2.0 / std::sqrt(M_PI) * std::exp(-x * x); });
-  }
-  if (t == "GeluGrad") {
-    if (Error err = need(2))
-      return err;
-    std::string approximate = attr(node, "approximate") ? attr(node, "approximate")->s() : "none";
-    if (approximate == "tanh")
-      return pointwise(node, inputs, [](double x) {
-        const double c = std::sqrt(2.0 / M_PI), k = 0.044715;
-        double t = std::tanh(c * (x + k * x * x * x));
-        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * k * x * x);
-      });
-    if (approximate != "none")
-      return fail(node, "approximate '" + approximate + "' is not 'none' or 'tanh'");
-    return pointwise(node, inputs, [](double x) {
-      return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) +
-             x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
-    });
+                     [&](double a) { return cuda::kernels::pointwiseFactor(*op, a); });
   }
   if (t == "SoftmaxGrad") {
     if (Error err = need(2))
