@@ -412,12 +412,13 @@ void gemmAny(bool transA, bool transB, int64_t m, int64_t n, int64_t k, T alpha,
 // Elementwise kernels
 //===----------------------------------------------------------------------===//
 
-/// y = fn(x) for floating x (float, double, float16, bfloat16).
-template <typename Fn> Expected<Outputs> floatUnary(const OpContext &ctx, Fn fn) {
+/// y = fn(x) for the element types Accepts<T> admits; others are refused.
+template <template <typename> class Accepts, typename Fn>
+Expected<Outputs> unaryOver(const OpContext &ctx, Fn fn) {
   const Tensor &x = ctx.input(0);
   return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
+    if constexpr (!Accepts<T>::value) {
       return ctx.unsupportedType(x, 0);
     } else {
       Tensor y(x.elemType(), x.shape());
@@ -430,22 +431,16 @@ template <typename Fn> Expected<Outputs> floatUnary(const OpContext &ctx, Fn fn)
   });
 }
 
+template <typename T> struct NotBool : std::bool_constant<!IsBool<T>> {};
+
+/// y = fn(x) for floating x (float, double, float16, bfloat16).
+template <typename Fn> Expected<Outputs> floatUnary(const OpContext &ctx, Fn fn) {
+  return unaryOver<std::is_floating_point>(ctx, fn);
+}
+
 /// y = fn(x) for every numeric type (not bool).
 template <typename Fn> Expected<Outputs> numericUnary(const OpContext &ctx, Fn fn) {
-  const Tensor &x = ctx.input(0);
-  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
-    using T = decltype(tag);
-    if constexpr (IsBool<T>) {
-      return ctx.unsupportedType(x, 0);
-    } else {
-      Tensor y(x.elemType(), x.shape());
-      const T *in = x.data<T>();
-      T *out = y.data<T>();
-      for (int64_t i = 0, e = x.numElements(); i < e; ++i)
-        out[i] = static_cast<T>(fn(in[i]));
-      return Outputs{y};
-    }
-  });
+  return unaryOver<NotBool>(ctx, fn);
 }
 
 /// x / y without the trap of INT_MIN / -1, which wraps as in two's complement.
