@@ -195,7 +195,10 @@ CaseResult runModel(const fs::path &dir, Models which, std::set<std::string> &mi
 
 /// Runs the models of \p subdir of the test data that \p which selects,
 /// prints the tally and fails on any failed model.
-void runSuite(const std::string &subdir, Models which) {
+/// \p passing: how many models pass today (Debian 12's libonnx-testdata);
+/// a kernel that starts refusing a case it ran turns a pass into a skip,
+/// which this floor catches.
+void runSuite(const std::string &subdir, Models which, int passing) {
   fs::path root = fs::path(PIPEC_ONNX_TESTDATA) / subdir;
   if (!fs::is_directory(root))
     GTEST_SKIP() << root << " is absent (install libonnx-testdata)";
@@ -239,19 +242,21 @@ void runSuite(const std::string &subdir, Models which) {
     std::cout << " " << op;
   std::cout << "\n";
   EXPECT_EQ(failedModels, 0);
-  EXPECT_GT(passedModels, 0);
+  EXPECT_GE(passedModels, passing);
 }
 
-TEST(OnnxNodeConformance, SingleNodeModels) { runSuite("node", Models::SingleNode); }
+TEST(OnnxNodeConformance, SingleNodeModels) { runSuite("node", Models::SingleNode, 555); }
 
 /// Models with several nodes are mostly function expansions (the "_expanded"
 /// twins) built from ops the kernels have: they check the kernels in
 /// combination, evaluated node by node in the stored order.
-TEST(OnnxNodeConformance, MultiNodeModels) { runSuite("node", Models::MultiNode); }
+TEST(OnnxNodeConformance, MultiNodeModels) { runSuite("node", Models::MultiNode, 74); }
 
 /// PyTorch exports at older opsets (6 to 9): attribute forms of Unsqueeze,
 /// Slice, Softmax's flattening, and small networks.
-TEST(OnnxNodeConformance, PyTorchOperatorModels) { runSuite("pytorch-operator", Models::All); }
-TEST(OnnxNodeConformance, PyTorchConvertedModels) { runSuite("pytorch-converted", Models::All); }
+TEST(OnnxNodeConformance, PyTorchOperatorModels) { runSuite("pytorch-operator", Models::All, 32); }
+TEST(OnnxNodeConformance, PyTorchConvertedModels) {
+  runSuite("pytorch-converted", Models::All, 76);
+}
 
 } // namespace
