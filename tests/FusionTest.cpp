@@ -8,6 +8,8 @@
 // unfused one) is in ExecutorTest.
 //
 //===----------------------------------------------------------------------===//
+#include "KernelTestUtil.h"
+
 #include "runtime/core/Fusion.h"
 #include "runtime/cpu/Fused.h"
 #include "runtime/cpu/GradKernels.h"
@@ -27,18 +29,6 @@ using cpu::Tensor;
 namespace {
 
 constexpr int64_t Opset = 17;
-
-onnx::NodeProto node(const std::string &op, std::vector<std::string> inputs, std::string output,
-                     const std::string &domain = "") {
-  onnx::NodeProto n;
-  n.set_op_type(op);
-  n.set_domain(domain);
-  n.set_name(output + "_node");
-  for (const std::string &in : inputs)
-    n.add_input(in);
-  n.add_output(output);
-  return n;
-}
 
 void setString(onnx::NodeProto &n, const std::string &name, const std::string &value) {
   onnx::AttributeProto *a = n.add_attribute();
@@ -112,12 +102,18 @@ struct GeluCase {
 
   GeluCase() {
     std::vector<onnx::NodeProto> body = {
-        node("Add", {"x", "bias"}, "h"),  node("Mul", {"half", "h"}, "a"),
-        node("Pow", {"h", "three"}, "p"), node("Mul", {"c", "p"}, "b"),
-        node("Add", {"h", "b"}, "s"),     node("Mul", {"root", "s"}, "u"),
-        node("Tanh", {"u"}, "t"),         node("Add", {"one", "t"}, "e"),
-        node("Mul", {"a", "e"}, "y"),     node("TanhGrad", {"dy", "t"}, "g", "pipec"),
-        node("Div", {"g", "three"}, "q"), node("Sum", {"y", "q", "h"}, "z"),
+        test::makeNode("Add", {"x", "bias"}, "h"),
+        test::makeNode("Mul", {"half", "h"}, "a"),
+        test::makeNode("Pow", {"h", "three"}, "p"),
+        test::makeNode("Mul", {"c", "p"}, "b"),
+        test::makeNode("Add", {"h", "b"}, "s"),
+        test::makeNode("Mul", {"root", "s"}, "u"),
+        test::makeNode("Tanh", {"u"}, "t"),
+        test::makeNode("Add", {"one", "t"}, "e"),
+        test::makeNode("Mul", {"a", "e"}, "y"),
+        test::makeNode("TanhGrad", {"dy", "t"}, "g", "pipec"),
+        test::makeNode("Div", {"g", "three"}, "q"),
+        test::makeNode("Sum", {"y", "q", "h"}, "z"),
     };
     std::vector<const onnx::NodeProto *> pointers;
     for (const onnx::NodeProto &n : body)
@@ -148,8 +144,9 @@ TEST(FusedKernel, BroadcastsAlongEveryAxisMatch) {
   // elements, so that blocks start inside rows.
   Tensor x = randomTensor({4, 10, 25}, 31), column = randomTensor({10, 1}, 32),
          plane = randomTensor({4, 1, 25}, 33), row = randomTensor({1, 10, 25}, 34);
-  onnx::NodeProto add = node("Add", {"x", "column"}, "s"), mul = node("Mul", {"s", "plane"}, "m"),
-                  sub = node("Sub", {"row", "m"}, "y");
+  onnx::NodeProto add = test::makeNode("Add", {"x", "column"}, "s"),
+                  mul = test::makeNode("Mul", {"s", "plane"}, "m"),
+                  sub = test::makeNode("Sub", {"row", "m"}, "y");
   onnx::NodeProto f =
       cpu::makeFusedNode("axes", {&add, &mul, &sub}, {"x", "column", "plane", "row"}, {"y"});
   std::vector<const Tensor *> in = {&x, &column, &plane, &row};
@@ -157,7 +154,7 @@ TEST(FusedKernel, BroadcastsAlongEveryAxisMatch) {
   EXPECT_EQ(worstDifference(fused(f, in), unfused(f, in)), 0.0);
   // The same with x broadcast too: the output is [4, 10, 25] from the others.
   Tensor small = randomTensor({25}, 35);
-  onnx::NodeProto add2 = node("Add", {"small", "column"}, "s");
+  onnx::NodeProto add2 = test::makeNode("Add", {"small", "column"}, "s");
   onnx::NodeProto f2 =
       cpu::makeFusedNode("axes2", {&add2, &mul, &sub}, {"small", "column", "plane", "row"}, {"y"});
   std::vector<const Tensor *> in2 = {&small, &column, &plane, &row};
@@ -192,16 +189,16 @@ TEST(FusedKernel, EveryUnaryAndPointwiseOpMatches) {
                         {"GeluGrad", "pipec", "approximate", "tanh"}};
   for (const Case &c : cases) {
     bool grad = c.domain == "pipec";
-    onnx::NodeProto step =
-        node(c.op, grad ? std::vector<std::string>{"dy", "x"} : std::vector<std::string>{"x"}, "y",
-             c.domain);
+    onnx::NodeProto step = test::makeNode(
+        c.op, grad ? std::vector<std::string>{"dy", "x"} : std::vector<std::string>{"x"}, "y",
+        c.domain);
     if (c.attr == "alpha")
       setFloat(step, "alpha", c.alpha);
     else if (!c.attr.empty())
       setString(step, c.attr, c.value);
     ASSERT_TRUE(cpu::isFusable(step, Opset)) << c.op;
     // y, then y * x so that the node has two steps.
-    onnx::NodeProto then = node("Mul", {"y", "x"}, "z");
+    onnx::NodeProto then = test::makeNode("Mul", {"y", "x"}, "z");
     onnx::NodeProto f = cpu::makeFusedNode(
         "f", {&step, &then},
         grad ? std::vector<std::string>{"dy", "x"} : std::vector<std::string>{"x"}, {"z"});
@@ -215,7 +212,8 @@ TEST(FusedKernel, EveryUnaryAndPointwiseOpMatches) {
 TEST(FusedKernel, IntegerInputsRunTheBodyNodeByNode) {
   Tensor a = Tensor::fromValues<int64_t>({2, 2}, {1, 2, 3, 4});
   Tensor b = Tensor::fromValues<int64_t>({2}, {10, 20});
-  onnx::NodeProto add = node("Add", {"a", "b"}, "s"), mul = node("Mul", {"s", "a"}, "m");
+  onnx::NodeProto add = test::makeNode("Add", {"a", "b"}, "s"),
+                  mul = test::makeNode("Mul", {"s", "a"}, "m");
   onnx::NodeProto f = cpu::makeFusedNode("ints", {&add, &mul}, {"a", "b"}, {"m"});
   auto kernel = cpu::compileFused(f, Opset);
   ASSERT_TRUE(static_cast<bool>(kernel));
@@ -230,7 +228,8 @@ TEST(FusedKernel, AnOutputSmallerThanTheOthersRunsTheBody) {
   // t = Tanh(bias) is [4]; y = x * t is [3, 4]: t cannot be written at
   // y's shape, so the body runs node by node and t keeps its shape.
   Tensor x = randomTensor({3, 4}, 5), bias = randomTensor({4}, 6);
-  onnx::NodeProto tanh = node("Tanh", {"bias"}, "t"), mul = node("Mul", {"x", "t"}, "y");
+  onnx::NodeProto tanh = test::makeNode("Tanh", {"bias"}, "t"),
+                  mul = test::makeNode("Mul", {"x", "t"}, "y");
   onnx::NodeProto f = cpu::makeFusedNode("small", {&tanh, &mul}, {"x", "bias"}, {"t", "y"});
   auto kernel = cpu::compileFused(f, Opset);
   ASSERT_TRUE(static_cast<bool>(kernel));
@@ -243,7 +242,7 @@ TEST(FusedKernel, AnOutputSmallerThanTheOthersRunsTheBody) {
 }
 
 TEST(FusedKernel, BadBodiesAreRefusedByName) {
-  onnx::NodeProto tanh = node("Tanh", {"missing"}, "t");
+  onnx::NodeProto tanh = test::makeNode("Tanh", {"missing"}, "t");
   onnx::NodeProto f = cpu::makeFusedNode("bad", {&tanh}, {"x"}, {"t"});
   auto kernel = cpu::compileFused(f, Opset);
   ASSERT_FALSE(static_cast<bool>(kernel));
@@ -251,14 +250,14 @@ TEST(FusedKernel, BadBodiesAreRefusedByName) {
   EXPECT_NE(why.find("'missing'"), std::string::npos) << why;
   EXPECT_NE(why.find("bad"), std::string::npos) << why;
 
-  onnx::NodeProto matmul = node("MatMul", {"x", "x"}, "m");
+  onnx::NodeProto matmul = test::makeNode("MatMul", {"x", "x"}, "m");
   f = cpu::makeFusedNode("notfusable", {&matmul}, {"x"}, {"m"});
   kernel = cpu::compileFused(f, Opset);
   ASSERT_FALSE(static_cast<bool>(kernel));
   why = llvm::toString(kernel.takeError());
   EXPECT_NE(why.find("MatMul"), std::string::npos) << why;
 
-  onnx::NodeProto add = node("Add", {"x", "x"}, "s");
+  onnx::NodeProto add = test::makeNode("Add", {"x", "x"}, "s");
   f = cpu::makeFusedNode("noout", {&add}, {"x"}, {"nowhere"});
   kernel = cpu::compileFused(f, Opset);
   ASSERT_FALSE(static_cast<bool>(kernel));
@@ -268,7 +267,8 @@ TEST(FusedKernel, BadBodiesAreRefusedByName) {
 TEST(MatMulBias, AddsTheBiasInPlaceWithTheAddsBits) {
   Tensor a = randomTensor({2, 5, 7}, 21), b = randomTensor({7, 6}, 22),
          bias = randomTensor({6}, 23), rows = randomTensor({5, 6}, 24);
-  onnx::NodeProto mm = node("MatMul", {"a", "b"}, "m"), add = node("Add", {"bias", "m"}, "y");
+  onnx::NodeProto mm = test::makeNode("MatMul", {"a", "b"}, "m"),
+                  add = test::makeNode("Add", {"bias", "m"}, "y");
   onnx::NodeProto f = cpu::makeFusedNode("linear", {&mm, &add}, {"a", "b", "bias"}, {"y"});
   f.set_op_type(cpu::MatMulBiasOpType.str());
   EXPECT_EQ(cpu::epilogueBias(f, {&a, &b, &bias}), 6);
@@ -320,16 +320,16 @@ const onnx::NodeProto *findFused(const google::protobuf::RepeatedPtrField<onnx::
 
 TEST(FusionPass, GroupsAChainAndKeepsWhatOthersRead) {
   plan::StageProgram p;
-  *p.add_forward() = node("MatMul", {"in", "w"}, "m");
-  *p.add_forward() = node("Add", {"m", "bias"}, "h");
-  *p.add_forward() = node("Mul", {"h", "half"}, "a");
-  *p.add_forward() = node("Tanh", {"h"}, "t");
-  *p.add_forward() = node("Add", {"t", "one"}, "e");
-  *p.add_forward() = node("Mul", {"a", "e"}, "y");
-  *p.add_forward() = node("MatMul", {"y", "w2"}, "out");
+  *p.add_forward() = test::makeNode("MatMul", {"in", "w"}, "m");
+  *p.add_forward() = test::makeNode("Add", {"m", "bias"}, "h");
+  *p.add_forward() = test::makeNode("Mul", {"h", "half"}, "a");
+  *p.add_forward() = test::makeNode("Tanh", {"h"}, "t");
+  *p.add_forward() = test::makeNode("Add", {"t", "one"}, "e");
+  *p.add_forward() = test::makeNode("Mul", {"a", "e"}, "y");
+  *p.add_forward() = test::makeNode("MatMul", {"y", "w2"}, "out");
   p.add_keep("t");   // backward reads it
   p.add_send("out"); // the next stage does
-  *p.add_backward_input() = node("Mul", {"grad:y", "a"}, "grad:e");
+  *p.add_backward_input() = test::makeNode("Mul", {"grad:y", "a"}, "grad:e");
   rt::FusionStats stats = rt::fuseStageProgram(p, Opset, "");
   // The first MatMul takes its bias Add; the second has no Add after it.
   EXPECT_EQ(stats.matMulBias, 1);
@@ -357,10 +357,10 @@ TEST(FusionPass, NeverMovesAValuePastItsReader) {
   // t = Tanh(x) is read by the Softmax at position 1; fusing it with Exp at
   // position 2 would make t only after the Softmax needs it.
   plan::StageProgram p;
-  *p.add_forward() = node("Tanh", {"x"}, "t");
-  *p.add_forward() = node("Softmax", {"t"}, "m");
-  *p.add_forward() = node("Exp", {"t"}, "e");
-  *p.add_forward() = node("Add", {"e", "m"}, "y");
+  *p.add_forward() = test::makeNode("Tanh", {"x"}, "t");
+  *p.add_forward() = test::makeNode("Softmax", {"t"}, "m");
+  *p.add_forward() = test::makeNode("Exp", {"t"}, "e");
+  *p.add_forward() = test::makeNode("Add", {"e", "m"}, "y");
   p.add_send("y");
   rt::FusionStats stats = rt::fuseStageProgram(p, Opset, "");
   // Exp and Add fuse (both after the Softmax); Tanh stays before it.
@@ -380,7 +380,7 @@ TEST(FusionPass, RespectsTheLimitsAndOldOpsets) {
   std::string last = "x0";
   for (int i = 1; i <= 40; ++i) {
     std::string out = "s" + std::to_string(i);
-    *p.add_forward() = node("Add", {last, "x" + std::to_string(i)}, out);
+    *p.add_forward() = test::makeNode("Add", {last, "x" + std::to_string(i)}, out);
     last = out;
   }
   p.add_send(last);

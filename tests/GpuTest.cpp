@@ -14,6 +14,8 @@
 //    fallbacks, host shape arithmetic and errors found on the device.
 //
 //===----------------------------------------------------------------------===//
+#include "KernelTestUtil.h"
+
 #include "runtime/cpu/Fused.h"
 #include "runtime/cpu/GradKernels.h"
 #include "runtime/cpu/Kernels.h"
@@ -848,34 +850,22 @@ TEST(GpuKernelBodies, GlobalAveragePoolMatchesCpu) {
 // Fused element-wise programs
 //===----------------------------------------------------------------------===//
 
-onnx::NodeProto step(const std::string &op, std::vector<std::string> in, const std::string &out,
-                     const std::string &domain = "") {
-  onnx::NodeProto n;
-  n.set_op_type(op);
-  n.set_domain(domain);
-  n.set_name(out);
-  for (const std::string &name : in)
-    n.add_input(name);
-  n.add_output(out);
-  return n;
-}
-
 /// GPT-2's GELU on x + bias with its tanh kept, a TanhGrad and a Sum: x is
 /// in0 [rows, cols], bias in1 [cols], scalars in2 (0.5), in3 (3), in4
 /// (0.044715), in5 (sqrt(2/pi)), in6 (1), dY in7 [rows, cols]; outputs
 /// out0 (the GELU), out1 (tanh), out2 (the sum).
 onnx::NodeProto fusedGelu() {
-  std::vector<onnx::NodeProto> body = {step("Add", {"in0", "in1"}, "h"),
-                                       step("Mul", {"in2", "h"}, "a"),
-                                       step("Pow", {"h", "in3"}, "p"),
-                                       step("Mul", {"in4", "p"}, "b"),
-                                       step("Add", {"h", "b"}, "s"),
-                                       step("Mul", {"in5", "s"}, "u"),
-                                       step("Tanh", {"u"}, "out1"),
-                                       step("Add", {"in6", "out1"}, "e"),
-                                       step("Mul", {"a", "e"}, "out0"),
-                                       step("TanhGrad", {"in7", "out1"}, "g", "pipec"),
-                                       step("Sum", {"out0", "g", "h"}, "out2")};
+  std::vector<onnx::NodeProto> body = {test::makeNode("Add", {"in0", "in1"}, "h"),
+                                       test::makeNode("Mul", {"in2", "h"}, "a"),
+                                       test::makeNode("Pow", {"h", "in3"}, "p"),
+                                       test::makeNode("Mul", {"in4", "p"}, "b"),
+                                       test::makeNode("Add", {"h", "b"}, "s"),
+                                       test::makeNode("Mul", {"in5", "s"}, "u"),
+                                       test::makeNode("Tanh", {"u"}, "out1"),
+                                       test::makeNode("Add", {"in6", "out1"}, "e"),
+                                       test::makeNode("Mul", {"a", "e"}, "out0"),
+                                       test::makeNode("TanhGrad", {"in7", "out1"}, "g", "pipec"),
+                                       test::makeNode("Sum", {"out0", "g", "h"}, "out2")};
   std::vector<const onnx::NodeProto *> pointers;
   for (const onnx::NodeProto &n : body)
     pointers.push_back(&n);
@@ -886,7 +876,8 @@ onnx::NodeProto fusedGelu() {
 
 /// MatMul(in0, in1) + in2 as the fusion pass makes it.
 onnx::NodeProto matMulBias() {
-  onnx::NodeProto mm = step("MatMul", {"in0", "in1"}, "m"), add = step("Add", {"in2", "m"}, "out0");
+  onnx::NodeProto mm = test::makeNode("MatMul", {"in0", "in1"}, "m"),
+                  add = test::makeNode("Add", {"in2", "m"}, "out0");
   onnx::NodeProto f = cpu::makeFusedNode("linear", {&mm, &add}, {"in0", "in1", "in2"}, {"out0"});
   f.set_op_type(cpu::MatMulBiasOpType.str());
   return f;
@@ -1405,7 +1396,8 @@ TEST_F(CudaBackendTest, SumOfSquaresMatchesCpuBackend) {
 }
 
 TEST_F(CudaBackendTest, FusedNodesOfIntegersRunTheirBodyOnTheDevice) {
-  onnx::NodeProto add = step("Add", {"in0", "in1"}, "s"), mul = step("Mul", {"s", "in0"}, "out0");
+  onnx::NodeProto add = test::makeNode("Add", {"in0", "in1"}, "s"),
+                  mul = test::makeNode("Mul", {"s", "in0"}, "out0");
   onnx::NodeProto fused = cpu::makeFusedNode("ints", {&add, &mul}, {"in0", "in1"}, {"out0"});
   Tensor a = up(int64s({64, 3}, -50, 50)), b = up(int64s({3}, -5, 5));
   auto out = backend->run(fused, 17, {&a, &b});
