@@ -1224,6 +1224,29 @@ void keepFreedMemory() {
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }
 
+/// What the reporting process does with every rank's results: the graph
+/// outputs in sample order (written with --outputs), the trained model
+/// (--save-weights), the trace (--trace), the weights (collectWeights).
+Error finishRun(const Shared &s,
+                const std::map<std::string, std::map<int64_t, cpu::Tensor>> &outputs,
+                std::map<std::string, cpu::Tensor> trained, const std::vector<TraceEvent> &events,
+                RunResult &result) {
+  const RunOptions &options = s.options;
+  if (Error err = assembleOutputs(*s.plan, outputs, result))
+    return err;
+  if (Error err = writeOutputs(options, result))
+    return err;
+  if (!options.saveWeights.empty())
+    if (Error err = saveTrainedModel(s.modelPath, trained, options.saveWeights))
+      return err;
+  if (!options.tracePath.empty())
+    if (Error err = writeTrace(options.tracePath, events, s.P * s.dp))
+      return err;
+  if (options.collectWeights)
+    result.weights = std::move(trained);
+  return Error::success();
+}
+
 Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) {
   keepFreedMemory();
   auto shared = makeShared(plan, options);
@@ -1295,22 +1318,11 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
       for (const auto &[name, g] : ex->lastGrads)
         result.gradients.emplace(name, g);
   }
-  if (Error err = assembleOutputs(plan, outputs, result))
+  std::vector<TraceEvent> events;
+  for (const auto &ex : executors)
+    events.insert(events.end(), ex->events.begin(), ex->events.end());
+  if (Error err = finishRun(s, outputs, std::move(trained), events, result))
     return err;
-  if (Error err = writeOutputs(options, result))
-    return err;
-  if (!options.saveWeights.empty())
-    if (Error err = saveTrainedModel(s.modelPath, trained, options.saveWeights))
-      return err;
-  if (options.collectWeights)
-    result.weights = std::move(trained);
-  if (!options.tracePath.empty()) {
-    std::vector<TraceEvent> events;
-    for (const auto &ex : executors)
-      events.insert(events.end(), ex->events.begin(), ex->events.end());
-    if (Error err = writeTrace(options.tracePath, events, ranks))
-      return err;
-  }
   return result;
 }
 
@@ -1421,18 +1433,8 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
       }
     }
   }
-  if (Error err = assembleOutputs(plan, outputs, result))
+  if (Error err = finishRun(s, outputs, std::move(trained), events, result))
     return fail(std::move(err));
-  if (Error err = writeOutputs(options, result))
-    return fail(std::move(err));
-  if (!options.saveWeights.empty())
-    if (Error err = saveTrainedModel(s.modelPath, trained, options.saveWeights))
-      return fail(std::move(err));
-  if (!options.tracePath.empty())
-    if (Error err = writeTrace(options.tracePath, events, s.P * s.dp))
-      return fail(std::move(err));
-  if (options.collectWeights)
-    result.weights = std::move(trained);
   return result;
 }
 
