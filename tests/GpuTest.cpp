@@ -1380,6 +1380,16 @@ TEST_F(CudaBackendTest, ShapeArithmeticStaysOnTheHost) {
   EXPECT_TRUE(backend->fallbackOps().empty());
 }
 
+// Uploads larger than the pinned ring go through it in pieces: the bytes
+// arrive in order, also while another upload is in flight.
+TEST_F(CudaBackendTest, LargeUploadsRoundTrip) {
+  Tensor big = floats({5 << 20}), small = floats({1000});
+  Tensor dBig = up(big), dSmall = up(small), again = up(big);
+  EXPECT_TRUE(close(down(dBig), big, 0, 0));
+  EXPECT_TRUE(close(down(dSmall), small, 0, 0));
+  EXPECT_TRUE(close(down(again), big, 0, 0));
+}
+
 TEST_F(CudaBackendTest, SumOfSquaresMatchesCpuBackend) {
   // Large enough for many blocks; a double tensor and an empty one too.
   Tensor big = floats({1 << 20}, -2, 2), small = floats({37}), none(ElemType::Float, {0});

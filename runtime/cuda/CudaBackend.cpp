@@ -193,6 +193,8 @@ private:
   /// \p t on this device: itself, an upload, or a copy from another device.
   Expected<Tensor> onDevice(const Tensor &t);
   Error uploadInto(void *dst, const void *src, size_t bytes);
+  /// One piece of an upload (at most StagingBytes) through the pinned ring.
+  Error stage(void *dst, const void *src, size_t bytes);
   /// The values of a small integer tensor (downloaded if need be).
   Expected<Shape> hostInts(const Tensor &t);
   /// Input \p i's integers, else attribute \p name's, else nullopt.
@@ -422,12 +424,23 @@ Expected<Tensor> CudaBackend::allocate(ElemType type, Shape shape) {
 Error CudaBackend::uploadInto(void *dst, const void *src, size_t bytes) {
   if (bytes == 0)
     return Error::success();
-  size_t size = (bytes + 255) / 256 * 256;
-  if (!staging || size > StagingBytes) {
+  if (!staging) {
     PIPEC_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
     PIPEC_CUDA_TRY(cudaStreamSynchronize(stream));
     return Error::success();
   }
+  // Through the ring in pieces of half of it: one piece is copied while the
+  // next is staged, and no upload waits for the whole stream.
+  constexpr size_t Piece = StagingBytes / 2;
+  for (size_t offset = 0; offset < bytes; offset += Piece)
+    if (Error err = stage(static_cast<char *>(dst) + offset,
+                          static_cast<const char *>(src) + offset, std::min(Piece, bytes - offset)))
+      return err;
+  return Error::success();
+}
+
+Error CudaBackend::stage(void *dst, const void *src, size_t bytes) {
+  size_t size = (bytes + 255) / 256 * 256;
   // A ring of pinned memory: earlier copies out of the region this one
   // takes must be done (events complete in stream order, so waiting for the
   // last overlapping one covers the others).
