@@ -4,7 +4,10 @@
 #include "passes/FoldConstants.h"
 #include "passes/GroupLayers.h"
 #include "passes/InferShapes.h"
+#include "runtime/plan/PlanFile.h"
 
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
@@ -39,12 +42,10 @@ Error dump(const PipelineOptions &options, int index, StringRef pass,
                              ec.message().c_str());
   SmallString<256> file(options.dumpDir);
   sys::path::append(file, formatv("{0:2}-{1}.txt", index, pass).str());
-  std::error_code ec;
-  raw_fd_ostream os(file, ec);
-  if (ec)
-    return createStringError(ec, "%s: %s", file.c_str(), ec.message().c_str());
+  std::string text;
+  raw_string_ostream os(text);
   print(os);
-  return Error::success();
+  return writeFileAtomically(file, os.str());
 }
 
 using Clock = std::chrono::steady_clock;
@@ -88,8 +89,22 @@ Error runGraphPasses(Graph &graph, const PipelineOptions &options) {
   return Error::success();
 }
 
+std::vector<std::string> printablePasses() {
+  std::vector<std::string> names = {"import"};
+#define PIPEC_GRAPH_PASS(NAME, CLASS) names.push_back(NAME);
+#include "passes/Passes.def"
+  names.push_back("group-layers");
+  return names;
+}
+
 Expected<Graph> loadGraph(StringRef path, const ImportOptions &importOptions,
                           const PipelineOptions &options) {
+  std::vector<std::string> printable = printablePasses();
+  for (const std::string &name : options.printAfter)
+    if (name != "all" && llvm::find(printable, name) == printable.end())
+      return createStringError(inconvertibleErrorCode(),
+                               "--print-after %s: the passes that print are %s, or all",
+                               name.c_str(), join(printable, ", ").c_str());
   auto start = Clock::now();
   auto graph = importOnnx(path, importOptions);
   if (!graph)

@@ -36,6 +36,10 @@ struct PipelineOptions {
 /// The names of all passes in Passes.def order.
 std::vector<std::string> passNames();
 
+/// The passes --print-after and --dump-dir show: import, the graph passes
+/// and group-layers.
+std::vector<std::string> printablePasses();
+
 /// Runs the graph passes of Passes.def in order.
 llvm::Error runGraphPasses(Graph &graph, const PipelineOptions &options);
 

@@ -94,6 +94,12 @@ TEST(Cli, PrintAfterAndStats) {
   EXPECT_NE(out.find("IR after group-layers"), std::string::npos);
   EXPECT_NE(out.find("stats: infer-shapes"), std::string::npos);
   EXPECT_TRUE(fileExists(dir.path("dump/04-group-layers.txt")));
+  // A pass that prints nothing is named as such, not silently ignored.
+  EXPECT_EQ(runCommand(Pipec + " inspect " + model + " --print-after=differentiate", out), 1);
+  EXPECT_NE(out.find("--print-after differentiate: the passes that print are import, "
+                     "infer-shapes, fold-constants, eliminate-dead, group-layers, or all"),
+            std::string::npos)
+      << out;
 }
 
 } // namespace
