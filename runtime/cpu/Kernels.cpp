@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cuda/KernelBodies.h"
 #include "runtime/plan/Attributes.h"
 
 #include "onnx/onnx_pb.h"
@@ -246,23 +247,10 @@ AxisSplit splitAt(ArrayRef<int64_t> shape, int64_t axis) {
   return {product(shape.take_front(axis)), shape[axis], product(shape.drop_front(axis + 1))};
 }
 
-/// Converts a double to an integer type without undefined behaviour: NaN
-/// becomes 0, out-of-range values saturate.
-template <typename T> T saturatingCast(double v) {
-  if constexpr (IsBool<T>) {
-    return v != 0;
-  } else if constexpr (IsFloat<T>) {
-    return static_cast<T>(v);
-  } else {
-    if (std::isnan(v))
-      return 0;
-    if (v <= static_cast<double>(std::numeric_limits<T>::lowest()))
-      return std::numeric_limits<T>::lowest();
-    if (v >= static_cast<double>(std::numeric_limits<T>::max()))
-      return std::numeric_limits<T>::max();
-    return static_cast<T>(v);
-  }
-}
+/// Converts a double to T without undefined behaviour: NaN becomes 0,
+/// out-of-range values saturate (KernelBodies' castValue, which the device
+/// kernels use too).
+template <typename T> T saturatingCast(double v) { return cuda::kernels::castValue<double, T>(v); }
 
 } // namespace
 
