@@ -143,16 +143,10 @@ template <typename T> constexpr bool IsBool = std::is_same_v<T, bool>;
 int64_t product(ArrayRef<int64_t> dims) { return numElementsOf(dims); }
 
 /// Strides for reading a tensor of \p shape as if it had \p outShape (shape
-/// right-aligned): 0 along broadcast dimensions.
+/// right-aligned): 0 along broadcast dimensions (KernelBodies' rule).
 Shape broadcastStrides(ArrayRef<int64_t> shape, ArrayRef<int64_t> outShape) {
   assert(shape.size() <= outShape.size() && "shape has more dimensions than it broadcasts to");
-  Shape strides(outShape.size(), 0);
-  Shape own = stridesOf(shape);
-  size_t offset = outShape.size() - shape.size();
-  for (size_t i = 0; i < shape.size(); ++i)
-    if (shape[i] != 1)
-      strides[offset + i] = own[i];
-  return strides;
+  return cuda::kernels::broadcastStrides(shape.vec(), outShape.vec());
 }
 
 /// Calls fn(outIndex, offsets) for every element of \p outShape in row-major
