@@ -349,6 +349,29 @@ TEST_F(Equivalence, FusionChangesNothing) {
   extraOptions = rt::RunOptions();
 }
 
+// .npy files hold float16 in 16 bits and bools in a byte, as numpy writes
+// them; a round trip keeps every value.
+TEST(Npy, RoundTripsEveryType) {
+  TempDir dir;
+  std::vector<cpu::Tensor> tensors = {
+      cpu::Tensor::fromValues<float>({2, 2}, {1.5f, -2.25f, 65504.0f, 0.0009765625f},
+                                     cpu::ElemType::Float16),
+      cpu::Tensor::fromValues<bool>({3}, {true, false, true}),
+      cpu::Tensor::fromValues<int64_t>({2}, {-7, 1ll << 40}),
+      cpu::Tensor::fromValues<float>({1}, {3.25f})};
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::string path = dir.path("t" + std::to_string(i) + ".npy");
+    ASSERT_FALSE(static_cast<bool>(rt::writeNpy(tensors[i], path)));
+    // float16: 2 bytes per element after the 64-byte-aligned header.
+    if (i == 0)
+      EXPECT_EQ(readFile(path).size() % 64, 8u);
+    auto back = rt::readNpy(path);
+    ASSERT_TRUE(static_cast<bool>(back)) << llvm::toString(back.takeError());
+    std::string why;
+    EXPECT_TRUE(cpu::allClose(*back, tensors[i], 0, 0, &why)) << i << ": " << why;
+  }
+}
+
 // Half gradient terms (a half activation read twice) sum in float and round
 // to the half type; a float32 accumulator takes half terms as they are.
 TEST(CpuBackend, SumsHalfTermsAndRounds) {

@@ -204,22 +204,12 @@ Expected<cpu::Tensor> readNpy(StringRef path) {
     shape.push_back(d);
   }
   cpu::Tensor tensor(*type, shape);
-  size_t elementBytes = *type == cpu::ElemType::Float16 ? 2 : cpu::storageSize(*type);
-  size_t need = static_cast<size_t>(tensor.numElements()) * elementBytes;
+  size_t need = static_cast<size_t>(tensor.numElements()) * cpu::wireSize(*type);
   StringRef data = bytes.drop_front(start + headerLength);
   if (data.size() < need)
     return fail(formatv("holds {0} bytes of data, shape {1} needs {2}", data.size(),
                         cpu::shapeString(shape), need));
-  if (*type == cpu::ElemType::Float16) {
-    float *out = tensor.data<float>();
-    for (int64_t i = 0; i < tensor.numElements(); ++i) {
-      uint16_t bits;
-      std::memcpy(&bits, data.data() + 2 * i, 2);
-      out[i] = cpu::halfToFloat(bits);
-    }
-  } else {
-    std::memcpy(tensor.rawData(), data.data(), need);
-  }
+  cpu::copyFromWire(tensor, data);
   return tensor;
 }
 
@@ -244,14 +234,7 @@ Error writeNpy(const cpu::Tensor &tensor, StringRef path) {
   os << "\x93NUMPY" << '\x01' << '\x00';
   os << static_cast<char>(header.size() & 0xff) << static_cast<char>(header.size() >> 8);
   os << header;
-  if (tensor.elemType() == cpu::ElemType::Float16) {
-    for (float f : tensor.values<float>()) {
-      uint16_t bits = cpu::floatToHalf(f);
-      os.write(reinterpret_cast<const char *>(&bits), 2);
-    }
-  } else {
-    os.write(static_cast<const char *>(tensor.rawData()), tensor.byteSize());
-  }
+  os << cpu::toWire(tensor);
   return writeFileAtomically(path, os.str());
 }
 

@@ -281,16 +281,13 @@ std::string Tensor::describe() const {
 // TensorProto
 //===----------------------------------------------------------------------===//
 
-/// Bytes per element in ONNX's raw_data encoding.
-static size_t wireSize(ElemType type) {
+size_t wireSize(ElemType type) {
   if (type == ElemType::Float16 || type == ElemType::BFloat16)
     return 2;
   return storageSize(type);
 }
 
-/// Fills \p tensor from little-endian wire bytes (this host is little-endian,
-/// as every machine pipec targets).
-static void copyFromWire(Tensor &tensor, StringRef bytes) {
+void copyFromWire(Tensor &tensor, StringRef bytes) {
   ElemType type = tensor.elemType();
   if (type == ElemType::Float16 || type == ElemType::BFloat16) {
     float *out = tensor.data<float>();
@@ -438,6 +435,11 @@ onnx::TensorProto toTensorProto(const Tensor &tensor, StringRef name) {
   proto.set_data_type(static_cast<int32_t>(tensor.elemType()));
   for (int64_t d : tensor.shape())
     proto.add_dims(d);
+  proto.set_raw_data(toWire(tensor));
+  return proto;
+}
+
+std::string toWire(const Tensor &tensor) {
   ElemType type = tensor.elemType();
   std::string bytes;
   if (type == ElemType::Float16 || type == ElemType::BFloat16) {
@@ -450,8 +452,7 @@ onnx::TensorProto toTensorProto(const Tensor &tensor, StringRef name) {
   } else {
     bytes.assign(static_cast<const char *>(tensor.rawData()), tensor.byteSize());
   }
-  proto.set_raw_data(std::move(bytes));
-  return proto;
+  return bytes;
 }
 
 //===----------------------------------------------------------------------===//

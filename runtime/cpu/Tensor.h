@@ -270,6 +270,15 @@ llvm::Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto,
 /// Writes \p tensor as raw_data (half types in their 16-bit encoding).
 onnx::TensorProto toTensorProto(const Tensor &tensor, llvm::StringRef name = "");
 
+/// Bytes per element in the little-endian wire encoding of ONNX's raw_data
+/// and .npy files (2 for float16 and bfloat16).
+size_t wireSize(ElemType type);
+/// Fills \p tensor from wire bytes (at least numElements x wireSize; this
+/// host is little-endian, as every machine pipec targets).
+void copyFromWire(Tensor &tensor, llvm::StringRef bytes);
+/// \p tensor's elements in the wire encoding.
+std::string toWire(const Tensor &tensor);
+
 /// Compares \p actual against \p expected: same element type and shape, and
 /// for floating types |a - e| <= atol + rtol * |e| everywhere (NaN matches NaN,
 /// infinities must match exactly); integers and bools must be equal. On a
