@@ -336,8 +336,9 @@ TEST_F(Equivalence, FusionChangesNothing) {
       rt::RunResult fused = runPlan(plan, "sgd", 2);
       EXPECT_EQ(plain.fusedGroups, 0) << what;
       // GPT's and BERT's linear layers have biases; Llama's do not.
-      if (what.find("llama") == std::string::npos && c.expectFused)
+      if (what.find("llama") == std::string::npos && c.expectFused) {
         EXPECT_GT(fused.fusedMatMulBias, 0) << what;
+      }
       if (c.expectFused) {
         EXPECT_GT(fused.fusedGroups, 0) << what;
         EXPECT_GT(fused.fusedNodes, 2 * fused.fusedGroups) << what;
@@ -363,8 +364,9 @@ TEST(Npy, RoundTripsEveryType) {
     std::string path = dir.path("t" + std::to_string(i) + ".npy");
     ASSERT_FALSE(static_cast<bool>(rt::writeNpy(tensors[i], path)));
     // float16: 2 bytes per element after the 64-byte-aligned header.
-    if (i == 0)
+    if (i == 0) {
       EXPECT_EQ(readFile(path).size() % 64, 8u);
+    }
     auto back = rt::readNpy(path);
     ASSERT_TRUE(static_cast<bool>(back)) << llvm::toString(back.takeError());
     std::string why;
