@@ -1,6 +1,6 @@
 //===- ConstantEvaluator.cpp - Evaluate shape arithmetic at compile time --===//
 #include "passes/ConstantEvaluator.h"
-#include "runtime/plan/Attributes.h"
+#include "support/Attributes.h"
 
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"

@@ -4,7 +4,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "passes/ContribShapes.h"
-#include "runtime/plan/Attributes.h"
+#include "support/Attributes.h"
 
 #include "llvm/ADT/StringSwitch.h"
 

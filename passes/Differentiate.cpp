@@ -9,7 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "passes/Differentiate.h"
 
-#include "runtime/plan/Attributes.h"
+#include "support/Attributes.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/Twine.h"

@@ -1,8 +1,8 @@
 //===- CompileTest.cpp - pipec compile and pipec report -----------------===//
 #include "TestUtil.h"
 
-#include "compiler/Compile.h"
-#include "compiler/Report.h"
+#include "driver/Compile.h"
+#include "driver/Report.h"
 #include "runtime/plan/PlanFile.h"
 
 #include "llvm/Support/JSON.h"

@@ -8,11 +8,11 @@
 //===----------------------------------------------------------------------===//
 #include "TestUtil.h"
 
-#include "compiler/Compile.h"
+#include "driver/Compile.h"
 #include "compiler/sim/Simulator.h"
 #include "runtime/core/Backend.h"
-#include "runtime/core/Data.h"
-#include "runtime/core/Executor.h"
+#include "runtime/exec/Data.h"
+#include "runtime/exec/Executor.h"
 #include "runtime/plan/PlanFile.h"
 
 #include "llvm/Support/FileSystem.h"

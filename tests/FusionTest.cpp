@@ -10,7 +10,7 @@
 //===----------------------------------------------------------------------===//
 #include "KernelTestUtil.h"
 
-#include "runtime/core/Fusion.h"
+#include "runtime/exec/Fusion.h"
 #include "runtime/cpu/Fused.h"
 #include "runtime/cpu/GradKernels.h"
 #include "runtime/cpu/Kernels.h"

@@ -21,7 +21,7 @@
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/CudaBackend.h"
 #include "runtime/cuda/Devices.h"
-#include "runtime/cuda/KernelBodies.h"
+#include "runtime/kernels/KernelBodies.h"
 
 #include "onnx/onnx_pb.h"
 

@@ -1,7 +1,7 @@
 //===- ImporterTest.cpp - One test per importer quirk and error ---------===//
 #include "TestUtil.h"
 
-#include "compiler/ir/Float16.h"
+#include "support/Float16.h"
 #include "compiler/onnx/OnnxImporter.h"
 
 #include "llvm/Support/FileSystem.h"

@@ -20,9 +20,9 @@
 //===----------------------------------------------------------------------===//
 #include "TestUtil.h"
 
-#include "runtime/core/Data.h"
+#include "runtime/exec/Data.h"
 #include "runtime/cpu/Kernels.h"
-#include "runtime/cpu/Tensor.h"
+#include "runtime/core/Tensor.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"

@@ -2,7 +2,7 @@
 #ifndef PIPEC_TESTS_TESTUTIL_H
 #define PIPEC_TESTS_TESTUTIL_H
 
-#include "compiler/PassPipeline.h"
+#include "driver/PassPipeline.h"
 #include "models/ModelGenerators.h"
 
 #include "onnx/onnx_pb.h"

@@ -7,17 +7,17 @@
 // the file, node or layer), 2 bad usage (unknown command or flag).
 //
 //===----------------------------------------------------------------------===//
-#include "compiler/Compile.h"
-#include "compiler/HtmlReport.h"
-#include "compiler/InspectReport.h"
-#include "compiler/PassPipeline.h"
-#include "compiler/Report.h"
+#include "driver/Compile.h"
+#include "driver/HtmlReport.h"
+#include "driver/InspectReport.h"
+#include "driver/PassPipeline.h"
+#include "driver/Report.h"
 #include "compiler/sim/Simulator.h"
 #include "models/ModelGenerators.h"
 #include "runtime/comm/Comm.h"
-#include "runtime/core/Executor.h"
+#include "runtime/exec/Executor.h"
 #include "runtime/plan/PlanFile.h"
-#include "tools/Profile.h"
+#include "driver/Profile.h"
 #include "tools/Versions.h"
 
 #include "llvm/ADT/StringExtras.h"

@@ -17,8 +17,8 @@
 // I = F, W = 0, and are listed as defaulted so that reports flag them.
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_COST_COSTMODEL_H
-#define PIPEC_COST_COSTMODEL_H
+#ifndef PIPEC_COMPILER_COST_COSTMODEL_H
+#define PIPEC_COMPILER_COST_COSTMODEL_H
 
 #include "compiler/cost/HardwareSpec.h"
 #include "compiler/ir/LayerGraph.h"
@@ -88,4 +88,4 @@ void writeCostTable(const CostTable &table, llvm::raw_ostream &os);
 
 } // namespace pipec
 
-#endif // PIPEC_COST_COSTMODEL_H
+#endif // PIPEC_COMPILER_COST_COSTMODEL_H

@@ -7,8 +7,8 @@
 // and cached; any spec can be read from or written to a JSON file.
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_COST_HARDWARESPEC_H
-#define PIPEC_COST_HARDWARESPEC_H
+#ifndef PIPEC_COMPILER_COST_HARDWARESPEC_H
+#define PIPEC_COMPILER_COST_HARDWARESPEC_H
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
@@ -98,4 +98,4 @@ void writeHardwareJson(const HardwareSpec &spec, llvm::raw_ostream &os);
 
 } // namespace pipec
 
-#endif // PIPEC_COST_HARDWARESPEC_H
+#endif // PIPEC_COMPILER_COST_HARDWARESPEC_H

@@ -13,8 +13,8 @@
 //   inference                    4         2
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_COST_MEMORYMODEL_H
-#define PIPEC_COST_MEMORYMODEL_H
+#ifndef PIPEC_COMPILER_COST_MEMORYMODEL_H
+#define PIPEC_COMPILER_COST_MEMORYMODEL_H
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
@@ -44,4 +44,4 @@ llvm::Expected<int64_t> parseByteSize(llvm::StringRef text, llvm::StringRef flag
 
 } // namespace pipec
 
-#endif // PIPEC_COST_MEMORYMODEL_H
+#endif // PIPEC_COMPILER_COST_MEMORYMODEL_H

@@ -1,6 +1,6 @@
 //===- OpFlops.cpp - Forward FLOPs of one op ------------------------------===//
 #include "compiler/cost/OpFlops.h"
-#include "runtime/plan/Attributes.h"
+#include "support/Attributes.h"
 
 #include "llvm/ADT/StringSet.h"
 

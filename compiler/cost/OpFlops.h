@@ -6,8 +6,8 @@
 // full cost model (backward, bytes moved, time) builds on these counts.
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_COST_OPFLOPS_H
-#define PIPEC_COST_OPFLOPS_H
+#ifndef PIPEC_COMPILER_COST_OPFLOPS_H
+#define PIPEC_COMPILER_COST_OPFLOPS_H
 
 #include "compiler/ir/Graph.h"
 
@@ -21,4 +21,4 @@ bool isDataMovementOp(const Op &op);
 
 } // namespace pipec
 
-#endif // PIPEC_COST_OPFLOPS_H
+#endif // PIPEC_COMPILER_COST_OPFLOPS_H

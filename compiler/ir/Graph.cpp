@@ -1,6 +1,6 @@
 //===- Graph.cpp - The imported op graph ----------------------------------===//
 #include "compiler/ir/Graph.h"
-#include "compiler/ir/Float16.h"
+#include "support/Float16.h"
 
 #include "onnx/onnx_pb.h"
 

@@ -7,10 +7,10 @@
 // the ModelProto those live in.
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_IR_GRAPH_H
-#define PIPEC_IR_GRAPH_H
+#ifndef PIPEC_COMPILER_IR_GRAPH_H
+#define PIPEC_COMPILER_IR_GRAPH_H
 
-#include "compiler/ir/DType.h"
+#include "support/DType.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringMap.h"
@@ -204,4 +204,4 @@ std::string formatShape(const std::vector<int64_t> &shape, bool known = true);
 
 } // namespace pipec
 
-#endif // PIPEC_IR_GRAPH_H
+#endif // PIPEC_COMPILER_IR_GRAPH_H

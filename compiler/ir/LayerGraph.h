@@ -9,8 +9,8 @@
 // two users.
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_IR_LAYERGRAPH_H
-#define PIPEC_IR_LAYERGRAPH_H
+#ifndef PIPEC_COMPILER_IR_LAYERGRAPH_H
+#define PIPEC_COMPILER_IR_LAYERGRAPH_H
 
 #include "compiler/ir/Graph.h"
 
@@ -74,4 +74,4 @@ public:
 
 } // namespace pipec
 
-#endif // PIPEC_IR_LAYERGRAPH_H
+#endif // PIPEC_COMPILER_IR_LAYERGRAPH_H

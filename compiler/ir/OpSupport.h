@@ -4,8 +4,8 @@
 // set. Reports warn about the rest before a plan is run.
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_IR_OPSUPPORT_H
-#define PIPEC_IR_OPSUPPORT_H
+#ifndef PIPEC_COMPILER_IR_OPSUPPORT_H
+#define PIPEC_COMPILER_IR_OPSUPPORT_H
 
 #include "compiler/ir/Graph.h"
 
@@ -18,4 +18,4 @@ bool isControlFlow(const Op &op);
 
 } // namespace pipec
 
-#endif // PIPEC_IR_OPSUPPORT_H
+#endif // PIPEC_COMPILER_IR_OPSUPPORT_H

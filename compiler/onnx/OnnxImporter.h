@@ -11,8 +11,8 @@
 // ONNX library throws); everything past it returns llvm::Error.
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_ONNX_ONNXIMPORTER_H
-#define PIPEC_ONNX_ONNXIMPORTER_H
+#ifndef PIPEC_COMPILER_ONNX_ONNXIMPORTER_H
+#define PIPEC_COMPILER_ONNX_ONNXIMPORTER_H
 
 #include "compiler/ir/Graph.h"
 
@@ -48,4 +48,4 @@ int64_t maxSupportedOpset();
 
 } // namespace pipec
 
-#endif // PIPEC_ONNX_ONNXIMPORTER_H
+#endif // PIPEC_COMPILER_ONNX_ONNXIMPORTER_H

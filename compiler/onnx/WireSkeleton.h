@@ -9,8 +9,8 @@
 // size depends on the number of nodes, not on the weight bytes.
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_ONNX_WIRESKELETON_H
-#define PIPEC_ONNX_WIRESKELETON_H
+#ifndef PIPEC_COMPILER_ONNX_WIRESKELETON_H
+#define PIPEC_COMPILER_ONNX_WIRESKELETON_H
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
@@ -29,4 +29,4 @@ llvm::Expected<std::string> makeSkeleton(llvm::StringRef bytes, uint64_t thresho
 
 } // namespace pipec
 
-#endif // PIPEC_ONNX_WIRESKELETON_H
+#endif // PIPEC_COMPILER_ONNX_WIRESKELETON_H

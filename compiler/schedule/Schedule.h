@@ -10,8 +10,8 @@
 // or W (backward for weights).
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_SCHEDULE_SCHEDULE_H
-#define PIPEC_SCHEDULE_SCHEDULE_H
+#ifndef PIPEC_COMPILER_SCHEDULE_SCHEDULE_H
+#define PIPEC_COMPILER_SCHEDULE_SCHEDULE_H
 
 #include "compiler/schedule/ScheduleKind.h"
 
@@ -53,4 +53,4 @@ char actionKindLetter(ActionKind kind);
 
 } // namespace pipec
 
-#endif // PIPEC_SCHEDULE_SCHEDULE_H
+#endif // PIPEC_COMPILER_SCHEDULE_SCHEDULE_H

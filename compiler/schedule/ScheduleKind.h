@@ -6,8 +6,8 @@
 // what the cost model and balance-stages need before a schedule exists.
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_SCHEDULE_SCHEDULEKIND_H
-#define PIPEC_SCHEDULE_SCHEDULEKIND_H
+#ifndef PIPEC_COMPILER_SCHEDULE_SCHEDULEKIND_H
+#define PIPEC_COMPILER_SCHEDULE_SCHEDULEKIND_H
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
@@ -47,4 +47,4 @@ int64_t inFlightActivations(ScheduleKind kind, int stages, int virtualStages, in
 
 } // namespace pipec
 
-#endif // PIPEC_SCHEDULE_SCHEDULEKIND_H
+#endif // PIPEC_COMPILER_SCHEDULE_SCHEDULEKIND_H

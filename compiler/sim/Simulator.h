@@ -18,8 +18,8 @@
 // activations).
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_SIM_SIMULATOR_H
-#define PIPEC_SIM_SIMULATOR_H
+#ifndef PIPEC_COMPILER_SIM_SIMULATOR_H
+#define PIPEC_COMPILER_SIM_SIMULATOR_H
 
 #include "runtime/plan/plan.pb.h"
 
@@ -105,4 +105,4 @@ const char *timelineLegend();
 
 } // namespace pipec
 
-#endif // PIPEC_SIM_SIMULATOR_H
+#endif // PIPEC_COMPILER_SIM_SIMULATOR_H

@@ -21,7 +21,7 @@
 #ifndef PIPEC_RUNTIME_COMM_COMM_H
 #define PIPEC_RUNTIME_COMM_COMM_H
 
-#include "runtime/cpu/Tensor.h"
+#include "runtime/core/Tensor.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/Error.h"

@@ -19,7 +19,7 @@
 #ifndef PIPEC_RUNTIME_CORE_BACKEND_H
 #define PIPEC_RUNTIME_CORE_BACKEND_H
 
-#include "runtime/cpu/Tensor.h"
+#include "runtime/core/Tensor.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"

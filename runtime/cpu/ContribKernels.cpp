@@ -19,7 +19,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Kernels.h"
-#include "runtime/plan/Attributes.h"
+#include "support/Attributes.h"
 
 #include "onnx/onnx_pb.h"
 

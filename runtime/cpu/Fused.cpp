@@ -2,7 +2,7 @@
 #include "runtime/cpu/Fused.h"
 #include "runtime/cpu/GradKernels.h"
 #include "runtime/cpu/Kernels.h"
-#include "runtime/plan/Attributes.h"
+#include "support/Attributes.h"
 
 #include "onnx/onnx_pb.h"
 

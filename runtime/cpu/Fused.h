@@ -22,8 +22,8 @@
 #ifndef PIPEC_RUNTIME_CPU_FUSED_H
 #define PIPEC_RUNTIME_CPU_FUSED_H
 
-#include "runtime/cpu/Tensor.h"
-#include "runtime/cuda/KernelBodies.h"
+#include "runtime/core/Tensor.h"
+#include "runtime/kernels/KernelBodies.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/STLFunctionalExtras.h"

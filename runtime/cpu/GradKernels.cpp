@@ -11,7 +11,7 @@
 #include "runtime/cpu/Fused.h"
 
 #include "runtime/cpu/Kernels.h"
-#include "runtime/plan/Attributes.h"
+#include "support/Attributes.h"
 
 #include "onnx/onnx_pb.h"
 

@@ -12,7 +12,7 @@
 #ifndef PIPEC_RUNTIME_CPU_GRADKERNELS_H
 #define PIPEC_RUNTIME_CPU_GRADKERNELS_H
 
-#include "runtime/cpu/Tensor.h"
+#include "runtime/core/Tensor.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"

@@ -8,8 +8,8 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Kernels.h"
-#include "runtime/cuda/KernelBodies.h"
-#include "runtime/plan/Attributes.h"
+#include "runtime/kernels/KernelBodies.h"
+#include "support/Attributes.h"
 
 #include "onnx/onnx_pb.h"
 

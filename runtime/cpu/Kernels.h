@@ -27,7 +27,7 @@
 #ifndef PIPEC_RUNTIME_CPU_KERNELS_H
 #define PIPEC_RUNTIME_CPU_KERNELS_H
 
-#include "runtime/cpu/Tensor.h"
+#include "runtime/core/Tensor.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"

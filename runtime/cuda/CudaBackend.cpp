@@ -14,7 +14,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CudaBackend.h"
-#include "runtime/plan/Attributes.h"
+#include "support/Attributes.h"
 
 #include "runtime/cpu/Fused.h"
 #include "runtime/cpu/GradKernels.h"

@@ -11,7 +11,7 @@
 #ifndef PIPEC_RUNTIME_CUDA_CUDAKERNELS_H
 #define PIPEC_RUNTIME_CUDA_CUDAKERNELS_H
 
-#include "runtime/cuda/KernelBodies.h"
+#include "runtime/kernels/KernelBodies.h"
 
 #include <cuda_runtime_api.h>
 

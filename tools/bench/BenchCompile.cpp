@@ -10,8 +10,8 @@
 // Run through tools/bench.sh, which writes the table to docs/PERFORMANCE.md.
 //
 //===----------------------------------------------------------------------===//
-#include "compiler/Compile.h"
-#include "compiler/PassPipeline.h"
+#include "driver/Compile.h"
+#include "driver/PassPipeline.h"
 #include "compiler/onnx/WireSkeleton.h"
 #include "models/ModelGenerators.h"
 #include "passes/BalanceStages.h"

@@ -15,12 +15,12 @@
 // docs/PERFORMANCE.md.
 //
 //===----------------------------------------------------------------------===//
-#include "compiler/Compile.h"
+#include "driver/Compile.h"
 #include "models/ModelGenerators.h"
-#include "runtime/core/Executor.h"
+#include "runtime/exec/Executor.h"
 #include "runtime/cpu/Fused.h"
 #include "runtime/cpu/GradKernels.h"
-#include "tools/Profile.h"
+#include "driver/Profile.h"
 
 #include "llvm/Support/FileSystem.h"
 

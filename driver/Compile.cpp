@@ -1,0 +1,646 @@
+//===- Compile.cpp - `pipec compile`: a model to a plan -------------------===//
+#include "driver/Compile.h"
+#include "driver/InspectReport.h"
+#include "passes/StagePrograms.h"
+#include "compiler/schedule/Schedule.h"
+#include "compiler/sim/Simulator.h"
+#include "passes/BalanceStages.h"
+#include "passes/Differentiate.h"
+#include "passes/GroupLayers.h"
+#include "passes/LowerSchedule.h"
+#include "runtime/plan/PlanFile.h"
+
+#include "onnx/onnx_pb.h"
+
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <map>
+#include <optional>
+#include <set>
+
+using namespace llvm;
+
+namespace pipec {
+namespace {
+
+Error flagError(const Twine &message) {
+  return createStringError(inconvertibleErrorCode(), "%s", message.str().c_str());
+}
+
+/// One entry per rank from a single value or a comma-separated list.
+Expected<std::vector<std::string>> perRank(StringRef flag, StringRef value, int ranks) {
+  SmallVector<StringRef, 8> parts;
+  value.split(parts, ',');
+  std::vector<std::string> out;
+  for (StringRef p : parts)
+    out.push_back(p.trim().str());
+  if (out.size() == 1)
+    out.assign(ranks, out[0]);
+  if (static_cast<int>(out.size()) != ranks)
+    return flagError(
+        formatv("--{0} {1}: give one value, or one per rank ({2})", flag, value, ranks));
+  return out;
+}
+
+void fillHardware(const HardwareSpec &hw, bool bf16, plan::HardwareInfo &out) {
+  out.set_name(hw.name);
+  out.set_peak_flops(hw.peakFlops(bf16));
+  out.set_memory_bandwidth(hw.memoryBandwidth);
+  out.set_memory_bytes(hw.memoryBytes);
+  out.set_launch_overhead_s(hw.launchOverhead);
+  auto link = [](const LinkSpec &l, plan::LinkInfo &o) {
+    o.set_name(l.name);
+    o.set_bandwidth(l.bandwidth);
+    o.set_latency_s(l.latency);
+  };
+  link(hw.intraNode, *out.mutable_intra_node());
+  link(hw.interNode, *out.mutable_inter_node());
+  out.set_devices_per_node(hw.devicesPerNode);
+  out.set_source(hw.source);
+}
+
+/// What one microbatch size needs, shared by the schedules tried for it.
+struct Prepared {
+  Graph graph;
+  std::string sha256; ///< of the model file
+  /// Train mode: the backward program, or why there is none.
+  std::optional<Backward> backward;
+  std::string lossText, backwardError;
+  LayerGraph layers;
+  std::map<std::string, CostTable> tables;
+  std::vector<const CostTable *> rankCosts;
+};
+
+struct Setup {
+  std::vector<HardwareSpec> hardware;
+  std::vector<int64_t> limits;
+  Precision precision = Precision::BF16;
+};
+
+Expected<Setup> resolveSetup(const CompileOptions &options) {
+  Setup setup;
+  int P = options.stages;
+  auto names = perRank("hardware", options.hardware, P);
+  if (!names)
+    return names.takeError();
+  // Each name once: `cpu` reads (or measures) its calibration, a JSON spec
+  // is parsed.
+  std::map<std::string, HardwareSpec> resolved;
+  for (const std::string &name : *names) {
+    auto it = resolved.find(name);
+    if (it == resolved.end()) {
+      auto hw = resolveHardware(name);
+      if (!hw)
+        return hw.takeError();
+      it = resolved.emplace(name, std::move(*hw)).first;
+    }
+    setup.hardware.push_back(it->second);
+  }
+  std::string precisionText = options.precision;
+  if (precisionText.empty())
+    precisionText = setup.hardware[0].name == "cpu" ? "fp32" : "bf16";
+  auto precision = parsePrecision(precisionText);
+  if (!precision)
+    return precision.takeError();
+  setup.precision = *precision;
+  if (options.memoryLimit.empty()) {
+    for (const HardwareSpec &hw : setup.hardware)
+      setup.limits.push_back(hw.memoryBytes);
+  } else {
+    auto values = perRank("memory-limit", options.memoryLimit, P);
+    if (!values)
+      return values.takeError();
+    for (const std::string &v : *values) {
+      if (v == "none") {
+        setup.limits.push_back(0);
+        continue;
+      }
+      auto bytes = parseByteSize(v, "memory-limit");
+      if (!bytes)
+        return bytes.takeError();
+      setup.limits.push_back(*bytes);
+    }
+  }
+  return setup;
+}
+
+Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOptions &options,
+                                            const PipelineOptions &pipeline, const Setup &setup,
+                                            int64_t microbatchSize, StringRef knownSha256 = "") {
+  ImportOptions importOptions = options.import;
+  importOptions.bindings.batch = microbatchSize;
+  auto graph = loadGraph(modelPath, importOptions, pipeline);
+  if (!graph)
+    return graph.takeError();
+  auto out = std::make_unique<Prepared>();
+  out->graph = std::move(*graph);
+  // One hash per compile: a 1.5 GB model takes seconds.
+  out->sha256 =
+      knownSha256.empty() ? sha256Hex(out->graph.files[0]->getBuffer()) : knownSha256.str();
+  auto layers = buildLayerGraph(out->graph, pipeline);
+  if (!layers)
+    return layers.takeError();
+  out->layers = std::move(*layers);
+  for (const HardwareSpec &hw : setup.hardware) {
+    auto [it, inserted] = out->tables.try_emplace(hw.name);
+    if (inserted) {
+      it->second = computeCosts(out->layers, hw, setup.precision);
+      if (!options.costs.empty())
+        if (Error err = applyMeasuredCosts(it->second, options.costs))
+          return err;
+    }
+  }
+  for (const HardwareSpec &hw : setup.hardware)
+    out->rankCosts.push_back(&out->tables.at(hw.name));
+  if (options.training) {
+    // The loss: the model's own "loss" output, else one against a "labels"
+    // input (cross-entropy for integer labels, MSE for float ones).
+    LossSpec loss;
+    int labels = out->graph.findValue("labels");
+    if (out->graph.findValue("loss") >= 0) {
+      out->lossText = "the model's output 'loss'";
+    } else if (labels >= 0 && out->graph.values[labels].kind == ValueKind::Input) {
+      bool integer = isIntegerDType(out->graph.values[labels].type);
+      loss.kind = integer ? LossSpec::Kind::SoftmaxCrossEntropy : LossSpec::Kind::Mse;
+      out->lossText = integer ? "softmax cross-entropy against 'labels'" : "MSE against 'labels'";
+    } else {
+      out->backwardError = "the model has no 'loss' output and no 'labels' input to train against";
+    }
+    if (out->backwardError.empty()) {
+      auto backward = differentiate(out->graph, out->layers, loss);
+      if (backward)
+        out->backward = std::move(*backward);
+      else
+        out->backwardError = toString(backward.takeError());
+    }
+  }
+  return out;
+}
+
+plan::TensorRef tensorRef(const Graph &graph, int id, Precision precision) {
+  const Value &v = graph.values[id];
+  plan::TensorRef t;
+  t.set_name(v.name);
+  // dtype is the value's own; bytes are what the link carries at the plan's
+  // precision (bf16 plans move float32 activations as bf16).
+  bool halve = precision == Precision::BF16 && v.type == DType::F32;
+  t.set_dtype(dtypeName(v.type).str());
+  for (int64_t d : v.shape)
+    t.add_shape(d);
+  t.set_bytes(halve ? v.byteSize() / 2 : v.byteSize());
+  return t;
+}
+
+bool overMemoryLimit(const plan::Rank &r) {
+  return r.memory_limit_bytes() > 0 && r.peak_memory_bytes() > r.memory_limit_bytes();
+}
+
+bool fitsMemory(const plan::Plan &plan) {
+  return std::none_of(plan.ranks().begin(), plan.ranks().end(), overMemoryLimit);
+}
+
+/// Balance, schedule, lower, verify and simulate one configuration.
+Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
+                               const Setup &setup, const Prepared &prepared, ScheduleKind schedule,
+                               int V, int M, int64_t microbatchSize, bool withAlternatives = true) {
+  int P = options.stages;
+  const LayerGraph &layers = prepared.layers;
+  const Graph &graph = prepared.graph;
+  if (Error err = checkScheduleShape(schedule, P, V, M))
+    return err;
+  BalanceOptions balance;
+  balance.stages = P;
+  balance.virtualStages = V;
+  balance.microbatches = M;
+  balance.schedule = schedule;
+  balance.training.training = options.training;
+  balance.training.optimizer = options.optimizer;
+  balance.training.mixedPrecision = setup.precision == Precision::BF16;
+  balance.training.recompute = options.recompute;
+  balance.rankCosts = prepared.rankCosts;
+  balance.rankHardware = setup.hardware;
+  balance.memoryLimit = setup.limits;
+  StringRef method = options.balance;
+  if (method == "time")
+    balance.method = BalanceMethod::Time;
+  else if (method == "params")
+    balance.method = BalanceMethod::Params;
+  else if (method == "uniform")
+    balance.method = BalanceMethod::Uniform;
+  else {
+    balance.method = BalanceMethod::Layout;
+    balance.layout = options.balance;
+  }
+  auto stagePlan = balanceStages(layers, balance);
+  if (!stagePlan)
+    return stagePlan.takeError();
+
+  plan::Plan plan;
+  plan.set_format_version(PlanFormatVersion);
+  auto *model = plan.mutable_model();
+  model->set_path(modelPath.str());
+  model->set_sha256(prepared.sha256);
+  model->set_nodes(graph.model->graph().node_size());
+  model->set_params(layers.totalParams());
+  auto *info = plan.mutable_schedule();
+  info->set_name(scheduleName(schedule).str());
+  info->set_stages(P);
+  info->set_virtual_stages(V);
+  info->set_microbatches(M);
+  info->set_mode(options.training ? "train" : "infer");
+  info->set_data_parallel(options.dataParallel);
+  info->set_global_batch(microbatchSize * M * options.dataParallel);
+  info->set_microbatch_size(microbatchSize);
+  for (const HardwareSpec &hw : setup.hardware)
+    fillHardware(hw, setup.precision == Precision::BF16, *plan.add_hardware());
+  auto *training = plan.mutable_training();
+  training->set_precision(precisionName(setup.precision).str());
+  training->set_optimizer(optimizerName(options.optimizer).str());
+  training->set_recompute(options.recompute);
+  training->set_bytes_per_param(bytesPerParam(balance.training));
+  plan.set_balance_method(balanceMethodName(balance.method).str());
+  plan.set_layout(stagePlan->layout);
+  for (int id : graph.inputs) {
+    const Value &v = graph.values[id];
+    std::string dims;
+    for (size_t d = 0; d < v.shape.size(); ++d)
+      dims += (d ? "," : "") + std::to_string(v.shape[d]);
+    (*plan.mutable_input_shapes())[v.name] = dims;
+  }
+  const CostTable &first = *prepared.rankCosts[0];
+  for (size_t l = 0; l < layers.layers.size(); ++l) {
+    const LayerCost &lc = first.layers[l];
+    auto *li = plan.add_layers();
+    li->set_index(static_cast<int>(l));
+    li->set_name(lc.name);
+    li->set_kind(layerKindName(lc.kind).str());
+    li->set_params(lc.params);
+    li->set_flops_f(lc.flops[Forward]);
+    li->set_time_f_s(lc.time[Forward]);
+    li->set_time_i_s(lc.time[BackwardInput]);
+    li->set_time_w_s(lc.time[BackwardWeight]);
+    li->set_activation_bytes(lc.activationBytes);
+    li->set_boundary_bytes(lc.boundaryBytes);
+    li->set_measured(lc.measured);
+    if (prepared.backward) {
+      li->set_backward_input_ops(static_cast<int>(prepared.backward->inputGrad[l].size()));
+      li->set_backward_weight_ops(static_cast<int>(prepared.backward->weightGrad[l].size()));
+    }
+  }
+  if (options.training) {
+    if (prepared.backward)
+      plan.set_loss(prepared.lossText);
+    else
+      plan.add_warnings("no backward program yet: " + prepared.backwardError +
+                        " (the plan's timing stands; running it needs the gradients)");
+  }
+  for (const ChunkPlan &c : stagePlan->chunks) {
+    auto *s = plan.add_stages();
+    s->set_index(c.index);
+    s->set_rank(c.rank);
+    s->set_chunk(c.chunkOnRank);
+    s->set_first_layer(c.firstLayer);
+    s->set_last_layer(c.lastLayer);
+    for (int l = c.firstLayer; l <= c.lastLayer; ++l)
+      s->add_layers(layers.layers[l].name);
+    s->set_params(c.params);
+    s->set_flops_f(c.flopsForward);
+    s->set_time_f_s(c.time[Forward]);
+    s->set_time_i_s(c.time[BackwardInput]);
+    s->set_time_w_s(c.time[BackwardWeight]);
+    s->set_comm_s(c.commTime);
+    s->set_boundary_bytes(c.boundaryBytes);
+    s->set_activation_bytes(c.activationBytes);
+  }
+  for (const RankPlan &r : stagePlan->ranks) {
+    auto *rank = plan.add_ranks();
+    rank->set_index(r.index);
+    rank->set_hardware(r.hardware);
+    rank->set_memory_limit_bytes(r.memoryLimit);
+    rank->set_peak_memory_bytes(r.peakMemory);
+    rank->set_weight_bytes(r.weightBytes);
+    rank->set_activation_bytes(r.activationBytes);
+  }
+
+  // Schedule, lower, verify, simulate.
+  auto sched = generateSchedule(schedule, P, V, M);
+  if (!sched)
+    return sched.takeError();
+  LoweringInputs lowering;
+  lowering.training = options.training;
+  lowering.recompute = options.recompute;
+  // Only gradients the backward program computes cross back.
+  std::set<std::string> flowing;
+  if (prepared.backward)
+    flowing = valuesWithGradients(*prepared.backward);
+  const std::set<std::string> *flowingPtr = prepared.backward ? &flowing : nullptr;
+  for (const ChunkPlan &c : stagePlan->chunks) {
+    std::vector<plan::TensorRef> tensors;
+    std::vector<bool> grads;
+    bool last = c.index + 1 == static_cast<int>(stagePlan->chunks.size());
+    if (!last && !c.empty() && c.lastLayer + 1 < static_cast<int>(layers.layers.size()))
+      for (int id : layers.crossingAfter(c.lastLayer)) {
+        tensors.push_back(tensorRef(graph, id, setup.precision));
+        grads.push_back(sendsGradient(graph, id, flowingPtr));
+      }
+    lowering.sendTensors.push_back(tensors);
+    lowering.hasGradient.push_back(grads);
+    lowering.activationBytes.push_back(c.activationBytes);
+    int64_t input = 0;
+    if (c.index > 0) {
+      const ChunkPlan &prev = stagePlan->chunks[c.index - 1];
+      input = prev.boundaryBytes;
+    }
+    lowering.inputBytes.push_back(input);
+  }
+  int64_t gradBytes = setup.precision == Precision::BF16 ? 2 : 4;
+  for (auto &[w, users] : layers.sharedWeights()) {
+    std::set<int> ranks;
+    for (int l : users)
+      for (const ChunkPlan &c : stagePlan->chunks)
+        if (l >= c.firstLayer && l <= c.lastLayer)
+          ranks.insert(c.rank);
+    if (ranks.size() < 2)
+      continue;
+    LoweringInputs::AllReduce ar;
+    ar.group = "tied:" + graph.values[w].name;
+    ar.ranks.assign(ranks.begin(), ranks.end());
+    ar.bytes = graph.values[w].numElements() * gradBytes;
+    lowering.allReduces.push_back(ar);
+    plan.add_warnings(formatv("weight '{0}' is shared by {1} ranks: each keeps a copy and their "
+                              "gradients are all-reduced",
+                              graph.values[w].name, ranks.size())
+                          .str());
+  }
+  if (options.dataParallel > 1)
+    for (int r = 0; r < P; ++r) {
+      LoweringInputs::AllReduce ar;
+      ar.group = "dp";
+      ar.ranks = {r};
+      int64_t params = 0;
+      for (const ChunkPlan &c : stagePlan->chunks)
+        if (c.rank == r)
+          params += c.params;
+      ar.bytes = params * gradBytes;
+      lowering.allReduces.push_back(ar);
+    }
+  auto programs = lowerSchedule(*sched, lowering);
+  if (!programs)
+    return programs.takeError();
+  if (Error err = verifyProgram(*programs, P, M, schedule, V))
+    return err;
+  for (auto &program : *programs)
+    *plan.add_programs() = std::move(program);
+  for (int k = 0; k < plan.stages_size(); ++k) {
+    const plan::RankProgram &program = plan.programs(plan.stages(k).rank());
+    plan.mutable_stages(k)->set_memory_peak_bytes(plan.ranks(plan.stages(k).rank()).weight_bytes() +
+                                                  program.peak_activation_bytes());
+  }
+  auto simulated = simulatePlan(plan);
+  if (!simulated)
+    return simulated.takeError();
+  auto *sim = plan.mutable_simulated();
+  sim->set_step_time_s(simulated->stepTime);
+  sim->set_bubble_fraction(simulated->bubbleFraction);
+  for (int r = 0; r < P; ++r) {
+    sim->add_busy_s(simulated->busy[r]);
+    sim->add_idle_s(simulated->idle[r]);
+    sim->add_peak_memory_bytes(simulated->peakMemory[r]);
+    auto *rank = plan.mutable_ranks(r);
+    rank->set_busy_s(simulated->busy[r]);
+    rank->set_idle_s(simulated->idle[r]);
+    rank->set_peak_memory_bytes(simulated->peakMemory[r]);
+    rank->set_activation_bytes(plan.programs(r).peak_activation_bytes());
+  }
+  auto *predicted = plan.mutable_predicted();
+  predicted->set_step_time_s(simulated->stepTime);
+  predicted->set_bubble_fraction(simulated->bubbleFraction);
+  predicted->set_bottleneck_s(stagePlan->bottleneck);
+  predicted->set_imbalance(stagePlan->imbalance);
+
+  // What balancing bought: the other methods on the same inputs, simulated
+  // the same way.
+  for (const char *alt : {"time", "params", "uniform"}) {
+    if (!withAlternatives)
+      break;
+    auto *a = plan.add_alternatives();
+    a->set_method(alt);
+    if (options.balance == alt) {
+      a->set_layout(plan.layout());
+      a->set_step_time_s(plan.predicted().step_time_s());
+      a->set_bottleneck_s(plan.predicted().bottleneck_s());
+      a->set_imbalance(plan.predicted().imbalance());
+      a->set_fits_memory(fitsMemory(plan));
+      continue;
+    }
+    CompileOptions altOptions = options;
+    altOptions.balance = alt;
+    auto altPlan = buildPlan(modelPath, altOptions, setup, prepared, schedule, V, M, microbatchSize,
+                             /*withAlternatives=*/false);
+    if (!altPlan) {
+      a->set_error(toString(altPlan.takeError()));
+      continue;
+    }
+    a->set_layout(altPlan->layout());
+    a->set_step_time_s(altPlan->predicted().step_time_s());
+    a->set_bottleneck_s(altPlan->predicted().bottleneck_s());
+    a->set_imbalance(altPlan->predicted().imbalance());
+    a->set_fits_memory(fitsMemory(*altPlan));
+  }
+  for (const std::string &w : graph.warnings)
+    plan.add_warnings(w);
+  if (!first.defaultedOpTypes.empty())
+    plan.add_warnings("ops costed by the default rule (F = one FLOP per output element, I = F, "
+                      "W = 0): " +
+                      join(first.defaultedOpTypes, ", "));
+  for (const plan::Rank &r : plan.ranks())
+    if (overMemoryLimit(r))
+      plan.add_warnings(formatv("rank {0} needs {1}, over its limit of {2}", r.index(),
+                                humanCount(r.peak_memory_bytes(), true),
+                                humanCount(r.memory_limit_bytes(), true))
+                            .str());
+  return plan;
+}
+
+/// The runtime feeds every input by samples along its batch axis (the
+/// dimension the model names like a batch, else the first), one microbatch at
+/// a time. An input whose batch dimension is not the microbatch size (fixed
+/// so in the model, or bound so by --input-shape) would be fed the wrong
+/// samples, and its outputs stacked to the wrong batch.
+Error checkDataBatch(const plan::Plan &plan) {
+  const plan::ScheduleInfo &s = plan.schedule();
+  for (const plan::DataInput &d : plan.data()) {
+    int axis = d.batch_axis();
+    if (d.shape_size() == 0)
+      continue; // the runtime names a scalar input itself
+    if (axis < 0 || axis >= d.shape_size())
+      return flagError(formatv("input '{0}' has batch axis {1}, outside its {2} dimensions",
+                               d.name(), axis, d.shape_size()));
+    int64_t samples = d.shape(axis);
+    if (samples == s.microbatch_size())
+      continue;
+    std::string where =
+        axis == 0 ? std::string("its first dimension") : formatv("dimension {0}", axis).str();
+    return flagError(formatv("input '{0}' has {1} in {2} (the batch), but the microbatches hold "
+                             "{3} sample(s); give --batch {4} for {5} microbatch(es) of {1}",
+                             d.name(), samples, where, s.microbatch_size(),
+                             samples * s.microbatches() * s.data_parallel(), s.microbatches()));
+  }
+  return Error::success();
+}
+
+/// The programs `pipec run` executes. A model the runtime cannot execute
+/// still compiles (the plan's timing stands); the plan then says why.
+void attachStagePrograms(plan::Plan &plan, const Prepared &prepared, StringRef freeze) {
+  if (plan.schedule().mode() == "train" && !prepared.backward)
+    return; // the backward warning is already there
+  const Backward *backward = plan.schedule().mode() == "train" ? &*prepared.backward : nullptr;
+  Error err = buildStagePrograms(plan, prepared.graph, prepared.layers, backward, freeze);
+  if (!err)
+    err = checkDataBatch(plan);
+  if (err) {
+    plan.clear_stage_programs();
+    plan.clear_weights();
+    plan.clear_trainable();
+    plan.clear_data();
+    plan.clear_outputs();
+    plan.add_warnings("the plan cannot be run: " + toString(std::move(err)));
+  }
+}
+
+} // namespace
+
+Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &options,
+                                  const PipelineOptions &pipeline) {
+  int P = options.stages;
+  if (P < 1)
+    return flagError("--stages must be at least 1");
+  if (options.virtualStages < 1)
+    return flagError("--virtual-stages must be at least 1");
+  if (options.dataParallel < 1)
+    return flagError("--dp must be at least 1");
+  auto setup = resolveSetup(options);
+  if (!setup)
+    return setup.takeError();
+  int64_t perReplica = options.globalBatch / options.dataParallel;
+  if (options.globalBatch > 0 && options.globalBatch % options.dataParallel != 0)
+    return flagError(formatv("--batch {0} does not divide over --dp {1} replicas",
+                             options.globalBatch, options.dataParallel));
+  auto microbatchSizeFor = [&](int M) -> Expected<int64_t> {
+    if (options.globalBatch <= 0)
+      return 1;
+    if (perReplica % M != 0)
+      return flagError(formatv("--batch {0} does not divide into {1} microbatches of {2} "
+                               "replica(s)",
+                               options.globalBatch, M, options.dataParallel));
+    return perReplica / M;
+  };
+  std::map<int64_t, std::unique_ptr<Prepared>> cache;
+  auto preparedFor = [&](int64_t size) -> Expected<const Prepared *> {
+    auto it = cache.find(size);
+    if (it != cache.end())
+      return it->second.get();
+    auto made = prepare(modelPath, options, pipeline, *setup, size,
+                        cache.empty() ? "" : cache.begin()->second->sha256);
+    if (!made)
+      return made.takeError();
+    const Prepared *ptr = made->get();
+    cache[size] = std::move(*made);
+    return ptr;
+  };
+
+  if (!options.autoSchedule || !options.training) {
+    ScheduleKind schedule = options.training ? options.schedule : ScheduleKind::ForwardOnly;
+    int V = options.training ? options.virtualStages : 1;
+    int M = options.microbatches > 0 ? options.microbatches : 4 * P;
+    auto size = microbatchSizeFor(M);
+    if (!size)
+      return size.takeError();
+    auto prepared = preparedFor(*size);
+    if (!prepared)
+      return prepared.takeError();
+    auto built = buildPlan(modelPath, options, *setup, **prepared, schedule, V, M, *size);
+    if (!built)
+      return built.takeError();
+    attachStagePrograms(*built, **prepared, options.freeze);
+    return built;
+  }
+
+  // --schedule auto: simulate the candidates, keep the fastest that fits.
+  std::vector<int> counts;
+  if (options.microbatches > 0)
+    counts = {options.microbatches};
+  else
+    for (int f : {1, 2, 4, 8})
+      counts.push_back(f * P);
+  struct Candidate {
+    ScheduleKind kind;
+    int V;
+  };
+  std::vector<Candidate> candidates = {{ScheduleKind::GPipe, 1},       {ScheduleKind::OneFOneB, 1},
+                                       {ScheduleKind::Interleaved, 2}, {ScheduleKind::ZBH1, 1},
+                                       {ScheduleKind::ZBH2, 1},        {ScheduleKind::ZBV, 2},
+                                       {ScheduleKind::DualPipeV, 2}};
+  std::vector<std::string> tried;
+  std::optional<plan::Plan> best;
+  const Prepared *bestPrepared = nullptr;
+  struct {
+    ScheduleKind kind = ScheduleKind::OneFOneB;
+    int V = 1, M = 1;
+    int64_t microbatchSize = 1;
+  } bestShape;
+  std::string bestText;
+  for (int M : counts)
+    for (const Candidate &c : candidates) {
+      std::string name = formatv("{0} V={1} M={2}", scheduleName(c.kind), c.V, M).str();
+      if (Error err = checkScheduleShape(c.kind, P, c.V, M)) {
+        tried.push_back(name + ": not accepted: " + toString(std::move(err)));
+        continue;
+      }
+      auto size = microbatchSizeFor(M);
+      if (!size) {
+        tried.push_back(name + ": " + toString(size.takeError()));
+        continue;
+      }
+      auto prepared = preparedFor(*size);
+      if (!prepared)
+        return prepared.takeError();
+      // The balancing alternatives are built for the winner alone, below.
+      auto candidate = buildPlan(modelPath, options, *setup, **prepared, c.kind, c.V, M, *size,
+                                 /*withAlternatives=*/false);
+      if (!candidate) {
+        tried.push_back(name + ": " + toString(candidate.takeError()));
+        continue;
+      }
+      bool fits = fitsMemory(*candidate);
+      double step = candidate->predicted().step_time_s();
+      tried.push_back(formatv("{0}: step {1:e3} s, bubble {2:f1}%{3}", name, step,
+                              100 * candidate->predicted().bubble_fraction(),
+                              fits ? "" : ", over the memory limit")
+                          .str());
+      if (fits && (!best || step < best->predicted().step_time_s())) {
+        best = std::move(*candidate);
+        bestPrepared = *prepared;
+        bestText = name;
+        bestShape = {c.kind, c.V, M, *size};
+      }
+    }
+  if (!best)
+    return flagError("--schedule auto: no schedule fits the memory limits; tried " +
+                     join(tried, "; "));
+  auto full = buildPlan(modelPath, options, *setup, *bestPrepared, bestShape.kind, bestShape.V,
+                        bestShape.M, bestShape.microbatchSize);
+  if (!full)
+    return full.takeError();
+  best = std::move(*full);
+  best->add_schedule_search("chose " + bestText +
+                            ": the least simulated step time among the "
+                            "candidates that fit the memory limits");
+  for (const std::string &t : tried)
+    best->add_schedule_search(t);
+  attachStagePrograms(*best, *bestPrepared, options.freeze);
+  return std::move(*best);
+}
+
+} // namespace pipec

@@ -1,0 +1,57 @@
+//===- Compile.h - `pipec compile`: a model to a plan -------------------===//
+//
+// Import, the graph passes, group-layers, the cost model per rank's hardware,
+// balance-stages (the chosen method, and time / params / uniform side by side
+// for the report), then the Plan. Schedules and per-rank instruction streams
+// extend the Plan in later passes.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_DRIVER_COMPILE_H
+#define PIPEC_DRIVER_COMPILE_H
+
+#include "driver/PassPipeline.h"
+#include "compiler/cost/CostModel.h"
+#include "compiler/cost/MemoryModel.h"
+#include "compiler/schedule/ScheduleKind.h"
+#include "runtime/plan/plan.pb.h"
+
+namespace pipec {
+
+struct CompileOptions {
+  ImportOptions import;
+  int stages = 4;
+  int virtualStages = 1;
+  /// 0: four per stage.
+  int microbatches = 0;
+  /// Global batch; 0: one sample per microbatch.
+  int64_t globalBatch = 0;
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  /// --schedule auto: simulate schedules, V and M, keep the fastest that fits.
+  bool autoSchedule = false;
+  /// A name or JSON file, or a comma-separated list with one per rank.
+  std::string hardware = "h100";
+  /// time, params, uniform, or a layout string.
+  std::string balance = "time";
+  /// Bytes per rank, or a comma-separated list; empty: the device memory.
+  std::string memoryLimit;
+  bool training = true;
+  /// Empty: bf16 on GPUs, fp32 on CPUs.
+  std::string precision;
+  Optimizer optimizer = Optimizer::Adam;
+  bool recompute = false;
+  /// A measured cost table (JSON) overriding the roofline.
+  std::string costs;
+  int dataParallel = 1;
+  /// Weights (a regular expression over their names) the optimizer leaves
+  /// alone.
+  std::string freeze;
+};
+
+/// Compiles \p modelPath into a plan. Errors name the flag, file, layer or
+/// stage at fault.
+llvm::Expected<plan::Plan> compileModel(llvm::StringRef modelPath, const CompileOptions &options,
+                                        const PipelineOptions &pipeline);
+
+} // namespace pipec
+
+#endif // PIPEC_DRIVER_COMPILE_H

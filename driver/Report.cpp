@@ -1,0 +1,199 @@
+//===- Report.cpp - `pipec report`: the partition report of a plan --------===//
+#include "driver/Report.h"
+#include "driver/InspectReport.h"
+#include "compiler/sim/Simulator.h"
+
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+
+using namespace llvm;
+
+namespace pipec {
+
+std::string formatSeconds(double s) {
+  if (s >= 1)
+    return formatv("{0:f2} s", s).str();
+  if (s >= 1e-3)
+    return formatv("{0:f2} ms", s * 1e3).str();
+  return formatv("{0:f1} us", s * 1e6).str();
+}
+
+namespace {
+
+std::string layerRange(const plan::Stage &s) {
+  if (s.first_layer() > s.last_layer())
+    return "(empty)";
+  std::string names = s.layers(0);
+  if (s.layers_size() > 1)
+    names += " .. " + s.layers(s.layers_size() - 1);
+  return formatv("{0}-{1} {2}", s.first_layer(), s.last_layer(), names).str();
+}
+
+} // namespace
+
+void printReportText(const plan::Plan &plan, raw_ostream &os) {
+  const auto &sched = plan.schedule();
+  os << formatv("model     {0}  ({1} params, sha256 {2})\n", plan.model().path(),
+                humanCount(plan.model().params()), plan.model().sha256().substr(0, 16));
+  std::string hw = plan.hardware_size() ? plan.hardware(0).name() : "?";
+  for (int r = 1; r < plan.hardware_size(); ++r)
+    if (plan.hardware(r).name() != plan.hardware(0).name())
+      hw = "mixed";
+  os << formatv("schedule  {0}  P={1} V={2} M={3}  {4}, microbatch {5}, global batch {6}\n",
+                sched.name(), sched.stages(), sched.virtual_stages(), sched.microbatches(),
+                sched.mode(), sched.microbatch_size(), sched.global_batch());
+  os << formatv("hardware  {0}  precision {1}  optimizer {2}{3}\n", hw, plan.training().precision(),
+                plan.training().optimizer(), plan.training().recompute() ? "  recompute" : "");
+  os << formatv("balance   {0}\nlayout    {1}\n\n", plan.balance_method(), plan.layout());
+  size_t width = 24;
+  for (const auto &s : plan.stages())
+    width = std::max(width, layerRange(s).size());
+  width = std::min<size_t>(width, 60);
+  os << formatv("{0,5} {1,4} {2,5}  {3}  {4,9} {5,10} {6,10} {7,10} {8,10} {9,10} {10,21}\n",
+                "stage", "rank", "chunk", left_justify("layers", width), "params", "fwd FLOPs", "F",
+                "I", "W", "send/mb", "peak memory / limit");
+  for (const auto &s : plan.stages()) {
+    std::string range = layerRange(s);
+    if (range.size() > width)
+      range = range.substr(0, width - 3) + "...";
+    const auto &rank = plan.ranks(s.rank());
+    std::string memory =
+        formatv("{0} / {1}", humanCount(rank.peak_memory_bytes(), true),
+                rank.memory_limit_bytes() > 0 ? humanCount(rank.memory_limit_bytes(), true)
+                                              : std::string("-"))
+            .str();
+    os << formatv("{0,5} {1,4} {2,5}  {3}  {4,9} {5,10} {6,10} {7,10} {8,10} {9,10} {10,21}\n",
+                  s.index(), s.rank(), s.chunk(), left_justify(range, width),
+                  humanCount(s.params()), humanCount(static_cast<int64_t>(s.flops_f())),
+                  formatSeconds(s.time_f_s()), formatSeconds(s.time_i_s()),
+                  formatSeconds(s.time_w_s()), humanCount(s.boundary_bytes(), true), memory);
+  }
+  const auto &p = plan.predicted();
+  os << formatv("\npredicted step {0} (simulated), bubble {1:f1}%, slowest stage {2} per "
+                "microbatch, imbalance {3:f3} (slowest / mean)\n",
+                formatSeconds(p.step_time_s()), 100 * p.bubble_fraction(),
+                formatSeconds(p.bottleneck_s()), p.imbalance());
+  if (plan.programs_size()) {
+    if (auto sim = simulatePlan(plan)) {
+      os << "\ntimeline (simulated; " << timelineLegend() << ")\n";
+      os << formatTimeline(*sim, plan.schedule().stages(), 96);
+    } else {
+      os << "\ntimeline: " << toString(sim.takeError()) << "\n";
+    }
+  }
+  if (plan.schedule_search_size()) {
+    os << "\nschedule search\n";
+    for (const auto &line : plan.schedule_search())
+      os << "  " << line << "\n";
+  }
+  if (plan.alternatives_size()) {
+    os << "\nbalancing  predicted step  slowest stage  imbalance  layout\n";
+    for (const auto &a : plan.alternatives()) {
+      bool chosen = a.method() == plan.balance_method();
+      if (!a.error().empty()) {
+        os << formatv("{0,-9}{1}  no plan: {2}\n", a.method(), chosen ? "*" : " ", a.error());
+        continue;
+      }
+      os << formatv("{0,-9}{1}  {2,14}  {3,13}  {4,9:f3}  {5}{6}\n", a.method(), chosen ? "*" : " ",
+                    formatSeconds(a.step_time_s()), formatSeconds(a.bottleneck_s()), a.imbalance(),
+                    a.layout(), a.fits_memory() ? "" : "  (over the memory limit)");
+    }
+  }
+  if (plan.warnings_size()) {
+    os << "\nwarnings\n";
+    for (const auto &w : plan.warnings())
+      os << "  - " << w << "\n";
+  }
+}
+
+void printReportJson(const plan::Plan &plan, raw_ostream &os) {
+  json::OStream j(os, 2);
+  const auto &sched = plan.schedule();
+  j.object([&] {
+    j.attribute("format_version", ReportFormatVersion);
+    j.attributeObject("model", [&] {
+      j.attribute("path", plan.model().path());
+      j.attribute("sha256", plan.model().sha256());
+      j.attribute("params", plan.model().params());
+    });
+    j.attributeObject("schedule", [&] {
+      j.attribute("name", sched.name());
+      j.attribute("stages", sched.stages());
+      j.attribute("virtual_stages", sched.virtual_stages());
+      j.attribute("microbatches", sched.microbatches());
+      j.attribute("mode", sched.mode());
+    });
+    j.attribute("balance_method", plan.balance_method());
+    j.attribute("layout", plan.layout());
+    j.attributeArray("stages", [&] {
+      for (const auto &s : plan.stages())
+        j.object([&] {
+          j.attribute("index", s.index());
+          j.attribute("rank", s.rank());
+          j.attribute("chunk", s.chunk());
+          j.attribute("first_layer", s.first_layer());
+          j.attribute("last_layer", s.last_layer());
+          j.attributeArray("layers", [&] {
+            for (const auto &name : s.layers())
+              j.value(name);
+          });
+          j.attribute("params", s.params());
+          j.attribute("flops_fwd", s.flops_f());
+          j.attribute("time_f_s", s.time_f_s());
+          j.attribute("time_i_s", s.time_i_s());
+          j.attribute("time_w_s", s.time_w_s());
+          j.attribute("comm_s", s.comm_s());
+          j.attribute("boundary_bytes", s.boundary_bytes());
+          j.attribute("memory_peak_bytes", s.memory_peak_bytes());
+        });
+    });
+    j.attributeArray("ranks", [&] {
+      for (const auto &r : plan.ranks())
+        j.object([&] {
+          j.attribute("index", r.index());
+          j.attribute("hardware", r.hardware());
+          const plan::RankProgram *program =
+              r.index() < plan.programs_size() ? &plan.programs(r.index()) : nullptr;
+          j.attributeArray("actions", [&] {
+            if (program)
+              for (const auto &a : program->actions())
+                j.value(a);
+          });
+          j.attribute("instructions",
+                      program ? static_cast<int64_t>(program->instructions_size()) : 0);
+          j.attribute("busy_s", r.busy_s());
+          j.attribute("idle_s", r.idle_s());
+          j.attribute("peak_memory_bytes", r.peak_memory_bytes());
+          j.attribute("memory_limit_bytes", r.memory_limit_bytes());
+        });
+    });
+    j.attributeObject("predicted", [&] {
+      j.attribute("step_time_s", plan.predicted().step_time_s());
+      j.attribute("bubble_fraction", plan.predicted().bubble_fraction());
+      j.attribute("bottleneck_s", plan.predicted().bottleneck_s());
+      j.attribute("imbalance", plan.predicted().imbalance());
+    });
+    j.attributeArray("balance_comparison", [&] {
+      for (const auto &a : plan.alternatives())
+        j.object([&] {
+          j.attribute("method", a.method());
+          if (!a.error().empty()) {
+            j.attribute("error", a.error());
+            return;
+          }
+          j.attribute("layout", a.layout());
+          j.attribute("step_time_s", a.step_time_s());
+          j.attribute("bottleneck_s", a.bottleneck_s());
+          j.attribute("imbalance", a.imbalance());
+          j.attribute("fits_memory", a.fits_memory());
+        });
+    });
+    j.attributeArray("warnings", [&] {
+      for (const auto &w : plan.warnings())
+        j.value(w);
+    });
+  });
+  os << "\n";
+}
+
+} // namespace pipec

@@ -1,0 +1,498 @@
+//===- Tensor.cpp - Dense host tensors of the CPU runtime ---------------===//
+//
+// Storage, element access, half-precision conversions, TensorProto reading
+// and writing, and the allClose comparison used by tests.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/core/Tensor.h"
+
+#include "onnx/onnx_pb.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallString.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+using namespace llvm;
+
+namespace pipec::cpu {
+
+//===----------------------------------------------------------------------===//
+// Element types
+//===----------------------------------------------------------------------===//
+
+std::string onnxTypeName(int32_t onnxType) {
+  if (onnx::TensorProto_DataType_IsValid(onnxType))
+    return onnx::TensorProto_DataType_Name(onnxType);
+  return formatv("UNKNOWN({0})", onnxType).str();
+}
+
+Expected<ElemType> elemTypeFromOnnx(int32_t onnxType) {
+  switch (onnxType) {
+  case 1:
+  case 2:
+  case 3:
+  case 4:
+  case 5:
+  case 6:
+  case 7:
+  case 9:
+  case 10:
+  case 11:
+  case 12:
+  case 13:
+  case 16:
+    return static_cast<ElemType>(onnxType);
+  default:
+    return createStringError(inconvertibleErrorCode(),
+                             "element type %s is not supported by the CPU runtime",
+                             onnxTypeName(onnxType).c_str());
+  }
+}
+
+StringRef elemTypeName(ElemType type) {
+  switch (type) {
+  case ElemType::Float:
+    return "float";
+  case ElemType::UInt8:
+    return "uint8";
+  case ElemType::Int8:
+    return "int8";
+  case ElemType::UInt16:
+    return "uint16";
+  case ElemType::Int16:
+    return "int16";
+  case ElemType::Int32:
+    return "int32";
+  case ElemType::Int64:
+    return "int64";
+  case ElemType::Bool:
+    return "bool";
+  case ElemType::Float16:
+    return "float16";
+  case ElemType::Double:
+    return "double";
+  case ElemType::UInt32:
+    return "uint32";
+  case ElemType::UInt64:
+    return "uint64";
+  case ElemType::BFloat16:
+    return "bfloat16";
+  }
+  llvm_unreachable("unknown element type");
+}
+
+size_t storageSize(ElemType type) {
+  return visitStorage(type, [](auto tag) { return sizeof(tag); });
+}
+
+bool isFloating(ElemType type) {
+  return type == ElemType::Float || type == ElemType::Double || type == ElemType::Float16 ||
+         type == ElemType::BFloat16;
+}
+
+bool isInteger(ElemType type) { return !isFloating(type) && type != ElemType::Bool; }
+
+//===----------------------------------------------------------------------===//
+// Half-precision conversions
+//===----------------------------------------------------------------------===//
+
+static uint32_t floatBits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  return bits;
+}
+
+static float bitsToFloat(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+
+uint16_t floatToHalf(float value) {
+  uint32_t bits = floatBits(value);
+  uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
+  uint32_t absBits = bits & 0x7fffffff;
+  if (absBits >= 0x7f800000) // Inf or NaN; keep NaN quiet.
+    return sign | (absBits > 0x7f800000 ? 0x7e00 : 0x7c00);
+  if (absBits >= 0x477ff000) // Rounds to a value above the largest half.
+    return sign | 0x7c00;
+  if (absBits < 0x38800000) {
+    // Subnormal half (or zero): scale so that the half's ulp (2^-24) becomes
+    // 1 and let the FPU round to nearest even.
+    float scaled = bitsToFloat(absBits) * 16777216.0f;
+    return sign | static_cast<uint16_t>(std::nearbyint(scaled));
+  }
+  // Normal: rebias the exponent, round the 13 dropped mantissa bits to even.
+  uint32_t rounded = absBits + 0xfff + ((absBits >> 13) & 1);
+  return sign | static_cast<uint16_t>((rounded - 0x38000000) >> 13);
+}
+
+float halfToFloat(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  if (exp == 0) {
+    // Zero or subnormal: mant * 2^-24.
+    float magnitude = static_cast<float>(mant) * (1.0f / 16777216.0f);
+    return sign ? -magnitude : magnitude;
+  }
+  if (exp == 0x1f)
+    return bitsToFloat(sign | 0x7f800000 | (mant << 13));
+  return bitsToFloat(sign | ((exp + 127 - 15) << 23) | (mant << 13));
+}
+
+uint16_t floatToBFloat16(float value) {
+  uint32_t bits = floatBits(value);
+  if ((bits & 0x7fffffff) > 0x7f800000)
+    return static_cast<uint16_t>((bits >> 16) | 0x40);
+  uint32_t rounded = bits + 0x7fff + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(rounded >> 16);
+}
+
+float bfloat16ToFloat(uint16_t bits) { return bitsToFloat(static_cast<uint32_t>(bits) << 16); }
+
+//===----------------------------------------------------------------------===//
+// Shapes
+//===----------------------------------------------------------------------===//
+
+int64_t numElementsOf(ArrayRef<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+std::vector<int64_t> stridesOf(ArrayRef<int64_t> shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i)
+    strides[i] = strides[i + 1] * shape[i + 1];
+  return strides;
+}
+
+std::string shapeString(ArrayRef<int64_t> shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+//===----------------------------------------------------------------------===//
+// Tensor
+//===----------------------------------------------------------------------===//
+
+Tensor::Tensor(ElemType type, std::vector<int64_t> shape)
+    : type(type), dims(std::move(shape)), count(numElementsOf(dims)) {
+  assert(llvm::all_of(dims, [](int64_t d) { return d >= 0; }) && "negative dimension");
+  // 64-byte alignment suits SIMD loads and BLAS; never allocate zero bytes.
+  size_t bytes = (std::max<size_t>(byteSize(), 1) + 63) / 64 * 64;
+  void *memory = std::aligned_alloc(64, bytes);
+  if (!memory)
+    report_bad_alloc_error("pipec: out of memory allocating a tensor");
+  std::memset(memory, 0, bytes);
+  storage = std::shared_ptr<void>(memory, [](void *p) { std::free(p); });
+}
+
+double Tensor::getDouble(int64_t flatIndex) const {
+  assert(flatIndex >= 0 && flatIndex < count);
+  return visitStorage(type, [&](auto tag) -> double {
+    using T = decltype(tag);
+    return static_cast<double>(data<T>()[flatIndex]);
+  });
+}
+
+int64_t Tensor::getInt64(int64_t flatIndex) const {
+  assert(flatIndex >= 0 && flatIndex < count);
+  return visitStorage(type, [&](auto tag) -> int64_t {
+    using T = decltype(tag);
+    return static_cast<int64_t>(data<T>()[flatIndex]);
+  });
+}
+
+void Tensor::setDouble(int64_t flatIndex, double value) {
+  assert(flatIndex >= 0 && flatIndex < count);
+  visitStorage(type, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>)
+      data<T>()[flatIndex] = value != 0;
+    else
+      data<T>()[flatIndex] = static_cast<T>(value);
+  });
+}
+
+std::vector<int64_t> Tensor::toInt64Vector() const {
+  std::vector<int64_t> result(count);
+  for (int64_t i = 0; i < count; ++i)
+    result[i] = getInt64(i);
+  return result;
+}
+
+Tensor Tensor::onDevice(ElemType type, std::vector<int64_t> shape, std::shared_ptr<void> storage,
+                        int device) {
+  Tensor t;
+  t.type = type;
+  t.dims = std::move(shape);
+  t.count = numElementsOf(t.dims);
+  t.storage = std::move(storage);
+  t.deviceIndex = device;
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  if (isNull())
+    return Tensor();
+  assert(onHost() && "clone() of a device tensor: use its backend");
+  Tensor copy(type, dims);
+  std::memcpy(copy.rawData(), rawData(), byteSize());
+  return copy;
+}
+
+Tensor Tensor::reshaped(std::vector<int64_t> newShape) const {
+  assert(numElementsOf(newShape) == count && "reshape changes the element count");
+  Tensor result = *this;
+  result.dims = std::move(newShape);
+  return result;
+}
+
+void Tensor::roundToElemType() {
+  if (type == ElemType::Float16) {
+    for (float &v : MutableArrayRef<float>(data<float>(), count))
+      v = halfToFloat(floatToHalf(v));
+  } else if (type == ElemType::BFloat16) {
+    for (float &v : MutableArrayRef<float>(data<float>(), count))
+      v = bfloat16ToFloat(floatToBFloat16(v));
+  }
+}
+
+std::string Tensor::describe() const {
+  if (isNull())
+    return "null";
+  return (elemTypeName(type) + shapeString(dims)).str();
+}
+
+//===----------------------------------------------------------------------===//
+// TensorProto
+//===----------------------------------------------------------------------===//
+
+size_t wireSize(ElemType type) {
+  if (type == ElemType::Float16 || type == ElemType::BFloat16)
+    return 2;
+  return storageSize(type);
+}
+
+void copyFromWire(Tensor &tensor, StringRef bytes) {
+  ElemType type = tensor.elemType();
+  if (type == ElemType::Float16 || type == ElemType::BFloat16) {
+    float *out = tensor.data<float>();
+    for (int64_t i = 0; i < tensor.numElements(); ++i) {
+      uint16_t bits;
+      std::memcpy(&bits, bytes.data() + 2 * i, 2);
+      out[i] = type == ElemType::Float16 ? halfToFloat(bits) : bfloat16ToFloat(bits);
+    }
+    return;
+  }
+  if (type == ElemType::Bool) {
+    bool *out = tensor.data<bool>();
+    for (int64_t i = 0; i < tensor.numElements(); ++i)
+      out[i] = bytes[i] != 0;
+    return;
+  }
+  std::memcpy(tensor.rawData(), bytes.data(), tensor.byteSize());
+}
+
+static Expected<std::string> readExternalData(const onnx::TensorProto &proto, StringRef baseDir,
+                                              StringRef tensorName) {
+  std::string location;
+  int64_t offset = 0, length = -1;
+  for (const auto &entry : proto.external_data()) {
+    if (entry.key() == "location")
+      location = entry.value();
+    else if (entry.key() == "offset" && !to_integer(entry.value(), offset))
+      offset = -1;
+    else if (entry.key() == "length" && !to_integer(entry.value(), length))
+      length = -2;
+  }
+  if (location.empty() || offset < 0 || length < -1)
+    return createStringError(inconvertibleErrorCode(),
+                             "tensor '%s': external data needs a location and valid offset/length",
+                             tensorName.str().c_str());
+  SmallString<256> path(baseDir);
+  sys::path::append(path, location);
+  auto file = MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  if (!file)
+    return createStringError(file.getError(), "tensor '%s': cannot read external data '%s': %s",
+                             tensorName.str().c_str(), path.c_str(),
+                             file.getError().message().c_str());
+  StringRef contents = (*file)->getBuffer();
+  if (static_cast<size_t>(offset) > contents.size() ||
+      (length >= 0 && static_cast<size_t>(offset + length) > contents.size()))
+    return createStringError(inconvertibleErrorCode(),
+                             "tensor '%s': external data '%s' is shorter than offset + length",
+                             tensorName.str().c_str(), path.c_str());
+  return contents.substr(offset, length < 0 ? StringRef::npos : static_cast<size_t>(length)).str();
+}
+
+Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto, StringRef baseDir) {
+  std::string name = proto.name().empty() ? "<unnamed>" : proto.name();
+  auto fail = [&](const Twine &message) {
+    return createStringError(inconvertibleErrorCode(), "tensor '%s': %s", name.c_str(),
+                             message.str().c_str());
+  };
+  Expected<ElemType> type = elemTypeFromOnnx(proto.data_type());
+  if (!type)
+    return fail(toString(type.takeError()));
+  if (proto.has_segment())
+    return fail("segmented tensors are not supported");
+  std::vector<int64_t> shape(proto.dims().begin(), proto.dims().end());
+  if (llvm::any_of(shape, [](int64_t d) { return d < 0; }))
+    return fail("negative dimension in " + shapeString(shape));
+  Tensor tensor(*type, shape);
+  int64_t count = tensor.numElements();
+
+  auto checkCount = [&](int64_t have) -> Error {
+    if (have != count)
+      return fail(formatv("{0} values for shape {1}", have, shapeString(shape)));
+    return Error::success();
+  };
+
+  if (proto.data_location() == onnx::TensorProto::EXTERNAL) {
+    Expected<std::string> bytes = readExternalData(proto, baseDir, name);
+    if (!bytes)
+      return bytes.takeError();
+    if (bytes->size() != count * wireSize(*type))
+      return fail(formatv("external data has {0} bytes, shape {1} needs {2}", bytes->size(),
+                          shapeString(shape), count * wireSize(*type)));
+    copyFromWire(tensor, *bytes);
+    return tensor;
+  }
+  if (proto.has_raw_data()) {
+    if (proto.raw_data().size() != count * wireSize(*type))
+      return fail(formatv("raw data has {0} bytes, shape {1} needs {2}", proto.raw_data().size(),
+                          shapeString(shape), count * wireSize(*type)));
+    copyFromWire(tensor, proto.raw_data());
+    return tensor;
+  }
+
+  switch (*type) {
+  case ElemType::Float:
+    if (Error e = checkCount(proto.float_data_size()))
+      return e;
+    llvm::copy(proto.float_data(), tensor.data<float>());
+    break;
+  case ElemType::Double:
+    if (Error e = checkCount(proto.double_data_size()))
+      return e;
+    llvm::copy(proto.double_data(), tensor.data<double>());
+    break;
+  case ElemType::Int64:
+    if (Error e = checkCount(proto.int64_data_size()))
+      return e;
+    llvm::copy(proto.int64_data(), tensor.data<int64_t>());
+    break;
+  case ElemType::UInt32:
+  case ElemType::UInt64:
+    if (Error e = checkCount(proto.uint64_data_size()))
+      return e;
+    visitStorage(*type, [&](auto tag) {
+      using T = decltype(tag);
+      for (int64_t i = 0; i < count; ++i)
+        tensor.data<T>()[i] = static_cast<T>(proto.uint64_data(i));
+    });
+    break;
+  case ElemType::Float16:
+  case ElemType::BFloat16:
+    if (Error e = checkCount(proto.int32_data_size()))
+      return e;
+    for (int64_t i = 0; i < count; ++i) {
+      auto bits = static_cast<uint16_t>(proto.int32_data(i));
+      tensor.data<float>()[i] =
+          *type == ElemType::Float16 ? halfToFloat(bits) : bfloat16ToFloat(bits);
+    }
+    break;
+  default: // The small integer types and bool travel in int32_data.
+    if (Error e = checkCount(proto.int32_data_size()))
+      return e;
+    visitStorage(*type, [&](auto tag) {
+      using T = decltype(tag);
+      for (int64_t i = 0; i < count; ++i)
+        tensor.data<T>()[i] = static_cast<T>(proto.int32_data(i));
+    });
+    break;
+  }
+  return tensor;
+}
+
+onnx::TensorProto toTensorProto(const Tensor &tensor, StringRef name) {
+  onnx::TensorProto proto;
+  proto.set_name(name.str());
+  proto.set_data_type(static_cast<int32_t>(tensor.elemType()));
+  for (int64_t d : tensor.shape())
+    proto.add_dims(d);
+  proto.set_raw_data(toWire(tensor));
+  return proto;
+}
+
+std::string toWire(const Tensor &tensor) {
+  ElemType type = tensor.elemType();
+  std::string bytes;
+  if (type == ElemType::Float16 || type == ElemType::BFloat16) {
+    bytes.resize(2 * tensor.numElements());
+    for (int64_t i = 0; i < tensor.numElements(); ++i) {
+      float v = tensor.data<float>()[i];
+      uint16_t bits = type == ElemType::Float16 ? floatToHalf(v) : floatToBFloat16(v);
+      std::memcpy(&bytes[2 * i], &bits, 2);
+    }
+  } else {
+    bytes.assign(static_cast<const char *>(tensor.rawData()), tensor.byteSize());
+  }
+  return bytes;
+}
+
+//===----------------------------------------------------------------------===//
+// Comparison
+//===----------------------------------------------------------------------===//
+
+bool allClose(const Tensor &actual, const Tensor &expected, double rtol, double atol,
+              std::string *why) {
+  auto mismatch = [&](const std::string &message) {
+    if (why)
+      *why = message;
+    return false;
+  };
+  if (actual.isNull() || expected.isNull())
+    return mismatch("null tensor: got " + actual.describe() + ", expected " + expected.describe());
+  if (actual.elemType() != expected.elemType() || actual.shape() != expected.shape())
+    return mismatch("got " + actual.describe() + ", expected " + expected.describe());
+  bool floating = isFloating(actual.elemType());
+  for (int64_t i = 0; i < actual.numElements(); ++i) {
+    bool close;
+    if (floating) {
+      double a = actual.getDouble(i), e = expected.getDouble(i);
+      if (std::isnan(a) || std::isnan(e))
+        close = std::isnan(a) && std::isnan(e);
+      else if (std::isinf(a) || std::isinf(e))
+        close = a == e;
+      else
+        close = std::fabs(a - e) <= atol + rtol * std::fabs(e);
+    } else {
+      close = actual.getInt64(i) == expected.getInt64(i);
+      if (close && (actual.elemType() == ElemType::UInt64))
+        close = actual.data<uint64_t>()[i] == expected.data<uint64_t>()[i];
+    }
+    if (!close)
+      return mismatch(formatv("element {0} of {1}: got {2}, expected {3}", i, actual.describe(),
+                              format("%.9g", actual.getDouble(i)),
+                              format("%.9g", expected.getDouble(i)))
+                          .str());
+  }
+  return true;
+}
+
+} // namespace pipec::cpu

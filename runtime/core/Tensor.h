@@ -1,0 +1,292 @@
+//===- Tensor.h - Dense host tensors of the CPU runtime -----------------===//
+//
+// A Tensor is an element type, a shape and a contiguous row-major buffer.
+// The buffer is owned through a std::shared_ptr: copying a Tensor is cheap and
+// the copy shares the buffer (writes through one are seen by the other); use
+// clone() for an independent copy. Tensors convert to and from ONNX
+// TensorProto, including external data next to a model file.
+//
+// Half-precision types (Float16, BFloat16) are stored widened to float: their
+// element type says what they are, data<float>() holds their values, and
+// roundToElemType() rounds the values back to what the type can represent.
+// toTensorProto() writes the real 16-bit encoding.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_RUNTIME_CORE_TENSOR_H
+#define PIPEC_RUNTIME_CORE_TENSOR_H
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+#include "llvm/Support/ErrorHandling.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace onnx {
+class TensorProto;
+} // namespace onnx
+
+namespace pipec::cpu {
+
+/// Element types, numbered as ONNX's TensorProto.DataType. Strings and
+/// complex numbers are not supported by the CPU runtime.
+enum class ElemType : int32_t {
+  Float = 1,
+  UInt8 = 2,
+  Int8 = 3,
+  UInt16 = 4,
+  Int16 = 5,
+  Int32 = 6,
+  Int64 = 7,
+  Bool = 9,
+  Float16 = 10,
+  Double = 11,
+  UInt32 = 12,
+  UInt64 = 13,
+  BFloat16 = 16,
+};
+
+/// The element type for ONNX data type \p onnxType, or an error naming the
+/// type when the CPU runtime does not support it (string, complex, ...).
+llvm::Expected<ElemType> elemTypeFromOnnx(int32_t onnxType);
+/// ONNX's name of a data type ("FLOAT", "INT64", "STRING", ...); "UNKNOWN(n)"
+/// for numbers ONNX does not define.
+std::string onnxTypeName(int32_t onnxType);
+/// Lower-case short name: "float", "int64", "bfloat16", ...
+llvm::StringRef elemTypeName(ElemType type);
+/// Bytes per element in memory (4 for Float16/BFloat16: stored as float).
+size_t storageSize(ElemType type);
+/// Float, Double, Float16 and BFloat16.
+bool isFloating(ElemType type);
+/// Signed and unsigned integers (not Bool).
+bool isInteger(ElemType type);
+
+/// The C++ type that holds each element in memory.
+template <ElemType E> struct StorageOf;
+template <> struct StorageOf<ElemType::Float> { using type = float; };
+template <> struct StorageOf<ElemType::Float16> { using type = float; };
+template <> struct StorageOf<ElemType::BFloat16> { using type = float; };
+template <> struct StorageOf<ElemType::Double> { using type = double; };
+template <> struct StorageOf<ElemType::UInt8> { using type = uint8_t; };
+template <> struct StorageOf<ElemType::Int8> { using type = int8_t; };
+template <> struct StorageOf<ElemType::UInt16> { using type = uint16_t; };
+template <> struct StorageOf<ElemType::Int16> { using type = int16_t; };
+template <> struct StorageOf<ElemType::Int32> { using type = int32_t; };
+template <> struct StorageOf<ElemType::Int64> { using type = int64_t; };
+template <> struct StorageOf<ElemType::UInt32> { using type = uint32_t; };
+template <> struct StorageOf<ElemType::UInt64> { using type = uint64_t; };
+template <> struct StorageOf<ElemType::Bool> { using type = bool; };
+
+/// The natural element type of a C++ type (float -> Float, bool -> Bool).
+template <typename T> constexpr ElemType elemTypeOf() {
+  if constexpr (std::is_same_v<T, float>)
+    return ElemType::Float;
+  else if constexpr (std::is_same_v<T, double>)
+    return ElemType::Double;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return ElemType::UInt8;
+  else if constexpr (std::is_same_v<T, int8_t>)
+    return ElemType::Int8;
+  else if constexpr (std::is_same_v<T, uint16_t>)
+    return ElemType::UInt16;
+  else if constexpr (std::is_same_v<T, int16_t>)
+    return ElemType::Int16;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return ElemType::Int32;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return ElemType::Int64;
+  else if constexpr (std::is_same_v<T, uint32_t>)
+    return ElemType::UInt32;
+  else if constexpr (std::is_same_v<T, uint64_t>)
+    return ElemType::UInt64;
+  else {
+    static_assert(std::is_same_v<T, bool>, "no element type for this C++ type");
+    return ElemType::Bool;
+  }
+}
+
+/// True if elements of \p type are stored as C++ type T.
+template <typename T> bool storedAs(ElemType type) {
+  if (type == ElemType::Float16 || type == ElemType::BFloat16)
+    return std::is_same_v<T, float>;
+  return elemTypeOf<T>() == type;
+}
+
+/// Calls f(T{}) with T the storage type of \p type and returns its result.
+/// Kernels use it to write one generic body for every element type.
+template <typename F> decltype(auto) visitStorage(ElemType type, F &&f) {
+  switch (type) {
+  case ElemType::Float:
+  case ElemType::Float16:
+  case ElemType::BFloat16:
+    return f(float{});
+  case ElemType::Double:
+    return f(double{});
+  case ElemType::UInt8:
+    return f(uint8_t{});
+  case ElemType::Int8:
+    return f(int8_t{});
+  case ElemType::UInt16:
+    return f(uint16_t{});
+  case ElemType::Int16:
+    return f(int16_t{});
+  case ElemType::Int32:
+    return f(int32_t{});
+  case ElemType::Int64:
+    return f(int64_t{});
+  case ElemType::UInt32:
+    return f(uint32_t{});
+  case ElemType::UInt64:
+    return f(uint64_t{});
+  case ElemType::Bool:
+    return f(bool{});
+  }
+  llvm_unreachable("unknown element type");
+}
+
+/// Rounds a float to the nearest IEEE binary16 value (ties to even) and
+/// returns its bits; overflow gives infinity, NaN stays NaN.
+uint16_t floatToHalf(float value);
+/// Widens IEEE binary16 bits to float, subnormals and specials included.
+float halfToFloat(uint16_t bits);
+/// Rounds a float to bfloat16 (ties to even) and returns its bits.
+uint16_t floatToBFloat16(float value);
+float bfloat16ToFloat(uint16_t bits);
+
+/// A dense row-major tensor. A default-constructed Tensor is null (no type,
+/// no storage); every other Tensor has 64-byte aligned storage for
+/// numElements() elements. Copies share storage and nothing is synchronized:
+/// threads may read a shared buffer, but a writer needs its own clone().
+class Tensor {
+public:
+  Tensor() = default;
+  /// A zero-filled tensor. Dimensions must be >= 0.
+  Tensor(ElemType type, std::vector<int64_t> shape);
+
+  /// A tensor holding \p values (row-major, size must match \p shape), of
+  /// element type \p type, which must be stored as T (Float16 takes floats).
+  template <typename T>
+  static Tensor fromValues(std::vector<int64_t> shape, llvm::ArrayRef<T> values,
+                           ElemType type = elemTypeOf<T>()) {
+    assert(storedAs<T>(type) && "values do not match the element type");
+    Tensor result(type, std::move(shape));
+    assert(static_cast<int64_t>(values.size()) == result.numElements());
+    std::copy(values.begin(), values.end(), result.data<T>());
+    if (type == ElemType::Float16 || type == ElemType::BFloat16)
+      result.roundToElemType();
+    return result;
+  }
+  template <typename T>
+  static Tensor fromValues(std::vector<int64_t> shape, std::initializer_list<T> values,
+                           ElemType type = elemTypeOf<T>()) {
+    return fromValues(std::move(shape), llvm::ArrayRef<T>(values), type);
+  }
+  /// A rank-0 tensor.
+  template <typename T> static Tensor scalar(T value, ElemType type = elemTypeOf<T>()) {
+    return fromValues<T>({}, llvm::ArrayRef<T>(value), type);
+  }
+
+  /// A tensor whose elements live in the memory of accelerator \p device,
+  /// owned by \p storage (a backend's allocation, in the host layout: half
+  /// types stored as float). Host code must not read its data; backends move
+  /// it with their own copies.
+  static Tensor onDevice(ElemType type, std::vector<int64_t> shape, std::shared_ptr<void> storage,
+                         int device);
+  /// -1 for host memory, else the device holding the elements.
+  int device() const { return deviceIndex; }
+  bool onHost() const { return deviceIndex < 0; }
+
+  bool isNull() const { return !storage; }
+  ElemType elemType() const { return type; }
+  const std::vector<int64_t> &shape() const { return dims; }
+  int64_t rank() const { return static_cast<int64_t>(dims.size()); }
+  /// Dimension \p i; negative \p i counts from the end.
+  int64_t dim(int64_t i) const { return dims[i < 0 ? i + rank() : i]; }
+  int64_t numElements() const { return count; }
+  size_t byteSize() const { return static_cast<size_t>(count) * storageSize(type); }
+
+  /// Typed element pointers. T must be the storage type of elemType().
+  template <typename T> T *data() {
+    assert(storedAs<T>(type) && "wrong storage type");
+    return static_cast<T *>(storage.get());
+  }
+  template <typename T> const T *data() const {
+    assert(storedAs<T>(type) && "wrong storage type");
+    return static_cast<const T *>(storage.get());
+  }
+  template <typename T> llvm::ArrayRef<T> values() const { return {data<T>(), size_t(count)}; }
+  void *rawData() { return storage.get(); }
+  const void *rawData() const { return storage.get(); }
+
+  /// Element \p flatIndex converted to double (bool: 0 or 1).
+  double getDouble(int64_t flatIndex) const;
+  /// Element \p flatIndex converted to int64 (floats truncate).
+  int64_t getInt64(int64_t flatIndex) const;
+  /// Stores \p value converted to the element type (no half rounding).
+  void setDouble(int64_t flatIndex, double value);
+  /// All elements converted to int64: for shape, axes and index inputs.
+  std::vector<int64_t> toInt64Vector() const;
+
+  /// An independent deep copy (of a host tensor).
+  Tensor clone() const;
+  /// A tensor of the same elements and storage under another shape with the
+  /// same number of elements.
+  Tensor reshaped(std::vector<int64_t> newShape) const;
+  /// Rounds stored values to what Float16/BFloat16 can represent; a no-op for
+  /// other types. Kernels compute half types in float and call this last.
+  void roundToElemType();
+
+  /// "float[2,3]", "int64[]" (a scalar), "null".
+  std::string describe() const;
+
+private:
+  ElemType type = ElemType::Float;
+  std::vector<int64_t> dims;
+  int64_t count = 0;
+  std::shared_ptr<void> storage;
+  int deviceIndex = -1;
+};
+
+/// Number of elements of \p shape (1 for a scalar).
+int64_t numElementsOf(llvm::ArrayRef<int64_t> shape);
+/// Row-major strides of \p shape, in elements.
+std::vector<int64_t> stridesOf(llvm::ArrayRef<int64_t> shape);
+/// "[2,3]".
+std::string shapeString(llvm::ArrayRef<int64_t> shape);
+
+/// Reads \p proto. Raw data, the typed repeated fields and external data
+/// (file, offset, length, resolved against \p baseDir, the model's directory)
+/// are all accepted. Errors name the tensor: unsupported data type, size
+/// mismatch, unreadable external file.
+llvm::Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto,
+                                       llvm::StringRef baseDir = "");
+/// Writes \p tensor as raw_data (half types in their 16-bit encoding).
+onnx::TensorProto toTensorProto(const Tensor &tensor, llvm::StringRef name = "");
+
+/// Bytes per element in the little-endian wire encoding of ONNX's raw_data
+/// and .npy files (2 for float16 and bfloat16).
+size_t wireSize(ElemType type);
+/// Fills \p tensor from wire bytes (at least numElements x wireSize; this
+/// host is little-endian, as every machine pipec targets).
+void copyFromWire(Tensor &tensor, llvm::StringRef bytes);
+/// \p tensor's elements in the wire encoding.
+std::string toWire(const Tensor &tensor);
+
+/// Compares \p actual against \p expected: same element type and shape, and
+/// for floating types |a - e| <= atol + rtol * |e| everywhere (NaN matches NaN,
+/// infinities must match exactly); integers and bools must be equal. On a
+/// mismatch returns false and, if \p why is given, describes the first
+/// difference.
+bool allClose(const Tensor &actual, const Tensor &expected, double rtol = 1e-5, double atol = 1e-8,
+              std::string *why = nullptr);
+
+} // namespace pipec::cpu
+
+#endif // PIPEC_RUNTIME_CORE_TENSOR_H

@@ -1,0 +1,384 @@
+//===- Data.cpp - What a training or inference step feeds ---------------===//
+#include "runtime/exec/Data.h"
+#include "runtime/plan/PlanFile.h"
+
+#include "onnx/onnx_pb.h"
+
+#include "llvm/ADT/StringSwitch.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+using namespace llvm;
+
+namespace pipec::rt {
+
+Expected<cpu::ElemType> elemTypeOfName(StringRef name) {
+  using E = cpu::ElemType;
+  std::optional<E> type = StringSwitch<std::optional<E>>(name)
+                              .Case("f32", E::Float)
+                              .Case("f64", E::Double)
+                              .Case("f16", E::Float16)
+                              .Case("bf16", E::BFloat16)
+                              .Case("i64", E::Int64)
+                              .Case("i32", E::Int32)
+                              .Case("i16", E::Int16)
+                              .Case("i8", E::Int8)
+                              .Case("u8", E::UInt8)
+                              .Case("u16", E::UInt16)
+                              .Case("u32", E::UInt32)
+                              .Case("u64", E::UInt64)
+                              .Case("bool", E::Bool)
+                              .Default(std::nullopt);
+  if (!type)
+    return createStringError(inconvertibleErrorCode(), "element type '%s' cannot be fed",
+                             name.str().c_str());
+  return *type;
+}
+
+namespace {
+
+/// NumPy's descr for \p type, and back.
+const char *npyDescr(cpu::ElemType type) {
+  using E = cpu::ElemType;
+  switch (type) {
+  case E::Float:
+    return "<f4";
+  case E::Double:
+    return "<f8";
+  case E::Float16:
+    return "<f2";
+  case E::Int64:
+    return "<i8";
+  case E::Int32:
+    return "<i4";
+  case E::Int16:
+    return "<i2";
+  case E::Int8:
+    return "|i1";
+  case E::UInt8:
+    return "|u1";
+  case E::UInt16:
+    return "<u2";
+  case E::UInt32:
+    return "<u4";
+  case E::UInt64:
+    return "<u8";
+  case E::Bool:
+    return "|b1";
+  default:
+    return nullptr;
+  }
+}
+
+std::optional<cpu::ElemType> typeOfDescr(StringRef descr) {
+  using E = cpu::ElemType;
+  if (descr.size() == 3 && descr[0] == '=')
+    descr = descr.drop_front(); // native order: little-endian here
+  else if (descr.size() == 3 && (descr[0] == '<' || descr[0] == '|'))
+    descr = descr.drop_front();
+  return StringSwitch<std::optional<E>>(descr)
+      .Case("f4", E::Float)
+      .Case("f8", E::Double)
+      .Case("f2", E::Float16)
+      .Case("i8", E::Int64)
+      .Case("i4", E::Int32)
+      .Case("i2", E::Int16)
+      .Case("i1", E::Int8)
+      .Case("u1", E::UInt8)
+      .Case("u2", E::UInt16)
+      .Case("u4", E::UInt32)
+      .Case("u8", E::UInt64)
+      .Case("b1", E::Bool)
+      .Default(std::nullopt);
+}
+
+/// The value of 'key' in the header dict: the text up to the next top-level
+/// comma or closing brace.
+std::optional<StringRef> headerField(StringRef header, StringRef key) {
+  size_t at = header.find(("'" + key + "'").str());
+  if (at == StringRef::npos)
+    return std::nullopt;
+  StringRef rest = header.drop_front(at + key.size() + 2).ltrim();
+  if (!rest.consume_front(":"))
+    return std::nullopt;
+  rest = rest.ltrim();
+  int depth = 0;
+  for (size_t i = 0; i < rest.size(); ++i) {
+    char c = rest[i];
+    if (c == '(')
+      ++depth;
+    else if (c == ')')
+      --depth;
+    else if ((c == ',' || c == '}') && depth == 0)
+      return rest.take_front(i).trim();
+  }
+  return std::nullopt;
+}
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+/// \p shape without dimension \p axis: the shape of one sample.
+std::vector<int64_t> sampleShape(ArrayRef<int64_t> shape, int axis) {
+  std::vector<int64_t> out(shape.begin(), shape.end());
+  if (axis >= 0 && axis < static_cast<int>(out.size()))
+    out.erase(out.begin() + axis);
+  return out;
+}
+
+uint64_t hashName(StringRef name) {
+  uint64_t h = 0xcbf29ce484222325ull; // FNV-1a
+  for (char c : name)
+    h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+} // namespace
+
+std::string safeFileName(StringRef name) {
+  std::string safe = name.str();
+  for (char &c : safe)
+    if (c == '/' || c == ':' || c == '\\')
+      c = '_';
+  return safe;
+}
+
+Expected<cpu::Tensor> readNpy(StringRef path) {
+  auto fail = [&](const Twine &why) {
+    return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
+                             why.str().c_str());
+  };
+  auto file = MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  if (!file)
+    return fail(file.getError().message());
+  StringRef bytes = (*file)->getBuffer();
+  if (bytes.size() < 10 || !bytes.startswith("\x93NUMPY"))
+    return fail("not a .npy file");
+  uint8_t major = static_cast<uint8_t>(bytes[6]);
+  size_t headerLength, start;
+  if (major == 1) {
+    headerLength = static_cast<uint8_t>(bytes[8]) | static_cast<uint8_t>(bytes[9]) << 8;
+    start = 10;
+  } else if (major == 2 || major == 3) {
+    if (bytes.size() < 12)
+      return fail("truncated header");
+    headerLength = 0;
+    for (int i = 0; i < 4; ++i)
+      headerLength |= static_cast<size_t>(static_cast<uint8_t>(bytes[8 + i])) << (8 * i);
+    start = 12;
+  } else {
+    return fail(formatv("unknown .npy version {0}", major));
+  }
+  if (start + headerLength > bytes.size())
+    return fail("truncated header");
+  StringRef header = bytes.substr(start, headerLength);
+  auto descr = headerField(header, "descr");
+  auto order = headerField(header, "fortran_order");
+  auto shapeText = headerField(header, "shape");
+  if (!descr || !order || !shapeText)
+    return fail("header lacks descr, fortran_order or shape");
+  if (order->trim() != "False")
+    return fail("Fortran-order arrays are not supported; save with C order");
+  auto type = typeOfDescr(descr->trim("'\" "));
+  if (!type)
+    return fail("element type " + *descr + " is not supported");
+  std::vector<int64_t> shape;
+  StringRef dims = shapeText->trim("() ");
+  SmallVector<StringRef, 8> parts;
+  dims.split(parts, ',', -1, /*KeepEmpty=*/false);
+  for (StringRef p : parts) {
+    int64_t d;
+    if (p.trim().getAsInteger(10, d) || d < 0)
+      return fail("bad shape " + *shapeText);
+    shape.push_back(d);
+  }
+  cpu::Tensor tensor(*type, shape);
+  size_t need = static_cast<size_t>(tensor.numElements()) * cpu::wireSize(*type);
+  StringRef data = bytes.drop_front(start + headerLength);
+  if (data.size() < need)
+    return fail(formatv("holds {0} bytes of data, shape {1} needs {2}", data.size(),
+                        cpu::shapeString(shape), need));
+  cpu::copyFromWire(tensor, data);
+  return tensor;
+}
+
+Error writeNpy(const cpu::Tensor &tensor, StringRef path) {
+  const char *descr = npyDescr(tensor.elemType());
+  if (!descr)
+    return createStringError(inconvertibleErrorCode(), "%s: cannot write %s as .npy",
+                             path.str().c_str(), tensor.describe().c_str());
+  std::string shape = "(";
+  for (int64_t d : tensor.shape())
+    shape += std::to_string(d) + (tensor.rank() == 1 ? "," : ", ");
+  if (tensor.rank() > 1)
+    shape.resize(shape.size() - 2);
+  shape += ")";
+  std::string header =
+      formatv("{{'descr': '{0}', 'fortran_order': False, 'shape': {1}, }", descr, shape).str();
+  size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  std::string bytes;
+  raw_string_ostream os(bytes);
+  os << "\x93NUMPY" << '\x01' << '\x00';
+  os << static_cast<char>(header.size() & 0xff) << static_cast<char>(header.size() >> 8);
+  os << header;
+  os << cpu::toWire(tensor);
+  return writeFileAtomically(path, os.str());
+}
+
+Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, StringRef dir,
+                                                       uint64_t seed) {
+  auto source = std::make_shared<DataSource>();
+  source->seed = seed;
+  for (const plan::DataInput &spec : plan.data()) {
+    Input in;
+    in.spec = spec;
+    auto type = elemTypeOfName(spec.dtype());
+    if (!type)
+      return createStringError(inconvertibleErrorCode(), "input '%s': %s", spec.name().c_str(),
+                               toString(type.takeError()).c_str());
+    in.type = *type;
+    if (spec.shape_size() == 0)
+      return createStringError(inconvertibleErrorCode(),
+                               "input '%s' is a scalar; inputs need a batch dimension",
+                               spec.name().c_str());
+    int axis = spec.batch_axis();
+    if (axis < 0 || axis >= spec.shape_size())
+      return createStringError(inconvertibleErrorCode(),
+                               "input '%s': batch axis %d is outside its %d dimensions",
+                               spec.name().c_str(), axis, spec.shape_size());
+    if (spec.shape(axis) != plan.schedule().microbatch_size() &&
+        plan.schedule().microbatch_size() > 0)
+      return createStringError(inconvertibleErrorCode(),
+                               "input '%s' holds %lld samples, the plan's microbatches %lld",
+                               spec.name().c_str(), static_cast<long long>(spec.shape(axis)),
+                               static_cast<long long>(plan.schedule().microbatch_size()));
+    if (!dir.empty()) {
+      // NAME.npy, else under its safe file name (as outputs are named).
+      std::string safe = safeFileName(spec.name());
+      SmallString<256> npy(dir), pb(dir);
+      sys::path::append(npy, spec.name() + ".npy");
+      sys::path::append(pb, spec.name() + ".pb");
+      if (!sys::fs::exists(npy) && !sys::fs::exists(pb)) {
+        npy = dir;
+        pb = dir;
+        sys::path::append(npy, safe + ".npy");
+        sys::path::append(pb, safe + ".pb");
+      }
+      auto read = [&]() -> Expected<cpu::Tensor> {
+        if (sys::fs::exists(npy))
+          return readNpy(npy);
+        if (!sys::fs::exists(pb))
+          return createStringError(
+              inconvertibleErrorCode(), "--data %s: no %s.npy or %s.pb for input '%s'",
+              dir.str().c_str(), spec.name().c_str(), spec.name().c_str(), spec.name().c_str());
+        auto buffer = MemoryBuffer::getFile(pb, false, false);
+        onnx::TensorProto proto;
+        if (!buffer || !proto.ParseFromArray((*buffer)->getBufferStart(),
+                                             static_cast<int>((*buffer)->getBufferSize())))
+          return createStringError(inconvertibleErrorCode(), "%s: not an ONNX TensorProto",
+                                   pb.c_str());
+        return cpu::fromTensorProto(proto, dir);
+      };
+      Expected<cpu::Tensor> data = read();
+      if (!data)
+        return data.takeError();
+      std::vector<int64_t> row =
+          sampleShape(ArrayRef<int64_t>(spec.shape().data(), spec.shape_size()), axis);
+      if (data->rank() != spec.shape_size() || sampleShape(data->shape(), axis) != row ||
+          data->dim(axis) == 0)
+        return createStringError(
+            inconvertibleErrorCode(),
+            "--data %s: input '%s' has shape %s; samples of shape %s are "
+            "needed, stacked along %s",
+            dir.str().c_str(), spec.name().c_str(), cpu::shapeString(data->shape()).c_str(),
+            cpu::shapeString(row).c_str(),
+            axis == 0 ? "a first dimension" : formatv("dimension {0}", axis).str().c_str());
+      if (data->elemType() != in.type) {
+        bool ok = cpu::isFloating(data->elemType()) == cpu::isFloating(in.type);
+        if (!ok)
+          return createStringError(
+              inconvertibleErrorCode(), "--data %s: input '%s' is %s, the model takes %s",
+              dir.str().c_str(), spec.name().c_str(),
+              cpu::elemTypeName(data->elemType()).str().c_str(), spec.dtype().c_str());
+        cpu::Tensor converted(in.type, data->shape());
+        for (int64_t i = 0; i < data->numElements(); ++i)
+          converted.setDouble(i, data->getDouble(i));
+        data = std::move(converted);
+      }
+      in.dataset = std::move(*data);
+    }
+    source->inputs.emplace(spec.name(), std::move(in));
+  }
+  return source;
+}
+
+Expected<cpu::Tensor> DataSource::microbatch(const std::string &name, int64_t first) const {
+  auto it = inputs.find(name);
+  if (it == inputs.end())
+    return createStringError(inconvertibleErrorCode(), "the plan feeds no input '%s'",
+                             name.c_str());
+  const Input &in = it->second;
+  std::vector<int64_t> shape(in.spec.shape().begin(), in.spec.shape().end());
+  cpu::Tensor out(in.type, shape);
+  // The microbatch as [outer, samples, inner] around the batch axis.
+  int axis = in.spec.batch_axis();
+  int64_t samples = shape[axis];
+  int64_t outer = cpu::numElementsOf(ArrayRef<int64_t>(shape).take_front(axis));
+  int64_t inner = cpu::numElementsOf(ArrayRef<int64_t>(shape).drop_front(axis + 1));
+  if (!in.dataset.isNull()) {
+    int64_t rows = in.dataset.dim(axis);
+    size_t element = cpu::storageSize(in.type);
+    size_t innerBytes = static_cast<size_t>(inner) * element;
+    const char *from = static_cast<const char *>(in.dataset.rawData());
+    char *to = static_cast<char *>(out.rawData());
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t s = 0; s < samples; ++s) {
+        int64_t row = (first + s) % rows;
+        std::memcpy(to + (o * samples + s) * innerBytes, from + (o * rows + row) * innerBytes,
+                    innerBytes);
+      }
+    return out;
+  }
+  // Element e of a sample is its e-th value in row-major order (outer, then
+  // inner): along axis 0 that is the sample's own flat layout.
+  uint64_t base = splitmix(seed ^ hashName(name));
+  bool floating = cpu::isFloating(in.type);
+  for (int64_t s = 0; s < samples; ++s) {
+    uint64_t sampleKey = splitmix(base + static_cast<uint64_t>(first + s));
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t j = 0; j < inner; ++j) {
+        int64_t e = o * inner + j;
+        int64_t i = (o * samples + s) * inner + j;
+        uint64_t u = splitmix(sampleKey ^ static_cast<uint64_t>(e) * 0xD6E8FEB86659FD93ull);
+        if (in.spec.ones()) {
+          out.setDouble(i, 1);
+        } else if (floating) {
+          // Box-Muller from two 53-bit uniforms.
+          double u1 = (static_cast<double>(u >> 11) + 0.5) * 0x1.0p-53;
+          double u2 = static_cast<double>(splitmix(u) >> 11) * 0x1.0p-53;
+          out.setDouble(i, std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2));
+        } else {
+          int64_t high = std::max<int64_t>(in.spec.high(), 1);
+          out.setDouble(i, static_cast<double>(u % static_cast<uint64_t>(high)));
+        }
+      }
+  }
+  if (floating)
+    out.roundToElemType();
+  return out;
+}
+
+} // namespace pipec::rt

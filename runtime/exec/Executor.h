@@ -1,0 +1,142 @@
+//===- Executor.h - Runs a plan: one executor per rank -------------------===//
+//
+// Each rank interprets its instruction stream (Plan.programs[rank]) with the
+// stage programs (Plan.stage_programs) on the CPU kernels:
+//
+//   LOAD            the stage's graph inputs for the microbatch (Data.h)
+//   FORWARD         the stage's forward nodes; then the loss (last stage);
+//                   keeps what backward reads (StageProgram.keep)
+//   RECOMPUTE       forward again, when the plan recomputes
+//   BACKWARD_INPUT  backward_input, then each received tensor's gradient
+//   BACKWARD_WEIGHT backward_weight, then adds weight_grads into the rank's
+//                   gradient accumulators
+//   BACKWARD        both
+//   SEND / RECV     posted on the Comm in stream order; a compute waits for
+//                   the receives it reads
+//   ALLREDUCE       sums the gradients of a group: "dp" over the replicas of
+//                   this pipeline rank, "tied:W" over the ranks holding W
+//   OPTIMIZER_STEP  gradients averaged over microbatches and replicas, then
+//                   SGD (with momentum) or AdamW
+//   FREE            drops a microbatch's activations
+//
+// Boundary tensors between two stages on the same rank (interleaved and
+// V-shaped schedules) are handed over directly. After every step all ranks
+// sum the loss (which also makes the step a barrier for checkpoints).
+//
+// Fault injection for tests: PIPEC_FAULT="rank=R,step=S,at=I,kind=K" makes
+// global rank R, at instruction I of step S, fail with an error (K=error) or
+// kill its process with SIGKILL (K=kill).
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_RUNTIME_EXEC_EXECUTOR_H
+#define PIPEC_RUNTIME_EXEC_EXECUTOR_H
+
+#include "runtime/core/Tensor.h"
+#include "runtime/plan/plan.pb.h"
+
+#include "llvm/Support/Error.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace pipec::rt {
+
+struct RunOptions {
+  int steps = 1;
+  uint64_t seed = 1;
+  /// A directory of per-input .npy / .pb datasets; empty: synthetic.
+  std::string dataDir;
+  /// Overrides Plan.model.path; a relative plan path is tried against the
+  /// current directory, then against \p planDir.
+  std::string modelPath;
+  std::string planDir;
+  /// sgd, momentum or adamw; empty: the plan's (adam means adamw).
+  std::string optimizer;
+  /// Learning rate; 0: 1e-3 for adamw, 1e-2 otherwise.
+  double lr = 0;
+  double momentum = 0.9;
+  double weightDecay = 0;
+  double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;
+  /// Learning-rate schedule over the run's steps: constant, linear or
+  /// cosine decay to 0, after `warmup` steps of linear warm-up from 0.
+  std::string lrSchedule = "constant";
+  int warmup = 0;
+  /// Scale the step's gradient down to this global norm (all weights of all
+  /// ranks, each counted once) when it is larger; 0: no clipping.
+  double clipGradNorm = 0;
+  /// Atomic checkpoints every checkpointEvery steps, in checkpointDir.
+  std::string checkpointDir;
+  int checkpointEvery = 1;
+  /// Continue from checkpointDir's latest checkpoint.
+  bool resume = false;
+  /// Write the trained model here (ONNX).
+  std::string saveWeights;
+  /// Inference: write the graph outputs here as NAME.npy (or .pb).
+  std::string outputsDir;
+  bool outputsAsPb = false;
+  /// Write the measured timeline (Chrome trace, the simulator's format).
+  std::string tracePath;
+  /// Print a progress line per step on \p log (rank 0).
+  bool progress = false;
+  llvm::raw_ostream *log = nullptr;
+  /// A rank waiting this long without progress fails instead of hanging.
+  double timeoutSeconds = 120;
+  /// Keep the trained weights and last gradients in the result (tests).
+  bool collectWeights = false;
+  /// cpu or cuda.
+  std::string backend = "cpu";
+  /// fp32 or bf16 (CUDA GEMMs); empty: the plan's.
+  std::string precision;
+  /// CUDA: ranks sharing one device (rank r uses device r / ranksPerDevice).
+  int ranksPerDevice = 1;
+  /// runMpi's transport: mpi (host tensors) or nccl (device tensors).
+  std::string comm = "mpi";
+  /// Fuse element-wise chains into single kernels (runtime/core/Fusion.h).
+  bool fuse = true;
+};
+
+struct RunResult {
+  /// Mean loss per step (train).
+  std::vector<double> losses;
+  int firstStep = 0;
+  /// Trained weights (collectWeights; rank 0 of an MPI run).
+  std::map<std::string, cpu::Tensor> weights;
+  /// The last step's gradients, averaged as the optimizer saw them, before
+  /// the update (collectWeights; local runs).
+  std::map<std::string, cpu::Tensor> gradients;
+  /// Inference outputs, all samples of the run in order (local runs).
+  std::map<std::string, cpu::Tensor> outputs;
+  double seconds = 0;
+  /// Mean measured compute time per step, per global rank (local runs).
+  std::vector<double> busySeconds;
+  int64_t instructions = 0;
+  /// Summed over ranks (local runs): nodes run, seconds inside node kernels,
+  /// and seconds inside instructions less waits for messages. Their
+  /// difference over the instructions is the executor's own overhead.
+  int64_t nodes = 0;
+  double kernelSeconds = 0, instructionSeconds = 0;
+  /// Fused element-wise nodes made over all stage programs, and the nodes
+  /// they replace.
+  int64_t fusedGroups = 0, fusedNodes = 0;
+  /// MatMuls whose bias Add was fused into them.
+  int64_t fusedMatMulBias = 0;
+  /// Whether this process reports for the run (local, or MPI rank 0).
+  bool primary = true;
+};
+
+/// Runs \p plan with every rank (pipeline ranks x data-parallel replicas) as
+/// a thread of this process.
+llvm::Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options);
+
+/// Runs this process's rank of \p plan under MPI (mpirun -np P*dp).
+llvm::Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options);
+
+/// Checks that \p plan can be run: it has stage programs, its model file
+/// exists and has the plan's sha256. Returns the model's path.
+llvm::Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &options);
+
+} // namespace pipec::rt
+
+#endif // PIPEC_RUNTIME_EXEC_EXECUTOR_H

@@ -1,0 +1,282 @@
+//===- Fusion.cpp - Fusing element-wise chains of stage programs --------===//
+#include "runtime/exec/Fusion.h"
+#include "runtime/cpu/Fused.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+using namespace llvm;
+
+namespace pipec::rt {
+
+namespace {
+
+using NodeList = google::protobuf::RepeatedPtrField<onnx::NodeProto>;
+
+namespace k = cuda::kernels;
+
+/// A group being grown: member node indices, ascending.
+struct Group {
+  std::vector<int> members;
+};
+
+class ListFuser {
+public:
+  ListFuser(NodeList &nodes, const StringSet<> &external, int64_t opset)
+      : nodes(nodes), external(external), opset(opset) {}
+
+  FusionStats run();
+
+private:
+  /// The inputs (read from outside) and outputs (read after, or named
+  /// outside the list) of \p members, in first-use order; false when a
+  /// member's value is read by a non-member before the last member.
+  bool boundary(const std::vector<int> &members, std::vector<std::string> &inputs,
+                std::vector<std::string> &outputs) const;
+  bool fits(const std::vector<int> &members) const;
+
+  NodeList &nodes;
+  const StringSet<> &external;
+  int64_t opset;
+  /// Value -> the nodes reading it, ascending.
+  StringMap<std::vector<int>> readers;
+  /// Value -> the node making it.
+  StringMap<int> maker;
+  /// Node -> its group (-1: none).
+  std::vector<int> groupOf;
+  std::vector<Group> groups;
+};
+
+bool ListFuser::boundary(const std::vector<int> &members, std::vector<std::string> &inputs,
+                         std::vector<std::string> &outputs) const {
+  inputs.clear();
+  outputs.clear();
+  int last = members.back();
+  std::set<int> in(members.begin(), members.end());
+  StringSet<> made;
+  for (int m : members) {
+    const onnx::NodeProto &node = nodes[m];
+    for (const std::string &name : node.input())
+      if (!made.count(name) && std::find(inputs.begin(), inputs.end(), name) == inputs.end())
+        inputs.push_back(name);
+    const std::string &out = node.output(0);
+    made.insert(out);
+    bool visible = external.count(out) > 0;
+    auto r = readers.find(out);
+    if (r != readers.end())
+      for (int reader : r->second) {
+        if (in.count(reader))
+          continue;
+        if (reader < last)
+          return false;
+        visible = true;
+      }
+    if (visible)
+      outputs.push_back(out);
+  }
+  return true;
+}
+
+bool ListFuser::fits(const std::vector<int> &members) const {
+  std::vector<std::string> inputs, outputs;
+  int steps = 0;
+  for (int m : members)
+    steps += cpu::fusedSteps(nodes[m]);
+  if (steps > k::MaxFusedOps || !boundary(members, inputs, outputs))
+    return false;
+  return static_cast<int>(inputs.size()) <= k::MaxFusedInputs && !outputs.empty() &&
+         static_cast<int>(outputs.size()) <= k::MaxFusedOutputs;
+}
+
+FusionStats ListFuser::run() {
+  int count = nodes.size();
+  groupOf.assign(count, -1);
+  std::vector<bool> fusable(count);
+  for (int i = 0; i < count; ++i) {
+    const onnx::NodeProto &node = nodes[i];
+    fusable[i] = cpu::isFusable(node, opset);
+    for (const std::string &name : node.input())
+      if (!name.empty())
+        readers[name].push_back(i);
+    for (const std::string &name : node.output())
+      if (!name.empty())
+        maker[name] = i;
+  }
+  for (int i = 0; i < count; ++i) {
+    if (!fusable[i])
+      continue;
+    // The groups making this node's inputs.
+    std::vector<int> candidates;
+    for (const std::string &name : nodes[i].input()) {
+      auto m = maker.find(name);
+      if (m == maker.end() || m->second >= i || groupOf[m->second] < 0)
+        continue;
+      int g = groupOf[m->second];
+      if (std::find(candidates.begin(), candidates.end(), g) == candidates.end())
+        candidates.push_back(g);
+    }
+    auto joined = [&](ArrayRef<int> gs) {
+      std::vector<int> members;
+      for (int g : gs)
+        members.insert(members.end(), groups[g].members.begin(), groups[g].members.end());
+      members.push_back(i);
+      std::sort(members.begin(), members.end());
+      return members;
+    };
+    // All of them at once, else the first that fits alone, else none.
+    std::vector<int> chosen;
+    if (!candidates.empty() && fits(joined(candidates)))
+      chosen = candidates;
+    else
+      for (int g : candidates)
+        if (fits(joined({g}))) {
+          chosen = {g};
+          break;
+        }
+    if (chosen.empty()) {
+      groupOf[i] = static_cast<int>(groups.size());
+      groups.push_back({{i}});
+      continue;
+    }
+    std::vector<int> members = joined(chosen);
+    int target = chosen[0];
+    for (int g : chosen)
+      if (g != target)
+        groups[g].members.clear();
+    groups[target].members = members;
+    for (int m : members)
+      groupOf[m] = target;
+  }
+
+  // Rebuild the list: each group of two or more at its last member.
+  FusionStats stats;
+  std::vector<int> fusedAt(count, -1);
+  for (size_t g = 0; g < groups.size(); ++g)
+    if (groups[g].members.size() > 1)
+      fusedAt[groups[g].members.back()] = static_cast<int>(g);
+  NodeList rebuilt;
+  for (int i = 0; i < count; ++i) {
+    int g = groupOf[i];
+    if (g < 0 || groups[g].members.size() < 2) {
+      *rebuilt.Add() = nodes[i];
+      continue;
+    }
+    if (fusedAt[i] < 0)
+      continue;
+    const std::vector<int> &members = groups[g].members;
+    std::vector<std::string> inputs, outputs;
+    boundary(members, inputs, outputs);
+    std::vector<const onnx::NodeProto *> body;
+    for (int m : members)
+      body.push_back(&nodes[m]);
+    const onnx::NodeProto &first = nodes[members.front()];
+    std::string name = "fused:" + (first.name().empty() ? first.output(0) : first.name());
+    *rebuilt.Add() = cpu::makeFusedNode(name, body, inputs, outputs);
+    ++stats.groups;
+    stats.nodes += static_cast<int64_t>(members.size());
+  }
+  nodes.Swap(&rebuilt);
+  return stats;
+}
+
+/// MatMul, then an Add of a bias to its product and nothing else reading
+/// the product: one MatMulBias node at the Add's place.
+int64_t fuseMatMulBias(NodeList &nodes, const StringSet<> &external) {
+  auto isDefault = [](const onnx::NodeProto &n) {
+    return n.domain().empty() || n.domain() == "ai.onnx";
+  };
+  StringMap<std::vector<int>> readers;
+  for (int i = 0; i < nodes.size(); ++i)
+    for (const std::string &name : nodes[i].input())
+      if (!name.empty())
+        readers[name].push_back(i);
+  std::vector<int> fusedInto(nodes.size(), -1); // MatMul -> its Add
+  for (int i = 0; i < nodes.size(); ++i) {
+    const onnx::NodeProto &mm = nodes[i];
+    if (!isDefault(mm) || mm.op_type() != "MatMul" || mm.input_size() != 2 ||
+        mm.output_size() != 1 || external.count(mm.output(0)))
+      continue;
+    auto r = readers.find(mm.output(0));
+    if (r == readers.end() || r->second.size() != 1)
+      continue;
+    const onnx::NodeProto &add = nodes[r->second[0]];
+    if (!isDefault(add) || add.op_type() != "Add" || add.input_size() != 2 ||
+        add.output_size() != 1 || add.attribute_size() != 0 || add.input(0) == add.input(1))
+      continue;
+    fusedInto[i] = r->second[0];
+  }
+  NodeList rebuilt;
+  int64_t made = 0;
+  std::vector<int> madeBy(nodes.size(), -1); // Add -> its MatMul
+  for (int i = 0; i < nodes.size(); ++i)
+    if (fusedInto[i] >= 0)
+      madeBy[fusedInto[i]] = i;
+  for (int i = 0; i < nodes.size(); ++i) {
+    if (fusedInto[i] >= 0)
+      continue;
+    if (madeBy[i] < 0) {
+      *rebuilt.Add() = nodes[i];
+      continue;
+    }
+    const onnx::NodeProto &mm = nodes[madeBy[i]], &add = nodes[i];
+    const std::string &bias = add.input(0) == mm.output(0) ? add.input(1) : add.input(0);
+    std::string name = "fused:" + (mm.name().empty() ? mm.output(0) : mm.name());
+    onnx::NodeProto fused =
+        cpu::makeFusedNode(name, {&mm, &add}, {mm.input(0), mm.input(1), bias}, {add.output(0)});
+    fused.set_op_type(cpu::MatMulBiasOpType.str());
+    *rebuilt.Add() = std::move(fused);
+    ++made;
+  }
+  nodes.Swap(&rebuilt);
+  return made;
+}
+
+void addNames(StringSet<> &set, const google::protobuf::RepeatedPtrField<std::string> &names) {
+  for (const std::string &name : names)
+    set.insert(name);
+}
+
+void addInputs(StringSet<> &set, const NodeList &nodes) {
+  for (const onnx::NodeProto &node : nodes)
+    addNames(set, node.input());
+}
+
+} // namespace
+
+FusionStats fuseStageProgram(plan::StageProgram &program, int64_t opset, StringRef loss) {
+  // Every name the program uses outside its node lists.
+  StringSet<> named;
+  addNames(named, program.send());
+  addNames(named, program.outputs());
+  addNames(named, program.keep());
+  for (const auto *sums : {&program.input_grads(), &program.weight_grads()})
+    for (const plan::GradSum &sum : *sums) {
+      named.insert(sum.value());
+      addNames(named, sum.terms());
+    }
+  if (!loss.empty())
+    named.insert(loss);
+  NodeList *lists[] = {program.mutable_forward(), program.mutable_backward_input(),
+                       program.mutable_backward_weight()};
+  FusionStats total;
+  for (NodeList *list : lists) {
+    StringSet<> external = named;
+    for (NodeList *other : lists)
+      if (other != list)
+        addInputs(external, *other);
+    if (opset >= 7)
+      total.matMulBias += fuseMatMulBias(*list, external);
+    FusionStats stats = ListFuser(*list, external, opset).run();
+    total.groups += stats.groups;
+    total.nodes += stats.nodes;
+  }
+  return total;
+}
+
+} // namespace pipec::rt

@@ -1,0 +1,52 @@
+//===- Fusion.h - Fusing element-wise chains of stage programs ----------===//
+//
+// Before a run, the executor replaces chains of fusable element-wise nodes
+// (runtime/cpu/Fused.h: float unary, binary and pointwise-gradient ops) in
+// each node list of a stage program by FusedElementwise nodes. Fusion is a
+// run-time choice (`pipec run --no-fuse` turns it off); the plan file keeps
+// the unfused nodes.
+//
+// A group is grown in program order: a fusable node joins the groups that
+// make its inputs when the joined group can run at the node's position,
+// which holds when no value the group makes is read by a node outside it
+// that comes earlier. A value stays visible (becomes an output of the
+// fused node) when a node outside the group reads it, or the stage program
+// names it outside this node list (keep, send, outputs, gradient sums, the
+// other node lists, the loss). Groups of one node stay as they are.
+//
+// Before:  t = Tanh(x); u = Add(t, one); y = Mul(x, u); z = MatMul(y, w)
+// After:   y = FusedElementwise(x, one); z = MatMul(y, w)
+//
+// First, a MatMul whose product only an Add reads (a linear layer's bias)
+// becomes one MatMulBias node (runtime/cpu/Fused.h): the CUDA backend adds
+// the bias in the GEMM's epilogue (cuBLASLt), the CPU in place.
+//
+// Before:  m = MatMul(x, w); y = Add(b, m)
+// After:   y = MatMulBias(x, w, b)
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_RUNTIME_EXEC_FUSION_H
+#define PIPEC_RUNTIME_EXEC_FUSION_H
+
+#include "runtime/plan/plan.pb.h"
+
+#include "llvm/ADT/StringRef.h"
+
+#include <cstdint>
+
+namespace pipec::rt {
+
+struct FusionStats {
+  /// Fused element-wise nodes made, and the nodes they replace.
+  int64_t groups = 0, nodes = 0;
+  /// MatMulBias nodes made (each replacing a MatMul and an Add).
+  int64_t matMulBias = 0;
+};
+
+/// Fuses the three node lists of \p program in place; \p opset is the
+/// plan's default-domain opset and \p loss its loss value (or empty).
+FusionStats fuseStageProgram(plan::StageProgram &program, int64_t opset, llvm::StringRef loss);
+
+} // namespace pipec::rt
+
+#endif // PIPEC_RUNTIME_EXEC_FUSION_H
