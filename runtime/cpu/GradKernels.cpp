@@ -10,7 +10,9 @@
 #include "runtime/cpu/GradKernels.h"
 #include "runtime/cpu/Fused.h"
 
+#include "ops/OpRegistry.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/kernels/ElementMath.h"
 #include "support/Attributes.h"
 
 #include "onnx/onnx_pb.h"
@@ -23,6 +25,21 @@ using namespace llvm;
 
 namespace pipec::cpu {
 namespace {
+
+/// A node's attributes for the element math.
+class NodeParams final : public kernels::ParamReader {
+public:
+  explicit NodeParams(const onnx::NodeProto &node) : node(node) {}
+  float attrFloat(const char *name, float otherwise) const override {
+    return pipec::attrFloat(node, name, otherwise);
+  }
+  std::string attrString(const char *name, const char *otherwise) const override {
+    return pipec::attrString(node, name, otherwise);
+  }
+
+private:
+  const onnx::NodeProto &node;
+};
 
 Error fail(const onnx::NodeProto &node, const Twine &what) {
   return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s", nodeLabel(node).c_str(),
@@ -649,6 +666,21 @@ Expected<std::vector<Tensor>> runGradOp(const onnx::NodeProto &node,
                             "' is not 'none' or 'tanh'");
     return pointwise(node, inputs,
                      [&](double a) { return cuda::kernels::pointwiseFactor(*op, a); });
+  }
+  if (t == "UnaryGrad") {
+    if (Error err = need(2))
+      return err;
+    std::string forward = attrString(node, "op", "");
+    const OpDef *def = lookupOp("", forward);
+    if (!def || !def->elem || def->minInputs != 1)
+      return fail(node, "'op' must name a unary element-wise op, not '" + forward + "'");
+    kernels::ElemParams params;
+    NodeParams reader(node);
+    if (std::string err = kernels::readElemParams(*def->elem, reader, params); !err.empty())
+      return fail(node, err);
+    ElemOp op = *def->elem;
+    return pointwise(node, inputs,
+                     [&](double a) { return kernels::elemDerivative(op, a, params); });
   }
   if (t == "SoftmaxGrad") {
     if (Error err = need(2))
