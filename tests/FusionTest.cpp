@@ -10,10 +10,10 @@
 //===----------------------------------------------------------------------===//
 #include "KernelTestUtil.h"
 
-#include "runtime/exec/Fusion.h"
-#include "runtime/cpu/Fused.h"
+#include "runtime/core/FusedProgram.h"
 #include "runtime/cpu/GradKernels.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/exec/Fusion.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -54,7 +54,7 @@ Tensor randomTensor(std::vector<int64_t> shape, uint32_t seed, float lo = -2, fl
 }
 
 std::vector<Tensor> unfused(const onnx::NodeProto &fused, const std::vector<const Tensor *> &in) {
-  auto outs = cpu::runFusedBody(
+  auto outs = runFusedBody(
       fused, in, [](const onnx::NodeProto &n, auto args) { return cpu::runAnyOp(n, Opset, args); });
   EXPECT_TRUE(static_cast<bool>(outs)) << (outs ? "" : llvm::toString(outs.takeError()));
   return outs ? std::move(*outs) : std::vector<Tensor>{};
@@ -69,9 +69,9 @@ std::vector<Tensor> fused(const onnx::NodeProto &node, const std::vector<const T
 /// Whether the fused kernel itself (not its body, the fallback) takes
 /// \p in: else a comparison with the body compares the body with itself.
 bool kernelTakes(const onnx::NodeProto &node, const std::vector<const Tensor *> &in) {
-  auto kernel = cpu::compileFused(node, Opset);
+  auto kernel = compileFused(node, Opset);
   EXPECT_TRUE(static_cast<bool>(kernel)) << (kernel ? "" : llvm::toString(kernel.takeError()));
-  return kernel && cpu::fusedShape(*kernel, in).has_value();
+  return kernel && fusedShape(*kernel, in).has_value();
 }
 
 /// Largest |a - b| over all outputs; the shapes must match.
@@ -118,19 +118,19 @@ struct GeluCase {
     std::vector<const onnx::NodeProto *> pointers;
     for (const onnx::NodeProto &n : body)
       pointers.push_back(&n);
-    fusedNode = cpu::makeFusedNode("gelu", pointers,
-                                   {"x", "bias", "half", "three", "c", "root", "one", "dy"},
-                                   {"y", "t", "z"});
+    fusedNode =
+        makeFusedNode("gelu", pointers, {"x", "bias", "half", "three", "c", "root", "one", "dy"},
+                      {"y", "t", "z"});
     inputs = {&x, &bias, &half, &three, &c, &root, &one, &dy};
   }
 };
 
 TEST(FusedKernel, MatchesItsBodyOnBroadcasts) {
   GeluCase g;
-  auto kernel = cpu::compileFused(g.fusedNode, Opset);
+  auto kernel = compileFused(g.fusedNode, Opset);
   ASSERT_TRUE(static_cast<bool>(kernel)) << llvm::toString(kernel.takeError());
   EXPECT_EQ(kernel->program.ops, 13); // 12 nodes, the Sum of three taking two
-  auto shape = cpu::fusedShape(*kernel, g.inputs);
+  auto shape = fusedShape(*kernel, g.inputs);
   ASSERT_TRUE(shape.has_value());
   EXPECT_EQ(*shape, (std::vector<int64_t>{3, 37, 24}));
   std::vector<Tensor> a = fused(g.fusedNode, g.inputs), b = unfused(g.fusedNode, g.inputs);
@@ -148,7 +148,7 @@ TEST(FusedKernel, BroadcastsAlongEveryAxisMatch) {
                   mul = test::makeNode("Mul", {"s", "plane"}, "m"),
                   sub = test::makeNode("Sub", {"row", "m"}, "y");
   onnx::NodeProto f =
-      cpu::makeFusedNode("axes", {&add, &mul, &sub}, {"x", "column", "plane", "row"}, {"y"});
+      makeFusedNode("axes", {&add, &mul, &sub}, {"x", "column", "plane", "row"}, {"y"});
   std::vector<const Tensor *> in = {&x, &column, &plane, &row};
   ASSERT_TRUE(kernelTakes(f, in));
   EXPECT_EQ(worstDifference(fused(f, in), unfused(f, in)), 0.0);
@@ -156,7 +156,7 @@ TEST(FusedKernel, BroadcastsAlongEveryAxisMatch) {
   Tensor small = randomTensor({25}, 35);
   onnx::NodeProto add2 = test::makeNode("Add", {"small", "column"}, "s");
   onnx::NodeProto f2 =
-      cpu::makeFusedNode("axes2", {&add2, &mul, &sub}, {"small", "column", "plane", "row"}, {"y"});
+      makeFusedNode("axes2", {&add2, &mul, &sub}, {"small", "column", "plane", "row"}, {"y"});
   std::vector<const Tensor *> in2 = {&small, &column, &plane, &row};
   ASSERT_TRUE(kernelTakes(f2, in2));
   EXPECT_EQ(worstDifference(fused(f2, in2), unfused(f2, in2)), 0.0);
@@ -196,10 +196,10 @@ TEST(FusedKernel, EveryUnaryAndPointwiseOpMatches) {
       setFloat(step, "alpha", c.alpha);
     else if (!c.attr.empty())
       setString(step, c.attr, c.value);
-    ASSERT_TRUE(cpu::isFusable(step, Opset)) << c.op;
+    ASSERT_TRUE(isFusable(step, Opset)) << c.op;
     // y, then y * x so that the node has two steps.
     onnx::NodeProto then = test::makeNode("Mul", {"y", "x"}, "z");
-    onnx::NodeProto f = cpu::makeFusedNode(
+    onnx::NodeProto f = makeFusedNode(
         "f", {&step, &then},
         grad ? std::vector<std::string>{"dy", "x"} : std::vector<std::string>{"x"}, {"z"});
     std::vector<const Tensor *> in =
@@ -214,10 +214,10 @@ TEST(FusedKernel, IntegerInputsRunTheBodyNodeByNode) {
   Tensor b = Tensor::fromValues<int64_t>({2}, {10, 20});
   onnx::NodeProto add = test::makeNode("Add", {"a", "b"}, "s"),
                   mul = test::makeNode("Mul", {"s", "a"}, "m");
-  onnx::NodeProto f = cpu::makeFusedNode("ints", {&add, &mul}, {"a", "b"}, {"m"});
-  auto kernel = cpu::compileFused(f, Opset);
+  onnx::NodeProto f = makeFusedNode("ints", {&add, &mul}, {"a", "b"}, {"m"});
+  auto kernel = compileFused(f, Opset);
   ASSERT_TRUE(static_cast<bool>(kernel));
-  EXPECT_FALSE(cpu::fusedShape(*kernel, {&a, &b}).has_value());
+  EXPECT_FALSE(fusedShape(*kernel, {&a, &b}).has_value());
   std::vector<Tensor> out = fused(f, {&a, &b});
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].elemType(), ElemType::Int64);
@@ -230,10 +230,10 @@ TEST(FusedKernel, AnOutputSmallerThanTheOthersRunsTheBody) {
   Tensor x = randomTensor({3, 4}, 5), bias = randomTensor({4}, 6);
   onnx::NodeProto tanh = test::makeNode("Tanh", {"bias"}, "t"),
                   mul = test::makeNode("Mul", {"x", "t"}, "y");
-  onnx::NodeProto f = cpu::makeFusedNode("small", {&tanh, &mul}, {"x", "bias"}, {"t", "y"});
-  auto kernel = cpu::compileFused(f, Opset);
+  onnx::NodeProto f = makeFusedNode("small", {&tanh, &mul}, {"x", "bias"}, {"t", "y"});
+  auto kernel = compileFused(f, Opset);
   ASSERT_TRUE(static_cast<bool>(kernel));
-  EXPECT_FALSE(cpu::fusedShape(*kernel, {&x, &bias}).has_value());
+  EXPECT_FALSE(fusedShape(*kernel, {&x, &bias}).has_value());
   std::vector<Tensor> out = fused(f, {&x, &bias});
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[0].shape(), (std::vector<int64_t>{4}));
@@ -243,23 +243,23 @@ TEST(FusedKernel, AnOutputSmallerThanTheOthersRunsTheBody) {
 
 TEST(FusedKernel, BadBodiesAreRefusedByName) {
   onnx::NodeProto tanh = test::makeNode("Tanh", {"missing"}, "t");
-  onnx::NodeProto f = cpu::makeFusedNode("bad", {&tanh}, {"x"}, {"t"});
-  auto kernel = cpu::compileFused(f, Opset);
+  onnx::NodeProto f = makeFusedNode("bad", {&tanh}, {"x"}, {"t"});
+  auto kernel = compileFused(f, Opset);
   ASSERT_FALSE(static_cast<bool>(kernel));
   std::string why = llvm::toString(kernel.takeError());
   EXPECT_NE(why.find("'missing'"), std::string::npos) << why;
   EXPECT_NE(why.find("bad"), std::string::npos) << why;
 
   onnx::NodeProto matmul = test::makeNode("MatMul", {"x", "x"}, "m");
-  f = cpu::makeFusedNode("notfusable", {&matmul}, {"x"}, {"m"});
-  kernel = cpu::compileFused(f, Opset);
+  f = makeFusedNode("notfusable", {&matmul}, {"x"}, {"m"});
+  kernel = compileFused(f, Opset);
   ASSERT_FALSE(static_cast<bool>(kernel));
   why = llvm::toString(kernel.takeError());
   EXPECT_NE(why.find("MatMul"), std::string::npos) << why;
 
   onnx::NodeProto add = test::makeNode("Add", {"x", "x"}, "s");
-  f = cpu::makeFusedNode("noout", {&add}, {"x"}, {"nowhere"});
-  kernel = cpu::compileFused(f, Opset);
+  f = makeFusedNode("noout", {&add}, {"x"}, {"nowhere"});
+  kernel = compileFused(f, Opset);
   ASSERT_FALSE(static_cast<bool>(kernel));
   EXPECT_NE(llvm::toString(kernel.takeError()).find("'nowhere'"), std::string::npos);
 }
@@ -269,9 +269,9 @@ TEST(MatMulBias, AddsTheBiasInPlaceWithTheAddsBits) {
          bias = randomTensor({6}, 23), rows = randomTensor({5, 6}, 24);
   onnx::NodeProto mm = test::makeNode("MatMul", {"a", "b"}, "m"),
                   add = test::makeNode("Add", {"bias", "m"}, "y");
-  onnx::NodeProto f = cpu::makeFusedNode("linear", {&mm, &add}, {"a", "b", "bias"}, {"y"});
-  f.set_op_type(cpu::MatMulBiasOpType.str());
-  EXPECT_EQ(cpu::epilogueBias(f, {&a, &b, &bias}), 6);
+  onnx::NodeProto f = makeFusedNode("linear", {&mm, &add}, {"a", "b", "bias"}, {"y"});
+  f.set_op_type(MatMulBiasOpType.str());
+  EXPECT_EQ(epilogueBias(f, {&a, &b, &bias}), 6);
   std::vector<Tensor> got = fused(f, {&a, &b, &bias});
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].shape(), (std::vector<int64_t>{2, 5, 6}));
@@ -289,7 +289,7 @@ TEST(MatMulBias, AddsTheBiasInPlaceWithTheAddsBits) {
           << r << " " << j;
   // A [5, 6] addend is no epilogue: the two nodes run, broadcasting it over
   // the batch of 2.
-  EXPECT_FALSE(cpu::epilogueBias(f, {&a, &b, &rows}).has_value());
+  EXPECT_FALSE(epilogueBias(f, {&a, &b, &rows}).has_value());
   std::vector<Tensor> plain = fused(f, {&a, &b, &rows});
   ASSERT_EQ(plain.size(), 1u);
   ASSERT_EQ(plain[0].shape(), (std::vector<int64_t>{2, 5, 6}));
@@ -313,7 +313,7 @@ std::vector<std::string> opsOf(const google::protobuf::RepeatedPtrField<onnx::No
 
 const onnx::NodeProto *findFused(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes) {
   for (const onnx::NodeProto &n : nodes)
-    if (n.op_type() == cpu::FusedOpType)
+    if (n.op_type() == FusedOpType)
       return &n;
   return nullptr;
 }
@@ -335,8 +335,8 @@ TEST(FusionPass, GroupsAChainAndKeepsWhatOthersRead) {
   EXPECT_EQ(stats.matMulBias, 1);
   EXPECT_EQ(stats.groups, 1);
   EXPECT_EQ(stats.nodes, 4);
-  EXPECT_EQ(opsOf(p.forward()), (std::vector<std::string>{cpu::MatMulBiasOpType.str(),
-                                                          cpu::FusedOpType.str(), "MatMul"}));
+  EXPECT_EQ(opsOf(p.forward()),
+            (std::vector<std::string>{MatMulBiasOpType.str(), FusedOpType.str(), "MatMul"}));
   const onnx::NodeProto &mb = p.forward(0);
   EXPECT_EQ(std::vector<std::string>(mb.input().begin(), mb.input().end()),
             (std::vector<std::string>{"in", "w", "bias"}));
@@ -365,8 +365,7 @@ TEST(FusionPass, NeverMovesAValuePastItsReader) {
   rt::FusionStats stats = rt::fuseStageProgram(p, Opset, "");
   // Exp and Add fuse (both after the Softmax); Tanh stays before it.
   EXPECT_EQ(stats.groups, 1);
-  EXPECT_EQ(opsOf(p.forward()),
-            (std::vector<std::string>{"Tanh", "Softmax", cpu::FusedOpType.str()}));
+  EXPECT_EQ(opsOf(p.forward()), (std::vector<std::string>{"Tanh", "Softmax", FusedOpType.str()}));
   const onnx::NodeProto *f = findFused(p.forward());
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(std::vector<std::string>(f->output().begin(), f->output().end()),
@@ -390,7 +389,7 @@ TEST(FusionPass, RespectsTheLimitsAndOldOpsets) {
   EXPECT_GE(stats.groups, 6); // at most 7 additions (8 inputs) a group
   for (const onnx::NodeProto &n : p.forward()) {
     EXPECT_LE(n.input_size(), 8);
-    auto kernel = cpu::compileFused(n, Opset);
+    auto kernel = compileFused(n, Opset);
     EXPECT_TRUE(static_cast<bool>(kernel)) << llvm::toString(kernel.takeError());
   }
   // Before opset 7 binary ops broadcast only by attribute: nothing fuses.

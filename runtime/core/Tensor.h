@@ -260,6 +260,9 @@ int64_t numElementsOf(llvm::ArrayRef<int64_t> shape);
 std::vector<int64_t> stridesOf(llvm::ArrayRef<int64_t> shape);
 /// "[2,3]".
 std::string shapeString(llvm::ArrayRef<int64_t> shape);
+/// The numpy broadcast of two shapes, or an error naming both.
+llvm::Expected<std::vector<int64_t>> broadcastShapes(llvm::ArrayRef<int64_t> a,
+                                                     llvm::ArrayRef<int64_t> b);
 
 /// Reads \p proto. Raw data, the typed repeated fields and external data
 /// (file, offset, length, resolved against \p baseDir, the model's directory)

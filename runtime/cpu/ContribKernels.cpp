@@ -18,6 +18,7 @@
 // After:   Y = [1.39957, -0.158808]
 //
 //===----------------------------------------------------------------------===//
+#include "runtime/cpu/KernelTable.h"
 #include "runtime/cpu/Kernels.h"
 #include "support/Attributes.h"
 
@@ -36,66 +37,14 @@
 using namespace llvm;
 
 namespace pipec::cpu {
+
 namespace {
 
 using Outputs = std::vector<Tensor>;
 using Shape = std::vector<int64_t>;
 
-//===----------------------------------------------------------------------===//
-// Node context
-//===----------------------------------------------------------------------===//
-
-/// One contrib node under evaluation: inputs, attributes, and errors that
-/// name the node and op.
-class Contrib {
-public:
-  Contrib(const onnx::NodeProto &node, ArrayRef<const Tensor *> inputs)
-      : node(node), inputs(inputs) {}
-
-  const onnx::NodeProto &node;
-
-  const Tensor *optInput(size_t i) const { return i < inputs.size() ? inputs[i] : nullptr; }
-  const Tensor &input(size_t i) const { return *inputs[i]; }
-
-  const onnx::AttributeProto *attr(StringRef name) const { return findAttr(node, name); }
-  int64_t attrInt(StringRef name, int64_t otherwise) const {
-    return pipec::attrInt(node, name, otherwise);
-  }
-  float attrFloat(StringRef name, float otherwise) const {
-    return pipec::attrFloat(node, name, otherwise);
-  }
-  std::optional<Shape> attrInts(StringRef name) const { return pipec::attrInts(node, name); }
-
-  Error fail(const Twine &message) const {
-    return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s",
-                             nodeLabel(node).c_str(), node.op_type().c_str(),
-                             message.str().c_str());
-  }
-  Error unsupported(const Twine &message) const {
-    return make_error<UnsupportedError>(nodeLabel(node), node.op_type(), message.str());
-  }
-  /// Checks that input \p i is absent or has input 0's element type.
-  Error sameTypeAsFirst(size_t i) const {
-    const Tensor *t = optInput(i);
-    if (!t || t->elemType() == input(0).elemType())
-      return Error::success();
-    return fail(formatv("input {0} is {1}, input 0 is {2}", i, elemTypeName(t->elemType()),
-                        elemTypeName(input(0).elemType())));
-  }
-  /// Checks that input \p i is absent or holds integers (ids, masks).
-  Error integerInput(size_t i, StringRef what) const {
-    const Tensor *t = optInput(i);
-    if (!t || isInteger(t->elemType()))
-      return Error::success();
-    return fail(formatv("{0} (input {1}) must hold integers, got {2}", what, i, t->describe()));
-  }
-
-private:
-  ArrayRef<const Tensor *> inputs;
-};
-
 /// Runs fn(T{}) with T the storage type of input 0, which must be floating.
-template <typename Fn> Expected<Outputs> onFloating(const Contrib &ctx, Fn &&fn) {
+template <typename Fn> Expected<Outputs> onFloating(const OpContext &ctx, Fn &&fn) {
   const Tensor &x = ctx.input(0);
   return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
@@ -121,7 +70,7 @@ template <typename T> std::vector<T> valuesAs(const Tensor *t) {
 
 /// Checks that parameter input \p i is absent or a vector of \p size
 /// floating values.
-Error vectorOf(const Contrib &ctx, size_t i, StringRef what, int64_t size) {
+Error vectorOf(const OpContext &ctx, size_t i, StringRef what, int64_t size) {
   const Tensor *t = ctx.optInput(i);
   if (!t)
     return Error::success();
@@ -179,10 +128,12 @@ void normalizeRow(const T *x, T *y, int64_t size, double epsilon, bool simplifie
   invStdOut = invStd;
 }
 
+} // namespace
+
 /// SimplifiedLayerNormalization (default domain): RMS normalization over
 /// dimensions [axis, rank). Outputs Y and inv_std_var (float, the input's
 /// shape with the normalized dimensions set to 1).
-Expected<Outputs> simplifiedLayerNormalization(const Contrib &ctx) {
+Expected<Outputs> simplifiedLayerNormalization(const OpContext &ctx) {
   const Tensor &x = ctx.input(0), &scale = ctx.input(1);
   int64_t rank = x.rank(), axis = ctx.attrInt("axis", -1);
   if (axis < -rank || axis >= rank)
@@ -219,7 +170,8 @@ Expected<Outputs> simplifiedLayerNormalization(const Contrib &ctx) {
 /// dimensions of input or have them 1 (broadcast). Outputs: output, mean
 /// (zeros when simplified, as onnxruntime gives), inv_std_var (float, last
 /// dimension 1) and input_skip_bias_sum.
-Expected<Outputs> skipLayerNormalization(const Contrib &ctx, bool simplified) {
+template <bool Simplified> Expected<Outputs> skipLayerNormalization(const OpContext &ctx) {
+  const bool simplified = Simplified;
   const Tensor &x = ctx.input(0), &skip = ctx.input(1), &gammaIn = ctx.input(2);
   // Simplified: input, skip, gamma, bias. Full: input, skip, gamma, beta, bias.
   size_t biasIndex = simplified ? 3 : 4;
@@ -280,7 +232,12 @@ Expected<Outputs> skipLayerNormalization(const Contrib &ctx, bool simplified) {
 /// [B,S], position_ids ([B,S] or [1,S]). Outputs: output [B,S,H], mask_index
 /// [B] (int32: how many mask entries are 1; zeros without a mask) and
 /// embedding_sum [B,S,H] (before normalization).
-Expected<Outputs> embedLayerNormalization(const Contrib &ctx) {
+Expected<Outputs> embedLayerNormalization(const OpContext &ctx) {
+  // Segment ids (1) and their table (4) are optional; the row requires only
+  // input 0.
+  for (int i : {2, 3, 5, 6})
+    if (!ctx.optInput(i))
+      return ctx.fail(formatv("missing required input {0}", i));
   const Tensor &ids = ctx.input(0), &words = ctx.input(2), &positions = ctx.input(3);
   const Tensor *segmentIds = ctx.optInput(1), *segments = ctx.optInput(4);
   const Tensor &gammaIn = ctx.input(5);
@@ -373,13 +330,17 @@ Expected<Outputs> embedLayerNormalization(const Contrib &ctx) {
   });
 }
 
+namespace {
+
 //===----------------------------------------------------------------------===//
 // Activations and rotary embeddings
 //===----------------------------------------------------------------------===//
 
+} // namespace
+
 /// FastGelu: the tanh approximation of Gelu of X (+ bias, broadcast along the
 /// last dimension).
-Expected<Outputs> fastGelu(const Contrib &ctx) {
+Expected<Outputs> fastGelu(const OpContext &ctx) {
   const Tensor &x = ctx.input(0);
   int64_t hidden = x.rank() > 0 ? x.dim(-1) : 1;
   if (Error e = ctx.sameTypeAsFirst(1))
@@ -408,7 +369,7 @@ Expected<Outputs> fastGelu(const Contrib &ctx) {
 /// [B,N,S,H]; position_ids one offset (positions offset + s) or [B,S];
 /// cos_cache and sin_cache [max_position, rotary_dim / 2]. Pairs are
 /// (i, i + rotary_dim / 2), or (2i, 2i + 1) when interleaved.
-Expected<Outputs> rotaryEmbedding(const Contrib &ctx) {
+Expected<Outputs> rotaryEmbedding(const OpContext &ctx) {
   const Tensor &x = ctx.input(0), &ids = ctx.input(1), &cos = ctx.input(2), &sin = ctx.input(3);
   if (ctx.attrInt("is_packed_batching", 0))
     return ctx.unsupported("is_packed_batching");
@@ -481,6 +442,8 @@ Expected<Outputs> rotaryEmbedding(const Contrib &ctx) {
   });
 }
 
+namespace {
+
 //===----------------------------------------------------------------------===//
 // Attention
 //===----------------------------------------------------------------------===//
@@ -497,7 +460,7 @@ struct AttentionSizes {
 /// [B, T] or [B, S, T] (1 attends, 0 is masked); masked scores get
 /// \p filter. With \p causal, query s sees keys up to P + s, later ones get
 /// the lowest float (they replace the mask value, as onnxruntime does).
-Expected<std::vector<float>> attentionMask(const Contrib &ctx, const Tensor *mask,
+Expected<std::vector<float>> attentionMask(const OpContext &ctx, const Tensor *mask,
                                            const AttentionSizes &a, bool causal, float filter,
                                            bool allowStarts) {
   std::vector<float> bias;
@@ -540,7 +503,7 @@ Expected<std::vector<float>> attentionMask(const Contrib &ctx, const Tensor *mas
 }
 
 /// Checks attention_bias: [B or 1, N or 1, S, T], of input 0's type.
-Error checkAttentionBias(const Contrib &ctx, const Tensor *bias, const AttentionSizes &a) {
+Error checkAttentionBias(const OpContext &ctx, const Tensor *bias, const AttentionSizes &a) {
   if (!bias)
     return Error::success();
   if (bias->rank() != 4 || (bias->dim(0) != a.B && bias->dim(0) != 1) ||
@@ -627,11 +590,13 @@ void copyPast(const T *past, int64_t B, int64_t N, int64_t P, int64_t H, T *dst,
     std::copy(past + bn * P * H, past + (bn + 1) * P * H, dst + bn * T_ * H);
 }
 
+} // namespace
+
 /// Attention: self-attention with the Q, K and V projections fused into one
 /// weight. input [B,S,D], weights [D, Dq+Dk+Dv], bias [Dq+Dk+Dv], mask_index,
 /// past [2,B,N,P,H], attention_bias [B|1,N|1,S,T]. Outputs output [B,S,Dv]
 /// and present [2,B,N,P+S,H].
-Expected<Outputs> attention(const Contrib &ctx) {
+Expected<Outputs> attention(const OpContext &ctx) {
   const Tensor &x = ctx.input(0), &w = ctx.input(1);
   const Tensor *bias = ctx.optInput(2), *mask = ctx.optInput(3), *past = ctx.optInput(4);
   const Tensor *attentionBias = ctx.optInput(5);
@@ -728,7 +693,7 @@ Expected<Outputs> attention(const Contrib &ctx) {
 /// split, used as they are); bias [D+Dk+Dv]; key_padding_mask; attention_bias
 /// [B|1,N|1,S,T]; past_key / past_value [B,N,P,H]. Outputs output [B,S,Dv],
 /// present_key [B,N,T,H] and present_value [B,N,T,Hv], T = P + L.
-Expected<Outputs> multiHeadAttention(const Contrib &ctx) {
+Expected<Outputs> multiHeadAttention(const OpContext &ctx) {
   const Tensor &query = ctx.input(0);
   const Tensor *key = ctx.optInput(1), *value = ctx.optInput(2), *bias = ctx.optInput(3);
   const Tensor *mask = ctx.optInput(4), *attentionBias = ctx.optInput(5);
@@ -821,79 +786,7 @@ Expected<Outputs> multiHeadAttention(const Contrib &ctx) {
   });
 }
 
-//===----------------------------------------------------------------------===//
-// Registry
-//===----------------------------------------------------------------------===//
-
-using KernelFn = Expected<Outputs> (*)(const Contrib &);
-
-/// The inputs \p indices as a bit set.
-constexpr uint32_t inputSet(std::initializer_list<int> indices) {
-  uint32_t bits = 0;
-  for (int i : indices)
-    bits |= 1u << i;
-  return bits;
-}
-
-/// One op: its domain, which inputs it requires, how many it takes, and its
-/// kernel.
-struct ContribKernel {
-  StringLiteral domain;
-  StringLiteral op;
-  uint32_t required;
-  int maxInputs;
-  KernelFn run;
-};
-
-// clang-format off
-const ContribKernel contribKernels[] = {
-    {"", "SimplifiedLayerNormalization", inputSet({0, 1}), 2, simplifiedLayerNormalization},
-    {"com.microsoft", "Attention", inputSet({0, 1}), 7, attention},
-    {"com.microsoft", "EmbedLayerNormalization", inputSet({0, 2, 3, 5, 6}), 9, embedLayerNormalization},
-    {"com.microsoft", "FastGelu", inputSet({0}), 2, fastGelu},
-    {"com.microsoft", "MultiHeadAttention", inputSet({0}), 10, multiHeadAttention},
-    {"com.microsoft", "RotaryEmbedding", inputSet({0, 1, 2, 3}), 4, rotaryEmbedding},
-    {"com.microsoft", "SkipLayerNormalization", inputSet({0, 1, 2}), 5, [](const Contrib &c) { return skipLayerNormalization(c, false); }},
-    {"com.microsoft", "SkipSimplifiedLayerNormalization", inputSet({0, 1, 2}), 4, [](const Contrib &c) { return skipLayerNormalization(c, true); }},
-};
-// clang-format on
-
-const ContribKernel *findContribKernel(StringRef opType, StringRef domain) {
-  if (domain == "ai.onnx")
-    domain = "";
-  for (const ContribKernel &k : contribKernels)
-    if (k.op == opType && k.domain == domain)
-      return &k;
-  return nullptr;
-}
-
-} // namespace
-
-bool isContribOp(StringRef opType, StringRef domain) {
-  return findContribKernel(opType, domain) != nullptr;
-}
-
-std::vector<std::pair<std::string, std::string>> contribOps() {
-  std::vector<std::pair<std::string, std::string>> ops;
-  for (const ContribKernel &k : contribKernels)
-    ops.emplace_back(k.domain.str(), k.op.str());
-  return ops;
-}
-
-Expected<std::vector<Tensor>> runContribOp(const onnx::NodeProto &node,
-                                           ArrayRef<const Tensor *> inputs) {
-  Contrib ctx(node, inputs);
-  const ContribKernel *kernel = findContribKernel(node.op_type(), node.domain());
-  if (!kernel)
-    return ctx.unsupported("no CPU kernel for op " + node.op_type() + " of domain '" +
-                           node.domain() + "'");
-  if (node.input_size() > kernel->maxInputs)
-    return ctx.fail(
-        formatv("{0} inputs, at most {1} expected", node.input_size(), kernel->maxInputs));
-  for (int i = 0; i < 32; ++i)
-    if ((kernel->required >> i & 1) && !ctx.optInput(i))
-      return ctx.fail(formatv("missing required input {0}", i));
-  return kernel->run(ctx);
-}
+template Expected<Outputs> skipLayerNormalization<true>(const OpContext &);
+template Expected<Outputs> skipLayerNormalization<false>(const OpContext &);
 
 } // namespace pipec::cpu

@@ -8,9 +8,9 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/GradKernels.h"
-#include "runtime/cpu/Fused.h"
 
 #include "ops/OpRegistry.h"
+#include "runtime/cpu/KernelTable.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/kernels/ElementMath.h"
 #include "support/Attributes.h"
@@ -25,21 +25,6 @@ using namespace llvm;
 
 namespace pipec::cpu {
 namespace {
-
-/// A node's attributes for the element math.
-class NodeParams final : public kernels::ParamReader {
-public:
-  explicit NodeParams(const onnx::NodeProto &node) : node(node) {}
-  float attrFloat(const char *name, float otherwise) const override {
-    return pipec::attrFloat(node, name, otherwise);
-  }
-  std::string attrString(const char *name, const char *otherwise) const override {
-    return pipec::attrString(node, name, otherwise);
-  }
-
-private:
-  const onnx::NodeProto &node;
-};
 
 Error fail(const onnx::NodeProto &node, const Twine &what) {
   return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s", nodeLabel(node).c_str(),
@@ -628,116 +613,61 @@ Expected<std::vector<Tensor>> batchNormGradWeight(const onnx::NodeProto &node,
 
 } // namespace
 
-Expected<std::vector<Tensor>> runGradOp(const onnx::NodeProto &node,
-                                        ArrayRef<const Tensor *> inputs) {
-  StringRef t = node.op_type();
-  auto need = [&](size_t n) -> Error {
-    if (inputs.size() < n)
-      return fail(node, "expects " + Twine(n) + " inputs, got " + Twine(inputs.size()));
-    for (size_t i = 0; i < n; ++i)
-      if (!inputs[i] || inputs[i]->isNull())
-        return fail(node, "input " + Twine(i) + " is missing");
-    return Error::success();
-  };
-  if (t == "SumTo") {
-    if (Error err = need(1))
-      return err;
-    const auto *shapeAttr = findAttr(node, "shape");
-    if (!shapeAttr)
-      return fail(node, "missing attribute 'shape'");
-    std::vector<int64_t> shape(shapeAttr->ints().begin(), shapeAttr->ints().end());
-    auto b = broadcastShapes(shape, inputs[0]->shape());
-    if (!b || *b != inputs[0]->shape()) {
-      if (!b)
-        consumeError(b.takeError());
-      return fail(node, shapeString(shape) + " does not broadcast to " + inputs[0]->describe());
-    }
-    return std::vector<Tensor>{sumToShape(*inputs[0], shape)};
+KernelResult sumTo(const OpContext &ctx) {
+  const Tensor &dy = ctx.input(0);
+  std::optional<std::vector<int64_t>> shape = ctx.attrInts("shape");
+  if (!shape)
+    return ctx.fail("missing attribute 'shape'");
+  auto b = broadcastShapes(*shape, dy.shape());
+  if (!b || *b != dy.shape()) {
+    if (!b)
+      consumeError(b.takeError());
+    return ctx.fail(shapeString(*shape) + " does not broadcast to " + dy.describe());
   }
-  if (t == "ReluGrad" || t == "TanhGrad" || t == "SigmoidGrad" || t == "ErfGrad" ||
-      t == "GeluGrad") {
-    if (Error err = need(2))
-      return err;
-    // The factors of KernelBodies.h, which the fused and device kernels
-    // compute too: one formula per gradient.
-    std::optional<cuda::kernels::Pointwise> op = pointwiseOpOf(node);
-    if (!op)
-      return fail(node, "approximate '" + attrString(node, "approximate", "none") +
-                            "' is not 'none' or 'tanh'");
-    return pointwise(node, inputs,
-                     [&](double a) { return cuda::kernels::pointwiseFactor(*op, a); });
-  }
-  if (t == "UnaryGrad") {
-    if (Error err = need(2))
-      return err;
-    std::string forward = attrString(node, "op", "");
-    const OpDef *def = lookupOp("", forward);
-    if (!def || !def->elem || def->minInputs != 1)
-      return fail(node, "'op' must name a unary element-wise op, not '" + forward + "'");
-    kernels::ElemParams params;
-    NodeParams reader(node);
-    if (std::string err = kernels::readElemParams(*def->elem, reader, params); !err.empty())
-      return fail(node, err);
-    ElemOp op = *def->elem;
-    return pointwise(node, inputs,
-                     [&](double a) { return kernels::elemDerivative(op, a, params); });
-  }
-  if (t == "SoftmaxGrad") {
-    if (Error err = need(2))
-      return err;
-    return softmaxGrad(node, inputs);
-  }
-  if (t == "GatherGrad") {
-    if (Error err = need(2))
-      return err;
-    return gatherGrad(node, inputs);
-  }
-  if (t == "LayerNormGradInput") {
-    if (Error err = need(3))
-      return err;
-    return layerNormGradInput(node, inputs);
-  }
-  if (t == "LayerNormGradWeight") {
-    if (Error err = need(2))
-      return err;
-    return layerNormGradWeight(node, inputs);
-  }
-  if (t == "ConvGradInput" || t == "ConvGradWeight" || t == "MaxPoolGrad") {
-    if (Error err = need(2))
-      return err;
-    if (t == "ConvGradInput")
-      return convGradInput(node, inputs);
-    if (t == "ConvGradWeight")
-      return convGradWeight(node, inputs);
-    return maxPoolGrad(node, inputs);
-  }
-  if (t == "AveragePoolGrad") {
-    if (Error err = need(1))
-      return err;
-    return averagePoolGrad(node, inputs);
-  }
-  if (t == "BatchNormGradWeight") {
-    if (Error err = need(4))
-      return err;
-    return batchNormGradWeight(node, inputs);
-  }
-  if (t == "SoftmaxCrossEntropyLossGrad") {
-    if (Error err = need(3))
-      return err;
-    return crossEntropyGrad(node, inputs);
-  }
-  return make_error<UnsupportedError>(nodeLabel(node), node.op_type(), "no pipec gradient kernel");
+  return std::vector<Tensor>{sumToShape(dy, *shape)};
 }
 
-Expected<std::vector<Tensor>> runAnyOp(const onnx::NodeProto &node, int64_t opset,
-                                       ArrayRef<const Tensor *> inputs) {
-  if (node.domain() == "pipec" && node.op_type() == FusedOpType)
-    return runFused(node, opset, inputs);
-  if (node.domain() == "pipec" && node.op_type() == MatMulBiasOpType)
-    return runMatMulBias(node, opset, inputs);
-  if (node.domain() == "pipec")
-    return runGradOp(node, inputs);
-  return runOp(node, opset, inputs);
+KernelResult unaryGrad(const OpContext &ctx) {
+  // The derivative of ElementMath.h, which the fused and device kernels
+  // compute too: one formula per op.
+  // ReluGrad and the other earlier spellings name the op without "Grad".
+  std::string forward =
+      ctx.op() == "UnaryGrad" ? ctx.attrString("op", "") : ctx.op().drop_back(4).str();
+  const OpDef *def = lookupOp("", forward);
+  if (!def || !def->elem || def->minInputs != 1)
+    return ctx.fail("'op' must name a unary element-wise op, not '" + forward + "'");
+  Expected<kernels::ElemParams> params = ctx.elemParams(*def->elem);
+  if (!params)
+    return params.takeError();
+  ElemOp op = *def->elem;
+  kernels::ElemParams p = *params;
+  return pointwise(ctx.node, ctx.allInputs(),
+                   [&](double a) { return kernels::elemDerivative(op, a, p); });
+}
+
+KernelResult softmaxGrad(const OpContext &ctx) { return softmaxGrad(ctx.node, ctx.allInputs()); }
+KernelResult gatherGrad(const OpContext &ctx) { return gatherGrad(ctx.node, ctx.allInputs()); }
+KernelResult layerNormGradInput(const OpContext &ctx) {
+  return layerNormGradInput(ctx.node, ctx.allInputs());
+}
+KernelResult layerNormGradWeight(const OpContext &ctx) {
+  return layerNormGradWeight(ctx.node, ctx.allInputs());
+}
+KernelResult convGradInput(const OpContext &ctx) {
+  return convGradInput(ctx.node, ctx.allInputs());
+}
+KernelResult convGradWeight(const OpContext &ctx) {
+  return convGradWeight(ctx.node, ctx.allInputs());
+}
+KernelResult maxPoolGrad(const OpContext &ctx) { return maxPoolGrad(ctx.node, ctx.allInputs()); }
+KernelResult averagePoolGrad(const OpContext &ctx) {
+  return averagePoolGrad(ctx.node, ctx.allInputs());
+}
+KernelResult batchNormGradWeight(const OpContext &ctx) {
+  return batchNormGradWeight(ctx.node, ctx.allInputs());
+}
+KernelResult crossEntropyGrad(const OpContext &ctx) {
+  return crossEntropyGrad(ctx.node, ctx.allInputs());
 }
 
 } // namespace pipec::cpu

@@ -1,17 +1,17 @@
 //===- Kernels.h - Forward CPU kernels for ONNX operators ---------------===//
 //
-// runOp() evaluates one ONNX node on host tensors, following the operator
-// specifications of opsets 7 to 17 (attributes that became inputs, such as
-// Squeeze axes or Slice starts, are read from whichever the node carries).
+// runOp() evaluates one node on host tensors, following the operator
+// specifications (attributes that became inputs, such as Squeeze axes or
+// Slice starts, are read from whichever the node carries). Which kernel runs
+// an op is the CPU column of its row in ops/Ops.def; KernelTable.h lists the
+// kernels and the files that hold them.
 // Broadcasting is numpy's wherever ONNX has it. Float and double GEMMs (MatMul,
 // Gemm, Conv through im2col) go to OpenBLAS, which threads them; every other
 // kernel is a plain single-threaded loop.
 //
 // Besides the default domain, runOp evaluates the onnxruntime contrib ops
-// that transformer exporters emit (com.microsoft Attention, MultiHeadAttention,
-// RotaryEmbedding, SkipLayerNormalization, ...; SimplifiedLayerNormalization
-// in the default domain, where onnxruntime registers it); their kernels live
-// in ContribKernels.cpp.
+// that transformer exporters emit (com.microsoft Attention, RotaryEmbedding,
+// SkipLayerNormalization, ...) and pipec's own gradient and fused ops.
 //
 // Half types (float16, bfloat16) are computed in float and rounded to their
 // type at the end, as numpy does. Ops, attributes and element types outside
@@ -27,6 +27,7 @@
 #ifndef PIPEC_RUNTIME_CPU_KERNELS_H
 #define PIPEC_RUNTIME_CPU_KERNELS_H
 
+#include "runtime/core/OpContext.h"
 #include "runtime/core/Tensor.h"
 
 #include "llvm/ADT/ArrayRef.h"
@@ -43,42 +44,18 @@ class NodeProto;
 
 namespace pipec::cpu {
 
-/// The error for an op, attribute value or element type that the CPU kernels
-/// do not implement (as opposed to a malformed node). Its message reads
-/// "node 'NAME' (OP): DETAIL".
-class UnsupportedError : public llvm::ErrorInfo<UnsupportedError> {
-public:
-  static char ID;
-  UnsupportedError(std::string node, std::string opType, std::string detail)
-      : node(std::move(node)), opType(std::move(opType)), detail(std::move(detail)) {}
-  void log(llvm::raw_ostream &os) const override;
-  std::error_code convertToErrorCode() const override;
-  /// The node's label (its name, else its first output).
-  const std::string &nodeLabel() const { return node; }
-  const std::string &op() const { return opType; }
-  /// What is missing, without the node: "element type string of input 0".
-  const std::string &what() const { return detail; }
+// The error kernels give for what they do not implement, and how errors
+// name a node (runtime/core/OpContext.h).
+using pipec::nodeLabel;
+using pipec::UnsupportedError;
 
-private:
-  std::string node, opType, detail;
-};
-
-/// How errors name \p node: its name, else its first output, else "<unnamed>".
-std::string nodeLabel(const onnx::NodeProto &node);
-
-/// True if runOp has a kernel for \p opType in \p domain ("" or "ai.onnx",
-/// or "com.microsoft" for the contrib ops). A supported op can still return
-/// UnsupportedError for a rare attribute, layout or element type.
+/// True if the CPU has a kernel for \p opType in \p domain (the registry's
+/// row says so). A supported op can still return UnsupportedError for a rare
+/// attribute, layout or element type.
 bool isSupported(llvm::StringRef opType, llvm::StringRef domain = "");
 
-/// The default-domain op types runOp implements, sorted.
-std::vector<std::string> supportedOps();
-
-/// The onnxruntime contrib ops runOp implements, as (domain, op type) pairs
-/// in a fixed order; the domain is "" for SimplifiedLayerNormalization.
-std::vector<std::pair<std::string, std::string>> contribOps();
-
-/// Evaluates \p node under the default-domain opset \p opset.
+/// Evaluates \p node, of any domain pipec knows (the default one,
+/// com.microsoft, pipec), under the default-domain opset \p opset.
 ///
 /// \p inputs holds one pointer per node input, in order; nullptr marks an
 /// omitted optional input (an empty name in the node). Trailing omitted
@@ -90,21 +67,9 @@ std::vector<std::pair<std::string, std::string>> contribOps();
 llvm::Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
                                           llvm::ArrayRef<const Tensor *> inputs);
 
-/// True if \p opType in \p domain is one of contribOps().
-bool isContribOp(llvm::StringRef opType, llvm::StringRef domain);
-
-/// Evaluates a contrib op (isContribOp) as runOp does, before runOp's common
-/// checks on outputs and its half-precision rounding; runOp calls it.
-llvm::Expected<std::vector<Tensor>> runContribOp(const onnx::NodeProto &node,
-                                                 llvm::ArrayRef<const Tensor *> inputs);
-
 //===----------------------------------------------------------------------===//
 // Building blocks shared with other kernels
 //===----------------------------------------------------------------------===//
-
-/// The numpy broadcast of two shapes, or an error naming both.
-llvm::Expected<std::vector<int64_t>> broadcastShapes(llvm::ArrayRef<int64_t> a,
-                                                     llvm::ArrayRef<int64_t> b);
 
 /// Sums \p tensor over the dimensions along which \p shape was broadcast to
 /// it, giving a tensor of \p shape: the gradient of a broadcast. \p shape

@@ -16,9 +16,9 @@
 #include "runtime/cuda/CudaBackend.h"
 #include "support/Attributes.h"
 
-#include "runtime/cpu/Fused.h"
-#include "runtime/cpu/GradKernels.h"
-#include "runtime/cpu/Kernels.h"
+#include "ops/OpRegistry.h"
+#include "runtime/core/FusedProgram.h"
+#include "runtime/core/OpContext.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/CudaStatus.h"
 #include "runtime/cuda/Devices.h"
@@ -102,39 +102,18 @@ bool fitsInt(int64_t v) { return v >= 0 && v <= INT_MAX; }
 //===----------------------------------------------------------------------===//
 
 /// One node under evaluation: inputs, attributes, and errors that name it.
-class NodeView {
+/// A node on this backend: the OpContext every backend's kernels see, plus
+/// its device for errors and a null-for-missing input accessor.
+class NodeView : public OpContext {
 public:
   NodeView(const onnx::NodeProto &node, int64_t opset, ArrayRef<const Tensor *> inputs, int device)
-      : node(node), opset(opset), inputs(inputs), device(device) {}
-
-  const onnx::NodeProto &node;
-  const int64_t opset;
+      : OpContext(node, opset, inputs, lookupOp(node.domain(), node.op_type(), opset)),
+        device(device) {}
 
   /// Input \p i, or null when omitted.
-  const Tensor *in(size_t i) const {
-    return i < inputs.size() && inputs[i] && !inputs[i]->isNull() ? inputs[i] : nullptr;
-  }
-  ArrayRef<const Tensor *> allInputs() const { return inputs; }
-  size_t numInputs() const { return inputs.size(); }
-  size_t numOutputs() const { return node.output_size(); }
-  bool wantsOutput(size_t i) const {
-    return i < numOutputs() && !node.output(static_cast<int>(i)).empty();
-  }
-  StringRef op() const { return node.op_type(); }
-
-  const onnx::AttributeProto *attr(StringRef name) const { return findAttr(node, name); }
-  int64_t attrInt(StringRef name, int64_t otherwise) const {
-    return pipec::attrInt(node, name, otherwise);
-  }
-  float attrFloat(StringRef name, float otherwise) const {
-    return pipec::attrFloat(node, name, otherwise);
-  }
-  std::string attrString(StringRef name, StringRef otherwise) const {
-    return pipec::attrString(node, name, otherwise);
-  }
-  std::optional<Shape> attrInts(StringRef name) const { return pipec::attrInts(node, name); }
+  const Tensor *in(size_t i) const { return optInput(i); }
   /// \p axis in [-rank, rank) made non-negative, or nullopt.
-  static std::optional<int64_t> normalizeAxis(int64_t axis, int64_t rank) {
+  static std::optional<int64_t> axisIn(int64_t axis, int64_t rank) {
     if (axis < -rank || axis >= rank)
       return std::nullopt;
     return axis < 0 ? axis + rank : axis;
@@ -143,12 +122,11 @@ public:
   /// \p err prefixed with the node and the device.
   Error wrap(Error err) const {
     return createStringError(inconvertibleErrorCode(), "node '%s' (%s) on cuda:%d: %s",
-                             cpu::nodeLabel(node).c_str(), node.op_type().c_str(), device,
+                             nodeLabel(node).c_str(), node.op_type().c_str(), device,
                              toString(std::move(err)).c_str());
   }
 
 private:
-  ArrayRef<const Tensor *> inputs;
   int device;
 };
 
@@ -158,7 +136,8 @@ private:
 
 class CudaBackend final : public rt::Backend {
 public:
-  static Expected<std::unique_ptr<CudaBackend>> create(int device, bool bf16);
+  static Expected<std::unique_ptr<CudaBackend>> create(int device, bool bf16,
+                                                       std::unique_ptr<rt::Backend> host);
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda:" + std::to_string(device); }
@@ -179,7 +158,8 @@ public:
   DevicePool::Stats poolStats() const { return pool->stats(); }
 
 private:
-  CudaBackend(int device, bool bf16) : device(device), bf16(bf16) {}
+  CudaBackend(int device, bool bf16, std::unique_ptr<rt::Backend> host)
+      : device(device), bf16(bf16), host(std::move(host)) {}
   Error init();
   /// Makes the device current for the calling thread.
   Error enter() {
@@ -238,8 +218,9 @@ private:
   Result gather(const NodeView &n);
   Result where(const NodeView &n);
   Result cast(const NodeView &n);
-  Result unary(const NodeView &n);
-  Result binary(const NodeView &n);
+  Result elementwise(const NodeView &n);
+  Result unary(const NodeView &n, ElemOp op);
+  Result binary(const NodeView &n, ElemOp op);
   Result variadicSum(const NodeView &n);
   Result matMul(const NodeView &n);
   Result gemmOp(const NodeView &n);
@@ -248,7 +229,9 @@ private:
   Result reduce(const NodeView &n);
   Result crossEntropy(const NodeView &n);
   Result sumTo(const NodeView &n);
-  Result pointwiseGrad(const NodeView &n);
+  Result unaryGrad(const NodeView &n);
+  /// No device kernel: the host runs it.
+  Result none(const NodeView &) { return std::nullopt; }
   Result runBody(const NodeView &n);
   Result fused(const NodeView &n);
   Result matMulBias(const NodeView &n);
@@ -295,6 +278,9 @@ private:
 
   int device;
   bool bf16;
+  /// Runs what this device does not: shape arithmetic, constants and the
+  /// ops without a device kernel (the CPU backend).
+  std::unique_ptr<rt::Backend> host;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;
@@ -339,7 +325,8 @@ private:
   std::map<std::string, int64_t> fallbacks;
 };
 
-Expected<std::unique_ptr<CudaBackend>> CudaBackend::create(int device, bool bf16) {
+Expected<std::unique_ptr<CudaBackend>> CudaBackend::create(int device, bool bf16,
+                                                           std::unique_ptr<rt::Backend> host) {
   auto devices = listDevices();
   if (!devices)
     return createStringError(inconvertibleErrorCode(), "no CUDA device: %s",
@@ -353,7 +340,9 @@ Expected<std::unique_ptr<CudaBackend>> CudaBackend::create(int device, bool bf16
                              "no CUDA device: cuda:%d is out of range (this machine has %d: "
                              "cuda:0..cuda:%d)",
                              device, count, count - 1);
-  std::unique_ptr<CudaBackend> backend(new CudaBackend(device, bf16));
+  if (!host)
+    return createStringError(inconvertibleErrorCode(), "cuda:%d: no host backend", device);
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(device, bf16, std::move(host)));
   if (Error err = backend->init())
     return createStringError(inconvertibleErrorCode(), "cuda:%d: %s", device,
                              toString(std::move(err)).c_str());
@@ -595,8 +584,7 @@ void CudaBackend::retireHolds(bool all) {
 int *CudaBackend::checkSlot(const NodeView &n, StringRef what) {
   // run() verifies before the list can fill, so a slot is always free.
   assert(pendingChecks.size() < MaxChecks && "device checks not verified in time");
-  pendingChecks.push_back(
-      formatv("node '{0}' ({1}): {2}", cpu::nodeLabel(n.node), n.op(), what).str());
+  pendingChecks.push_back(formatv("node '{0}' ({1}): {2}", nodeLabel(n.node), n.op(), what).str());
   return flags + pendingChecks.size() - 1;
 }
 
@@ -665,7 +653,7 @@ bool CudaBackend::isHostShapeMath(const NodeView &n) const {
 }
 
 Expected<Outputs> CudaBackend::runOnHost(const NodeView &n, ArrayRef<const Tensor *> inputs) {
-  auto outputs = cpu::runAnyOp(n.node, n.opset, inputs);
+  auto outputs = host->run(n.node, n.opset, inputs);
   if (!outputs)
     return outputs.takeError();
   for (Tensor &t : *outputs) {
@@ -721,63 +709,18 @@ Expected<Outputs> CudaBackend::runFallback(const NodeView &n) {
 
 Result CudaBackend::runDevice(const NodeView &n) {
   using Method = Result (CudaBackend::*)(const NodeView &);
-  struct Entry {
-    StringLiteral op;
-    Method method;
-  };
+  // The device kernel of each row of ops/Ops.def, by OpId.
   // clang-format off
-  static const Entry onnxOps[] = {
-      {"Abs", &CudaBackend::unary}, {"Add", &CudaBackend::binary},
-      {"AveragePool", &CudaBackend::windowPool}, {"BatchNormalization", &CudaBackend::batchNorm},
-      {"Cast", &CudaBackend::cast}, {"Concat", &CudaBackend::concat},
-      {"ConstantOfShape", &CudaBackend::constantOfShape}, {"Conv", &CudaBackend::conv},
-      {"Div", &CudaBackend::binary}, {"Equal", &CudaBackend::binary}, {"Erf", &CudaBackend::unary},
-      {"Exp", &CudaBackend::unary}, {"Expand", &CudaBackend::expand},
-      {"Flatten", &CudaBackend::view}, {"Gather", &CudaBackend::gather},
-      {"Gelu", &CudaBackend::unary}, {"Gemm", &CudaBackend::gemmOp},
-      {"GlobalAveragePool", &CudaBackend::globalAveragePool}, {"Greater", &CudaBackend::binary},
-      {"Identity", &CudaBackend::identity}, {"LayerNormalization", &CudaBackend::layerNorm},
-      {"LeakyRelu", &CudaBackend::unary}, {"Less", &CudaBackend::binary},
-      {"Log", &CudaBackend::unary}, {"LogSoftmax", &CudaBackend::softmax},
-      {"MatMul", &CudaBackend::matMul}, {"MaxPool", &CudaBackend::windowPool},
-      {"Mul", &CudaBackend::binary}, {"Neg", &CudaBackend::unary}, {"Pow", &CudaBackend::binary},
-      {"Reciprocal", &CudaBackend::unary}, {"ReduceMean", &CudaBackend::reduce},
-      {"ReduceSum", &CudaBackend::reduce}, {"Relu", &CudaBackend::unary},
-      {"Reshape", &CudaBackend::view}, {"Shape", &CudaBackend::shapeOf},
-      {"Sigmoid", &CudaBackend::unary}, {"Size", &CudaBackend::shapeOf},
-      {"Slice", &CudaBackend::slice}, {"Softmax", &CudaBackend::softmax},
-      {"SoftmaxCrossEntropyLoss", &CudaBackend::crossEntropy}, {"Split", &CudaBackend::split},
-      {"Sqrt", &CudaBackend::unary}, {"Squeeze", &CudaBackend::view}, {"Sub", &CudaBackend::binary},
-      {"Sum", &CudaBackend::variadicSum}, {"Tanh", &CudaBackend::unary},
-      {"Transpose", &CudaBackend::transpose}, {"Unsqueeze", &CudaBackend::view},
-      {"Where", &CudaBackend::where},
-  };
-  static const Entry pipecOps[] = {
-      {"AveragePoolGrad", &CudaBackend::poolGrad},
-      {"BatchNormGradWeight", &CudaBackend::batchNormGradWeight},
-      {"ConvGradInput", &CudaBackend::convGradInput},
-      {"ConvGradWeight", &CudaBackend::convGradWeight}, {"ErfGrad", &CudaBackend::pointwiseGrad},
-      {"FusedElementwise", &CudaBackend::fused}, {"MatMulBias", &CudaBackend::matMulBias},
-      {"GatherGrad", &CudaBackend::gatherGrad}, {"GeluGrad", &CudaBackend::pointwiseGrad},
-      {"LayerNormGradInput", &CudaBackend::layerNormGradInput},
-      {"LayerNormGradWeight", &CudaBackend::layerNormGradWeight},
-      {"MaxPoolGrad", &CudaBackend::poolGrad}, {"ReluGrad", &CudaBackend::pointwiseGrad},
-      {"SigmoidGrad", &CudaBackend::pointwiseGrad},
-      {"SoftmaxCrossEntropyLossGrad", &CudaBackend::crossEntropyGrad},
-      {"SoftmaxGrad", &CudaBackend::softmaxGrad}, {"SumTo", &CudaBackend::sumTo},
-      {"TanhGrad", &CudaBackend::pointwiseGrad},
+  static const Method table[] = {
+#define PIPEC_OP(ID, DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, SHAPE, COST, GRAD, CPU, DEVICE, FLAGS)  \
+      &CudaBackend::DEVICE,
+#define PIPEC_ELEMENTWISE(ID, ...) &CudaBackend::elementwise,
+#include "ops/Ops.def"
   };
   // clang-format on
-  StringRef domain = n.node.domain();
-  ArrayRef<Entry> table;
-  if (domain.empty() || domain == "ai.onnx")
-    table = onnxOps;
-  else if (domain == "pipec")
-    table = pipecOps;
-  for (const Entry &e : table)
-    if (e.op == n.op())
-      return (this->*e.method)(n);
-  return std::nullopt;
+  if (!n.def)
+    return std::nullopt;
+  return (this->*table[static_cast<size_t>(n.def->id)])(n);
 }
 
 //===----------------------------------------------------------------------===//
@@ -790,8 +733,8 @@ Expected<bool> CudaBackend::stridedCopy(const Tensor &in, const Shape &outShape,
   if (!k::makeIndexMap(outShape, {strides}, map, {base}))
     return false;
   PIPEC_TRY_ASSIGN(result, allocate(in.elemType(), outShape));
-  PIPEC_CUDA_TRY(k::launchCopy(elemBytes(in), map, in.rawData(), result.rawData(),
-                               result.numElements(), stream));
+  PIPEC_CUDA_TRY(
+      launchCopy(elemBytes(in), map, in.rawData(), result.rawData(), result.numElements(), stream));
   out = result;
   return true;
 }
@@ -925,9 +868,9 @@ Expected<bool> CudaBackend::reduceInto(const Tensor &x, const std::vector<bool> 
     return true;
   PIPEC_TRY_ASSIGN(partial,
                    scratch(static_cast<size_t>(plan.outputs * plan.chunks) * sizeof(double)));
-  PIPEC_CUDA_TRY(k::launchReduce(plan, static_cast<const float *>(x.rawData()),
-                                 static_cast<double *>(partial.get()), scale,
-                                 static_cast<float *>(out.rawData()), stream));
+  PIPEC_CUDA_TRY(launchReduce(plan, static_cast<const float *>(x.rawData()),
+                              static_cast<double *>(partial.get()), scale,
+                              static_cast<float *>(out.rawData()), stream));
   return true;
 }
 
@@ -998,7 +941,7 @@ Result CudaBackend::view(const NodeView &n) {
         drop[i] = in[i] == 1;
     } else {
       for (int64_t a : *axes) {
-        auto axis = NodeView::normalizeAxis(a, rank);
+        auto axis = NodeView::axisIn(a, rank);
         if (!axis || in[*axis] != 1)
           return std::nullopt;
         drop[*axis] = true;
@@ -1014,7 +957,7 @@ Result CudaBackend::view(const NodeView &n) {
     int64_t outRank = rank + static_cast<int64_t>(axes->size());
     std::vector<bool> inserted(outRank, false);
     for (int64_t a : *axes) {
-      auto axis = NodeView::normalizeAxis(a, outRank);
+      auto axis = NodeView::axisIn(a, outRank);
       if (!axis || inserted[*axis])
         return std::nullopt;
       inserted[*axis] = true;
@@ -1073,8 +1016,7 @@ Result CudaBackend::constantOfShape(const NodeView &n) {
     if (pattern == 0)
       PIPEC_CUDA_TRY(cudaMemsetAsync(out.rawData(), 0, out.byteSize(), stream));
     else
-      PIPEC_CUDA_TRY(
-          k::launchFill(elemBytes(out), pattern, out.rawData(), out.numElements(), stream));
+      PIPEC_CUDA_TRY(launchFill(elemBytes(out), pattern, out.rawData(), out.numElements(), stream));
   }
   return Outputs{out};
 }
@@ -1160,7 +1102,7 @@ Result CudaBackend::slice(const NodeView &n) {
   int64_t base = 0;
   std::vector<bool> seen(x->rank(), false);
   for (size_t i = 0; i < count; ++i) {
-    auto axis = NodeView::normalizeAxis((*axes)[i], x->rank());
+    auto axis = NodeView::axisIn((*axes)[i], x->rank());
     if (!axis || seen[*axis])
       return std::nullopt;
     seen[*axis] = true;
@@ -1207,7 +1149,7 @@ Result CudaBackend::concat(const NodeView &n) {
   const auto *axisAttr = n.attr("axis");
   if (!axisAttr && n.opset >= 4)
     return std::nullopt;
-  auto axis = NodeView::normalizeAxis(axisAttr ? axisAttr->i() : 1, first->rank());
+  auto axis = NodeView::axisIn(axisAttr ? axisAttr->i() : 1, first->rank());
   if (!axis)
     return std::nullopt;
   Shape shape = first->shape();
@@ -1243,7 +1185,7 @@ Result CudaBackend::split(const NodeView &n) {
   const Tensor *x = n.in(0);
   if (!x || x->rank() == 0)
     return std::nullopt;
-  auto axis = NodeView::normalizeAxis(n.attrInt("axis", 0), x->rank());
+  auto axis = NodeView::axisIn(n.attrInt("axis", 0), x->rank());
   if (!axis)
     return std::nullopt;
   int64_t dim = x->dim(*axis);
@@ -1295,7 +1237,7 @@ Result CudaBackend::gather(const NodeView &n) {
   ElemType indexType = indices->elemType();
   if (indexType != ElemType::Int64 && indexType != ElemType::Int32)
     return std::nullopt;
-  auto axis = NodeView::normalizeAxis(n.attrInt("axis", 0), data->rank());
+  auto axis = NodeView::axisIn(n.attrInt("axis", 0), data->rank());
   if (!axis)
     return std::nullopt;
   ArrayRef<int64_t> dataShape = data->shape();
@@ -1313,7 +1255,7 @@ Result CudaBackend::gather(const NodeView &n) {
   PIPEC_TRY_ASSIGN(idx, onDevice(*indices));
   PIPEC_TRY_ASSIGN(out, allocate(data->elemType(), shape));
   if (out.numElements() > 0)
-    PIPEC_CUDA_TRY(k::launchGather(
+    PIPEC_CUDA_TRY(launchGather(
         elemBytes(out), indexType == ElemType::Int32, p, d.rawData(), idx.rawData(), out.rawData(),
         checkSlot(
             n,
@@ -1348,9 +1290,8 @@ Result CudaBackend::where(const NodeView &n) {
   PIPEC_TRY_ASSIGN(a, onDevice(*x));
   PIPEC_TRY_ASSIGN(b, onDevice(*y));
   PIPEC_TRY_ASSIGN(out, allocate(x->elemType(), *shape));
-  PIPEC_CUDA_TRY(k::launchWhere(elemBytes(out), map, static_cast<const bool *>(c.rawData()),
-                                a.rawData(), b.rawData(), out.rawData(), out.numElements(),
-                                stream));
+  PIPEC_CUDA_TRY(launchWhere(elemBytes(out), map, static_cast<const bool *>(c.rawData()),
+                             a.rawData(), b.rawData(), out.rawData(), out.numElements(), stream));
   return Outputs{out};
 }
 
@@ -1384,44 +1325,56 @@ Result CudaBackend::cast(const NodeView &n) {
                                      cudaMemcpyDeviceToDevice, stream));
   } else {
     PIPEC_CUDA_TRY(
-        k::launchCast(*from, *target, dev.rawData(), out.rawData(), out.numElements(), stream));
+        launchCast(*from, *target, dev.rawData(), out.rawData(), out.numElements(), stream));
   }
   return Outputs{out};
 }
 
-Result CudaBackend::unary(const NodeView &n) {
+/// The element-wise rows of Ops.def: their math (ElementMath.h) by code.
+Result CudaBackend::elementwise(const NodeView &n) {
+  ElemOp op = *n.def->elem;
+  return n.def->minInputs == 1 ? unary(n, op) : binary(n, op);
+}
+
+/// Unary float math on float32.
+Result CudaBackend::unary(const NodeView &n, ElemOp op) {
   const Tensor *x = n.in(0);
-  if (!isFloat(x) || n.numOutputs() != 1)
+  if (!isFloat(x) || n.numOutputs() != 1 || !k::isFloatMath(op))
     return std::nullopt;
-  float alpha = 0;
-  std::optional<k::Unary> op = cpu::unaryOpOf(n.node, &alpha);
-  if (!op)
+  auto params = n.elemParams(op);
+  if (!params) {
+    // The CPU kernel words the error.
+    consumeError(params.takeError());
     return std::nullopt;
+  }
   PIPEC_TRY_ASSIGN(dev, onDevice(*x));
   PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, x->shape()));
-  PIPEC_CUDA_TRY(k::launchUnary(*op, alpha, static_cast<const float *>(dev.rawData()),
-                                static_cast<float *>(out.rawData()), out.numElements(), stream));
+  PIPEC_CUDA_TRY(launchUnary(op, *params, static_cast<const float *>(dev.rawData()),
+                             static_cast<float *>(out.rawData()), out.numElements(), stream));
   return Outputs{out};
 }
 
-/// Add, Sub, Mul (float, int64), Div and Pow (float), Equal, Less, Greater
-/// (any of the device types), numpy broadcasting.
-Result CudaBackend::binary(const NodeView &n) {
+/// Arithmetic on float32, and on int64 for ops that never divide;
+/// comparisons on any of the device types (bool for Equal), numpy
+/// broadcasting. Logical ops run on the host.
+Result CudaBackend::binary(const NodeView &n, ElemOp op) {
   const Tensor *a = n.in(0), *b = n.in(1);
   if (!a || !b || n.numOutputs() != 1 || a->elemType() != b->elemType())
     return std::nullopt;
   if (n.opset < 7 && n.attrInt("broadcast", 0))
     return std::nullopt;
-  std::optional<k::Binary> op = cpu::binaryOpOf(n.op());
   auto type = scalarOf(a->elemType());
-  if (!op || !type)
+  if (!type)
     return std::nullopt;
-  bool comparison = k::isComparison(*op);
+  bool comparison = k::isComparison(op);
   if (comparison) {
-    if (*type == k::Scalar::Bool && *op != k::Binary::Equal)
+    if (*type == k::Scalar::Bool && k::elemTypes(op) != k::ElemTypes::CompareAny)
       return std::nullopt;
+  } else if (!k::isFloatMath(op)) {
+    return std::nullopt;
   } else if (*type != k::Scalar::F32 &&
-             (*type != k::Scalar::I64 || *op == k::Binary::Div || *op == k::Binary::Pow)) {
+             (*type != k::Scalar::I64 || k::elemTypes(op) == k::ElemTypes::Float ||
+              k::elemDivides(op))) {
     return std::nullopt;
   }
   auto shape = cpu::broadcastShapes(a->shape(), b->shape());
@@ -1437,8 +1390,8 @@ Result CudaBackend::binary(const NodeView &n) {
   PIPEC_TRY_ASSIGN(da, onDevice(*a));
   PIPEC_TRY_ASSIGN(db, onDevice(*b));
   PIPEC_TRY_ASSIGN(out, allocate(comparison ? ElemType::Bool : a->elemType(), *shape));
-  PIPEC_CUDA_TRY(k::launchBinary(*op, *type, map, da.rawData(), db.rawData(), out.rawData(),
-                                 out.numElements(), stream));
+  PIPEC_CUDA_TRY(launchBinary(op, *type, map, da.rawData(), db.rawData(), out.rawData(),
+                              out.numElements(), stream));
   return Outputs{out};
 }
 
@@ -1474,8 +1427,8 @@ Result CudaBackend::variadicSum(const NodeView &n) {
                          map))
       return std::nullopt;
     PIPEC_TRY_ASSIGN(right, onDevice(*n.in(i)));
-    PIPEC_CUDA_TRY(k::launchBinary(k::Binary::Add, k::Scalar::F32, map, left.rawData(),
-                                   right.rawData(), out.rawData(), out.numElements(), stream));
+    PIPEC_CUDA_TRY(launchBinary(ElemOp::Add, k::Scalar::F32, map, left.rawData(), right.rawData(),
+                                out.rawData(), out.numElements(), stream));
   }
   return Outputs{out};
 }
@@ -1619,7 +1572,7 @@ Result CudaBackend::softmax(const NodeView &n) {
   if (!isFloat(x) || n.numOutputs() != 1 || x->rank() == 0)
     return std::nullopt;
   bool singleAxis = n.opset >= 13;
-  auto axis = NodeView::normalizeAxis(n.attrInt("axis", singleAxis ? -1 : 1), x->rank());
+  auto axis = NodeView::axisIn(n.attrInt("axis", singleAxis ? -1 : 1), x->rank());
   if (!axis)
     return std::nullopt;
   ArrayRef<int64_t> shape = x->shape();
@@ -1630,9 +1583,9 @@ Result CudaBackend::softmax(const NodeView &n) {
   PIPEC_TRY_ASSIGN(dev, onDevice(*x));
   PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, x->shape()));
   if (out.numElements() > 0)
-    PIPEC_CUDA_TRY(k::launchSoftmax(layout, static_cast<const float *>(dev.rawData()),
-                                    static_cast<float *>(out.rawData()), n.op() == "LogSoftmax",
-                                    stream));
+    PIPEC_CUDA_TRY(launchSoftmax(layout, static_cast<const float *>(dev.rawData()),
+                                 static_cast<float *>(out.rawData()), n.op() == "LogSoftmax",
+                                 stream));
   return Outputs{out};
 }
 
@@ -1644,7 +1597,7 @@ Result CudaBackend::layerNorm(const NodeView &n) {
     return std::nullopt;
   if (n.attrInt("stash_type", 1) != 1)
     return std::nullopt;
-  auto axis = NodeView::normalizeAxis(n.attrInt("axis", -1), x->rank());
+  auto axis = NodeView::axisIn(n.attrInt("axis", -1), x->rank());
   if (!axis)
     return std::nullopt;
   float epsilon = n.attrFloat("epsilon", 1e-5f);
@@ -1682,11 +1635,11 @@ Result CudaBackend::layerNorm(const NodeView &n) {
     return i < outputs.size() ? static_cast<float *>(outputs[i].rawData()) : nullptr;
   };
   if (rows > 0 && size > 0)
-    PIPEC_CUDA_TRY(k::launchLayerNorm(rows, size, epsilon, static_cast<const float *>(dx.rawData()),
-                                      static_cast<const float *>(gamma->rawData()),
-                                      beta ? static_cast<const float *>(beta->rawData()) : nullptr,
-                                      static_cast<float *>(y.rawData()), statData(1), statData(2),
-                                      stream));
+    PIPEC_CUDA_TRY(launchLayerNorm(rows, size, epsilon, static_cast<const float *>(dx.rawData()),
+                                   static_cast<const float *>(gamma->rawData()),
+                                   beta ? static_cast<const float *>(beta->rawData()) : nullptr,
+                                   static_cast<float *>(y.rawData()), statData(1), statData(2),
+                                   stream));
   return outputs;
 }
 
@@ -1711,7 +1664,7 @@ Result CudaBackend::reduce(const NodeView &n) {
   }
   std::vector<bool> reduced(rank, false);
   for (int64_t a : *axes) {
-    auto axis = NodeView::normalizeAxis(a, rank);
+    auto axis = NodeView::axisIn(a, rank);
     if (!axis)
       return std::nullopt;
     reduced[*axis] = true;
@@ -1790,11 +1743,10 @@ Result CudaBackend::crossEntropy(const NodeView &n) {
   if (positions == 0) {
     // No labels: the sum is 0 and the mean 0 / 0.
     if (p.reduction != 0)
-      PIPEC_CUDA_TRY(
-          k::launchFill(4, p.reduction == 2 ? 0x7fc00000u : 0u, loss.rawData(), 1, stream));
+      PIPEC_CUDA_TRY(launchFill(4, p.reduction == 2 ? 0x7fc00000u : 0u, loss.rawData(), 1, stream));
     return outputs;
   }
-  PIPEC_CUDA_TRY(k::launchCrossEntropy(
+  PIPEC_CUDA_TRY(launchCrossEntropy(
       layout, p, static_cast<const float *>(s.rawData()), static_cast<const int64_t *>(l.rawData()),
       logProb, static_cast<float *>(losses.rawData()), static_cast<float *>(valid.get()),
       static_cast<float *>(loss.rawData()),
@@ -1833,45 +1785,53 @@ Result CudaBackend::sumTo(const NodeView &n) {
   return Outputs{out};
 }
 
-Result CudaBackend::pointwiseGrad(const NodeView &n) {
+/// UnaryGrad: dY times the derivative of the op it names (ElementMath.h).
+Result CudaBackend::unaryGrad(const NodeView &n) {
   const Tensor *dy = n.in(0), *a = n.in(1);
   if (!isFloat(dy) || !isFloat(a) || dy->shape() != a->shape() || n.numOutputs() != 1)
     return std::nullopt;
-  std::optional<k::Pointwise> op = cpu::pointwiseOpOf(n.node);
-  if (!op)
+  // ReluGrad and the other earlier spellings name the op without "Grad".
+  std::string name = n.op() == "UnaryGrad" ? n.attrString("op", "") : n.op().drop_back(4).str();
+  const OpDef *forward = lookupOp("", name);
+  if (!forward || !forward->elem || forward->minInputs != 1)
     return std::nullopt;
+  auto params = n.elemParams(*forward->elem);
+  if (!params) {
+    consumeError(params.takeError());
+    return std::nullopt;
+  }
   PIPEC_TRY_ASSIGN(d, onDevice(*dy));
   PIPEC_TRY_ASSIGN(x, onDevice(*a));
   PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, dy->shape()));
-  PIPEC_CUDA_TRY(k::launchPointwise(
-      *op, static_cast<const float *>(d.rawData()), static_cast<const float *>(x.rawData()),
-      static_cast<float *>(out.rawData()), out.numElements(), stream));
+  PIPEC_CUDA_TRY(launchGradient(*forward->elem, *params, static_cast<const float *>(d.rawData()),
+                                static_cast<const float *>(x.rawData()),
+                                static_cast<float *>(out.rawData()), out.numElements(), stream));
   return Outputs{out};
 }
 
-/// The body of a fused node (runtime/cpu/Fused.h) node by node on this
+/// The body of a fused node (runtime/core/FusedProgram.h) node by node on this
 /// backend: for inputs its kernel does not take.
 Result CudaBackend::runBody(const NodeView &n) {
-  auto outputs = cpu::runFusedBody(n.node, n.allInputs(),
-                                   [&](const onnx::NodeProto &step, ArrayRef<const Tensor *> in) {
-                                     return dispatch(NodeView(step, n.opset, in, device));
-                                   });
+  auto outputs = runFusedBody(n.node, n.allInputs(),
+                              [&](const onnx::NodeProto &step, ArrayRef<const Tensor *> in) {
+                                return dispatch(NodeView(step, n.opset, in, device));
+                              });
   if (!outputs)
     return outputs.takeError();
   return std::move(*outputs);
 }
 
-/// A fused element-wise node (runtime/cpu/Fused.h) as one kernel; its body
+/// A fused element-wise node (runtime/core/FusedProgram.h) as one kernel; its body
 /// node by node on this backend when the kernel does not take the inputs
 /// (not all float32, or an output smaller than the others).
 Result CudaBackend::fused(const NodeView &n) {
-  auto kernel = cpu::compileFused(n.node, n.opset);
+  auto kernel = compileFused(n.node, n.opset);
   if (!kernel)
     return kernel.takeError();
   ArrayRef<const Tensor *> inputs = n.allInputs();
-  std::optional<Shape> shape = cpu::fusedShape(*kernel, inputs);
+  std::optional<Shape> shape = fusedShape(*kernel, inputs);
   k::FusedMap map;
-  if (!shape || !cpu::makeFusedMap(*shape, inputs, map))
+  if (!shape || !makeFusedMap(*shape, inputs, map))
     return runBody(n);
   const k::FusedProgram &p = kernel->program;
   std::vector<Tensor> devices;
@@ -1890,16 +1850,16 @@ Result CudaBackend::fused(const NodeView &n) {
   }
   int64_t count = product(*shape);
   if (count > 0)
-    PIPEC_CUDA_TRY(k::launchFused(p, map, in, out, count, stream));
+    PIPEC_CUDA_TRY(launchFused(p, map, in, out, count, stream));
   return outputs;
 }
 
-/// A MatMul and its bias Add (runtime/cpu/Fused.h) as one cuBLASLt GEMM with
+/// A MatMul and its bias Add (runtime/core/FusedProgram.h) as one cuBLASLt GEMM with
 /// a bias epilogue; the two nodes as they are for other shapes or types,
 /// or when cuBLASLt has no algorithm.
 Result CudaBackend::matMulBias(const NodeView &n) {
   ArrayRef<const Tensor *> inputs = n.allInputs();
-  std::optional<int64_t> nn = cpu::epilogueBias(n.node, inputs);
+  std::optional<int64_t> nn = epilogueBias(n.node, inputs);
   if (!nn)
     return runBody(n);
   const Tensor &a = *inputs[0];
@@ -1926,7 +1886,7 @@ Result CudaBackend::softmaxGrad(const NodeView &n) {
   if (!isFloat(dy) || !isFloat(y) || dy->shape() != y->shape() || n.numOutputs() != 1 ||
       y->rank() == 0)
     return std::nullopt;
-  auto axis = NodeView::normalizeAxis(n.attrInt("axis", -1), y->rank());
+  auto axis = NodeView::axisIn(n.attrInt("axis", -1), y->rank());
   if (!axis)
     return std::nullopt;
   ArrayRef<int64_t> shape = y->shape();
@@ -1936,9 +1896,9 @@ Result CudaBackend::softmaxGrad(const NodeView &n) {
   PIPEC_TRY_ASSIGN(yy, onDevice(*y));
   PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, y->shape()));
   if (out.numElements() > 0)
-    PIPEC_CUDA_TRY(k::launchSoftmaxGrad(layout, static_cast<const float *>(d.rawData()),
-                                        static_cast<const float *>(yy.rawData()),
-                                        static_cast<float *>(out.rawData()), stream));
+    PIPEC_CUDA_TRY(launchSoftmaxGrad(layout, static_cast<const float *>(d.rawData()),
+                                     static_cast<const float *>(yy.rawData()),
+                                     static_cast<float *>(out.rawData()), stream));
   return Outputs{out};
 }
 
@@ -1950,7 +1910,7 @@ Result CudaBackend::gatherGrad(const NodeView &n) {
   ElemType indexType = indices->elemType();
   if (indexType != ElemType::Int64 && indexType != ElemType::Int32)
     return std::nullopt;
-  auto axis = NodeView::normalizeAxis(n.attrInt("axis", 0), static_cast<int64_t>(shape->size()));
+  auto axis = NodeView::axisIn(n.attrInt("axis", 0), static_cast<int64_t>(shape->size()));
   if (!axis || llvm::any_of(*shape, [](int64_t d) { return d < 0; }))
     return std::nullopt;
   k::GatherParams p;
@@ -1966,7 +1926,7 @@ Result CudaBackend::gatherGrad(const NodeView &n) {
   if (out.byteSize() > 0)
     PIPEC_CUDA_TRY(cudaMemsetAsync(out.rawData(), 0, out.byteSize(), stream));
   if (dy->numElements() > 0)
-    PIPEC_CUDA_TRY(k::launchGatherGrad(
+    PIPEC_CUDA_TRY(launchGatherGrad(
         indexType == ElemType::Int32, p, static_cast<const float *>(d.rawData()), idx.rawData(),
         static_cast<float *>(out.rawData()),
         checkSlot(n, formatv("an index is out of range [0, {0})", p.size).str()), stream));
@@ -1975,7 +1935,7 @@ Result CudaBackend::gatherGrad(const NodeView &n) {
 
 /// The rows of a LayerNorm gradient: [rows, width] split at the axis.
 std::optional<std::pair<int64_t, int64_t>> layerNormRows(const NodeView &n, const Tensor &x) {
-  auto axis = NodeView::normalizeAxis(n.attrInt("axis", -1), x.rank());
+  auto axis = NodeView::axisIn(n.attrInt("axis", -1), x.rank());
   if (!axis)
     return std::nullopt;
   return std::make_pair(product(ArrayRef<int64_t>(x.shape()).take_front(*axis)),
@@ -1996,7 +1956,7 @@ Result CudaBackend::layerNormGradInput(const NodeView &n) {
   PIPEC_TRY_ASSIGN(s, onDevice(*scale));
   PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, x->shape()));
   if (out.numElements() > 0)
-    PIPEC_CUDA_TRY(k::launchLayerNormGradInput(
+    PIPEC_CUDA_TRY(launchLayerNormGradInput(
         rows->first, rows->second, epsilon, static_cast<const float *>(d.rawData()),
         static_cast<const float *>(xx.rawData()), static_cast<const float *>(s.rawData()),
         static_cast<float *>(out.rawData()), stream));
@@ -2024,11 +1984,11 @@ Result CudaBackend::layerNormGradWeight(const NodeView &n) {
     PIPEC_CUDA_TRY(cudaMemsetAsync(out.rawData(), 0, out.byteSize(), stream));
     return Outputs{out};
   }
-  int64_t chunks = k::layerNormGradWeightChunks(count, width);
+  int64_t chunks = layerNormGradWeightChunks(count, width);
   PIPEC_TRY_ASSIGN(stats, scratch(2 * static_cast<size_t>(count) * sizeof(float)));
   PIPEC_TRY_ASSIGN(partial, scratch(static_cast<size_t>(width * chunks) * sizeof(double)));
   float *mean = static_cast<float *>(stats.get());
-  PIPEC_CUDA_TRY(k::launchLayerNormGradWeight(
+  PIPEC_CUDA_TRY(launchLayerNormGradWeight(
       count, width, epsilon, static_cast<const float *>(d.rawData()),
       static_cast<const float *>(xx.rawData()), mean, mean + count,
       static_cast<double *>(partial.get()), chunks, static_cast<float *>(out.rawData()), stream));
@@ -2055,7 +2015,7 @@ Result CudaBackend::crossEntropyGrad(const NodeView &n) {
   if (out.numElements() == 0)
     return Outputs{out};
   PIPEC_TRY_ASSIGN(count, scratch(sizeof(double)));
-  PIPEC_CUDA_TRY(k::launchCrossEntropyGrad(
+  PIPEC_CUDA_TRY(launchCrossEntropyGrad(
       layout, p, static_cast<const float *>(dl.rawData()), static_cast<const float *>(s.rawData()),
       static_cast<const int64_t *>(l.rawData()), static_cast<double *>(count.get()),
       static_cast<float *>(out.rawData()),
@@ -2187,7 +2147,7 @@ Result CudaBackend::conv(const NodeView &n) {
     if (!identity) {
       k::Im2colParams p;
       p.w = g.w, p.images = count * g.group, p.channels = g.gc(), p.group = g.group;
-      PIPEC_CUDA_TRY(k::launchIm2col(p, source, columns, stream));
+      PIPEC_CUDA_TRY(launchIm2col(p, source, columns, stream));
       source = columns, sourceN = g.group * rows * cols, sourceG = rows * cols;
     }
     // Y_(n, g) = W_g [gm, rows] x columns_(n, g) [rows, cols].
@@ -2198,8 +2158,8 @@ Result CudaBackend::conv(const NodeView &n) {
   }
   if (bias) {
     PIPEC_TRY_ASSIGN(b, onDevice(*bias));
-    PIPEC_CUDA_TRY(k::launchBias(y.numElements(), g.maps, cols,
-                                 static_cast<const float *>(b.rawData()), out, stream));
+    PIPEC_CUDA_TRY(launchBias(y.numElements(), g.maps, cols,
+                              static_cast<const float *>(b.rawData()), out, stream));
   }
   return Outputs{y};
 }
@@ -2243,7 +2203,7 @@ Result CudaBackend::convGradInput(const NodeView &n) {
     if (!identity) {
       k::Im2colParams p;
       p.w = g.w, p.images = count * g.group, p.channels = g.gc(), p.group = g.group;
-      PIPEC_CUDA_TRY(k::launchCol2im(p, columns, image + n0 * g.channels * inSize, stream));
+      PIPEC_CUDA_TRY(launchCol2im(p, columns, image + n0 * g.channels * inSize, stream));
     }
   }
   return Outputs{dx};
@@ -2278,11 +2238,11 @@ Result CudaBackend::convGradWeight(const NodeView &n) {
     if (!k::makeIndexMap({g.group, gm, count, cols}, {{gm * cols, cols, g.maps * cols, 1}}, map,
                          {n0 * g.maps * cols}))
       return std::nullopt;
-    PIPEC_CUDA_TRY(k::launchCopy(4, map, grad, gradT, count * g.maps * cols, stream));
+    PIPEC_CUDA_TRY(launchCopy(4, map, grad, gradT, count * g.maps * cols, stream));
     k::Im2colParams p;
     p.w = g.w, p.images = count * g.group, p.channels = g.gc(), p.group = g.group;
     p.batchInner = true;
-    PIPEC_CUDA_TRY(k::launchIm2col(p, image + n0 * g.channels * inSize, columns, stream));
+    PIPEC_CUDA_TRY(launchIm2col(p, image + n0 * g.channels * inSize, columns, stream));
     // dW_g += dY_g [gm, count * cols] x columns_g^T [count * cols, rows].
     int64_t depth = count * cols;
     if (Error err = gemm(false, true, gm, rows, depth, 1.0f, gradT, depth, gm * depth, columns,
@@ -2309,8 +2269,8 @@ Result CudaBackend::windowPool(const NodeView &n) {
   PIPEC_TRY_ASSIGN(xd, onDevice(*x));
   PIPEC_TRY_ASSIGN(
       y, allocate(ElemType::Float, windowOutShape(x->dim(0), x->dim(1), p.w, x->rank() - 2)));
-  PIPEC_CUDA_TRY(k::launchPool(p, x->dim(0) * x->dim(1), static_cast<const float *>(xd.rawData()),
-                               static_cast<float *>(y.rawData()), stream));
+  PIPEC_CUDA_TRY(launchPool(p, x->dim(0) * x->dim(1), static_cast<const float *>(xd.rawData()),
+                            static_cast<float *>(y.rawData()), stream));
   return Outputs{y};
 }
 
@@ -2339,10 +2299,10 @@ Result CudaBackend::poolGrad(const NodeView &n) {
     xd = dev;
   }
   PIPEC_TRY_ASSIGN(dx, allocate(ElemType::Float, *xShape));
-  PIPEC_CUDA_TRY(k::launchPoolGrad(p, dy->dim(0) * dy->dim(1),
-                                   static_cast<const float *>(dyd.rawData()),
-                                   isMax ? static_cast<const float *>(xd.rawData()) : nullptr,
-                                   static_cast<float *>(dx.rawData()), stream));
+  PIPEC_CUDA_TRY(launchPoolGrad(p, dy->dim(0) * dy->dim(1),
+                                static_cast<const float *>(dyd.rawData()),
+                                isMax ? static_cast<const float *>(xd.rawData()) : nullptr,
+                                static_cast<float *>(dx.rawData()), stream));
   return Outputs{dx};
 }
 
@@ -2390,9 +2350,9 @@ Result CudaBackend::batchNorm(const NodeView &n) {
   PIPEC_TRY_ASSIGN(xd, onDevice(*x));
   PIPEC_TRY_ASSIGN(y, allocate(ElemType::Float, x->shape()));
   auto param = [&](size_t i) { return static_cast<const float *>(params[i].rawData()); };
-  PIPEC_CUDA_TRY(k::launchBatchNorm(x->dim(0), channels, spatial, epsilon,
-                                    static_cast<const float *>(xd.rawData()), param(0), param(1),
-                                    param(2), param(3), static_cast<float *>(y.rawData()), stream));
+  PIPEC_CUDA_TRY(launchBatchNorm(x->dim(0), channels, spatial, epsilon,
+                                 static_cast<const float *>(xd.rawData()), param(0), param(1),
+                                 param(2), param(3), static_cast<float *>(y.rawData()), stream));
   return Outputs{y};
 }
 
@@ -2414,9 +2374,9 @@ Result CudaBackend::batchNormGradWeight(const NodeView &n) {
   PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, {channels}));
   if (channels == 0)
     return Outputs{out};
-  int64_t chunks = k::batchNormGradWeightChunks(channels, batch * spatial);
+  int64_t chunks = batchNormGradWeightChunks(channels, batch * spatial);
   PIPEC_TRY_ASSIGN(partial, scratch(static_cast<size_t>(channels * chunks) * sizeof(double)));
-  PIPEC_CUDA_TRY(k::launchBatchNormGradWeight(
+  PIPEC_CUDA_TRY(launchBatchNormGradWeight(
       batch, channels, spatial, epsilon, static_cast<const float *>(dyd.rawData()),
       static_cast<const float *>(xd.rawData()), static_cast<const float *>(md.rawData()),
       static_cast<const float *>(vd.rawData()), static_cast<double *>(partial.get()), chunks,
@@ -2470,8 +2430,8 @@ Expected<Tensor> CudaBackend::sum(ArrayRef<const Tensor *> terms) {
   }
   for (size_t i = 1; i < terms.size(); ++i) {
     PIPEC_TRY_ASSIGN(b, onDevice(*terms[i]));
-    PIPEC_CUDA_TRY(k::launchAdd(*type, i == 1 ? a.rawData() : out.rawData(), b.rawData(),
-                                out.rawData(), out.numElements(), stream));
+    PIPEC_CUDA_TRY(launchAdd(*type, i == 1 ? a.rawData() : out.rawData(), b.rawData(),
+                             out.rawData(), out.numElements(), stream));
   }
   if (Error err = commitHolds())
     return err;
@@ -2497,8 +2457,8 @@ Error CudaBackend::addInto(Tensor &accumulator, const Tensor &term) {
                              "cuda:%d: adding %s into %s (float or double of one size only)",
                              device, term.describe().c_str(), accumulator.describe().c_str());
   PIPEC_TRY_ASSIGN(t, onDevice(term));
-  PIPEC_CUDA_TRY(k::launchAdd(*type, accumulator.rawData(), t.rawData(), accumulator.rawData(),
-                              accumulator.numElements(), stream));
+  PIPEC_CUDA_TRY(launchAdd(*type, accumulator.rawData(), t.rawData(), accumulator.rawData(),
+                           accumulator.numElements(), stream));
   return commitHolds();
 }
 
@@ -2515,7 +2475,7 @@ Expected<double> CudaBackend::sumOfSquares(ArrayRef<const Tensor *> tensors, dou
                                "cuda:%d: the norm of %s: float or double only", device,
                                t->describe().c_str());
     PIPEC_TRY_ASSIGN(d, onDevice(*t));
-    PIPEC_CUDA_TRY(k::launchSumSquares(*type, d.rawData(), d.numElements(), scale, total, stream));
+    PIPEC_CUDA_TRY(launchSumSquares(*type, d.rawData(), d.numElements(), scale, total, stream));
   }
   double result = 0;
   PIPEC_CUDA_TRY(cudaMemcpyAsync(&result, total, sizeof(double), cudaMemcpyDeviceToHost, stream));
@@ -2572,9 +2532,9 @@ Error CudaBackend::optimize(const rt::OptimizerUpdate &u, Tensor &w, const Tenso
     dv = vv;
     vOut = newV;
   }
-  PIPEC_CUDA_TRY(k::launchOptimizer(*type, p, dw.rawData(), dg.rawData(), dm.rawData(),
-                                    dv.rawData(), wOut.rawData(), mOut.rawData(), vOut.rawData(),
-                                    w.numElements(), stream));
+  PIPEC_CUDA_TRY(launchOptimizer(*type, p, dw.rawData(), dg.rawData(), dm.rawData(), dv.rawData(),
+                                 wOut.rawData(), mOut.rawData(), vOut.rawData(), w.numElements(),
+                                 stream));
   w = wOut;
   if (p.kind >= 1)
     m = mOut;
@@ -2589,8 +2549,9 @@ Error CudaBackend::optimize(const rt::OptimizerUpdate &u, Tensor &w, const Tenso
 // Factory
 //===----------------------------------------------------------------------===//
 
-Expected<std::unique_ptr<rt::Backend>> createCudaBackend(int device, bool bf16) {
-  auto backend = CudaBackend::create(device, bf16);
+Expected<std::unique_ptr<rt::Backend>> createCudaBackend(int device, bool bf16,
+                                                         std::unique_ptr<rt::Backend> host) {
+  auto backend = CudaBackend::create(device, bf16, std::move(host));
   if (!backend)
     return backend.takeError();
   return std::unique_ptr<rt::Backend>(std::move(*backend));
@@ -2605,8 +2566,9 @@ std::optional<DevicePool::Stats> poolStats(const rt::Backend &backend) {
 } // namespace pipec::cuda
 
 extern "C" __attribute__((visibility("default"))) pipec::rt::Backend *
-pipecMakeCudaBackend(int device, bool bf16, std::string *error) {
-  auto backend = pipec::cuda::createCudaBackend(device, bf16);
+pipecMakeCudaBackend(int device, bool bf16, pipec::rt::Backend *host, std::string *error) {
+  auto backend =
+      pipec::cuda::createCudaBackend(device, bf16, std::unique_ptr<pipec::rt::Backend>(host));
   if (!backend) {
     std::string message = llvm::toString(backend.takeError());
     if (error)

@@ -10,7 +10,8 @@
 //    arithmetic). Their outputs stay on the host when they are small
 //    integers, so a Reshape reads its shape without a device round trip.
 //    These are not fallbacks.
-//  - Fallback: every other node runs on the CPU kernels, its inputs
+//  - Fallback: every other node (its row in ops/Ops.def names no device
+//    kernel, or the kernel does not take its types) runs on the host backend, its inputs
 //    downloaded and its outputs uploaded; counted in fallbackOps().
 //
 // Errors that a kernel finds on the device (a Gather index or a label out of
@@ -33,10 +34,12 @@
 
 namespace pipec::cuda {
 
-/// The CUDA backend on \p device (see rt::makeCudaBackend). Fails with "no
-/// CUDA device: ..." when the machine has no device or \p device is out of
-/// range.
-llvm::Expected<std::unique_ptr<rt::Backend>> createCudaBackend(int device, bool bf16);
+/// The CUDA backend on \p device (see rt::makeCudaBackend); \p host (the
+/// CPU backend) runs shape arithmetic and the ops without a device kernel.
+/// Fails with "no CUDA device: ..." when the machine has no device or
+/// \p device is out of range.
+llvm::Expected<std::unique_ptr<rt::Backend>> createCudaBackend(int device, bool bf16,
+                                                               std::unique_ptr<rt::Backend> host);
 
 /// The memory pool statistics of a backend made by createCudaBackend;
 /// nullopt for any other backend.
@@ -44,9 +47,10 @@ std::optional<DevicePool::Stats> poolStats(const rt::Backend &backend);
 
 } // namespace pipec::cuda
 
-/// The entry point of the CUDA plugin (runtime/core/CpuBackend.cpp loads it
-/// with dlsym): a new backend owned by the caller, or null with *error set.
+/// The entry point of the CUDA plugin (runtime/exec/CpuBackend.cpp loads it
+/// with dlsym): a new backend owned by the caller, which takes \p host, or
+/// null with *error set.
 extern "C" __attribute__((visibility("default"))) pipec::rt::Backend *
-pipecMakeCudaBackend(int device, bool bf16, std::string *error);
+pipecMakeCudaBackend(int device, bool bf16, pipec::rt::Backend *host, std::string *error);
 
 #endif // PIPEC_RUNTIME_CUDA_CUDABACKEND_H

@@ -14,7 +14,7 @@
 
 #include <algorithm>
 
-namespace pipec::cuda::kernels {
+namespace pipec::cuda {
 namespace {
 
 constexpr int Threads = 256;
@@ -137,15 +137,15 @@ template <typename F> cudaError_t byScalar(Scalar type, F &&f) {
 //===----------------------------------------------------------------------===//
 
 struct UnaryFn {
-  Unary op;
-  float alpha;
+  ElemOp op;
+  ElemParams params;
   const float *x;
   float *y;
-  __device__ void operator()(int64_t i) const { unaryElement(i, op, alpha, x, y); }
+  __device__ void operator()(int64_t i) const { unaryElement(i, op, params, x, y); }
 };
 
 template <typename T> struct ArithmeticFn {
-  Binary op;
+  ElemOp op;
   IndexMap map;
   const T *a, *b;
   T *out;
@@ -153,7 +153,7 @@ template <typename T> struct ArithmeticFn {
 };
 
 template <typename T> struct CompareFn {
-  Binary op;
+  ElemOp op;
   IndexMap map;
   const T *a, *b;
   bool *out;
@@ -193,11 +193,12 @@ template <typename T> struct AddFn {
   __device__ void operator()(int64_t i) const { addElement<T>(i, a, b, out); }
 };
 
-struct PointwiseFn {
-  Pointwise op;
+struct GradientFn {
+  ElemOp op;
+  ElemParams params;
   const float *dy, *a;
   float *dx;
-  __device__ void operator()(int64_t i) const { pointwiseElement(i, op, dy, a, dx); }
+  __device__ void operator()(int64_t i) const { gradientElement(i, op, params, dy, a, dx); }
 };
 
 struct FusedFn {
@@ -429,12 +430,14 @@ template <typename T> struct OptimizerFn {
 // Launchers
 //===----------------------------------------------------------------------===//
 
-cudaError_t launchUnary(Unary op, float alpha, const float *x, float *y, int64_t n,
+cudaError_t launchUnary(ElemOp op, const ElemParams &params, const float *x, float *y, int64_t n,
                         cudaStream_t stream) {
-  return launch(n, UnaryFn{op, alpha, x, y}, stream);
+  if (!isFloatMath(op))
+    return cudaErrorInvalidValue;
+  return launch(n, UnaryFn{op, params, x, y}, stream);
 }
 
-cudaError_t launchBinary(Binary op, Scalar type, const IndexMap &map, const void *a, const void *b,
+cudaError_t launchBinary(ElemOp op, Scalar type, const IndexMap &map, const void *a, const void *b,
                          void *out, int64_t n, cudaStream_t stream) {
   if (isComparison(op))
     return byScalar(type, [&](auto tag) {
@@ -444,7 +447,9 @@ cudaError_t launchBinary(Binary op, Scalar type, const IndexMap &map, const void
                                  static_cast<bool *>(out)},
                     stream);
     });
-  bool floatOnly = op == Binary::Div || op == Binary::Pow;
+  if (!isFloatMath(op))
+    return cudaErrorInvalidValue;
+  bool floatOnly = elemTypes(op) == ElemTypes::Float || elemDivides(op);
   if (type == Scalar::F32)
     return launch(n,
                   ArithmeticFn<float>{op, map, static_cast<const float *>(a),
@@ -512,9 +517,9 @@ cudaError_t launchAdd(Scalar type, const void *a, const void *b, void *out, int6
   return cudaErrorInvalidValue;
 }
 
-cudaError_t launchPointwise(Pointwise op, const float *dy, const float *a, float *dx, int64_t n,
-                            cudaStream_t stream) {
-  return launch(n, PointwiseFn{op, dy, a, dx}, stream);
+cudaError_t launchGradient(ElemOp op, const ElemParams &params, const float *dy, const float *a,
+                           float *dx, int64_t n, cudaStream_t stream) {
+  return launch(n, GradientFn{op, params, dy, a, dx}, stream);
 }
 
 template <typename T>
@@ -740,4 +745,4 @@ cudaError_t launchOptimizer(Scalar type, const OptimizerParams &p, const void *w
   return cudaErrorInvalidValue;
 }
 
-} // namespace pipec::cuda::kernels
+} // namespace pipec::cuda

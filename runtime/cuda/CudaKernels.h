@@ -4,7 +4,8 @@
 // stream and return the launch status; they never synchronize. Pointers are
 // device memory of the stream's device, sized by the caller; outputs never
 // alias inputs unless a launcher says so. The math of every kernel is in
-// KernelBodies.h; these only choose grid sizes and element types. GEMMs are
+// runtime/kernels (ElementMath.h, Elementwise.h, KernelBodies.h); these only
+// choose grid sizes and element types. GEMMs are
 // not here: the backend calls cuBLAS itself.
 //
 //===----------------------------------------------------------------------===//
@@ -17,16 +18,19 @@
 
 #include <cstdint>
 
-namespace pipec::cuda::kernels {
+namespace pipec::cuda {
 
-/// y = op(x) on n floats (y may be x).
-cudaError_t launchUnary(Unary op, float alpha, const float *x, float *y, int64_t n,
+using namespace pipec::kernels;
+
+/// y = op(x) on n floats (y may be x), for an op whose math maps floats to
+/// floats.
+cudaError_t launchUnary(ElemOp op, const ElemParams &params, const float *x, float *y, int64_t n,
                         cudaStream_t stream);
 
 /// out[i] = op(a[.], b[.]) for the n elements of map's output. Arithmetic
-/// for F32 and I64 (Div and Pow: F32 only); comparisons for every Scalar,
-/// writing bool.
-cudaError_t launchBinary(Binary op, Scalar type, const IndexMap &map, const void *a, const void *b,
+/// for F32 and, for ops that never divide, I64; comparisons for every
+/// Scalar, writing bool.
+cudaError_t launchBinary(ElemOp op, Scalar type, const IndexMap &map, const void *a, const void *b,
                          void *out, int64_t n, cudaStream_t stream);
 
 /// out[i] = cond ? x : y over a three-operand map; elements of 1, 2, 4 or 8
@@ -51,16 +55,16 @@ cudaError_t launchFill(int elemBytes, uint64_t pattern, void *out, int64_t n, cu
 cudaError_t launchAdd(Scalar type, const void *a, const void *b, void *out, int64_t n,
                       cudaStream_t stream);
 
-/// dx = dy * f(a) on n floats.
-cudaError_t launchPointwise(Pointwise op, const float *dy, const float *a, float *dx, int64_t n,
-                            cudaStream_t stream);
+/// dx = dy * derivative of unary op at a, on n floats (UnaryGrad).
+cudaError_t launchGradient(ElemOp op, const ElemParams &params, const float *dy, const float *a,
+                           float *dx, int64_t n, cudaStream_t stream);
 
 /// *total += sum over i < n of (scale x[i])^2 (float or double x), in
 /// double: one partial sum per block, added atomically.
 cudaError_t launchSumSquares(Scalar type, const void *x, int64_t n, double scale, double *total,
                              cudaStream_t stream);
 
-/// A fused element-wise program (KernelBodies.h) over n output elements:
+/// A fused element-wise program (kernels/Elementwise.h) over n output elements:
 /// program.inputs input pointers read through map, program.outputs outputs.
 cudaError_t launchFused(const FusedProgram &program, const FusedMap &map, const float *const *in,
                         float *const *out, int64_t n, cudaStream_t stream);
@@ -159,6 +163,6 @@ cudaError_t launchOptimizer(Scalar type, const OptimizerParams &p, const void *w
                             const void *m, const void *v, void *wOut, void *mOut, void *vOut,
                             int64_t n, cudaStream_t stream);
 
-} // namespace pipec::cuda::kernels
+} // namespace pipec::cuda
 
 #endif // PIPEC_RUNTIME_CUDA_CUDAKERNELS_H

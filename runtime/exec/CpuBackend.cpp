@@ -212,13 +212,13 @@ Expected<std::unique_ptr<Backend>> makeCudaBackend(int device, bool bf16) {
                              "--backend cuda: this pipec has no CUDA backend (%s); build it where "
                              "the CUDA toolkit is installed",
                              why.c_str());
-  using Factory = Backend *(*)(int, bool, std::string *);
+  using Factory = Backend *(*)(int, bool, Backend *, std::string *);
   auto factory = reinterpret_cast<Factory>(dlsym(plugin, "pipecMakeCudaBackend"));
   if (!factory)
     return createStringError(inconvertibleErrorCode(),
                              "--backend cuda: the CUDA plugin lacks pipecMakeCudaBackend");
   std::string error;
-  Backend *backend = factory(device, bf16, &error);
+  Backend *backend = factory(device, bf16, makeCpuBackend().release(), &error);
   if (!backend)
     return createStringError(inconvertibleErrorCode(), "--backend cuda: %s", error.c_str());
   return std::unique_ptr<Backend>(backend);

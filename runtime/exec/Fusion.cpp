@@ -1,6 +1,6 @@
 //===- Fusion.cpp - Fusing element-wise chains of stage programs --------===//
 #include "runtime/exec/Fusion.h"
-#include "runtime/cpu/Fused.h"
+#include "runtime/core/FusedProgram.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
@@ -19,7 +19,7 @@ namespace {
 
 using NodeList = google::protobuf::RepeatedPtrField<onnx::NodeProto>;
 
-namespace k = cuda::kernels;
+namespace k = kernels;
 
 /// A group being grown: member node indices, ascending.
 struct Group {
@@ -87,7 +87,7 @@ bool ListFuser::fits(const std::vector<int> &members) const {
   std::vector<std::string> inputs, outputs;
   int steps = 0;
   for (int m : members)
-    steps += cpu::fusedSteps(nodes[m]);
+    steps += fusedSteps(nodes[m]);
   if (steps > k::MaxFusedOps || !boundary(members, inputs, outputs))
     return false;
   return static_cast<int>(inputs.size()) <= k::MaxFusedInputs && !outputs.empty() &&
@@ -100,7 +100,7 @@ FusionStats ListFuser::run() {
   std::vector<bool> fusable(count);
   for (int i = 0; i < count; ++i) {
     const onnx::NodeProto &node = nodes[i];
-    fusable[i] = cpu::isFusable(node, opset);
+    fusable[i] = isFusable(node, opset);
     for (const std::string &name : node.input())
       if (!name.empty())
         readers[name].push_back(i);
@@ -177,7 +177,7 @@ FusionStats ListFuser::run() {
       body.push_back(&nodes[m]);
     const onnx::NodeProto &first = nodes[members.front()];
     std::string name = "fused:" + (first.name().empty() ? first.output(0) : first.name());
-    *rebuilt.Add() = cpu::makeFusedNode(name, body, inputs, outputs);
+    *rebuilt.Add() = makeFusedNode(name, body, inputs, outputs);
     ++stats.groups;
     stats.nodes += static_cast<int64_t>(members.size());
   }
@@ -228,8 +228,8 @@ int64_t fuseMatMulBias(NodeList &nodes, const StringSet<> &external) {
     const std::string &bias = add.input(0) == mm.output(0) ? add.input(1) : add.input(0);
     std::string name = "fused:" + (mm.name().empty() ? mm.output(0) : mm.name());
     onnx::NodeProto fused =
-        cpu::makeFusedNode(name, {&mm, &add}, {mm.input(0), mm.input(1), bias}, {add.output(0)});
-    fused.set_op_type(cpu::MatMulBiasOpType.str());
+        makeFusedNode(name, {&mm, &add}, {mm.input(0), mm.input(1), bias}, {add.output(0)});
+    fused.set_op_type(MatMulBiasOpType.str());
     *rebuilt.Add() = std::move(fused);
     ++made;
   }

@@ -1,7 +1,7 @@
 //===- Fusion.h - Fusing element-wise chains of stage programs ----------===//
 //
 // Before a run, the executor replaces chains of fusable element-wise nodes
-// (runtime/cpu/Fused.h: float unary, binary and pointwise-gradient ops) in
+// (runtime/core/FusedProgram.h: float unary, binary and pointwise-gradient ops) in
 // each node list of a stage program by FusedElementwise nodes. Fusion is a
 // run-time choice (`pipec run --no-fuse` turns it off); the plan file keeps
 // the unfused nodes.
@@ -18,7 +18,7 @@
 // After:   y = FusedElementwise(x, one); z = MatMul(y, w)
 //
 // First, a MatMul whose product only an Add reads (a linear layer's bias)
-// becomes one MatMulBias node (runtime/cpu/Fused.h): the CUDA backend adds
+// becomes one MatMulBias node (runtime/core/FusedProgram.h): the CUDA backend adds
 // the bias in the GEMM's epilogue (cuBLASLt), the CPU in place.
 //
 // Before:  m = MatMul(x, w); y = Add(b, m)

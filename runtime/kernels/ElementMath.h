@@ -83,7 +83,10 @@ namespace elem {
     static constexpr ElemTypes types = ElemTypes::Float;                                           \
     static constexpr GradFrom gradFrom = GradFrom::FROM;                                           \
     template <typename T> PIPEC_HD static T value(T x, const ElemParams &) { return VALUE; }       \
-    PIPEC_HD static double derivative(double a, const ElemParams &) { return DERIVATIVE; }         \
+    PIPEC_HD static double derivative(double a, const ElemParams &) {                              \
+      (void)a;                                                                                     \
+      return DERIVATIVE;                                                                           \
+    }                                                                                              \
   };
 PIPEC_FLOAT_UNARY(Acos, Input, math::acos(x), -1.0 / ::sqrt(1.0 - a * a))
 PIPEC_FLOAT_UNARY(Acosh, Input, math::acosh(x), 1.0 / ::sqrt(a * a - 1.0))
@@ -374,20 +377,18 @@ struct Min : NoParams {
   }
 };
 
-/// Pow of one type. Squares and cubes (GELU's tanh form) are products,
-/// without libm. (The CPU kernel also takes an exponent of another type.)
+/// Pow of one float type. Squares and cubes (GELU's tanh form) are
+/// products, without libm. (The CPU kernel also takes integers and an
+/// exponent of another type.)
 struct Pow : NoParams {
-  static constexpr ElemTypes types = ElemTypes::Numeric;
+  static constexpr ElemTypes types = ElemTypes::Float;
   static constexpr bool divides = false;
   template <typename T> PIPEC_HD static T value(T a, T b) {
     if (b == T(2))
       return static_cast<T>(a * a);
     if (b == T(3))
       return static_cast<T>(a * a * a);
-    if constexpr (std::is_floating_point_v<T>)
-      return math::pow(a, b);
-    else
-      return static_cast<T>(::pow(static_cast<double>(a), static_cast<double>(b)));
+    return math::pow(a, b);
   }
 };
 
@@ -430,6 +431,27 @@ constexpr ElemTypes elemTypes(ElemOp op) {
 #include "ops/Ops.def"
   }
   return ElemTypes::Float;
+}
+
+namespace detail {
+template <typename M, int Arity> constexpr bool divides() {
+  if constexpr (Arity == 2)
+    return M::divides;
+  else
+    return false;
+}
+} // namespace detail
+
+/// True for binary ops that divide, whose integer form refuses a zero
+/// divisor (the CPU checks it; the device leaves integers to the CPU).
+constexpr bool elemDivides(ElemOp op) {
+  switch (op) {
+#define PIPEC_ELEMENTWISE(ID, DOMAIN, NAME, SINCE, ARITY, ...)                                     \
+  case ElemOp::ID:                                                                                 \
+    return detail::divides<elem::ID, ARITY>();
+#include "ops/Ops.def"
+  }
+  return false;
 }
 
 /// True for ops that give a float from floats: the ones a fused program

@@ -16,11 +16,11 @@
 //
 //===----------------------------------------------------------------------===//
 #include "driver/Compile.h"
-#include "models/ModelGenerators.h"
-#include "runtime/exec/Executor.h"
-#include "runtime/cpu/Fused.h"
-#include "runtime/cpu/GradKernels.h"
 #include "driver/Profile.h"
+#include "models/ModelGenerators.h"
+#include "runtime/core/FusedProgram.h"
+#include "runtime/cpu/GradKernels.h"
+#include "runtime/exec/Executor.h"
 
 #include "llvm/Support/FileSystem.h"
 
@@ -224,7 +224,7 @@ void BM_GeluChain(benchmark::State &state) {
   std::vector<const onnx::NodeProto *> pointers;
   for (const onnx::NodeProto &n : body)
     pointers.push_back(&n);
-  onnx::NodeProto fused = cpu::makeFusedNode(
+  onnx::NodeProto fused = makeFusedNode(
       "gelu", pointers, {"x", "bias", "half", "three", "c", "root", "one"}, {"a", "t", "y"});
   const int64_t rows = 2048, cols = 1024;
   cpu::Tensor x(cpu::ElemType::Float, {rows, cols}), bias(cpu::ElemType::Float, {cols});
@@ -252,12 +252,12 @@ void BM_GeluChain(benchmark::State &state) {
     benchmark::DoNotOptimize(out->front().rawData());
     return seconds;
   };
-  auto asOne = [&] { return cpu::runFused(fused, 17, in); };
+  auto asOne = [&] { return cpu::runOp(fused, 17, in); };
   auto asEight = [&] {
-    return cpu::runFusedBody(
-        fused, in, [](const onnx::NodeProto &n, llvm::ArrayRef<const cpu::Tensor *> args) {
-          return cpu::runAnyOp(n, 17, args);
-        });
+    return runFusedBody(fused, in,
+                        [](const onnx::NodeProto &n, llvm::ArrayRef<const cpu::Tensor *> args) {
+                          return cpu::runOp(n, 17, args);
+                        });
   };
   bool fusedFirst = false;
   for (auto _ : state) {

@@ -1,0 +1,134 @@
+//===- OpContext.cpp - One node under evaluation --------------------------===//
+#include "runtime/core/OpContext.h"
+#include "support/Attributes.h"
+
+#include "onnx/onnx_pb.h"
+
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace llvm;
+
+namespace pipec {
+
+char UnsupportedError::ID = 0;
+
+void UnsupportedError::log(raw_ostream &os) const {
+  os << "node '" << node << "' (" << opType << "): " << detail;
+}
+
+std::error_code UnsupportedError::convertToErrorCode() const {
+  return std::make_error_code(std::errc::not_supported);
+}
+
+std::string nodeLabel(const onnx::NodeProto &node) {
+  if (!node.name().empty())
+    return node.name();
+  for (const std::string &output : node.output())
+    if (!output.empty())
+      return output;
+  return "<unnamed>";
+}
+
+namespace {
+
+/// A node's attributes for the element math.
+class NodeParams final : public kernels::ParamReader {
+public:
+  explicit NodeParams(const onnx::NodeProto &node) : node(node) {}
+  float attrFloat(const char *name, float otherwise) const override {
+    return pipec::attrFloat(node, name, otherwise);
+  }
+  std::string attrString(const char *name, const char *otherwise) const override {
+    return pipec::attrString(node, name, otherwise);
+  }
+
+private:
+  const onnx::NodeProto &node;
+};
+
+} // namespace
+
+StringRef OpContext::op() const { return node.op_type(); }
+
+size_t OpContext::numOutputs() const { return node.output_size(); }
+
+bool OpContext::wantsOutput(size_t i) const {
+  return i < numOutputs() && !node.output(static_cast<int>(i)).empty();
+}
+
+const onnx::AttributeProto *OpContext::attr(StringRef name) const { return findAttr(node, name); }
+
+int64_t OpContext::attrInt(StringRef name, int64_t otherwise) const {
+  return pipec::attrInt(node, name, otherwise);
+}
+
+float OpContext::attrFloat(StringRef name, float otherwise) const {
+  return pipec::attrFloat(node, name, otherwise);
+}
+
+std::string OpContext::attrString(StringRef name, StringRef otherwise) const {
+  return pipec::attrString(node, name, otherwise);
+}
+
+std::optional<OpContext::Shape> OpContext::attrInts(StringRef name) const {
+  return pipec::attrInts(node, name);
+}
+
+std::optional<OpContext::Shape> OpContext::intsFromInputOrAttr(size_t i, StringRef name) const {
+  if (const cpu::Tensor *t = optInput(i))
+    return t->toInt64Vector();
+  return attrInts(name);
+}
+
+Expected<kernels::ElemParams> OpContext::elemParams(ElemOp op) const {
+  kernels::ElemParams params;
+  if (std::string err = kernels::readElemParams(op, NodeParams(node), params); !err.empty())
+    return fail(err);
+  return params;
+}
+
+Error OpContext::fail(const Twine &message) const {
+  return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s", nodeLabel(node).c_str(),
+                           node.op_type().c_str(), message.str().c_str());
+}
+
+Error OpContext::unsupported(const Twine &message) const {
+  return make_error<UnsupportedError>(nodeLabel(node), node.op_type(), message.str());
+}
+
+Error OpContext::unsupportedType(const cpu::Tensor &t, size_t inputIndex) const {
+  return unsupported(
+      formatv("element type {0} of input {1}", cpu::elemTypeName(t.elemType()), inputIndex));
+}
+
+Error OpContext::sameType(size_t i, size_t j) const {
+  const cpu::Tensor &a = input(i), &b = input(j);
+  if (a.elemType() == b.elemType())
+    return Error::success();
+  return fail(formatv("input element types differ: input {0} is {1}, input {2} is {3}", i,
+                      cpu::elemTypeName(a.elemType()), j, cpu::elemTypeName(b.elemType())));
+}
+
+Error OpContext::sameTypeAsFirst(size_t i) const {
+  const cpu::Tensor *t = optInput(i);
+  if (!t || t->elemType() == input(0).elemType())
+    return Error::success();
+  return fail(formatv("input {0} is {1}, input 0 is {2}", i, cpu::elemTypeName(t->elemType()),
+                      cpu::elemTypeName(input(0).elemType())));
+}
+
+Error OpContext::integerInput(size_t i, StringRef what) const {
+  const cpu::Tensor *t = optInput(i);
+  if (!t || cpu::isInteger(t->elemType()))
+    return Error::success();
+  return fail(formatv("{0} (input {1}) must hold integers, got {2}", what, i, t->describe()));
+}
+
+Expected<int64_t> OpContext::normalizeAxis(int64_t axis, int64_t rank, StringRef what) const {
+  if (axis < -rank || axis >= rank)
+    return fail(formatv("{0} {1} is out of range for rank {2}", what, axis, rank));
+  return axis < 0 ? axis + rank : axis;
+}
+
+} // namespace pipec

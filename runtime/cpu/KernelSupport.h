@@ -1,0 +1,192 @@
+//===- KernelSupport.h - Building blocks of the CPU kernels --------------===//
+//
+// What the CPU kernel files share: the broadcast walker every strided
+// kernel uses, broadcasting and expanding, axis splits, a GEMM for every
+// numeric type, and the loops of element-wise unary kernels. Internal to
+// runtime/cpu.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_RUNTIME_CPU_KERNELSUPPORT_H
+#define PIPEC_RUNTIME_CPU_KERNELSUPPORT_H
+
+#include "runtime/core/OpContext.h"
+#include "runtime/cpu/Kernels.h"
+#include "runtime/kernels/KernelBodies.h"
+
+#include "llvm/ADT/ArrayRef.h"
+
+#include <array>
+#include <cassert>
+#include <type_traits>
+#include <vector>
+
+namespace pipec::cpu {
+
+using Outputs = std::vector<Tensor>;
+using Shape = std::vector<int64_t>;
+
+template <typename T> constexpr bool IsFloat = std::is_floating_point_v<T>;
+template <typename T> constexpr bool IsBool = std::is_same_v<T, bool>;
+
+inline int64_t product(llvm::ArrayRef<int64_t> dims) { return numElementsOf(dims); }
+
+/// Strides for reading a tensor of \p shape as if it had \p outShape (shape
+/// right-aligned): 0 along broadcast dimensions (KernelBodies' rule).
+inline Shape broadcastStrides(llvm::ArrayRef<int64_t> shape, llvm::ArrayRef<int64_t> outShape) {
+  assert(shape.size() <= outShape.size() && "shape has more dimensions than it broadcasts to");
+  return kernels::broadcastStrides(shape.vec(), outShape.vec());
+}
+
+/// Calls fn(outIndex, offsets) for every element of \p outShape in row-major
+/// order; offsets[k] is the flat offset of that element in operand k, read
+/// through strides[k] (one stride per output dimension). The innermost
+/// dimension runs as a plain loop, so a walk costs little more than a copy.
+template <size_t N, typename Fn>
+void forEachStrided(llvm::ArrayRef<int64_t> outShape, const std::array<Shape, N> &strides,
+                    Fn &&fn) {
+  int64_t total = product(outShape);
+  if (total == 0)
+    return;
+  size_t rank = outShape.size();
+  std::array<int64_t, N> base{};
+  if (rank == 0) {
+    fn(int64_t(0), base);
+    return;
+  }
+  int64_t inner = outShape[rank - 1];
+  std::array<int64_t, N> innerStride;
+  for (size_t k = 0; k < N; ++k)
+    innerStride[k] = strides[k][rank - 1];
+  Shape counter(rank, 0);
+  int64_t out = 0;
+  for (int64_t outer = 0, e = total / inner; outer < e; ++outer) {
+    std::array<int64_t, N> offsets = base;
+    for (int64_t j = 0; j < inner; ++j) {
+      fn(out++, offsets);
+      for (size_t k = 0; k < N; ++k)
+        offsets[k] += innerStride[k];
+    }
+    for (int64_t d = static_cast<int64_t>(rank) - 2; d >= 0; --d) {
+      for (size_t k = 0; k < N; ++k)
+        base[k] += strides[k][d];
+      if (++counter[d] < outShape[d])
+        break;
+      for (size_t k = 0; k < N; ++k)
+        base[k] -= strides[k][d] * outShape[d];
+      counter[d] = 0;
+    }
+  }
+}
+
+/// Reads \p in (storage type T) broadcast to \p outShape into a new tensor.
+template <typename T> Tensor expandTo(const Tensor &in, llvm::ArrayRef<int64_t> outShape) {
+  Tensor out(in.elemType(), outShape);
+  const T *src = in.data<T>();
+  T *dst = out.data<T>();
+  if (llvm::ArrayRef<int64_t>(in.shape()) == outShape) {
+    std::copy(src, src + in.numElements(), dst);
+    return out;
+  }
+  forEachStrided<1>(outShape, {broadcastStrides(in.shape(), outShape)},
+                    [&](int64_t o, const std::array<int64_t, 1> &off) { dst[o] = src[off[0]]; });
+  return out;
+}
+
+inline Tensor expandAny(const Tensor &in, llvm::ArrayRef<int64_t> outShape) {
+  return visitStorage(in.elemType(),
+                      [&](auto tag) { return expandTo<decltype(tag)>(in, outShape); });
+}
+
+/// out[o] = fn(a[.], b[.]) over the broadcast of a and b.
+template <typename TA, typename TB, typename TO, typename Fn>
+Tensor broadcastBinary(const Tensor &a, const Tensor &b, ElemType outType,
+                       llvm::ArrayRef<int64_t> outShape, Fn &&fn) {
+  Tensor out(outType, outShape);
+  const TA *pa = a.data<TA>();
+  const TB *pb = b.data<TB>();
+  TO *po = out.data<TO>();
+  llvm::ArrayRef<int64_t> aShape = a.shape(), bShape = b.shape();
+  if (aShape == outShape && bShape == outShape) {
+    for (int64_t i = 0, e = out.numElements(); i < e; ++i)
+      po[i] = fn(pa[i], pb[i]);
+  } else if (aShape == outShape && b.numElements() == 1) {
+    TB scalar = pb[0];
+    for (int64_t i = 0, e = out.numElements(); i < e; ++i)
+      po[i] = fn(pa[i], scalar);
+  } else {
+    forEachStrided<2>(
+        outShape, {broadcastStrides(a.shape(), outShape), broadcastStrides(b.shape(), outShape)},
+        [&](int64_t o, const std::array<int64_t, 2> &off) { po[o] = fn(pa[off[0]], pb[off[1]]); });
+  }
+  return out;
+}
+
+/// The input's shape with dimension \p axis split out: sizes before, at and
+/// after it. Most axis kernels loop over (outer, axis, inner).
+struct AxisSplit {
+  int64_t outer, size, inner;
+};
+inline AxisSplit splitAt(llvm::ArrayRef<int64_t> shape, int64_t axis) {
+  return {product(shape.take_front(axis)), shape[axis], product(shape.drop_front(axis + 1))};
+}
+
+/// Converts a double to T without undefined behaviour: NaN becomes 0,
+/// out-of-range values saturate (KernelBodies' castValue, which the device
+/// kernels use too).
+template <typename T> T saturatingCast(double v) { return kernels::castValue<double, T>(v); }
+
+/// GEMM on any numeric storage type: OpenBLAS for float and double, a plain
+/// triple loop for the integer types, which BLAS lacks.
+template <typename T>
+void gemmAny(bool transA, bool transB, int64_t m, int64_t n, int64_t k, T alpha, const T *a,
+             int64_t lda, const T *b, int64_t ldb, T beta, T *c, int64_t ldc) {
+  if constexpr (IsFloat<T>) {
+    pipec::cpu::gemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        T sum = 0;
+        for (int64_t p = 0; p < k; ++p)
+          sum += (transA ? a[p * lda + i] : a[i * lda + p]) *
+                 (transB ? b[j * ldb + p] : b[p * ldb + j]);
+        c[i * ldc + j] = static_cast<T>(alpha * sum + (beta == 0 ? T(0) : beta * c[i * ldc + j]));
+      }
+  }
+}
+
+/// y = fn(x) for the element types Accepts<T> admits; others are refused.
+template <template <typename> class Accepts, typename Fn>
+llvm::Expected<Outputs> unaryOver(const OpContext &ctx, Fn fn) {
+  const Tensor &x = ctx.input(0);
+  return visitStorage(x.elemType(), [&](auto tag) -> llvm::Expected<Outputs> {
+    using T = decltype(tag);
+    if constexpr (!Accepts<T>::value) {
+      return ctx.unsupportedType(x, 0);
+    } else {
+      Tensor y(x.elemType(), x.shape());
+      const T *in = x.data<T>();
+      T *out = y.data<T>();
+      for (int64_t i = 0, e = x.numElements(); i < e; ++i)
+        out[i] = static_cast<T>(fn(in[i]));
+      return Outputs{y};
+    }
+  });
+}
+
+template <typename T> struct NotBool : std::bool_constant<!IsBool<T>> {};
+
+/// y = fn(x) for floating x (float, double, float16, bfloat16).
+template <typename Fn> llvm::Expected<Outputs> floatUnary(const OpContext &ctx, Fn fn) {
+  return unaryOver<std::is_floating_point>(ctx, fn);
+}
+
+/// y = fn(x) for every numeric type (not bool).
+template <typename Fn> llvm::Expected<Outputs> numericUnary(const OpContext &ctx, Fn fn) {
+  return unaryOver<NotBool>(ctx, fn);
+}
+
+/// x / y without the trap of INT_MIN / -1, which wraps as in two's complement.
+
+} // namespace pipec::cpu
+
+#endif // PIPEC_RUNTIME_CPU_KERNELSUPPORT_H

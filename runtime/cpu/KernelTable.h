@@ -1,0 +1,101 @@
+//===- KernelTable.h - Every CPU kernel that Ops.def's CPU column names ---===//
+//
+// The kernels of runtime/cpu, declared for the one table that maps each
+// row of ops/Ops.def to its CPU kernel (Kernels.cpp). Each takes the node
+// through an OpContext whose required inputs the table has checked, and
+// returns one tensor per output. Internal to runtime/cpu.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_RUNTIME_CPU_KERNELTABLE_H
+#define PIPEC_RUNTIME_CPU_KERNELTABLE_H
+
+#include "runtime/core/OpContext.h"
+
+#include "llvm/Support/Error.h"
+
+#include <vector>
+
+namespace pipec::cpu {
+
+using KernelResult = llvm::Expected<std::vector<Tensor>>;
+
+enum class ReduceKind { Sum, Mean, Max, Min, Prod, L1, L2, LogSum, LogSumExp, SumSquare };
+
+/// No CPU kernel: an UnsupportedError that names the op.
+KernelResult none(const OpContext &ctx);
+
+// Element-wise (ElementwiseKernels.{h,cpp}; the math ones are templates
+// there).
+KernelResult cast(const OpContext &ctx);
+KernelResult castLike(const OpContext &ctx);
+KernelResult clip(const OpContext &ctx);
+KernelResult mean(const OpContext &ctx);
+KernelResult prelu(const OpContext &ctx);
+KernelResult where(const OpContext &ctx);
+
+// Data movement (MovementKernels.cpp).
+KernelResult concat(const OpContext &ctx);
+KernelResult constant(const OpContext &ctx);
+KernelResult constantOfShape(const OpContext &ctx);
+KernelResult dropout(const OpContext &ctx);
+KernelResult expand(const OpContext &ctx);
+KernelResult flatten(const OpContext &ctx);
+KernelResult gather(const OpContext &ctx);
+KernelResult identity(const OpContext &ctx);
+KernelResult range(const OpContext &ctx);
+KernelResult reshape(const OpContext &ctx);
+KernelResult shapeOp(const OpContext &ctx);
+KernelResult size(const OpContext &ctx);
+KernelResult slice(const OpContext &ctx);
+KernelResult split(const OpContext &ctx);
+KernelResult squeeze(const OpContext &ctx);
+KernelResult tile(const OpContext &ctx);
+KernelResult transposeOp(const OpContext &ctx);
+KernelResult unsqueeze(const OpContext &ctx);
+
+// Products, convolution, pooling (MatrixKernels.cpp).
+KernelResult conv(const OpContext &ctx);
+KernelResult gemmOp(const OpContext &ctx);
+KernelResult matMul(const OpContext &ctx);
+template <bool IsMax> KernelResult globalPool(const OpContext &ctx);
+template <bool IsMax> KernelResult pool(const OpContext &ctx);
+
+// Softmax, normalization, reductions, losses (NormKernels.cpp).
+KernelResult batchNormalization(const OpContext &ctx);
+KernelResult layerNormalization(const OpContext &ctx);
+KernelResult negativeLogLikelihoodLoss(const OpContext &ctx);
+KernelResult softmaxCrossEntropy(const OpContext &ctx);
+template <bool IsMax> KernelResult argExtreme(const OpContext &ctx);
+template <ReduceKind Kind> KernelResult reduce(const OpContext &ctx);
+template <bool Logarithm> KernelResult softmax(const OpContext &ctx);
+
+// onnxruntime's contrib ops (ContribKernels.cpp).
+KernelResult attention(const OpContext &ctx);
+KernelResult embedLayerNormalization(const OpContext &ctx);
+KernelResult fastGelu(const OpContext &ctx);
+KernelResult multiHeadAttention(const OpContext &ctx);
+KernelResult rotaryEmbedding(const OpContext &ctx);
+KernelResult simplifiedLayerNormalization(const OpContext &ctx);
+template <bool Simplified> KernelResult skipLayerNormalization(const OpContext &ctx);
+
+// pipec's gradient ops (GradKernels.cpp).
+KernelResult averagePoolGrad(const OpContext &ctx);
+KernelResult batchNormGradWeight(const OpContext &ctx);
+KernelResult convGradInput(const OpContext &ctx);
+KernelResult convGradWeight(const OpContext &ctx);
+KernelResult crossEntropyGrad(const OpContext &ctx);
+KernelResult gatherGrad(const OpContext &ctx);
+KernelResult layerNormGradInput(const OpContext &ctx);
+KernelResult layerNormGradWeight(const OpContext &ctx);
+KernelResult maxPoolGrad(const OpContext &ctx);
+KernelResult softmaxGrad(const OpContext &ctx);
+KernelResult sumTo(const OpContext &ctx);
+KernelResult unaryGrad(const OpContext &ctx);
+
+// Fused nodes (Fused.cpp).
+KernelResult fused(const OpContext &ctx);
+KernelResult matMulBias(const OpContext &ctx);
+
+} // namespace pipec::cpu
+
+#endif // PIPEC_RUNTIME_CPU_KERNELTABLE_H

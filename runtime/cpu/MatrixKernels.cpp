@@ -1,0 +1,408 @@
+//===- MatrixKernels.cpp - MatMul, Gemm, Conv and the pools on the CPU ------===//
+//
+// The products go to the BLAS (float, double) or a plain loop (integers);
+// Conv is im2col per image and group, then one GEMM. The pools walk their
+// windows directly.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cpu/KernelSupport.h"
+#include "runtime/cpu/KernelTable.h"
+
+#include "onnx/onnx_pb.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+#include <limits>
+
+using namespace llvm;
+
+namespace pipec::cpu {
+
+/// MatMul with numpy semantics: 1-D operands gain and then lose a dimension,
+/// batch dimensions broadcast.
+Expected<Outputs> matMul(const OpContext &ctx) {
+  if (Error e = ctx.sameType(0, 1))
+    return e;
+  const Tensor &a = ctx.input(0), &b = ctx.input(1);
+  if (a.rank() == 0 || b.rank() == 0)
+    return ctx.fail("operands must have rank >= 1, got " + a.describe() + " and " + b.describe());
+  Shape aShape = a.shape(), bShape = b.shape();
+  if (a.rank() == 1)
+    aShape.insert(aShape.begin(), 1);
+  if (b.rank() == 1)
+    bShape.push_back(1);
+  int64_t m = aShape[aShape.size() - 2], k = aShape.back();
+  int64_t n = bShape.back();
+  if (bShape[bShape.size() - 2] != k)
+    return ctx.fail("inner dimensions differ: " + a.describe() + " x " + b.describe());
+  ArrayRef<int64_t> aBatch = ArrayRef<int64_t>(aShape).drop_back(2);
+  ArrayRef<int64_t> bBatch = ArrayRef<int64_t>(bShape).drop_back(2);
+  Expected<Shape> batch = broadcastShapes(aBatch, bBatch);
+  if (!batch)
+    return ctx.fail("batch dimensions: " + toString(batch.takeError()));
+  Shape outShape = *batch;
+  outShape.push_back(m);
+  outShape.push_back(n);
+  Shape finalShape = *batch;
+  if (a.rank() > 1)
+    finalShape.push_back(m);
+  if (b.rank() > 1)
+    finalShape.push_back(n);
+
+  return visitStorage(a.elemType(), [&](auto tag) -> Expected<Outputs> {
+    using T = decltype(tag);
+    if constexpr (IsBool<T>) {
+      return ctx.unsupportedType(a, 0);
+    } else {
+      Tensor out(a.elemType(), outShape);
+      const T *pa = a.data<T>(), *pb = b.data<T>();
+      T *po = out.data<T>();
+      if (product(bBatch) == 1 && Shape(aBatch) == *batch) {
+        // One weight matrix for the whole batch: fold the batch into M.
+        gemmAny<T>(false, false, product(aBatch) * m, n, k, T(1), pa, k, pb, n, T(0), po, n);
+      } else {
+        Shape aStrides = broadcastStrides(aBatch, *batch),
+              bStrides = broadcastStrides(bBatch, *batch);
+        for (int64_t &s : aStrides)
+          s *= m * k;
+        for (int64_t &s : bStrides)
+          s *= k * n;
+        forEachStrided<2>(*batch, {aStrides, bStrides},
+                          [&](int64_t i, const std::array<int64_t, 2> &off) {
+                            gemmAny<T>(false, false, m, n, k, T(1), pa + off[0], k, pb + off[1], n,
+                                       T(0), po + i * m * n, n);
+                          });
+      }
+      return Outputs{out.reshaped(finalShape)};
+    }
+  });
+}
+
+/// Gemm: Y = alpha * op(A) * op(B) + beta * C, C broadcast to Y.
+Expected<Outputs> gemmOp(const OpContext &ctx) {
+  if (Error e = ctx.sameType(0, 1))
+    return e;
+  const Tensor &a = ctx.input(0), &b = ctx.input(1);
+  const Tensor *c = ctx.optInput(2);
+  if (a.rank() != 2 || b.rank() != 2)
+    return ctx.fail("A and B must be matrices, got " + a.describe() + " and " + b.describe());
+  bool transA = ctx.attrInt("transA", 0), transB = ctx.attrInt("transB", 0);
+  int64_t m = transA ? a.dim(1) : a.dim(0), k = transA ? a.dim(0) : a.dim(1);
+  int64_t kb = transB ? b.dim(1) : b.dim(0), n = transB ? b.dim(0) : b.dim(1);
+  if (k != kb)
+    return ctx.fail("inner dimensions differ: " + a.describe() + " x " + b.describe() +
+                    (transA ? " (transA)" : "") + (transB ? " (transB)" : ""));
+  Shape outShape{m, n};
+  if (c) {
+    if (c->elemType() != a.elemType())
+      return ctx.fail("C must have A's element type");
+    Expected<Shape> shape = broadcastShapes(c->shape(), outShape);
+    if (!shape || *shape != outShape) {
+      consumeError(shape.takeError());
+      return ctx.fail("C " + c->describe() + " does not broadcast to " + shapeString(outShape));
+    }
+  }
+  double alpha = ctx.attrFloat("alpha", 1.0f), beta = c ? ctx.attrFloat("beta", 1.0f) : 0.0;
+  return visitStorage(a.elemType(), [&](auto tag) -> Expected<Outputs> {
+    using T = decltype(tag);
+    if constexpr (IsBool<T>) {
+      return ctx.unsupportedType(a, 0);
+    } else {
+      Tensor y = c ? expandTo<T>(*c, outShape) : Tensor(a.elemType(), outShape);
+      gemmAny<T>(transA, transB, m, n, k, static_cast<T>(alpha), a.data<T>(), a.dim(1), b.data<T>(),
+                 b.dim(1), static_cast<T>(beta), y.data<T>(), n);
+      return Outputs{y};
+    }
+  });
+}
+
+namespace {
+
+/// Sliding-window geometry of Conv and the pools, padded to three spatial
+/// dimensions: a 1-D or 2-D op gets leading dimensions of size 1.
+struct Window {
+  static constexpr int MaxRank = 3;
+  int64_t rank = 0; ///< The op's own spatial rank.
+  std::array<int64_t, MaxRank> in, kernel, stride, dilation, padBegin, padEnd, out;
+  int64_t outSize() const { return out[0] * out[1] * out[2]; }
+  int64_t inSize() const { return in[0] * in[1] * in[2]; }
+  int64_t kernelSize() const { return kernel[0] * kernel[1] * kernel[2]; }
+};
+
+/// Reads strides, dilations, pads and auto_pad for a window of \p kernel
+/// over \p spatial, and computes the output size (ceil_mode for pools).
+Expected<Window> windowGeometry(const OpContext &ctx, ArrayRef<int64_t> spatial,
+                                ArrayRef<int64_t> kernel, bool ceilMode) {
+  int64_t rank = static_cast<int64_t>(spatial.size());
+  if (rank < 1 || rank > Window::MaxRank)
+    return ctx.unsupported(formatv("{0} spatial dimensions (1 to 3 are supported)", rank));
+  if (static_cast<int64_t>(kernel.size()) != rank)
+    return ctx.fail("kernel_shape " + shapeString(kernel) + " does not match the input's " +
+                    Twine(rank) + " spatial dimensions");
+  Shape strides = ctx.attrInts("strides").value_or(Shape(rank, 1));
+  Shape dilations = ctx.attrInts("dilations").value_or(Shape(rank, 1));
+  Shape pads = ctx.attrInts("pads").value_or(Shape(2 * rank, 0));
+  if (static_cast<int64_t>(strides.size()) != rank ||
+      static_cast<int64_t>(dilations.size()) != rank ||
+      static_cast<int64_t>(pads.size()) != 2 * rank)
+    return ctx.fail("strides, dilations or pads do not match the spatial rank");
+  std::string autoPad = ctx.attrString("auto_pad", "NOTSET");
+  if (autoPad != "NOTSET" && autoPad != "VALID" && autoPad != "SAME_UPPER" &&
+      autoPad != "SAME_LOWER")
+    return ctx.fail("unknown auto_pad '" + autoPad + "'");
+
+  Window w;
+  w.rank = rank;
+  int64_t lead = Window::MaxRank - rank;
+  for (int64_t i = 0; i < Window::MaxRank; ++i) {
+    w.in[i] = w.kernel[i] = w.stride[i] = w.dilation[i] = w.out[i] = 1;
+    w.padBegin[i] = w.padEnd[i] = 0;
+  }
+  for (int64_t i = 0; i < rank; ++i) {
+    int64_t d = lead + i, in = spatial[i], k = kernel[i], s = strides[i], dil = dilations[i];
+    if (k < 1 || s < 1 || dil < 1 || pads[i] < 0 || pads[rank + i] < 0)
+      return ctx.fail("kernel, strides and dilations must be positive and pads non-negative");
+    int64_t effective = (k - 1) * dil + 1;
+    int64_t begin = pads[i], end = pads[rank + i], out;
+    if (autoPad == "SAME_UPPER" || autoPad == "SAME_LOWER") {
+      out = (in + s - 1) / s;
+      int64_t total = std::max<int64_t>(0, (out - 1) * s + effective - in);
+      begin = autoPad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      end = total - begin;
+    } else {
+      if (autoPad == "VALID")
+        begin = end = 0;
+      int64_t span = in + begin + end - effective;
+      if (span < 0)
+        return ctx.fail(formatv("kernel extent {0} exceeds padded input size {1}", effective,
+                                in + begin + end));
+      out = (ceilMode ? (span + s - 1) / s : span / s) + 1;
+      // A window that would start in the end padding is dropped.
+      if (ceilMode && (out - 1) * s >= in + begin)
+        --out;
+    }
+    w.in[d] = in;
+    w.kernel[d] = k;
+    w.stride[d] = s;
+    w.dilation[d] = dil;
+    w.padBegin[d] = begin;
+    w.padEnd[d] = end;
+    w.out[d] = out;
+  }
+  return w;
+}
+
+/// Unfolds one image's channels [channels, in...] into columns
+/// [channels * kernel, out...] so that convolution becomes one GEMM.
+template <typename T> void im2col(const T *image, int64_t channels, const Window &w, T *columns) {
+  int64_t outSize = w.outSize();
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t kd = 0; kd < w.kernel[0]; ++kd)
+      for (int64_t kh = 0; kh < w.kernel[1]; ++kh)
+        for (int64_t kw = 0; kw < w.kernel[2]; ++kw) {
+          T *row =
+              columns + (((c * w.kernel[0] + kd) * w.kernel[1] + kh) * w.kernel[2] + kw) * outSize;
+          for (int64_t od = 0; od < w.out[0]; ++od) {
+            int64_t id = od * w.stride[0] - w.padBegin[0] + kd * w.dilation[0];
+            for (int64_t oh = 0; oh < w.out[1]; ++oh) {
+              int64_t ih = oh * w.stride[1] - w.padBegin[1] + kh * w.dilation[1];
+              T *dst = row + (od * w.out[1] + oh) * w.out[2];
+              if (id < 0 || id >= w.in[0] || ih < 0 || ih >= w.in[1]) {
+                std::fill(dst, dst + w.out[2], T(0));
+                continue;
+              }
+              const T *src = image + ((c * w.in[0] + id) * w.in[1] + ih) * w.in[2];
+              for (int64_t ow = 0; ow < w.out[2]; ++ow) {
+                int64_t iw = ow * w.stride[2] - w.padBegin[2] + kw * w.dilation[2];
+                dst[ow] = iw >= 0 && iw < w.in[2] ? src[iw] : T(0);
+              }
+            }
+          }
+        }
+}
+
+} // namespace
+
+/// Conv (1-D to 3-D, groups): im2col per image and group, then a GEMM.
+Expected<Outputs> conv(const OpContext &ctx) {
+  const Tensor &x = ctx.input(0), &weight = ctx.input(1);
+  const Tensor *bias = ctx.optInput(2);
+  if (Error e = ctx.sameType(0, 1))
+    return e;
+  if (bias && bias->elemType() != x.elemType())
+    return ctx.fail("B must have X's element type");
+  if (x.rank() < 3 || weight.rank() != x.rank())
+    return ctx.fail("X and W must have the same rank >= 3, got " + x.describe() + " and " +
+                    weight.describe());
+  int64_t group = ctx.attrInt("group", 1);
+  int64_t batch = x.dim(0), channels = x.dim(1), maps = weight.dim(0);
+  if (group < 1 || channels % group != 0 || maps % group != 0 || weight.dim(1) != channels / group)
+    return ctx.fail(
+        formatv("W {0} does not fit X {1} with group {2}", weight.describe(), x.describe(), group));
+  if (bias && (bias->rank() != 1 || bias->dim(0) != maps))
+    return ctx.fail("B must have shape [" + Twine(maps) + "], got " + bias->describe());
+  ArrayRef<int64_t> kernel = ArrayRef<int64_t>(weight.shape()).drop_front(2);
+  if (std::optional<Shape> given = ctx.attrInts("kernel_shape");
+      given && ArrayRef<int64_t>(*given) != kernel)
+    return ctx.fail("kernel_shape " + shapeString(*given) + " differs from W " + weight.describe());
+  Expected<Window> w =
+      windowGeometry(ctx, ArrayRef<int64_t>(x.shape()).drop_front(2), kernel, false);
+  if (!w)
+    return w.takeError();
+  Shape outShape{batch, maps};
+  for (int64_t i = 0; i < w->rank; ++i)
+    outShape.push_back(w->out[Window::MaxRank - w->rank + i]);
+
+  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
+    using T = decltype(tag);
+    if constexpr (!IsFloat<T>) {
+      return ctx.unsupportedType(x, 0);
+    } else {
+      Tensor y(x.elemType(), outShape);
+      int64_t groupChannels = channels / group, groupMaps = maps / group;
+      int64_t rows = groupChannels * w->kernelSize(), cols = w->outSize();
+      // A 1x1 kernel over the unpadded input reads the image as the columns.
+      bool pointwise = w->kernelSize() == 1 && w->padBegin == std::array<int64_t, 3>{0, 0, 0} &&
+                       w->padEnd == std::array<int64_t, 3>{0, 0, 0} &&
+                       w->stride == std::array<int64_t, 3>{1, 1, 1};
+      std::vector<T> columns(pointwise ? 0 : rows * cols);
+      for (int64_t n = 0; n < batch; ++n)
+        for (int64_t g = 0; g < group; ++g) {
+          const T *image = x.data<T>() + (n * channels + g * groupChannels) * w->inSize();
+          const T *cols2 = image;
+          if (!pointwise) {
+            im2col(image, groupChannels, *w, columns.data());
+            cols2 = columns.data();
+          }
+          T *out = y.data<T>() + (n * maps + g * groupMaps) * cols;
+          gemmAny<T>(false, false, groupMaps, cols, rows, T(1),
+                     weight.data<T>() + g * groupMaps * rows, rows, cols2, cols, T(0), out, cols);
+          if (bias)
+            for (int64_t m = 0; m < groupMaps; ++m)
+              for (int64_t p = 0; p < cols; ++p)
+                out[m * cols + p] += bias->data<T>()[g * groupMaps + m];
+        }
+      return Outputs{y};
+    }
+  });
+}
+
+/// MaxPool (with optional Indices output) and AveragePool over 1-D to 3-D.
+template <bool IsMax> Expected<Outputs> pool(const OpContext &ctx) {
+  const bool isMax = IsMax;
+  const Tensor &x = ctx.input(0);
+  if (x.rank() < 3)
+    return ctx.fail("X must have rank >= 3, got " + x.describe());
+  std::optional<Shape> kernel = ctx.attrInts("kernel_shape");
+  if (!kernel)
+    return ctx.fail("missing attribute 'kernel_shape'");
+  Expected<Window> geometry = windowGeometry(ctx, ArrayRef<int64_t>(x.shape()).drop_front(2),
+                                             *kernel, ctx.attrInt("ceil_mode", 0));
+  if (!geometry)
+    return geometry.takeError();
+  const Window &w = *geometry;
+  bool includePad = ctx.attrInt("count_include_pad", 0);
+  bool columnMajor = ctx.attrInt("storage_order", 0);
+  int64_t planes = x.dim(0) * x.dim(1);
+  Shape outShape{x.dim(0), x.dim(1)};
+  for (int64_t i = 0; i < w.rank; ++i)
+    outShape.push_back(w.out[Window::MaxRank - w.rank + i]);
+
+  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
+    using T = decltype(tag);
+    if constexpr (IsBool<T>) {
+      return ctx.unsupportedType(x, 0);
+    } else {
+      if (!isMax && !IsFloat<T>)
+        return ctx.unsupportedType(x, 0);
+      Tensor y(x.elemType(), outShape), indices(ElemType::Int64, outShape);
+      T *out = y.data<T>();
+      int64_t *outIndex = indices.data<int64_t>();
+      for (int64_t plane = 0; plane < planes; ++plane) {
+        const T *in = x.data<T>() + plane * w.inSize();
+        int64_t o = plane * w.outSize();
+        for (int64_t od = 0; od < w.out[0]; ++od)
+          for (int64_t oh = 0; oh < w.out[1]; ++oh)
+            for (int64_t ow = 0; ow < w.out[2]; ++ow, ++o) {
+              std::array<int64_t, 3> origin{od * w.stride[0] - w.padBegin[0],
+                                            oh * w.stride[1] - w.padBegin[1],
+                                            ow * w.stride[2] - w.padBegin[2]};
+              T best = std::numeric_limits<T>::lowest();
+              if constexpr (IsFloat<T>)
+                best = -std::numeric_limits<T>::infinity();
+              int64_t bestIndex = -1, padded = 0, valid = 0;
+              double sum = 0;
+              for (int64_t kd = 0; kd < w.kernel[0]; ++kd)
+                for (int64_t kh = 0; kh < w.kernel[1]; ++kh)
+                  for (int64_t kw = 0; kw < w.kernel[2]; ++kw) {
+                    std::array<int64_t, 3> at{origin[0] + kd * w.dilation[0],
+                                              origin[1] + kh * w.dilation[1],
+                                              origin[2] + kw * w.dilation[2]};
+                    bool inPadded = true, inInput = true;
+                    for (int d = 0; d < 3; ++d) {
+                      inPadded &= at[d] >= -w.padBegin[d] && at[d] < w.in[d] + w.padEnd[d];
+                      inInput &= at[d] >= 0 && at[d] < w.in[d];
+                    }
+                    padded += inPadded;
+                    if (!inInput)
+                      continue;
+                    ++valid;
+                    int64_t offset = (at[0] * w.in[1] + at[1]) * w.in[2] + at[2];
+                    T v = in[offset];
+                    sum += v;
+                    if (bestIndex < 0 || v > best) {
+                      best = v;
+                      bestIndex =
+                          columnMajor ? at[0] + (at[1] + at[2] * w.in[1]) * w.in[0] : offset;
+                    }
+                  }
+              if (isMax) {
+                out[o] = best;
+                outIndex[o] = bestIndex < 0 ? -1 : plane * w.inSize() + bestIndex;
+              } else {
+                int64_t count = includePad ? padded : valid;
+                out[o] = static_cast<T>(count ? sum / count : 0.0);
+              }
+            }
+      }
+      if (isMax && ctx.wantsOutput(1))
+        return Outputs{y, indices};
+      return Outputs{y};
+    }
+  });
+}
+
+/// GlobalAveragePool and GlobalMaxPool: one value per (batch, channel).
+template <bool IsMax> Expected<Outputs> globalPool(const OpContext &ctx) {
+  const bool isMax = IsMax;
+  const Tensor &x = ctx.input(0);
+  if (x.rank() < 2)
+    return ctx.fail("X must have rank >= 2, got " + x.describe());
+  Shape outShape = x.shape();
+  std::fill(outShape.begin() + 2, outShape.end(), 1);
+  int64_t planes = x.dim(0) * x.dim(1);
+  int64_t size = product(ArrayRef<int64_t>(x.shape()).drop_front(2));
+  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
+    using T = decltype(tag);
+    if constexpr (!IsFloat<T>) {
+      return ctx.unsupportedType(x, 0);
+    } else {
+      Tensor y(x.elemType(), outShape);
+      for (int64_t p = 0; p < planes; ++p) {
+        const T *in = x.data<T>() + p * size;
+        double acc = isMax ? -std::numeric_limits<double>::infinity() : 0;
+        for (int64_t i = 0; i < size; ++i)
+          acc = isMax ? std::max(acc, double(in[i])) : acc + in[i];
+        y.data<T>()[p] = static_cast<T>(isMax ? acc : acc / size);
+      }
+      return Outputs{y};
+    }
+  });
+}
+
+template Expected<Outputs> pool<true>(const OpContext &);
+template Expected<Outputs> pool<false>(const OpContext &);
+template Expected<Outputs> globalPool<true>(const OpContext &);
+template Expected<Outputs> globalPool<false>(const OpContext &);
+
+} // namespace pipec::cpu

@@ -1,0 +1,139 @@
+//===- IndexMap.h - Strided walks for host and device kernels ------------===//
+//
+// An IndexMap maps a flat row-major output index to the flat offset of each
+// operand: broadcasting, transposes and slices are all strided reads. The
+// functions compile for the device under nvcc and for the host everywhere
+// else (HostDevice.h), so the CPU checks the index math that the device
+// kernels use.
+//
+// Before:  IndexMap of out [2, 3] reading a [3] (strides [0, 1])
+// After:   offsets(map, 4) == {1}  (out[1, 1] reads a[1])
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_RUNTIME_KERNELS_INDEXMAP_H
+#define PIPEC_RUNTIME_KERNELS_INDEXMAP_H
+
+#include "runtime/kernels/HostDevice.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace pipec::kernels {
+
+/// Dimensions an IndexMap can walk after merging contiguous ones.
+constexpr int MaxRank = 8;
+/// Operands an IndexMap reads (Where reads three).
+constexpr int MaxOperands = 3;
+
+/// Element types the device kernels compute on.
+enum class Scalar : int { F32, F64, I64, I32, Bool };
+
+/// Maps a flat row-major output index to the flat offset of each operand:
+/// offset_k = base[k] + sum_d index_d * strides[k][d]. Dimensions of size 1
+/// are dropped and contiguous ones merged, so a plain elementwise op walks
+/// one dimension.
+template <int N> struct BasicIndexMap {
+  int rank = 0;
+  int operands = 1;
+  int64_t shape[MaxRank] = {};
+  int64_t strides[N][MaxRank] = {};
+  int64_t base[N] = {};
+};
+using IndexMap = BasicIndexMap<MaxOperands>;
+
+/// The offset of output element \p index (< the map's element count) in
+/// operand \p k. What is left of the index at the outermost dimension is
+/// its coordinate there, so a one-dimensional walk divides nothing.
+template <int N> PIPEC_HD int64_t offsetOf(const BasicIndexMap<N> &map, int k, int64_t index) {
+  int64_t offset = map.base[k];
+  for (int d = map.rank - 1; d > 0; --d) {
+    int64_t i = index % map.shape[d];
+    index /= map.shape[d];
+    offset += i * map.strides[k][d];
+  }
+  return map.rank > 0 ? offset + index * map.strides[k][0] : offset;
+}
+
+/// offsetOf for every operand at once (one division per inner dimension).
+template <int N>
+PIPEC_HD void offsetsOf(const BasicIndexMap<N> &map, int64_t index, int64_t *offsets) {
+  for (int k = 0; k < map.operands; ++k)
+    offsets[k] = map.base[k];
+  for (int d = map.rank - 1; d > 0; --d) {
+    int64_t i = index % map.shape[d];
+    index /= map.shape[d];
+    for (int k = 0; k < map.operands; ++k)
+      offsets[k] += i * map.strides[k][d];
+  }
+  if (map.rank > 0)
+    for (int k = 0; k < map.operands; ++k)
+      offsets[k] += index * map.strides[k][0];
+}
+
+/// Row-major strides of \p shape, in elements.
+inline std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d)
+    strides[d] = strides[d + 1] * shape[d + 1];
+  return strides;
+}
+
+/// Strides that read a tensor of \p shape as \p outShape (numpy
+/// broadcasting, right-aligned): 0 along broadcast dimensions.
+inline std::vector<int64_t> broadcastStrides(const std::vector<int64_t> &shape,
+                                             const std::vector<int64_t> &outShape) {
+  std::vector<int64_t> strides(outShape.size(), 0);
+  std::vector<int64_t> own = contiguousStrides(shape);
+  size_t lead = outShape.size() - shape.size();
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] != 1)
+      strides[lead + i] = own[i];
+  return strides;
+}
+
+/// An IndexMap walking \p outShape with one stride vector per operand (each
+/// of outShape's rank) and the given base offsets (0 when omitted). Returns
+/// false when more than MaxRank dimensions remain after merging.
+template <int N>
+bool makeIndexMap(const std::vector<int64_t> &outShape,
+                  const std::vector<std::vector<int64_t>> &strides, BasicIndexMap<N> &map,
+                  const std::vector<int64_t> &bases = {}) {
+  map = BasicIndexMap<N>();
+  map.operands = static_cast<int>(strides.size());
+  if (map.operands < 1 || map.operands > N)
+    return false;
+  for (int k = 0; k < map.operands; ++k)
+    map.base[k] = k < static_cast<int>(bases.size()) ? bases[k] : 0;
+  // Walk from the innermost dimension outwards, merging each dimension into
+  // the previous kept one when every operand steps through both as one.
+  std::vector<int64_t> shape;
+  std::vector<std::vector<int64_t>> merged(map.operands);
+  for (int64_t d = static_cast<int64_t>(outShape.size()) - 1; d >= 0; --d) {
+    if (outShape[d] == 1)
+      continue;
+    bool mergeable = !shape.empty();
+    for (int k = 0; mergeable && k < map.operands; ++k)
+      mergeable = strides[k][d] == merged[k].back() * shape.back();
+    if (mergeable) {
+      shape.back() *= outShape[d];
+      continue;
+    }
+    shape.push_back(outShape[d]);
+    for (int k = 0; k < map.operands; ++k)
+      merged[k].push_back(strides[k][d]);
+  }
+  if (shape.size() > static_cast<size_t>(MaxRank))
+    return false;
+  map.rank = static_cast<int>(shape.size());
+  for (int d = 0; d < map.rank; ++d) {
+    // Collected innermost first; IndexMap is outermost first.
+    map.shape[d] = shape[map.rank - 1 - d];
+    for (int k = 0; k < map.operands; ++k)
+      map.strides[k][d] = merged[k][map.rank - 1 - d];
+  }
+  return true;
+}
+
+} // namespace pipec::kernels
+
+#endif // PIPEC_RUNTIME_KERNELS_INDEXMAP_H
