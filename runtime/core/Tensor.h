@@ -15,6 +15,8 @@
 #ifndef PIPEC_RUNTIME_CORE_TENSOR_H
 #define PIPEC_RUNTIME_CORE_TENSOR_H
 
+#include "support/Float16.h"
+
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
@@ -151,14 +153,11 @@ template <typename F> decltype(auto) visitStorage(ElemType type, F &&f) {
   llvm_unreachable("unknown element type");
 }
 
-/// Rounds a float to the nearest IEEE binary16 value (ties to even) and
-/// returns its bits; overflow gives infinity, NaN stays NaN.
-uint16_t floatToHalf(float value);
-/// Widens IEEE binary16 bits to float, subnormals and specials included.
-float halfToFloat(uint16_t bits);
-/// Rounds a float to bfloat16 (ties to even) and returns its bits.
-uint16_t floatToBFloat16(float value);
-float bfloat16ToFloat(uint16_t bits);
+// The half-float conversions are support/Float16.h's.
+using pipec::bfloat16ToFloat;
+using pipec::floatToBFloat16;
+using pipec::floatToHalf;
+using pipec::halfToFloat;
 
 /// A dense row-major tensor. A default-constructed Tensor is null (no type,
 /// no storage); every other Tensor has 64-byte aligned storage for
