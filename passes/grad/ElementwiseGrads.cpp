@@ -1,50 +1,61 @@
 //===- ElementwiseGrads.cpp - Gradients of element-wise ops --------------===//
 //
-// Element-wise arithmetic with numpy broadcasting: each input's gradient is
-// computed at the output's shape and SumTo undoes the broadcast.
+// Unary element-wise ops differentiate through their math: every row whose
+// GRAD is unary gets one pipec.UnaryGrad node. Element-wise arithmetic with
+// numpy broadcasting computes each input's gradient at the output's shape,
+// and SumTo undoes the broadcast.
+//
+// Before:  Y = LeakyRelu(X, alpha=0.1)
+// After:   grad:X = pipec.UnaryGrad(grad:Y, X, op="LeakyRelu", alpha=0.1)
 //
 //===----------------------------------------------------------------------===//
 #include "passes/grad/GradRules.h"
 
 #include "ops/OpRegistry.h"
-#include "support/Attributes.h"
+#include "runtime/kernels/ElementMath.h"
+
+#include <cassert>
 
 using namespace llvm;
 
 namespace pipec::grad {
 namespace {
 
+constexpr bool same(const char *a, const char *b) {
+  for (; *a && *a == *b; ++a, ++b) {
+  }
+  return *a == *b;
+}
+
+/// True if the math of element-wise row \p op has a derivative the
+/// UnaryGrad kernel can compute: a function of the input or the output.
+constexpr bool differentiable(ElemOp op) {
+  kernels::GradFrom from = kernels::elemGradFrom(op);
+  return from == kernels::GradFrom::Input || from == kernels::GradFrom::Output;
+}
+
+// Every row whose GRAD is unary is a unary element-wise op with a
+// derivative (GradFrom::Zero rows take `none`).
+#define PIPEC_OP(ID, DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, SHAPE, COST, GRAD, ...)                  \
+  static_assert(!same(#GRAD, "unary"), NAME ": GRAD unary is for element-wise rows");
+#define PIPEC_ELEMENTWISE(ID, DOMAIN, NAME, SINCE, ARITY, COST, GRAD, CPU, FLAGS)                  \
+  static_assert(!same(#GRAD, "unary") || (ARITY == 1 && differentiable(ElemOp::ID)),               \
+                NAME ": GRAD unary needs a unary op whose math has a derivative");
+#include "ops/Ops.def"
+
+/// dX = dY * f'(A) by the op's math (runtime/kernels/ElementMath.h): one
+/// pipec.UnaryGrad node that names the forward op and carries its
+/// attributes, A being X or Y as the math's derivative reads.
 Error unaryGrad(GradContext &ctx) {
-  const std::string &t = ctx.op().opType;
-  return ctx.forEachWanted([&](size_t) -> Error {
-    if (t == "Neg") {
-      ctx.contribute(0, ctx.unary("Neg", ctx.dy()));
-    } else if (t == "Relu" || t == "Erf") {
-      ctx.contribute(0, ctx.binary(t + "Grad", ctx.dy(), ctx.in(0), "pipec"));
-    } else if (t == "Gelu") {
-      onnx::NodeProto &g = ctx.emit("GeluGrad", {ctx.dy(), ctx.in(0)}, "pipec");
-      GradContext::setString(g, "approximate", attrString(ctx.node(), "approximate", "none"));
-      ctx.contribute(0, GradContext::out(g));
-    } else if (t == "Abs") {
-      ctx.contribute(0, ctx.binary("Mul", ctx.dy(), ctx.unary("Sign", ctx.in(0))));
-    } else if (t == "Tanh" || t == "Sigmoid") {
-      ctx.contribute(0, ctx.binary(t + "Grad", ctx.dy(), ctx.y(), "pipec"));
-    } else if (t == "Reciprocal") {
-      // d (1 / x) = -1 / x^2 = -y^2.
-      ctx.contribute(
-          0, ctx.unary("Neg", ctx.binary("Mul", ctx.dy(), ctx.binary("Mul", ctx.y(), ctx.y()))));
-    } else if (t == "Exp") {
-      ctx.contribute(0, ctx.binary("Mul", ctx.dy(), ctx.y()));
-    } else if (t == "Log") {
-      ctx.contribute(0, ctx.binary("Div", ctx.dy(), ctx.in(0)));
-    } else if (t == "Sqrt") {
-      // d sqrt(x) = 0.5 / sqrt(x).
-      ctx.contribute(0, ctx.binary("Div",
-                                   ctx.binary("Mul", ctx.dy(), ctx.constScalar(0.5, ctx.type())),
-                                   ctx.y()));
-    } else {
-      return ctx.error("no gradient rule");
-    }
+  assert(ctx.def() && ctx.def()->elem && "GRAD unary on a row without element-wise math");
+  bool fromInput = kernels::elemGradFrom(*ctx.def()->elem) == kernels::GradFrom::Input;
+  return ctx.forEachWanted([&](size_t) {
+    onnx::NodeProto &g =
+        ctx.emit("UnaryGrad", {ctx.dy(), fromInput ? ctx.in(0) : ctx.y()}, "pipec");
+    GradContext::setString(g, "op", ctx.op().opType);
+    for (const onnx::AttributeProto &attr : ctx.node().attribute())
+      *g.add_attribute() = attr;
+    ctx.contribute(0, GradContext::out(g));
     return Error::success();
   });
 }
