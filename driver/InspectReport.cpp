@@ -1,6 +1,7 @@
 //===- InspectReport.cpp - `pipec inspect` as text and JSON ---------------===//
 #include "driver/InspectReport.h"
-#include "compiler/ir/OpSupport.h"
+
+#include "ops/OpRegistry.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -27,6 +28,33 @@ std::string humanCount(int64_t value, bool binary) {
   return formatv("{0:f2} {1}{2}", v, units[unit], binary ? "iB" : "").str();
 }
 
+std::vector<std::string> opWarnings(const Graph &graph) {
+  std::map<std::string, int> unsupported, controlFlow;
+  for (const Op &op : graph.ops) {
+    if (op.dead)
+      continue;
+    std::string type = op.domain.empty() ? op.opType : op.domain + "." + op.opType;
+    const OpDef *def = lookupOp(op.domain, op.opType, graph.opsetFor(op.domain));
+    if (def && def->has(Subgraph))
+      ++controlFlow[type];
+    else if (!def || !def->hasCpuKernel)
+      ++unsupported[type];
+  }
+  std::vector<std::string> warnings;
+  for (auto &[type, count] : controlFlow)
+    warnings.push_back(formatv("control flow: {0} x{1} kept as one opaque op each; it can "
+                               "be partitioned, running it is refused",
+                               type, count)
+                           .str());
+  if (!unsupported.empty()) {
+    std::string list;
+    for (auto &[type, count] : unsupported)
+      list += formatv("{0}{1} x{2}", list.empty() ? "" : ", ", type, count).str();
+    warnings.push_back("ops the runtime will not run: " + list);
+  }
+  return warnings;
+}
+
 InspectReport makeInspectReport(const Graph &graph, const LayerGraph &layers) {
   InspectReport report;
   report.sha256 = sha256Hex(graph.files[0]->getBuffer());
@@ -35,27 +63,8 @@ InspectReport makeInspectReport(const Graph &graph, const LayerGraph &layers) {
   for (const Layer &layer : layers.layers)
     report.flopsForward += layer.flopsForward;
   report.warnings = graph.warnings;
-  std::map<std::string, int> unsupported, controlFlow;
-  for (const Op &op : graph.ops) {
-    if (op.dead)
-      continue;
-    std::string type = op.domain.empty() ? op.opType : op.domain + "." + op.opType;
-    if (isControlFlow(op))
-      ++controlFlow[type];
-    else if (!isRuntimeSupported(op))
-      ++unsupported[type];
-  }
-  for (auto &[type, count] : controlFlow)
-    report.warnings.push_back(formatv("control flow: {0} x{1} kept as one opaque op each; it can "
-                                      "be partitioned, running it is refused",
-                                      type, count)
-                                  .str());
-  if (!unsupported.empty()) {
-    std::string list;
-    for (auto &[type, count] : unsupported)
-      list += formatv("{0}{1} x{2}", list.empty() ? "" : ", ", type, count).str();
-    report.warnings.push_back("ops the runtime will not run: " + list);
-  }
+  for (std::string &warning : opWarnings(graph))
+    report.warnings.push_back(std::move(warning));
   for (auto &[w, users] : layers.sharedWeights()) {
     std::string ls;
     for (int l : users)

@@ -30,6 +30,12 @@ struct InspectReport {
 
 /// Computes the figures and warnings (hashes the model file).
 InspectReport makeInspectReport(const Graph &graph, const LayerGraph &layers);
+
+/// The warnings of makeInspectReport about \p graph's live ops: control
+/// flow kept as one opaque op (a row of Ops.def with the Subgraph flag), and
+/// the ops the runtime will not run (no row, or no CPU kernel), each with
+/// its count.
+std::vector<std::string> opWarnings(const Graph &graph);
 void printInspectText(const InspectReport &report, const Graph &graph, const LayerGraph &layers,
                       llvm::raw_ostream &os);
 void printInspectJson(const InspectReport &report, const Graph &graph, const LayerGraph &layers,

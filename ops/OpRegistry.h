@@ -42,6 +42,8 @@ enum OpFlags : uint8_t {
   /// A fused element-wise node may take it (beyond the element-wise rows,
   /// whose math decides).
   Fuse = 2,
+  /// It runs subgraphs (If, Loop, Scan): pipec keeps it as one opaque op.
+  Subgraph = 4,
 };
 
 /// What the differentiate pass knows about an op's gradient.

@@ -16,12 +16,13 @@
 
 namespace pipec {
 
-/// True if the evaluator implements \p op (default domain only).
-bool isEvaluable(const Op &op);
+/// True if Ops.def marks \p op Fold (default domain only) and the evaluator
+/// implements it.
+bool isEvaluable(const Graph &graph, const Op &op);
 
 /// Evaluates \p op on \p inputs (nullptr for an omitted optional input).
 /// Returns std::nullopt when an output would exceed \p maxElements; an error
-/// when the inputs are invalid for the op. Precondition: isEvaluable(op).
+/// when the inputs are invalid for the op. Precondition: isEvaluable(graph, op).
 llvm::Expected<std::optional<std::vector<ConstTensor>>>
 evaluateOp(const Graph &graph, const Op &op, llvm::ArrayRef<const ConstTensor *> inputs,
            int64_t maxElements);

@@ -4,9 +4,9 @@
 //
 //===----------------------------------------------------------------------===//
 #include "passes/ContribShapes.h"
-#include "support/Attributes.h"
 
-#include "llvm/ADT/StringSwitch.h"
+#include "ops/OpRegistry.h"
+#include "support/Attributes.h"
 
 #include <algorithm>
 
@@ -28,31 +28,31 @@ enum class Rule {
   GroupQueryAttention,
 };
 
-Rule ruleFor(const Op &op) {
-  bool contrib = op.domain == "com.microsoft";
-  bool anyDomain = contrib || op.domain.empty();
-  if (!anyDomain)
-    return Rule::None;
-  // onnxruntime registers these in the default domain too.
-  if (op.opType == "SimplifiedLayerNormalization")
-    return Rule::SimplifiedNorm;
-  if (!contrib)
-    return Rule::None;
-  return StringSwitch<Rule>(op.opType)
-      .Cases("FastGelu", "Gelu", "BiasGelu", "QuickGelu", "RotaryEmbedding", Rule::SameAsInput)
-      .Cases("BiasAdd", "BiasDropout", "LayerNormalization", Rule::SameAsInput)
-      .Cases("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", Rule::SkipNorm)
-      .Case("EmbedLayerNormalization", Rule::EmbedNorm)
-      .Case("Attention", Rule::Attention)
-      .Case("MultiHeadAttention", Rule::MultiHeadAttention)
-      .Case("GroupQueryAttention", Rule::GroupQueryAttention)
-      .Default(Rule::None);
+/// Ops.def's SHAPE tokens: onnx (ONNX's schema infers the shape) and none
+/// are no rule of this file.
+namespace token {
+constexpr Rule onnx = Rule::None, none = Rule::None, sameAsInput = Rule::SameAsInput,
+               skipNorm = Rule::SkipNorm, simplifiedNorm = Rule::SimplifiedNorm,
+               embedNorm = Rule::EmbedNorm, attention = Rule::Attention,
+               multiHeadAttention = Rule::MultiHeadAttention,
+               groupQueryAttention = Rule::GroupQueryAttention;
+} // namespace token
+
+/// The rule of each row of Ops.def, indexed by OpId.
+constexpr Rule rules[] = {
+#define PIPEC_OP(ID, DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, SHAPE, ...) token::SHAPE,
+#include "ops/Ops.def"
+};
+
+Rule ruleFor(const Graph &graph, const Op &op) {
+  const OpDef *def = lookupOp(op.domain, op.opType, graph.opsetFor(op.domain));
+  return def ? rules[static_cast<size_t>(def->id)] : Rule::None;
 }
 
 } // namespace
 
 Expected<std::optional<Types>> inferContribShapes(const Graph &graph, const Op &op) {
-  Rule rule = ruleFor(op);
+  Rule rule = ruleFor(graph, op);
   if (rule == Rule::None)
     return std::nullopt;
   const onnx::NodeProto &node = graph.node(op);

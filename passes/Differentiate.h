@@ -10,24 +10,28 @@
 // not.
 //
 // Rules exist for: MatMul (2-D, batched, broadcast; not 1-D operands), Gemm
-// (transA/transB, alpha/beta, bias C), Add, Sub, Mul, Div, Sum, Max, Min
-// (numpy broadcasting; Max / Min send dY to the first operand equal to Y),
-// Neg, Abs, Clip (for X; not for the bounds), Relu, Tanh, Sigmoid, Erf, Gelu,
-// Sqrt, Reciprocal, Exp, Log, Pow (constant scalar exponent), ReduceMean and
-// ReduceSum, Softmax, LayerNormalization, Gather (gradient for the data
+// (transA/transB, alpha/beta, bias C), Add, Sub, Mul, Div, Sum, Max, Min (numpy
+// broadcasting; Max / Min send dY to the first operand equal to Y), Clip (for
+// X; not for the bounds), every unary element-wise op whose row of ops/Ops.def
+// has GRAD unary (Relu, Tanh, Sigmoid, Erf, Gelu, Neg, Abs, Sqrt, Reciprocal,
+// Exp, Log, Sin, Cos, Atan, Softplus, LeakyRelu, Elu, HardSigmoid, HardSwish,
+// ...: one pipec.UnaryGrad each), Pow (constant scalar exponent), ReduceMean
+// and ReduceSum, Softmax, LayerNormalization, Gather (gradient for the data
 // operand: embeddings), Reshape, Flatten, Squeeze, Unsqueeze, Transpose,
-// Expand, Concat, Split, Slice (step 1), Where, Cast, Identity and Dropout
-// (as identity: inference-mode dropout), SoftmaxCrossEntropyLoss (no class
-// weights, reduction mean or sum), Conv (1 to 3 spatial dimensions; strides,
-// pads, dilations, group, every auto_pad; X, W and bias B), MaxPool and
-// AveragePool (1 to 3 spatial dimensions, ceil_mode, dilations,
-// count_include_pad; output 0 only), GlobalAveragePool, GlobalMaxPool and
-// BatchNormalization in inference mode (training_mode = 0: X, Scale and B;
-// the running mean and variance are statistics and get no gradient, so they
-// have no entry in Backward::weightGrads). Values of kind Weight are
-// trainable when they are initializers of a float type; a registered buffer
-// (e.g. a rotary cos/sin table) gets a gradient like any weight, which the
-// optimizer may ignore.
+// Expand, Concat, Split, Slice (step 1), Where, Cast, Identity and Dropout (as
+// identity: inference-mode dropout), SoftmaxCrossEntropyLoss (no class weights,
+// reduction mean or sum), Conv (1 to 3 spatial dimensions; strides, pads,
+// dilations, group, every auto_pad; X, W and bias B), MaxPool and AveragePool
+// (1 to 3 spatial dimensions, ceil_mode, dilations, count_include_pad; output 0
+// only), GlobalAveragePool, GlobalMaxPool and BatchNormalization in inference
+// mode (training_mode = 0: X, Scale and B; the running mean and variance are
+// statistics and get no gradient, so they have no entry in
+// Backward::weightGrads). Values of kind Weight are trainable when they are
+// initializers of a float type; a registered buffer (e.g. a rotary cos/sin
+// table) gets a gradient like any weight, which the optimizer may ignore. No
+// gradient flows through the ops whose GRAD is none (integer and bool results;
+// Floor, Ceil, Round and Sign, whose derivative is zero). The rules are
+// passes/grad/GradRules.h's.
 //
 // Naming: the gradient of value V is "grad:V". When V has several users its
 // contributions are named "grad:V#K" and summed by a Sum node into "grad:V"
@@ -51,18 +55,21 @@
 //                grad:H = MatMul(grad:Z, Transpose(W2, perm=[1, 0]))
 //          W[1]: grad:W2 = Gemm(Reshape(H, [-1, K]), Reshape(grad:Z, [-1, N]),
 //                               transA=1)
-//          I[0]: grad:Y = pipec.ReluGrad(grad:H, Y)
+//          I[0]: grad:Y = pipec.UnaryGrad(grad:H, Y, op="Relu")
 //          W[0]: grad:W1 = Gemm(Reshape(X, ..), Reshape(grad:Y, ..), transA=1)
 //
 // pipec-domain ops (inputs; outputs; attributes):
 //  - SumTo(dY; dX; shape: ints). dY summed over the dimensions along which
 //    `shape` was broadcast to dY's shape (numpy rules).
-//  - ReluGrad(dY, X; dX). dX = dY where X > 0, else 0.
-//  - TanhGrad(dY, Y; dX), Y = tanh(X). dX = dY * (1 - Y^2).
-//  - SigmoidGrad(dY, Y; dX), Y = sigmoid(X). dX = dY * Y * (1 - Y).
-//  - ErfGrad(dY, X; dX). dX = dY * 2 / sqrt(pi) * exp(-X^2).
-//  - GeluGrad(dY, X; dX; approximate: "none" | "tanh"). dX = dY * gelu'(X),
-//    the derivative of the exact (erf) or the tanh-approximated GELU.
+//  - UnaryGrad(dY, A; dX; op: string, and the forward node's attributes).
+//    dX = dY * f'(A), f being the math of the unary element-wise op `op` of
+//    the default domain (runtime/kernels/ElementMath.h) with the attributes
+//    the node carries (alpha, beta, gamma, approximate, as the forward
+//    node's). A is the forward input X when that math's derivative reads the
+//    input (GradFrom::Input: Relu, Erf, Gelu, Log, ...) and the forward
+//    output Y when it reads the output (GradFrom::Output: Tanh, Sigmoid,
+//    Exp, Sqrt, Reciprocal, Tan). f'(A) is computed in double and rounded
+//    once to dY's type.
 //  - SoftmaxGrad(dY, Y; dX; axis: int). Y = softmax(X, axis);
 //    dX = Y * (dY - sum(dY * Y, axis)).
 //  - GatherGrad(dY, Indices; dData; axis: int, shape: ints). Scatter-add of

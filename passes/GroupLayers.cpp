@@ -1,6 +1,6 @@
 //===- GroupLayers.cpp - group-layers -------------------------------------===//
 #include "passes/GroupLayers.h"
-#include "compiler/cost/OpFlops.h"
+#include "compiler/cost/OpCosts.h"
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"

@@ -99,7 +99,7 @@ Expected<bool> ShapeInferer::tryFold(Op &op) {
       folded.shape = {static_cast<int64_t>(folded.ints.size())};
     }
   } else {
-    if (!isEvaluable(op))
+    if (!isEvaluable(graph, op))
       return false;
     std::vector<std::shared_ptr<const ConstTensor>> held;
     std::vector<const ConstTensor *> inputs;

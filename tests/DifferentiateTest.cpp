@@ -16,6 +16,7 @@
 #include "passes/GroupLayers.h"
 #include "runtime/cpu/GradKernels.h"
 #include "runtime/cpu/Kernels.h"
+#include "support/Attributes.h"
 #include "tests/TestUtil.h"
 
 #include <random>
@@ -366,14 +367,16 @@ TEST(Differentiate, Activations) {
   }
 }
 
-TEST(Differentiate, GeluGradKernel) {
+TEST(Differentiate, GeluUnaryGradKernel) {
   // Gelu is an opset-20 op, past what the importer takes: the kernel is
   // checked against finite differences of the forward kernel instead.
   for (const char *approximate : {"none", "tanh"}) {
     onnx::NodeProto gelu, grad;
     gelu.set_op_type("Gelu");
-    grad.set_op_type("GeluGrad");
+    grad.set_op_type("UnaryGrad");
     grad.set_domain("pipec");
+    auto *op = grad.add_attribute();
+    op->set_name("op"), op->set_type(onnx::AttributeProto::STRING), op->set_s("Gelu");
     gelu.add_input("x"), gelu.add_output("y");
     grad.add_input("dy"), grad.add_input("x"), grad.add_output("dx");
     for (onnx::NodeProto *n : {&gelu, &grad}) {
@@ -871,15 +874,81 @@ TEST(Differentiate, SharedValueAccumulates) {
   checkModel(b);
 }
 
+TEST(Differentiate, UnaryOpsOfTheRegistry) {
+  // Each differentiates through its math's derivative (ElementMath.h) with
+  // no rule of its own; the attributes reach the gradient kernel.
+  for (const char *op : {"Sin", "Cos", "Atan", "Softplus", "LeakyRelu", "Elu", "HardSigmoid"}) {
+    SCOPED_TRACE(op);
+    checkModel(unaryModel(op));
+  }
+  GraphBuilder leaky = unaryModel("LeakyRelu");
+  setFloatAttr(*leaky.graph().mutable_node(1), "alpha", 0.3f);
+  checkModel(leaky);
+  GraphBuilder elu = unaryModel("Elu");
+  setFloatAttr(*elu.graph().mutable_node(1), "alpha", 0.7f);
+  checkModel(elu);
+  GraphBuilder hard = unaryModel("HardSigmoid");
+  setFloatAttr(*hard.graph().mutable_node(1), "alpha", 0.3f);
+  setFloatAttr(*hard.graph().mutable_node(1), "beta", 0.4f);
+  checkModel(hard);
+}
+
+/// The UnaryGrad node of \p d's backward program (the only one expected).
+const onnx::NodeProto *unaryGradNode(const Differentiated &d) {
+  const onnx::NodeProto *found = nullptr;
+  for (const auto *lists : {&d.backward.inputGrad, &d.backward.weightGrad})
+    for (const auto &list : *lists)
+      for (const onnx::NodeProto &node : list)
+        if (node.op_type() == "UnaryGrad") {
+          EXPECT_EQ(found, nullptr) << "two UnaryGrad nodes";
+          EXPECT_EQ(node.domain(), "pipec");
+          found = &node;
+        }
+  return found;
+}
+
+TEST(Differentiate, UnaryGradReadsXOrYAsTheMathSays) {
+  // LeakyRelu's derivative reads X and takes alpha; Tanh's reads Y.
+  GraphBuilder leaky = unaryModel("LeakyRelu");
+  setFloatAttr(*leaky.graph().mutable_node(1), "alpha", 0.3f);
+  auto d = build(leaky.serialize(), {LossSpec::Kind::Mse, "", "labels"}, false);
+  ASSERT_TRUE(d);
+  const onnx::NodeProto *g = unaryGradNode(*d);
+  ASSERT_NE(g, nullptr);
+  ASSERT_EQ(g->input_size(), 2);
+  EXPECT_EQ(g->input(1), "h");
+  EXPECT_EQ(attrString(*g, "op", ""), "LeakyRelu");
+  EXPECT_EQ(attrFloat(*g, "alpha", 0), 0.3f);
+
+  auto t = build(unaryModel("Tanh").serialize(), {LossSpec::Kind::Mse, "", "labels"}, false);
+  ASSERT_TRUE(t);
+  g = unaryGradNode(*t);
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->input(1), "y");
+  EXPECT_EQ(attrString(*g, "op", ""), "Tanh");
+}
+
+TEST(Differentiate, ZeroDerivativeOpsPassNoGradient) {
+  // y = op(h) + h: the gradient flows through the sum only (Floor, Ceil,
+  // Round and Sign are flat almost everywhere).
+  for (const char *op : {"Floor", "Ceil", "Round", "Sign"}) {
+    SCOPED_TRACE(op);
+    GraphBuilder b = unaryModel(op);
+    b.graph().mutable_node(1)->set_output(0, "f");
+    b.node("Add", {"f", "h"}, {"y"}, "add");
+    checkModel(b);
+  }
+}
+
 TEST(Differentiate, NoRuleNamesTheNode) {
-  GraphBuilder b = unaryModel("Sin");
+  GraphBuilder b = unaryModel("LogSoftmax");
   auto graph = importBytes(b.serialize());
   ASSERT_TRUE(bool(graph)) << llvm::toString(graph.takeError());
   auto layers = groupLayers(*graph);
   ASSERT_TRUE(bool(layers)) << llvm::toString(layers.takeError());
   auto backward = differentiate(*graph, *layers, {LossSpec::Kind::Mse, "", "labels"});
   ASSERT_FALSE(bool(backward));
-  EXPECT_EQ(llvm::toString(backward.takeError()), "node 'n' (Sin): no gradient rule");
+  EXPECT_EQ(llvm::toString(backward.takeError()), "node 'n' (LogSoftmax): no gradient rule");
 }
 
 TEST(Differentiate, BadLossSpecs) {

@@ -1,8 +1,6 @@
 //===- CostModel.cpp - Per-layer F / I / W cost on a HardwareSpec ---------===//
 #include "compiler/cost/CostModel.h"
-#include "compiler/cost/OpFlops.h"
 
-#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -41,81 +39,11 @@ bool isWeight(const Graph &graph, int id) {
   return id >= 0 && graph.values[id].kind == ValueKind::Weight;
 }
 
-bool isActivation(const Graph &graph, int id) {
-  return id >= 0 && (graph.values[id].kind == ValueKind::Activation ||
-                     graph.values[id].kind == ValueKind::Input);
-}
-
 bool isCompileTime(const Graph &graph, const Op &op) {
   for (int out : op.outputs)
     if (out >= 0 && graph.values[out].kind == ValueKind::Activation)
       return false;
   return true;
-}
-
-/// Ops whose forward cost is a fair estimate of their input gradient.
-const StringSet<> &pointwiseLike() {
-  static const StringSet<> ops = {"Add",
-                                  "Sub",
-                                  "Mul",
-                                  "Div",
-                                  "Relu",
-                                  "Gelu",
-                                  "FastGelu",
-                                  "BiasGelu",
-                                  "QuickGelu",
-                                  "Erf",
-                                  "Tanh",
-                                  "Sigmoid",
-                                  "Softmax",
-                                  "LogSoftmax",
-                                  "Pow",
-                                  "Sqrt",
-                                  "Reciprocal",
-                                  "Neg",
-                                  "Exp",
-                                  "Log",
-                                  "Where",
-                                  "Clip",
-                                  "HardSigmoid",
-                                  "HardSwish",
-                                  "Softplus",
-                                  "Elu",
-                                  "Selu",
-                                  "LeakyRelu",
-                                  "Abs",
-                                  "Sum",
-                                  "Mean",
-                                  "Max",
-                                  "Min",
-                                  "ReduceMean",
-                                  "ReduceSum",
-                                  "ReduceMax",
-                                  "ReduceMin",
-                                  "MaxPool",
-                                  "AveragePool",
-                                  "GlobalAveragePool",
-                                  "GlobalMaxPool",
-                                  "Dropout",
-                                  "RotaryEmbedding",
-                                  "Cast",
-                                  "Equal",
-                                  "Less",
-                                  "Greater",
-                                  "Not",
-                                  "And",
-                                  "Or",
-                                  "LayerNormalization",
-                                  "SkipLayerNormalization",
-                                  "SimplifiedLayerNormalization",
-                                  "SkipSimplifiedLayerNormalization",
-                                  "BatchNormalization",
-                                  "InstanceNormalization",
-                                  "GroupNormalization",
-                                  "SoftmaxCrossEntropyLoss",
-                                  "NegativeLogLikelihoodLoss",
-                                  "EmbedLayerNormalization"};
-  return ops;
 }
 
 } // namespace
@@ -124,79 +52,19 @@ OpCost opCost(const Graph &graph, const Op &op, Precision precision) {
   OpCost cost;
   if (op.dead || isCompileTime(graph, op))
     return cost;
-  StringRef type = op.opType;
-  double in = 0, out = 0, weights = 0, outElems = 0;
+  OpTraffic traffic;
   for (int id : op.inputs)
     if (id >= 0) {
-      (isWeight(graph, id) ? weights : in) += bytesAt(graph.values[id], precision);
+      (isWeight(graph, id) ? traffic.weights : traffic.in) += bytesAt(graph.values[id], precision);
+      traffic.anyWeight |= isWeight(graph, id);
     }
   for (int id : op.outputs)
     if (id >= 0) {
-      out += bytesAt(graph.values[id], precision);
-      outElems += static_cast<double>(graph.values[id].numElements());
+      traffic.out += bytesAt(graph.values[id], precision);
+      traffic.outElems += static_cast<double>(graph.values[id].numElements());
     }
-  double f = static_cast<double>(forwardFlops(graph, op));
-  cost.flops[Forward] = f;
-  bool viewOnly = type == "Reshape" || type == "Squeeze" || type == "Unsqueeze" ||
-                  type == "Flatten" || type == "Identity";
-  cost.bytes[Forward] = viewOnly ? 0 : in + weights + out;
-  bool anyWeight = false;
-  for (int id : op.inputs)
-    anyWeight |= isWeight(graph, id);
-
-  if (type == "MatMul" || type == "Gemm" || type == "FusedMatMul") {
-    int activations = 0;
-    for (size_t i = 0; i < std::min<size_t>(2, op.inputs.size()); ++i)
-      activations += isActivation(graph, op.inputs[i]);
-    double gemm = type == "Gemm" ? f - (op.inputs.size() > 2 ? outElems : 0) : f;
-    cost.flops[BackwardInput] = gemm * activations;
-    cost.flops[BackwardWeight] =
-        gemm * (2 - activations) +
-        (anyWeight && type == "Gemm" && op.inputs.size() > 2 ? outElems : 0);
-    cost.bytes[BackwardInput] = activations ? out + in + weights : 0;
-    cost.bytes[BackwardWeight] = activations < 2 ? out + in + weights : 0;
-    return cost;
-  }
-  if (type == "Conv" || type == "ConvTranspose") {
-    cost.flops[BackwardInput] = f;
-    cost.flops[BackwardWeight] = anyWeight ? f : 0;
-    cost.bytes[BackwardInput] = out + in + weights;
-    cost.bytes[BackwardWeight] = anyWeight ? out + in + weights : 0;
-    return cost;
-  }
-  if (type == "Attention" || type == "MultiHeadAttention" || type == "GroupQueryAttention") {
-    cost.flops[BackwardInput] = 2 * f;
-    cost.flops[BackwardWeight] = anyWeight ? f / 2 : 0;
-    cost.bytes[BackwardInput] = 2 * (in + out);
-    cost.bytes[BackwardWeight] = anyWeight ? in + out + weights : 0;
-    return cost;
-  }
-  if (type == "Gather" || type == "EmbedLayerNormalization") {
-    bool table = !op.inputs.empty() && isWeight(graph, op.inputs[0]);
-    cost.flops[BackwardInput] = table ? (type == "Gather" ? 0 : f) : 0;
-    cost.flops[BackwardWeight] = table ? outElems : 0;
-    cost.bytes[BackwardInput] = table ? 0 : out;
-    cost.bytes[BackwardWeight] = table ? 2 * out : 0;
-    if (!table) // gathering activations: the gradient is a scatter
-      cost.bytes[BackwardInput] = 2 * out;
-    return cost;
-  }
-  if (isDataMovementOp(op)) {
-    cost.bytes[BackwardInput] = viewOnly ? 0 : in + out;
-    return cost;
-  }
-  if (pointwiseLike().contains(type)) {
-    cost.flops[BackwardInput] = f;
-    cost.bytes[BackwardInput] = in + 2 * out;
-    if (anyWeight) {
-      cost.flops[BackwardWeight] = outElems;
-      cost.bytes[BackwardWeight] = out + weights;
-    }
-    return cost;
-  }
-  cost.defaulted = true;
-  cost.flops[BackwardInput] = f;
-  cost.bytes[BackwardInput] = in + out;
+  cost.flops[Forward] = static_cast<double>(forwardFlops(graph, op));
+  applyCostRule(graph, op, traffic, cost);
   return cost;
 }
 

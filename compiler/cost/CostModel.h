@@ -14,13 +14,15 @@
 // their forward for dX, and one pass over the output for dgamma, dbeta or a
 // bias; an embedding lookup costs nothing for I and a scatter-add of its
 // output for W. Ops without a rule get F = one FLOP per output element,
-// I = F, W = 0, and are listed as defaulted so that reports flag them.
+// I = F, W = 0, and are listed as defaulted so that reports flag them. The
+// rule of each op is its COST column in ops/Ops.def (OpCosts.h).
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_COMPILER_COST_COSTMODEL_H
 #define PIPEC_COMPILER_COST_COSTMODEL_H
 
 #include "compiler/cost/HardwareSpec.h"
+#include "compiler/cost/OpCosts.h"
 #include "compiler/ir/LayerGraph.h"
 
 #include <array>
@@ -30,16 +32,6 @@ namespace pipec {
 enum class Precision { FP32, BF16 };
 llvm::Expected<Precision> parsePrecision(llvm::StringRef name);
 llvm::StringRef precisionName(Precision precision);
-
-/// Pass indices into the F / I / W arrays.
-enum Pass { Forward = 0, BackwardInput = 1, BackwardWeight = 2 };
-
-struct OpCost {
-  std::array<double, 3> flops{};
-  std::array<double, 3> bytes{};
-  /// No rule for this op: the documented default was used.
-  bool defaulted = false;
-};
 
 /// The cost of one op; ops that only compute constants cost nothing.
 OpCost opCost(const Graph &graph, const Op &op, Precision precision);

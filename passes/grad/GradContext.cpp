@@ -1,0 +1,237 @@
+//===- GradContext.cpp - What a gradient rule sees and emits -------------===//
+#include "passes/grad/GradContext.h"
+#include "passes/grad/GradRules.h"
+
+#include "support/Attributes.h"
+
+#include "llvm/ADT/Twine.h"
+
+#include <algorithm>
+
+using namespace llvm;
+
+namespace pipec::grad {
+
+GradContext::GradContext(const Graph &graph, Backward &result, const std::vector<bool> &needsGrad)
+    : graph(graph), result(result), needsGrad(needsGrad) {}
+
+void GradContext::sinkFor(int id) {
+  sink = val(id).kind == ValueKind::Weight ? &result.weightGrad[layerIndex]
+                                           : &result.inputGrad[layerIndex];
+}
+
+onnx::NodeProto &GradContext::emit(StringRef opType, ArrayRef<std::string> inputs,
+                                   StringRef domain) {
+  onnx::NodeProto &node = sink->emplace_back();
+  node.set_op_type(opType.str());
+  node.set_name("bwd/" + std::to_string(counter) + "/" + opType.str());
+  if (!domain.empty())
+    node.set_domain(domain.str());
+  for (const std::string &in : inputs)
+    node.add_input(in);
+  node.add_output(fresh());
+  return node;
+}
+
+void GradContext::setInt(onnx::NodeProto &node, StringRef name, int64_t v) {
+  auto *a = node.add_attribute();
+  a->set_name(name.str());
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(v);
+}
+
+void GradContext::setFloat(onnx::NodeProto &node, StringRef name, float v) {
+  auto *a = node.add_attribute();
+  a->set_name(name.str());
+  a->set_type(onnx::AttributeProto::FLOAT);
+  a->set_f(v);
+}
+
+void GradContext::setString(onnx::NodeProto &node, StringRef name, StringRef v) {
+  auto *a = node.add_attribute();
+  a->set_name(name.str());
+  a->set_type(onnx::AttributeProto::STRING);
+  a->set_s(v.str());
+}
+
+void GradContext::setInts(onnx::NodeProto &node, StringRef name, ArrayRef<int64_t> v) {
+  auto *a = node.add_attribute();
+  a->set_name(name.str());
+  a->set_type(onnx::AttributeProto::INTS);
+  for (int64_t x : v)
+    a->add_ints(x);
+}
+
+std::string GradContext::constInts(ArrayRef<int64_t> values) {
+  onnx::NodeProto &node = emit("Constant", {});
+  auto *a = node.add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  auto *t = a->mutable_t();
+  t->set_data_type(onnx::TensorProto::INT64);
+  t->add_dims(static_cast<int64_t>(values.size()));
+  for (int64_t v : values)
+    t->add_int64_data(v);
+  return out(node);
+}
+
+std::string GradContext::constScalar(double value, DType type) {
+  onnx::NodeProto &node = emit("Constant", {});
+  auto *a = node.add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  auto *t = a->mutable_t();
+  t->set_data_type(static_cast<int32_t>(type));
+  if (type == DType::F64)
+    t->add_double_data(value);
+  else
+    t->add_float_data(static_cast<float>(value));
+  return out(node);
+}
+
+std::string GradContext::unary(StringRef opType, const std::string &x, StringRef domain) {
+  return out(emit(opType, {x}, domain));
+}
+
+std::string GradContext::binary(StringRef opType, const std::string &a, const std::string &b,
+                                StringRef domain) {
+  return out(emit(opType, {a, b}, domain));
+}
+
+std::string GradContext::sumTo(const std::string &grad, const std::vector<int64_t> &gradShape,
+                               const std::vector<int64_t> &shape) {
+  if (gradShape == shape)
+    return grad;
+  onnx::NodeProto &node = emit("SumTo", {grad}, "pipec");
+  setInts(node, "shape", shape);
+  return out(node);
+}
+
+std::string GradContext::reshape(const std::string &x, ArrayRef<int64_t> shape) {
+  return binary("Reshape", x, constInts(shape));
+}
+
+std::string GradContext::transposeLast2(const std::string &x, size_t rank) {
+  std::vector<int64_t> perm;
+  for (size_t i = 0; i < rank; ++i)
+    perm.push_back(static_cast<int64_t>(i));
+  std::swap(perm[rank - 1], perm[rank - 2]);
+  onnx::NodeProto &node = emit("Transpose", {x});
+  setInts(node, "perm", perm);
+  return out(node);
+}
+
+std::string GradContext::sumToChannels(const std::string &grad,
+                                       const std::vector<int64_t> &gradShape) {
+  std::vector<int64_t> kept(gradShape.size(), 1);
+  kept[1] = gradShape[1];
+  return reshape(sumTo(grad, gradShape, kept), {gradShape[1]});
+}
+
+std::string GradContext::channelsFirst(const std::string &x, int64_t channels, size_t rank) {
+  std::vector<int64_t> shape(rank - 1, 1);
+  shape[0] = channels;
+  return reshape(x, shape);
+}
+
+void GradContext::addContribution(int id, std::string name) {
+  if (sink->empty() || sink->back().output(0) != name || !StringRef(name).startswith("bwd:"))
+    name = unary("Identity", name);
+  std::string label = "grad:" + val(id).name + "#" + std::to_string(contribs[id].size());
+  sink->back().set_output(0, label);
+  contribs[id].push_back({sink, sink->size() - 1});
+  contribLayers[id].push_back(layerIndex);
+}
+
+void GradContext::finalize(int id) {
+  auto it = contribs.find(id);
+  if (it == contribs.end() || finalGrad.count(id))
+    return;
+  std::string name = "grad:" + val(id).name;
+  if (it->second.size() == 1) {
+    Contribution c = it->second.front();
+    (*c.list)[c.index].set_output(0, name);
+  } else {
+    std::vector<std::string> parts;
+    for (const Contribution &c : it->second)
+      parts.push_back((*c.list)[c.index].output(0));
+    emit("Sum", parts).set_output(0, name);
+  }
+  finalGrad[id] = name;
+}
+
+std::string GradContext::gradientOf(int id) const {
+  auto it = finalGrad.find(id);
+  return it == finalGrad.end() ? std::string() : it->second;
+}
+
+void GradContext::beginOp(const Op &op, const GradRule &rule, const OpDef *def) {
+  current = &op;
+  currentRule = &rule;
+  currentDef = def;
+  currentNode = &graph.node(op);
+}
+
+bool GradContext::wants(size_t i) const {
+  const Op &op = *current;
+  return i < op.inputs.size() && op.inputs[i] >= 0 && needsGrad[op.inputs[i]] &&
+         currentRule->carries(i);
+}
+
+Error GradContext::forEachWanted(function_ref<Error(size_t)> f) {
+  for (size_t i = 0; i < current->inputs.size(); ++i)
+    if (wants(i)) {
+      sinkFor(current->inputs[i]);
+      if (Error err = f(i))
+        return err;
+    }
+  return Error::success();
+}
+
+std::string GradContext::dyOf(size_t k) const {
+  return current->outputs[k] < 0 ? std::string() : gradientOf(current->outputs[k]);
+}
+
+Error GradContext::error(const Twine &what) const {
+  std::string name = current->name;
+  if (name.empty() && !current->outputs.empty() && current->outputs[0] >= 0)
+    name = val(current->outputs[0]).name;
+  return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s", name.c_str(),
+                           current->opType.c_str(), what.str().c_str());
+}
+
+Error GradContext::setWindowAttrs(onnx::NodeProto &g, ArrayRef<int64_t> kernel,
+                                  ArrayRef<int64_t> xShape, ArrayRef<int64_t> yShape) {
+  const onnx::NodeProto &node = *currentNode;
+  size_t rank = kernel.size();
+  if (rank < 1 || rank > 3 || xShape.size() != rank + 2 || yShape.size() != rank + 2)
+    return error("gradient with " + Twine(int64_t(xShape.size()) - 2) +
+                 " spatial dimensions is not implemented (1 to 3 are)");
+  std::vector<int64_t> strides = attrInts(node, "strides").value_or(std::vector<int64_t>(rank, 1));
+  std::vector<int64_t> dilations =
+      attrInts(node, "dilations").value_or(std::vector<int64_t>(rank, 1));
+  std::vector<int64_t> pads = attrInts(node, "pads").value_or(std::vector<int64_t>(2 * rank, 0));
+  if (strides.size() != rank || dilations.size() != rank || pads.size() != 2 * rank)
+    return error("strides, dilations or pads do not match the spatial rank");
+  std::string autoPad = attrString(node, "auto_pad", "NOTSET");
+  if (autoPad == "VALID") {
+    std::fill(pads.begin(), pads.end(), 0);
+  } else if (autoPad == "SAME_UPPER" || autoPad == "SAME_LOWER") {
+    for (size_t d = 0; d < rank; ++d) {
+      int64_t extent = (kernel[d] - 1) * dilations[d] + 1;
+      int64_t total =
+          std::max<int64_t>(0, (yShape[d + 2] - 1) * strides[d] + extent - xShape[d + 2]);
+      pads[d] = autoPad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      pads[rank + d] = total - pads[d];
+    }
+  } else if (autoPad != "NOTSET") {
+    return error("unknown auto_pad '" + autoPad + "'");
+  }
+  setInts(g, "kernel_shape", kernel);
+  setInts(g, "strides", strides);
+  setInts(g, "dilations", dilations);
+  setInts(g, "pads", pads);
+  return Error::success();
+}
+
+} // namespace pipec::grad

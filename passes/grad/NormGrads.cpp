@@ -1,0 +1,177 @@
+//===- NormGrads.cpp - Gradients of reductions and normalizations --------===//
+//
+// ReduceSum and ReduceMean broadcast dY back over the reduced axes; Softmax,
+// LayerNormalization and the cross-entropy loss have gradient kernels of
+// their own (pipec.SoftmaxGrad, LayerNormGrad*, SoftmaxCrossEntropyLossGrad);
+// BatchNormalization is differentiated in inference mode, its running
+// statistics carrying no gradient.
+//
+//===----------------------------------------------------------------------===//
+#include "passes/grad/GradRules.h"
+
+#include "ops/OpRegistry.h"
+#include "support/Attributes.h"
+
+#include "llvm/ADT/STLExtras.h"
+
+using namespace llvm;
+
+namespace pipec::grad {
+namespace {
+
+/// Axes of a reduction, from the attribute (older opsets) or the constant
+/// second input; normalised to be non-negative. Empty means all axes.
+Expected<std::vector<int64_t>> reduceAxes(const GradContext &ctx, size_t rank) {
+  const Op &op = ctx.op();
+  std::vector<int64_t> axes;
+  if (auto attr = attrInts(ctx.node(), "axes")) {
+    axes = *attr;
+  } else if (op.inputs.size() > 1 && op.inputs[1] >= 0) {
+    const Value &a = ctx.val(op.inputs[1]);
+    if (!a.constant)
+      return ctx.error("axes must be a compile-time constant");
+    for (int64_t i = 0; i < a.constant->numElements(); ++i)
+      axes.push_back(a.constant->intAt(i));
+  }
+  for (int64_t &a : axes)
+    if (a < 0)
+      a += static_cast<int64_t>(rank);
+  return axes;
+}
+
+/// ReduceSum and ReduceMean: dY broadcast back over the reduced axes (and
+/// divided by their size for the mean).
+Error reduceSumMeanGrad(GradContext &ctx) {
+  return ctx.forEachWanted([&](size_t i) -> Error {
+    if (i != 0)
+      return Error::success();
+    bool mean = ctx.def()->id == OpId::ReduceMean;
+    const std::vector<int64_t> &xShape = ctx.shapeOf(0);
+    auto axes = reduceAxes(ctx, xShape.size());
+    if (!axes)
+      return axes.takeError();
+    if (axes->empty() && !(!mean && attrInt(ctx.node(), "noop_with_empty_axes", 0)))
+      for (size_t k = 0; k < xShape.size(); ++k)
+        axes->push_back(static_cast<int64_t>(k));
+    std::vector<int64_t> kept = xShape;
+    int64_t count = 1;
+    for (int64_t a : *axes) {
+      count *= xShape[a];
+      kept[a] = 1;
+    }
+    std::string g = ctx.binary("Expand", ctx.reshape(ctx.dy(), kept), ctx.constInts(xShape));
+    if (mean)
+      g = ctx.binary("Mul", g, ctx.constScalar(1.0 / double(count), ctx.type()));
+    ctx.contribute(0, g);
+    return Error::success();
+  });
+}
+
+Error softmaxGrad(GradContext &ctx) {
+  return ctx.forEachWanted([&](size_t) -> Error {
+    int64_t opset = ctx.graph.opsetFor("");
+    int64_t axis = attrInt(ctx.node(), "axis", opset >= 13 ? -1 : 1);
+    if (opset < 13 && axis != static_cast<int64_t>(ctx.yShape().size()) - 1 && axis != -1)
+      return ctx.error("gradient of pre-13 Softmax needs the last axis");
+    onnx::NodeProto &g = ctx.emit("SoftmaxGrad", {ctx.dy(), ctx.y()}, "pipec");
+    GradContext::setInt(g, "axis", axis);
+    ctx.contribute(0, GradContext::out(g));
+    return Error::success();
+  });
+}
+
+/// For the scores; no class weights, reduction mean or sum.
+Error softmaxCrossEntropyLossGrad(GradContext &ctx) {
+  return ctx.forEachWanted([&](size_t i) -> Error {
+    if (i != 0)
+      return Error::success();
+    const Op &op = ctx.op();
+    const onnx::NodeProto &node = ctx.node();
+    if (op.inputs.size() > 2 && op.inputs[2] >= 0)
+      return ctx.error("gradient with class weights is not implemented");
+    std::string reduction = attrString(node, "reduction", "mean");
+    if (reduction == "none")
+      return ctx.error("gradient of reduction 'none' is not implemented");
+    onnx::NodeProto &g =
+        ctx.emit("SoftmaxCrossEntropyLossGrad", {ctx.dy(), ctx.in(0), ctx.in(1)}, "pipec");
+    GradContext::setString(g, "reduction", reduction);
+    if (const auto *ii = findAttr(node, "ignore_index"))
+      GradContext::setInt(g, "ignore_index", ii->i());
+    ctx.contribute(0, GradContext::out(g));
+    return Error::success();
+  });
+}
+
+Error layerNormalizationGrad(GradContext &ctx) {
+  return ctx.forEachWanted([&](size_t i) -> Error {
+    int64_t axis = attrInt(ctx.node(), "axis", -1);
+    float epsilon = attrFloat(ctx.node(), "epsilon", 1e-5f);
+    if (i == 0 || i == 1) {
+      bool input = i == 0;
+      onnx::NodeProto &g =
+          input ? ctx.emit("LayerNormGradInput", {ctx.dy(), ctx.in(0), ctx.in(1)}, "pipec")
+                : ctx.emit("LayerNormGradWeight", {ctx.dy(), ctx.in(0)}, "pipec");
+      GradContext::setInt(g, "axis", axis);
+      GradContext::setFloat(g, "epsilon", epsilon);
+      if (!input)
+        GradContext::setInts(g, "shape", ctx.shapeOf(1));
+      ctx.contribute(i, GradContext::out(g));
+    } else {
+      ctx.contribute(2, ctx.sumTo(ctx.dy(), ctx.yShape(), ctx.shapeOf(2)));
+    }
+    return Error::success();
+  });
+}
+
+/// Inference form: Y = Scale (X - Mean) / sqrt(Var + epsilon) + B, the
+/// running statistics being constants.
+Error batchNormalizationGrad(GradContext &ctx) {
+  return ctx.forEachWanted([&](size_t i) -> Error {
+    const Op &op = ctx.op();
+    const onnx::NodeProto &node = ctx.node();
+    DType type = ctx.type();
+    if (ctx.graph.opsetFor("") >= 14 && attrInt(node, "training_mode", 0))
+      return ctx.error("gradient of training-mode BatchNormalization is not "
+                       "implemented (only inference mode is)");
+    if (op.inputs.size() < 5 || llvm::is_contained(op.inputs, -1))
+      return ctx.error("expects 5 inputs");
+    const std::vector<int64_t> &xShape = ctx.shapeOf(0);
+    for (size_t k = 1; k < 5; ++k)
+      if (ctx.val(op.inputs[k]).type != type)
+        return ctx.error("gradient with parameters of another element type than X is not "
+                         "implemented");
+    float epsilon = attrFloat(node, "epsilon", 1e-5f);
+    if (i == 0) {
+      // dX = dY Scale / sqrt(Var + epsilon), per channel.
+      std::string rstd =
+          ctx.unary("Sqrt", ctx.binary("Add", ctx.in(4), ctx.constScalar(epsilon, type)));
+      std::string factor =
+          ctx.channelsFirst(ctx.binary("Div", ctx.in(1), rstd), xShape[1], xShape.size());
+      ctx.contribute(0, ctx.binary("Mul", ctx.dy(), factor));
+    } else if (i == 1) {
+      onnx::NodeProto &g =
+          ctx.emit("BatchNormGradWeight", {ctx.dy(), ctx.in(0), ctx.in(3), ctx.in(4)}, "pipec");
+      GradContext::setFloat(g, "epsilon", epsilon);
+      ctx.contribute(1, GradContext::out(g));
+    } else {
+      ctx.contribute(2, ctx.sumToChannels(ctx.dy(), ctx.yShape()));
+    }
+    return Error::success();
+  });
+}
+
+/// The running mean and variance (inputs 3 and 4) are statistics, not
+/// parameters: nothing flows back into them.
+bool exceptStatistics(size_t input) { return input < 3; }
+
+} // namespace
+
+namespace rules {
+const GradRule reduceSumMean = {&reduceSumMeanGrad};
+const GradRule softmax = {&softmaxGrad};
+const GradRule softmaxCrossEntropyLoss = {&softmaxCrossEntropyLossGrad};
+const GradRule layerNormalization = {&layerNormalizationGrad};
+const GradRule batchNormalization = {&batchNormalizationGrad, &exceptStatistics};
+} // namespace rules
+
+} // namespace pipec::grad
