@@ -14,7 +14,6 @@
 //===----------------------------------------------------------------------===//
 #include "passes/Differentiate.h"
 #include "passes/GroupLayers.h"
-#include "runtime/cpu/GradKernels.h"
 #include "runtime/cpu/Kernels.h"
 #include "support/Attributes.h"
 #include "tests/TestUtil.h"
@@ -98,7 +97,7 @@ private:
       held.push_back(get(name));
       inputs.push_back(&held.back());
     }
-    auto outs = cpu::runAnyOp(node, graph.opsetFor(""), inputs);
+    auto outs = cpu::runOp(node, graph.opsetFor(""), inputs);
     if (!outs) {
       std::string names;
       for (size_t k = 0; k < inputs.size(); ++k)
@@ -393,9 +392,9 @@ TEST(Differentiate, GeluUnaryGradKernel) {
       plus.setDouble(i, xs[i] + eps);
       minus.setDouble(i, xs[i] - eps);
     }
-    auto yPlus = cpu::runAnyOp(gelu, 20, {&plus});
-    auto yMinus = cpu::runAnyOp(gelu, 20, {&minus});
-    auto dx = cpu::runAnyOp(grad, 20, {&ones, &x});
+    auto yPlus = cpu::runOp(gelu, 20, {&plus});
+    auto yMinus = cpu::runOp(gelu, 20, {&minus});
+    auto dx = cpu::runOp(grad, 20, {&ones, &x});
     ASSERT_TRUE(bool(yPlus)) << llvm::toString(yPlus.takeError());
     ASSERT_TRUE(bool(yMinus)) << llvm::toString(yMinus.takeError());
     ASSERT_TRUE(bool(dx)) << llvm::toString(dx.takeError());
@@ -416,11 +415,11 @@ TEST(Differentiate, GradKernelErrors) {
   auto *a = node.add_attribute();
   a->set_name("shape"), a->set_type(onnx::AttributeProto::INTS), a->add_ints(3);
   Tensor dy(ElemType::Float, {2, 4});
-  auto bad = cpu::runAnyOp(node, 17, {&dy});
+  auto bad = cpu::runOp(node, 17, {&dy});
   ASSERT_FALSE(bool(bad));
   EXPECT_EQ(llvm::toString(bad.takeError()).rfind("node 'g' (SumTo)", 0), 0u);
   node.set_op_type("NoSuchGrad");
-  auto unknown = cpu::runGradOp(node, {&dy});
+  auto unknown = cpu::runOp(node, 17, {&dy});
   ASSERT_FALSE(bool(unknown));
   EXPECT_NE(llvm::toString(unknown.takeError()).find("NoSuchGrad"), std::string::npos);
 }
@@ -633,13 +632,13 @@ TEST(Differentiate, ConvGradKernelErrors) {
   node.add_input("dy"), node.add_input("w"), node.add_output("dx");
   setIntsAttr(node, "shape", {1, 2, 4, 4});
   Tensor dy(ElemType::Float, {1, 3, 4, 4}), w(ElemType::Float, {3, 2, 3, 3});
-  auto bad = cpu::runAnyOp(node, 17, {&dy, &w});
+  auto bad = cpu::runOp(node, 17, {&dy, &w});
   ASSERT_FALSE(bool(bad));
   EXPECT_EQ(llvm::toString(bad.takeError()),
             "node 'c' (ConvGradInput): output size 4 does not fit input size 4 in spatial "
             "dimension 0");
   node.set_op_type("MaxPoolGrad");
-  auto noKernel = cpu::runAnyOp(node, 17, {&dy, &dy});
+  auto noKernel = cpu::runOp(node, 17, {&dy, &dy});
   ASSERT_FALSE(bool(noKernel));
   EXPECT_EQ(llvm::toString(noKernel.takeError()),
             "node 'c' (MaxPoolGrad): missing attribute 'kernel_shape'");

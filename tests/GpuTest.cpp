@@ -284,9 +284,11 @@ void gradientCases(CaseList &list) {
            {floats({8, 64, 256})});
   list.add("SumToScalar", NodeBuilder("SumTo", 1, 1, "pipec").ints("shape", {}),
            {floats({40, 50})});
-  for (const char *op : {"ReluGrad", "TanhGrad", "SigmoidGrad", "ErfGrad", "GeluGrad"})
-    list.add(op, NodeBuilder(op, 2, 1, "pipec"), {floats({9, 40}), floats({9, 40}, -3, 3)});
-  list.add("GeluGradTanh", NodeBuilder("GeluGrad", 2, 1, "pipec").s("approximate", "tanh"),
+  for (const char *op : {"Relu", "Tanh", "Sigmoid", "Erf", "Gelu", "Sin", "Softplus"})
+    list.add(std::string(op) + "UnaryGrad", NodeBuilder("UnaryGrad", 2, 1, "pipec").s("op", op),
+             {floats({9, 40}), floats({9, 40}, -3, 3)});
+  list.add("GeluTanhUnaryGrad",
+           NodeBuilder("UnaryGrad", 2, 1, "pipec").s("op", "Gelu").s("approximate", "tanh"),
            {floats({300}), floats({300}, -3, 3)});
   Tensor y = runCpu(NodeBuilder("Softmax", 1), {floats({16, 50})})[0];
   list.add("SoftmaxGrad", NodeBuilder("SoftmaxGrad", 2, 1, "pipec"), {floats({16, 50}), y});

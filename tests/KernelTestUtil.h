@@ -39,6 +39,17 @@ inline onnx::NodeProto makeNode(const std::string &op, const std::vector<std::st
   return n;
 }
 
+/// UnaryGrad of \p op: \p output = \p dy times op's derivative at \p a.
+inline onnx::NodeProto unaryGrad(const std::string &op, const std::string &dy, const std::string &a,
+                                 const std::string &output) {
+  onnx::NodeProto n = makeNode("UnaryGrad", {dy, a}, output, "pipec");
+  auto *attr = n.add_attribute();
+  attr->set_name("op");
+  attr->set_type(onnx::AttributeProto::STRING);
+  attr->set_s(op);
+  return n;
+}
+
 using cpu::ElemType;
 using cpu::Tensor;
 using Shape = std::vector<int64_t>;
@@ -159,7 +170,7 @@ inline ::testing::AssertionResult close(const Tensor &actual, const Tensor &expe
   return ::testing::AssertionFailure() << why;
 }
 
-/// GPT-2's GELU on x + bias with its tanh kept, a TanhGrad and a Sum: x is
+/// GPT-2's GELU on x + bias with its tanh kept, Tanh's UnaryGrad and a Sum: x is
 /// in0 [rows, cols], bias in1 [cols], scalars in2 (0.5), in3 (3), in4
 /// (0.044715), in5 (sqrt(2/pi)), in6 (1), dY in7 [rows, cols]; outputs
 /// out0 (the GELU), out1 (tanh), out2 (the sum).
@@ -173,7 +184,7 @@ inline onnx::NodeProto fusedGelu() {
                                        makeNode("Tanh", {"u"}, "out1"),
                                        makeNode("Add", {"in6", "out1"}, "e"),
                                        makeNode("Mul", {"a", "e"}, "out0"),
-                                       makeNode("TanhGrad", {"in7", "out1"}, "g", "pipec"),
+                                       unaryGrad("Tanh", "in7", "out1", "g"),
                                        makeNode("Sum", {"out0", "g", "h"}, "out2")};
   std::vector<const onnx::NodeProto *> pointers;
   for (const onnx::NodeProto &n : body)

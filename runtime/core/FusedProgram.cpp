@@ -54,12 +54,8 @@ private:
   mutable StringSet<> asked;
 };
 
-/// The element-wise row a gradient node differentiates: UnaryGrad's "op"
-/// (ReluGrad and the other earlier spellings name it without "Grad").
+/// The element-wise row a gradient node differentiates: UnaryGrad's "op".
 const OpDef *forwardOf(const onnx::NodeProto &node) {
-  StringRef type = node.op_type();
-  if (type != "UnaryGrad")
-    return lookupOp("", type.drop_back(4));
   return lookupOp("", attrString(node, "op", ""));
 }
 
@@ -71,7 +67,7 @@ std::optional<k::FusedOp> fusedStepOf(const onnx::NodeProto &node, int64_t opset
     return std::nullopt;
   k::FusedOp step;
   const OpDef *math = def;
-  if (def->domain == OpDomain::Pipec && def->has(Fuse)) {
+  if (def->id == OpId::UnaryGrad) {
     math = forwardOf(node);
     step.gradient = true;
     if (!math || !math->elem || math->minInputs != 1 || node.input_size() != 2)

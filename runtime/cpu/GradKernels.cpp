@@ -7,7 +7,6 @@
 // maximum as MaxPool.
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/cpu/GradKernels.h"
 
 #include "ops/OpRegistry.h"
 #include "runtime/cpu/KernelTable.h"
@@ -630,9 +629,7 @@ KernelResult sumTo(const OpContext &ctx) {
 KernelResult unaryGrad(const OpContext &ctx) {
   // The derivative of ElementMath.h, which the fused and device kernels
   // compute too: one formula per op.
-  // ReluGrad and the other earlier spellings name the op without "Grad".
-  std::string forward =
-      ctx.op() == "UnaryGrad" ? ctx.attrString("op", "") : ctx.op().drop_back(4).str();
+  std::string forward = ctx.attrString("op", "");
   const OpDef *def = lookupOp("", forward);
   if (!def || !def->elem || def->minInputs != 1)
     return ctx.fail("'op' must name a unary element-wise op, not '" + forward + "'");

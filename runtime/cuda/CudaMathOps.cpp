@@ -372,8 +372,7 @@ Result CudaBackend::unaryGrad(const NodeView &n) {
   const Tensor *dy = n.in(0), *a = n.in(1);
   if (!isFloat(dy) || !isFloat(a) || dy->shape() != a->shape() || n.numOutputs() != 1)
     return std::nullopt;
-  // ReluGrad and the other earlier spellings name the op without "Grad".
-  std::string name = n.op() == "UnaryGrad" ? n.attrString("op", "") : n.op().drop_back(4).str();
+  std::string name = n.attrString("op", "");
   const OpDef *forward = lookupOp("", name);
   if (!forward || !forward->elem || forward->minInputs != 1)
     return std::nullopt;

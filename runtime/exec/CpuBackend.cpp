@@ -1,7 +1,7 @@
 //===- CpuBackend.cpp - The CPU backend, and finding the CUDA one --------===//
 #include "runtime/comm/Comm.h"
 #include "runtime/core/Backend.h"
-#include "runtime/cpu/GradKernels.h"
+#include "runtime/cpu/Kernels.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
@@ -34,7 +34,7 @@ public:
     for (const cpu::Tensor *t : inputs)
       if (t && !t->onHost())
         return notOnHost(*t);
-    return cpu::runAnyOp(node, opset, inputs);
+    return cpu::runOp(node, opset, inputs);
   }
 
   Expected<cpu::Tensor> upload(const cpu::Tensor &host) override { return host; }

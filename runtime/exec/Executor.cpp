@@ -5,7 +5,6 @@
 #include "runtime/exec/Data.h"
 #include "runtime/exec/Fusion.h"
 #include "runtime/exec/ModelIO.h"
-#include "runtime/cpu/GradKernels.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/plan/PlanFile.h"
 

@@ -19,7 +19,7 @@
 #include "driver/Profile.h"
 #include "models/ModelGenerators.h"
 #include "runtime/core/FusedProgram.h"
-#include "runtime/cpu/GradKernels.h"
+#include "runtime/cpu/Kernels.h"
 #include "runtime/exec/Executor.h"
 
 #include "llvm/Support/FileSystem.h"
