@@ -197,7 +197,8 @@ Expected<std::optional<std::vector<TensorType>>> ShapeInferer::onnxInference(Op 
       dataByName[node.input(static_cast<int>(i))] = &data.emplace_back(std::move(proto));
     }
   }
-  onnx::shape_inference::InferenceContextImpl context(node, typesByName, dataByName, sparseByName);
+  onnx::shape_inference::InferenceContextImpl context(node, typesByName, dataByName, sparseByName,
+                                                      onnx::ShapeInferenceOptions{});
   try {
     schema->GetTypeAndShapeInferenceFunction()(context);
   } catch (const std::exception &e) {

@@ -634,6 +634,29 @@ TEST_F(RunCli, BadInputNamesTheFault) {
   }
 }
 
+// The CUDA plugin, where the build made one, loads into this process and
+// into pipec: it takes ONNX (and the one registration of onnx/onnx-ml.proto)
+// from the executable. Without a device the backend says so, not the loader.
+TEST_F(RunCli, CudaPluginLoads) {
+  std::string plugin = std::string(PIPEC_BINARY_DIR) + "/lib/libpipec_cuda_backend.so";
+  if (!llvm::sys::fs::exists(plugin))
+    GTEST_SKIP() << "built without the CUDA backend";
+  auto backend = rt::makeCudaBackend(0, false);
+  bool device = static_cast<bool>(backend);
+  if (!device) {
+    std::string error = llvm::toString(backend.takeError());
+    EXPECT_NE(error.find("no CUDA device"), std::string::npos) << error;
+  }
+  std::string p = plan(gpt(true), "--stages 1 --microbatches 1 --batch 2", "cuda"), out;
+  int rc = runCommand(pipec() + " run " + p + " --backend cuda --steps 1", out);
+  if (device) {
+    EXPECT_EQ(rc, 0) << out;
+  } else {
+    EXPECT_EQ(rc, 1) << out;
+    EXPECT_NE(out.find("no CUDA device"), std::string::npos) << out;
+  }
+}
+
 TEST_F(RunCli, ResumedRunIsBitIdentical) {
   std::string p = plan(gpt(true),
                        "--stages 2 --microbatches 2 --batch 4 --schedule zbv "

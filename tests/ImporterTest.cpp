@@ -420,6 +420,27 @@ TEST(ImporterErrors, UnsupportedOpset) {
   EXPECT_NE(err.find("unsupported opset 99"), std::string::npos) << err;
 }
 
+// ONNX 1.23's registry goes to opset 28; pipec takes the default domain to 25.
+TEST(ImporterErrors, OpsetsUpTo25) {
+  for (int opset : {7, 17, 18, 20, 25}) {
+    SCOPED_TRACE(opset);
+    GraphBuilder b(opset);
+    b.input("x", 1, {2});
+    b.node("Relu", {"x"}, {"y"});
+    b.output("y");
+    EXPECT_EQ(errorOf(importBytes(b.serialize())), "");
+  }
+  GraphBuilder b(26);
+  b.input("x", 1, {2});
+  b.node("Relu", {"x"}, {"y"});
+  b.output("y");
+  std::string err = errorOf(importBytes(b.serialize()));
+  EXPECT_NE(err.find("unsupported opset 26 of the default ONNX domain (this build supports 1 to 25)"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+}
+
 TEST(ImporterErrors, NotAModel) {
   std::string err = errorOf(importBytes("this is not protobuf at all, just text\n"));
   EXPECT_NE(err.find("test.onnx"), std::string::npos) << err;

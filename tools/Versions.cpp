@@ -15,7 +15,7 @@ namespace pipec {
 
 void printVersions(llvm::raw_ostream &os) {
   os << "pipec 0.1.0\n";
-  os << llvm::formatv("  onnx      opsets 1..{0} (libonnx)\n", maxSupportedOpset());
+  os << llvm::formatv("  onnx      {0}, opsets 1..{1}\n", PIPEC_ONNX_VERSION, maxSupportedOpset());
   os << "  protobuf  " << google::protobuf::internal::VersionString(GOOGLE_PROTOBUF_VERSION)
      << "\n";
   os << "  llvm      " << LLVM_VERSION_STRING << "\n";

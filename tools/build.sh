@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Configures (once) and builds pipec incrementally in build/.
+# Builds ONNX (once), configures (once) and builds pipec incrementally in build/.
 # Usage: tools/build.sh [extra cmake -D options...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${PIPEC_JOBS:-2}"
+# ONNX 1.23 from its pinned sdist into build/_deps/onnx-install (once).
+tools/build-onnx.sh
 if [ ! -f build/build.ninja ] || [ $# -gt 0 ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
 fi

@@ -59,8 +59,9 @@ echo "== GPU: ${gpu:-none} (compute capability ${cap:-?})"
 if [ "${PIPEC_SKIP_BUILD:-0}" != 1 ]; then
   archFlag=()
   if [ -n "$arch" ]; then archFlag=(-DCMAKE_CUDA_ARCHITECTURES="$arch"); fi
-  if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPIPEC_CUDA=ON \
-      ${archFlag[@]+"${archFlag[@]}"} >"$work/configure.log" 2>&1; then
+  if PIPEC_JOBS="$jobs" tools/build-onnx.sh >"$work/configure.log" 2>&1 &&
+     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPIPEC_CUDA=ON \
+      ${archFlag[@]+"${archFlag[@]}"} >>"$work/configure.log" 2>&1; then
     targets=(pipec GpuTest)
     # The CUDA plugin that `pipec run --backend cuda` loads, if the build has it.
     while read -r t; do targets+=("$t"); done < <(ninja -C "$build" -t targets all 2>/dev/null |

@@ -6,14 +6,14 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
-  libonnx-dev libprotobuf-dev protobuf-compiler
+  libprotobuf-dev protobuf-compiler
   llvm-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev
   libopenmpi-dev openmpi-bin
   libonnx-testdata
   clang-format
-  python3
+  python3 python3-venv
   chromium fonts-dejavu-core zlib1g-dev
 )
 

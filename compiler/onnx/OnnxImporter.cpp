@@ -12,16 +12,22 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 
+#include <algorithm>
 #include <queue>
 
 using namespace llvm;
 
 namespace pipec {
 
+/// Newest default-domain opset pipec's kernels and passes have been checked
+/// against; ONNX's registry may know newer ones (1.23 goes to 28).
+constexpr int64_t NewestCheckedOpset = 25;
+
 int64_t maxSupportedOpset() {
   const auto &ranges = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
   auto it = ranges.find("");
-  return it == ranges.end() ? 0 : it->second.second;
+  int64_t registry = it == ranges.end() ? 0 : it->second.second;
+  return std::min<int64_t>(registry, NewestCheckedOpset);
 }
 
 namespace {
