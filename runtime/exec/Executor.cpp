@@ -2,19 +2,19 @@
 #include "runtime/exec/Executor.h"
 #include "runtime/comm/Comm.h"
 #include "runtime/core/Backend.h"
+#include "runtime/cpu/GradKernels.h"
+#include "runtime/cpu/Kernels.h"
 #include "runtime/exec/Data.h"
 #include "runtime/exec/Fusion.h"
 #include "runtime/exec/ModelIO.h"
-#include "runtime/cpu/GradKernels.h"
-#include "runtime/cpu/Kernels.h"
 #include "runtime/plan/PlanFile.h"
+#include "support/ChromeTrace.h"
 
 #include "onnx/onnx_pb.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
-#include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <malloc.h>
 #include <mutex>
+#include <numeric>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -74,13 +75,6 @@ Fault parseFault() {
   }
   return f;
 }
-
-struct TraceEvent {
-  std::string name;
-  char category;
-  int rank;
-  double start, duration;
-};
 
 /// What all ranks of a run share (read-only once made).
 struct Shared {
@@ -1017,36 +1011,11 @@ Error writeTrace(StringRef path, const std::vector<TraceEvent> &events, int rank
   double origin = events.empty() ? 0 : events.front().start;
   for (const TraceEvent &e : events)
     origin = std::min(origin, e.start);
+  std::vector<int> all(std::max(0, ranks));
+  std::iota(all.begin(), all.end(), 0);
   std::string text;
   raw_string_ostream os(text);
-  json::OStream j(os, 1);
-  j.object([&] {
-    j.attribute("displayTimeUnit", "ms");
-    j.attributeArray("traceEvents", [&] {
-      for (int r = 0; r < ranks; ++r)
-        for (int c = 0; c < 2; ++c)
-          j.object([&] {
-            j.attribute("name", "thread_name");
-            j.attribute("ph", "M");
-            j.attribute("pid", 0);
-            j.attribute("tid", 2 * r + c);
-            j.attributeObject("args", [&] {
-              j.attribute("name", formatv("rank {0}{1}", r, c ? " comm" : "").str());
-            });
-          });
-      for (const TraceEvent &e : events)
-        j.object([&] {
-          j.attribute("name", e.name);
-          j.attribute("cat", std::string(1, e.category));
-          j.attribute("ph", "X");
-          j.attribute("pid", 0);
-          j.attribute("tid", 2 * e.rank + (e.category == 'C' ? 1 : 0));
-          j.attribute("ts", (e.start - origin) * 1e6);
-          j.attribute("dur", e.duration * 1e6);
-        });
-    });
-  });
-  os << "\n";
+  printChromeTrace(os, all, events, origin);
   return writeFileAtomically(path, os.str());
 }
 
