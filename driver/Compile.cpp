@@ -1,13 +1,13 @@
 //===- Compile.cpp - `pipec compile`: a model to a plan -------------------===//
 #include "driver/Compile.h"
-#include "driver/InspectReport.h"
-#include "passes/StagePrograms.h"
 #include "compiler/schedule/Schedule.h"
 #include "compiler/sim/Simulator.h"
+#include "driver/InspectReport.h"
 #include "passes/BalanceStages.h"
 #include "passes/Differentiate.h"
 #include "passes/GroupLayers.h"
 #include "passes/LowerSchedule.h"
+#include "passes/StagePrograms.h"
 #include "runtime/plan/PlanFile.h"
 
 #include "onnx/onnx_pb.h"
@@ -80,8 +80,7 @@ struct Setup {
 
 Expected<Setup> resolveSetup(const CompileOptions &options) {
   Setup setup;
-  int P = options.stages;
-  auto names = perRank("hardware", options.hardware, P);
+  auto names = perRank("hardware", options.hardware, options.stages);
   if (!names)
     return names.takeError();
   // Each name once: `cpu` reads (or measures) its calibration, a JSON spec
@@ -108,7 +107,7 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
     for (const HardwareSpec &hw : setup.hardware)
       setup.limits.push_back(hw.memoryBytes);
   } else {
-    auto values = perRank("memory-limit", options.memoryLimit, P);
+    auto values = perRank("memory-limit", options.memoryLimit, options.stages);
     if (!values)
       return values.takeError();
     for (const std::string &v : *values) {
@@ -200,20 +199,23 @@ bool fitsMemory(const plan::Plan &plan) {
   return std::none_of(plan.ranks().begin(), plan.ranks().end(), overMemoryLimit);
 }
 
-/// Balance, schedule, lower, verify and simulate one configuration.
-Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
-                               const Setup &setup, const Prepared &prepared, ScheduleKind schedule,
-                               int V, int M, int64_t microbatchSize, bool withAlternatives = true) {
-  int P = options.stages;
-  const LayerGraph &layers = prepared.layers;
-  const Graph &graph = prepared.graph;
-  if (Error err = checkScheduleShape(schedule, P, V, M))
-    return err;
+/// The schedule one plan is built for: its kind, chunks per rank V,
+/// microbatches M and the samples in each.
+struct ScheduleShape {
+  ScheduleKind kind = ScheduleKind::OneFOneB;
+  int V = 1, M = 1;
+  int64_t microbatchSize = 1;
+};
+
+/// What balance-stages needs for \p shape; options.balance names a method
+/// or gives a layout.
+BalanceOptions balanceOptions(const CompileOptions &options, const Setup &setup,
+                              const Prepared &prepared, const ScheduleShape &shape) {
   BalanceOptions balance;
-  balance.stages = P;
-  balance.virtualStages = V;
-  balance.microbatches = M;
-  balance.schedule = schedule;
+  balance.stages = options.stages;
+  balance.virtualStages = shape.V;
+  balance.microbatches = shape.M;
+  balance.schedule = shape.kind;
   balance.training.training = options.training;
   balance.training.optimizer = options.optimizer;
   balance.training.mixedPrecision = setup.precision == Precision::BF16;
@@ -232,26 +234,30 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
     balance.method = BalanceMethod::Layout;
     balance.layout = options.balance;
   }
-  auto stagePlan = balanceStages(layers, balance);
-  if (!stagePlan)
-    return stagePlan.takeError();
+  return balance;
+}
 
-  plan::Plan plan;
+/// The plan's header: the model, the schedule, the hardware, how it trains,
+/// how it was balanced and the graph's input shapes.
+void describeRun(plan::Plan &plan, StringRef modelPath, const CompileOptions &options,
+                 const Setup &setup, const Prepared &prepared, const BalanceOptions &balance,
+                 const StagePlan &stagePlan, const ScheduleShape &shape) {
+  const Graph &graph = prepared.graph;
   plan.set_format_version(PlanFormatVersion);
   auto *model = plan.mutable_model();
   model->set_path(modelPath.str());
   model->set_sha256(prepared.sha256);
   model->set_nodes(graph.model->graph().node_size());
-  model->set_params(layers.totalParams());
+  model->set_params(prepared.layers.totalParams());
   auto *info = plan.mutable_schedule();
-  info->set_name(scheduleName(schedule).str());
-  info->set_stages(P);
-  info->set_virtual_stages(V);
-  info->set_microbatches(M);
+  info->set_name(scheduleName(shape.kind).str());
+  info->set_stages(options.stages);
+  info->set_virtual_stages(shape.V);
+  info->set_microbatches(shape.M);
   info->set_mode(options.training ? "train" : "infer");
   info->set_data_parallel(options.dataParallel);
-  info->set_global_batch(microbatchSize * M * options.dataParallel);
-  info->set_microbatch_size(microbatchSize);
+  info->set_global_batch(shape.microbatchSize * shape.M * options.dataParallel);
+  info->set_microbatch_size(shape.microbatchSize);
   for (const HardwareSpec &hw : setup.hardware)
     fillHardware(hw, setup.precision == Precision::BF16, *plan.add_hardware());
   auto *training = plan.mutable_training();
@@ -260,7 +266,7 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   training->set_recompute(options.recompute);
   training->set_bytes_per_param(bytesPerParam(balance.training));
   plan.set_balance_method(balanceMethodName(balance.method).str());
-  plan.set_layout(stagePlan->layout);
+  plan.set_layout(stagePlan.layout);
   for (int id : graph.inputs) {
     const Value &v = graph.values[id];
     std::string dims;
@@ -268,8 +274,13 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
       dims += (d ? "," : "") + std::to_string(v.shape[d]);
     (*plan.mutable_input_shapes())[v.name] = dims;
   }
+}
+
+/// Each layer's costs on the first rank's hardware; in train mode the loss,
+/// or a warning that there is no backward program.
+void describeLayers(plan::Plan &plan, const CompileOptions &options, const Prepared &prepared) {
   const CostTable &first = *prepared.rankCosts[0];
-  for (size_t l = 0; l < layers.layers.size(); ++l) {
+  for (size_t l = 0; l < prepared.layers.layers.size(); ++l) {
     const LayerCost &lc = first.layers[l];
     auto *li = plan.add_layers();
     li->set_index(static_cast<int>(l));
@@ -295,7 +306,11 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
       plan.add_warnings("no backward program yet: " + prepared.backwardError +
                         " (the plan's timing stands; running it needs the gradients)");
   }
-  for (const ChunkPlan &c : stagePlan->chunks) {
+}
+
+/// The stages and ranks as balance-stages placed them.
+void describeStages(plan::Plan &plan, const LayerGraph &layers, const StagePlan &stagePlan) {
+  for (const ChunkPlan &c : stagePlan.chunks) {
     auto *s = plan.add_stages();
     s->set_index(c.index);
     s->set_rank(c.rank);
@@ -313,7 +328,7 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
     s->set_boundary_bytes(c.boundaryBytes);
     s->set_activation_bytes(c.activationBytes);
   }
-  for (const RankPlan &r : stagePlan->ranks) {
+  for (const RankPlan &r : stagePlan.ranks) {
     auto *rank = plan.add_ranks();
     rank->set_index(r.index);
     rank->set_hardware(r.hardware);
@@ -322,11 +337,15 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
     rank->set_weight_bytes(r.weightBytes);
     rank->set_activation_bytes(r.activationBytes);
   }
+}
 
-  // Schedule, lower, verify, simulate.
-  auto sched = generateSchedule(schedule, P, V, M);
-  if (!sched)
-    return sched.takeError();
+/// What lower-schedule needs: each stage's boundary tensors and sizes, and
+/// the gradient all-reduces, of weights shared by several ranks (each one
+/// warned about in \p plan) and over data-parallel replicas.
+LoweringInputs loweringInputs(plan::Plan &plan, const CompileOptions &options, const Setup &setup,
+                              const Prepared &prepared, const StagePlan &stagePlan) {
+  const LayerGraph &layers = prepared.layers;
+  const Graph &graph = prepared.graph;
   LoweringInputs lowering;
   lowering.training = options.training;
   lowering.recompute = options.recompute;
@@ -335,10 +354,10 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   if (prepared.backward)
     flowing = valuesWithGradients(*prepared.backward);
   const std::set<std::string> *flowingPtr = prepared.backward ? &flowing : nullptr;
-  for (const ChunkPlan &c : stagePlan->chunks) {
+  for (const ChunkPlan &c : stagePlan.chunks) {
     std::vector<plan::TensorRef> tensors;
     std::vector<bool> grads;
-    bool last = c.index + 1 == static_cast<int>(stagePlan->chunks.size());
+    bool last = c.index + 1 == static_cast<int>(stagePlan.chunks.size());
     if (!last && !c.empty() && c.lastLayer + 1 < static_cast<int>(layers.layers.size()))
       for (int id : layers.crossingAfter(c.lastLayer)) {
         tensors.push_back(tensorRef(graph, id, setup.precision));
@@ -349,7 +368,7 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
     lowering.activationBytes.push_back(c.activationBytes);
     int64_t input = 0;
     if (c.index > 0) {
-      const ChunkPlan &prev = stagePlan->chunks[c.index - 1];
+      const ChunkPlan &prev = stagePlan.chunks[c.index - 1];
       input = prev.boundaryBytes;
     }
     lowering.inputBytes.push_back(input);
@@ -358,7 +377,7 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   for (auto &[w, users] : layers.sharedWeights()) {
     std::set<int> ranks;
     for (int l : users)
-      for (const ChunkPlan &c : stagePlan->chunks)
+      for (const ChunkPlan &c : stagePlan.chunks)
         if (l >= c.firstLayer && l <= c.lastLayer)
           ranks.insert(c.rank);
     if (ranks.size() < 2)
@@ -374,21 +393,31 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
                           .str());
   }
   if (options.dataParallel > 1)
-    for (int r = 0; r < P; ++r) {
+    for (int r = 0; r < options.stages; ++r) {
       LoweringInputs::AllReduce ar;
       ar.group = "dp";
       ar.ranks = {r};
       int64_t params = 0;
-      for (const ChunkPlan &c : stagePlan->chunks)
+      for (const ChunkPlan &c : stagePlan.chunks)
         if (c.rank == r)
           params += c.params;
       ar.bytes = params * gradBytes;
       lowering.allReduces.push_back(ar);
     }
+  return lowering;
+}
+
+/// Schedules, lowers and verifies the programs, then simulates them: the
+/// programs, each stage's and rank's memory peak and the predicted step.
+Error lowerAndSimulate(plan::Plan &plan, const LoweringInputs &lowering, const StagePlan &stagePlan,
+                       const ScheduleShape &shape, int stages) {
+  auto sched = generateSchedule(shape.kind, stages, shape.V, shape.M);
+  if (!sched)
+    return sched.takeError();
   auto programs = lowerSchedule(*sched, lowering);
   if (!programs)
     return programs.takeError();
-  if (Error err = verifyProgram(*programs, P, M, schedule, V))
+  if (Error err = verifyProgram(*programs, stages, shape.M, shape.kind, shape.V))
     return err;
   for (auto &program : *programs)
     *plan.add_programs() = std::move(program);
@@ -403,7 +432,7 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   auto *sim = plan.mutable_simulated();
   sim->set_step_time_s(simulated->stepTime);
   sim->set_bubble_fraction(simulated->bubbleFraction);
-  for (int r = 0; r < P; ++r) {
+  for (int r = 0; r < stages; ++r) {
     sim->add_busy_s(simulated->busy[r]);
     sim->add_idle_s(simulated->idle[r]);
     sim->add_peak_memory_bytes(simulated->peakMemory[r]);
@@ -416,14 +445,20 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   auto *predicted = plan.mutable_predicted();
   predicted->set_step_time_s(simulated->stepTime);
   predicted->set_bubble_fraction(simulated->bubbleFraction);
-  predicted->set_bottleneck_s(stagePlan->bottleneck);
-  predicted->set_imbalance(stagePlan->imbalance);
+  predicted->set_bottleneck_s(stagePlan.bottleneck);
+  predicted->set_imbalance(stagePlan.imbalance);
+  return Error::success();
+}
 
-  // What balancing bought: the other methods on the same inputs, simulated
-  // the same way.
+Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
+                               const Setup &setup, const Prepared &prepared,
+                               const ScheduleShape &shape, bool withAlternatives = true);
+
+/// What balancing bought: the other methods on the same inputs, simulated
+/// the same way.
+void addAlternatives(plan::Plan &plan, StringRef modelPath, const CompileOptions &options,
+                     const Setup &setup, const Prepared &prepared, const ScheduleShape &shape) {
   for (const char *alt : {"time", "params", "uniform"}) {
-    if (!withAlternatives)
-      break;
     auto *a = plan.add_alternatives();
     a->set_method(alt);
     if (options.balance == alt) {
@@ -436,7 +471,7 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
     }
     CompileOptions altOptions = options;
     altOptions.balance = alt;
-    auto altPlan = buildPlan(modelPath, altOptions, setup, prepared, schedule, V, M, microbatchSize,
+    auto altPlan = buildPlan(modelPath, altOptions, setup, prepared, shape,
                              /*withAlternatives=*/false);
     if (!altPlan) {
       a->set_error(toString(altPlan.takeError()));
@@ -448,6 +483,11 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
     a->set_imbalance(altPlan->predicted().imbalance());
     a->set_fits_memory(fitsMemory(*altPlan));
   }
+}
+
+/// The graph's warnings, the ops the cost model defaulted, and the ranks over
+/// their memory limit.
+void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first) {
   for (const std::string &w : graph.warnings)
     plan.add_warnings(w);
   if (!first.defaultedOpTypes.empty())
@@ -460,6 +500,29 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
                                 humanCount(r.peak_memory_bytes(), true),
                                 humanCount(r.memory_limit_bytes(), true))
                             .str());
+}
+
+/// Balance, schedule, lower, verify and simulate one configuration.
+Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
+                               const Setup &setup, const Prepared &prepared,
+                               const ScheduleShape &shape, bool withAlternatives) {
+  if (Error err = checkScheduleShape(shape.kind, options.stages, shape.V, shape.M))
+    return err;
+  BalanceOptions balance = balanceOptions(options, setup, prepared, shape);
+  auto stagePlan = balanceStages(prepared.layers, balance);
+  if (!stagePlan)
+    return stagePlan.takeError();
+
+  plan::Plan plan;
+  describeRun(plan, modelPath, options, setup, prepared, balance, *stagePlan, shape);
+  describeLayers(plan, options, prepared);
+  describeStages(plan, prepared.layers, *stagePlan);
+  LoweringInputs lowering = loweringInputs(plan, options, setup, prepared, *stagePlan);
+  if (Error err = lowerAndSimulate(plan, lowering, *stagePlan, shape, options.stages))
+    return err;
+  if (withAlternatives)
+    addAlternatives(plan, modelPath, options, setup, prepared, shape);
+  addWarnings(plan, prepared.graph, *prepared.rankCosts[0]);
   return plan;
 }
 
@@ -513,8 +576,8 @@ void attachStagePrograms(plan::Plan &plan, const Prepared &prepared, StringRef f
 
 Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &options,
                                   const PipelineOptions &pipeline) {
-  int P = options.stages;
-  if (P < 1)
+  int stages = options.stages;
+  if (stages < 1)
     return flagError("--stages must be at least 1");
   if (options.virtualStages < 1)
     return flagError("--virtual-stages must be at least 1");
@@ -527,14 +590,14 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
   if (options.globalBatch > 0 && options.globalBatch % options.dataParallel != 0)
     return flagError(formatv("--batch {0} does not divide over --dp {1} replicas",
                              options.globalBatch, options.dataParallel));
-  auto microbatchSizeFor = [&](int M) -> Expected<int64_t> {
+  auto microbatchSizeFor = [&](int microbatches) -> Expected<int64_t> {
     if (options.globalBatch <= 0)
       return 1;
-    if (perReplica % M != 0)
+    if (perReplica % microbatches != 0)
       return flagError(formatv("--batch {0} does not divide into {1} microbatches of {2} "
                                "replica(s)",
-                               options.globalBatch, M, options.dataParallel));
-    return perReplica / M;
+                               options.globalBatch, microbatches, options.dataParallel));
+    return perReplica / microbatches;
   };
   std::map<int64_t, std::unique_ptr<Prepared>> cache;
   auto preparedFor = [&](int64_t size) -> Expected<const Prepared *> {
@@ -551,16 +614,18 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
   };
 
   if (!options.autoSchedule || !options.training) {
-    ScheduleKind schedule = options.training ? options.schedule : ScheduleKind::ForwardOnly;
-    int V = options.training ? options.virtualStages : 1;
-    int M = options.microbatches > 0 ? options.microbatches : 4 * P;
-    auto size = microbatchSizeFor(M);
+    ScheduleShape shape;
+    shape.kind = options.training ? options.schedule : ScheduleKind::ForwardOnly;
+    shape.V = options.training ? options.virtualStages : 1;
+    shape.M = options.microbatches > 0 ? options.microbatches : 4 * stages;
+    auto size = microbatchSizeFor(shape.M);
     if (!size)
       return size.takeError();
+    shape.microbatchSize = *size;
     auto prepared = preparedFor(*size);
     if (!prepared)
       return prepared.takeError();
-    auto built = buildPlan(modelPath, options, *setup, **prepared, schedule, V, M, *size);
+    auto built = buildPlan(modelPath, options, *setup, **prepared, shape);
     if (!built)
       return built.takeError();
     attachStagePrograms(*built, **prepared, options.freeze);
@@ -573,7 +638,7 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
     counts = {options.microbatches};
   else
     for (int f : {1, 2, 4, 8})
-      counts.push_back(f * P);
+      counts.push_back(f * stages);
   struct Candidate {
     ScheduleKind kind;
     int V;
@@ -585,20 +650,16 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
   std::vector<std::string> tried;
   std::optional<plan::Plan> best;
   const Prepared *bestPrepared = nullptr;
-  struct {
-    ScheduleKind kind = ScheduleKind::OneFOneB;
-    int V = 1, M = 1;
-    int64_t microbatchSize = 1;
-  } bestShape;
+  ScheduleShape bestShape;
   std::string bestText;
-  for (int M : counts)
+  for (int microbatches : counts)
     for (const Candidate &c : candidates) {
-      std::string name = formatv("{0} V={1} M={2}", scheduleName(c.kind), c.V, M).str();
-      if (Error err = checkScheduleShape(c.kind, P, c.V, M)) {
+      std::string name = formatv("{0} V={1} M={2}", scheduleName(c.kind), c.V, microbatches).str();
+      if (Error err = checkScheduleShape(c.kind, stages, c.V, microbatches)) {
         tried.push_back(name + ": not accepted: " + toString(std::move(err)));
         continue;
       }
-      auto size = microbatchSizeFor(M);
+      auto size = microbatchSizeFor(microbatches);
       if (!size) {
         tried.push_back(name + ": " + toString(size.takeError()));
         continue;
@@ -607,7 +668,8 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
       if (!prepared)
         return prepared.takeError();
       // The balancing alternatives are built for the winner alone, below.
-      auto candidate = buildPlan(modelPath, options, *setup, **prepared, c.kind, c.V, M, *size,
+      ScheduleShape shape{c.kind, c.V, microbatches, *size};
+      auto candidate = buildPlan(modelPath, options, *setup, **prepared, shape,
                                  /*withAlternatives=*/false);
       if (!candidate) {
         tried.push_back(name + ": " + toString(candidate.takeError()));
@@ -623,14 +685,13 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
         best = std::move(*candidate);
         bestPrepared = *prepared;
         bestText = name;
-        bestShape = {c.kind, c.V, M, *size};
+        bestShape = shape;
       }
     }
   if (!best)
     return flagError("--schedule auto: no schedule fits the memory limits; tried " +
                      join(tried, "; "));
-  auto full = buildPlan(modelPath, options, *setup, *bestPrepared, bestShape.kind, bestShape.V,
-                        bestShape.M, bestShape.microbatchSize);
+  auto full = buildPlan(modelPath, options, *setup, *bestPrepared, bestShape);
   if (!full)
     return full.takeError();
   best = std::move(*full);

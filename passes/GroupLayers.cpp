@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <queue>
 #include <set>
 
@@ -17,7 +18,7 @@ namespace {
 
 /// Most layers cut analysis alone produces; adjacent segments are merged
 /// beyond that.
-constexpr size_t MaxCutLayers = 64;
+constexpr size_t maxCutLayers = 64;
 
 bool isRuntimeOp(const Graph &graph, const Op &op) {
   for (int id : op.outputs)
@@ -34,6 +35,22 @@ struct Segment {
   std::string name;
   LayerKind kind = LayerKind::Other;
   size_t begin = 0, end = 0;
+};
+
+/// The repeated blocks that module paths name: the pattern of their numbered
+/// prefix ("/model/layers.#") and its instances in block order.
+struct BlockPattern {
+  std::string pattern;
+  std::vector<std::string> instances;
+};
+
+/// How the ops of a model sit among its blocks.
+struct BlockAnchors {
+  /// Per op: the block (1-based) its path names, or -1.
+  std::vector<int> anchor;
+  /// Per op: whether it has a path that names no block (the embedding or
+  /// the head).
+  std::vector<bool> named;
 };
 
 class Grouper {
@@ -57,6 +74,24 @@ private:
   static size_t bestCut(const std::vector<int64_t> &live, size_t lo, size_t hi, bool latest);
 
   bool byModulePath(std::vector<int> &order, std::vector<Segment> &segments) const;
+  // The steps of byModulePath.
+  /// The numbered path prefix that names the blocks, in \p paths (per op);
+  /// none when the names do not repeat or cover too few ops.
+  std::optional<BlockPattern> blockPattern(const std::vector<std::string> &paths) const;
+  /// Each op's block, as its path in \p paths names it.
+  BlockAnchors blockAnchors(const std::vector<std::string> &paths,
+                            const BlockPattern &blocks) const;
+  /// The runtime ops in \p order, block by block; \p key gets each op's
+  /// layer. False when the ops do not form a DAG.
+  bool orderByBlock(const BlockAnchors &anchors, int blocks, std::vector<int> &order,
+                    std::vector<int> &key) const;
+  /// The first position of each layer after the first (blocks + 1 cuts), at
+  /// the least live bytes between the anchors on either side; none when the
+  /// blocks interleave.
+  std::optional<std::vector<size_t>> blockCuts(const std::vector<int> &order,
+                                               const BlockAnchors &anchors,
+                                               const std::vector<int> &key, int blocks) const;
+
   bool byRepeatedStructure(std::vector<Segment> &segments) const;
   void byCutAnalysis(std::vector<Segment> &segments) const;
   void splitLargeEnds(const std::vector<int> &order, std::vector<Segment> &segments) const;
@@ -172,14 +207,11 @@ std::vector<int64_t> numbersIn(StringRef key) {
   return out;
 }
 
-bool Grouper::byModulePath(std::vector<int> &order, std::vector<Segment> &segments) const {
-  size_t n = runtime.size();
-  std::vector<std::string> paths(graph.ops.size());
+std::optional<BlockPattern> Grouper::blockPattern(const std::vector<std::string> &paths) const {
   // pattern -> instance -> op count
   StringMap<StringMap<int>> patterns;
   SmallVector<std::pair<std::string, std::string>, 8> prefixes;
   for (int op : runtime) {
-    paths[op] = pathOf(graph.ops[op]);
     prefixes.clear();
     numberedPrefixes(paths[op], prefixes);
     for (auto &[pattern, instance] : prefixes)
@@ -221,12 +253,12 @@ bool Grouper::byModulePath(std::vector<int> &order, std::vector<Segment> &segmen
                                     [](const Candidate &c) { return c.instances.size() < 2; }),
                      candidates.end());
   if (candidates.empty())
-    return false;
+    return std::nullopt;
   size_t maxCovered = 0;
   for (auto &c : candidates)
     maxCovered = std::max(maxCovered, c.covered);
-  if (maxCovered * 10 < n) // names too sparse to trust
-    return false;
+  if (maxCovered * 10 < runtime.size()) // names too sparse to trust
+    return std::nullopt;
   const Candidate *best = nullptr;
   for (auto &c : candidates) {
     if (c.covered * 10 < maxCovered * 9)
@@ -237,37 +269,44 @@ bool Grouper::byModulePath(std::vector<int> &order, std::vector<Segment> &segmen
           (c.pattern.size() == best->pattern.size() && c.pattern < best->pattern))))
       best = &c;
   }
-  std::vector<std::string> instances = best->instances;
-  std::sort(instances.begin(), instances.end(), [](const std::string &a, const std::string &b) {
-    auto na = numbersIn(a), nb = numbersIn(b);
-    return na != nb ? na < nb : a < b;
-  });
-  StringMap<int> blockOf;
-  for (size_t i = 0; i < instances.size(); ++i)
-    blockOf[instances[i]] = static_cast<int>(i) + 1;
-  int blocks = static_cast<int>(instances.size());
-  int post = blocks + 1;
+  BlockPattern out{best->pattern, best->instances};
+  std::sort(out.instances.begin(), out.instances.end(),
+            [](const std::string &a, const std::string &b) {
+              auto na = numbersIn(a), nb = numbersIn(b);
+              return na != nb ? na < nb : a < b;
+            });
+  return out;
+}
 
-  // Anchors: ops whose path names their block; named ops outside every
-  // block anchor the embedding or the head.
-  std::vector<int> anchor(graph.ops.size(), -1);
-  std::vector<bool> named(graph.ops.size(), false);
+BlockAnchors Grouper::blockAnchors(const std::vector<std::string> &paths,
+                                   const BlockPattern &blocks) const {
+  StringMap<int> blockOf;
+  for (size_t i = 0; i < blocks.instances.size(); ++i)
+    blockOf[blocks.instances[i]] = static_cast<int>(i) + 1;
+  BlockAnchors out;
+  out.anchor.assign(graph.ops.size(), -1);
+  out.named.assign(graph.ops.size(), false);
+  SmallVector<std::pair<std::string, std::string>, 8> prefixes;
   for (int op : runtime) {
     prefixes.clear();
     numberedPrefixes(paths[op], prefixes);
     for (auto &[pattern, instance] : prefixes)
-      if (pattern == best->pattern) {
+      if (pattern == blocks.pattern) {
         auto it = blockOf.find(instance);
         if (it != blockOf.end())
-          anchor[op] = it->second;
+          out.anchor[op] = it->second;
       }
-    named[op] = anchor[op] < 0 && !paths[op].empty();
+    out.named[op] = out.anchor[op] < 0 && !paths[op].empty();
   }
+  return out;
+}
 
-  // Order the ops block by block: Kahn's algorithm keyed by (layer, file
-  // position), where an op outside the blocks takes the latest layer among
-  // its inputs' producers.
-  std::vector<int> key(graph.ops.size(), 0), pending(graph.ops.size(), 0);
+bool Grouper::orderByBlock(const BlockAnchors &anchors, int blocks, std::vector<int> &order,
+                           std::vector<int> &key) const {
+  const std::vector<int> &anchor = anchors.anchor;
+  int post = blocks + 1;
+  key.assign(graph.ops.size(), 0);
+  std::vector<int> pending(graph.ops.size(), 0);
   std::vector<bool> isRuntime(graph.ops.size(), false);
   for (int op : runtime)
     isRuntime[op] = true;
@@ -284,7 +323,7 @@ bool Grouper::byModulePath(std::vector<int> &order, std::vector<Segment> &segmen
     for (int in : graph.ops[op].inputs)
       if (in >= 0 && graph.values[in].producer >= 0 && isRuntime[graph.values[in].producer])
         lo = std::max(lo, key[graph.values[in].producer]);
-    if (named[op] && lo == blocks)
+    if (anchors.named[op] && lo == blocks)
       return post;
     return lo;
   };
@@ -304,15 +343,22 @@ bool Grouper::byModulePath(std::vector<int> &order, std::vector<Segment> &segmen
           ready.emplace(key[user] = keyOf(user), user);
     }
   }
-  if (order.size() != n)
-    return false;
+  return order.size() == runtime.size();
+}
 
+std::optional<std::vector<size_t>> Grouper::blockCuts(const std::vector<int> &order,
+                                                      const BlockAnchors &anchors,
+                                                      const std::vector<int> &key,
+                                                      int blocks) const {
+  size_t n = order.size();
+  int post = blocks + 1;
   // The room for each boundary lies between the anchors on either side.
   std::vector<int> firstAnchor(post + 1, INT32_MAX), lastAnchor(post + 1, -1);
   for (size_t p = 0; p < n; ++p) {
     int op = order[p];
-    int layer = anchor[op] >= 0 ? anchor[op] : (named[op] ? key[op] : -1);
-    if (layer < 0 || (anchor[op] < 0 && layer != 0 && layer != post))
+    int anchor = anchors.anchor[op];
+    int layer = anchor >= 0 ? anchor : (anchors.named[op] ? key[op] : -1);
+    if (layer < 0 || (anchor < 0 && layer != 0 && layer != post))
       continue;
     firstAnchor[layer] = std::min(firstAnchor[layer], static_cast<int>(p));
     lastAnchor[layer] = std::max(lastAnchor[layer], static_cast<int>(p));
@@ -329,18 +375,42 @@ bool Grouper::byModulePath(std::vector<int> &order, std::vector<Segment> &segmen
       if (firstAnchor[l] != INT32_MAX)
         hi = std::min(hi, static_cast<size_t>(firstAnchor[l]));
     if (lo > hi)
-      return false; // the blocks interleave: names do not describe a chain
+      return std::nullopt; // the blocks interleave: names do not describe a chain
     size_t cut = bestCut(live, lo, hi, /*latest=*/j != blocks);
     cuts.push_back(cut);
     previous = cut;
   }
+  return cuts;
+}
+
+bool Grouper::byModulePath(std::vector<int> &order, std::vector<Segment> &segments) const {
+  std::vector<std::string> paths(graph.ops.size());
+  for (int op : runtime)
+    paths[op] = pathOf(graph.ops[op]);
+  std::optional<BlockPattern> pattern = blockPattern(paths);
+  if (!pattern)
+    return false;
+  int blocks = static_cast<int>(pattern->instances.size());
+  // Anchors: ops whose path names their block; named ops outside every
+  // block anchor the embedding or the head.
+  BlockAnchors anchors = blockAnchors(paths, *pattern);
+  // Order the ops block by block: Kahn's algorithm keyed by (layer, file
+  // position), where an op outside the blocks takes the latest layer among
+  // its inputs' producers.
+  std::vector<int> key;
+  if (!orderByBlock(anchors, blocks, order, key))
+    return false;
+  std::optional<std::vector<size_t>> cuts = blockCuts(order, anchors, key, blocks);
+  if (!cuts)
+    return false;
+  size_t n = order.size();
   segments.clear();
-  segments.push_back({"", LayerKind::Other, 0, cuts[0]});
+  segments.push_back({"", LayerKind::Other, 0, (*cuts)[0]});
   for (int b = 1; b <= blocks; ++b) {
-    std::string name = instances[b - 1];
-    segments.push_back({name, LayerKind::Block, cuts[b - 1], cuts[b]});
+    std::string name = pattern->instances[b - 1];
+    segments.push_back({name, LayerKind::Block, (*cuts)[b - 1], (*cuts)[b]});
   }
-  segments.push_back({"head", LayerKind::Head, cuts[blocks], n});
+  segments.push_back({"head", LayerKind::Head, (*cuts)[blocks], n});
   return true;
 }
 
@@ -438,8 +508,8 @@ void Grouper::byCutAnalysis(std::vector<Segment> &segments) const {
     if (live[t] == minLive)
       cuts.push_back(t);
   cuts.push_back(n);
-  // Merge into at most MaxCutLayers segments of similar op counts.
-  size_t target = (n + MaxCutLayers - 1) / MaxCutLayers;
+  // Merge into at most maxCutLayers segments of similar op counts.
+  size_t target = (n + maxCutLayers - 1) / maxCutLayers;
   std::vector<size_t> kept = {0};
   for (size_t i = 1; i + 1 < cuts.size(); ++i)
     if (cuts[i] - kept.back() >= target)

@@ -118,96 +118,123 @@ ChannelKey keyOf(const plan::Instruction &i) {
   return {i.stage(), i.microbatch(), i.grad(), i.tensor().name()};
 }
 
-} // namespace
+plan::Instruction makeInstruction(Op::Op op, int stage, int mb) {
+  plan::Instruction i;
+  i.set_op(op);
+  i.set_stage(stage);
+  i.set_microbatch(mb);
+  return i;
+}
 
-Expected<std::vector<plan::RankProgram>> lowerSchedule(const Schedule &schedule,
-                                                       const LoweringInputs &in) {
-  int P = schedule.stages, V = schedule.virtualStages, K = P * V;
-  if (static_cast<int>(in.sendTensors.size()) != K ||
-      static_cast<int>(in.activationBytes.size()) != K)
-    return createStringError(inconvertibleErrorCode(),
-                             "lower-schedule: boundary tensors and activation sizes for %d "
-                             "stages are needed",
-                             K);
-  auto rankOf = [&](int stage) { return rankOfChunk(schedule.kind, P, V, stage); };
-  auto make = [](Op::Op op, int stage, int mb) {
-    plan::Instruction i;
-    i.set_op(op);
-    i.set_stage(stage);
-    i.set_microbatch(mb);
-    return i;
-  };
-  auto transfer = [&](std::vector<plan::Instruction> &out, Op::Op op, int stage, int mb, int peer,
-                      bool grad, int boundary) {
-    for (size_t t = 0; t < in.sendTensors[boundary].size(); ++t) {
-      if (grad && !in.hasGradient[boundary][t])
-        continue;
-      plan::Instruction i = make(op, stage, mb);
-      i.set_peer(peer);
-      i.set_grad(grad);
-      *i.mutable_tensor() = in.sendTensors[boundary][t];
-      out.push_back(i);
-    }
-  };
+Error loweringError(const Twine &why) {
+  return createStringError(inconvertibleErrorCode(), "lower-schedule: %s", why.str().c_str());
+}
 
-  // Phase 1: each action with its receives, body and sends. Buffers are
-  // named by (stage, microbatch, rebuilt) and numbered when flattened.
-  std::vector<std::vector<Block>> blocks(P);
-  for (int r = 0; r < P; ++r) {
-    for (const Action &a : schedule.ranks[r]) {
-      int s = a.stage, m = a.microbatch;
-      if (rankOf(s) != r)
-        return createStringError(inconvertibleErrorCode(),
-                                 "lower-schedule: rank %d was given action %s of stage %d, which "
-                                 "runs on rank %d",
-                                 r, formatAction(a).c_str(), s, rankOf(s));
-      Block b;
-      switch (a.kind) {
-      case ActionKind::F: {
-        if (s == 0)
-          b.body.push_back(make(Op::LOAD, s, m)), b.body.back().set_group("inputs");
-        else if (rankOf(s - 1) != r)
-          transfer(b.recvs, Op::RECV, s - 1, m, rankOf(s - 1), false, s - 1);
-        if (s == K - 1 && in.training)
-          b.body.push_back(make(Op::LOAD, s, m)), b.body.back().set_group("labels");
-        b.body.push_back(make(Op::FORWARD, s, m));
-        if (s + 1 < K && rankOf(s + 1) != r)
-          transfer(b.sends, Op::SEND, s, m, rankOf(s + 1), false, s);
-        if (!in.training)
-          b.sends.push_back(make(Op::FREE, s, m)); // kept only until sent
-        break;
-      }
-      case ActionKind::B:
-      case ActionKind::I: {
-        if (s + 1 < K && rankOf(s + 1) != r)
-          transfer(b.recvs, Op::RECV, s, m, rankOf(s + 1), true, s);
-        if (in.recompute)
-          b.body.push_back(make(Op::RECOMPUTE, s, m));
-        b.body.push_back(make(a.kind == ActionKind::B ? Op::BACKWARD : Op::BACKWARD_INPUT, s, m));
-        if (a.kind == ActionKind::B) {
-          if (in.recompute)
-            b.body.push_back(make(Op::FREE, s, m)), b.body.back().set_group("rebuilt");
-          b.body.push_back(make(Op::FREE, s, m));
-        }
-        if (s > 0 && rankOf(s - 1) != r)
-          transfer(b.sends, Op::SEND, s - 1, m, rankOf(s - 1), true, s - 1);
-        break;
-      }
-      case ActionKind::W:
-        b.body.push_back(make(Op::BACKWARD_WEIGHT, s, m));
-        if (in.recompute)
-          b.body.push_back(make(Op::FREE, s, m)), b.body.back().set_group("rebuilt");
-        b.body.push_back(make(Op::FREE, s, m));
-        break;
-      }
-      blocks[r].push_back(std::move(b));
-    }
+/// lower-schedule in three phases: each action becomes a Block, receives are
+/// reordered to match their senders, and the blocks are flattened into a
+/// program per rank.
+class Lowering {
+public:
+  Lowering(const Schedule &schedule, const LoweringInputs &in)
+      : schedule(schedule), in(in), P(schedule.stages), V(schedule.virtualStages), K(P * V) {}
+
+  Expected<std::vector<plan::RankProgram>> run();
+
+private:
+  int rankOf(int stage) const { return rankOfChunk(schedule.kind, P, V, stage); }
+  /// Appends to \p out an \p op per tensor crossing \p boundary (with \p grad,
+  /// those that carry a gradient back).
+  void transfer(std::vector<plan::Instruction> &out, Op::Op op, int stage, int mb, int peer,
+                bool grad, int boundary) const;
+  /// Action \p a of rank \p r with its receives, body and sends.
+  Block blockOf(const Action &a, int r) const;
+  Expected<std::vector<std::vector<Block>>> makeBlocks() const;
+  Error orderReceives(std::vector<std::vector<Block>> &blocks) const;
+  Expected<plan::RankProgram> flatten(int r, const std::vector<Block> &blocks) const;
+
+  const Schedule &schedule;
+  const LoweringInputs &in;
+  int P, V, K;
+};
+
+void Lowering::transfer(std::vector<plan::Instruction> &out, Op::Op op, int stage, int mb, int peer,
+                        bool grad, int boundary) const {
+  for (size_t t = 0; t < in.sendTensors[boundary].size(); ++t) {
+    if (grad && !in.hasGradient[boundary][t])
+      continue;
+    plan::Instruction i = makeInstruction(op, stage, mb);
+    i.set_peer(peer);
+    i.set_grad(grad);
+    *i.mutable_tensor() = in.sendTensors[boundary][t];
+    out.push_back(i);
   }
+}
 
-  // Phase 2: NCCL matches point-to-point operations between two ranks in
-  // order, so each rank posts its receives from a peer in the order that
-  // peer sends: a receive moves earlier (never later) than the action that
-  // needs it when the sender's order asks for it.
+Block Lowering::blockOf(const Action &a, int r) const {
+  int s = a.stage, m = a.microbatch;
+  Block b;
+  switch (a.kind) {
+  case ActionKind::F: {
+    if (s == 0)
+      b.body.push_back(makeInstruction(Op::LOAD, s, m)), b.body.back().set_group("inputs");
+    else if (rankOf(s - 1) != r)
+      transfer(b.recvs, Op::RECV, s - 1, m, rankOf(s - 1), false, s - 1);
+    if (s == K - 1 && in.training)
+      b.body.push_back(makeInstruction(Op::LOAD, s, m)), b.body.back().set_group("labels");
+    b.body.push_back(makeInstruction(Op::FORWARD, s, m));
+    if (s + 1 < K && rankOf(s + 1) != r)
+      transfer(b.sends, Op::SEND, s, m, rankOf(s + 1), false, s);
+    if (!in.training)
+      b.sends.push_back(makeInstruction(Op::FREE, s, m)); // kept only until sent
+    break;
+  }
+  case ActionKind::B:
+  case ActionKind::I: {
+    if (s + 1 < K && rankOf(s + 1) != r)
+      transfer(b.recvs, Op::RECV, s, m, rankOf(s + 1), true, s);
+    if (in.recompute)
+      b.body.push_back(makeInstruction(Op::RECOMPUTE, s, m));
+    b.body.push_back(
+        makeInstruction(a.kind == ActionKind::B ? Op::BACKWARD : Op::BACKWARD_INPUT, s, m));
+    if (a.kind == ActionKind::B) {
+      if (in.recompute)
+        b.body.push_back(makeInstruction(Op::FREE, s, m)), b.body.back().set_group("rebuilt");
+      b.body.push_back(makeInstruction(Op::FREE, s, m));
+    }
+    if (s > 0 && rankOf(s - 1) != r)
+      transfer(b.sends, Op::SEND, s - 1, m, rankOf(s - 1), true, s - 1);
+    break;
+  }
+  case ActionKind::W:
+    b.body.push_back(makeInstruction(Op::BACKWARD_WEIGHT, s, m));
+    if (in.recompute)
+      b.body.push_back(makeInstruction(Op::FREE, s, m)), b.body.back().set_group("rebuilt");
+    b.body.push_back(makeInstruction(Op::FREE, s, m));
+    break;
+  }
+  return b;
+}
+
+/// Phase 1: each action with its receives, body and sends. Buffers are named
+/// by (stage, microbatch, rebuilt) and numbered when flattened.
+Expected<std::vector<std::vector<Block>>> Lowering::makeBlocks() const {
+  std::vector<std::vector<Block>> blocks(P);
+  for (int r = 0; r < P; ++r)
+    for (const Action &a : schedule.ranks[r]) {
+      if (rankOf(a.stage) != r)
+        return loweringError(formatv("rank {0} was given action {1} of stage {2}, which runs "
+                                     "on rank {3}",
+                                     r, formatAction(a), a.stage, rankOf(a.stage)));
+      blocks[r].push_back(blockOf(a, r));
+    }
+  return blocks;
+}
+
+/// Phase 2: NCCL matches point-to-point operations between two ranks in
+/// order, so each rank posts its receives from a peer in the order that peer
+/// sends: a receive moves earlier (never later) than the action that needs
+/// it when the sender's order asks for it.
+Error Lowering::orderReceives(std::vector<std::vector<Block>> &blocks) const {
   for (int dst = 0; dst < P; ++dst) {
     std::map<ChannelKey, std::pair<int, int>> natural; // -> (block, index in recvs)
     std::map<int, std::vector<ChannelKey>> wanted;     // src -> keys in dst's need order
@@ -225,18 +252,15 @@ Expected<std::vector<plan::RankProgram>> lowerSchedule(const Schedule &schedule,
           if (send.op() == Op::SEND && send.peer() == dst)
             order.push_back(keyOf(send));
       if (order.size() != keys.size())
-        return createStringError(inconvertibleErrorCode(),
-                                 "lower-schedule: rank %d sends %zu tensors to rank %d, which "
-                                 "receives %zu",
-                                 src, order.size(), dst, keys.size());
+        return loweringError(formatv("rank {0} sends {1} tensors to rank {2}, which receives {3}",
+                                     src, order.size(), dst, keys.size()));
       std::vector<int> position(order.size());
       int next = static_cast<int>(blocks[dst].size());
       for (int k = static_cast<int>(order.size()) - 1; k >= 0; --k) {
         auto it = natural.find(order[k]);
         if (it == natural.end())
-          return createStringError(inconvertibleErrorCode(),
-                                   "lower-schedule: rank %d never receives a tensor rank %d sends",
-                                   dst, src);
+          return loweringError(
+              formatv("rank {0} never receives a tensor rank {1} sends", dst, src));
         next = std::min(next, it->second.first);
         position[k] = next;
       }
@@ -248,86 +272,112 @@ Expected<std::vector<plan::RankProgram>> lowerSchedule(const Schedule &schedule,
     for (size_t b = 0; b < blocks[dst].size(); ++b)
       blocks[dst][b].early = std::move(placed[b]);
   }
+  return Error::success();
+}
 
-  // Phase 3: flatten, number buffers, add the all-reduces and the step.
-  std::vector<plan::RankProgram> programs(P);
-  for (int r = 0; r < P; ++r) {
-    plan::RankProgram &prog = programs[r];
-    prog.set_rank(r);
-    std::map<std::tuple<int, int, bool>, int> live; // (stage, mb, rebuilt) -> buffer
-    auto append = [&](const plan::Instruction &ins) {
-      *prog.add_instructions() = ins;
-      return prog.instructions_size() - 1;
-    };
-    auto allocate = [&](int at, int stage, int mb, int64_t bytes, bool rebuilt) {
-      plan::Buffer *b = prog.add_buffers();
-      b->set_index(prog.buffers_size() - 1);
-      b->set_stage(stage);
-      b->set_microbatch(mb);
-      b->set_bytes(bytes);
-      b->set_alloc_at(at);
-      b->set_free_at(-1);
-      live[{stage, mb, rebuilt}] = b->index();
-      prog.mutable_instructions(at)->set_buffer(b->index());
-    };
-    for (size_t a = 0; a < blocks[r].size(); ++a) {
-      prog.add_actions(formatAction(schedule.ranks[r][a]));
-      for (const plan::Instruction &ins : blocks[r][a].early)
-        append(ins);
-      for (const plan::Instruction &ins : blocks[r][a].body) {
-        int at = append(ins);
-        int s = ins.stage(), m = ins.microbatch();
-        if (ins.op() == Op::FORWARD)
-          allocate(at, s, m, in.recompute ? in.inputBytes[s] : in.activationBytes[s], false);
-        else if (ins.op() == Op::RECOMPUTE)
-          allocate(at, s, m, in.activationBytes[s], true);
-        else if (ins.op() == Op::FREE) {
-          auto it = live.find({s, m, ins.group() == "rebuilt"});
-          if (it == live.end())
-            return createStringError(inconvertibleErrorCode(),
-                                     "lower-schedule: rank %d frees stage %d microbatch %d, "
-                                     "which holds no activations",
-                                     r, s, m);
+/// Phase 3: rank \p r's blocks flattened, its buffers numbered, then the
+/// all-reduces and the optimizer step; plan-memory assigns the slots.
+Expected<plan::RankProgram> Lowering::flatten(int r, const std::vector<Block> &blocks) const {
+  plan::RankProgram prog;
+  prog.set_rank(r);
+  std::map<std::tuple<int, int, bool>, int> live; // (stage, mb, rebuilt) -> buffer
+  auto append = [&](const plan::Instruction &ins) {
+    *prog.add_instructions() = ins;
+    return prog.instructions_size() - 1;
+  };
+  auto allocate = [&](int at, int stage, int mb, int64_t bytes, bool rebuilt) {
+    plan::Buffer *b = prog.add_buffers();
+    b->set_index(prog.buffers_size() - 1);
+    b->set_stage(stage);
+    b->set_microbatch(mb);
+    b->set_bytes(bytes);
+    b->set_alloc_at(at);
+    b->set_free_at(-1);
+    live[{stage, mb, rebuilt}] = b->index();
+    prog.mutable_instructions(at)->set_buffer(b->index());
+  };
+  for (size_t a = 0; a < blocks.size(); ++a) {
+    prog.add_actions(formatAction(schedule.ranks[r][a]));
+    for (const plan::Instruction &ins : blocks[a].early)
+      append(ins);
+    for (const plan::Instruction &ins : blocks[a].body) {
+      int at = append(ins);
+      int s = ins.stage(), m = ins.microbatch();
+      if (ins.op() == Op::FORWARD)
+        allocate(at, s, m, in.recompute ? in.inputBytes[s] : in.activationBytes[s], false);
+      else if (ins.op() == Op::RECOMPUTE)
+        allocate(at, s, m, in.activationBytes[s], true);
+      else if (ins.op() == Op::FREE) {
+        auto it = live.find({s, m, ins.group() == "rebuilt"});
+        if (it == live.end())
+          return loweringError(formatv("rank {0} frees stage {1} microbatch {2}, which holds no "
+                                       "activations",
+                                       r, s, m));
+        prog.mutable_instructions(at)->set_buffer(it->second);
+        prog.mutable_instructions(at)->clear_group();
+        prog.mutable_buffers(it->second)->set_free_at(at);
+        live.erase(it);
+      }
+    }
+    for (const plan::Instruction &ins : blocks[a].sends) {
+      int at = append(ins);
+      if (ins.op() == Op::FREE) {
+        auto it = live.find({ins.stage(), ins.microbatch(), false});
+        if (it != live.end()) {
           prog.mutable_instructions(at)->set_buffer(it->second);
-          prog.mutable_instructions(at)->clear_group();
           prog.mutable_buffers(it->second)->set_free_at(at);
           live.erase(it);
         }
       }
-      for (const plan::Instruction &ins : blocks[r][a].sends) {
-        int at = append(ins);
-        if (ins.op() == Op::FREE) {
-          auto it = live.find({ins.stage(), ins.microbatch(), false});
-          if (it != live.end()) {
-            prog.mutable_instructions(at)->set_buffer(it->second);
-            prog.mutable_buffers(it->second)->set_free_at(at);
-            live.erase(it);
-          }
-        }
-      }
     }
-    if (in.training) {
-      for (const auto &ar : in.allReduces) {
-        if (std::find(ar.ranks.begin(), ar.ranks.end(), r) == ar.ranks.end())
-          continue;
-        plan::Instruction i = make(Op::ALLREDUCE, -1, -1);
-        i.set_group(ar.group);
-        for (int rank : ar.ranks)
-          i.add_ranks(rank);
-        i.set_bytes(ar.bytes);
-        append(i);
-      }
-      append(make(Op::OPTIMIZER_STEP, -1, -1));
+  }
+  if (in.training) {
+    for (const auto &ar : in.allReduces) {
+      if (std::find(ar.ranks.begin(), ar.ranks.end(), r) == ar.ranks.end())
+        continue;
+      plan::Instruction i = makeInstruction(Op::ALLREDUCE, -1, -1);
+      i.set_group(ar.group);
+      for (int rank : ar.ranks)
+        i.add_ranks(rank);
+      i.set_bytes(ar.bytes);
+      append(i);
     }
-    for (const plan::Buffer &b : prog.buffers())
-      if (b.free_at() < 0)
-        return createStringError(inconvertibleErrorCode(),
-                                 "lower-schedule: rank %d never frees the activations of stage %d "
-                                 "microbatch %d (no backward in its schedule)",
-                                 r, b.stage(), b.microbatch());
-    planMemory(prog);
+    append(makeInstruction(Op::OPTIMIZER_STEP, -1, -1));
+  }
+  for (const plan::Buffer &b : prog.buffers())
+    if (b.free_at() < 0)
+      return loweringError(formatv("rank {0} never frees the activations of stage {1} "
+                                   "microbatch {2} (no backward in its schedule)",
+                                   r, b.stage(), b.microbatch()));
+  planMemory(prog);
+  return prog;
+}
+
+Expected<std::vector<plan::RankProgram>> Lowering::run() {
+  if (static_cast<int>(in.sendTensors.size()) != K ||
+      static_cast<int>(in.activationBytes.size()) != K)
+    return loweringError(
+        formatv("boundary tensors and activation sizes for {0} stages are needed", K));
+  auto blocks = makeBlocks();
+  if (!blocks)
+    return blocks.takeError();
+  if (Error err = orderReceives(*blocks))
+    return err;
+  std::vector<plan::RankProgram> programs;
+  for (int r = 0; r < P; ++r) {
+    auto program = flatten(r, (*blocks)[r]);
+    if (!program)
+      return program.takeError();
+    programs.push_back(std::move(*program));
   }
   return programs;
+}
+
+} // namespace
+
+Expected<std::vector<plan::RankProgram>> lowerSchedule(const Schedule &schedule,
+                                                       const LoweringInputs &in) {
+  return Lowering(schedule, in).run();
 }
 
 std::string formatGrid(const std::vector<plan::RankProgram> &programs,
@@ -354,7 +404,7 @@ std::string formatGrid(const std::vector<plan::RankProgram> &programs,
 
 Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, int microbatches,
                     ScheduleKind kind, int virtualStages) {
-  int P = static_cast<int>(programs.size()), K = stages * virtualStages;
+  int ranks = static_cast<int>(programs.size()), chunks = stages * virtualStages;
   auto fail = [&](const Twine &why, const std::vector<int> &marked = {}) {
     std::string text = "verify-program: " + why.str();
     if (!marked.empty())
@@ -363,7 +413,7 @@ Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, 
   };
   using Key = std::tuple<int, int, int, int, bool, std::string>; // from,to,stage,mb,grad,tensor
   std::map<Key, std::pair<int, int>> sends, recvs;               // -> (rank, instruction)
-  for (int r = 0; r < P; ++r) {
+  for (int r = 0; r < ranks; ++r) {
     const auto &prog = programs[r];
     std::set<std::pair<int, int>> forwarded, inputGrad, weightGrad;
     for (int i = 0; i < prog.instructions_size(); ++i) {
@@ -372,7 +422,7 @@ Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, 
       switch (ins.op()) {
       case Op::SEND:
       case Op::RECV: {
-        if (ins.peer() < 0 || ins.peer() >= P || ins.peer() == r)
+        if (ins.peer() < 0 || ins.peer() >= ranks || ins.peer() == r)
           return fail(formatv("rank {0} step {1}: {2} names peer {3}", r, i, formatInstruction(ins),
                               ins.peer()));
         bool send = ins.op() == Op::SEND;
@@ -402,7 +452,8 @@ Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, 
         if (!forwarded.count(sm))
           return fail(formatv("rank {0} step {1}: {2} runs before its forward", r, i,
                               formatInstruction(ins)));
-        if (ins.stage() + 1 < K && rankOfChunk(kind, stages, virtualStages, ins.stage() + 1) == r &&
+        if (ins.stage() + 1 < chunks &&
+            rankOfChunk(kind, stages, virtualStages, ins.stage() + 1) == r &&
             !inputGrad.count({ins.stage() + 1, ins.microbatch()}))
           return fail(formatv("rank {0} step {1}: {2} runs before the backward of stage {3}", r, i,
                               formatInstruction(ins), ins.stage() + 1));
@@ -424,7 +475,7 @@ Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, 
     }
     // Every microbatch runs forward on every stage of the rank, and a
     // training step has each one's weight gradient before the optimizer.
-    for (int stage = 0; stage < K; ++stage) {
+    for (int stage = 0; stage < chunks; ++stage) {
       if (rankOfChunk(kind, stages, virtualStages, stage) != r)
         continue;
       for (int m = 0; m < microbatches; ++m)
@@ -472,8 +523,8 @@ Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, 
   auto run = runStreams(streams, StreamCosts(), &deadlock);
   if (run)
     return Error::success();
-  std::vector<int> marked(P, -1);
-  for (int r = 0; r < P; ++r) {
+  std::vector<int> marked(ranks, -1);
+  for (int r = 0; r < ranks; ++r) {
     if (deadlock.waitingAt.size() <= static_cast<size_t>(r) || deadlock.waitingAt[r] < 0)
       continue;
     // A RECV belongs to the action after it, a SEND to the one before.

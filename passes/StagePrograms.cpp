@@ -256,296 +256,359 @@ declaredBatchAxis(const google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>
   return std::nullopt;
 }
 
-} // namespace
+/// A Sum that adds \p value's gradient contributions: grad:V from grad:V#K.
+bool isCombiner(const onnx::NodeProto &n, StringRef value) {
+  if (n.op_type() != "Sum" || n.output_size() != 1 || n.output(0) != "grad:" + value.str())
+    return false;
+  return all_of(n.input(), [&](const std::string &in) {
+    return StringRef(in).startswith("grad:" + value.str() + "#");
+  });
+}
 
-Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph &layers,
-                         const Backward *backward, StringRef freeze) {
-  int K = plan.stages_size();
-  int numLayers = static_cast<int>(layers.layers.size());
-  plan.set_opset(graph.opsetFor(""));
+/// A stage's backward nodes, before they are re-cut at its boundaries.
+struct BackwardLists {
+  /// Its layers' input- and weight-gradient nodes, layers last to first.
+  std::vector<onnx::NodeProto> input, weight;
+  /// The values they make (gradient contributions made here), and those of
+  /// them made in the weight pass.
+  std::set<std::string> local, localInW;
+
+  /// The Sum combining \p value's contributions, if one is here.
+  onnx::NodeProto *combiner(StringRef value) {
+    for (auto *list : {&input, &weight})
+      for (onnx::NodeProto &n : *list)
+        if (isCombiner(n, value))
+          return &n;
+    return nullptr;
+  }
+  /// The contributions to \p value's gradient made here.
+  std::vector<std::string> contributions(StringRef value) const {
+    std::vector<std::string> out;
+    for (const std::string &name : local)
+      if (gradientOf(name) == value)
+        out.push_back(name);
+    return out;
+  }
+};
+
+/// Builds one stage's program: its boundaries, its forward nodes (and the
+/// loss on the last stage), its outputs and, with a backward program, its
+/// backward nodes and gradient sums.
+class StageBuilder {
+public:
+  StageBuilder(const Graph &graph, const LayerGraph &layers, const Backward *backward,
+               const std::set<std::string> *flowing, int stage, int stages)
+      : graph(graph), layers(layers), backward(backward), flowing(flowing), k(stage),
+        last(stage + 1 == stages), stages(stages) {}
+
+  /// Fills \p sp for the stage's layers [\p first, \p lastLayer].
+  Error build(plan::StageProgram &sp, int first, int lastLayer);
+
+  /// The graph inputs the stage loads, and the weights and constants it
+  /// reads (by name and value id).
+  std::set<std::string> loads, weights;
   std::set<int> weightIds;
-  std::map<std::string, int> loadedBy; // graph input -> first stage that loads it
-  std::set<std::string> flowing;
+
+private:
+  void addBoundaries(plan::StageProgram &sp, int first, int lastLayer);
+  Error addForward(plan::StageProgram &sp, int first, int lastLayer);
+  /// Where the stage gets \p name from: computed here, received, loaded, or
+  /// a weight; an error when another stage computes it and does not send it.
+  Error resolve(const std::string &name, bool backwardRead);
+  Error addBackward(plan::StageProgram &sp, int first, int lastLayer);
+  /// Tensors sent on: their later users' gradient arrives as grad-next:V.
+  void readGradientsOfSent(BackwardLists &lists) const;
+  /// Received tensors send back their gradient; \p zeroShaped gets those
+  /// whose gradient is all zeros (shaped like the value).
+  Error addInputGrads(plan::StageProgram &sp, BackwardLists &lists,
+                      std::set<std::string> &zeroShaped) const;
+  /// Weights: each stage accumulates its own contributions. Returns the
+  /// outputs of the Sums dropped because some of their terms are remote.
+  std::set<std::string> addWeightGrads(plan::StageProgram &sp, BackwardLists &lists) const;
+  /// The backward nodes, each read checked, and what backward keeps from
+  /// forward.
+  Error addBackwardNodes(plan::StageProgram &sp, BackwardLists &lists,
+                         const std::set<std::string> &dropped,
+                         const std::set<std::string> &zeroShaped);
+
+  const Graph &graph;
+  const LayerGraph &layers;
+  const Backward *backward;
+  const std::set<std::string> *flowing;
+  /// The stage's index, whether it is the last, and how many there are.
+  int k;
+  bool last;
+  int stages;
+  std::set<std::string> recv, sendWithGrad;
+  /// The values forward computes.
+  std::set<std::string> produced;
+};
+
+Error StageBuilder::build(plan::StageProgram &sp, int first, int lastLayer) {
+  sp.set_stage(k);
+  addBoundaries(sp, first, lastLayer);
+  if (Error err = addForward(sp, first, lastLayer))
+    return err;
+  for (int l = first; l <= lastLayer; ++l)
+    for (int opIndex : layers.layers[l].ops)
+      for (int out : graph.ops[opIndex].outputs)
+        if (out >= 0 && graph.values[out].isGraphOutput)
+          sp.add_outputs(graph.values[out].name);
   if (backward)
-    flowing = valuesWithGradients(*backward);
-  const std::set<std::string> *flowingPtr = backward ? &flowing : nullptr;
-  for (int k = 0; k < K; ++k) {
-    const plan::Stage &stage = plan.stages(k);
-    int a = stage.first_layer(), b = stage.last_layer();
-    if (a > b)
-      return stageError(k, "has no layers; running an empty stage is not supported");
-    plan::StageProgram &sp = *plan.add_stage_programs();
-    sp.set_stage(k);
+    if (Error err = addBackward(sp, first, lastLayer))
+      return err;
+  for (const std::string &name : loads)
+    sp.add_loads(name);
+  for (const std::string &name : weights)
+    sp.add_weights(name);
+  return Error::success();
+}
 
-    // Boundaries, as lowering sends them.
-    std::vector<int> recvIds, sendIds;
-    if (a > 0)
-      recvIds = layers.crossingAfter(a - 1);
-    if (b + 1 < numLayers && k + 1 < K)
-      sendIds = layers.crossingAfter(b);
-    std::set<std::string> recv, send, sendWithGrad;
-    for (int id : recvIds) {
-      recv.insert(graph.values[id].name);
-      sp.add_recv(graph.values[id].name);
-    }
-    for (int id : sendIds) {
-      send.insert(graph.values[id].name);
-      sp.add_send(graph.values[id].name);
-      if (sendsGradient(graph, id, flowingPtr))
-        sendWithGrad.insert(graph.values[id].name);
-    }
-
-    // Forward: the layers' ops, then the loss on the last stage.
-    std::set<std::string> produced, loads, weights;
-    auto resolveForward = [&](const std::string &name, bool backwardRead) -> Error {
-      if (name.empty() || produced.count(name) || recv.count(name))
-        return Error::success();
-      int id = graph.findValue(name);
-      if (id < 0)
-        return stageError(k, formatv("reads '{0}', which no stage computes", name));
-      const Value &v = graph.values[id];
-      if (v.kind == ValueKind::Input) {
-        loads.insert(name);
-        return Error::success();
-      }
-      if (v.producer < 0) {
-        weights.insert(name);
-        weightIds.insert(id);
-        return Error::success();
-      }
-      return stageError(k, formatv("{0} reads '{1}', computed on another stage and not sent here",
-                                   backwardRead ? "backward" : "forward", name));
-    };
-    for (int l = a; l <= b; ++l)
-      for (int opIndex : layers.layers[l].ops) {
-        const Op &op = graph.ops[opIndex];
-        if (op.dead)
-          continue;
-        onnx::NodeProto node = nodeOf(graph, op);
-        for (const std::string &in : node.input())
-          if (Error err = resolveForward(in, false))
-            return err;
-        for (const std::string &out : node.output())
-          if (!out.empty())
-            produced.insert(out);
-        *sp.add_forward() = std::move(node);
-      }
-    bool last = k + 1 == K;
-    if (last && backward) {
-      for (const onnx::NodeProto &n : backward->lossForward) {
-        for (const std::string &in : n.input())
-          if (Error err = resolveForward(in, false))
-            return err;
-        for (const std::string &out : n.output())
-          produced.insert(out);
-        *sp.add_forward() = n;
-      }
-      if (!produced.count(backward->lossValue))
-        return stageError(
-            k, formatv("the loss '{0}' is not computed on the last stage", backward->lossValue));
-    }
-    const std::set<std::string> &forwardValues = produced; // forward's, before backward
-    for (int l = a; l <= b; ++l)
-      for (int opIndex : layers.layers[l].ops)
-        for (int out : graph.ops[opIndex].outputs)
-          if (out >= 0 && graph.values[out].isGraphOutput)
-            sp.add_outputs(graph.values[out].name);
-
-    if (backward) {
-      std::vector<onnx::NodeProto> inputList, weightList;
-      for (int l = b; l >= a; --l) {
-        inputList.insert(inputList.end(), backward->inputGrad[l].begin(),
-                         backward->inputGrad[l].end());
-        weightList.insert(weightList.end(), backward->weightGrad[l].begin(),
-                          backward->weightGrad[l].end());
-      }
-      // Contributions made here, by value.
-      std::set<std::string> local, localInW;
-      for (const auto *list : {&inputList, &weightList})
-        for (const onnx::NodeProto &n : *list)
-          for (const std::string &out : n.output()) {
-            local.insert(out);
-            if (list == &weightList)
-              localInW.insert(out);
-          }
-      auto isCombiner = [](const onnx::NodeProto &n, StringRef value) {
-        if (n.op_type() != "Sum" || n.output_size() != 1 || n.output(0) != "grad:" + value.str())
-          return false;
-        return all_of(n.input(), [&](const std::string &in) {
-          return StringRef(in).startswith("grad:" + value.str() + "#");
-        });
-      };
-      auto findCombiner = [&](StringRef value) -> onnx::NodeProto * {
-        for (auto *list : {&inputList, &weightList})
-          for (onnx::NodeProto &n : *list)
-            if (isCombiner(n, value))
-              return &n;
-        return nullptr;
-      };
-      auto contributions = [&](StringRef value) {
-        std::vector<std::string> out;
-        for (const std::string &name : local)
-          if (gradientOf(name) == value)
-            out.push_back(name);
-        return out;
-      };
-
-      // Tensors sent on: their later users' gradient arrives as grad-next:V.
-      std::map<std::string, std::string> rename;
-      for (const std::string &v : sendWithGrad) {
-        std::string next = "grad-next:" + v;
-        if (onnx::NodeProto *sum = findCombiner(v)) {
-          std::vector<std::string> keep;
-          for (const std::string &in : sum->input())
-            if (local.count(in))
-              keep.push_back(in);
-          keep.push_back(next);
-          sum->clear_input();
-          for (const std::string &in : keep)
-            sum->add_input(in);
-        } else if (!local.count("grad:" + v)) {
-          rename["grad:" + v] = next;
-        }
-      }
-      for (auto *list : {&inputList, &weightList})
-        for (onnx::NodeProto &n : *list)
-          for (std::string &in : *n.mutable_input())
-            if (auto it = rename.find(in); it != rename.end())
-              in = it->second;
-
-      // Received tensors send back their gradient.
-      std::set<std::string> zeroShaped;
-      for (const std::string &v : recv) {
-        int id = graph.findValue(v);
-        if (id < 0 || !sendsGradient(graph, id, flowingPtr))
-          continue;
-        plan::GradSum &g = *sp.add_input_grads();
-        g.set_value(v);
-        std::vector<std::string> terms;
-        if (findCombiner(v))
-          terms = {"grad:" + v};
-        else
-          terms = contributions(v);
-        for (const std::string &t : terms)
-          if (localInW.count(t))
-            return stageError(k, formatv("the gradient of boundary tensor '{0}' is computed in "
-                                         "the weight pass",
-                                         v));
-        if (sendWithGrad.count(v) && !findCombiner(v))
-          terms.push_back("grad-next:" + v);
-        if (terms.empty())
-          zeroShaped.insert(v); // the zeros sent back take V's shape
-        for (const std::string &t : terms)
-          g.add_terms(t);
-      }
-
-      // Weights: each stage accumulates its own contributions.
-      std::set<std::string> dropped;
-      for (const auto &entry : backward->weightGrads) {
-        const std::string &w = entry.first;
-        std::vector<std::string> terms = contributions(w);
-        if (terms.empty())
-          continue;
-        if (onnx::NodeProto *sum = findCombiner(w)) {
-          bool allLocal =
-              all_of(sum->input(), [&](const std::string &in) { return local.count(in) > 0; });
-          if (allLocal) {
-            terms = {"grad:" + w};
-          } else {
-            dropped.insert(sum->output(0));
-            terms.clear();
-            for (const std::string &in : sum->input())
-              if (local.count(in))
-                terms.push_back(in);
-          }
-        }
-        plan::GradSum &g = *sp.add_weight_grads();
-        g.set_value(w);
-        for (const std::string &t : terms)
-          g.add_terms(t);
-      }
-
-      // Check every read and record what backward keeps from forward.
-      std::set<std::string> made, keep;
-      for (const std::string &v : sendWithGrad)
-        made.insert("grad-next:" + v);
-      for (auto *list : {&inputList, &weightList}) {
-        auto *target =
-            list == &inputList ? sp.mutable_backward_input() : sp.mutable_backward_weight();
-        for (onnx::NodeProto &n : *list) {
-          if (n.output_size() == 1 && dropped.count(n.output(0)))
-            continue;
-          for (const std::string &in : n.input()) {
-            if (in.empty() || made.count(in))
-              continue;
-            if (forwardValues.count(in) || recv.count(in)) {
-              keep.insert(in);
-              continue;
-            }
-            if (Error err = resolveForward(in, true))
-              return err;
-            if (loads.count(in))
-              keep.insert(in);
-          }
-          for (const std::string &out : n.output())
-            made.insert(out);
-          *target->Add() = std::move(n);
-        }
-      }
-      for (const auto *sums : {&sp.input_grads(), &sp.weight_grads()})
-        for (const plan::GradSum &g : *sums)
-          for (const std::string &t : g.terms())
-            if (!made.count(t))
-              return stageError(k, formatv("the gradient of '{0}' needs '{1}', which the stage "
-                                           "does not compute",
-                                           g.value(), t));
-      keep.insert(zeroShaped.begin(), zeroShaped.end());
-      for (const std::string &name : keep)
-        sp.add_keep(name);
-    }
-    for (const std::string &name : loads) {
-      sp.add_loads(name);
-      loadedBy.emplace(name, k);
-    }
-    for (const std::string &name : weights)
-      sp.add_weights(name);
+/// Boundaries, as lowering sends them.
+void StageBuilder::addBoundaries(plan::StageProgram &sp, int first, int lastLayer) {
+  int numLayers = static_cast<int>(layers.layers.size());
+  std::vector<int> recvIds, sendIds;
+  if (first > 0)
+    recvIds = layers.crossingAfter(first - 1);
+  if (lastLayer + 1 < numLayers && k + 1 < stages)
+    sendIds = layers.crossingAfter(lastLayer);
+  for (int id : recvIds) {
+    recv.insert(graph.values[id].name);
+    sp.add_recv(graph.values[id].name);
   }
-
-  // Weights and constants, each once, and which of them train.
-  for (int id : weightIds) {
-    auto t = weightTensor(graph, id);
-    if (!t)
-      return t.takeError();
-    *plan.add_weights() = std::move(*t);
+  for (int id : sendIds) {
+    sp.add_send(graph.values[id].name);
+    if (sendsGradient(graph, id, flowing))
+      sendWithGrad.insert(graph.values[id].name);
   }
-  if (backward) {
-    // Registered buffers look like weights in ONNX: float initializers. Those
-    // named like one, and those the user freezes, are not trained.
-    llvm::Regex buffer("(^|[./_])(inv_freq|cos_cached|sin_cached|cos_cache|sin_cache|"
-                       "causal_mask|masked_bias|attn\\.bias)$");
-    std::optional<llvm::Regex> frozen;
-    if (!freeze.empty())
-      frozen.emplace(freeze);
-    std::vector<std::string> skipped;
-    for (const auto &entry : backward->weightGrads) {
-      const std::string &w = entry.first;
-      if (buffer.match(w) || (frozen && frozen->match(w))) {
-        skipped.push_back(w);
+}
+
+Error StageBuilder::resolve(const std::string &name, bool backwardRead) {
+  if (name.empty() || produced.count(name) || recv.count(name))
+    return Error::success();
+  int id = graph.findValue(name);
+  if (id < 0)
+    return stageError(k, formatv("reads '{0}', which no stage computes", name));
+  const Value &v = graph.values[id];
+  if (v.kind == ValueKind::Input) {
+    loads.insert(name);
+    return Error::success();
+  }
+  if (v.producer < 0) {
+    weights.insert(name);
+    weightIds.insert(id);
+    return Error::success();
+  }
+  return stageError(k, formatv("{0} reads '{1}', computed on another stage and not sent here",
+                               backwardRead ? "backward" : "forward", name));
+}
+
+/// Forward: the layers' ops, then the loss on the last stage.
+Error StageBuilder::addForward(plan::StageProgram &sp, int first, int lastLayer) {
+  for (int l = first; l <= lastLayer; ++l)
+    for (int opIndex : layers.layers[l].ops) {
+      const Op &op = graph.ops[opIndex];
+      if (op.dead)
         continue;
-      }
-      plan.add_trainable(w);
+      onnx::NodeProto node = nodeOf(graph, op);
+      for (const std::string &in : node.input())
+        if (Error err = resolve(in, false))
+          return err;
+      for (const std::string &out : node.output())
+        if (!out.empty())
+          produced.insert(out);
+      *sp.add_forward() = std::move(node);
     }
-    if (!skipped.empty())
-      plan.add_warnings("not trained (buffers by name" +
-                        std::string(freeze.empty() ? "" : ", or --freeze") +
-                        "): " + join(skipped, ", "));
+  if (!last || !backward)
+    return Error::success();
+  for (const onnx::NodeProto &n : backward->lossForward) {
+    for (const std::string &in : n.input())
+      if (Error err = resolve(in, false))
+        return err;
+    for (const std::string &out : n.output())
+      produced.insert(out);
+    *sp.add_forward() = n;
   }
-  if (backward) {
-    plan.set_loss_value(backward->lossValue);
-    plan.set_loss_reduction("mean");
-  }
+  if (!produced.count(backward->lossValue))
+    return stageError(
+        k, formatv("the loss '{0}' is not computed on the last stage", backward->lossValue));
+  return Error::success();
+}
 
-  // What a step feeds: the graph inputs the stages load.
+Error StageBuilder::addBackward(plan::StageProgram &sp, int first, int lastLayer) {
+  BackwardLists lists;
+  for (int l = lastLayer; l >= first; --l) {
+    lists.input.insert(lists.input.end(), backward->inputGrad[l].begin(),
+                       backward->inputGrad[l].end());
+    lists.weight.insert(lists.weight.end(), backward->weightGrad[l].begin(),
+                        backward->weightGrad[l].end());
+  }
+  for (const auto *list : {&lists.input, &lists.weight})
+    for (const onnx::NodeProto &n : *list)
+      for (const std::string &out : n.output()) {
+        lists.local.insert(out);
+        if (list == &lists.weight)
+          lists.localInW.insert(out);
+      }
+  readGradientsOfSent(lists);
+  std::set<std::string> zeroShaped;
+  if (Error err = addInputGrads(sp, lists, zeroShaped))
+    return err;
+  std::set<std::string> dropped = addWeightGrads(sp, lists);
+  return addBackwardNodes(sp, lists, dropped, zeroShaped);
+}
+
+void StageBuilder::readGradientsOfSent(BackwardLists &lists) const {
+  std::map<std::string, std::string> rename;
+  for (const std::string &v : sendWithGrad) {
+    std::string next = "grad-next:" + v;
+    if (onnx::NodeProto *sum = lists.combiner(v)) {
+      std::vector<std::string> keep;
+      for (const std::string &in : sum->input())
+        if (lists.local.count(in))
+          keep.push_back(in);
+      keep.push_back(next);
+      sum->clear_input();
+      for (const std::string &in : keep)
+        sum->add_input(in);
+    } else if (!lists.local.count("grad:" + v)) {
+      rename["grad:" + v] = next;
+    }
+  }
+  for (auto *list : {&lists.input, &lists.weight})
+    for (onnx::NodeProto &n : *list)
+      for (std::string &in : *n.mutable_input())
+        if (auto it = rename.find(in); it != rename.end())
+          in = it->second;
+}
+
+Error StageBuilder::addInputGrads(plan::StageProgram &sp, BackwardLists &lists,
+                                  std::set<std::string> &zeroShaped) const {
+  for (const std::string &v : recv) {
+    int id = graph.findValue(v);
+    if (id < 0 || !sendsGradient(graph, id, flowing))
+      continue;
+    plan::GradSum &g = *sp.add_input_grads();
+    g.set_value(v);
+    std::vector<std::string> terms;
+    if (lists.combiner(v))
+      terms = {"grad:" + v};
+    else
+      terms = lists.contributions(v);
+    for (const std::string &t : terms)
+      if (lists.localInW.count(t))
+        return stageError(k, formatv("the gradient of boundary tensor '{0}' is computed in "
+                                     "the weight pass",
+                                     v));
+    if (sendWithGrad.count(v) && !lists.combiner(v))
+      terms.push_back("grad-next:" + v);
+    if (terms.empty())
+      zeroShaped.insert(v); // the zeros sent back take V's shape
+    for (const std::string &t : terms)
+      g.add_terms(t);
+  }
+  return Error::success();
+}
+
+std::set<std::string> StageBuilder::addWeightGrads(plan::StageProgram &sp,
+                                                   BackwardLists &lists) const {
+  std::set<std::string> dropped;
+  for (const auto &entry : backward->weightGrads) {
+    const std::string &w = entry.first;
+    std::vector<std::string> terms = lists.contributions(w);
+    if (terms.empty())
+      continue;
+    if (onnx::NodeProto *sum = lists.combiner(w)) {
+      bool allLocal =
+          all_of(sum->input(), [&](const std::string &in) { return lists.local.count(in) > 0; });
+      if (allLocal) {
+        terms = {"grad:" + w};
+      } else {
+        dropped.insert(sum->output(0));
+        terms.clear();
+        for (const std::string &in : sum->input())
+          if (lists.local.count(in))
+            terms.push_back(in);
+      }
+    }
+    plan::GradSum &g = *sp.add_weight_grads();
+    g.set_value(w);
+    for (const std::string &t : terms)
+      g.add_terms(t);
+  }
+  return dropped;
+}
+
+Error StageBuilder::addBackwardNodes(plan::StageProgram &sp, BackwardLists &lists,
+                                     const std::set<std::string> &dropped,
+                                     const std::set<std::string> &zeroShaped) {
+  std::set<std::string> made, keep;
+  for (const std::string &v : sendWithGrad)
+    made.insert("grad-next:" + v);
+  for (auto *list : {&lists.input, &lists.weight}) {
+    auto *target =
+        list == &lists.input ? sp.mutable_backward_input() : sp.mutable_backward_weight();
+    for (onnx::NodeProto &n : *list) {
+      if (n.output_size() == 1 && dropped.count(n.output(0)))
+        continue;
+      for (const std::string &in : n.input()) {
+        if (in.empty() || made.count(in))
+          continue;
+        if (produced.count(in) || recv.count(in)) {
+          keep.insert(in);
+          continue;
+        }
+        if (Error err = resolve(in, true))
+          return err;
+        if (loads.count(in))
+          keep.insert(in);
+      }
+      for (const std::string &out : n.output())
+        made.insert(out);
+      *target->Add() = std::move(n);
+    }
+  }
+  for (const auto *sums : {&sp.input_grads(), &sp.weight_grads()})
+    for (const plan::GradSum &g : *sums)
+      for (const std::string &t : g.terms())
+        if (!made.count(t))
+          return stageError(k, formatv("the gradient of '{0}' needs '{1}', which the stage "
+                                       "does not compute",
+                                       g.value(), t));
+  keep.insert(zeroShaped.begin(), zeroShaped.end());
+  for (const std::string &name : keep)
+    sp.add_keep(name);
+  return Error::success();
+}
+
+/// Which weights train: all that have a gradient, but registered buffers
+/// (float initializers in ONNX, recognised by name) and those matching
+/// \p freeze; a warning lists those left out.
+void addTrainable(plan::Plan &plan, const Backward &backward, StringRef freeze) {
+  llvm::Regex buffer("(^|[./_])(inv_freq|cos_cached|sin_cached|cos_cache|sin_cache|"
+                     "causal_mask|masked_bias|attn\\.bias)$");
+  std::optional<llvm::Regex> frozen;
+  if (!freeze.empty())
+    frozen.emplace(freeze);
+  std::vector<std::string> skipped;
+  for (const auto &entry : backward.weightGrads) {
+    const std::string &w = entry.first;
+    if (buffer.match(w) || (frozen && frozen->match(w))) {
+      skipped.push_back(w);
+      continue;
+    }
+    plan.add_trainable(w);
+  }
+  if (!skipped.empty())
+    plan.add_warnings("not trained (buffers by name" +
+                      std::string(freeze.empty() ? "" : ", or --freeze") +
+                      "): " + join(skipped, ", "));
+}
+
+/// What a step feeds: the graph inputs the stages load (\p loadedBy: the
+/// first stage that loads each).
+void addDataInputs(plan::Plan &plan, const Graph &graph, const Backward *backward,
+                   const std::map<std::string, int> &loadedBy) {
   for (int id : graph.inputs) {
     const Value &v = graph.values[id];
     auto it = loadedBy.find(v.name);
@@ -558,13 +621,17 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
       d.add_shape(dim);
     d.set_batch_axis(
         declaredBatchAxis(graph.model->graph().input(), v.name, v.shape.size()).value_or(0));
-    d.set_role(it->second == 0 || K == 1 ? "input" : "labels");
+    d.set_role(it->second == 0 || plan.stages_size() == 1 ? "input" : "labels");
     if (isIntegerDType(v.type)) {
       std::string lower = StringRef(v.name).lower();
       d.set_ones(StringRef(lower).contains("mask"));
       d.set_high(syntheticHigh(graph, id, backward));
     }
   }
+}
+
+/// The graph outputs and the dimension each stacks its microbatches along.
+void addOutputs(plan::Plan &plan, const Graph &graph) {
   for (int id : graph.outputs) {
     const Value &v = graph.values[id];
     plan::TensorRef &t = *plan.add_outputs();
@@ -579,6 +646,47 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
         declaredBatchAxis(graph.model->graph().output(), v.name, v.shape.size());
     plan.add_output_batch_axes(axis ? *axis : (v.shape.empty() ? -1 : 0));
   }
+}
+
+} // namespace
+
+Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph &layers,
+                         const Backward *backward, StringRef freeze) {
+  int stages = plan.stages_size();
+  plan.set_opset(graph.opsetFor(""));
+  std::set<int> weightIds;
+  std::map<std::string, int> loadedBy; // graph input -> first stage that loads it
+  std::set<std::string> flowing;
+  if (backward)
+    flowing = valuesWithGradients(*backward);
+  const std::set<std::string> *flowingPtr = backward ? &flowing : nullptr;
+  for (int k = 0; k < stages; ++k) {
+    const plan::Stage &stage = plan.stages(k);
+    int first = stage.first_layer(), last = stage.last_layer();
+    if (first > last)
+      return stageError(k, "has no layers; running an empty stage is not supported");
+    StageBuilder builder(graph, layers, backward, flowingPtr, k, stages);
+    if (Error err = builder.build(*plan.add_stage_programs(), first, last))
+      return err;
+    for (const std::string &name : builder.loads)
+      loadedBy.emplace(name, k);
+    weightIds.insert(builder.weightIds.begin(), builder.weightIds.end());
+  }
+
+  // Weights and constants, each once, and which of them train.
+  for (int id : weightIds) {
+    auto t = weightTensor(graph, id);
+    if (!t)
+      return t.takeError();
+    *plan.add_weights() = std::move(*t);
+  }
+  if (backward) {
+    addTrainable(plan, *backward, freeze);
+    plan.set_loss_value(backward->lossValue);
+    plan.set_loss_reduction("mean");
+  }
+  addDataInputs(plan, graph, backward, loadedBy);
+  addOutputs(plan, graph);
   return Error::success();
 }
 

@@ -20,6 +20,9 @@
 # step time is (N t_N - t_1) / (N - 1) from an N-step and a 1-step run, so
 # that start-up (cuBLAS, the memory pool's first step) is not counted.
 #
+# The Python parts live beside it: gpu_check_compare.py (weights of two ONNX
+# files), gpu_check_table.py (the tables' arithmetic), gpu_check_torch_bench.py.
+#
 # Usage: tools/gpu-check.sh
 # Environment: PIPEC_GPU_BUILD (build-gpu), PIPEC_JOBS (16),
 #   PIPEC_PEAK_TFLOPS (peak dense bf16 TFLOP/s; default from the GPU's name),
@@ -103,11 +106,7 @@ fi
 
 #--- helpers for pipec run ------------------------------------------------------
 # Seconds from pipec's "12.34 ms" style.
-seconds() {
-  python3 -c 'import sys
-v, u = sys.argv[1].split()
-print(float(v) * {"s": 1, "ms": 1e-3, "us": 1e-6}[u])' "$1" 2>/dev/null
-}
+seconds() { python3 tools/gpu_check_table.py seconds "$1" 2>/dev/null; }
 # pipec run ... > LOG; prints "MEASURED PREDICTED" (seconds) from its summary.
 runPipec() {
   local log=$1
@@ -122,67 +121,6 @@ runPipec() {
   echo "$(seconds "$measured") $(seconds "$predicted")"
 }
 
-# Compares the float initializers of two ONNX files (no onnx/numpy needed).
-cat >"$work/compare.py" <<'EOF'
-import struct, sys
-
-def varint(b, i):
-    r = s = 0
-    while True:
-        c = b[i]; i += 1; r |= (c & 0x7F) << s; s += 7
-        if c < 0x80:
-            return r, i
-
-def fields(b):
-    i = 0
-    while i < len(b):
-        key, i = varint(b, i)
-        f, wt = key >> 3, key & 7
-        if wt == 0:
-            v, i = varint(b, i)
-        elif wt == 1:
-            v = b[i:i + 8]; i += 8
-        elif wt == 2:
-            n, i = varint(b, i); v = b[i:i + n]; i += n
-        elif wt == 5:
-            v = b[i:i + 4]; i += 4
-        else:
-            raise ValueError("wire type %d" % wt)
-        yield f, wt, v
-
-def weights(path):
-    out = {}
-    for f, wt, graph in fields(open(path, "rb").read()):
-        if f != 7 or wt != 2:  # ModelProto.graph
-            continue
-        for g, gwt, t in fields(graph):
-            if g != 5 or gwt != 2:  # GraphProto.initializer
-                continue
-            name, dtype, raw, floats = None, 1, None, []
-            for k, kwt, v in fields(t):
-                if k == 8: name = v.decode()
-                elif k == 2: dtype = v
-                elif k == 9: raw = v
-                elif k == 4 and kwt == 2: floats += struct.unpack("<%df" % (len(v) // 4), v)
-                elif k == 4: floats.append(struct.unpack("<f", v)[0])
-                elif k == 14 and v == 1: raise ValueError("%s: external data" % name)
-            if dtype == 1:
-                out[name] = struct.unpack("<%df" % (len(raw) // 4), raw) if raw is not None else floats
-    return out
-
-a, b = weights(sys.argv[1]), weights(sys.argv[2])
-rtol, atol = float(sys.argv[3]), float(sys.argv[4])
-if set(a) != set(b) or not a:
-    print("different weights: %d vs %d" % (len(a), len(b))); sys.exit(1)
-worst, where, bad = 0.0, "", 0
-for name in sorted(a):
-    for x, y in zip(a[name], b[name]):
-        d = abs(x - y)
-        if d > worst: worst, where = d, name
-        if d > atol + rtol * abs(y): bad += 1
-print("%d tensors, max |diff| %.3g (%s), %d beyond rtol %g atol %g" % (len(a), worst, where, bad, rtol, atol))
-sys.exit(1 if bad else 0)
-EOF
 
 #--- 3. pipeline vs one rank ----------------------------------------------------
 if [ -x "$pipec" ]; then
@@ -202,7 +140,7 @@ if [ -x "$pipec" ]; then
     timeout 900 "$pipec" run "$work/gpt-1.plan" --backend cpu "${trainFlags[@]}" \
       --save-weights "$work/w-cpu-1.onnx" >"$work/run-cpu.log" 2>&1 && okc=1
     if [ $ok1 = 1 ] && [ $ok2 = 1 ]; then
-      if out=$(python3 "$work/compare.py" "$work/w-cuda-1.onnx" "$work/w-cuda-2.onnx" 1e-5 1e-6); then
+      if out=$(python3 tools/gpu_check_compare.py "$work/w-cuda-1.onnx" "$work/w-cuda-2.onnx" 1e-5 1e-6); then
         row "2-stage = 1-rank (cuda)" ok "$out"
       else
         row "2-stage = 1-rank (cuda)" FAIL "$out"
@@ -212,7 +150,7 @@ if [ -x "$pipec" ]; then
         "1 rank: $(last "$work/run-1.log" 'rror'); 2 ranks: $(last "$work/run-2.log" 'rror')"
     fi
     if [ $ok1 = 1 ] && [ $okc = 1 ]; then
-      if out=$(python3 "$work/compare.py" "$work/w-cuda-1.onnx" "$work/w-cpu-1.onnx" 1e-3 1e-5); then
+      if out=$(python3 tools/gpu_check_compare.py "$work/w-cuda-1.onnx" "$work/w-cpu-1.onnx" 1e-3 1e-5); then
         row "cuda = cpu (1 rank)" ok "$out"
       else
         row "cuda = cpu (1 rank)" FAIL "$out"
@@ -238,7 +176,7 @@ if [ -x "$pipec" ]; then
            mpirun -np "$nPlan" "$pipec" run "$work/gpt-$nPlan.plan" --backend cuda --comm nccl \
            --precision fp32 "${trainFlags[@]}" --save-weights "$work/w-nccl.onnx" \
            >"$work/run-nccl.log" 2>&1; then
-        if out=$(python3 "$work/compare.py" "$work/w-cuda-1.onnx" "$work/w-nccl.onnx" 1e-5 1e-6); then
+        if out=$(python3 tools/gpu_check_compare.py "$work/w-cuda-1.onnx" "$work/w-nccl.onnx" 1e-5 1e-6); then
           row "nccl = local ($nPlan rank)" ok "$out"
         else
           row "nccl = local ($nPlan rank)" FAIL "$out"
@@ -286,10 +224,8 @@ if [ -x "$pipec" ] && "$pipec" model gpt --layers "$bLayers" --hidden "$bHidden"
       status=1
       continue
     fi
-    flops=$("$pipec" report "$plan" --format json 2>/dev/null | python3 -c '
-import json, sys
-d = json.load(sys.stdin)
-print(3 * d["schedule"]["microbatches"] * sum(s["flops_fwd"] for s in d["stages"]))' 2>/dev/null)
+    flops=$("$pipec" report "$plan" --format json 2>/dev/null |
+      python3 tools/gpu_check_table.py flops 2>/dev/null)
     common=(--backend cuda --precision bf16 --ranks-per-device "$stages" --seed 3
             ${flagsExtra[@]+"${flagsExtra[@]}"})
     tag="$sched-$stages${extra:+-$extra}"
@@ -297,14 +233,7 @@ print(3 * d["schedule"]["microbatches"] * sum(s["flops_fwd"] for s in d["stages"
        times1=$(runPipec "$work/bench-$tag-1.log" "$plan" "${common[@]}" --steps 1); then
       read -r tN predicted <<<"$timesN"
       read -r t1 _ <<<"$times1"
-      cells=$(python3 -c '
-import sys
-n, tN, t1, pred, flops, peak = sys.argv[1:7]
-n, tN, t1, pred = int(n), float(tN), float(t1), float(pred)
-steady = (n * tN - t1) / (n - 1) if n > 1 and n * tN > t1 else tN
-tf = float(flops) / steady / 1e12 if flops else 0
-mfu = "%.1f%%" % (100 * tf / float(peak)) if peak and tf else "n/a"
-print("%.2f ms|%.2f ms|%.2f|%s|%.2f" % (steady * 1e3, pred * 1e3, tf, mfu, steady / pred))' \
+      cells=$(python3 tools/gpu_check_table.py cells \
         "$bSteps" "$tN" "$t1" "$predicted" "${flops:-0}" "$peak")
       benchRows+=("$label|$stages|$cells")
       if [ "$stages" = 1 ] && [ -z "$extra" ]; then
@@ -321,74 +250,13 @@ fi
 
 #--- 5. torch ------------------------------------------------------------------
 torchCell="not importable"
-if [ "${PIPEC_TORCH:-1}" = 1 ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  cat >"$work/torch_bench.py" <<'EOF'
-# The benchmark GPT (pre-LN blocks, tied to nothing, GELU MLP of 4x) in bf16
-# autocast with AdamW, one pipeline stage of torch.distributed.pipelining
-# (world size 1: NCCL cannot put two ranks on one GPU), M microbatches.
-import os, sys, time, torch, torch.nn as nn, torch.nn.functional as F
-import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-L, H, NH, S, V, B, M, STEPS = map(int, sys.argv[1:9])
-os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29517")
-dist.init_process_group("gloo", rank=0, world_size=1)
-dev = torch.device("cuda:0")
-class Block(nn.Module):
-    def __init__(s):
-        super().__init__(); s.ln1 = nn.LayerNorm(H); s.qkv = nn.Linear(H, 3 * H); s.proj = nn.Linear(H, H)
-        s.ln2 = nn.LayerNorm(H); s.fc = nn.Linear(H, 4 * H); s.out = nn.Linear(4 * H, H)
-    def forward(s, x):
-        b, t, _ = x.shape
-        q, k, v = s.qkv(s.ln1(x)).view(b, t, 3, NH, H // NH).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, H)
-        x = x + s.proj(a)
-        return x + s.out(F.gelu(s.fc(s.ln2(x))))
-class Gpt(nn.Module):
-    def __init__(s):
-        super().__init__(); s.tok = nn.Embedding(V, H); s.pos = nn.Embedding(S, H)
-        s.blocks = nn.ModuleList(Block() for _ in range(L)); s.ln = nn.LayerNorm(H); s.head = nn.Linear(H, V)
-    def forward(s, ids):
-        x = s.tok(ids) + s.pos(torch.arange(ids.shape[1], device=ids.device))
-        for b in s.blocks: x = b(x)
-        return s.head(s.ln(x))
-model = Gpt().to(dev)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-loss = lambda logits, y: F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
-ids = torch.randint(0, V, (B, S), device=dev); labels = torch.randint(0, V, (B, S), device=dev)
-def pipelined():
-    sched = Schedule1F1B(PipelineStage(model, 0, 1, dev), n_microbatches=M, loss_fn=loss)
-    return lambda: sched.step(ids, target=labels)
-def accumulated():
-    # The same microbatches without the pipelining runtime.
-    def run():
-        for x, y in zip(ids.chunk(M), labels.chunk(M)):
-            (loss(model(x), y) / M).backward()
-    return run
-def step(body):
-    opt.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        body()
-    opt.step()
-try:
-    body, mode = pipelined(), "pipelining"
-    step(body)
-except Exception as e:  # a torch without single-stage schedules
-    print("pipelining failed (%s); timing gradient accumulation" % e)
-    body, mode = accumulated(), "accumulation"
-    step(body)
-torch.cuda.synchronize()
-print("TORCH_MODE", mode)
-t = time.perf_counter()
-for _ in range(STEPS): step(body)
-torch.cuda.synchronize()
-print("TORCH_STEP_MS %.3f" % ((time.perf_counter() - t) / STEPS * 1e3))
-EOF
-  if timeout 600 python3 "$work/torch_bench.py" "$bLayers" "$bHidden" "$bHeads" "$bSeq" "$bVocab" \
+if [ "${PIPEC_TORCH:-1}" = 1 ] && python3 tools/gpu_check_torch_bench.py --check 2>/dev/null; then
+  if timeout 600 python3 tools/gpu_check_torch_bench.py "$bLayers" "$bHidden" "$bHeads" "$bSeq" "$bVocab" \
        "$bBatch" "$bMicro" "$bSteps" >"$work/torch.log" 2>&1; then
     torchMs=$(sed -n 's/^TORCH_STEP_MS //p' "$work/torch.log")
     torchMode=$(sed -n 's/^TORCH_MODE //p' "$work/torch.log")
     if [ -n "$pipecP1" ] && [ -n "$torchMs" ]; then
-      torchCell="$torchMs ms/step ($torchMode); pipec 1-rank / torch = $(python3 -c "print('%.2f' % ($pipecP1 / $torchMs))")"
+      torchCell="$torchMs ms/step ($torchMode); pipec 1-rank / torch = $(python3 tools/gpu_check_table.py ratio "$pipecP1" "$torchMs")"
     else
       torchCell="$torchMs ms/step (no pipec 1-rank time to compare)"
     fi

@@ -12,7 +12,7 @@ packages=(
   libopenblas-dev
   libopenmpi-dev openmpi-bin
   libonnx-testdata
-  clang-format
+  clang-format clang-tidy
   python3 python3-venv
   chromium fonts-dejavu-core zlib1g-dev
 )

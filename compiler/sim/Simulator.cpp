@@ -1,8 +1,8 @@
 //===- Simulator.cpp - Event simulation of a plan's instruction streams ---===//
 #include "compiler/sim/Simulator.h"
+#include "support/ChromeTrace.h"
 
 #include "llvm/Support/FormatVariadic.h"
-#include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 
 #include <limits>
@@ -403,37 +403,13 @@ Expected<SimulationResult> simulatePlan(const plan::Plan &plan) {
 }
 
 void writeChromeTrace(const SimulationResult &result, raw_ostream &os) {
-  json::OStream j(os, 1);
-  j.object([&] {
-    j.attribute("displayTimeUnit", "ms");
-    j.attributeArray("traceEvents", [&] {
-      std::set<int> ranks;
-      for (const TimelineEvent &e : result.events)
-        ranks.insert(e.rank);
-      for (int r : ranks)
-        for (int comm = 0; comm < 2; ++comm)
-          j.object([&] {
-            j.attribute("name", "thread_name");
-            j.attribute("ph", "M");
-            j.attribute("pid", 0);
-            j.attribute("tid", 2 * r + comm);
-            j.attributeObject("args", [&] {
-              j.attribute("name", formatv("rank {0}{1}", r, comm ? " comm" : "").str());
-            });
-          });
-      for (const TimelineEvent &e : result.events)
-        j.object([&] {
-          j.attribute("name", e.name);
-          j.attribute("cat", std::string(1, e.category));
-          j.attribute("ph", "X");
-          j.attribute("pid", 0);
-          j.attribute("tid", 2 * e.rank + (e.category == 'C' ? 1 : 0));
-          j.attribute("ts", e.start * 1e6);
-          j.attribute("dur", e.duration * 1e6);
-        });
-    });
-  });
-  os << "\n";
+  std::set<int> ranks;
+  std::vector<TraceEvent> events;
+  for (const TimelineEvent &e : result.events) {
+    ranks.insert(e.rank);
+    events.push_back({e.name, e.category, e.rank, e.start, e.duration});
+  }
+  printChromeTrace(os, std::vector<int>(ranks.begin(), ranks.end()), events);
 }
 
 Expected<SimulationResult> readMeasuredTrace(StringRef path, int ranks) {
@@ -444,25 +420,17 @@ Expected<SimulationResult> readMeasuredTrace(StringRef path, int ranks) {
   auto buffer = MemoryBuffer::getFile(path);
   if (!buffer)
     return fail(buffer.getError().message());
-  auto parsed = json::parse((*buffer)->getBuffer());
+  auto parsed = parseChromeTrace((*buffer)->getBuffer());
   if (!parsed)
-    return fail("not JSON: " + toString(parsed.takeError()));
-  const json::Object *root = parsed->getAsObject();
-  const json::Array *list = root ? root->getArray("traceEvents") : nullptr;
-  if (!list)
-    return fail("not a Chrome trace (no traceEvents)");
+    return fail(toString(parsed.takeError()));
   std::vector<TimelineEvent> events;
-  for (const json::Value &v : *list) {
-    const json::Object *e = v.getAsObject();
-    if (!e || e->getString("ph").getValueOr("") != "X")
-      continue;
+  for (TraceEvent &e : *parsed) {
     TimelineEvent t;
-    t.rank = static_cast<int>(e->getInteger("tid").getValueOr(0) / 2);
-    t.name = e->getString("name").getValueOr("").str();
-    StringRef cat = e->getString("cat").getValueOr("F");
-    t.category = cat.empty() ? 'F' : cat[0];
-    t.start = e->getNumber("ts").getValueOr(0) / 1e6;
-    t.duration = e->getNumber("dur").getValueOr(0) / 1e6;
+    t.rank = e.rank;
+    t.name = std::move(e.name);
+    t.category = e.category;
+    t.start = e.start;
+    t.duration = e.duration;
     // "<stage><kind><microbatch>", e.g. "2I5".
     size_t kind = t.name.find_first_of("FBIWR");
     if (t.category != 'C' && kind != std::string::npos)

@@ -84,8 +84,8 @@ llvm::Expected<SimulationResult> runStreams(llvm::ArrayRef<const plan::RankProgr
 /// Simulates \p plan's programs with the plan's stage times and links.
 llvm::Expected<SimulationResult> simulatePlan(const plan::Plan &plan);
 
-/// Chrome / Perfetto trace JSON: one process, one thread per rank and one
-/// per rank's communication stream; times in microseconds.
+/// \p result's events as a Chrome / Perfetto trace (support/ChromeTrace.h):
+/// the two threads of each rank that has events, then the events.
 void writeChromeTrace(const SimulationResult &result, llvm::raw_ostream &os);
 
 /// Reads a trace in that format, as `pipec run --trace` writes one, and

@@ -1,0 +1,555 @@
+//===- Launch.cpp - A run: every rank of a plan, its steps and results --===//
+//
+// runLocal runs every rank (pipeline ranks x data-parallel replicas) as a
+// thread of this process, runMpi this process's rank under MPI. Both make
+// what the ranks share from the plan, run each rank's steps (resuming from
+// and writing checkpoints, rank 0 printing progress) and hand the reporting
+// process the losses, outputs, trained weights and trace.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cpu/Kernels.h"
+#include "runtime/exec/Checkpoint.h"
+#include "runtime/exec/ModelIO.h"
+#include "runtime/exec/RankExecutor.h"
+#include "runtime/exec/Trace.h"
+#include "runtime/plan/PlanFile.h"
+
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <malloc.h>
+#include <mutex>
+#include <thread>
+
+using namespace llvm;
+
+namespace pipec::rt {
+
+namespace {
+
+Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOptions &options) {
+  auto model = checkPlanModel(plan, options);
+  if (!model)
+    return model.takeError();
+  auto s = std::make_unique<Shared>();
+  s->plan = &plan;
+  s->options = options;
+  s->modelPath = *model;
+  s->modelDir = sys::path::parent_path(*model).str();
+  s->P = plan.schedule().stages();
+  s->dp = std::max(1, plan.schedule().data_parallel());
+  s->K = plan.stages_size();
+  s->M = plan.schedule().microbatches();
+  s->microbatchSize = std::max<int64_t>(1, plan.schedule().microbatch_size());
+  s->globalBatch = s->microbatchSize * s->M * s->dp;
+  s->training = plan.schedule().mode() == "train";
+  s->recompute = plan.training().recompute();
+  for (const plan::Stage &stage : plan.stages())
+    s->rankOfStage.push_back(stage.rank());
+  for (const onnx::TensorProto &w : plan.weights())
+    s->weightProtos[w.name()] = &w;
+  s->trainable.insert(plan.trainable().begin(), plan.trainable().end());
+  std::string opt = options.optimizer.empty() ? plan.training().optimizer() : options.optimizer;
+  if (opt == "adam" || opt == "adamw")
+    s->optimizer = OptimizerKind::AdamW;
+  else if (opt == "sgd")
+    s->optimizer = OptimizerKind::Sgd;
+  else if (opt == "momentum")
+    s->optimizer = OptimizerKind::Momentum;
+  else
+    return createStringError(inconvertibleErrorCode(),
+                             "--optimizer %s: expected sgd, momentum or adamw", opt.c_str());
+  s->lr = options.lr > 0 ? options.lr : (s->optimizer == OptimizerKind::AdamW ? 1e-3 : 1e-2);
+  if (options.lrSchedule != "constant" && options.lrSchedule != "linear" &&
+      options.lrSchedule != "cosine")
+    return createStringError(inconvertibleErrorCode(),
+                             "--lr-schedule %s: expected constant, linear or cosine",
+                             options.lrSchedule.c_str());
+  auto data = DataSource::open(plan, options.dataDir, options.seed);
+  if (!data)
+    return data.takeError();
+  s->data = std::move(*data);
+  s->fault = parseFault();
+  if (plan.programs_size() != s->P)
+    return createStringError(inconvertibleErrorCode(), "the plan has %d programs for %d ranks",
+                             plan.programs_size(), s->P);
+  s->programs.assign(plan.stage_programs().begin(), plan.stage_programs().end());
+  if (options.fuse)
+    for (plan::StageProgram &program : s->programs) {
+      FusionStats stats = fuseStageProgram(program, plan.opset(), plan.loss_value());
+      s->fusion.groups += stats.groups;
+      s->fusion.nodes += stats.nodes;
+      s->fusion.matMulBias += stats.matMulBias;
+    }
+  return s;
+}
+
+/// The all-reduce groups of the run, in one order on every rank.
+std::vector<std::vector<int>> sumGroups(const Shared &s) {
+  std::vector<std::vector<int>> groups;
+  for (int d = 0; d < s.dp; ++d)
+    for (const plan::RankProgram &p : s.plan->programs())
+      for (const Ins &ins : p.instructions())
+        if (ins.op() == Ins::ALLREDUCE && StringRef(ins.group()).startswith("tied:")) {
+          std::vector<int> g;
+          for (int r : ins.ranks())
+            g.push_back(d * s.P + r);
+          std::sort(g.begin(), g.end());
+          groups.push_back(g);
+        }
+  if (s.dp > 1)
+    for (int r = 0; r < s.P; ++r) {
+      std::vector<int> g;
+      for (int d = 0; d < s.dp; ++d)
+        g.push_back(d * s.P + r);
+      groups.push_back(g);
+    }
+  std::vector<int> all;
+  for (int r = 0; r < s.P * s.dp; ++r)
+    all.push_back(r);
+  groups.push_back(all);
+  return groups;
+}
+
+std::string formatDuration(double seconds) {
+  int total = static_cast<int>(std::lround(seconds));
+  return formatv("{0}:{1:2}:{2:2}", total / 3600, (total / 60) % 60, total % 60).str();
+}
+
+/// One rank's whole run: load, resume, steps, checkpoints. Rank 0 prints.
+Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) {
+  if (Error err = comm.prepareGroups(sumGroups(s)))
+    return err;
+  if (Error err = ex.load())
+    return err;
+  int first = 0;
+  const RunOptions &o = s.options;
+  if (o.resume) {
+    auto latest = latestCheckpoint(o.checkpointDir);
+    if (!latest)
+      return latest.takeError();
+    if (Error err =
+            ex.loadCheckpoint(checkpointFile(o.checkpointDir, *latest, ex.globalRank()), first))
+      return err;
+  }
+  result.firstStep = first;
+  result.fusedGroups = s.fusion.groups;
+  result.fusedNodes = s.fusion.nodes;
+  result.fusedMatMulBias = s.fusion.matMulBias;
+  auto started = Clock::now();
+  for (int t = first; t < o.steps; ++t) {
+    double sum = 0, count = 0;
+    if (Error err = ex.step(t, sum, count))
+      return err;
+    double totals[2] = {sum, count};
+    if (Error err = comm.sumAll(totals))
+      return err;
+    double loss = totals[1] > 0 ? totals[0] / totals[1] : 0;
+    if (comm.rank() == 0)
+      result.losses.push_back(loss);
+    if (!o.checkpointDir.empty() &&
+        ((t + 1) % std::max(1, o.checkpointEvery) == 0 || t + 1 == o.steps)) {
+      std::string file = checkpointFile(o.checkpointDir, t + 1, ex.globalRank());
+      if (std::error_code ec = sys::fs::create_directories(sys::path::parent_path(file)))
+        return rankError(ex.globalRank(), formatv("checkpoint {0}: {1}", file, ec.message()));
+      if (Error err = ex.saveCheckpoint(file, t + 1))
+        return err;
+      double none[1] = {0};
+      if (Error err = comm.sumAll(none)) // every rank's file is written
+        return err;
+      if (comm.rank() == 0) {
+        SmallString<256> latest(o.checkpointDir);
+        sys::path::append(latest, "latest");
+        if (Error err = writeFileAtomically(latest, formatv("step-{0}\n", t + 1).str()))
+          return err;
+      }
+    }
+    if (comm.rank() == 0 && o.progress && o.log) {
+      double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
+      int done = t + 1 - first;
+      double rate = elapsed > 0 ? done * s.globalBatch / elapsed : 0;
+      double eta = done > 0 ? elapsed / done * (o.steps - t - 1) : 0;
+      *o.log << formatv("step {0}/{1}", t + 1, o.steps);
+      if (s.training)
+        *o.log << formatv("  loss {0:f4}", loss);
+      if (s.training && (o.lrSchedule != "constant" || o.warmup > 0))
+        *o.log << formatv("  lr {0:e2}", ex.lastLr);
+      if (s.training && ex.lastGradNorm >= 0)
+        *o.log << formatv("  grad-norm {0:f3}", ex.lastGradNorm);
+      *o.log << formatv("  {0:f1} samples/s  ETA {1}\n", rate, formatDuration(eta));
+      o.log->flush();
+    }
+  }
+  result.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  return Error::success();
+}
+
+/// Concatenates per-microbatch outputs in sample order, along each output's
+/// batch axis (Plan.output_batch_axes; dimension 0 in plans without them).
+/// An output without a batch dimension (axis -1, or a scalar) keeps the last
+/// microbatch's value: the one of the highest-numbered samples.
+Error assembleOutputs(const plan::Plan &plan,
+                      const std::map<std::string, std::map<int64_t, cpu::Tensor>> &parts,
+                      RunResult &result) {
+  std::map<std::string, int> axes;
+  for (int i = 0; i < plan.outputs_size(); ++i)
+    axes[plan.outputs(i).name()] =
+        i < plan.output_batch_axes_size() ? plan.output_batch_axes(i) : 0;
+  for (const auto &[name, pieces] : parts) {
+    if (pieces.empty())
+      continue;
+    auto known = axes.find(name);
+    int axis = known == axes.end() ? 0 : known->second;
+    const cpu::Tensor &first = pieces.begin()->second;
+    if (axis < 0 || first.rank() == 0) {
+      result.outputs[name] = pieces.rbegin()->second;
+      continue;
+    }
+    std::vector<int64_t> shape = first.shape();
+    for (const auto &[start, t] : pieces) {
+      std::vector<int64_t> other = t.shape();
+      if (axis >= first.rank() || t.rank() != first.rank() || t.elemType() != first.elemType() ||
+          !std::equal(shape.begin(), shape.begin() + axis, other.begin()) ||
+          !std::equal(shape.begin() + axis + 1, shape.end(), other.begin() + axis + 1))
+        return createStringError(inconvertibleErrorCode(),
+                                 "output '%s': microbatch pieces %s and %s do not stack along "
+                                 "dimension %d",
+                                 name.c_str(), first.describe().c_str(), t.describe().c_str(),
+                                 axis);
+    }
+    shape[axis] = 0;
+    for (const auto &[start, t] : pieces)
+      shape[axis] += t.dim(axis);
+    cpu::Tensor all(first.elemType(), shape);
+    // [outer, batch, inner]: each piece fills its slice of every outer row.
+    int64_t outer = cpu::numElementsOf(ArrayRef<int64_t>(shape).take_front(axis));
+    size_t inner =
+        static_cast<size_t>(cpu::numElementsOf(ArrayRef<int64_t>(shape).drop_front(axis + 1))) *
+        cpu::storageSize(first.elemType());
+    size_t outRow = static_cast<size_t>(shape[axis]) * inner, at = 0;
+    for (const auto &[start, t] : pieces) {
+      size_t pieceRow = static_cast<size_t>(t.dim(axis)) * inner;
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(static_cast<char *>(all.rawData()) + o * outRow + at,
+                    static_cast<const char *>(t.rawData()) + o * pieceRow, pieceRow);
+      at += pieceRow;
+    }
+    result.outputs[name] = std::move(all);
+  }
+  return Error::success();
+}
+
+Error writeOutputs(const RunOptions &o, const RunResult &result) {
+  if (o.outputsDir.empty())
+    return Error::success();
+  if (std::error_code ec = sys::fs::create_directories(o.outputsDir))
+    return createStringError(ec, "--outputs %s: %s", o.outputsDir.c_str(), ec.message().c_str());
+  for (const auto &[name, tensor] : result.outputs) {
+    SmallString<256> path(o.outputsDir);
+    sys::path::append(path, safeFileName(name) + (o.outputsAsPb ? ".pb" : ".npy"));
+    if (o.outputsAsPb) {
+      std::string bytes;
+      cpu::toTensorProto(tensor, name).SerializeToString(&bytes);
+      if (Error err = writeFileAtomically(path, bytes))
+        return err;
+    } else if (Error err = writeNpy(tensor, path)) {
+      return err;
+    }
+  }
+  return Error::success();
+}
+
+} // namespace
+
+Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &options) {
+  if (plan.stage_programs_size() == 0) {
+    for (const std::string &w : plan.warnings()) {
+      if (StringRef(w).startswith("the plan cannot be run"))
+        return createStringError(inconvertibleErrorCode(), "%s", w.c_str());
+      if (StringRef(w).startswith("no backward program yet: "))
+        return createStringError(
+            inconvertibleErrorCode(),
+            "the plan cannot train: %s; compile with --mode infer to "
+            "run it forward",
+            StringRef(w).drop_front(25).split(" (the plan").first.str().c_str());
+    }
+    return createStringError(inconvertibleErrorCode(),
+                             "the plan has no stage programs (compiled by an older pipec?)");
+  }
+  std::string path = options.modelPath.empty() ? plan.model().path() : options.modelPath;
+  if (!sys::fs::exists(path) && options.modelPath.empty() && sys::path::is_relative(path) &&
+      !options.planDir.empty()) {
+    SmallString<256> beside(options.planDir);
+    sys::path::append(beside, path);
+    if (sys::fs::exists(beside))
+      path = std::string(beside);
+  }
+  auto file = MemoryBuffer::getFile(path, false, false);
+  if (!file)
+    return createStringError(inconvertibleErrorCode(),
+                             "%s: cannot read the plan's model: %s (pass --model FILE)",
+                             path.c_str(), file.getError().message().c_str());
+  std::string hash = sha256Hex((*file)->getBuffer());
+  if (hash != plan.model().sha256())
+    return createStringError(inconvertibleErrorCode(),
+                             "%s: sha256 %s differs from the plan's model (%s, sha256 %s); "
+                             "recompile the plan for this model",
+                             path.c_str(), hash.substr(0, 12).c_str(), plan.model().path().c_str(),
+                             plan.model().sha256().substr(0, 12).c_str());
+  return path;
+}
+
+namespace {
+
+/// The backend of one rank: the CPU, or CUDA device \p device.
+Expected<std::unique_ptr<Backend>> makeBackend(const Shared &s, int device, int pipelineRank) {
+  if (s.options.backend == "cpu")
+    return makeCpuBackend();
+  if (s.options.backend != "cuda")
+    return createStringError(inconvertibleErrorCode(), "--backend %s: expected cpu or cuda",
+                             s.options.backend.c_str());
+  std::string precision =
+      s.options.precision.empty() ? s.plan->training().precision() : s.options.precision;
+  auto backend = makeCudaBackend(device, precision == "bf16");
+  if (!backend)
+    return backend.takeError();
+  if (Error err = (*backend)->reserve(s.plan->ranks(pipelineRank).peak_memory_bytes()))
+    return err;
+  return backend;
+}
+
+/// Keeps freed tensor memory in the heap: a step frees and reallocates the
+/// same large activations over and over, and returning them to the kernel
+/// each time costs a page fault per page on the next touch.
+void keepFreedMemory() {
+  static bool done = false;
+  if (done)
+    return;
+  done = true;
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+}
+
+/// What the reporting process does with every rank's results: the graph
+/// outputs in sample order (written with --outputs), the trained model
+/// (--save-weights), the trace (--trace), the weights (collectWeights).
+Error finishRun(const Shared &s,
+                const std::map<std::string, std::map<int64_t, cpu::Tensor>> &outputs,
+                std::map<std::string, cpu::Tensor> trained, const std::vector<TraceEvent> &events,
+                RunResult &result) {
+  const RunOptions &options = s.options;
+  if (Error err = assembleOutputs(*s.plan, outputs, result))
+    return err;
+  if (Error err = writeOutputs(options, result))
+    return err;
+  if (!options.saveWeights.empty())
+    if (Error err = saveTrainedModel(s.modelPath, trained, options.saveWeights))
+      return err;
+  if (!options.tracePath.empty())
+    if (Error err = writeTrace(options.tracePath, events, s.P * s.dp))
+      return err;
+  if (options.collectWeights)
+    result.weights = std::move(trained);
+  return Error::success();
+}
+
+} // namespace
+
+Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) {
+  keepFreedMemory();
+  auto shared = makeShared(plan, options);
+  if (!shared)
+    return shared.takeError();
+  Shared &s = **shared;
+  int ranks = s.P * s.dp;
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  cpu::setBlasThreads(static_cast<int>(cores) / ranks);
+  LocalWorld world(ranks, options.timeoutSeconds);
+  std::vector<std::unique_ptr<Comm>> comms;
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<std::unique_ptr<RankExecutor>> executors;
+  for (int r = 0; r < ranks; ++r) {
+    auto backend = makeBackend(s, r / std::max(1, options.ranksPerDevice), r % s.P);
+    if (!backend)
+      return backend.takeError();
+    backends.push_back(std::move(*backend));
+    comms.push_back(world.comm(r));
+    executors.push_back(std::make_unique<RankExecutor>(s, *comms.back(), *backends.back()));
+  }
+  std::vector<RunResult> results(ranks);
+  std::vector<std::string> errors(ranks);
+  std::mutex errorMutex;
+  int firstFailed = -1;
+  auto body = [&](int r) {
+    if (Error err = runRank(s, *comms[r], *executors[r], results[r])) {
+      std::string text = toString(std::move(err));
+      {
+        std::lock_guard<std::mutex> lock(errorMutex);
+        if (firstFailed < 0)
+          firstFailed = r;
+      }
+      errors[r] = text;
+      comms[r]->fail(text);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 1; r < ranks; ++r)
+    threads.emplace_back(body, r);
+  body(0);
+  for (std::thread &t : threads)
+    t.join();
+  if (firstFailed >= 0)
+    return createStringError(inconvertibleErrorCode(), "%s", errors[firstFailed].c_str());
+
+  RunResult result = std::move(results[0]);
+  for (const auto &ex : executors) {
+    result.busySeconds.push_back(ex->busy / std::max(1, options.steps - result.firstStep));
+    result.instructions += ex->instructions;
+    result.nodes += ex->nodesRun;
+    result.kernelSeconds += ex->kernelSeconds;
+    result.instructionSeconds += ex->instructionSeconds - ex->waitSeconds;
+  }
+  // Replica 0 holds every weight; tied copies are identical.
+  std::map<std::string, std::map<int64_t, cpu::Tensor>> outputs;
+  std::map<std::string, cpu::Tensor> trained;
+  for (const auto &ex : executors) {
+    for (const auto &[name, parts] : ex->outputs)
+      outputs[name].insert(parts.begin(), parts.end());
+    if (ex->replicaIndex() != 0)
+      continue;
+    auto weights = ex->trainedWeights();
+    if (!weights)
+      return weights.takeError();
+    for (auto &[name, w] : *weights)
+      trained.emplace(name, std::move(w));
+    if (options.collectWeights)
+      for (const auto &[name, g] : ex->lastGrads)
+        result.gradients.emplace(name, g);
+  }
+  std::vector<TraceEvent> events;
+  for (const auto &ex : executors)
+    events.insert(events.end(), ex->events.begin(), ex->events.end());
+  if (Error err = finishRun(s, outputs, std::move(trained), events, result))
+    return err;
+  return result;
+}
+
+Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
+  keepFreedMemory();
+  auto comm = makeMpiComm(options.timeoutSeconds);
+  if (!comm)
+    return comm.takeError();
+  auto shared = makeShared(plan, options);
+  if (!shared) {
+    Error err = shared.takeError();
+    std::string text = toString(std::move(err));
+    (*comm)->fail(text);
+    return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
+  }
+  Shared &s = **shared;
+  if ((*comm)->size() != s.P * s.dp) {
+    std::string text = formatv("the plan has {0} pipeline ranks x {1} replicas = {2} ranks; "
+                               "mpirun started {3} (use mpirun -np {2})",
+                               s.P, s.dp, s.P * s.dp, (*comm)->size())
+                           .str();
+    if ((*comm)->rank() == 0)
+      (*comm)->fail(text);
+    return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
+  }
+  // Processes on one node share its cores.
+  if (const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) {
+    int perNode = std::max(1, std::atoi(local));
+    unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    cpu::setBlasThreads(static_cast<int>(cores) / perNode);
+  }
+  int localRank = 0;
+  if (const char *lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"))
+    localRank = std::atoi(lr);
+  else if (const char *lr = std::getenv("SLURM_LOCALID"))
+    localRank = std::atoi(lr);
+  auto backend =
+      makeBackend(s, localRank / std::max(1, options.ranksPerDevice), (*comm)->rank() % s.P);
+  if (!backend) {
+    std::string text = toString(backend.takeError());
+    (*comm)->fail(text);
+    return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
+  }
+  std::unique_ptr<Comm> transport = std::move(*comm);
+  if (options.comm == "nccl") {
+    auto nccl = makeNcclComm(std::move(transport), localRank / std::max(1, options.ranksPerDevice),
+                             options.timeoutSeconds);
+    if (!nccl)
+      return nccl.takeError();
+    transport = std::move(*nccl);
+  }
+  comm = std::move(transport);
+  RankExecutor ex(s, **comm, **backend);
+  RunResult result;
+  result.primary = (*comm)->rank() == 0;
+  auto fail = [&](Error err) -> Error {
+    std::string text = toString(std::move(err));
+    (*comm)->fail(text);
+    return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
+  };
+  if (Error err = runRank(s, **comm, ex, result))
+    return fail(std::move(err));
+  result.instructions = ex.instructions;
+  result.busySeconds = {ex.busy / std::max(1, options.steps - result.firstStep)};
+  // Inference outputs and trained weights go to rank 0.
+  bool wantWeights = !options.saveWeights.empty() || options.collectWeights;
+  onnx::GraphProto mine;
+  if (wantWeights && ex.replicaIndex() == 0) {
+    auto weights = ex.trainedWeights();
+    if (!weights)
+      return fail(weights.takeError());
+    for (const auto &[name, w] : *weights)
+      *mine.add_initializer() = cpu::toTensorProto(w, name);
+  }
+  for (const auto &[name, parts] : ex.outputs)
+    for (const auto &[start, t] : parts) {
+      onnx::TensorProto p = cpu::toTensorProto(t, name);
+      p.set_doc_string(std::to_string(start));
+      *mine.add_initializer() = std::move(p);
+    }
+  if (!options.tracePath.empty())
+    mine.set_doc_string(serializeEvents(ex.events));
+  std::string bytes;
+  mine.SerializeToString(&bytes);
+  auto all = (*comm)->gather(bytes);
+  if (!all)
+    return fail(all.takeError());
+  if ((*comm)->rank() != 0)
+    return result;
+  std::map<std::string, cpu::Tensor> trained;
+  std::map<std::string, std::map<int64_t, cpu::Tensor>> outputs;
+  std::vector<TraceEvent> events;
+  for (const std::string &b : *all) {
+    onnx::GraphProto g;
+    if (!g.ParseFromString(b))
+      return fail(rankError(0, "a rank's results did not parse"));
+    parseEvents(g.doc_string(), events);
+    for (const onnx::TensorProto &t : g.initializer()) {
+      auto tensor = cpu::fromTensorProto(t);
+      if (!tensor)
+        return fail(tensor.takeError());
+      if (!t.doc_string().empty()) {
+        int64_t start = 0;
+        StringRef(t.doc_string()).getAsInteger(10, start);
+        outputs[t.name()][start] = std::move(*tensor);
+      } else {
+        trained.emplace(t.name(), std::move(*tensor));
+      }
+    }
+  }
+  if (Error err = finishRun(s, outputs, std::move(trained), events, result))
+    return fail(std::move(err));
+  return result;
+}
+
+} // namespace pipec::rt

@@ -1,0 +1,117 @@
+//===- Optimizer.cpp - OPTIMIZER_STEP: a rank's weight update ------------===//
+//
+// The step's learning rate (constant, linear or cosine decay after a linear
+// warm-up), gradient clipping by the global norm over all ranks, and the
+// update of each trained weight by the backend: SGD, momentum or AdamW.
+// Float16 and bfloat16 weights train through float32 master copies.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/exec/RankExecutor.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+#include <algorithm>
+#include <cmath>
+
+using namespace llvm;
+
+namespace pipec::rt {
+
+namespace {
+
+/// The learning rate of step \p t under the run's schedule.
+double scheduledLr(const Shared &s, int t) {
+  const RunOptions &o = s.options;
+  double lr = s.lr;
+  if (o.warmup > 0 && t < o.warmup)
+    return lr * (t + 1) / o.warmup;
+  int decaySteps = o.steps - o.warmup;
+  double progress = decaySteps > 0 ? std::clamp(double(t - o.warmup) / decaySteps, 0.0, 1.0) : 0.0;
+  if (o.lrSchedule == "linear")
+    return lr * (1 - progress);
+  if (o.lrSchedule == "cosine")
+    return lr * 0.5 * (1 + std::cos(M_PI * progress));
+  return lr;
+}
+
+} // namespace
+
+Error RankExecutor::optimizerStep(int t) {
+  const RunOptions &o = s.options;
+  OptimizerUpdate u;
+  u.kind = s.optimizer;
+  u.lr = scheduledLr(s, t);
+  lastLr = u.lr;
+  u.momentum = o.momentum;
+  u.weightDecay = o.weightDecay;
+  u.beta1 = o.beta1;
+  u.beta2 = o.beta2;
+  u.epsilon = o.epsilon;
+  u.gradScale = 1.0 / (static_cast<double>(s.M) * s.dp);
+  u.step = t;
+  if (o.clipGradNorm > 0) {
+    // Every rank adds the squares of the weights it counts: a tied weight on
+    // the lowest of its ranks, replicas' (identical) gradients on replica 0.
+    // The backend sums where the gradients are: one number leaves a device.
+    double squares[1] = {0};
+    if (replica == 0) {
+      std::vector<const cpu::Tensor *> counted;
+      for (const std::string &name : trainableHere)
+        if (auto owner = tiedOwner.find(name); owner == tiedOwner.end() || owner->second == rank)
+          counted.push_back(&grads[name]);
+      auto sum = be.sumOfSquares(counted, u.gradScale);
+      if (!sum)
+        return rankError(global, "the gradient norm: " + toString(sum.takeError()));
+      squares[0] = *sum;
+    }
+    if (Error err = comm.sumAll(squares))
+      return err;
+    lastGradNorm = std::sqrt(squares[0]);
+    if (lastGradNorm > o.clipGradNorm)
+      u.gradScale *= o.clipGradNorm / (lastGradNorm + 1e-6);
+  }
+  for (const std::string &name : trainableHere) {
+    cpu::Tensor &g = grads[name];
+    if (s.options.collectWeights) {
+      auto host = be.download(g);
+      if (!host)
+        return host.takeError();
+      cpu::Tensor scaled = host->clone();
+      for (int64_t i = 0; i < scaled.numElements(); ++i)
+        scaled.setDouble(i, scaled.getDouble(i) * u.gradScale);
+      lastGrads[name] = std::move(scaled);
+    }
+    auto m = master.find(name);
+    cpu::Tensor &target = m != master.end() ? m->second : weights[name];
+    if (Error err = be.optimize(u, target, g, moment1[name], moment2[name]))
+      return rankError(global, formatv("updating '{0}': {1}", name, toString(std::move(err))));
+    if (m != master.end()) {
+      int type = weights[name].elemType() == cpu::ElemType::Float16 ? onnx::TensorProto::FLOAT16
+                                                                    : onnx::TensorProto::BFLOAT16;
+      auto rounded = castTo(m->second, type);
+      if (!rounded)
+        return rounded.takeError();
+      weights[name] = std::move(*rounded);
+    }
+  }
+  return Error::success();
+}
+
+Expected<cpu::Tensor> RankExecutor::castTo(const cpu::Tensor &t, int to) {
+  onnx::NodeProto cast;
+  cast.set_op_type("Cast");
+  cast.set_name("pipec:master-cast");
+  cast.add_input("x");
+  cast.add_output("y");
+  auto *a = cast.add_attribute();
+  a->set_name("to");
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(to);
+  const cpu::Tensor *in[] = {&t};
+  auto out = be.run(cast, 13, in);
+  if (!out)
+    return out.takeError();
+  return std::move((*out)[0]);
+}
+
+} // namespace pipec::rt

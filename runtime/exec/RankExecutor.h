@@ -1,0 +1,168 @@
+//===- RankExecutor.h - One rank of a run, and what all ranks share -----===//
+//
+// The executor's own vocabulary, shared by its files; the API is Executor.h.
+//
+//   Executor.cpp    RankExecutor: loads a rank's weights and interprets its
+//                   instruction stream, one step at a time
+//   Optimizer.cpp   OPTIMIZER_STEP: the learning-rate schedule, gradient
+//                   clipping, float32 master copies of half weights
+//   Checkpoint.cpp  a rank's checkpoint files
+//   Trace.cpp       the measured timeline
+//   Launch.cpp      a run: ranks as threads (runLocal) or MPI processes
+//                   (runMpi), their steps, outputs and results
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_RUNTIME_EXEC_RANKEXECUTOR_H
+#define PIPEC_RUNTIME_EXEC_RANKEXECUTOR_H
+
+#include "runtime/comm/Comm.h"
+#include "runtime/core/Backend.h"
+#include "runtime/exec/Data.h"
+#include "runtime/exec/Executor.h"
+#include "runtime/exec/Fusion.h"
+#include "support/ChromeTrace.h"
+
+#include "onnx/onnx_pb.h"
+
+#include "llvm/ADT/Twine.h"
+#include "llvm/Support/Error.h"
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+namespace pipec::rt {
+
+using Clock = std::chrono::steady_clock;
+
+/// Seconds since the epoch: trace times that processes on one host share.
+inline double wallNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+using Ins = plan::Instruction;
+using Env = std::unordered_map<std::string, cpu::Tensor>;
+
+/// "rank R: WHY".
+llvm::Error rankError(int rank, const llvm::Twine &why);
+
+using OptimizerKind = OptimizerUpdate::Kind;
+
+/// Where PIPEC_FAULT (Executor.h) injects a fault; rank -1: nowhere.
+struct Fault {
+  int rank = -1, step = -1, at = -1;
+  std::string kind;
+};
+
+/// Reads PIPEC_FAULT.
+Fault parseFault();
+
+/// What all ranks of a run share (read-only once made).
+struct Shared {
+  const plan::Plan *plan = nullptr;
+  RunOptions options;
+  std::string modelPath, modelDir;
+  std::shared_ptr<DataSource> data;
+  int P = 1, dp = 1, K = 1, M = 1;
+  int64_t globalBatch = 1, microbatchSize = 1;
+  bool training = true, recompute = false;
+  std::vector<int> rankOfStage;
+  std::map<std::string, const onnx::TensorProto *> weightProtos;
+  std::set<std::string> trainable;
+  OptimizerKind optimizer = OptimizerKind::AdamW;
+  double lr = 1e-3;
+  Fault fault;
+  /// The plan's stage programs as this run executes them (fused unless
+  /// --no-fuse).
+  std::vector<plan::StageProgram> programs;
+  FusionStats fusion;
+};
+
+/// Microbatch \p mb's first sample at step \p step on replica \p replica.
+inline int64_t firstSample(const Shared &s, int step, int replica, int mb) {
+  return static_cast<int64_t>(step) * s.globalBatch +
+         (static_cast<int64_t>(replica) * s.M + mb) * s.microbatchSize;
+}
+
+/// Interprets one rank's instruction stream: its weights, the values of the
+/// microbatches in flight, its gradient accumulators and optimizer state.
+class RankExecutor {
+public:
+  RankExecutor(const Shared &shared, Comm &comm, Backend &backend)
+      : s(shared), comm(comm), be(backend), global(comm.rank()), replica(global / shared.P),
+        rank(global % shared.P), program(shared.plan->programs(rank)) {}
+
+  llvm::Error load();
+  llvm::Error step(int t, double &lossSum, double &lossCount);
+  llvm::Error saveCheckpoint(llvm::StringRef file, int nextStep);
+  llvm::Error loadCheckpoint(llvm::StringRef file, int &nextStep);
+
+  int globalRank() const { return global; }
+  /// Host copies of this rank's trainable weights.
+  llvm::Expected<std::map<std::string, cpu::Tensor>> trainedWeights();
+  int replicaIndex() const { return replica; }
+  std::map<std::string, cpu::Tensor> weights; ///< this rank's weights and constants
+  std::map<std::string, cpu::Tensor> lastGrads;
+  std::map<std::string, std::map<int64_t, cpu::Tensor>> outputs;
+  std::vector<TraceEvent> events;
+  double busy = 0;
+  int64_t instructions = 0;
+  /// Time inside the backend's node kernels, time in whole instructions
+  /// (excluding waits for messages), and nodes run.
+  double kernelSeconds = 0, instructionSeconds = 0;
+  int64_t nodesRun = 0;
+  /// The last step's learning rate and (with clipping) gradient norm.
+  double lastLr = 0, lastGradNorm = -1;
+  /// Seconds spent waiting for messages inside compute instructions.
+  double waitSeconds = 0;
+
+private:
+  const plan::StageProgram &stageProgram(int stage) const { return s.programs[stage]; }
+  bool local(int stage) const { return stage >= 0 && stage < s.K && s.rankOfStage[stage] == rank; }
+  int peerGlobal(int pipelineRank) const { return replica * s.P + pipelineRank; }
+  Env &env(int stage, int mb) { return envs[{stage, mb}]; }
+  llvm::Error runNodes(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
+                       Env &values, int stage, int mb, llvm::StringRef phase);
+  llvm::Error loadInputs(int stage, int mb, int t);
+  llvm::Error collect(bool grad, int stageField, int mb);
+  llvm::Error forward(int stage, int mb, int t, bool again);
+  llvm::Error backwardInput(int stage, int mb);
+  llvm::Error backwardWeight(int stage, int mb);
+  llvm::Error allReduce(const Ins &ins);
+  llvm::Error optimizerStep(int t);
+  void prune(Env &values, const std::set<std::string> &keep);
+  /// \p t as the Comm takes it: device tensors stay when it moves them.
+  llvm::Expected<cpu::Tensor> forComm(const cpu::Tensor &t);
+
+  const Shared &s;
+  Comm &comm;
+  Backend &be;
+  int global, replica, rank;
+  const plan::RankProgram &program;
+  std::map<std::pair<int, int>, Env> envs;
+  std::map<std::tuple<bool, int, int, std::string>, cpu::Tensor> outbox;
+  std::map<std::tuple<bool, int, int, std::string>, int> pending;
+  std::map<std::string, cpu::Tensor> grads, moment1, moment2;
+  /// float32 master copies of trained float16 / bfloat16 weights.
+  std::map<std::string, cpu::Tensor> master;
+  /// \p t converted to ONNX element type \p to by the backend's Cast.
+  llvm::Expected<cpu::Tensor> castTo(const cpu::Tensor &t, int to);
+  std::vector<std::string> trainableHere;
+  std::map<int, std::set<std::string>> keepSets, inputSets;
+  /// Buffer -> (stage, microbatch) of the FORWARD that fills it: what FREE
+  /// drops.
+  std::map<int, std::pair<int, int>> bufferOwner;
+  /// Whether the run writes a trace (events are kept only then).
+  bool tracing = !s.options.tracePath.empty();
+  /// Tied weight -> the lowest pipeline rank holding it.
+  std::map<std::string, int> tiedOwner;
+  double lossSum = 0, lossCount = 0;
+};
+
+} // namespace pipec::rt
+
+#endif // PIPEC_RUNTIME_EXEC_RANKEXECUTOR_H

@@ -1,0 +1,35 @@
+//===- Trace.h - The measured timeline of a run --------------------------===//
+//
+// Each rank records its compute instructions and its waits for messages as
+// TraceEvents (support/ChromeTrace.h), in seconds since the epoch. MPI ranks
+// send theirs to rank 0 as text; the reporting process writes them all as
+// one Chrome trace, in the simulator's format.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_RUNTIME_EXEC_TRACE_H
+#define PIPEC_RUNTIME_EXEC_TRACE_H
+
+#include "support/ChromeTrace.h"
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <string>
+#include <vector>
+
+namespace pipec::rt {
+
+/// Writes \p events of a run of \p ranks global ranks to \p path
+/// (atomically), times from the earliest event on.
+llvm::Error writeTrace(llvm::StringRef path, const std::vector<TraceEvent> &events, int ranks);
+
+/// \p events as text, one line each, for rank 0 to read with parseEvents.
+std::string serializeEvents(const std::vector<TraceEvent> &events);
+
+/// Appends the events of serializeEvents' \p text to \p events; skips
+/// malformed lines.
+void parseEvents(llvm::StringRef text, std::vector<TraceEvent> &events);
+
+} // namespace pipec::rt
+
+#endif // PIPEC_RUNTIME_EXEC_TRACE_H

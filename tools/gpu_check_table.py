@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""The arithmetic of tools/gpu-check.sh's tables.
+
+Usage:
+  gpu_check_table.py seconds "12.34 ms"
+      the duration in seconds (units s, ms, us)
+  pipec report PLAN --format json | gpu_check_table.py flops
+      training FLOPs per step: 3 x M x the stages' forward FLOPs per microbatch
+  gpu_check_table.py cells N T_N T_1 PREDICTED FLOPS PEAK
+      the benchmark row from an N-step and a 1-step run (seconds per step):
+      "STEADY ms|PREDICTED ms|TFLOP/s|MFU|STEADY/PREDICTED", the steady step
+      being (N T_N - T_1) / (N - 1); FLOPS may be empty or 0, PEAK (TFLOP/s)
+      empty
+  gpu_check_table.py ratio A B
+      A / B with two decimals
+"""
+import json
+import sys
+
+
+def seconds(text):
+    v, u = text.split()
+    print(float(v) * {"s": 1, "ms": 1e-3, "us": 1e-6}[u])
+
+
+def flops():
+    d = json.load(sys.stdin)
+    print(3 * d["schedule"]["microbatches"] * sum(s["flops_fwd"] for s in d["stages"]))
+
+
+def cells(n, tN, t1, pred, flops, peak):
+    n, tN, t1, pred = int(n), float(tN), float(t1), float(pred)
+    steady = (n * tN - t1) / (n - 1) if n > 1 and n * tN > t1 else tN
+    tf = float(flops) / steady / 1e12 if flops else 0
+    mfu = "%.1f%%" % (100 * tf / float(peak)) if peak and tf else "n/a"
+    print("%.2f ms|%.2f ms|%.2f|%s|%.2f" % (steady * 1e3, pred * 1e3, tf, mfu, steady / pred))
+
+
+def ratio(a, b):
+    print("%.2f" % (float(a) / float(b)))
+
+
+if __name__ == "__main__":
+    command, args = sys.argv[1], sys.argv[2:]
+    {"seconds": seconds, "flops": flops, "cells": cells, "ratio": ratio}[command](*args)
