@@ -335,6 +335,16 @@ TEST(CpuKernels, GeluExactAndTanh) {
   expectClose(tanh[0], Tensor::fromValues<float>({3}, {-0.158808009f, 0, 1.95459769f}));
 }
 
+// The reference: onnxruntime 1.32 (CPUExecutionProvider) on a Mish-18 node,
+// at inputs spanning the saturation regions of softplus.
+TEST(CpuKernels, MishMatchesOnnxReference) {
+  Tensor x = Tensor::fromValues<float>({9}, {-10, -2.5f, -1, -0.1f, 0, 0.3f, 1, 2.5f, 10});
+  auto y = run(NodeBuilder("Mish", 1), {&x}, 18);
+  expectClose(y[0], Tensor::fromValues<float>({9}, {-0.000453988934f, -0.196816191f, -0.30340144f,
+                                                    -0.0567885749f, 0, 0.20800139f, 0.865098476f,
+                                                    2.47139239f, 10}));
+}
+
 //===----------------------------------------------------------------------===//
 // Attributes that became inputs
 //===----------------------------------------------------------------------===//

@@ -134,6 +134,19 @@ struct Softplus : NoParams {
   PIPEC_HD static double derivative(double x, const ElemParams &p) { return Sigmoid::value(x, p); }
 };
 
+/// Mish (ONNX 18): x tanh(softplus(x)); the derivative by the product rule.
+struct Mish : NoParams {
+  static constexpr ElemTypes types = ElemTypes::Float;
+  static constexpr GradFrom gradFrom = GradFrom::Input;
+  template <typename T> PIPEC_HD static T value(T x, const ElemParams &p) {
+    return static_cast<T>(x * math::tanh(Softplus::value(x, p)));
+  }
+  PIPEC_HD static double derivative(double x, const ElemParams &p) {
+    double t = ::tanh(Softplus::value(x, p)), s = Sigmoid::value(x, p);
+    return t + x * s * (1 - t * t);
+  }
+};
+
 struct HardSwish : NoParams {
   static constexpr ElemTypes types = ElemTypes::Float;
   static constexpr GradFrom gradFrom = GradFrom::Input;
