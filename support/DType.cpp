@@ -95,4 +95,11 @@ bool isIntegerDType(DType type) {
   }
 }
 
+std::optional<DType> dtypeOfName(llvm::StringRef name) {
+  for (int32_t t = 0; t <= static_cast<int32_t>(DType::BF16); ++t)
+    if (isKnownDType(t) && dtypeName(static_cast<DType>(t)) == name)
+      return static_cast<DType>(t);
+  return std::nullopt;
+}
+
 } // namespace pipec

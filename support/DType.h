@@ -9,6 +9,7 @@
 
 #include "llvm/ADT/StringRef.h"
 #include <cstdint>
+#include <optional>
 
 namespace pipec {
 
@@ -38,6 +39,8 @@ bool isKnownDType(int32_t onnxType);
 int64_t dtypeSize(DType type);
 /// Short lower-case name: "f32", "i64", "bf16", ...
 llvm::StringRef dtypeName(DType type);
+/// The type dtypeName gives \p name, or nullopt.
+std::optional<DType> dtypeOfName(llvm::StringRef name);
 bool isFloatDType(DType type);
 bool isIntegerDType(DType type);
 

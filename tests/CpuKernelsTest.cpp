@@ -97,7 +97,7 @@ std::string errorOf(const NodeBuilder &builder, std::vector<const Tensor *> inpu
 Tensor randomTensor(std::vector<int64_t> shape, unsigned seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(-1, 1);
-  Tensor t(ElemType::Float, std::move(shape));
+  Tensor t(DType::F32, std::move(shape));
   for (int64_t i = 0; i < t.numElements(); ++i)
     t.data<float>()[i] = dist(rng);
   return t;
@@ -183,7 +183,7 @@ Tensor naiveConv2d(const Tensor &x, const Tensor &w, const Tensor &bias, int64_t
   int64_t m = w.dim(0), cg = w.dim(1), kh = w.dim(2), kw = w.dim(3);
   int64_t oh = (h + pads[0] + pads[2] - dilation[0] * (kh - 1) - 1) / stride[0] + 1;
   int64_t ow = (wd + pads[1] + pads[3] - dilation[1] * (kw - 1) - 1) / stride[1] + 1;
-  Tensor y(ElemType::Float, {n, m, oh, ow});
+  Tensor y(DType::F32, {n, m, oh, ow});
   for (int64_t b = 0; b < n; ++b)
     for (int64_t f = 0; f < m; ++f) {
       int64_t g = f / (m / group);
@@ -221,13 +221,13 @@ TEST(CpuKernels, ConvWithGroupsPadsStridesDilationsMatchesNaiveLoop) {
 }
 
 TEST(CpuKernels, DepthwiseAndPointwiseConv) {
-  Tensor x = randomTensor({1, 3, 5, 5}, 8), zeros3(ElemType::Float, {3});
+  Tensor x = randomTensor({1, 3, 5, 5}, 8), zeros3(DType::F32, {3});
   Tensor depthwise = randomTensor({3, 1, 3, 3}, 9);
   auto dw = run(NodeBuilder("Conv", 2).attr("group", int64_t(3)).attr("auto_pad", "SAME_UPPER"),
                 {&x, &depthwise});
   expectClose(dw[0], naiveConv2d(x, depthwise, zeros3, 3, {1, 1}, {1, 1, 1, 1}, {1, 1}), 1e-5,
               1e-5);
-  Tensor pointwise = randomTensor({2, 3, 1, 1}, 10), zeros2(ElemType::Float, {2});
+  Tensor pointwise = randomTensor({2, 3, 1, 1}, 10), zeros2(DType::F32, {2});
   auto pw = run(NodeBuilder("Conv", 2), {&x, &pointwise});
   expectClose(pw[0], naiveConv2d(x, pointwise, zeros2, 1, {1, 1}, {0, 0, 0, 0}, {1, 1}), 1e-5,
               1e-5);
@@ -370,7 +370,7 @@ TEST(CpuKernels, AxesFromAttributeOrInputByOpset) {
 }
 
 TEST(CpuKernels, LegacyBroadcastAlignsAtAxisBeforeOpset7) {
-  Tensor a(ElemType::Float, {2, 3, 2});
+  Tensor a(DType::F32, {2, 3, 2});
   Tensor b = Tensor::fromValues<float>({3}, {1, 2, 3});
   auto out = run(NodeBuilder("Add", 2).attr("broadcast", int64_t(1)).attr("axis", int64_t(1)),
                  {&a, &b}, 6);
@@ -400,7 +400,7 @@ TEST(CpuKernels, SliceWithNegativeStepsAndStartsFromAttributes) {
                 {&x}, 9);
   expectClose(v9[0], Tensor::fromValues<int64_t>({1, 3}, {5, 6, 7}));
   // An empty dimension read backwards, and a step too large to add to.
-  Tensor empty(ElemType::Float, {0, 3});
+  Tensor empty(DType::F32, {0, 3});
   Tensor zero = Tensor::fromValues<int64_t>({1}, {0});
   Tensor back = Tensor::fromValues<int64_t>({1}, {-1});
   auto none = run(NodeBuilder("Slice", 5), {&empty, &back, &ends, &zero, &back}, 13);
@@ -413,11 +413,11 @@ TEST(CpuKernels, SliceWithNegativeStepsAndStartsFromAttributes) {
 }
 
 TEST(CpuKernels, ReshapeZeroCopiesUnlessAllowZero) {
-  Tensor x(ElemType::Float, {2, 0, 3});
+  Tensor x(DType::F32, {2, 0, 3});
   Tensor shape = Tensor::fromValues<int64_t>({2}, {0, -1});
   auto copied = run(NodeBuilder("Reshape", 2), {&x, &shape}, 14);
   EXPECT_EQ(copied[0].shape(), (std::vector<int64_t>{2, 0}));
-  Tensor y(ElemType::Float, {2, 3});
+  Tensor y(DType::F32, {2, 3});
   Tensor zero = Tensor::fromValues<int64_t>({2}, {0, 3});
   auto kept = run(NodeBuilder("Reshape", 2), {&y, &zero}, 14);
   EXPECT_EQ(kept[0].shape(), (std::vector<int64_t>{2, 3}));
@@ -431,9 +431,9 @@ TEST(CpuKernels, ReshapeZeroCopiesUnlessAllowZero) {
 //===----------------------------------------------------------------------===//
 
 TEST(CpuTensor, HalfTypesAreStoredAsRoundedFloats) {
-  Tensor h = Tensor::fromValues<float>({3}, {1.0f / 3, 65519.0f, 1e-8f}, ElemType::Float16);
+  Tensor h = Tensor::fromValues<float>({3}, {1.0f / 3, 65519.0f, 1e-8f}, DType::F16);
   EXPECT_EQ(h.data<float>()[0], 0.333251953125f); // nearest binary16
-  EXPECT_TRUE(std::isinf(Tensor::scalar(65520.0f, ElemType::Float16).data<float>()[0]));
+  EXPECT_TRUE(std::isinf(Tensor::scalar(65520.0f, DType::F16).data<float>()[0]));
   EXPECT_EQ(h.data<float>()[1], 65504.0f);
   EXPECT_EQ(h.data<float>()[2], 0.0f);
   onnx::TensorProto proto = toTensorProto(h, "h");
@@ -738,7 +738,7 @@ TEST(CpuKernels, SkipLayerNormalizationsMatchLoops) {
   expectClose(full[3], floats({2, 3, 4}, sums));
   expectClose(rms[0], floats({2, 3, 4}, wantRms));
   // onnxruntime gives no mean for RMS normalization: zeros.
-  expectClose(rms[1], Tensor(ElemType::Float, {2, 3, 1}));
+  expectClose(rms[1], Tensor(DType::F32, {2, 3, 1}));
   expectClose(rms[2], floats({2, 3, 1}, invRms));
   expectClose(rms[3], floats({2, 3, 4}, sums));
 }
@@ -754,12 +754,11 @@ TEST(CpuKernels, SimplifiedLayerNormalizationNumbers) {
   expectClose(out[0], Tensor::fromValues<float>({2, 2}, {3 * a, 8 * a, 0, 4 * b}));
   expectClose(out[1], Tensor::fromValues<float>({2, 1}, {a, b}));
   // Half precision in and out, computed in float.
-  Tensor h = Tensor::fromValues<float>({2, 2}, {3, 4, 0, 2}, ElemType::Float16);
-  Tensor hs = Tensor::fromValues<float>({2}, {1, 2}, ElemType::Float16);
+  Tensor h = Tensor::fromValues<float>({2, 2}, {3, 4, 0, 2}, DType::F16);
+  Tensor hs = Tensor::fromValues<float>({2}, {1, 2}, DType::F16);
   auto half = run(node, {&h, &hs});
-  EXPECT_EQ(half[0].elemType(), ElemType::Float16);
-  expectClose(half[0],
-              Tensor::fromValues<float>({2, 2}, {3 * a, 8 * a, 0, 4 * b}, ElemType::Float16));
+  EXPECT_EQ(half[0].elemType(), DType::F16);
+  expectClose(half[0], Tensor::fromValues<float>({2, 2}, {3 * a, 8 * a, 0, 4 * b}, DType::F16));
   EXPECT_TRUE(isSupported("SimplifiedLayerNormalization"));
   EXPECT_FALSE(isSupported("SimplifiedLayerNormalization", "com.microsoft"));
 }
@@ -943,9 +942,9 @@ TEST(CpuKernels, EveryOpSurvivesOddInputs) {
       Tensor::fromValues<int64_t>({3}, {1, 0, -1}),
       Tensor::fromValues<bool>({2}, {true, false}),
       Tensor::scalar(0.5f),
-      Tensor(ElemType::Float, {0}),
+      Tensor(DType::F32, {0}),
       Tensor::fromValues<int32_t>({2, 3}, {0, 1, 2, 3, 4, 5}),
-      Tensor::fromValues<float>({2, 3}, {1, 2, 3, 4, 5, 6}, ElemType::Float16),
+      Tensor::fromValues<float>({2, 3}, {1, 2, 3, 4, 5, 6}, DType::F16),
       randomTensor({1, 2, 3, 3}, 19),
   };
   // Every op the registry gives a CPU kernel, pipec's own included.

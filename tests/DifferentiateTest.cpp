@@ -85,7 +85,7 @@ TEST(Differentiate, GeluUnaryGradKernel) {
     }
     std::vector<double> xs{-2.5, -1.0, -0.3, 0.0, 0.4, 1.2, 3.0};
     const double eps = 1e-6;
-    Tensor x = Tensor::fromValues<double>({7}, xs), ones(ElemType::Double, {7});
+    Tensor x = Tensor::fromValues<double>({7}, xs), ones(DType::F64, {7});
     for (int i = 0; i < 7; ++i)
       ones.setDouble(i, 1.0);
     Tensor plus = x.clone(), minus = x.clone();
@@ -115,7 +115,7 @@ TEST(Differentiate, GradKernelErrors) {
   node.add_output("dx");
   auto *a = node.add_attribute();
   a->set_name("shape"), a->set_type(onnx::AttributeProto::INTS), a->add_ints(3);
-  Tensor dy(ElemType::Float, {2, 4});
+  Tensor dy(DType::F32, {2, 4});
   auto bad = cpu::runOp(node, 17, {&dy});
   ASSERT_FALSE(bool(bad));
   EXPECT_EQ(llvm::toString(bad.takeError()).rfind("node 'g' (SumTo)", 0), 0u);
@@ -302,7 +302,7 @@ TEST(Differentiate, ConvGradKernelErrors) {
   node.set_op_type("ConvGradInput");
   node.add_input("dy"), node.add_input("w"), node.add_output("dx");
   setIntsAttr(node, "shape", {1, 2, 4, 4});
-  Tensor dy(ElemType::Float, {1, 3, 4, 4}), w(ElemType::Float, {3, 2, 3, 3});
+  Tensor dy(DType::F32, {1, 3, 4, 4}), w(DType::F32, {3, 2, 3, 3});
   auto bad = cpu::runOp(node, 17, {&dy, &w});
   ASSERT_FALSE(bool(bad));
   EXPECT_EQ(llvm::toString(bad.takeError()),

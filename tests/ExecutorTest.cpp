@@ -8,8 +8,8 @@
 //===----------------------------------------------------------------------===//
 #include "TestUtil.h"
 
-#include "driver/Compile.h"
 #include "compiler/sim/Simulator.h"
+#include "driver/Compile.h"
 #include "runtime/core/Backend.h"
 #include "runtime/exec/Data.h"
 #include "runtime/exec/Executor.h"
@@ -356,7 +356,7 @@ TEST(Npy, RoundTripsEveryType) {
   TempDir dir;
   std::vector<cpu::Tensor> tensors = {
       cpu::Tensor::fromValues<float>({2, 2}, {1.5f, -2.25f, 65504.0f, 0.0009765625f},
-                                     cpu::ElemType::Float16),
+                                     cpu::DType::F16),
       cpu::Tensor::fromValues<bool>({3}, {true, false, true}),
       cpu::Tensor::fromValues<int64_t>({2}, {-7, 1ll << 40}),
       cpu::Tensor::fromValues<float>({1}, {3.25f})};
@@ -378,22 +378,21 @@ TEST(Npy, RoundTripsEveryType) {
 // to the half type; a float32 accumulator takes half terms as they are.
 TEST(CpuBackend, SumsHalfTermsAndRounds) {
   auto be = rt::makeCpuBackend();
-  cpu::Tensor a =
-      cpu::Tensor::fromValues<float>({3}, {1.0f, 0.1f, 1000.0f}, cpu::ElemType::Float16);
-  cpu::Tensor b = cpu::Tensor::fromValues<float>({3}, {2.0f, 0.2f, 0.3f}, cpu::ElemType::Float16);
+  cpu::Tensor a = cpu::Tensor::fromValues<float>({3}, {1.0f, 0.1f, 1000.0f}, cpu::DType::F16);
+  cpu::Tensor b = cpu::Tensor::fromValues<float>({3}, {2.0f, 0.2f, 0.3f}, cpu::DType::F16);
   auto total = be->sum({&a, &b});
   ASSERT_TRUE(static_cast<bool>(total)) << llvm::toString(total.takeError());
-  ASSERT_EQ(total->elemType(), cpu::ElemType::Float16);
+  ASSERT_EQ(total->elemType(), cpu::DType::F16);
   cpu::Tensor expected = cpu::Tensor::fromValues<float>({3},
                                                         {a.data<float>()[0] + b.data<float>()[0],
                                                          a.data<float>()[1] + b.data<float>()[1],
                                                          a.data<float>()[2] + b.data<float>()[2]},
-                                                        cpu::ElemType::Float16);
+                                                        cpu::DType::F16);
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(total->data<float>()[i], expected.data<float>()[i]) << i;
   // 1000 + 0.3 is not a float16 (steps of 0.5 there): rounded to 1000.5.
   EXPECT_EQ(total->data<float>()[2], 1000.5f);
-  cpu::Tensor acc(cpu::ElemType::Float, {3});
+  cpu::Tensor acc(cpu::DType::F32, {3});
   ASSERT_FALSE(static_cast<bool>(be->addInto(acc, a)));
   EXPECT_EQ(acc.data<float>()[1], a.data<float>()[1]);
 }

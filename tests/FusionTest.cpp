@@ -23,8 +23,8 @@
 #include <random>
 
 using namespace pipec;
-using cpu::ElemType;
 using cpu::Tensor;
+using pipec::DType;
 
 namespace {
 
@@ -47,7 +47,7 @@ void setFloat(onnx::NodeProto &n, const std::string &name, float value) {
 Tensor randomTensor(std::vector<int64_t> shape, uint32_t seed, float lo = -2, float hi = 2) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
-  Tensor t(ElemType::Float, std::move(shape));
+  Tensor t(DType::F32, std::move(shape));
   for (int64_t i = 0; i < t.numElements(); ++i)
     t.data<float>()[i] = dist(rng);
   return t;
@@ -204,7 +204,7 @@ TEST(FusedKernel, IntegerInputsRunTheBodyNodeByNode) {
   EXPECT_FALSE(fusedShape(*kernel, {&a, &b}).has_value());
   std::vector<Tensor> out = fused(f, {&a, &b});
   ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(out[0].elemType(), ElemType::Int64);
+  EXPECT_EQ(out[0].elemType(), DType::I64);
   EXPECT_EQ(out[0].toInt64Vector(), (std::vector<int64_t>{11, 44, 39, 96}));
 }
 

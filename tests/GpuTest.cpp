@@ -31,8 +31,8 @@
 #include <random>
 
 using namespace pipec;
-using cpu::ElemType;
 using cpu::Tensor;
+using pipec::DType;
 using Shape = std::vector<int64_t>;
 namespace k = kernels;
 using namespace pipec::test;
@@ -250,7 +250,7 @@ void movementCases(CaseList &list) {
   list.add("GatherAxis1", NodeBuilder("Gather", 2).i("axis", 1),
            {floats({3, 5, 2}), int64s({4}, {4, 0, -2, 1})});
   list.add("GatherInt32Indices", NodeBuilder("Gather", 2),
-           {floats({6, 3}), castTo(int64s({4}, {5, 0, -1, 2}), ElemType::Int32)});
+           {floats({6, 3}), castTo(int64s({4}, {5, 0, -1, 2}), DType::I32)});
   list.add("GatherEmbedding", NodeBuilder("Gather", 2),
            {floats({2000, 256}), int64s({8, 64}, 0, 1999)});
 }
@@ -405,7 +405,7 @@ TEST_P(CudaOp, MatchesCpu) {
   std::vector<Tensor> inputs;
   for (const Tensor &t : c.inputs) {
     bool small =
-        (cpu::isInteger(t.elemType()) || t.elemType() == ElemType::Bool) && t.numElements() <= 16;
+        (cpu::isInteger(t.elemType()) || t.elemType() == DType::Bool) && t.numElements() <= 16;
     auto in = small ? llvm::Expected<Tensor>(t) : be.upload(t);
     ASSERT_TRUE(!!in) << llvm::toString(in.takeError());
     inputs.push_back(*in);
@@ -483,7 +483,7 @@ TEST_F(CudaBackendTest, OptimizerMatchesCpuBackend) {
   const std::pair<Kind, int> kinds[] = {{Kind::Sgd, 0}, {Kind::Momentum, 1}, {Kind::AdamW, 2}};
   for (const auto &[kind, code] : kinds) {
     Tensor w = floats({1000}), wRef = w.clone();
-    Tensor mRef(ElemType::Float, {1000}), vRef(ElemType::Float, {1000});
+    Tensor mRef(DType::F32, {1000}), vRef(DType::F32, {1000});
     Tensor dw = up(w), m, v;
     for (int step = 0; step < 3; ++step) {
       Tensor g = floats({1000});
@@ -522,9 +522,9 @@ TEST_F(CudaBackendTest, SumsAccumulateAndZeros) {
   ASSERT_TRUE(!!total) << llvm::toString(total.takeError());
   Tensor expected = runCpu(NodeBuilder("Sum", 3), {a, b, c})[0];
   EXPECT_TRUE(close(down(*total), expected));
-  auto acc = backend->zeros(ElemType::Float, {3, 70});
+  auto acc = backend->zeros(DType::F32, {3, 70});
   ASSERT_TRUE(!!acc);
-  EXPECT_TRUE(close(down(*acc), Tensor(ElemType::Float, {3, 70})));
+  EXPECT_TRUE(close(down(*acc), Tensor(DType::F32, {3, 70})));
   for (const Tensor *t : {&da, &db, &c}) {
     llvm::Error err = backend->addInto(*acc, *t);
     ASSERT_FALSE(static_cast<bool>(err)) << llvm::toString(std::move(err));
@@ -536,13 +536,13 @@ TEST_F(CudaBackendTest, SumsAccumulateAndZeros) {
 }
 
 TEST_F(CudaBackendTest, PoolReusesFreedMemory) {
-  auto first = backend->zeros(ElemType::Float, {1 << 20});
+  auto first = backend->zeros(DType::F32, {1 << 20});
   ASSERT_TRUE(!!first);
   void *address = first->rawData();
   *first = Tensor(); // back to the pool
   auto before = cuda::poolStats(*backend);
   ASSERT_TRUE(before.has_value());
-  auto second = backend->zeros(ElemType::Float, {1 << 20});
+  auto second = backend->zeros(DType::F32, {1 << 20});
   ASSERT_TRUE(!!second);
   auto after = cuda::poolStats(*backend);
   EXPECT_EQ(second->rawData(), address);
@@ -576,14 +576,14 @@ void checkForeignTensorIsHeld(int ownerDevice, int readerDevice) {
   auto negated = (*reader)->run(NodeBuilder("Neg", 1), 17, {&shared});
   ASSERT_TRUE(!!negated) << llvm::toString(negated.takeError());
   shared = Tensor(); // the owner's last handle
-  auto during = (*owner)->zeros(ElemType::Float, {1 << 16});
+  auto during = (*owner)->zeros(DType::F32, {1 << 16});
   ASSERT_TRUE(!!during);
   EXPECT_NE(during->rawData(), address) << "reused while the reader may still read it";
   auto host = (*reader)->download((*negated)[0]); // retires the reader's holds
   ASSERT_TRUE(!!host) << llvm::toString(host.takeError());
   Tensor expected = runCpu(NodeBuilder("Neg", 1), {x})[0];
   EXPECT_TRUE(close(*host, expected));
-  auto after = (*owner)->zeros(ElemType::Float, {1 << 16});
+  auto after = (*owner)->zeros(DType::F32, {1 << 16});
   ASSERT_TRUE(!!after);
   EXPECT_EQ(after->rawData(), address) << "the reader's hold was never released";
 }
@@ -634,8 +634,8 @@ TEST_F(CudaBackendTest, LargeUploadsRoundTrip) {
 
 TEST_F(CudaBackendTest, SumOfSquaresMatchesCpuBackend) {
   // Large enough for many blocks; a double tensor and an empty one too.
-  Tensor big = floats({1 << 20}, -2, 2), small = floats({37}), none(ElemType::Float, {0});
-  Tensor wide(ElemType::Double, {1000});
+  Tensor big = floats({1 << 20}, -2, 2), small = floats({37}), none(DType::F32, {0});
+  Tensor wide(DType::F64, {1000});
   for (int64_t i = 0; i < wide.numElements(); ++i)
     wide.setDouble(i, std::sin(static_cast<double>(i)));
   auto cpuBackend = rt::makeCpuBackend();

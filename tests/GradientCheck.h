@@ -28,17 +28,17 @@
 
 namespace pipec::test {
 
-using cpu::ElemType;
 using cpu::Tensor;
+using pipec::DType;
 
 inline constexpr int kFloat = onnx::TensorProto::FLOAT;
 inline constexpr int kDouble = onnx::TensorProto::DOUBLE;
 inline constexpr int kInt64 = onnx::TensorProto::INT64;
 
 inline Tensor toTensor(const ConstTensor &c) {
-  Tensor t(static_cast<ElemType>(c.type), c.shape);
+  Tensor t(static_cast<DType>(c.type), c.shape);
   for (int64_t i = 0; i < c.numElements(); ++i) {
-    if (t.elemType() == ElemType::Int64)
+    if (t.elemType() == DType::I64)
       t.data<int64_t>()[i] = c.intAt(i); // INT64_MAX slice ends survive
     else
       t.setDouble(i, c.isFloat() ? c.floatAt(i) : double(c.intAt(i)));
@@ -78,12 +78,12 @@ public:
     int id = graph.findValue(name);
     if (id < 0) {
       ADD_FAILURE() << "no value '" << name << "'";
-      return Tensor(ElemType::Float, {});
+      return Tensor(DType::F32, {});
     }
     auto c = graph.readConstant(id, 1 << 24);
     if (!c) {
       ADD_FAILURE() << llvm::toString(c.takeError());
-      return Tensor(ElemType::Float, {});
+      return Tensor(DType::F32, {});
     }
     return env[name] = toTensor(**c);
   }
@@ -119,7 +119,7 @@ private:
   std::map<std::string, Tensor> env;
 };
 
-inline Tensor randomTensor(ElemType type, const std::vector<int64_t> &shape, std::mt19937 &rng,
+inline Tensor randomTensor(DType type, const std::vector<int64_t> &shape, std::mt19937 &rng,
                            double lo, double hi) {
   std::uniform_real_distribution<double> dist(lo, hi);
   Tensor t(type, shape);
@@ -208,8 +208,8 @@ inline int checkFiniteDifferences(Differentiated &d, Check check) {
     if (!feeds.count(v.name))
       feeds[v.name] =
           statistic == 4
-              ? randomTensor(static_cast<ElemType>(v.type), v.shape, rng, 0.5, 1.5)
-              : randomTensor(static_cast<ElemType>(v.type), v.shape, rng, check.lo, check.hi);
+              ? randomTensor(static_cast<DType>(v.type), v.shape, rng, 0.5, 1.5)
+              : randomTensor(static_cast<DType>(v.type), v.shape, rng, check.lo, check.hi);
     if (statistic >= 0) {
       EXPECT_FALSE(d.backward.weightGrads.count(v.name)) << "statistic " << v.name << " trained";
       continue;
@@ -224,7 +224,7 @@ inline int checkFiniteDifferences(Differentiated &d, Check check) {
   }
   if (check.loss.kind == LossSpec::Kind::Mse && !feeds.count(check.loss.labels)) {
     const Value &y = graph.values[graph.outputs.front()];
-    feeds[check.loss.labels] = randomTensor(static_cast<ElemType>(y.type), y.shape, rng, -1, 1);
+    feeds[check.loss.labels] = randomTensor(static_cast<DType>(y.type), y.shape, rng, -1, 1);
   }
 
   Interpreter interp(graph, d.backward);

@@ -74,7 +74,7 @@ TEST(GpuKernelBodies, BroadcastArithmeticMatchesCpu) {
                                   {k::broadcastStrides(aShape, expected.shape()),
                                    k::broadcastStrides(bShape, expected.shape())},
                                   map));
-      Tensor actual(ElemType::Float, expected.shape());
+      Tensor actual(DType::F32, expected.shape());
       for (int64_t i = 0; i < actual.numElements(); ++i)
         k::arithmeticElement<float>(i, *def->elem, map, a.data<float>(), b.data<float>(),
                                     actual.data<float>());
@@ -93,7 +93,7 @@ TEST(GpuKernelBodies, WhereAndComparisonsMatchCpu) {
                                k::broadcastStrides(x.shape(), shape),
                                k::broadcastStrides(y.shape(), shape)},
                               map));
-  Tensor actual(ElemType::Float, shape);
+  Tensor actual(DType::F32, shape);
   for (int64_t i = 0; i < actual.numElements(); ++i)
     k::whereElement<uint32_t>(i, map, cond.data<bool>(), static_cast<const uint32_t *>(x.rawData()),
                               static_cast<const uint32_t *>(y.rawData()),
@@ -106,7 +106,7 @@ TEST(GpuKernelBodies, WhereAndComparisonsMatchCpu) {
                               {k::broadcastStrides(a.shape(), equal.shape()),
                                k::broadcastStrides(b.shape(), equal.shape())},
                               map));
-  Tensor got(ElemType::Bool, equal.shape());
+  Tensor got(DType::Bool, equal.shape());
   for (int64_t i = 0; i < got.numElements(); ++i)
     k::compareElement<int64_t>(i, ElemOp::Equal, map, a.data<int64_t>(), b.data<int64_t>(),
                                got.data<bool>());
@@ -166,7 +166,7 @@ TEST(GpuKernelBodies, ReductionsMatchCpu) {
         k::reducePartialElement<float>(t, plan, x.data<float>(), partial.data());
       Tensor expected = runCpu(NodeBuilder("ReduceSum", 2).i("keepdims", 1),
                                {x, int64s({(int64_t)axes.size()}, axes)})[0];
-      Tensor actual(ElemType::Float, expected.shape());
+      Tensor actual(DType::F32, expected.shape());
       for (int64_t o = 0; o < plan.outputs; ++o)
         k::reduceFinishElement<float>(o, plan.outputs, plan.chunks, partial.data(), 1.0,
                                       actual.data<float>());
@@ -186,7 +186,7 @@ TEST(GpuKernelBodies, SoftmaxRowsMatchCpu) {
       k::RowLayout layout{
           cpu::numElementsOf(llvm::ArrayRef<int64_t>(x.shape()).take_front(axis)), x.dim(axis),
           cpu::numElementsOf(llvm::ArrayRef<int64_t>(x.shape()).drop_front(axis + 1))};
-      Tensor actual(ElemType::Float, x.shape());
+      Tensor actual(DType::F32, x.shape());
       for (int64_t r = 0; r < k::rowCount(layout); ++r)
         k::softmaxRow(lanes, r, layout, x.data<float>(), actual.data<float>(), logarithm);
       EXPECT_TRUE(close(actual, expected)) << "axis " << axis;
@@ -194,7 +194,7 @@ TEST(GpuKernelBodies, SoftmaxRowsMatchCpu) {
       Tensor dy = floats(x.shape());
       Tensor grad =
           runCpu(NodeBuilder("SoftmaxGrad", 2, 1, "pipec").i("axis", axis), {dy, expected})[0];
-      Tensor got(ElemType::Float, x.shape());
+      Tensor got(DType::F32, x.shape());
       for (int64_t r = 0; r < k::rowCount(layout); ++r)
         k::softmaxGradRow(lanes, r, layout, dy.data<float>(), expected.data<float>(),
                           got.data<float>());
@@ -210,8 +210,7 @@ TEST(GpuKernelBodies, LayerNormRowsMatchCpu) {
   auto expected = runCpu(NodeBuilder("LayerNormalization", 3, 3).i("axis", 1).f("epsilon", 1e-3f),
                          {x, scale, bias});
   int64_t rows = 4, size = 24;
-  Tensor y(ElemType::Float, x.shape()), mean(ElemType::Float, {4, 1, 1}),
-      invStd(ElemType::Float, {4, 1, 1});
+  Tensor y(DType::F32, x.shape()), mean(DType::F32, {4, 1, 1}), invStd(DType::F32, {4, 1, 1});
   for (int64_t r = 0; r < rows; ++r)
     k::layerNormRow(lanes, r, size, 1e-3f, x.data<float>(), scale.data<float>(), bias.data<float>(),
                     y.data<float>(), mean.data<float>(), invStd.data<float>());
@@ -223,7 +222,7 @@ TEST(GpuKernelBodies, LayerNormRowsMatchCpu) {
   Tensor dx =
       runCpu(NodeBuilder("LayerNormGradInput", 3, 1, "pipec").i("axis", 1).f("epsilon", 1e-3f),
              {dy, x, scale})[0];
-  Tensor gotDx(ElemType::Float, x.shape());
+  Tensor gotDx(DType::F32, x.shape());
   for (int64_t r = 0; r < rows; ++r)
     k::layerNormGradInputRow(lanes, r, size, 1e-3f, dy.data<float>(), x.data<float>(),
                              scale.data<float>(), gotDx.data<float>());
@@ -242,7 +241,7 @@ TEST(GpuKernelBodies, LayerNormRowsMatchCpu) {
   for (int64_t t = 0; t < size * chunks; ++t)
     k::layerNormGradWeightPartial(t, rows, size, chunkLength, dy.data<float>(), x.data<float>(),
                                   mu.data(), rstd.data(), partial.data());
-  Tensor gotScale(ElemType::Float, {3, 8});
+  Tensor gotScale(DType::F32, {3, 8});
   for (int64_t o = 0; o < size; ++o)
     k::reduceFinishElement<float>(o, size, chunks, partial.data(), 1.0, gotScale.data<float>());
   EXPECT_TRUE(close(gotScale, dScale));
@@ -272,7 +271,7 @@ TEST(GpuKernelBodies, CrossEntropyRowsMatchCpu) {
         k::RowLayout layout{shape[0], shape[1],
                             cpu::numElementsOf(llvm::ArrayRef<int64_t>(shape).drop_front(2))};
         int64_t positions = k::rowCount(layout);
-        Tensor logProb(ElemType::Float, shape), losses(ElemType::Float, labelShape);
+        Tensor logProb(DType::F32, shape), losses(DType::F32, labelShape);
         std::vector<float> valid(positions);
         int flag = 0;
         for (int64_t r = 0; r < positions; ++r)
@@ -283,7 +282,7 @@ TEST(GpuKernelBodies, CrossEntropyRowsMatchCpu) {
         if (p.reduction == 0) {
           EXPECT_TRUE(close(losses, expected[0]));
         } else {
-          Tensor loss(ElemType::Float, {});
+          Tensor loss(DType::F32, {});
           k::crossEntropyFinish(lanes, positions, p.reduction == 2, losses.data<float>(),
                                 valid.data(), loss.data<float>());
           EXPECT_TRUE(close(loss, expected[0])) << reduction << (ignore ? " ignoring" : "");
@@ -296,7 +295,7 @@ TEST(GpuKernelBodies, CrossEntropyRowsMatchCpu) {
           Tensor dx = runCpu(gradNode, {dLoss, scores, labels})[0];
           double count = 0;
           k::labelCount(lanes, positions, p, labels.data<int64_t>(), &count);
-          Tensor got(ElemType::Float, shape);
+          Tensor got(DType::F32, shape);
           for (int64_t r = 0; r < positions; ++r)
             k::crossEntropyGradRow(lanes, r, layout, p, dLoss.data<float>(), &count,
                                    scores.data<float>(), labels.data<int64_t>(), got.data<float>(),
@@ -317,7 +316,7 @@ TEST(GpuKernelBodies, GatherAndItsGradientMatchCpu) {
     p.size = data.dim(axis);
     p.inner = axis == 0 ? 10 : 2;
     p.count = 4;
-    Tensor actual(ElemType::Float, expected.shape());
+    Tensor actual(DType::F32, expected.shape());
     int flag = 0;
     for (int64_t o = 0; o < actual.numElements(); ++o)
       k::gatherElement<uint32_t, int64_t>(o, p, static_cast<const uint32_t *>(data.rawData()),
@@ -330,7 +329,7 @@ TEST(GpuKernelBodies, GatherAndItsGradientMatchCpu) {
     Tensor dData =
         runCpu(NodeBuilder("GatherGrad", 2, 1, "pipec").i("axis", axis).ints("shape", data.shape()),
                {dy, idx})[0];
-    Tensor got(ElemType::Float, data.shape());
+    Tensor got(DType::F32, data.shape());
     for (int64_t i = 0; i < dy.numElements(); ++i)
       k::gatherGradElement<int64_t>(i, p, dy.data<float>(), idx.data<int64_t>(), got.data<float>(),
                                     &flag);
@@ -374,7 +373,7 @@ TEST(GpuKernelBodies, UnaryPointwiseAndCastsMatchCpu) {
       auto read = OpContext(node, 17, {}).elemParams(*def->elem);
       ASSERT_TRUE(!!read) << llvm::toString(read.takeError());
       k::ElemParams params = *read;
-      Tensor actual(ElemType::Float, in.shape());
+      Tensor actual(DType::F32, in.shape());
       for (int64_t i = 0; i < in.numElements(); ++i)
         k::unaryElement(i, *def->elem, params, in.data<float>(), actual.data<float>());
       EXPECT_TRUE(close(actual, expected, 0, 0)) << def->name.str();
@@ -383,7 +382,7 @@ TEST(GpuKernelBodies, UnaryPointwiseAndCastsMatchCpu) {
       const Tensor &a = k::elemGradFrom(*def->elem) == k::GradFrom::Output ? expected : in;
       Tensor grad =
           runCpu(NodeBuilder("UnaryGrad", 2, 1, "pipec").s("op", def->name.str()), {dy, a})[0];
-      Tensor got(ElemType::Float, in.shape());
+      Tensor got(DType::F32, in.shape());
       for (int64_t i = 0; i < in.numElements(); ++i)
         k::gradientElement(i, *def->elem, params, dy.data<float>(), a.data<float>(),
                            got.data<float>());
@@ -392,26 +391,26 @@ TEST(GpuKernelBodies, UnaryPointwiseAndCastsMatchCpu) {
     }
   EXPECT_GE(compared, 40);
   Tensor odd = Tensor::fromValues<float>({6}, {1.7f, -2.5f, NAN, 1e30f, -1e30f, 0.0f});
-  Tensor expected = castTo(odd, ElemType::Int64);
-  Tensor actual(ElemType::Int64, {6});
+  Tensor expected = castTo(odd, DType::I64);
+  Tensor actual(DType::I64, {6});
   for (int64_t i = 0; i < 6; ++i)
     k::castElement<float, int64_t>(i, odd.data<float>(), actual.data<int64_t>());
   EXPECT_TRUE(close(actual, expected));
-  Tensor flags(ElemType::Bool, {6});
+  Tensor flags(DType::Bool, {6});
   for (int64_t i = 0; i < 6; ++i)
     k::castElement<float, bool>(i, odd.data<float>(), flags.data<bool>());
-  EXPECT_TRUE(close(flags, castTo(odd, ElemType::Bool)));
+  EXPECT_TRUE(close(flags, castTo(odd, DType::Bool)));
 }
 
 TEST(GpuKernelBodies, OptimizerMatchesCpuBackend) {
   for (int kind : {0, 1, 2}) {
     Tensor w = floats({50}), wRef = w.clone();
-    Tensor m(ElemType::Float, {50}), v(ElemType::Float, {50}), mRef = m.clone(), vRef = v.clone();
+    Tensor m(DType::F32, {50}), v(DType::F32, {50}), mRef = m.clone(), vRef = v.clone();
     for (int step = 0; step < 3; ++step) {
       Tensor g = floats({50});
       k::OptimizerParams p = optimizerParams(kind, step);
       referenceUpdate(p, step, wRef, g, mRef, vRef);
-      Tensor wOut(ElemType::Float, {50}), mOut(ElemType::Float, {50}), vOut(ElemType::Float, {50});
+      Tensor wOut(DType::F32, {50}), mOut(DType::F32, {50}), vOut(DType::F32, {50});
       for (int64_t i = 0; i < 50; ++i)
         k::optimizerElement<float>(i, p, w.data<float>(), g.data<float>(), m.data<float>(),
                                    v.data<float>(), wOut.data<float>(), mOut.data<float>(),
@@ -472,7 +471,7 @@ TEST(GpuKernelBodies, ConvAndItsGradientsMatchCpu) {
     std::vector<float> columns(p.images * rows * cols);
     for (int64_t t = 0; t < int64_t(columns.size()); ++t)
       k::im2colElement(t, p, x.data<float>(), columns.data());
-    Tensor y(ElemType::Float, expected.shape());
+    Tensor y(DType::F32, expected.shape());
     for (int64_t n = 0; n < batch; ++n)
       for (int64_t g = 0; g < c.group; ++g)
         hostGemm(false, false, gm, cols, rows, weight.data<float>() + g * gm * rows, rows,
@@ -491,7 +490,7 @@ TEST(GpuKernelBodies, ConvAndItsGradientsMatchCpu) {
         hostGemm(true, false, rows, cols, gm, weight.data<float>() + g * gm * rows, rows,
                  dy.data<float>() + (n * maps + g * gm) * cols, cols, 0.0f,
                  columns.data() + (n * c.group + g) * rows * cols, cols);
-    Tensor dx(ElemType::Float, c.x);
+    Tensor dx(DType::F32, c.x);
     for (int64_t i = 0; i < dx.numElements(); ++i)
       k::col2imElement(i, p, columns.data(), dx.data<float>());
     EXPECT_TRUE(close(dx, dxExpected)) << "ConvGradInput over " << cpu::shapeString(c.x);
@@ -510,7 +509,7 @@ TEST(GpuKernelBodies, ConvAndItsGradientsMatchCpu) {
           for (int64_t o = 0; o < cols; ++o)
             gradT[((g * gm + m) * batch + n) * cols + o] =
                 dy.data<float>()[(n * maps + g * gm + m) * cols + o];
-    Tensor dw(ElemType::Float, wShape);
+    Tensor dw(DType::F32, wShape);
     int64_t depth = batch * cols;
     for (int64_t g = 0; g < c.group; ++g)
       hostGemm(false, true, gm, rows, depth, gradT.data() + g * gm * depth, depth,
@@ -548,7 +547,7 @@ TEST(GpuKernelBodies, PoolsAndTheirGradientsMatchCpu) {
       ASSERT_TRUE(k::makeConvWindow(spatial(wc.x), wc.kernel, wc.strides, wc.dilations, wc.pads,
                                     c.ceilMode, p.w));
       p.isMax = isMax, p.includePad = c.includePad;
-      Tensor y(ElemType::Float, expected.shape());
+      Tensor y(DType::F32, expected.shape());
       ASSERT_EQ(y.numElements(), wc.x[0] * wc.x[1] * p.w.outSize());
       for (int64_t t = 0; t < y.numElements(); ++t)
         k::poolElement(t, p, x.data<float>(), y.data<float>());
@@ -567,7 +566,7 @@ TEST(GpuKernelBodies, PoolsAndTheirGradientsMatchCpu) {
       ASSERT_TRUE(k::makeGradWindow(spatial(wc.x), wc.kernel, wc.strides, wc.dilations, wc.pads,
                                     spatial(dy.shape()), w));
       p.w = w;
-      Tensor dx(ElemType::Float, wc.x);
+      Tensor dx(DType::F32, wc.x);
       for (int64_t i = 0; i < dx.numElements(); ++i)
         k::poolGradElement(i, p, dy.data<float>(), x.data<float>(), dx.data<float>());
       EXPECT_TRUE(close(dx, dxExpected)) << what << " (gradient)";
@@ -579,7 +578,7 @@ TEST(GpuKernelBodies, BatchNormMatchesCpu) {
          mean = floats({4}), var = floats({4}, 0.5f, 2);
   Tensor expected = runCpu(NodeBuilder("BatchNormalization", 5).f("epsilon", 1e-3f),
                            {x, scale, bias, mean, var})[0];
-  Tensor y(ElemType::Float, x.shape());
+  Tensor y(DType::F32, x.shape());
   for (int64_t i = 0; i < y.numElements(); ++i)
     k::batchNormElement(i, 4, 10, 1e-3f, x.data<float>(), scale.data<float>(), bias.data<float>(),
                         mean.data<float>(), var.data<float>(), y.data<float>());
@@ -593,7 +592,7 @@ TEST(GpuKernelBodies, BatchNormMatchesCpu) {
     for (int64_t t = 0; t < 4 * chunks; ++t)
       k::batchNormGradWeightPartial(t, 4, 3, 10, chunks, dy.data<float>(), x.data<float>(),
                                     mean.data<float>(), partial.data());
-    Tensor got(ElemType::Float, {4});
+    Tensor got(DType::F32, {4});
     for (int64_t c = 0; c < 4; ++c)
       k::batchNormGradWeightFinish(c, chunks, 1e-3f, partial.data(), var.data<float>(),
                                    got.data<float>());
@@ -609,7 +608,7 @@ TEST(GpuKernelBodies, GlobalAveragePoolMatchesCpu) {
   std::vector<double> partial(plan.outputs * plan.chunks);
   for (int64_t t = 0; t < plan.outputs * plan.chunks; ++t)
     k::reducePartialElement<float>(t, plan, x.data<float>(), partial.data());
-  Tensor actual(ElemType::Float, expected.shape());
+  Tensor actual(DType::F32, expected.shape());
   for (int64_t o = 0; o < plan.outputs; ++o)
     k::reduceFinishElement<float>(o, plan.outputs, plan.chunks, partial.data(), 1.0 / 42,
                                   actual.data<float>());
@@ -636,7 +635,7 @@ TEST(GpuKernelBodies, FusedProgramMatchesCpu) {
   // Three tensors, not three handles of one.
   std::vector<Tensor> outs;
   for (int o = 0; o < 3; ++o)
-    outs.emplace_back(ElemType::Float, *shape);
+    outs.emplace_back(DType::F32, *shape);
   const float *src[k::MaxFusedInputs] = {};
   for (size_t i = 0; i < inputs.size(); ++i)
     src[i] = inputs[i].data<float>();

@@ -50,8 +50,8 @@ inline onnx::NodeProto unaryGrad(const std::string &op, const std::string &dy, c
   return n;
 }
 
-using cpu::ElemType;
 using cpu::Tensor;
+using pipec::DType;
 using Shape = std::vector<int64_t>;
 
 /// A node with inputs "in0".. and outputs "out0".. (an empty name where
@@ -115,7 +115,7 @@ inline std::mt19937 &rng() {
 }
 
 inline Tensor floats(const Shape &shape, float lo = -1, float hi = 1) {
-  Tensor t(ElemType::Float, shape);
+  Tensor t(DType::F32, shape);
   std::uniform_real_distribution<float> dist(lo, hi);
   for (int64_t i = 0; i < t.numElements(); ++i)
     t.data<float>()[i] = dist(rng());
@@ -123,7 +123,7 @@ inline Tensor floats(const Shape &shape, float lo = -1, float hi = 1) {
 }
 
 inline Tensor int64s(const Shape &shape, int64_t lo, int64_t hi) {
-  Tensor t(ElemType::Int64, shape);
+  Tensor t(DType::I64, shape);
   std::uniform_int_distribution<int64_t> dist(lo, hi);
   for (int64_t i = 0; i < t.numElements(); ++i)
     t.data<int64_t>()[i] = dist(rng());
@@ -135,14 +135,14 @@ inline Tensor int64s(const Shape &shape, const std::vector<int64_t> &values) {
 }
 
 inline Tensor bools(const Shape &shape) {
-  Tensor t(ElemType::Bool, shape);
+  Tensor t(DType::Bool, shape);
   for (int64_t i = 0; i < t.numElements(); ++i)
     t.data<bool>()[i] = rng()() % 2;
   return t;
 }
 
 /// \p t with element type \p type (converted as Cast does).
-inline Tensor castTo(const Tensor &t, ElemType type) {
+inline Tensor castTo(const Tensor &t, DType type) {
   auto out = cpu::runOp(NodeBuilder("Cast", 1).i("to", static_cast<int64_t>(type)), 17, {&t});
   EXPECT_TRUE(!!out) << llvm::toString(out.takeError());
   return (*out)[0];

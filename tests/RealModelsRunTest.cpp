@@ -20,9 +20,9 @@
 //===----------------------------------------------------------------------===//
 #include "TestUtil.h"
 
-#include "runtime/exec/Data.h"
-#include "runtime/cpu/Kernels.h"
 #include "runtime/core/Tensor.h"
+#include "runtime/cpu/Kernels.h"
+#include "runtime/exec/Data.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -192,8 +192,8 @@ double maxAbsDiff(const cpu::Tensor &a, const cpu::Tensor &b) {
 
 /// REFERENCE.md: fp32 about 1e-4 relative over a 1e-6 floor; fp16 1e-2 over
 /// 1e-3. Integer outputs must be equal.
-std::pair<double, double> tolerance(cpu::ElemType type) {
-  if (type == cpu::ElemType::Float16 || type == cpu::ElemType::BFloat16)
+std::pair<double, double> tolerance(DType type) {
+  if (type == cpu::DType::F16 || type == cpu::DType::BF16)
     return {1e-2, 1e-3};
   return {1e-4, 1e-6};
 }

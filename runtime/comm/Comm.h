@@ -42,8 +42,7 @@ public:
   /// the storage is shared until the message is delivered.
   virtual llvm::Error send(int peer, const cpu::Tensor &tensor) = 0;
   /// Posts a receive from \p peer of a tensor of \p type and \p shape.
-  virtual llvm::Expected<int> postRecv(int peer, cpu::ElemType type,
-                                       std::vector<int64_t> shape) = 0;
+  virtual llvm::Expected<int> postRecv(int peer, DType type, std::vector<int64_t> shape) = 0;
   virtual llvm::Expected<cpu::Tensor> wait(int handle) = 0;
   /// Announces the groups sum() will be called on, identically on every
   /// rank (MPI makes their communicators here, collectively).

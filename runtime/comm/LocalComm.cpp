@@ -77,7 +77,7 @@ public:
     return Error::success();
   }
 
-  Expected<int> postRecv(int peer, cpu::ElemType type, std::vector<int64_t> shape) override {
+  Expected<int> postRecv(int peer, DType type, std::vector<int64_t> shape) override {
     std::lock_guard<std::mutex> lock(state->mutex);
     auto &channel = state->channels[{peer, self}];
     int handle = next++;
@@ -170,12 +170,12 @@ private:
   struct Pending {
     int peer;
     uint64_t sequence;
-    cpu::ElemType type;
+    DType type;
     std::vector<int64_t> shape;
   };
 
   static void addInto(cpu::Tensor &total, const cpu::Tensor &part) {
-    if (total.elemType() == cpu::ElemType::Double) {
+    if (total.elemType() == cpu::DType::F64) {
       double *t = total.data<double>();
       const double *p = part.data<double>();
       for (int64_t i = 0; i < total.numElements(); ++i)

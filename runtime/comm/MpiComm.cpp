@@ -83,7 +83,7 @@ public:
     return Error::success();
   }
 
-  Expected<int> postRecv(int peer, cpu::ElemType type, std::vector<int64_t> shape) override {
+  Expected<int> postRecv(int peer, DType type, std::vector<int64_t> shape) override {
     cpu::Tensor tensor(type, std::move(shape));
     if (tensor.byteSize() > static_cast<size_t>(INT_MAX))
       return createStringError(inconvertibleErrorCode(),
@@ -138,10 +138,10 @@ public:
     if (it == comms.end() || it->second == MPI_COMM_NULL)
       return createStringError(inconvertibleErrorCode(), "rank %d: no communicator for a group",
                                self);
-    bool isDouble = tensors[0].elemType() == cpu::ElemType::Double;
+    bool isDouble = tensors[0].elemType() == cpu::DType::F64;
     for (const cpu::Tensor &t : tensors)
       if (t.elemType() != tensors[0].elemType() ||
-          (t.elemType() != cpu::ElemType::Float && t.elemType() != cpu::ElemType::Double))
+          (t.elemType() != cpu::DType::F32 && t.elemType() != cpu::DType::F64))
         return createStringError(inconvertibleErrorCode(),
                                  "rank %d: a sum needs float32 or float64 tensors of one type, "
                                  "got %s and %s",

@@ -62,7 +62,7 @@ public:
   /// A host copy of \p tensor, complete when this returns.
   virtual llvm::Expected<cpu::Tensor> download(const cpu::Tensor &tensor) = 0;
   /// A zero tensor of the backend's.
-  virtual llvm::Expected<cpu::Tensor> zeros(cpu::ElemType type, llvm::ArrayRef<int64_t> shape) = 0;
+  virtual llvm::Expected<cpu::Tensor> zeros(DType type, llvm::ArrayRef<int64_t> shape) = 0;
   /// A fresh tensor holding the sum of \p terms (same type and element
   /// count; float or double).
   virtual llvm::Expected<cpu::Tensor> sum(llvm::ArrayRef<const cpu::Tensor *> terms) = 0;

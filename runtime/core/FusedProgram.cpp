@@ -18,8 +18,8 @@ using namespace llvm;
 namespace pipec {
 
 namespace k = kernels;
-using cpu::ElemType;
 using cpu::Tensor;
+using pipec::DType;
 
 namespace {
 
@@ -191,7 +191,7 @@ std::optional<std::vector<int64_t>> fusedShape(const FusedKernel &kernel,
   if (static_cast<int>(inputs.size()) != kernel.program.inputs || inputs.empty())
     return std::nullopt;
   for (const Tensor *t : inputs)
-    if (!t || t->elemType() != ElemType::Float)
+    if (!t || t->elemType() != DType::F32)
       return std::nullopt;
   auto broadcastOf = [&](uint32_t mask) -> std::optional<std::vector<int64_t>> {
     std::optional<std::vector<int64_t>> shape;
@@ -272,7 +272,7 @@ std::optional<int64_t> epilogueBias(const onnx::NodeProto &node, ArrayRef<const 
     return std::nullopt;
   const Tensor *a = inputs[0], *b = inputs[1], *bias = inputs[2];
   for (const Tensor *t : {a, b, bias})
-    if (!t || t->elemType() != ElemType::Float)
+    if (!t || t->elemType() != DType::F32)
       return std::nullopt;
   if (a->rank() < 2 || b->rank() != 2 || a->dim(-1) != b->dim(0) || bias->rank() < 1 ||
       bias->rank() > a->rank())

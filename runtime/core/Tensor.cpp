@@ -35,7 +35,7 @@ std::string onnxTypeName(int32_t onnxType) {
   return formatv("UNKNOWN({0})", onnxType).str();
 }
 
-Expected<ElemType> elemTypeFromOnnx(int32_t onnxType) {
+Expected<DType> elemTypeFromOnnx(int32_t onnxType) {
   switch (onnxType) {
   case 1:
   case 2:
@@ -50,7 +50,7 @@ Expected<ElemType> elemTypeFromOnnx(int32_t onnxType) {
   case 12:
   case 13:
   case 16:
-    return static_cast<ElemType>(onnxType);
+    return static_cast<DType>(onnxType);
   default:
     return createStringError(inconvertibleErrorCode(),
                              "element type %s is not supported by the CPU runtime",
@@ -58,48 +58,46 @@ Expected<ElemType> elemTypeFromOnnx(int32_t onnxType) {
   }
 }
 
-StringRef elemTypeName(ElemType type) {
+StringRef elemTypeName(DType type) {
   switch (type) {
-  case ElemType::Float:
+  case DType::F32:
     return "float";
-  case ElemType::UInt8:
+  case DType::U8:
     return "uint8";
-  case ElemType::Int8:
+  case DType::I8:
     return "int8";
-  case ElemType::UInt16:
+  case DType::U16:
     return "uint16";
-  case ElemType::Int16:
+  case DType::I16:
     return "int16";
-  case ElemType::Int32:
+  case DType::I32:
     return "int32";
-  case ElemType::Int64:
+  case DType::I64:
     return "int64";
-  case ElemType::Bool:
+  case DType::Bool:
     return "bool";
-  case ElemType::Float16:
+  case DType::F16:
     return "float16";
-  case ElemType::Double:
+  case DType::F64:
     return "double";
-  case ElemType::UInt32:
+  case DType::U32:
     return "uint32";
-  case ElemType::UInt64:
+  case DType::U64:
     return "uint64";
-  case ElemType::BFloat16:
+  case DType::BF16:
     return "bfloat16";
+  default:
+    return dtypeName(type);
   }
-  llvm_unreachable("unknown element type");
 }
 
-size_t storageSize(ElemType type) {
+size_t storageSize(DType type) {
   return visitStorage(type, [](auto tag) { return sizeof(tag); });
 }
 
-bool isFloating(ElemType type) {
-  return type == ElemType::Float || type == ElemType::Double || type == ElemType::Float16 ||
-         type == ElemType::BFloat16;
-}
+bool isFloating(DType type) { return isFloatDType(type); }
 
-bool isInteger(ElemType type) { return !isFloating(type) && type != ElemType::Bool; }
+bool isInteger(DType type) { return isIntegerDType(type); }
 
 //===----------------------------------------------------------------------===//
 // Shapes
@@ -130,7 +128,7 @@ std::string shapeString(ArrayRef<int64_t> shape) {
 // Tensor
 //===----------------------------------------------------------------------===//
 
-Tensor::Tensor(ElemType type, std::vector<int64_t> shape)
+Tensor::Tensor(DType type, std::vector<int64_t> shape)
     : type(type), dims(std::move(shape)), count(numElementsOf(dims)) {
   assert(llvm::all_of(dims, [](int64_t d) { return d >= 0; }) && "negative dimension");
   // 64-byte alignment suits SIMD loads and BLAS; never allocate zero bytes.
@@ -176,7 +174,7 @@ std::vector<int64_t> Tensor::toInt64Vector() const {
   return result;
 }
 
-Tensor Tensor::onDevice(ElemType type, std::vector<int64_t> shape, std::shared_ptr<void> storage,
+Tensor Tensor::onDevice(DType type, std::vector<int64_t> shape, std::shared_ptr<void> storage,
                         int device) {
   Tensor t;
   t.type = type;
@@ -204,10 +202,10 @@ Tensor Tensor::reshaped(std::vector<int64_t> newShape) const {
 }
 
 void Tensor::roundToElemType() {
-  if (type == ElemType::Float16) {
+  if (type == DType::F16) {
     for (float &v : MutableArrayRef<float>(data<float>(), count))
       v = halfToFloat(floatToHalf(v));
-  } else if (type == ElemType::BFloat16) {
+  } else if (type == DType::BF16) {
     for (float &v : MutableArrayRef<float>(data<float>(), count))
       v = bfloat16ToFloat(floatToBFloat16(v));
   }
@@ -223,24 +221,24 @@ std::string Tensor::describe() const {
 // TensorProto
 //===----------------------------------------------------------------------===//
 
-size_t wireSize(ElemType type) {
-  if (type == ElemType::Float16 || type == ElemType::BFloat16)
+size_t wireSize(DType type) {
+  if (type == DType::F16 || type == DType::BF16)
     return 2;
   return storageSize(type);
 }
 
 void copyFromWire(Tensor &tensor, StringRef bytes) {
-  ElemType type = tensor.elemType();
-  if (type == ElemType::Float16 || type == ElemType::BFloat16) {
+  DType type = tensor.elemType();
+  if (type == DType::F16 || type == DType::BF16) {
     float *out = tensor.data<float>();
     for (int64_t i = 0; i < tensor.numElements(); ++i) {
       uint16_t bits;
       std::memcpy(&bits, bytes.data() + 2 * i, 2);
-      out[i] = type == ElemType::Float16 ? halfToFloat(bits) : bfloat16ToFloat(bits);
+      out[i] = type == DType::F16 ? halfToFloat(bits) : bfloat16ToFloat(bits);
     }
     return;
   }
-  if (type == ElemType::Bool) {
+  if (type == DType::Bool) {
     bool *out = tensor.data<bool>();
     for (int64_t i = 0; i < tensor.numElements(); ++i)
       out[i] = bytes[i] != 0;
@@ -287,7 +285,7 @@ Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto, StringRef baseD
     return createStringError(inconvertibleErrorCode(), "tensor '%s': %s", name.c_str(),
                              message.str().c_str());
   };
-  Expected<ElemType> type = elemTypeFromOnnx(proto.data_type());
+  Expected<DType> type = elemTypeFromOnnx(proto.data_type());
   if (!type)
     return fail(toString(type.takeError()));
   if (proto.has_segment())
@@ -323,23 +321,23 @@ Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto, StringRef baseD
   }
 
   switch (*type) {
-  case ElemType::Float:
+  case DType::F32:
     if (Error e = checkCount(proto.float_data_size()))
       return e;
     llvm::copy(proto.float_data(), tensor.data<float>());
     break;
-  case ElemType::Double:
+  case DType::F64:
     if (Error e = checkCount(proto.double_data_size()))
       return e;
     llvm::copy(proto.double_data(), tensor.data<double>());
     break;
-  case ElemType::Int64:
+  case DType::I64:
     if (Error e = checkCount(proto.int64_data_size()))
       return e;
     llvm::copy(proto.int64_data(), tensor.data<int64_t>());
     break;
-  case ElemType::UInt32:
-  case ElemType::UInt64:
+  case DType::U32:
+  case DType::U64:
     if (Error e = checkCount(proto.uint64_data_size()))
       return e;
     visitStorage(*type, [&](auto tag) {
@@ -348,14 +346,13 @@ Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto, StringRef baseD
         tensor.data<T>()[i] = static_cast<T>(proto.uint64_data(i));
     });
     break;
-  case ElemType::Float16:
-  case ElemType::BFloat16:
+  case DType::F16:
+  case DType::BF16:
     if (Error e = checkCount(proto.int32_data_size()))
       return e;
     for (int64_t i = 0; i < count; ++i) {
       auto bits = static_cast<uint16_t>(proto.int32_data(i));
-      tensor.data<float>()[i] =
-          *type == ElemType::Float16 ? halfToFloat(bits) : bfloat16ToFloat(bits);
+      tensor.data<float>()[i] = *type == DType::F16 ? halfToFloat(bits) : bfloat16ToFloat(bits);
     }
     break;
   default: // The small integer types and bool travel in int32_data.
@@ -382,13 +379,13 @@ onnx::TensorProto toTensorProto(const Tensor &tensor, StringRef name) {
 }
 
 std::string toWire(const Tensor &tensor) {
-  ElemType type = tensor.elemType();
+  DType type = tensor.elemType();
   std::string bytes;
-  if (type == ElemType::Float16 || type == ElemType::BFloat16) {
+  if (type == DType::F16 || type == DType::BF16) {
     bytes.resize(2 * tensor.numElements());
     for (int64_t i = 0; i < tensor.numElements(); ++i) {
       float v = tensor.data<float>()[i];
-      uint16_t bits = type == ElemType::Float16 ? floatToHalf(v) : floatToBFloat16(v);
+      uint16_t bits = type == DType::F16 ? floatToHalf(v) : floatToBFloat16(v);
       std::memcpy(&bytes[2 * i], &bits, 2);
     }
   } else {
@@ -425,7 +422,7 @@ bool allClose(const Tensor &actual, const Tensor &expected, double rtol, double 
         close = std::fabs(a - e) <= atol + rtol * std::fabs(e);
     } else {
       close = actual.getInt64(i) == expected.getInt64(i);
-      if (close && (actual.elemType() == ElemType::UInt64))
+      if (close && (actual.elemType() == DType::U64))
         close = actual.data<uint64_t>()[i] == expected.data<uint64_t>()[i];
     }
     if (!close)

@@ -15,6 +15,7 @@
 #ifndef PIPEC_RUNTIME_CORE_TENSOR_H
 #define PIPEC_RUNTIME_CORE_TENSOR_H
 
+#include "support/DType.h"
 #include "support/Float16.h"
 
 #include "llvm/ADT/ArrayRef.h"
@@ -37,120 +38,108 @@ class TensorProto;
 
 namespace pipec::cpu {
 
-/// Element types, numbered as ONNX's TensorProto.DataType. Strings and
-/// complex numbers are not supported by the CPU runtime.
-enum class ElemType : int32_t {
-  Float = 1,
-  UInt8 = 2,
-  Int8 = 3,
-  UInt16 = 4,
-  Int16 = 5,
-  Int32 = 6,
-  Int64 = 7,
-  Bool = 9,
-  Float16 = 10,
-  Double = 11,
-  UInt32 = 12,
-  UInt64 = 13,
-  BFloat16 = 16,
-};
+/// Element types are support/DType.h's; the runtime computes on every one
+/// but String, the complex types and Undefined.
+using pipec::DType;
 
 /// The element type for ONNX data type \p onnxType, or an error naming the
 /// type when the CPU runtime does not support it (string, complex, ...).
-llvm::Expected<ElemType> elemTypeFromOnnx(int32_t onnxType);
+llvm::Expected<DType> elemTypeFromOnnx(int32_t onnxType);
 /// ONNX's name of a data type ("FLOAT", "INT64", "STRING", ...); "UNKNOWN(n)"
 /// for numbers ONNX does not define.
 std::string onnxTypeName(int32_t onnxType);
 /// Lower-case short name: "float", "int64", "bfloat16", ...
-llvm::StringRef elemTypeName(ElemType type);
+llvm::StringRef elemTypeName(DType type);
 /// Bytes per element in memory (4 for Float16/BFloat16: stored as float).
-size_t storageSize(ElemType type);
+size_t storageSize(DType type);
 /// Float, Double, Float16 and BFloat16.
-bool isFloating(ElemType type);
+bool isFloating(DType type);
 /// Signed and unsigned integers (not Bool).
-bool isInteger(ElemType type);
+bool isInteger(DType type);
 
 /// The C++ type that holds each element in memory.
-template <ElemType E> struct StorageOf;
-template <> struct StorageOf<ElemType::Float> { using type = float; };
-template <> struct StorageOf<ElemType::Float16> { using type = float; };
-template <> struct StorageOf<ElemType::BFloat16> { using type = float; };
-template <> struct StorageOf<ElemType::Double> { using type = double; };
-template <> struct StorageOf<ElemType::UInt8> { using type = uint8_t; };
-template <> struct StorageOf<ElemType::Int8> { using type = int8_t; };
-template <> struct StorageOf<ElemType::UInt16> { using type = uint16_t; };
-template <> struct StorageOf<ElemType::Int16> { using type = int16_t; };
-template <> struct StorageOf<ElemType::Int32> { using type = int32_t; };
-template <> struct StorageOf<ElemType::Int64> { using type = int64_t; };
-template <> struct StorageOf<ElemType::UInt32> { using type = uint32_t; };
-template <> struct StorageOf<ElemType::UInt64> { using type = uint64_t; };
-template <> struct StorageOf<ElemType::Bool> { using type = bool; };
+template <DType E> struct StorageOf;
+template <> struct StorageOf<DType::F32> { using type = float; };
+template <> struct StorageOf<DType::F16> { using type = float; };
+template <> struct StorageOf<DType::BF16> { using type = float; };
+template <> struct StorageOf<DType::F64> { using type = double; };
+template <> struct StorageOf<DType::U8> { using type = uint8_t; };
+template <> struct StorageOf<DType::I8> { using type = int8_t; };
+template <> struct StorageOf<DType::U16> { using type = uint16_t; };
+template <> struct StorageOf<DType::I16> { using type = int16_t; };
+template <> struct StorageOf<DType::I32> { using type = int32_t; };
+template <> struct StorageOf<DType::I64> { using type = int64_t; };
+template <> struct StorageOf<DType::U32> { using type = uint32_t; };
+template <> struct StorageOf<DType::U64> { using type = uint64_t; };
+template <> struct StorageOf<DType::Bool> { using type = bool; };
 
 /// The natural element type of a C++ type (float -> Float, bool -> Bool).
-template <typename T> constexpr ElemType elemTypeOf() {
+template <typename T> constexpr DType elemTypeOf() {
   if constexpr (std::is_same_v<T, float>)
-    return ElemType::Float;
+    return DType::F32;
   else if constexpr (std::is_same_v<T, double>)
-    return ElemType::Double;
+    return DType::F64;
   else if constexpr (std::is_same_v<T, uint8_t>)
-    return ElemType::UInt8;
+    return DType::U8;
   else if constexpr (std::is_same_v<T, int8_t>)
-    return ElemType::Int8;
+    return DType::I8;
   else if constexpr (std::is_same_v<T, uint16_t>)
-    return ElemType::UInt16;
+    return DType::U16;
   else if constexpr (std::is_same_v<T, int16_t>)
-    return ElemType::Int16;
+    return DType::I16;
   else if constexpr (std::is_same_v<T, int32_t>)
-    return ElemType::Int32;
+    return DType::I32;
   else if constexpr (std::is_same_v<T, int64_t>)
-    return ElemType::Int64;
+    return DType::I64;
   else if constexpr (std::is_same_v<T, uint32_t>)
-    return ElemType::UInt32;
+    return DType::U32;
   else if constexpr (std::is_same_v<T, uint64_t>)
-    return ElemType::UInt64;
+    return DType::U64;
   else {
     static_assert(std::is_same_v<T, bool>, "no element type for this C++ type");
-    return ElemType::Bool;
+    return DType::Bool;
   }
 }
 
 /// True if elements of \p type are stored as C++ type T.
-template <typename T> bool storedAs(ElemType type) {
-  if (type == ElemType::Float16 || type == ElemType::BFloat16)
+template <typename T> bool storedAs(DType type) {
+  if (type == DType::F16 || type == DType::BF16)
     return std::is_same_v<T, float>;
   return elemTypeOf<T>() == type;
 }
 
 /// Calls f(T{}) with T the storage type of \p type and returns its result.
 /// Kernels use it to write one generic body for every element type.
-template <typename F> decltype(auto) visitStorage(ElemType type, F &&f) {
+template <typename F> decltype(auto) visitStorage(DType type, F &&f) {
   switch (type) {
-  case ElemType::Float:
-  case ElemType::Float16:
-  case ElemType::BFloat16:
+  case DType::F32:
+  case DType::F16:
+  case DType::BF16:
     return f(float{});
-  case ElemType::Double:
+  case DType::F64:
     return f(double{});
-  case ElemType::UInt8:
+  case DType::U8:
     return f(uint8_t{});
-  case ElemType::Int8:
+  case DType::I8:
     return f(int8_t{});
-  case ElemType::UInt16:
+  case DType::U16:
     return f(uint16_t{});
-  case ElemType::Int16:
+  case DType::I16:
     return f(int16_t{});
-  case ElemType::Int32:
+  case DType::I32:
     return f(int32_t{});
-  case ElemType::Int64:
+  case DType::I64:
     return f(int64_t{});
-  case ElemType::UInt32:
+  case DType::U32:
     return f(uint32_t{});
-  case ElemType::UInt64:
+  case DType::U64:
     return f(uint64_t{});
-  case ElemType::Bool:
+  case DType::Bool:
     return f(bool{});
+  default:
+    break;
   }
-  llvm_unreachable("unknown element type");
+  llvm_unreachable("no storage for this element type");
 }
 
 // The half-float conversions are support/Float16.h's.
@@ -167,28 +156,28 @@ class Tensor {
 public:
   Tensor() = default;
   /// A zero-filled tensor. Dimensions must be >= 0.
-  Tensor(ElemType type, std::vector<int64_t> shape);
+  Tensor(DType type, std::vector<int64_t> shape);
 
   /// A tensor holding \p values (row-major, size must match \p shape), of
   /// element type \p type, which must be stored as T (Float16 takes floats).
   template <typename T>
   static Tensor fromValues(std::vector<int64_t> shape, llvm::ArrayRef<T> values,
-                           ElemType type = elemTypeOf<T>()) {
+                           DType type = elemTypeOf<T>()) {
     assert(storedAs<T>(type) && "values do not match the element type");
     Tensor result(type, std::move(shape));
     assert(static_cast<int64_t>(values.size()) == result.numElements());
     std::copy(values.begin(), values.end(), result.data<T>());
-    if (type == ElemType::Float16 || type == ElemType::BFloat16)
+    if (type == DType::F16 || type == DType::BF16)
       result.roundToElemType();
     return result;
   }
   template <typename T>
   static Tensor fromValues(std::vector<int64_t> shape, std::initializer_list<T> values,
-                           ElemType type = elemTypeOf<T>()) {
+                           DType type = elemTypeOf<T>()) {
     return fromValues(std::move(shape), llvm::ArrayRef<T>(values), type);
   }
   /// A rank-0 tensor.
-  template <typename T> static Tensor scalar(T value, ElemType type = elemTypeOf<T>()) {
+  template <typename T> static Tensor scalar(T value, DType type = elemTypeOf<T>()) {
     return fromValues<T>({}, llvm::ArrayRef<T>(value), type);
   }
 
@@ -196,14 +185,14 @@ public:
   /// owned by \p storage (a backend's allocation, in the host layout: half
   /// types stored as float). Host code must not read its data; backends move
   /// it with their own copies.
-  static Tensor onDevice(ElemType type, std::vector<int64_t> shape, std::shared_ptr<void> storage,
+  static Tensor onDevice(DType type, std::vector<int64_t> shape, std::shared_ptr<void> storage,
                          int device);
   /// -1 for host memory, else the device holding the elements.
   int device() const { return deviceIndex; }
   bool onHost() const { return deviceIndex < 0; }
 
   bool isNull() const { return !storage; }
-  ElemType elemType() const { return type; }
+  DType elemType() const { return type; }
   const std::vector<int64_t> &shape() const { return dims; }
   int64_t rank() const { return static_cast<int64_t>(dims.size()); }
   /// Dimension \p i; negative \p i counts from the end.
@@ -246,7 +235,7 @@ public:
   std::string describe() const;
 
 private:
-  ElemType type = ElemType::Float;
+  DType type = DType::F32;
   std::vector<int64_t> dims;
   int64_t count = 0;
   std::shared_ptr<void> storage;
@@ -274,7 +263,7 @@ onnx::TensorProto toTensorProto(const Tensor &tensor, llvm::StringRef name = "")
 
 /// Bytes per element in the little-endian wire encoding of ONNX's raw_data
 /// and .npy files (2 for float16 and bfloat16).
-size_t wireSize(ElemType type);
+size_t wireSize(DType type);
 /// Fills \p tensor from wire bytes (at least numElements x wireSize; this
 /// host is little-endian, as every machine pipec targets).
 void copyFromWire(Tensor &tensor, llvm::StringRef bytes);

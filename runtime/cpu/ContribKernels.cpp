@@ -150,7 +150,7 @@ Expected<Outputs> simplifiedLayerNormalization(const OpContext &ctx) {
   int64_t rows = size > 0 ? x.numElements() / size : 0;
   Shape statShape = x.shape();
   std::fill(statShape.begin() + axis, statShape.end(), 1);
-  Tensor invStd(ElemType::Float, statShape);
+  Tensor invStd(DType::F32, statShape);
   return onFloating(ctx, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
     std::vector<T> gamma = valuesAs<T>(&scale);
@@ -199,7 +199,7 @@ template <bool Simplified> Expected<Outputs> skipLayerNormalization(const OpCont
   double epsilon = ctx.attrFloat("epsilon", 1e-12f);
   int64_t rows = hidden > 0 ? x.numElements() / hidden : 0;
   int64_t skipSize = skip.numElements();
-  Tensor mean(ElemType::Float, rowShape(x.shape())), invStd(ElemType::Float, rowShape(x.shape()));
+  Tensor mean(DType::F32, rowShape(x.shape())), invStd(DType::F32, rowShape(x.shape()));
   return onFloating(ctx, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
     std::vector<T> gamma = valuesAs<T>(&gammaIn);
@@ -279,7 +279,7 @@ Expected<Outputs> embedLayerNormalization(const OpContext &ctx) {
                               positionIds->describe()));
   }
   double epsilon = ctx.attrFloat("epsilon", 1e-12f);
-  Tensor maskIndex(ElemType::Int32, {B});
+  Tensor maskIndex(DType::I32, {B});
   if (mask)
     for (int64_t b = 0; b < B; ++b) {
       int32_t count = 0;

@@ -53,7 +53,7 @@ Expected<Outputs> mean(const OpContext &ctx) {
 
 Expected<Outputs> where(const OpContext &ctx) {
   const Tensor &cond = ctx.input(0), &x = ctx.input(1), &y = ctx.input(2);
-  if (cond.elemType() != ElemType::Bool)
+  if (cond.elemType() != DType::Bool)
     return ctx.fail("condition must be bool, not " + elemTypeName(cond.elemType()));
   if (Error e = ctx.sameType(1, 2))
     return e;
@@ -116,7 +116,7 @@ Expected<Outputs> clip(const OpContext &ctx) {
 }
 
 /// Converts every element of \p x to \p to.
-Tensor castTo(const Tensor &x, ElemType to) {
+Tensor castTo(const Tensor &x, DType to) {
   Tensor y(to, x.shape());
   visitStorage(x.elemType(), [&](auto fromTag) {
     using From = decltype(fromTag);
@@ -144,7 +144,7 @@ Expected<Outputs> cast(const OpContext &ctx) {
   const auto *to = ctx.attr("to");
   if (!to)
     return ctx.fail("missing attribute 'to'");
-  Expected<ElemType> type = elemTypeFromOnnx(static_cast<int32_t>(to->i()));
+  Expected<DType> type = elemTypeFromOnnx(static_cast<int32_t>(to->i()));
   if (!type)
     return ctx.unsupported("cast to " + onnxTypeName(static_cast<int32_t>(to->i())));
   return Outputs{castTo(ctx.input(0), *type)};

@@ -75,11 +75,11 @@ Expected<Outputs> comparison(const OpContext &ctx, Fn fn, bool allowBool = false
   Expected<Shape> shape = broadcastShapes(a.shape(), b.shape());
   if (!shape)
     return ctx.fail(toString(shape.takeError()));
-  if (a.elemType() == ElemType::Bool && !allowBool)
+  if (a.elemType() == DType::Bool && !allowBool)
     return ctx.unsupportedType(a, 0);
   return visitStorage(a.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    return Outputs{broadcastBinary<T, T, bool>(a, b, ElemType::Bool, *shape,
+    return Outputs{broadcastBinary<T, T, bool>(a, b, DType::Bool, *shape,
                                                [&](T x, T y) -> bool { return fn(x, y); })};
   });
 }
@@ -87,14 +87,14 @@ Expected<Outputs> comparison(const OpContext &ctx, Fn fn, bool allowBool = false
 /// And, Or, Xor on bool inputs.
 template <typename Fn> Expected<Outputs> logical(const OpContext &ctx, Fn fn) {
   const Tensor &a = ctx.input(0), &b = ctx.input(1);
-  if (a.elemType() != ElemType::Bool)
+  if (a.elemType() != DType::Bool)
     return ctx.fail("input 0 must be bool, not " + elemTypeName(a.elemType()));
-  if (b.elemType() != ElemType::Bool)
+  if (b.elemType() != DType::Bool)
     return ctx.fail("input 1 must be bool, not " + elemTypeName(b.elemType()));
   Expected<Shape> shape = broadcastShapes(a.shape(), b.shape());
   if (!shape)
     return ctx.fail(toString(shape.takeError()));
-  return Outputs{broadcastBinary<bool, bool, bool>(a, b, ElemType::Bool, *shape, fn)};
+  return Outputs{broadcastBinary<bool, bool, bool>(a, b, DType::Bool, *shape, fn)};
 }
 
 /// Min, Max, Sum, Mean: any number of inputs of one type, all broadcast.
@@ -157,9 +157,9 @@ template <typename M, int Arity> Expected<Outputs> elementwise(const OpContext &
     } else {
       static_assert(M::types == ElemTypes::Logical, "unary ops are float, numeric or logical");
       const Tensor &x = ctx.input(0);
-      if (x.elemType() != ElemType::Bool)
+      if (x.elemType() != DType::Bool)
         return ctx.fail("input 0 must be bool, not " + elemTypeName(x.elemType()));
-      Tensor y(ElemType::Bool, x.shape());
+      Tensor y(DType::Bool, x.shape());
       for (int64_t i = 0; i < x.numElements(); ++i)
         y.data<bool>()[i] = M::value(x.data<bool>()[i], p);
       return Outputs{y};
@@ -185,9 +185,9 @@ template <typename M, int Arity> Expected<Outputs> power(const OpContext &ctx) {
   Expected<Shape> shape = broadcastShapes(x.shape(), y.shape());
   if (!shape)
     return ctx.fail(toString(shape.takeError()));
-  if (x.elemType() == ElemType::Bool)
+  if (x.elemType() == DType::Bool)
     return ctx.unsupportedType(x, 0);
-  if (y.elemType() == ElemType::Bool)
+  if (y.elemType() == DType::Bool)
     return ctx.unsupportedType(y, 1);
   return visitStorage(x.elemType(), [&](auto xTag) -> Expected<Outputs> {
     using TX = decltype(xTag);

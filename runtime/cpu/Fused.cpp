@@ -106,7 +106,7 @@ KernelResult fused(const OpContext &ctx) {
   const k::FusedProgram &p = kernel->program;
   std::vector<Tensor> outputs;
   for (int o = 0; o < p.outputs; ++o)
-    outputs.emplace_back(ElemType::Float, *shape);
+    outputs.emplace_back(DType::F32, *shape);
   int64_t total = numElementsOf(*shape);
   // An input read at consecutive offsets over the whole output is used in
   // place; any other (broadcast) one is gathered into its register block.

@@ -33,9 +33,9 @@ Error fail(const onnx::NodeProto &node, const Twine &what) {
 /// Calls f(T{}) for float or double tensors, fails otherwise.
 template <typename F>
 Expected<std::vector<Tensor>> floating(const onnx::NodeProto &node, const Tensor &t, F &&f) {
-  if (t.elemType() == ElemType::Float)
+  if (t.elemType() == DType::F32)
     return f(float{});
-  if (t.elemType() == ElemType::Double)
+  if (t.elemType() == DType::F64)
     return f(double{});
   return fail(node, "element type " + elemTypeName(t.elemType()).str() + " is not supported");
 }

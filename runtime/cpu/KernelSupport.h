@@ -99,7 +99,7 @@ inline Tensor expandAny(const Tensor &in, llvm::ArrayRef<int64_t> outShape) {
 
 /// out[o] = fn(a[.], b[.]) over the broadcast of a and b.
 template <typename TA, typename TB, typename TO, typename Fn>
-Tensor broadcastBinary(const Tensor &a, const Tensor &b, ElemType outType,
+Tensor broadcastBinary(const Tensor &a, const Tensor &b, DType outType,
                        llvm::ArrayRef<int64_t> outShape, Fn &&fn) {
   Tensor out(outType, outShape);
   const TA *pa = a.data<TA>();

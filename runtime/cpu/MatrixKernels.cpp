@@ -315,7 +315,7 @@ template <bool IsMax> Expected<Outputs> pool(const OpContext &ctx) {
     } else {
       if (!isMax && !IsFloat<T>)
         return ctx.unsupportedType(x, 0);
-      Tensor y(x.elemType(), outShape), indices(ElemType::Int64, outShape);
+      Tensor y(x.elemType(), outShape), indices(DType::I64, outShape);
       T *out = y.data<T>();
       int64_t *outIndex = indices.data<int64_t>();
       for (int64_t plane = 0; plane < planes; ++plane) {

@@ -302,7 +302,7 @@ Expected<Outputs> slice(const OpContext &ctx) {
 
 Expected<Outputs> gather(const OpContext &ctx) {
   const Tensor &data = ctx.input(0), &indices = ctx.input(1);
-  if (indices.elemType() != ElemType::Int64 && indices.elemType() != ElemType::Int32)
+  if (indices.elemType() != DType::I64 && indices.elemType() != DType::I32)
     return ctx.fail("indices must be int32 or int64, not " + elemTypeName(indices.elemType()));
   if (data.rank() == 0)
     return ctx.fail("data must have rank >= 1");
@@ -470,7 +470,7 @@ Expected<Outputs> dropout(const OpContext &ctx) {
   Outputs outputs{x};
   if (ctx.wantsOutput(1)) {
     // Opsets 7 to 9 type the mask like the input.
-    Tensor mask(ctx.opset >= 10 ? ElemType::Bool : x.elemType(), x.shape());
+    Tensor mask(ctx.opset >= 10 ? DType::Bool : x.elemType(), x.shape());
     for (int64_t i = 0; i < mask.numElements(); ++i)
       mask.setDouble(i, 1);
     outputs.push_back(mask);

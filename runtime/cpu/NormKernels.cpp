@@ -109,7 +109,7 @@ Expected<Outputs> layerNormalization(const OpContext &ctx) {
   int64_t size = product(normShape);
   Shape statShape = x.shape();
   std::fill(statShape.begin() + *axis, statShape.end(), 1);
-  ElemType statType = stashType == 11 ? ElemType::Double : ElemType::Float;
+  DType statType = stashType == 11 ? DType::F64 : DType::F32;
   Tensor meanOut(statType, statShape), invStdOut(statType, statShape);
 
   return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
@@ -355,7 +355,7 @@ template <bool IsMax> Expected<Outputs> argExtreme(const OpContext &ctx) {
     outShape[*axis] = 1;
   else
     outShape.erase(outShape.begin() + *axis);
-  Tensor out(ElemType::Int64, outShape);
+  Tensor out(DType::I64, outShape);
   visitStorage(x.elemType(), [&](auto tag) {
     using T = decltype(tag);
     const T *in = x.data<T>();

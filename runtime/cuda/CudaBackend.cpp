@@ -90,7 +90,7 @@ CudaBackend::~CudaBackend() {
 // Memory and transfers
 //===----------------------------------------------------------------------===//
 
-Expected<Tensor> CudaBackend::allocate(ElemType type, Shape shape) {
+Expected<Tensor> CudaBackend::allocate(DType type, Shape shape) {
   size_t bytes = static_cast<size_t>(product(shape)) * cpu::storageSize(type);
   PIPEC_TRY_ASSIGN(block, pool->allocate(bytes));
   return Tensor::onDevice(type, std::move(shape), std::move(block), device);
@@ -203,7 +203,7 @@ Expected<std::optional<Shape>> CudaBackend::intsFromInputOrAttr(const NodeView &
   return n.attrInts(name);
 }
 
-Expected<Tensor> CudaBackend::zeros(ElemType type, ArrayRef<int64_t> shape) {
+Expected<Tensor> CudaBackend::zeros(DType type, ArrayRef<int64_t> shape) {
   if (Error err = enter())
     return err;
   PIPEC_TRY_ASSIGN(out, allocate(type, shape.vec()));

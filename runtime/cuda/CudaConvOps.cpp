@@ -118,8 +118,7 @@ Result CudaBackend::conv(const NodeView &n) {
   int64_t rows = g.rows(), cols = g.cols(), inSize = g.w.inSize();
   PIPEC_TRY_ASSIGN(xd, onDevice(*x));
   PIPEC_TRY_ASSIGN(wd, onDevice(*weight));
-  PIPEC_TRY_ASSIGN(y,
-                   allocate(ElemType::Float, windowOutShape(g.batch, g.maps, g.w, x->rank() - 2)));
+  PIPEC_TRY_ASSIGN(y, allocate(DType::F32, windowOutShape(g.batch, g.maps, g.w, x->rank() - 2)));
   const float *image = static_cast<const float *>(xd.rawData());
   const float *w = static_cast<const float *>(wd.rawData());
   float *out = static_cast<float *>(y.rawData());
@@ -168,7 +167,7 @@ Result CudaBackend::convGradInput(const NodeView &n) {
   int64_t rows = g.rows(), cols = g.cols(), inSize = g.w.inSize();
   PIPEC_TRY_ASSIGN(dyd, onDevice(*dy));
   PIPEC_TRY_ASSIGN(wd, onDevice(*weight));
-  PIPEC_TRY_ASSIGN(dx, allocate(ElemType::Float, *xShape));
+  PIPEC_TRY_ASSIGN(dx, allocate(DType::F32, *xShape));
   const float *grad = static_cast<const float *>(dyd.rawData());
   const float *w = static_cast<const float *>(wd.rawData());
   float *image = static_cast<float *>(dx.rawData());
@@ -215,7 +214,7 @@ Result CudaBackend::convGradWeight(const NodeView &n) {
   int64_t chunk = std::min(convChunk(g.group * rows * cols, g.batch), INT_MAX / cols);
   PIPEC_TRY_ASSIGN(dyd, onDevice(*dy));
   PIPEC_TRY_ASSIGN(xd, onDevice(*x));
-  PIPEC_TRY_ASSIGN(dw, allocate(ElemType::Float, *wShape));
+  PIPEC_TRY_ASSIGN(dw, allocate(DType::F32, *wShape));
   PIPEC_TRY_ASSIGN(columnBlock,
                    scratch(static_cast<size_t>(chunk * g.group * rows * cols) * sizeof(float)));
   PIPEC_TRY_ASSIGN(gradBlock, scratch(static_cast<size_t>(chunk * g.maps * cols) * sizeof(float)));
@@ -259,8 +258,8 @@ Result CudaBackend::windowPool(const NodeView &n) {
   p.isMax = n.op() == "MaxPool";
   p.includePad = n.attrInt("count_include_pad", 0);
   PIPEC_TRY_ASSIGN(xd, onDevice(*x));
-  PIPEC_TRY_ASSIGN(
-      y, allocate(ElemType::Float, windowOutShape(x->dim(0), x->dim(1), p.w, x->rank() - 2)));
+  PIPEC_TRY_ASSIGN(y,
+                   allocate(DType::F32, windowOutShape(x->dim(0), x->dim(1), p.w, x->rank() - 2)));
   PIPEC_CUDA_TRY(launchPool(p, x->dim(0) * x->dim(1), static_cast<const float *>(xd.rawData()),
                             static_cast<float *>(y.rawData()), stream));
   return Outputs{y};
@@ -290,7 +289,7 @@ Result CudaBackend::poolGrad(const NodeView &n) {
     PIPEC_TRY_ASSIGN(dev, onDevice(*x));
     xd = dev;
   }
-  PIPEC_TRY_ASSIGN(dx, allocate(ElemType::Float, *xShape));
+  PIPEC_TRY_ASSIGN(dx, allocate(DType::F32, *xShape));
   PIPEC_CUDA_TRY(launchPoolGrad(p, dy->dim(0) * dy->dim(1),
                                 static_cast<const float *>(dyd.rawData()),
                                 isMax ? static_cast<const float *>(xd.rawData()) : nullptr,
@@ -310,7 +309,7 @@ Result CudaBackend::globalAveragePool(const NodeView &n) {
   std::vector<bool> reduced(x->rank(), true);
   reduced[0] = reduced[1] = false;
   PIPEC_TRY_ASSIGN(dev, onDevice(*x));
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, outShape));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, outShape));
   PIPEC_TRY_ASSIGN(done, reduceInto(dev, reduced, 1.0 / static_cast<double>(size), out));
   if (!done)
     return std::nullopt;
@@ -340,7 +339,7 @@ Result CudaBackend::batchNorm(const NodeView &n) {
   int64_t spatial = product(ArrayRef<int64_t>(x->shape()).drop_front(2));
   double epsilon = n.attrFloat("epsilon", 1e-5f);
   PIPEC_TRY_ASSIGN(xd, onDevice(*x));
-  PIPEC_TRY_ASSIGN(y, allocate(ElemType::Float, x->shape()));
+  PIPEC_TRY_ASSIGN(y, allocate(DType::F32, x->shape()));
   auto param = [&](size_t i) { return static_cast<const float *>(params[i].rawData()); };
   PIPEC_CUDA_TRY(launchBatchNorm(x->dim(0), channels, spatial, epsilon,
                                  static_cast<const float *>(xd.rawData()), param(0), param(1),
@@ -363,7 +362,7 @@ Result CudaBackend::batchNormGradWeight(const NodeView &n) {
   PIPEC_TRY_ASSIGN(xd, onDevice(*x));
   PIPEC_TRY_ASSIGN(md, onDevice(*mean));
   PIPEC_TRY_ASSIGN(vd, onDevice(*var));
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, {channels}));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, {channels}));
   if (channels == 0)
     return Outputs{out};
   int64_t chunks = batchNormGradWeightChunks(channels, batch * spatial);
@@ -386,7 +385,7 @@ Expected<Tensor> CudaBackend::sum(ArrayRef<const Tensor *> terms) {
   if (terms.empty())
     return createStringError(inconvertibleErrorCode(), "cuda:%d: a sum of no terms", device);
   const Tensor &first = *terms[0];
-  if (first.elemType() == ElemType::Float16 || first.elemType() == ElemType::BFloat16) {
+  if (first.elemType() == DType::F16 || first.elemType() == DType::BF16) {
     // Half gradient terms (rare: half activations with several consumers)
     // are added on the host, where the sum rounds to the half type as the
     // CPU backend's does.
@@ -442,7 +441,7 @@ Error CudaBackend::addInto(Tensor &accumulator, const Tensor &term) {
   // as float (the CPU backend's rule).
   bool sameStorage =
       term.elemType() == accumulator.elemType() ||
-      (accumulator.elemType() == ElemType::Float && cpu::storedAs<float>(term.elemType()));
+      (accumulator.elemType() == DType::F32 && cpu::storedAs<float>(term.elemType()));
   if (!type || (*type != k::Scalar::F32 && *type != k::Scalar::F64) || !sameStorage ||
       term.numElements() != accumulator.numElements())
     return createStringError(inconvertibleErrorCode(),

@@ -47,7 +47,7 @@ Result CudaBackend::matMul(const NodeView &n) {
   bool folded = product(bBatch) == 1 && aBatch == *batch;
   if (!fitsInt(folded ? count * m : m) || !fitsInt(nn) || !fitsInt(k) || !fitsInt(count))
     return std::nullopt;
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, outShape));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, outShape));
   if (out.numElements() == 0)
     return Outputs{out.reshaped(finalShape)};
   if (k == 0) {
@@ -125,7 +125,7 @@ Result CudaBackend::gemmOp(const NodeView &n) {
     if (!done)
       return std::nullopt;
   } else {
-    PIPEC_TRY_ASSIGN(fresh, allocate(ElemType::Float, outShape));
+    PIPEC_TRY_ASSIGN(fresh, allocate(DType::F32, outShape));
     y = fresh;
   }
   if (y.numElements() == 0)
@@ -159,7 +159,7 @@ Result CudaBackend::softmax(const NodeView &n) {
   if (!singleAxis)
     layout = {layout.outer, layout.size * layout.inner, 1};
   PIPEC_TRY_ASSIGN(dev, onDevice(*x));
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, x->shape()));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, x->shape()));
   if (out.numElements() > 0)
     PIPEC_CUDA_TRY(launchSoftmax(layout, static_cast<const float *>(dev.rawData()),
                                  static_cast<float *>(out.rawData()), n.op() == "LogSoftmax",
@@ -201,12 +201,12 @@ Result CudaBackend::layerNorm(const NodeView &n) {
     (t == scale ? gamma : beta) = *full;
   }
   PIPEC_TRY_ASSIGN(dx, onDevice(*x));
-  PIPEC_TRY_ASSIGN(y, allocate(ElemType::Float, x->shape()));
+  PIPEC_TRY_ASSIGN(y, allocate(DType::F32, x->shape()));
   Shape statShape = x->shape();
   std::fill(statShape.begin() + *axis, statShape.end(), 1);
   Outputs outputs{y};
   for (size_t i = 1; i < n.numOutputs(); ++i) {
-    PIPEC_TRY_ASSIGN(stat, allocate(ElemType::Float, statShape));
+    PIPEC_TRY_ASSIGN(stat, allocate(DType::F32, statShape));
     outputs.push_back(stat);
   }
   auto statData = [&](size_t i) {
@@ -261,7 +261,7 @@ Result CudaBackend::reduce(const NodeView &n) {
   if (n.op() == "ReduceMean")
     scale = count ? 1.0 / static_cast<double>(count) : std::nan("");
   PIPEC_TRY_ASSIGN(dev, onDevice(*x));
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, outShape));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, outShape));
   PIPEC_TRY_ASSIGN(done, reduceInto(dev, reduced, scale, out));
   if (!done)
     return std::nullopt;
@@ -273,7 +273,7 @@ namespace {
 /// The labels of a cross-entropy over \p scores [N, C, d...]: int64 of
 /// [N, d...] (exact shape or, for the gradient, element count).
 bool labelsFit(const Tensor &scores, const Tensor &labels, bool exactShape) {
-  if (labels.elemType() != ElemType::Int64)
+  if (labels.elemType() != DType::I64)
     return false;
   Shape shape{scores.dim(0)};
   shape.insert(shape.end(), scores.shape().begin() + 2, scores.shape().end());
@@ -308,17 +308,17 @@ Result CudaBackend::crossEntropy(const NodeView &n) {
     return std::nullopt; // every label is out of range: the CPU words it
   PIPEC_TRY_ASSIGN(s, onDevice(*scores));
   PIPEC_TRY_ASSIGN(l, onDevice(*labels));
-  PIPEC_TRY_ASSIGN(losses, allocate(ElemType::Float, labels->shape()));
+  PIPEC_TRY_ASSIGN(losses, allocate(DType::F32, labels->shape()));
   PIPEC_TRY_ASSIGN(valid, scratch(static_cast<size_t>(positions) * sizeof(float)));
   Tensor loss = losses;
   if (p.reduction != 0) {
-    PIPEC_TRY_ASSIGN(scalar, allocate(ElemType::Float, {}));
+    PIPEC_TRY_ASSIGN(scalar, allocate(DType::F32, {}));
     loss = scalar;
   }
   Outputs outputs{loss};
   float *logProb = nullptr;
   if (n.numOutputs() == 2) {
-    PIPEC_TRY_ASSIGN(lp, allocate(ElemType::Float, scores->shape()));
+    PIPEC_TRY_ASSIGN(lp, allocate(DType::F32, scores->shape()));
     outputs.push_back(lp);
     logProb = static_cast<float *>(lp.rawData());
   }
@@ -360,7 +360,7 @@ Result CudaBackend::sumTo(const NodeView &n) {
     reduced[d] = target == 1 && dy->dim(d) != 1;
   }
   PIPEC_TRY_ASSIGN(dev, onDevice(*dy));
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, *shape));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, *shape));
   PIPEC_TRY_ASSIGN(done, reduceInto(dev, reduced, 1.0, out));
   if (!done)
     return std::nullopt;
@@ -383,7 +383,7 @@ Result CudaBackend::unaryGrad(const NodeView &n) {
   }
   PIPEC_TRY_ASSIGN(d, onDevice(*dy));
   PIPEC_TRY_ASSIGN(x, onDevice(*a));
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, dy->shape()));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, dy->shape()));
   PIPEC_CUDA_TRY(launchGradient(*forward->elem, *params, static_cast<const float *>(d.rawData()),
                                 static_cast<const float *>(x.rawData()),
                                 static_cast<float *>(out.rawData()), out.numElements(), stream));
@@ -425,7 +425,7 @@ Result CudaBackend::fused(const NodeView &n) {
   Outputs outputs;
   float *out[k::MaxFusedOutputs] = {};
   for (int o = 0; o < p.outputs; ++o) {
-    PIPEC_TRY_ASSIGN(t, allocate(ElemType::Float, *shape));
+    PIPEC_TRY_ASSIGN(t, allocate(DType::F32, *shape));
     outputs.push_back(t);
     out[o] = static_cast<float *>(outputs.back().rawData());
   }
@@ -452,7 +452,7 @@ Result CudaBackend::matMulBias(const NodeView &n) {
   PIPEC_TRY_ASSIGN(da, onDevice(a));
   PIPEC_TRY_ASSIGN(db, onDevice(*inputs[1]));
   PIPEC_TRY_ASSIGN(dbias, onDevice(*inputs[2]));
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, shape));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, shape));
   PIPEC_TRY_ASSIGN(done, gemmBias(m, *nn, k, static_cast<const float *>(da.rawData()),
                                   static_cast<const float *>(db.rawData()),
                                   static_cast<const float *>(dbias.rawData()),
@@ -475,7 +475,7 @@ Result CudaBackend::softmaxGrad(const NodeView &n) {
                       product(shape.drop_front(*axis + 1))};
   PIPEC_TRY_ASSIGN(d, onDevice(*dy));
   PIPEC_TRY_ASSIGN(yy, onDevice(*y));
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, y->shape()));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, y->shape()));
   if (out.numElements() > 0)
     PIPEC_CUDA_TRY(launchSoftmaxGrad(layout, static_cast<const float *>(d.rawData()),
                                      static_cast<const float *>(yy.rawData()),
@@ -488,8 +488,8 @@ Result CudaBackend::gatherGrad(const NodeView &n) {
   std::optional<Shape> shape = n.attrInts("shape");
   if (!isFloat(dy) || !indices || !shape || shape->empty() || n.numOutputs() != 1)
     return std::nullopt;
-  ElemType indexType = indices->elemType();
-  if (indexType != ElemType::Int64 && indexType != ElemType::Int32)
+  DType indexType = indices->elemType();
+  if (indexType != DType::I64 && indexType != DType::I32)
     return std::nullopt;
   auto axis = NodeView::axisIn(n.attrInt("axis", 0), static_cast<int64_t>(shape->size()));
   if (!axis || llvm::any_of(*shape, [](int64_t d) { return d < 0; }))
@@ -503,12 +503,12 @@ Result CudaBackend::gatherGrad(const NodeView &n) {
     return std::nullopt;
   PIPEC_TRY_ASSIGN(d, onDevice(*dy));
   PIPEC_TRY_ASSIGN(idx, onDevice(*indices));
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, *shape));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, *shape));
   if (out.byteSize() > 0)
     PIPEC_CUDA_TRY(cudaMemsetAsync(out.rawData(), 0, out.byteSize(), stream));
   if (dy->numElements() > 0)
     PIPEC_CUDA_TRY(launchGatherGrad(
-        indexType == ElemType::Int32, p, static_cast<const float *>(d.rawData()), idx.rawData(),
+        indexType == DType::I32, p, static_cast<const float *>(d.rawData()), idx.rawData(),
         static_cast<float *>(out.rawData()),
         checkSlot(n, formatv("an index is out of range [0, {0})", p.size).str()), stream));
   return Outputs{out};
@@ -539,7 +539,7 @@ Result CudaBackend::layerNormGradInput(const NodeView &n) {
   PIPEC_TRY_ASSIGN(d, onDevice(*dy));
   PIPEC_TRY_ASSIGN(xx, onDevice(*x));
   PIPEC_TRY_ASSIGN(s, onDevice(*scale));
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, x->shape()));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, x->shape()));
   if (out.numElements() > 0)
     PIPEC_CUDA_TRY(launchLayerNormGradInput(
         rows->first, rows->second, epsilon, static_cast<const float *>(d.rawData()),
@@ -562,7 +562,7 @@ Result CudaBackend::layerNormGradWeight(const NodeView &n) {
   float epsilon = n.attrFloat("epsilon", 1e-5f);
   PIPEC_TRY_ASSIGN(d, onDevice(*dy));
   PIPEC_TRY_ASSIGN(xx, onDevice(*x));
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, shape));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, shape));
   if (width == 0)
     return Outputs{out};
   if (count == 0) {
@@ -596,7 +596,7 @@ Result CudaBackend::crossEntropyGrad(const NodeView &n) {
   PIPEC_TRY_ASSIGN(dl, onDevice(*dLoss));
   PIPEC_TRY_ASSIGN(s, onDevice(*scores));
   PIPEC_TRY_ASSIGN(l, onDevice(*labels));
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, scores->shape()));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, scores->shape()));
   if (out.numElements() == 0)
     return Outputs{out};
   PIPEC_TRY_ASSIGN(count, scratch(sizeof(double)));

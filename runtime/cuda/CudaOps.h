@@ -65,8 +65,8 @@ using llvm::StringRef;
 using llvm::toString;
 using llvm::Twine;
 
-using cpu::ElemType;
 using cpu::Tensor;
+using pipec::DType;
 using Shape = std::vector<int64_t>;
 using Outputs = std::vector<Tensor>;
 /// An op's outputs, nullopt to fall back to the CPU, or an error.
@@ -83,19 +83,19 @@ inline constexpr size_t StagingBytes = size_t(8) << 20;
 /// Constant outputs kept on the device, per node, up to this size.
 inline constexpr size_t ConstantCacheBytes = size_t(1) << 20;
 
-inline bool isIntegral(ElemType type) { return cpu::isInteger(type) || type == ElemType::Bool; }
+inline bool isIntegral(DType type) { return cpu::isInteger(type) || type == DType::Bool; }
 
-inline std::optional<k::Scalar> scalarOf(ElemType type) {
+inline std::optional<k::Scalar> scalarOf(DType type) {
   switch (type) {
-  case ElemType::Float:
+  case DType::F32:
     return k::Scalar::F32;
-  case ElemType::Double:
+  case DType::F64:
     return k::Scalar::F64;
-  case ElemType::Int64:
+  case DType::I64:
     return k::Scalar::I64;
-  case ElemType::Int32:
+  case DType::I32:
     return k::Scalar::I32;
-  case ElemType::Bool:
+  case DType::Bool:
     return k::Scalar::Bool;
   default:
     return std::nullopt;
@@ -104,7 +104,7 @@ inline std::optional<k::Scalar> scalarOf(ElemType type) {
 
 inline int elemBytes(const Tensor &t) { return static_cast<int>(cpu::storageSize(t.elemType())); }
 
-inline bool isFloat(const Tensor *t) { return t && t->elemType() == ElemType::Float; }
+inline bool isFloat(const Tensor *t) { return t && t->elemType() == DType::F32; }
 
 inline int64_t product(ArrayRef<int64_t> dims) { return cpu::numElementsOf(dims); }
 
@@ -158,7 +158,7 @@ public:
                         ArrayRef<const Tensor *> inputs) override;
   Expected<Tensor> upload(const Tensor &host) override;
   Expected<Tensor> download(const Tensor &tensor) override;
-  Expected<Tensor> zeros(ElemType type, ArrayRef<int64_t> shape) override;
+  Expected<Tensor> zeros(DType type, ArrayRef<int64_t> shape) override;
   Expected<Tensor> sum(ArrayRef<const Tensor *> terms) override;
   Error addInto(Tensor &accumulator, const Tensor &term) override;
   Expected<double> sumOfSquares(ArrayRef<const Tensor *> tensors, double scale) override;
@@ -181,7 +181,7 @@ private:
   }
 
   // Memory and transfers.
-  Expected<Tensor> allocate(ElemType type, Shape shape);
+  Expected<Tensor> allocate(DType type, Shape shape);
   Expected<std::shared_ptr<void>> scratch(size_t bytes) { return pool->allocate(bytes); }
   /// \p t on this device: itself, an upload, or a copy from another device.
   Expected<Tensor> onDevice(const Tensor &t);

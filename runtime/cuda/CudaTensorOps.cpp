@@ -371,8 +371,8 @@ Result CudaBackend::gather(const NodeView &n) {
   const Tensor *data = n.in(0), *indices = n.in(1);
   if (!data || !indices || n.numOutputs() != 1 || data->rank() == 0)
     return std::nullopt;
-  ElemType indexType = indices->elemType();
-  if (indexType != ElemType::Int64 && indexType != ElemType::Int32)
+  DType indexType = indices->elemType();
+  if (indexType != DType::I64 && indexType != DType::I32)
     return std::nullopt;
   auto axis = NodeView::axisIn(n.attrInt("axis", 0), data->rank());
   if (!axis)
@@ -393,7 +393,7 @@ Result CudaBackend::gather(const NodeView &n) {
   PIPEC_TRY_ASSIGN(out, allocate(data->elemType(), shape));
   if (out.numElements() > 0)
     PIPEC_CUDA_TRY(launchGather(
-        elemBytes(out), indexType == ElemType::Int32, p, d.rawData(), idx.rawData(), out.rawData(),
+        elemBytes(out), indexType == DType::I32, p, d.rawData(), idx.rawData(), out.rawData(),
         checkSlot(
             n,
             formatv("an index is out of range for dimension {0} of size {1}", *axis, p.size).str()),
@@ -403,7 +403,7 @@ Result CudaBackend::gather(const NodeView &n) {
 
 Result CudaBackend::where(const NodeView &n) {
   const Tensor *cond = n.in(0), *x = n.in(1), *y = n.in(2);
-  if (!cond || !x || !y || n.numOutputs() != 1 || cond->elemType() != ElemType::Bool ||
+  if (!cond || !x || !y || n.numOutputs() != 1 || cond->elemType() != DType::Bool ||
       x->elemType() != y->elemType())
     return std::nullopt;
   auto partial = cpu::broadcastShapes(cond->shape(), x->shape());
@@ -448,9 +448,9 @@ Result CudaBackend::cast(const NodeView &n) {
     consumeError(toType.takeError());
     return std::nullopt;
   }
-  ElemType fromType = x->elemType();
-  if (fromType == ElemType::Float16 || fromType == ElemType::BFloat16)
-    fromType = ElemType::Float;
+  DType fromType = x->elemType();
+  if (fromType == DType::F16 || fromType == DType::BF16)
+    fromType = DType::F32;
   auto from = scalarOf(fromType), target = scalarOf(*toType);
   if (!from || !target)
     return std::nullopt;
@@ -485,7 +485,7 @@ Result CudaBackend::unary(const NodeView &n, ElemOp op) {
     return std::nullopt;
   }
   PIPEC_TRY_ASSIGN(dev, onDevice(*x));
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, x->shape()));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, x->shape()));
   PIPEC_CUDA_TRY(launchUnary(op, *params, static_cast<const float *>(dev.rawData()),
                              static_cast<float *>(out.rawData()), out.numElements(), stream));
   return Outputs{out};
@@ -526,7 +526,7 @@ Result CudaBackend::binary(const NodeView &n, ElemOp op) {
     return std::nullopt;
   PIPEC_TRY_ASSIGN(da, onDevice(*a));
   PIPEC_TRY_ASSIGN(db, onDevice(*b));
-  PIPEC_TRY_ASSIGN(out, allocate(comparison ? ElemType::Bool : a->elemType(), *shape));
+  PIPEC_TRY_ASSIGN(out, allocate(comparison ? DType::Bool : a->elemType(), *shape));
   PIPEC_CUDA_TRY(launchBinary(op, *type, map, da.rawData(), db.rawData(), out.rawData(),
                               out.numElements(), stream));
   return Outputs{out};
@@ -551,7 +551,7 @@ Result CudaBackend::variadicSum(const NodeView &n) {
   }
   if (n.numInputs() == 1)
     return identity(n);
-  PIPEC_TRY_ASSIGN(out, allocate(ElemType::Float, shape));
+  PIPEC_TRY_ASSIGN(out, allocate(DType::F32, shape));
   PIPEC_TRY_ASSIGN(first, onDevice(*n.in(0)));
   for (size_t i = 1; i < n.numInputs(); ++i) {
     // The first addition reads input 0; the later ones read the output

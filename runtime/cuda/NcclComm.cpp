@@ -134,7 +134,7 @@ public:
     return groupDepth == 0 ? enqueued() : Error::success();
   }
 
-  Expected<int> postRecv(int peer, cpu::ElemType type, std::vector<int64_t> shape) override {
+  Expected<int> postRecv(int peer, DType type, std::vector<int64_t> shape) override {
     PIPEC_CUDA_TRY(cudaSetDevice(device));
     size_t bytes = static_cast<size_t>(cpu::numElementsOf(shape)) * cpu::storageSize(type);
     void *memory = nullptr;
@@ -220,7 +220,7 @@ public:
       return err;
     PIPEC_CUDA_TRY(ncclGroupStart());
     for (cpu::Tensor &t : tensors) {
-      ncclDataType_t type = t.elemType() == cpu::ElemType::Double ? ncclFloat64 : ncclFloat32;
+      ncclDataType_t type = t.elemType() == cpu::DType::F64 ? ncclFloat64 : ncclFloat32;
       // The accumulators are the rank's own: summed in place.
       ncclResult_t queued =
           ncclAllReduce(t.rawData(), t.rawData(), static_cast<size_t>(t.numElements()), type,

@@ -45,7 +45,7 @@ public:
     return tensor;
   }
 
-  Expected<cpu::Tensor> zeros(cpu::ElemType type, ArrayRef<int64_t> shape) override {
+  Expected<cpu::Tensor> zeros(DType type, ArrayRef<int64_t> shape) override {
     return cpu::Tensor(type, shape.vec());
   }
 
@@ -70,9 +70,9 @@ public:
           total += g * g;
         }
       };
-      if (t->elemType() == cpu::ElemType::Double)
+      if (t->elemType() == cpu::DType::F64)
         add(t->data<double>());
-      else if (t->elemType() == cpu::ElemType::Float)
+      else if (t->elemType() == cpu::DType::F32)
         add(t->data<float>());
       else
         return createStringError(inconvertibleErrorCode(), "the norm of %s: float or double only",
@@ -88,11 +88,11 @@ public:
     // them as they are, and a half one adds in float and rounds (a sum of
     // half gradient terms).
     bool same = acc.elemType() == term.elemType() ||
-                (acc.elemType() == cpu::ElemType::Float && cpu::storedAs<float>(term.elemType()));
+                (acc.elemType() == cpu::DType::F32 && cpu::storedAs<float>(term.elemType()));
     if (!same || acc.numElements() != term.numElements())
       return createStringError(inconvertibleErrorCode(), "adding %s into %s",
                                term.describe().c_str(), acc.describe().c_str());
-    if (acc.elemType() == cpu::ElemType::Double) {
+    if (acc.elemType() == cpu::DType::F64) {
       addTo(acc.data<double>(), term.data<double>(), acc.numElements());
     } else if (cpu::storedAs<float>(acc.elemType())) {
       addTo(static_cast<float *>(acc.rawData()), static_cast<const float *>(term.rawData()),
@@ -108,9 +108,9 @@ public:
                  cpu::Tensor &v) override {
     if (!w.onHost() || !g.onHost())
       return notOnHost(w.onHost() ? g : w);
-    if (w.elemType() == cpu::ElemType::Float)
+    if (w.elemType() == cpu::DType::F32)
       return update<float>(u, w, g, m, v);
-    if (w.elemType() == cpu::ElemType::Double)
+    if (w.elemType() == cpu::DType::F64)
       return update<double>(u, w, g, m, v);
     return createStringError(inconvertibleErrorCode(), "training %s: float or double weights only",
                              w.describe().c_str());

@@ -19,24 +19,10 @@ using namespace llvm;
 
 namespace pipec::rt {
 
-Expected<cpu::ElemType> elemTypeOfName(StringRef name) {
-  using E = cpu::ElemType;
-  std::optional<E> type = StringSwitch<std::optional<E>>(name)
-                              .Case("f32", E::Float)
-                              .Case("f64", E::Double)
-                              .Case("f16", E::Float16)
-                              .Case("bf16", E::BFloat16)
-                              .Case("i64", E::Int64)
-                              .Case("i32", E::Int32)
-                              .Case("i16", E::Int16)
-                              .Case("i8", E::Int8)
-                              .Case("u8", E::UInt8)
-                              .Case("u16", E::UInt16)
-                              .Case("u32", E::UInt32)
-                              .Case("u64", E::UInt64)
-                              .Case("bool", E::Bool)
-                              .Default(std::nullopt);
-  if (!type)
+Expected<DType> elemTypeOfName(StringRef name) {
+  std::optional<DType> type = dtypeOfName(name);
+  if (!type || *type == DType::String || *type == DType::C64 || *type == DType::C128 ||
+      *type == DType::Undefined)
     return createStringError(inconvertibleErrorCode(), "element type '%s' cannot be fed",
                              name.str().c_str());
   return *type;
@@ -45,30 +31,30 @@ Expected<cpu::ElemType> elemTypeOfName(StringRef name) {
 namespace {
 
 /// NumPy's descr for \p type, and back.
-const char *npyDescr(cpu::ElemType type) {
-  using E = cpu::ElemType;
+const char *npyDescr(DType type) {
+  using E = DType;
   switch (type) {
-  case E::Float:
+  case E::F32:
     return "<f4";
-  case E::Double:
+  case E::F64:
     return "<f8";
-  case E::Float16:
+  case E::F16:
     return "<f2";
-  case E::Int64:
+  case E::I64:
     return "<i8";
-  case E::Int32:
+  case E::I32:
     return "<i4";
-  case E::Int16:
+  case E::I16:
     return "<i2";
-  case E::Int8:
+  case E::I8:
     return "|i1";
-  case E::UInt8:
+  case E::U8:
     return "|u1";
-  case E::UInt16:
+  case E::U16:
     return "<u2";
-  case E::UInt32:
+  case E::U32:
     return "<u4";
-  case E::UInt64:
+  case E::U64:
     return "<u8";
   case E::Bool:
     return "|b1";
@@ -77,24 +63,24 @@ const char *npyDescr(cpu::ElemType type) {
   }
 }
 
-std::optional<cpu::ElemType> typeOfDescr(StringRef descr) {
-  using E = cpu::ElemType;
+std::optional<DType> typeOfDescr(StringRef descr) {
+  using E = DType;
   if (descr.size() == 3 && descr[0] == '=')
     descr = descr.drop_front(); // native order: little-endian here
   else if (descr.size() == 3 && (descr[0] == '<' || descr[0] == '|'))
     descr = descr.drop_front();
   return StringSwitch<std::optional<E>>(descr)
-      .Case("f4", E::Float)
-      .Case("f8", E::Double)
-      .Case("f2", E::Float16)
-      .Case("i8", E::Int64)
-      .Case("i4", E::Int32)
-      .Case("i2", E::Int16)
-      .Case("i1", E::Int8)
-      .Case("u1", E::UInt8)
-      .Case("u2", E::UInt16)
-      .Case("u4", E::UInt32)
-      .Case("u8", E::UInt64)
+      .Case("f4", E::F32)
+      .Case("f8", E::F64)
+      .Case("f2", E::F16)
+      .Case("i8", E::I64)
+      .Case("i4", E::I32)
+      .Case("i2", E::I16)
+      .Case("i1", E::I8)
+      .Case("u1", E::U8)
+      .Case("u2", E::U16)
+      .Case("u4", E::U32)
+      .Case("u8", E::U64)
       .Case("b1", E::Bool)
       .Default(std::nullopt);
 }

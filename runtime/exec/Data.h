@@ -45,7 +45,7 @@ llvm::Expected<cpu::Tensor> readNpy(llvm::StringRef path);
 llvm::Error writeNpy(const cpu::Tensor &tensor, llvm::StringRef path);
 
 /// The element type of a plan dtype name ("f32", "i64", ...).
-llvm::Expected<cpu::ElemType> elemTypeOfName(llvm::StringRef name);
+llvm::Expected<DType> elemTypeOfName(llvm::StringRef name);
 
 class DataSource {
 public:
@@ -60,7 +60,7 @@ public:
 private:
   struct Input {
     plan::DataInput spec;
-    cpu::ElemType type = cpu::ElemType::Float;
+    DType type = cpu::DType::F32;
     cpu::Tensor dataset; ///< null for synthetic
   };
   std::map<std::string, Input> inputs;

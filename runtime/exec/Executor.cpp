@@ -57,11 +57,9 @@ Error RankExecutor::load() {
     auto tensor = cpu::fromTensorProto(*it->second, s.modelDir);
     if (!tensor)
       return rankError(global, "loading weights: " + toString(tensor.takeError()));
-    bool half = tensor->elemType() == cpu::ElemType::Float16 ||
-                tensor->elemType() == cpu::ElemType::BFloat16;
+    bool half = tensor->elemType() == cpu::DType::F16 || tensor->elemType() == cpu::DType::BF16;
     if (s.trainable.count(name)) {
-      if (tensor->elemType() != cpu::ElemType::Float &&
-          tensor->elemType() != cpu::ElemType::Double && !half)
+      if (tensor->elemType() != cpu::DType::F32 && tensor->elemType() != cpu::DType::F64 && !half)
         return rankError(global, formatv("weight '{0}' is {1}; training needs float weights", name,
                                          cpu::elemTypeName(tensor->elemType())));
       trainableHere.push_back(name);
@@ -383,7 +381,7 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
   grads.clear();
   for (const std::string &name : trainableHere) {
     // Half weights accumulate their gradients in float32, like their master.
-    auto zero = be.zeros(master.count(name) ? cpu::ElemType::Float : weights[name].elemType(),
+    auto zero = be.zeros(master.count(name) ? cpu::DType::F32 : weights[name].elemType(),
                          weights[name].shape());
     if (!zero)
       return zero.takeError();

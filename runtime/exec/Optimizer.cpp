@@ -86,8 +86,8 @@ Error RankExecutor::optimizerStep(int t) {
     if (Error err = be.optimize(u, target, g, moment1[name], moment2[name]))
       return rankError(global, formatv("updating '{0}': {1}", name, toString(std::move(err))));
     if (m != master.end()) {
-      int type = weights[name].elemType() == cpu::ElemType::Float16 ? onnx::TensorProto::FLOAT16
-                                                                    : onnx::TensorProto::BFLOAT16;
+      int type = weights[name].elemType() == cpu::DType::F16 ? onnx::TensorProto::FLOAT16
+                                                             : onnx::TensorProto::BFLOAT16;
       auto rounded = castTo(m->second, type);
       if (!rounded)
         return rounded.takeError();

@@ -227,7 +227,7 @@ void BM_GeluChain(benchmark::State &state) {
   onnx::NodeProto fused = makeFusedNode(
       "gelu", pointers, {"x", "bias", "half", "three", "c", "root", "one"}, {"a", "t", "y"});
   const int64_t rows = 2048, cols = 1024;
-  cpu::Tensor x(cpu::ElemType::Float, {rows, cols}), bias(cpu::ElemType::Float, {cols});
+  cpu::Tensor x(cpu::DType::F32, {rows, cols}), bias(cpu::DType::F32, {cols});
   for (int64_t i = 0; i < x.numElements(); ++i)
     x.data<float>()[i] = static_cast<float>((i * 7919) % 2001) / 1000.0f - 1.0f;
   for (int64_t i = 0; i < cols; ++i)
