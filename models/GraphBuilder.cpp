@@ -1,5 +1,6 @@
 //===- GraphBuilder.cpp - ONNX graphs with torch-style names -------------===//
 #include "models/GraphBuilder.h"
+#include "support/Float16.h"
 
 #include <cstring>
 #include <limits>
@@ -39,24 +40,6 @@ uint64_t hashName(StringRef name) {
   for (unsigned char c : name)
     h = (h ^ c) * 0x100000001b3ULL;
   return h;
-}
-
-/// Converts to IEEE half, rounding to nearest; overflow saturates to inf.
-uint16_t floatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, sizeof(x));
-  uint16_t sign = (x >> 16) & 0x8000;
-  int32_t exp = int32_t((x >> 23) & 0xff) - 127 + 15;
-  uint32_t mant = x & 0x7fffff;
-  if (exp >= 31)
-    return sign | 0x7c00;
-  if (exp <= 0) { // Subnormal half (or zero).
-    if (exp < -10)
-      return sign;
-    return sign | uint16_t((mant | 0x800000) >> (14 - exp));
-  }
-  uint16_t h = sign | uint16_t(exp << 10) | uint16_t(mant >> 13);
-  return (mant & 0x1000) ? h + 1 : h; // A carry into the exponent is right.
 }
 
 /// Appends \p count values base + ~N(0, 0.02), each converted by \p convert,

@@ -1,6 +1,7 @@
 //===- OnnxImporter.cpp - Read an ONNX file into a pipec Graph ------------===//
 #include "compiler/onnx/OnnxImporter.h"
 #include "compiler/onnx/WireSkeleton.h"
+#include "support/Diagnostics.h"
 
 #include "onnx/defs/schema.h"
 #include "onnx/onnx_pb.h"
@@ -69,12 +70,11 @@ private:
   void define(StringRef name, int id, function_ref<std::string()> by);
 };
 
-std::string nodeLabel(const onnx::NodeProto &node) {
-  std::string name = node.name();
-  if (name.empty())
-    name = node.output_size() ? "<output " + node.output(0) + ">" : "<unnamed>";
+/// "node 'LABEL' (DOMAIN.OP)" as every error names a node (the domain when
+/// it is not the default one).
+std::string describeNode(const onnx::NodeProto &node) {
   std::string type = node.domain().empty() ? node.op_type() : node.domain() + "." + node.op_type();
-  return formatv("node '{0}' ({1})", name, type).str();
+  return formatv("node '{0}' ({1})", nodeLabel(node), type).str();
 }
 
 Error Importer::readOpsets() {
@@ -317,7 +317,7 @@ Error Importer::addNodes() {
   // First define every output, so that unsorted node lists resolve.
   for (int n = 0; n < g.node_size(); ++n) {
     const onnx::NodeProto &node = g.node(n);
-    auto label = [&] { return nodeLabel(node); };
+    auto label = [&] { return describeNode(node); };
     bool isConstant =
         node.op_type() == "Constant" && (node.domain().empty() || node.domain() == "ai.onnx");
     if (isConstant) {
@@ -369,7 +369,7 @@ Error Importer::addNodes() {
       int id = graph.findValue(in);
       if (id < 0)
         return fail("{0}: input '{1}' is not produced by any node, initializer or graph input",
-                    nodeLabel(node), in);
+                    describeNode(node), in);
       op.inputs.push_back(id);
     }
     std::vector<std::string> captures;
@@ -429,7 +429,7 @@ Error Importer::sortOps(std::vector<Op> &unsorted) {
     for (size_t i = 0; i < n; ++i)
       if (pending[i] > 0)
         return fail("the graph has a cycle through {0}",
-                    nodeLabel(graph.model->graph().node(unsorted[i].nodeIndex)));
+                    describeNode(graph.model->graph().node(unsorted[i].nodeIndex)));
   }
   bool wasSorted = is_sorted(order);
   if (!wasSorted)

@@ -1,6 +1,7 @@
 //===- GradContext.cpp - What a gradient rule sees and emits -------------===//
 #include "passes/grad/GradContext.h"
 #include "passes/grad/GradRules.h"
+#include "support/Diagnostics.h"
 
 #include "support/Attributes.h"
 
@@ -196,8 +197,7 @@ Error GradContext::error(const Twine &what) const {
   std::string name = current->name;
   if (name.empty() && !current->outputs.empty() && current->outputs[0] >= 0)
     name = val(current->outputs[0]).name;
-  return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s", name.c_str(),
-                           current->opType.c_str(), what.str().c_str());
+  return nodeError(name, current->opType, what);
 }
 
 Error GradContext::setWindowAttrs(onnx::NodeProto &g, ArrayRef<int64_t> kernel,

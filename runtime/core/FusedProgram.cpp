@@ -24,8 +24,7 @@ using pipec::DType;
 namespace {
 
 Error fusedError(const onnx::NodeProto &node, const Twine &why) {
-  return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s", nodeLabel(node).c_str(),
-                           FusedOpType.data(), why.str().c_str());
+  return nodeError(nodeLabel(node), FusedOpType, why);
 }
 
 /// Reads a node's attributes for the element math and remembers which it

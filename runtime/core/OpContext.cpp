@@ -21,15 +21,6 @@ std::error_code UnsupportedError::convertToErrorCode() const {
   return std::make_error_code(std::errc::not_supported);
 }
 
-std::string nodeLabel(const onnx::NodeProto &node) {
-  if (!node.name().empty())
-    return node.name();
-  for (const std::string &output : node.output())
-    if (!output.empty())
-      return output;
-  return "<unnamed>";
-}
-
 namespace {
 
 /// A node's attributes for the element math.
@@ -88,10 +79,7 @@ Expected<kernels::ElemParams> OpContext::elemParams(ElemOp op) const {
   return params;
 }
 
-Error OpContext::fail(const Twine &message) const {
-  return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s", nodeLabel(node).c_str(),
-                           node.op_type().c_str(), message.str().c_str());
-}
+Error OpContext::fail(const Twine &message) const { return nodeError(node, message); }
 
 Error OpContext::unsupported(const Twine &message) const {
   return make_error<UnsupportedError>(nodeLabel(node), node.op_type(), message.str());

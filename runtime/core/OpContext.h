@@ -15,6 +15,7 @@
 #include "ops/OpRegistry.h"
 #include "runtime/core/Tensor.h"
 #include "runtime/kernels/ElementMath.h"
+#include "support/Diagnostics.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
@@ -51,9 +52,6 @@ public:
 private:
   std::string node, opType, detail;
 };
-
-/// How errors name \p node: its name, else its first output, else "<unnamed>".
-std::string nodeLabel(const onnx::NodeProto &node);
 
 class OpContext {
 public:

@@ -25,10 +25,7 @@ using namespace llvm;
 namespace pipec::cpu {
 namespace {
 
-Error fail(const onnx::NodeProto &node, const Twine &what) {
-  return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s", nodeLabel(node).c_str(),
-                           node.op_type().c_str(), what.str().c_str());
-}
+Error fail(const onnx::NodeProto &node, const Twine &what) { return nodeError(node, what); }
 
 /// Calls f(T{}) for float or double tensors, fails otherwise.
 template <typename F>

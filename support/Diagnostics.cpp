@@ -1,0 +1,28 @@
+//===- Diagnostics.cpp - How errors name what they are about -------------===//
+#include "support/Diagnostics.h"
+
+#include "onnx/onnx_pb.h"
+
+using namespace llvm;
+
+namespace pipec {
+
+std::string nodeLabel(const onnx::NodeProto &node) {
+  if (!node.name().empty())
+    return node.name();
+  for (const std::string &output : node.output())
+    if (!output.empty())
+      return output;
+  return "<unnamed>";
+}
+
+Error nodeError(StringRef label, StringRef opType, const Twine &what) {
+  return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s", label.str().c_str(),
+                           opType.str().c_str(), what.str().c_str());
+}
+
+Error nodeError(const onnx::NodeProto &node, const Twine &what) {
+  return nodeError(nodeLabel(node), node.op_type(), what);
+}
+
+} // namespace pipec
