@@ -2,54 +2,62 @@
 //
 // The binary and unary ops marked Fold, and ReduceMax/Min/Prod/Sum. An
 // element is computed as a double when the op has a float operand and as an
-// int64 otherwise, then stored in the output's type.
+// int64 otherwise, then stored in the output's type. Where that formula is
+// the one of runtime/kernels/ElementMath.h on the same type, it is called
+// from there; the comments say where folding computes otherwise.
 //
 //===----------------------------------------------------------------------===//
 #include "passes/fold/FoldContext.h"
 
 #include "ops/OpRegistry.h"
+#include "runtime/kernels/ElementMath.h"
 #include "support/Attributes.h"
 
 #include "llvm/Support/ErrorHandling.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 using namespace llvm;
 
 namespace pipec::fold {
 namespace {
 
+namespace elem = kernels::elem;
+
 /// Binary \p op of \p x and \p y, either of them a float.
 double binaryFloat(OpId op, double x, double y) {
   switch (op) {
   case OpId::Add:
-    return x + y;
+    return elem::Add::value(x, y);
   case OpId::Sub:
-    return x - y;
+    return elem::Sub::value(x, y);
   case OpId::Mul:
-    return x * y;
+    return elem::Mul::value(x, y);
   case OpId::Div:
-    return x / y;
+    return elem::Div::value(x, y);
   case OpId::Equal:
-    return x == y;
+    return elem::Equal::value(x, y);
   case OpId::Less:
-    return x < y;
+    return elem::Less::value(x, y);
   case OpId::Greater:
-    return x > y;
+    return elem::Greater::value(x, y);
   case OpId::LessOrEqual:
-    return x <= y;
+    return elem::LessOrEqual::value(x, y);
   case OpId::GreaterOrEqual:
-    return x >= y;
+    return elem::GreaterOrEqual::value(x, y);
   case OpId::And:
-    return (x != 0) && (y != 0);
+    return elem::And::value(x, y);
   case OpId::Or:
-    return (x != 0) || (y != 0);
+    return elem::Or::value(x, y);
+  // std::min and std::max give the first operand when either is NaN;
+  // elem::Min and elem::Max give NaN. Folding keeps std::min and std::max.
   case OpId::Min:
     return std::min(x, y);
   case OpId::Max:
     return std::max(x, y);
+  // elem::Pow squares and cubes by multiplying, which may round otherwise
+  // than pow. Folding keeps pow.
   case OpId::Pow:
     return std::pow(x, y);
   case OpId::Mod:
@@ -63,15 +71,17 @@ double binaryFloat(OpId op, double x, double y) {
 std::optional<int64_t> binaryInt(OpId op, int64_t x, int64_t y) {
   switch (op) {
   case OpId::Add:
-    return x + y;
+    return elem::Add::value(x, y);
   case OpId::Sub:
-    return x - y;
+    return elem::Sub::value(x, y);
   case OpId::Mul:
-    return x * y;
+    return elem::Mul::value(x, y);
   case OpId::Div:
+    // elem::Div truncates as x / y does; INT64_MIN / -1, undefined for
+    // x / y, wraps.
     if (y == 0)
       return std::nullopt;
-    return x / y;
+    return elem::Div::value(x, y);
   case OpId::Mod: {
     if (y == 0)
       return std::nullopt;
@@ -81,25 +91,26 @@ std::optional<int64_t> binaryInt(OpId op, int64_t x, int64_t y) {
     return r;
   }
   case OpId::Equal:
-    return x == y;
+    return elem::Equal::value(x, y);
   case OpId::Less:
-    return x < y;
+    return elem::Less::value(x, y);
   case OpId::Greater:
-    return x > y;
+    return elem::Greater::value(x, y);
   case OpId::LessOrEqual:
-    return x <= y;
+    return elem::LessOrEqual::value(x, y);
   case OpId::GreaterOrEqual:
-    return x >= y;
+    return elem::GreaterOrEqual::value(x, y);
   case OpId::Min:
-    return std::min(x, y);
+    return elem::Min::value(x, y);
   case OpId::Max:
-    return std::max(x, y);
+    return elem::Max::value(x, y);
+  // elem::Pow takes floats only.
   case OpId::Pow:
     return static_cast<int64_t>(std::pow(static_cast<double>(x), static_cast<double>(y)));
   case OpId::And:
-    return x && y;
+    return elem::And::value(x, y);
   case OpId::Or:
-    return x || y;
+    return elem::Or::value(x, y);
   default:
     llvm_unreachable("not a binary op that folds");
   }
@@ -138,23 +149,26 @@ Expected<ConstTensor> binaryElements(OpId op, const ConstTensor &a, const ConstT
 
 /// Unary \p op of float \p x.
 double unaryFloat(OpId op, double x) {
+  kernels::ElemParams none;
   switch (op) {
   case OpId::Neg:
-    return -x;
+    return elem::Neg::value(x, none);
   case OpId::Sqrt:
-    return std::sqrt(x);
+    return elem::Sqrt::value(x, none);
   case OpId::Reciprocal:
-    return 1.0 / x;
+    return elem::Reciprocal::value(x, none);
+  // elem::Abs keeps the sign of -0 and of a negative NaN; fabs clears it.
+  // Folding keeps fabs.
   case OpId::Abs:
     return std::fabs(x);
   case OpId::Floor:
-    return std::floor(x);
+    return elem::Floor::value(x, none);
   case OpId::Ceil:
-    return std::ceil(x);
+    return elem::Ceil::value(x, none);
   case OpId::Relu:
-    return std::max(x, 0.0);
+    return elem::Relu::value(x, none);
   case OpId::Not:
-    return static_cast<double>(x == 0);
+    return elem::Not::value(x, none);
   default:
     llvm_unreachable("not a unary op that folds");
   }
@@ -162,15 +176,16 @@ double unaryFloat(OpId op, double x) {
 
 /// Unary \p op of integer \p x; the float-only ops leave it as it is.
 int64_t unaryInt(OpId op, int64_t x) {
+  kernels::ElemParams none;
   switch (op) {
   case OpId::Neg:
-    return -x;
+    return elem::Neg::value(x, none);
   case OpId::Abs:
-    return std::abs(x);
+    return elem::Abs::value(x, none);
   case OpId::Not:
-    return static_cast<int64_t>(x == 0);
+    return elem::Not::value(x, none);
   case OpId::Relu:
-    return std::max<int64_t>(x, 0);
+    return elem::Relu::value(x, none);
   default:
     return x;
   }
