@@ -7,6 +7,7 @@
 #include "passes/Differentiate.h"
 #include "passes/GroupLayers.h"
 #include "passes/LowerSchedule.h"
+#include "passes/PlanMemory.h"
 #include "passes/StagePrograms.h"
 #include "runtime/plan/PlanFile.h"
 
@@ -407,8 +408,9 @@ LoweringInputs loweringInputs(plan::Plan &plan, const CompileOptions &options, c
   return lowering;
 }
 
-/// Schedules, lowers and verifies the programs, then simulates them: the
-/// programs, each stage's and rank's memory peak and the predicted step.
+/// Schedules, lowers, plans the memory of and verifies the programs, then
+/// simulates them: the programs, each stage's and rank's memory peak and the
+/// predicted step.
 Error lowerAndSimulate(plan::Plan &plan, const LoweringInputs &lowering, const StagePlan &stagePlan,
                        const ScheduleShape &shape, int stages) {
   auto sched = generateSchedule(shape.kind, stages, shape.V, shape.M);
@@ -417,6 +419,7 @@ Error lowerAndSimulate(plan::Plan &plan, const LoweringInputs &lowering, const S
   auto programs = lowerSchedule(*sched, lowering);
   if (!programs)
     return programs.takeError();
+  planMemory(*programs);
   if (Error err = verifyProgram(*programs, stages, shape.M, shape.kind, shape.V))
     return err;
   for (auto &program : *programs)

@@ -1,8 +1,9 @@
-//===- ProgramTest.cpp - lower-schedule, verify-program, simulator ------===//
+//===- ProgramTest.cpp - lower-schedule, plan-memory, verify-program, sim -===//
 #include "TestUtil.h"
 
 #include "compiler/sim/Simulator.h"
 #include "passes/LowerSchedule.h"
+#include "passes/PlanMemory.h"
 
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
@@ -68,6 +69,7 @@ plan::Plan unitPlan(ScheduleKind kind, int P, int V, int M, double f, double i, 
   EXPECT_TRUE(!!schedule) << toString(schedule.takeError());
   auto programs = lowerSchedule(*schedule, unitInputs(P * V, recompute));
   EXPECT_TRUE(!!programs) << toString(programs.takeError());
+  planMemory(*programs);
   llvm::Error err = verifyProgram(*programs, P, M, kind, V);
   EXPECT_FALSE(static_cast<bool>(err)) << toString(std::move(err));
   for (auto &p : *programs)
