@@ -354,6 +354,16 @@ std::string formatGrid(const std::vector<plan::RankProgram> &programs,
   return out;
 }
 
+void printPrograms(const std::vector<plan::RankProgram> &programs, raw_ostream &os) {
+  os << formatGrid(programs, {});
+  for (const plan::RankProgram &p : programs) {
+    os << formatv("rank {0}: {1} instructions, {2} buffers\n", p.rank(), p.instructions_size(),
+                  p.buffers_size());
+    for (int i = 0; i < p.instructions_size(); ++i)
+      os << formatv("  {0,4}  {1}\n", i, formatInstruction(p.instructions(i)));
+  }
+}
+
 Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, int microbatches,
                     ScheduleKind kind, int virtualStages) {
   int ranks = static_cast<int>(programs.size()), chunks = stages * virtualStages;

@@ -32,6 +32,8 @@
 #include "compiler/schedule/Schedule.h"
 #include "runtime/plan/plan.pb.h"
 
+#include "llvm/Support/raw_ostream.h"
+
 #include <string>
 #include <vector>
 
@@ -61,6 +63,10 @@ struct LoweringInputs {
 /// their lifetimes but without slots (plan-memory's job).
 llvm::Expected<std::vector<plan::RankProgram>> lowerSchedule(const Schedule &schedule,
                                                              const LoweringInputs &inputs);
+
+/// The text --print-after=lower-schedule shows: the rank x step grid of
+/// compute actions, then each rank's instructions, numbered.
+void printPrograms(const std::vector<plan::RankProgram> &programs, llvm::raw_ostream &os);
 
 /// verify-program; the error holds the rank x step grid when it fails.
 llvm::Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages,

@@ -1,8 +1,12 @@
 //===- PlanMemory.cpp - plan-memory: buffer slots and peaks per rank ------===//
 #include "passes/PlanMemory.h"
 
+#include "llvm/Support/FormatVariadic.h"
+
 #include <algorithm>
 #include <map>
+
+using namespace llvm;
 
 namespace pipec {
 namespace {
@@ -58,6 +62,18 @@ void planMemory(plan::RankProgram &program) {
 void planMemory(std::vector<plan::RankProgram> &programs) {
   for (plan::RankProgram &program : programs)
     planMemory(program);
+}
+
+void printMemoryPlan(const std::vector<plan::RankProgram> &programs, raw_ostream &os) {
+  for (const plan::RankProgram &p : programs) {
+    os << formatv("rank {0}: peak {1} activation bytes, {2} buffers in {3} slots\n", p.rank(),
+                  p.peak_activation_bytes(), p.buffers_size(), p.slots());
+    for (int s = 0; s < p.slot_bytes_size(); ++s)
+      os << formatv("  slot {0} bytes={1}\n", s, p.slot_bytes(s));
+    for (const plan::Buffer &b : p.buffers())
+      os << formatv("  buf{0} s{1} mb{2} bytes={3} slot={4} live={5}..{6}\n", b.index(), b.stage(),
+                    b.microbatch(), b.bytes(), b.slot(), b.alloc_at(), b.free_at());
+  }
 }
 
 } // namespace pipec

@@ -22,6 +22,8 @@
 
 #include "runtime/plan/plan.pb.h"
 
+#include "llvm/Support/raw_ostream.h"
+
 #include <vector>
 
 namespace pipec {
@@ -31,6 +33,11 @@ namespace pipec {
 /// Precondition: every buffer has its lifetime (alloc_at before free_at), as
 /// lower-schedule leaves it.
 void planMemory(std::vector<plan::RankProgram> &programs);
+
+/// The text --print-after=plan-memory shows: per rank its peak and slots,
+/// then each buffer's stage, microbatch, bytes, slot and lifetime
+/// (instruction indices).
+void printMemoryPlan(const std::vector<plan::RankProgram> &programs, llvm::raw_ostream &os);
 
 } // namespace pipec
 
