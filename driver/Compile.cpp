@@ -7,6 +7,7 @@
 #include "passes/Differentiate.h"
 #include "passes/GroupLayers.h"
 #include "passes/LowerSchedule.h"
+#include "passes/PlanMemory.h"
 #include "passes/StagePrograms.h"
 #include "runtime/plan/PlanFile.h"
 
@@ -124,12 +125,62 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   return setup;
 }
 
+/// differentiate, in train mode: the backward program against the model's
+/// own "loss" output, else against a "labels" input (cross-entropy for
+/// integer labels, MSE for float ones). A model it cannot differentiate
+/// still compiles; the plan then says why it has no backward program.
+Error differentiateStep(Prepared &out, PassRunner &runner) {
+  LossSpec loss;
+  int labels = out.graph.findValue("labels");
+  if (out.graph.findValue("loss") >= 0) {
+    out.lossText = "the model's output 'loss'";
+  } else if (labels >= 0 && out.graph.values[labels].kind == ValueKind::Input) {
+    bool integer = isIntegerDType(out.graph.values[labels].type);
+    loss.kind = integer ? LossSpec::Kind::SoftmaxCrossEntropy : LossSpec::Kind::Mse;
+    out.lossText = integer ? "softmax cross-entropy against 'labels'" : "MSE against 'labels'";
+  } else {
+    out.backwardError = "the model has no 'loss' output and no 'labels' input to train against";
+  }
+  return runner.run(
+      "differentiate",
+      [&]() -> Error {
+        if (!out.backwardError.empty())
+          return Error::success();
+        auto backward = differentiate(out.graph, out.layers, loss);
+        if (backward)
+          out.backward = std::move(*backward);
+        else
+          out.backwardError = toString(backward.takeError());
+        return Error::success();
+      },
+      [&] {
+        if (!out.backward)
+          return std::string("no backward program");
+        size_t inputOps = 0, weightOps = 0;
+        for (size_t l = 0; l < out.backward->inputGrad.size(); ++l) {
+          inputOps += out.backward->inputGrad[l].size();
+          weightOps += out.backward->weightGrad[l].size();
+        }
+        return formatv("backward ops {0} (I {1}, W {2}), weight gradients {3}",
+                       inputOps + weightOps, inputOps, weightOps, out.backward->weightGrads.size())
+            .str();
+      },
+      [&](raw_ostream &os) {
+        if (out.backward)
+          printBackward(*out.backward, out.layers, os);
+        else
+          os << "no backward program: " << out.backwardError << "\n";
+      });
+}
+
+/// import, the graph passes, group-layers, the costs on each rank's
+/// hardware (an analysis), then differentiate.
 Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOptions &options,
-                                            const PipelineOptions &pipeline, const Setup &setup,
+                                            PassRunner &runner, const Setup &setup,
                                             int64_t microbatchSize, StringRef knownSha256 = "") {
   ImportOptions importOptions = options.import;
   importOptions.bindings.batch = microbatchSize;
-  auto graph = loadGraph(modelPath, importOptions, pipeline);
+  auto graph = loadGraph(modelPath, importOptions, runner);
   if (!graph)
     return graph.takeError();
   auto out = std::make_unique<Prepared>();
@@ -137,7 +188,7 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   // One hash per compile: a 1.5 GB model takes seconds.
   out->sha256 =
       knownSha256.empty() ? sha256Hex(out->graph.files[0]->getBuffer()) : knownSha256.str();
-  auto layers = buildLayerGraph(out->graph, pipeline);
+  auto layers = buildLayerGraph(out->graph, runner);
   if (!layers)
     return layers.takeError();
   out->layers = std::move(*layers);
@@ -152,28 +203,11 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   }
   for (const HardwareSpec &hw : setup.hardware)
     out->rankCosts.push_back(&out->tables.at(hw.name));
-  if (options.training) {
-    // The loss: the model's own "loss" output, else one against a "labels"
-    // input (cross-entropy for integer labels, MSE for float ones).
-    LossSpec loss;
-    int labels = out->graph.findValue("labels");
-    if (out->graph.findValue("loss") >= 0) {
-      out->lossText = "the model's output 'loss'";
-    } else if (labels >= 0 && out->graph.values[labels].kind == ValueKind::Input) {
-      bool integer = isIntegerDType(out->graph.values[labels].type);
-      loss.kind = integer ? LossSpec::Kind::SoftmaxCrossEntropy : LossSpec::Kind::Mse;
-      out->lossText = integer ? "softmax cross-entropy against 'labels'" : "MSE against 'labels'";
-    } else {
-      out->backwardError = "the model has no 'loss' output and no 'labels' input to train against";
-    }
-    if (out->backwardError.empty()) {
-      auto backward = differentiate(out->graph, out->layers, loss);
-      if (backward)
-        out->backward = std::move(*backward);
-      else
-        out->backwardError = toString(backward.takeError());
-    }
-  }
+  Error err = options.training
+                  ? differentiateStep(*out, runner)
+                  : runner.skip("differentiate", "inference (--mode infer) has no backward");
+  if (err)
+    return err;
   return out;
 }
 
@@ -407,19 +441,84 @@ LoweringInputs loweringInputs(plan::Plan &plan, const CompileOptions &options, c
   return lowering;
 }
 
-/// Schedules, lowers and verifies the programs, then simulates them: the
-/// programs, each stage's and rank's memory peak and the predicted step.
-Error lowerAndSimulate(plan::Plan &plan, const LoweringInputs &lowering, const StagePlan &stagePlan,
-                       const ScheduleShape &shape, int stages) {
-  auto sched = generateSchedule(shape.kind, stages, shape.V, shape.M);
-  if (!sched)
-    return sched.takeError();
-  auto programs = lowerSchedule(*sched, lowering);
-  if (!programs)
-    return programs.takeError();
-  if (Error err = verifyProgram(*programs, stages, shape.M, shape.kind, shape.V))
+/// lower-schedule (the schedule's compute actions, lowered to each rank's
+/// instructions), plan-memory and verify-program.
+Expected<std::vector<plan::RankProgram>> programPasses(const LoweringInputs &lowering,
+                                                       const ScheduleShape &shape, int stages,
+                                                       PassRunner &runner) {
+  std::vector<plan::RankProgram> programs;
+  auto count = [&](auto op) {
+    int n = 0;
+    for (const plan::RankProgram &p : programs)
+      n += static_cast<int>(std::count_if(p.instructions().begin(), p.instructions().end(), op));
+    return n;
+  };
+  Error err = runner.run(
+      "lower-schedule",
+      [&]() -> Error {
+        auto sched = generateSchedule(shape.kind, stages, shape.V, shape.M);
+        if (!sched)
+          return sched.takeError();
+        auto lowered = lowerSchedule(*sched, lowering);
+        if (!lowered)
+          return lowered.takeError();
+        programs = std::move(*lowered);
+        return Error::success();
+      },
+      [&] {
+        return formatv("instructions {0} on {1} ranks ({2}, V={3}, M={4})",
+                       count([](const plan::Instruction &) { return true; }), programs.size(),
+                       scheduleName(shape.kind), shape.V, shape.M)
+            .str();
+      },
+      [&](raw_ostream &os) { printPrograms(programs, os); });
+  if (err)
     return err;
-  for (auto &program : *programs)
+  err = runner.run(
+      "plan-memory",
+      [&] {
+        planMemory(programs);
+        return Error::success();
+      },
+      [&] {
+        int buffers = 0, slots = 0;
+        int64_t peak = 0;
+        for (const plan::RankProgram &p : programs) {
+          buffers += p.buffers_size();
+          slots += p.slots();
+          peak = std::max(peak, p.peak_activation_bytes());
+        }
+        return formatv("buffers {0} in {1} slots, peak {2} activation bytes on a rank", buffers,
+                       slots, peak)
+            .str();
+      },
+      [&](raw_ostream &os) { printMemoryPlan(programs, os); });
+  if (err)
+    return err;
+  auto sends = [&] {
+    return count([](const plan::Instruction &i) { return i.op() == plan::Instruction::SEND; });
+  };
+  err = runner.run(
+      "verify-program",
+      [&] { return verifyProgram(programs, stages, shape.M, shape.kind, shape.V); },
+      [&] { return formatv("ranks {0}, sends {1} matched", programs.size(), sends()).str(); },
+      [&](raw_ostream &os) {
+        os << formatv("verified: {0} ranks; {1} sends, each matched by one receive of its "
+                      "tensor, shape and dtype; every compute after its inputs; the streams run "
+                      "to the end under blocking semantics\n",
+                      programs.size(), sends());
+        os << formatGrid(programs, {});
+      });
+  if (err)
+    return err;
+  return programs;
+}
+
+/// The programs in \p plan, each stage's and rank's memory peak, and the
+/// predicted step by simulating them.
+Error simulateInto(plan::Plan &plan, std::vector<plan::RankProgram> programs,
+                   const StagePlan &stagePlan, int stages) {
+  for (auto &program : programs)
     *plan.add_programs() = std::move(program);
   for (int k = 0; k < plan.stages_size(); ++k) {
     const plan::RankProgram &program = plan.programs(plan.stages(k).rank());
@@ -452,12 +551,14 @@ Error lowerAndSimulate(plan::Plan &plan, const LoweringInputs &lowering, const S
 
 Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
                                const Setup &setup, const Prepared &prepared,
-                               const ScheduleShape &shape, bool withAlternatives = true);
+                               const ScheduleShape &shape, PassRunner &runner,
+                               bool withAlternatives = true);
 
 /// What balancing bought: the other methods on the same inputs, simulated
 /// the same way.
 void addAlternatives(plan::Plan &plan, StringRef modelPath, const CompileOptions &options,
-                     const Setup &setup, const Prepared &prepared, const ScheduleShape &shape) {
+                     const Setup &setup, const Prepared &prepared, const ScheduleShape &shape,
+                     const PassRunner &runner) {
   for (const char *alt : {"time", "params", "uniform"}) {
     auto *a = plan.add_alternatives();
     a->set_method(alt);
@@ -471,7 +572,8 @@ void addAlternatives(plan::Plan &plan, StringRef modelPath, const CompileOptions
     }
     CompileOptions altOptions = options;
     altOptions.balance = alt;
-    auto altPlan = buildPlan(modelPath, altOptions, setup, prepared, shape,
+    PassRunner quiet = runner.quiet();
+    auto altPlan = buildPlan(modelPath, altOptions, setup, prepared, shape, quiet,
                              /*withAlternatives=*/false);
     if (!altPlan) {
       a->set_error(toString(altPlan.takeError()));
@@ -505,23 +607,43 @@ void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first) {
 /// Balance, schedule, lower, verify and simulate one configuration.
 Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
                                const Setup &setup, const Prepared &prepared,
-                               const ScheduleShape &shape, bool withAlternatives) {
+                               const ScheduleShape &shape, PassRunner &runner,
+                               bool withAlternatives) {
   if (Error err = checkScheduleShape(shape.kind, options.stages, shape.V, shape.M))
     return err;
   BalanceOptions balance = balanceOptions(options, setup, prepared, shape);
-  auto stagePlan = balanceStages(prepared.layers, balance);
-  if (!stagePlan)
-    return stagePlan.takeError();
+  std::optional<StagePlan> stagePlan;
+  Error err = runner.run(
+      "balance-stages",
+      [&]() -> Error {
+        auto balanced = balanceStages(prepared.layers, balance);
+        if (!balanced)
+          return balanced.takeError();
+        stagePlan = std::move(*balanced);
+        return Error::success();
+      },
+      [&] {
+        return formatv("chunks {0} on {1} ranks, bottleneck {2:e3} s, layout {3}",
+                       stagePlan->chunks.size(), stagePlan->ranks.size(), stagePlan->bottleneck,
+                       stagePlan->layout)
+            .str();
+      },
+      [&](raw_ostream &os) { printStagePlan(*stagePlan, os); });
+  if (err)
+    return err;
 
   plan::Plan plan;
   describeRun(plan, modelPath, options, setup, prepared, balance, *stagePlan, shape);
   describeLayers(plan, options, prepared);
   describeStages(plan, prepared.layers, *stagePlan);
   LoweringInputs lowering = loweringInputs(plan, options, setup, prepared, *stagePlan);
-  if (Error err = lowerAndSimulate(plan, lowering, *stagePlan, shape, options.stages))
+  auto programs = programPasses(lowering, shape, options.stages, runner);
+  if (!programs)
+    return programs.takeError();
+  if (Error err = simulateInto(plan, std::move(*programs), *stagePlan, options.stages))
     return err;
   if (withAlternatives)
-    addAlternatives(plan, modelPath, options, setup, prepared, shape);
+    addAlternatives(plan, modelPath, options, setup, prepared, shape, runner);
   addWarnings(plan, prepared.graph, *prepared.rankCosts[0]);
   return plan;
 }
@@ -572,67 +694,78 @@ void attachStagePrograms(plan::Plan &plan, const Prepared &prepared, StringRef f
   }
 }
 
-} // namespace
+/// One `pipec compile`: the resolved setup, the front half of the pipeline
+/// per microbatch size (cached), and the runner that shows the passes of
+/// the plan it returns.
+class Compilation {
+public:
+  Compilation(StringRef modelPath, const CompileOptions &options, Setup setup,
+              const PipelineOptions &pipeline)
+      : modelPath(modelPath), options(options), setup(std::move(setup)), runner(pipeline) {}
 
-Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &options,
-                                  const PipelineOptions &pipeline) {
-  int stages = options.stages;
-  if (stages < 1)
-    return flagError("--stages must be at least 1");
-  if (options.virtualStages < 1)
-    return flagError("--virtual-stages must be at least 1");
-  if (options.dataParallel < 1)
-    return flagError("--dp must be at least 1");
-  auto setup = resolveSetup(options);
-  if (!setup)
-    return setup.takeError();
-  int64_t perReplica = options.globalBatch / options.dataParallel;
-  if (options.globalBatch > 0 && options.globalBatch % options.dataParallel != 0)
-    return flagError(formatv("--batch {0} does not divide over --dp {1} replicas",
-                             options.globalBatch, options.dataParallel));
-  auto microbatchSizeFor = [&](int microbatches) -> Expected<int64_t> {
-    if (options.globalBatch <= 0)
-      return 1;
-    if (perReplica % microbatches != 0)
-      return flagError(formatv("--batch {0} does not divide into {1} microbatches of {2} "
-                               "replica(s)",
-                               options.globalBatch, microbatches, options.dataParallel));
-    return perReplica / microbatches;
-  };
+  /// The plan for the schedule, V and M the options give.
+  Expected<plan::Plan> fixedSchedule();
+  /// --schedule auto: simulate the candidates, keep the fastest that fits.
+  Expected<plan::Plan> autoSchedule();
+
+private:
+  Expected<int64_t> microbatchSizeFor(int microbatches) const;
+  /// The front half for microbatches of \p size, run through \p passes the
+  /// first time that size is asked for.
+  Expected<const Prepared *> preparedFor(int64_t size, PassRunner &passes);
+
+  StringRef modelPath;
+  const CompileOptions &options;
+  Setup setup;
+  PassRunner runner;
   std::map<int64_t, std::unique_ptr<Prepared>> cache;
-  auto preparedFor = [&](int64_t size) -> Expected<const Prepared *> {
-    auto it = cache.find(size);
-    if (it != cache.end())
-      return it->second.get();
-    auto made = prepare(modelPath, options, pipeline, *setup, size,
-                        cache.empty() ? "" : cache.begin()->second->sha256);
-    if (!made)
-      return made.takeError();
-    const Prepared *ptr = made->get();
-    cache[size] = std::move(*made);
-    return ptr;
-  };
+};
 
-  if (!options.autoSchedule || !options.training) {
-    ScheduleShape shape;
-    shape.kind = options.training ? options.schedule : ScheduleKind::ForwardOnly;
-    shape.V = options.training ? options.virtualStages : 1;
-    shape.M = options.microbatches > 0 ? options.microbatches : 4 * stages;
-    auto size = microbatchSizeFor(shape.M);
-    if (!size)
-      return size.takeError();
-    shape.microbatchSize = *size;
-    auto prepared = preparedFor(*size);
-    if (!prepared)
-      return prepared.takeError();
-    auto built = buildPlan(modelPath, options, *setup, **prepared, shape);
-    if (!built)
-      return built.takeError();
-    attachStagePrograms(*built, **prepared, options.freeze);
-    return built;
-  }
+Expected<int64_t> Compilation::microbatchSizeFor(int microbatches) const {
+  if (options.globalBatch <= 0)
+    return 1;
+  int64_t perReplica = options.globalBatch / options.dataParallel;
+  if (perReplica % microbatches != 0)
+    return flagError(formatv("--batch {0} does not divide into {1} microbatches of {2} "
+                             "replica(s)",
+                             options.globalBatch, microbatches, options.dataParallel));
+  return perReplica / microbatches;
+}
 
-  // --schedule auto: simulate the candidates, keep the fastest that fits.
+Expected<const Prepared *> Compilation::preparedFor(int64_t size, PassRunner &passes) {
+  auto it = cache.find(size);
+  if (it != cache.end())
+    return it->second.get();
+  auto made = prepare(modelPath, options, passes, setup, size,
+                      cache.empty() ? "" : cache.begin()->second->sha256);
+  if (!made)
+    return made.takeError();
+  const Prepared *ptr = made->get();
+  cache[size] = std::move(*made);
+  return ptr;
+}
+
+Expected<plan::Plan> Compilation::fixedSchedule() {
+  ScheduleShape shape;
+  shape.kind = options.training ? options.schedule : ScheduleKind::ForwardOnly;
+  shape.V = options.training ? options.virtualStages : 1;
+  shape.M = options.microbatches > 0 ? options.microbatches : 4 * options.stages;
+  auto size = microbatchSizeFor(shape.M);
+  if (!size)
+    return size.takeError();
+  shape.microbatchSize = *size;
+  auto prepared = preparedFor(*size, runner);
+  if (!prepared)
+    return prepared.takeError();
+  auto built = buildPlan(modelPath, options, setup, **prepared, shape, runner);
+  if (!built)
+    return built.takeError();
+  attachStagePrograms(*built, **prepared, options.freeze);
+  return built;
+}
+
+Expected<plan::Plan> Compilation::autoSchedule() {
+  int stages = options.stages;
   std::vector<int> counts;
   if (options.microbatches > 0)
     counts = {options.microbatches};
@@ -664,12 +797,14 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
         tried.push_back(name + ": " + toString(size.takeError()));
         continue;
       }
-      auto prepared = preparedFor(*size);
+      // The candidates' passes run quietly; the winner's are shown below.
+      PassRunner quietFront = runner.quiet(), quietBack = runner.quiet();
+      auto prepared = preparedFor(*size, quietFront);
       if (!prepared)
         return prepared.takeError();
       // The balancing alternatives are built for the winner alone, below.
       ScheduleShape shape{c.kind, c.V, microbatches, *size};
-      auto candidate = buildPlan(modelPath, options, *setup, **prepared, shape,
+      auto candidate = buildPlan(modelPath, options, setup, **prepared, shape, quietBack,
                                  /*withAlternatives=*/false);
       if (!candidate) {
         tried.push_back(name + ": " + toString(candidate.takeError()));
@@ -691,7 +826,19 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
   if (!best)
     return flagError("--schedule auto: no schedule fits the memory limits; tried " +
                      join(tried, "; "));
-  auto full = buildPlan(modelPath, options, *setup, *bestPrepared, bestShape);
+  // The winner's front half once more through the runner that shows it, so
+  // that what --stats, --print-after and --dump-dir show is what the plan is
+  // built from (the same IR: the passes are deterministic).
+  std::unique_ptr<Prepared> shown;
+  if (runner.shows()) {
+    auto made =
+        prepare(modelPath, options, runner, setup, bestShape.microbatchSize, bestPrepared->sha256);
+    if (!made)
+      return made.takeError();
+    shown = std::move(*made);
+    bestPrepared = shown.get();
+  }
+  auto full = buildPlan(modelPath, options, setup, *bestPrepared, bestShape, runner);
   if (!full)
     return full.takeError();
   best = std::move(*full);
@@ -702,6 +849,30 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
     best->add_schedule_search(t);
   attachStagePrograms(*best, *bestPrepared, options.freeze);
   return std::move(*best);
+}
+
+} // namespace
+
+Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &options,
+                                  const PipelineOptions &pipeline) {
+  if (Error err = checkPrintAfter(pipeline.printAfter, passNames()))
+    return err;
+  if (options.stages < 1)
+    return flagError("--stages must be at least 1");
+  if (options.virtualStages < 1)
+    return flagError("--virtual-stages must be at least 1");
+  if (options.dataParallel < 1)
+    return flagError("--dp must be at least 1");
+  auto setup = resolveSetup(options);
+  if (!setup)
+    return setup.takeError();
+  if (options.globalBatch > 0 && options.globalBatch % options.dataParallel != 0)
+    return flagError(formatv("--batch {0} does not divide over --dp {1} replicas",
+                             options.globalBatch, options.dataParallel));
+  Compilation compilation(modelPath, options, std::move(*setup), pipeline);
+  if (!options.autoSchedule || !options.training)
+    return compilation.fixedSchedule();
+  return compilation.autoSchedule();
 }
 
 } // namespace pipec

@@ -1,9 +1,13 @@
 //===- Compile.h - `pipec compile`: a model to a plan -------------------===//
 //
-// Import, the graph passes, group-layers, the cost model per rank's hardware,
-// balance-stages (the chosen method, and time / params / uniform side by side
-// for the report), then the Plan. Schedules and per-rank instruction streams
-// extend the Plan in later passes.
+// Every pass of passes/Passes.def through one PassRunner: import, the graph
+// passes and group-layers (PassPipeline.h), then, with the cost model per
+// rank's hardware as an analysis, differentiate (train mode),
+// balance-stages, lower-schedule, plan-memory and verify-program; then the
+// simulated figures, the time / params / uniform balancings side by side for
+// the report, and the stage programs. The runner shows the passes of the
+// returned plan only: the balancings it compares and the candidates of
+// --schedule auto run quietly.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_DRIVER_COMPILE_H
@@ -47,8 +51,9 @@ struct CompileOptions {
   std::string freeze;
 };
 
-/// Compiles \p modelPath into a plan. Errors name the flag, file, layer or
-/// stage at fault.
+/// Compiles \p modelPath into a plan, showing its passes as \p pipeline
+/// asks. Errors name the flag (a --print-after name that is not a pass among
+/// them), file, layer or stage at fault.
 llvm::Expected<plan::Plan> compileModel(llvm::StringRef modelPath, const CompileOptions &options,
                                         const PipelineOptions &pipeline);
 

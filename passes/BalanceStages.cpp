@@ -407,6 +407,26 @@ Expected<std::vector<std::pair<int, int>>> parseLayout(StringRef layout, const L
   return ranges;
 }
 
+void printStagePlan(const StagePlan &plan, raw_ostream &os) {
+  os << formatv("stageplan method={0} layout=\"{1}\" chunks={2} ranks={3}\n",
+                balanceMethodName(plan.method), plan.layout, plan.chunks.size(), plan.ranks.size());
+  os << formatv(
+      "  bottleneck={0:e3}s step={1:e3}s bubble={2:f4} imbalance={3:f4} fits-memory={4}\n",
+      plan.bottleneck, plan.stepTime, plan.bubbleFraction, plan.imbalance,
+      plan.fitsMemory ? "yes" : "no");
+  for (const ChunkPlan &c : plan.chunks)
+    os << formatv("chunk {0} rank {1}.{2} layers {3}..{4} params={5} F={6:e3}s I={7:e3}s "
+                  "W={8:e3}s send={9:e3}s act_bytes={10} boundary_bytes={11}\n",
+                  c.index, c.rank, c.chunkOnRank, c.firstLayer, c.lastLayer, c.params,
+                  c.time[Forward], c.time[BackwardInput], c.time[BackwardWeight], c.commTime,
+                  c.activationBytes, c.boundaryBytes);
+  for (const RankPlan &r : plan.ranks)
+    os << formatv("rank {0} hardware={1} limit={2} weights={3} activations={4} peak={5} "
+                  "busy={6:e3}s\n",
+                  r.index, r.hardware, r.memoryLimit, r.weightBytes, r.activationBytes,
+                  r.peakMemory, r.busy);
+}
+
 std::string formatLayout(const LayerGraph &lg, const StagePlan &plan) {
   int layers = static_cast<int>(lg.layers.size());
   int firstBlock = layers, lastBlock = -1;

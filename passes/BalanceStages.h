@@ -98,6 +98,11 @@ struct StagePlan {
 /// and bytes).
 llvm::Expected<StagePlan> balanceStages(const LayerGraph &layers, const BalanceOptions &options);
 
+/// The text --print-after=balance-stages shows: the method, layout and
+/// predicted figures, then one line per chunk (rank, layers, F / I / W and
+/// send times, bytes) and per rank (memory).
+void printStagePlan(const StagePlan &plan, llvm::raw_ostream &os);
+
 /// The Megatron-like layout of a plan: "E,t*7|t*8|...|t*7,L".
 std::string formatLayout(const LayerGraph &layers, const StagePlan &plan);
 

@@ -14,7 +14,10 @@
 
 #include "ops/OpRegistry.h"
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/Twine.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
 
@@ -208,6 +211,91 @@ Expected<Backward> differentiate(const Graph &graph, const LayerGraph &layers, c
                                  bool graphInputGrads) {
   Differentiator d(graph, layers, graphInputGrads);
   return d.run(loss);
+}
+
+namespace {
+
+/// An attribute's value as the node line shows it; tensors and graphs by
+/// their kind only.
+std::string attributeText(const onnx::AttributeProto &a) {
+  std::string text;
+  raw_string_ostream os(text);
+  auto list = [&](const auto &values, auto print) {
+    os << "[";
+    for (int i = 0; i < values.size(); ++i) {
+      os << (i ? ", " : "");
+      print(values.Get(i));
+    }
+    os << "]";
+  };
+  auto real = [&](float v) { os << format("%g", v); };
+  switch (a.type()) {
+  case onnx::AttributeProto::INT:
+    os << a.i();
+    break;
+  case onnx::AttributeProto::FLOAT:
+    real(a.f());
+    break;
+  case onnx::AttributeProto::STRING:
+    os << '"' << a.s() << '"';
+    break;
+  case onnx::AttributeProto::INTS:
+    list(a.ints(), [&](int64_t v) { os << v; });
+    break;
+  case onnx::AttributeProto::FLOATS:
+    list(a.floats(), real);
+    break;
+  case onnx::AttributeProto::TENSOR:
+    os << "<tensor>";
+    break;
+  default:
+    os << "<" << onnx::AttributeProto::AttributeType_Name(a.type()) << ">";
+    break;
+  }
+  return os.str();
+}
+
+void printNode(const onnx::NodeProto &node, StringRef prefix, raw_ostream &os) {
+  os << prefix << join(node.output().begin(), node.output().end(), ", ") << " = ";
+  if (!node.domain().empty())
+    os << node.domain() << ".";
+  os << node.op_type() << "(" << join(node.input().begin(), node.input().end(), ", ") << ")";
+  if (node.attribute_size() > 0) {
+    os << " {";
+    for (int i = 0; i < node.attribute_size(); ++i)
+      os << (i ? ", " : "") << node.attribute(i).name() << "=" << attributeText(node.attribute(i));
+    os << "}";
+  }
+  os << "\n";
+}
+
+} // namespace
+
+void printBackward(const Backward &backward, const LayerGraph &layers, raw_ostream &os) {
+  size_t inputOps = 0, weightOps = 0;
+  for (size_t l = 0; l < backward.inputGrad.size(); ++l) {
+    inputOps += backward.inputGrad[l].size();
+    weightOps += backward.weightGrad[l].size();
+  }
+  os << formatv("backward layers={0} loss={1} I-ops={2} W-ops={3} weights={4}\n",
+                backward.inputGrad.size(), backward.lossValue, inputOps, weightOps,
+                backward.weightGrads.size());
+  if (!backward.lossForward.empty()) {
+    os << "loss forward\n";
+    for (const onnx::NodeProto &node : backward.lossForward)
+      printNode(node, "  ", os);
+  }
+  for (size_t l = backward.inputGrad.size(); l-- > 0;) {
+    os << formatv("layer {0} \"{1}\"\n", l, layers.layers[l].name);
+    for (const onnx::NodeProto &node : backward.inputGrad[l])
+      printNode(node, "  I ", os);
+    for (const onnx::NodeProto &node : backward.weightGrad[l])
+      printNode(node, "  W ", os);
+  }
+  for (const auto &[weight, gradient] : backward.weightGrads)
+    os << "weight " << weight << " -> " << gradient << "\n";
+  for (const auto &[input, gradient] : backward.inputGrads)
+    os << "input " << input << " -> " << gradient << "\n";
 }
 
 } // namespace pipec

@@ -121,6 +121,8 @@
 
 #include "onnx/onnx_pb.h"
 
+#include "llvm/Support/raw_ostream.h"
+
 #include <map>
 #include <string>
 #include <vector>
@@ -174,6 +176,12 @@ struct Backward {
 /// gradient rule") or an unsupported form of one, and for a bad loss spec.
 llvm::Expected<Backward> differentiate(const Graph &graph, const LayerGraph &layers,
                                        const LossSpec &loss, bool graphInputGrads = false);
+
+/// The text --print-after=differentiate shows: the loss's forward nodes,
+/// then per layer in the order the runtime evaluates them (last to first)
+/// its I and W node lists, one node a line ("grad:H = MatMul(grad:Z, bwd:3)
+/// {transB=1}"), then each trainable weight's gradient.
+void printBackward(const Backward &backward, const LayerGraph &layers, llvm::raw_ostream &os);
 
 } // namespace pipec
 

@@ -1,4 +1,4 @@
-//===- LowerSchedule.cpp - lower-schedule, plan-memory, verify-program ----===//
+//===- LowerSchedule.cpp - lower-schedule and verify-program --------------===//
 #include "passes/LowerSchedule.h"
 #include "compiler/sim/Simulator.h"
 
@@ -20,53 +20,6 @@ namespace {
 bool isCompute(const plan::Instruction &i) {
   return i.op() == Op::FORWARD || i.op() == Op::BACKWARD || i.op() == Op::BACKWARD_INPUT ||
          i.op() == Op::BACKWARD_WEIGHT;
-}
-
-/// Assigns buffer slots by liveness (per stage, lowest free slot first) and
-/// computes the rank's peak of live activation bytes.
-void planMemory(plan::RankProgram &program) {
-  std::map<int, std::vector<int>> freeSlots; // stage -> free slot ids
-  std::map<int, int> slotOfBuffer;
-  std::vector<int64_t> slotBytes;
-  std::vector<std::pair<int, int>> events; // (instruction, +buffer+1 / -buffer-1)
-  for (int b = 0; b < program.buffers_size(); ++b) {
-    events.emplace_back(program.buffers(b).alloc_at(), b + 1);
-    events.emplace_back(program.buffers(b).free_at(), -(b + 1));
-  }
-  // At one instruction, frees come before allocations: a FREE sits at its own
-  // index and a buffer allocated later never shares it.
-  std::sort(events.begin(), events.end());
-  int64_t live = 0, peak = 0;
-  for (auto &[at, code] : events) {
-    (void)at;
-    int b = std::abs(code) - 1;
-    plan::Buffer *buffer = program.mutable_buffers(b);
-    if (code > 0) {
-      auto &pool = freeSlots[buffer->stage()];
-      int slot;
-      if (pool.empty()) {
-        slot = static_cast<int>(slotBytes.size());
-        slotBytes.push_back(buffer->bytes());
-      } else {
-        // A stage's slots hold both kinds of its buffers (kept inputs and,
-        // with recompute, rebuilt activations): a slot is as big as the
-        // largest it holds.
-        slot = pool.back();
-        pool.pop_back();
-        slotBytes[slot] = std::max(slotBytes[slot], buffer->bytes());
-      }
-      buffer->set_slot(slot);
-      live += buffer->bytes();
-      peak = std::max(peak, live);
-    } else {
-      freeSlots[buffer->stage()].push_back(buffer->slot());
-      live -= buffer->bytes();
-    }
-  }
-  program.set_peak_activation_bytes(peak);
-  program.set_slots(static_cast<int>(slotBytes.size()));
-  for (int64_t bytes : slotBytes)
-    program.add_slot_bytes(bytes);
 }
 
 } // namespace
@@ -275,8 +228,8 @@ Error Lowering::orderReceives(std::vector<std::vector<Block>> &blocks) const {
   return Error::success();
 }
 
-/// Phase 3: rank \p r's blocks flattened, its buffers numbered, then the
-/// all-reduces and the optimizer step; plan-memory assigns the slots.
+/// Phase 3: rank \p r's blocks flattened, its buffers numbered with their
+/// lifetimes, then the all-reduces and the optimizer step.
 Expected<plan::RankProgram> Lowering::flatten(int r, const std::vector<Block> &blocks) const {
   plan::RankProgram prog;
   prog.set_rank(r);
@@ -349,7 +302,6 @@ Expected<plan::RankProgram> Lowering::flatten(int r, const std::vector<Block> &b
       return loweringError(formatv("rank {0} never frees the activations of stage {1} "
                                    "microbatch {2} (no backward in its schedule)",
                                    r, b.stage(), b.microbatch()));
-  planMemory(prog);
   return prog;
 }
 
@@ -400,6 +352,16 @@ std::string formatGrid(const std::vector<plan::RankProgram> &programs,
     out += "\n";
   }
   return out;
+}
+
+void printPrograms(const std::vector<plan::RankProgram> &programs, raw_ostream &os) {
+  os << formatGrid(programs, {});
+  for (const plan::RankProgram &p : programs) {
+    os << formatv("rank {0}: {1} instructions, {2} buffers\n", p.rank(), p.instructions_size(),
+                  p.buffers_size());
+    for (int i = 0; i < p.instructions_size(); ++i)
+      os << formatv("  {0,4}  {1}\n", i, formatInstruction(p.instructions(i)));
+  }
 }
 
 Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, int microbatches,

@@ -1,4 +1,4 @@
-//===- LowerSchedule.h - lower-schedule, plan-memory, verify-program ----===//
+//===- LowerSchedule.h - lower-schedule and verify-program --------------===//
 //
 // lower-schedule turns each rank's compute actions into its instruction
 // stream: LOAD of inputs and labels, a RECV of every boundary tensor before
@@ -10,9 +10,10 @@
 // (one NCCL group: they complete together), which is what keeps 1F1B's
 // send-forward / receive-backward pairs from deadlocking.
 //
-// plan-memory gives every forward's kept activations a buffer, freed by the
-// full backward (B) or, with split backward, by W; buffers of a stage reuse
-// slots by liveness. It yields each rank's peak activation bytes.
+// Every forward's kept activations get a buffer, freed by the full backward
+// (B) or, with split backward, by W; with recompute the rebuilt activations
+// get one too. lower-schedule numbers the buffers and records their
+// lifetimes; plan-memory (PlanMemory.h) then gives them slots and peaks.
 //
 // verify-program checks that every SEND has a matching RECV (peer, tensor,
 // shape, dtype), that each rank's order respects the data dependencies, and
@@ -30,6 +31,8 @@
 
 #include "compiler/schedule/Schedule.h"
 #include "runtime/plan/plan.pb.h"
+
+#include "llvm/Support/raw_ostream.h"
 
 #include <string>
 #include <vector>
@@ -56,9 +59,14 @@ struct LoweringInputs {
   std::vector<AllReduce> allReduces;
 };
 
-/// lower-schedule and plan-memory. The result has one RankProgram per rank.
+/// lower-schedule. The result has one RankProgram per rank, its buffers with
+/// their lifetimes but without slots (plan-memory's job).
 llvm::Expected<std::vector<plan::RankProgram>> lowerSchedule(const Schedule &schedule,
                                                              const LoweringInputs &inputs);
+
+/// The text --print-after=lower-schedule shows: the rank x step grid of
+/// compute actions, then each rank's instructions, numbered.
+void printPrograms(const std::vector<plan::RankProgram> &programs, llvm::raw_ostream &os);
 
 /// verify-program; the error holds the rank x step grid when it fails.
 llvm::Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages,

@@ -94,10 +94,17 @@ TEST(Cli, PrintAfterAndStats) {
   EXPECT_NE(out.find("IR after group-layers"), std::string::npos);
   EXPECT_NE(out.find("stats: infer-shapes"), std::string::npos);
   EXPECT_TRUE(fileExists(dir.path("dump/04-group-layers.txt")));
-  // A pass that prints nothing is named as such, not silently ignored.
-  EXPECT_EQ(runCommand(Pipec + " inspect " + model + " --print-after=differentiate", out), 1);
-  EXPECT_NE(out.find("--print-after differentiate: the passes that print are import, "
-                     "infer-shapes, fold-constants, eliminate-dead, group-layers, or all"),
+  EXPECT_FALSE(fileExists(dir.path("dump/05-differentiate.txt")));
+  // A pass that inspect does not run is named as such, not silently ignored.
+  EXPECT_EQ(runCommand(Pipec + " inspect " + model + " --print-after=differentiate", out), 2);
+  EXPECT_NE(out.find("--print-after differentiate: this command runs import, infer-shapes, "
+                     "fold-constants, eliminate-dead, group-layers (or all); differentiate runs "
+                     "under compile"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_EQ(runCommand(Pipec + " inspect " + model + " --print-after=frobnicate", out), 2);
+  EXPECT_NE(out.find("--print-after frobnicate: expected all or a pass: import, "),
             std::string::npos)
       << out;
 }

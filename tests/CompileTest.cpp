@@ -2,9 +2,11 @@
 #include "TestUtil.h"
 
 #include "driver/Compile.h"
+#include "driver/PassPipeline.h"
 #include "driver/Report.h"
 #include "runtime/plan/PlanFile.h"
 
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 
 #include <cstdlib>
@@ -406,6 +408,118 @@ TEST(Compile, AFixedBatchMustBeTheMicrobatch) {
   EXPECT_EQ(cannotRun(whole), "");
   EXPECT_EQ(whole.schedule().microbatch_size(), 4);
   EXPECT_GT(whole.stage_programs_size(), 0);
+}
+
+/// "" when \p marks occur in \p text in this order (with \p once, each
+/// exactly once), else the first that does not.
+std::string inOrder(const std::string &text, const std::vector<std::string> &marks,
+                    bool once = false) {
+  size_t at = 0;
+  for (const std::string &mark : marks) {
+    size_t found = text.find(mark, at);
+    if (found == std::string::npos || (once && text.find(mark) != found) ||
+        (once && text.find(mark, found + 1) != std::string::npos))
+      return "'" + mark + "' is missing, repeated or out of order";
+    at = found + mark.size();
+  }
+  return "";
+}
+
+std::vector<std::string> prefixed(const std::string &prefix, const std::string &suffix) {
+  std::vector<std::string> marks;
+  for (const std::string &pass : passNames())
+    marks.push_back(prefix + pass + suffix);
+  return marks;
+}
+
+TEST(Compile, EveryPassShowsItsStatsAndIr) {
+  const std::vector<std::string> pipeline = {
+      "import",        "infer-shapes",   "fold-constants", "eliminate-dead", "group-layers",
+      "differentiate", "balance-stages", "lower-schedule", "plan-memory",    "verify-program"};
+  ASSERT_EQ(passNames(), pipeline);
+  TempDir dir;
+  std::string model = dir.path("gpt.onnx"), out;
+  ASSERT_EQ(
+      runCommand(Pipec + " model gpt --layers 2 --hidden 32 --vocab 100 --seq 8 --loss -o " + model,
+                 out),
+      0)
+      << out;
+  std::string flags = " --seq 8 --stages 2 --microbatches 4";
+  ASSERT_EQ(runCommand(Pipec + " compile " + model + flags + " -o " + dir.path("quiet.plan"), out),
+            0)
+      << out;
+  EXPECT_EQ(out, "wrote " + dir.path("quiet.plan") + "  (layout E,t|t,L)\n");
+  ASSERT_EQ(runCommand(Pipec + " compile " + model + flags +
+                           " --stats --print-after=all --dump-dir " + dir.path("dump") + " -o " +
+                           dir.path("shown.plan"),
+                       out),
+            0)
+      << out;
+  EXPECT_EQ(inOrder(out, prefixed("stats: ", " "), /*once=*/true), "") << out;
+  EXPECT_EQ(inOrder(out, prefixed("// -----// IR after ", " //----- //\n"), /*once=*/true), "")
+      << out;
+  // Each pass's IR in its own form.
+  EXPECT_EQ(
+      inOrder(out, {"IR after import", "graph ops=", "IR after group-layers", "layergraph layers=5",
+                    "IR after differentiate", "backward layers=5", "IR after balance-stages",
+                    "stageplan method=time layout=\"E,t|t,L\"", "IR after lower-schedule",
+                    "rank 1: ", "RECV act s0 mb0 <- 0", "IR after plan-memory", "rank 1: peak ",
+                    "IR after verify-program", "verified: 2 ranks"}),
+      "")
+      << out;
+  EXPECT_EQ(inOrder(out, {"stats: differentiate", "backward ops", "stats: balance-stages",
+                          "chunks 2 on 2 ranks", "stats: lower-schedule",
+                          "instructions 58 on 2 ranks", "stats: plan-memory", "buffers 8 in",
+                          "stats: verify-program", "ranks 2, sends"}),
+            "")
+      << out;
+  // One dump per pass, numbered in pipeline order.
+  for (size_t i = 0; i < pipeline.size(); ++i) {
+    std::string file = dir.path(llvm::formatv("dump/{0:2}-{1}.txt", i, pipeline[i]).str());
+    EXPECT_TRUE(fileExists(file)) << file;
+    EXPECT_FALSE(readFile(file).empty()) << file;
+  }
+  // Showing the passes changes nothing in the plan.
+  EXPECT_TRUE(readFile(dir.path("quiet.plan")) == readFile(dir.path("shown.plan")));
+}
+
+TEST(Compile, PassesNotRunAndScheduleSearchShowOnce) {
+  TempDir dir;
+  std::string model = generateGpt(dir, 2), out;
+  std::string flags = " --seq 32 --stages 2 --mode infer";
+  ASSERT_EQ(runCommand(Pipec + " compile " + model + flags +
+                           " --stats --print-after=differentiate -o " + dir.path("i.plan"),
+                       out),
+            0)
+      << out;
+  EXPECT_EQ(inOrder(out, prefixed("stats: ", " "), /*once=*/true), "") << out;
+  EXPECT_NE(out.find("not run: inference (--mode infer) has no backward"), std::string::npos)
+      << out;
+  // --schedule auto simulates many candidates; the passes of the plan it
+  // keeps show once each.
+  flags = " --seq 32 --stages 2 --schedule auto --microbatches 4";
+  ASSERT_EQ(runCommand(Pipec + " compile " + model + flags + " -o " + dir.path("a.plan"), out), 0)
+      << out;
+  ASSERT_EQ(
+      runCommand(Pipec + " compile " + model + flags + " --stats -o " + dir.path("b.plan"), out), 0)
+      << out;
+  EXPECT_EQ(inOrder(out, prefixed("stats: ", " "), /*once=*/true), "") << out;
+  EXPECT_TRUE(readFile(dir.path("a.plan")) == readFile(dir.path("b.plan")));
+}
+
+TEST(Compile, UnknownPrintAfterListsThePasses) {
+  TempDir dir;
+  std::string model = generateGpt(dir, 2), out;
+  EXPECT_EQ(runCommand(
+                Pipec + " compile " + model + " --print-after=lower -o " + dir.path("x.plan"), out),
+            2);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_NE(out.find("--print-after lower: expected all or a pass: import, infer-shapes, "
+                     "fold-constants, eliminate-dead, group-layers, differentiate, "
+                     "balance-stages, lower-schedule, plan-memory, verify-program"),
+            std::string::npos)
+      << out;
+  EXPECT_FALSE(fileExists(dir.path("x.plan")));
 }
 
 } // namespace

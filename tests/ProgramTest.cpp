@@ -1,8 +1,9 @@
-//===- ProgramTest.cpp - lower-schedule, verify-program, simulator ------===//
+//===- ProgramTest.cpp - lower-schedule, plan-memory, verify-program, sim -===//
 #include "TestUtil.h"
 
 #include "compiler/sim/Simulator.h"
 #include "passes/LowerSchedule.h"
+#include "passes/PlanMemory.h"
 
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
@@ -68,6 +69,7 @@ plan::Plan unitPlan(ScheduleKind kind, int P, int V, int M, double f, double i, 
   EXPECT_TRUE(!!schedule) << toString(schedule.takeError());
   auto programs = lowerSchedule(*schedule, unitInputs(P * V, recompute));
   EXPECT_TRUE(!!programs) << toString(programs.takeError());
+  planMemory(*programs);
   llvm::Error err = verifyProgram(*programs, P, M, kind, V);
   EXPECT_FALSE(static_cast<bool>(err)) << toString(std::move(err));
   for (auto &p : *programs)
@@ -110,6 +112,39 @@ TEST(LowerSchedule, OneFOneBStreamsForTwoRanks) {
   for (const auto &i : (*programs)[0].instructions())
     sends += i.op() == plan::Instruction::SEND;
   EXPECT_EQ(sends, 4);
+}
+
+TEST(PlanMemory, SlotsFollowLiveness) {
+  // 1F1B, P = 2, M = 3: rank 0 runs F0 F1 B0 F2 B1 B2, so mb2 takes the
+  // slot mb0 freed; rank 1 runs F0 B0 F1 B1 F2 B2 in one slot.
+  auto schedule = generateSchedule(ScheduleKind::OneFOneB, 2, 1, 3);
+  ASSERT_TRUE(!!schedule);
+  auto programs = lowerSchedule(*schedule, unitInputs(2));
+  ASSERT_TRUE(!!programs) << toString(programs.takeError());
+  EXPECT_EQ((*programs)[0].peak_activation_bytes(), 0) << "lower-schedule plans no memory";
+  planMemory(*programs);
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  printMemoryPlan(*programs, os);
+  EXPECT_EQ(os.str(), "rank 0: peak 2000 activation bytes, 3 buffers in 2 slots\n"
+                      "  slot 0 bytes=1000\n"
+                      "  slot 1 bytes=1000\n"
+                      "  buf0 s0 mb0 bytes=1000 slot=0 live=1..10\n"
+                      "  buf1 s0 mb1 bytes=1000 slot=1 live=5..17\n"
+                      "  buf2 s0 mb2 bytes=1000 slot=0 live=12..20\n"
+                      "rank 1: peak 1000 activation bytes, 3 buffers in 1 slots\n"
+                      "  slot 0 bytes=1000\n"
+                      "  buf0 s1 mb0 bytes=1000 slot=0 live=3..5\n"
+                      "  buf1 s1 mb1 bytes=1000 slot=0 live=10..12\n"
+                      "  buf2 s1 mb2 bytes=1000 slot=0 live=17..19\n");
+  // The programs print as the grid, then numbered instructions.
+  text.clear();
+  printPrograms(*programs, os);
+  EXPECT_EQ(os.str().substr(0, os.str().find("     1 ")),
+            "rank  0 |   0F0   0F1   0B0   0F2   0B1   0B2\n"
+            "rank  1 |   1F0   1B0   1F1   1B1   1F2   1B2\n"
+            "rank 0: 22 instructions, 3 buffers\n"
+            "     0  LOAD inputs s0 mb0\n");
 }
 
 TEST(VerifyProgram, EveryScheduleSweepPasses) {

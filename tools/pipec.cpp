@@ -81,8 +81,8 @@ cl::list<std::string> PrintAfter("print-after",
 cl::opt<std::string> DumpDir("dump-dir", cl::desc("Write the IR after every pass to DIR"),
                              cl::value_desc("DIR"), cl::cat(DebugCat), cl::sub(InspectCmd),
                              cl::sub(CompileCmd));
-cl::opt<bool> Stats("stats", cl::desc("Print per-pass time and op counts"), cl::cat(DebugCat),
-                    cl::sub(InspectCmd), cl::sub(CompileCmd));
+cl::opt<bool> Stats("stats", cl::desc("Print each pass's time and the size of its IR"),
+                    cl::cat(DebugCat), cl::sub(InspectCmd), cl::sub(CompileCmd));
 
 // compile
 cl::OptionCategory CompileCat("Compile");
@@ -299,6 +299,20 @@ Expected<ImportOptions> importOptionsFromFlags() {
   return options;
 }
 
+/// The pass-debugging flags for a command that runs \p passes; a
+/// --print-after name it does not run is reported as bad usage.
+std::optional<PipelineOptions> pipelineOptionsFromFlags(ArrayRef<std::string> passes) {
+  PipelineOptions pipeline;
+  pipeline.printAfter.assign(PrintAfter.begin(), PrintAfter.end());
+  pipeline.dumpDir = DumpDir;
+  pipeline.stats = Stats;
+  if (Error err = checkPrintAfter(pipeline.printAfter, passes)) {
+    WithColor::error(errs(), "pipec") << toString(std::move(err)) << "\n";
+    return std::nullopt;
+  }
+  return pipeline;
+}
+
 /// Where a command's output goes: stdout, or a file written atomically
 /// once the command has produced all of it (a failed write is an error
 /// naming the file, and leaves no partial file).
@@ -331,14 +345,14 @@ int runInspect() {
   auto importOptions = importOptionsFromFlags();
   if (!importOptions)
     return reportError(importOptions.takeError());
-  PipelineOptions pipeline;
-  pipeline.printAfter.assign(PrintAfter.begin(), PrintAfter.end());
-  pipeline.dumpDir = DumpDir;
-  pipeline.stats = Stats;
-  auto graph = loadGraph(InspectModel, *importOptions, pipeline);
+  auto pipeline = pipelineOptionsFromFlags(inspectPasses());
+  if (!pipeline)
+    return ExitUsage;
+  PassRunner runner(*pipeline);
+  auto graph = loadGraph(InspectModel, *importOptions, runner);
   if (!graph)
     return reportError(graph.takeError());
-  auto layers = buildLayerGraph(*graph, pipeline);
+  auto layers = buildLayerGraph(*graph, runner);
   if (!layers)
     return reportError(layers.takeError());
   Output out(InspectOutput);
@@ -396,11 +410,10 @@ int runCompile() {
   }
   options.costs = Costs;
   options.dataParallel = DataParallel;
-  PipelineOptions pipeline;
-  pipeline.printAfter.assign(PrintAfter.begin(), PrintAfter.end());
-  pipeline.dumpDir = DumpDir;
-  pipeline.stats = Stats;
-  auto plan = compileModel(CompileModel, options, pipeline);
+  auto pipeline = pipelineOptionsFromFlags(passNames());
+  if (!pipeline)
+    return ExitUsage;
+  auto plan = compileModel(CompileModel, options, *pipeline);
   if (!plan)
     return reportError(plan.takeError());
   if (Error err = writePlan(*plan, CompileOutput, *encoding))
