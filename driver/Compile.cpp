@@ -657,8 +657,8 @@ Error checkDataBatch(const plan::Plan &plan) {
   const plan::ScheduleInfo &s = plan.schedule();
   for (const plan::DataInput &d : plan.data()) {
     int axis = d.batch_axis();
-    if (d.shape_size() == 0)
-      continue; // the runtime names a scalar input itself
+    if (d.shape_size() == 0 || d.whole())
+      continue; // fed whole
     if (axis < 0 || axis >= d.shape_size())
       return flagError(formatv("input '{0}' has batch axis {1}, outside its {2} dimensions",
                                d.name(), axis, d.shape_size()));

@@ -621,6 +621,13 @@ void addDataInputs(plan::Plan &plan, const Graph &graph, const Backward *backwar
       d.add_shape(dim);
     d.set_batch_axis(
         declaredBatchAxis(graph.model->graph().input(), v.name, v.shape.size()).value_or(0));
+    // One microbatch on one replica holds the whole batch: an input that is
+    // not a stack of microbatch samples (another batch dimension, or a
+    // scalar) is fed as it is.
+    const plan::ScheduleInfo &s = plan.schedule();
+    if (s.microbatches() == 1 && s.data_parallel() <= 1 &&
+        (v.shape.empty() || v.shape[d.batch_axis()] != s.microbatch_size()))
+      d.set_whole(true);
     d.set_role(it->second == 0 || plan.stages_size() == 1 ? "input" : "labels");
     if (isIntegerDType(v.type)) {
       std::string lower = StringRef(v.name).lower();

@@ -22,7 +22,7 @@ namespace pipec {
 
 /// Newest default-domain opset pipec's kernels and passes have been checked
 /// against; ONNX's registry may know newer ones (1.23 goes to 28).
-constexpr int64_t NewestCheckedOpset = 25;
+constexpr int64_t NewestCheckedOpset = 28;
 
 int64_t maxSupportedOpset() {
   const auto &ranges = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();

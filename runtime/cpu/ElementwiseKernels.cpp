@@ -108,8 +108,12 @@ Expected<Outputs> clip(const OpContext &ctx) {
       Tensor y(x.elemType(), x.shape());
       const T *in = x.data<T>();
       T *out = y.data<T>();
-      for (int64_t i = 0; i < x.numElements(); ++i)
-        out[i] = in[i] < low ? low : (high < in[i] ? high : in[i]);
+      // min(max(x, low), high): with low > high every element is high, as
+      // ONNX (and numpy's clip) define it; NaN stays NaN.
+      for (int64_t i = 0; i < x.numElements(); ++i) {
+        T v = in[i] < low ? low : in[i];
+        out[i] = high < v ? high : v;
+      }
       return Outputs{y};
     }
   });

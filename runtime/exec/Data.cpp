@@ -224,6 +224,91 @@ Error writeNpy(const cpu::Tensor &tensor, StringRef path) {
   return writeFileAtomically(path, os.str());
 }
 
+namespace {
+
+/// DIR/NAME.npy or DIR/NAME.pb, else under NAME's safe file name (as
+/// outputs are named); a missing file is an error naming both.
+Expected<cpu::Tensor> readInputFile(StringRef dir, const plan::DataInput &spec) {
+  SmallString<256> npy(dir), pb(dir);
+  sys::path::append(npy, spec.name() + ".npy");
+  sys::path::append(pb, spec.name() + ".pb");
+  if (!sys::fs::exists(npy) && !sys::fs::exists(pb)) {
+    npy = dir;
+    pb = dir;
+    sys::path::append(npy, safeFileName(spec.name()) + ".npy");
+    sys::path::append(pb, safeFileName(spec.name()) + ".pb");
+  }
+  if (sys::fs::exists(npy))
+    return readNpy(npy);
+  if (!sys::fs::exists(pb))
+    return createStringError(inconvertibleErrorCode(),
+                             "--data %s: no %s.npy or %s.pb for input '%s'", dir.str().c_str(),
+                             spec.name().c_str(), spec.name().c_str(), spec.name().c_str());
+  auto buffer = MemoryBuffer::getFile(pb, false, false);
+  onnx::TensorProto proto;
+  if (!buffer || !proto.ParseFromArray((*buffer)->getBufferStart(),
+                                       static_cast<int>((*buffer)->getBufferSize())))
+    return createStringError(inconvertibleErrorCode(), "%s: not an ONNX TensorProto",
+                             pb.c_str());
+  return cpu::fromTensorProto(proto, dir);
+}
+
+/// \p data as \p type: floats to floats and integers to integers convert;
+/// a float file for an integer input (or the reverse) is refused.
+Expected<cpu::Tensor> asInputType(cpu::Tensor data, DType type, StringRef dir,
+                                  const plan::DataInput &spec) {
+  if (data.elemType() == type)
+    return data;
+  if (cpu::isFloating(data.elemType()) != cpu::isFloating(type))
+    return createStringError(inconvertibleErrorCode(),
+                             "--data %s: input '%s' is %s, the model takes %s", dir.str().c_str(),
+                             spec.name().c_str(), cpu::elemTypeName(data.elemType()).str().c_str(),
+                             spec.dtype().c_str());
+  cpu::Tensor converted(type, data.shape());
+  for (int64_t i = 0; i < data.numElements(); ++i)
+    converted.setDouble(i, data.getDouble(i));
+  return converted;
+}
+
+/// Checks a sampled input's spec against the plan's microbatches.
+Error checkSampled(const plan::Plan &plan, const plan::DataInput &spec) {
+  int axis = spec.batch_axis();
+  if (spec.shape_size() == 0)
+    return createStringError(inconvertibleErrorCode(),
+                             "input '%s' is a scalar; inputs need a batch dimension",
+                             spec.name().c_str());
+  if (axis < 0 || axis >= spec.shape_size())
+    return createStringError(inconvertibleErrorCode(),
+                             "input '%s': batch axis %d is outside its %d dimensions",
+                             spec.name().c_str(), axis, spec.shape_size());
+  if (spec.shape(axis) != plan.schedule().microbatch_size() &&
+      plan.schedule().microbatch_size() > 0)
+    return createStringError(inconvertibleErrorCode(),
+                             "input '%s' holds %lld samples, the plan's microbatches %lld",
+                             spec.name().c_str(), static_cast<long long>(spec.shape(axis)),
+                             static_cast<long long>(plan.schedule().microbatch_size()));
+  return Error::success();
+}
+
+/// A dataset of samples stacked along the batch axis: any number of them,
+/// each of the spec's sample shape.
+Error checkDataset(const cpu::Tensor &data, StringRef dir, const plan::DataInput &spec) {
+  int axis = spec.batch_axis();
+  std::vector<int64_t> row =
+      sampleShape(ArrayRef<int64_t>(spec.shape().data(), spec.shape_size()), axis);
+  if (data.rank() == spec.shape_size() && sampleShape(data.shape(), axis) == row &&
+      data.dim(axis) != 0)
+    return Error::success();
+  return createStringError(
+      inconvertibleErrorCode(),
+      "--data %s: input '%s' has shape %s; samples of shape %s are needed, stacked along %s",
+      dir.str().c_str(), spec.name().c_str(), cpu::shapeString(data.shape()).c_str(),
+      cpu::shapeString(row).c_str(),
+      axis == 0 ? "a first dimension" : formatv("dimension {0}", axis).str().c_str());
+}
+
+} // namespace
+
 Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, StringRef dir,
                                                        uint64_t seed) {
   auto source = std::make_shared<DataSource>();
@@ -236,74 +321,25 @@ Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, S
       return createStringError(inconvertibleErrorCode(), "input '%s': %s", spec.name().c_str(),
                                toString(type.takeError()).c_str());
     in.type = *type;
-    if (spec.shape_size() == 0)
-      return createStringError(inconvertibleErrorCode(),
-                               "input '%s' is a scalar; inputs need a batch dimension",
-                               spec.name().c_str());
-    int axis = spec.batch_axis();
-    if (axis < 0 || axis >= spec.shape_size())
-      return createStringError(inconvertibleErrorCode(),
-                               "input '%s': batch axis %d is outside its %d dimensions",
-                               spec.name().c_str(), axis, spec.shape_size());
-    if (spec.shape(axis) != plan.schedule().microbatch_size() &&
-        plan.schedule().microbatch_size() > 0)
-      return createStringError(inconvertibleErrorCode(),
-                               "input '%s' holds %lld samples, the plan's microbatches %lld",
-                               spec.name().c_str(), static_cast<long long>(spec.shape(axis)),
-                               static_cast<long long>(plan.schedule().microbatch_size()));
+    if (!spec.whole())
+      if (Error err = checkSampled(plan, spec))
+        return err;
     if (!dir.empty()) {
-      // NAME.npy, else under its safe file name (as outputs are named).
-      std::string safe = safeFileName(spec.name());
-      SmallString<256> npy(dir), pb(dir);
-      sys::path::append(npy, spec.name() + ".npy");
-      sys::path::append(pb, spec.name() + ".pb");
-      if (!sys::fs::exists(npy) && !sys::fs::exists(pb)) {
-        npy = dir;
-        pb = dir;
-        sys::path::append(npy, safe + ".npy");
-        sys::path::append(pb, safe + ".pb");
-      }
-      auto read = [&]() -> Expected<cpu::Tensor> {
-        if (sys::fs::exists(npy))
-          return readNpy(npy);
-        if (!sys::fs::exists(pb))
-          return createStringError(
-              inconvertibleErrorCode(), "--data %s: no %s.npy or %s.pb for input '%s'",
-              dir.str().c_str(), spec.name().c_str(), spec.name().c_str(), spec.name().c_str());
-        auto buffer = MemoryBuffer::getFile(pb, false, false);
-        onnx::TensorProto proto;
-        if (!buffer || !proto.ParseFromArray((*buffer)->getBufferStart(),
-                                             static_cast<int>((*buffer)->getBufferSize())))
-          return createStringError(inconvertibleErrorCode(), "%s: not an ONNX TensorProto",
-                                   pb.c_str());
-        return cpu::fromTensorProto(proto, dir);
-      };
-      Expected<cpu::Tensor> data = read();
+      Expected<cpu::Tensor> data = readInputFile(dir, spec);
+      if (data)
+        data = asInputType(std::move(*data), in.type, dir, spec);
       if (!data)
         return data.takeError();
-      std::vector<int64_t> row =
-          sampleShape(ArrayRef<int64_t>(spec.shape().data(), spec.shape_size()), axis);
-      if (data->rank() != spec.shape_size() || sampleShape(data->shape(), axis) != row ||
-          data->dim(axis) == 0)
-        return createStringError(
-            inconvertibleErrorCode(),
-            "--data %s: input '%s' has shape %s; samples of shape %s are "
-            "needed, stacked along %s",
-            dir.str().c_str(), spec.name().c_str(), cpu::shapeString(data->shape()).c_str(),
-            cpu::shapeString(row).c_str(),
-            axis == 0 ? "a first dimension" : formatv("dimension {0}", axis).str().c_str());
-      if (data->elemType() != in.type) {
-        bool ok = cpu::isFloating(data->elemType()) == cpu::isFloating(in.type);
-        if (!ok)
-          return createStringError(
-              inconvertibleErrorCode(), "--data %s: input '%s' is %s, the model takes %s",
-              dir.str().c_str(), spec.name().c_str(),
-              cpu::elemTypeName(data->elemType()).str().c_str(), spec.dtype().c_str());
-        cpu::Tensor converted(in.type, data->shape());
-        for (int64_t i = 0; i < data->numElements(); ++i)
-          converted.setDouble(i, data->getDouble(i));
-        data = std::move(converted);
-      }
+      std::vector<int64_t> shape(spec.shape().begin(), spec.shape().end());
+      if (spec.whole() && data->shape() != shape)
+        return createStringError(inconvertibleErrorCode(),
+                                 "--data %s: input '%s' has shape %s; the model takes %s whole",
+                                 dir.str().c_str(), spec.name().c_str(),
+                                 cpu::shapeString(data->shape()).c_str(),
+                                 cpu::shapeString(shape).c_str());
+      if (!spec.whole())
+        if (Error err = checkDataset(*data, dir, spec))
+          return err;
       in.dataset = std::move(*data);
     }
     source->inputs.emplace(spec.name(), std::move(in));
@@ -318,9 +354,16 @@ Expected<cpu::Tensor> DataSource::microbatch(const std::string &name, int64_t fi
                              name.c_str());
   const Input &in = it->second;
   std::vector<int64_t> shape(in.spec.shape().begin(), in.spec.shape().end());
+  if (in.spec.whole()) {
+    // The whole input, every step: its dataset, or one synthetic sample of
+    // its full shape.
+    if (!in.dataset.isNull())
+      return in.dataset;
+    shape.insert(shape.begin(), 1);
+  }
   cpu::Tensor out(in.type, shape);
   // The microbatch as [outer, samples, inner] around the batch axis.
-  int axis = in.spec.batch_axis();
+  int axis = in.spec.whole() ? 0 : in.spec.batch_axis();
   int64_t samples = shape[axis];
   int64_t outer = cpu::numElementsOf(ArrayRef<int64_t>(shape).take_front(axis));
   int64_t inner = cpu::numElementsOf(ArrayRef<int64_t>(shape).drop_front(axis + 1));
@@ -364,6 +407,8 @@ Expected<cpu::Tensor> DataSource::microbatch(const std::string &name, int64_t fi
   }
   if (floating)
     out.roundToElemType();
+  if (in.spec.whole())
+    return out.reshaped(std::vector<int64_t>(in.spec.shape().begin(), in.spec.shape().end()));
   return out;
 }
 

@@ -54,13 +54,13 @@ public:
   static llvm::Expected<std::shared_ptr<DataSource>> open(const plan::Plan &plan,
                                                           llvm::StringRef dir, uint64_t seed);
   /// Samples first .. first + B - 1 of input \p name, stacked along its batch
-  /// axis.
+  /// axis; a whole input (DataInput.whole) as it is.
   llvm::Expected<cpu::Tensor> microbatch(const std::string &name, int64_t first) const;
 
 private:
   struct Input {
     plan::DataInput spec;
-    DType type = cpu::DType::F32;
+    DType type = DType::F32;
     cpu::Tensor dataset; ///< null for synthetic
   };
   std::map<std::string, Input> inputs;
