@@ -1,5 +1,6 @@
 //===- BalanceStages.cpp - balance-stages ---------------------------------===//
 #include "passes/BalanceStages.h"
+#include "support/EnumNames.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -12,18 +13,17 @@ using namespace llvm;
 
 namespace pipec {
 
+namespace {
+
+constexpr EnumName<BalanceMethod> balanceMethodNames[] = {{BalanceMethod::Time, "time"},
+                                                          {BalanceMethod::Params, "params"},
+                                                          {BalanceMethod::Uniform, "uniform"},
+                                                          {BalanceMethod::Layout, "layout"}};
+
+} // namespace
+
 StringRef balanceMethodName(BalanceMethod method) {
-  switch (method) {
-  case BalanceMethod::Time:
-    return "time";
-  case BalanceMethod::Params:
-    return "params";
-  case BalanceMethod::Uniform:
-    return "uniform";
-  case BalanceMethod::Layout:
-    return "layout";
-  }
-  return "time";
+  return nameOf(balanceMethodNames, method, "time");
 }
 
 namespace {

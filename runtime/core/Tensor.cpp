@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/core/Tensor.h"
+#include "support/EnumNames.h"
 #include "support/Float16.h"
 
 #include "onnx/onnx_pb.h"
@@ -58,38 +59,19 @@ Expected<DType> elemTypeFromOnnx(int32_t onnxType) {
   }
 }
 
-StringRef elemTypeName(DType type) {
-  switch (type) {
-  case DType::F32:
-    return "float";
-  case DType::U8:
-    return "uint8";
-  case DType::I8:
-    return "int8";
-  case DType::U16:
-    return "uint16";
-  case DType::I16:
-    return "int16";
-  case DType::I32:
-    return "int32";
-  case DType::I64:
-    return "int64";
-  case DType::Bool:
-    return "bool";
-  case DType::F16:
-    return "float16";
-  case DType::F64:
-    return "double";
-  case DType::U32:
-    return "uint32";
-  case DType::U64:
-    return "uint64";
-  case DType::BF16:
-    return "bfloat16";
-  default:
-    return dtypeName(type);
-  }
-}
+namespace {
+
+/// ONNX's names of the types the runtime computes in; dtypeName for the rest.
+constexpr EnumName<DType> elemTypeNames[] = {
+    {DType::F32, "float"},    {DType::U8, "uint8"},   {DType::I8, "int8"},
+    {DType::U16, "uint16"},   {DType::I16, "int16"},  {DType::I32, "int32"},
+    {DType::I64, "int64"},    {DType::Bool, "bool"},  {DType::F16, "float16"},
+    {DType::F64, "double"},   {DType::U32, "uint32"}, {DType::U64, "uint64"},
+    {DType::BF16, "bfloat16"}};
+
+} // namespace
+
+StringRef elemTypeName(DType type) { return nameOf(elemTypeNames, type, dtypeName(type)); }
 
 size_t storageSize(DType type) {
   return visitStorage(type, [](auto tag) { return sizeof(tag); });
