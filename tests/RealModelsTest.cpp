@@ -14,20 +14,8 @@ using llvm::toString;
 
 namespace {
 
-struct Loaded {
-  std::unique_ptr<Graph> graph;
-  LayerGraph layers;
-};
-
-Loaded load(const std::string &path, ImportOptions options = {}) {
-  auto graph = loadFile(path, options);
-  EXPECT_TRUE(!!graph) << toString(graph.takeError());
-  Loaded out;
-  out.graph = std::make_unique<Graph>(std::move(*graph));
-  auto layers = groupLayers(*out.graph);
-  EXPECT_TRUE(!!layers) << toString(layers.takeError());
-  out.layers = std::move(*layers);
-  return out;
+GroupedGraph load(const std::string &path, ImportOptions options = {}) {
+  return groupGraph(loadFile(path, options));
 }
 
 int blocks(const LayerGraph &lg) {

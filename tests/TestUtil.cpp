@@ -1,5 +1,6 @@
 //===- TestUtil.cpp - Helpers shared by pipec's tests ---------------------===//
 #include "TestUtil.h"
+#include "passes/GroupLayers.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
@@ -136,6 +137,22 @@ Expected<Graph> importGenerated(const models::GeneratorOptions &options, int64_t
 
 Expected<Graph> loadFile(const std::string &path, const ImportOptions &options) {
   return loadGraph(path, options, PipelineOptions());
+}
+
+GroupedGraph groupGraph(Expected<Graph> graph) {
+  GroupedGraph out;
+  if (!graph) {
+    ADD_FAILURE() << toString(graph.takeError());
+    return out;
+  }
+  out.graph = std::make_unique<Graph>(std::move(*graph));
+  auto layers = groupLayers(*out.graph);
+  if (!layers) {
+    ADD_FAILURE() << toString(layers.takeError());
+    return out;
+  }
+  out.layers = std::move(*layers);
+  return out;
 }
 
 int runCommand(const std::string &command, std::string &output) {
