@@ -194,17 +194,16 @@ int64_t unaryInt(OpId op, int64_t x) {
 } // namespace
 
 FoldResult binary(const FoldContext &ctx) {
-  auto a = ctx.need(0), b = ctx.need(1);
-  if (!a)
-    return a.takeError();
-  if (!b)
-    return b.takeError();
-  auto shape = broadcastShapes((*a)->shape, (*b)->shape);
+  auto inputs = ctx.needInputs<2>();
+  if (!inputs)
+    return inputs.takeError();
+  auto [a, b] = *inputs;
+  auto shape = broadcastShapes(a->shape, b->shape);
   if (!shape)
     return ctx.wrap(shape.takeError());
   if (product(*shape) > ctx.maxElements)
     return std::nullopt;
-  auto out = binaryElements(ctx.def.id, **a, **b);
+  auto out = binaryElements(ctx.def.id, *a, *b);
   if (!out)
     return ctx.wrap(out.takeError());
   return ctx.done(std::move(*out));
