@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
+#include "runtime/kernels/IndexMap.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -250,13 +251,7 @@ Expected<Outputs> slice(const OpContext &ctx) {
   std::optional<Shape> axes = ctx.intsFromInputOrAttr(3, "axes");
   std::optional<Shape> steps = ctx.intsFromInputOrAttr(4, "steps");
   size_t count = starts->size();
-  if (!axes) {
-    axes.emplace(count);
-    std::iota(axes->begin(), axes->end(), 0);
-  }
-  if (!steps)
-    steps.emplace(count, 1);
-  if (ends->size() != count || axes->size() != count || steps->size() != count)
+  if (!kernels::fillSliceDefaults(count, ends->size(), axes, steps))
     return ctx.fail("starts, ends, axes and steps differ in length");
   Shape shape = x.shape(), inStrides = stridesOf(x.shape()), readStrides = inStrides;
   int64_t start = 0;
@@ -273,29 +268,11 @@ Expected<Outputs> slice(const OpContext &ctx) {
     int64_t step = std::max((*steps)[i], -std::numeric_limits<int64_t>::max());
     if (step == 0)
       return ctx.fail("step 0 on axis " + Twine((*axes)[i]));
-    int64_t begin = (*starts)[i], end = (*ends)[i];
-    if (begin < 0)
-      begin += dim;
-    if (end < 0)
-      end += dim;
-    int64_t length;
-    if (dim == 0) {
-      begin = 0;
-      length = 0;
-    } else if (step > 0) {
-      begin = std::clamp<int64_t>(begin, 0, dim);
-      end = std::clamp<int64_t>(end, 0, dim);
-      // Written so that a huge step cannot overflow.
-      length = end > begin ? (end - begin - 1) / step + 1 : 0;
-    } else {
-      begin = std::clamp<int64_t>(begin, 0, dim - 1);
-      end = std::clamp<int64_t>(end, -1, dim - 1);
-      length = begin > end ? (begin - end - 1) / -step + 1 : 0;
-    }
-    shape[*axis] = length;
+    kernels::SliceAxis read = kernels::sliceAxis(dim, (*starts)[i], (*ends)[i], step);
+    shape[*axis] = read.length;
     readStrides[*axis] = inStrides[*axis] * step;
-    if (length > 0)
-      start += begin * inStrides[*axis];
+    if (read.length > 0)
+      start += read.begin * inStrides[*axis];
   }
   return Outputs{gatherStrided(x, shape, readStrides, start)};
 }

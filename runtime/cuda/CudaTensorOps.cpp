@@ -227,13 +227,7 @@ Result CudaBackend::slice(const NodeView &n) {
   if (!starts || !ends)
     return std::nullopt;
   size_t count = starts->size();
-  if (!axes) {
-    axes.emplace(count);
-    std::iota(axes->begin(), axes->end(), 0);
-  }
-  if (!steps)
-    steps.emplace(count, 1);
-  if (ends->size() != count || axes->size() != count || steps->size() != count)
+  if (!k::fillSliceDefaults(count, ends->size(), axes, steps))
     return std::nullopt;
   Shape shape = x->shape(), inStrides = k::contiguousStrides(x->shape()), strides = inStrides;
   int64_t base = 0;
@@ -247,28 +241,12 @@ Result CudaBackend::slice(const NodeView &n) {
     int64_t step = std::max((*steps)[i], -std::numeric_limits<int64_t>::max());
     if (step == 0)
       return std::nullopt;
-    int64_t begin = (*starts)[i], end = (*ends)[i];
-    if (begin < 0)
-      begin += dim;
-    if (end < 0)
-      end += dim;
-    // Lengths as 1 + (span - 1) / |step|: a step near INT64_MAX (an
-    // exporter's "to the end") must not overflow.
-    int64_t length = 0;
-    if (step > 0) {
-      begin = std::clamp<int64_t>(begin, 0, dim);
-      end = std::clamp<int64_t>(end, 0, dim);
-      length = end > begin ? 1 + (end - begin - 1) / step : 0;
-    } else if (dim > 0) { // clamping to [0, dim - 1] needs an element
-      begin = std::clamp<int64_t>(begin, 0, dim - 1);
-      end = std::clamp<int64_t>(end, -1, dim - 1);
-      length = begin > end ? 1 + (begin - end - 1) / -step : 0;
-    }
-    shape[*axis] = length;
+    k::SliceAxis read = k::sliceAxis(dim, (*starts)[i], (*ends)[i], step);
+    shape[*axis] = read.length;
     // Only a second element steps (then |step| < dim: no overflow).
-    strides[*axis] = length > 1 ? inStrides[*axis] * step : inStrides[*axis];
-    if (length > 0)
-      base += begin * inStrides[*axis];
+    strides[*axis] = read.length > 1 ? inStrides[*axis] * step : inStrides[*axis];
+    if (read.length > 0)
+      base += read.begin * inStrides[*axis];
   }
   PIPEC_TRY_ASSIGN(dev, onDevice(*x));
   Tensor out;
