@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/core/Tensor.h"
+#include "support/Broadcast.h"
 #include "support/EnumNames.h"
 #include "support/Float16.h"
 
@@ -417,17 +418,10 @@ bool allClose(const Tensor &actual, const Tensor &expected, double rtol, double 
 }
 
 Expected<std::vector<int64_t>> broadcastShapes(ArrayRef<int64_t> a, ArrayRef<int64_t> b) {
-  size_t rank = std::max(a.size(), b.size());
-  std::vector<int64_t> out(rank);
-  for (size_t i = 0; i < rank; ++i) {
-    int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
-    int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
-    if (da != db && da != 1 && db != 1)
-      return createStringError(inconvertibleErrorCode(), "shapes %s and %s do not broadcast",
-                               shapeString(a).c_str(), shapeString(b).c_str());
-    out[i] = da == 1 ? db : da;
-  }
-  return out;
+  if (std::optional<std::vector<int64_t>> shape = broadcastShape(a, b))
+    return std::move(*shape);
+  return createStringError(inconvertibleErrorCode(), "shapes %s and %s do not broadcast",
+                           shapeString(a).c_str(), shapeString(b).c_str());
 }
 
 } // namespace pipec::cpu
