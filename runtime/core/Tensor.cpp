@@ -19,6 +19,7 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -415,6 +416,18 @@ bool allClose(const Tensor &actual, const Tensor &expected, double rtol, double 
                           .str());
   }
   return true;
+}
+
+Tensor shapeTensor(ArrayRef<int64_t> shape, int64_t start, int64_t end) {
+  int64_t rank = static_cast<int64_t>(shape.size());
+  if (start < 0)
+    start += rank;
+  if (end < 0)
+    end += rank;
+  start = std::clamp<int64_t>(start, 0, rank);
+  end = std::clamp<int64_t>(end, 0, rank);
+  std::vector<int64_t> dims(shape.begin() + start, shape.begin() + std::max(start, end));
+  return Tensor::fromValues<int64_t>({static_cast<int64_t>(dims.size())}, dims);
 }
 
 Expected<std::vector<int64_t>> broadcastShapes(ArrayRef<int64_t> a, ArrayRef<int64_t> b) {

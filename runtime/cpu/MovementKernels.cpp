@@ -189,17 +189,12 @@ Expected<Outputs> split(const OpContext &ctx) {
     if (parts <= 0)
       return ctx.fail("no outputs to split into");
     // Equal parts; opset 18's num_outputs lets the last one be smaller.
-    int64_t chunk = (dim + parts - 1) / parts;
     if (!ctx.attr("num_outputs") && dim % parts != 0)
       return ctx.fail(formatv("dimension {0} of size {1} does not split into {2} equal parts",
                               *axis, dim, parts));
-    sizes.emplace();
-    for (int64_t i = 0; i < parts; ++i)
-      sizes->push_back(std::max<int64_t>(0, std::min(chunk, dim - i * chunk)));
+    sizes = kernels::equalSplit(dim, parts);
   }
-  if (static_cast<int64_t>(sizes->size()) != parts ||
-      std::accumulate(sizes->begin(), sizes->end(), int64_t(0)) != dim ||
-      llvm::any_of(*sizes, [](int64_t s) { return s < 0; }))
+  if (!kernels::splitCovers(*sizes, parts, dim))
     return ctx.fail(formatv("split sizes {0} do not cover dimension {1} of size {2} in {3} parts",
                             shapeString(*sizes), *axis, dim, parts));
   AxisSplit layout = splitAt(x.shape(), *axis);
@@ -343,16 +338,7 @@ Expected<Outputs> tile(const OpContext &ctx) {
 
 Expected<Outputs> shapeOp(const OpContext &ctx) {
   const Tensor &x = ctx.input(0);
-  int64_t rank = x.rank();
-  int64_t start = ctx.attrInt("start", 0), end = ctx.attrInt("end", rank);
-  if (start < 0)
-    start += rank;
-  if (end < 0)
-    end += rank;
-  start = std::clamp<int64_t>(start, 0, rank);
-  end = std::clamp<int64_t>(end, 0, rank);
-  Shape dims(x.shape().begin() + start, x.shape().begin() + std::max(start, end));
-  return Outputs{Tensor::fromValues<int64_t>({static_cast<int64_t>(dims.size())}, dims)};
+  return Outputs{shapeTensor(x.shape(), ctx.attrInt("start", 0), ctx.attrInt("end", x.rank()))};
 }
 
 Expected<Outputs> size(const OpContext &ctx) {

@@ -116,16 +116,7 @@ Result CudaBackend::shapeOf(const NodeView &n) {
     return std::nullopt;
   if (n.op() == "Size")
     return Outputs{Tensor::scalar<int64_t>(x->numElements())};
-  int64_t rank = x->rank();
-  int64_t start = n.attrInt("start", 0), end = n.attrInt("end", rank);
-  if (start < 0)
-    start += rank;
-  if (end < 0)
-    end += rank;
-  start = std::clamp<int64_t>(start, 0, rank);
-  end = std::clamp<int64_t>(end, 0, rank);
-  Shape dims(x->shape().begin() + start, x->shape().begin() + std::max(start, end));
-  return Outputs{Tensor::fromValues<int64_t>({static_cast<int64_t>(dims.size())}, dims)};
+  return Outputs{cpu::shapeTensor(x->shape(), n.attrInt("start", 0), n.attrInt("end", x->rank()))};
 }
 
 Result CudaBackend::constantOfShape(const NodeView &n) {
@@ -311,16 +302,11 @@ Result CudaBackend::split(const NodeView &n) {
       parts = numOutputs->i();
     if (parts <= 0)
       return std::nullopt;
-    int64_t chunk = (dim + parts - 1) / parts;
     if (!n.attr("num_outputs") && dim % parts != 0)
       return std::nullopt;
-    sizes.emplace();
-    for (int64_t i = 0; i < parts; ++i)
-      sizes->push_back(std::max<int64_t>(0, std::min(chunk, dim - i * chunk)));
+    sizes = k::equalSplit(dim, parts);
   }
-  if (static_cast<int64_t>(sizes->size()) != parts ||
-      std::accumulate(sizes->begin(), sizes->end(), int64_t(0)) != dim ||
-      llvm::any_of(*sizes, [](int64_t s) { return s < 0; }))
+  if (!k::splitCovers(*sizes, parts, dim))
     return std::nullopt;
   PIPEC_TRY_ASSIGN(dev, onDevice(*x));
   size_t elem = cpu::storageSize(x->elemType());

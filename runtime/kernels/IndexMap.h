@@ -181,6 +181,23 @@ inline SliceAxis sliceAxis(int64_t dim, int64_t start, int64_t end, int64_t step
   return axis;
 }
 
+/// Split of a dimension of \p dim into \p parts (at least 1) equal parts,
+/// but the last, which is smaller when \p parts does not divide \p dim.
+inline std::vector<int64_t> equalSplit(int64_t dim, int64_t parts) {
+  int64_t chunk = (dim + parts - 1) / parts;
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < parts; ++i)
+    sizes.push_back(std::max<int64_t>(0, std::min(chunk, dim - i * chunk)));
+  return sizes;
+}
+
+/// True when \p sizes are \p parts sizes, none negative, that sum to \p dim.
+inline bool splitCovers(const std::vector<int64_t> &sizes, int64_t parts, int64_t dim) {
+  return static_cast<int64_t>(sizes.size()) == parts &&
+         std::accumulate(sizes.begin(), sizes.end(), int64_t(0)) == dim &&
+         std::none_of(sizes.begin(), sizes.end(), [](int64_t s) { return s < 0; });
+}
+
 } // namespace pipec::kernels
 
 #endif // PIPEC_RUNTIME_KERNELS_INDEXMAP_H
