@@ -1,5 +1,6 @@
 //===- CostModel.cpp - Per-layer F / I / W cost on a HardwareSpec ---------===//
 #include "compiler/cost/CostModel.h"
+#include "support/Diagnostics.h"
 #include "support/EnumNames.h"
 
 #include "llvm/Support/FormatVariadic.h"
@@ -116,10 +117,7 @@ CostTable computeCosts(const LayerGraph &lg, const HardwareSpec &hw, Precision p
 }
 
 Error applyMeasuredCosts(CostTable &table, StringRef path) {
-  auto fail = [&](const Twine &why) {
-    return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
-                             why.str().c_str());
-  };
+  auto fail = [&](const Twine &why) { return fileError(path, why); };
   auto buffer = MemoryBuffer::getFile(path);
   if (!buffer)
     return fail("cannot open: " + buffer.getError().message());

@@ -1,6 +1,7 @@
 //===- Data.cpp - What a training or inference step feeds ---------------===//
 #include "runtime/exec/Data.h"
 #include "runtime/plan/PlanFile.h"
+#include "support/Diagnostics.h"
 #include "support/EnumNames.h"
 
 #include "onnx/onnx_pb.h"
@@ -106,10 +107,7 @@ std::string safeFileName(StringRef name) {
 }
 
 Expected<cpu::Tensor> readNpy(StringRef path) {
-  auto fail = [&](const Twine &why) {
-    return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
-                             why.str().c_str());
-  };
+  auto fail = [&](const Twine &why) { return fileError(path, why); };
   auto file = MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
   if (!file)
     return fail(file.getError().message());

@@ -1,5 +1,6 @@
 //===- PlanFile.cpp - Read and write plan files ---------------------------===//
 #include "runtime/plan/PlanFile.h"
+#include "support/Diagnostics.h"
 #include "support/EnumNames.h"
 
 #include "llvm/ADT/StringExtras.h"
@@ -100,10 +101,7 @@ Error writeFileAtomically(StringRef path, StringRef bytes) {
 }
 
 Expected<plan::Plan> readPlan(StringRef path) {
-  auto fail = [&](const Twine &why) {
-    return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
-                             why.str().c_str());
-  };
+  auto fail = [&](const Twine &why) { return fileError(path, why); };
   auto buffer = MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
   if (!buffer)
     return fail("cannot open: " + buffer.getError().message());
