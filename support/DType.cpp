@@ -69,6 +69,11 @@ bool isIntegerDType(DType type) {
   }
 }
 
+bool isNarrowIntegerDType(DType type) {
+  return type == DType::I32 || type == DType::I16 || type == DType::I8 || type == DType::U16 ||
+         type == DType::U8 || type == DType::Bool;
+}
+
 std::optional<DType> dtypeOfName(llvm::StringRef name) { return valueOf(dtypeNames, name); }
 
 } // namespace pipec
