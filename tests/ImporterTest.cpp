@@ -7,6 +7,7 @@
 #include "llvm/Support/FileSystem.h"
 
 #include <fstream>
+#include <functional>
 
 using namespace pipec;
 using namespace pipec::test;
@@ -377,25 +378,25 @@ TEST(ImporterErrors, CycleNamesANodeOnIt) {
   EXPECT_NE(err.find("the graph has a cycle through node 'loop_"), std::string::npos) << err;
 }
 
-TEST(ImporterErrors, UnknownDataType) {
+/// The import error of y = x + w, w a float initializer of 2 that \p spoil
+/// has changed.
+std::string errorOfSpoiledWeight(const std::function<void(onnx::TensorProto &)> &spoil) {
   GraphBuilder b;
   b.input("x", 1, {2});
-  auto &w = b.weight("w", {2});
-  w.set_data_type(99);
+  spoil(b.weight("w", {2}));
   b.node("Add", {"x", "w"}, {"y"});
   b.output("y");
-  std::string err = errorOf(importBytes(b.serialize()));
+  return errorOf(importBytes(b.serialize()));
+}
+
+TEST(ImporterErrors, UnknownDataType) {
+  std::string err = errorOfSpoiledWeight([](onnx::TensorProto &w) { w.set_data_type(99); });
   EXPECT_NE(err.find("initializer 'w': unknown data type 99"), std::string::npos) << err;
 }
 
 TEST(ImporterErrors, WeightBytesDisagreeWithShape) {
-  GraphBuilder b;
-  b.input("x", 1, {2});
-  auto &w = b.weight("w", {2});
-  w.set_raw_data(std::string(12, '\0'));
-  b.node("Add", {"x", "w"}, {"y"});
-  b.output("y");
-  std::string err = errorOf(importBytes(b.serialize()));
+  std::string err =
+      errorOfSpoiledWeight([](onnx::TensorProto &w) { w.set_raw_data(std::string(12, '\0')); });
   EXPECT_NE(err.find("initializer 'w': holds 12 bytes"), std::string::npos) << err;
 }
 
