@@ -124,6 +124,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -155,15 +156,23 @@ struct Backward {
   std::vector<std::vector<onnx::NodeProto>> inputGrad;
   std::vector<std::vector<onnx::NodeProto>> weightGrad;
   /// Forward nodes that compute the loss (scalar "pipec:loss") when it is
-  /// not a model output; they run after the last layer's forward. Empty for
-  /// LossSpec::Kind::ModelOutput.
+  /// not a model output, or the count of its labels; they run after the last
+  /// layer's forward.
   std::vector<onnx::NodeProto> lossForward;
   /// The name of the loss value.
   std::string lossValue;
+  /// The number of labels the loss counts, computed in lossForward, when the
+  /// loss is a mean over labels some of which may be ignored; empty else.
+  /// The backward is seeded with it (see plan.proto's loss_count_value).
+  std::string lossCountValue;
   /// Trainable weight (initializer) name -> name of its gradient value. A
   /// weight read by several layers gets its gradient summed in the W list of
   /// the lowest of those layers.
   std::map<std::string, std::string> weightGrads;
+  /// Initializers read only as tables (through an op flagged Table in
+  /// Ops.def, such as rotary frequencies into Sin and Cos); they get no
+  /// gradient through those reads.
+  std::set<std::string> tableWeights;
   /// Float graph input name -> gradient name; filled only when asked for.
   std::map<std::string, std::string> inputGrads;
 };
