@@ -75,6 +75,13 @@
 //  - GatherGrad(dY, Indices; dData; axis: int, shape: ints). Scatter-add of
 //    dY into zeros of `shape` (Data's shape) along `axis`; negative indices
 //    count from the end.
+//  - GatherElementsGrad(dY, Indices; dData; axis: int, shape: ints).
+//    Zeros of `shape` (Data's shape) with each dY element added at the
+//    element of Data that GatherElements read for it.
+//  - GatherNDGrad(dY, Indices; dData; batch_dims: int, shape: ints). Zeros
+//    of `shape` with each slice of dY added at the slice of Data that its
+//    index tuple addressed (GatherND's layout, batch_dims leading batch
+//    dimensions).
 //  - LayerNormGradInput(dY, X, Scale; dX; axis: int, epsilon: float).
 //    Normalised axes are axis..rank-1; with Xh = (X - mean) * rstd and
 //    G = dY * Scale: dX = rstd * (G - mean(G) - Xh * mean(G * Xh)).

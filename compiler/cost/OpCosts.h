@@ -144,6 +144,11 @@ struct Conv : ConvBackward {
 struct ConvTranspose : ConvBackward {
   static int64_t flops(const Graph &graph, const Op &op);
 };
+/// Two FLOPs per point of the product space of all labels (one with a
+/// single operand); no gradient rule: defaulted backward.
+struct Einsum : DefaultBackward {
+  static int64_t flops(const Graph &graph, const Op &op);
+};
 /// Q K^T and P V (4 B S T width) and the softmax (5 B S T); with
 /// \p Projection, the fused input projection by input 1 too.
 template <bool Projection> struct Attention : AttentionBackward {

@@ -9,6 +9,8 @@
 //   NormGrads.cpp         reduceSumMean, softmax, softmaxCrossEntropyLoss,
 //                         layerNormalization, batchNormalization
 //   ConvGrads.cpp         conv, pool, globalAveragePool
+//   IndexingGrads.cpp     trilu, cumSum, gatherElements, gatherND, scatterND,
+//                         pad
 // and two that are not rules: `none` (no gradient flows through the op)
 // and `missing` (the op is differentiable but pipec has no rule: an error
 // naming the node). An op without a row of Ops.def is `missing`.
@@ -55,6 +57,8 @@ extern const GradRule reduceSumMean, softmax, softmaxCrossEntropyLoss, layerNorm
     batchNormalization;
 // ConvGrads.cpp
 extern const GradRule conv, pool, globalAveragePool;
+// IndexingGrads.cpp
+extern const GradRule trilu, cumSum, gatherElements, gatherND, scatterND, pad;
 } // namespace rules
 
 } // namespace pipec::grad

@@ -113,16 +113,6 @@ Error splitGrad(GradContext &ctx) {
   });
 }
 
-/// The constant int64 elements of input \p k, or none.
-std::vector<int64_t> constantInput(const GradContext &ctx, size_t k) {
-  const Op &op = ctx.op();
-  std::vector<int64_t> v;
-  if (k < op.inputs.size() && op.inputs[k] >= 0 && ctx.val(op.inputs[k]).constant)
-    for (int64_t e = 0; e < ctx.val(op.inputs[k]).constant->numElements(); ++e)
-      v.push_back(ctx.val(op.inputs[k]).constant->intAt(e));
-  return v;
-}
-
 /// Step-1 slices only: the gradient pads dY back with zeros.
 Error sliceGrad(GradContext &ctx) {
   return ctx.forEachWanted([&](size_t i) -> Error {
@@ -130,8 +120,9 @@ Error sliceGrad(GradContext &ctx) {
       return Error::success();
     const std::vector<int64_t> &xShape = ctx.shapeOf(0);
     size_t rank = xShape.size();
-    std::vector<int64_t> starts = constantInput(ctx, 1), axes = constantInput(ctx, 3),
-                         steps = constantInput(ctx, 4);
+    std::vector<int64_t> starts = ctx.constantInput(1).value_or(std::vector<int64_t>{}),
+                         axes = ctx.constantInput(3).value_or(std::vector<int64_t>{}),
+                         steps = ctx.constantInput(4).value_or(std::vector<int64_t>{});
     if (ctx.graph.opsetFor("") < 10) {
       starts = attrInts(ctx.node(), "starts").value_or(std::vector<int64_t>{});
       axes = attrInts(ctx.node(), "axes").value_or(std::vector<int64_t>{});

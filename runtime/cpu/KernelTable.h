@@ -53,6 +53,19 @@ KernelResult tile(const OpContext &ctx);
 KernelResult transposeOp(const OpContext &ctx);
 KernelResult unsqueeze(const OpContext &ctx);
 
+// Indexing, scattering, padding and scans (IndexingKernels.cpp).
+KernelResult cumProd(const OpContext &ctx);
+KernelResult cumSum(const OpContext &ctx);
+KernelResult gatherElements(const OpContext &ctx);
+KernelResult gatherND(const OpContext &ctx);
+KernelResult pad(const OpContext &ctx);
+KernelResult scatterElements(const OpContext &ctx);
+KernelResult scatterND(const OpContext &ctx);
+KernelResult trilu(const OpContext &ctx);
+
+// Einsum (EinsumKernels.cpp).
+KernelResult einsum(const OpContext &ctx);
+
 // Products, convolution, pooling (MatrixKernels.cpp).
 KernelResult conv(const OpContext &ctx);
 KernelResult gemmOp(const OpContext &ctx);
@@ -84,7 +97,9 @@ KernelResult batchNormGradWeight(const OpContext &ctx);
 KernelResult convGradInput(const OpContext &ctx);
 KernelResult convGradWeight(const OpContext &ctx);
 KernelResult crossEntropyGrad(const OpContext &ctx);
+KernelResult gatherElementsGrad(const OpContext &ctx); // IndexingKernels.cpp
 KernelResult gatherGrad(const OpContext &ctx);
+KernelResult gatherNDGrad(const OpContext &ctx); // IndexingKernels.cpp
 KernelResult layerNormGradInput(const OpContext &ctx);
 KernelResult layerNormGradWeight(const OpContext &ctx);
 KernelResult maxPoolGrad(const OpContext &ctx);
