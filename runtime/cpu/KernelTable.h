@@ -80,6 +80,15 @@ KernelResult lrn(const OpContext &ctx);
 KernelResult rmsNormalization(const OpContext &ctx);
 KernelResult swiGlu(const OpContext &ctx);
 
+// Quantization and integer products (QuantKernels.cpp).
+KernelResult convInteger(const OpContext &ctx);
+KernelResult dequantizeLinear(const OpContext &ctx);
+KernelResult dynamicQuantizeLinear(const OpContext &ctx);
+KernelResult matMulInteger(const OpContext &ctx);
+KernelResult qLinearConv(const OpContext &ctx);
+KernelResult qLinearMatMul(const OpContext &ctx);
+KernelResult quantizeLinear(const OpContext &ctx);
+
 // onnxruntime's contrib ops (ContribKernels.cpp).
 KernelResult attention(const OpContext &ctx);
 KernelResult embedLayerNormalization(const OpContext &ctx);
