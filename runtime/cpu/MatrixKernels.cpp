@@ -343,21 +343,17 @@ template <bool IsMax> Expected<Outputs> globalPool(const OpContext &ctx) {
   std::fill(outShape.begin() + 2, outShape.end(), 1);
   int64_t planes = x.dim(0) * x.dim(1);
   int64_t size = product(ArrayRef<int64_t>(x.shape()).drop_front(2));
-  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
+  return onFloat(ctx, x, 0, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
-      return ctx.unsupportedType(x, 0);
-    } else {
-      Tensor y(x.elemType(), outShape);
-      for (int64_t p = 0; p < planes; ++p) {
-        const T *in = x.data<T>() + p * size;
-        double acc = isMax ? -std::numeric_limits<double>::infinity() : 0;
-        for (int64_t i = 0; i < size; ++i)
-          acc = isMax ? std::max(acc, double(in[i])) : acc + in[i];
-        y.data<T>()[p] = static_cast<T>(isMax ? acc : acc / size);
-      }
-      return Outputs{y};
+    Tensor y(x.elemType(), outShape);
+    for (int64_t p = 0; p < planes; ++p) {
+      const T *in = x.data<T>() + p * size;
+      double acc = isMax ? -std::numeric_limits<double>::infinity() : 0;
+      for (int64_t i = 0; i < size; ++i)
+        acc = isMax ? std::max(acc, double(in[i])) : acc + in[i];
+      y.data<T>()[p] = static_cast<T>(isMax ? acc : acc / size);
     }
+    return Outputs{y};
   });
 }
 
