@@ -218,6 +218,54 @@ TEST(Differentiate, LayerNormalization) {
     }
 }
 
+TEST(Differentiate, RmsNormalization) {
+  for (int axis : {-1, 1})
+    for (const std::vector<int64_t> &scale : {std::vector<int64_t>{4}, {1, 4}, {3, 4}}) {
+      if (axis == -1 && scale.size() > 1)
+        continue;
+      GraphBuilder b(23);
+      b.input("x", kDouble, {2, 3, 4});
+      doubleWeight(b, "scale", scale);
+      auto &n = b.node("RMSNormalization", {"x", "scale"}, {"y"}, "rms");
+      setIntAttr(n, "axis", axis);
+      setFloatAttr(n, "epsilon", 1e-3f);
+      b.output("y", kDouble);
+      SCOPED_TRACE("axis " + std::to_string(axis) + ", scale rank " + std::to_string(scale.size()));
+      checkModel(b);
+    }
+}
+
+TEST(Differentiate, InstanceAndGroupNormalization) {
+  for (const std::vector<int64_t> &dims : {std::vector<int64_t>{2, 4, 3}, {2, 4, 2, 3}}) {
+    SCOPED_TRACE("rank " + std::to_string(dims.size()));
+    {
+      GraphBuilder b;
+      b.input("x", kDouble, dims);
+      doubleWeight(b, "scale", {4});
+      doubleWeight(b, "bias", {4});
+      auto &n = b.node("InstanceNormalization", {"x", "scale", "bias"}, {"y"}, "in");
+      setFloatAttr(n, "epsilon", 1e-3f);
+      b.output("y", kDouble);
+      SCOPED_TRACE("InstanceNormalization");
+      checkModel(b);
+    }
+    // Opset 18 takes scale and bias per group, 21 per channel.
+    for (int opset : {18, 21}) {
+      GraphBuilder b(opset);
+      b.input("x", kDouble, dims);
+      std::vector<int64_t> params{opset == 18 ? 2 : 4};
+      doubleWeight(b, "scale", params);
+      doubleWeight(b, "bias", params);
+      auto &n = b.node("GroupNormalization", {"x", "scale", "bias"}, {"y"}, "gn");
+      setIntAttr(n, "num_groups", 2);
+      setFloatAttr(n, "epsilon", 1e-3f);
+      b.output("y", kDouble);
+      SCOPED_TRACE("GroupNormalization-" + std::to_string(opset));
+      checkModel(b);
+    }
+  }
+}
+
 TEST(Differentiate, WhereExpandDropoutSqueeze) {
   {
     GraphBuilder b;

@@ -186,9 +186,11 @@ int64_t Einsum::flops(const Graph &graph, const Op &op) {
   return (terms.size() > 1 ? 2 : 1) * points;
 }
 
-int64_t Conv::flops(const Graph &graph, const Op &op) {
+int64_t Conv::flops(const Graph &graph, const Op &op) { return flopsWith(graph, op, 1); }
+
+int64_t Conv::flopsWith(const Graph &graph, const Op &op, size_t weight) {
   // Cin / groups * prod(kernel): every dimension of W but the first.
-  const auto &w = inputShape(graph, op, 1);
+  const auto &w = inputShape(graph, op, weight);
   int64_t kernel = 1;
   for (size_t i = 1; i < w.size(); ++i)
     kernel *= w[i];

@@ -7,7 +7,9 @@
 //                         concat, split, slice, gather
 //   LinearGrads.cpp       matMul, gemm
 //   NormGrads.cpp         reduceSumMean, softmax, softmaxCrossEntropyLoss,
-//                         layerNormalization, batchNormalization
+//                         layerNormalization, batchNormalization,
+//                         rmsNormalization, instanceNormalization,
+//                         groupNormalization
 //   ConvGrads.cpp         conv, pool, globalAveragePool
 //   IndexingGrads.cpp     trilu, cumSum, gatherElements, gatherND, scatterND,
 //                         pad
@@ -54,7 +56,7 @@ extern const GradRule identity, cast, reshape, transpose, expand, concat, split,
 extern const GradRule matMul, gemm;
 // NormGrads.cpp
 extern const GradRule reduceSumMean, softmax, softmaxCrossEntropyLoss, layerNormalization,
-    batchNormalization;
+    batchNormalization, rmsNormalization, instanceNormalization, groupNormalization;
 // ConvGrads.cpp
 extern const GradRule conv, pool, globalAveragePool;
 // IndexingGrads.cpp

@@ -82,6 +82,26 @@ template <bool IsMax> KernelResult argExtreme(const OpContext &ctx);
 template <ReduceKind Kind> KernelResult reduce(const OpContext &ctx);
 template <bool Logarithm> KernelResult softmax(const OpContext &ctx);
 
+// Normalizations, LpPool, Det, SwiGLU, BitCast (NumericKernels.cpp).
+KernelResult bitCast(const OpContext &ctx);
+KernelResult det(const OpContext &ctx);
+KernelResult groupNormalization(const OpContext &ctx);
+KernelResult instanceNormalization(const OpContext &ctx);
+KernelResult lpNormalization(const OpContext &ctx);
+KernelResult lpPool(const OpContext &ctx);
+KernelResult lrn(const OpContext &ctx);
+KernelResult rmsNormalization(const OpContext &ctx);
+KernelResult swiGlu(const OpContext &ctx);
+
+// Quantization and integer products (QuantKernels.cpp).
+KernelResult convInteger(const OpContext &ctx);
+KernelResult dequantizeLinear(const OpContext &ctx);
+KernelResult dynamicQuantizeLinear(const OpContext &ctx);
+KernelResult matMulInteger(const OpContext &ctx);
+KernelResult qLinearConv(const OpContext &ctx);
+KernelResult qLinearMatMul(const OpContext &ctx);
+KernelResult quantizeLinear(const OpContext &ctx);
+
 // onnxruntime's contrib ops (ContribKernels.cpp).
 KernelResult attention(const OpContext &ctx);
 KernelResult embedLayerNormalization(const OpContext &ctx);
