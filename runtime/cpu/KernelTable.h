@@ -69,6 +69,10 @@ template <bool IsMax> KernelResult argExtreme(const OpContext &ctx);
 template <ReduceKind Kind> KernelResult reduce(const OpContext &ctx);
 template <bool Logarithm> KernelResult softmax(const OpContext &ctx);
 
+// Resampling (ResizeKernels.cpp, GridKernels.cpp).
+KernelResult resize(const OpContext &ctx);
+KernelResult upsample(const OpContext &ctx);
+
 // onnxruntime's contrib ops (ContribKernels.cpp).
 KernelResult attention(const OpContext &ctx);
 KernelResult embedLayerNormalization(const OpContext &ctx);
