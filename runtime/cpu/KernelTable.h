@@ -70,6 +70,8 @@ template <ReduceKind Kind> KernelResult reduce(const OpContext &ctx);
 template <bool Logarithm> KernelResult softmax(const OpContext &ctx);
 
 // Resampling (ResizeKernels.cpp, GridKernels.cpp).
+KernelResult affineGrid(const OpContext &ctx);
+KernelResult gridSample(const OpContext &ctx);
 KernelResult resize(const OpContext &ctx);
 KernelResult upsample(const OpContext &ctx);
 
