@@ -75,6 +75,13 @@ KernelResult gridSample(const OpContext &ctx);
 KernelResult resize(const OpContext &ctx);
 KernelResult upsample(const OpContext &ctx);
 
+// Transposed, folded and deformable convolution, unpooling
+// (SpatialKernels.cpp); detection heads (DetectionKernels.cpp).
+KernelResult col2Im(const OpContext &ctx);
+KernelResult convTranspose(const OpContext &ctx);
+KernelResult deformConv(const OpContext &ctx);
+KernelResult maxUnpool(const OpContext &ctx);
+
 // onnxruntime's contrib ops (ContribKernels.cpp).
 KernelResult attention(const OpContext &ctx);
 KernelResult embedLayerNormalization(const OpContext &ctx);
