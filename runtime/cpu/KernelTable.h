@@ -81,6 +81,8 @@ KernelResult col2Im(const OpContext &ctx);
 KernelResult convTranspose(const OpContext &ctx);
 KernelResult deformConv(const OpContext &ctx);
 KernelResult maxUnpool(const OpContext &ctx);
+KernelResult nonMaxSuppression(const OpContext &ctx);
+KernelResult roiAlign(const OpContext &ctx);
 
 // onnxruntime's contrib ops (ContribKernels.cpp).
 KernelResult attention(const OpContext &ctx);
