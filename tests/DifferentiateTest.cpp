@@ -408,6 +408,50 @@ TEST(Differentiate, Conv) {
   }
 }
 
+/// A ConvTranspose case: attributes left empty are omitted.
+struct ConvTransposeCase {
+  std::string name;
+  std::vector<int64_t> x, w, strides, pads, dilations = {}, outputPadding = {}, outputShape = {};
+  int64_t group = 1;
+  std::string autoPad = "";
+  bool bias = false;
+};
+
+TEST(Differentiate, ConvTranspose) {
+  const ConvTransposeCase cases[] = {
+      {"3x3 pad 1 bias", {2, 3, 4, 4}, {3, 2, 3, 3}, {}, {1, 1, 1, 1}, {}, {}, {}, 1, "", true},
+      {"stride 2 output_padding", {1, 2, 3, 3}, {2, 3, 3, 2}, {2, 2}, {1, 0, 0, 1}, {}, {1, 1}},
+      {"dilation 2 group 2 bias", {1, 4, 3, 3}, {4, 1, 2, 2}, {}, {}, {2, 2}, {}, {}, 2, "", true},
+      {"output_shape", {1, 2, 3, 3}, {2, 2, 3, 3}, {2, 2}, {}, {}, {}, {5, 6}},
+      {"SAME_UPPER", {1, 2, 3, 3}, {2, 2, 3, 3}, {2, 2}, {}, {}, {}, {}, 1, "SAME_UPPER"},
+      {"1-D stride 3 bias", {2, 2, 4}, {2, 3, 4}, {3}, {1, 2}, {}, {}, {}, 1, "", true},
+  };
+  for (const ConvTransposeCase &c : cases) {
+    GraphBuilder b;
+    b.input("x", kDouble, c.x);
+    doubleWeight(b, "w", c.w);
+    std::vector<std::string> inputs{"x", "w"};
+    if (c.bias) {
+      doubleWeight(b, "b", {c.w[1] * c.group});
+      inputs.push_back("b");
+    }
+    auto &n = b.node("ConvTranspose", inputs, {"y"}, "convT");
+    for (const auto &[name, values] :
+         {std::pair("strides", c.strides), std::pair("pads", c.pads),
+          std::pair("dilations", c.dilations), std::pair("output_padding", c.outputPadding),
+          std::pair("output_shape", c.outputShape)})
+      if (!values.empty())
+        setIntsAttr(n, name, values);
+    if (c.group != 1)
+      setIntAttr(n, "group", c.group);
+    if (!c.autoPad.empty())
+      setStringAttr(n, "auto_pad", c.autoPad);
+    b.output("y", kDouble);
+    SCOPED_TRACE(c.name);
+    checkModel(b);
+  }
+}
+
 /// A MaxPool or AveragePool case: attributes left empty are omitted.
 struct PoolCase {
   std::string op;

@@ -8,7 +8,7 @@
 //   LinearGrads.cpp       matMul, gemm
 //   NormGrads.cpp         reduceSumMean, softmax, softmaxCrossEntropyLoss,
 //                         layerNormalization, batchNormalization
-//   ConvGrads.cpp         conv, pool, globalAveragePool
+//   ConvGrads.cpp         conv, convTranspose, pool, globalAveragePool
 // and two that are not rules: `none` (no gradient flows through the op)
 // and `missing` (the op is differentiable but pipec has no rule: an error
 // naming the node). An op without a row of Ops.def is `missing`.
@@ -54,7 +54,7 @@ extern const GradRule matMul, gemm;
 extern const GradRule reduceSumMean, softmax, softmaxCrossEntropyLoss, layerNormalization,
     batchNormalization;
 // ConvGrads.cpp
-extern const GradRule conv, pool, globalAveragePool;
+extern const GradRule conv, convTranspose, pool, globalAveragePool;
 } // namespace rules
 
 } // namespace pipec::grad
