@@ -170,22 +170,18 @@ Expected<Outputs> roiAlign(const OpContext &ctx) {
     if (!std::isfinite(rois.getDouble(i)))
       return ctx.fail("rois must be finite");
   Shape outShape{regions, channels, spec->outHeight, spec->outWidth};
-  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
+  return onFloat(ctx, x, 0, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
-      return ctx.unsupportedType(x, 0);
-    } else {
-      Tensor y(x.elemType(), outShape);
-      int64_t plane = channels * spec->outHeight * spec->outWidth;
-      for (int64_t r = 0; r < regions; ++r) {
-        double box[4];
-        for (int j = 0; j < 4; ++j)
-          box[j] = double(rois.data<T>()[r * 4 + j]);
-        alignRegion(x.data<T>() + batch[r] * channels * height * width, channels, height, width,
-                    box, *spec, y.data<T>() + r * plane);
-      }
-      return Outputs{y};
+    Tensor y(x.elemType(), outShape);
+    int64_t plane = channels * spec->outHeight * spec->outWidth;
+    for (int64_t r = 0; r < regions; ++r) {
+      double box[4];
+      for (int j = 0; j < 4; ++j)
+        box[j] = double(rois.data<T>()[r * 4 + j]);
+      alignRegion(x.data<T>() + batch[r] * channels * height * width, channels, height, width, box,
+                  *spec, y.data<T>() + r * plane);
     }
+    return Outputs{y};
   });
 }
 
@@ -275,27 +271,23 @@ Expected<Outputs> nonMaxSuppression(const OpContext &ctx) {
   if (scoreIn && scoreIn->numElements() == 1)
     scoreThreshold = scoreIn->getDouble(0);
   int64_t batches = boxes.dim(0), classes = scores.dim(1), count = boxes.dim(1);
-  return visitStorage(boxes.elemType(), [&](auto tag) -> Expected<Outputs> {
+  return onFloat(ctx, boxes, 0, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
-      return ctx.unsupportedType(boxes, 0);
-    } else {
-      if (llvm::any_of(scores.values<T>(), [](T v) { return std::isnan(v); }))
-        return ctx.unsupported("NaN scores (they have no order)");
-      std::optional<T> threshold;
-      if (scoreThreshold)
-        threshold = static_cast<T>(*scoreThreshold);
-      std::vector<int64_t> rows;
-      for (int64_t b = 0; b < batches; ++b)
-        for (int64_t c = 0; c < classes; ++c) {
-          const T *s = scores.data<T>() + (b * classes + c) * count;
-          for (int64_t i : selectBoxes(boxes.data<T>() + b * count * 4, s, count, limit,
-                                       centerPointBox == 1, static_cast<T>(iou), threshold))
-            rows.insert(rows.end(), {b, c, i});
-        }
-      int64_t selected = static_cast<int64_t>(rows.size() / 3);
-      return Outputs{Tensor::fromValues<int64_t>({selected, 3}, rows)};
-    }
+    if (llvm::any_of(scores.values<T>(), [](T v) { return std::isnan(v); }))
+      return ctx.unsupported("NaN scores (they have no order)");
+    std::optional<T> threshold;
+    if (scoreThreshold)
+      threshold = static_cast<T>(*scoreThreshold);
+    std::vector<int64_t> rows;
+    for (int64_t b = 0; b < batches; ++b)
+      for (int64_t c = 0; c < classes; ++c) {
+        const T *s = scores.data<T>() + (b * classes + c) * count;
+        for (int64_t i : selectBoxes(boxes.data<T>() + b * count * 4, s, count, limit,
+                                     centerPointBox == 1, static_cast<T>(iou), threshold))
+          rows.insert(rows.end(), {b, c, i});
+      }
+    int64_t selected = static_cast<int64_t>(rows.size() / 3);
+    return Outputs{Tensor::fromValues<int64_t>({selected, 3}, rows)};
   });
 }
 

@@ -312,35 +312,31 @@ Expected<Outputs> affineGrid(const OpContext &ctx) {
   Shape outShape{dims[0]};
   outShape.insert(outShape.end(), spatial.begin(), spatial.end());
   outShape.push_back(rank);
-  return visitStorage(theta.elemType(), [&](auto tag) -> Expected<Outputs> {
+  return onFloat(ctx, theta, 0, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
-      return ctx.unsupportedType(theta, 0);
-    } else {
-      Tensor grid(theta.elemType(), outShape);
-      int64_t points = product(spatial);
-      T *out = grid.data<T>();
-      Shape at(rank, 0);
-      std::vector<double> position(rank + 1, 1.0);
-      for (int64_t n = 0; n < dims[0]; ++n) {
-        const T *m = theta.data<T>() + n * rank * (rank + 1);
-        std::fill(at.begin(), at.end(), 0);
-        for (int64_t p = 0; p < points; ++p) {
-          // The homogeneous position lists the innermost axis first.
-          for (int64_t d = 0; d < rank; ++d)
-            position[d] = base[rank - 1 - d][at[rank - 1 - d]];
-          for (int64_t r = 0; r < rank; ++r) {
-            double v = 0;
-            for (int64_t k = 0; k <= rank; ++k)
-              v += double(m[r * (rank + 1) + k]) * position[k];
-            out[(n * points + p) * rank + r] = static_cast<T>(v);
-          }
-          for (int64_t d = rank - 1; d >= 0 && ++at[d] == spatial[d]; --d)
-            at[d] = 0;
+    Tensor grid(theta.elemType(), outShape);
+    int64_t points = product(spatial);
+    T *out = grid.data<T>();
+    Shape at(rank, 0);
+    std::vector<double> position(rank + 1, 1.0);
+    for (int64_t n = 0; n < dims[0]; ++n) {
+      const T *m = theta.data<T>() + n * rank * (rank + 1);
+      std::fill(at.begin(), at.end(), 0);
+      for (int64_t p = 0; p < points; ++p) {
+        // The homogeneous position lists the innermost axis first.
+        for (int64_t d = 0; d < rank; ++d)
+          position[d] = base[rank - 1 - d][at[rank - 1 - d]];
+        for (int64_t r = 0; r < rank; ++r) {
+          double v = 0;
+          for (int64_t k = 0; k <= rank; ++k)
+            v += double(m[r * (rank + 1) + k]) * position[k];
+          out[(n * points + p) * rank + r] = static_cast<T>(v);
         }
+        for (int64_t d = rank - 1; d >= 0 && ++at[d] == spatial[d]; --d)
+          at[d] = 0;
       }
-      return Outputs{grid};
     }
+    return Outputs{grid};
   });
 }
 

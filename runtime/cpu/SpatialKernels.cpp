@@ -167,33 +167,29 @@ Expected<Outputs> convTranspose(const OpContext &ctx) {
     return err;
   Shape outShape{batch, maps};
   outShape.insert(outShape.end(), g.image.begin(), g.image.end());
-  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
+  return onFloat(ctx, x, 0, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
-      return ctx.unsupportedType(x, 0);
-    } else {
-      Tensor y(x.elemType(), outShape);
-      int64_t rows = groupMaps * g.kernelSize(), cols = g.colSize(), image = g.imageSize();
-      std::vector<T> columns(rows * cols);
+    Tensor y(x.elemType(), outShape);
+    int64_t rows = groupMaps * g.kernelSize(), cols = g.colSize(), image = g.imageSize();
+    std::vector<T> columns(rows * cols);
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t k = 0; k < group; ++k) {
+        // columns = W_k^T X_k: [rows, groupChannels] x [groupChannels, cols].
+        gemmAny<T>(true, false, rows, cols, groupChannels, T(1),
+                   w.data<T>() + k * groupChannels * rows, rows,
+                   x.data<T>() + (n * channels + k * groupChannels) * cols, cols, T(0),
+                   columns.data(), cols);
+        col2im(columns.data(), groupMaps, g, y.data<T>() + (n * maps + k * groupMaps) * image);
+      }
+    if (bias)
       for (int64_t n = 0; n < batch; ++n)
-        for (int64_t k = 0; k < group; ++k) {
-          // columns = W_k^T X_k: [rows, groupChannels] x [groupChannels, cols].
-          gemmAny<T>(true, false, rows, cols, groupChannels, T(1),
-                     w.data<T>() + k * groupChannels * rows, rows,
-                     x.data<T>() + (n * channels + k * groupChannels) * cols, cols, T(0),
-                     columns.data(), cols);
-          col2im(columns.data(), groupMaps, g, y.data<T>() + (n * maps + k * groupMaps) * image);
+        for (int64_t m = 0; m < maps; ++m) {
+          T *plane = y.data<T>() + (n * maps + m) * image;
+          T b = bias->data<T>()[m];
+          for (int64_t i = 0; i < image; ++i)
+            plane[i] += b;
         }
-      if (bias)
-        for (int64_t n = 0; n < batch; ++n)
-          for (int64_t m = 0; m < maps; ++m) {
-            T *plane = y.data<T>() + (n * maps + m) * image;
-            T b = bias->data<T>()[m];
-            for (int64_t i = 0; i < image; ++i)
-              plane[i] += b;
-          }
-      return Outputs{y};
-    }
+    return Outputs{y};
   });
 }
 
@@ -355,27 +351,23 @@ Expected<Outputs> deformConv(const OpContext &ctx) {
   int64_t groupMaps = maps / group, rows = groupChannels * g.kernelSize(), cols = g.colSize();
   Shape outShape{batch, maps};
   outShape.insert(outShape.end(), g.cols.begin(), g.cols.end());
-  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
+  return onFloat(ctx, x, 0, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
-      return ctx.unsupportedType(x, 0);
-    } else {
-      Tensor y(x.elemType(), outShape);
-      std::vector<T> columns(channels * g.kernelSize() * cols);
-      for (int64_t n = 0; n < batch; ++n) {
-        deformColumns<T>(x, offset, mask, n, offsetGroups, g, columns);
-        for (int64_t k = 0; k < group; ++k) {
-          T *out = y.data<T>() + (n * maps + k * groupMaps) * cols;
-          gemmAny<T>(false, false, groupMaps, cols, rows, T(1), w.data<T>() + k * groupMaps * rows,
-                     rows, columns.data() + k * rows * cols, cols, T(0), out, cols);
-          if (bias)
-            for (int64_t m = 0; m < groupMaps; ++m)
-              for (int64_t p = 0; p < cols; ++p)
-                out[m * cols + p] += bias->data<T>()[k * groupMaps + m];
-        }
+    Tensor y(x.elemType(), outShape);
+    std::vector<T> columns(channels * g.kernelSize() * cols);
+    for (int64_t n = 0; n < batch; ++n) {
+      deformColumns<T>(x, offset, mask, n, offsetGroups, g, columns);
+      for (int64_t k = 0; k < group; ++k) {
+        T *out = y.data<T>() + (n * maps + k * groupMaps) * cols;
+        gemmAny<T>(false, false, groupMaps, cols, rows, T(1), w.data<T>() + k * groupMaps * rows,
+                   rows, columns.data() + k * rows * cols, cols, T(0), out, cols);
+        if (bias)
+          for (int64_t m = 0; m < groupMaps; ++m)
+            for (int64_t p = 0; p < cols; ++p)
+              out[m * cols + p] += bias->data<T>()[k * groupMaps + m];
       }
-      return Outputs{y};
     }
+    return Outputs{y};
   });
 }
 
