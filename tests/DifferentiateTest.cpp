@@ -452,6 +452,54 @@ TEST(Differentiate, ConvTranspose) {
   }
 }
 
+/// A Resize case to sizes (an int64 initializer; float initializers are
+/// randomized by the checks).
+struct ResizeCase {
+  std::string name;
+  std::vector<int64_t> x, sizes;
+  std::vector<std::pair<std::string, std::string>> attrs;
+  int64_t antialias = 0;
+};
+
+TEST(Differentiate, Resize) {
+  const ResizeCase cases[] = {
+      {"nearest", {1, 2, 3, 4}, {1, 2, 7, 5}, {{"mode", "nearest"}}},
+      {"nearest asymmetric floor down",
+       {1, 1, 5, 6},
+       {1, 1, 3, 4},
+       {{"mode", "nearest"},
+        {"coordinate_transformation_mode", "asymmetric"},
+        {"nearest_mode", "floor"}}},
+      {"linear half_pixel", {2, 2, 3, 4}, {2, 2, 5, 7}, {{"mode", "linear"}}},
+      {"linear align_corners",
+       {1, 2, 4},
+       {1, 2, 7},
+       {{"mode", "linear"}, {"coordinate_transformation_mode", "align_corners"}}},
+      {"cubic exclude_outside",
+       {1, 1, 4, 5},
+       {1, 1, 6, 3},
+       {{"mode", "cubic"}, {"exclude_outside", "1"}}},
+      {"linear antialias down", {1, 1, 6, 7}, {1, 1, 4, 3}, {{"mode", "linear"}}, 1},
+  };
+  for (const ResizeCase &c : cases) {
+    GraphBuilder b(18);
+    b.input("x", kDouble, c.x);
+    b.ints("sizes", c.sizes);
+    auto &n = b.node("Resize", {"x", "", "", "sizes"}, {"y"}, "resize");
+    for (const auto &[name, value] : c.attrs) {
+      if (name == "exclude_outside")
+        setIntAttr(n, name, std::stoll(value));
+      else
+        setStringAttr(n, name, value);
+    }
+    if (c.antialias)
+      setIntAttr(n, "antialias", c.antialias);
+    b.output("y", kDouble);
+    SCOPED_TRACE(c.name);
+    checkModel(b);
+  }
+}
+
 /// A MaxPool or AveragePool case: attributes left empty are omitted.
 struct PoolCase {
   std::string op;

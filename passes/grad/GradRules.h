@@ -4,7 +4,7 @@
 //   ElementwiseGrads.cpp  unary, add, sub, mul, div, pow, maxMin, sum, clip,
 //                         where
 //   ShapeGrads.cpp        identity, cast, reshape, transpose, expand,
-//                         concat, split, slice, gather
+//                         concat, split, slice, gather, resize
 //   LinearGrads.cpp       matMul, gemm
 //   NormGrads.cpp         reduceSumMean, softmax, softmaxCrossEntropyLoss,
 //                         layerNormalization, batchNormalization
@@ -47,7 +47,8 @@ extern const GradRule none, missing;
 // ElementwiseGrads.cpp
 extern const GradRule unary, add, sub, mul, div, pow, maxMin, sum, clip, where;
 // ShapeGrads.cpp
-extern const GradRule identity, cast, reshape, transpose, expand, concat, split, slice, gather;
+extern const GradRule identity, cast, reshape, transpose, expand, concat, split, slice, gather,
+    resize;
 // LinearGrads.cpp
 extern const GradRule matMul, gemm;
 // NormGrads.cpp

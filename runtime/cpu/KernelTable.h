@@ -73,6 +73,7 @@ template <bool Logarithm> KernelResult softmax(const OpContext &ctx);
 KernelResult affineGrid(const OpContext &ctx);
 KernelResult gridSample(const OpContext &ctx);
 KernelResult resize(const OpContext &ctx);
+KernelResult resizeGrad(const OpContext &ctx);
 KernelResult upsample(const OpContext &ctx);
 
 // Transposed, folded and deformable convolution, unpooling

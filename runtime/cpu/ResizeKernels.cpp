@@ -508,6 +508,55 @@ Expected<Outputs> runResize(const OpContext &ctx, const ResizeSpec &spec) {
   });
 }
 
+/// The taps of output index \p y of axis \p d in any mode: nearest is one
+/// tap of weight 1.
+Taps tapsOf(const ResizeSpec &spec, size_t d, int64_t in, int64_t y) {
+  double x = sourceCoordinate(spec, d, in, y);
+  if (spec.interp != Interp::Nearest)
+    return interpolationTaps(spec, d, x, in);
+  Taps taps;
+  taps.extrapolated = extrapolates(spec, x, in);
+  if (!taps.extrapolated) {
+    taps.index.push_back(nearestIndex(spec, d, x, in));
+    taps.weight.push_back(1);
+  }
+  return taps;
+}
+
+/// The adjoint of Resize, which is linear in X: each axis's pass run
+/// backwards, last axis first, adding each output's gradient to its taps
+/// with their weights. Extrapolated outputs are constants and pass none.
+template <typename T>
+Tensor resizeAdjoint(const Tensor &dy, ArrayRef<int64_t> inShape, const ResizeSpec &spec) {
+  int64_t rank = static_cast<int64_t>(inShape.size());
+  Shape shape = spec.outShape;
+  std::vector<double> current(dy.data<T>(), dy.data<T>() + dy.numElements());
+  for (int64_t d = rank - 1; d >= 0; --d) {
+    int64_t in = inShape[d], outLen = spec.outShape[d];
+    if (isIdentityAxis(spec, d, in))
+      continue;
+    shape[d] = in;
+    AxisSplit split = splitAt(shape, d);
+    std::vector<double> next(split.outer * in * split.inner, 0.0);
+    for (int64_t y = 0; y < outLen; ++y) {
+      Taps taps = tapsOf(spec, d, in, y);
+      for (int64_t o = 0; o < split.outer; ++o) {
+        const double *src = current.data() + (o * outLen + y) * split.inner;
+        for (size_t t = 0; t < taps.index.size(); ++t) {
+          double *dst = next.data() + (o * in + taps.index[t]) * split.inner;
+          for (int64_t i = 0; i < split.inner; ++i)
+            dst[i] += taps.weight[t] * src[i];
+        }
+      }
+    }
+    current = std::move(next);
+  }
+  Tensor dx(dy.elemType(), Shape(inShape.begin(), inShape.end()));
+  std::transform(current.begin(), current.end(), dx.data<T>(),
+                 [](double v) { return static_cast<T>(v); });
+  return dx;
+}
+
 } // namespace
 
 /// Resize (10, 11, 13, 18, 19): nearest, linear and cubic in any rank.
@@ -524,6 +573,27 @@ Expected<Outputs> upsample(const OpContext &ctx) {
   if (!spec)
     return spec.takeError();
   return runResize(ctx, *spec);
+}
+
+/// ResizeGrad (pipec): dY, then the forward Resize's inputs and
+/// attributes, to dX.
+Expected<Outputs> resizeGrad(const OpContext &ctx) {
+  const Tensor &dy = ctx.input(0);
+  if (!ctx.optInput(1))
+    return ctx.fail("missing the forward input X (input 1)");
+  // The forward node's view: its inputs follow dY.
+  OpContext forward(ctx.node, ctx.opset, ctx.allInputs().drop_front(), ctx.def);
+  Expected<ResizeSpec> spec = readResize(forward);
+  if (!spec)
+    return spec.takeError();
+  const Tensor &x = forward.input(0);
+  if (dy.shape() != spec->outShape || dy.elemType() != x.elemType())
+    return ctx.fail("dY " + dy.describe() + " does not match Resize's output " +
+                    shapeString(spec->outShape) + " of X " + x.describe());
+  return onFloat(ctx, dy, 0, [&](auto tag) -> Expected<Outputs> {
+    using T = decltype(tag);
+    return Outputs{resizeAdjoint<T>(dy, x.shape(), *spec)};
+  });
 }
 
 } // namespace pipec::cpu
