@@ -109,6 +109,12 @@
 //    window's count (positions inside the padded input with
 //    count_include_pad, inside X otherwise) and added to the window's
 //    positions inside X; dX has `shape`.
+//  - ResizeGrad(dY, X, roi, scales, sizes; dX; the forward Resize's
+//    attributes). X and the optional roi, scales and sizes are the forward
+//    node's inputs; dX is the adjoint of that Resize (linear in X) applied
+//    to dY: each output's gradient added to the input positions it was
+//    interpolated from, with the same weights; extrapolated outputs add
+//    nothing.
 //  - BatchNormGradWeight(dY, X, Mean, Var; dScale; epsilon: float). X
 //    [N, C, d1..], the others [C]; dScale[c] = sum over all but dimension 1
 //    of dY * (X - Mean[c]) / sqrt(Var[c] + epsilon). (Inference-mode dX is

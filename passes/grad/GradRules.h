@@ -4,13 +4,13 @@
 //   ElementwiseGrads.cpp  unary, add, sub, mul, div, pow, maxMin, sum, clip,
 //                         where
 //   ShapeGrads.cpp        identity, cast, reshape, transpose, expand,
-//                         concat, split, slice, gather
+//                         concat, split, slice, gather, resize
 //   LinearGrads.cpp       matMul, gemm
 //   NormGrads.cpp         reduceSumMean, softmax, softmaxCrossEntropyLoss,
 //                         layerNormalization, batchNormalization,
 //                         rmsNormalization, instanceNormalization,
 //                         groupNormalization
-//   ConvGrads.cpp         conv, pool, globalAveragePool
+//   ConvGrads.cpp         conv, convTranspose, pool, globalAveragePool
 //   IndexingGrads.cpp     trilu, cumSum, gatherElements, gatherND, scatterND,
 //                         pad
 // and two that are not rules: `none` (no gradient flows through the op)
@@ -51,14 +51,15 @@ extern const GradRule none, missing;
 // ElementwiseGrads.cpp
 extern const GradRule unary, add, sub, mul, div, pow, maxMin, sum, clip, where;
 // ShapeGrads.cpp
-extern const GradRule identity, cast, reshape, transpose, expand, concat, split, slice, gather;
+extern const GradRule identity, cast, reshape, transpose, expand, concat, split, slice, gather,
+    resize;
 // LinearGrads.cpp
 extern const GradRule matMul, gemm;
 // NormGrads.cpp
 extern const GradRule reduceSumMean, softmax, softmaxCrossEntropyLoss, layerNormalization,
     batchNormalization, rmsNormalization, instanceNormalization, groupNormalization;
 // ConvGrads.cpp
-extern const GradRule conv, pool, globalAveragePool;
+extern const GradRule conv, convTranspose, pool, globalAveragePool;
 // IndexingGrads.cpp
 extern const GradRule trilu, cumSum, gatherElements, gatherND, scatterND, pad;
 } // namespace rules

@@ -2,8 +2,8 @@
 //
 // The gradient of an op that only moves data is dY moved back into the
 // input's layout: reshaped, transposed back, summed over a broadcast,
-// sliced out of a concatenation, padded back around a slice, or scattered
-// back from a lookup.
+// sliced out of a concatenation, padded back around a slice, scattered
+// back from a lookup, or interpolated back through Resize's adjoint.
 //
 //===----------------------------------------------------------------------===//
 #include "passes/grad/GradRules.h"
@@ -183,6 +183,24 @@ Error gatherGrad(GradContext &ctx) {
   });
 }
 
+/// Resize is linear in X: its gradient is the adjoint of the same
+/// interpolation (pipec.ResizeGrad, which rereads the forward node's inputs
+/// and attributes). roi, scales and sizes get none.
+Error resizeGrad(GradContext &ctx) {
+  return ctx.forEachWanted([&](size_t) {
+    std::vector<std::string> inputs{ctx.dy()};
+    for (const std::string &name : ctx.node().input())
+      inputs.push_back(name);
+    onnx::NodeProto &g = ctx.emit("ResizeGrad", inputs, "pipec");
+    for (const onnx::AttributeProto &a : ctx.node().attribute())
+      *g.add_attribute() = a;
+    ctx.contribute(0, GradContext::out(g));
+    return Error::success();
+  });
+}
+
+bool onlyData(size_t input) { return input == 0; }
+
 } // namespace
 
 namespace rules {
@@ -195,6 +213,7 @@ const GradRule concat = {&concatGrad};
 const GradRule split = {&splitGrad, everyInput, /*allOutputs=*/true};
 const GradRule slice = {&sliceGrad};
 const GradRule gather = {&gatherGrad};
+const GradRule resize = {&resizeGrad, &onlyData};
 } // namespace rules
 
 } // namespace pipec::grad

@@ -102,6 +102,22 @@ KernelResult qLinearConv(const OpContext &ctx);
 KernelResult qLinearMatMul(const OpContext &ctx);
 KernelResult quantizeLinear(const OpContext &ctx);
 
+// Resampling (ResizeKernels.cpp, GridKernels.cpp).
+KernelResult affineGrid(const OpContext &ctx);
+KernelResult gridSample(const OpContext &ctx);
+KernelResult resize(const OpContext &ctx);
+KernelResult resizeGrad(const OpContext &ctx);
+KernelResult upsample(const OpContext &ctx);
+
+// Transposed, folded and deformable convolution, unpooling
+// (SpatialKernels.cpp); detection heads (DetectionKernels.cpp).
+KernelResult col2Im(const OpContext &ctx);
+KernelResult convTranspose(const OpContext &ctx);
+KernelResult deformConv(const OpContext &ctx);
+KernelResult maxUnpool(const OpContext &ctx);
+KernelResult nonMaxSuppression(const OpContext &ctx);
+KernelResult roiAlign(const OpContext &ctx);
+
 // onnxruntime's contrib ops (ContribKernels.cpp).
 KernelResult attention(const OpContext &ctx);
 KernelResult embedLayerNormalization(const OpContext &ctx);
