@@ -609,7 +609,8 @@ void addTrainable(plan::Plan &plan, const Graph &graph, const Backward &backward
         "; not trained, tables read through Sin/Cos (rotary frequencies): " + join(tables, ", ");
   if (!noPath.empty())
     note += "; not trained, the loss does not depend on them through differentiable ops "
-            "(shapes, masks, comparisons): " +
+            "(shapes, masks, comparisons) or they hold one entry per sample (a batch's "
+            "attention mask): " +
             join(noPath, ", ");
   if (!byFreeze.empty() || !tables.empty() || !noPath.empty())
     plan.add_warnings(note);
