@@ -30,7 +30,11 @@ Expected<DType> elemTypeOfName(StringRef name) {
 
 namespace {
 
-/// NumPy's descr for \p type, and back.
+/// NumPy's descr for \p type, and back. NumPy has no bfloat16: ml_dtypes'
+/// bfloat16, which ONNX's tools use, saves as '<V2', a descr no other
+/// 2-byte type writes (ml_dtypes' other types are 1 or 4 bytes, NumPy's own
+/// void type saves as '|V2'), so '<V2' is read as bfloat16 and bfloat16 is
+/// written that way.
 const char *npyDescr(DType type) {
   using E = DType;
   switch (type) {
@@ -40,6 +44,8 @@ const char *npyDescr(DType type) {
     return "<f8";
   case E::F16:
     return "<f2";
+  case E::BF16:
+    return "<V2";
   case E::I64:
     return "<i8";
   case E::I32:
@@ -65,6 +71,8 @@ const char *npyDescr(DType type) {
 
 std::optional<DType> typeOfDescr(StringRef descr) {
   using E = DType;
+  if (descr == "<V2")
+    return E::BF16;
   if (descr.size() == 3 && descr[0] == '=')
     descr = descr.drop_front(); // native order: little-endian here
   else if (descr.size() == 3 && (descr[0] == '<' || descr[0] == '|'))
