@@ -69,6 +69,9 @@ template <bool IsMax> KernelResult argExtreme(const OpContext &ctx);
 template <ReduceKind Kind> KernelResult reduce(const OpContext &ctx);
 template <bool Logarithm> KernelResult softmax(const OpContext &ctx);
 
+// Transformer ops of the default domain (AttentionKernels.cpp).
+KernelResult onnxAttention(const OpContext &ctx);
+
 // onnxruntime's contrib ops (ContribKernels.cpp).
 KernelResult attention(const OpContext &ctx);
 KernelResult embedLayerNormalization(const OpContext &ctx);
