@@ -109,4 +109,51 @@ TEST(AttentionKernels, MalformedAttentionNodesAreErrors) {
             "");
 }
 
+// Reference: RotaryEmbedding-23, packed [batch, sequence, 2 heads * 4], the
+// first two values of each head rotated as an interleaved pair, position ids
+// [1, 3] shared by both batches.
+TEST(AttentionKernels, RotaryEmbeddingOfPartOfPackedHeadsWithBroadcastIds) {
+  std::vector<float> x(48);
+  for (int i = 0; i < 48; ++i)
+    x[i] = static_cast<float>(std::fmod(i * 0.37, 1.3) - 0.6);
+  Tensor input = Tensor::fromValues<float>({2, 3, 8}, x);
+  Tensor cosCache = values({5, 1}, {1, 0.955336511f, 0.825335622f, 0.621609986f, 0.362357765f});
+  Tensor sinCache = values({5, 1}, {0, 0.295520216f, 0.564642489f, 0.783326924f, 0.932039082f});
+  Tensor ids = int64s({1, 3}, {4, 0, 2});
+  auto node = NodeBuilder("RotaryEmbedding", 4)
+                  .i("interleaved", 1)
+                  .i("rotary_embedding_dim", 2)
+                  .i("num_heads", 2);
+  auto y = runCpu(node, {input, cosCache, sinCache, ids}, 23);
+  ASSERT_EQ(y.size(), 1u);
+  EXPECT_TRUE(close(
+      y[0], values({2, 3, 8}, {-0.00304566324f, -0.642565727f,  0.140000001f,   0.50999999f,
+                               -0.105588302f,   -0.40957427f,   0.319999993f,   0.689999998f,
+                               -0.239999995f,   0.129999995f,   0.5f,           -0.430000007f,
+                               -0.0599999987f,  0.310000002f,   0.680000007f,   -0.25f,
+                               -0.177634567f,   0.472171575f,   -0.439999998f,  -0.0700000003f,
+                               -0.130709782f,   0.722367644f,   -0.25999999f,   0.109999999f,
+                               0.593349338f,    0.284317762f,   -0.0799999982f, 0.289999992f,
+                               0.490806699f,    0.517309189f,   0.100000001f,   0.469999999f,
+                               -0.460000008f,   -0.0900000036f, 0.280000001f,   0.649999976f,
+                               -0.280000001f,   0.0900000036f,  0.460000008f,   -0.469999999f,
+                               -0.23498705f,    0.166376367f,   0.639999986f,   -0.289999992f,
+                               -0.188062266f,   0.416572422f,   -0.479999989f,  -0.109999999f})));
+}
+
+TEST(AttentionKernels, MalformedRotaryEmbeddingNodesAreErrors) {
+  Tensor x = floats({1, 2, 3, 4}), cache = floats({4, 2});
+  // A position past the cache's rows.
+  EXPECT_NE(
+      errorOf(NodeBuilder("RotaryEmbedding", 4), {x, cache, cache, int64s({1, 3}, {0, 1, 4})}, 23),
+      "");
+  // An odd rotary dimension; packed input without num_heads.
+  EXPECT_NE(errorOf(NodeBuilder("RotaryEmbedding", 4).i("rotary_embedding_dim", 3),
+                    {x, cache, cache, int64s({1, 3}, {0, 1, 2})}, 23),
+            "");
+  EXPECT_NE(errorOf(NodeBuilder("RotaryEmbedding", 4),
+                    {floats({1, 3, 8}), cache, cache, int64s({1, 3}, {0, 1, 2})}, 23),
+            "");
+}
+
 } // namespace

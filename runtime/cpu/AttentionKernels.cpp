@@ -1,6 +1,6 @@
 //===- AttentionKernels.cpp - The default domain's attention ops ---------===//
 //
-// Attention (opsets 23, 24, 25).
+// Attention (opsets 23, 24, 25) and RotaryEmbedding (23).
 //
 // Attention is scaled dot-product attention as the default domain
 // specifies it: Q, K and V as [batch, heads, sequence, head] or packed
@@ -422,6 +422,101 @@ Expected<Outputs> onnxAttention(const OpContext &ctx) {
   out[1] = keys;
   out[2] = values;
   return out;
+}
+
+//===----------------------------------------------------------------------===//
+// RotaryEmbedding
+//===----------------------------------------------------------------------===//
+
+/// RotaryEmbedding (ONNX 23): rotates the first rotary_embedding_dim values
+/// of each head, as halves (x[i], x[i + dim / 2]) or interleaved pairs
+/// (x[2i], x[2i + 1]), by the angles of the token's cos_cache and sin_cache
+/// rows. X is [B, N, S, H] or [B, S, N * H] (num_heads); the caches are
+/// [positions, dim / 2] indexed by position_ids [B, S], or [B, S, dim / 2]
+/// without them.
+Expected<Outputs> onnxRotaryEmbedding(const OpContext &ctx) {
+  const Tensor &x = ctx.input(0), &cos = ctx.input(1), &sin = ctx.input(2);
+  const Tensor *ids = ctx.optInput(3);
+  if (!isFloating(x.elemType()))
+    return ctx.unsupportedType(x, 0);
+  for (size_t i : {1, 2})
+    if (Error e = ctx.sameType(i, 0))
+      return e;
+  if (Error e = ctx.integerInput(3, "position_ids"))
+    return e;
+  int64_t batch, seqLen, heads, head, headStride, seqStride;
+  if (x.rank() == 4) {
+    batch = x.dim(0), heads = x.dim(1), seqLen = x.dim(2), head = x.dim(3);
+    headStride = seqLen * head, seqStride = head;
+  } else if (x.rank() == 3) {
+    heads = ctx.attrInt("num_heads", 0);
+    if (heads <= 0 || x.dim(2) % heads != 0)
+      return ctx.fail(formatv("3-D X {0} needs num_heads that divides its last dimension, got {1}",
+                              x.describe(), heads));
+    batch = x.dim(0), seqLen = x.dim(1), head = x.dim(2) / heads;
+    headStride = head, seqStride = heads * head;
+  } else {
+    return ctx.fail("X must be [batch, heads, sequence, head] or [batch, sequence, hidden], got " +
+                    x.describe());
+  }
+  int64_t dim = ctx.attrInt("rotary_embedding_dim", 0);
+  if (dim == 0)
+    dim = head;
+  int64_t half = dim / 2;
+  if (dim < 0 || dim % 2 != 0 || dim > head)
+    return ctx.fail(
+        formatv("rotary_embedding_dim {0} must be even and at most the head size {1}", dim, head));
+  // Cache rows: by position id, or one per (batch, token); 1s broadcast.
+  int64_t cacheRank = ids ? 2 : 3;
+  bool fits = cos.rank() == cacheRank && sin.shape() == cos.shape() && cos.dim(-1) == half;
+  if (fits && ids)
+    fits = ids->rank() == 2 && (ids->dim(0) == batch || ids->dim(0) == 1) &&
+           (ids->dim(1) == seqLen || ids->dim(1) == 1);
+  if (fits && !ids)
+    fits = (cos.dim(0) == batch || cos.dim(0) == 1) && (cos.dim(1) == seqLen || cos.dim(1) == 1);
+  if (!fits)
+    return ctx.fail(formatv("cos_cache {0}, sin_cache {1} and position_ids {2} do not fit "
+                            "{3} tokens of rotary dimension {4}",
+                            cos.describe(), sin.describe(), ids ? ids->describe() : "(none)",
+                            shapeString({batch, seqLen}), dim));
+  bool interleaved = ctx.attrInt("interleaved", 0) != 0;
+  auto r = [&](double v) { return roundAs(x.elemType(), v); };
+  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
+    using T = decltype(tag);
+    if constexpr (!IsFloat<T>) {
+      return ctx.unsupportedType(x, 0);
+    } else {
+      Tensor y = x.clone();
+      const T *in = x.data<T>(), *cosData = cos.data<T>(), *sinData = sin.data<T>();
+      T *out = y.data<T>();
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t s = 0; s < seqLen; ++s) {
+          int64_t cacheRow;
+          if (ids) {
+            int64_t at = (ids->dim(0) == 1 ? 0 : b) * ids->dim(1) + (ids->dim(1) == 1 ? 0 : s);
+            cacheRow = ids->getInt64(at);
+            if (cacheRow < 0 || cacheRow >= cos.dim(0))
+              return ctx.fail(formatv("position id {0} is out of range for a cache of {1} rows",
+                                      cacheRow, cos.dim(0)));
+          } else {
+            cacheRow = (cos.dim(0) == 1 ? 0 : b) * cos.dim(1) + (cos.dim(1) == 1 ? 0 : s);
+          }
+          const T *c = cosData + cacheRow * half, *sn = sinData + cacheRow * half;
+          for (int64_t n = 0; n < heads; ++n) {
+            int64_t base = b * seqLen * heads * head + n * headStride + s * seqStride;
+            for (int64_t i = 0; i < half; ++i) {
+              int64_t first = interleaved ? 2 * i : i, second = interleaved ? 2 * i + 1 : i + half;
+              // Each product and sum in X's type, as the specification's
+              // Mul, Sub and Add nodes compute them.
+              double re = in[base + first], im = in[base + second];
+              out[base + first] = static_cast<T>(r(r(c[i] * re) - r(sn[i] * im)));
+              out[base + second] = static_cast<T>(r(r(sn[i] * re) + r(c[i] * im)));
+            }
+          }
+        }
+      return Outputs{y};
+    }
+  });
 }
 
 } // namespace pipec::cpu

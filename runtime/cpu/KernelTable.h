@@ -71,6 +71,7 @@ template <bool Logarithm> KernelResult softmax(const OpContext &ctx);
 
 // Transformer ops of the default domain (AttentionKernels.cpp).
 KernelResult onnxAttention(const OpContext &ctx);
+KernelResult onnxRotaryEmbedding(const OpContext &ctx);
 
 // onnxruntime's contrib ops (ContribKernels.cpp).
 KernelResult attention(const OpContext &ctx);
