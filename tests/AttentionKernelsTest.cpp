@@ -156,4 +156,41 @@ TEST(AttentionKernels, MalformedRotaryEmbeddingNodesAreErrors) {
             "");
 }
 
+// Reference: LinearAttention-27, update_rule gated, decay per key dimension
+// [batch, sequence, kv heads * key size], two query heads reading one state.
+TEST(AttentionKernels, GatedLinearAttentionWithPerKeyDecayAndGroupedHeads) {
+  Tensor q = values({1, 2, 4}, {-0.600000024f, -0.230000004f, 0.140000001f, 0.50999999f,
+                                -0.419999987f, -0.0500000007f, 0.319999993f, 0.689999998f});
+  Tensor k = values({1, 2, 2}, {-0.420000017f, -0.160999998f, 0.0979999974f, 0.356999993f});
+  Tensor v = values({1, 2, 3}, {-0.600000024f, -0.230000004f, 0.140000001f, 0.50999999f,
+                                -0.419999987f, -0.0500000007f});
+  Tensor decay = values({1, 2, 2}, {-0.100000001f, -0.200000003f, -0.300000012f, -0.400000006f});
+  NodeBuilder node("LinearAttention", 5, 2);
+  node.omitInput(3).i("q_num_heads", 2).i("kv_num_heads", 1).s("update_rule", "gated");
+  auto out = runCpu(node, {q, k, v, Tensor(), decay}, 27);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_TRUE(close(
+      out[0], values({1, 2, 6}, {-0.122625068f, -0.0470062681f, 0.0286125131f, 0.0597830489f,
+                                 0.0229168348f, -0.0139493784f, -0.0790127814f, -0.0046056523f,
+                                 0.0155571969f, 0.173977256f, -0.054166127f, -0.0270460956f})));
+  EXPECT_TRUE(close(out[1], values({1, 1, 2, 3}, {0.236666217f, 0.0304030441f, -0.0484601147f,
+                                                  0.246822894f, -0.125118047f, -0.0329590142f})));
+  // gated needs decay and takes no beta.
+  NodeBuilder noDecay("LinearAttention", 3, 2);
+  noDecay.i("q_num_heads", 2).i("kv_num_heads", 1).s("update_rule", "gated");
+  EXPECT_NE(errorOf(noDecay, {q, k, v}, 27), "");
+}
+
+TEST(AttentionKernels, MalformedCausalConvWithStateNodesAreErrors) {
+  Tensor x = floats({1, 2, 5}), w = floats({2, 1, 3});
+  NodeBuilder withPast("CausalConvWithState", 4, 2);
+  withPast.omitInput(2);
+  // past_state must hold the k - 1 = 2 positions before the input.
+  EXPECT_NE(errorOf(withPast, {x, w, Tensor(), floats({1, 2, 3})}, 27), "");
+  EXPECT_EQ(errorOf(withPast, {x, w, Tensor(), floats({1, 2, 2})}, 27), "");
+  EXPECT_NE(errorOf(NodeBuilder("CausalConvWithState", 2, 2).s("activation", "relu"), {x, w}, 27),
+            "");
+  EXPECT_NE(errorOf(NodeBuilder("CausalConvWithState", 2, 2), {x, floats({3, 1, 3})}, 27), "");
+}
+
 } // namespace

@@ -1,6 +1,7 @@
 //===- AttentionKernels.cpp - The default domain's attention ops ---------===//
 //
-// Attention (opsets 23, 24, 25) and RotaryEmbedding (23).
+// Attention (opsets 23, 24, 25), RotaryEmbedding (23), LinearAttention and
+// CausalConvWithState (27).
 //
 // Attention is scaled dot-product attention as the default domain
 // specifies it: Q, K and V as [batch, heads, sequence, head] or packed
@@ -517,6 +518,192 @@ Expected<Outputs> onnxRotaryEmbedding(const OpContext &ctx) {
       return Outputs{y};
     }
   });
+}
+
+//===----------------------------------------------------------------------===//
+// LinearAttention and CausalConvWithState
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// The update rules of LinearAttention: whether the state decays by
+/// exp(decay) and whether writes are delta-corrected by beta.
+struct LinearRule {
+  bool gated = false, delta = false;
+};
+
+/// Checks LinearAttention's inputs; returns the rule, and through \p sizes
+/// batch, sequence, q and kv heads, dk, dv.
+Expected<LinearRule> linearAttentionRule(const OpContext &ctx, std::array<int64_t, 6> &sizes) {
+  const Tensor &q = ctx.input(0), &k = ctx.input(1), &v = ctx.input(2);
+  const Tensor *past = ctx.optInput(3), *decay = ctx.optInput(4), *beta = ctx.optInput(5);
+  std::string rule = ctx.attrString("update_rule", "gated_delta");
+  LinearRule r;
+  if (rule != "linear" && rule != "gated" && rule != "delta" && rule != "gated_delta")
+    return ctx.fail("update_rule '" + rule + "' is none of linear, gated, delta, gated_delta");
+  r.gated = rule == "gated" || rule == "gated_delta";
+  r.delta = rule == "delta" || rule == "gated_delta";
+  if (r.gated != static_cast<bool>(decay) || r.delta != static_cast<bool>(beta))
+    return ctx.fail("update_rule '" + rule + "' takes decay " + (r.gated ? "and" : "but not") +
+                    " beta " + (r.delta ? "" : "not"));
+  int64_t qHeads = ctx.attrInt("q_num_heads", 0), kvHeads = ctx.attrInt("kv_num_heads", 0);
+  if (qHeads <= 0 || kvHeads <= 0 || qHeads % kvHeads != 0)
+    return ctx.fail(formatv("q_num_heads {0} must be a positive multiple of kv_num_heads {1}",
+                            qHeads, kvHeads));
+  for (size_t i : {0, 1, 2, 4, 5})
+    if (const Tensor *t = ctx.optInput(i); t && (t->rank() != 3 || !isFloating(t->elemType())))
+      return ctx.fail(formatv("input {0} must be a floating [batch, sequence, packed], got {1}", i,
+                              t->describe()));
+  for (size_t i : {1, 2, 4, 5})
+    if (Error e = ctx.sameTypeAsFirst(i))
+      return e;
+  int64_t batch = q.dim(0), seqLen = q.dim(1);
+  if (q.dim(2) % qHeads != 0 || v.dim(2) % kvHeads != 0)
+    return ctx.fail(formatv("query {0} and value {1} do not split into {2} and {3} heads",
+                            q.describe(), v.describe(), qHeads, kvHeads));
+  int64_t dk = q.dim(2) / qHeads, dv = v.dim(2) / kvHeads;
+  Shape bt{batch, seqLen};
+  auto leading = [&](const Tensor &t) { return Shape{t.dim(0), t.dim(1)} == bt; };
+  if (!leading(k) || !leading(v) || k.dim(2) != kvHeads * dk)
+    return ctx.fail(formatv("key {0} and value {1} do not match query {2} with {3} kv heads",
+                            k.describe(), v.describe(), q.describe(), kvHeads));
+  if (decay && (!leading(*decay) || (decay->dim(2) != kvHeads && decay->dim(2) != kvHeads * dk)))
+    return ctx.fail(formatv("decay {0} must be [{1}, {2}, {3} or {4}]", decay->describe(), batch,
+                            seqLen, kvHeads, kvHeads * dk));
+  if (beta && (!leading(*beta) || (beta->dim(2) != kvHeads && beta->dim(2) != 1)))
+    return ctx.fail(
+        formatv("beta {0} must be [{1}, {2}, {3} or 1]", beta->describe(), batch, seqLen, kvHeads));
+  if (past && (past->shape() != Shape{batch, kvHeads, dk, dv} || !isFloating(past->elemType())))
+    return ctx.fail(formatv("past_state {0} must be a floating [{1}, {2}, {3}, {4}]",
+                            past->describe(), batch, kvHeads, dk, dv));
+  sizes = {batch, seqLen, qHeads, kvHeads, dk, dv};
+  return r;
+}
+
+} // namespace
+
+/// LinearAttention (ONNX 27): the recurrence of update_rule run token by
+/// token in float, as the specification defines it (chunk_size only tunes
+/// chunked evaluations). Outputs output [B, T, Hq * dv] and present_state
+/// [B, Hkv, dk, dv], of past_state's type (the query's without one).
+Expected<Outputs> linearAttention(const OpContext &ctx) {
+  std::array<int64_t, 6> sizes;
+  auto rule = linearAttentionRule(ctx, sizes);
+  if (!rule)
+    return rule.takeError();
+  auto [batch, seqLen, qHeads, kvHeads, dk, dv] = sizes;
+  const Tensor *pastIn = ctx.optInput(3), *decayIn = ctx.optInput(4), *betaIn = ctx.optInput(5);
+  std::vector<float> q = valuesOf<float>(ctx.input(0)), k = valuesOf<float>(ctx.input(1));
+  std::vector<float> v = valuesOf<float>(ctx.input(2));
+  std::vector<float> state =
+      pastIn ? valuesOf<float>(*pastIn) : std::vector<float>(batch * kvHeads * dk * dv);
+  std::vector<float> decay = decayIn ? valuesOf<float>(*decayIn) : std::vector<float>();
+  std::vector<float> beta = betaIn ? valuesOf<float>(*betaIn) : std::vector<float>();
+  int64_t decayWidth = decayIn ? decayIn->dim(2) : 0, betaWidth = betaIn ? betaIn->dim(2) : 0;
+  double scale = ctx.attrFloat("scale", 0);
+  if (scale == 0)
+    scale = 1 / std::sqrt(static_cast<double>(dk));
+  int64_t group = qHeads / kvHeads;
+  std::vector<float> out(batch * seqLen * qHeads * dv), update(dv);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < kvHeads; ++h) {
+      float *s = state.data() + (b * kvHeads + h) * dk * dv;
+      for (int64_t t = 0; t < seqLen; ++t) {
+        int64_t token = b * seqLen + t;
+        const float *kt = k.data() + (token * kvHeads + h) * dk,
+                    *vt = v.data() + (token * kvHeads + h) * dv;
+        if (rule->gated)
+          for (int64_t d = 0; d < dk; ++d) {
+            float g = decay[token * decayWidth + (decayWidth == kvHeads ? h : h * dk + d)];
+            float factor = std::exp(g);
+            for (int64_t m = 0; m < dv; ++m)
+              s[d * dv + m] *= factor;
+          }
+        for (int64_t m = 0; m < dv; ++m)
+          update[m] = vt[m];
+        if (rule->delta) {
+          float rate = beta[token * betaWidth + (betaWidth == 1 ? 0 : h)];
+          for (int64_t m = 0; m < dv; ++m) {
+            double retrieved = 0;
+            for (int64_t d = 0; d < dk; ++d)
+              retrieved += double(s[d * dv + m]) * kt[d];
+            update[m] = rate * (vt[m] - static_cast<float>(retrieved));
+          }
+        }
+        for (int64_t d = 0; d < dk; ++d)
+          for (int64_t m = 0; m < dv; ++m)
+            s[d * dv + m] += kt[d] * update[m];
+        // The query heads of this kv head read the updated state.
+        for (int64_t g = 0; g < group; ++g) {
+          int64_t head = h * group + g;
+          const float *qt = q.data() + (token * qHeads + head) * dk;
+          float *o = out.data() + (token * qHeads + head) * dv;
+          for (int64_t m = 0; m < dv; ++m) {
+            double sum = 0;
+            for (int64_t d = 0; d < dk; ++d)
+              sum += double(qt[d]) * s[d * dv + m];
+            o[m] = static_cast<float>(scale * static_cast<float>(sum));
+          }
+        }
+      }
+    }
+  DType outType = ctx.input(0).elemType();
+  DType stateType = pastIn ? pastIn->elemType() : outType;
+  return Outputs{tensorOf(outType, {batch, seqLen, qHeads * dv}, out),
+                 tensorOf(stateType, {batch, kvHeads, dk, dv}, state)};
+}
+
+/// CausalConvWithState (ONNX 27): a depthwise convolution of each channel
+/// of input [B, C, L] with weight [C, 1, k] over the input preceded by
+/// past_state [B, C, k - 1] (zeros without one), plus bias [C], then SiLU
+/// when activation is silu or swish. Outputs output [B, C, L] and
+/// present_state, the last k - 1 positions of past and input together.
+Expected<Outputs> causalConvWithState(const OpContext &ctx) {
+  const Tensor &x = ctx.input(0), &w = ctx.input(1);
+  const Tensor *bias = ctx.optInput(2), *past = ctx.optInput(3);
+  std::string activation = ctx.attrString("activation", "none");
+  if (activation != "none" && activation != "silu" && activation != "swish")
+    return ctx.fail("activation '" + activation + "' is none of none, silu, swish");
+  if (!isFloating(x.elemType()))
+    return ctx.unsupportedType(x, 0);
+  for (size_t i : {1, 2, 3})
+    if (Error e = ctx.sameTypeAsFirst(i))
+      return e;
+  if (x.rank() != 3 || w.rank() != 3 || w.dim(0) != x.dim(1) || w.dim(1) != 1 || w.dim(2) < 1)
+    return ctx.fail(formatv("input {0} and weight {1} are not [batch, channels, length] and "
+                            "[channels, 1, k >= 1]",
+                            x.describe(), w.describe()));
+  int64_t batch = x.dim(0), channels = x.dim(1), length = x.dim(2), kernel = w.dim(2);
+  if (bias && bias->shape() != Shape{channels})
+    return ctx.fail(formatv("bias {0} must be [{1}]", bias->describe(), channels));
+  if (past && past->shape() != Shape{batch, channels, kernel - 1})
+    return ctx.fail(formatv("past_state {0} must be [{1}, {2}, {3}]", past->describe(), batch,
+                            channels, kernel - 1));
+  DType type = x.elemType();
+  bool silu = activation != "none";
+  std::vector<double> in = valuesOf<double>(x), weight = valuesOf<double>(w);
+  std::vector<double> bs = bias ? valuesOf<double>(*bias) : std::vector<double>(channels);
+  std::vector<double> state =
+      past ? valuesOf<double>(*past) : std::vector<double>(batch * channels * (kernel - 1));
+  std::vector<double> out(batch * channels * length), present(batch * channels * (kernel - 1)),
+      padded(length + kernel - 1);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t c = 0; c < channels; ++c) {
+      int64_t bc = b * channels + c;
+      std::copy_n(state.begin() + bc * (kernel - 1), kernel - 1, padded.begin());
+      std::copy_n(in.begin() + bc * length, length, padded.begin() + kernel - 1);
+      for (int64_t l = 0; l < length; ++l) {
+        double sum = bs[c];
+        for (int64_t j = 0; j < kernel; ++j)
+          sum += weight[c * kernel + j] * padded[l + j];
+        // The convolution's result is of X's type before the activation.
+        double y = roundAs(type, sum);
+        out[bc * length + l] = silu ? y / (1 + std::exp(-y)) : y;
+      }
+      std::copy_n(padded.begin() + length, kernel - 1, present.begin() + bc * (kernel - 1));
+    }
+  return Outputs{tensorOf(type, {batch, channels, length}, out),
+                 tensorOf(type, {batch, channels, kernel - 1}, present)};
 }
 
 } // namespace pipec::cpu

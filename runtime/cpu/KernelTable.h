@@ -70,6 +70,8 @@ template <ReduceKind Kind> KernelResult reduce(const OpContext &ctx);
 template <bool Logarithm> KernelResult softmax(const OpContext &ctx);
 
 // Transformer ops of the default domain (AttentionKernels.cpp).
+KernelResult causalConvWithState(const OpContext &ctx);
+KernelResult linearAttention(const OpContext &ctx);
 KernelResult onnxAttention(const OpContext &ctx);
 KernelResult onnxRotaryEmbedding(const OpContext &ctx);
 
