@@ -9,6 +9,7 @@
 #include "passes/LowerSchedule.h"
 #include "passes/PlanMemory.h"
 #include "passes/StagePrograms.h"
+#include "passes/VerifyDataflow.h"
 #include "runtime/plan/PlanFile.h"
 
 #include "onnx/onnx_pb.h"
@@ -676,10 +677,12 @@ Error checkDataBatch(const plan::Plan &plan) {
 }
 
 /// The programs `pipec run` executes. A model the runtime cannot execute
-/// still compiles (the plan's timing stands); the plan then says why.
-void attachStagePrograms(plan::Plan &plan, const Prepared &prepared, StringRef freeze) {
+/// still compiles (the plan's timing stands); the plan then says why. Cut
+/// programs whose data does not reach them (verifyDataflow) are an error:
+/// such a plan must never reach `pipec run`.
+Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared, StringRef freeze) {
   if (plan.schedule().mode() == "train" && !prepared.backward)
-    return; // the backward warning is already there
+    return Error::success(); // the backward warning is already there
   const Backward *backward = plan.schedule().mode() == "train" ? &*prepared.backward : nullptr;
   Error err = buildStagePrograms(plan, prepared.graph, prepared.layers, backward, freeze);
   if (!err)
@@ -691,7 +694,9 @@ void attachStagePrograms(plan::Plan &plan, const Prepared &prepared, StringRef f
     plan.clear_data();
     plan.clear_outputs();
     plan.add_warnings("the plan cannot be run: " + toString(std::move(err)));
+    return Error::success();
   }
+  return verifyDataflow(plan);
 }
 
 /// One `pipec compile`: the resolved setup, the front half of the pipeline
@@ -760,7 +765,8 @@ Expected<plan::Plan> Compilation::fixedSchedule() {
   auto built = buildPlan(modelPath, options, setup, **prepared, shape, runner);
   if (!built)
     return built.takeError();
-  attachStagePrograms(*built, **prepared, options.freeze);
+  if (Error err = attachStagePrograms(*built, **prepared, options.freeze))
+    return std::move(err);
   return built;
 }
 
@@ -847,7 +853,8 @@ Expected<plan::Plan> Compilation::autoSchedule() {
                             "candidates that fit the memory limits");
   for (const std::string &t : tried)
     best->add_schedule_search(t);
-  attachStagePrograms(*best, *bestPrepared, options.freeze);
+  if (Error err = attachStagePrograms(*best, *bestPrepared, options.freeze))
+    return std::move(err);
   return std::move(*best);
 }
 

@@ -9,6 +9,7 @@
 
 #include "models/ModelGenerators.h"
 #include "models/Families.h"
+#include "support/EnumNames.h"
 
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/MathExtras.h"
@@ -21,6 +22,7 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 
 using namespace llvm;
@@ -103,36 +105,20 @@ Error writeProto(const onnx::ModelProto &model, StringRef path) {
   return Error::success();
 }
 
+constexpr EnumName<Family> familyNames[] = {
+    {Family::Gpt, "gpt"}, {Family::Llama, "llama"},   {Family::Bert, "bert"},
+    {Family::Mlp, "mlp"}, {Family::Resnet, "resnet"},
+};
+
 } // namespace
 
 Expected<Family> parseFamily(StringRef name) {
-  static const std::pair<StringRef, Family> names[] = {{"gpt", Family::Gpt},
-                                                       {"llama", Family::Llama},
-                                                       {"bert", Family::Bert},
-                                                       {"mlp", Family::Mlp},
-                                                       {"resnet", Family::Resnet}};
-  for (const auto &[Text, F] : names)
-    if (name.equals_insensitive(Text))
-      return F;
-  return makeError("unknown model family '" + name +
-                   "' (expected gpt, llama, bert, mlp or resnet)");
+  if (std::optional<Family> family = valueOf(familyNames, name.lower()))
+    return *family;
+  return makeError("unknown model family '" + name + "' (expected " + nameList(familyNames) + ")");
 }
 
-StringRef familyName(Family f) {
-  switch (f) {
-  case Family::Gpt:
-    return "gpt";
-  case Family::Llama:
-    return "llama";
-  case Family::Bert:
-    return "bert";
-  case Family::Mlp:
-    return "mlp";
-  case Family::Resnet:
-    return "resnet";
-  }
-  llvm_unreachable("unknown family");
-}
+StringRef familyName(Family f) { return nameOf(familyNames, f, ""); }
 
 Expected<onnx::ModelProto> generateModel(const GeneratorOptions &opts) {
   if (Error e = validate(opts))

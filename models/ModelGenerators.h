@@ -41,6 +41,13 @@ llvm::StringRef familyName(Family family);
 /// llama, int64 [B] for bert and resnet, float [B, vocab] for mlp) and an
 /// output "loss" (float scalar).
 struct GeneratorOptions {
+  GeneratorOptions() = default;
+  /// A \p family model of these sizes, every other knob at its default: the
+  /// sizes the tests and benchmarks choose. mlp has no sequence and no heads,
+  /// resnet no heads (\p seq is its image side).
+  GeneratorOptions(Family family, int layers, int hidden, int vocab, int seq = 16, int heads = 4)
+      : family(family), layers(layers), hidden(hidden), heads(heads), vocab(vocab), seq(seq) {}
+
   Family family = Family::Gpt;
   /// Transformer blocks / MLP hidden layers / ResNet bottleneck blocks in
   /// total (16 = ResNet-50 layout 3,4,6,3; other values are spread evenly

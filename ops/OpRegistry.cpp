@@ -1,5 +1,6 @@
 //===- OpRegistry.cpp - Ops.def as a table -------------------------------===//
 #include "ops/OpRegistry.h"
+#include "support/EnumNames.h"
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/Twine.h"
@@ -39,6 +40,10 @@ const OpDef rows[] = {
 };
 // clang-format on
 
+/// The name each domain has in a model; ONNX's default domain also has "ai.onnx".
+constexpr EnumName<OpDomain> domainNames[] = {
+    {OpDomain::Onnx, ""}, {OpDomain::Microsoft, "com.microsoft"}, {OpDomain::Pipec, "pipec"}};
+
 /// Rows by "DOMAIN/NAME", each list in Ops.def's order.
 const StringMap<std::vector<const OpDef *>> &index() {
   static const StringMap<std::vector<const OpDef *>> map = [] {
@@ -66,17 +71,7 @@ const std::vector<OpId> &elemRows() {
 
 } // namespace
 
-StringRef OpDef::domainName() const {
-  switch (domain) {
-  case OpDomain::Onnx:
-    return "";
-  case OpDomain::Microsoft:
-    return "com.microsoft";
-  case OpDomain::Pipec:
-    return "pipec";
-  }
-  return "";
-}
+StringRef OpDef::domainName() const { return nameOf(domainNames, domain, ""); }
 
 ArrayRef<OpDef> allOps() { return rows; }
 
@@ -88,13 +83,9 @@ const OpDef &opDef(OpId id) {
 const OpDef &opDef(ElemOp op) { return opDef(elemRows()[static_cast<size_t>(op)]); }
 
 std::optional<OpDomain> opDomainOf(StringRef domain) {
-  if (domain.empty() || domain == "ai.onnx")
+  if (domain == "ai.onnx")
     return OpDomain::Onnx;
-  if (domain == "com.microsoft")
-    return OpDomain::Microsoft;
-  if (domain == "pipec")
-    return OpDomain::Pipec;
-  return std::nullopt;
+  return valueOf(domainNames, domain);
 }
 
 const OpDef *lookupOp(StringRef domain, StringRef name, int64_t opset) {

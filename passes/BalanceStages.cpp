@@ -1,5 +1,6 @@
 //===- BalanceStages.cpp - balance-stages ---------------------------------===//
 #include "passes/BalanceStages.h"
+#include "support/EnumNames.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -12,23 +13,22 @@ using namespace llvm;
 
 namespace pipec {
 
+namespace {
+
+constexpr EnumName<BalanceMethod> balanceMethodNames[] = {{BalanceMethod::Time, "time"},
+                                                          {BalanceMethod::Params, "params"},
+                                                          {BalanceMethod::Uniform, "uniform"},
+                                                          {BalanceMethod::Layout, "layout"}};
+
+} // namespace
+
 StringRef balanceMethodName(BalanceMethod method) {
-  switch (method) {
-  case BalanceMethod::Time:
-    return "time";
-  case BalanceMethod::Params:
-    return "params";
-  case BalanceMethod::Uniform:
-    return "uniform";
-  case BalanceMethod::Layout:
-    return "layout";
-  }
-  return "time";
+  return nameOf(balanceMethodNames, method, "time");
 }
 
 namespace {
 
-constexpr double Inf = std::numeric_limits<double>::infinity();
+constexpr double inf = std::numeric_limits<double>::infinity();
 
 /// Everything a chunk's cost needs, as prefix sums over layers.
 class ChunkCosts {
@@ -158,7 +158,7 @@ private:
 std::vector<int> partition(int layers, int chunks, const std::function<double(int, int, int)> &cost,
                            const std::function<bool(int, int, int)> &fits) {
   // Phase 1: the least bottleneck.
-  std::vector<std::vector<double>> best(chunks, std::vector<double>(layers + 1, Inf));
+  std::vector<std::vector<double>> best(chunks, std::vector<double>(layers + 1, inf));
   for (int j = 1; j <= layers - (chunks - 1); ++j)
     if (fits(0, 0, j))
       best[0][j] = cost(0, 0, j);
@@ -173,11 +173,11 @@ std::vector<int> partition(int layers, int chunks, const std::function<double(in
         best[k][j] = std::min(best[k][j], std::max(best[k - 1][i], c));
       }
   double bottleneck = best[chunks - 1][layers];
-  if (bottleneck == Inf)
+  if (bottleneck == inf)
     return {};
   // Phase 2: the most even partition under that bottleneck.
   double limit = bottleneck * (1 + 1e-12) + 1e-300;
-  std::vector<std::vector<double>> squares(chunks, std::vector<double>(layers + 1, Inf));
+  std::vector<std::vector<double>> squares(chunks, std::vector<double>(layers + 1, inf));
   std::vector<std::vector<int>> from(chunks, std::vector<int>(layers + 1, -1));
   for (int j = 1; j <= layers - (chunks - 1); ++j)
     if (fits(0, 0, j) && cost(0, 0, j) <= limit)
@@ -251,14 +251,14 @@ double predictStepTime(ScheduleKind schedule, int stages, int microbatches,
   // The event simulator replaces these once schedules are lowered.
   double p = stages, m = microbatches;
   std::vector<double> rank(stages, 0);
-  double sum = 0, maxChunk = 0, maxFI_W = 0, maxFI_2W = 0, maxDual = 0, sumF = 0, maxF = 0;
+  double sum = 0, maxChunk = 0, maxFIMinusW = 0, maxFIMinus2W = 0, maxDual = 0, sumF = 0, maxF = 0;
   for (const ChunkPlan &c : chunks) {
     double t = c.totalTime();
     rank[c.rank] += t;
     sum += t;
     maxChunk = std::max(maxChunk, t);
-    maxFI_W = std::max(maxFI_W, c.time[0] + c.time[1] - c.time[2]);
-    maxFI_2W = std::max(maxFI_2W, c.time[0] + c.time[1] - 2 * c.time[2]);
+    maxFIMinusW = std::max(maxFIMinusW, c.time[0] + c.time[1] - c.time[2]);
+    maxFIMinus2W = std::max(maxFIMinus2W, c.time[0] + c.time[1] - 2 * c.time[2]);
     maxDual = std::max(maxDual, c.time[0] + 2 * c.time[1] - c.time[2]);
     sumF += c.time[0] + c.commTime;
     maxF = std::max(maxF, c.time[0] + c.commTime);
@@ -274,11 +274,11 @@ double predictStepTime(ScheduleKind schedule, int stages, int microbatches,
     step = m * maxRank + (p - 1) * maxChunk;
     break;
   case ScheduleKind::ZBH1:
-    step = m * maxRank + (p - 1) * std::max(0.0, maxFI_W);
+    step = m * maxRank + (p - 1) * std::max(0.0, maxFIMinusW);
     break;
   case ScheduleKind::ZBH2:
   case ScheduleKind::ZBV:
-    step = m * maxRank + (p - 1) * std::max(0.0, maxFI_2W);
+    step = m * maxRank + (p - 1) * std::max(0.0, maxFIMinus2W);
     break;
   case ScheduleKind::DualPipeV:
     step = m * maxRank + std::max(0.0, p / 2 - 1) * std::max(0.0, maxDual);

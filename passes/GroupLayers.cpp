@@ -117,8 +117,8 @@ std::string Grouper::sourceWeightName(int value, int depth) const {
 }
 
 std::string Grouper::pathOf(const Op &op) const {
-  if (isPath(op.name))
-    return op.name;
+  if (!op.scope.empty())
+    return op.scope;
   for (int in : op.inputs)
     if (in >= 0) {
       std::string name = sourceWeightName(in);
@@ -695,10 +695,14 @@ Expected<LayerGraph> Grouper::build(const std::vector<int> &order, std::vector<S
     for (int w : layer.weights)
       layer.params += graph.values[w].numElements();
   }
-  // Tensors crossing boundaries: run-time values and graph inputs.
+  // Tensors crossing boundaries: run-time values, graph inputs, and values
+  // computed from weights alone that later layers read (rotary tables that
+  // an exporter computes once, in the first block): each is sent through
+  // every stage in between.
   for (size_t id = 0; id < graph.values.size(); ++id) {
     const Value &v = graph.values[id];
-    if (v.kind != ValueKind::Activation && v.kind != ValueKind::Input)
+    bool derived = v.kind == ValueKind::Weight && v.producer >= 0;
+    if (v.kind != ValueKind::Activation && v.kind != ValueKind::Input && !derived)
       continue;
     int from = v.producer >= 0 ? layerOf[v.producer] : INT32_MAX, to = -1;
     for (int user : v.users) {

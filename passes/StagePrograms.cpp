@@ -88,6 +88,11 @@ Expected<onnx::TensorProto> weightTensor(const Graph &graph, int id) {
   t.set_data_type(static_cast<int32_t>(c.type));
   for (int64_t d : c.shape)
     t.add_dims(d);
+  if (isNarrowIntegerDType(c.type)) {
+    for (int64_t i : c.ints)
+      t.add_int32_data(static_cast<int32_t>(i));
+    return t;
+  }
   switch (c.type) {
   case DType::F32:
     for (double f : c.floats)
@@ -100,15 +105,6 @@ Expected<onnx::TensorProto> weightTensor(const Graph &graph, int id) {
   case DType::I64:
     for (int64_t i : c.ints)
       t.add_int64_data(i);
-    break;
-  case DType::I32:
-  case DType::I16:
-  case DType::I8:
-  case DType::U16:
-  case DType::U8:
-  case DType::Bool:
-    for (int64_t i : c.ints)
-      t.add_int32_data(static_cast<int32_t>(i));
     break;
   case DType::U32:
   case DType::U64:

@@ -1,5 +1,6 @@
 //===- DType.cpp - Element type properties --------------------------------===//
 #include "support/DType.h"
+#include "support/EnumNames.h"
 
 namespace pipec {
 
@@ -34,45 +35,18 @@ int64_t dtypeSize(DType type) {
   return 0;
 }
 
-llvm::StringRef dtypeName(DType type) {
-  switch (type) {
-  case DType::Undefined:
-    return "undef";
-  case DType::F32:
-    return "f32";
-  case DType::U8:
-    return "u8";
-  case DType::I8:
-    return "i8";
-  case DType::U16:
-    return "u16";
-  case DType::I16:
-    return "i16";
-  case DType::I32:
-    return "i32";
-  case DType::I64:
-    return "i64";
-  case DType::String:
-    return "string";
-  case DType::Bool:
-    return "bool";
-  case DType::F16:
-    return "f16";
-  case DType::F64:
-    return "f64";
-  case DType::U32:
-    return "u32";
-  case DType::U64:
-    return "u64";
-  case DType::C64:
-    return "c64";
-  case DType::C128:
-    return "c128";
-  case DType::BF16:
-    return "bf16";
-  }
-  return "undef";
-}
+namespace {
+
+/// Every type but Undefined, whose name is "undef".
+constexpr EnumName<DType> dtypeNames[] = {
+    {DType::F32, "f32"},   {DType::U8, "u8"},   {DType::I8, "i8"},     {DType::U16, "u16"},
+    {DType::I16, "i16"},   {DType::I32, "i32"}, {DType::I64, "i64"},   {DType::String, "string"},
+    {DType::Bool, "bool"}, {DType::F16, "f16"}, {DType::F64, "f64"},   {DType::U32, "u32"},
+    {DType::U64, "u64"},   {DType::C64, "c64"}, {DType::C128, "c128"}, {DType::BF16, "bf16"}};
+
+} // namespace
+
+llvm::StringRef dtypeName(DType type) { return nameOf(dtypeNames, type, "undef"); }
 
 bool isFloatDType(DType type) {
   return type == DType::F32 || type == DType::F16 || type == DType::BF16 || type == DType::F64;
@@ -95,11 +69,11 @@ bool isIntegerDType(DType type) {
   }
 }
 
-std::optional<DType> dtypeOfName(llvm::StringRef name) {
-  for (int32_t t = 0; t <= static_cast<int32_t>(DType::BF16); ++t)
-    if (isKnownDType(t) && dtypeName(static_cast<DType>(t)) == name)
-      return static_cast<DType>(t);
-  return std::nullopt;
+bool isNarrowIntegerDType(DType type) {
+  return type == DType::I32 || type == DType::I16 || type == DType::I8 || type == DType::U16 ||
+         type == DType::U8 || type == DType::Bool;
 }
+
+std::optional<DType> dtypeOfName(llvm::StringRef name) { return valueOf(dtypeNames, name); }
 
 } // namespace pipec

@@ -43,6 +43,9 @@ llvm::StringRef dtypeName(DType type);
 std::optional<DType> dtypeOfName(llvm::StringRef name);
 bool isFloatDType(DType type);
 bool isIntegerDType(DType type);
+/// True for the integer types of 32 bits or fewer, bool included: those an
+/// ONNX TensorProto keeps in int32_data.
+bool isNarrowIntegerDType(DType type);
 
 } // namespace pipec
 

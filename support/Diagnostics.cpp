@@ -25,4 +25,9 @@ Error nodeError(const onnx::NodeProto &node, const Twine &what) {
   return nodeError(nodeLabel(node), node.op_type(), what);
 }
 
+Error fileError(StringRef path, const Twine &what) {
+  return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
+                           what.str().c_str());
+}
+
 } // namespace pipec

@@ -3,6 +3,7 @@
 // One wording for the node an error is about, wherever it is found: the
 // importer, the passes, the CPU and CUDA kernels. An error names the node
 // (its name, else its first output) and its op: "node 'NAME' (OP): WHAT".
+// A reader's error about a file it reads names the file: "PATH: WHAT".
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_SUPPORT_DIAGNOSTICS_H
@@ -28,6 +29,9 @@ std::string nodeLabel(const onnx::NodeProto &node);
 llvm::Error nodeError(llvm::StringRef label, llvm::StringRef opType, const llvm::Twine &what);
 /// "node 'LABEL' (OP): WHAT" for \p node.
 llvm::Error nodeError(const onnx::NodeProto &node, const llvm::Twine &what);
+
+/// "PATH: WHAT", about the file at \p path.
+llvm::Error fileError(llvm::StringRef path, const llvm::Twine &what);
 
 } // namespace pipec
 

@@ -182,38 +182,31 @@ TEST(BalanceStages, MemoryErrorNamesTheLayerOrStage) {
 }
 
 TEST(BalanceStages, LayoutParsing) {
-  models::GeneratorOptions o;
-  o.layers = 6;
-  o.hidden = 16;
-  o.heads = 2;
-  o.vocab = 32;
-  o.seq = 4;
+  models::GeneratorOptions o(models::Family::Gpt, 6, 16, 32, 4, 2);
   o.withLoss = true;
-  auto graph = importGenerated(o);
-  ASSERT_TRUE(!!graph) << toString(graph.takeError());
-  auto lg = groupLayers(*graph);
-  ASSERT_TRUE(!!lg);
-  ASSERT_EQ(lg->layers.size(), 9u); // embedding, 6 blocks, head, loss
-  auto ranges = parseLayout("E,t*2|t*3|t,L", *lg, 3);
+  GroupedGraph g = groupGraph(importGenerated(o));
+  const LayerGraph &lg = g.layers;
+  ASSERT_EQ(lg.layers.size(), 9u); // embedding, 6 blocks, head, loss
+  auto ranges = parseLayout("E,t*2|t*3|t,L", lg, 3);
   ASSERT_TRUE(!!ranges) << toString(ranges.takeError());
   EXPECT_EQ(*ranges, (std::vector<std::pair<int, int>>{{0, 2}, {3, 5}, {6, 8}}));
-  ranges = parseLayout("(t|)*2t*4,L", *lg, 3); // the embedding may not be skipped
+  ranges = parseLayout("(t|)*2t*4,L", lg, 3); // the embedding may not be skipped
   ASSERT_FALSE(!!ranges);
   EXPECT_NE(toString(ranges.takeError()).find("stage 0: 't' wants a block"), std::string::npos);
-  ranges = parseLayout("E|(tt|)*3L", *lg, 5);
+  ranges = parseLayout("E|(tt|)*3L", lg, 5);
   ASSERT_TRUE(!!ranges) << toString(ranges.takeError());
   EXPECT_EQ(ranges->back(), (std::pair<int, int>{7, 8}));
-  ranges = parseLayout("E,t*6||L", *lg, 3); // an empty stage, asked for
+  ranges = parseLayout("E,t*6||L", lg, 3); // an empty stage, asked for
   ASSERT_TRUE(!!ranges) << toString(ranges.takeError());
   EXPECT_EQ((*ranges)[1], (std::pair<int, int>{7, 6}));
-  ranges = parseLayout("E,t*6|L", *lg, 3);
+  ranges = parseLayout("E,t*6|L", lg, 3);
   ASSERT_FALSE(!!ranges);
   EXPECT_NE(toString(ranges.takeError()).find("has 2 stages, the plan has 3"), std::string::npos);
-  ranges = parseLayout("E,t*5|L", *lg, 2);
+  ranges = parseLayout("E,t*5|L", lg, 2);
   ASSERT_FALSE(!!ranges);
   EXPECT_NE(toString(ranges.takeError()).find("'L' wants the layers after the last block"),
             std::string::npos);
-  ranges = parseLayout("E,t*6,X|L", *lg, 2);
+  ranges = parseLayout("E,t*6,X|L", lg, 2);
   ASSERT_FALSE(!!ranges);
   EXPECT_NE(toString(ranges.takeError()).find("unknown token 'X'"), std::string::npos);
 }
@@ -245,15 +238,9 @@ TEST(BalanceStages, UniformAndParamsMethods) {
 /// tensor parallelism inside each node, so every stage boundary crosses
 /// nodes. Meta put one block fewer on the first and the last stage.
 TEST(BalanceStages, Llama405BShapeHasLighterFirstAndLastStages) {
-  models::GeneratorOptions o;
-  o.family = models::Family::Llama;
-  o.layers = 126;
-  o.hidden = 16384;
-  o.heads = 128;
+  models::GeneratorOptions o(models::Family::Llama, 126, 16384, 128256, 8192, 128);
   o.kvHeads = 8;
   o.ffn = 53248;
-  o.vocab = 128256;
-  o.seq = 8192;
   o.batch = 1;
   o.lightWeights = true;
   auto model = models::generateModel(o);
@@ -263,16 +250,14 @@ TEST(BalanceStages, Llama405BShapeHasLighterFirstAndLastStages) {
   EXPECT_LT(bytes.size(), 8u << 20) << "light weights keep the file small";
   ImportOptions io;
   io.bindings.seq = 8192;
-  auto graph = importBytes(bytes, io);
-  ASSERT_TRUE(!!graph) << toString(graph.takeError());
-  auto lg = groupLayers(*graph);
-  ASSERT_TRUE(!!lg);
-  ASSERT_EQ(lg->layers.size(), 128u);
-  EXPECT_NEAR(static_cast<double>(lg->totalParams()), 405e9, 5e9);
+  GroupedGraph g = groupGraph(importBytes(bytes, io));
+  const LayerGraph &lg = g.layers;
+  ASSERT_EQ(lg.layers.size(), 128u);
+  EXPECT_NEAR(static_cast<double>(lg.totalParams()), 405e9, 5e9);
   auto hw = builtinHardware("h100");
   ASSERT_TRUE(!!hw);
   hw->devicesPerNode = 1; // one stage per node
-  CostTable table = computeCosts(*lg, *hw, Precision::BF16);
+  CostTable table = computeCosts(lg, *hw, Precision::BF16);
   BalanceOptions b;
   b.stages = 16;
   b.microbatches = 64;
@@ -281,36 +266,30 @@ TEST(BalanceStages, Llama405BShapeHasLighterFirstAndLastStages) {
     b.rankHardware.push_back(*hw);
     b.memoryLimit.push_back(0);
   }
-  auto plan = balanceStages(*lg, b);
+  auto plan = balanceStages(lg, b);
   ASSERT_TRUE(!!plan) << toString(plan.takeError());
   EXPECT_EQ(plan->layout, "E,t*7|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*8|t*7,L");
 }
 
 TEST(BalanceStages, HeterogeneousRanksGetProportionateWork) {
-  models::GeneratorOptions o;
-  o.layers = 48;
-  o.hidden = 4096;
-  o.heads = 32;
-  o.vocab = 32000;
-  o.seq = 2048;
+  models::GeneratorOptions o(models::Family::Gpt, 48, 4096, 32000, 2048, 32);
   o.batch = 1;
   o.lightWeights = true;
-  auto graph = importGenerated(o);
-  ASSERT_TRUE(!!graph) << toString(graph.takeError());
-  auto lg = groupLayers(*graph);
-  ASSERT_TRUE(!!lg);
+  GroupedGraph g = groupGraph(importGenerated(o));
+  const LayerGraph &lg = g.layers;
+  ASSERT_FALSE(lg.layers.empty());
   auto h100 = builtinHardware("h100");
   auto a100 = builtinHardware("a100");
   ASSERT_TRUE(h100 && a100);
-  CostTable fast = computeCosts(*lg, *h100, Precision::BF16);
-  CostTable slow = computeCosts(*lg, *a100, Precision::BF16);
+  CostTable fast = computeCosts(lg, *h100, Precision::BF16);
+  CostTable slow = computeCosts(lg, *a100, Precision::BF16);
   BalanceOptions b;
   b.stages = 4;
   b.microbatches = 16;
   b.rankCosts = {&fast, &fast, &slow, &slow};
   b.rankHardware = {*h100, *h100, *a100, *a100};
   b.memoryLimit = {0, 0, 0, 0};
-  auto plan = balanceStages(*lg, b);
+  auto plan = balanceStages(lg, b);
   ASSERT_TRUE(!!plan) << toString(plan.takeError());
   auto blocks = [&](const ChunkPlan &c) { return c.lastLayer - c.firstLayer + 1; };
   // Per-block time ratio A100 / H100 on this model.

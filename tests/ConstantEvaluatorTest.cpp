@@ -19,20 +19,16 @@ using llvm::toString;
 
 namespace {
 
+/// A vector of F32 \p values.
 ConstTensor floats(std::vector<double> values) {
-  ConstTensor t;
-  t.type = DType::F32;
-  t.shape = {static_cast<int64_t>(values.size())};
-  t.floats = std::move(values);
-  return t;
+  int64_t n = static_cast<int64_t>(values.size());
+  return ConstTensor{DType::F32, {n}, {}, std::move(values)};
 }
 
+/// A vector of I64 \p values.
 ConstTensor ints(std::vector<int64_t> values) {
-  ConstTensor t;
-  t.type = DType::I64;
-  t.shape = {static_cast<int64_t>(values.size())};
-  t.ints = std::move(values);
-  return t;
+  int64_t n = static_cast<int64_t>(values.size());
+  return ConstTensor{DType::I64, {n}, std::move(values), {}};
 }
 
 /// Evaluates one \p type node over \p inputs, all of ONNX element type

@@ -42,28 +42,45 @@ void expectSplit(const Differentiated &d) {
   }
 }
 
-TEST(Differentiate, MlpEndToEnd) {
-  models::GeneratorOptions options;
-  options.family = models::Family::Mlp;
-  options.layers = 2;
-  options.hidden = 6;
-  options.vocab = 5;
+/// Generates \p options' model with its loss, imports it with its batch and,
+/// with \p bindSeq, its sequence bound, differentiates the "loss" output and
+/// checks the I / W split; gtest failure and null on an error.
+std::unique_ptr<Differentiated> buildGenerated(models::GeneratorOptions options, bool bindSeq) {
   options.withLoss = true;
-  options.batch = 3;
   auto model = models::generateModel(options);
-  ASSERT_TRUE(bool(model)) << llvm::toString(model.takeError());
+  if (!model) {
+    ADD_FAILURE() << llvm::toString(model.takeError());
+    return nullptr;
+  }
   std::string bytes;
   model->SerializeToString(&bytes);
   ImportOptions importOptions;
-  importOptions.bindings.batch = 3;
+  importOptions.bindings.batch = options.batch;
+  if (bindSeq)
+    importOptions.bindings.seq = options.seq;
   auto d = build(bytes, {LossSpec::Kind::ModelOutput, "loss", ""}, false, importOptions);
+  if (d)
+    expectSplit(*d);
+  return d;
+}
+
+/// The float32 check of a generated model's "loss" output, on \p samples
+/// elements of each gradient.
+Check lossCheck(int samples) {
+  Check check;
+  check.eps = 1e-3, check.atol = 2e-3, check.rtol = 2e-2, check.samples = samples;
+  check.loss = {LossSpec::Kind::ModelOutput, "loss", ""};
+  return check;
+}
+
+TEST(Differentiate, MlpEndToEnd) {
+  models::GeneratorOptions options(models::Family::Mlp, 2, 6, 5);
+  options.batch = 3;
+  auto d = buildGenerated(options, /*bindSeq=*/false);
   ASSERT_TRUE(d);
   EXPECT_GE(d->layers.layers.size(), 3u);
-  expectSplit(*d);
-  Check check;
-  check.eps = 1e-3, check.atol = 2e-3, check.rtol = 2e-2, check.samples = 6;
+  Check check = lossCheck(6);
   check.skipKinks = true;
-  check.loss = {LossSpec::Kind::ModelOutput, "loss", ""};
   EXPECT_GT(checkFiniteDifferences(*d, check), 30);
   EXPECT_EQ(d->backward.weightGrads.size(), 8u);
   // Every layer with weights does its weight gradients in W.
@@ -77,30 +94,13 @@ TEST(Differentiate, MlpEndToEnd) {
 /// Differentiates a small generated decoder (input_ids and labels int64
 /// [2, 4]) and checks sampled elements of every weight gradient in float32.
 void checkDecoder(models::Family family, bool tied) {
-  models::GeneratorOptions options;
-  options.family = family;
-  options.layers = 1;
-  options.hidden = 8;
-  options.heads = 2;
-  options.vocab = 11;
-  options.seq = 4;
+  models::GeneratorOptions options(family, 1, 8, 11, 4, 2);
   options.batch = 2;
-  options.withLoss = true;
   options.tiedEmbeddings = tied;
-  auto model = models::generateModel(options);
-  ASSERT_TRUE(bool(model)) << llvm::toString(model.takeError());
-  std::string bytes;
-  model->SerializeToString(&bytes);
-  ImportOptions importOptions;
-  importOptions.bindings.batch = 2;
-  importOptions.bindings.seq = 4;
-  auto d = build(bytes, {LossSpec::Kind::ModelOutput, "loss", ""}, false, importOptions);
+  auto d = buildGenerated(options, /*bindSeq=*/true);
   ASSERT_TRUE(d);
-  expectSplit(*d);
-  Check check;
-  check.eps = 1e-3, check.atol = 2e-3, check.rtol = 2e-2, check.samples = 8;
+  Check check = lossCheck(8);
   check.lo = -0.5, check.hi = 0.5;
-  check.loss = {LossSpec::Kind::ModelOutput, "loss", ""};
   check.feeds["input_ids"] = Tensor::fromValues<int64_t>({2, 4}, {1, 5, 10, 3, 0, 7, 7, 2});
   check.feeds["labels"] = Tensor::fromValues<int64_t>({2, 4}, {5, 10, 3, 9, 7, 7, 2, 4});
   EXPECT_GT(checkFiniteDifferences(*d, check), 20);
@@ -158,28 +158,13 @@ TEST(Differentiate, SmallCnnEndToEnd) {
 
 TEST(Differentiate, ResnetEndToEnd) {
   // One bottleneck block per stage, base width 2, 16 x 16 images, float32.
-  models::GeneratorOptions options;
-  options.family = models::Family::Resnet;
-  options.layers = 4;
-  options.hidden = 2;
-  options.vocab = 3;
-  options.seq = 16;
+  models::GeneratorOptions options(models::Family::Resnet, 4, 2, 3, 16);
   options.batch = 2;
-  options.withLoss = true;
-  auto model = models::generateModel(options);
-  ASSERT_TRUE(bool(model)) << llvm::toString(model.takeError());
-  std::string bytes;
-  model->SerializeToString(&bytes);
-  ImportOptions importOptions;
-  importOptions.bindings.batch = 2;
-  auto d = build(bytes, {LossSpec::Kind::ModelOutput, "loss", ""}, false, importOptions);
+  auto d = buildGenerated(options, /*bindSeq=*/false);
   ASSERT_TRUE(d);
-  expectSplit(*d);
-  Check check;
-  check.eps = 1e-3, check.atol = 2e-3, check.rtol = 2e-2, check.samples = 4;
+  Check check = lossCheck(4);
   check.lo = -0.5, check.hi = 0.5;
   check.skipKinks = true;
-  check.loss = {LossSpec::Kind::ModelOutput, "loss", ""};
   check.feeds["labels"] = Tensor::fromValues<int64_t>({2}, {0, 2});
   EXPECT_GT(checkFiniteDifferences(*d, check), 100);
   // Each block: 4 convolutions (one downsampling) and 4 batch norms, which

@@ -158,13 +158,7 @@ protected:
   /// A small transformer with a loss: 4 blocks of width 32, 4 heads,
   /// vocabulary 64, sequence 8.
   static models::GeneratorOptions transformer(models::Family family) {
-    models::GeneratorOptions o;
-    o.family = family;
-    o.layers = 4;
-    o.hidden = 32;
-    o.heads = 4;
-    o.vocab = 64;
-    o.seq = 8;
+    models::GeneratorOptions o(family, 4, 32, 64, 8, 4);
     o.withLoss = true;
     return o;
   }
@@ -175,11 +169,7 @@ protected:
     return model(tied ? "gpt-tied" : "gpt", o);
   }
   static std::string mlp() {
-    models::GeneratorOptions o;
-    o.family = models::Family::Mlp;
-    o.layers = 6;
-    o.hidden = 48;
-    o.vocab = 24;
+    models::GeneratorOptions o(models::Family::Mlp, 6, 48, 24);
     o.withLoss = true;
     return model("mlp", o);
   }
@@ -195,12 +185,7 @@ protected:
     return model("gpt-fp16", o);
   }
   static std::string cnn() {
-    models::GeneratorOptions o;
-    o.family = models::Family::Resnet;
-    o.layers = 4;
-    o.hidden = 4;
-    o.vocab = 10;
-    o.seq = 16;
+    models::GeneratorOptions o(models::Family::Resnet, 4, 4, 10, 16);
     o.withLoss = true;
     return model("cnn", o);
   }

@@ -15,20 +15,8 @@ using llvm::toString;
 
 namespace {
 
-struct Grouped {
-  std::unique_ptr<Graph> graph;
-  LayerGraph layers;
-};
-
-Grouped generateAndGroup(models::GeneratorOptions options, int64_t batch = 2) {
-  auto graph = importGenerated(options, batch);
-  EXPECT_TRUE(!!graph) << toString(graph.takeError());
-  Grouped out;
-  out.graph = std::make_unique<Graph>(std::move(*graph));
-  auto layers = groupLayers(*out.graph);
-  EXPECT_TRUE(!!layers) << toString(layers.takeError());
-  out.layers = std::move(*layers);
-  return out;
+GroupedGraph generateAndGroup(models::GeneratorOptions options, int64_t batch = 2) {
+  return groupGraph(importGenerated(options, batch));
 }
 
 std::vector<std::string> kinds(const LayerGraph &lg) {
@@ -46,14 +34,8 @@ int countKind(const LayerGraph &lg, LayerKind kind) {
 }
 
 models::GeneratorOptions options(models::Family family, int layers) {
-  models::GeneratorOptions o;
-  o.family = family;
-  o.layers = layers;
-  o.hidden = 32;
-  o.heads = 4;
-  o.vocab = 100;
-  o.seq = family == models::Family::Resnet ? 32 : 8;
-  return o;
+  return models::GeneratorOptions(family, layers, 32, 100,
+                                  family == models::Family::Resnet ? 32 : 8, 4);
 }
 
 TEST(GroupLayers, GptAtAnyDepthIsEmbeddingBlocksHead) {

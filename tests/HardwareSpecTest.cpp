@@ -53,15 +53,24 @@ const char *fullSpec = R"({
   "inter_node": {"name": "infiniband", "bandwidth": 12.5e9, "latency_s": 6e-6}
 })";
 
+/// Expects a device's datasheet numbers: peak FLOP/s at bf16 and fp32,
+/// memory bandwidth and bytes, and the links within and between nodes.
+void expectDatasheet(const HardwareSpec &spec, double bf16, double f32, double bandwidth,
+                     int64_t bytes, const LinkSpec &intra, const LinkSpec &inter) {
+  SCOPED_TRACE(spec.name);
+  EXPECT_EQ(spec.peakFlopsBf16, bf16);
+  EXPECT_EQ(spec.peakFlopsF32, f32);
+  EXPECT_EQ(spec.memoryBandwidth, bandwidth);
+  EXPECT_EQ(spec.memoryBytes, bytes);
+  EXPECT_EQ(spec.intraNode, intra);
+  EXPECT_EQ(spec.interNode, inter);
+}
+
 TEST(HardwareSpec, DatasheetNumbers) {
   Expected<HardwareSpec> a100 = builtinHardware("a100");
   ASSERT_TRUE(bool(a100)) << errorText(a100.takeError());
-  EXPECT_EQ(a100->peakFlopsBf16, 312e12);
-  EXPECT_EQ(a100->peakFlopsF32, 19.5e12);
-  EXPECT_EQ(a100->memoryBandwidth, 2.0e12);
-  EXPECT_EQ(a100->memoryBytes, 80'000'000'000);
-  EXPECT_EQ(a100->intraNode, (LinkSpec{"nvlink", 300e9, 2e-6}));
-  EXPECT_EQ(a100->interNode, (LinkSpec{"infiniband", 50e9, 5e-6}));
+  expectDatasheet(*a100, 312e12, 19.5e12, 2.0e12, 80'000'000'000, {"nvlink", 300e9, 2e-6},
+                  {"infiniband", 50e9, 5e-6});
   EXPECT_EQ(a100->launchOverhead, 4e-6);
   EXPECT_EQ(a100->devicesPerNode, 8);
   EXPECT_EQ(a100->peakFlops(true), 312e12);
@@ -69,12 +78,8 @@ TEST(HardwareSpec, DatasheetNumbers) {
 
   Expected<HardwareSpec> h100 = builtinHardware("h100");
   ASSERT_TRUE(bool(h100));
-  EXPECT_EQ(h100->peakFlopsBf16, 989e12);
-  EXPECT_EQ(h100->peakFlopsF32, 67e12);
-  EXPECT_EQ(h100->memoryBandwidth, 3.35e12);
-  EXPECT_EQ(h100->memoryBytes, 80'000'000'000);
-  EXPECT_EQ(h100->intraNode, (LinkSpec{"nvlink", 450e9, 2e-6}));
-  EXPECT_EQ(h100->interNode, (LinkSpec{"infiniband", 50e9, 5e-6}));
+  expectDatasheet(*h100, 989e12, 67e12, 3.35e12, 80'000'000'000, {"nvlink", 450e9, 2e-6},
+                  {"infiniband", 50e9, 5e-6});
 
   Expected<HardwareSpec> h200 = builtinHardware("H200");
   ASSERT_TRUE(bool(h200));
@@ -153,12 +158,19 @@ TEST(HardwareSpec, BaseOverride) {
   EXPECT_NE(spec->source.find("over h100"), std::string::npos) << spec->source;
 }
 
-TEST(HardwareSpec, MissingField) {
+/// The error of loading fullSpec with its first \p from replaced by \p to,
+/// which must name the file.
+std::string errorOfEditedSpec(const std::string &from, const std::string &to) {
   std::string text = fullSpec;
-  text.replace(text.find("\"peak_flops_bf16\": 2e12,"), 24, "");
+  text.replace(text.find(from), from.size(), to);
   TempJson file(text);
   std::string msg = loadError(file);
   EXPECT_NE(msg.find(file.str().str()), std::string::npos) << msg;
+  return msg;
+}
+
+TEST(HardwareSpec, MissingField) {
+  std::string msg = errorOfEditedSpec("\"peak_flops_bf16\": 2e12,", "");
   EXPECT_NE(msg.find("'peak_flops_bf16' is missing"), std::string::npos) << msg;
 
   TempJson nested(R"({"name": "x", "peak_flops_fp32": 1, "peak_flops_bf16": 1,
@@ -169,11 +181,7 @@ TEST(HardwareSpec, MissingField) {
 }
 
 TEST(HardwareSpec, NegativeBandwidth) {
-  std::string text = fullSpec;
-  text.replace(text.find("25e9"), 4, "-25e9");
-  TempJson file(text);
-  std::string msg = loadError(file);
-  EXPECT_NE(msg.find(file.str().str()), std::string::npos) << msg;
+  std::string msg = errorOfEditedSpec("25e9", "-25e9");
   EXPECT_NE(msg.find("'intra_node.bandwidth' must be positive, got -2.5e+10"), std::string::npos)
       << msg;
 }

@@ -408,8 +408,9 @@ TEST(GpuKernelBodies, OptimizerMatchesCpuBackend) {
     Tensor m(DType::F32, {50}), v(DType::F32, {50}), mRef = m.clone(), vRef = v.clone();
     for (int step = 0; step < 3; ++step) {
       Tensor g = floats({50});
-      k::OptimizerParams p = optimizerParams(kind, step);
-      referenceUpdate(p, step, wRef, g, mRef, vRef);
+      rt::OptimizerUpdate u = optimizerUpdate(kind, step);
+      referenceUpdate(u, wRef, g, mRef, vRef);
+      k::OptimizerParams p = rt::optimizerParams(u);
       Tensor wOut(DType::F32, {50}), mOut(DType::F32, {50}), vOut(DType::F32, {50});
       for (int64_t i = 0; i < 50; ++i)
         k::optimizerElement<float>(i, p, w.data<float>(), g.data<float>(), m.data<float>(),

@@ -209,37 +209,28 @@ inline std::vector<Tensor> fusedGeluInputs(int64_t rows, int64_t cols) {
           Tensor::scalar(1.0f),        floats({rows, cols})};
 }
 /// The reference for the device's update: the CPU backend's own
-/// (runtime/core/CpuBackend.cpp), on host tensors, at \p step.
-inline void referenceUpdate(const kernels::OptimizerParams &p, int step, Tensor &w, const Tensor &g,
-                            Tensor &m, Tensor &v) {
-  using Kind = rt::OptimizerUpdate::Kind;
-  rt::OptimizerUpdate u;
-  u.kind = p.kind == 0 ? Kind::Sgd : p.kind == 1 ? Kind::Momentum : Kind::AdamW;
-  u.lr = p.lr;
-  u.momentum = p.momentum;
-  u.weightDecay = p.weightDecay;
-  u.beta1 = p.beta1;
-  u.beta2 = p.beta2;
-  u.epsilon = p.epsilon;
-  u.gradScale = p.gradScale;
-  u.step = step;
+/// (runtime/core/CpuBackend.cpp), on host tensors.
+inline void referenceUpdate(const rt::OptimizerUpdate &u, Tensor &w, const Tensor &g, Tensor &m,
+                            Tensor &v) {
   llvm::Error err = rt::makeCpuBackend()->optimize(u, w, g, m, v);
   ASSERT_FALSE(static_cast<bool>(err)) << llvm::toString(std::move(err));
 }
 
-inline kernels::OptimizerParams optimizerParams(int kind, int step) {
-  kernels::OptimizerParams p;
-  p.kind = kind;
-  p.lr = kind == 2 ? 1e-3 : 1e-2;
-  p.momentum = 0.9;
-  p.weightDecay = 0.01;
-  p.beta1 = 0.9;
-  p.beta2 = 0.999;
-  p.epsilon = 1e-8;
-  p.gradScale = 0.25;
-  p.c1 = 1 - std::pow(p.beta1, step + 1);
-  p.c2 = 1 - std::pow(p.beta2, step + 1);
-  return p;
+/// Step \p step of optimizer \p kind (0 SGD, 1 momentum, 2 AdamW), with
+/// weight decay and a gradient scale.
+inline rt::OptimizerUpdate optimizerUpdate(int kind, int step) {
+  using Kind = rt::OptimizerUpdate::Kind;
+  rt::OptimizerUpdate u;
+  u.kind = kind == 0 ? Kind::Sgd : kind == 1 ? Kind::Momentum : Kind::AdamW;
+  u.lr = kind == 2 ? 1e-3 : 1e-2;
+  u.momentum = 0.9;
+  u.weightDecay = 0.01;
+  u.beta1 = 0.9;
+  u.beta2 = 0.999;
+  u.epsilon = 1e-8;
+  u.gradScale = 0.25;
+  u.step = step;
+  return u;
 }
 
 /// A window op's attributes, for the CPU nodes and the kernel bodies.

@@ -17,6 +17,18 @@ namespace {
 
 constexpr int64_t ActBytes = 1000;
 
+/// \p programs without rank \p rank's first instruction of kind \p op.
+std::vector<plan::RankProgram> withoutFirst(std::vector<plan::RankProgram> programs, int rank,
+                                            plan::Instruction::Op op) {
+  auto *ins = programs[rank].mutable_instructions();
+  for (int i = 0; i < ins->size(); ++i)
+    if ((*ins)[i].op() == op) {
+      ins->DeleteSubrange(i, 1);
+      break;
+    }
+  return programs;
+}
+
 LoweringInputs unitInputs(int chunks, bool recompute = false) {
   LoweringInputs in;
   in.recompute = recompute;
@@ -177,13 +189,7 @@ TEST(VerifyProgram, CatchesHandBrokenPlans) {
   using Op = plan::Instruction;
 
   // A missing RECV.
-  auto missing = *programs;
-  auto *ins = missing[1].mutable_instructions();
-  for (int i = 0; i < ins->size(); ++i)
-    if ((*ins)[i].op() == Op::RECV) {
-      ins->DeleteSubrange(i, 1);
-      break;
-    }
+  auto missing = withoutFirst(*programs, 1, Op::RECV);
   llvm::Error err = verifyProgram(missing, 2, 3, ScheduleKind::OneFOneB, 1);
   ASSERT_TRUE(!!err);
   std::string text = toString(std::move(err));
@@ -240,13 +246,7 @@ TEST(VerifyProgram, CatchesHandBrokenPlans) {
   EXPECT_NE(text.find("sends 999 bytes"), std::string::npos) << text;
 
   // A forward dropped from a rank.
-  auto dropped = *programs;
-  auto *r1 = dropped[1].mutable_instructions();
-  for (int i = 0; i < r1->size(); ++i)
-    if ((*r1)[i].op() == Op::FORWARD) {
-      r1->DeleteSubrange(i, 1);
-      break;
-    }
+  auto dropped = withoutFirst(*programs, 1, Op::FORWARD);
   err = verifyProgram(dropped, 2, 3, ScheduleKind::OneFOneB, 1);
   ASSERT_TRUE(!!err);
   text = toString(std::move(err));

@@ -163,6 +163,38 @@ std::string nameOf(const onnx::TensorProto &proto, const std::vector<std::string
   return k < names.size() ? names[k] : "";
 }
 
+/// One tensor of a real model's test data: the graph input or output it is
+/// for, its file and its contents.
+struct RefTensor {
+  std::string name, path;
+  onnx::TensorProto proto;
+};
+
+/// \p dir's files KIND_0.pb, KIND_1.pb, ... (\p kind "input" or "output") up
+/// to the first one missing, each matched to one of \p names. A file that
+/// cannot be read or matches no name fails the test and ends the list.
+std::vector<RefTensor> readRefTensors(const std::string &dir, const std::string &kind,
+                                      const std::vector<std::string> &names) {
+  std::vector<RefTensor> out;
+  for (size_t k = 0;; ++k) {
+    std::string path = dir + "/" + kind + "_" + std::to_string(k) + ".pb";
+    if (!fileExists(path))
+      break;
+    auto proto = readTensorProto(path);
+    if (!proto) {
+      ADD_FAILURE() << llvm::toString(proto.takeError());
+      break;
+    }
+    std::string name = nameOf(*proto, names, k);
+    if (name.empty()) {
+      ADD_FAILURE() << path << " matches no graph " << kind;
+      break;
+    }
+    out.push_back({name, path, std::move(*proto)});
+  }
+  return out;
+}
+
 /// \p t stacked \p times along dimension \p axis.
 cpu::Tensor stack(const cpu::Tensor &t, int times, int axis) {
   if (times == 1 || t.rank() == 0)
@@ -233,31 +265,19 @@ TEST_P(RealModelRun, MatchesOnnxRuntime) {
   // The reference inputs and outputs, by graph name.
   std::vector<std::pair<std::string, std::string>> inputFiles; // name, .pb path
   std::map<std::string, std::vector<int64_t>> inputShapes;
-  for (size_t k = 0;; ++k) {
-    std::string path = refDir + "/input_" + std::to_string(k) + ".pb";
-    if (!fileExists(path))
-      break;
-    auto proto = readTensorProto(path);
-    ASSERT_TRUE(!!proto) << llvm::toString(proto.takeError());
-    std::string name = nameOf(*proto, info.inputs, k);
-    ASSERT_FALSE(name.empty()) << path << " matches no graph input";
-    inputFiles.emplace_back(name, path);
-    inputShapes[name] = {proto->dims().begin(), proto->dims().end()};
+  for (const RefTensor &in : readRefTensors(refDir, "input", info.inputs)) {
+    inputFiles.emplace_back(in.name, in.path);
+    inputShapes[in.name] = {in.proto.dims().begin(), in.proto.dims().end()};
   }
+  ASSERT_FALSE(HasFailure());
   ASSERT_EQ(inputFiles.size(), info.inputs.size()) << refDir << ": one file per graph input";
   std::vector<std::pair<std::string, cpu::Tensor>> expected;
-  for (size_t k = 0;; ++k) {
-    std::string path = refDir + "/output_" + std::to_string(k) + ".pb";
-    if (!fileExists(path))
-      break;
-    auto proto = readTensorProto(path);
-    ASSERT_TRUE(!!proto) << llvm::toString(proto.takeError());
-    std::string name = nameOf(*proto, info.outputs, k);
-    ASSERT_FALSE(name.empty()) << path << " matches no graph output";
-    auto tensor = cpu::fromTensorProto(*proto);
-    ASSERT_TRUE(!!tensor) << path << ": " << llvm::toString(tensor.takeError());
-    expected.emplace_back(name, std::move(*tensor));
+  for (const RefTensor &out : readRefTensors(refDir, "output", info.outputs)) {
+    auto tensor = cpu::fromTensorProto(out.proto);
+    ASSERT_TRUE(!!tensor) << out.path << ": " << llvm::toString(tensor.takeError());
+    expected.emplace_back(out.name, std::move(*tensor));
   }
+  ASSERT_FALSE(HasFailure());
   ASSERT_FALSE(expected.empty()) << refDir << ": no output_K.pb";
   const std::vector<int64_t> &firstShape = inputShapes[info.inputs[0]];
   ASSERT_FALSE(firstShape.empty()) << "input '" << info.inputs[0] << "' is a scalar";

@@ -8,26 +8,23 @@
 
 #include "passes/GroupLayers.h"
 
+#include <optional>
+
 using namespace pipec;
 using namespace pipec::test;
 using llvm::toString;
 
 namespace {
 
-struct Loaded {
-  std::unique_ptr<Graph> graph;
-  LayerGraph layers;
-};
-
-Loaded load(const std::string &path, ImportOptions options = {}) {
-  auto graph = loadFile(path, options);
-  EXPECT_TRUE(!!graph) << toString(graph.takeError());
-  Loaded out;
-  out.graph = std::make_unique<Graph>(std::move(*graph));
-  auto layers = groupLayers(*out.graph);
-  EXPECT_TRUE(!!layers) << toString(layers.takeError());
-  out.layers = std::move(*layers);
-  return out;
+/// Imports and groups \p path, with sequence-like dimensions bound to \p seq
+/// where given and past-length ones to \p past.
+GroupedGraph load(const std::string &path, std::optional<int64_t> seq = std::nullopt,
+                  int64_t past = 0) {
+  ImportOptions options;
+  if (seq)
+    options.bindings.seq = *seq;
+  options.bindings.past = past;
+  return groupGraph(loadFile(path, options));
 }
 
 int blocks(const LayerGraph &lg) {
@@ -58,9 +55,7 @@ TEST(RealModels, BertLargeKeras) {
 
 TEST(RealModels, DistilbertTorch) {
   REAL_MODEL(path, "distilbert_tiny_torch.onnx");
-  ImportOptions options;
-  options.bindings.seq = 8;
-  auto m = load(path, options);
+  auto m = load(path, 8);
   EXPECT_EQ(blocks(m.layers), 2);
   EXPECT_EQ(m.layers.layers.front().kind, LayerKind::Embedding);
   EXPECT_EQ(m.layers.layers.back().kind, LayerKind::Head);
@@ -85,9 +80,7 @@ TEST(RealModels, Resnet50Caffe2) {
 
 TEST(RealModels, LlamaGenaiFp16ExternalData) {
   REAL_MODEL(path, "llama_tiny_genai_fp16/model.onnx");
-  ImportOptions options;
-  options.bindings.seq = 4;
-  auto m = load(path, options);
+  auto m = load(path, 4);
   EXPECT_EQ(blocks(m.layers), 2);
   EXPECT_EQ(m.layers.layers[1].name, "/model/layers.0");
   EXPECT_EQ(m.layers.layers.back().kind, LayerKind::Head);
@@ -106,10 +99,7 @@ TEST(RealModels, LlamaGenaiFp16ExternalData) {
 
 TEST(RealModels, Gpt2OnnxruntimeFused) {
   REAL_MODEL(path, "gpt2_tiny_ort_fused.onnx");
-  ImportOptions options;
-  options.bindings.seq = 4;
-  options.bindings.past = 2;
-  auto m = load(path, options);
+  auto m = load(path, 4, 2);
   EXPECT_EQ(blocks(m.layers), 5);
   const Value &logits = m.graph->values[m.graph->outputs[0]];
   EXPECT_EQ(logits.shape, (std::vector<int64_t>{1, 4, 1000}));
@@ -128,9 +118,7 @@ TEST(RealModels, MobilenetPaddleConstantWeights) {
 
 TEST(RealModels, LstmScanStaysOpaque) {
   REAL_MODEL(path, "lstm_scan_cntk.onnx");
-  ImportOptions options;
-  options.bindings.seq = 5;
-  auto m = load(path, options);
+  auto m = load(path, 5);
   int scans = 0;
   for (const Op &op : m.graph->ops)
     scans += op.opType == "Scan";

@@ -20,13 +20,8 @@ using llvm::toString;
 namespace {
 
 std::string smallModelBytes() {
-  models::GeneratorOptions o;
-  o.layers = 2;
-  o.hidden = 16;
-  o.heads = 2;
-  o.vocab = 50;
-  o.seq = 4;
-  auto model = models::generateModel(o);
+  auto model =
+      models::generateModel(models::GeneratorOptions(models::Family::Gpt, 2, 16, 50, 4, 2));
   EXPECT_TRUE(!!model);
   std::string bytes;
   model->SerializeToString(&bytes);

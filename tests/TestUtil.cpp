@@ -1,5 +1,6 @@
 //===- TestUtil.cpp - Helpers shared by pipec's tests ---------------------===//
 #include "TestUtil.h"
+#include "passes/GroupLayers.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
@@ -72,32 +73,38 @@ onnx::NodeProto &GraphBuilder::node(const std::string &opType,
   return *n;
 }
 
-onnx::TensorProto &GraphBuilder::weight(const std::string &name, const std::vector<int64_t> &dims) {
-  auto *t = graph().add_initializer();
+/// A new initializer of \p graph: \p name, of ONNX element type \p type and
+/// shape \p dims, without data.
+static onnx::TensorProto &addInitializer(onnx::GraphProto &graph, const std::string &name, int type,
+                                         const std::vector<int64_t> &dims) {
+  auto *t = graph.add_initializer();
   t->set_name(name);
-  t->set_data_type(onnx::TensorProto::FLOAT);
-  int64_t n = 1;
-  for (int64_t d : dims) {
+  t->set_data_type(type);
+  for (int64_t d : dims)
     t->add_dims(d);
+  return *t;
+}
+
+onnx::TensorProto &GraphBuilder::weight(const std::string &name, const std::vector<int64_t> &dims) {
+  onnx::TensorProto &t = addInitializer(graph(), name, onnx::TensorProto::FLOAT, dims);
+  int64_t n = 1;
+  for (int64_t d : dims)
     n *= d;
-  }
   std::string raw(static_cast<size_t>(n) * 4, '\0');
   for (int64_t i = 0; i < n; ++i) {
     float v = 0.5f + static_cast<float>(i);
     std::memcpy(&raw[i * 4], &v, 4);
   }
-  t->set_raw_data(raw);
-  return *t;
+  t.set_raw_data(raw);
+  return t;
 }
 
 onnx::TensorProto &GraphBuilder::ints(const std::string &name, const std::vector<int64_t> &values) {
-  auto *t = graph().add_initializer();
-  t->set_name(name);
-  t->set_data_type(onnx::TensorProto::INT64);
-  t->add_dims(static_cast<int64_t>(values.size()));
+  onnx::TensorProto &t = addInitializer(graph(), name, onnx::TensorProto::INT64,
+                                        {static_cast<int64_t>(values.size())});
   for (int64_t v : values)
-    t->add_int64_data(v);
-  return *t;
+    t.add_int64_data(v);
+  return t;
 }
 
 std::string GraphBuilder::serialize() const {
@@ -136,6 +143,22 @@ Expected<Graph> importGenerated(const models::GeneratorOptions &options, int64_t
 
 Expected<Graph> loadFile(const std::string &path, const ImportOptions &options) {
   return loadGraph(path, options, PipelineOptions());
+}
+
+GroupedGraph groupGraph(Expected<Graph> graph) {
+  GroupedGraph out;
+  if (!graph) {
+    ADD_FAILURE() << toString(graph.takeError());
+    return out;
+  }
+  out.graph = std::make_unique<Graph>(std::move(*graph));
+  auto layers = groupLayers(*out.graph);
+  if (!layers) {
+    ADD_FAILURE() << toString(layers.takeError());
+    return out;
+  }
+  out.layers = std::move(*layers);
+  return out;
 }
 
 int runCommand(const std::string &command, std::string &output) {

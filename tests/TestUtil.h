@@ -2,6 +2,7 @@
 #ifndef PIPEC_TESTS_TESTUTIL_H
 #define PIPEC_TESTS_TESTUTIL_H
 
+#include "compiler/ir/LayerGraph.h"
 #include "driver/PassPipeline.h"
 #include "models/ModelGenerators.h"
 
@@ -9,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -56,6 +58,15 @@ llvm::Expected<Graph> importGenerated(const models::GeneratorOptions &options, i
 
 /// Imports a file with the default graph passes.
 llvm::Expected<Graph> loadFile(const std::string &path, const ImportOptions &options = {});
+
+/// A graph and its layers, which point into it.
+struct GroupedGraph {
+  std::unique_ptr<Graph> graph;
+  LayerGraph layers;
+};
+/// Groups the layers of an imported \p graph. A failed import or grouping
+/// fails the test; the result then holds what was made before it.
+GroupedGraph groupGraph(llvm::Expected<Graph> graph);
 
 /// Runs a shell command; returns its exit status and captures stdout+stderr.
 int runCommand(const std::string &command, std::string &output);

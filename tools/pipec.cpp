@@ -628,15 +628,10 @@ int runModel() {
   auto family = models::parseFamily(ModelFamily);
   if (!family)
     return reportError(family.takeError());
-  models::GeneratorOptions options;
-  options.family = *family;
-  options.layers = ModelLayers;
-  options.hidden = ModelHidden;
-  options.heads = ModelHeads;
+  models::GeneratorOptions options(*family, ModelLayers, ModelHidden, ModelVocab, ModelSeq,
+                                   ModelHeads);
   options.kvHeads = ModelKvHeads;
   options.ffn = ModelFfn;
-  options.vocab = ModelVocab;
-  options.seq = ModelSeq;
   options.batch = ModelBatch;
   options.opset = ModelOpset;
   options.tiedEmbeddings = ModelTied;

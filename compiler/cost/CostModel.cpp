@@ -1,28 +1,34 @@
 //===- CostModel.cpp - Per-layer F / I / W cost on a HardwareSpec ---------===//
 #include "compiler/cost/CostModel.h"
+#include "support/Diagnostics.h"
+#include "support/EnumNames.h"
 
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 
+#include <optional>
 #include <set>
 
 using namespace llvm;
 
 namespace pipec {
 
+namespace {
+
+constexpr EnumName<Precision> precisionNames[] = {{Precision::FP32, "fp32"},
+                                                  {Precision::BF16, "bf16"}};
+
+} // namespace
+
 Expected<Precision> parsePrecision(StringRef name) {
-  if (name == "fp32")
-    return Precision::FP32;
-  if (name == "bf16")
-    return Precision::BF16;
-  return createStringError(inconvertibleErrorCode(), "--precision %s: expected fp32 or bf16",
-                           name.str().c_str());
+  if (std::optional<Precision> precision = valueOf(precisionNames, name))
+    return *precision;
+  return createStringError(inconvertibleErrorCode(), "--precision %s: expected %s",
+                           name.str().c_str(), nameList(precisionNames).c_str());
 }
 
-StringRef precisionName(Precision precision) {
-  return precision == Precision::BF16 ? "bf16" : "fp32";
-}
+StringRef precisionName(Precision precision) { return nameOf(precisionNames, precision, "fp32"); }
 
 namespace {
 
@@ -111,10 +117,7 @@ CostTable computeCosts(const LayerGraph &lg, const HardwareSpec &hw, Precision p
 }
 
 Error applyMeasuredCosts(CostTable &table, StringRef path) {
-  auto fail = [&](const Twine &why) {
-    return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
-                             why.str().c_str());
-  };
+  auto fail = [&](const Twine &why) { return fileError(path, why); };
   auto buffer = MemoryBuffer::getFile(path);
   if (!buffer)
     return fail("cannot open: " + buffer.getError().message());

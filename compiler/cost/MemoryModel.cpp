@@ -1,38 +1,38 @@
 //===- MemoryModel.cpp - Bytes a pipeline stage holds ---------------------===//
 #include "compiler/cost/MemoryModel.h"
+#include "support/EnumNames.h"
 
 #include "llvm/ADT/StringSwitch.h"
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 using namespace llvm;
 
 namespace pipec {
 
+namespace {
+
+constexpr EnumName<Optimizer> optimizerNames[] = {
+    {Optimizer::SGD, "sgd"}, {Optimizer::Momentum, "momentum"}, {Optimizer::Adam, "adamw"}};
+/// Other names --optimizer takes.
+constexpr EnumName<Optimizer> optimizerAliases[] = {{Optimizer::Momentum, "sgd-momentum"},
+                                                    {Optimizer::Adam, "adam"}};
+
+} // namespace
+
 Expected<Optimizer> parseOptimizer(StringRef name) {
   std::string lower = name.lower();
-  if (lower == "sgd")
-    return Optimizer::SGD;
-  if (lower == "momentum" || lower == "sgd-momentum")
-    return Optimizer::Momentum;
-  if (lower == "adam" || lower == "adamw")
-    return Optimizer::Adam;
-  return createStringError(inconvertibleErrorCode(),
-                           "--optimizer %s: expected sgd, momentum or adamw", name.str().c_str());
+  if (std::optional<Optimizer> optimizer = valueOf(optimizerNames, lower))
+    return *optimizer;
+  if (std::optional<Optimizer> optimizer = valueOf(optimizerAliases, lower))
+    return *optimizer;
+  return createStringError(inconvertibleErrorCode(), "--optimizer %s: expected %s",
+                           name.str().c_str(), nameList(optimizerNames).c_str());
 }
 
-StringRef optimizerName(Optimizer optimizer) {
-  switch (optimizer) {
-  case Optimizer::SGD:
-    return "sgd";
-  case Optimizer::Momentum:
-    return "momentum";
-  case Optimizer::Adam:
-    return "adamw";
-  }
-  return "adamw";
-}
+StringRef optimizerName(Optimizer optimizer) { return nameOf(optimizerNames, optimizer, "adamw"); }
 
 int64_t bytesPerParam(const TrainingSetup &setup) {
   if (!setup.training)

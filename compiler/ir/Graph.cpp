@@ -191,6 +191,12 @@ Error decodeTyped(ConstTensor &out, const onnx::TensorProto &tensor) {
     return createStringError(inconvertibleErrorCode(), "holds %lld elements, its shape says %lld",
                              static_cast<long long>(have), static_cast<long long>(n));
   };
+  if (isNarrowIntegerDType(out.type)) {
+    if (tensor.int32_data_size() != n)
+      return mismatch(tensor.int32_data_size());
+    out.ints.assign(tensor.int32_data().begin(), tensor.int32_data().end());
+    return Error::success();
+  }
   switch (out.type) {
   case DType::F32:
     if (tensor.float_data_size() != n)
@@ -222,16 +228,6 @@ Error decodeTyped(ConstTensor &out, const onnx::TensorProto &tensor) {
     if (tensor.uint64_data_size() != n)
       return mismatch(tensor.uint64_data_size());
     out.ints.assign(tensor.uint64_data().begin(), tensor.uint64_data().end());
-    return Error::success();
-  case DType::I32:
-  case DType::I16:
-  case DType::I8:
-  case DType::U16:
-  case DType::U8:
-  case DType::Bool:
-    if (tensor.int32_data_size() != n)
-      return mismatch(tensor.int32_data_size());
-    out.ints.assign(tensor.int32_data().begin(), tensor.int32_data().end());
     return Error::success();
   default:
     return createStringError(inconvertibleErrorCode(), "has type %s that cannot be read",

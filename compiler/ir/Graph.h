@@ -119,6 +119,11 @@ struct Value {
 
 struct Op {
   std::string name;
+  /// The module path the exporter recorded for the node, in torch's legacy
+  /// naming ("/model/layers.0/self_attn/q_proj/MatMul"): the node's name when
+  /// it is such a path, else what node metadata says (torch's dynamo
+  /// exporter keeps it in metadata_props), else empty.
+  std::string scope;
   std::string opType;
   std::string domain; ///< "" for the default ONNX domain
   /// Value ids; -1 for an omitted optional input or output.

@@ -1,5 +1,6 @@
 //===- LayerGraph.cpp - A model as a chain of layers ----------------------===//
 #include "compiler/ir/LayerGraph.h"
+#include "support/EnumNames.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
@@ -9,32 +10,24 @@ using namespace llvm;
 
 namespace pipec {
 
-StringRef layerKindName(LayerKind kind) {
-  switch (kind) {
-  case LayerKind::Embedding:
-    return "embedding";
-  case LayerKind::Block:
-    return "block";
-  case LayerKind::Head:
-    return "head";
-  case LayerKind::Loss:
-    return "loss";
-  case LayerKind::Other:
-    return "other";
-  }
-  return "other";
-}
+namespace {
+
+constexpr EnumName<LayerKind> layerKindNames[] = {
+    {LayerKind::Embedding, "embedding"}, {LayerKind::Block, "block"}, {LayerKind::Head, "head"},
+    {LayerKind::Loss, "loss"},           {LayerKind::Other, "other"},
+};
+
+constexpr EnumName<GroupingMethod> groupingMethodNames[] = {
+    {GroupingMethod::ModulePath, "module-path"},
+    {GroupingMethod::RepeatedStructure, "repeated-structure"},
+    {GroupingMethod::CutAnalysis, "cut-analysis"}};
+
+} // namespace
+
+StringRef layerKindName(LayerKind kind) { return nameOf(layerKindNames, kind, "other"); }
 
 StringRef groupingMethodName(GroupingMethod method) {
-  switch (method) {
-  case GroupingMethod::ModulePath:
-    return "module-path";
-  case GroupingMethod::RepeatedStructure:
-    return "repeated-structure";
-  case GroupingMethod::CutAnalysis:
-    return "cut-analysis";
-  }
-  return "cut-analysis";
+  return nameOf(groupingMethodNames, method, "cut-analysis");
 }
 
 std::vector<int> LayerGraph::crossingAfter(size_t i) const {

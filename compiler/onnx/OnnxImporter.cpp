@@ -22,19 +22,19 @@ namespace pipec {
 
 /// Newest default-domain opset pipec's kernels and passes have been checked
 /// against; ONNX's registry may know newer ones (1.23 goes to 28).
-constexpr int64_t NewestCheckedOpset = 28;
+constexpr int64_t newestCheckedOpset = 28;
 
 int64_t maxSupportedOpset() {
   const auto &ranges = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
   auto it = ranges.find("");
   int64_t registry = it == ranges.end() ? 0 : it->second.second;
-  return std::min<int64_t>(registry, NewestCheckedOpset);
+  return std::min<int64_t>(registry, newestCheckedOpset);
 }
 
 namespace {
 
 /// Oldest default-domain opset whose schemas libonnx still carries.
-constexpr int64_t MinSupportedOpset = 1;
+constexpr int64_t minSupportedOpset = 1;
 
 class Importer {
 public:
@@ -77,6 +77,66 @@ std::string describeNode(const onnx::NodeProto &node) {
   return formatv("node '{0}' ({1})", nodeLabel(node), type).str();
 }
 
+/// The quoted items of a Python list literal: "['', 'm', 'm.model']".
+std::vector<std::string> pythonStrings(StringRef list) {
+  std::vector<std::string> items;
+  for (size_t i = 0; i < list.size(); ++i) {
+    char quote = list[i];
+    if (quote != '\'' && quote != '"')
+      continue;
+    size_t end = list.find(quote, i + 1);
+    if (end == StringRef::npos)
+      break;
+    items.push_back(list.slice(i + 1, end).str());
+    i = end;
+  }
+  return items;
+}
+
+/// "/m/model/layers.0/self_attn/transpose" from the nested module paths
+/// torch's dynamo exporter records per node ("pkg.torch.onnx.name_scopes":
+/// ['', 'm', 'm.model', 'm.model.layers.0', ..., 'transpose'], or the older
+/// "namespace": ": Cls/m: Cls/m.model: Cls/.../transpose: aten.op"): each
+/// module's name relative to its parent, then the node's own.
+std::string scopeFromMetadata(const onnx::NodeProto &node) {
+  std::vector<std::string> scopes;
+  for (const auto &prop : node.metadata_props()) {
+    if (prop.key() == "pkg.torch.onnx.name_scopes") {
+      scopes = pythonStrings(prop.value());
+      break;
+    }
+    if (prop.key() == "namespace") {
+      SmallVector<StringRef, 16> parts;
+      StringRef(prop.value()).split(parts, '/');
+      for (StringRef part : parts)
+        scopes.push_back(part.split(':').first.trim().str());
+    }
+  }
+  if (scopes.size() < 2)
+    return "";
+  std::string path, parent;
+  for (size_t i = 0; i + 1 < scopes.size(); ++i) {
+    StringRef module = scopes[i];
+    if (module.empty())
+      continue;
+    StringRef relative = module;
+    if (!parent.empty() && module.startswith(parent + "."))
+      relative = module.drop_front(parent.size() + 1);
+    path += "/" + relative.str();
+    parent = module.str();
+  }
+  if (path.empty())
+    return "";
+  return path + "/" + scopes.back();
+}
+
+std::string scopeOf(const onnx::NodeProto &node) {
+  StringRef name = node.name();
+  if (name.contains('/') || name.contains('.'))
+    return name.str();
+  return scopeFromMetadata(node);
+}
+
 Error Importer::readOpsets() {
   const onnx::ModelProto &model = *graph.model;
   for (const auto &opset : model.opset_import()) {
@@ -89,9 +149,9 @@ Error Importer::readOpsets() {
   if (it == graph.opsets.end())
     return Error::success(); // only custom domains: nothing to type-check
   int64_t maxOpset = maxSupportedOpset();
-  if (it->second < MinSupportedOpset || it->second > maxOpset)
+  if (it->second < minSupportedOpset || it->second > maxOpset)
     return fail("unsupported opset {0} of the default ONNX domain (this build supports {1} to {2})",
-                it->second, MinSupportedOpset, maxOpset);
+                it->second, minSupportedOpset, maxOpset);
   return Error::success();
 }
 
@@ -344,6 +404,7 @@ Error Importer::addNodes() {
     op.name = node.name();
     op.opType = node.op_type();
     op.domain = node.domain() == "ai.onnx" ? "" : node.domain();
+    op.scope = scopeOf(node);
     op.nodeIndex = n;
     for (const auto &out : node.output()) {
       if (out.empty()) {

@@ -71,10 +71,12 @@
 //
 //===----------------------------------------------------------------------===//
 #include "compiler/schedule/Schedule.h"
+#include "support/EnumNames.h"
 
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <optional>
 
 using namespace llvm;
 
@@ -289,21 +291,12 @@ void dualPipeV(RankBuilder &b, int p, int rank, int m) {
   b.drainWeights();
 }
 
+constexpr EnumName<ActionKind> actionKindLetters[] = {
+    {ActionKind::F, "F"}, {ActionKind::B, "B"}, {ActionKind::I, "I"}, {ActionKind::W, "W"}};
+
 } // namespace
 
-char actionKindLetter(ActionKind kind) {
-  switch (kind) {
-  case ActionKind::F:
-    return 'F';
-  case ActionKind::B:
-    return 'B';
-  case ActionKind::I:
-    return 'I';
-  case ActionKind::W:
-    return 'W';
-  }
-  return '?';
-}
+char actionKindLetter(ActionKind kind) { return nameOf(actionKindLetters, kind, "?").front(); }
 
 std::string formatAction(const Action &action) {
   return std::to_string(action.stage) + actionKindLetter(action.kind) +
@@ -319,23 +312,11 @@ Expected<Action> parseAction(StringRef text) {
   size_t letter = text.find_first_not_of("0123456789");
   if (letter == 0 || letter == StringRef::npos || letter + 1 >= text.size())
     return fail();
-  Action action;
-  switch (text[letter]) {
-  case 'F':
-    action.kind = ActionKind::F;
-    break;
-  case 'B':
-    action.kind = ActionKind::B;
-    break;
-  case 'I':
-    action.kind = ActionKind::I;
-    break;
-  case 'W':
-    action.kind = ActionKind::W;
-    break;
-  default:
+  std::optional<ActionKind> kind = valueOf(actionKindLetters, text.substr(letter, 1));
+  if (!kind)
     return fail();
-  }
+  Action action;
+  action.kind = *kind;
   // getAsInteger rejects signs, blanks and overflow, and needs every char.
   if (text.take_front(letter).getAsInteger(10, action.stage) ||
       text.drop_front(letter + 1).getAsInteger(10, action.microbatch) || action.stage < 0 ||

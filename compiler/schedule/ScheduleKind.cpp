@@ -1,7 +1,6 @@
 //===- ScheduleKind.cpp - Pipeline schedules and their placements ---------===//
 #include "compiler/schedule/ScheduleKind.h"
-
-#include "llvm/ADT/StringSwitch.h"
+#include "support/EnumNames.h"
 
 #include <algorithm>
 #include <optional>
@@ -10,46 +9,27 @@ using namespace llvm;
 
 namespace pipec {
 
+namespace {
+
+constexpr EnumName<ScheduleKind> scheduleNames[] = {{ScheduleKind::GPipe, "gpipe"},
+                                                    {ScheduleKind::OneFOneB, "1f1b"},
+                                                    {ScheduleKind::Interleaved, "interleaved"},
+                                                    {ScheduleKind::ZBH1, "zb-h1"},
+                                                    {ScheduleKind::ZBH2, "zb-h2"},
+                                                    {ScheduleKind::ZBV, "zbv"},
+                                                    {ScheduleKind::DualPipeV, "dualpipev"},
+                                                    {ScheduleKind::ForwardOnly, "forward"}};
+
+} // namespace
+
 Expected<ScheduleKind> parseSchedule(StringRef name) {
-  std::optional<ScheduleKind> kind = StringSwitch<std::optional<ScheduleKind>>(name.lower())
-                                         .Case("gpipe", ScheduleKind::GPipe)
-                                         .Case("1f1b", ScheduleKind::OneFOneB)
-                                         .Case("interleaved", ScheduleKind::Interleaved)
-                                         .Case("zb-h1", ScheduleKind::ZBH1)
-                                         .Case("zb-h2", ScheduleKind::ZBH2)
-                                         .Case("zbv", ScheduleKind::ZBV)
-                                         .Case("dualpipev", ScheduleKind::DualPipeV)
-                                         .Case("forward", ScheduleKind::ForwardOnly)
-                                         .Default(std::nullopt);
-  if (!kind)
-    return createStringError(inconvertibleErrorCode(),
-                             "--schedule %s: expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, "
-                             "dualpipev or forward",
-                             name.str().c_str());
-  return *kind;
+  if (std::optional<ScheduleKind> kind = valueOf(scheduleNames, name.lower()))
+    return *kind;
+  return createStringError(inconvertibleErrorCode(), "--schedule %s: expected %s",
+                           name.str().c_str(), nameList(scheduleNames).c_str());
 }
 
-StringRef scheduleName(ScheduleKind kind) {
-  switch (kind) {
-  case ScheduleKind::GPipe:
-    return "gpipe";
-  case ScheduleKind::OneFOneB:
-    return "1f1b";
-  case ScheduleKind::Interleaved:
-    return "interleaved";
-  case ScheduleKind::ZBH1:
-    return "zb-h1";
-  case ScheduleKind::ZBH2:
-    return "zb-h2";
-  case ScheduleKind::ZBV:
-    return "zbv";
-  case ScheduleKind::DualPipeV:
-    return "dualpipev";
-  case ScheduleKind::ForwardOnly:
-    return "forward";
-  }
-  return "1f1b";
-}
+StringRef scheduleName(ScheduleKind kind) { return nameOf(scheduleNames, kind, "1f1b"); }
 
 bool isVShaped(ScheduleKind kind) {
   return kind == ScheduleKind::ZBV || kind == ScheduleKind::DualPipeV;

@@ -1,6 +1,7 @@
 //===- Simulator.cpp - Event simulation of a plan's instruction streams ---===//
 #include "compiler/sim/Simulator.h"
 #include "support/ChromeTrace.h"
+#include "support/Diagnostics.h"
 
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -413,10 +414,7 @@ void writeChromeTrace(const SimulationResult &result, raw_ostream &os) {
 }
 
 Expected<SimulationResult> readMeasuredTrace(StringRef path, int ranks) {
-  auto fail = [&](const Twine &why) {
-    return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
-                             why.str().c_str());
-  };
+  auto fail = [&](const Twine &why) { return fileError(path, why); };
   auto buffer = MemoryBuffer::getFile(path);
   if (!buffer)
     return fail(buffer.getError().message());

@@ -2,6 +2,7 @@
 #include "passes/fold/FoldContext.h"
 
 #include "support/Attributes.h"
+#include "support/Broadcast.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
@@ -62,16 +63,9 @@ ConstTensor gatherElements(const ConstTensor &src, std::vector<int64_t> shape,
 }
 
 Expected<std::vector<int64_t>> broadcastShapes(ArrayRef<int64_t> a, ArrayRef<int64_t> b) {
-  size_t rank = std::max(a.size(), b.size());
-  std::vector<int64_t> out(rank);
-  for (size_t i = 0; i < rank; ++i) {
-    int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
-    int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
-    if (da != db && da != 1 && db != 1)
-      return createStringError(inconvertibleErrorCode(), "shapes do not broadcast");
-    out[i] = da == 1 ? db : da;
-  }
-  return out;
+  if (std::optional<std::vector<int64_t>> shape = broadcastShape(a, b))
+    return std::move(*shape);
+  return createStringError(inconvertibleErrorCode(), "shapes do not broadcast");
 }
 
 ConstTensor broadcastTo(const ConstTensor &src, ArrayRef<int64_t> shape) {

@@ -26,6 +26,7 @@
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/Error.h"
 
+#include <array>
 #include <functional>
 #include <optional>
 #include <vector>
@@ -57,6 +58,17 @@ struct FoldContext {
 
   /// Input \p i; an error naming the op when it is omitted.
   llvm::Expected<const ConstTensor *> need(size_t i) const;
+  /// Inputs 0 to N - 1; the error of the first omitted one.
+  template <size_t N> llvm::Expected<std::array<const ConstTensor *, N>> needInputs() const {
+    std::array<const ConstTensor *, N> out;
+    for (size_t i = 0; i < N; ++i) {
+      llvm::Expected<const ConstTensor *> input = need(i);
+      if (!input)
+        return input.takeError();
+      out[i] = *input;
+    }
+    return out;
+  }
   /// \p t as the op's one output; std::nullopt when it has more than
   /// maxElements elements.
   FoldResult done(ConstTensor t) const;

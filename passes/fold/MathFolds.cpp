@@ -25,8 +25,9 @@ namespace {
 
 namespace elem = kernels::elem;
 
-/// Binary \p op of \p x and \p y, either of them a float.
-double binaryFloat(OpId op, double x, double y) {
+/// Binary \p op of \p x and \p y where folding computes it as ElementMath.h
+/// does on both doubles and integers; std::nullopt for the other ops.
+template <typename T> std::optional<T> sharedBinary(OpId op, T x, T y) {
   switch (op) {
   case OpId::Add:
     return elem::Add::value(x, y);
@@ -34,8 +35,6 @@ double binaryFloat(OpId op, double x, double y) {
     return elem::Sub::value(x, y);
   case OpId::Mul:
     return elem::Mul::value(x, y);
-  case OpId::Div:
-    return elem::Div::value(x, y);
   case OpId::Equal:
     return elem::Equal::value(x, y);
   case OpId::Less:
@@ -50,6 +49,18 @@ double binaryFloat(OpId op, double x, double y) {
     return elem::And::value(x, y);
   case OpId::Or:
     return elem::Or::value(x, y);
+  default:
+    return std::nullopt;
+  }
+}
+
+/// Binary \p op of \p x and \p y, either of them a float.
+double binaryFloat(OpId op, double x, double y) {
+  if (std::optional<double> r = sharedBinary(op, x, y))
+    return *r;
+  switch (op) {
+  case OpId::Div:
+    return elem::Div::value(x, y);
   // std::min and std::max give the first operand when either is NaN;
   // elem::Min and elem::Max give NaN. Folding keeps std::min and std::max.
   case OpId::Min:
@@ -69,13 +80,9 @@ double binaryFloat(OpId op, double x, double y) {
 
 /// Binary \p op of integers \p x and \p y; std::nullopt for a division by 0.
 std::optional<int64_t> binaryInt(OpId op, int64_t x, int64_t y) {
+  if (std::optional<int64_t> r = sharedBinary(op, x, y))
+    return r;
   switch (op) {
-  case OpId::Add:
-    return elem::Add::value(x, y);
-  case OpId::Sub:
-    return elem::Sub::value(x, y);
-  case OpId::Mul:
-    return elem::Mul::value(x, y);
   case OpId::Div:
     // elem::Div truncates as x / y does; INT64_MIN / -1, undefined for
     // x / y, wraps.
@@ -90,16 +97,6 @@ std::optional<int64_t> binaryInt(OpId op, int64_t x, int64_t y) {
       r += y; // ONNX Mod with fmod=0 follows the divisor's sign
     return r;
   }
-  case OpId::Equal:
-    return elem::Equal::value(x, y);
-  case OpId::Less:
-    return elem::Less::value(x, y);
-  case OpId::Greater:
-    return elem::Greater::value(x, y);
-  case OpId::LessOrEqual:
-    return elem::LessOrEqual::value(x, y);
-  case OpId::GreaterOrEqual:
-    return elem::GreaterOrEqual::value(x, y);
   case OpId::Min:
     return elem::Min::value(x, y);
   case OpId::Max:
@@ -107,10 +104,6 @@ std::optional<int64_t> binaryInt(OpId op, int64_t x, int64_t y) {
   // elem::Pow takes floats only.
   case OpId::Pow:
     return static_cast<int64_t>(std::pow(static_cast<double>(x), static_cast<double>(y)));
-  case OpId::And:
-    return elem::And::value(x, y);
-  case OpId::Or:
-    return elem::Or::value(x, y);
   default:
     llvm_unreachable("not a binary op that folds");
   }
@@ -147,12 +140,28 @@ Expected<ConstTensor> binaryElements(OpId op, const ConstTensor &a, const ConstT
   return out;
 }
 
-/// Unary \p op of float \p x.
-double unaryFloat(OpId op, double x) {
+/// Unary \p op of \p x where folding computes it as ElementMath.h does on
+/// both doubles and integers; std::nullopt for the other ops.
+template <typename T> std::optional<T> sharedUnary(OpId op, T x) {
   kernels::ElemParams none;
   switch (op) {
   case OpId::Neg:
     return elem::Neg::value(x, none);
+  case OpId::Not:
+    return elem::Not::value(x, none);
+  case OpId::Relu:
+    return elem::Relu::value(x, none);
+  default:
+    return std::nullopt;
+  }
+}
+
+/// Unary \p op of float \p x.
+double unaryFloat(OpId op, double x) {
+  if (std::optional<double> r = sharedUnary(op, x))
+    return *r;
+  kernels::ElemParams none;
+  switch (op) {
   case OpId::Sqrt:
     return elem::Sqrt::value(x, none);
   case OpId::Reciprocal:
@@ -165,10 +174,6 @@ double unaryFloat(OpId op, double x) {
     return elem::Floor::value(x, none);
   case OpId::Ceil:
     return elem::Ceil::value(x, none);
-  case OpId::Relu:
-    return elem::Relu::value(x, none);
-  case OpId::Not:
-    return elem::Not::value(x, none);
   default:
     llvm_unreachable("not a unary op that folds");
   }
@@ -176,35 +181,26 @@ double unaryFloat(OpId op, double x) {
 
 /// Unary \p op of integer \p x; the float-only ops leave it as it is.
 int64_t unaryInt(OpId op, int64_t x) {
-  kernels::ElemParams none;
-  switch (op) {
-  case OpId::Neg:
-    return elem::Neg::value(x, none);
-  case OpId::Abs:
-    return elem::Abs::value(x, none);
-  case OpId::Not:
-    return elem::Not::value(x, none);
-  case OpId::Relu:
-    return elem::Relu::value(x, none);
-  default:
-    return x;
-  }
+  if (std::optional<int64_t> r = sharedUnary(op, x))
+    return *r;
+  if (op == OpId::Abs)
+    return elem::Abs::value(x, kernels::ElemParams());
+  return x;
 }
 
 } // namespace
 
 FoldResult binary(const FoldContext &ctx) {
-  auto a = ctx.need(0), b = ctx.need(1);
-  if (!a)
-    return a.takeError();
-  if (!b)
-    return b.takeError();
-  auto shape = broadcastShapes((*a)->shape, (*b)->shape);
+  auto inputs = ctx.needInputs<2>();
+  if (!inputs)
+    return inputs.takeError();
+  auto [a, b] = *inputs;
+  auto shape = broadcastShapes(a->shape, b->shape);
   if (!shape)
     return ctx.wrap(shape.takeError());
   if (product(*shape) > ctx.maxElements)
     return std::nullopt;
-  auto out = binaryElements(ctx.def.id, **a, **b);
+  auto out = binaryElements(ctx.def.id, *a, *b);
   if (!out)
     return ctx.wrap(out.takeError());
   return ctx.done(std::move(*out));

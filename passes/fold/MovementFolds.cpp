@@ -17,12 +17,11 @@ using namespace llvm;
 namespace pipec::fold {
 
 FoldResult gather(const FoldContext &ctx) {
-  auto a = ctx.need(0), idx = ctx.need(1);
-  if (!a)
-    return a.takeError();
-  if (!idx)
-    return idx.takeError();
-  const ConstTensor &data = **a, &indices = **idx;
+  auto inputs = ctx.needInputs<2>();
+  if (!inputs)
+    return inputs.takeError();
+  auto [a, idx] = *inputs;
+  const ConstTensor &data = *a, &indices = *idx;
   int64_t rank = static_cast<int64_t>(data.shape.size());
   int64_t axis = normalizeAxis(attrInt(ctx.node, "axis", 0), rank);
   if (axis < 0 || axis >= rank)
@@ -155,35 +154,33 @@ FoldResult slice(const FoldContext &ctx) {
 }
 
 FoldResult expand(const FoldContext &ctx) {
-  auto a = ctx.need(0), s = ctx.need(1);
-  if (!a)
-    return a.takeError();
-  if (!s)
-    return s.takeError();
+  auto inputs = ctx.needInputs<2>();
+  if (!inputs)
+    return inputs.takeError();
+  auto [a, s] = *inputs;
   std::vector<int64_t> target;
-  for (int64_t i = 0; i < (*s)->numElements(); ++i)
-    target.push_back((*s)->intAt(i));
-  auto shape = broadcastShapes((*a)->shape, target);
+  for (int64_t i = 0; i < s->numElements(); ++i)
+    target.push_back(s->intAt(i));
+  auto shape = broadcastShapes(a->shape, target);
   if (!shape)
     return ctx.wrap(shape.takeError());
   if (product(*shape) > ctx.maxElements)
     return std::nullopt;
-  return ctx.done(broadcastTo(**a, *shape));
+  return ctx.done(broadcastTo(*a, *shape));
 }
 
 FoldResult tile(const FoldContext &ctx) {
-  auto a = ctx.need(0), r = ctx.need(1);
-  if (!a)
-    return a.takeError();
-  if (!r)
-    return r.takeError();
-  const ConstTensor &data = **a;
+  auto inputs = ctx.needInputs<2>();
+  if (!inputs)
+    return inputs.takeError();
+  auto [a, r] = *inputs;
+  const ConstTensor &data = *a;
   int64_t rank = static_cast<int64_t>(data.shape.size());
-  if ((*r)->numElements() != rank)
+  if (r->numElements() != rank)
     return ctx.fail("repeats length differs from the input rank");
   std::vector<int64_t> shape = data.shape;
   for (int64_t d = 0; d < rank; ++d)
-    shape[d] *= (*r)->intAt(d);
+    shape[d] *= r->intAt(d);
   if (product(shape) > ctx.maxElements)
     return std::nullopt;
   auto outStrides = stridesOf(shape), inStrides = stridesOf(data.shape);
@@ -223,23 +220,19 @@ FoldResult transpose(const FoldContext &ctx) {
 }
 
 FoldResult where(const FoldContext &ctx) {
-  auto c = ctx.need(0), x = ctx.need(1), y = ctx.need(2);
-  if (!c)
-    return c.takeError();
-  if (!x)
-    return x.takeError();
-  if (!y)
-    return y.takeError();
-  auto shape = broadcastShapes((*c)->shape, (*x)->shape);
+  auto inputs = ctx.needInputs<3>();
+  if (!inputs)
+    return inputs.takeError();
+  auto [c, x, y] = *inputs;
+  auto shape = broadcastShapes(c->shape, x->shape);
   if (!shape)
     return ctx.wrap(shape.takeError());
-  auto full = broadcastShapes(*shape, (*y)->shape);
+  auto full = broadcastShapes(*shape, y->shape);
   if (!full)
     return ctx.wrap(full.takeError());
   if (product(*full) > ctx.maxElements)
     return std::nullopt;
-  ConstTensor cb = broadcastTo(**c, *full), xb = broadcastTo(**x, *full),
-              yb = broadcastTo(**y, *full);
+  ConstTensor cb = broadcastTo(*c, *full), xb = broadcastTo(*x, *full), yb = broadcastTo(*y, *full);
   ConstTensor out = makeLike(xb.type, *full);
   for (int64_t i = 0, n = out.numElements(); i < n; ++i)
     copyElement(cb.intAt(i) ? xb : yb, i, out, i);

@@ -209,15 +209,14 @@ FoldResult squeeze(const FoldContext &ctx) {
 }
 
 FoldResult reshape(const FoldContext &ctx) {
-  auto a = ctx.need(0), s = ctx.need(1);
-  if (!a)
-    return a.takeError();
-  if (!s)
-    return s.takeError();
-  auto shape = reshapeTarget((*a)->shape, **s, attrInt(ctx.node, "allowzero", 0) != 0);
+  auto inputs = ctx.needInputs<2>();
+  if (!inputs)
+    return inputs.takeError();
+  auto [a, s] = *inputs;
+  auto shape = reshapeTarget(a->shape, *s, attrInt(ctx.node, "allowzero", 0) != 0);
   if (!shape)
     return ctx.wrap(shape.takeError());
-  ConstTensor t = **a;
+  ConstTensor t = *a;
   t.shape = *shape;
   return ctx.done(std::move(t));
 }
@@ -258,25 +257,22 @@ FoldResult constantOfShape(const FoldContext &ctx) {
 }
 
 FoldResult range(const FoldContext &ctx) {
-  auto s = ctx.need(0), l = ctx.need(1), d = ctx.need(2);
-  if (!s)
-    return s.takeError();
-  if (!l)
-    return l.takeError();
-  if (!d)
-    return d.takeError();
-  double start = (*s)->floatAt(0), limit = (*l)->floatAt(0), delta = (*d)->floatAt(0);
+  auto inputs = ctx.needInputs<3>();
+  if (!inputs)
+    return inputs.takeError();
+  auto [s, l, d] = *inputs;
+  double start = s->floatAt(0), limit = l->floatAt(0), delta = d->floatAt(0);
   if (delta == 0)
     return ctx.fail("delta is 0");
   int64_t n = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((limit - start) / delta)));
   if (n > ctx.maxElements)
     return std::nullopt;
-  ConstTensor out = makeLike((*s)->type, {n});
+  ConstTensor out = makeLike(s->type, {n});
   for (int64_t i = 0; i < n; ++i) {
     if (out.isFloat())
       out.floats[i] = start + i * delta;
     else
-      out.ints[i] = (*s)->intAt(0) + i * (*d)->intAt(0);
+      out.ints[i] = s->intAt(0) + i * d->intAt(0);
   }
   return ctx.done(std::move(out));
 }

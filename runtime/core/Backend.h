@@ -34,6 +34,10 @@ namespace onnx {
 class NodeProto;
 } // namespace onnx
 
+namespace pipec::kernels {
+struct OptimizerParams;
+} // namespace pipec::kernels
+
 namespace pipec::rt {
 
 /// One optimizer update of one weight: w, and the moments it needs, are
@@ -48,6 +52,10 @@ struct OptimizerUpdate {
   /// 0-based step, for Adam's bias correction.
   int step = 0;
 };
+
+/// \p u as the element-wise update kernel (kernels::optimizerElement) takes
+/// it: the kind as a number and Adam's bias corrections at u.step.
+kernels::OptimizerParams optimizerParams(const OptimizerUpdate &u);
 
 class Backend {
 public:

@@ -5,6 +5,8 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/core/Tensor.h"
+#include "support/Broadcast.h"
+#include "support/EnumNames.h"
 #include "support/Float16.h"
 
 #include "onnx/onnx_pb.h"
@@ -17,6 +19,7 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -58,38 +61,19 @@ Expected<DType> elemTypeFromOnnx(int32_t onnxType) {
   }
 }
 
-StringRef elemTypeName(DType type) {
-  switch (type) {
-  case DType::F32:
-    return "float";
-  case DType::U8:
-    return "uint8";
-  case DType::I8:
-    return "int8";
-  case DType::U16:
-    return "uint16";
-  case DType::I16:
-    return "int16";
-  case DType::I32:
-    return "int32";
-  case DType::I64:
-    return "int64";
-  case DType::Bool:
-    return "bool";
-  case DType::F16:
-    return "float16";
-  case DType::F64:
-    return "double";
-  case DType::U32:
-    return "uint32";
-  case DType::U64:
-    return "uint64";
-  case DType::BF16:
-    return "bfloat16";
-  default:
-    return dtypeName(type);
-  }
-}
+namespace {
+
+/// ONNX's names of the types the runtime computes in; dtypeName for the rest.
+constexpr EnumName<DType> elemTypeNames[] = {
+    {DType::F32, "float"},    {DType::U8, "uint8"},   {DType::I8, "int8"},
+    {DType::U16, "uint16"},   {DType::I16, "int16"},  {DType::I32, "int32"},
+    {DType::I64, "int64"},    {DType::Bool, "bool"},  {DType::F16, "float16"},
+    {DType::F64, "double"},   {DType::U32, "uint32"}, {DType::U64, "uint64"},
+    {DType::BF16, "bfloat16"}};
+
+} // namespace
+
+StringRef elemTypeName(DType type) { return nameOf(elemTypeNames, type, dtypeName(type)); }
 
 size_t storageSize(DType type) {
   return visitStorage(type, [](auto tag) { return sizeof(tag); });
@@ -434,18 +418,23 @@ bool allClose(const Tensor &actual, const Tensor &expected, double rtol, double 
   return true;
 }
 
+Tensor shapeTensor(ArrayRef<int64_t> shape, int64_t start, int64_t end) {
+  int64_t rank = static_cast<int64_t>(shape.size());
+  if (start < 0)
+    start += rank;
+  if (end < 0)
+    end += rank;
+  start = std::clamp<int64_t>(start, 0, rank);
+  end = std::clamp<int64_t>(end, 0, rank);
+  std::vector<int64_t> dims(shape.begin() + start, shape.begin() + std::max(start, end));
+  return Tensor::fromValues<int64_t>({static_cast<int64_t>(dims.size())}, dims);
+}
+
 Expected<std::vector<int64_t>> broadcastShapes(ArrayRef<int64_t> a, ArrayRef<int64_t> b) {
-  size_t rank = std::max(a.size(), b.size());
-  std::vector<int64_t> out(rank);
-  for (size_t i = 0; i < rank; ++i) {
-    int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
-    int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
-    if (da != db && da != 1 && db != 1)
-      return createStringError(inconvertibleErrorCode(), "shapes %s and %s do not broadcast",
-                               shapeString(a).c_str(), shapeString(b).c_str());
-    out[i] = da == 1 ? db : da;
-  }
-  return out;
+  if (std::optional<std::vector<int64_t>> shape = broadcastShape(a, b))
+    return std::move(*shape);
+  return createStringError(inconvertibleErrorCode(), "shapes %s and %s do not broadcast",
+                           shapeString(a).c_str(), shapeString(b).c_str());
 }
 
 } // namespace pipec::cpu

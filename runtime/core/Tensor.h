@@ -251,6 +251,9 @@ std::string shapeString(llvm::ArrayRef<int64_t> shape);
 /// The numpy broadcast of two shapes, or an error naming both.
 llvm::Expected<std::vector<int64_t>> broadcastShapes(llvm::ArrayRef<int64_t> a,
                                                      llvm::ArrayRef<int64_t> b);
+/// ONNX Shape: dimensions \p start to \p end of \p shape (each counted from
+/// the back when negative, then clamped to the rank), as a host int64 vector.
+Tensor shapeTensor(llvm::ArrayRef<int64_t> shape, int64_t start, int64_t end);
 
 /// Reads \p proto. Raw data, the typed repeated fields and external data
 /// (file, offset, length, resolved against \p baseDir, the model's directory)

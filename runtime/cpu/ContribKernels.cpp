@@ -515,6 +515,34 @@ Error checkAttentionBias(const OpContext &ctx, const Tensor *bias, const Attenti
   return Error::success();
 }
 
+/// What Attention and MultiHeadAttention read once their sizes are known: the
+/// key mask as an additive bias (causal with "unidirectional") and the scale
+/// of Q K^T (1 / sqrt(head size) unless given).
+struct AttentionScoring {
+  std::vector<float> maskBias;
+  float scale = 1;
+};
+
+/// The scoring of an attention of sizes \p a, with attention_bias checked.
+/// \p allowStarts as attentionMask takes it.
+Expected<AttentionScoring> attentionScoring(const OpContext &ctx, const Tensor *mask,
+                                            const Tensor *attentionBias, const AttentionSizes &a,
+                                            bool allowStarts) {
+  if (Error e = checkAttentionBias(ctx, attentionBias, a))
+    return e;
+  bool causal = ctx.attrInt("unidirectional", 0) != 0;
+  auto maskBias = attentionMask(ctx, mask, a, causal, ctx.attrFloat("mask_filter_value", -10000.0f),
+                                allowStarts);
+  if (!maskBias)
+    return maskBias.takeError();
+  AttentionScoring scoring;
+  scoring.maskBias = std::move(*maskBias);
+  scoring.scale = ctx.attrFloat("scale", 0.0f);
+  if (scoring.scale == 0)
+    scoring.scale = 1 / std::sqrt(static_cast<float>(a.H));
+  return scoring;
+}
+
 /// softmax(scale * Q K^T + mask + attention_bias) V for every batch and
 /// head. q [B,N,S,H], k [B,N,T,H], v [B,N,T,Hv], contiguous; mask [B,S,T] or
 /// empty. Writes out [B,S,N*Hv]. The softmax runs in double.
@@ -643,16 +671,9 @@ Expected<Outputs> attention(const OpContext &ctx) {
     a.P = past->dim(3);
   }
   a.T = a.P + a.S;
-  if (Error e = checkAttentionBias(ctx, attentionBias, a))
-    return e;
-  bool causal = ctx.attrInt("unidirectional", 0) != 0;
-  auto maskBias = attentionMask(ctx, mask, a, causal, ctx.attrFloat("mask_filter_value", -10000.0f),
-                                /*allowStarts=*/true);
-  if (!maskBias)
-    return maskBias.takeError();
-  float scale = ctx.attrFloat("scale", 0.0f);
-  if (scale == 0)
-    scale = 1 / std::sqrt(static_cast<float>(a.H));
+  auto scoring = attentionScoring(ctx, mask, attentionBias, a, /*allowStarts=*/true);
+  if (!scoring)
+    return scoring.takeError();
   return onFloating(ctx, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
     int64_t rows = a.B * a.S;
@@ -681,7 +702,8 @@ Expected<Outputs> attention(const OpContext &ctx) {
     toHeads(qkv.data() + sizes[0], width, bk, a.B, a.S, N, a.H, k, a.P, a.T);
     toHeads(qkv.data() + sizes[0] + sizes[1], width, bv, a.B, a.S, N, a.Hv, v, a.P, a.T);
     Tensor out(x.elemType(), {a.B, a.S, sizes[2]});
-    attend<T>(a, static_cast<T>(scale), q.data(), k, v, *maskBias, attentionBias, out.data<T>());
+    attend<T>(a, static_cast<T>(scoring->scale), q.data(), k, v, scoring->maskBias, attentionBias,
+              out.data<T>());
     if (a.Hv != a.H)
       return Outputs{out}; // present needs one head size
     return Outputs{out, present};
@@ -749,16 +771,9 @@ Expected<Outputs> multiHeadAttention(const OpContext &ctx) {
     a.P = pastKey->dim(2);
   }
   a.T = a.P + L;
-  if (Error e = checkAttentionBias(ctx, attentionBias, a))
-    return e;
-  bool causal = ctx.attrInt("unidirectional", 0) != 0;
-  auto maskBias = attentionMask(ctx, mask, a, causal, ctx.attrFloat("mask_filter_value", -10000.0f),
-                                /*allowStarts=*/false);
-  if (!maskBias)
-    return maskBias.takeError();
-  float scale = ctx.attrFloat("scale", 0.0f);
-  if (scale == 0)
-    scale = 1 / std::sqrt(static_cast<float>(a.H));
+  auto scoring = attentionScoring(ctx, mask, attentionBias, a, /*allowStarts=*/false);
+  if (!scoring)
+    return scoring.takeError();
   return onFloating(ctx, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
     std::vector<T> b = valuesAs<T>(bias);
@@ -781,7 +796,8 @@ Expected<Outputs> multiHeadAttention(const OpContext &ctx) {
       toHeads(value->data<T>(), Dv, bv, a.B, L, N, a.Hv, v, a.P, a.T);
     }
     Tensor out(query.elemType(), {a.B, a.S, Dv});
-    attend<T>(a, static_cast<T>(scale), q.data(), k, v, *maskBias, attentionBias, out.data<T>());
+    attend<T>(a, static_cast<T>(scoring->scale), q.data(), k, v, scoring->maskBias, attentionBias,
+              out.data<T>());
     return Outputs{out, presentKey, presentValue};
   });
 }

@@ -28,6 +28,19 @@ using Shape = std::vector<int64_t>;
 template <typename T> constexpr bool IsFloat = std::is_floating_point_v<T>;
 template <typename T> constexpr bool IsBool = std::is_same_v<T, bool>;
 
+/// Runs fn(T{}) with T the storage type of \p x, input \p index of the node;
+/// another than a floating type is unsupported.
+template <typename Fn>
+llvm::Expected<Outputs> onFloat(const OpContext &ctx, const Tensor &x, size_t index, Fn &&fn) {
+  return visitStorage(x.elemType(), [&](auto tag) -> llvm::Expected<Outputs> {
+    using T = decltype(tag);
+    if constexpr (!IsFloat<T>)
+      return ctx.unsupportedType(x, index);
+    else
+      return fn(tag);
+  });
+}
+
 inline int64_t product(llvm::ArrayRef<int64_t> dims) { return numElementsOf(dims); }
 
 /// Strides for reading a tensor of \p shape as if it had \p outShape (shape

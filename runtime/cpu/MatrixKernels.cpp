@@ -253,37 +253,33 @@ Expected<Outputs> conv(const OpContext &ctx) {
   for (int64_t i = 0; i < w->rank; ++i)
     outShape.push_back(w->out[Window::MaxRank - w->rank + i]);
 
-  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
+  return onFloat(ctx, x, 0, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
-      return ctx.unsupportedType(x, 0);
-    } else {
-      Tensor y(x.elemType(), outShape);
-      int64_t groupChannels = channels / group, groupMaps = maps / group;
-      int64_t rows = groupChannels * w->kernelSize(), cols = w->outSize();
-      // A 1x1 kernel over the unpadded input reads the image as the columns.
-      bool pointwise = w->kernelSize() == 1 && w->padBegin == std::array<int64_t, 3>{0, 0, 0} &&
-                       w->padEnd == std::array<int64_t, 3>{0, 0, 0} &&
-                       w->stride == std::array<int64_t, 3>{1, 1, 1};
-      std::vector<T> columns(pointwise ? 0 : rows * cols);
-      for (int64_t n = 0; n < batch; ++n)
-        for (int64_t g = 0; g < group; ++g) {
-          const T *image = x.data<T>() + (n * channels + g * groupChannels) * w->inSize();
-          const T *cols2 = image;
-          if (!pointwise) {
-            im2col(image, groupChannels, *w, columns.data());
-            cols2 = columns.data();
-          }
-          T *out = y.data<T>() + (n * maps + g * groupMaps) * cols;
-          gemmAny<T>(false, false, groupMaps, cols, rows, T(1),
-                     weight.data<T>() + g * groupMaps * rows, rows, cols2, cols, T(0), out, cols);
-          if (bias)
-            for (int64_t m = 0; m < groupMaps; ++m)
-              for (int64_t p = 0; p < cols; ++p)
-                out[m * cols + p] += bias->data<T>()[g * groupMaps + m];
+    Tensor y(x.elemType(), outShape);
+    int64_t groupChannels = channels / group, groupMaps = maps / group;
+    int64_t rows = groupChannels * w->kernelSize(), cols = w->outSize();
+    // A 1x1 kernel over the unpadded input reads the image as the columns.
+    bool pointwise = w->kernelSize() == 1 && w->padBegin == std::array<int64_t, 3>{0, 0, 0} &&
+                     w->padEnd == std::array<int64_t, 3>{0, 0, 0} &&
+                     w->stride == std::array<int64_t, 3>{1, 1, 1};
+    std::vector<T> columns(pointwise ? 0 : rows * cols);
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t g = 0; g < group; ++g) {
+        const T *image = x.data<T>() + (n * channels + g * groupChannels) * w->inSize();
+        const T *cols2 = image;
+        if (!pointwise) {
+          im2col(image, groupChannels, *w, columns.data());
+          cols2 = columns.data();
         }
-      return Outputs{y};
-    }
+        T *out = y.data<T>() + (n * maps + g * groupMaps) * cols;
+        gemmAny<T>(false, false, groupMaps, cols, rows, T(1),
+                   weight.data<T>() + g * groupMaps * rows, rows, cols2, cols, T(0), out, cols);
+        if (bias)
+          for (int64_t m = 0; m < groupMaps; ++m)
+            for (int64_t p = 0; p < cols; ++p)
+              out[m * cols + p] += bias->data<T>()[g * groupMaps + m];
+      }
+    return Outputs{y};
   });
 }
 
@@ -382,21 +378,17 @@ template <bool IsMax> Expected<Outputs> globalPool(const OpContext &ctx) {
   std::fill(outShape.begin() + 2, outShape.end(), 1);
   int64_t planes = x.dim(0) * x.dim(1);
   int64_t size = product(ArrayRef<int64_t>(x.shape()).drop_front(2));
-  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
+  return onFloat(ctx, x, 0, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
-      return ctx.unsupportedType(x, 0);
-    } else {
-      Tensor y(x.elemType(), outShape);
-      for (int64_t p = 0; p < planes; ++p) {
-        const T *in = x.data<T>() + p * size;
-        double acc = isMax ? -std::numeric_limits<double>::infinity() : 0;
-        for (int64_t i = 0; i < size; ++i)
-          acc = isMax ? std::max(acc, double(in[i])) : acc + in[i];
-        y.data<T>()[p] = static_cast<T>(isMax ? acc : acc / size);
-      }
-      return Outputs{y};
+    Tensor y(x.elemType(), outShape);
+    for (int64_t p = 0; p < planes; ++p) {
+      const T *in = x.data<T>() + p * size;
+      double acc = isMax ? -std::numeric_limits<double>::infinity() : 0;
+      for (int64_t i = 0; i < size; ++i)
+        acc = isMax ? std::max(acc, double(in[i])) : acc + in[i];
+      y.data<T>()[p] = static_cast<T>(isMax ? acc : acc / size);
     }
+    return Outputs{y};
   });
 }
 

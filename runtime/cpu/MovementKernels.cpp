@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
+#include "runtime/kernels/IndexMap.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -188,17 +189,12 @@ Expected<Outputs> split(const OpContext &ctx) {
     if (parts <= 0)
       return ctx.fail("no outputs to split into");
     // Equal parts; opset 18's num_outputs lets the last one be smaller.
-    int64_t chunk = (dim + parts - 1) / parts;
     if (!ctx.attr("num_outputs") && dim % parts != 0)
       return ctx.fail(formatv("dimension {0} of size {1} does not split into {2} equal parts",
                               *axis, dim, parts));
-    sizes.emplace();
-    for (int64_t i = 0; i < parts; ++i)
-      sizes->push_back(std::max<int64_t>(0, std::min(chunk, dim - i * chunk)));
+    sizes = kernels::equalSplit(dim, parts);
   }
-  if (static_cast<int64_t>(sizes->size()) != parts ||
-      std::accumulate(sizes->begin(), sizes->end(), int64_t(0)) != dim ||
-      llvm::any_of(*sizes, [](int64_t s) { return s < 0; }))
+  if (!kernels::splitCovers(*sizes, parts, dim))
     return ctx.fail(formatv("split sizes {0} do not cover dimension {1} of size {2} in {3} parts",
                             shapeString(*sizes), *axis, dim, parts));
   AxisSplit layout = splitAt(x.shape(), *axis);
@@ -250,13 +246,7 @@ Expected<Outputs> slice(const OpContext &ctx) {
   std::optional<Shape> axes = ctx.intsFromInputOrAttr(3, "axes");
   std::optional<Shape> steps = ctx.intsFromInputOrAttr(4, "steps");
   size_t count = starts->size();
-  if (!axes) {
-    axes.emplace(count);
-    std::iota(axes->begin(), axes->end(), 0);
-  }
-  if (!steps)
-    steps.emplace(count, 1);
-  if (ends->size() != count || axes->size() != count || steps->size() != count)
+  if (!kernels::fillSliceDefaults(count, ends->size(), axes, steps))
     return ctx.fail("starts, ends, axes and steps differ in length");
   Shape shape = x.shape(), inStrides = stridesOf(x.shape()), readStrides = inStrides;
   int64_t start = 0;
@@ -273,29 +263,11 @@ Expected<Outputs> slice(const OpContext &ctx) {
     int64_t step = std::max((*steps)[i], -std::numeric_limits<int64_t>::max());
     if (step == 0)
       return ctx.fail("step 0 on axis " + Twine((*axes)[i]));
-    int64_t begin = (*starts)[i], end = (*ends)[i];
-    if (begin < 0)
-      begin += dim;
-    if (end < 0)
-      end += dim;
-    int64_t length;
-    if (dim == 0) {
-      begin = 0;
-      length = 0;
-    } else if (step > 0) {
-      begin = std::clamp<int64_t>(begin, 0, dim);
-      end = std::clamp<int64_t>(end, 0, dim);
-      // Written so that a huge step cannot overflow.
-      length = end > begin ? (end - begin - 1) / step + 1 : 0;
-    } else {
-      begin = std::clamp<int64_t>(begin, 0, dim - 1);
-      end = std::clamp<int64_t>(end, -1, dim - 1);
-      length = begin > end ? (begin - end - 1) / -step + 1 : 0;
-    }
-    shape[*axis] = length;
+    kernels::SliceAxis read = kernels::sliceAxis(dim, (*starts)[i], (*ends)[i], step);
+    shape[*axis] = read.length;
     readStrides[*axis] = inStrides[*axis] * step;
-    if (length > 0)
-      start += begin * inStrides[*axis];
+    if (read.length > 0)
+      start += read.begin * inStrides[*axis];
   }
   return Outputs{gatherStrided(x, shape, readStrides, start)};
 }
@@ -366,16 +338,7 @@ Expected<Outputs> tile(const OpContext &ctx) {
 
 Expected<Outputs> shapeOp(const OpContext &ctx) {
   const Tensor &x = ctx.input(0);
-  int64_t rank = x.rank();
-  int64_t start = ctx.attrInt("start", 0), end = ctx.attrInt("end", rank);
-  if (start < 0)
-    start += rank;
-  if (end < 0)
-    end += rank;
-  start = std::clamp<int64_t>(start, 0, rank);
-  end = std::clamp<int64_t>(end, 0, rank);
-  Shape dims(x.shape().begin() + start, x.shape().begin() + std::max(start, end));
-  return Outputs{Tensor::fromValues<int64_t>({static_cast<int64_t>(dims.size())}, dims)};
+  return Outputs{shapeTensor(x.shape(), ctx.attrInt("start", 0), ctx.attrInt("end", x.rank()))};
 }
 
 Expected<Outputs> size(const OpContext &ctx) {

@@ -65,15 +65,11 @@ template <bool Logarithm> Expected<Outputs> softmax(const OpContext &ctx) {
   AxisSplit split = splitAt(x.shape(), *axis);
   if (!singleAxis)
     split = {split.outer, split.size * split.inner, 1};
-  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
+  return onFloat(ctx, x, 0, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
-      return ctx.unsupportedType(x, 0);
-    } else {
-      Tensor y(x.elemType(), x.shape());
-      softmaxAlong(x.data<T>(), y.data<T>(), split, logarithm);
-      return Outputs{y};
-    }
+    Tensor y(x.elemType(), x.shape());
+    softmaxAlong(x.data<T>(), y.data<T>(), split, logarithm);
+    return Outputs{y};
   });
 }
 
@@ -112,33 +108,29 @@ Expected<Outputs> layerNormalization(const OpContext &ctx) {
   DType statType = stashType == 11 ? DType::F64 : DType::F32;
   Tensor meanOut(statType, statShape), invStdOut(statType, statShape);
 
-  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
+  return onFloat(ctx, x, 0, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
-      return ctx.unsupportedType(x, 0);
-    } else {
-      Tensor gamma = expandTo<T>(scale, normShape);
-      Tensor beta = bias ? expandTo<T>(*bias, normShape) : Tensor(x.elemType(), normShape);
-      Tensor y(x.elemType(), x.shape());
-      const T *g = gamma.data<T>(), *bb = beta.data<T>();
-      for (int64_t o = 0; o < outer; ++o) {
-        const T *in = x.data<T>() + o * size;
-        T *out = y.data<T>() + o * size;
-        double mean = 0, var = 0;
-        for (int64_t j = 0; j < size; ++j)
-          mean += in[j];
-        mean /= size;
-        for (int64_t j = 0; j < size; ++j)
-          var += (in[j] - mean) * (in[j] - mean);
-        var /= size;
-        double invStd = 1 / std::sqrt(var + epsilon);
-        for (int64_t j = 0; j < size; ++j)
-          out[j] = static_cast<T>((in[j] - mean) * invStd * g[j] + bb[j]);
-        meanOut.setDouble(o, mean);
-        invStdOut.setDouble(o, invStd);
-      }
-      return Outputs{y, meanOut, invStdOut};
+    Tensor gamma = expandTo<T>(scale, normShape);
+    Tensor beta = bias ? expandTo<T>(*bias, normShape) : Tensor(x.elemType(), normShape);
+    Tensor y(x.elemType(), x.shape());
+    const T *g = gamma.data<T>(), *bb = beta.data<T>();
+    for (int64_t o = 0; o < outer; ++o) {
+      const T *in = x.data<T>() + o * size;
+      T *out = y.data<T>() + o * size;
+      double mean = 0, var = 0;
+      for (int64_t j = 0; j < size; ++j)
+        mean += in[j];
+      mean /= size;
+      for (int64_t j = 0; j < size; ++j)
+        var += (in[j] - mean) * (in[j] - mean);
+      var /= size;
+      double invStd = 1 / std::sqrt(var + epsilon);
+      for (int64_t j = 0; j < size; ++j)
+        out[j] = static_cast<T>((in[j] - mean) * invStd * g[j] + bb[j]);
+      meanOut.setDouble(o, mean);
+      invStdOut.setDouble(o, invStd);
     }
+    return Outputs{y, meanOut, invStdOut};
   });
 }
 
@@ -170,47 +162,43 @@ Expected<Outputs> batchNormalization(const OpContext &ctx) {
   Tensor runningMean(ctx.input(3).elemType(), {channels});
   Tensor runningVar(ctx.input(4).elemType(), {channels});
 
-  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
+  return onFloat(ctx, x, 0, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
-      return ctx.unsupportedType(x, 0);
-    } else {
-      const T *in = x.data<T>();
-      for (int64_t c = 0; c < channels; ++c) {
-        if (!training) {
-          mean[c] = ctx.input(3).getDouble(c);
-          var[c] = ctx.input(4).getDouble(c);
-          continue;
-        }
-        double sum = 0, sumSq = 0;
-        for (int64_t n = 0; n < batch; ++n)
-          for (int64_t s = 0; s < spatial; ++s)
-            sum += in[(n * channels + c) * spatial + s];
-        double count = double(batch * spatial);
-        mean[c] = sum / count;
-        for (int64_t n = 0; n < batch; ++n)
-          for (int64_t s = 0; s < spatial; ++s) {
-            double d = in[(n * channels + c) * spatial + s] - mean[c];
-            sumSq += d * d;
-          }
-        var[c] = sumSq / count;
-        runningMean.setDouble(c, ctx.input(3).getDouble(c) * momentum + mean[c] * (1 - momentum));
-        runningVar.setDouble(c, ctx.input(4).getDouble(c) * momentum + var[c] * (1 - momentum));
+    const T *in = x.data<T>();
+    for (int64_t c = 0; c < channels; ++c) {
+      if (!training) {
+        mean[c] = ctx.input(3).getDouble(c);
+        var[c] = ctx.input(4).getDouble(c);
+        continue;
       }
-      Tensor y(x.elemType(), x.shape());
-      T *out = y.data<T>();
+      double sum = 0, sumSq = 0;
       for (int64_t n = 0; n < batch; ++n)
-        for (int64_t c = 0; c < channels; ++c) {
-          double mul = ctx.input(1).getDouble(c) / std::sqrt(var[c] + epsilon);
-          double add = ctx.input(2).getDouble(c) - mean[c] * mul;
-          int64_t base = (n * channels + c) * spatial;
-          for (int64_t s = 0; s < spatial; ++s)
-            out[base + s] = static_cast<T>(in[base + s] * mul + add);
+        for (int64_t s = 0; s < spatial; ++s)
+          sum += in[(n * channels + c) * spatial + s];
+      double count = double(batch * spatial);
+      mean[c] = sum / count;
+      for (int64_t n = 0; n < batch; ++n)
+        for (int64_t s = 0; s < spatial; ++s) {
+          double d = in[(n * channels + c) * spatial + s] - mean[c];
+          sumSq += d * d;
         }
-      if (training)
-        return Outputs{y, runningMean, runningVar};
-      return Outputs{y};
+      var[c] = sumSq / count;
+      runningMean.setDouble(c, ctx.input(3).getDouble(c) * momentum + mean[c] * (1 - momentum));
+      runningVar.setDouble(c, ctx.input(4).getDouble(c) * momentum + var[c] * (1 - momentum));
     }
+    Tensor y(x.elemType(), x.shape());
+    T *out = y.data<T>();
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t c = 0; c < channels; ++c) {
+        double mul = ctx.input(1).getDouble(c) / std::sqrt(var[c] + epsilon);
+        double add = ctx.input(2).getDouble(c) - mean[c] * mul;
+        int64_t base = (n * channels + c) * spatial;
+        for (int64_t s = 0; s < spatial; ++s)
+          out[base + s] = static_cast<T>(in[base + s] * mul + add);
+      }
+    if (training)
+      return Outputs{y, runningMean, runningVar};
+    return Outputs{y};
   });
 }
 
@@ -431,35 +419,27 @@ Expected<Outputs> softmaxCrossEntropy(const OpContext &ctx) {
   const Tensor &scores = ctx.input(0);
   if (scores.rank() < 2)
     return ctx.fail("scores must have rank >= 2, got " + scores.describe());
-  return visitStorage(scores.elemType(), [&](auto tag) -> Expected<Outputs> {
+  return onFloat(ctx, scores, 0, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
-      return ctx.unsupportedType(scores, 0);
-    } else {
-      Tensor logProb(scores.elemType(), scores.shape());
-      softmaxAlong(scores.data<T>(), logProb.data<T>(), splitAt(scores.shape(), 1), true);
-      // A half-precision log_prob output is what the loss must be computed from.
-      logProb.roundToElemType();
-      Expected<Tensor> loss = negativeLogLikelihood<T>(ctx, logProb, ctx.input(1), ctx.optInput(2));
-      if (!loss)
-        return loss.takeError();
-      return Outputs{*loss, logProb};
-    }
+    Tensor logProb(scores.elemType(), scores.shape());
+    softmaxAlong(scores.data<T>(), logProb.data<T>(), splitAt(scores.shape(), 1), true);
+    // A half-precision log_prob output is what the loss must be computed from.
+    logProb.roundToElemType();
+    Expected<Tensor> loss = negativeLogLikelihood<T>(ctx, logProb, ctx.input(1), ctx.optInput(2));
+    if (!loss)
+      return loss.takeError();
+    return Outputs{*loss, logProb};
   });
 }
 
 Expected<Outputs> negativeLogLikelihoodLoss(const OpContext &ctx) {
   const Tensor &input = ctx.input(0);
-  return visitStorage(input.elemType(), [&](auto tag) -> Expected<Outputs> {
+  return onFloat(ctx, input, 0, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
-      return ctx.unsupportedType(input, 0);
-    } else {
-      Expected<Tensor> loss = negativeLogLikelihood<T>(ctx, input, ctx.input(1), ctx.optInput(2));
-      if (!loss)
-        return loss.takeError();
-      return Outputs{*loss};
-    }
+    Expected<Tensor> loss = negativeLogLikelihood<T>(ctx, input, ctx.input(1), ctx.optInput(2));
+    if (!loss)
+      return loss.takeError();
+    return Outputs{*loss};
   });
 }
 

@@ -478,7 +478,6 @@ Expected<double> CudaBackend::sumOfSquares(ArrayRef<const Tensor *> tensors, dou
 
 Error CudaBackend::optimize(const rt::OptimizerUpdate &u, Tensor &w, const Tensor &g, Tensor &m,
                             Tensor &v) {
-  using Kind = rt::OptimizerUpdate::Kind;
   if (Error err = enter())
     return err;
   auto type = scalarOf(w.elemType());
@@ -489,17 +488,7 @@ Error CudaBackend::optimize(const rt::OptimizerUpdate &u, Tensor &w, const Tenso
   if (g.elemType() != w.elemType() || g.numElements() != w.numElements())
     return createStringError(inconvertibleErrorCode(), "cuda:%d: gradient %s for weight %s", device,
                              g.describe().c_str(), w.describe().c_str());
-  k::OptimizerParams p;
-  p.kind = u.kind == Kind::Sgd ? 0 : u.kind == Kind::Momentum ? 1 : 2;
-  p.lr = u.lr;
-  p.momentum = u.momentum;
-  p.weightDecay = u.weightDecay;
-  p.beta1 = u.beta1;
-  p.beta2 = u.beta2;
-  p.epsilon = u.epsilon;
-  p.gradScale = u.gradScale;
-  p.c1 = 1 - std::pow(u.beta1, u.step + 1);
-  p.c2 = 1 - std::pow(u.beta2, u.step + 1);
+  k::OptimizerParams p = rt::optimizerParams(u);
   PIPEC_TRY_ASSIGN(dw, onDevice(w));
   PIPEC_TRY_ASSIGN(dg, onDevice(g));
   // The moments this kind needs: zero at first, replaced every step.

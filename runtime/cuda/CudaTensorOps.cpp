@@ -116,16 +116,7 @@ Result CudaBackend::shapeOf(const NodeView &n) {
     return std::nullopt;
   if (n.op() == "Size")
     return Outputs{Tensor::scalar<int64_t>(x->numElements())};
-  int64_t rank = x->rank();
-  int64_t start = n.attrInt("start", 0), end = n.attrInt("end", rank);
-  if (start < 0)
-    start += rank;
-  if (end < 0)
-    end += rank;
-  start = std::clamp<int64_t>(start, 0, rank);
-  end = std::clamp<int64_t>(end, 0, rank);
-  Shape dims(x->shape().begin() + start, x->shape().begin() + std::max(start, end));
-  return Outputs{Tensor::fromValues<int64_t>({static_cast<int64_t>(dims.size())}, dims)};
+  return Outputs{cpu::shapeTensor(x->shape(), n.attrInt("start", 0), n.attrInt("end", x->rank()))};
 }
 
 Result CudaBackend::constantOfShape(const NodeView &n) {
@@ -227,13 +218,7 @@ Result CudaBackend::slice(const NodeView &n) {
   if (!starts || !ends)
     return std::nullopt;
   size_t count = starts->size();
-  if (!axes) {
-    axes.emplace(count);
-    std::iota(axes->begin(), axes->end(), 0);
-  }
-  if (!steps)
-    steps.emplace(count, 1);
-  if (ends->size() != count || axes->size() != count || steps->size() != count)
+  if (!k::fillSliceDefaults(count, ends->size(), axes, steps))
     return std::nullopt;
   Shape shape = x->shape(), inStrides = k::contiguousStrides(x->shape()), strides = inStrides;
   int64_t base = 0;
@@ -247,28 +232,12 @@ Result CudaBackend::slice(const NodeView &n) {
     int64_t step = std::max((*steps)[i], -std::numeric_limits<int64_t>::max());
     if (step == 0)
       return std::nullopt;
-    int64_t begin = (*starts)[i], end = (*ends)[i];
-    if (begin < 0)
-      begin += dim;
-    if (end < 0)
-      end += dim;
-    // Lengths as 1 + (span - 1) / |step|: a step near INT64_MAX (an
-    // exporter's "to the end") must not overflow.
-    int64_t length = 0;
-    if (step > 0) {
-      begin = std::clamp<int64_t>(begin, 0, dim);
-      end = std::clamp<int64_t>(end, 0, dim);
-      length = end > begin ? 1 + (end - begin - 1) / step : 0;
-    } else if (dim > 0) { // clamping to [0, dim - 1] needs an element
-      begin = std::clamp<int64_t>(begin, 0, dim - 1);
-      end = std::clamp<int64_t>(end, -1, dim - 1);
-      length = begin > end ? 1 + (begin - end - 1) / -step : 0;
-    }
-    shape[*axis] = length;
+    k::SliceAxis read = k::sliceAxis(dim, (*starts)[i], (*ends)[i], step);
+    shape[*axis] = read.length;
     // Only a second element steps (then |step| < dim: no overflow).
-    strides[*axis] = length > 1 ? inStrides[*axis] * step : inStrides[*axis];
-    if (length > 0)
-      base += begin * inStrides[*axis];
+    strides[*axis] = read.length > 1 ? inStrides[*axis] * step : inStrides[*axis];
+    if (read.length > 0)
+      base += read.begin * inStrides[*axis];
   }
   PIPEC_TRY_ASSIGN(dev, onDevice(*x));
   Tensor out;
@@ -333,16 +302,11 @@ Result CudaBackend::split(const NodeView &n) {
       parts = numOutputs->i();
     if (parts <= 0)
       return std::nullopt;
-    int64_t chunk = (dim + parts - 1) / parts;
     if (!n.attr("num_outputs") && dim % parts != 0)
       return std::nullopt;
-    sizes.emplace();
-    for (int64_t i = 0; i < parts; ++i)
-      sizes->push_back(std::max<int64_t>(0, std::min(chunk, dim - i * chunk)));
+    sizes = k::equalSplit(dim, parts);
   }
-  if (static_cast<int64_t>(sizes->size()) != parts ||
-      std::accumulate(sizes->begin(), sizes->end(), int64_t(0)) != dim ||
-      llvm::any_of(*sizes, [](int64_t s) { return s < 0; }))
+  if (!k::splitCovers(*sizes, parts, dim))
     return std::nullopt;
   PIPEC_TRY_ASSIGN(dev, onDevice(*x));
   size_t elem = cpu::storageSize(x->elemType());

@@ -1,10 +1,11 @@
 //===- Data.cpp - What a training or inference step feeds ---------------===//
 #include "runtime/exec/Data.h"
 #include "runtime/plan/PlanFile.h"
+#include "support/Diagnostics.h"
+#include "support/EnumNames.h"
 
 #include "onnx/onnx_pb.h"
 
-#include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -30,67 +31,31 @@ Expected<DType> elemTypeOfName(StringRef name) {
 
 namespace {
 
-/// NumPy's descr for \p type, and back. NumPy has no bfloat16: ml_dtypes'
-/// bfloat16, which ONNX's tools use, saves as '<V2', a descr no other
-/// 2-byte type writes (ml_dtypes' other types are 1 or 4 bytes, NumPy's own
-/// void type saves as '|V2'), so '<V2' is read as bfloat16 and bfloat16 is
-/// written that way.
-const char *npyDescr(DType type) {
-  using E = DType;
-  switch (type) {
-  case E::F32:
-    return "<f4";
-  case E::F64:
-    return "<f8";
-  case E::F16:
-    return "<f2";
-  case E::BF16:
-    return "<V2";
-  case E::I64:
-    return "<i8";
-  case E::I32:
-    return "<i4";
-  case E::I16:
-    return "<i2";
-  case E::I8:
-    return "|i1";
-  case E::U8:
-    return "|u1";
-  case E::U16:
-    return "<u2";
-  case E::U32:
-    return "<u4";
-  case E::U64:
-    return "<u8";
-  case E::Bool:
-    return "|b1";
-  default:
-    return nullptr;
-  }
-}
+/// NumPy's descr of each type a .npy file may hold: byte order, kind, size.
+/// NumPy has no bfloat16: ml_dtypes' bfloat16, which ONNX's tools use, saves
+/// as '<V2', a descr no other 2-byte type writes (ml_dtypes' other types are
+/// 1 or 4 bytes, NumPy's own void type saves as '|V2').
+constexpr EnumName<DType> npyDescrs[] = {
+    {DType::F32, "<f4"}, {DType::F64, "<f8"}, {DType::F16, "<f2"}, {DType::BF16, "<V2"},
+    {DType::I64, "<i8"}, {DType::I32, "<i4"}, {DType::I16, "<i2"}, {DType::I8, "|i1"},
+    {DType::U8, "|u1"},  {DType::U16, "<u2"}, {DType::U32, "<u4"}, {DType::U64, "<u8"},
+    {DType::Bool, "|b1"}};
 
+/// NumPy's descr for \p type, or "" for a type .npy does not hold.
+StringRef npyDescr(DType type) { return nameOf(npyDescrs, type, ""); }
+
+/// The type of \p descr: little-endian ('<', or '=' here), without an order
+/// ('|'), or with none given.
 std::optional<DType> typeOfDescr(StringRef descr) {
-  using E = DType;
+  // Only bfloat16 reads as a void type, and only with its own order mark.
   if (descr == "<V2")
-    return E::BF16;
-  if (descr.size() == 3 && descr[0] == '=')
-    descr = descr.drop_front(); // native order: little-endian here
-  else if (descr.size() == 3 && (descr[0] == '<' || descr[0] == '|'))
+    return DType::BF16;
+  if (descr.size() == 3 && (descr[0] == '=' || descr[0] == '<' || descr[0] == '|'))
     descr = descr.drop_front();
-  return StringSwitch<std::optional<E>>(descr)
-      .Case("f4", E::F32)
-      .Case("f8", E::F64)
-      .Case("f2", E::F16)
-      .Case("i8", E::I64)
-      .Case("i4", E::I32)
-      .Case("i2", E::I16)
-      .Case("i1", E::I8)
-      .Case("u1", E::U8)
-      .Case("u2", E::U16)
-      .Case("u4", E::U32)
-      .Case("u8", E::U64)
-      .Case("b1", E::Bool)
-      .Default(std::nullopt);
+  for (const EnumName<DType> &row : npyDescrs)
+    if (row.value != DType::BF16 && row.name.drop_front() == descr)
+      return row.value;
+  return std::nullopt;
 }
 
 /// The value of 'key' in the header dict: the text up to the next top-level
@@ -149,10 +114,7 @@ std::string safeFileName(StringRef name) {
 }
 
 Expected<cpu::Tensor> readNpy(StringRef path) {
-  auto fail = [&](const Twine &why) {
-    return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
-                             why.str().c_str());
-  };
+  auto fail = [&](const Twine &why) { return fileError(path, why); };
   auto file = MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
   if (!file)
     return fail(file.getError().message());
@@ -208,8 +170,8 @@ Expected<cpu::Tensor> readNpy(StringRef path) {
 }
 
 Error writeNpy(const cpu::Tensor &tensor, StringRef path) {
-  const char *descr = npyDescr(tensor.elemType());
-  if (!descr)
+  StringRef descr = npyDescr(tensor.elemType());
+  if (descr.empty())
     return createStringError(inconvertibleErrorCode(), "%s: cannot write %s as .npy",
                              path.str().c_str(), tensor.describe().c_str());
   std::string shape = "(";

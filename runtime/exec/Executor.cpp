@@ -240,6 +240,18 @@ Error RankExecutor::forward(int stage, int mb, int t, bool again) {
   return Error::success();
 }
 
+Expected<const cpu::Tensor *> RankExecutor::gradientTerm(const Env &values, const std::string &term,
+                                                         StringRef kind, const std::string &value,
+                                                         int stage, int mb) {
+  auto it = values.find(term);
+  if (it == values.end())
+    return rankError(global,
+                     formatv("stage {0} microbatch {1}: gradient term '{2}' of {3}'{4}' was not "
+                             "computed",
+                             stage, mb, term, kind, value));
+  return &it->second;
+}
+
 Error RankExecutor::backwardInput(int stage, int mb) {
   const plan::StageProgram &sp = stageProgram(stage);
   if (Error err = collect(true, stage, mb))
@@ -250,15 +262,13 @@ Error RankExecutor::backwardInput(int stage, int mb) {
   for (const plan::GradSum &g : sp.input_grads()) {
     std::vector<const cpu::Tensor *> terms;
     for (const std::string &term : g.terms()) {
-      auto it = values.find(term);
-      if (it == values.end())
-        return rankError(global, formatv("stage {0} microbatch {1}: gradient term '{2}' of '{3}' "
-                                         "was not computed",
-                                         stage, mb, term, g.value()));
-      if (!terms.empty() && it->second.shape() != terms[0]->shape())
+      Expected<const cpu::Tensor *> t = gradientTerm(values, term, "", g.value(), stage, mb);
+      if (!t)
+        return t.takeError();
+      if (!terms.empty() && (*t)->shape() != terms[0]->shape())
         return rankError(global, formatv("stage {0}: gradient terms of '{1}' differ in shape",
                                          stage, g.value()));
-      terms.push_back(&it->second);
+      terms.push_back(*t);
     }
     auto v = values.find(g.value());
     if (terms.empty() && v == values.end())
@@ -288,18 +298,16 @@ Error RankExecutor::backwardWeight(int stage, int mb) {
     if (acc == grads.end())
       continue; // not trained (e.g. a buffer)
     for (const std::string &term : g.terms()) {
-      auto it = values.find(term);
-      if (it == values.end())
-        return rankError(global, formatv("stage {0} microbatch {1}: gradient term '{2}' of weight "
-                                         "'{3}' was not computed",
-                                         stage, mb, term, g.value()));
+      Expected<const cpu::Tensor *> t = gradientTerm(values, term, "weight ", g.value(), stage, mb);
+      if (!t)
+        return t.takeError();
       // Element types are the backend's to reconcile (a float32 accumulator
       // takes float16 terms).
-      if (it->second.numElements() != acc->second.numElements())
+      if ((*t)->numElements() != acc->second.numElements())
         return rankError(global,
                          formatv("stage {0}: gradient '{1}' is {2}, weight '{3}' is {4}", stage,
-                                 term, it->second.describe(), g.value(), acc->second.describe()));
-      if (Error err = be.addInto(acc->second, it->second))
+                                 term, (*t)->describe(), g.value(), acc->second.describe()));
+      if (Error err = be.addInto(acc->second, **t))
         return rankError(global, formatv("stage {0}: accumulating '{1}': {2}", stage, term,
                                          toString(std::move(err))));
     }

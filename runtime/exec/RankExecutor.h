@@ -132,6 +132,11 @@ private:
   llvm::Error forward(int stage, int mb, int t, bool again);
   llvm::Error backwardInput(int stage, int mb);
   llvm::Error backwardWeight(int stage, int mb);
+  /// Term \p term of the gradient of \p value (\p kind "weight " for a
+  /// weight's, else "") in \p values; the error says it was not computed.
+  llvm::Expected<const cpu::Tensor *> gradientTerm(const Env &values, const std::string &term,
+                                                   llvm::StringRef kind, const std::string &value,
+                                                   int stage, int mb);
   llvm::Error allReduce(const Ins &ins);
   llvm::Error optimizerStep(int t);
   void prune(Env &values, const std::set<std::string> &keep);

@@ -15,7 +15,10 @@
 
 #include "runtime/kernels/HostDevice.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
+#include <optional>
 #include <vector>
 
 namespace pipec::kernels {
@@ -132,6 +135,67 @@ bool makeIndexMap(const std::vector<int64_t> &outShape,
       map.strides[k][d] = merged[k][map.rank - 1 - d];
   }
   return true;
+}
+
+/// Slice's axes and steps where the node omits them: 0, 1, .. and 1s for
+/// \p count starts. False when \p ends, the axes or the steps are not
+/// \p count long.
+inline bool fillSliceDefaults(size_t count, size_t ends, std::optional<std::vector<int64_t>> &axes,
+                              std::optional<std::vector<int64_t>> &steps) {
+  if (!axes) {
+    axes.emplace(count);
+    std::iota(axes->begin(), axes->end(), 0);
+  }
+  if (!steps)
+    steps.emplace(count, 1);
+  return ends == count && axes->size() == count && steps->size() == count;
+}
+
+/// What Slice reads along one axis: \p length elements from \p begin.
+struct SliceAxis {
+  int64_t begin = 0, length = 0;
+};
+
+/// Slice from \p start towards \p end (either counted from the back when
+/// negative) in steps of \p step (not 0) along a dimension of \p dim, both
+/// ends clamped as ONNX says.
+inline SliceAxis sliceAxis(int64_t dim, int64_t start, int64_t end, int64_t step) {
+  if (start < 0)
+    start += dim;
+  if (end < 0)
+    end += dim;
+  SliceAxis axis;
+  if (dim == 0)
+    return axis;
+  // Lengths as 1 + (span - 1) / |step|: a step near INT64_MAX (an
+  // exporter's "to the end") must not overflow.
+  if (step > 0) {
+    axis.begin = std::clamp<int64_t>(start, 0, dim);
+    end = std::clamp<int64_t>(end, 0, dim);
+    axis.length = end > axis.begin ? 1 + (end - axis.begin - 1) / step : 0;
+  } else {
+    axis.begin = std::clamp<int64_t>(start, 0, dim - 1);
+    end = std::clamp<int64_t>(end, -1, dim - 1);
+    axis.length = axis.begin > end ? 1 + (axis.begin - end - 1) / -step : 0;
+  }
+  return axis;
+}
+
+/// Split of a dimension of \p dim into \p parts (at least 1) equal parts,
+/// but the last, which is smaller when \p parts does not divide \p dim.
+inline std::vector<int64_t> equalSplit(int64_t dim, int64_t parts) {
+  int64_t chunk = (dim + parts - 1) / parts;
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < parts; ++i)
+    sizes.push_back(std::max<int64_t>(0, std::min(chunk, dim - i * chunk)));
+  return sizes;
+}
+
+/// True when \p sizes are \p parts sizes, none negative, that sum to \p dim.
+inline bool splitCovers(const std::vector<int64_t> &sizes, int64_t parts, int64_t dim) {
+  return static_cast<int64_t>(sizes.size()) == parts &&
+         std::accumulate(sizes.begin(), sizes.end(), int64_t(0)) == dim &&
+         std::none_of(sizes.begin(), sizes.end(), [](int64_t s) { return s < 0; });
 }
 
 } // namespace pipec::kernels

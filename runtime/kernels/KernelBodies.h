@@ -39,21 +39,31 @@ struct GatherParams {
   int64_t outer = 1, size = 1, count = 0, inner = 1;
 };
 
-/// One output element; an index outside [-size, size) sets *flag and gives 0.
-template <typename T, typename I>
-PIPEC_HD void gatherElement(int64_t o, const GatherParams &p, const T *data, const I *indices,
-                            T *out, int *flag) {
+/// The data element output element \p o reads, or -1 for an index outside
+/// [-size, size).
+template <typename I>
+PIPEC_HD int64_t gatherSource(int64_t o, const GatherParams &p, const I *indices) {
   int64_t in = o % p.inner, rest = o / p.inner;
   int64_t j = rest % p.count, outer = rest / p.count;
   int64_t k = static_cast<int64_t>(indices[j]);
   if (k < 0)
     k += p.size;
-  if (k < 0 || k >= p.size) {
+  if (k < 0 || k >= p.size)
+    return -1;
+  return (outer * p.size + k) * p.inner + in;
+}
+
+/// One output element; an index outside [-size, size) sets *flag and gives 0.
+template <typename T, typename I>
+PIPEC_HD void gatherElement(int64_t o, const GatherParams &p, const T *data, const I *indices,
+                            T *out, int *flag) {
+  int64_t source = gatherSource(o, p, indices);
+  if (source < 0) {
     *flag = 1;
     out[o] = T(0);
     return;
   }
-  out[o] = data[(outer * p.size + k) * p.inner + in];
+  out[o] = data[source];
 }
 
 PIPEC_HD void atomicAddTo(float *target, float value) {
@@ -68,16 +78,12 @@ PIPEC_HD void atomicAddTo(float *target, float value) {
 template <typename I>
 PIPEC_HD void gatherGradElement(int64_t i, const GatherParams &p, const float *dy, const I *indices,
                                 float *dx, int *flag) {
-  int64_t in = i % p.inner, rest = i / p.inner;
-  int64_t j = rest % p.count, outer = rest / p.count;
-  int64_t k = static_cast<int64_t>(indices[j]);
-  if (k < 0)
-    k += p.size;
-  if (k < 0 || k >= p.size) {
+  int64_t target = gatherSource(i, p, indices);
+  if (target < 0) {
     *flag = 1;
     return;
   }
-  atomicAddTo(dx + (outer * p.size + k) * p.inner + in, dy[i]);
+  atomicAddTo(dx + target, dy[i]);
 }
 
 //===----------------------------------------------------------------------===//
@@ -191,25 +197,37 @@ PIPEC_HD int64_t rowBase(const RowLayout &l, int64_t row) {
   return (row / l.inner) * l.size * l.inner + row % l.inner;
 }
 
+/// A row's largest element and the sum of exp(x - largest) over the row.
+struct RowExpSum {
+  float maxValue;
+  double sum;
+};
+
+/// The RowExpSum of the row at \p in (elements l.inner apart), over all
+/// lanes. Sums in double, as the CPU kernels do (a 50k-wide row loses digits
+/// in float).
+template <typename L>
+PIPEC_HD RowExpSum rowExpSum(const L &lanes, const float *in, const RowLayout &l) {
+  float maxValue = -INFINITY;
+  for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
+    maxValue = fmaxf(maxValue, in[j * l.inner]);
+  maxValue = lanes.max(maxValue);
+  double sum = 0;
+  for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
+    sum += expf(in[j * l.inner] - maxValue);
+  return {maxValue, lanes.sum(sum)};
+}
+
 /// Softmax (or log-softmax) of one row.
 template <typename L>
 PIPEC_HD void softmaxRow(const L &lanes, int64_t row, const RowLayout &l, const float *x, float *y,
                          bool logarithm) {
   const float *in = x + rowBase(l, row);
   float *out = y + rowBase(l, row);
-  float maxValue = -INFINITY;
-  for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
-    maxValue = fmaxf(maxValue, in[j * l.inner]);
-  maxValue = lanes.max(maxValue);
-  // Sums in double, as the CPU kernels do (a 50k-wide row loses digits in
-  // float).
-  double sum = 0;
-  for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
-    sum += expf(in[j * l.inner] - maxValue);
-  sum = lanes.sum(sum);
-  float scale = logarithm ? static_cast<float>(log(sum)) : static_cast<float>(1.0 / sum);
+  RowExpSum exps = rowExpSum(lanes, in, l);
+  float scale = logarithm ? static_cast<float>(log(exps.sum)) : static_cast<float>(1.0 / exps.sum);
   for (int64_t j = lanes.lane(); j < l.size; j += lanes.count()) {
-    float shifted = in[j * l.inner] - maxValue;
+    float shifted = in[j * l.inner] - exps.maxValue;
     out[j * l.inner] = logarithm ? shifted - scale : expf(shifted) * scale;
   }
 }
@@ -335,14 +353,9 @@ PIPEC_HD void crossEntropyRow(const L &lanes, int64_t row, const RowLayout &l,
                               int *flag) {
   int64_t base = rowBase(l, row);
   const float *in = scores + base;
-  float maxValue = -INFINITY;
-  for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
-    maxValue = fmaxf(maxValue, in[j * l.inner]);
-  maxValue = lanes.max(maxValue);
-  double sum = 0;
-  for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
-    sum += expf(in[j * l.inner] - maxValue);
-  float logSum = static_cast<float>(log(lanes.sum(sum)));
+  RowExpSum exps = rowExpSum(lanes, in, l);
+  float maxValue = exps.maxValue;
+  float logSum = static_cast<float>(log(exps.sum));
   if (logProb)
     for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
       logProb[base + j * l.inner] = in[j * l.inner] - maxValue - logSum;
@@ -409,16 +422,10 @@ PIPEC_HD void crossEntropyGradRow(const L &lanes, int64_t row, const RowLayout &
   }
   double divisor = p.reduction != 2 || count[0] == 0 ? 1.0 : count[0];
   float scale = static_cast<float>(static_cast<double>(dLoss[0]) / divisor);
-  float maxValue = -INFINITY;
-  for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
-    maxValue = fmaxf(maxValue, in[j * l.inner]);
-  maxValue = lanes.max(maxValue);
-  double sum = 0;
-  for (int64_t j = lanes.lane(); j < l.size; j += lanes.count())
-    sum += expf(in[j * l.inner] - maxValue);
-  float total = static_cast<float>(lanes.sum(sum));
+  RowExpSum exps = rowExpSum(lanes, in, l);
+  float total = static_cast<float>(exps.sum);
   for (int64_t j = lanes.lane(); j < l.size; j += lanes.count()) {
-    float prob = expf(in[j * l.inner] - maxValue) / total;
+    float prob = expf(in[j * l.inner] - exps.maxValue) / total;
     out[j * l.inner] = scale * (prob - (j == label ? 1.0f : 0.0f));
   }
 }

@@ -1,5 +1,7 @@
 //===- PlanFile.cpp - Read and write plan files ---------------------------===//
 #include "runtime/plan/PlanFile.h"
+#include "support/Diagnostics.h"
+#include "support/EnumNames.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -13,19 +15,24 @@
 #include <google/protobuf/text_format.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <optional>
+
 using namespace llvm;
 
 namespace pipec {
 
+namespace {
+
+constexpr EnumName<PlanEncoding> planEncodingNames[] = {
+    {PlanEncoding::Binary, "binary"}, {PlanEncoding::Text, "text"}, {PlanEncoding::Json, "json"}};
+
+} // namespace
+
 Expected<PlanEncoding> parsePlanEncoding(StringRef name) {
-  if (name == "binary")
-    return PlanEncoding::Binary;
-  if (name == "text")
-    return PlanEncoding::Text;
-  if (name == "json")
-    return PlanEncoding::Json;
-  return createStringError(inconvertibleErrorCode(), "--emit %s: expected binary, text or json",
-                           name.str().c_str());
+  if (std::optional<PlanEncoding> encoding = valueOf(planEncodingNames, name))
+    return *encoding;
+  return createStringError(inconvertibleErrorCode(), "--emit %s: expected %s", name.str().c_str(),
+                           nameList(planEncodingNames).c_str());
 }
 
 Expected<std::string> serializePlan(const plan::Plan &plan, PlanEncoding encoding) {
@@ -94,10 +101,7 @@ Error writeFileAtomically(StringRef path, StringRef bytes) {
 }
 
 Expected<plan::Plan> readPlan(StringRef path) {
-  auto fail = [&](const Twine &why) {
-    return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
-                             why.str().c_str());
-  };
+  auto fail = [&](const Twine &why) { return fileError(path, why); };
   auto buffer = MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
   if (!buffer)
     return fail("cannot open: " + buffer.getError().message());

@@ -10,12 +10,13 @@
 // Run through tools/bench.sh, which writes the table to docs/PERFORMANCE.md.
 //
 //===----------------------------------------------------------------------===//
+#include "compiler/onnx/WireSkeleton.h"
 #include "driver/Compile.h"
 #include "driver/PassPipeline.h"
-#include "compiler/onnx/WireSkeleton.h"
 #include "models/ModelGenerators.h"
 #include "passes/BalanceStages.h"
 #include "passes/GroupLayers.h"
+#include "tools/bench/BenchData.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -30,53 +31,18 @@
 #include <iostream>
 
 using namespace pipec;
+using pipec::bench::ensureModel;
 
 namespace {
 
-std::string dataDir() {
-  std::string dir = std::string(PIPEC_BINARY_DIR) + "/bench-data";
-  llvm::sys::fs::create_directories(dir);
-  return dir;
-}
-
-/// Generates the model once; later runs reuse the file.
-std::string ensureModel(const std::string &name, models::GeneratorOptions options,
-                        bool externalData) {
-  std::string path = dataDir() + "/" + name;
-  if (llvm::sys::fs::exists(path))
-    return path;
-  auto model = models::generateModel(options);
-  if (!model) {
-    std::cerr << llvm::toString(model.takeError()) << "\n";
-    std::exit(1);
-  }
-  if (llvm::Error err = models::writeModel(*model, path, externalData, 1024)) {
-    std::cerr << llvm::toString(std::move(err)) << "\n";
-    std::exit(1);
-  }
-  return path;
-}
-
 models::GeneratorOptions deepGpt() {
-  models::GeneratorOptions o;
-  o.layers = 1024;
-  o.hidden = 64;
-  o.heads = 4;
-  o.vocab = 1000;
-  o.seq = 16;
-  return o;
+  return models::GeneratorOptions(models::Family::Gpt, 1024, 64, 1000, 16, 4);
 }
 
 /// About 1.5 GB of fp32 weights: 24 blocks of hidden 1024 (12 h^2 each),
 /// a 32000 x 1024 embedding and LM head.
 models::GeneratorOptions heavyGpt() {
-  models::GeneratorOptions o;
-  o.layers = 24;
-  o.hidden = 1024;
-  o.heads = 16;
-  o.vocab = 32000;
-  o.seq = 16;
-  return o;
+  return models::GeneratorOptions(models::Family::Gpt, 24, 1024, 32000, 16, 16);
 }
 
 void setBytes(benchmark::State &state, const std::string &path) {

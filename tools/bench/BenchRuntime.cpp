@@ -21,6 +21,7 @@
 #include "runtime/core/FusedProgram.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/exec/Executor.h"
+#include "tools/bench/BenchData.h"
 
 #include "llvm/Support/FileSystem.h"
 
@@ -31,45 +32,18 @@
 #include <iostream>
 
 using namespace pipec;
+using pipec::bench::ensureModel;
 
 namespace {
 
-std::string ensureModel(const std::string &name, const models::GeneratorOptions &options) {
-  std::string dir = std::string(PIPEC_BINARY_DIR) + "/bench-data";
-  llvm::sys::fs::create_directories(dir);
-  std::string path = dir + "/" + name;
-  if (llvm::sys::fs::exists(path))
-    return path;
-  auto model = models::generateModel(options);
-  if (!model) {
-    std::cerr << llvm::toString(model.takeError()) << "\n";
-    std::exit(1);
-  }
-  if (llvm::Error err = models::writeModel(*model, path, false)) {
-    std::cerr << llvm::toString(std::move(err)) << "\n";
-    std::exit(1);
-  }
-  return path;
-}
-
 std::string gpt() {
-  models::GeneratorOptions o;
-  o.family = models::Family::Gpt;
-  o.layers = 6;
-  o.hidden = 256;
-  o.heads = 8;
-  o.vocab = 2000;
-  o.seq = 64;
+  models::GeneratorOptions o(models::Family::Gpt, 6, 256, 2000, 64, 8);
   o.withLoss = true;
   return ensureModel("bench-gpt6.onnx", o);
 }
 
 std::string tinyMlp() {
-  models::GeneratorOptions o;
-  o.family = models::Family::Mlp;
-  o.layers = 16;
-  o.hidden = 8;
-  o.vocab = 8;
+  models::GeneratorOptions o(models::Family::Mlp, 16, 8, 8);
   o.withLoss = true;
   return ensureModel("bench-mlp16.onnx", o);
 }
@@ -79,7 +53,7 @@ std::string profiledCosts() {
   static std::string path;
   if (!path.empty())
     return path;
-  path = std::string(PIPEC_BINARY_DIR) + "/bench-data/bench-gpt6.costs.json";
+  path = bench::dataDir() + "/bench-gpt6.costs.json";
   std::string text;
   llvm::raw_string_ostream os(text);
   ProfileOptions options;
@@ -284,31 +258,22 @@ void BM_GeluChain(benchmark::State &state) {
   state.counters["elements"] = static_cast<double>(rows * cols);
 }
 
-BENCHMARK(BM_GptOneRank)->Name("gpt6/1_rank_m8")->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_GptTwoRanks)
-    ->Name("gpt6/2_ranks_1f1b_m8")
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_GptOneRankProfiled)
-    ->Name("gpt6/1_rank_m8_profiled_costs")
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
+/// Every benchmark here times its iterations itself (SetIterationTime).
+void manualMilliseconds(benchmark::internal::Benchmark *b) {
+  b->UseManualTime()->Unit(benchmark::kMillisecond);
+}
+
+BENCHMARK(BM_GptOneRank)->Name("gpt6/1_rank_m8")->Apply(manualMilliseconds);
+BENCHMARK(BM_GptTwoRanks)->Name("gpt6/2_ranks_1f1b_m8")->Apply(manualMilliseconds);
+BENCHMARK(BM_GptOneRankProfiled)->Name("gpt6/1_rank_m8_profiled_costs")->Apply(manualMilliseconds);
 BENCHMARK(BM_GptTwoRanksProfiled)
     ->Name("gpt6/2_ranks_1f1b_m8_profiled_costs")
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
+    ->Apply(manualMilliseconds);
 BENCHMARK(BM_GptFusedAgainstUnfused)
     ->Name("gpt6/1_rank_m8_fused_vs_unfused")
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_GeluChain)
-    ->Name("gelu_2048x1024/fused_vs_unfused")
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_MlpOverhead)
-    ->Name("mlp16_tiny/4_ranks_1f1b_m64")
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
+    ->Apply(manualMilliseconds);
+BENCHMARK(BM_GeluChain)->Name("gelu_2048x1024/fused_vs_unfused")->Apply(manualMilliseconds);
+BENCHMARK(BM_MlpOverhead)->Name("mlp16_tiny/4_ranks_1f1b_m64")->Apply(manualMilliseconds);
 
 } // namespace
 

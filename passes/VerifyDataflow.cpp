@@ -1,0 +1,120 @@
+//===- VerifyDataflow.cpp - Every value a stage reads is delivered -------===//
+#include "passes/VerifyDataflow.h"
+#include "support/Diagnostics.h"
+
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <map>
+#include <set>
+#include <tuple>
+
+using namespace llvm;
+
+namespace pipec {
+namespace {
+
+using Op = plan::Instruction;
+
+Error fail(const Twine &why) {
+  return createStringError(inconvertibleErrorCode(), "verify-program: %s", why.str().c_str());
+}
+
+/// What a stage has before its forward runs: received, loaded or a weight.
+StringSet<> deliveredTo(const plan::StageProgram &sp) {
+  StringSet<> names;
+  for (const auto *list : {&sp.recv(), &sp.loads(), &sp.weights()})
+    for (const std::string &name : *list)
+      names.insert(name);
+  return names;
+}
+
+/// Forward: each read is delivered or made earlier on the stage. Adds what
+/// the forward makes to \p available.
+Error checkForward(const plan::StageProgram &sp, StringSet<> &available) {
+  for (const onnx::NodeProto &node : sp.forward()) {
+    for (const std::string &in : node.input())
+      if (!in.empty() && !available.contains(in))
+        return fail(formatv("stage {0}: forward node '{1}' ({2}) reads '{3}', which no "
+                            "instruction delivers to it (not received, loaded, a weight, or "
+                            "computed earlier on the stage)",
+                            sp.stage(), nodeLabel(node), node.op_type(), in));
+    for (const std::string &out : node.output())
+      if (!out.empty())
+        available.insert(out);
+  }
+  return Error::success();
+}
+
+/// Backward: a read of a forward value (one some stage's forward makes) is
+/// one of this stage's: the others never reach it.
+Error checkBackward(const plan::StageProgram &sp, const StringSet<> &available,
+                    const StringSet<> &forwardValues) {
+  for (const auto *list : {&sp.backward_input(), &sp.backward_weight()})
+    for (const onnx::NodeProto &node : *list)
+      for (const std::string &in : node.input())
+        if (forwardValues.contains(in) && !available.contains(in))
+          return fail(formatv("stage {0}: backward node '{1}' ({2}) reads the forward value "
+                              "'{3}', which is neither made on the stage nor delivered to it",
+                              sp.stage(), nodeLabel(node), node.op_type(), in));
+  return Error::success();
+}
+
+/// On every rank, the forward of a stage whose predecessor runs elsewhere
+/// has, before it, a RECV of each value the stage receives.
+Error checkReceives(const plan::Plan &plan) {
+  std::map<int, int> rankOfStage;
+  for (const plan::Stage &s : plan.stages())
+    rankOfStage[s.index()] = s.rank();
+  for (const plan::RankProgram &program : plan.programs()) {
+    // (sending stage, microbatch, tensor) received so far.
+    std::set<std::tuple<int, int, std::string>> received;
+    for (int i = 0; i < program.instructions_size(); ++i) {
+      const Op &ins = program.instructions(i);
+      if (ins.op() == Op::RECV && !ins.grad())
+        received.insert({ins.stage(), ins.microbatch(), ins.tensor().name()});
+      if (ins.op() != Op::FORWARD || ins.stage() == 0 ||
+          ins.stage() >= plan.stage_programs_size() ||
+          rankOfStage[ins.stage() - 1] == program.rank())
+        continue;
+      for (const std::string &name : plan.stage_programs(ins.stage()).recv())
+        if (!received.count({ins.stage() - 1, ins.microbatch(), name}))
+          return fail(formatv("rank {0} step {1}: FORWARD s{2} mb{3} runs before a RECV of "
+                              "'{4}' from stage {5}",
+                              program.rank(), i, ins.stage(), ins.microbatch(), name,
+                              ins.stage() - 1));
+    }
+  }
+  return Error::success();
+}
+
+} // namespace
+
+Error verifyDataflow(const plan::Plan &plan) {
+  StringSet<> forwardValues;
+  for (const plan::StageProgram &sp : plan.stage_programs())
+    for (const onnx::NodeProto &node : sp.forward())
+      for (const std::string &out : node.output())
+        if (!out.empty())
+          forwardValues.insert(out);
+  for (int s = 0; s < plan.stage_programs_size(); ++s) {
+    const plan::StageProgram &sp = plan.stage_programs(s);
+    if (s > 0) {
+      StringSet<> sent;
+      for (const std::string &name : plan.stage_programs(s - 1).send())
+        sent.insert(name);
+      for (const std::string &name : sp.recv())
+        if (!sent.contains(name))
+          return fail(
+              formatv("stage {0} receives '{1}', which stage {2} does not send", s, name, s - 1));
+    }
+    StringSet<> available = deliveredTo(sp);
+    if (Error err = checkForward(sp, available))
+      return err;
+    if (Error err = checkBackward(sp, available, forwardValues))
+      return err;
+  }
+  return checkReceives(plan);
+}
+
+} // namespace pipec

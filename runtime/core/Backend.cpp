@@ -1,0 +1,26 @@
+//===- Backend.cpp - What the backends share ------------------------------===//
+#include "runtime/core/Backend.h"
+#include "runtime/kernels/KernelBodies.h"
+
+#include <cmath>
+
+namespace pipec::rt {
+
+kernels::OptimizerParams optimizerParams(const OptimizerUpdate &u) {
+  kernels::OptimizerParams p;
+  p.kind = u.kind == OptimizerUpdate::Kind::Sgd        ? 0
+           : u.kind == OptimizerUpdate::Kind::Momentum ? 1
+                                                       : 2;
+  p.lr = u.lr;
+  p.momentum = u.momentum;
+  p.weightDecay = u.weightDecay;
+  p.beta1 = u.beta1;
+  p.beta2 = u.beta2;
+  p.epsilon = u.epsilon;
+  p.gradScale = u.gradScale;
+  p.c1 = 1 - std::pow(u.beta1, u.step + 1);
+  p.c2 = 1 - std::pow(u.beta2, u.step + 1);
+  return p;
+}
+
+} // namespace pipec::rt
