@@ -45,7 +45,7 @@ namespace pipec::cpu {
 
 namespace {
 
-constexpr double NegInf = -std::numeric_limits<double>::infinity();
+constexpr double negInf = -std::numeric_limits<double>::infinity();
 
 /// \p v rounded to what element type \p type holds (float, float16,
 /// bfloat16); double and the other types keep it.
@@ -253,7 +253,7 @@ Expected<AttentionBias> AttentionBias::make(const OpContext &ctx, const Attentio
   // A float mask joins the bias in the query's type (the specification's
   // Cast of the bias to T1), whatever its own floating type.
   for (int64_t i = 0; i < mask->numElements(); ++i)
-    bias.maskValues[i] = maskType == DType::Bool ? (mask->getInt64(i) ? 0.0 : NegInf)
+    bias.maskValues[i] = maskType == DType::Bool ? (mask->getInt64(i) ? 0.0 : negInf)
                                                  : roundAs(queryType, mask->getDouble(i));
   return bias;
 }
@@ -266,14 +266,14 @@ void AttentionBias::fill(int64_t b, int64_t h, std::vector<double> &row) const {
       if (mask)
         v = j < maskWidth ? maskValues[b * maskStrides[0] + h * maskStrides[1] +
                                        i * maskStrides[2] + j * maskStrides[3]]
-                          : NegInf;
+                          : negInf;
       int64_t past = i + offset - j; // > 0: key j precedes the query
       if (causal && past < 0)
-        v += NegInf;
+        v += negInf;
       if ((left >= 0 && past > left) || (right >= 0 && -past > right))
-        v += NegInf;
+        v += negInf;
       if (!nonpad.empty() && j >= nonpad[b])
-        v += NegInf;
+        v += negInf;
       row[i * keys + j] = v;
     }
 }
@@ -312,7 +312,7 @@ Expected<AttentionOptions> attentionOptions(const OpContext &ctx, const Attentio
 /// it (bfloat16 sums one element at a time, as ml_dtypes' reductions do).
 /// A row whose maximum is -inf gives zeros.
 void softmaxRow(double *x, int64_t count, DType type) {
-  double maxValue = NegInf;
+  double maxValue = negInf;
   bool nan = false;
   for (int64_t j = 0; j < count; ++j) {
     nan |= std::isnan(x[j]);
@@ -320,7 +320,7 @@ void softmaxRow(double *x, int64_t count, DType type) {
   }
   if (nan)
     maxValue = std::numeric_limits<double>::quiet_NaN();
-  if (maxValue == NegInf)
+  if (maxValue == negInf)
     maxValue = 0;
   double sum = 0;
   for (int64_t j = 0; j < count; ++j) {
@@ -369,7 +369,7 @@ Outputs attend(const OpContext &ctx, const AttentionSizes &a, const AttentionOpt
           if (o.softcap > 0)
             capped = r(r(std::tanh(r(raw / o.softcap))) * o.softcap);
           row[j] = r(capped + rowBias[j]);
-          masked &= rowBias[j] == NegInf;
+          masked &= rowBias[j] == negInf;
           if (wantScores && o.mode < 3)
             scoresOut[((b * a.qHeads + h) * queries + i) * keys + j] =
                 static_cast<A>(o.mode == 0   ? raw
