@@ -230,12 +230,19 @@ std::string GraphBuilder::batchShape(StringRef scope, const std::string &like,
 
 std::string GraphBuilder::causalMask() {
   if (causalMaskName.empty()) {
+    // A bool buffer (true on and below the diagonal) chooses between 0 and
+    // the lowest float: Where's condition carries no gradient, so the mask
+    // is not trained.
     int64_t s = options.seq;
-    std::vector<float> values(s * s, 0.0f);
+    std::vector<uint8_t> keep(s * s, 0);
     for (int64_t i = 0; i < s; ++i)
-      for (int64_t j = i + 1; j < s; ++j)
-        values[i * s + j] = std::numeric_limits<float>::lowest();
-    causalMaskName = addBuffer("causal_mask", {1, 1, s, s}, values);
+      for (int64_t j = 0; j <= i; ++j)
+        keep[i * s + j] = 1;
+    std::string allowed = addBoolBuffer("causal_mask", {1, 1, s, s}, keep);
+    causalMaskName =
+        addNode("Where", "/model/causal_mask",
+                {allowed, constFloat("/model/causal_mask", 0.0f),
+                 constFloat("/model/causal_mask", std::numeric_limits<float>::lowest())});
   }
   return causalMaskName;
 }

@@ -57,16 +57,20 @@ void buildLlama(GraphBuilder &g) {
   Mod m = Mod().child("model");
   std::string emb = g.addWeight("model.embed_tokens.weight", {o.vocab, e});
   std::string x = g.addNode("Gather", m.child("embed_tokens").scope, {emb, "input_ids"});
-  // cos/sin of position * 10000^(-2i/D), both halves repeated as HF does.
-  std::vector<float> cosTable(s * d), sinTable(s * d);
+  // cos/sin of position * 10000^(-2i/D), both halves repeated, computed in
+  // the graph from the inv_freq buffer as HF's LlamaRotaryEmbedding does
+  // (a table of constants into Cos and Sin: not trained).
+  std::vector<float> invFreq(d), positions(s);
+  for (int64_t i = 0; i < d; ++i)
+    invFreq[i] = static_cast<float>(std::pow(10000.0, -double(2 * (i % (d / 2))) / d));
   for (int64_t p = 0; p < s; ++p)
-    for (int64_t i = 0; i < d; ++i) {
-      double freq = std::pow(10000.0, -double(2 * (i % (d / 2))) / d);
-      cosTable[p * d + i] = std::cos(p * freq);
-      sinTable[p * d + i] = std::sin(p * freq);
-    }
-  std::string cosT = g.addBuffer("model.rotary_emb.cos_cached", {s, d}, cosTable);
-  std::string sinT = g.addBuffer("model.rotary_emb.sin_cached", {s, d}, sinTable);
+    positions[p] = static_cast<float>(p);
+  Mod rope = m.child("rotary_emb");
+  std::string freq = g.addBuffer("model.rotary_emb.inv_freq", {1, d}, invFreq);
+  std::string pos = g.addBuffer("model.rotary_emb.positions", {s, 1}, positions);
+  std::string angles = g.addNode("Mul", rope.scope, {pos, freq});
+  std::string cosT = g.addNode("Cos", rope.scope, {angles});
+  std::string sinT = g.addNode("Sin", rope.scope, {angles});
   std::string mask = g.causalMask();
   for (int l = 0; l < o.layers; ++l) {
     Mod layer = m.child("layers." + Twine(l));

@@ -44,6 +44,12 @@ enum OpFlags : uint8_t {
   Fuse = 2,
   /// It runs subgraphs (If, Loop, Scan): pipec keeps it as one opaque op.
   Subgraph = 4,
+  /// An input computed from initializers and constants alone (no graph input
+  /// reaches it) is a table the op reads, not something it trains: rotary
+  /// frequencies feed Sin and Cos, and exporters keep them as initializers
+  /// although frameworks register them as buffers. No gradient flows into
+  /// such an input.
+  Table = 8,
 };
 
 /// What the differentiate pass knows about an op's gradient.

@@ -13,6 +13,7 @@
 #include "passes/grad/GradRules.h"
 
 #include "ops/OpRegistry.h"
+#include "support/Attributes.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/Twine.h"
@@ -42,6 +43,8 @@ private:
     return lookupOp(op.domain, op.opType, graph.opsetFor(op.domain));
   }
   Error seedLoss(const LossSpec &loss);
+  void noteTableWeights(const std::vector<int> &tables);
+  std::string countLabels(const Value &loss);
   Error differentiateOp(const Op &op);
 
   const Graph &graph;
@@ -80,8 +83,16 @@ Error Differentiator::seedLoss(const LossSpec &loss) {
       return createStringError(inconvertibleErrorCode(), "loss: '%s' is not a scalar (%s)",
                                outName.c_str(), formatShape(y.shape).c_str());
     result.lossValue = outName;
-    ctx.addContribution(id, y.shape.empty() ? ctx.constScalar(1.0, y.type)
-                                            : ctx.reshape(ctx.constScalar(1.0, y.type), y.shape));
+    {
+      // A mean over counted labels is seeded with its count: the microbatch
+      // then contributes its loss summed over its labels, and the step's
+      // gradient divides by the labels counted in the whole step.
+      std::string seed = countLabels(y);
+      ctx.sinkFor(id);
+      if (seed.empty())
+        seed = ctx.constScalar(1.0, y.type);
+      ctx.addContribution(id, y.shape.empty() ? seed : ctx.reshape(seed, y.shape));
+    }
     return Error::success();
   case LossSpec::Kind::Mse: {
     // Forward: loss = ReduceMean((y - labels)^2) over all elements.
@@ -114,6 +125,65 @@ Error Differentiator::seedLoss(const LossSpec &loss) {
   }
   }
   llvm_unreachable("unknown loss kind");
+}
+
+/// Records in Backward::tableWeights the initializers \p tables are
+/// computed from.
+void Differentiator::noteTableWeights(const std::vector<int> &tables) {
+  std::vector<int> work = tables;
+  std::vector<bool> seen(graph.values.size(), false);
+  while (!work.empty()) {
+    int v = work.back();
+    work.pop_back();
+    if (v < 0 || seen[v])
+      continue;
+    seen[v] = true;
+    const Value &value = graph.values[v];
+    if (value.producer < 0) {
+      if (value.kind == ValueKind::Weight && isFloatDType(value.type))
+        result.tableWeights.insert(value.name);
+      continue;
+    }
+    for (int in : graph.ops[value.producer].inputs)
+      work.push_back(in);
+  }
+}
+
+/// When \p loss is a mean over labels that may be ignored (a
+/// SoftmaxCrossEntropyLoss or NegativeLogLikelihoodLoss of reduction "mean"
+/// with an ignore_index and no class weights, directly), emits into the
+/// loss's forward the number of labels it counts, "pipec:loss_count" (of the
+/// loss's type), and returns it; else returns "".
+std::string Differentiator::countLabels(const Value &loss) {
+  if (loss.producer < 0)
+    return "";
+  const Op &op = graph.ops[loss.producer];
+  if (!op.domain.empty() ||
+      (op.opType != "SoftmaxCrossEntropyLoss" && op.opType != "NegativeLogLikelihoodLoss") ||
+      op.inputs.size() != 2 || op.outputs.empty() || op.outputs[0] != graph.findValue(loss.name))
+    return "";
+  const onnx::NodeProto &node = graph.node(op);
+  if (attrString(node, "reduction", "mean") != "mean" || !findAttr(node, "ignore_index"))
+    return "";
+  int64_t ignore = attrInt(node, "ignore_index", 0);
+  const std::string &labels = graph.values[op.inputs[1]].name;
+  ctx.sinkTo(result.lossForward);
+  // Each emit may move the nodes emitted before: a node is finished before
+  // the next is emitted.
+  auto cast = [&](const std::string &x, DType to) {
+    onnx::NodeProto &node = ctx.emit("Cast", {x});
+    GradContext::setInt(node, "to", static_cast<int64_t>(to));
+    return GradContext::out(node);
+  };
+  std::string wide = cast(labels, DType::I64);
+  std::string ignoreValue = ctx.constInts({ignore});
+  std::string counted = ctx.unary("Not", ctx.binary("Equal", wide, ignoreValue));
+  std::string ones = cast(counted, loss.type);
+  onnx::NodeProto &sum = ctx.emit("ReduceSum", {ones});
+  GradContext::setInt(sum, "keepdims", 0);
+  sum.set_output(0, "pipec:loss_count");
+  result.lossCountValue = "pipec:loss_count";
+  return result.lossCountValue;
 }
 
 Error Differentiator::differentiateOp(const Op &op) {
@@ -166,18 +236,39 @@ Expected<Backward> Differentiator::run(const LossSpec &loss) {
     bool input = graphInputGrads && value.kind == ValueKind::Input;
     needsGrad[v] = isFloatDType(value.type) && (trainable || input);
   }
+  // An op flagged Table (Sin, Cos) passes none into an input that no graph
+  // input reaches: such an input is a table computed from constants.
+  std::vector<bool> fromData(graph.values.size(), false);
+  for (size_t v = 0; v < graph.values.size(); ++v)
+    fromData[v] = graph.values[v].kind == ValueKind::Input;
+  std::vector<int> tables;
   for (const Op &op : graph.ops) {
     if (op.dead)
       continue;
-    const GradRule &rule = grad::gradRuleOf(defOf(op));
-    bool any = false;
-    for (size_t i = 0; i < op.inputs.size(); ++i)
-      any |= op.inputs[i] >= 0 && needsGrad[op.inputs[i]] && rule.carries(i);
-    for (int o : op.outputs)
-      if (o >= 0 && any && isFloatDType(graph.values[o].type) &&
-          graph.values[o].kind != ValueKind::Constant)
+    const OpDef *def = defOf(op);
+    const GradRule &rule = grad::gradRuleOf(def);
+    bool any = false, data = false;
+    for (size_t i = 0; i < op.inputs.size(); ++i) {
+      int in = op.inputs[i];
+      if (in < 0)
+        continue;
+      data |= fromData[in];
+      if (!needsGrad[in] || !rule.carries(i))
+        continue;
+      if (def && def->has(Table) && !fromData[in])
+        tables.push_back(in);
+      else
+        any = true;
+    }
+    for (int o : op.outputs) {
+      if (o < 0)
+        continue;
+      fromData[o] = data;
+      if (any && isFloatDType(graph.values[o].type) && graph.values[o].kind != ValueKind::Constant)
         needsGrad[o] = true;
+    }
   }
+  noteTableWeights(tables);
 
   if (Error err = seedLoss(loss))
     return err;

@@ -75,6 +75,13 @@
 //  - GatherGrad(dY, Indices; dData; axis: int, shape: ints). Scatter-add of
 //    dY into zeros of `shape` (Data's shape) along `axis`; negative indices
 //    count from the end.
+//  - GatherElementsGrad(dY, Indices; dData; axis: int, shape: ints).
+//    Zeros of `shape` (Data's shape) with each dY element added at the
+//    element of Data that GatherElements read for it.
+//  - GatherNDGrad(dY, Indices; dData; batch_dims: int, shape: ints). Zeros
+//    of `shape` with each slice of dY added at the slice of Data that its
+//    index tuple addressed (GatherND's layout, batch_dims leading batch
+//    dimensions).
 //  - LayerNormGradInput(dY, X, Scale; dX; axis: int, epsilon: float).
 //    Normalised axes are axis..rank-1; with Xh = (X - mean) * rstd and
 //    G = dY * Scale: dX = rstd * (G - mean(G) - Xh * mean(G * Xh)).
@@ -102,6 +109,12 @@
 //    window's count (positions inside the padded input with
 //    count_include_pad, inside X otherwise) and added to the window's
 //    positions inside X; dX has `shape`.
+//  - ResizeGrad(dY, X, roi, scales, sizes; dX; the forward Resize's
+//    attributes). X and the optional roi, scales and sizes are the forward
+//    node's inputs; dX is the adjoint of that Resize (linear in X) applied
+//    to dY: each output's gradient added to the input positions it was
+//    interpolated from, with the same weights; extrapolated outputs add
+//    nothing.
 //  - BatchNormGradWeight(dY, X, Mean, Var; dScale; epsilon: float). X
 //    [N, C, d1..], the others [C]; dScale[c] = sum over all but dimension 1
 //    of dY * (X - Mean[c]) / sqrt(Var[c] + epsilon). (Inference-mode dX is
@@ -124,6 +137,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -155,15 +169,23 @@ struct Backward {
   std::vector<std::vector<onnx::NodeProto>> inputGrad;
   std::vector<std::vector<onnx::NodeProto>> weightGrad;
   /// Forward nodes that compute the loss (scalar "pipec:loss") when it is
-  /// not a model output; they run after the last layer's forward. Empty for
-  /// LossSpec::Kind::ModelOutput.
+  /// not a model output, or the count of its labels; they run after the last
+  /// layer's forward.
   std::vector<onnx::NodeProto> lossForward;
   /// The name of the loss value.
   std::string lossValue;
+  /// The number of labels the loss counts, computed in lossForward, when the
+  /// loss is a mean over labels some of which may be ignored; empty else.
+  /// The backward is seeded with it (see plan.proto's loss_count_value).
+  std::string lossCountValue;
   /// Trainable weight (initializer) name -> name of its gradient value. A
   /// weight read by several layers gets its gradient summed in the W list of
   /// the lowest of those layers.
   std::map<std::string, std::string> weightGrads;
+  /// Initializers read only as tables (through an op flagged Table in
+  /// Ops.def, such as rotary frequencies into Sin and Cos); they get no
+  /// gradient through those reads.
+  std::set<std::string> tableWeights;
   /// Float graph input name -> gradient name; filled only when asked for.
   std::map<std::string, std::string> inputGrads;
 };

@@ -577,28 +577,42 @@ Error StageBuilder::addBackwardNodes(plan::StageProgram &sp, BackwardLists &list
   return Error::success();
 }
 
-/// Which weights train: all that have a gradient, but registered buffers
-/// (float initializers in ONNX, recognised by name) and those matching
-/// \p freeze; a warning lists those left out.
-void addTrainable(plan::Plan &plan, const Backward &backward, StringRef freeze) {
-  llvm::Regex buffer("(^|[./_])(inv_freq|cos_cached|sin_cached|cos_cache|sin_cache|"
-                     "causal_mask|masked_bias|attn\\.bias)$");
+/// Which weights train, by structure: every float initializer the loss
+/// depends on through differentiable ops (those the differentiate pass gave
+/// a gradient), but those matching \p freeze. A note says what trains and
+/// why each other float initializer the stages read does not.
+void addTrainable(plan::Plan &plan, const Graph &graph, const Backward &backward,
+                  const std::set<int> &weightIds, StringRef freeze) {
   std::optional<llvm::Regex> frozen;
   if (!freeze.empty())
     frozen.emplace(freeze);
-  std::vector<std::string> skipped;
+  std::vector<std::string> byFreeze, tables, noPath;
   for (const auto &entry : backward.weightGrads) {
     const std::string &w = entry.first;
-    if (buffer.match(w) || (frozen && frozen->match(w))) {
-      skipped.push_back(w);
-      continue;
-    }
-    plan.add_trainable(w);
+    if (frozen && frozen->match(w))
+      byFreeze.push_back(w);
+    else
+      plan.add_trainable(w);
   }
-  if (!skipped.empty())
-    plan.add_warnings("not trained (buffers by name" +
-                      std::string(freeze.empty() ? "" : ", or --freeze") +
-                      "): " + join(skipped, ", "));
+  for (int id : weightIds) {
+    const Value &v = graph.values[id];
+    if (v.producer >= 0 || v.kind != ValueKind::Weight || !isFloatDType(v.type) ||
+        backward.weightGrads.count(v.name))
+      continue;
+    (backward.tableWeights.count(v.name) ? tables : noPath).push_back(v.name);
+  }
+  std::string note = formatv("trains {0} weight(s)", plan.trainable_size()).str();
+  if (!byFreeze.empty())
+    note += "; not trained, matching --freeze: " + join(byFreeze, ", ");
+  if (!tables.empty())
+    note +=
+        "; not trained, tables read through Sin/Cos (rotary frequencies): " + join(tables, ", ");
+  if (!noPath.empty())
+    note += "; not trained, the loss does not depend on them through differentiable ops "
+            "(shapes, masks, comparisons): " +
+            join(noPath, ", ");
+  if (!byFreeze.empty() || !tables.empty() || !noPath.empty())
+    plan.add_warnings(note);
 }
 
 /// What a step feeds: the graph inputs the stages load (\p loadedBy: the
@@ -684,9 +698,10 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
     *plan.add_weights() = std::move(*t);
   }
   if (backward) {
-    addTrainable(plan, *backward, freeze);
+    addTrainable(plan, graph, *backward, weightIds, freeze);
     plan.set_loss_value(backward->lossValue);
-    plan.set_loss_reduction("mean");
+    plan.set_loss_reduction(backward->lossCountValue.empty() ? "mean" : "token-mean");
+    plan.set_loss_count_value(backward->lossCountValue);
   }
   addDataInputs(plan, graph, backward, loadedBy);
   addOutputs(plan, graph);

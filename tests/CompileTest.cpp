@@ -4,11 +4,13 @@
 #include "driver/Compile.h"
 #include "driver/PassPipeline.h"
 #include "driver/Report.h"
+#include "passes/VerifyDataflow.h"
 #include "runtime/plan/PlanFile.h"
 
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -229,8 +231,8 @@ TEST(Compile, EveryScheduleCompilesReportsAndSimulates) {
     int traced = 0;
     for (const auto &e : *traceJson->getAsObject()->getArray("traceEvents"))
       if (const auto *o = e.getAsObject())
-        traced += o->getString("ph").getValueOr("") == "X" &&
-                  o->getString("cat").getValueOr("") == "F";
+        traced +=
+            o->getString("ph").getValueOr("") == "X" && o->getString("cat").getValueOr("") == "F";
     EXPECT_EQ(traced, 4 * 8 * c.v);
   }
 }
@@ -520,6 +522,46 @@ TEST(Compile, UnknownPrintAfterListsThePasses) {
             std::string::npos)
       << out;
   EXPECT_FALSE(fileExists(dir.path("x.plan")));
+}
+
+} // namespace
+
+namespace {
+
+// A plan whose stage reads a value the previous stage does not send is
+// refused before it runs: verify-program checks the data, not only the
+// instruction streams (a rotary table made in stage 0 and read by stage 1
+// once slipped through and failed at run time).
+TEST(VerifyDataflow, RefusesAStageThatReadsWhatIsNotSent) {
+  TempDir dir;
+  std::string model = generateGpt(dir, 4), out;
+  std::string path = dir.path("g.plan");
+  ASSERT_EQ(
+      runCommand(Pipec + " compile " + model + " --mode infer --seq 32 --stages 2 -o " + path, out),
+      0)
+      << out;
+  auto plan = readPlan(path);
+  ASSERT_TRUE(!!plan) << toString(plan.takeError());
+  ASSERT_EQ(toString(verifyDataflow(*plan)), "");
+  ASSERT_GT(plan->stage_programs(1).recv_size(), 0);
+  std::string sent = plan->stage_programs(1).recv(0);
+
+  // Stage 0 no longer sends it.
+  plan::Plan noSend = *plan;
+  auto *sends = noSend.mutable_stage_programs(0)->mutable_send();
+  sends->erase(std::remove(sends->begin(), sends->end(), sent), sends->end());
+  std::string err = toString(verifyDataflow(noSend));
+  EXPECT_EQ(err, "verify-program: stage 1 receives '" + sent + "', which stage 0 does not send");
+
+  // Stage 1 no longer receives it: its forward reads an undelivered value.
+  plan::Plan noRecv = *plan;
+  auto *recvs = noRecv.mutable_stage_programs(1)->mutable_recv();
+  recvs->erase(std::remove(recvs->begin(), recvs->end(), sent), recvs->end());
+  err = toString(verifyDataflow(noRecv));
+  EXPECT_NE(err.find("verify-program: stage 1: forward node '"), std::string::npos) << err;
+  EXPECT_NE(err.find("reads '" + sent + "', which no instruction delivers to it"),
+            std::string::npos)
+      << err;
 }
 
 } // namespace

@@ -218,6 +218,54 @@ TEST(Differentiate, LayerNormalization) {
     }
 }
 
+TEST(Differentiate, RmsNormalization) {
+  for (int axis : {-1, 1})
+    for (const std::vector<int64_t> &scale : {std::vector<int64_t>{4}, {1, 4}, {3, 4}}) {
+      if (axis == -1 && scale.size() > 1)
+        continue;
+      GraphBuilder b(23);
+      b.input("x", kDouble, {2, 3, 4});
+      doubleWeight(b, "scale", scale);
+      auto &n = b.node("RMSNormalization", {"x", "scale"}, {"y"}, "rms");
+      setIntAttr(n, "axis", axis);
+      setFloatAttr(n, "epsilon", 1e-3f);
+      b.output("y", kDouble);
+      SCOPED_TRACE("axis " + std::to_string(axis) + ", scale rank " + std::to_string(scale.size()));
+      checkModel(b);
+    }
+}
+
+TEST(Differentiate, InstanceAndGroupNormalization) {
+  for (const std::vector<int64_t> &dims : {std::vector<int64_t>{2, 4, 3}, {2, 4, 2, 3}}) {
+    SCOPED_TRACE("rank " + std::to_string(dims.size()));
+    {
+      GraphBuilder b;
+      b.input("x", kDouble, dims);
+      doubleWeight(b, "scale", {4});
+      doubleWeight(b, "bias", {4});
+      auto &n = b.node("InstanceNormalization", {"x", "scale", "bias"}, {"y"}, "in");
+      setFloatAttr(n, "epsilon", 1e-3f);
+      b.output("y", kDouble);
+      SCOPED_TRACE("InstanceNormalization");
+      checkModel(b);
+    }
+    // Opset 18 takes scale and bias per group, 21 per channel.
+    for (int opset : {18, 21}) {
+      GraphBuilder b(opset);
+      b.input("x", kDouble, dims);
+      std::vector<int64_t> params{opset == 18 ? 2 : 4};
+      doubleWeight(b, "scale", params);
+      doubleWeight(b, "bias", params);
+      auto &n = b.node("GroupNormalization", {"x", "scale", "bias"}, {"y"}, "gn");
+      setIntAttr(n, "num_groups", 2);
+      setFloatAttr(n, "epsilon", 1e-3f);
+      b.output("y", kDouble);
+      SCOPED_TRACE("GroupNormalization-" + std::to_string(opset));
+      checkModel(b);
+    }
+  }
+}
+
 TEST(Differentiate, WhereExpandDropoutSqueeze) {
   {
     GraphBuilder b;
@@ -402,6 +450,98 @@ TEST(Differentiate, Conv) {
       setIntAttr(n, "group", c.group);
     if (!c.autoPad.empty())
       setStringAttr(n, "auto_pad", c.autoPad);
+    b.output("y", kDouble);
+    SCOPED_TRACE(c.name);
+    checkModel(b);
+  }
+}
+
+/// A ConvTranspose case: attributes left empty are omitted.
+struct ConvTransposeCase {
+  std::string name;
+  std::vector<int64_t> x, w, strides, pads, dilations = {}, outputPadding = {}, outputShape = {};
+  int64_t group = 1;
+  std::string autoPad = "";
+  bool bias = false;
+};
+
+TEST(Differentiate, ConvTranspose) {
+  const ConvTransposeCase cases[] = {
+      {"3x3 pad 1 bias", {2, 3, 4, 4}, {3, 2, 3, 3}, {}, {1, 1, 1, 1}, {}, {}, {}, 1, "", true},
+      {"stride 2 output_padding", {1, 2, 3, 3}, {2, 3, 3, 2}, {2, 2}, {1, 0, 0, 1}, {}, {1, 1}},
+      {"dilation 2 group 2 bias", {1, 4, 3, 3}, {4, 1, 2, 2}, {}, {}, {2, 2}, {}, {}, 2, "", true},
+      {"output_shape", {1, 2, 3, 3}, {2, 2, 3, 3}, {2, 2}, {}, {}, {}, {5, 6}},
+      {"SAME_UPPER", {1, 2, 3, 3}, {2, 2, 3, 3}, {2, 2}, {}, {}, {}, {}, 1, "SAME_UPPER"},
+      {"1-D stride 3 bias", {2, 2, 4}, {2, 3, 4}, {3}, {1, 2}, {}, {}, {}, 1, "", true},
+  };
+  for (const ConvTransposeCase &c : cases) {
+    GraphBuilder b;
+    b.input("x", kDouble, c.x);
+    doubleWeight(b, "w", c.w);
+    std::vector<std::string> inputs{"x", "w"};
+    if (c.bias) {
+      doubleWeight(b, "b", {c.w[1] * c.group});
+      inputs.push_back("b");
+    }
+    auto &n = b.node("ConvTranspose", inputs, {"y"}, "convT");
+    for (const auto &[name, values] :
+         {std::pair("strides", c.strides), std::pair("pads", c.pads),
+          std::pair("dilations", c.dilations), std::pair("output_padding", c.outputPadding),
+          std::pair("output_shape", c.outputShape)})
+      if (!values.empty())
+        setIntsAttr(n, name, values);
+    if (c.group != 1)
+      setIntAttr(n, "group", c.group);
+    if (!c.autoPad.empty())
+      setStringAttr(n, "auto_pad", c.autoPad);
+    b.output("y", kDouble);
+    SCOPED_TRACE(c.name);
+    checkModel(b);
+  }
+}
+
+/// A Resize case to sizes (an int64 initializer; float initializers are
+/// randomized by the checks).
+struct ResizeCase {
+  std::string name;
+  std::vector<int64_t> x, sizes;
+  std::vector<std::pair<std::string, std::string>> attrs;
+  int64_t antialias = 0;
+};
+
+TEST(Differentiate, Resize) {
+  const ResizeCase cases[] = {
+      {"nearest", {1, 2, 3, 4}, {1, 2, 7, 5}, {{"mode", "nearest"}}},
+      {"nearest asymmetric floor down",
+       {1, 1, 5, 6},
+       {1, 1, 3, 4},
+       {{"mode", "nearest"},
+        {"coordinate_transformation_mode", "asymmetric"},
+        {"nearest_mode", "floor"}}},
+      {"linear half_pixel", {2, 2, 3, 4}, {2, 2, 5, 7}, {{"mode", "linear"}}},
+      {"linear align_corners",
+       {1, 2, 4},
+       {1, 2, 7},
+       {{"mode", "linear"}, {"coordinate_transformation_mode", "align_corners"}}},
+      {"cubic exclude_outside",
+       {1, 1, 4, 5},
+       {1, 1, 6, 3},
+       {{"mode", "cubic"}, {"exclude_outside", "1"}}},
+      {"linear antialias down", {1, 1, 6, 7}, {1, 1, 4, 3}, {{"mode", "linear"}}, 1},
+  };
+  for (const ResizeCase &c : cases) {
+    GraphBuilder b(18);
+    b.input("x", kDouble, c.x);
+    b.ints("sizes", c.sizes);
+    auto &n = b.node("Resize", {"x", "", "", "sizes"}, {"y"}, "resize");
+    for (const auto &[name, value] : c.attrs) {
+      if (name == "exclude_outside")
+        setIntAttr(n, name, std::stoll(value));
+      else
+        setStringAttr(n, name, value);
+    }
+    if (c.antialias)
+      setIntAttr(n, "antialias", c.antialias);
     b.output("y", kDouble);
     SCOPED_TRACE(c.name);
     checkModel(b);

@@ -314,7 +314,7 @@ TEST(FusionPass, GroupsAChainAndKeepsWhatOthersRead) {
   p.add_keep("t");   // backward reads it
   p.add_send("out"); // the next stage does
   *p.add_backward_input() = test::makeNode("Mul", {"grad:y", "a"}, "grad:e");
-  rt::FusionStats stats = rt::fuseStageProgram(p, Opset, "");
+  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
   // The first MatMul takes its bias Add; the second has no Add after it.
   EXPECT_EQ(stats.matMulBias, 1);
   EXPECT_EQ(stats.groups, 1);
@@ -346,7 +346,7 @@ TEST(FusionPass, NeverMovesAValuePastItsReader) {
   *p.add_forward() = test::makeNode("Exp", {"t"}, "e");
   *p.add_forward() = test::makeNode("Add", {"e", "m"}, "y");
   p.add_send("y");
-  rt::FusionStats stats = rt::fuseStageProgram(p, Opset, "");
+  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
   // Exp and Add fuse (both after the Softmax); Tanh stays before it.
   EXPECT_EQ(stats.groups, 1);
   EXPECT_EQ(opsOf(p.forward()), (std::vector<std::string>{"Tanh", "Softmax", FusedOpType.str()}));
@@ -368,7 +368,7 @@ TEST(FusionPass, RespectsTheLimitsAndOldOpsets) {
   }
   p.add_send(last);
   plan::StageProgram old = p;
-  rt::FusionStats stats = rt::fuseStageProgram(p, Opset, "");
+  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
   EXPECT_EQ(stats.nodes, 40);
   EXPECT_GE(stats.groups, 6); // at most 7 additions (8 inputs) a group
   for (const onnx::NodeProto &n : p.forward()) {
@@ -377,7 +377,7 @@ TEST(FusionPass, RespectsTheLimitsAndOldOpsets) {
     EXPECT_TRUE(static_cast<bool>(kernel)) << llvm::toString(kernel.takeError());
   }
   // Before opset 7 binary ops broadcast only by attribute: nothing fuses.
-  EXPECT_EQ(rt::fuseStageProgram(old, 6, "").groups, 0);
+  EXPECT_EQ(rt::fuseStageProgram(old, 6).groups, 0);
 }
 
 } // namespace

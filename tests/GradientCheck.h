@@ -52,7 +52,9 @@ public:
   Interpreter(const Graph &graph, const Backward &backward) : graph(graph), backward(backward) {}
 
   /// Runs forward and the loss; \p feeds holds inputs and overridden weights.
-  /// Returns the loss.
+  /// Returns what the backward differentiates: the loss, times the number of
+  /// labels it counts when it is a mean over counted labels (the runtime
+  /// divides by the step's count).
   double forward(const std::map<std::string, Tensor> &feeds) {
     env = feeds;
     for (const Op &op : graph.ops)
@@ -60,7 +62,10 @@ public:
         run(graph.node(op));
     for (const onnx::NodeProto &node : backward.lossForward)
       run(node);
-    return get(backward.lossValue).getDouble(0);
+    double loss = get(backward.lossValue).getDouble(0);
+    if (!backward.lossCountValue.empty())
+      loss *= get(backward.lossCountValue).getDouble(0);
+    return loss;
   }
   /// Runs the backward lists after forward().
   void runBackward() {
@@ -212,6 +217,12 @@ inline int checkFiniteDifferences(Differentiated &d, Check check) {
               : randomTensor(static_cast<DType>(v.type), v.shape, rng, check.lo, check.hi);
     if (statistic >= 0) {
       EXPECT_FALSE(d.backward.weightGrads.count(v.name)) << "statistic " << v.name << " trained";
+      continue;
+    }
+    // Tables of constants into Sin and Cos (rotary frequencies) are read, not
+    // trained: the differentiate pass gives them no gradient.
+    if (d.backward.tableWeights.count(v.name)) {
+      EXPECT_FALSE(d.backward.weightGrads.count(v.name)) << "table " << v.name << " trained";
       continue;
     }
     if (trainable && !v.users.empty()) {

@@ -3,9 +3,10 @@
 // Runs ONNX's own backend node tests (Debian's libonnx-testdata: one
 // directory per test with model.onnx and test_data_set_*/input_*.pb,
 // output_*.pb) through runOp, for every single-node model whose op the CPU
-// kernels claim. Floats must match to rtol 1e-4 / atol 1e-5, integers and
-// bools exactly. Every model is counted as passed, failed or skipped with a
-// reason, and the tally is printed; any failure fails the test.
+// kernels claim. Floats must match to rtol 1e-4 / atol 1e-5 (1e-3 / 1e-4
+// where the data holds four decimals), integers and bools exactly. Every
+// model is counted as passed, failed or skipped with a reason, and the
+// tally is printed; any failure fails the test.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Kernels.h"
@@ -28,7 +29,7 @@ using namespace pipec::cpu;
 
 namespace {
 
-constexpr double FloatRtol = 1e-4, FloatAtol = 1e-5;
+constexpr double floatRtol = 1e-4, floatAtol = 1e-5;
 
 enum class Outcome { Passed, Skipped, Failed };
 
@@ -141,9 +142,15 @@ std::optional<CaseResult> runDataSet(const onnx::ModelProto &model, int64_t opse
     auto actual = values.find(declared.name());
     if (actual == values.end())
       return failed("graph output '" + declared.name() + "' was not computed");
+    // ONNX 1.12 typed the expected outputs of its RoiAlign and bicubic
+    // GridSample cases to four decimals.
+    std::string name = modelDir.filename().string();
+    bool fourDecimals =
+        name.rfind("test_roialign", 0) == 0 || name.rfind("test_gridsample_bicubic", 0) == 0;
     std::string why;
-    double rtol = truncatedBFloat16 ? 1.0 / 128 : FloatRtol;
-    if (!allClose(actual->second, *expected, rtol, FloatAtol, &why))
+    double rtol = truncatedBFloat16 ? 1.0 / 128 : fourDecimals ? 1e-3 : floatRtol;
+    double atol = fourDecimals ? 1e-4 : floatAtol;
+    if (!allClose(actual->second, *expected, rtol, atol, &why))
       return failed(dataDir.filename().string() + " output '" + declared.name() + "': " + why);
   }
   return std::nullopt;

@@ -7,22 +7,23 @@
 // the file, node or layer), 2 bad usage (unknown command or flag).
 //
 //===----------------------------------------------------------------------===//
+#include "compiler/sim/Simulator.h"
 #include "driver/Compile.h"
 #include "driver/HtmlReport.h"
 #include "driver/InspectReport.h"
 #include "driver/PassPipeline.h"
+#include "driver/Profile.h"
 #include "driver/Report.h"
-#include "compiler/sim/Simulator.h"
 #include "models/ModelGenerators.h"
 #include "runtime/comm/Comm.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/plan/PlanFile.h"
-#include "driver/Profile.h"
 #include "tools/Versions.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/Path.h"
@@ -207,6 +208,10 @@ cl::opt<std::string> RunOutputs("outputs", cl::desc("Inference: write graph outp
                                 cl::value_desc("DIR"), cl::sub(RunCmd));
 cl::opt<std::string> RunOutputFormat("output-format", cl::desc("npy or pb"), cl::init("npy"),
                                      cl::sub(RunCmd));
+cl::opt<std::string> RunMetrics("metrics",
+                                cl::desc("Train: write each step's loss (full precision) as "
+                                         "JSON lines"),
+                                cl::value_desc("FILE"), cl::sub(RunCmd));
 cl::opt<std::string> RunTrace("trace", cl::desc("Write the measured timeline (Chrome trace)"),
                               cl::value_desc("FILE"), cl::sub(RunCmd));
 cl::opt<double> RunTimeout("timeout",
@@ -603,6 +608,15 @@ int runRun() {
   auto result = comm == "local" ? rt::runLocal(*plan, options) : rt::runMpi(*plan, options);
   if (!result)
     return reportError(result.takeError());
+  if (!RunMetrics.empty() && result->primary) {
+    std::string lines;
+    for (size_t i = 0; i < result->losses.size(); ++i)
+      lines += formatv("{{\"step\": {0}, \"loss\": {1}}\n", result->firstStep + 1 + i,
+                       format("%.9g", result->losses[i]))
+                   .str();
+    if (Error err = writeFileAtomically(RunMetrics, lines))
+      return reportError(std::move(err));
+  }
   if (!RunQuiet && result->primary) {
     // A resumed run whose checkpoint is already at --steps runs none.
     int done = std::max(0, RunSteps - result->firstStep);
@@ -620,6 +634,8 @@ int runRun() {
       outs() << "wrote " << result->outputs.size() << " output(s) to " << RunOutputs << "\n";
     if (!RunTrace.empty())
       outs() << "wrote " << RunTrace << "\n";
+    if (!RunMetrics.empty())
+      outs() << "wrote " << RunMetrics << "\n";
   }
   return 0;
 }

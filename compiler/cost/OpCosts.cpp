@@ -5,6 +5,8 @@
 #include "support/Attributes.h"
 
 #include <algorithm>
+#include <cctype>
+#include <map>
 
 using namespace llvm;
 
@@ -150,9 +152,45 @@ int64_t Gemm::flops(const Graph &graph, const Op &op) {
   return flops;
 }
 
-int64_t Conv::flops(const Graph &graph, const Op &op) {
+int64_t Einsum::flops(const Graph &graph, const Op &op) {
+  std::string equation = attrString(graph.node(op), "equation", "");
+  SmallVector<StringRef, 4> terms;
+  StringRef(equation).split("->").first.split(terms, ',');
+  // The size of each letter, and of each dimension '...' spans, counted
+  // from the last (operands broadcast right-aligned).
+  std::map<char, int64_t> letters;
+  std::vector<int64_t> spanned;
+  for (size_t i = 0; i < terms.size() && i < op.inputs.size(); ++i) {
+    const auto &shape = inputShape(graph, op, i);
+    int64_t named = llvm::count_if(
+        terms[i], [](char c) { return std::isalpha(static_cast<unsigned char>(c)); });
+    int64_t span = std::max<int64_t>(0, static_cast<int64_t>(shape.size()) - named);
+    size_t d = 0;
+    for (size_t k = 0; k < terms[i].size() && d < shape.size(); ++k) {
+      char c = terms[i][k];
+      if (std::isalpha(static_cast<unsigned char>(c))) {
+        letters[c] = std::max(letters[c], shape[d++]);
+      } else if (c == '.' && terms[i].substr(k).startswith("...")) {
+        spanned.resize(std::max<size_t>(spanned.size(), span), 1);
+        for (int64_t j = span - 1; j >= 0; --j)
+          spanned[j] = std::max(spanned[j], shape[d++]);
+        k += 2;
+      }
+    }
+  }
+  int64_t points = 1;
+  for (const auto &[letter, size] : letters)
+    points *= size;
+  for (int64_t size : spanned)
+    points *= size;
+  return (terms.size() > 1 ? 2 : 1) * points;
+}
+
+int64_t Conv::flops(const Graph &graph, const Op &op) { return flopsWith(graph, op, 1); }
+
+int64_t Conv::flopsWith(const Graph &graph, const Op &op, size_t weight) {
   // Cin / groups * prod(kernel): every dimension of W but the first.
-  const auto &w = inputShape(graph, op, 1);
+  const auto &w = inputShape(graph, op, weight);
   int64_t kernel = 1;
   for (size_t i = 1; i < w.size(); ++i)
     kernel *= w[i];

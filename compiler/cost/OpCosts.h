@@ -139,9 +139,23 @@ struct Gemm : MatMulBackward<true> {
 /// 2 * output elements * Cin / groups * kernel elements.
 struct Conv : ConvBackward {
   static int64_t flops(const Graph &graph, const Op &op);
+  /// The same with W as input \p weight.
+  static int64_t flopsWith(const Graph &graph, const Op &op, size_t weight);
+};
+/// Conv's FLOPs with W as input \p Weight, no gradient (the integer
+/// convolutions): defaulted backward.
+template <size_t Weight> struct ConvNoGrad : DefaultBackward {
+  static int64_t flops(const Graph &graph, const Op &op) {
+    return Conv::flopsWith(graph, op, Weight);
+  }
 };
 /// 2 * input elements * Cout / groups * kernel elements.
 struct ConvTranspose : ConvBackward {
+  static int64_t flops(const Graph &graph, const Op &op);
+};
+/// Two FLOPs per point of the product space of all labels (one with a
+/// single operand); no gradient rule: defaulted backward.
+struct Einsum : DefaultBackward {
   static int64_t flops(const Graph &graph, const Op &op);
 };
 /// Q K^T and P V (4 B S T width) and the softmax (5 B S T); with

@@ -54,8 +54,9 @@ template <typename T> std::optional<T> sharedBinary(OpId op, T x, T y) {
   }
 }
 
-/// Binary \p op of \p x and \p y, either of them a float.
-double binaryFloat(OpId op, double x, double y) {
+/// Binary \p op of \p x and \p y, either of them a float; \p params holds
+/// Mod's fmod.
+double binaryFloat(OpId op, double x, double y, const kernels::ElemParams &params) {
   if (std::optional<double> r = sharedBinary(op, x, y))
     return *r;
   switch (op) {
@@ -72,14 +73,14 @@ double binaryFloat(OpId op, double x, double y) {
   case OpId::Pow:
     return std::pow(x, y);
   case OpId::Mod:
-    return std::fmod(x, y);
+    return elem::Mod::value(x, y, params);
   default:
     llvm_unreachable("not a binary op that folds");
   }
 }
 
 /// Binary \p op of integers \p x and \p y; std::nullopt for a division by 0.
-std::optional<int64_t> binaryInt(OpId op, int64_t x, int64_t y) {
+std::optional<int64_t> binaryInt(OpId op, int64_t x, int64_t y, const kernels::ElemParams &params) {
   if (std::optional<int64_t> r = sharedBinary(op, x, y))
     return r;
   switch (op) {
@@ -89,14 +90,10 @@ std::optional<int64_t> binaryInt(OpId op, int64_t x, int64_t y) {
     if (y == 0)
       return std::nullopt;
     return elem::Div::value(x, y);
-  case OpId::Mod: {
+  case OpId::Mod:
     if (y == 0)
       return std::nullopt;
-    int64_t r = x % y;
-    if (r != 0 && ((r < 0) != (y < 0)))
-      r += y; // ONNX Mod with fmod=0 follows the divisor's sign
-    return r;
-  }
+    return elem::Mod::value(x, y, params);
   case OpId::Min:
     return elem::Min::value(x, y);
   case OpId::Max:
@@ -109,7 +106,8 @@ std::optional<int64_t> binaryInt(OpId op, int64_t x, int64_t y) {
   }
 }
 
-Expected<ConstTensor> binaryElements(OpId op, const ConstTensor &a, const ConstTensor &b) {
+Expected<ConstTensor> binaryElements(OpId op, const ConstTensor &a, const ConstTensor &b,
+                                     const kernels::ElemParams &params) {
   auto shape = broadcastShapes(a.shape, b.shape);
   if (!shape)
     return shape.takeError();
@@ -125,14 +123,14 @@ Expected<ConstTensor> binaryElements(OpId op, const ConstTensor &a, const ConstT
     int64_t ia = broadcastIndex(i, *shape, outStrides, a.shape, aStrides);
     int64_t ib = broadcastIndex(i, *shape, outStrides, b.shape, bStrides);
     if (useFloat) {
-      double r = binaryFloat(op, a.floatAt(ia), b.floatAt(ib));
+      double r = binaryFloat(op, a.floatAt(ia), b.floatAt(ib), params);
       if (out.isFloat())
         out.floats[i] = r;
       else
         out.ints[i] = static_cast<int64_t>(r);
       continue;
     }
-    std::optional<int64_t> r = binaryInt(op, a.intAt(ia), b.intAt(ib));
+    std::optional<int64_t> r = binaryInt(op, a.intAt(ia), b.intAt(ib), params);
     if (!r)
       return createStringError(inconvertibleErrorCode(), "integer division by zero");
     out.ints[i] = *r;
@@ -200,7 +198,15 @@ FoldResult binary(const FoldContext &ctx) {
     return ctx.wrap(shape.takeError());
   if (product(*shape) > ctx.maxElements)
     return std::nullopt;
-  auto out = binaryElements(ctx.def.id, *a, *b);
+  // Mod's fmod is the one attribute of a binary op that folds.
+  kernels::ElemParams params;
+  if (ctx.def.id == OpId::Mod) {
+    int64_t fmod = attrInt(ctx.node, "fmod", 0);
+    if (fmod != 0 && fmod != 1)
+      return ctx.fail("fmod must be 0 or 1");
+    params.mode = static_cast<int>(fmod);
+  }
+  auto out = binaryElements(ctx.def.id, *a, *b, params);
   if (!out)
     return ctx.wrap(out.takeError());
   return ctx.done(std::move(*out));

@@ -189,6 +189,17 @@ Error GradContext::forEachWanted(function_ref<Error(size_t)> f) {
   return Error::success();
 }
 
+std::optional<std::vector<int64_t>> GradContext::constantInput(size_t i) const {
+  const Op &op = *current;
+  if (i >= op.inputs.size() || op.inputs[i] < 0 || !val(op.inputs[i]).constant)
+    return std::nullopt;
+  const auto &c = *val(op.inputs[i]).constant;
+  std::vector<int64_t> v;
+  for (int64_t e = 0; e < c.numElements(); ++e)
+    v.push_back(c.intAt(e));
+  return v;
+}
+
 std::string GradContext::dyOf(size_t k) const {
   return current->outputs[k] < 0 ? std::string() : gradientOf(current->outputs[k]);
 }

@@ -25,6 +25,7 @@
 #include "llvm/Support/Error.h"
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,9 @@ public:
   /// Output 0 as the node names it.
   const std::string &y() const { return currentNode->output(0); }
   const std::vector<int64_t> &shapeOf(size_t i) const { return val(current->inputs[i]).shape; }
+  /// The elements of input \p i as integers when it is a constant (Slice's
+  /// starts, Pad's pads); nullopt when it is absent or computed.
+  std::optional<std::vector<int64_t>> constantInput(size_t i) const;
   const std::vector<int64_t> &yShape() const { return val(current->outputs[0]).shape; }
   /// The element type of output 0.
   DType type() const { return val(current->outputs[0]).type; }

@@ -4,11 +4,15 @@
 //   ElementwiseGrads.cpp  unary, add, sub, mul, div, pow, maxMin, sum, clip,
 //                         where
 //   ShapeGrads.cpp        identity, cast, reshape, transpose, expand,
-//                         concat, split, slice, gather
+//                         concat, split, slice, gather, resize
 //   LinearGrads.cpp       matMul, gemm
 //   NormGrads.cpp         reduceSumMean, softmax, softmaxCrossEntropyLoss,
-//                         layerNormalization, batchNormalization
-//   ConvGrads.cpp         conv, pool, globalAveragePool
+//                         layerNormalization, batchNormalization,
+//                         rmsNormalization, instanceNormalization,
+//                         groupNormalization
+//   ConvGrads.cpp         conv, convTranspose, pool, globalAveragePool
+//   IndexingGrads.cpp     trilu, cumSum, gatherElements, gatherND, scatterND,
+//                         pad
 // and two that are not rules: `none` (no gradient flows through the op)
 // and `missing` (the op is differentiable but pipec has no rule: an error
 // naming the node). An op without a row of Ops.def is `missing`.
@@ -47,14 +51,17 @@ extern const GradRule none, missing;
 // ElementwiseGrads.cpp
 extern const GradRule unary, add, sub, mul, div, pow, maxMin, sum, clip, where;
 // ShapeGrads.cpp
-extern const GradRule identity, cast, reshape, transpose, expand, concat, split, slice, gather;
+extern const GradRule identity, cast, reshape, transpose, expand, concat, split, slice, gather,
+    resize;
 // LinearGrads.cpp
 extern const GradRule matMul, gemm;
 // NormGrads.cpp
 extern const GradRule reduceSumMean, softmax, softmaxCrossEntropyLoss, layerNormalization,
-    batchNormalization;
+    batchNormalization, rmsNormalization, instanceNormalization, groupNormalization;
 // ConvGrads.cpp
-extern const GradRule conv, pool, globalAveragePool;
+extern const GradRule conv, convTranspose, pool, globalAveragePool;
+// IndexingGrads.cpp
+extern const GradRule trilu, cumSum, gatherElements, gatherND, scatterND, pad;
 } // namespace rules
 
 } // namespace pipec::grad

@@ -3,6 +3,7 @@
 // ReduceSum and ReduceMean broadcast dY back over the reduced axes; Softmax,
 // LayerNormalization and the cross-entropy loss have gradient kernels of
 // their own (pipec.SoftmaxGrad, LayerNormGrad*, SoftmaxCrossEntropyLossGrad);
+// RMS-, Instance- and GroupNormalization are composed of ONNX ops;
 // BatchNormalization is differentiated in inference mode, its running
 // statistics carrying no gradient.
 //
@@ -160,6 +161,121 @@ Error batchNormalizationGrad(GradContext &ctx) {
   });
 }
 
+/// ReduceMean of \p x over \p axes, kept, in the form of the graph's opset
+/// (axes an input from opset 18).
+std::string meanOver(GradContext &ctx, const std::string &x, ArrayRef<int64_t> axes) {
+  if (ctx.graph.opsetFor("") >= 18)
+    return ctx.binary("ReduceMean", x, ctx.constInts(axes));
+  onnx::NodeProto &node = ctx.emit("ReduceMean", {x});
+  GradContext::setInts(node, "axes", axes);
+  return GradContext::out(node);
+}
+
+/// Checks that X and the parameters share Y's element type.
+Error sameTypes(const GradContext &ctx) {
+  for (int id : ctx.op().inputs)
+    if (id >= 0 && ctx.val(id).type != ctx.type())
+      return ctx.error("gradient with inputs of another element type than Y is not implemented");
+  return Error::success();
+}
+
+/// RMSNormalization: with r = 1 / sqrt(mean(x^2) + epsilon) over the axes
+/// [axis, rank) and n = x r, Y = n Scale. dX = r (g - n mean(g n)) for
+/// g = dY Scale; dScale is dY n summed to Scale's shape.
+Error rmsNormalizationGrad(GradContext &ctx) {
+  if (Error e = sameTypes(ctx))
+    return e;
+  int64_t rank = static_cast<int64_t>(ctx.shapeOf(0).size());
+  int64_t axis = attrInt(ctx.node(), "axis", -1);
+  if (axis < 0)
+    axis += rank;
+  if (axis < 0 || axis >= rank)
+    return ctx.error("axis out of range");
+  std::vector<int64_t> axes;
+  for (int64_t a = axis; a < rank; ++a)
+    axes.push_back(a);
+  float epsilon = attrFloat(ctx.node(), "epsilon", 1e-5f);
+  return ctx.forEachWanted([&](size_t i) -> Error {
+    std::string x = ctx.in(0);
+    std::string meanSquare = meanOver(ctx, ctx.binary("Mul", x, x), axes);
+    std::string r = ctx.unary(
+        "Reciprocal",
+        ctx.unary("Sqrt", ctx.binary("Add", meanSquare, ctx.constScalar(epsilon, ctx.type()))));
+    std::string n = ctx.binary("Mul", x, r);
+    if (i == 1) {
+      ctx.contribute(1, ctx.sumTo(ctx.binary("Mul", ctx.dy(), n), ctx.yShape(), ctx.shapeOf(1)));
+      return Error::success();
+    }
+    std::string g = ctx.binary("Mul", ctx.dy(), ctx.in(1));
+    std::string projection = meanOver(ctx, ctx.binary("Mul", g, n), axes);
+    ctx.contribute(0, ctx.binary("Mul", r, ctx.binary("Sub", g, ctx.binary("Mul", n, projection))));
+    return Error::success();
+  });
+}
+
+/// InstanceNormalization (\p groups 0: one group per channel) and
+/// GroupNormalization. On X viewed as [N, G, K], n = (x - mean) s over K
+/// with s = 1 / sqrt(var + epsilon), and Y = n Scale + B with Scale and B
+/// per channel (per group for GroupNormalization before opset 21).
+/// dX = s (g - mean(g) - n mean(g n)) for g = dY Scale; dScale and dB sum
+/// dY n and dY per channel (or group).
+Error groupStatisticsGrad(GradContext &ctx, bool grouped) {
+  if (Error e = sameTypes(ctx))
+    return e;
+  const std::vector<int64_t> &xShape = ctx.shapeOf(0);
+  if (xShape.size() < 2)
+    return ctx.error("expects X of rank >= 2");
+  int64_t batch = xShape[0], channels = xShape[1];
+  int64_t groups = grouped ? attrInt(ctx.node(), "num_groups", 0) : channels;
+  if (groups < 1 || channels % groups != 0)
+    return ctx.error("num_groups must divide the channels");
+  bool perGroup = grouped && ctx.graph.opsetFor("") < 21;
+  int64_t elements = 1;
+  for (int64_t d : xShape)
+    elements *= d;
+  std::vector<int64_t> viewShape{batch, groups,
+                                 batch * groups == 0 ? 0 : elements / batch / groups};
+  std::vector<int64_t> paramShape{groups, 1};
+  float epsilon = attrFloat(ctx.node(), "epsilon", 1e-5f);
+  return ctx.forEachWanted([&](size_t i) -> Error {
+    if (i == 2 && !perGroup) {
+      ctx.contribute(2, ctx.sumToChannels(ctx.dy(), ctx.yShape()));
+      return Error::success();
+    }
+    std::string dyView = ctx.reshape(ctx.dy(), viewShape);
+    if (i == 2) {
+      ctx.contribute(2, ctx.reshape(ctx.sumTo(dyView, viewShape, paramShape), {groups}));
+      return Error::success();
+    }
+    std::string x = ctx.reshape(ctx.in(0), viewShape);
+    std::string centered = ctx.binary("Sub", x, meanOver(ctx, x, {2}));
+    std::string var = meanOver(ctx, ctx.binary("Mul", centered, centered), {2});
+    std::string s =
+        ctx.unary("Reciprocal",
+                  ctx.unary("Sqrt", ctx.binary("Add", var, ctx.constScalar(epsilon, ctx.type()))));
+    std::string n = ctx.binary("Mul", centered, s);
+    if (i == 1) {
+      std::string dyn = ctx.binary("Mul", dyView, n);
+      ctx.contribute(1, perGroup ? ctx.reshape(ctx.sumTo(dyn, viewShape, paramShape), {groups})
+                                 : ctx.sumToChannels(ctx.reshape(dyn, xShape), ctx.yShape()));
+      return Error::success();
+    }
+    std::string g =
+        perGroup ? ctx.binary("Mul", dyView, ctx.reshape(ctx.in(1), paramShape))
+                 : ctx.reshape(ctx.binary("Mul", ctx.dy(),
+                                          ctx.channelsFirst(ctx.in(1), channels, xShape.size())),
+                               viewShape);
+    std::string centeredG = ctx.binary("Sub", g, meanOver(ctx, g, {2}));
+    std::string projection = ctx.binary("Mul", n, meanOver(ctx, ctx.binary("Mul", g, n), {2}));
+    std::string dx = ctx.binary("Mul", s, ctx.binary("Sub", centeredG, projection));
+    ctx.contribute(0, ctx.reshape(dx, xShape));
+    return Error::success();
+  });
+}
+
+Error instanceNormalizationGrad(GradContext &ctx) { return groupStatisticsGrad(ctx, false); }
+Error groupNormalizationGrad(GradContext &ctx) { return groupStatisticsGrad(ctx, true); }
+
 /// The running mean and variance (inputs 3 and 4) are statistics, not
 /// parameters: nothing flows back into them.
 bool exceptStatistics(size_t input) { return input < 3; }
@@ -172,6 +288,9 @@ const GradRule softmax = {&softmaxGrad};
 const GradRule softmaxCrossEntropyLoss = {&softmaxCrossEntropyLossGrad};
 const GradRule layerNormalization = {&layerNormalizationGrad};
 const GradRule batchNormalization = {&batchNormalizationGrad, &exceptStatistics};
+const GradRule rmsNormalization = {&rmsNormalizationGrad};
+const GradRule instanceNormalization = {&instanceNormalizationGrad};
+const GradRule groupNormalization = {&groupNormalizationGrad};
 } // namespace rules
 
 } // namespace pipec::grad

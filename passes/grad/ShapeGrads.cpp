@@ -2,8 +2,8 @@
 //
 // The gradient of an op that only moves data is dY moved back into the
 // input's layout: reshaped, transposed back, summed over a broadcast,
-// sliced out of a concatenation, padded back around a slice, or scattered
-// back from a lookup.
+// sliced out of a concatenation, padded back around a slice, scattered
+// back from a lookup, or interpolated back through Resize's adjoint.
 //
 //===----------------------------------------------------------------------===//
 #include "passes/grad/GradRules.h"
@@ -113,16 +113,6 @@ Error splitGrad(GradContext &ctx) {
   });
 }
 
-/// The constant int64 elements of input \p k, or none.
-std::vector<int64_t> constantInput(const GradContext &ctx, size_t k) {
-  const Op &op = ctx.op();
-  std::vector<int64_t> v;
-  if (k < op.inputs.size() && op.inputs[k] >= 0 && ctx.val(op.inputs[k]).constant)
-    for (int64_t e = 0; e < ctx.val(op.inputs[k]).constant->numElements(); ++e)
-      v.push_back(ctx.val(op.inputs[k]).constant->intAt(e));
-  return v;
-}
-
 /// Step-1 slices only: the gradient pads dY back with zeros.
 Error sliceGrad(GradContext &ctx) {
   return ctx.forEachWanted([&](size_t i) -> Error {
@@ -130,8 +120,9 @@ Error sliceGrad(GradContext &ctx) {
       return Error::success();
     const std::vector<int64_t> &xShape = ctx.shapeOf(0);
     size_t rank = xShape.size();
-    std::vector<int64_t> starts = constantInput(ctx, 1), axes = constantInput(ctx, 3),
-                         steps = constantInput(ctx, 4);
+    std::vector<int64_t> starts = ctx.constantInput(1).value_or(std::vector<int64_t>{}),
+                         axes = ctx.constantInput(3).value_or(std::vector<int64_t>{}),
+                         steps = ctx.constantInput(4).value_or(std::vector<int64_t>{});
     if (ctx.graph.opsetFor("") < 10) {
       starts = attrInts(ctx.node(), "starts").value_or(std::vector<int64_t>{});
       axes = attrInts(ctx.node(), "axes").value_or(std::vector<int64_t>{});
@@ -192,6 +183,24 @@ Error gatherGrad(GradContext &ctx) {
   });
 }
 
+/// Resize is linear in X: its gradient is the adjoint of the same
+/// interpolation (pipec.ResizeGrad, which rereads the forward node's inputs
+/// and attributes). roi, scales and sizes get none.
+Error resizeGrad(GradContext &ctx) {
+  return ctx.forEachWanted([&](size_t) {
+    std::vector<std::string> inputs{ctx.dy()};
+    for (const std::string &name : ctx.node().input())
+      inputs.push_back(name);
+    onnx::NodeProto &g = ctx.emit("ResizeGrad", inputs, "pipec");
+    for (const onnx::AttributeProto &a : ctx.node().attribute())
+      *g.add_attribute() = a;
+    ctx.contribute(0, GradContext::out(g));
+    return Error::success();
+  });
+}
+
+bool onlyData(size_t input) { return input == 0; }
+
 } // namespace
 
 namespace rules {
@@ -204,6 +213,7 @@ const GradRule concat = {&concatGrad};
 const GradRule split = {&splitGrad, everyInput, /*allOutputs=*/true};
 const GradRule slice = {&sliceGrad};
 const GradRule gather = {&gatherGrad};
+const GradRule resize = {&resizeGrad, &onlyData};
 } // namespace rules
 
 } // namespace pipec::grad

@@ -32,6 +32,10 @@ Error fusedError(const onnx::NodeProto &node, const Twine &why) {
 class RecordingReader final : public k::ParamReader {
 public:
   explicit RecordingReader(const onnx::NodeProto &node) : node(node) {}
+  int64_t attrInt(const char *name, int64_t otherwise) const override {
+    asked.insert(name);
+    return pipec::attrInt(node, name, otherwise);
+  }
   float attrFloat(const char *name, float otherwise) const override {
     asked.insert(name);
     return pipec::attrFloat(node, name, otherwise);

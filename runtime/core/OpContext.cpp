@@ -27,6 +27,9 @@ namespace {
 class NodeParams final : public kernels::ParamReader {
 public:
   explicit NodeParams(const onnx::NodeProto &node) : node(node) {}
+  int64_t attrInt(const char *name, int64_t otherwise) const override {
+    return pipec::attrInt(node, name, otherwise);
+  }
   float attrFloat(const char *name, float otherwise) const override {
     return pipec::attrFloat(node, name, otherwise);
   }

@@ -97,7 +97,33 @@ template <typename Fn> Expected<Outputs> logical(const OpContext &ctx, Fn fn) {
   return Outputs{broadcastBinary<bool, bool, bool>(a, b, DType::Bool, *shape, fn)};
 }
 
-/// Min, Max, Sum, Mean: any number of inputs of one type, all broadcast.
+/// Checks that the first \p count inputs hold integers (the bitwise ops).
+inline Error integerInputs(const OpContext &ctx, size_t count) {
+  for (size_t i = 0; i < count; ++i)
+    if (!isInteger(ctx.input(i).elemType()))
+      return ctx.fail(formatv("input {0} must hold integers, not {1}", i,
+                              elemTypeName(ctx.input(i).elemType())));
+  return Error::success();
+}
+
+/// IsNaN, IsInf: y = fn(x), bool, for floating x.
+template <typename Fn> Expected<Outputs> floatTest(const OpContext &ctx, Fn fn) {
+  const Tensor &x = ctx.input(0);
+  if (!isFloating(x.elemType()))
+    return ctx.fail("input 0 must be a float, not " + elemTypeName(x.elemType()));
+  Tensor y(DType::Bool, x.shape());
+  visitStorage(x.elemType(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (IsFloat<T>) {
+      const T *in = x.data<T>();
+      bool *out = y.data<bool>();
+      for (int64_t i = 0, e = x.numElements(); i < e; ++i)
+        out[i] = fn(in[i]);
+    }
+  });
+  return Outputs{y};
+}
+
 /// Min, Max, Sum, Mean: any number of inputs of one type, all broadcast.
 template <typename Fn>
 Expected<Outputs> variadicOver(const OpContext &ctx, Fn fn, bool isMean = false) {
@@ -154,6 +180,17 @@ template <typename M, int Arity> Expected<Outputs> elementwise(const OpContext &
       return floatUnary(ctx, [&](auto x) { return M::value(x, p); });
     } else if constexpr (M::types == ElemTypes::Numeric) {
       return numericUnary(ctx, [&](auto x) { return M::value(x, p); });
+    } else if constexpr (M::types == ElemTypes::Integer) {
+      if (Error e = integerInputs(ctx, 1))
+        return e;
+      return numericUnary(ctx, [&](auto x) {
+        if constexpr (IsFloat<decltype(x)>)
+          return x; // refused above
+        else
+          return M::value(x, p);
+      });
+    } else if constexpr (M::types == ElemTypes::FloatTest) {
+      return floatTest(ctx, [&](auto x) -> bool { return M::value(x, p); });
     } else {
       static_assert(M::types == ElemTypes::Logical, "unary ops are float, numeric or logical");
       const Tensor &x = ctx.input(0);
@@ -166,14 +203,29 @@ template <typename M, int Arity> Expected<Outputs> elementwise(const OpContext &
     }
   } else {
     auto fn = [](auto x, auto y) { return M::value(x, y); };
-    if constexpr (M::types == ElemTypes::Numeric)
+    // Integer and NumericHost math reads the node's attributes.
+    auto withParams = [&p](auto x, auto y) {
+      if constexpr (M::types == ElemTypes::Integer && IsFloat<decltype(x)>)
+        return x; // refused before
+      else
+        return M::value(x, y, p);
+    };
+    if constexpr (M::types == ElemTypes::Numeric) {
       return arithmetic(ctx, fn, M::divides);
-    else if constexpr (M::types == ElemTypes::Compare)
+    } else if constexpr (M::types == ElemTypes::NumericHost) {
+      return arithmetic(ctx, withParams, M::divides);
+    } else if constexpr (M::types == ElemTypes::Integer) {
+      if (Error e = integerInputs(ctx, 2))
+        return e;
+      return arithmetic(ctx, withParams, M::divides);
+    } else if constexpr (M::types == ElemTypes::Compare) {
       return comparison(ctx, fn);
-    else if constexpr (M::types == ElemTypes::CompareAny)
+    } else if constexpr (M::types == ElemTypes::CompareAny) {
       return comparison(ctx, fn, true);
-    else
+    } else {
+      static_assert(M::types == ElemTypes::Logical, "a binary op of another kind of types");
       return logical(ctx, [](bool x, bool y) -> bool { return M::value(x, y); });
+    }
   }
 }
 

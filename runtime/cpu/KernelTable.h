@@ -53,6 +53,19 @@ KernelResult tile(const OpContext &ctx);
 KernelResult transposeOp(const OpContext &ctx);
 KernelResult unsqueeze(const OpContext &ctx);
 
+// Indexing, scattering, padding and scans (IndexingKernels.cpp).
+KernelResult cumProd(const OpContext &ctx);
+KernelResult cumSum(const OpContext &ctx);
+KernelResult gatherElements(const OpContext &ctx);
+KernelResult gatherND(const OpContext &ctx);
+KernelResult pad(const OpContext &ctx);
+KernelResult scatterElements(const OpContext &ctx);
+KernelResult scatterND(const OpContext &ctx);
+KernelResult trilu(const OpContext &ctx);
+
+// Einsum (EinsumKernels.cpp).
+KernelResult einsum(const OpContext &ctx);
+
 // Products, convolution, pooling (MatrixKernels.cpp).
 KernelResult conv(const OpContext &ctx);
 KernelResult gemmOp(const OpContext &ctx);
@@ -68,6 +81,42 @@ KernelResult softmaxCrossEntropy(const OpContext &ctx);
 template <bool IsMax> KernelResult argExtreme(const OpContext &ctx);
 template <ReduceKind Kind> KernelResult reduce(const OpContext &ctx);
 template <bool Logarithm> KernelResult softmax(const OpContext &ctx);
+
+// Normalizations, LpPool, Det, SwiGLU, BitCast (NumericKernels.cpp).
+KernelResult bitCast(const OpContext &ctx);
+KernelResult det(const OpContext &ctx);
+KernelResult groupNormalization(const OpContext &ctx);
+KernelResult instanceNormalization(const OpContext &ctx);
+KernelResult lpNormalization(const OpContext &ctx);
+KernelResult lpPool(const OpContext &ctx);
+KernelResult lrn(const OpContext &ctx);
+KernelResult rmsNormalization(const OpContext &ctx);
+KernelResult swiGlu(const OpContext &ctx);
+
+// Quantization and integer products (QuantKernels.cpp).
+KernelResult convInteger(const OpContext &ctx);
+KernelResult dequantizeLinear(const OpContext &ctx);
+KernelResult dynamicQuantizeLinear(const OpContext &ctx);
+KernelResult matMulInteger(const OpContext &ctx);
+KernelResult qLinearConv(const OpContext &ctx);
+KernelResult qLinearMatMul(const OpContext &ctx);
+KernelResult quantizeLinear(const OpContext &ctx);
+
+// Resampling (ResizeKernels.cpp, GridKernels.cpp).
+KernelResult affineGrid(const OpContext &ctx);
+KernelResult gridSample(const OpContext &ctx);
+KernelResult resize(const OpContext &ctx);
+KernelResult resizeGrad(const OpContext &ctx);
+KernelResult upsample(const OpContext &ctx);
+
+// Transposed, folded and deformable convolution, unpooling
+// (SpatialKernels.cpp); detection heads (DetectionKernels.cpp).
+KernelResult col2Im(const OpContext &ctx);
+KernelResult convTranspose(const OpContext &ctx);
+KernelResult deformConv(const OpContext &ctx);
+KernelResult maxUnpool(const OpContext &ctx);
+KernelResult nonMaxSuppression(const OpContext &ctx);
+KernelResult roiAlign(const OpContext &ctx);
 
 // Transformer ops of the default domain (AttentionKernels.cpp).
 KernelResult causalConvWithState(const OpContext &ctx);
@@ -90,7 +139,9 @@ KernelResult batchNormGradWeight(const OpContext &ctx);
 KernelResult convGradInput(const OpContext &ctx);
 KernelResult convGradWeight(const OpContext &ctx);
 KernelResult crossEntropyGrad(const OpContext &ctx);
+KernelResult gatherElementsGrad(const OpContext &ctx); // IndexingKernels.cpp
 KernelResult gatherGrad(const OpContext &ctx);
+KernelResult gatherNDGrad(const OpContext &ctx); // IndexingKernels.cpp
 KernelResult layerNormGradInput(const OpContext &ctx);
 KernelResult layerNormGradWeight(const OpContext &ctx);
 KernelResult maxPoolGrad(const OpContext &ctx);

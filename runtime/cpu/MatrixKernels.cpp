@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
+#include "runtime/cpu/Window.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -116,25 +117,10 @@ Expected<Outputs> gemmOp(const OpContext &ctx) {
   });
 }
 
-namespace {
-
-/// Sliding-window geometry of Conv and the pools, padded to three spatial
-/// dimensions: a 1-D or 2-D op gets leading dimensions of size 1.
-struct Window {
-  static constexpr int MaxRank = 3;
-  int64_t rank = 0; ///< The op's own spatial rank.
-  std::array<int64_t, MaxRank> in, kernel, stride, dilation, padBegin, padEnd, out;
-  int64_t outSize() const { return out[0] * out[1] * out[2]; }
-  int64_t inSize() const { return in[0] * in[1] * in[2]; }
-  int64_t kernelSize() const { return kernel[0] * kernel[1] * kernel[2]; }
-};
-
-/// Reads strides, dilations, pads and auto_pad for a window of \p kernel
-/// over \p spatial, and computes the output size (ceil_mode for pools).
 Expected<Window> windowGeometry(const OpContext &ctx, ArrayRef<int64_t> spatial,
                                 ArrayRef<int64_t> kernel, bool ceilMode) {
   int64_t rank = static_cast<int64_t>(spatial.size());
-  if (rank < 1 || rank > Window::MaxRank)
+  if (rank < 1 || rank > Window::maxRank)
     return ctx.unsupported(formatv("{0} spatial dimensions (1 to 3 are supported)", rank));
   if (static_cast<int64_t>(kernel.size()) != rank)
     return ctx.fail("kernel_shape " + shapeString(kernel) + " does not match the input's " +
@@ -153,8 +139,8 @@ Expected<Window> windowGeometry(const OpContext &ctx, ArrayRef<int64_t> spatial,
 
   Window w;
   w.rank = rank;
-  int64_t lead = Window::MaxRank - rank;
-  for (int64_t i = 0; i < Window::MaxRank; ++i) {
+  int64_t lead = Window::maxRank - rank;
+  for (int64_t i = 0; i < Window::maxRank; ++i) {
     w.in[i] = w.kernel[i] = w.stride[i] = w.dilation[i] = w.out[i] = 1;
     w.padBegin[i] = w.padEnd[i] = 0;
   }
@@ -192,43 +178,16 @@ Expected<Window> windowGeometry(const OpContext &ctx, ArrayRef<int64_t> spatial,
   return w;
 }
 
-/// Unfolds one image's channels [channels, in...] into columns
-/// [channels * kernel, out...] so that convolution becomes one GEMM.
-template <typename T> void im2col(const T *image, int64_t channels, const Window &w, T *columns) {
-  int64_t outSize = w.outSize();
-  for (int64_t c = 0; c < channels; ++c)
-    for (int64_t kd = 0; kd < w.kernel[0]; ++kd)
-      for (int64_t kh = 0; kh < w.kernel[1]; ++kh)
-        for (int64_t kw = 0; kw < w.kernel[2]; ++kw) {
-          T *row =
-              columns + (((c * w.kernel[0] + kd) * w.kernel[1] + kh) * w.kernel[2] + kw) * outSize;
-          for (int64_t od = 0; od < w.out[0]; ++od) {
-            int64_t id = od * w.stride[0] - w.padBegin[0] + kd * w.dilation[0];
-            for (int64_t oh = 0; oh < w.out[1]; ++oh) {
-              int64_t ih = oh * w.stride[1] - w.padBegin[1] + kh * w.dilation[1];
-              T *dst = row + (od * w.out[1] + oh) * w.out[2];
-              if (id < 0 || id >= w.in[0] || ih < 0 || ih >= w.in[1]) {
-                std::fill(dst, dst + w.out[2], T(0));
-                continue;
-              }
-              const T *src = image + ((c * w.in[0] + id) * w.in[1] + ih) * w.in[2];
-              for (int64_t ow = 0; ow < w.out[2]; ++ow) {
-                int64_t iw = ow * w.stride[2] - w.padBegin[2] + kw * w.dilation[2];
-                dst[ow] = iw >= 0 && iw < w.in[2] ? src[iw] : T(0);
-              }
-            }
-          }
-        }
-}
-
-} // namespace
-
 /// Conv (1-D to 3-D, groups): im2col per image and group, then a GEMM.
 Expected<Outputs> conv(const OpContext &ctx) {
-  const Tensor &x = ctx.input(0), &weight = ctx.input(1);
-  const Tensor *bias = ctx.optInput(2);
-  if (Error e = ctx.sameType(0, 1))
-    return e;
+  return convolve(ctx, ctx.input(0), ctx.input(1), ctx.optInput(2), false);
+}
+
+Expected<Outputs> convolve(const OpContext &ctx, const Tensor &x, const Tensor &weight,
+                           const Tensor *bias, bool int32) {
+  if (x.elemType() != weight.elemType())
+    return ctx.fail("X and W must have one element type, got " + x.describe() + " and " +
+                    weight.describe());
   if (bias && bias->elemType() != x.elemType())
     return ctx.fail("B must have X's element type");
   if (x.rank() < 3 || weight.rank() != x.rank())
@@ -251,35 +210,41 @@ Expected<Outputs> conv(const OpContext &ctx) {
     return w.takeError();
   Shape outShape{batch, maps};
   for (int64_t i = 0; i < w->rank; ++i)
-    outShape.push_back(w->out[Window::MaxRank - w->rank + i]);
+    outShape.push_back(w->out[Window::maxRank - w->rank + i]);
 
-  return onFloat(ctx, x, 0, [&](auto tag) -> Expected<Outputs> {
+  return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    Tensor y(x.elemType(), outShape);
-    int64_t groupChannels = channels / group, groupMaps = maps / group;
-    int64_t rows = groupChannels * w->kernelSize(), cols = w->outSize();
-    // A 1x1 kernel over the unpadded input reads the image as the columns.
-    bool pointwise = w->kernelSize() == 1 && w->padBegin == std::array<int64_t, 3>{0, 0, 0} &&
-                     w->padEnd == std::array<int64_t, 3>{0, 0, 0} &&
-                     w->stride == std::array<int64_t, 3>{1, 1, 1};
-    std::vector<T> columns(pointwise ? 0 : rows * cols);
-    for (int64_t n = 0; n < batch; ++n)
-      for (int64_t g = 0; g < group; ++g) {
-        const T *image = x.data<T>() + (n * channels + g * groupChannels) * w->inSize();
-        const T *cols2 = image;
-        if (!pointwise) {
-          im2col(image, groupChannels, *w, columns.data());
-          cols2 = columns.data();
+    if constexpr (!IsFloat<T> && !std::is_same_v<T, int32_t>) {
+      return ctx.unsupportedType(x, 0);
+    } else {
+      if (!IsFloat<T> && !int32)
+        return ctx.unsupportedType(x, 0);
+      Tensor y(x.elemType(), outShape);
+      int64_t groupChannels = channels / group, groupMaps = maps / group;
+      int64_t rows = groupChannels * w->kernelSize(), cols = w->outSize();
+      // A 1x1 kernel over the unpadded input reads the image as the columns.
+      bool pointwise = w->kernelSize() == 1 && w->padBegin == std::array<int64_t, 3>{0, 0, 0} &&
+                       w->padEnd == std::array<int64_t, 3>{0, 0, 0} &&
+                       w->stride == std::array<int64_t, 3>{1, 1, 1};
+      std::vector<T> columns(pointwise ? 0 : rows * cols);
+      for (int64_t n = 0; n < batch; ++n)
+        for (int64_t g = 0; g < group; ++g) {
+          const T *image = x.data<T>() + (n * channels + g * groupChannels) * w->inSize();
+          const T *cols2 = image;
+          if (!pointwise) {
+            im2col(image, groupChannels, *w, columns.data());
+            cols2 = columns.data();
+          }
+          T *out = y.data<T>() + (n * maps + g * groupMaps) * cols;
+          gemmAny<T>(false, false, groupMaps, cols, rows, T(1),
+                     weight.data<T>() + g * groupMaps * rows, rows, cols2, cols, T(0), out, cols);
+          if (bias)
+            for (int64_t m = 0; m < groupMaps; ++m)
+              for (int64_t p = 0; p < cols; ++p)
+                out[m * cols + p] += bias->data<T>()[g * groupMaps + m];
         }
-        T *out = y.data<T>() + (n * maps + g * groupMaps) * cols;
-        gemmAny<T>(false, false, groupMaps, cols, rows, T(1),
-                   weight.data<T>() + g * groupMaps * rows, rows, cols2, cols, T(0), out, cols);
-        if (bias)
-          for (int64_t m = 0; m < groupMaps; ++m)
-            for (int64_t p = 0; p < cols; ++p)
-              out[m * cols + p] += bias->data<T>()[g * groupMaps + m];
-      }
-    return Outputs{y};
+      return Outputs{y};
+    }
   });
 }
 
@@ -302,7 +267,7 @@ template <bool IsMax> Expected<Outputs> pool(const OpContext &ctx) {
   int64_t planes = x.dim(0) * x.dim(1);
   Shape outShape{x.dim(0), x.dim(1)};
   for (int64_t i = 0; i < w.rank; ++i)
-    outShape.push_back(w.out[Window::MaxRank - w.rank + i]);
+    outShape.push_back(w.out[Window::maxRank - w.rank + i]);
 
   return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);

@@ -214,8 +214,22 @@ Error RankExecutor::forward(int stage, int mb, int t, bool again) {
     auto host = be.download(it->second);
     if (!host)
       return host.takeError();
-    lossSum += host->getDouble(0);
-    lossCount += 1;
+    // A token-mean loss weighs each microbatch by the labels it counts; one
+    // that counts none adds nothing (its mean is 0/0).
+    double count = 1;
+    if (const std::string &name = s.plan->loss_count_value(); !name.empty()) {
+      auto counted = values.find(name);
+      if (counted == values.end() || counted->second.numElements() != 1)
+        return rankError(global, formatv("stage {0} microbatch {1}: no scalar label count '{2}'",
+                                         stage, mb, name));
+      auto n = be.download(counted->second);
+      if (!n)
+        return n.takeError();
+      count = n->getDouble(0);
+    }
+    if (count > 0)
+      lossSum += host->getDouble(0) * count;
+    lossCount += count;
   }
   if (!s.training)
     for (const std::string &name : sp.outputs())

@@ -249,7 +249,8 @@ void addInputs(StringSet<> &set, const NodeList &nodes) {
 
 } // namespace
 
-FusionStats fuseStageProgram(plan::StageProgram &program, int64_t opset, StringRef loss) {
+FusionStats fuseStageProgram(plan::StageProgram &program, int64_t opset,
+                             ArrayRef<std::string> read) {
   // Every name the program uses outside its node lists.
   StringSet<> named;
   addNames(named, program.send());
@@ -260,8 +261,9 @@ FusionStats fuseStageProgram(plan::StageProgram &program, int64_t opset, StringR
       named.insert(sum.value());
       addNames(named, sum.terms());
     }
-  if (!loss.empty())
-    named.insert(loss);
+  for (const std::string &name : read)
+    if (!name.empty())
+      named.insert(name);
   NodeList *lists[] = {program.mutable_forward(), program.mutable_backward_input(),
                        program.mutable_backward_weight()};
   FusionStats total;

@@ -30,6 +30,7 @@
 
 #include "runtime/plan/plan.pb.h"
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 
 #include <cstdint>
@@ -44,8 +45,10 @@ struct FusionStats {
 };
 
 /// Fuses the three node lists of \p program in place; \p opset is the
-/// plan's default-domain opset and \p loss its loss value (or empty).
-FusionStats fuseStageProgram(plan::StageProgram &program, int64_t opset, llvm::StringRef loss);
+/// plan's default-domain opset and \p read the values the executor reads
+/// by name besides the program's own lists (the loss and its label count).
+FusionStats fuseStageProgram(plan::StageProgram &program, int64_t opset,
+                             llvm::ArrayRef<std::string> read = {});
 
 } // namespace pipec::rt
 

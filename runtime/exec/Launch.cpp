@@ -82,7 +82,8 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
   s->programs.assign(plan.stage_programs().begin(), plan.stage_programs().end());
   if (options.fuse)
     for (plan::StageProgram &program : s->programs) {
-      FusionStats stats = fuseStageProgram(program, plan.opset(), plan.loss_value());
+      FusionStats stats =
+          fuseStageProgram(program, plan.opset(), {plan.loss_value(), plan.loss_count_value()});
       s->fusion.groups += stats.groups;
       s->fusion.nodes += stats.nodes;
       s->fusion.matMulBias += stats.matMulBias;

@@ -48,6 +48,14 @@ Error RankExecutor::optimizerStep(int t) {
   u.beta2 = o.beta2;
   u.epsilon = o.epsilon;
   u.gradScale = 1.0 / (static_cast<double>(s.M) * s.dp);
+  if (!s.plan->loss_count_value().empty()) {
+    // Token-mean: the gradients hold each microbatch's loss summed over its
+    // labels; divide by the labels counted on every replica's last stage.
+    double counted[1] = {lossCount};
+    if (Error err = comm.sumAll(counted))
+      return err;
+    u.gradScale = counted[0] > 0 ? 1.0 / counted[0] : 0.0;
+  }
   u.step = t;
   if (o.clipGradNorm > 0) {
     // Every rank adds the squares of the weights it counts: a tied weight on

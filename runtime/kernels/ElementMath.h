@@ -16,7 +16,9 @@
 //   derivative(a, params)      dy/dx at a (x or y), in double
 //   read(reader, params)       its attributes (optional; see WithParams)
 // A binary struct has value<T>(a, b) and no derivative: the gradients of
-// Add, Mul, Pow, ... are rules of the differentiate pass.
+// Add, Mul, Pow, ... are rules of the differentiate pass. A binary struct of
+// the Integer or NumericHost types has value<T>(a, b, params), for the
+// attributes of BitShift and Mod.
 //
 // Before:  Ops.def  PIPEC_ELEMENTWISE(Erf, Onnx, "Erf", 9, 1, Pointwise<4>, unary, elementwise)
 //          here     struct Erf { value = erf(x); derivative = 2/sqrt(pi) exp(-x^2) }
@@ -43,6 +45,12 @@ enum class ElemTypes : uint8_t {
   Compare,    ///< numbers in, bool out
   CompareAny, ///< numbers or bool in, bool out
   Logical,    ///< bool in, bool out
+  Integer,    ///< integers only (not bool); the same type out: the bitwise ops
+  FloatTest,  ///< floats in, bool out: IsNaN, IsInf
+  /// Every number type, the same type out, by an attribute that binary math
+  /// reads (Mod's fmod): the fused and device kernels take no binary
+  /// attributes, so only the CPU computes these.
+  NumericHost,
 };
 
 /// What the derivative of a unary op is a function of.
@@ -64,6 +72,7 @@ struct ElemParams {
 class ParamReader {
 public:
   virtual ~ParamReader() = default;
+  virtual int64_t attrInt(const char *name, int64_t otherwise) const = 0;
   virtual float attrFloat(const char *name, float otherwise) const = 0;
   virtual std::string attrString(const char *name, const char *otherwise) const = 0;
 };
@@ -284,7 +293,66 @@ struct Gelu {
   }
 };
 
+/// Swish (ONNX 24): x sigmoid(alpha x), in the element's type as ONNX's
+/// reference computes it.
+struct Swish {
+  static constexpr ElemTypes types = ElemTypes::Float;
+  static constexpr GradFrom gradFrom = GradFrom::Input;
+  static std::string read(const ParamReader &r, ElemParams &p) {
+    p.alpha = r.attrFloat("alpha", 1.0f);
+    return {};
+  }
+  template <typename T> PIPEC_HD static T value(T x, const ElemParams &p) {
+    return static_cast<T>(x * Sigmoid::value(static_cast<T>(static_cast<T>(p.alpha) * x), p));
+  }
+  PIPEC_HD static double derivative(double x, const ElemParams &p) {
+    double s = Sigmoid::value(p.alpha * x, p);
+    return s + p.alpha * x * s * (1 - s);
+  }
+};
+
 // Unary ops on every number type ----------------------------------------------
+
+namespace detail {
+/// \p v as a T: floats round; integers truncate and saturate, NaN to 0 (as
+/// the CPU's Cast).
+template <typename T> PIPEC_HD T fromDouble(double v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(v);
+  } else {
+    if (v != v)
+      return T(0);
+    if (v <= static_cast<double>(std::numeric_limits<T>::lowest()))
+      return std::numeric_limits<T>::lowest();
+    if (v >= static_cast<double>(std::numeric_limits<T>::max()))
+      return std::numeric_limits<T>::max();
+    return static_cast<T>(v);
+  }
+}
+} // namespace detail
+
+/// Shrink (ONNX 9): x + bias below -lambd, x - bias above lambd, else 0; the
+/// sum in double, stored in the element's type.
+struct Shrink {
+  static constexpr ElemTypes types = ElemTypes::Numeric;
+  static constexpr GradFrom gradFrom = GradFrom::Input;
+  static std::string read(const ParamReader &r, ElemParams &p) {
+    p.alpha = r.attrFloat("lambd", 0.5f);
+    p.beta = r.attrFloat("bias", 0.0f);
+    return {};
+  }
+  template <typename T> PIPEC_HD static T value(T x, const ElemParams &p) {
+    double v = static_cast<double>(x), lambd = p.alpha, bias = p.beta;
+    if (v < -lambd)
+      return detail::fromDouble<T>(v + bias);
+    if (v > lambd)
+      return detail::fromDouble<T>(v - bias);
+    return T(0);
+  }
+  PIPEC_HD static double derivative(double x, const ElemParams &p) {
+    return x < -static_cast<double>(p.alpha) || x > static_cast<double>(p.alpha) ? 1.0 : 0.0;
+  }
+};
 
 struct Abs : NoParams {
   static constexpr ElemTypes types = ElemTypes::Numeric;
@@ -330,6 +398,44 @@ struct Not : NoParams {
   static constexpr ElemTypes types = ElemTypes::Logical;
   static constexpr GradFrom gradFrom = GradFrom::None;
   template <typename T> PIPEC_HD static T value(T x, const ElemParams &) { return !x; }
+  PIPEC_HD static double derivative(double, const ElemParams &) { return 0.0; }
+};
+
+// Unary integer ops and float tests ---------------------------------------------
+
+struct BitwiseNot : NoParams {
+  static constexpr ElemTypes types = ElemTypes::Integer;
+  static constexpr GradFrom gradFrom = GradFrom::None;
+  template <typename T> PIPEC_HD static T value(T x, const ElemParams &) {
+    return static_cast<T>(~x);
+  }
+  PIPEC_HD static double derivative(double, const ElemParams &) { return 0.0; }
+};
+
+struct IsNaN : NoParams {
+  static constexpr ElemTypes types = ElemTypes::FloatTest;
+  static constexpr GradFrom gradFrom = GradFrom::None;
+  template <typename T> PIPEC_HD static bool value(T x, const ElemParams &) { return x != x; }
+  PIPEC_HD static double derivative(double, const ElemParams &) { return 0.0; }
+};
+
+/// IsInf: mode bit 0 detects +inf (detect_positive), bit 1 -inf
+/// (detect_negative).
+struct IsInf {
+  static constexpr ElemTypes types = ElemTypes::FloatTest;
+  static constexpr GradFrom gradFrom = GradFrom::None;
+  static std::string read(const ParamReader &r, ElemParams &p) {
+    p.mode = (r.attrInt("detect_positive", 1) != 0 ? 1 : 0) |
+             (r.attrInt("detect_negative", 1) != 0 ? 2 : 0);
+    return {};
+  }
+  template <typename T> PIPEC_HD static bool value(T x, const ElemParams &p) {
+    if (x == std::numeric_limits<T>::infinity())
+      return (p.mode & 1) != 0;
+    if (x == -std::numeric_limits<T>::infinity())
+      return (p.mode & 2) != 0;
+    return false;
+  }
   PIPEC_HD static double derivative(double, const ElemParams &) { return 0.0; }
 };
 
@@ -402,6 +508,90 @@ struct Pow : NoParams {
     if (b == T(3))
       return static_cast<T>(a * a * a);
     return math::pow(a, b);
+  }
+};
+
+// Binary integer ops and Mod ----------------------------------------------------
+
+#define PIPEC_INTEGER_BINARY(ID, VALUE)                                                            \
+  struct ID : NoParams {                                                                           \
+    static constexpr ElemTypes types = ElemTypes::Integer;                                         \
+    static constexpr bool divides = false;                                                         \
+    template <typename T> PIPEC_HD static T value(T a, T b, const ElemParams &) {                  \
+      return static_cast<T>(VALUE);                                                                \
+    }                                                                                              \
+  };
+PIPEC_INTEGER_BINARY(BitwiseAnd, a &b)
+PIPEC_INTEGER_BINARY(BitwiseOr, a | b)
+PIPEC_INTEGER_BINARY(BitwiseXor, a ^ b)
+#undef PIPEC_INTEGER_BINARY
+
+/// BitShift: mode 0 shifts left, 1 right (arithmetic for signed types, as
+/// opset 28 defines them). A shift by a negative amount or by the width or
+/// more gives what the sign fill alone gives: -1 for a negative a shifted
+/// right, else 0.
+struct BitShift {
+  static constexpr ElemTypes types = ElemTypes::Integer;
+  static constexpr bool divides = false;
+  static std::string read(const ParamReader &r, ElemParams &p) {
+    std::string direction = r.attrString("direction", "");
+    if (direction != "LEFT" && direction != "RIGHT")
+      return "direction must be 'LEFT' or 'RIGHT', not '" + direction + "'";
+    p.mode = direction == "RIGHT" ? 1 : 0;
+    return {};
+  }
+  template <typename T> PIPEC_HD static T value(T a, T b, const ElemParams &p) {
+    using U = std::make_unsigned_t<T>;
+    constexpr int bits = 8 * sizeof(T);
+    bool right = p.mode == 1;
+    bool outOfRange = static_cast<U>(b) >= static_cast<U>(bits);
+    if constexpr (std::is_signed_v<T>) {
+      outOfRange = b < 0 || b >= T(bits);
+      if (outOfRange)
+        return right && a < 0 ? T(-1) : T(0);
+    }
+    if (outOfRange)
+      return T(0);
+    if (right)
+      return static_cast<T>(a >> b);
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) << b));
+  }
+};
+
+/// Mod: mode 0 (fmod = 0) takes the divisor's sign, a - floor(a / b) * b;
+/// mode 1 truncates as C's fmod and %. Floats by fmod, then moved into the
+/// divisor's sign: a zero remainder is a zero of b's sign, and a NaN or
+/// infinite operand gives what ONNX (opset 28) and numpy give. Integer
+/// division by zero is refused before any element is computed (divides).
+struct Mod {
+  static constexpr ElemTypes types = ElemTypes::NumericHost;
+  static constexpr bool divides = true;
+  static std::string read(const ParamReader &r, ElemParams &p) {
+    int64_t fmod = r.attrInt("fmod", 0);
+    if (fmod != 0 && fmod != 1)
+      return "fmod must be 0 or 1, not " + std::to_string(fmod);
+    p.mode = static_cast<int>(fmod);
+    return {};
+  }
+  template <typename T> PIPEC_HD static T value(T a, T b, const ElemParams &p) {
+    if constexpr (std::is_floating_point_v<T>) {
+      T r = math::fmod(a, b);
+      if (p.mode == 1)
+        return r;
+      if (r != T(0))
+        return (r < T(0)) != (b < T(0)) ? static_cast<T>(r + b) : r;
+      return b < T(0) ? -T(0) : T(0);
+    } else {
+      if (b == T(0))
+        return T(0);
+      if constexpr (std::is_signed_v<T>)
+        if (b == T(-1))
+          return T(0); // INT_MIN % -1 would trap
+      T r = static_cast<T>(a % b);
+      if (p.mode == 0 && r != T(0) && ((r < T(0)) != (b < T(0))))
+        r = static_cast<T>(r + b);
+      return r;
+    }
   }
 };
 

@@ -1,0 +1,457 @@
+//===- QuantKernels.cpp - Linear quantization and integer products --------===//
+//
+// QuantizeLinear and DequantizeLinear (per tensor, per axis and blocked, to
+// and from int8, uint8, int16, uint16 and int32), DynamicQuantizeLinear,
+// and the integer products MatMulInteger, ConvInteger, QLinearMatMul and
+// QLinearConv.
+// Quantized types pipec's tensors do not hold (float8, int4, uint4, int2,
+// float4) are refused. Rounding is to nearest, ties to even, as ONNX says;
+// divisions and products are rounded in the precision ONNX names.
+//
+// Before:  QuantizeLinear(x = [0.5, 1.5, 300], y_scale = 1, zero point 0 of uint8)
+// After:   [0, 2, 255]
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cpu/KernelSupport.h"
+#include "runtime/cpu/KernelTable.h"
+#include "runtime/cpu/Window.h"
+
+#include "onnx/onnx_pb.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+using namespace llvm;
+
+namespace pipec::cpu {
+
+namespace {
+
+/// \p v rounded to what float type \p type holds; other types keep double.
+double roundAs(DType type, double v) {
+  if (type == DType::F32)
+    return static_cast<float>(v);
+  if (type == DType::F16)
+    return halfToFloat(floatToHalf(static_cast<float>(v)));
+  if (type == DType::BF16)
+    return bfloat16ToFloat(floatToBFloat16(static_cast<float>(v)));
+  return v;
+}
+
+/// The range of a quantized integer type, or nullopt for another type.
+std::optional<std::pair<double, double>> quantRange(DType type) {
+  switch (type) {
+  case DType::U8:
+    return std::pair<double, double>(0, 255);
+  case DType::I8:
+    return std::pair<double, double>(-128, 127);
+  case DType::U16:
+    return std::pair<double, double>(0, 65535);
+  case DType::I16:
+    return std::pair<double, double>(-32768, 32767);
+  default:
+    return std::nullopt;
+  }
+}
+
+/// round-half-even(\p v) clamped to [lo, hi]; NaN gives lo.
+double saturateRound(double v, std::pair<double, double> range) {
+  double r = std::nearbyint(v);
+  if (!(r >= range.first))
+    return range.first;
+  return std::min(r, range.second);
+}
+
+/// How a scale or zero point of QuantizeLinear or DequantizeLinear maps onto
+/// the elements of x: one value, one per index of axis, or one per block of
+/// block_size indices along axis (the other dimensions as x's).
+struct QuantLayout {
+  enum Kind { PerTensor, PerAxis, Blocked } kind = PerTensor;
+  AxisSplit split{1, 1, 1};
+  int64_t block = 0, blocks = 0;
+
+  /// The parameter's index for element \p i of x.
+  int64_t indexOf(int64_t i) const {
+    if (kind == PerTensor)
+      return 0;
+    int64_t d = (i / split.inner) % split.size;
+    if (kind == PerAxis)
+      return d;
+    int64_t o = i / (split.size * split.inner), in = i % split.inner;
+    return (o * blocks + d / block) * split.inner + in;
+  }
+};
+
+/// The layout of \p scale (input \p index) for \p x, checked against
+/// axis and block_size (opset 21 on).
+Expected<QuantLayout> layoutOf(const OpContext &ctx, const Tensor &x, const Tensor &scale) {
+  QuantLayout layout;
+  int64_t block = ctx.opset >= 21 ? ctx.attrInt("block_size", 0) : 0;
+  if (block < 0)
+    return ctx.fail(formatv("block_size must not be negative, got {0}", block));
+  // One value is per tensor whatever its rank, as ONNX's reference reads it.
+  if (scale.numElements() == 1)
+    return layout;
+  Expected<int64_t> axis = ctx.normalizeAxis(ctx.attrInt("axis", 1), x.rank());
+  if (!axis)
+    return axis.takeError();
+  layout.split = splitAt(x.shape(), *axis);
+  if (block == 0) {
+    if (scale.rank() != 1 || scale.dim(0) != x.dim(*axis))
+      return ctx.fail("scale " + scale.describe() + " is neither a scalar nor one value per " +
+                      "index of axis " + Twine(*axis) + " of " + x.describe());
+    layout.kind = QuantLayout::PerAxis;
+    return layout;
+  }
+  layout.kind = QuantLayout::Blocked;
+  layout.block = block;
+  layout.blocks = (x.dim(*axis) + block - 1) / block;
+  Shape expected = x.shape();
+  expected[*axis] = layout.blocks;
+  if (scale.shape() != expected)
+    return ctx.fail("blocked scale " + scale.describe() + " must have shape " +
+                    shapeString(expected) + " for " + x.describe() + " and block_size " +
+                    Twine(block));
+  return layout;
+}
+
+/// Checks that the zero point (input 2), when given, has the scale's shape.
+Error checkZeroPoint(const OpContext &ctx) {
+  const Tensor *zero = ctx.optInput(2);
+  if (zero && zero->shape() != ctx.input(1).shape())
+    return ctx.fail("zero point " + zero->describe() + " must have the scale's shape " +
+                    shapeString(ctx.input(1).shape()));
+  return Error::success();
+}
+
+/// The element type ONNX type \p onnxType names for a quantized result, or
+/// an error: unsupported for the types pipec does not hold.
+Expected<DType> quantizedType(const OpContext &ctx, int64_t onnxType) {
+  Expected<DType> type = elemTypeFromOnnx(static_cast<int32_t>(onnxType));
+  if (!type) {
+    consumeError(type.takeError());
+    return ctx.unsupported("quantized type " + onnxTypeName(static_cast<int32_t>(onnxType)));
+  }
+  if (!quantRange(*type))
+    return ctx.fail("output type " + elemTypeName(*type) + " is not a quantized type");
+  return *type;
+}
+
+} // namespace
+
+/// QuantizeLinear: y = saturate(round(x / y_scale) + y_zero_point). The
+/// division is rounded in y_scale's type, or in 'precision' (opset 23 on).
+/// y has the zero point's type, else output_dtype (opset 21 on), else uint8.
+Expected<Outputs> quantizeLinear(const OpContext &ctx) {
+  const Tensor &x = ctx.input(0), &scale = ctx.input(1);
+  const Tensor *zero = ctx.optInput(2);
+  if (!isFloating(x.elemType()) && x.elemType() != DType::I32)
+    return ctx.unsupportedType(x, 0);
+  if (!isFloating(scale.elemType()))
+    return ctx.unsupportedType(scale, 1);
+  if (Error e = checkZeroPoint(ctx))
+    return e;
+  int64_t outputType = ctx.opset >= 21 ? ctx.attrInt("output_dtype", 0) : 0;
+  DType type = DType::U8;
+  if (zero) {
+    type = zero->elemType();
+    if (outputType != 0 && outputType != static_cast<int64_t>(type))
+      return ctx.fail("output_dtype " + onnxTypeName(static_cast<int32_t>(outputType)) +
+                      " differs from the zero point's type " + elemTypeName(type));
+  } else if (outputType != 0) {
+    Expected<DType> given = quantizedType(ctx, outputType);
+    if (!given)
+      return given.takeError();
+    type = *given;
+  }
+  std::optional<std::pair<double, double>> range = quantRange(type);
+  if (!range)
+    return ctx.fail("the zero point's type " + elemTypeName(type) + " is not a quantized type");
+  DType precision = scale.elemType();
+  if (int64_t given = ctx.opset >= 23 ? ctx.attrInt("precision", 0) : 0) {
+    Expected<DType> p = elemTypeFromOnnx(static_cast<int32_t>(given));
+    if (!p || !isFloating(*p)) {
+      consumeError(p.takeError());
+      return ctx.unsupported("precision " + onnxTypeName(static_cast<int32_t>(given)));
+    }
+    precision = *p;
+  }
+  Expected<QuantLayout> layout = layoutOf(ctx, x, scale);
+  if (!layout)
+    return layout.takeError();
+  Tensor y(type, x.shape());
+  for (int64_t i = 0; i < x.numElements(); ++i) {
+    int64_t p = layout->indexOf(i);
+    double quotient = roundAs(precision, roundAs(precision, x.getDouble(i)) /
+                                             roundAs(precision, scale.getDouble(p)));
+    // Rounded before the zero point is added: 1.5 + 32767 must give 32769.
+    double rounded = std::nearbyint(quotient) + (zero ? zero->getDouble(p) : 0.0);
+    y.setDouble(i, saturateRound(rounded, *range));
+  }
+  return Outputs{y};
+}
+
+/// DequantizeLinear: y = (x - x_zero_point) * x_scale, the product rounded
+/// in y's type: output_dtype (opset 23 on), else x_scale's type.
+Expected<Outputs> dequantizeLinear(const OpContext &ctx) {
+  const Tensor &x = ctx.input(0), &scale = ctx.input(1);
+  const Tensor *zero = ctx.optInput(2);
+  if (!quantRange(x.elemType()) && x.elemType() != DType::I32)
+    return ctx.unsupportedType(x, 0);
+  if (!isFloating(scale.elemType()))
+    return ctx.unsupportedType(scale, 1);
+  if (zero && zero->elemType() != x.elemType())
+    return ctx.fail("the zero point must have x's element type " + elemTypeName(x.elemType()));
+  if (Error e = checkZeroPoint(ctx))
+    return e;
+  DType type = scale.elemType();
+  if (int64_t given = ctx.opset >= 23 ? ctx.attrInt("output_dtype", 0) : 0) {
+    Expected<DType> t = elemTypeFromOnnx(static_cast<int32_t>(given));
+    if (!t || !isFloating(*t)) {
+      consumeError(t.takeError());
+      return ctx.fail("output_dtype " + onnxTypeName(static_cast<int32_t>(given)) +
+                      " is not a float type");
+    }
+    type = *t;
+  }
+  Expected<QuantLayout> layout = layoutOf(ctx, x, scale);
+  if (!layout)
+    return layout.takeError();
+  Tensor y(type, x.shape());
+  for (int64_t i = 0; i < x.numElements(); ++i) {
+    int64_t p = layout->indexOf(i);
+    double shifted = x.getDouble(i) - (zero ? zero->getDouble(p) : 0.0);
+    y.setDouble(i, roundAs(type, shifted * scale.getDouble(p)));
+  }
+  return Outputs{y};
+}
+
+/// DynamicQuantizeLinear: uint8 with the scale and zero point that map
+/// [min(0, min x), max(0, max x)] onto [0, 255], in float32 as ONNX's
+/// reference computes them. Outputs y, y_scale and y_zero_point.
+Expected<Outputs> dynamicQuantizeLinear(const OpContext &ctx) {
+  const Tensor &x = ctx.input(0);
+  if (x.elemType() != DType::F32)
+    return ctx.unsupportedType(x, 0);
+  const float *in = x.data<float>();
+  float low = 0, high = 0;
+  for (int64_t i = 0; i < x.numElements(); ++i) {
+    low = std::min(low, in[i]);
+    high = std::max(high, in[i]);
+  }
+  float scale = (high == low ? 1.0f : high - low) / 255.0f;
+  std::pair<double, double> range(0, 255);
+  float zero = std::nearbyint(std::clamp(0.0f - low / scale, 0.0f, 255.0f));
+  if (!(zero >= 0)) // -inf and inf in x make the scale infinite and this NaN
+    zero = 0;
+  Tensor y(DType::U8, x.shape());
+  for (int64_t i = 0; i < x.numElements(); ++i)
+    y.data<uint8_t>()[i] =
+        static_cast<uint8_t>(saturateRound(std::nearbyint(in[i] / scale) + zero, range));
+  return Outputs{y, Tensor::scalar(scale), Tensor::scalar(static_cast<uint8_t>(zero))};
+}
+
+namespace {
+
+/// How a zero point of an integer product lines up with its operand.
+enum class ZeroPoint {
+  Scalar,     ///< one value (ConvInteger's x)
+  Broadcast,  ///< numpy broadcasting ([N] or [..., 1, N]: per column of B)
+  PerRow,     ///< [M] means [M, 1] (per row of A); else broadcast
+  PerChannel, ///< [M] means [M, 1, ...] (per output channel of W); else scalar
+};
+
+/// \p x (int8 or uint8) minus \p zero, laid out as \p layout says, as
+/// int32.
+Expected<Tensor> shifted(const OpContext &ctx, const Tensor &x, const Tensor *zero, size_t index,
+                         ZeroPoint layout) {
+  if (x.elemType() != DType::I8 && x.elemType() != DType::U8)
+    return ctx.unsupportedType(x, index);
+  Tensor out(DType::I32, x.shape());
+  for (int64_t i = 0; i < x.numElements(); ++i)
+    out.data<int32_t>()[i] = static_cast<int32_t>(x.getInt64(i));
+  if (!zero)
+    return out;
+  if (zero->elemType() != x.elemType())
+    return ctx.fail(formatv("the zero point of input {0} must have its element type {1}", index,
+                            elemTypeName(x.elemType())));
+  Tensor z = *zero;
+  bool vector = z.rank() == 1 && z.numElements() > 1;
+  if ((layout == ZeroPoint::Scalar || (layout == ZeroPoint::PerChannel && !vector)) &&
+      z.numElements() != 1)
+    return ctx.fail(formatv("the zero point of input {0} must be a scalar{1}, got {2}", index,
+                            layout == ZeroPoint::PerChannel ? " or one per output channel" : "",
+                            zero->describe()));
+  if (vector && (layout == ZeroPoint::PerRow || layout == ZeroPoint::PerChannel)) {
+    Shape shape(layout == ZeroPoint::PerRow ? 2 : std::max<int64_t>(x.rank(), 1), 1);
+    shape[0] = z.numElements();
+    z = z.reshaped(shape);
+  }
+  Expected<Shape> shape = broadcastShapes(z.shape(), x.shape());
+  if (!shape || *shape != x.shape()) {
+    consumeError(shape.takeError());
+    return ctx.fail(formatv("zero point {0} does not broadcast to input {1} {2}", zero->describe(),
+                            index, x.describe()));
+  }
+  Tensor expanded = expandAny(z, x.shape());
+  for (int64_t i = 0; i < x.numElements(); ++i)
+    out.data<int32_t>()[i] -= static_cast<int32_t>(expanded.getInt64(i));
+  return out;
+}
+
+/// The product of int32 \p a and \p b with MatMul's broadcasting.
+Expected<Tensor> integerProduct(const OpContext &ctx, const Tensor &a, const Tensor &b) {
+  const Tensor *operands[] = {&a, &b};
+  OpContext inner(ctx.node, ctx.opset, operands, ctx.def);
+  Expected<Outputs> product = matMul(inner);
+  if (!product)
+    return product.takeError();
+  return std::move((*product)[0]);
+}
+
+} // namespace
+
+/// MatMulInteger: (A - a_zero_point) x (B - b_zero_point) in int32.
+Expected<Outputs> matMulInteger(const OpContext &ctx) {
+  Expected<Tensor> a = shifted(ctx, ctx.input(0), ctx.optInput(2), 0, ZeroPoint::PerRow);
+  if (!a)
+    return a.takeError();
+  Expected<Tensor> b = shifted(ctx, ctx.input(1), ctx.optInput(3), 1, ZeroPoint::Broadcast);
+  if (!b)
+    return b.takeError();
+  Expected<Tensor> y = integerProduct(ctx, *a, *b);
+  if (!y)
+    return y.takeError();
+  return Outputs{*y};
+}
+
+/// ConvInteger: Conv of (x - x_zero_point) by (w - w_zero_point) in int32;
+/// padding reads as the zero point (0 after the shift).
+Expected<Outputs> convInteger(const OpContext &ctx) {
+  Expected<Tensor> x = shifted(ctx, ctx.input(0), ctx.optInput(2), 0, ZeroPoint::Scalar);
+  if (!x)
+    return x.takeError();
+  Expected<Tensor> w = shifted(ctx, ctx.input(1), ctx.optInput(3), 1, ZeroPoint::PerChannel);
+  if (!w)
+    return w.takeError();
+  return convolve(ctx, *x, *w, nullptr, true);
+}
+
+/// QLinearMatMul: the int32 product of the shifted operands, requantized by
+/// a_scale * b_scale / y_scale (rounded in the scales' type) plus
+/// y_zero_point. Scales and zero points are per tensor, or per row of a and
+/// per column of b.
+Expected<Outputs> qLinearMatMul(const OpContext &ctx) {
+  const Tensor &aScale = ctx.input(1), &bScale = ctx.input(4), &yScale = ctx.input(6);
+  const Tensor &yZero = ctx.input(7);
+  for (size_t i : {1, 4, 6})
+    if (!isFloating(ctx.input(i).elemType()))
+      return ctx.unsupportedType(ctx.input(i), i);
+  if (Error e = ctx.sameType(1, 4))
+    return e;
+  if (Error e = ctx.sameType(1, 6))
+    return e;
+  std::optional<std::pair<double, double>> range = quantRange(yZero.elemType());
+  if (!range || yZero.elemType() == DType::I16 || yZero.elemType() == DType::U16)
+    return ctx.unsupportedType(yZero, 7);
+  Expected<Tensor> a = shifted(ctx, ctx.input(0), &ctx.input(2), 0, ZeroPoint::PerRow);
+  if (!a)
+    return a.takeError();
+  Expected<Tensor> b = shifted(ctx, ctx.input(3), &ctx.input(5), 3, ZeroPoint::Broadcast);
+  if (!b)
+    return b.takeError();
+  Expected<Tensor> product = integerProduct(ctx, *a, *b);
+  if (!product)
+    return product.takeError();
+  const Shape &shape = product->shape();
+  // Per-row scales of a ([M] or [..., M, 1]) and the rest broadcast to y.
+  auto spread = [&](const Tensor &t, bool perRow) -> Expected<Tensor> {
+    Tensor v = t;
+    if (perRow && v.rank() == 1 && v.numElements() > 1)
+      v = v.reshaped({v.numElements(), 1});
+    Expected<Shape> joint = broadcastShapes(v.shape(), shape);
+    if (!joint || *joint != shape) {
+      consumeError(joint.takeError());
+      return ctx.fail(t.describe() + " does not broadcast to the product " + shapeString(shape));
+    }
+    return expandAny(v, shape);
+  };
+  Expected<Tensor> as = spread(aScale, true), bs = spread(bScale, false);
+  Expected<Tensor> ys = spread(yScale, false), yz = spread(yZero, false);
+  if (!as || !bs || !ys || !yz) {
+    Error err = joinErrors(as.takeError(), bs.takeError());
+    err = joinErrors(std::move(err), ys.takeError());
+    return joinErrors(std::move(err), yz.takeError());
+  }
+  DType scaleType = aScale.elemType();
+  Tensor y(yZero.elemType(), shape);
+  for (int64_t i = 0; i < y.numElements(); ++i) {
+    double factor = roundAs(scaleType, as->getDouble(i) * bs->getDouble(i));
+    factor = roundAs(scaleType, factor / ys->getDouble(i));
+    double v = static_cast<double>(product->data<int32_t>()[i]) * factor + yz->getDouble(i);
+    y.setDouble(i, saturateRound(v, *range));
+  }
+  return Outputs{y};
+}
+
+/// QLinearConv: the int32 Conv of the shifted x and w plus B, requantized
+/// by x_scale * w_scale / y_scale (rounded in the scales' type; w_scale per
+/// tensor or per output channel) plus y_zero_point.
+Expected<Outputs> qLinearConv(const OpContext &ctx) {
+  const Tensor &xScale = ctx.input(1), &wScale = ctx.input(4), &yScale = ctx.input(6);
+  const Tensor &yZero = ctx.input(7), &weight = ctx.input(3);
+  for (size_t i : {1, 4, 6})
+    if (!isFloating(ctx.input(i).elemType()))
+      return ctx.unsupportedType(ctx.input(i), i);
+  if (Error e = ctx.sameType(1, 4))
+    return e;
+  if (Error e = ctx.sameType(1, 6))
+    return e;
+  std::optional<std::pair<double, double>> range = quantRange(yZero.elemType());
+  if (!range || yZero.elemType() == DType::I16 || yZero.elemType() == DType::U16)
+    return ctx.unsupportedType(yZero, 7);
+  for (size_t i : {1, 6, 7})
+    if (ctx.input(i).numElements() != 1)
+      return ctx.fail(formatv("input {0} must be a scalar, got {1}", i, ctx.input(i).describe()));
+  if (weight.rank() < 1)
+    return ctx.fail("w must have rank >= 3, got " + weight.describe());
+  int64_t maps = weight.dim(0);
+  bool perChannel = wScale.numElements() != 1;
+  if (perChannel && (wScale.rank() != 1 || wScale.dim(0) != maps))
+    return ctx.fail(formatv("w_scale must be a scalar or one value per output channel ({0}), got "
+                            "{1}",
+                            maps, wScale.describe()));
+  const Tensor *bias = ctx.optInput(8);
+  if (bias && bias->elemType() != DType::I32)
+    return ctx.fail("B must hold int32, not " + elemTypeName(bias->elemType()));
+  Expected<Tensor> x = shifted(ctx, ctx.input(0), &ctx.input(2), 0, ZeroPoint::Scalar);
+  if (!x)
+    return x.takeError();
+  Expected<Tensor> w = shifted(ctx, weight, &ctx.input(5), 3, ZeroPoint::PerChannel);
+  if (!w)
+    return w.takeError();
+  Expected<Outputs> conv = convolve(ctx, *x, *w, bias, true);
+  if (!conv)
+    return conv.takeError();
+  const Tensor &sum = (*conv)[0];
+  DType scaleType = xScale.elemType();
+  int64_t plane = sum.rank() > 2 ? product(ArrayRef<int64_t>(sum.shape()).drop_front(2)) : 1;
+  std::vector<double> factors(perChannel ? maps : 1);
+  for (size_t m = 0; m < factors.size(); ++m) {
+    double f = roundAs(scaleType, xScale.getDouble(0) * wScale.getDouble(m));
+    factors[m] = roundAs(scaleType, f / yScale.getDouble(0));
+  }
+  double zero = yZero.getDouble(0);
+  Tensor y(yZero.elemType(), sum.shape());
+  for (int64_t i = 0; i < y.numElements(); ++i) {
+    double factor = factors[perChannel ? (i / plane) % maps : 0];
+    double v = static_cast<double>(sum.data<int32_t>()[i]) * factor + zero;
+    y.setDouble(i, saturateRound(v, *range));
+  }
+  return Outputs{y};
+}
+
+} // namespace pipec::cpu

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""pipec beside PyTorch: the committed torch fixtures through pipec compile and run.
+
+tests/fixtures/torch/ holds what PyTorch itself computed (tools/fixtures/torch_reference.py and
+torch_exports.py made them; torch is not needed here):
+
+  train/NAME.onnx, NAME_legacy.onnx  a model with its loss, exported by torch.onnx (dynamo and
+                                     the legacy exporter)
+  train/NAME.data/                   the batch: token ids, labels padded with -100, images
+  train/NAME.npz                     init/P, grad/P, sgd1/P (one SGD step, lr 0.1) and adamw3/P
+                                     (three AdamW steps on the batch: lr 1e-2, betas 0.9/0.999,
+                                     eps 1e-8, weight decay 0.1) per torch parameter P
+  train/NAME.json                    torch's loss, and which initializer holds each parameter
+  export/NAME.onnx, .data/, .torch/  an inference export and torch's eager outputs
+
+Each training model runs in every configuration of CONFIGS (stages, schedule, microbatches,
+data parallelism): `pipec compile --mode train`, then `pipec run --steps 1 --optimizer sgd
+--lr 0.1 --save-weights`, and in the AdamW configurations `--steps 3 --optimizer adamw`. It
+compares with torch's full-batch step:
+
+  loss        |pipec - torch| <= 1e-5 * |torch|
+  sgd1        per parameter, |w_pipec - w_torch| <= 1e-4 * |torch's whole update|
+              (norms over all elements); this checks each gradient, scaled by lr
+  adamw3      per parameter, |w_pipec - w_torch| <= 1e-3 * |torch's whole change|
+  padded      the language models once more on NAME.padded.data, 16 samples whose padding
+              (-100 labels) differs per microbatch, one microbatch of a causal model counting
+              no label at all, against torch's SGD step on all 16 at once
+              (tools/fixtures/torch_padded_batch.py): the mean over counted labels, not the
+              mean of microbatch means
+  trained     every parameter torch changes, pipec trains; every buffer stays as it was
+
+Each inference export runs at 1, 2 and 4 stages (as many microbatches, each the export's fixed
+batch): outputs within 1e-4 (absolute, plus 1e-4 relative) of torch's eager outputs.
+
+A case is pass, wrong (ran, numbers differ), or refused (pipec stopped with a one-line error,
+exit 1). With --floor N the script exits 1 when fewer than N cases pass or any is wrong.
+
+Usage:
+  torch_parity.py --pipec build/bin/pipec [--filter REGEX] [--floor N] [--verbose]
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures",
+                                    "torch"))
+
+# (label, compile flags, microbatches M, replicas, optimizer). The exports have a fixed batch B
+# (4 for training), so a microbatch holds B samples and a step M x replicas x B: the batch
+# repeats in every microbatch, and the step's mean equals torch's step on the batch.
+CONFIGS = [
+    ("P1", ["--stages", "1"], 1, 1, "sgd"),
+    ("P2-1f1b", ["--stages", "2", "--schedule", "1f1b"], 4, 1, "sgd"),
+    ("P4-1f1b", ["--stages", "4", "--schedule", "1f1b"], 4, 1, "sgd"),
+    ("P2-zb-h1", ["--stages", "2", "--schedule", "zb-h1"], 4, 1, "sgd"),
+    ("P2V2-interleaved", ["--stages", "2", "--virtual-stages", "2", "--schedule", "interleaved"],
+     4, 1, "sgd"),
+    ("P2-zbv", ["--stages", "2", "--virtual-stages", "2", "--schedule", "zbv"], 4, 1, "sgd"),
+    ("P2-dualpipev", ["--stages", "2", "--virtual-stages", "2", "--schedule", "dualpipev"], 4,
+     1, "sgd"),
+    ("P2-dp2", ["--stages", "2", "--schedule", "1f1b"], 2, 2, "sgd"),
+    ("P2-1f1b-adamw", ["--stages", "2", "--schedule", "1f1b"], 4, 1, "adamw"),
+    # 16 samples whose padding differs per microbatch (NAME.padded.*, language models).
+    ("P2-1f1b-padded", ["--stages", "2", "--schedule", "1f1b"], 4, 1, "padded"),
+    ("P4-zbv-dp2-padded", ["--stages", "2", "--virtual-stages", "2", "--schedule", "zbv"], 2, 2,
+     "padded"),
+]
+INFER_STAGES = [1, 2, 4]
+
+
+class Refused(Exception):
+    pass
+
+
+def pipec(args, cwd):
+    r = subprocess.run([PIPEC] + args, cwd=cwd, capture_output=True, text=True, timeout=300)
+    if r.returncode == 1 or r.returncode == 2:
+        lines = (r.stderr or r.stdout).strip().splitlines()
+        raise Refused(lines[-1] if lines else "exit %d" % r.returncode)
+    if r.returncode != 0:
+        raise RuntimeError("pipec %s: exit %d\n%s" % (args[0], r.returncode, r.stderr))
+    return r.stdout
+
+
+def initializers(path):
+    m = onnx.load(path)
+    return {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+
+
+def expected_value(npz, key, where):
+    v = npz[key]
+    return v.T if where["transposed"] else v
+
+
+def batch_of(manifest_entry):
+    return manifest_entry["inputs"][0]["shape"][0]
+
+
+def check_train(onnx_path, base, flags, optimizer, work):
+    meta = json.load(open(os.path.join(ROOT, "train", base + ".json")))
+    npz = np.load(os.path.join(ROOT, "train", base + ".npz"))
+    where = meta["onnx"][os.path.basename(onnx_path)]
+    data = os.path.join(ROOT, "train", base + ".data")
+    torch_loss = meta["torch_loss"]
+    if optimizer == "padded":
+        padded = np.load(os.path.join(ROOT, "train", base + ".padded.npz"))
+        npz = {**{k: npz[k] for k in npz.files if k.startswith("init/")},
+               **{k: padded[k] for k in padded.files}}
+        data = os.path.join(ROOT, "train", base + ".padded.data")
+        torch_loss = float(padded["loss"])
+        optimizer = "sgd"
+    plan = os.path.join(work, "model.plan")
+    pipec(["compile", onnx_path, "-o", plan, "--mode", "train", "--optimizer", optimizer]
+          + flags, work)
+    steps = 3 if optimizer == "adamw" else 1
+    run = ["run", plan, "--model", onnx_path, "--data", data, "--steps", str(steps),
+           "--save-weights",
+           os.path.join(work, "out.onnx"), "--metrics", os.path.join(work, "metrics.jsonl"),
+           "--quiet"]
+    if optimizer == "adamw":
+        run += ["--optimizer", "adamw", "--lr", "1e-2", "--weight-decay", "0.1"]
+    else:
+        run += ["--optimizer", "sgd", "--lr", "0.1"]
+    pipec(run, work)
+    losses = [json.loads(line)["loss"] for line in open(os.path.join(work, "metrics.jsonl"))]
+    after = initializers(os.path.join(work, "out.onnx"))
+    problems = []
+    loss_err = abs(losses[0] - torch_loss) / abs(torch_loss)
+    if loss_err > 1e-5:
+        problems.append("loss %.8g, torch %.8g (relative %.2e)" % (losses[0], torch_loss,
+                                                                   loss_err))
+    key = "adamw3/" if optimizer == "adamw" else "sgd1/"
+    tol = 1e-3 if optimizer == "adamw" else 1e-4
+    params = where["params"]
+    update = np.sqrt(sum(float(np.sum((npz[key + p].astype(np.float64)
+                                       - npz["init/" + p]) ** 2)) for p in params))
+    worst = 0.0
+    for p, w in params.items():
+        if w is None:
+            continue
+        got = after.get(w["initializer"])
+        if got is None:
+            problems.append("parameter %s: initializer %s missing from the saved model"
+                            % (p, w["initializer"]))
+            continue
+        want = expected_value(npz, key + p, w)
+        init = expected_value(npz, "init/" + p, w)
+        err = float(np.linalg.norm((got.astype(np.float64) - want).ravel()))
+        worst = max(worst, err / update)
+        if err > tol * update:
+            moved = float(np.abs(want - init).max())
+            if np.array_equal(got, init) and moved > 0:
+                problems.append("parameter %s (%s) not trained; torch moves it by %.3g"
+                                % (p, w["initializer"], moved))
+            else:
+                problems.append("parameter %s: |pipec - torch| %.3g > %g x torch's update %.3g"
+                                % (p, err, tol, update))
+    before = initializers(onnx_path)
+    for b, w in where.get("buffers", {}).items():
+        if w is None or w["initializer"] not in after:
+            continue
+        if not np.array_equal(after[w["initializer"]], before[w["initializer"]]):
+            problems.append("buffer %s (%s) changed; torch does not train it"
+                            % (b, w["initializer"]))
+    return problems, "loss rel %.1e, worst param %.1e of update" % (loss_err, worst)
+
+
+def check_infer(onnx_path, base, stages, batch, work):
+    plan = os.path.join(work, "model.plan")
+    pipec(["compile", onnx_path, "-o", plan, "--mode", "infer", "--stages", str(stages),
+           "--microbatches", str(stages), "--batch", str(batch * stages)], work)
+    out = os.path.join(work, "outputs")
+    pipec(["run", plan, "--model", onnx_path, "--data", os.path.join(ROOT, "export",
+           base + ".data"), "--outputs", out, "--quiet"], work)
+    problems, worst = [], 0.0
+    torch_dir = os.path.join(ROOT, "export", base + ".torch")
+    for f in sorted(os.listdir(torch_dir)):
+        # The batch repeats in every microbatch (the export's batch is fixed).
+        want = np.load(os.path.join(torch_dir, f))
+        want = np.concatenate([want] * stages, axis=0) if want.ndim else want
+        got_path = os.path.join(out, f)
+        if not os.path.exists(got_path):
+            problems.append("output %s missing" % f[:-4])
+            continue
+        got = np.load(got_path)
+        if got.shape != want.shape:
+            problems.append("output %s shape %s, torch %s" % (f[:-4], got.shape, want.shape))
+            continue
+        err = float(np.abs(got.astype(np.float64) - want).max())
+        worst = max(worst, err)
+        if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
+            problems.append("output %s differs from torch by %.3g" % (f[:-4], err))
+    return problems, "max |pipec - torch| %.1e" % worst
+
+
+def cases():
+    manifest = json.load(open(os.path.join(ROOT, "train", "MANIFEST.json")))
+    for name in sorted(manifest["models"]):
+        base = name[:-len("_legacy")] if name.endswith("_legacy") else name
+        path = os.path.join(ROOT, "train", manifest["models"][name]["file"])
+        batch = batch_of(manifest["models"][name])
+        padded = os.path.exists(os.path.join(ROOT, "train", base + ".padded.npz"))
+        for label, flags, microbatches, replicas, optimizer in CONFIGS:
+            if optimizer == "padded" and not padded:
+                continue
+            flags = flags + ["--microbatches", str(microbatches), "--dp", str(replicas),
+                             "--batch", str(batch * microbatches * replicas)]
+            yield ("train %s %s" % (name, label),
+                   lambda w, p=path, b=base, f=flags, o=optimizer: check_train(p, b, f, o, w))
+    manifest = json.load(open(os.path.join(ROOT, "export", "MANIFEST.json")))
+    for name in sorted(manifest["models"]):
+        path = os.path.join(ROOT, "export", manifest["models"][name]["file"])
+        batch = batch_of(manifest["models"][name])
+        for stages in INFER_STAGES:
+            yield ("infer %s P%d" % (name, stages),
+                   lambda w, p=path, b=name, s=stages, n=batch: check_infer(p, b, s, n, w))
+
+
+def main():
+    global PIPEC
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pipec", required=True)
+    ap.add_argument("--filter", default="")
+    ap.add_argument("--floor", type=int, default=None)
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args()
+    PIPEC = os.path.abspath(args.pipec)
+    counts = {"pass": 0, "wrong": 0, "refused": 0}
+    refusals = {}
+    for name, check in cases():
+        if args.filter and not re.search(args.filter, name):
+            continue
+        with tempfile.TemporaryDirectory() as work:
+            try:
+                problems, summary = check(work)
+            except Refused as e:
+                counts["refused"] += 1
+                refusals.setdefault(str(e), []).append(name)
+                if args.verbose:
+                    print("refused  %-40s %s" % (name, e))
+                continue
+        status = "wrong" if problems else "pass"
+        counts[status] += 1
+        if problems or args.verbose:
+            print("%-8s %-40s %s" % (status, name, summary))
+        for p in problems[:8]:
+            print("           " + p)
+    print("\nrefusals:")
+    for why, names in sorted(refusals.items(), key=lambda kv: -len(kv[1])):
+        print("  %3d  %s" % (len(names), why[:150]))
+    total = sum(counts.values())
+    print("\n%d cases: %d pass, %d wrong, %d refused"
+          % (total, counts["pass"], counts["wrong"], counts["refused"]))
+    if counts["wrong"] or (args.floor is not None and counts["pass"] < args.floor):
+        print("FAILED: %s" % ("%d wrong" % counts["wrong"] if counts["wrong"] else
+                              "%d pass, floor %d" % (counts["pass"], args.floor)))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
