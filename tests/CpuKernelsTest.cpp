@@ -554,97 +554,107 @@ Tensor floats(std::vector<int64_t> shape, const std::vector<double> &values) {
 TEST(CpuKernels, AttentionWithMaskPastAndCausalMatchesLoops) {
   // B=2, S=3, D=4, N=2 heads of H=2, past P=2 (T=5), mask_index [B, T] with
   // a hole in each row, unidirectional.
-  const int64_t B = 2, S = 3, D = 4, N = 2, H = 2, P = 2, T = P + S;
-  Tensor x = randomTensor({B, S, D}, 30), w = randomTensor({D, 3 * D}, 31);
-  Tensor bias = randomTensor({3 * D}, 32), past = randomTensor({2, B, N, P, H}, 33);
-  Tensor mask = Tensor::fromValues<int32_t>({B, T}, {1, 0, 1, 1, 1, 1, 1, 1, 0, 1});
+  const int64_t batch = 2, seqLen = 3, hidden = 4, numHeads = 2, headSize = 2, pastLen = 2,
+                total = pastLen + seqLen;
+  Tensor x = randomTensor({batch, seqLen, hidden}, 30), w = randomTensor({hidden, 3 * hidden}, 31);
+  Tensor bias = randomTensor({3 * hidden}, 32),
+         past = randomTensor({2, batch, numHeads, pastLen, headSize}, 33);
+  Tensor mask = Tensor::fromValues<int32_t>({batch, total}, {1, 0, 1, 1, 1, 1, 1, 1, 0, 1});
   auto out = run(contribNode("Attention", 5, 2)
-                     .attr("num_heads", int64_t(N))
+                     .attr("num_heads", int64_t(numHeads))
                      .attr("unidirectional", int64_t(1)),
                  {&x, &w, &bias, &mask, &past});
   ASSERT_EQ(out.size(), 2u);
 
   // Q, K, V by loops; K and V continue the past.
-  std::vector<double> q(B * N * S * H), k(B * N * T * H), v(B * N * T * H);
+  std::vector<double> q(batch * numHeads * seqLen * headSize),
+      k(batch * numHeads * total * headSize), v(batch * numHeads * total * headSize);
   const float *px = x.data<float>(), *pw = w.data<float>(), *pb = bias.data<float>();
   const float *pp = past.data<float>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t t = 0; t < P; ++t)
-        for (int64_t h = 0; h < H; ++h) {
-          k[((b * N + n) * T + t) * H + h] = pp[(((0 * B + b) * N + n) * P + t) * H + h];
-          v[((b * N + n) * T + t) * H + h] = pp[(((1 * B + b) * N + n) * P + t) * H + h];
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t n = 0; n < numHeads; ++n) {
+      for (int64_t t = 0; t < pastLen; ++t)
+        for (int64_t h = 0; h < headSize; ++h) {
+          k[((b * numHeads + n) * total + t) * headSize + h] =
+              pp[(((0 * batch + b) * numHeads + n) * pastLen + t) * headSize + h];
+          v[((b * numHeads + n) * total + t) * headSize + h] =
+              pp[(((1 * batch + b) * numHeads + n) * pastLen + t) * headSize + h];
         }
-      for (int64_t s = 0; s < S; ++s)
-        for (int64_t h = 0; h < H; ++h) {
+      for (int64_t s = 0; s < seqLen; ++s)
+        for (int64_t h = 0; h < headSize; ++h) {
           double proj[3];
           for (int part = 0; part < 3; ++part) {
-            int64_t col = part * D + n * H + h;
+            int64_t col = part * hidden + n * headSize + h;
             proj[part] = pb[col];
-            for (int64_t d = 0; d < D; ++d)
-              proj[part] += double(px[(b * S + s) * D + d]) * pw[d * 3 * D + col];
+            for (int64_t d = 0; d < hidden; ++d)
+              proj[part] += double(px[(b * seqLen + s) * hidden + d]) * pw[d * 3 * hidden + col];
           }
-          q[((b * N + n) * S + s) * H + h] = proj[0];
-          k[((b * N + n) * T + P + s) * H + h] = proj[1];
-          v[((b * N + n) * T + P + s) * H + h] = proj[2];
+          q[((b * numHeads + n) * seqLen + s) * headSize + h] = proj[0];
+          k[((b * numHeads + n) * total + pastLen + s) * headSize + h] = proj[1];
+          v[((b * numHeads + n) * total + pastLen + s) * headSize + h] = proj[2];
         }
     }
   auto want = naiveAttention(
-      B, N, S, T, H, q, k, v, 1 / std::sqrt(double(H)),
+      batch, numHeads, seqLen, total, headSize, q, k, v, 1 / std::sqrt(double(headSize)),
       [](int64_t, int64_t, int64_t, int64_t) { return 0.0; },
       [&](int64_t b, int64_t s, int64_t t) {
-        return mask.data<int32_t>()[b * T + t] == 1 && t <= P + s;
+        return mask.data<int32_t>()[b * total + t] == 1 && t <= pastLen + s;
       });
-  expectClose(out[0], floats({B, S, D}, want), 1e-5, 1e-5);
+  expectClose(out[0], floats({batch, seqLen, hidden}, want), 1e-5, 1e-5);
   // present [2, B, N, T, H]: the keys, then the values.
   std::vector<double> present(k);
   present.insert(present.end(), v.begin(), v.end());
-  expectClose(out[1], floats({2, B, N, T, H}, present), 1e-5, 1e-5);
+  expectClose(out[1], floats({2, batch, numHeads, total, headSize}, present), 1e-5, 1e-5);
 }
 
 TEST(CpuKernels, MultiHeadAttentionWithBiasPastAndKeyLengthsMatchesLoops) {
   // B=2, S=2, N=2 heads of H=2, L=2 new keys after P=1 past ones (T=3);
   // key_padding_mask [B] gives key lengths 3 and 2; attention_bias is shared
   // by the batch.
-  const int64_t B = 2, S = 2, N = 2, H = 2, D = N * H, L = 2, P = 1, T = P + L;
-  Tensor query = randomTensor({B, S, D}, 40), key = randomTensor({B, L, D}, 41),
-         value = randomTensor({B, L, D}, 42), bias = randomTensor({3 * D}, 43);
-  Tensor lengths = Tensor::fromValues<int32_t>({B}, {3, 2});
-  Tensor attentionBias = randomTensor({1, N, S, T}, 44);
-  Tensor pastKey = randomTensor({B, N, P, H}, 45), pastValue = randomTensor({B, N, P, H}, 46);
-  auto out = run(contribNode("MultiHeadAttention", 8, 3).attr("num_heads", int64_t(N)),
+  const int64_t batch = 2, seqLen = 2, numHeads = 2, headSize = 2, hidden = numHeads * headSize,
+                newLen = 2, pastLen = 1, total = pastLen + newLen;
+  Tensor query = randomTensor({batch, seqLen, hidden}, 40),
+         key = randomTensor({batch, newLen, hidden}, 41),
+         value = randomTensor({batch, newLen, hidden}, 42), bias = randomTensor({3 * hidden}, 43);
+  Tensor lengths = Tensor::fromValues<int32_t>({batch}, {3, 2});
+  Tensor attentionBias = randomTensor({1, numHeads, seqLen, total}, 44);
+  Tensor pastKey = randomTensor({batch, numHeads, pastLen, headSize}, 45),
+         pastValue = randomTensor({batch, numHeads, pastLen, headSize}, 46);
+  auto out = run(contribNode("MultiHeadAttention", 8, 3).attr("num_heads", int64_t(numHeads)),
                  {&query, &key, &value, &bias, &lengths, &attentionBias, &pastKey, &pastValue});
   ASSERT_EQ(out.size(), 3u);
 
-  std::vector<double> q(B * N * S * H), k(B * N * T * H), v(B * N * T * H);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t h = 0; h < H; ++h) {
-        for (int64_t s = 0; s < S; ++s)
-          q[((b * N + n) * S + s) * H + h] =
-              double(query.data<float>()[(b * S + s) * D + n * H + h]) +
-              bias.data<float>()[n * H + h];
-        for (int64_t t = 0; t < T; ++t) {
-          size_t at = ((b * N + n) * T + t) * H + h;
-          if (t < P) {
-            k[at] = pastKey.data<float>()[((b * N + n) * P + t) * H + h];
-            v[at] = pastValue.data<float>()[((b * N + n) * P + t) * H + h];
+  std::vector<double> q(batch * numHeads * seqLen * headSize),
+      k(batch * numHeads * total * headSize), v(batch * numHeads * total * headSize);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t n = 0; n < numHeads; ++n)
+      for (int64_t h = 0; h < headSize; ++h) {
+        for (int64_t s = 0; s < seqLen; ++s)
+          q[((b * numHeads + n) * seqLen + s) * headSize + h] =
+              double(query.data<float>()[(b * seqLen + s) * hidden + n * headSize + h]) +
+              bias.data<float>()[n * headSize + h];
+        for (int64_t t = 0; t < total; ++t) {
+          size_t at = ((b * numHeads + n) * total + t) * headSize + h;
+          if (t < pastLen) {
+            k[at] = pastKey.data<float>()[((b * numHeads + n) * pastLen + t) * headSize + h];
+            v[at] = pastValue.data<float>()[((b * numHeads + n) * pastLen + t) * headSize + h];
           } else {
-            int64_t row = (b * L + t - P) * D + n * H + h;
-            k[at] = double(key.data<float>()[row]) + bias.data<float>()[D + n * H + h];
-            v[at] = double(value.data<float>()[row]) + bias.data<float>()[2 * D + n * H + h];
+            int64_t row = (b * newLen + t - pastLen) * hidden + n * headSize + h;
+            k[at] = double(key.data<float>()[row]) + bias.data<float>()[hidden + n * headSize + h];
+            v[at] = double(value.data<float>()[row]) +
+                    bias.data<float>()[2 * hidden + n * headSize + h];
           }
         }
       }
   auto want = naiveAttention(
-      B, N, S, T, H, q, k, v, 1 / std::sqrt(double(H)),
+      batch, numHeads, seqLen, total, headSize, q, k, v, 1 / std::sqrt(double(headSize)),
       [&](int64_t, int64_t n, int64_t s, int64_t t) {
-        return double(attentionBias.data<float>()[(n * S + s) * T + t]);
+        return double(attentionBias.data<float>()[(n * seqLen + s) * total + t]);
       },
       [&](int64_t b, int64_t, int64_t t) { return t < lengths.data<int32_t>()[b]; });
-  expectClose(out[0], floats({B, S, D}, want), 1e-5, 1e-5);
-  expectClose(out[1], floats({B, N, T, H}, k), 1e-5, 1e-5);
-  expectClose(out[2], floats({B, N, T, H}, v), 1e-5, 1e-5);
+  expectClose(out[0], floats({batch, seqLen, hidden}, want), 1e-5, 1e-5);
+  expectClose(out[1], floats({batch, numHeads, total, headSize}, k), 1e-5, 1e-5);
+  expectClose(out[2], floats({batch, numHeads, total, headSize}, v), 1e-5, 1e-5);
 }
 
 TEST(CpuKernels, RotaryEmbeddingHalvesAndInterleavedPairs) {
@@ -674,24 +684,25 @@ TEST(CpuKernels, RotaryEmbeddingHalvesAndInterleavedPairs) {
 
 TEST(CpuKernels, RotaryEmbeddingLayoutsAndPartialRotation) {
   // [B, S, N*H] and [B, N, S, H] rotate the same heads.
-  const int64_t B = 2, S = 3, N = 2, H = 4;
-  Tensor x = randomTensor({B, S, N * H}, 50);
-  Tensor cos = randomTensor({8, H / 2}, 51), sin = randomTensor({8, H / 2}, 52);
-  Tensor position = Tensor::fromValues<int64_t>({B, S}, {0, 3, 7, 5, 1, 2});
+  const int64_t batch = 2, seqLen = 3, numHeads = 2, headSize = 4;
+  Tensor x = randomTensor({batch, seqLen, numHeads * headSize}, 50);
+  Tensor cos = randomTensor({8, headSize / 2}, 51), sin = randomTensor({8, headSize / 2}, 52);
+  Tensor position = Tensor::fromValues<int64_t>({batch, seqLen}, {0, 3, 7, 5, 1, 2});
   auto flat = run(contribNode("RotaryEmbedding", 4), {&x, &position, &cos, &sin});
-  Tensor heads = transpose(x.reshaped({B, S, N, H}), {0, 2, 1, 3});
+  Tensor heads = transpose(x.reshaped({batch, seqLen, numHeads, headSize}), {0, 2, 1, 3});
   auto split = run(contribNode("RotaryEmbedding", 4), {&heads, &position, &cos, &sin});
-  expectClose(transpose(split[0], {0, 2, 1, 3}).reshaped({B, S, N * H}), flat[0]);
+  expectClose(transpose(split[0], {0, 2, 1, 3}).reshaped({batch, seqLen, numHeads * headSize}),
+              flat[0]);
   // rotary_embedding_dim 2 of a head of 4: the last two values pass through.
   Tensor half = randomTensor({8, 1}, 53), halfSin = randomTensor({8, 1}, 54);
   auto partial = run(contribNode("RotaryEmbedding", 4)
                          .attr("rotary_embedding_dim", int64_t(2))
-                         .attr("num_heads", int64_t(N)),
+                         .attr("num_heads", int64_t(numHeads)),
                      {&x, &position, &half, &halfSin});
-  for (int64_t row = 0; row < B * S; ++row)
-    for (int64_t n = 0; n < N; ++n) {
-      const float *in = x.data<float>() + row * N * H + n * H;
-      const float *got = partial[0].data<float>() + row * N * H + n * H;
+  for (int64_t row = 0; row < batch * seqLen; ++row)
+    for (int64_t n = 0; n < numHeads; ++n) {
+      const float *in = x.data<float>() + row * numHeads * headSize + n * headSize;
+      const float *got = partial[0].data<float>() + row * numHeads * headSize + n * headSize;
       int64_t p = position.data<int64_t>()[row];
       float c = half.data<float>()[p], s = halfSin.data<float>()[p];
       EXPECT_NEAR(got[0], in[0] * c - in[1] * s, 1e-6);
@@ -817,7 +828,7 @@ TEST(CpuKernels, FastGeluWithBias) {
 TEST(CpuKernels, ContribLayoutsOnnxRuntimeLacksAreUnsupported) {
   EXPECT_TRUE(isSupported("Attention", "com.microsoft"));
   EXPECT_TRUE(isSupported("RotaryEmbedding", "com.microsoft"));
-  EXPECT_FALSE(isSupported("Attention"));
+  EXPECT_TRUE(isSupported("Attention")); // the default domain's own op (AttentionKernels.cpp)
   auto unsupported = [](const NodeBuilder &node, std::vector<const Tensor *> inputs) {
     auto outputs = runOp(node.node, 17, inputs);
     if (outputs)

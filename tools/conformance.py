@@ -153,6 +153,10 @@ def run_pipec(pipec, case_dir, model_path, inputs, expected, rtol, atol):
     for name, want in expected.items():
         path = os.path.join(out, safe_file_name(name) + ".npy")
         got = np.load(path, allow_pickle=False) if os.path.exists(path) else None
+        # NumPy reads a bfloat16 .npy ('<V2', as ml_dtypes writes it) as raw 2-byte voids.
+        if got is not None and got.dtype.kind == "V" and got.dtype.itemsize == 2 \
+                and want.dtype.name == "bfloat16":
+            got = got.view(want.dtype)
         why = compare(got, want, rtol, atol)
         if why is not None:
             return "wrong", "%s: %s" % (name, why)

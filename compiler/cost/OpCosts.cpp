@@ -209,11 +209,19 @@ int64_t ConvTranspose::flops(const Graph &graph, const Op &op) {
 
 template <bool Projection> int64_t Attention<Projection>::flops(const Graph &graph, const Op &op) {
   // Q K^T and P V: 4 * B * heads * S * T * head_dim.
+  // ONNX's own Attention (no projection) also takes [batch, heads, sequence,
+  // head] and reads the keys' length from K.
   const auto &x = inputShape(graph, op, 0);
-  if (x.size() != 3)
+  bool heads = !Projection && x.size() == 4;
+  if (x.size() != 3 && !heads)
     return outputElements(graph, op);
-  int64_t batch = x[0], seq = x[1], width = x[2];
+  int64_t batch = x[0], seq = heads ? x[2] : x[1], width = x.back();
   int64_t total = seq;
+  if (!Projection) {
+    const auto &k = inputShape(graph, op, 1);
+    if (k.size() == x.size())
+      total = k[heads ? 2 : 1];
+  }
   if (op.outputs.size() > 1 && op.outputs[1] >= 0) {
     const auto &present = graph.values[op.outputs[1]].shape;
     if (present.size() >= 2)

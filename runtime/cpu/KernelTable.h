@@ -118,6 +118,12 @@ KernelResult maxUnpool(const OpContext &ctx);
 KernelResult nonMaxSuppression(const OpContext &ctx);
 KernelResult roiAlign(const OpContext &ctx);
 
+// Transformer ops of the default domain (AttentionKernels.cpp).
+KernelResult causalConvWithState(const OpContext &ctx);
+KernelResult linearAttention(const OpContext &ctx);
+KernelResult onnxAttention(const OpContext &ctx);
+KernelResult onnxRotaryEmbedding(const OpContext &ctx);
+
 // onnxruntime's contrib ops (ContribKernels.cpp).
 KernelResult attention(const OpContext &ctx);
 KernelResult embedLayerNormalization(const OpContext &ctx);

@@ -32,10 +32,14 @@ Expected<DType> elemTypeOfName(StringRef name) {
 namespace {
 
 /// NumPy's descr of each type a .npy file may hold: byte order, kind, size.
+/// NumPy has no bfloat16: ml_dtypes' bfloat16, which ONNX's tools use, saves
+/// as '<V2', a descr no other 2-byte type writes (ml_dtypes' other types are
+/// 1 or 4 bytes, NumPy's own void type saves as '|V2').
 constexpr EnumName<DType> npyDescrs[] = {
-    {DType::F32, "<f4"}, {DType::F64, "<f8"}, {DType::F16, "<f2"}, {DType::I64, "<i8"},
-    {DType::I32, "<i4"}, {DType::I16, "<i2"}, {DType::I8, "|i1"},  {DType::U8, "|u1"},
-    {DType::U16, "<u2"}, {DType::U32, "<u4"}, {DType::U64, "<u8"}, {DType::Bool, "|b1"}};
+    {DType::F32, "<f4"}, {DType::F64, "<f8"}, {DType::F16, "<f2"}, {DType::BF16, "<V2"},
+    {DType::I64, "<i8"}, {DType::I32, "<i4"}, {DType::I16, "<i2"}, {DType::I8, "|i1"},
+    {DType::U8, "|u1"},  {DType::U16, "<u2"}, {DType::U32, "<u4"}, {DType::U64, "<u8"},
+    {DType::Bool, "|b1"}};
 
 /// NumPy's descr for \p type, or "" for a type .npy does not hold.
 StringRef npyDescr(DType type) { return nameOf(npyDescrs, type, ""); }
@@ -43,10 +47,13 @@ StringRef npyDescr(DType type) { return nameOf(npyDescrs, type, ""); }
 /// The type of \p descr: little-endian ('<', or '=' here), without an order
 /// ('|'), or with none given.
 std::optional<DType> typeOfDescr(StringRef descr) {
+  // Only bfloat16 reads as a void type, and only with its own order mark.
+  if (descr == "<V2")
+    return DType::BF16;
   if (descr.size() == 3 && (descr[0] == '=' || descr[0] == '<' || descr[0] == '|'))
     descr = descr.drop_front();
   for (const EnumName<DType> &row : npyDescrs)
-    if (row.name.drop_front() == descr)
+    if (row.value != DType::BF16 && row.name.drop_front() == descr)
       return row.value;
   return std::nullopt;
 }
