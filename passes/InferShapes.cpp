@@ -6,6 +6,7 @@
 #include "onnx/defs/schema.h"
 #include "onnx/shape_inference/implementation.h"
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <deque>
@@ -36,6 +37,11 @@ private:
                              describeOp(graph, op).c_str(),
                              formatv(fmt, std::forward<Ts>(args)...).str().c_str());
   }
+  /// What the symbolic dimensions were bound to, and the tables of the model
+  /// (2-D initializers that Gather reads rows of, such as position
+  /// embeddings) with fewer rows than a bound dimension: a shape that
+  /// fails after binding often means a binding the model cannot take.
+  std::string bindingHint() const;
 
   /// The kind of an output computed at compile time: a parameter when it
   /// derives from one or is a fill (the weights of models exported without
@@ -166,6 +172,32 @@ bool fillTensorProto(const ConstTensor &t, onnx::TensorProto &proto) {
   return true;
 }
 
+std::string ShapeInferer::bindingHint() const {
+  if (graph.boundDims.empty())
+    return "";
+  std::string hint = " (the inputs' symbolic dimensions were bound: " + join(graph.boundDims, ", ");
+  int64_t largest = 0;
+  for (StringRef bound : graph.boundDims) {
+    int64_t value = 0;
+    if (!bound.rsplit('=').second.getAsInteger(10, value))
+      largest = std::max(largest, value);
+  }
+  for (const Op &op : graph.ops) {
+    if (op.dead || op.opType != "Gather" || op.inputs.empty() || op.inputs[0] < 0)
+      continue;
+    const Value &table = graph.values[op.inputs[0]];
+    if (table.producer >= 0 || table.kind != ValueKind::Weight || table.shape.size() != 2 ||
+        table.shape[0] >= largest)
+      continue;
+    hint += formatv("; the table '{0}' has {1} rows: a dimension it indexes (such as --seq) "
+                    "fits up to {1}",
+                    table.name, table.shape[0])
+                .str();
+    break;
+  }
+  return hint + ")";
+}
+
 Expected<std::optional<std::vector<TensorType>>> ShapeInferer::onnxInference(Op &op) {
   int64_t opset = graph.opsetFor(op.domain);
   const onnx::OpSchema *schema =
@@ -206,7 +238,7 @@ Expected<std::optional<std::vector<TensorType>>> ShapeInferer::onnxInference(Op 
     // ONNX cannot see into subgraphs here; let the declared types answer.
     if (what.contains("GraphProto attribute inferencing"))
       return std::nullopt;
-    return fail(op, "shape inference failed: {0}", what.trim());
+    return fail(op, "shape inference failed: {0}{1}", what.trim(), bindingHint());
   }
   std::vector<TensorType> out(op.outputs.size());
   for (size_t i = 0; i < op.outputs.size(); ++i) {
@@ -322,7 +354,7 @@ Expected<bool> ShapeInferer::run() {
       if (Error err = inferOp(op))
         return err;
     } catch (const std::exception &e) {
-      return fail(op, "shape inference failed: {0}", e.what());
+      return fail(op, "shape inference failed: {0}{1}", StringRef(e.what()).trim(), bindingHint());
     }
     changed = true;
   }

@@ -443,6 +443,32 @@ TEST(ImporterErrors, OpsetsUpTo28) {
   EXPECT_EQ(err.find('\n'), std::string::npos) << err;
 }
 
+// A sequence longer than the model's position table fails shape inference;
+// the error says what the symbolic dimensions were bound to and which table
+// limits them.
+TEST(ImporterErrors, ABindingTooLongForATableSaysWhatFits) {
+  GraphBuilder b;
+  b.input("ids", 7, {-1, -1}, {"batch_size", "sequence_length"});
+  b.weight("position_embeddings", {4, 8});
+  b.weight("bias", {4, 8});
+  b.node("Gather", {"position_embeddings", "ids"}, {"rows"}, "/embeddings/Gather");
+  b.node("Add", {"rows", "bias"}, {"y"}, "/embeddings/Add");
+  b.output("y");
+  ImportOptions options;
+  options.bindings.seq = 4;
+  EXPECT_EQ(errorOf(importBytes(b.serialize(), options)), "");
+  options.bindings.seq = 16;
+  std::string err = errorOf(importBytes(b.serialize(), options));
+  EXPECT_NE(err.find("node '/embeddings/Add' (Add): shape inference failed"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("(the inputs' symbolic dimensions were bound: batch_size=1, "
+                     "sequence_length=16; the table 'position_embeddings' has 4 rows: a "
+                     "dimension it indexes (such as --seq) fits up to 4)"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+}
+
 TEST(ImporterErrors, NotAModel) {
   std::string err = errorOf(importBytes("this is not protobuf at all, just text\n"));
   EXPECT_NE(err.find("test.onnx"), std::string::npos) << err;

@@ -31,6 +31,8 @@ compares with torch's full-batch step:
               (tools/fixtures/torch_padded_batch.py): the mean over counted labels, not the
               mean of microbatch means
   trained     every parameter torch changes, pipec trains; every buffer stays as it was
+  reloaded    after one SGD step the model pipec saved runs in onnxruntime, and its loss equals
+              that of the original model holding torch's weights after the step (1e-5)
 
 Each inference export runs at 1, 2 and 4 stages (as many microbatches, each the export's fixed
 batch): outputs within 1e-4 (absolute, plus 1e-4 relative) of torch's eager outputs.
@@ -53,6 +55,7 @@ import tempfile
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import numpy_helper
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures",
@@ -187,6 +190,9 @@ def check_train(onnx_path, base, flags, optimizer, work):
     if optimizer == "adamw" and np.sqrt(total) > tol * update:
         problems.append("all parameters: |pipec - torch| %.3g > %g x torch's change %.3g"
                         % (np.sqrt(total), tol, update))
+    if key == "sgd1/" and not problems:
+        problems += reload_in_onnxruntime(onnx_path, os.path.join(work, "out.onnx"), where, npz,
+                                          data)
     before = initializers(onnx_path)
     for b, w in where.get("buffers", {}).items():
         if w is None or w["initializer"] not in after:
@@ -196,6 +202,31 @@ def check_train(onnx_path, base, flags, optimizer, work):
                             % (b, w["initializer"]))
     return problems, "loss rel %.1e, worst param %.1e, all %.1e of update" % (
         loss_err, worst, np.sqrt(total) / update)
+
+
+def ort_loss(model, data):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {i.name: np.load(os.path.join(data, i.name.replace("/", "_").replace(":", "_")
+                                          + ".npy"))[:i.shape[0]]
+             for i in sess.get_inputs()}
+    return float(sess.run(None, feeds)[0])
+
+
+def reload_in_onnxruntime(onnx_path, saved_path, where, npz, data):
+    """The model pipec saved runs in onnxruntime, and its loss on the batch equals the loss of
+    the original model holding torch's weights after the same step."""
+    saved = onnx.load(saved_path)
+    reference = onnx.load(onnx_path)
+    by_name = {t.name: t for t in reference.graph.initializer}
+    for p, w in where["params"].items():
+        if w is not None and w["initializer"] in by_name:
+            by_name[w["initializer"]].CopyFrom(numpy_helper.from_array(
+                np.ascontiguousarray(expected_value(npz, "sgd1/" + p, w)), w["initializer"]))
+    got, want = ort_loss(saved, data), ort_loss(reference, data)
+    if abs(got - want) > 1e-5 * abs(want):
+        return ["the saved model's loss in onnxruntime %.8g, torch's trained weights give %.8g"
+                % (got, want)]
+    return []
 
 
 def check_infer(onnx_path, base, stages, batch, work):

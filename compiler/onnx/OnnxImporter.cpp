@@ -270,8 +270,16 @@ void Importer::define(StringRef name, int id, function_ref<std::string()> by) {
 }
 
 int64_t Importer::bindDim(StringRef name, size_t position, StringRef input) {
+  auto note = [&](int64_t value) {
+    std::string label = name.empty() ? "dim " + std::to_string(position) : name.str();
+    std::string text = formatv("{0}={1}", label, value).str();
+    if (!llvm::is_contained(graph.boundDims, text))
+      graph.boundDims.push_back(text);
+    return value;
+  };
   if (auto value = bindSymbolicDim(options.bindings, name, position))
-    return *value;
+    return note(*value);
+  note(1);
   graph.warnings.push_back(formatv("input '{0}': dimension {1} ('{2}') has no binding; using 1 "
                                    "(set it with --dim {2}=N or --input-shape)",
                                    input, position, name)
