@@ -10,6 +10,7 @@
 // the fused normalizations, FastGelu) against plain loops or hand numbers.
 //
 //===----------------------------------------------------------------------===//
+#include "KernelTestUtil.h"
 #include "ops/OpRegistry.h"
 #include "runtime/cpu/Kernels.h"
 
@@ -27,50 +28,33 @@ using namespace pipec::cpu;
 
 namespace {
 
-/// Builds a NodeProto with named inputs "in0".. and outputs "out0"...
-class NodeBuilder {
+/// test::NodeBuilder with the node named "<op>_node" and attr() overloaded
+/// on the attribute's type.
+class NodeBuilder : public pipec::test::NodeBuilder {
 public:
-  NodeBuilder(const std::string &op, int inputs, int outputs = 1) {
-    node.set_op_type(op);
+  NodeBuilder(const std::string &op, int inputs, int outputs = 1, const std::string &domain = "")
+      : pipec::test::NodeBuilder(op, inputs, outputs, domain) {
     node.set_name(op + "_node");
-    for (int i = 0; i < inputs; ++i)
-      node.add_input("in" + std::to_string(i));
-    for (int i = 0; i < outputs; ++i)
-      node.add_output("out" + std::to_string(i));
   }
   NodeBuilder &attr(const std::string &name, int64_t value) {
-    auto *a = add(name, onnx::AttributeProto::INT);
-    a->set_i(value);
+    i(name, value);
     return *this;
   }
   NodeBuilder &attr(const std::string &name, float value) {
-    auto *a = add(name, onnx::AttributeProto::FLOAT);
-    a->set_f(value);
+    f(name, value);
     return *this;
   }
   NodeBuilder &attr(const std::string &name, const char *value) {
-    auto *a = add(name, onnx::AttributeProto::STRING);
-    a->set_s(value);
+    s(name, value);
     return *this;
   }
   NodeBuilder &attr(const std::string &name, std::vector<int64_t> values) {
-    auto *a = add(name, onnx::AttributeProto::INTS);
-    for (int64_t v : values)
-      a->add_ints(v);
+    ints(name, values);
     return *this;
   }
   NodeBuilder &name(const std::string &name) {
     node.set_name(name);
     return *this;
-  }
-  onnx::NodeProto node;
-
-private:
-  onnx::AttributeProto *add(const std::string &name, onnx::AttributeProto::AttributeType type) {
-    auto *a = node.add_attribute();
-    a->set_name(name);
-    a->set_type(type);
-    return a;
   }
 };
 
@@ -511,9 +495,7 @@ TEST(CpuTensor, SumToShapeUndoesBroadcasting) {
 //===----------------------------------------------------------------------===//
 
 NodeBuilder contribNode(const std::string &op, int inputs, int outputs = 1) {
-  NodeBuilder b(op, inputs, outputs);
-  b.node.set_domain("com.microsoft");
-  return b;
+  return NodeBuilder(op, inputs, outputs, "com.microsoft");
 }
 
 /// Softmax attention by plain loops, in double: q [B,N,S,H], k and v

@@ -98,6 +98,7 @@ public:
     return *this;
   }
   operator onnx::NodeProto() const { return node; }
+  onnx::NodeProto node;
 
 private:
   onnx::AttributeProto *add(const std::string &name, onnx::AttributeProto::AttributeType type) {
@@ -106,7 +107,6 @@ private:
     a->set_type(type);
     return a;
   }
-  onnx::NodeProto node;
 };
 
 inline std::mt19937 &rng() {

@@ -46,6 +46,12 @@ struct GradRule {
 /// The rule of row \p def of Ops.def; `missing` for null.
 const GradRule &gradRuleOf(const OpDef *def);
 
+/// The rule of a gather (Gather, GatherElements, GatherND): only the data,
+/// input 0, gets a gradient, pipec op \p gradOp of dY and the indices with
+/// the forward node's int attribute \p attr (0 where absent) and the
+/// data's shape as attribute 'shape'. Defined in IndexingGrads.cpp.
+llvm::Error gatheredDataGrad(GradContext &ctx, llvm::StringRef gradOp, llvm::StringRef attr);
+
 namespace rules {
 extern const GradRule none, missing;
 // ElementwiseGrads.cpp

@@ -53,30 +53,12 @@ Error cumSumGrad(GradContext &ctx) {
 /// dData: dY added into zeros at the elements gathered (repeated indices
 /// add up).
 Error gatherElementsGrad(GradContext &ctx) {
-  return ctx.forEachWanted([&](size_t i) {
-    if (i != 0)
-      return Error::success();
-    onnx::NodeProto &g = ctx.emit("GatherElementsGrad", {ctx.dy(), ctx.in(1)}, "pipec");
-    GradContext::setInt(g, "axis", attrInt(ctx.node(), "axis", 0));
-    GradContext::setInts(g, "shape", ctx.shapeOf(0));
-    ctx.contribute(0, GradContext::out(g));
-    return Error::success();
-  });
+  return gatheredDataGrad(ctx, "GatherElementsGrad", "axis");
 }
 
 /// dData: each slice of dY added into zeros at the slice its index tuple
 /// gathered (repeated tuples add up).
-Error gatherNDGrad(GradContext &ctx) {
-  return ctx.forEachWanted([&](size_t i) {
-    if (i != 0)
-      return Error::success();
-    onnx::NodeProto &g = ctx.emit("GatherNDGrad", {ctx.dy(), ctx.in(1)}, "pipec");
-    GradContext::setInt(g, "batch_dims", attrInt(ctx.node(), "batch_dims", 0));
-    GradContext::setInts(g, "shape", ctx.shapeOf(0));
-    ctx.contribute(0, GradContext::out(g));
-    return Error::success();
-  });
-}
+Error gatherNDGrad(GradContext &ctx) { return gatheredDataGrad(ctx, "GatherNDGrad", "batch_dims"); }
 
 /// Reduction none: dData is dY with the scattered positions zeroed (the
 /// updates replaced them) and dUpdates is dY gathered at them; add passes
@@ -189,6 +171,18 @@ Error padGrad(GradContext &ctx) {
 }
 
 } // namespace
+
+Error gatheredDataGrad(GradContext &ctx, StringRef gradOp, StringRef attr) {
+  return ctx.forEachWanted([&](size_t i) {
+    if (i != 0)
+      return Error::success();
+    onnx::NodeProto &g = ctx.emit(gradOp, {ctx.dy(), ctx.in(1)}, "pipec");
+    GradContext::setInt(g, attr, attrInt(ctx.node(), attr, 0));
+    GradContext::setInts(g, "shape", ctx.shapeOf(0));
+    ctx.contribute(0, GradContext::out(g));
+    return Error::success();
+  });
+}
 
 namespace rules {
 const GradRule trilu = {&triluGrad};

@@ -171,17 +171,7 @@ Error sliceGrad(GradContext &ctx) {
 
 /// The gradient for the data operand (an embedding table): dY scattered
 /// back by the indices. The indices get none.
-Error gatherGrad(GradContext &ctx) {
-  return ctx.forEachWanted([&](size_t i) -> Error {
-    if (i != 0)
-      return Error::success();
-    onnx::NodeProto &g = ctx.emit("GatherGrad", {ctx.dy(), ctx.in(1)}, "pipec");
-    GradContext::setInt(g, "axis", attrInt(ctx.node(), "axis", 0));
-    GradContext::setInts(g, "shape", ctx.shapeOf(0));
-    ctx.contribute(0, GradContext::out(g));
-    return Error::success();
-  });
-}
+Error gatherGrad(GradContext &ctx) { return gatheredDataGrad(ctx, "GatherGrad", "axis"); }
 
 /// Resize is linear in X: its gradient is the adjoint of the same
 /// interpolation (pipec.ResizeGrad, which rereads the forward node's inputs

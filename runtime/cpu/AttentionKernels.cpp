@@ -47,21 +47,6 @@ namespace {
 
 constexpr double negInf = -std::numeric_limits<double>::infinity();
 
-/// \p v rounded to what element type \p type holds (float, float16,
-/// bfloat16); double and the other types keep it.
-double roundAs(DType type, double v) {
-  switch (type) {
-  case DType::F32:
-    return static_cast<float>(v);
-  case DType::F16:
-    return halfToFloat(floatToHalf(static_cast<float>(v)));
-  case DType::BF16:
-    return bfloat16ToFloat(floatToBFloat16(static_cast<float>(v)));
-  default:
-    return v;
-  }
-}
-
 /// The values of floating tensor \p t as A.
 template <typename A> std::vector<A> valuesOf(const Tensor &t) {
   std::vector<A> out(t.numElements());

@@ -197,6 +197,34 @@ Expected<std::vector<int64_t>> tupleOffsets(const OpContext &ctx, const Tensor &
   return offsets;
 }
 
+/// What a gather's gradient checks first: its indices (input 1) are
+/// integers, and attribute 'shape', which it returns, is the gathered
+/// data's shape, of rank >= 1 and without negative dimensions.
+Expected<Shape> gatheredShape(const OpContext &ctx) {
+  if (Error e = indexInput(ctx, 1))
+    return std::move(e);
+  std::optional<Shape> shape = ctx.attrInts("shape");
+  if (!shape || shape->empty() || llvm::any_of(*shape, [](int64_t d) { return d < 0; }))
+    return ctx.fail("attribute 'shape' must be the gathered data's shape, of rank >= 1");
+  return *shape;
+}
+
+/// Attribute batch_dims of GatherND and its gradient: below the ranks of the
+/// data (of shape \p dataShape, named \p dataText in errors) and of
+/// \p indices, which agree on those leading dimensions.
+Expected<int64_t> batchDims(const OpContext &ctx, ArrayRef<int64_t> dataShape,
+                            const std::string &dataText, const Tensor &indices) {
+  int64_t batch = ctx.attrInt("batch_dims", 0);
+  if (batch < 0 || batch >= std::min<int64_t>(dataShape.size(), indices.rank()))
+    return ctx.fail(formatv("batch_dims {0} must be below the ranks of data {1} and indices {2}",
+                            batch, dataText, indices.describe()));
+  for (int64_t d = 0; d < batch; ++d)
+    if (dataShape[d] != indices.dim(d))
+      return ctx.fail(formatv("data {0} and indices {1} differ in batch dimension {2}", dataText,
+                              indices.describe(), d));
+  return batch;
+}
+
 } // namespace
 
 Expected<Outputs> gatherElements(const OpContext &ctx) {
@@ -254,11 +282,9 @@ Expected<Outputs> scatterElements(const OpContext &ctx) {
 /// the indices gathered.
 Expected<Outputs> gatherElementsGrad(const OpContext &ctx) {
   const Tensor &dy = ctx.input(0), &indices = ctx.input(1);
-  if (Error e = indexInput(ctx, 1))
-    return e;
-  std::optional<Shape> shape = ctx.attrInts("shape");
-  if (!shape || shape->empty() || llvm::any_of(*shape, [](int64_t d) { return d < 0; }))
-    return ctx.fail("attribute 'shape' must be the gathered data's shape, of rank >= 1");
+  Expected<Shape> shape = gatheredShape(ctx);
+  if (!shape)
+    return shape.takeError();
   if (dy.shape() != indices.shape())
     return ctx.fail("dY " + dy.describe() + " and indices " + indices.describe() +
                     " differ in shape");
@@ -277,14 +303,10 @@ Expected<Outputs> gatherND(const OpContext &ctx) {
   const Tensor &data = ctx.input(0), &indices = ctx.input(1);
   if (Error e = indexInput(ctx, 1))
     return e;
-  int64_t batch = ctx.attrInt("batch_dims", 0);
-  if (batch < 0 || batch >= std::min(data.rank(), indices.rank()))
-    return ctx.fail(formatv("batch_dims {0} must be below the ranks of data {1} and indices {2}",
-                            batch, data.describe(), indices.describe()));
-  for (int64_t d = 0; d < batch; ++d)
-    if (data.dim(d) != indices.dim(d))
-      return ctx.fail(formatv("data {0} and indices {1} differ in batch dimension {2}",
-                              data.describe(), indices.describe(), d));
+  Expected<int64_t> batchOrError = batchDims(ctx, data.shape(), data.describe(), indices);
+  if (!batchOrError)
+    return batchOrError.takeError();
+  int64_t batch = *batchOrError;
   Expected<int64_t> k = tupleLength(ctx, data, indices, batch);
   if (!k)
     return k.takeError();
@@ -310,20 +332,14 @@ Expected<Outputs> gatherND(const OpContext &ctx) {
 /// slice its index tuple gathered.
 Expected<Outputs> gatherNDGrad(const OpContext &ctx) {
   const Tensor &dy = ctx.input(0), &indices = ctx.input(1);
-  if (Error e = indexInput(ctx, 1))
-    return e;
-  std::optional<Shape> shape = ctx.attrInts("shape");
-  if (!shape || shape->empty() || llvm::any_of(*shape, [](int64_t d) { return d < 0; }))
-    return ctx.fail("attribute 'shape' must be the gathered data's shape, of rank >= 1");
+  Expected<Shape> shape = gatheredShape(ctx);
+  if (!shape)
+    return shape.takeError();
   Tensor out(dy.elemType(), *shape);
-  int64_t batch = ctx.attrInt("batch_dims", 0);
-  if (batch < 0 || batch >= std::min(out.rank(), indices.rank()))
-    return ctx.fail(formatv("batch_dims {0} must be below the ranks of data {1} and indices {2}",
-                            batch, shapeString(*shape), indices.describe()));
-  for (int64_t d = 0; d < batch; ++d)
-    if (out.dim(d) != indices.dim(d))
-      return ctx.fail(formatv("data {0} and indices {1} differ in batch dimension {2}",
-                              shapeString(*shape), indices.describe(), d));
+  Expected<int64_t> batchOrError = batchDims(ctx, *shape, shapeString(*shape), indices);
+  if (!batchOrError)
+    return batchOrError.takeError();
+  int64_t batch = *batchOrError;
   Expected<int64_t> k = tupleLength(ctx, out, indices, batch);
   if (!k)
     return k.takeError();

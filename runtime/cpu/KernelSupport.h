@@ -198,6 +198,21 @@ template <typename Fn> llvm::Expected<Outputs> numericUnary(const OpContext &ctx
   return unaryOver<NotBool>(ctx, fn);
 }
 
+/// \p v rounded to what element type \p type holds (float, float16,
+/// bfloat16); double and the other types keep it.
+inline double roundAs(DType type, double v) {
+  switch (type) {
+  case DType::F32:
+    return static_cast<float>(v);
+  case DType::F16:
+    return halfToFloat(floatToHalf(static_cast<float>(v)));
+  case DType::BF16:
+    return bfloat16ToFloat(floatToBFloat16(static_cast<float>(v)));
+  default:
+    return v;
+  }
+}
+
 /// x / y without the trap of INT_MIN / -1, which wraps as in two's complement.
 
 } // namespace pipec::cpu

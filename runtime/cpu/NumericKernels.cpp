@@ -26,20 +26,6 @@ namespace pipec::cpu {
 
 namespace {
 
-/// \p v rounded to what \p type holds (float16 and bfloat16 through float).
-double roundAs(DType type, double v) {
-  switch (type) {
-  case DType::F32:
-    return static_cast<float>(v);
-  case DType::F16:
-    return halfToFloat(floatToHalf(static_cast<float>(v)));
-  case DType::BF16:
-    return bfloat16ToFloat(floatToBFloat16(static_cast<float>(v)));
-  default:
-    return v;
-  }
-}
-
 /// Checks stash_type, the precision of a normalization's first stage: float
 /// or double (pipec computes both in double).
 Error checkStashType(const OpContext &ctx) {

@@ -30,17 +30,6 @@ namespace pipec::cpu {
 
 namespace {
 
-/// \p v rounded to what float type \p type holds; other types keep double.
-double roundAs(DType type, double v) {
-  if (type == DType::F32)
-    return static_cast<float>(v);
-  if (type == DType::F16)
-    return halfToFloat(floatToHalf(static_cast<float>(v)));
-  if (type == DType::BF16)
-    return bfloat16ToFloat(floatToBFloat16(static_cast<float>(v)));
-  return v;
-}
-
 /// The range of a quantized integer type, or nullopt for another type.
 std::optional<std::pair<double, double>> quantRange(DType type) {
   switch (type) {
@@ -312,6 +301,25 @@ Expected<Tensor> integerProduct(const OpContext &ctx, const Tensor &a, const Ten
   return std::move((*product)[0]);
 }
 
+/// Checks the operands QLinearMatMul and QLinearConv share: the scales
+/// (inputs 1, 4 and 6) of one floating type, and y_zero_point (input 7) of
+/// a quantized type other than the 16-bit ones. Returns the range of
+/// y_zero_point's type.
+Expected<std::pair<double, double>> requantRange(const OpContext &ctx) {
+  for (size_t i : {1, 4, 6})
+    if (!isFloating(ctx.input(i).elemType()))
+      return ctx.unsupportedType(ctx.input(i), i);
+  if (Error e = ctx.sameType(1, 4))
+    return e;
+  if (Error e = ctx.sameType(1, 6))
+    return e;
+  const Tensor &yZero = ctx.input(7);
+  std::optional<std::pair<double, double>> range = quantRange(yZero.elemType());
+  if (!range || yZero.elemType() == DType::I16 || yZero.elemType() == DType::U16)
+    return ctx.unsupportedType(yZero, 7);
+  return *range;
+}
+
 } // namespace
 
 /// MatMulInteger: (A - a_zero_point) x (B - b_zero_point) in int32.
@@ -347,16 +355,9 @@ Expected<Outputs> convInteger(const OpContext &ctx) {
 Expected<Outputs> qLinearMatMul(const OpContext &ctx) {
   const Tensor &aScale = ctx.input(1), &bScale = ctx.input(4), &yScale = ctx.input(6);
   const Tensor &yZero = ctx.input(7);
-  for (size_t i : {1, 4, 6})
-    if (!isFloating(ctx.input(i).elemType()))
-      return ctx.unsupportedType(ctx.input(i), i);
-  if (Error e = ctx.sameType(1, 4))
-    return e;
-  if (Error e = ctx.sameType(1, 6))
-    return e;
-  std::optional<std::pair<double, double>> range = quantRange(yZero.elemType());
-  if (!range || yZero.elemType() == DType::I16 || yZero.elemType() == DType::U16)
-    return ctx.unsupportedType(yZero, 7);
+  Expected<std::pair<double, double>> range = requantRange(ctx);
+  if (!range)
+    return range.takeError();
   Expected<Tensor> a = shifted(ctx, ctx.input(0), &ctx.input(2), 0, ZeroPoint::PerRow);
   if (!a)
     return a.takeError();
@@ -403,16 +404,9 @@ Expected<Outputs> qLinearMatMul(const OpContext &ctx) {
 Expected<Outputs> qLinearConv(const OpContext &ctx) {
   const Tensor &xScale = ctx.input(1), &wScale = ctx.input(4), &yScale = ctx.input(6);
   const Tensor &yZero = ctx.input(7), &weight = ctx.input(3);
-  for (size_t i : {1, 4, 6})
-    if (!isFloating(ctx.input(i).elemType()))
-      return ctx.unsupportedType(ctx.input(i), i);
-  if (Error e = ctx.sameType(1, 4))
-    return e;
-  if (Error e = ctx.sameType(1, 6))
-    return e;
-  std::optional<std::pair<double, double>> range = quantRange(yZero.elemType());
-  if (!range || yZero.elemType() == DType::I16 || yZero.elemType() == DType::U16)
-    return ctx.unsupportedType(yZero, 7);
+  Expected<std::pair<double, double>> range = requantRange(ctx);
+  if (!range)
+    return range.takeError();
   for (size_t i : {1, 6, 7})
     if (ctx.input(i).numElements() != 1)
       return ctx.fail(formatv("input {0} must be a scalar, got {1}", i, ctx.input(i).describe()));
