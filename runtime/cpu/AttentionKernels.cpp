@@ -52,7 +52,7 @@ template <typename A> std::vector<A> valuesOf(const Tensor &t) {
   std::vector<A> out(t.numElements());
   visitStorage(t.elemType(), [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (IsFloat<T>)
+    if constexpr (isFloat<T>)
       std::copy(t.data<T>(), t.data<T>() + t.numElements(), out.begin());
   });
   return out;
@@ -64,7 +64,7 @@ template <typename A> Tensor tensorOf(DType type, Shape shape, const std::vector
   Tensor out(type, std::move(shape));
   visitStorage(type, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (IsFloat<T>)
+    if constexpr (isFloat<T>)
       std::transform(values.begin(), values.end(), out.data<T>(),
                      [](A v) { return static_cast<T>(v); });
   });
@@ -469,7 +469,7 @@ Expected<Outputs> onnxRotaryEmbedding(const OpContext &ctx) {
   auto r = [&](double v) { return roundAs(x.elemType(), v); };
   return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
+    if constexpr (!isFloat<T>) {
       return ctx.unsupportedType(x, 0);
     } else {
       Tensor y = x.clone();

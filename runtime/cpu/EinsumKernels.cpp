@@ -228,14 +228,14 @@ template <typename Pred> Labeled sumOut(const Labeled &x, Pred drop) {
   Tensor out(x.tensor.elemType(), shape);
   visitStorage(x.tensor.elemType(), [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (!IsBool<T>) {
-      using Acc = std::conditional_t<IsFloat<T>, double, T>;
+    if constexpr (!isBool<T>) {
+      using Acc = std::conditional_t<isFloat<T>, double, T>;
       const T *src = p.tensor.data<T>();
       T *dst = out.data<T>();
       for (int64_t r = 0; r < rows; ++r) {
         Acc sum = 0;
         for (int64_t j = 0; j < block; ++j)
-          if constexpr (IsFloat<T>)
+          if constexpr (isFloat<T>)
             sum += src[r * block + j];
           else // Wraps instead of overflowing.
             sum = static_cast<T>(static_cast<uint64_t>(sum) +
@@ -303,7 +303,7 @@ template <typename Keep> Labeled contract(const Labeled &a0, const Labeled &b0, 
   Tensor out(a.tensor.elemType(), shape);
   visitStorage(out.elemType(), [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (!IsBool<T>) {
+    if constexpr (!isBool<T>) {
       for (int64_t i = 0; i < batches; ++i)
         gemmAny<T>(false, false, m, n, k, T(1), at.data<T>() + i * m * k, k,
                    bt.data<T>() + i * k * n, n, T(0), out.data<T>() + i * m * n, n);

@@ -37,7 +37,7 @@ Expected<Outputs> prelu(const OpContext &ctx) {
   }
   return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (IsBool<T>)
+    if constexpr (isBool<T>)
       return ctx.unsupportedType(x, 0);
     else
       return Outputs{broadcastBinary<T, T, T>(x, slope, x.elemType(), *shape, [](T v, T s) {
@@ -93,7 +93,7 @@ Expected<Outputs> clip(const OpContext &ctx) {
   }
   return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (IsBool<T>) {
+    if constexpr (isBool<T>) {
       return ctx.unsupportedType(x, 0);
     } else {
       T low = std::numeric_limits<T>::lowest(), high = std::numeric_limits<T>::max();
@@ -131,9 +131,9 @@ Tensor castTo(const Tensor &x, DType to) {
       for (int64_t i = 0; i < x.numElements(); ++i) {
         if constexpr (std::is_same_v<From, To>)
           out[i] = in[i];
-        else if constexpr (IsBool<To>)
+        else if constexpr (isBool<To>)
           out[i] = in[i] != From(0);
-        else if constexpr (IsFloat<To> || (!IsFloat<From> && !IsBool<From>))
+        else if constexpr (isFloat<To> || (!isFloat<From> && !isBool<From>))
           out[i] = static_cast<To>(in[i]);
         else
           out[i] = saturatingCast<To>(static_cast<double>(in[i]));

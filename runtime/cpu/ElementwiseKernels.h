@@ -52,10 +52,10 @@ inline Expected<Outputs> arithmetic(const OpContext &ctx, Fn fn, bool isDivision
     return ctx.fail(toString(shape.takeError()));
   return visitStorage(a.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (IsBool<T>) {
+    if constexpr (isBool<T>) {
       return ctx.unsupportedType(a, 0);
     } else {
-      if constexpr (!IsFloat<T>) {
+      if constexpr (!isFloat<T>) {
         // Integer division by zero would trap; report it instead.
         if (isDivision && llvm::is_contained(b.values<T>(), T(0)))
           return ctx.fail("integer division by zero");
@@ -114,7 +114,7 @@ template <typename Fn> Expected<Outputs> floatTest(const OpContext &ctx, Fn fn) 
   Tensor y(DType::Bool, x.shape());
   visitStorage(x.elemType(), [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (IsFloat<T>) {
+    if constexpr (isFloat<T>) {
       const T *in = x.data<T>();
       bool *out = y.data<bool>();
       for (int64_t i = 0, e = x.numElements(); i < e; ++i)
@@ -139,7 +139,7 @@ Expected<Outputs> variadicOver(const OpContext &ctx, Fn fn, bool isMean = false)
   const Tensor &first = ctx.input(0);
   return visitStorage(first.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (IsBool<T>) {
+    if constexpr (isBool<T>) {
       return ctx.unsupportedType(first, 0);
     } else {
       Tensor acc = expandTo<T>(first, shape);
@@ -184,7 +184,7 @@ template <typename M, int Arity> Expected<Outputs> elementwise(const OpContext &
       if (Error e = integerInputs(ctx, 1))
         return e;
       return numericUnary(ctx, [&](auto x) {
-        if constexpr (IsFloat<decltype(x)>)
+        if constexpr (isFloat<decltype(x)>)
           return x; // refused above
         else
           return M::value(x, p);
@@ -205,7 +205,7 @@ template <typename M, int Arity> Expected<Outputs> elementwise(const OpContext &
     auto fn = [](auto x, auto y) { return M::value(x, y); };
     // Integer and NumericHost math reads the node's attributes.
     auto withParams = [&p](auto x, auto y) {
-      if constexpr (M::types == ElemTypes::Integer && IsFloat<decltype(x)>)
+      if constexpr (M::types == ElemTypes::Integer && isFloat<decltype(x)>)
         return x; // refused before
       else
         return M::value(x, y, p);
@@ -247,9 +247,9 @@ template <typename M, int Arity> Expected<Outputs> power(const OpContext &ctx) {
       using TY = decltype(yTag);
       return Outputs{broadcastBinary<TX, TY, TX>(x, y, x.elemType(), *shape, [](TX a, TY b) {
         // One type: the math every kernel shares; mixed: widened.
-        if constexpr (std::is_same_v<TX, TY> && IsFloat<TX>)
+        if constexpr (std::is_same_v<TX, TY> && isFloat<TX>)
           return M::value(a, b);
-        else if constexpr (IsFloat<TX>) {
+        else if constexpr (isFloat<TX>) {
           if (b == TY(2))
             return static_cast<TX>(a * a);
           if (b == TY(3))

@@ -259,7 +259,7 @@ Expected<Outputs> gridSample(const OpContext &ctx) {
       return ctx.fail("X " + x.describe() + " has an empty spatial dimension");
   return visitStorage(grid.elemType(), [&](auto gridTag) -> Expected<Outputs> {
     using G = decltype(gridTag);
-    if constexpr (!IsFloat<G>) {
+    if constexpr (!isFloat<G>) {
       return ctx.unsupportedType(grid, 1);
     } else {
       for (G v : grid.values<G>())
@@ -271,7 +271,7 @@ Expected<Outputs> gridSample(const OpContext &ctx) {
       return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
         using T = decltype(tag);
         // Integers would have to round an interpolated value.
-        if constexpr (!IsFloat<T>) {
+        if constexpr (!isFloat<T>) {
           if (spec->mode != GridMode::Nearest)
             return ctx.unsupportedType(x, 0);
         }

@@ -29,7 +29,7 @@ enum class Reduction { None, Add, Mul, Max, Min };
 /// a + b and a * b that wrap for integers instead of overflowing; or and
 /// and for bool, as numpy computes them.
 template <typename T> T addWrapping(T a, T b) {
-  if constexpr (IsBool<T>)
+  if constexpr (isBool<T>)
     return a || b;
   else if constexpr (std::is_integral_v<T>)
     return static_cast<T>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
@@ -38,7 +38,7 @@ template <typename T> T addWrapping(T a, T b) {
 }
 
 template <typename T> T mulWrapping(T a, T b) {
-  if constexpr (IsBool<T>)
+  if constexpr (isBool<T>)
     return a && b;
   else if constexpr (std::is_integral_v<T>)
     return static_cast<T>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
@@ -58,7 +58,7 @@ template <typename T> T combine(Reduction r, T x, T u) {
     return mulWrapping(x, u);
   case Reduction::Max:
   case Reduction::Min:
-    if constexpr (IsFloat<T>)
+    if constexpr (isFloat<T>)
       if (std::isnan(x) || std::isnan(u))
         return std::isnan(x) ? x : u;
     return (r == Reduction::Max) == (u > x) ? u : x;
@@ -612,7 +612,7 @@ template <bool Product> Expected<Outputs> cumulative(const OpContext &ctx) {
   DType type = x.elemType();
   return visitStorage(type, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (IsBool<T>) {
+    if constexpr (isBool<T>) {
       return ctx.unsupportedType(x, 0);
     } else {
       Tensor y(type, x.shape());
@@ -627,7 +627,7 @@ template <bool Product> Expected<Outputs> cumulative(const OpContext &ctx) {
             if (exclusive)
               dst[at] = acc;
             acc = Product ? mulWrapping(acc, src[at]) : addWrapping(acc, src[at]);
-            if constexpr (IsFloat<T>)
+            if constexpr (isFloat<T>)
               acc = roundedTo(type, acc);
             if (!exclusive)
               dst[at] = acc;

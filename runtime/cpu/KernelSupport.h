@@ -25,8 +25,8 @@ namespace pipec::cpu {
 using Outputs = std::vector<Tensor>;
 using Shape = std::vector<int64_t>;
 
-template <typename T> constexpr bool IsFloat = std::is_floating_point_v<T>;
-template <typename T> constexpr bool IsBool = std::is_same_v<T, bool>;
+template <typename T> constexpr bool isFloat = std::is_floating_point_v<T>;
+template <typename T> constexpr bool isBool = std::is_same_v<T, bool>;
 
 /// Runs fn(T{}) with T the storage type of \p x, input \p index of the node;
 /// another than a floating type is unsupported.
@@ -34,7 +34,7 @@ template <typename Fn>
 llvm::Expected<Outputs> onFloat(const OpContext &ctx, const Tensor &x, size_t index, Fn &&fn) {
   return visitStorage(x.elemType(), [&](auto tag) -> llvm::Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>)
+    if constexpr (!isFloat<T>)
       return ctx.unsupportedType(x, index);
     else
       return fn(tag);
@@ -153,7 +153,7 @@ template <typename T> T saturatingCast(double v) { return kernels::castValue<dou
 template <typename T>
 void gemmAny(bool transA, bool transB, int64_t m, int64_t n, int64_t k, T alpha, const T *a,
              int64_t lda, const T *b, int64_t ldb, T beta, T *c, int64_t ldc) {
-  if constexpr (IsFloat<T>) {
+  if constexpr (isFloat<T>) {
     pipec::cpu::gemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
     for (int64_t i = 0; i < m; ++i)
@@ -186,7 +186,7 @@ llvm::Expected<Outputs> unaryOver(const OpContext &ctx, Fn fn) {
   });
 }
 
-template <typename T> struct NotBool : std::bool_constant<!IsBool<T>> {};
+template <typename T> struct NotBool : std::bool_constant<!isBool<T>> {};
 
 /// y = fn(x) for floating x (float, double, float16, bfloat16).
 template <typename Fn> llvm::Expected<Outputs> floatUnary(const OpContext &ctx, Fn fn) {

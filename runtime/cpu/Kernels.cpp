@@ -33,12 +33,12 @@ Tensor sumToShape(const Tensor &tensor, ArrayRef<int64_t> shape) {
   visitStorage(tensor.elemType(), [&](auto tag) {
     using T = decltype(tag);
     // Floats accumulate in double: a gradient may sum thousands of terms.
-    using Acc = std::conditional_t<IsFloat<T>, double, T>;
+    using Acc = std::conditional_t<isFloat<T>, double, T>;
     std::vector<Acc> sums(out.numElements(), Acc(0));
     const T *src = tensor.data<T>();
     forEachStrided<1>(tensor.shape(), {broadcastStrides(shape, tensor.shape())},
                       [&](int64_t i, const std::array<int64_t, 1> &off) {
-                        if constexpr (IsBool<T>)
+                        if constexpr (isBool<T>)
                           sums[off[0]] = sums[off[0]] || src[i];
                         else
                           sums[off[0]] += src[i];

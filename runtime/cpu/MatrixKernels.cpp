@@ -52,7 +52,7 @@ Expected<Outputs> matMul(const OpContext &ctx) {
 
   return visitStorage(a.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (IsBool<T>) {
+    if constexpr (isBool<T>) {
       return ctx.unsupportedType(a, 0);
     } else {
       Tensor out(a.elemType(), outShape);
@@ -106,7 +106,7 @@ Expected<Outputs> gemmOp(const OpContext &ctx) {
   double alpha = ctx.attrFloat("alpha", 1.0f), beta = c ? ctx.attrFloat("beta", 1.0f) : 0.0;
   return visitStorage(a.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (IsBool<T>) {
+    if constexpr (isBool<T>) {
       return ctx.unsupportedType(a, 0);
     } else {
       Tensor y = c ? expandTo<T>(*c, outShape) : Tensor(a.elemType(), outShape);
@@ -214,10 +214,10 @@ Expected<Outputs> convolve(const OpContext &ctx, const Tensor &x, const Tensor &
 
   return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T> && !std::is_same_v<T, int32_t>) {
+    if constexpr (!isFloat<T> && !std::is_same_v<T, int32_t>) {
       return ctx.unsupportedType(x, 0);
     } else {
-      if (!IsFloat<T> && !int32)
+      if (!isFloat<T> && !int32)
         return ctx.unsupportedType(x, 0);
       Tensor y(x.elemType(), outShape);
       int64_t groupChannels = channels / group, groupMaps = maps / group;
@@ -271,10 +271,10 @@ template <bool IsMax> Expected<Outputs> pool(const OpContext &ctx) {
 
   return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (IsBool<T>) {
+    if constexpr (isBool<T>) {
       return ctx.unsupportedType(x, 0);
     } else {
-      if (!isMax && !IsFloat<T>)
+      if (!isMax && !isFloat<T>)
         return ctx.unsupportedType(x, 0);
       Tensor y(x.elemType(), outShape), indices(DType::I64, outShape);
       T *out = y.data<T>();
@@ -289,7 +289,7 @@ template <bool IsMax> Expected<Outputs> pool(const OpContext &ctx) {
                                             oh * w.stride[1] - w.padBegin[1],
                                             ow * w.stride[2] - w.padBegin[2]};
               T best = std::numeric_limits<T>::lowest();
-              if constexpr (IsFloat<T>)
+              if constexpr (isFloat<T>)
                 best = -std::numeric_limits<T>::infinity();
               int64_t bestIndex = -1, padded = 0, valid = 0;
               double sum = 0;

@@ -372,7 +372,7 @@ Expected<Outputs> range(const OpContext &ctx) {
     return e;
   return visitStorage(start.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (IsBool<T>) {
+    if constexpr (isBool<T>) {
       return ctx.unsupportedType(start, 0);
     } else {
       T first = start.data<T>()[0], step = delta.data<T>()[0], last = limit.data<T>()[0];

@@ -235,21 +235,21 @@ template <ReduceKind Kind> Expected<Outputs> reduce(const OpContext &ctx) {
 
   return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (IsBool<T>) {
+    if constexpr (isBool<T>) {
       return ctx.unsupportedType(x, 0);
     } else {
       // Floats accumulate in double, integers in 64-bit integers.
-      using Acc = std::conditional_t<IsFloat<T>, double,
+      using Acc = std::conditional_t<isFloat<T>, double,
                                      std::conditional_t<std::is_signed_v<T>, int64_t, uint64_t>>;
       const T *in = x.data<T>();
       Acc init = 0;
       if (kind == ReduceKind::Prod)
         init = 1;
       else if (kind == ReduceKind::Max)
-        init = IsFloat<T> ? -std::numeric_limits<Acc>::infinity()
+        init = isFloat<T> ? -std::numeric_limits<Acc>::infinity()
                           : static_cast<Acc>(std::numeric_limits<T>::lowest());
       else if (kind == ReduceKind::Min)
-        init = IsFloat<T> ? std::numeric_limits<Acc>::infinity()
+        init = isFloat<T> ? std::numeric_limits<Acc>::infinity()
                           : static_cast<Acc>(std::numeric_limits<T>::max());
       std::vector<Acc> acc(outCount, init);
       std::vector<double> shift;
@@ -298,7 +298,7 @@ template <ReduceKind Kind> Expected<Outputs> reduce(const OpContext &ctx) {
         double v = static_cast<double>(acc[o]);
         switch (kind) {
         case ReduceKind::Mean:
-          if constexpr (IsFloat<T>)
+          if constexpr (isFloat<T>)
             v = perOutput ? v / perOutput : std::numeric_limits<double>::quiet_NaN();
           else
             v = perOutput ? static_cast<double>(acc[o] / static_cast<Acc>(perOutput)) : 0;
@@ -312,7 +312,7 @@ template <ReduceKind Kind> Expected<Outputs> reduce(const OpContext &ctx) {
         default:
           break;
         }
-        if constexpr (IsFloat<T>)
+        if constexpr (isFloat<T>)
           po[o] = static_cast<T>(v);
         else if (kind == ReduceKind::Mean || kind == ReduceKind::L2 || kind == ReduceKind::LogSum)
           po[o] = saturatingCast<T>(v);

@@ -69,7 +69,7 @@ Expected<Outputs> swiGlu(const OpContext &ctx) {
   params.alpha = ctx.attrFloat("alpha", 1.0f);
   return visitStorage(a.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (!IsFloat<T>) {
+    if constexpr (!isFloat<T>) {
       return ctx.unsupportedType(a, 0);
     } else {
       return Outputs{broadcastBinary<T, T, T>(a, b, a.elemType(), a.shape(), [&](T x, T y) {
@@ -95,7 +95,7 @@ Expected<Outputs> lpNormalization(const OpContext &ctx) {
   Tensor y(x.elemType(), x.shape());
   visitStorage(x.elemType(), [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (IsFloat<T>) {
+    if constexpr (isFloat<T>) {
       for (int64_t o = 0; o < split.outer; ++o)
         for (int64_t i = 0; i < split.inner; ++i) {
           const T *in = x.data<T>() + o * split.size * split.inner + i;
@@ -135,7 +135,7 @@ Expected<Outputs> lrn(const OpContext &ctx) {
   Tensor y(x.elemType(), x.shape());
   visitStorage(x.elemType(), [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (IsFloat<T>) {
+    if constexpr (isFloat<T>) {
       for (int64_t n = 0; n < split.outer; ++n)
         for (int64_t c = 0; c < split.size; ++c)
           for (int64_t s = 0; s < split.inner; ++s) {
@@ -169,7 +169,7 @@ Tensor normalizeGroups(const Tensor &x, const Tensor &scale, const Tensor &bias,
   int64_t groupSize = perGroup * spatial;
   visitStorage(x.elemType(), [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (IsFloat<T>) {
+    if constexpr (isFloat<T>) {
       for (int64_t n = 0; n < batch; ++n)
         for (int64_t g = 0; g < groups; ++g) {
           int64_t base = (n * groups + g) * groupSize;
@@ -306,7 +306,7 @@ Expected<Outputs> lpPool(const OpContext &ctx) {
   Tensor y(x.elemType(), outShape);
   visitStorage(x.elemType(), [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (IsFloat<T>) {
+    if constexpr (isFloat<T>) {
       T *out = y.data<T>();
       for (int64_t plane = 0, o = 0; plane < x.dim(0) * x.dim(1); ++plane) {
         const T *in = x.data<T>() + plane * w.inSize();

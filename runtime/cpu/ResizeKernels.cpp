@@ -419,7 +419,7 @@ bool isIdentityAxis(const ResizeSpec &spec, size_t d, int64_t in) {
 }
 
 template <typename T> T fromDouble(double v) {
-  if constexpr (IsFloat<T>)
+  if constexpr (isFloat<T>)
     return static_cast<T>(v);
   else
     return saturatingCast<T>(std::nearbyint(v));
@@ -501,7 +501,7 @@ Expected<Outputs> runResize(const OpContext &ctx, const ResizeSpec &spec) {
     using T = decltype(tag);
     if (spec.interp == Interp::Nearest)
       return Outputs{resizeNearest<T>(x, spec)};
-    if constexpr (IsBool<T>)
+    if constexpr (isBool<T>)
       return ctx.unsupportedType(x, 0);
     else
       return Outputs{resizeInterpolated<T>(x, spec)};

@@ -221,7 +221,7 @@ Expected<Outputs> col2Im(const OpContext &ctx) {
   outShape.insert(outShape.end(), g.image.begin(), g.image.end());
   return visitStorage(input.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    if constexpr (IsBool<T>) {
+    if constexpr (isBool<T>) {
       return ctx.unsupportedType(input, 0);
     } else {
       Tensor y(input.elemType(), outShape);
