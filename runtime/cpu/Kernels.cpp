@@ -72,14 +72,14 @@ Tensor transpose(const Tensor &tensor, ArrayRef<int64_t> perm) {
       // Matrices transposed in tiles (weights in backward, attention keys).
       int64_t rows = tensor.shape()[rank - 2], cols = tensor.shape()[rank - 1];
       int64_t batch = rows * cols > 0 ? tensor.numElements() / (rows * cols) : 0;
-      constexpr int64_t Tile = 32;
+      constexpr int64_t tile = 32;
       for (int64_t b = 0; b < batch; ++b) {
         const T *in = src + b * rows * cols;
         T *o = dst + b * rows * cols;
-        for (int64_t i0 = 0; i0 < rows; i0 += Tile)
-          for (int64_t j0 = 0; j0 < cols; j0 += Tile)
-            for (int64_t i = i0; i < std::min(rows, i0 + Tile); ++i)
-              for (int64_t j = j0; j < std::min(cols, j0 + Tile); ++j)
+        for (int64_t i0 = 0; i0 < rows; i0 += tile)
+          for (int64_t j0 = 0; j0 < cols; j0 += tile)
+            for (int64_t i = i0; i < std::min(rows, i0 + tile); ++i)
+              for (int64_t j = j0; j < std::min(cols, j0 + tile); ++j)
                 o[j * rows + i] = in[i * cols + j];
       }
       return;
