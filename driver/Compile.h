@@ -13,10 +13,10 @@
 #ifndef PIPEC_DRIVER_COMPILE_H
 #define PIPEC_DRIVER_COMPILE_H
 
-#include "driver/PassPipeline.h"
 #include "compiler/cost/CostModel.h"
 #include "compiler/cost/MemoryModel.h"
 #include "compiler/schedule/ScheduleKind.h"
+#include "driver/PassPipeline.h"
 #include "runtime/plan/plan.pb.h"
 
 namespace pipec {

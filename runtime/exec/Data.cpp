@@ -218,8 +218,7 @@ Expected<cpu::Tensor> readInputFile(StringRef dir, const plan::DataInput &spec) 
   onnx::TensorProto proto;
   if (!buffer || !proto.ParseFromArray((*buffer)->getBufferStart(),
                                        static_cast<int>((*buffer)->getBufferSize())))
-    return createStringError(inconvertibleErrorCode(), "%s: not an ONNX TensorProto",
-                             pb.c_str());
+    return createStringError(inconvertibleErrorCode(), "%s: not an ONNX TensorProto", pb.c_str());
   return cpu::fromTensorProto(proto, dir);
 }
 
