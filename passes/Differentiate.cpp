@@ -44,7 +44,7 @@ private:
   }
   Error seedLoss(const LossSpec &loss);
   void noteTableWeights(const std::vector<int> &tables);
-  bool perSample(const Value &v) const;
+  bool perSample(int id, int64_t batch) const;
   std::string countLabels(const Value &loss);
   Error differentiateOp(const Op &op);
 
@@ -128,23 +128,17 @@ Error Differentiator::seedLoss(const LossSpec &loss) {
   llvm_unreachable("unknown loss kind");
 }
 
-/// Whether initializer \p v holds one entry per sample of the batch: it has
-/// the graph inputs' batch in dimension 0, and every op reading it is an
+/// Whether initializer \p id holds one entry per sample of the batch: it has
+/// the graph inputs' \p batch in dimension 0, and every op reading it is an
 /// element-wise Add, Sub, Mul or Div with an activation of its rank that has
 /// the batch in dimension 0 too. Exporters bake a batch's attention mask in
 /// that way ([batch, 1, seq, seq] of 0 and the lowest float); a parameter is
 /// shared by the samples and broadcasts along the batch instead. Such data
 /// is not trained.
-bool Differentiator::perSample(const Value &v) const {
-  if (v.shape.size() < 2 || v.shape[0] <= 1 || v.users.empty())
+bool Differentiator::perSample(int id, int64_t batch) const {
+  const Value &v = graph.values[id];
+  if (v.shape.size() < 2 || batch <= 1 || v.shape[0] != batch || v.users.empty())
     return false;
-  int64_t batch = 0;
-  for (int id : graph.inputs)
-    if (!graph.values[id].shape.empty())
-      batch = std::max(batch, graph.values[id].shape[0]);
-  if (v.shape[0] != batch)
-    return false;
-  int self = graph.findValue(v.name);
   for (int user : v.users) {
     const Op &op = graph.ops[user];
     if (op.dead)
@@ -152,8 +146,8 @@ bool Differentiator::perSample(const Value &v) const {
     if (!op.domain.empty() || op.inputs.size() != 2 ||
         (op.opType != "Add" && op.opType != "Sub" && op.opType != "Mul" && op.opType != "Div"))
       return false;
-    int other = op.inputs[0] == self ? op.inputs[1] : op.inputs[0];
-    if (other < 0 || other == self)
+    int other = op.inputs[0] == id ? op.inputs[1] : op.inputs[0];
+    if (other < 0 || other == id)
       return false;
     const Value &o = graph.values[other];
     if (o.kind != ValueKind::Activation || o.shape.size() != v.shape.size() || o.shape[0] != batch)
@@ -265,9 +259,14 @@ Expected<Backward> Differentiator::run(const LossSpec &loss) {
   // weight (an initializer) or, if asked, from a float graph input, through
   // the inputs that carry one by their op's rule.
   needsGrad.assign(graph.values.size(), false);
+  int64_t batch = 0; // the graph inputs' first dimension
+  for (int id : graph.inputs)
+    if (!graph.values[id].shape.empty())
+      batch = std::max(batch, graph.values[id].shape[0]);
   for (size_t v = 0; v < graph.values.size(); ++v) {
     const Value &value = graph.values[v];
-    bool trainable = value.kind == ValueKind::Weight && value.producer < 0 && !perSample(value);
+    bool trainable = value.kind == ValueKind::Weight && value.producer < 0 &&
+                     !perSample(static_cast<int>(v), batch);
     bool input = graphInputGrads && value.kind == ValueKind::Input;
     needsGrad[v] = isFloatDType(value.type) && (trainable || input);
   }

@@ -6,7 +6,6 @@
 #include "onnx/defs/schema.h"
 #include "onnx/shape_inference/implementation.h"
 
-#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <deque>
@@ -175,12 +174,12 @@ bool fillTensorProto(const ConstTensor &t, onnx::TensorProto &proto) {
 std::string ShapeInferer::bindingHint() const {
   if (graph.boundDims.empty())
     return "";
-  std::string hint = " (the inputs' symbolic dimensions were bound: " + join(graph.boundDims, ", ");
+  std::string hint = " (the inputs' symbolic dimensions were bound: ";
   int64_t largest = 0;
-  for (StringRef bound : graph.boundDims) {
-    int64_t value = 0;
-    if (!bound.rsplit('=').second.getAsInteger(10, value))
-      largest = std::max(largest, value);
+  for (const auto &[name, value] : graph.boundDims) {
+    hint += formatv("{0}{1}={2}", &name == &graph.boundDims.front().first ? "" : ", ", name, value)
+                .str();
+    largest = std::max(largest, value);
   }
   for (const Op &op : graph.ops) {
     if (op.dead || op.opType != "Gather" || op.inputs.empty() || op.inputs[0] < 0)

@@ -172,9 +172,9 @@ public:
   ShapeBindings bindings;
   /// Non-fatal findings of the importer and passes, in the order found.
   std::vector<std::string> warnings;
-  /// The symbolic input dimensions the importer bound, as "NAME=VALUE", in
-  /// the order met; errors that a binding may cause name them.
-  std::vector<std::string> boundDims;
+  /// The symbolic input dimensions the importer bound (name, value), in the
+  /// order met; errors that a binding may cause name them.
+  std::vector<std::pair<std::string, int64_t>> boundDims;
 
   const onnx::NodeProto &node(const Op &op) const;
   int64_t opsetFor(llvm::StringRef domain) const;

@@ -271,10 +271,10 @@ void Importer::define(StringRef name, int id, function_ref<std::string()> by) {
 
 int64_t Importer::bindDim(StringRef name, size_t position, StringRef input) {
   auto note = [&](int64_t value) {
-    std::string label = name.empty() ? "dim " + std::to_string(position) : name.str();
-    std::string text = formatv("{0}={1}", label, value).str();
-    if (!llvm::is_contained(graph.boundDims, text))
-      graph.boundDims.push_back(text);
+    std::pair<std::string, int64_t> bound(
+        name.empty() ? "dim " + std::to_string(position) : name.str(), value);
+    if (!llvm::is_contained(graph.boundDims, bound))
+      graph.boundDims.push_back(std::move(bound));
     return value;
   };
   if (auto value = bindSymbolicDim(options.bindings, name, position))
