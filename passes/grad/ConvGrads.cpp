@@ -20,14 +20,18 @@ using namespace llvm;
 namespace pipec::grad {
 namespace {
 
+/// The bias B of a Conv or ConvTranspose: dY summed to its channels.
+Error biasGrad(GradContext &ctx) {
+  ctx.contribute(2, ctx.sumToChannels(ctx.dy(), ctx.yShape()));
+  return Error::success();
+}
+
 /// X, W and the bias B.
 Error convGrad(GradContext &ctx) {
   return ctx.forEachWanted([&](size_t i) -> Error {
     const std::vector<int64_t> &xShape = ctx.shapeOf(0), &wShape = ctx.shapeOf(1);
-    if (i == 2) {
-      ctx.contribute(2, ctx.sumToChannels(ctx.dy(), ctx.yShape()));
-      return Error::success();
-    }
+    if (i == 2)
+      return biasGrad(ctx);
     // dX scatters W^T dY back through col2im; dW is dY times X's im2col
     // columns, transposed.
     onnx::NodeProto &g = i == 0 ? ctx.emit("ConvGradInput", {ctx.dy(), ctx.in(1)}, "pipec")
@@ -84,10 +88,8 @@ Expected<std::vector<int64_t>> convTransposePads(GradContext &ctx, ArrayRef<int6
 Error convTransposeGrad(GradContext &ctx) {
   return ctx.forEachWanted([&](size_t i) -> Error {
     const std::vector<int64_t> &xShape = ctx.shapeOf(0), &wShape = ctx.shapeOf(1);
-    if (i == 2) {
-      ctx.contribute(2, ctx.sumToChannels(ctx.dy(), ctx.yShape()));
-      return Error::success();
-    }
+    if (i == 2)
+      return biasGrad(ctx);
     size_t rank = xShape.size() < 3 ? 0 : xShape.size() - 2;
     if (rank < 1 || rank > 3 || wShape.size() != rank + 2)
       return ctx.error("gradient with " + Twine(int64_t(xShape.size()) - 2) +
@@ -154,10 +156,8 @@ Error globalAveragePoolGrad(GradContext &ctx) {
 } // namespace
 
 namespace rules {
-const GradRule conv = {&convGrad};
-const GradRule convTranspose = {&convTransposeGrad};
-const GradRule pool = {&poolGrad};
-const GradRule globalAveragePool = {&globalAveragePoolGrad};
+const GradRule conv{&convGrad}, convTranspose{&convTransposeGrad}, pool{&poolGrad},
+    globalAveragePool{&globalAveragePoolGrad};
 } // namespace rules
 
 } // namespace pipec::grad

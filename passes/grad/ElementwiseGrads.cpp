@@ -152,16 +152,9 @@ Error whereGrad(GradContext &ctx) {
 } // namespace
 
 namespace rules {
-const GradRule unary = {&unaryGrad};
-const GradRule add = {&addSubGrad<false>};
-const GradRule sub = {&addSubGrad<true>};
-const GradRule mul = {&mulGrad};
-const GradRule div = {&divGrad};
-const GradRule pow = {&powGrad};
-const GradRule maxMin = {&maxMinGrad};
-const GradRule sum = {&sumGrad};
-const GradRule clip = {&clipGrad};
-const GradRule where = {&whereGrad};
+const GradRule unary{&unaryGrad}, add{&addSubGrad<false>}, sub{&addSubGrad<true>}, mul{&mulGrad},
+    div{&divGrad}, pow{&powGrad}, maxMin{&maxMinGrad}, sum{&sumGrad}, clip{&clipGrad},
+    where{&whereGrad};
 } // namespace rules
 
 } // namespace pipec::grad

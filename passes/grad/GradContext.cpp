@@ -189,6 +189,10 @@ Error GradContext::forEachWanted(function_ref<Error(size_t)> f) {
   return Error::success();
 }
 
+Error GradContext::ifDataWanted(function_ref<Error()> f) {
+  return forEachWanted([&](size_t i) { return i == 0 ? f() : Error::success(); });
+}
+
 std::optional<std::vector<int64_t>> GradContext::constantInput(size_t i) const {
   const Op &op = *current;
   if (i >= op.inputs.size() || op.inputs[i] < 0 || !val(op.inputs[i]).constant)

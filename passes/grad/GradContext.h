@@ -118,6 +118,9 @@ public:
   bool wants(size_t i) const;
   /// Runs \p f on every wanted input, with the list selected for it.
   llvm::Error forEachWanted(llvm::function_ref<llvm::Error(size_t)> f);
+  /// Runs \p f once if input 0, the data, is wanted: for the ops whose
+  /// other inputs (indices, shapes, axes) get no gradient.
+  llvm::Error ifDataWanted(llvm::function_ref<llvm::Error()> f);
   /// Input \p i as the node names it (a folded constant's Value may carry
   /// no name of its own).
   const std::string &in(size_t i) const { return currentNode->input(static_cast<int>(i)); }

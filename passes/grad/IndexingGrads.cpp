@@ -23,9 +23,7 @@ namespace {
 
 /// dX = Trilu(dY, k): the elements Trilu kept pass their gradient.
 Error triluGrad(GradContext &ctx) {
-  return ctx.forEachWanted([&](size_t i) {
-    if (i != 0)
-      return Error::success();
+  return ctx.ifDataWanted([&]() {
     std::vector<std::string> inputs = {ctx.dy()};
     if (ctx.node().input_size() > 1 && !ctx.in(1).empty())
       inputs.push_back(ctx.in(1));
@@ -39,9 +37,7 @@ Error triluGrad(GradContext &ctx) {
 /// dX of y_i = sum_{j <= i} x_j is dx_j = sum_{i >= j} dy_i: the same scan
 /// of dY (exclusive stays exclusive) in the other direction.
 Error cumSumGrad(GradContext &ctx) {
-  return ctx.forEachWanted([&](size_t i) {
-    if (i != 0)
-      return Error::success();
+  return ctx.ifDataWanted([&]() {
     onnx::NodeProto &g = ctx.emit("CumSum", {ctx.dy(), ctx.in(1)});
     GradContext::setInt(g, "exclusive", attrInt(ctx.node(), "exclusive", 0));
     GradContext::setInt(g, "reverse", attrInt(ctx.node(), "reverse", 0) ? 0 : 1);
@@ -173,9 +169,7 @@ Error padGrad(GradContext &ctx) {
 } // namespace
 
 Error gatheredDataGrad(GradContext &ctx, StringRef gradOp, StringRef attr) {
-  return ctx.forEachWanted([&](size_t i) {
-    if (i != 0)
-      return Error::success();
+  return ctx.ifDataWanted([&]() {
     onnx::NodeProto &g = ctx.emit(gradOp, {ctx.dy(), ctx.in(1)}, "pipec");
     GradContext::setInt(g, attr, attrInt(ctx.node(), attr, 0));
     GradContext::setInts(g, "shape", ctx.shapeOf(0));
@@ -185,12 +179,8 @@ Error gatheredDataGrad(GradContext &ctx, StringRef gradOp, StringRef attr) {
 }
 
 namespace rules {
-const GradRule trilu = {&triluGrad};
-const GradRule cumSum = {&cumSumGrad};
-const GradRule gatherElements = {&gatherElementsGrad};
-const GradRule gatherND = {&gatherNDGrad};
-const GradRule scatterND = {&scatterNDGrad};
-const GradRule pad = {&padGrad};
+const GradRule trilu{&triluGrad}, cumSum{&cumSumGrad}, gatherElements{&gatherElementsGrad},
+    gatherND{&gatherNDGrad}, scatterND{&scatterNDGrad}, pad{&padGrad};
 } // namespace rules
 
 } // namespace pipec::grad

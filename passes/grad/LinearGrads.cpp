@@ -85,8 +85,7 @@ Error gemmGrad(GradContext &ctx) {
 } // namespace
 
 namespace rules {
-const GradRule matMul = {&matMulGrad};
-const GradRule gemm = {&gemmGrad};
+const GradRule matMul{&matMulGrad}, gemm{&gemmGrad};
 } // namespace rules
 
 } // namespace pipec::grad

@@ -43,9 +43,7 @@ Expected<std::vector<int64_t>> reduceAxes(const GradContext &ctx, size_t rank) {
 /// ReduceSum and ReduceMean: dY broadcast back over the reduced axes (and
 /// divided by their size for the mean).
 Error reduceSumMeanGrad(GradContext &ctx) {
-  return ctx.forEachWanted([&](size_t i) -> Error {
-    if (i != 0)
-      return Error::success();
+  return ctx.ifDataWanted([&]() -> Error {
     bool mean = ctx.def()->id == OpId::ReduceMean;
     const std::vector<int64_t> &xShape = ctx.shapeOf(0);
     auto axes = reduceAxes(ctx, xShape.size());
@@ -83,9 +81,7 @@ Error softmaxGrad(GradContext &ctx) {
 
 /// For the scores; no class weights, reduction mean or sum.
 Error softmaxCrossEntropyLossGrad(GradContext &ctx) {
-  return ctx.forEachWanted([&](size_t i) -> Error {
-    if (i != 0)
-      return Error::success();
+  return ctx.ifDataWanted([&]() -> Error {
     const Op &op = ctx.op();
     const onnx::NodeProto &node = ctx.node();
     if (op.inputs.size() > 2 && op.inputs[2] >= 0)
@@ -283,14 +279,12 @@ bool exceptStatistics(size_t input) { return input < 3; }
 } // namespace
 
 namespace rules {
-const GradRule reduceSumMean = {&reduceSumMeanGrad};
-const GradRule softmax = {&softmaxGrad};
-const GradRule softmaxCrossEntropyLoss = {&softmaxCrossEntropyLossGrad};
-const GradRule layerNormalization = {&layerNormalizationGrad};
-const GradRule batchNormalization = {&batchNormalizationGrad, &exceptStatistics};
-const GradRule rmsNormalization = {&rmsNormalizationGrad};
-const GradRule instanceNormalization = {&instanceNormalizationGrad};
-const GradRule groupNormalization = {&groupNormalizationGrad};
+const GradRule reduceSumMean{&reduceSumMeanGrad}, softmax{&softmaxGrad},
+    softmaxCrossEntropyLoss{&softmaxCrossEntropyLossGrad},
+    layerNormalization{&layerNormalizationGrad},
+    batchNormalization{&batchNormalizationGrad, &exceptStatistics},
+    rmsNormalization{&rmsNormalizationGrad}, instanceNormalization{&instanceNormalizationGrad},
+    groupNormalization{&groupNormalizationGrad};
 } // namespace rules
 
 } // namespace pipec::grad

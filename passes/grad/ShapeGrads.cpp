@@ -91,9 +91,7 @@ Error concatGrad(GradContext &ctx) {
 
 /// The outputs' gradients concatenated, zeros for the outputs without one.
 Error splitGrad(GradContext &ctx) {
-  return ctx.forEachWanted([&](size_t i) {
-    if (i != 0)
-      return Error::success();
+  return ctx.ifDataWanted([&]() {
     int64_t axis = attrInt(ctx.node(), "axis", 0);
     if (axis < 0)
       axis += static_cast<int64_t>(ctx.shapeOf(0).size());
@@ -115,9 +113,7 @@ Error splitGrad(GradContext &ctx) {
 
 /// Step-1 slices only: the gradient pads dY back with zeros.
 Error sliceGrad(GradContext &ctx) {
-  return ctx.forEachWanted([&](size_t i) -> Error {
-    if (i != 0)
-      return Error::success();
+  return ctx.ifDataWanted([&]() -> Error {
     const std::vector<int64_t> &xShape = ctx.shapeOf(0);
     size_t rank = xShape.size();
     std::vector<int64_t> starts = ctx.constantInput(1).value_or(std::vector<int64_t>{}),
@@ -194,16 +190,10 @@ bool onlyData(size_t input) { return input == 0; }
 } // namespace
 
 namespace rules {
-const GradRule identity = {&identityGrad};
-const GradRule cast = {&castGrad};
-const GradRule reshape = {&reshapeGrad};
-const GradRule transpose = {&transposeGrad};
-const GradRule expand = {&expandGrad};
-const GradRule concat = {&concatGrad};
-const GradRule split = {&splitGrad, everyInput, /*allOutputs=*/true};
-const GradRule slice = {&sliceGrad};
-const GradRule gather = {&gatherGrad};
-const GradRule resize = {&resizeGrad, &onlyData};
+const GradRule identity{&identityGrad}, cast{&castGrad}, reshape{&reshapeGrad},
+    transpose{&transposeGrad}, expand{&expandGrad}, concat{&concatGrad},
+    split{&splitGrad, everyInput, /*allOutputs=*/true}, slice{&sliceGrad}, gather{&gatherGrad},
+    resize{&resizeGrad, &onlyData};
 } // namespace rules
 
 } // namespace pipec::grad
