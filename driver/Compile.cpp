@@ -15,6 +15,7 @@
 #include "onnx/onnx_pb.h"
 
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <map>
@@ -258,17 +259,13 @@ BalanceOptions balanceOptions(const CompileOptions &options, const Setup &setup,
   balance.rankCosts = prepared.rankCosts;
   balance.rankHardware = setup.hardware;
   balance.memoryLimit = setup.limits;
-  StringRef method = options.balance;
-  if (method == "time")
-    balance.method = BalanceMethod::Time;
-  else if (method == "params")
-    balance.method = BalanceMethod::Params;
-  else if (method == "uniform")
-    balance.method = BalanceMethod::Uniform;
-  else {
-    balance.method = BalanceMethod::Layout;
+  balance.method = StringSwitch<BalanceMethod>(options.balance)
+                       .Case("time", BalanceMethod::Time)
+                       .Case("params", BalanceMethod::Params)
+                       .Case("uniform", BalanceMethod::Uniform)
+                       .Default(BalanceMethod::Layout);
+  if (balance.method == BalanceMethod::Layout)
     balance.layout = options.balance;
-  }
   return balance;
 }
 
@@ -766,7 +763,7 @@ Expected<plan::Plan> Compilation::fixedSchedule() {
   if (!built)
     return built.takeError();
   if (Error err = attachStagePrograms(*built, **prepared, options.freeze))
-    return std::move(err);
+    return err;
   return built;
 }
 
@@ -854,7 +851,7 @@ Expected<plan::Plan> Compilation::autoSchedule() {
   for (const std::string &t : tried)
     best->add_schedule_search(t);
   if (Error err = attachStagePrograms(*best, *bestPrepared, options.freeze))
-    return std::move(err);
+    return err;
   return std::move(*best);
 }
 

@@ -32,7 +32,7 @@ double secondsSince(Clock::time_point start) {
 std::vector<std::string> passNames() {
   std::vector<std::string> names;
 #define PIPEC_IMPORT(NAME, FUNCTION) names.push_back(NAME);
-#define PIPEC_GRAPH_PASS(NAME, CLASS) names.push_back(NAME);
+#define PIPEC_GRAPH_PASS(NAME, FUNCTION) names.push_back(NAME);
 #define PIPEC_LOWERING(NAME, FUNCTION) names.push_back(NAME);
 #include "passes/Passes.def"
   return names;
@@ -129,13 +129,13 @@ Error PassRunner::skip(StringRef name, StringRef why) {
 }
 
 Error runGraphPasses(Graph &graph, PassRunner &runner) {
-  auto runOne = [&](StringRef name, auto pass) -> Error {
+  auto runOne = [&](StringRef name, Expected<bool> (*pass)(Graph &)) -> Error {
     int before = graph.liveOpCount();
     bool changed = false;
     return runner.run(
         name,
         [&]() -> Error {
-          auto result = pass.run(graph);
+          auto result = pass(graph);
           if (!result)
             return result.takeError();
           changed = *result;
@@ -152,8 +152,8 @@ Error runGraphPasses(Graph &graph, PassRunner &runner) {
         },
         [&](raw_ostream &os) { printGraph(graph, os); });
   };
-#define PIPEC_GRAPH_PASS(NAME, CLASS)                                                              \
-  if (Error err = runOne(NAME, CLASS()))                                                           \
+#define PIPEC_GRAPH_PASS(NAME, FUNCTION)                                                           \
+  if (Error err = runOne(NAME, FUNCTION))                                                          \
     return err;
 #include "passes/Passes.def"
   return Error::success();

@@ -18,12 +18,6 @@ namespace pipec {
 /// Returns whether any op was removed.
 llvm::Expected<bool> eliminateDead(Graph &graph);
 
-class EliminateDeadPass {
-public:
-  static llvm::StringRef name() { return "eliminate-dead"; }
-  llvm::Expected<bool> run(Graph &graph) { return eliminateDead(graph); }
-};
-
 } // namespace pipec
 
 #endif // PIPEC_PASSES_ELIMINATEDEAD_H

@@ -19,12 +19,6 @@ namespace pipec {
 /// Returns whether any op was removed.
 llvm::Expected<bool> foldConstants(Graph &graph);
 
-class FoldConstantsPass {
-public:
-  static llvm::StringRef name() { return "fold-constants"; }
-  llvm::Expected<bool> run(Graph &graph) { return foldConstants(graph); }
-};
-
 } // namespace pipec
 
 #endif // PIPEC_PASSES_FOLDCONSTANTS_H

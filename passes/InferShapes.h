@@ -30,12 +30,6 @@ inline constexpr int64_t MaxFoldElements = 1 << 16;
 /// Returns whether any value got a shape or a value.
 llvm::Expected<bool> inferShapes(Graph &graph);
 
-class InferShapesPass {
-public:
-  static llvm::StringRef name() { return "infer-shapes"; }
-  llvm::Expected<bool> run(Graph &graph) { return inferShapes(graph); }
-};
-
 } // namespace pipec
 
 #endif // PIPEC_PASSES_INFERSHAPES_H

@@ -14,9 +14,11 @@
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
 
+#include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <cmath>
+#include <optional>
 
 using namespace llvm;
 
@@ -49,14 +51,14 @@ Expected<GridSpec> readGridSpec(const OpContext &ctx) {
   else
     return ctx.fail(formatv("unknown mode '{0}' at opset {1}", mode, ctx.opset));
   std::string padding = ctx.attrString("padding_mode", "zeros");
-  if (padding == "zeros")
-    spec.padding = Padding::Zeros;
-  else if (padding == "border")
-    spec.padding = Padding::Border;
-  else if (padding == "reflection")
-    spec.padding = Padding::Reflection;
-  else
+  std::optional<Padding> known = StringSwitch<std::optional<Padding>>(padding)
+                                     .Case("zeros", Padding::Zeros)
+                                     .Case("border", Padding::Border)
+                                     .Case("reflection", Padding::Reflection)
+                                     .Default(std::nullopt);
+  if (!known)
     return ctx.fail("unknown padding_mode '" + padding + "'");
+  spec.padding = *known;
   spec.alignCorners = ctx.attrInt("align_corners", 0) != 0;
   return spec;
 }

@@ -13,10 +13,12 @@
 
 #include "onnx/onnx_pb.h"
 
+#include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 using namespace llvm;
 
@@ -96,6 +98,16 @@ Error indexInput(const OpContext &ctx, size_t i) {
     return Error::success();
   return ctx.fail(
       formatv("indices (input {0}) must be int32 or int64, not {1}", i, elemTypeName(type)));
+}
+
+/// What the scatters check first: integer indices (input 1) and updates
+/// (input 2) of data's type; then their reduction.
+Expected<Reduction> scatterReduction(const OpContext &ctx) {
+  if (Error e = indexInput(ctx, 1))
+    return e;
+  if (Error e = ctx.sameType(0, 2))
+    return e;
+  return reductionOf(ctx);
 }
 
 /// The values of index tensor \p indices made non-negative against \p dim,
@@ -202,7 +214,7 @@ Expected<std::vector<int64_t>> tupleOffsets(const OpContext &ctx, const Tensor &
 /// data's shape, of rank >= 1 and without negative dimensions.
 Expected<Shape> gatheredShape(const OpContext &ctx) {
   if (Error e = indexInput(ctx, 1))
-    return std::move(e);
+    return e;
   std::optional<Shape> shape = ctx.attrInts("shape");
   if (!shape || shape->empty() || llvm::any_of(*shape, [](int64_t d) { return d < 0; }))
     return ctx.fail("attribute 'shape' must be the gathered data's shape, of rank >= 1");
@@ -254,18 +266,14 @@ Expected<Outputs> gatherElements(const OpContext &ctx) {
 /// without a reduction.
 Expected<Outputs> scatterElements(const OpContext &ctx) {
   const Tensor &data = ctx.input(0), &indices = ctx.input(1), &updates = ctx.input(2);
-  if (Error e = indexInput(ctx, 1))
-    return e;
-  if (Error e = ctx.sameType(0, 2))
-    return e;
+  Expected<Reduction> r = scatterReduction(ctx);
+  if (!r)
+    return r.takeError();
   if (data.rank() == 0)
     return ctx.fail("data must have rank >= 1");
   if (updates.shape() != indices.shape())
     return ctx.fail("updates " + updates.describe() + " and indices " + indices.describe() +
                     " differ in shape");
-  Expected<Reduction> r = reductionOf(ctx);
-  if (!r)
-    return r.takeError();
   Expected<int64_t> axis = ctx.normalizeAxis(ctx.attrInt("axis", 0), data.rank());
   if (!axis)
     return axis.takeError();
@@ -357,11 +365,7 @@ Expected<Outputs> gatherNDGrad(const OpContext &ctx) {
 
 Expected<Outputs> scatterND(const OpContext &ctx) {
   const Tensor &data = ctx.input(0), &indices = ctx.input(1), &updates = ctx.input(2);
-  if (Error e = indexInput(ctx, 1))
-    return e;
-  if (Error e = ctx.sameType(0, 2))
-    return e;
-  Expected<Reduction> r = reductionOf(ctx);
+  Expected<Reduction> r = scatterReduction(ctx);
   if (!r)
     return r.takeError();
   Expected<int64_t> k = tupleLength(ctx, data, indices, 0);
@@ -451,16 +455,15 @@ struct PadSpec {
 Expected<PadSpec> padSpec(const OpContext &ctx, int64_t rank) {
   PadSpec spec;
   std::string mode = ctx.attrString("mode", "constant");
-  if (mode == "constant")
-    spec.mode = PadMode::Constant;
-  else if (mode == "reflect")
-    spec.mode = PadMode::Reflect;
-  else if (mode == "edge")
-    spec.mode = PadMode::Edge;
-  else if (mode == "wrap" && ctx.opset >= 19)
-    spec.mode = PadMode::Wrap;
-  else
+  std::optional<PadMode> known = StringSwitch<std::optional<PadMode>>(mode)
+                                     .Case("constant", PadMode::Constant)
+                                     .Case("reflect", PadMode::Reflect)
+                                     .Case("edge", PadMode::Edge)
+                                     .Case("wrap", PadMode::Wrap)
+                                     .Default(std::nullopt);
+  if (!known || (*known == PadMode::Wrap && ctx.opset < 19))
     return ctx.fail("unknown mode '" + mode + "' at opset " + Twine(ctx.opset));
+  spec.mode = *known;
   std::optional<Shape> pads;
   if (ctx.opset >= 11) {
     const Tensor *p = ctx.optInput(1);

@@ -129,6 +129,35 @@ Expected<DType> quantizedType(const OpContext &ctx, int64_t onnxType) {
   return *type;
 }
 
+/// The float type that attribute \p attr (opset 23 on) names, or \p otherwise
+/// where it is absent or 0.
+Expected<DType> floatTypeAttr(const OpContext &ctx, StringRef attr, DType otherwise) {
+  int64_t given = ctx.opset >= 23 ? ctx.attrInt(attr, 0) : 0;
+  if (given == 0)
+    return otherwise;
+  Expected<DType> type = elemTypeFromOnnx(static_cast<int32_t>(given));
+  if (!type || !isFloating(*type)) {
+    consumeError(type.takeError());
+    return ctx.fail(attr + " " + onnxTypeName(static_cast<int32_t>(given)) +
+                    " is not a float type");
+  }
+  return *type;
+}
+
+/// A tensor of \p type and x's shape whose element i is f(i, p), p being the
+/// index of its scale (and zero point) in scale's layout for \p x.
+template <typename F>
+Expected<Outputs> perScale(const OpContext &ctx, const Tensor &x, const Tensor &scale, DType type,
+                           F f) {
+  Expected<QuantLayout> layout = layoutOf(ctx, x, scale);
+  if (!layout)
+    return layout.takeError();
+  Tensor y(type, x.shape());
+  for (int64_t i = 0; i < x.numElements(); ++i)
+    y.setDouble(i, f(i, layout->indexOf(i)));
+  return Outputs{y};
+}
+
 } // namespace
 
 /// QuantizeLinear: y = saturate(round(x / y_scale) + y_zero_point). The
@@ -159,28 +188,16 @@ Expected<Outputs> quantizeLinear(const OpContext &ctx) {
   std::optional<std::pair<double, double>> range = quantRange(type);
   if (!range)
     return ctx.fail("the zero point's type " + elemTypeName(type) + " is not a quantized type");
-  DType precision = scale.elemType();
-  if (int64_t given = ctx.opset >= 23 ? ctx.attrInt("precision", 0) : 0) {
-    Expected<DType> p = elemTypeFromOnnx(static_cast<int32_t>(given));
-    if (!p || !isFloating(*p)) {
-      consumeError(p.takeError());
-      return ctx.unsupported("precision " + onnxTypeName(static_cast<int32_t>(given)));
-    }
-    precision = *p;
-  }
-  Expected<QuantLayout> layout = layoutOf(ctx, x, scale);
-  if (!layout)
-    return layout.takeError();
-  Tensor y(type, x.shape());
-  for (int64_t i = 0; i < x.numElements(); ++i) {
-    int64_t p = layout->indexOf(i);
-    double quotient = roundAs(precision, roundAs(precision, x.getDouble(i)) /
-                                             roundAs(precision, scale.getDouble(p)));
+  Expected<DType> precision = floatTypeAttr(ctx, "precision", scale.elemType());
+  if (!precision)
+    return precision.takeError();
+  DType p = *precision;
+  return perScale(ctx, x, scale, type, [&](int64_t i, int64_t at) {
+    double quotient = roundAs(p, roundAs(p, x.getDouble(i)) / roundAs(p, scale.getDouble(at)));
     // Rounded before the zero point is added: 1.5 + 32767 must give 32769.
-    double rounded = std::nearbyint(quotient) + (zero ? zero->getDouble(p) : 0.0);
-    y.setDouble(i, saturateRound(rounded, *range));
-  }
-  return Outputs{y};
+    double rounded = std::nearbyint(quotient) + (zero ? zero->getDouble(at) : 0.0);
+    return saturateRound(rounded, *range);
+  });
 }
 
 /// DequantizeLinear: y = (x - x_zero_point) * x_scale, the product rounded
@@ -196,26 +213,13 @@ Expected<Outputs> dequantizeLinear(const OpContext &ctx) {
     return ctx.fail("the zero point must have x's element type " + elemTypeName(x.elemType()));
   if (Error e = checkZeroPoint(ctx))
     return e;
-  DType type = scale.elemType();
-  if (int64_t given = ctx.opset >= 23 ? ctx.attrInt("output_dtype", 0) : 0) {
-    Expected<DType> t = elemTypeFromOnnx(static_cast<int32_t>(given));
-    if (!t || !isFloating(*t)) {
-      consumeError(t.takeError());
-      return ctx.fail("output_dtype " + onnxTypeName(static_cast<int32_t>(given)) +
-                      " is not a float type");
-    }
-    type = *t;
-  }
-  Expected<QuantLayout> layout = layoutOf(ctx, x, scale);
-  if (!layout)
-    return layout.takeError();
-  Tensor y(type, x.shape());
-  for (int64_t i = 0; i < x.numElements(); ++i) {
-    int64_t p = layout->indexOf(i);
-    double shifted = x.getDouble(i) - (zero ? zero->getDouble(p) : 0.0);
-    y.setDouble(i, roundAs(type, shifted * scale.getDouble(p)));
-  }
-  return Outputs{y};
+  Expected<DType> type = floatTypeAttr(ctx, "output_dtype", scale.elemType());
+  if (!type)
+    return type.takeError();
+  return perScale(ctx, x, scale, *type, [&](int64_t i, int64_t at) {
+    double shifted = x.getDouble(i) - (zero ? zero->getDouble(at) : 0.0);
+    return roundAs(*type, shifted * scale.getDouble(at));
+  });
 }
 
 /// DynamicQuantizeLinear: uint8 with the scale and zero point that map
