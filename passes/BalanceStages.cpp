@@ -1,5 +1,6 @@
 //===- BalanceStages.cpp - balance-stages ---------------------------------===//
 #include "passes/BalanceStages.h"
+#include "compiler/schedule/Schedule.h"
 #include "support/EnumNames.h"
 
 #include "llvm/ADT/StringExtras.h"
@@ -58,6 +59,20 @@ public:
     }
     for (auto &[w, users] : lg.sharedWeights())
       shared.push_back({lg.graph->values[w].numElements(), users});
+    // What each chunk holds at its peak, counted on the orders the schedule
+    // will run (F until B, or until W for a split backward).
+    held.assign(chunks, static_cast<int64_t>(options.microbatches));
+    if (auto schedule = generateSchedule(options.schedule, options.stages, options.virtualStages,
+                                         options.microbatches)) {
+      for (int r = 0; r < options.stages; ++r) {
+        std::vector<int64_t> perChunk = peakHeldPerChunk(*schedule, r);
+        for (int k = 0; k < chunks; ++k)
+          if (rankOf(k) == r && static_cast<size_t>(k / options.stages) < perChunk.size())
+            held[k] = perChunk[k / options.stages];
+      }
+    } else {
+      consumeError(schedule.takeError());
+    }
   }
 
   int layerCount() const { return layers; }
@@ -106,19 +121,14 @@ public:
            commTime(chunk, j);
   }
 
-  int64_t inFlight(int rank) const {
-    return inFlightActivations(options.schedule, options.stages, options.virtualStages,
-                               options.microbatches, rank);
-  }
-
   /// Bytes chunk [i, j) adds to its rank: parameters with their state and
-  /// its share of the rank's in-flight activations.
+  /// the activations of the microbatches it holds at its peak. A rank's
+  /// memory is the sum over its chunks.
   int64_t memory(int chunk, int i, int j) const {
     if (i >= j)
       return 0;
     int rank = rankOf(chunk);
-    int64_t v = options.virtualStages;
-    int64_t perChunk = (inFlight(rank) + v - 1) / v;
+    int64_t perChunk = held[chunk];
     int64_t act = activations[j] - activations[i];
     int64_t kept = act;
     if (!options.training.training) {
@@ -133,10 +143,30 @@ public:
     return bytes;
   }
 
+  /// What one chunk may take while partitioning: its rank's whole limit, or
+  /// an even share of it once evenShares is set (see rankFits).
   int64_t capOf(int chunk) const {
     int64_t limit = options.memoryLimit[rankOf(chunk)];
-    return limit <= 0 ? std::numeric_limits<int64_t>::max() : limit / options.virtualStages;
+    if (limit <= 0)
+      return std::numeric_limits<int64_t>::max();
+    return evenShares ? limit / options.virtualStages : limit;
   }
+
+  /// Whether every rank's chunks of \p cuts, summed, fit its limit: the test
+  /// a partition has to pass. The DP bounds one chunk at a time, so with
+  /// V > 1 it is run against the whole limit first and, if the sum then
+  /// overruns, again with each chunk held to an even share.
+  bool rankFits(const std::vector<int> &cuts) const {
+    std::vector<int64_t> sum(options.stages, 0);
+    for (int k = 0; k < chunks; ++k)
+      sum[rankOf(k)] += memory(k, cuts[k], cuts[k + 1]);
+    for (int r = 0; r < options.stages; ++r)
+      if (options.memoryLimit[r] > 0 && sum[r] > options.memoryLimit[r])
+        return false;
+    return true;
+  }
+
+  bool evenShares = false;
 
 private:
   bool passCounts(int pass) const { return options.training.training || pass == 0; }
@@ -148,6 +178,8 @@ private:
   std::vector<std::array<std::vector<double>, 3>> prefix;
   std::vector<int64_t> params, activations;
   std::vector<std::pair<int64_t, std::vector<int>>> shared;
+  /// Per global chunk: microbatches of activations held at the peak.
+  std::vector<int64_t> held;
 };
 
 /// Exact contiguous partition of L layers into K non-empty chunks:
@@ -492,17 +524,26 @@ Expected<StagePlan> balanceStages(const LayerGraph &lg, const BalanceOptions &op
           "--stages or --virtual-stages, or a --balance layout with empty stages",
           layers, chunks);
     auto fits = [&](int k, int i, int j) { return costs.memory(k, i, j) <= costs.capOf(k); };
+    auto split = [&] {
+      if (options.method == BalanceMethod::Params)
+        return partition(
+            layers, chunks,
+            [&](int, int i, int j) { return static_cast<double>(costs.paramsOf(i, j)); }, fits);
+      return partition(
+          layers, chunks, [&](int k, int i, int j) { return costs.time(k, i, j); }, fits);
+    };
     if (options.method == BalanceMethod::Uniform) {
       cuts.push_back(0);
       for (int k = 0; k < chunks; ++k)
         cuts.push_back(cuts.back() + layers / chunks + (k < layers % chunks ? 1 : 0));
-    } else if (options.method == BalanceMethod::Params) {
-      cuts = partition(
-          layers, chunks,
-          [&](int, int i, int j) { return static_cast<double>(costs.paramsOf(i, j)); }, fits);
     } else {
-      cuts = partition(
-          layers, chunks, [&](int k, int i, int j) { return costs.time(k, i, j); }, fits);
+      cuts = split();
+      if (!cuts.empty() && !costs.rankFits(cuts) && options.virtualStages > 1) {
+        costs.evenShares = true;
+        cuts = split();
+      }
+      if (!cuts.empty() && !costs.rankFits(cuts))
+        cuts.clear();
     }
     if (cuts.empty())
       return memoryError(lg, costs);

@@ -1,6 +1,7 @@
 //===- BalanceStagesTest.cpp - balance-stages ---------------------------===//
 #include "TestUtil.h"
 
+#include "compiler/schedule/Schedule.h"
 #include "models/ModelGenerators.h"
 #include "passes/BalanceStages.h"
 #include "passes/GroupLayers.h"
@@ -334,6 +335,9 @@ TEST(ScheduleKind, ShapesAndPlacement) {
   EXPECT_EQ(inFlightActivations(ScheduleKind::OneFOneB, 4, 1, 8, 0), 4);
   EXPECT_EQ(inFlightActivations(ScheduleKind::OneFOneB, 4, 1, 8, 3), 1);
   EXPECT_EQ(inFlightActivations(ScheduleKind::GPipe, 4, 1, 8, 3), 8);
+  // ZB-H2 at P = 4, M = 16 holds 2P - 1 = 7 on every rank, from F to W.
+  for (int r = 0; r < 4; ++r)
+    EXPECT_EQ(inFlightActivations(ScheduleKind::ZBH2, 4, 1, 16, r), 7) << "rank " << r;
   llvm::Error err = checkScheduleShape(ScheduleKind::DualPipeV, 4, 2, 6);
   ASSERT_TRUE(!!err);
   EXPECT_NE(toString(std::move(err)).find("M >= 2P"), std::string::npos);

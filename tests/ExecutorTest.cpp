@@ -168,6 +168,13 @@ protected:
     o.tiedEmbeddings = tied;
     return model(tied ? "gpt-tied" : "gpt", o);
   }
+  /// 12 blocks: room for P x V = 12 chunks.
+  static std::string gptDeep() {
+    models::GeneratorOptions o = transformer(models::Family::Gpt);
+    o.layers = 12;
+    o.tiedEmbeddings = true;
+    return model("gpt-deep", o);
+  }
   static std::string mlp() {
     models::GeneratorOptions o(models::Family::Mlp, 6, 48, 24);
     o.withLoss = true;
@@ -268,6 +275,24 @@ TEST_F(Equivalence, DataParallelTimesPipeline) {
 // over three steps into the gradients: 1e-4 here, 1e-5 for one SGD step.
 TEST_F(Equivalence, AdamWOverThreeSteps) {
   check(gpt(true), 4, {{"1f1b", 2, 1, 2, 1}, {"zbv", 2, 2, 4, 1}}, "adamw", 3, 1e-4);
+}
+
+// The multi-chunk schedules past P = 2: interleaved (V = 2 and 3), ZB-V and
+// DualPipeV at P = 3 and 4, with M not a multiple of P (PyTorch's rounds of
+// M / max(1, M / P) for interleaved), then ZB-V and DualPipeV under --dp 2;
+// three SGD steps, so a tied weight whose copies drifted apart shows.
+TEST_F(Equivalence, MultiChunkSchedulesAtThreeAndFourRanks) {
+  check(gptDeep(), 12,
+        {{"interleaved", 3, 2, 4, 1},
+         {"interleaved", 4, 2, 6, 1},
+         {"interleaved", 3, 3, 4, 1},
+         {"interleaved", 4, 3, 4, 1},
+         {"zbv", 3, 2, 4, 1},
+         {"zbv", 4, 2, 6, 1}},
+        "sgd", 3);
+  check(gptDeep(), 14, {{"dualpipev", 3, 2, 7, 1}}, "sgd", 3);
+  check(gptDeep(), 10, {{"dualpipev", 4, 2, 10, 1}}, "sgd", 3);
+  check(gpt(true), 8, {{"zbv", 2, 2, 4, 2}, {"dualpipev", 2, 2, 4, 2}}, "sgd", 3);
 }
 
 TEST_F(Equivalence, MomentumOverThreeSteps) {

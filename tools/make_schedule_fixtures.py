@@ -28,7 +28,13 @@ Where the order comes from:
     pipeline_order_with_comms; the script takes its compute actions and checks
     that they equal pipeline_order's, so either can be read as the reference.
   * zb-h1 is ScheduleInterleavedZeroBubble with one stage per rank.
-  * zb-h2 has no PyTorch implementation and so no fixture.
+  * zb-h2 has no PyTorch implementation. Its orders are built here from the
+    zero-bubble paper (Qi et al., 2023, "Zero Bubble Pipeline Parallelism",
+    section 2.2 and figure 3), see zb_h2_order, and the script checks them
+    against what the paper shows before writing them: figure 3's first and
+    last rows at P = 4, M = 8, at most 2P - 1 microbatches held (F to W) on
+    a rank, and, with unit F = B = W and M >= 2P - 1, every rank busy
+    without a gap from r to r + 3M (the parallelogram).
 """
 
 import argparse
@@ -117,6 +123,95 @@ def multi_stage_order(cls, P, V, M, v_shape):
     return ranks
 
 
+def zb_h2_order(P, M):
+    """ZB-H2 as the paper draws it, in 1-based microbatches per rank.
+
+    Rank r warms up with 2(P - r) - 1 forwards (the bubble before the first
+    B filled with forwards), then answers each B with the next forward; a
+    forward that would hold a 2P-th microbatch waits for one W (the oldest),
+    and once the forwards are done every B is followed by one W. The W's
+    left run at the end (the tail that turns the trapezoid into a
+    parallelogram).
+    """
+    cap = 2 * P - 1
+    ranks = []
+    for r in range(P):
+        order = []
+        fwd = bwd = wgt = 0
+        while fwd < min(M, cap - 2 * r):
+            fwd += 1
+            order.append(("F", fwd))
+        while bwd < M:
+            bwd += 1
+            order.append(("B", bwd))
+            if fwd < M and fwd - wgt < cap:
+                fwd += 1
+                order.append(("F", fwd))
+            else:
+                wgt += 1
+                order.append(("W", wgt))
+                if fwd < M:
+                    fwd += 1
+                    order.append(("F", fwd))
+        while wgt < M:
+            wgt += 1
+            order.append(("W", wgt))
+        ranks.append(order)
+    return ranks
+
+
+# Figure 3 (bottom) of the paper, P = 4, M = 8: device 1 and device 4.
+ZB_H2_FIGURE = {
+    0: "F1 F2 F3 F4 F5 F6 F7 B1 W1 F8 B2 W2 B3 W3 B4 W4 B5 W5 B6 W6 B7 W7 B8 W8",
+    3: "F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7 W1 F8 B8 W2 W3 W4 W5 W6 W7 W8",
+}
+
+
+def unit_time_spans(P, ranks):
+    """Runs each rank's list in order with F = B = W = 1 and free transfers;
+    returns each rank's (first busy slot, end, busy slots)."""
+    done, pos, busy, t = {}, [0] * P, [[] for _ in range(P)], 0
+    while any(pos[r] < len(ranks[r]) for r in range(P)):
+        ready = []
+        for r in range(P):
+            if pos[r] == len(ranks[r]):
+                continue
+            kind, mb = ranks[r][pos[r]]
+            need = {"F": ("F", r - 1), "B": ("B", r + 1)}.get(kind)
+            if need is None or not 0 <= need[1] < P or done.get((need[0], need[1], mb), t + 1) <= t:
+                ready.append(r)
+        if not ready and t > 4 * P * len(ranks[0]):
+            sys.exit("zb-h2: the orders deadlock")
+        for r in ready:
+            kind, mb = ranks[r][pos[r]]
+            done[(kind, r, mb)] = t + 1
+            busy[r].append(t)
+            pos[r] += 1
+        t += 1
+    return [(b[0], b[-1] + 1, len(b)) for b in busy]
+
+
+def zb_h2(P, V, M):
+    ranks = zb_h2_order(P, M)
+    text = lambda order: " ".join(f"{k}{mb}" for k, mb in order)
+    if (P, M) == (4, 8):
+        for r, row in ZB_H2_FIGURE.items():
+            if text(ranks[r]) != row:
+                sys.exit(f"zb-h2 rank {r} is not figure 3's row: {text(ranks[r])}")
+    for r, order in enumerate(ranks):
+        held = peak = 0
+        for kind, _ in order:
+            held += {"F": 1, "B": 0, "W": -1}[kind]
+            peak = max(peak, held)
+        if peak > 2 * P - 1:
+            sys.exit(f"zb-h2 P={P} M={M} rank {r} holds {peak} > 2P - 1")
+    for r, (first, end, slots) in enumerate(unit_time_spans(P, ranks)):
+        if M >= 2 * P - 1 and (first, end, slots) != (r, r + 3 * M, 3 * M):
+            sys.exit(f"zb-h2 P={P} M={M} rank {r}: not a parallelogram")
+    # pipec's notation: 0-based microbatches, I for the split B.
+    return [[f"{r}{'I' if k == 'B' else k}{mb - 1}" for k, mb in order] for r, order in enumerate(ranks)]
+
+
 SCHEDULES = {
     "gpipe": lambda P, V, M: single_stage_order(S.ScheduleGPipe, P, M),
     "1f1b": lambda P, V, M: single_stage_order(S.Schedule1F1B, P, M),
@@ -127,6 +222,7 @@ SCHEDULES = {
     "zb-h1": lambda P, V, M: multi_stage_order(
         S.ScheduleInterleavedZeroBubble, P, 1, M, False
     ),
+    "zb-h2": zb_h2,
     "zbv": lambda P, V, M: multi_stage_order(S.ScheduleZBVZeroBubble, P, 2, M, True),
     "dualpipev": lambda P, V, M: multi_stage_order(S.ScheduleDualPipeV, P, 2, M, True),
 }
@@ -153,6 +249,13 @@ POINTS = [
     ("zb-h1", 4, 1, 4),
     ("zb-h1", 4, 1, 8),
     ("zb-h1", 8, 1, 12),
+    ("zb-h2", 2, 1, 3),
+    ("zb-h2", 2, 1, 4),
+    ("zb-h2", 4, 1, 4),
+    ("zb-h2", 4, 1, 8),
+    ("zb-h2", 4, 1, 16),
+    ("zb-h2", 3, 1, 7),
+    ("zb-h2", 8, 1, 16),
     ("zbv", 2, 2, 4),
     ("zbv", 4, 2, 4),
     ("zbv", 4, 2, 8),

@@ -36,15 +36,25 @@
 // order is the one above. With F = I = W = 1 this is ZB-H1: makespan
 // 3M + P - 1 against 1F1B's 3(M + P - 1).
 //
-// ZB-H2 (paper; V = 1): more forwards in warm-up so that the first I arrives
-// just as they end, and every W deferred until the forwards run out, turning
-// the trapezoid of 1F1B into a parallelogram (each rank busy from r to r + 3M
-// when F = I = W and M >= 2P - 1; no synchronisation at the optimizer step is
-// assumed, as in the paper).
-//   warm-up   w = min(M, 2(P - r) - 1) x F        (2(P - r) - 1 in flight)
-//   steady    M - w x (I F)
-//   tail      w - 1 x (I W), then I, then the last W's
-//
+// ZB-H2 (Qi et al., section 2.2 and figure 3; V = 1). More forwards in
+// warm-up, so that the first I arrives just as they end, and at most 2P - 1
+// microbatches held (F to W) on any rank: an F that would make 2P held runs
+// after the W of the oldest I without one. With F = I = W and M >= 2P - 1
+// every rank runs without a gap from r to r + 3M, which turns the 1F1B
+// trapezoid into a parallelogram (no synchronisation at the optimizer step
+// is assumed, as in the paper).
+//   warm-up   w = min(M, 2(P - r) - 1) x F
+//   ramp      min(2r, M - w) x (I F)          holds grow to min(M, 2P - 1)
+//   steady    M - w - 2r x (I W F)            one in, one out (if positive)
+//   cool-down (I W) for each I left, then the W's left
+// At P = 4, M = 8 (1-based, as in the paper's figure) rank 0 runs
+// F1..F7 B1 W1 F8 B2 W2 .. B8 W8 and rank 3 runs F1 B1 .. F7 B7 W1 F8 B8
+// W2..W8, the first and last rows of figure 3. The reference
+// implementation's search (sail-sg/zero-bubble-pipeline-parallelism,
+// zb.py's manual_order with a 2P - 1 cap) finds the same rows for the first
+// and last rank; on the middle ranks it runs the tail's I's first and its
+// W's in pairs, which takes the same time when F = I = W.
+
 // ZB-V (ScheduleZBVZeroBubble; V = 2; chunks c0 = r, c1 = 2P - 1 - r). PyTorch
 // builds it for N = max(M, 2P - 1) microbatches and drops those >= M:
 //   warm-up   2(P - r) - 1 x F0;  r x (F1 F0);  P - r x (F1 I1 W1)
@@ -118,6 +128,14 @@ public:
       weightBackward();
   }
   int forwards(int stage) const { return count(stage, ActionKind::F); }
+  /// Microbatches of \p stage whose activations are held: forwards run
+  /// minus those freed, by a B or by the W after an I (an I frees nothing).
+  int held(int stage) const {
+    int freed = count(stage, ActionKind::B) -
+                static_cast<int>(std::count_if(pendingWeights.begin(), pendingWeights.end(),
+                                               [&](const Action &a) { return a.stage == stage; }));
+    return forwards(stage) - freed;
+  }
 
 private:
   Action emit(int stage, ActionKind kind) {
@@ -188,15 +206,21 @@ void looped(RankBuilder &b, int p, int v, int rank, int m, bool zeroBubble) {
 }
 
 void zeroBubbleH2(RankBuilder &b, int p, int rank, int m) {
-  int warmup = std::min(m, 2 * (p - rank) - 1);
+  int cap = 2 * p - 1;
+  int warmup = std::min(m, cap - 2 * rank);
   for (int i = 0; i < warmup; ++i)
     b.forward(rank);
+  // Every I is followed by an F while forwards remain, preceded by a W when
+  // the rank already holds 2P - 1 microbatches; once they run out, by a W.
   for (int i = 0; i < m; ++i) {
     b.inputBackward(rank);
-    if (b.forwards(rank) < m)
-      b.forward(rank);
-    else if (i < m - 1)
+    if (b.forwards(rank) == m) {
       b.weightBackward();
+      continue;
+    }
+    if (b.held(rank) >= cap)
+      b.weightBackward();
+    b.forward(rank);
   }
   b.drainWeights();
 }
@@ -295,6 +319,41 @@ constexpr EnumName<ActionKind> actionKindLetters[] = {
     {ActionKind::F, "F"}, {ActionKind::B, "B"}, {ActionKind::I, "I"}, {ActionKind::W, "W"}};
 
 } // namespace
+
+std::vector<int64_t> peakHeldPerChunk(const Schedule &schedule, int rank) {
+  std::vector<int> stages;
+  for (const Action &a : schedule.ranks[rank])
+    stages.push_back(a.stage);
+  std::sort(stages.begin(), stages.end());
+  stages.erase(std::unique(stages.begin(), stages.end()), stages.end());
+  std::vector<int64_t> held(stages.size(), 0), peak(stages.size(), 0);
+  bool inference = schedule.kind == ScheduleKind::ForwardOnly;
+  for (const Action &a : schedule.ranks[rank]) {
+    size_t c = std::lower_bound(stages.begin(), stages.end(), a.stage) - stages.begin();
+    if (a.kind == ActionKind::F) {
+      peak[c] = std::max(peak[c], ++held[c]);
+      // Inference keeps nothing past the forward that made it.
+      if (inference)
+        --held[c];
+    } else if (a.kind == ActionKind::B || a.kind == ActionKind::W) {
+      --held[c];
+    }
+  }
+  return peak;
+}
+
+int64_t inFlightActivations(ScheduleKind kind, int stages, int virtualStages, int microbatches,
+                            int rank) {
+  Expected<Schedule> schedule = generateSchedule(kind, stages, virtualStages, microbatches);
+  if (!schedule) {
+    consumeError(schedule.takeError());
+    return static_cast<int64_t>(virtualStages) * microbatches;
+  }
+  int64_t sum = 0;
+  for (int64_t held : peakHeldPerChunk(*schedule, rank))
+    sum += held;
+  return sum;
+}
 
 char actionKindLetter(ActionKind kind) { return nameOf(actionKindLetters, kind, "?").front(); }
 

@@ -15,6 +15,7 @@
 
 #include "compiler/schedule/ScheduleKind.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,21 @@ struct Schedule {
 /// as checkScheduleShape does, with the reason.
 llvm::Expected<Schedule> generateSchedule(ScheduleKind kind, int stages, int virtualStages,
                                           int microbatches);
+
+/// Per local chunk of \p rank (chunk c of a rank is the c-th of its stages
+/// in increasing order): the most microbatches whose activations that chunk
+/// holds at once, from its F until the pass that frees them: B, or W for a
+/// split backward (an I frees nothing; W still reads the layer inputs).
+std::vector<int64_t> peakHeldPerChunk(const Schedule &schedule, int rank);
+
+/// The memory model's count for rank \p rank before a plan exists: the
+/// per-chunk peaks of peakHeldPerChunk for the generated schedule, summed
+/// (an upper bound of what the rank holds at once, and its value when
+/// V = 1). For example, with V = 1: GPipe M; 1F1B min(M, P - r); ZB-H2
+/// min(M, 2P - 1) on every rank; forward-only 1. Shapes the schedule
+/// rejects count V M.
+int64_t inFlightActivations(ScheduleKind kind, int stages, int virtualStages, int microbatches,
+                            int rank);
 
 /// "2I5".
 std::string formatAction(const Action &action);

@@ -105,31 +105,4 @@ Error checkScheduleShape(ScheduleKind kind, int stages, int virtualStages, int m
   return Error::success();
 }
 
-int64_t inFlightActivations(ScheduleKind kind, int stages, int virtualStages, int microbatches,
-                            int rank) {
-  int64_t p = stages, v = virtualStages, m = microbatches, r = rank;
-  switch (kind) {
-  case ScheduleKind::GPipe:
-    return m;
-  case ScheduleKind::OneFOneB:
-  case ScheduleKind::ZBH1:
-    return std::min(m, p - r);
-  case ScheduleKind::ZBH2:
-    return std::min(m, 2 * (p - r) - 1);
-  case ScheduleKind::Interleaved: {
-    // Warm-up counts microbatches per round, M / max(1, M / P): P when P
-    // divides M, M itself below 2P.
-    int64_t perRound = m / std::max<int64_t>(1, m / p);
-    return std::min(v * m, (v - 1) * perRound + 2 * (p - 1 - r) + 1);
-  }
-  case ScheduleKind::ZBV:
-    return std::min(v * m, 2 * p);
-  case ScheduleKind::DualPipeV:
-    return std::min(v * m, 2 * p + 1);
-  case ScheduleKind::ForwardOnly:
-    return 1;
-  }
-  return m;
-}
-
 } // namespace pipec
