@@ -333,8 +333,9 @@ TEST(Simulator, PlanPeakWithinTheMemoryModel) {
           for (int r = 0; r < p; ++r) {
             int64_t model = inFlightActivations(s.kind, p, v, m, r) * ActBytes;
             EXPECT_LE(plan.programs(r).peak_activation_bytes(), model) << "rank " << r;
-            if (s.kind == ScheduleKind::ZBH2)
+            if (s.kind == ScheduleKind::ZBH2) {
               EXPECT_LE(plan.programs(r).peak_activation_bytes(), (2 * p - 1) * ActBytes);
+            }
           }
           ++checked;
         }
