@@ -29,23 +29,16 @@ std::string humanCount(int64_t value, bool binary) {
 }
 
 std::vector<std::string> opWarnings(const Graph &graph) {
-  std::map<std::string, int> unsupported, controlFlow;
+  std::map<std::string, int> unsupported;
   for (const Op &op : graph.ops) {
     if (op.dead)
       continue;
     std::string type = op.domain.empty() ? op.opType : op.domain + "." + op.opType;
     const OpDef *def = lookupOp(op.domain, op.opType, graph.opsetFor(op.domain));
-    if (def && def->has(Subgraph))
-      ++controlFlow[type];
-    else if (!def || !def->hasCpuKernel)
+    if (!def || !def->hasCpuKernel)
       ++unsupported[type];
   }
   std::vector<std::string> warnings;
-  for (auto &[type, count] : controlFlow)
-    warnings.push_back(formatv("control flow: {0} x{1} kept as one opaque op each; it can "
-                               "be partitioned, running it is refused",
-                               type, count)
-                           .str());
   if (!unsupported.empty()) {
     std::string list;
     for (auto &[type, count] : unsupported)

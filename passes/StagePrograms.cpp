@@ -26,12 +26,15 @@ Error stageError(int stage, const Twine &why) {
 }
 
 /// The node of \p op, with inputs and outputs named as the Graph has them now
-/// (passes may have rewired the op since import).
+/// (passes may have rewired the op since import). The values its subgraphs
+/// capture follow its own inputs, so that the rank hands them to the kernel.
 onnx::NodeProto nodeOf(const Graph &graph, const Op &op) {
   onnx::NodeProto node = graph.node(op);
   node.clear_input();
   for (int id : op.inputs)
     node.add_input(id >= 0 ? graph.values[id].name : "");
+  for (int id : op.captures)
+    node.add_input(graph.values[id].name);
   node.clear_output();
   for (int id : op.outputs)
     node.add_output(id >= 0 ? graph.values[id].name : "");

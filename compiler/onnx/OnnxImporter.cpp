@@ -2,6 +2,7 @@
 #include "compiler/onnx/OnnxImporter.h"
 #include "compiler/onnx/WireSkeleton.h"
 #include "support/Diagnostics.h"
+#include "support/Subgraphs.h"
 
 #include "onnx/defs/schema.h"
 #include "onnx/onnx_pb.h"
@@ -65,7 +66,6 @@ private:
   Error addOutputs();
   Expected<std::vector<int64_t>> bindShape(const onnx::ValueInfoProto &info);
   int64_t bindDim(StringRef name, size_t position, StringRef input);
-  void collectCaptures(const onnx::GraphProto &body, std::vector<std::string> &names);
   /// Defines \p name as \p id; a second definition wins over the first.
   void define(StringRef name, int id, function_ref<std::string()> by);
 };
@@ -352,32 +352,6 @@ Error Importer::addInputs() {
   return Error::success();
 }
 
-void Importer::collectCaptures(const onnx::GraphProto &body, std::vector<std::string> &names) {
-  StringSet<> local;
-  for (const auto &in : body.input())
-    local.insert(in.name());
-  for (const auto &init : body.initializer())
-    local.insert(init.name());
-  for (const auto &node : body.node())
-    for (const auto &out : node.output())
-      local.insert(out);
-  for (const auto &node : body.node()) {
-    for (const auto &in : node.input())
-      if (!in.empty() && !local.count(in))
-        names.push_back(in);
-    for (const auto &attr : node.attribute()) {
-      std::vector<std::string> inner;
-      if (attr.has_g())
-        collectCaptures(attr.g(), inner);
-      for (const auto &sub : attr.graphs())
-        collectCaptures(sub, inner);
-      for (auto &name : inner)
-        if (!local.count(name))
-          names.push_back(name);
-    }
-  }
-}
-
 Error Importer::addNodes() {
   onnx::GraphProto &g = *graph.model->mutable_graph();
   std::vector<Op> unsorted;
@@ -441,16 +415,13 @@ Error Importer::addNodes() {
                     describeNode(node), in);
       op.inputs.push_back(id);
     }
-    std::vector<std::string> captures;
-    for (const auto &attr : node.attribute()) {
-      if (attr.has_g())
-        collectCaptures(attr.g(), captures);
-      for (const auto &sub : attr.graphs())
-        collectCaptures(sub, captures);
-    }
-    for (const auto &name : captures) {
+    for (const std::string &name : subgraphCaptures(node)) {
       int id = graph.findValue(name);
-      if (id >= 0 && !is_contained(op.captures, id))
+      if (id < 0)
+        return fail("{0}: a subgraph reads '{1}', which no node, initializer or graph input "
+                    "defines",
+                    describeNode(node), name);
+      if (!is_contained(op.captures, id))
         op.captures.push_back(id);
     }
   }

@@ -63,6 +63,11 @@ KernelResult scatterElements(const OpContext &ctx);
 KernelResult scatterND(const OpContext &ctx);
 KernelResult trilu(const OpContext &ctx);
 
+// If, Loop and Scan: a subgraph interpreter (ControlFlowKernels.cpp).
+KernelResult ifOp(const OpContext &ctx);
+KernelResult loop(const OpContext &ctx);
+KernelResult scan(const OpContext &ctx);
+
 // Einsum (EinsumKernels.cpp).
 KernelResult einsum(const OpContext &ctx);
 
