@@ -99,9 +99,14 @@ command -v patchelf >/dev/null || die "patchelf is missing; run tools/install-de
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-true}
 tools/build-onnx.sh
 mkdir -p "$build"
-# ONNX through a link inside the build folder, so that its include path,
-# relative to the build folder, is build/'s: ccache keys on it.
-[ -e "$build/_deps" ] || ln -s "$root/build/_deps" "$build/_deps"
+# ONNX's install, hard-linked inside the build folder, so that its include
+# path relative to the build folder is build/'s: ccache keys on it (CMake
+# would resolve a symbolic link).
+if ! cmp -s build/_deps/onnx-install/pipec-onnx.stamp "$build/_deps/onnx-install/pipec-onnx.stamp"; then
+  rm -rf "$build/_deps/onnx-install"
+  mkdir -p "$build/_deps"
+  cp -al build/_deps/onnx-install "$build/_deps/"
+fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPIPEC_CUDA=ON \
   -DPIPEC_ONNX_ROOT="$(cd "$build" && pwd)/_deps/onnx-install" \
   -DPIPEC_PORTABLE=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DPIPEC_BENCHMARKS=OFF -DPIPEC_TESTS=ON \
@@ -134,6 +139,9 @@ cp tools/gpu-check.sh tools/gpu_check_*.py "$bundle/tools/"
   echo "built $(date -u +%Y-%m-%dT%H:%MZ) on $(uname -m), CUDA $(/usr/local/cuda/bin/nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), sm_90 + compute_90 PTX"
   echo "needs from the GPU machine: $(for f in "$bundle"/bin/* "$bundle"/lib/*; do
     readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; done | sort -u | grep -E "$gpuLibs" | tr '\n' ' ')"
+  echo "needs from the system: glibc $(objdump -T "$bundle"/bin/* "$bundle"/lib/* |
+    grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1) or newer, libstdc++ with $(objdump -T "$bundle"/bin/* "$bundle"/lib/* |
+    grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -1)"
   (cd "$bundle" && find bin lib tools -type f -printf '%10s %p\n' | sort -k2)
 } >"$bundle/MANIFEST"
 checkBundle "$bundle"
