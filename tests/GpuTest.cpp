@@ -478,6 +478,30 @@ TEST_F(CudaBackendTest, Bf16GemmIsCloseToFp32) {
   EXPECT_TRUE(close(*gemmHost, runCpu(NodeBuilder("Gemm", 3), {a, b, bias})[0], 1e-2, 1e-2));
 }
 
+// The fused MatMul + bias of a bf16 run (the benchmark's linear layers): one
+// cuBLASLt GEMM with the BIAS epilogue and bf16 compute, against the fp32
+// CPU kernels. The operands are positive, so the relative error stays near
+// bf16's 2^-9 per product; a bias added twice or not at all is off by the
+// bias itself (0.5 to 1.5 against values near 32).
+TEST_F(CudaBackendTest, Bf16MatMulBiasRunsInTheEpilogue) {
+  auto made = cuda::createCudaBackend(0, true, rt::makeCpuBackend());
+  ASSERT_TRUE(!!made) << llvm::toString(made.takeError());
+  rt::Backend &bf16 = **made;
+  Tensor a = floats({4, 96, 128}, 0, 1), b = floats({128, 384}, 0, 1),
+         bias = floats({384}, 0.5f, 1.5f);
+  Tensor expected = runCpu(matMulBias(), {a, b, bias})[0];
+  auto da = bf16.upload(a), db = bf16.upload(b), dbias = bf16.upload(bias);
+  ASSERT_TRUE(da && db && dbias);
+  auto out = bf16.run(matMulBias(), 17, {&*da, &*db, &*dbias});
+  ASSERT_TRUE(!!out) << llvm::toString(out.takeError());
+  auto host = bf16.download((*out)[0]);
+  ASSERT_TRUE(!!host) << llvm::toString(host.takeError());
+  ASSERT_EQ(host->shape(), (Shape{4, 96, 384}));
+  EXPECT_TRUE(close(*host, expected, 1e-2, 1e-2));
+  EXPECT_EQ(cuda::biasEpilogueGemms(bf16), 1) << "the bias was not added in cuBLASLt's epilogue";
+  EXPECT_TRUE(bf16.fallbackOps().empty());
+}
+
 TEST_F(CudaBackendTest, OptimizerMatchesCpuBackend) {
   for (int code : {0, 1, 2}) { // SGD, momentum, AdamW
     Tensor w = floats({1000}), wRef = w.clone();

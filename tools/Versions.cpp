@@ -28,10 +28,16 @@ void printVersions(llvm::raw_ostream &os) {
 #ifdef PIPEC_CUDA_LIB_DIR
   // Loaded on demand: linking the CUDA libraries would cost every pipec
   // invocation their load time.
+  // The toolkit's folder where pipec was built, else the library path by
+  // soname (a machine with CUDA's and NCCL's Python packages only).
   std::string dir = PIPEC_CUDA_LIB_DIR;
-  void *cudart = dlopen((dir + "/libcudart.so").c_str(), RTLD_LAZY | RTLD_LOCAL);
-  void *cublas = dlopen((dir + "/libcublas.so").c_str(), RTLD_LAZY | RTLD_LOCAL);
-  void *nccl = dlopen((dir + "/libnccl.so").c_str(), RTLD_LAZY | RTLD_LOCAL);
+  auto load = [&](const char *file, const char *soname) {
+    void *handle = dlopen((dir + "/" + file).c_str(), RTLD_LAZY | RTLD_LOCAL);
+    return handle ? handle : dlopen(soname, RTLD_LAZY | RTLD_LOCAL);
+  };
+  void *cudart = load("libcudart.so", "libcudart.so." PIPEC_CUDA_MAJOR);
+  void *cublas = load("libcublas.so", "libcublas.so." PIPEC_CUDA_MAJOR);
+  void *nccl = load("libnccl.so", "libnccl.so.2");
   int runtime = 0, driver = 0, devices = -1, cublasVersion = 0, ncclVersion = 0;
   if (cudart) {
     using IntFn = int (*)(int *);

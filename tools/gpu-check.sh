@@ -1,287 +1,375 @@
 #!/usr/bin/env bash
-# gpu-check.sh - everything that needs a GPU, in one run, for a machine that
-# has one:
-#   1. configure and build pipec with CUDA (build-gpu/, native architecture)
-#   2. GpuTest: every device kernel against the CPU kernels
-#   3. equivalence: a GPT trained 3 steps on one rank and as a 2-stage pipeline
-#      (two ranks sharing the GPU) gives the same weights; and the same as the
-#      CPU backend; and over NCCL under mpirun (2 stages with two GPUs, else
-#      one rank)
-#   4. benchmark: a bf16 GPT stack on one GPU, 1F1B and ZB-H1 with the ranks
-#      sharing the device: measured and predicted step time, TFLOP/s, MFU;
-#      and one rank again without fused kernels (run --no-fuse)
-#   5. optional: the same model in torch.distributed.pipelining, as a ratio
-# and prints one table. A piece that cannot run is marked in the table; the
-# script still goes on (exit status 1 if a check failed, 0 otherwise).
+# gpu-check.sh - everything that needs a GPU, run from a prebuilt bundle
+# (tools/gpu-bundle.sh) on the GPU test machine. It builds nothing.
+#
+# Rows, each printed (and appended to RESULTS_DIR/table.txt) as soon as it
+# is measured:
+#   libraries   where CUDA's and NCCL's libraries come from (the bundle has
+#               none of them: the machine's Python packages or toolkit)
+#   pipec       the bundle's pipec runs and sees the device
+#   GpuTest     every device kernel against the CPU kernel, the backend's
+#               own operations (bf16 GEMMs, cuBLASLt's bias epilogue, ...)
+#   = 1 rank    a GPT trained 3 steps as a 2-stage pipeline (1F1B, ZB-H1,
+#               DualPipeV), both ranks on the one GPU (--ranks-per-device 2),
+#               gives the weights of the one-rank run, within 1e-5; and the
+#               one-rank CUDA run those of the CPU backend, within 1e-3
+#   fallbacks   the nodes the one-rank CUDA run handed to the CPU, by op
+#   nccl        the same over NCCL under mpirun, or why it could not run
+#   bench       a bf16 GPT trained with 1F1B on one rank (fused and
+#               --no-fuse), and 1F1B and ZB-H1 on two ranks sharing the GPU:
+#               steady step, TFLOP/s, MFU against the peak, and measured
+#               against predicted step
+#   torch       the same GPT in torch.distributed.pipelining with the
+#               machine's torch, bf16 autocast: its step beside pipec's
 #
 # Formulas: training FLOPs per step = 3 x M x (sum over stages of the plan's
-# forward FLOPs per microbatch) (backward = 2x forward); TFLOP/s = FLOPs /
-# steady step time; MFU = TFLOP/s / the GPU's dense bf16 peak. The steady
-# step time is (N t_N - t_1) / (N - 1) from an N-step and a 1-step run, so
-# that start-up (cuBLAS, the memory pool's first step) is not counted.
+# forward FLOPs per microbatch) (backward = 2 x forward); TFLOP/s = FLOPs /
+# steady step; MFU = TFLOP/s / peak dense bf16 (989 TFLOP/s for the H100
+# and H200 SXM, NVIDIA's datasheet). The steady step is (N t_N - t_1) /
+# (N - 1) from an N-step and a 1-step run, so that start-up (cuBLAS, the
+# memory pool's first step) is not counted. The prediction assumes one GPU
+# per rank: with P ranks on one GPU expect about P times the prediction.
 #
-# The Python parts live beside it: gpu_check_compare.py (weights of two ONNX
-# files), gpu_check_table.py (the tables' arithmetic), gpu_check_torch_bench.py.
+# Limits: every step at most 180 s (pipec run also gets --timeout, so a
+# rank that stops progressing fails instead of hanging); the whole script
+# stops starting steps after 9 minutes and marks what is left SKIPPED.
+# RESULTS_DIR gets at most 8 files: table.txt, env.log, gputest.log,
+# equivalence.log, bench.log, torch.log. Models and plans go to a
+# temporary folder, removed at the end.
 #
-# Usage: tools/gpu-check.sh
-# Environment: PIPEC_GPU_BUILD (build-gpu), PIPEC_JOBS (16),
-#   PIPEC_PEAK_TFLOPS (peak dense bf16 TFLOP/s; default from the GPU's name),
+# --dry-run: the same steps without a GPU, here: GpuTest runs its host half
+# (device tests skip), every run uses the CPU backend, the benchmark a tiny
+# GPT, torch (if importable) the CPU; the GPU-only rows say SKIPPED. It
+# checks that every path but the GPU's works before the first GPU minute.
+#
+# Usage: tools/gpu-check.sh [--dry-run] BUNDLE RESULTS_DIR
+#   BUNDLE: the folder tools/gpu-bundle.sh made, or its .tar.xz
+# Environment: PIPEC_PEAK_TFLOPS (989), PIPEC_PYTHON (python3),
 #   PIPEC_BENCH="layers hidden heads seq vocab batch microbatches steps"
-#   (default "8 1024 16 512 8192 16 8 6"), PIPEC_SKIP_BUILD=1, PIPEC_TORCH=0.
+#   (default "8 1024 16 512 8192 16 8 6"; dry run "2 64 4 32 256 4 2 2"),
+#   PIPEC_CHECK_SECONDS (540: the whole script's deadline).
+# Exit status: 1 if a row FAILed, 2 on bad usage, else 0.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-build="${PIPEC_GPU_BUILD:-build-gpu}"
-jobs="${PIPEC_JOBS:-16}"
-work="$build/gpu-check"
-mkdir -p "$work"
-pipec="$build/bin/pipec"
-status=0
-rows=()
+here=$(cd "$(dirname "$0")" && pwd)
 
-# row CHECK RESULT DETAIL: one line of the final table.
+dry=0
+if [ "${1:-}" = --dry-run ]; then
+  dry=1
+  shift
+fi
+if [ $# != 2 ]; then
+  echo "usage: tools/gpu-check.sh [--dry-run] BUNDLE RESULTS_DIR" >&2
+  exit 2
+fi
+bundle=$1
+results=$2
+mkdir -p "$results" || exit 2
+results=$(cd "$results" && pwd)
+work=$(mktemp -d "${TMPDIR:-/tmp}/pipec-gpu-check.XXXXXX") || exit 2
+trap 'rm -rf "$work"' EXIT
+if [[ $bundle == *.tar.xz ]]; then
+  tar -C "$work" -xJf "$bundle" || { echo "gpu-check: cannot unpack $bundle" >&2; exit 2; }
+  bundle=$(find "$work" -mindepth 2 -maxdepth 3 -name pipec -path '*/bin/*' -printf '%h\n' | head -1)/..
+fi
+bundle=$(cd "$bundle" 2>/dev/null && pwd)
+pipec=$bundle/bin/pipec
+if [ ! -x "$pipec" ] || [ ! -x "$bundle/bin/GpuTest" ]; then
+  echo "gpu-check: $1 is not a bundle (bin/pipec, bin/GpuTest): make one with tools/gpu-bundle.sh" >&2
+  exit 2
+fi
+py=${PIPEC_PYTHON:-python3}
+deadline=${PIPEC_CHECK_SECONDS:-540}
+peak=${PIPEC_PEAK_TFLOPS:-989}
+if [ $dry = 1 ]; then backend=cpu; else backend=cuda; fi
+table=$results/table.txt
+: >"$table"
+for f in env gputest equivalence bench torch; do : >"$results/$f.log"; done
+status=0
+
+# row CHECK RESULT DETAIL: one line of the table, printed at once.
 row() {
-  rows+=("$1|$2|$3")
-  echo "== $1: $2${3:+ ($3)}"
+  printf '%-30s %-11s %s\n' "$1" "$2" "$3" | tee -a "$table"
   if [ "$2" = FAIL ]; then status=1; fi
 }
 
-# The last line of FILE matching PATTERN, for a table cell.
-last() { grep -E "$2" "$1" 2>/dev/null | tail -1 | tr -d '\n' | cut -c1-110; }
-
-#--- 0. the device -------------------------------------------------------------
-gpu="none"
-arch=""
-if command -v nvidia-smi >/dev/null 2>&1; then
-  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)
-  arch=${cap/./}
-fi
-echo "== GPU: ${gpu:-none} (compute capability ${cap:-?})"
-
-#--- 1. build ------------------------------------------------------------------
-if [ "${PIPEC_SKIP_BUILD:-0}" != 1 ]; then
-  archFlag=()
-  if [ -n "$arch" ]; then archFlag=(-DCMAKE_CUDA_ARCHITECTURES="$arch"); fi
-  if PIPEC_JOBS="$jobs" tools/build-onnx.sh >"$work/configure.log" 2>&1 &&
-     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPIPEC_CUDA=ON \
-      ${archFlag[@]+"${archFlag[@]}"} >>"$work/configure.log" 2>&1; then
-    targets=(pipec GpuTest)
-    # The CUDA plugin that `pipec run --backend cuda` loads, if the build has it.
-    while read -r t; do targets+=("$t"); done < <(ninja -C "$build" -t targets all 2>/dev/null |
-      sed -n 's/^\(pipec_cuda_backend\|pipec_cuda_plugin\): .*/\1/p' | sort -u)
-    if cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$work/build.log" 2>&1; then
-      row build ok "${targets[*]}"
-    else
-      row build FAIL "$(last "$work/build.log" 'error|FAILED')"
-    fi
-  else
-    row build FAIL "configure: $(last "$work/configure.log" 'Error|error')"
-  fi
-fi
-if ! grep -q 'PIPEC_HAVE_CUDA:INTERNAL=ON\|pipec: CUDA backend ON' "$work/configure.log" 2>/dev/null &&
-   [ "${PIPEC_SKIP_BUILD:-0}" != 1 ]; then
-  row cuda-toolkit FAIL "configured without CUDA: see $work/configure.log"
-fi
-
-#--- 2. GpuTest ----------------------------------------------------------------
-if [ -x "$build/tests/GpuTest" ]; then
-  timeout 900 "$build/tests/GpuTest" >"$work/gputest.log" 2>&1
-  rc=$?
-  passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$work/gputest.log" | tail -1)
-  skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$work/gputest.log" | tail -1)
-  failed=$(grep -c '^\[  FAILED  \] .*\.' "$work/gputest.log")
-  # Skipped for want of any device (not, say, of a second one).
-  noDevice=$(grep -c '^no CUDA device$' "$work/gputest.log")
-  detail="${passed:-0} passed, ${skipped:-0} skipped, $failed failed"
-  if [ $rc -eq 0 ] && [ "$noDevice" -le 0 ]; then
-    row GpuTest ok "$detail"
-  elif [ $rc -eq 0 ]; then
-    row GpuTest SKIPPED "$detail: no device seen by the tests?"
-  else
-    row GpuTest FAIL "$detail (rc $rc; $work/gputest.log)"
-  fi
-else
-  row GpuTest UNAVAILABLE "not built"
-fi
-
-#--- helpers for pipec run ------------------------------------------------------
-# Seconds from pipec's "12.34 ms" style.
-seconds() { python3 tools/gpu_check_table.py seconds "$1" 2>/dev/null; }
-# pipec run ... > LOG; prints "MEASURED PREDICTED" (seconds) from its summary.
-runPipec() {
-  local log=$1
-  shift
-  timeout 900 "$pipec" run "$@" >"$log" 2>&1 || return 1
-  local line
-  line=$(grep -E 'step\(s\) of .* per step, predicted' "$log" | tail -1)
-  [ -n "$line" ] || return 1
-  local measured predicted
-  measured=$(echo "$line" | sed -E 's/.*: ([0-9.]+ [mu]?s) per step.*/\1/')
-  predicted=$(echo "$line" | sed -E 's/.*predicted ([0-9.]+ [mu]?s).*/\1/')
-  echo "$(seconds "$measured") $(seconds "$predicted")"
+# Seconds left for the next step: at most 180, none past the deadline.
+budget() {
+  local left=$((deadline - SECONDS - 5))
+  if [ $left -gt 180 ]; then left=180; fi
+  echo $((left > 0 ? left : 0))
 }
 
-
-#--- 3. pipeline vs one rank ----------------------------------------------------
-if [ -x "$pipec" ]; then
-  gptFlags=(--layers 4 --hidden 256 --heads 8 --vocab 2000 --seq 64 --loss)
-  trainFlags=(--steps 3 --seed 7 --optimizer sgd --lr 0.01 --quiet)
-  if "$pipec" model gpt "${gptFlags[@]}" -o "$work/gpt.onnx" >"$work/model.log" 2>&1 &&
-     "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-1.plan" --stages 1 --microbatches 4 \
-       --batch 8 --hardware h200 --precision fp32 --optimizer sgd >>"$work/model.log" 2>&1 &&
-     "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-2.plan" --stages 2 --microbatches 4 \
-       --batch 8 --hardware h200 --precision fp32 --optimizer sgd >>"$work/model.log" 2>&1; then
-    ok1=0; ok2=0; okc=0
-    timeout 900 "$pipec" run "$work/gpt-1.plan" --backend cuda --precision fp32 "${trainFlags[@]}" \
-      --save-weights "$work/w-cuda-1.onnx" >"$work/run-1.log" 2>&1 && ok1=1
-    timeout 900 "$pipec" run "$work/gpt-2.plan" --backend cuda --precision fp32 \
-      --ranks-per-device 2 "${trainFlags[@]}" --save-weights "$work/w-cuda-2.onnx" \
-      >"$work/run-2.log" 2>&1 && ok2=1
-    timeout 900 "$pipec" run "$work/gpt-1.plan" --backend cpu "${trainFlags[@]}" \
-      --save-weights "$work/w-cpu-1.onnx" >"$work/run-cpu.log" 2>&1 && okc=1
-    if [ $ok1 = 1 ] && [ $ok2 = 1 ]; then
-      if out=$(python3 tools/gpu_check_compare.py "$work/w-cuda-1.onnx" "$work/w-cuda-2.onnx" 1e-5 1e-6); then
-        row "2-stage = 1-rank (cuda)" ok "$out"
-      else
-        row "2-stage = 1-rank (cuda)" FAIL "$out"
-      fi
-    else
-      row "2-stage = 1-rank (cuda)" FAIL \
-        "1 rank: $(last "$work/run-1.log" 'rror'); 2 ranks: $(last "$work/run-2.log" 'rror')"
-    fi
-    if [ $ok1 = 1 ] && [ $okc = 1 ]; then
-      if out=$(python3 tools/gpu_check_compare.py "$work/w-cuda-1.onnx" "$work/w-cpu-1.onnx" 1e-3 1e-5); then
-        row "cuda = cpu (1 rank)" ok "$out"
-      else
-        row "cuda = cpu (1 rank)" FAIL "$out"
-      fi
-    elif [ $ok1 = 1 ]; then
-      row "cuda = cpu (1 rank)" UNAVAILABLE "cpu run: $(last "$work/run-cpu.log" 'rror')"
-    else
-      row "cuda = cpu (1 rank)" UNAVAILABLE "no cuda run"
-    fi
-    fallbacks=$(grep -ih 'fall' "$work/run-1.log" | head -1)
-    [ -n "$fallbacks" ] && row "cpu fallbacks" info "$fallbacks"
-    # NCCL (one process per rank under mpirun; NCCL cannot put two ranks of a
-    # communicator on one GPU): the 2-stage plan on two GPUs, else one rank
-    # (which still loads the plugin's NCCL transport and sets it up).
-    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-    if ! command -v mpirun >/dev/null 2>&1; then
-      row "nccl = local" UNAVAILABLE "no mpirun"
-    elif [ $ok1 != 1 ]; then
-      row "nccl = local" UNAVAILABLE "no 1-rank cuda run to compare with"
-    else
-      if [ "$gpus" -ge 2 ]; then nPlan=2; else nPlan=1; fi
-      if OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 900 \
-           mpirun -np "$nPlan" "$pipec" run "$work/gpt-$nPlan.plan" --backend cuda --comm nccl \
-           --precision fp32 "${trainFlags[@]}" --save-weights "$work/w-nccl.onnx" \
-           >"$work/run-nccl.log" 2>&1; then
-        if out=$(python3 tools/gpu_check_compare.py "$work/w-cuda-1.onnx" "$work/w-nccl.onnx" 1e-5 1e-6); then
-          row "nccl = local ($nPlan rank)" ok "$out"
-        else
-          row "nccl = local ($nPlan rank)" FAIL "$out"
-        fi
-      else
-        row "nccl = local ($nPlan rank)" FAIL "$(last "$work/run-nccl.log" 'rror')"
-      fi
-    fi
-  else
-    row equivalence FAIL "$(last "$work/model.log" 'rror')"
+# step LOG COMMAND...: runs COMMAND within budget(), its output appended to
+# LOG under a header. Fails with 124 when out of time or stopped.
+step() {
+  local log=$1 t
+  shift
+  t=$(budget)
+  echo "\$ $* (limit ${t}s)" >>"$log"
+  if [ "$t" -lt 10 ]; then
+    echo "not run: the script's deadline is reached" >>"$log"
+    return 124
   fi
-else
-  row equivalence UNAVAILABLE "no $pipec"
-fi
+  timeout -k 5 "$t" "$@" >>"$log" 2>&1
+}
 
-#--- 4. benchmark --------------------------------------------------------------
-read -r bLayers bHidden bHeads bSeq bVocab bBatch bMicro bSteps <<<"${PIPEC_BENCH:-8 1024 16 512 8192 16 8 6}"
-peak="${PIPEC_PEAK_TFLOPS:-}"
-if [ -z "$peak" ]; then
-  case "$gpu" in
-    *H200* | *H100*) peak=989 ;;
-    *A100*) peak=312 ;;
-    *L40S*) peak=362 ;;
-    *) peak="" ;;
-  esac
-fi
-benchRows=()
-pipecP1=""
-if [ -x "$pipec" ] && "$pipec" model gpt --layers "$bLayers" --hidden "$bHidden" --heads "$bHeads" \
-     --seq "$bSeq" --vocab "$bVocab" --loss -o "$work/bench.onnx" >"$work/bench-model.log" 2>&1; then
-  # The second row is the first without fused kernels (run --no-fuse).
-  for config in "1f1b 1" "1f1b 1 no-fuse" "1f1b 2" "zb-h1 2"; do
-    read -r sched stages extra <<<"$config"
-    plan="$work/bench-$sched-$stages.plan"
-    label="$sched${extra:+ ($extra)}"
-    if [ -n "$extra" ] && [ -f "$plan" ]; then
-      flagsExtra=(--"$extra")
-    else
-      flagsExtra=()
-    fi
-    if [ ${#flagsExtra[@]} = 0 ] && ! "$pipec" compile "$work/bench.onnx" -o "$plan" \
-         --stages "$stages" --schedule "$sched" --microbatches "$bMicro" --batch "$bBatch" \
-         --hardware h200 --precision bf16 >"$work/bench-compile-$sched-$stages.log" 2>&1; then
-      benchRows+=("$label|$stages|compile failed: $(last "$work/bench-compile-$sched-$stages.log" 'rror')|||")
-      status=1
-      continue
-    fi
-    flops=$("$pipec" report "$plan" --format json 2>/dev/null |
-      python3 tools/gpu_check_table.py flops 2>/dev/null)
-    common=(--backend cuda --precision bf16 --ranks-per-device "$stages" --seed 3
-            ${flagsExtra[@]+"${flagsExtra[@]}"})
-    tag="$sched-$stages${extra:+-$extra}"
-    if timesN=$(runPipec "$work/bench-$tag-n.log" "$plan" "${common[@]}" --steps "$bSteps") &&
-       times1=$(runPipec "$work/bench-$tag-1.log" "$plan" "${common[@]}" --steps 1); then
-      read -r tN predicted <<<"$timesN"
-      read -r t1 _ <<<"$times1"
-      cells=$(python3 tools/gpu_check_table.py cells \
-        "$bSteps" "$tN" "$t1" "$predicted" "${flops:-0}" "$peak")
-      benchRows+=("$label|$stages|$cells")
-      if [ "$stages" = 1 ] && [ -z "$extra" ]; then
-        pipecP1=$(echo "$cells" | cut -d'|' -f1 | cut -d' ' -f1)
-      fi
-    else
-      benchRows+=("$label|$stages|run failed: $(last "$work/bench-$tag-n.log" 'rror')||||")
-      status=1
-    fi
+# The last line of LOG matching PATTERN, short enough for a table cell.
+last() { grep -E "$2" "$1" 2>/dev/null | tail -1 | cut -c1-150; }
+
+# why RC LOG: a failed step's cause for its row.
+why() {
+  if [ "$1" = 124 ] || [ "$1" = 137 ]; then
+    echo "stopped at its time limit (see $(basename "$2"))"
+  else
+    echo "exit $1: $(last "$2" 'rror|FAIL|Abort|what\(\)')"
+  fi
+}
+
+#--- the machine and the libraries --------------------------------------------
+{
+  echo "gpu-check $(date -u +%Y-%m-%dT%H:%MZ)$([ $dry = 1 ] && echo ' (dry run)')"
+  cat "$bundle/MANIFEST" 2>/dev/null
+  nvidia-smi 2>&1 || echo "no nvidia-smi"
+} >>"$results/env.log"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+echo "GPU: ${gpu:-none}$([ $dry = 1 ] && echo ', dry run: CPU backend, tiny benchmark')" | tee -a "$table"
+
+# CUDA's and NCCL's libraries, by the names the bundle needs (its MANIFEST):
+# already on the library path, in the Python packages (nvidia-*-cu13), or
+# in the toolkit.
+needed=$(sed -n 's/^needs from the GPU machine: //p' "$bundle/MANIFEST" 2>/dev/null)
+dirs=()
+IFS=: read -r -a dirs <<<"${LD_LIBRARY_PATH:-}"
+while read -r d; do dirs+=("$d"); done < <("$py" -c '
+import os, nvidia
+for p in nvidia.__path__:
+    for root, _, files in sorted(os.walk(p)):
+        if any(".so" in f for f in files): print(root)' 2>/dev/null)
+dirs+=(/usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu)
+found=() missing=() libPath=()
+for lib in $needed; do
+  hit=""
+  for d in "${dirs[@]}"; do
+    if [ -n "$d" ] && [ -e "$d/$lib" ]; then hit=$d; break; fi
   done
+  if [ -n "$hit" ]; then
+    found+=("$lib in $hit")
+    [[ " ${libPath[*]-} " == *" $hit "* ]] || libPath+=("$hit")
+  else
+    missing+=("$lib")
+  fi
+done
+libs=$(IFS=:; echo "${libPath[*]-}")
+export LD_LIBRARY_PATH=${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$results/env.log"
+printf '%s\n' "${found[@]-}" >>"$results/env.log"
+if [ -z "$needed" ]; then
+  row libraries FAIL "the bundle's MANIFEST names no CUDA libraries: rebuild it with tools/gpu-bundle.sh"
+elif [ ${#missing[@]} -gt 0 ]; then
+  row libraries FAIL "not found: ${missing[*]} (looked in LD_LIBRARY_PATH, $py's nvidia packages, /usr/local/cuda)"
 else
-  benchRows+=("-|-|model generation failed or no pipec||||")
+  row libraries ok "$(echo "$needed" | wc -w) from ${libs//:/, }"
 fi
 
-#--- 5. torch ------------------------------------------------------------------
-torchCell="not importable"
-if [ "${PIPEC_TORCH:-1}" = 1 ] && python3 tools/gpu_check_torch_bench.py --check 2>/dev/null; then
-  if timeout 600 python3 tools/gpu_check_torch_bench.py "$bLayers" "$bHidden" "$bHeads" "$bSeq" "$bVocab" \
-       "$bBatch" "$bMicro" "$bSteps" >"$work/torch.log" 2>&1; then
-    torchMs=$(sed -n 's/^TORCH_STEP_MS //p' "$work/torch.log")
-    torchMode=$(sed -n 's/^TORCH_MODE //p' "$work/torch.log")
-    if [ -n "$pipecP1" ] && [ -n "$torchMs" ]; then
-      torchCell="$torchMs ms/step ($torchMode); pipec 1-rank / torch = $(python3 tools/gpu_check_table.py ratio "$pipecP1" "$torchMs")"
+step "$results/env.log" "$pipec" --version
+rc=$?
+cudaLine=$(last "$results/env.log" '^  cuda ')
+devices=$(echo "$cudaLine" | sed -n 's/.*devices \([0-9]*\).*/\1/p')
+if [ $rc != 0 ]; then
+  row pipec FAIL "--version: $(why $rc "$results/env.log")"
+elif [ $dry = 0 ] && [ "${devices:-0}" -lt 1 ]; then
+  row pipec FAIL "sees no CUDA device: ${cudaLine# *}"
+else
+  row pipec ok "${cudaLine#  }"
+fi
+
+#--- GpuTest -------------------------------------------------------------------
+step "$results/gputest.log" "$bundle/bin/GpuTest"
+rc=$?
+g=$results/gputest.log
+passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$g" | tail -1)
+skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$g" | tail -1)
+failed=$(grep -c '^\[  FAILED  \] .*\.' "$g")
+noDevice=$(grep -c 'no CUDA device' "$g")
+detail="${passed:-0} passed, ${skipped:-0} skipped, $failed failed"
+if [ $rc != 0 ]; then
+  row GpuTest FAIL "$detail; $(why $rc "$g")"
+elif [ $dry = 1 ]; then
+  row GpuTest ok "$detail (dry run: the host half; device tests skip)"
+elif [ "$noDevice" -gt 0 ]; then
+  row GpuTest FAIL "$detail: tests saw no CUDA device"
+else
+  row GpuTest ok "$detail"
+fi
+
+#--- pipelined = one rank --------------------------------------------------------
+e=$results/equivalence.log
+gptFlags=(--layers 4 --hidden 256 --heads 8 --vocab 2000 --seq 64 --loss)
+planFlags=(--microbatches 4 --batch 8 --hardware h200 --precision fp32 --optimizer sgd)
+trainFlags=(--backend "$backend" --precision fp32 --steps 3 --seed 7 --optimizer sgd --lr 0.01
+            --timeout 60)
+compare() { "$py" "$here/gpu_check_compare.py" "$@"; }
+if step "$e" "$pipec" model gpt "${gptFlags[@]}" -o "$work/gpt.onnx" &&
+   step "$e" "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-1.plan" --stages 1 "${planFlags[@]}" &&
+   step "$e" "$pipec" run "$work/gpt-1.plan" "${trainFlags[@]}" --save-weights "$work/w-1.onnx"; then
+  ref=$work/w-1.onnx
+  fallbacks=$(last "$e" 'CPU fallbacks: ' | sed 's/.*CPU fallbacks: //')
+  if [ $dry = 1 ]; then
+    row fallbacks SKIPPED "dry run: the CPU backend has none"
+  elif [ -n "$fallbacks" ]; then
+    row fallbacks info "1 rank, 3 steps: $fallbacks"
+  else
+    row fallbacks FAIL "pipec run printed no 'CPU fallbacks:' in its summary"
+  fi
+else
+  ref=""
+  row "gpt 1 rank ($backend)" FAIL "$(why $? "$e")"
+fi
+# matches LABEL REF OTHER RTOL ATOL: the row for two runs' weights.
+matches() {
+  local out
+  if out=$(compare "$2" "$3" "$4" "$5" 2>&1); then row "$1" ok "$out"; else row "$1" FAIL "$out"; fi
+}
+for sched in 1f1b zb-h1 dualpipev; do
+  label="$sched P=2 = 1 rank ($backend)"
+  plan=$work/gpt-$sched.plan
+  if [ -z "$ref" ]; then
+    row "$label" FAIL "no one-rank run to compare with"
+    continue
+  fi
+  virtual=()
+  [ "$sched" = dualpipev ] && virtual=(--virtual-stages 2) # two chunks per rank, in a V
+  step "$e" "$pipec" compile "$work/gpt.onnx" -o "$plan" --stages 2 --schedule "$sched" \
+    ${virtual[@]+"${virtual[@]}"} "${planFlags[@]}"
+  rc=$?
+  if [ $rc != 0 ]; then row "$label" FAIL "compile: $(why $rc "$e")"; continue; fi
+  step "$e" "$pipec" run "$plan" "${trainFlags[@]}" --ranks-per-device 2 --save-weights "$work/w-$sched.onnx"
+  rc=$?
+  if [ $rc != 0 ]; then row "$label" FAIL "run: $(why $rc "$e")"; continue; fi
+  matches "$label" "$ref" "$work/w-$sched.onnx" 1e-5 1e-6
+done
+if [ $dry = 1 ]; then
+  row "cuda = cpu (1 rank)" SKIPPED "dry run"
+elif [ -z "$ref" ]; then
+  row "cuda = cpu (1 rank)" FAIL "no one-rank cuda run"
+else
+  step "$e" "$pipec" run "$work/gpt-1.plan" "${trainFlags[@]/cuda/cpu}" --save-weights "$work/w-cpu.onnx"
+  rc=$?
+  if [ $rc != 0 ]; then
+    row "cuda = cpu (1 rank)" FAIL "cpu run: $(why $rc "$e")"
+  else
+    matches "cuda = cpu (1 rank)" "$ref" "$work/w-cpu.onnx" 1e-3 1e-5
+  fi
+fi
+# NCCL: one process per rank under mpirun, one GPU per rank (NCCL refuses
+# two ranks of a communicator on one device): the 2-stage plan on two GPUs,
+# else the one-rank plan (which still sets NCCL up). The dry run starts the
+# same processes over MPI with host tensors.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ $dry = 1 ]; then comm=mpi; else comm=nccl; fi
+if ! command -v mpirun >/dev/null 2>&1; then
+  row "$comm = local" UNAVAILABLE "no mpirun on this machine: NCCL's ranks start under MPI, so it was not run"
+elif [ -z "$ref" ]; then
+  row "$comm = local" FAIL "no one-rank run to compare with"
+else
+  if [ "$gpus" -ge 2 ] || [ $dry = 1 ]; then n=2; plan=$work/gpt-1f1b.plan; else n=1; plan=$work/gpt-1.plan; fi
+  step "$e" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np $n \
+    "$pipec" run "$plan" "${trainFlags[@]}" --comm "$comm" --save-weights "$work/w-$comm.onnx"
+  rc=$?
+  if [ $rc != 0 ]; then
+    row "$comm = local ($n rank)" FAIL "$(why $rc "$e")"
+  else
+    matches "$comm = local ($n rank)" "$ref" "$work/w-$comm.onnx" 1e-5 1e-6
+  fi
+fi
+
+#--- benchmark -------------------------------------------------------------------
+b=$results/bench.log
+if [ $dry = 1 ]; then defaultBench="2 64 4 32 256 4 2 2"; else defaultBench="8 1024 16 512 8192 16 8 6"; fi
+read -r bL bH bNH bS bV bB bM bN <<<"${PIPEC_BENCH:-$defaultBench}"
+echo "bench: GPT L=$bL H=$bH heads=$bNH seq=$bS vocab=$bV, batch $bB in $bM microbatches, bf16, $bN steps; peak $peak TFLOP/s" |
+  tee -a "$table" >>"$b"
+pipecP1=""
+# benchRow LABEL SCHED STAGES [--no-fuse]
+benchRow() {
+  local label=$1 sched=$2 stages=$3 extra=${4:-} plan=$work/bench-$2-$3.plan
+  if [ ! -f "$plan" ]; then
+    row "$label" FAIL "not run: its plan ($sched, $stages stage(s)) did not compile"
+    return
+  fi
+  local flops common mark tN t1 pred cells rc
+  flops=$("$pipec" report "$plan" --format json 2>>"$b" | "$py" "$here/gpu_check_table.py" flops 2>>"$b")
+  common=(--backend "$backend" --precision bf16 --ranks-per-device "$stages" --seed 3 --timeout 60 ${extra:+"$extra"})
+  mark=$(($(wc -l <"$b") + 1))
+  step "$b" "$pipec" run "$plan" "${common[@]}" --steps "$bN"
+  rc=$?
+  if [ $rc != 0 ]; then row "$label" FAIL "$(why $rc "$b")"; return; fi
+  local summary
+  summary=$(tail -n +"$mark" "$b" | grep -E 'step\(s\) of .* per step, predicted' | tail -1)
+  if [ -n "$extra" ] && tail -n +"$mark" "$b" | grep -q '^fused '; then
+    row "$label" FAIL "asked for --no-fuse but the run fused nodes"
+    return
+  fi
+  mark=$(($(wc -l <"$b") + 1))
+  step "$b" "$pipec" run "$plan" "${common[@]}" --steps 1
+  rc=$?
+  if [ $rc != 0 ]; then row "$label" FAIL "1-step run: $(why $rc "$b")"; return; fi
+  local one
+  one=$(tail -n +"$mark" "$b" | grep -E 'step\(s\) of .* per step' | tail -1)
+  tN=$("$py" "$here/gpu_check_table.py" seconds "$(echo "$summary" | sed -E 's/.*: ([0-9.]+ [mu]?s) per step.*/\1/')")
+  pred=$("$py" "$here/gpu_check_table.py" seconds "$(echo "$summary" | sed -E 's/.*predicted ([0-9.]+ [mu]?s).*/\1/')")
+  t1=$("$py" "$here/gpu_check_table.py" seconds "$(echo "$one" | sed -E 's/.*: ([0-9.]+ [mu]?s) per step.*/\1/')")
+  if ! cells=$("$py" "$here/gpu_check_table.py" cells "$bN" "$tN" "$t1" "$pred" "${flops:-0}" "$peak" 2>>"$b"); then
+    row "$label" FAIL "could not read its times (see bench.log)"
+    return
+  fi
+  local steady predicted tf mfu ratio fb
+  IFS='|' read -r steady predicted tf mfu ratio <<<"$cells"
+  fb=$(echo "$summary" | sed -n 's/.*; CPU fallbacks: //p')
+  row "$label" ok "step $steady (predicted $predicted, measured/predicted $ratio), $tf TFLOP/s, MFU $mfu${fb:+; CPU fallbacks: $fb}"
+  if [ "$stages" = 1 ] && [ -z "$extra" ]; then pipecP1=${steady% ms}; fi
+}
+benchOk=1
+step "$b" "$pipec" model gpt --layers "$bL" --hidden "$bH" --heads "$bNH" --seq "$bS" --vocab "$bV" \
+  --loss -o "$work/bench.onnx" || benchOk=0
+for plan in "1f1b 1" "1f1b 2" "zb-h1 2"; do
+  read -r sched stages <<<"$plan"
+  [ $benchOk = 1 ] && step "$b" "$pipec" compile "$work/bench.onnx" -o "$work/bench-$sched-$stages.plan" \
+    --stages "$stages" --schedule "$sched" --microbatches "$bM" --batch "$bB" --hardware h200 \
+    --precision bf16
+done
+benchRow "bench 1f1b P=1" 1f1b 1
+benchRow "bench 1f1b P=1 --no-fuse" 1f1b 1 --no-fuse
+benchRow "bench 1f1b P=2 (GPU shared)" 1f1b 2
+benchRow "bench zb-h1 P=2 (GPU shared)" zb-h1 2
+
+#--- torch ------------------------------------------------------------------------
+t=$results/torch.log
+if ! "$py" -c 'import torch' >>"$t" 2>&1; then
+  if [ $dry = 1 ]; then
+    "$py" -c 'import ast, sys; ast.parse(open(sys.argv[1]).read())' \
+      "$here/gpu_check_torch_bench.py" >>"$t" 2>&1 &&
+      row torch SKIPPED "dry run: no torch here (the script compiles)" ||
+      row torch FAIL "gpu_check_torch_bench.py does not compile (see torch.log)"
+  else
+    row torch UNAVAILABLE "$py cannot import torch"
+  fi
+else
+  device=cuda
+  [ $dry = 1 ] && device=cpu
+  if step "$t" "$py" "$here/gpu_check_torch_bench.py" --device "$device" "$bL" "$bH" "$bNH" "$bS" \
+       "$bV" "$bB" "$bM" "$bN"; then
+    torchMs=$(sed -n 's/^TORCH_STEP_MS //p' "$t" | tail -1)
+    torchMode=$(sed -n 's/^TORCH_MODE //p' "$t" | tail -1)
+    if [ -n "$pipecP1" ]; then
+      row "torch ($torchMode)" ok "$torchMs ms/step on $device; pipec 1f1b P=1 / torch = $("$py" "$here/gpu_check_table.py" ratio "$pipecP1" "$torchMs")"
     else
-      torchCell="$torchMs ms/step (no pipec 1-rank time to compare)"
+      row "torch ($torchMode)" ok "$torchMs ms/step on $device (no pipec 1f1b P=1 time to compare)"
     fi
   else
-    torchCell="failed: $(last "$work/torch.log" 'rror')"
+    row torch FAIL "$(why $? "$t")"
   fi
-elif [ "${PIPEC_TORCH:-1}" != 1 ]; then
-  torchCell="skipped (PIPEC_TORCH=0)"
 fi
 
-#--- table ---------------------------------------------------------------------
-echo
-echo "GPU: ${gpu:-none}; logs in $work"
-printf '%-26s %-11s %s\n' CHECK RESULT DETAIL
-for r in "${rows[@]}"; do
-  IFS='|' read -r c res d <<<"$r"
-  printf '%-26s %-11s %s\n' "$c" "$res" "$d"
-done
-echo
-echo "GPT L=$bLayers H=$bHidden heads=$bHeads seq=$bSeq vocab=$bVocab, batch $bBatch in $bMicro microbatches, bf16, ranks sharing one GPU (peak ${peak:-?} TFLOP/s)"
-printf '%-16s %-3s %-12s %-12s %-9s %-7s %s\n' SCHED P STEP PREDICTED TFLOP/s MFU MEASURED/PRED
-for r in "${benchRows[@]}"; do
-  IFS='|' read -r s p step pred tf mfu ratio <<<"$r"
-  printf '%-16s %-3s %-12s %-12s %-9s %-7s %s\n' "$s" "$p" "$step" "$pred" "$tf" "$mfu" "$ratio"
-done
-echo "torch (same GPT, bf16 autocast, 1 stage): $torchCell"
-echo "(the prediction assumes one GPU per rank; with P ranks on one GPU the measured time is ~P x longer)"
+echo "gpu-check: ${SECONDS}s; table and logs in $results" | tee -a "$table"
 exit $status

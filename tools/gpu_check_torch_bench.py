@@ -1,18 +1,17 @@
 #!/usr/bin/env python3
 """The torch side of tools/gpu-check.sh's benchmark.
 
-Usage: gpu_check_torch_bench.py L H NH S V B M STEPS
-       gpu_check_torch_bench.py --check   (exit 0 when torch sees a CUDA device)
+Usage: gpu_check_torch_bench.py [--device cuda|cpu] L H NH S V B M STEPS
 
-Prints "TORCH_MODE pipelining|accumulation" and "TORCH_STEP_MS <ms>".
+Prints "TORCH_MODE pipelining|accumulation" and "TORCH_STEP_MS <ms>". The
+CPU (tools/gpu-check.sh --dry-run) runs the same code with a tiny model.
 """
 import sys
 
-if sys.argv[1:] == ["--check"]:
-    import torch
-
-    assert torch.cuda.is_available()
-    sys.exit(0)
+args = sys.argv[1:]
+device = "cuda"
+if args[:1] == ["--device"]:
+    device, args = args[1], args[2:]
 
 # The benchmark GPT (pre-LN blocks, tied to nothing, GELU MLP of 4x) in bf16
 # autocast with AdamW, one pipeline stage of torch.distributed.pipelining
@@ -20,10 +19,11 @@ if sys.argv[1:] == ["--check"]:
 import os, sys, time, torch, torch.nn as nn, torch.nn.functional as F
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-L, H, NH, S, V, B, M, STEPS = map(int, sys.argv[1:9])
+L, H, NH, S, V, B, M, STEPS = map(int, args[:8])
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29517")
 dist.init_process_group("gloo", rank=0, world_size=1)
-dev = torch.device("cuda:0")
+dev = torch.device("cuda:0" if device == "cuda" else "cpu")
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 class Block(nn.Module):
     def __init__(s):
         super().__init__(); s.ln1 = nn.LayerNorm(H); s.qkv = nn.Linear(H, 3 * H); s.proj = nn.Linear(H, H)
@@ -57,7 +57,7 @@ def accumulated():
     return run
 def step(body):
     opt.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
         body()
     opt.step()
 try:
@@ -67,9 +67,9 @@ except Exception as e:  # a torch without single-stage schedules
     print("pipelining failed (%s); timing gradient accumulation" % e)
     body, mode = accumulated(), "accumulation"
     step(body)
-torch.cuda.synchronize()
+sync()
 print("TORCH_MODE", mode)
 t = time.perf_counter()
 for _ in range(STEPS): step(body)
-torch.cuda.synchronize()
+sync()
 print("TORCH_STEP_MS %.3f" % ((time.perf_counter() - t) / STEPS * 1e3))

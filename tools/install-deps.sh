@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build ccache pkg-config git
+  build-essential cmake ninja-build ccache pkg-config git patchelf
   libprotobuf-dev protobuf-compiler
   llvm-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -621,9 +621,22 @@ int runRun() {
     // A resumed run whose checkpoint is already at --steps runs none.
     int done = std::max(0, RunSteps - result->firstStep);
     double perStep = result->seconds / std::max(1, done);
-    outs() << formatv("{0} {1} step(s) of {2} on {3} rank(s) ({4}): {5} per step, predicted {6}\n",
+    outs() << formatv("{0} {1} step(s) of {2} on {3} rank(s) ({4}): {5} per step, predicted {6}",
                       train ? "trained" : "ran", done, plan->schedule().name(), ranks, comm,
                       formatSeconds(perStep), formatSeconds(plan->predicted().step_time_s()));
+    // Nodes that the device backend handed to the CPU, over all steps and ranks.
+    if (RunBackend != "cpu") {
+      int64_t total = 0;
+      std::string byOp;
+      for (const auto &[op, count] : result->fallbacks) {
+        total += count;
+        byOp += formatv("{0}{1} {2}", byOp.empty() ? "" : ", ", op, count).str();
+      }
+      outs() << formatv("; CPU fallbacks: {0}",
+                        total == 0 ? std::string("none")
+                                   : formatv("{0} node run(s) ({1})", total, byOp).str());
+    }
+    outs() << "\n";
     if (result->fusedGroups > 0 || result->fusedMatMulBias > 0)
       outs() << formatv("fused {0} element-wise nodes into {1} kernels, and {2} bias adds into "
                         "their MatMuls\n",

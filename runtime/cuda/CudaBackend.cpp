@@ -524,6 +524,7 @@ Expected<bool> CudaBackend::gemmBias(int64_t m, int64_t n, int64_t k, const floa
   PIPEC_CUDA_TRY(cublasLtMatmul(lt, plan->op, &alpha, b, plan->bLayout, a, plan->aLayout, &beta, c,
                                 plan->cLayout, c, plan->cLayout, &plan->algo, ltWorkspace.get(),
                                 LtWorkspaceBytes, stream));
+  ++epilogueGemms;
   return true;
 }
 
@@ -575,6 +576,12 @@ Expected<std::unique_ptr<rt::Backend>> createCudaBackend(int device, bool bf16,
 std::optional<DevicePool::Stats> poolStats(const rt::Backend &backend) {
   if (const auto *cuda = dynamic_cast<const CudaBackend *>(&backend))
     return cuda->poolStats();
+  return std::nullopt;
+}
+
+std::optional<int64_t> biasEpilogueGemms(const rt::Backend &backend) {
+  if (const auto *cuda = dynamic_cast<const CudaBackend *>(&backend))
+    return cuda->biasEpilogueGemms();
   return std::nullopt;
 }
 

@@ -45,6 +45,11 @@ llvm::Expected<std::unique_ptr<rt::Backend>> createCudaBackend(int device, bool 
 /// nullopt for any other backend.
 std::optional<DevicePool::Stats> poolStats(const rt::Backend &backend);
 
+/// How many GEMMs a backend made by createCudaBackend ran with cuBLASLt's
+/// bias epilogue (a MatMul and its bias Add in one call); nullopt for any
+/// other backend.
+std::optional<int64_t> biasEpilogueGemms(const rt::Backend &backend);
+
 } // namespace pipec::cuda
 
 /// The entry point of the CUDA plugin (runtime/exec/CpuBackend.cpp loads it

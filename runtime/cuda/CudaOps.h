@@ -169,6 +169,7 @@ public:
   std::map<std::string, int64_t> fallbackOps() const override { return fallbacks; }
 
   DevicePool::Stats poolStats() const { return pool->stats(); }
+  int64_t biasEpilogueGemms() const { return epilogueGemms; }
 
 private:
   CudaBackend(int device, bool bf16, std::unique_ptr<rt::Backend> host)
@@ -310,6 +311,8 @@ private:
     ~LtPlan();
   };
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<LtPlan>> ltPlans;
+  /// GEMMs that ran with the bias epilogue.
+  int64_t epilogueGemms = 0;
   Expected<const LtPlan *> ltPlan(int64_t m, int64_t n, int64_t k);
   std::shared_ptr<DevicePool> pool;
 

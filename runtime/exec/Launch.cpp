@@ -409,6 +409,9 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
     return createStringError(inconvertibleErrorCode(), "%s", errors[firstFailed].c_str());
 
   RunResult result = std::move(results[0]);
+  for (const auto &backend : backends)
+    for (const auto &[op, count] : backend->fallbackOps())
+      result.fallbacks[op] += count;
   for (const auto &ex : executors) {
     result.busySeconds.push_back(ex->busy / std::max(1, options.steps - result.firstStep));
     result.instructions += ex->instructions;
@@ -520,6 +523,11 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
     }
   if (!options.tracePath.empty())
     mine.set_doc_string(serializeEvents(ex.events));
+  for (const auto &[op, count] : (*backend)->fallbackOps()) {
+    onnx::StringStringEntryProto *entry = mine.add_metadata_props();
+    entry->set_key(op);
+    entry->set_value(std::to_string(count));
+  }
   std::string bytes;
   mine.SerializeToString(&bytes);
   auto all = (*comm)->gather(bytes);
@@ -535,6 +543,11 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
     if (!g.ParseFromString(b))
       return fail(rankError(0, "a rank's results did not parse"));
     parseEvents(g.doc_string(), events);
+    for (const onnx::StringStringEntryProto &entry : g.metadata_props()) {
+      int64_t count = 0;
+      StringRef(entry.value()).getAsInteger(10, count);
+      result.fallbacks[entry.key()] += count;
+    }
     for (const onnx::TensorProto &t : g.initializer()) {
       auto tensor = cpu::fromTensorProto(t);
       if (!tensor)
