@@ -10,6 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Kernels.h"
+#include "support/Subgraphs.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -98,7 +99,11 @@ std::optional<CaseResult> runDataSet(const onnx::ModelProto &model, int64_t opse
   }
 
   // Nodes are stored in topological order; evaluate them one by one.
-  for (const onnx::NodeProto &node : graph.node()) {
+  for (const onnx::NodeProto &original : graph.node()) {
+    // As in a plan, the values a node's subgraphs capture follow its inputs.
+    onnx::NodeProto node = original;
+    for (const std::string &name : pipec::subgraphCaptures(original))
+      node.add_input(name);
     std::vector<const Tensor *> inputs;
     for (const std::string &name : node.input()) {
       if (name.empty()) {
