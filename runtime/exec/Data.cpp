@@ -285,10 +285,12 @@ Error checkDataset(const cpu::Tensor &data, StringRef dir, const plan::DataInput
 }
 
 /// Refuses a dataset value no step should see: a NaN or infinity (unless
-/// \p allowNonfinite), or an index outside the table it indexes (a token id
-/// of -1 would read the last embedding row). Names the input and sample.
+/// \p allowNonfinite), or an index outside the table it indexes. Training
+/// takes [0, rows) (a token id of -1 would read the last embedding row);
+/// inference keeps ONNX's Gather semantics, [-rows, rows). Names the input
+/// and sample.
 Error checkValues(const cpu::Tensor &data, StringRef dir, const plan::DataInput &spec,
-                  bool allowNonfinite) {
+                  bool allowNonfinite, bool training) {
   bool floating = cpu::isFloating(data.elemType());
   int64_t rows = spec.index_rows();
   if ((floating && allowNonfinite) || (!floating && rows <= 0))
@@ -309,9 +311,10 @@ Error checkValues(const cpu::Tensor &data, StringRef dir, const plan::DataInput 
     if (floating && !std::isfinite(v))
       return fail(i, formatv("{0} (pass --allow-nonfinite to feed it)",
                              std::isnan(v) ? "NaN" : (v > 0 ? "inf" : "-inf")));
-    if (!floating && (v < 0 || v >= static_cast<double>(rows)))
-      return fail(i, formatv("{0}, outside [0, {1}): the rows of the table it indexes",
-                             static_cast<int64_t>(v), rows));
+    double low = training ? 0 : -static_cast<double>(rows);
+    if (!floating && (v < low || v >= static_cast<double>(rows)))
+      return fail(i, formatv("{0}, outside [{1}, {2}): the rows of the table it indexes",
+                             static_cast<int64_t>(v), static_cast<int64_t>(low), rows));
   }
   return Error::success();
 }
@@ -351,7 +354,8 @@ Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, S
       if (!spec.whole())
         if (Error err = checkDataset(*data, dir, spec))
           return err;
-      if (Error err = checkValues(*data, dir, spec, allowNonfinite))
+      if (Error err =
+              checkValues(*data, dir, spec, allowNonfinite, plan.schedule().mode() == "train"))
         return err;
       // Sample i of every input is one sample: the counts must agree, or
       // inputs and labels silently pair up wrongly.
