@@ -13,6 +13,7 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/stubs/logging.h>
 #include <google/protobuf/text_format.h>
 #include <google/protobuf/util/json_util.h>
 
@@ -134,6 +135,9 @@ Expected<plan::Plan> readPlan(StringRef path) {
   plan::Plan plan;
   StringRef head = bytes.ltrim();
   bool parsed = false;
+  // protobuf logs why a parse failed (bad UTF-8, a text-format syntax error)
+  // on stderr; the error below is the one line the user sees.
+  google::protobuf::LogSilencer silence;
   if (head.startswith("{")) {
     google::protobuf::util::JsonParseOptions options;
     parsed = google::protobuf::util::JsonStringToMessage(std::string(bytes), &plan, options).ok();
