@@ -18,7 +18,7 @@ using namespace pipec::test;
 
 namespace {
 
-const std::string Pipec = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
+const std::string pipecBinary = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
 
 /// A small GPT with a loss, compiled for 2 CPU ranks as a text plan.
 class Hostile : public ::testing::Test {
@@ -27,12 +27,13 @@ protected:
     model = dir.path("g.onnx");
     plan = dir.path("g.plan");
     std::string out;
-    ASSERT_EQ(runCommand(Pipec + " model gpt --layers 2 --hidden 16 --vocab 50 --seq 8 --loss -o " +
+    ASSERT_EQ(runCommand(pipecBinary +
+                             " model gpt --layers 2 --hidden 16 --vocab 50 --seq 8 --loss -o " +
                              model,
                          out),
               0)
         << out;
-    ASSERT_EQ(runCommand(Pipec + " compile " + model + " -o " + plan +
+    ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " -o " + plan +
                              " --stages 2 --microbatches 4 --hardware cpu --emit text",
                          out),
               0)
@@ -44,7 +45,7 @@ protected:
   /// starts "pipec: error: " and contains \p needle.
   void expectError(const std::string &args, int code, const std::string &needle) {
     std::string out;
-    EXPECT_EQ(runCommand(Pipec + " " + args, out), code) << args << "\n" << out;
+    EXPECT_EQ(runCommand(pipecBinary + " " + args, out), code) << args << "\n" << out;
     EXPECT_EQ(out.rfind("pipec: error: ", 0), 0u) << args << "\n" << out;
     EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << args << "\n" << out;
     EXPECT_NE(out.find(needle), std::string::npos) << args << "\n" << out;
@@ -112,7 +113,7 @@ TEST_F(Hostile, MalformedFlagValuesExitTwo) {
   EXPECT_FALSE(fileExists(dir.path("x.out")));
   EXPECT_EQ(readFile(plan), planText);
   std::string out;
-  EXPECT_EQ(runCommand(Pipec + " inspect " + model, out), 0) << out;
+  EXPECT_EQ(runCommand(pipecBinary + " inspect " + model, out), 0) << out;
 }
 
 TEST_F(Hostile, NonUtf8PathIsRefusedBeforeWriting) {
@@ -138,8 +139,9 @@ TEST_F(Hostile, LearningRateZeroLeavesEveryWeightAsItWas) {
   ASSERT_GT(before.size(), 10u);
   for (const char *optimizer : {"sgd", "momentum", "adamw"}) {
     std::string saved = dir.path(std::string("zero-") + optimizer + ".onnx");
-    ASSERT_EQ(runCommand(Pipec + " run " + plan + " --quiet --steps 2 --lr 0 --weight-decay 0.1 " +
-                             "--optimizer " + optimizer + " --save-weights " + saved,
+    ASSERT_EQ(runCommand(pipecBinary + " run " + plan +
+                             " --quiet --steps 2 --lr 0 --weight-decay 0.1 " + "--optimizer " +
+                             optimizer + " --save-weights " + saved,
                          out),
               0)
         << out;
@@ -147,8 +149,9 @@ TEST_F(Hostile, LearningRateZeroLeavesEveryWeightAsItWas) {
   }
   // The same run with a rate does move them: the comparison can fail.
   std::string moved = dir.path("moved.onnx");
-  ASSERT_EQ(runCommand(Pipec + " run " + plan + " --quiet --lr 0.1 --save-weights " + moved, out),
-            0)
+  ASSERT_EQ(
+      runCommand(pipecBinary + " run " + plan + " --quiet --lr 0.1 --save-weights " + moved, out),
+      0)
       << out;
   auto after = weightBytes(moved);
   EXPECT_NE(after["lm_head.weight"], before["lm_head.weight"]);
@@ -261,15 +264,16 @@ TEST_F(Hostile, TokenIdsAndSampleCountsAreChecked) {
               "number");
   writeNpy(data + "/input_ids.npy", "<i8", "(8, 8)", rawBytes(ids));
   std::string out;
-  EXPECT_EQ(runCommand(Pipec + " run --quiet " + plan + " --data " + data, out), 0) << out;
+  EXPECT_EQ(runCommand(pipecBinary + " run --quiet " + plan + " --data " + data, out), 0) << out;
 }
 
 TEST_F(Hostile, NonFiniteDataAndLossStopTheRun) {
   std::string mlp = dir.path("m.onnx"), mlpPlan = dir.path("m.plan"), out;
-  ASSERT_EQ(runCommand(Pipec + " model mlp --layers 2 --hidden 16 --vocab 8 --loss -o " + mlp, out),
-            0)
+  ASSERT_EQ(
+      runCommand(pipecBinary + " model mlp --layers 2 --hidden 16 --vocab 8 --loss -o " + mlp, out),
+      0)
       << out;
-  ASSERT_EQ(runCommand(Pipec + " compile " + mlp + " -o " + mlpPlan +
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + mlp + " -o " + mlpPlan +
                            " --stages 2 --microbatches 4 --hardware cpu",
                        out),
             0)
@@ -329,7 +333,8 @@ protected:
     plan = dir.path("m/g.plan");
     llvm::sys::fs::create_directories(dir.path("m"));
     std::string out;
-    ASSERT_EQ(runCommand(Pipec + " model gpt --layers 2 --hidden 16 --vocab 50 --seq 8 --loss " +
+    ASSERT_EQ(runCommand(pipecBinary +
+                             " model gpt --layers 2 --hidden 16 --vocab 50 --seq 8 --loss " +
                              "--external-data -o " + model,
                          out),
               0)
@@ -338,7 +343,8 @@ protected:
   }
   std::string compile() {
     std::string out;
-    runCommand(Pipec + " compile " + model + " -o " + plan + " --stages 2 --hardware cpu", out);
+    runCommand(pipecBinary + " compile " + model + " -o " + plan + " --stages 2 --hardware cpu",
+               out);
     return out;
   }
 };
@@ -374,7 +380,7 @@ TEST_F(HostileExternal, NulInALocationIsRefused) {
 TEST_F(HostileExternal, ThePlansHashCoversTheExternalData) {
   ASSERT_EQ(compile().find("error"), std::string::npos);
   std::string out;
-  ASSERT_EQ(runCommand(Pipec + " run --quiet " + plan, out), 0) << out;
+  ASSERT_EQ(runCommand(pipecBinary + " run --quiet " + plan, out), 0) << out;
   // Another model's weights of the same shapes: one byte differs.
   std::string data = readFile(model + ".data");
   data[data.size() / 2] ^= 1;

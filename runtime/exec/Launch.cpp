@@ -426,13 +426,13 @@ Error finishRun(const Shared &s,
 Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) {
   // Each local rank is a thread with its own weights, gradients and
   // optimizer state; past a few hundred that is a memory runaway, not a run.
-  constexpr int64_t MaxLocalRanks = 256;
+  constexpr int64_t maxLocalRanks = 256;
   int64_t wanted = int64_t(plan.schedule().stages()) * std::max(1, plan.schedule().data_parallel());
-  if (wanted > MaxLocalRanks)
+  if (wanted > maxLocalRanks)
     return createStringError(inconvertibleErrorCode(),
                              "the plan has %lld ranks as threads of one process (at most %lld); "
                              "run it under mpirun with --comm mpi",
-                             static_cast<long long>(wanted), static_cast<long long>(MaxLocalRanks));
+                             static_cast<long long>(wanted), static_cast<long long>(maxLocalRanks));
   keepFreedMemory();
   auto shared = makeShared(plan, options);
   if (!shared)

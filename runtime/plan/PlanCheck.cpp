@@ -43,9 +43,9 @@ using Ins = plan::Instruction;
 
 /// Far above any pipeline anyone runs, far below what would exhaust threads
 /// or memory before a single step.
-constexpr int64_t MaxRanks = 65536;
-constexpr int64_t MaxVirtualStages = 1024;
-constexpr int64_t MaxMicrobatches = 1 << 20;
+constexpr int64_t maxRanks = 65536;
+constexpr int64_t maxVirtualStages = 1024;
+constexpr int64_t maxMicrobatches = 1 << 20;
 
 Error planError(const Twine &what) {
   return createStringError(inconvertibleErrorCode(), "%s", what.str().c_str());
@@ -80,14 +80,14 @@ Error checkSchedule(const plan::Plan &plan) {
   const plan::ScheduleInfo &s = plan.schedule();
   if (s.mode() != "train" && s.mode() != "infer")
     return planError("schedule.mode '" + s.mode() + "': expected train or infer");
-  if (Error err = checkCount("schedule.stages", s.stages(), 1, MaxRanks))
+  if (Error err = checkCount("schedule.stages", s.stages(), 1, maxRanks))
     return err;
-  if (Error err = checkCount("schedule.virtual_stages", s.virtual_stages(), 1, MaxVirtualStages))
+  if (Error err = checkCount("schedule.virtual_stages", s.virtual_stages(), 1, maxVirtualStages))
     return err;
-  if (Error err = checkCount("schedule.microbatches", s.microbatches(), 1, MaxMicrobatches))
+  if (Error err = checkCount("schedule.microbatches", s.microbatches(), 1, maxMicrobatches))
     return err;
   // 0: a plan written before data parallelism, one replica.
-  if (Error err = checkCount("schedule.data_parallel", s.data_parallel(), 0, MaxRanks / s.stages()))
+  if (Error err = checkCount("schedule.data_parallel", s.data_parallel(), 0, maxRanks / s.stages()))
     return err;
   int64_t replicas = std::max(1, s.data_parallel());
   if (Error err = checkCount("schedule.microbatch_size", s.microbatch_size(),
