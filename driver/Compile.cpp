@@ -11,12 +11,14 @@
 #include "passes/StagePrograms.h"
 #include "passes/VerifyDataflow.h"
 #include "runtime/plan/PlanFile.h"
+#include "support/Diagnostics.h"
 
 #include "onnx/onnx_pb.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
 
 #include <map>
 #include <optional>
@@ -27,9 +29,7 @@ using namespace llvm;
 namespace pipec {
 namespace {
 
-Error flagError(const Twine &message) {
-  return createStringError(inconvertibleErrorCode(), "%s", message.str().c_str());
-}
+Error flagError(const Twine &message) { return usageError(message); }
 
 /// One entry per rank from a single value or a comma-separated list.
 Expected<std::vector<std::string>> perRank(StringRef flag, StringRef value, int ranks) {
@@ -693,7 +693,17 @@ Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared, StringRef 
     plan.add_warnings("the plan cannot be run: " + toString(std::move(err)));
     return Error::success();
   }
-  return verifyDataflow(plan);
+  if (Error err = verifyDataflow(plan))
+    return err;
+  // The weights' bytes beyond the .onnx file: its sha256 covers only itself.
+  SmallString<256> modelDir(sys::path::parent_path(plan.model().path()));
+  if (modelDir.empty())
+    modelDir = ".";
+  auto dataHash = externalDataSha256(plan, modelDir);
+  if (!dataHash)
+    return dataHash.takeError();
+  plan.mutable_model()->set_data_sha256(*dataHash);
+  return Error::success();
 }
 
 /// One `pipec compile`: the resolved setup, the front half of the pipeline
@@ -867,6 +877,11 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
     return flagError("--virtual-stages must be at least 1");
   if (options.dataParallel < 1)
     return flagError("--dp must be at least 1");
+  // 0 asks for the default; a negative count is a mistake, never a default.
+  if (options.microbatches < 0)
+    return flagError(formatv("--microbatches {0}: must be at least 1", options.microbatches));
+  if (options.globalBatch < 0)
+    return flagError(formatv("--batch {0}: must be at least 1", options.globalBatch));
   auto setup = resolveSetup(options);
   if (!setup)
     return setup.takeError();

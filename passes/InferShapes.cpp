@@ -2,6 +2,7 @@
 #include "passes/InferShapes.h"
 #include "passes/ConstantEvaluator.h"
 #include "passes/ContribShapes.h"
+#include "support/Attributes.h"
 
 #include "onnx/defs/schema.h"
 #include "onnx/shape_inference/implementation.h"
@@ -60,6 +61,9 @@ private:
   Expected<bool> tryFold(Op &op);
   Expected<std::optional<std::vector<TensorType>>> onnxInference(Op &op);
   std::optional<TensorType> declaredType(const Value &value);
+  /// Conv and ConvTranspose: the input's channels against the weight's
+  /// (ONNX's inference does not compare them; a mismatch would reach run).
+  Error checkConvChannels(const Op &op);
   Error inferOp(Op &op);
 };
 
@@ -277,6 +281,28 @@ std::optional<TensorType> ShapeInferer::declaredType(const Value &value) {
   return out;
 }
 
+Error ShapeInferer::checkConvChannels(const Op &op) {
+  bool conv = op.opType == "Conv", transpose = op.opType == "ConvTranspose";
+  if (!(conv || transpose) || !op.domain.empty() || op.inputs.size() < 2 || op.inputs[0] < 0 ||
+      op.inputs[1] < 0)
+    return Error::success();
+  const Value &x = graph.values[op.inputs[0]], &w = graph.values[op.inputs[1]];
+  if (x.shape.size() < 2 || w.shape.size() < 2)
+    return Error::success();
+  int64_t group = attrInt(graph.node(op), "group", 1);
+  if (group < 1)
+    return fail(op, "group {0} must be at least 1", group);
+  // Conv's W is [M, C/group, k...]; ConvTranspose's [C, M/group, k...].
+  int64_t channels = conv ? w.shape[1] * group : w.shape[0];
+  if (x.shape[1] != channels)
+    return fail(op, "input '{0}' has {1} channels, the weight '{2}' {3} expects {4}", x.name,
+                x.shape[1], w.name, formatShape(w.shape), channels);
+  if (conv && w.shape[0] % group != 0)
+    return fail(op, "the weight '{0}' has {1} output channels, not a multiple of group {2}", w.name,
+                w.shape[0], group);
+  return Error::success();
+}
+
 Error ShapeInferer::inferOp(Op &op) {
   for (int id : op.inputs)
     if (id >= 0 && !graph.values[id].shapeKnown)
@@ -286,6 +312,8 @@ Error ShapeInferer::inferOp(Op &op) {
     return folded.takeError();
   if (*folded)
     return Error::success();
+  if (Error err = checkConvChannels(op))
+    return err;
 
   auto types = inferContribShapes(graph, op);
   if (!types)

@@ -159,7 +159,7 @@ namespace {
 /// when it labels a cross-entropy, looking through ops that move values
 /// without changing them (labels are often shifted by a Slice and flattened
 /// first).
-int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward) {
+int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward, int64_t &tableRows) {
   static const std::set<std::string> passThrough = {"Slice",     "Reshape",  "Flatten", "Squeeze",
                                                     "Unsqueeze", "Identity", "Cast",    "Transpose",
                                                     "Expand",    "Concat",   "Split"};
@@ -186,7 +186,7 @@ int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward) {
         if (axis < 0)
           axis += static_cast<int64_t>(data.shape.size());
         if (axis >= 0 && axis < static_cast<int64_t>(data.shape.size()))
-          return data.shape[axis];
+          return tableRows = data.shape[axis];
       }
       for (const auto &[type, index, table] : contribTables) {
         if (op.opType != type || op.domain != "com.microsoft" ||
@@ -195,7 +195,7 @@ int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward) {
           continue;
         const Value &rows = graph.values[op.inputs[table]];
         if (!rows.shape.empty())
-          return rows.shape[0];
+          return tableRows = rows.shape[0];
       }
       if ((op.opType == "SoftmaxCrossEntropyLoss" || op.opType == "NegativeLogLikelihoodLoss") &&
           op.inputs.size() > 1 && op.inputs[1] == v) {
@@ -646,7 +646,9 @@ void addDataInputs(plan::Plan &plan, const Graph &graph, const Backward *backwar
     if (isIntegerDType(v.type)) {
       std::string lower = StringRef(v.name).lower();
       d.set_ones(StringRef(lower).contains("mask"));
-      d.set_high(syntheticHigh(graph, id, backward));
+      int64_t tableRows = 0;
+      d.set_high(syntheticHigh(graph, id, backward, tableRows));
+      d.set_index_rows(tableRows);
     }
   }
 }

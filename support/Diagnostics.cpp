@@ -3,6 +3,8 @@
 
 #include "onnx/onnx_pb.h"
 
+#include "llvm/Support/raw_ostream.h"
+
 using namespace llvm;
 
 namespace pipec {
@@ -29,5 +31,13 @@ Error fileError(StringRef path, const Twine &what) {
   return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
                            what.str().c_str());
 }
+
+char UsageError::ID = 0;
+
+void UsageError::log(raw_ostream &os) const { os << text; }
+
+std::error_code UsageError::convertToErrorCode() const { return inconvertibleErrorCode(); }
+
+Error usageError(const Twine &message) { return make_error<UsageError>(message.str()); }
 
 } // namespace pipec

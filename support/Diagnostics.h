@@ -33,6 +33,23 @@ llvm::Error nodeError(const onnx::NodeProto &node, const llvm::Twine &what);
 /// "PATH: WHAT", about the file at \p path.
 llvm::Error fileError(llvm::StringRef path, const llvm::Twine &what);
 
+/// An error in what the user typed (a malformed flag or value), as opposed
+/// to bad input files or a failed step: the command line exits 2 for it,
+/// 1 for the others.
+class UsageError : public llvm::ErrorInfo<UsageError> {
+public:
+  static char ID;
+  explicit UsageError(std::string text) : text(std::move(text)) {}
+  void log(llvm::raw_ostream &os) const override;
+  std::error_code convertToErrorCode() const override;
+
+private:
+  std::string text;
+};
+
+/// A UsageError: "--flag VALUE: what was expected".
+llvm::Error usageError(const llvm::Twine &message);
+
 } // namespace pipec
 
 #endif // PIPEC_SUPPORT_DIAGNOSTICS_H

@@ -848,7 +848,7 @@ TEST_F(RunCli, ClippingAndScheduleNumbers) {
       << out;
   for (const char *rate : {"step 1/4  loss", "lr 1.00e-01", "lr 7.50e-02", "lr 2.50e-02"})
     EXPECT_NE(out.find(rate), std::string::npos) << rate << "\n" << out;
-  EXPECT_EQ(runCommand(pipec() + " run " + p + " --lr-schedule sideways", out), 1) << out;
+  EXPECT_EQ(runCommand(pipec() + " run " + p + " --lr-schedule sideways", out), 2) << out;
 }
 
 TEST_F(RunCli, SavedModelHoldsTheTrainedWeights) {

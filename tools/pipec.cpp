@@ -12,16 +12,19 @@
 #include "driver/HtmlReport.h"
 #include "driver/InspectReport.h"
 #include "driver/PassPipeline.h"
+#include "driver/PlanVerify.h"
 #include "driver/Profile.h"
 #include "driver/Report.h"
 #include "models/ModelGenerators.h"
 #include "runtime/comm/Comm.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/plan/PlanFile.h"
+#include "support/Diagnostics.h"
 #include "tools/Versions.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/ConvertUTF.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -31,7 +34,10 @@
 #include "llvm/Support/WithColor.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <cstdio>
+#include <cstring>
 #include <optional>
+#include <unistd.h>
 
 using namespace llvm;
 using namespace pipec;
@@ -177,13 +183,17 @@ cl::opt<uint64_t> RunSeed("seed", cl::desc("Seed of the synthetic data"), cl::in
                           cl::sub(RunCmd));
 cl::opt<std::string> RunData("data", cl::desc("Directory of NAME.npy or NAME.pb per input"),
                              cl::value_desc("DIR"), cl::sub(RunCmd));
+cl::opt<bool> RunAllowNonfinite("allow-nonfinite",
+                                cl::desc("Feed NaN and infinities in --data floats (refused "
+                                         "by default, naming input and sample)"),
+                                cl::sub(RunCmd));
 cl::opt<std::string> RunModel("model", cl::desc("The model file (default: the plan's path)"),
                               cl::value_desc("FILE"), cl::sub(RunCmd));
 cl::opt<std::string> RunOptimizer("optimizer",
                                   cl::desc("sgd, momentum or adamw (default: the plan's)"),
                                   cl::sub(RunCmd));
-cl::opt<double> RunLr("lr", cl::desc("Learning rate (default 1e-3 adamw, 1e-2 sgd)"), cl::init(0),
-                      cl::sub(RunCmd));
+cl::opt<double> RunLr("lr", cl::desc("Learning rate (default 1e-3 adamw, 1e-2 sgd; 0 freezes)"),
+                      cl::init(0), cl::sub(RunCmd));
 cl::opt<double> RunMomentum("momentum", cl::desc("SGD momentum"), cl::init(0.9), cl::sub(RunCmd));
 cl::opt<std::string> RunLrSchedule("lr-schedule",
                                    cl::desc("constant, linear or cosine (decay to 0 over the "
@@ -262,16 +272,40 @@ cl::opt<bool> ModelLight("light",
                          cl::sub(ModelCmd));
 cl::opt<uint64_t> ModelSeed("seed", cl::desc("Weight seed"), cl::init(1), cl::sub(ModelCmd));
 
+/// Prints \p err as "pipec: error: WHAT"; returns 2 (bad usage) for a
+/// UsageError, else 1 (bad input or a failed step).
 int reportError(Error err) {
-  WithColor::error(errs(), "pipec") << toString(std::move(err)) << "\n";
-  return ExitInput;
+  int code = ExitInput;
+  std::string text;
+  handleAllErrors(
+      std::move(err),
+      [&](const UsageError &e) {
+        code = ExitUsage;
+        text += (text.empty() ? "" : "; ") + e.message();
+      },
+      [&](const ErrorInfoBase &e) { text += (text.empty() ? "" : "; ") + e.message(); });
+  WithColor::error(errs(), "pipec") << text << "\n";
+  return code;
+}
+
+/// A malformed flag or value: "pipec: error: WHAT", exit 2.
+int badUsage(const Twine &what) { return reportError(usageError(what)); }
+
+/// Refuses an output path that names one of the command's inputs (`compile
+/// m.onnx -o m.onnx` would replace the model with the plan).
+Error checkNotAnInput(StringRef flag, StringRef output, ArrayRef<StringRef> inputs) {
+  if (output.empty())
+    return Error::success();
+  for (StringRef input : inputs)
+    if (!input.empty() && (output == input || sys::fs::equivalent(output, input)))
+      return usageError(flag + " " + output + ": is an input of this command; write elsewhere");
+  return Error::success();
 }
 
 Expected<ImportOptions> importOptionsFromFlags() {
   ImportOptions options;
   auto bad = [](StringRef flag, StringRef value, StringRef want) {
-    return createStringError(inconvertibleErrorCode(), "--%s %s: expected %s", flag.str().c_str(),
-                             value.str().c_str(), want.str().c_str());
+    return usageError("--" + flag + " " + value + ": expected " + want);
   };
   for (const std::string &spec : InputShapes) {
     auto [name, dims] = StringRef(spec).split('=');
@@ -296,8 +330,7 @@ Expected<ImportOptions> importOptionsFromFlags() {
     options.bindings.dims[name.str()] = v;
   }
   if (Batch < 1 || Seq < 1 || Past < 0)
-    return createStringError(inconvertibleErrorCode(),
-                             "--batch and --seq must be at least 1, --past at least 0");
+    return usageError("--batch and --seq must be at least 1, --past at least 0");
   options.bindings.batch = Batch;
   options.bindings.seq = Seq;
   options.bindings.past = Past;
@@ -312,7 +345,7 @@ std::optional<PipelineOptions> pipelineOptionsFromFlags(ArrayRef<std::string> pa
   pipeline.dumpDir = DumpDir;
   pipeline.stats = Stats;
   if (Error err = checkPrintAfter(pipeline.printAfter, passes)) {
-    WithColor::error(errs(), "pipec") << toString(std::move(err)) << "\n";
+    reportError(std::move(err));
     return std::nullopt;
   }
   return pipeline;
@@ -342,11 +375,10 @@ private:
 };
 
 int runInspect() {
-  if (InspectFormat != "text" && InspectFormat != "json") {
-    WithColor::error(errs(), "pipec")
-        << "--format " << InspectFormat << ": expected text or json\n";
-    return ExitUsage;
-  }
+  if (InspectFormat != "text" && InspectFormat != "json")
+    return badUsage("--format " + InspectFormat + ": expected text or json");
+  if (Error err = checkNotAnInput("-o", InspectOutput, {InspectModel}))
+    return reportError(std::move(err));
   auto importOptions = importOptionsFromFlags();
   if (!importOptions)
     return reportError(importOptions.takeError());
@@ -378,6 +410,13 @@ int runCompile() {
   auto encoding = parsePlanEncoding(Emit);
   if (!encoding)
     return reportError(encoding.takeError());
+  if (Error err = checkNotAnInput("-o", CompileOutput, {CompileModel, Costs, Hardware}))
+    return reportError(std::move(err));
+  // Given, a count is used as given: 0 or less is refused, never the default.
+  if (Microbatches.getNumOccurrences() && Microbatches < 1)
+    return badUsage("--microbatches " + Twine(Microbatches) + ": must be at least 1");
+  if (GlobalBatch.getNumOccurrences() && GlobalBatch < 1)
+    return badUsage("--batch " + Twine(GlobalBatch) + ": must be at least 1");
   CompileOptions options;
   options.import = *importOptions;
   options.stages = Stages;
@@ -385,15 +424,14 @@ int runCompile() {
   options.microbatches = Microbatches;
   options.globalBatch = GlobalBatch;
   if (Mode != "train" && Mode != "infer")
-    return reportError(createStringError(inconvertibleErrorCode(),
-                                         "--mode %s: expected train or infer", Mode.c_str()));
+    return badUsage("--mode " + Mode + ": expected train or infer");
   options.training = Mode == "train";
   if (Schedule == "auto") {
     options.autoSchedule = true;
   } else {
     auto schedule = parseSchedule(Schedule);
     if (!schedule)
-      return reportError(schedule.takeError());
+      return badUsage(toString(schedule.takeError()));
     options.schedule = *schedule;
   }
   options.hardware = Hardware;
@@ -407,10 +445,8 @@ int runCompile() {
   options.recompute = Recompute;
   if (!Freeze.empty()) {
     std::string why;
-    if (!Regex(Freeze).isValid(why)) {
-      errs() << "pipec compile: --freeze " << Freeze << ": " << why << "\n";
-      return ExitUsage;
-    }
+    if (!Regex(Freeze).isValid(why))
+      return badUsage("--freeze " + Freeze + ": " + why);
     options.freeze = Freeze;
   }
   options.costs = Costs;
@@ -430,12 +466,11 @@ int runCompile() {
 }
 
 int runReport() {
-  if (ReportFormat != "text" && ReportFormat != "json" && ReportFormat != "html") {
-    WithColor::error(errs(), "pipec")
-        << "--format " << ReportFormat << ": expected text, json or html\n";
-    return ExitUsage;
-  }
-  auto plan = readPlan(ReportPlan);
+  if (ReportFormat != "text" && ReportFormat != "json" && ReportFormat != "html")
+    return badUsage("--format " + ReportFormat + ": expected text, json or html");
+  if (Error err = checkNotAnInput("-o", ReportOutput, {ReportPlan, ReportTrace}))
+    return reportError(std::move(err));
+  auto plan = readVerifiedPlan(ReportPlan);
   if (!plan)
     return reportError(plan.takeError());
   Output out(ReportOutput);
@@ -473,7 +508,11 @@ int runReport() {
 }
 
 int runSimulate() {
-  auto plan = readPlan(SimulatePlan);
+  if (TimelineWidth < 20)
+    return badUsage("--width " + Twine(TimelineWidth) + ": must be at least 20 columns");
+  if (Error err = checkNotAnInput("--trace", TraceFile, {SimulatePlan}))
+    return reportError(std::move(err));
+  auto plan = readVerifiedPlan(SimulatePlan);
   if (!plan)
     return reportError(plan.takeError());
   auto result = simulatePlan(*plan);
@@ -494,9 +533,8 @@ int runSimulate() {
                       formatSeconds(result->busy[r]), formatSeconds(result->idle[r]),
                       humanCount(result->peakMemory[r], true));
   outs() << "\n"
-         << formatTimeline(*result, plan->schedule().stages(),
-                           std::max(20, TimelineWidth.getValue()))
-         << "  " << timelineLegend() << "\n";
+         << formatTimeline(*result, plan->schedule().stages(), TimelineWidth.getValue()) << "  "
+         << timelineLegend() << "\n";
   if (!TraceFile.empty())
     outs() << "wrote " << TraceFile << "\n";
   return 0;
@@ -506,10 +544,10 @@ int runProfile() {
   auto importOptions = importOptionsFromFlags();
   if (!importOptions)
     return reportError(importOptions.takeError());
-  if (ProfileBatch < 1 || ProfileSteps < 1) {
-    errs() << "pipec profile: --batch and --steps must be at least 1\n";
-    return ExitUsage;
-  }
+  if (ProfileBatch < 1 || ProfileSteps < 1)
+    return badUsage("--batch and --steps must be at least 1");
+  if (Error err = checkNotAnInput("-o", ProfileOutput, {ProfileModel}))
+    return reportError(std::move(err));
   ProfileOptions options;
   options.import = *importOptions;
   options.microbatchSize = ProfileBatch;
@@ -527,67 +565,45 @@ int runProfile() {
 int runRun() {
   bool underMpi = rt::launchedByMpi();
   std::string comm = RunComm.empty() ? (underMpi ? "mpi" : "local") : RunComm.getValue();
-  if (comm != "local" && comm != "mpi" && comm != "nccl") {
-    errs() << "pipec run: --comm " << comm << ": expected local, mpi or nccl\n";
-    return ExitUsage;
-  }
-  if (RunBackend != "cpu" && RunBackend != "cuda") {
-    errs() << "pipec run: --backend " << RunBackend << ": expected cpu or cuda\n";
-    return ExitUsage;
-  }
-  if (comm == "nccl" && RunBackend != "cuda") {
-    errs() << "pipec run: --comm nccl moves device memory; it needs --backend cuda\n";
-    return ExitUsage;
-  }
+  if (comm != "local" && comm != "mpi" && comm != "nccl")
+    return badUsage("--comm " + comm + ": expected local, mpi or nccl");
+  if (RunBackend != "cpu" && RunBackend != "cuda")
+    return badUsage("--backend " + RunBackend + ": expected cpu or cuda");
+  if (comm == "nccl" && RunBackend != "cuda")
+    return badUsage("--comm nccl moves device memory; it needs --backend cuda");
   if (comm == "nccl" && !underMpi)
     return reportError(createStringError(inconvertibleErrorCode(),
                                          "--comm nccl: start one process per rank with mpirun "
                                          "(NCCL is bootstrapped over MPI)"));
-  if (comm == "nccl" && RunRanksPerDevice > 1) {
-    errs() << "pipec run: --comm nccl takes one GPU per rank (NCCL refuses two ranks of one "
-              "communicator on one device); share a GPU with --comm local\n";
-    return ExitUsage;
-  }
-  if (RunRanksPerDevice < 1) {
-    errs() << "pipec run: --ranks-per-device must be at least 1\n";
-    return ExitUsage;
-  }
-  if (!RunPrecision.empty() && RunPrecision != "fp32" && RunPrecision != "bf16") {
-    errs() << "pipec run: --precision " << RunPrecision << ": expected fp32 or bf16\n";
-    return ExitUsage;
-  }
-  if (RunOutputFormat != "npy" && RunOutputFormat != "pb") {
-    errs() << "pipec run: --output-format " << RunOutputFormat << ": expected npy or pb\n";
-    return ExitUsage;
-  }
-  if (RunResume && RunCheckpoint.empty()) {
-    errs() << "pipec run: --resume needs --checkpoint DIR\n";
-    return ExitUsage;
-  }
-  if (RunSteps < 1 || RunCheckpointEvery < 1) {
-    errs() << "pipec run: --steps and --checkpoint-every must be at least 1\n";
-    return ExitUsage;
-  }
-  auto plan = readPlan(RunPlan);
-  if (!plan)
-    return reportError(plan.takeError());
+  if (comm == "nccl" && RunRanksPerDevice > 1)
+    return badUsage("--comm nccl takes one GPU per rank (NCCL refuses two ranks of one "
+                    "communicator on one device); share a GPU with --comm local");
+  if (!RunPrecision.empty() && RunPrecision != "fp32" && RunPrecision != "bf16")
+    return badUsage("--precision " + RunPrecision + ": expected fp32 or bf16");
+  if (RunOutputFormat != "npy" && RunOutputFormat != "pb")
+    return badUsage("--output-format " + RunOutputFormat + ": expected npy or pb");
+  if (RunResume && RunCheckpoint.empty())
+    return badUsage("--resume needs --checkpoint DIR");
+  for (auto [flag, path] : {std::pair<StringRef, StringRef>{"--save-weights", RunSave},
+                            {"--metrics", RunMetrics},
+                            {"--trace", RunTrace}})
+    if (Error err = checkNotAnInput(flag, path, {RunPlan, RunModel}))
+      return reportError(std::move(err));
   rt::RunOptions options;
   options.steps = RunSteps;
   options.seed = RunSeed;
   options.dataDir = RunData;
+  options.allowNonfinite = RunAllowNonfinite;
   options.modelPath = RunModel;
   options.planDir = sys::path::parent_path(RunPlan).str();
   options.optimizer = RunOptimizer;
-  options.lr = RunLr;
+  if (RunLr.getNumOccurrences())
+    options.lr = RunLr;
   options.momentum = RunMomentum;
   options.weightDecay = RunWeightDecay;
   options.lrSchedule = RunLrSchedule;
   options.warmup = RunWarmup;
   options.clipGradNorm = RunClip;
-  if (RunWarmup < 0 || RunClip < 0) {
-    errs() << "pipec run: --warmup and --clip-grad-norm must not be negative\n";
-    return ExitUsage;
-  }
   options.saveWeights = RunSave;
   options.checkpointDir = RunCheckpoint;
   options.checkpointEvery = RunCheckpointEvery;
@@ -603,6 +619,14 @@ int runRun() {
   options.ranksPerDevice = RunRanksPerDevice;
   options.fuse = !RunNoFuse;
   options.comm = comm == "nccl" ? "nccl" : "mpi";
+  // Flags first: a malformed value is reported before any file is read.
+  if (Error err = rt::checkRunOptions(options))
+    return reportError(std::move(err));
+  auto plan = readVerifiedPlan(RunPlan);
+  if (!plan)
+    return reportError(plan.takeError());
+  if (Error err = checkNotAnInput("--save-weights", RunSave, {plan->model().path()}))
+    return reportError(std::move(err));
   bool train = plan->schedule().mode() == "train";
   int ranks = plan->schedule().stages() * std::max(1, plan->schedule().data_parallel());
   auto result = comm == "local" ? rt::runLocal(*plan, options) : rt::runMpi(*plan, options);
@@ -656,7 +680,7 @@ int runRun() {
 int runModel() {
   auto family = models::parseFamily(ModelFamily);
   if (!family)
-    return reportError(family.takeError());
+    return badUsage(toString(family.takeError()));
   models::GeneratorOptions options(*family, ModelLayers, ModelHidden, ModelVocab, ModelSeq,
                                    ModelHeads);
   options.kvHeads = ModelKvHeads;
@@ -668,9 +692,10 @@ int runModel() {
   options.seed = ModelSeed;
   options.fp16Weights = ModelFp16;
   options.lightWeights = ModelLight;
+  // The generator refuses only what its flags asked for.
   auto model = models::generateModel(options);
   if (!model)
-    return reportError(model.takeError());
+    return badUsage(toString(model.takeError()));
   if (Error err = models::writeModel(*model, ModelOutput, ModelExternal))
     return reportError(std::move(err));
   outs() << "wrote " << ModelOutput << " (" << model->graph().node_size() << " nodes, "
@@ -682,26 +707,70 @@ int runModel() {
 
 int main(int argc, char **argv) {
   InitLLVM init(argc, argv);
+  // Paths go into plans, reports and traces as UTF-8 text (protobuf's
+  // strings must be UTF-8): one that is not is refused before anything is
+  // written, rather than written into a plan no reader can parse.
+  for (int i = 1; i < argc; ++i) {
+    const auto *begin = reinterpret_cast<const UTF8 *>(argv[i]);
+    if (!isLegalUTF8String(&begin, begin + std::strlen(argv[i])))
+      return badUsage("argument " + Twine(i) +
+                      " is not valid UTF-8; pipec records paths as "
+                      "UTF-8 text");
+  }
   cl::HideUnrelatedOptions({&ShapeCat, &DebugCat, &CompileCat, &cl::getGeneralCategory()});
   cl::SetVersionPrinter([](raw_ostream &os) { printVersions(os); });
+  // llvm::cl writes some of its messages to stderr itself rather than to
+  // the stream it is given: both are caught, to be printed in one form.
   std::string errors;
   raw_string_ostream errorStream(errors);
-  if (!cl::ParseCommandLineOptions(
-          argc, argv,
-          "pipec: compile ONNX models into pipeline-parallel plans\n\n"
-          "  pipec inspect MODEL.onnx [--format text|json]\n"
-          "  pipec compile MODEL.onnx -o MODEL.plan [--stages P] ...\n"
-          "  pipec report MODEL.plan [--format text|json|html] [--trace run.json]\n"
-          "  pipec simulate MODEL.plan [--trace trace.json]\n"
-          "  pipec run MODEL.plan [--steps N] [--data DIR] ...\n"
-          "  pipec profile MODEL.onnx -o costs.json [--batch B]\n"
-          "  mpirun -np P pipec run MODEL.plan --comm mpi\n"
-          "  pipec model gpt|llama|bert|mlp|resnet [options] -o FILE\n\n"
-          "Exit codes: 0 ok, 1 bad input or failed step, 2 bad usage.\n",
-          &errorStream)) {
+  std::FILE *caught = std::tmpfile();
+  int savedErr = caught ? dup(2) : -1;
+  if (savedErr >= 0)
+    dup2(fileno(caught), 2);
+  bool parsed = cl::ParseCommandLineOptions(
+      argc, argv,
+      "pipec: compile ONNX models into pipeline-parallel plans\n\n"
+      "  pipec inspect MODEL.onnx [--format text|json]\n"
+      "  pipec compile MODEL.onnx -o MODEL.plan [--stages P] ...\n"
+      "  pipec report MODEL.plan [--format text|json|html] [--trace run.json]\n"
+      "  pipec simulate MODEL.plan [--trace trace.json]\n"
+      "  pipec run MODEL.plan [--steps N] [--data DIR] ...\n"
+      "  pipec profile MODEL.onnx -o costs.json [--batch B]\n"
+      "  mpirun -np P pipec run MODEL.plan --comm mpi\n"
+      "  pipec model gpt|llama|bert|mlp|resnet [options] -o FILE\n\n"
+      "Exit codes: 0 ok, 1 bad input or failed step, 2 bad usage.\n",
+      &errorStream);
+  errs().flush();
+  if (savedErr >= 0) {
+    dup2(savedErr, 2);
+    close(savedErr);
+    std::rewind(caught);
+    std::string direct;
+    char chunk[4096];
+    for (size_t n; (n = std::fread(chunk, 1, sizeof chunk, caught)) > 0;)
+      direct.append(chunk, n);
     errorStream.flush();
+    errors = direct + errors;
+  }
+  if (caught)
+    std::fclose(caught);
+  if (parsed && !errors.empty())
     errs() << errors;
-    return ExitUsage;
+  if (!parsed) {
+    errorStream.flush();
+    // llvm::cl's own messages ("pipec: Unknown command line argument ...")
+    // in the one form every error has: one "pipec: error: " line.
+    SmallVector<StringRef, 4> lines;
+    StringRef(errors).split(lines, '\n', -1, /*KeepEmpty=*/false);
+    std::string text;
+    for (StringRef line : lines) {
+      line = line.trim();
+      if (line.consume_front("pipec: "))
+        line.consume_front("error: ");
+      if (!line.empty())
+        text += (text.empty() ? "" : " ") + line.str();
+    }
+    return badUsage(text);
   }
   if (InspectCmd)
     return runInspect();
@@ -717,6 +786,5 @@ int main(int argc, char **argv) {
     return runRun();
   if (ProfileCmd)
     return runProfile();
-  WithColor::error(errs(), "pipec") << "no command given; try 'pipec --help'\n";
-  return ExitUsage;
+  return badUsage("no command given; try 'pipec --help'");
 }

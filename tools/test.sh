@@ -5,8 +5,28 @@
 # then checks the naming style of the C++ files the change touches
 # (tools/check_naming.py: clang-tidy with the repository's .clang-tidy, over
 # the files changed since the merge-base with origin/main, else HEAD~1).
+#
+# tools/test.sh --asan builds a -fsanitize=address,undefined configuration in
+# build-asan/ (without CUDA; the ONNX build of build/_deps is shared) and runs
+# every test under it: any sanitizer report fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--asan" ]; then
+  tools/build-onnx.sh
+  san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+  if [ ! -f build-asan/build.ninja ]; then
+    cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPIPEC_CUDA=OFF \
+      -DCMAKE_C_FLAGS="$san" -DCMAKE_CXX_FLAGS="$san" \
+      -DCMAKE_EXE_LINKER_FLAGS="$san" -DCMAKE_SHARED_LINKER_FLAGS="$san" >/dev/null
+  fi
+  cmake --build build-asan -j "${PIPEC_JOBS:-2}"
+  tools/oracles.sh
+  # Leaks at exit are not errors here (protobuf and ONNX keep static
+  # registries); every other report is.
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j "${PIPEC_JOBS:-2}"
+  exit 0
+fi
 tools/install-deps.sh
 tools/build.sh
 tools/oracles.sh

@@ -1,5 +1,6 @@
 //===- MemoryModel.cpp - Bytes a pipeline stage holds ---------------------===//
 #include "compiler/cost/MemoryModel.h"
+#include "support/Diagnostics.h"
 #include "support/EnumNames.h"
 
 #include "llvm/ADT/StringSwitch.h"
@@ -28,8 +29,7 @@ Expected<Optimizer> parseOptimizer(StringRef name) {
     return *optimizer;
   if (std::optional<Optimizer> optimizer = valueOf(optimizerAliases, lower))
     return *optimizer;
-  return createStringError(inconvertibleErrorCode(), "--optimizer %s: expected %s",
-                           name.str().c_str(), nameList(optimizerNames).c_str());
+  return usageError("--optimizer " + name + ": expected " + nameList(optimizerNames));
 }
 
 StringRef optimizerName(Optimizer optimizer) { return nameOf(optimizerNames, optimizer, "adamw"); }
@@ -50,10 +50,8 @@ Expected<int64_t> parseByteSize(StringRef text, StringRef flag) {
   size_t split = t.find_first_not_of("0123456789.eE+-");
   StringRef number = t.substr(0, split), unit = split == StringRef::npos ? "" : t.substr(split);
   double value;
-  if (number.empty() || number.getAsDouble(value) || value < 0)
-    return createStringError(inconvertibleErrorCode(),
-                             "--%s %s: expected a size such as 80GB, 80GiB or 8.5e10",
-                             flag.str().c_str(), text.str().c_str());
+  if (number.empty() || number.getAsDouble(value) || !std::isfinite(value) || value < 0)
+    return usageError("--" + flag + " " + text + ": expected a size such as 80GB, 80GiB or 8.5e10");
   std::string u = unit.trim().lower();
   double scale = StringSwitch<double>(u)
                      .Cases("", "b", 1)
@@ -67,10 +65,13 @@ Expected<int64_t> parseByteSize(StringRef text, StringRef flag) {
                      .Case("tib", 1024.0 * 1024 * 1024 * 1024)
                      .Default(-1);
   if (scale < 0)
-    return createStringError(inconvertibleErrorCode(),
-                             "--%s %s: unknown unit '%s' (use B, KB, MB, GB, TB or KiB..TiB)",
-                             flag.str().c_str(), text.str().c_str(), unit.str().c_str());
-  return static_cast<int64_t>(std::llround(value * scale));
+    return usageError("--" + flag + " " + text + ": unknown unit '" + unit +
+                      "' (use B, KB, MB, GB, TB or KiB..TiB)");
+  // 2^63 bytes (8 EiB) does not fit an int64_t; no machine comes near it.
+  double bytes = value * scale;
+  if (bytes >= 9.2e18)
+    return usageError("--" + flag + " " + text + ": more than 9.2e18 bytes (int64's range)");
+  return static_cast<int64_t>(std::llround(bytes));
 }
 
 } // namespace pipec

@@ -2,6 +2,7 @@
 #include "compiler/onnx/OnnxImporter.h"
 #include "compiler/onnx/WireSkeleton.h"
 #include "support/Diagnostics.h"
+#include "support/InputFile.h"
 #include "support/Subgraphs.h"
 
 #include "onnx/defs/schema.h"
@@ -178,6 +179,9 @@ Expected<WeightRef> Importer::externalStorage(const onnx::TensorProto &tensor, S
   if (!isInline) {
     if (location.empty())
       return fail("{0}: external data has no location", what);
+    if (location.find('\0') != std::string::npos)
+      return fail("{0}: external data location '{1}' holds a NUL byte", what,
+                  StringRef(location).take_until([](char c) { return c == '\0'; }));
     SmallString<256> native(location);
     sys::path::native(native);
     if (sys::path::is_absolute(native) || StringRef(native).contains(".."))
@@ -190,11 +194,13 @@ Expected<WeightRef> Importer::externalStorage(const onnx::TensorProto &tensor, S
     } else {
       SmallString<256> full(baseDir);
       sys::path::append(full, native);
-      auto buffer = MemoryBuffer::getFile(full, /*IsText=*/false,
-                                          /*RequiresNullTerminator=*/false);
+      // A symlink in the model's folder may point anywhere: where it
+      // resolves to is what counts.
+      if (Error err = checkInsideFolder(full, baseDir, "external data location"))
+        return fail("{0}: {1}", what, toString(std::move(err)));
+      auto buffer = readInputFile(full);
       if (!buffer)
-        return fail("{0}: cannot open external data file '{1}': {2}", what, full,
-                    buffer.getError().message());
+        return fail("{0}: external data: {1}", what, toString(buffer.takeError()));
       file = static_cast<uint32_t>(graph.files.size());
       graph.files.push_back(std::move(*buffer));
       graph.fileNames.push_back(std::string(full));
@@ -220,9 +226,13 @@ Expected<int> Importer::addTensor(const onnx::TensorProto &tensor, int tensorInd
   Value &value = graph.values[id];
   value.name = tensor.name();
   value.type = static_cast<DType>(tensor.data_type());
+  int64_t elements = 1;
   for (int64_t d : tensor.dims()) {
     if (d < 0)
       return fail("{0}: negative dimension {1}", describe(), d);
+    // 2^60 elements of at most 8 bytes stay inside int64 byte counts.
+    if (__builtin_mul_overflow(elements, d, &elements) || elements > (int64_t(1) << 60))
+      return fail("{0}: its shape has more than 2^60 elements", describe());
     value.shape.push_back(d);
   }
   value.shapeKnown = true;
@@ -316,10 +326,17 @@ Expected<std::vector<int64_t>> Importer::bindShape(const onnx::ValueInfoProto &i
 
 Error Importer::addInputs() {
   const onnx::GraphProto &g = graph.model->graph();
+  StringMap<int> seen;
   for (int i = 0; i < g.initializer_size(); ++i) {
     const onnx::TensorProto &tensor = g.initializer(i);
     if (tensor.name().empty())
       return fail("initializer #{0} has no name", i);
+    // Which of two weights of one name is meant is a guess no reader may
+    // make differently from another: refused.
+    auto [first, fresh] = seen.try_emplace(tensor.name(), i);
+    if (!fresh)
+      return fail("initializer '{0}' is defined twice (#{1} and #{2})", tensor.name(),
+                  first->second, i);
     auto describe = [&] { return formatv("initializer '{0}'", tensor.name()).str(); };
     auto id = addTensor(tensor, i, describe);
     if (!id)
@@ -543,13 +560,9 @@ Expected<Graph> importOnnxBuffer(std::unique_ptr<MemoryBuffer> buffer, StringRef
 }
 
 Expected<Graph> importOnnx(StringRef path, const ImportOptions &options) {
-  if (sys::fs::is_directory(path))
-    return createStringError(inconvertibleErrorCode(), "%s: is a directory, not an ONNX file",
-                             path.str().c_str());
-  auto buffer = MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  auto buffer = readInputFile(path);
   if (!buffer)
-    return createStringError(inconvertibleErrorCode(), "%s: cannot open: %s", path.str().c_str(),
-                             buffer.getError().message().c_str());
+    return buffer.takeError();
   SmallString<256> dir(path);
   sys::path::remove_filename(dir);
   if (dir.empty())

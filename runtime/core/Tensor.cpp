@@ -8,6 +8,7 @@
 #include "support/Broadcast.h"
 #include "support/EnumNames.h"
 #include "support/Float16.h"
+#include "support/InputFile.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -247,13 +248,21 @@ static Expected<std::string> readExternalData(const onnx::TensorProto &proto, St
     return createStringError(inconvertibleErrorCode(),
                              "tensor '%s': external data needs a location and valid offset/length",
                              tensorName.str().c_str());
+  if (location.find('\0') != std::string::npos)
+    return createStringError(inconvertibleErrorCode(),
+                             "tensor '%s': external data location holds a NUL byte",
+                             tensorName.str().c_str());
   SmallString<256> path(baseDir);
   sys::path::append(path, location);
-  auto file = MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  // Where a symlink in the model's folder leads is what is read.
+  if (Error err =
+          checkInsideFolder(path, baseDir.empty() ? "." : baseDir, "external data location"))
+    return createStringError(inconvertibleErrorCode(), "tensor '%s': %s", tensorName.str().c_str(),
+                             toString(std::move(err)).c_str());
+  auto file = readInputFile(path);
   if (!file)
-    return createStringError(file.getError(), "tensor '%s': cannot read external data '%s': %s",
-                             tensorName.str().c_str(), path.c_str(),
-                             file.getError().message().c_str());
+    return createStringError(inconvertibleErrorCode(), "tensor '%s': external data: %s",
+                             tensorName.str().c_str(), toString(file.takeError()).c_str());
   StringRef contents = (*file)->getBuffer();
   if (static_cast<size_t>(offset) > contents.size() ||
       (length >= 0 && static_cast<size_t>(offset + length) > contents.size()))

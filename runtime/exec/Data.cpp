@@ -3,6 +3,7 @@
 #include "runtime/plan/PlanFile.h"
 #include "support/Diagnostics.h"
 #include "support/EnumNames.h"
+#include "support/InputFile.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -12,6 +13,7 @@
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -115,9 +117,9 @@ std::string safeFileName(StringRef name) {
 
 Expected<cpu::Tensor> readNpy(StringRef path) {
   auto fail = [&](const Twine &why) { return fileError(path, why); };
-  auto file = MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  auto file = readInputFile(path);
   if (!file)
-    return fail(file.getError().message());
+    return file.takeError();
   StringRef bytes = (*file)->getBuffer();
   if (bytes.size() < 10 || !bytes.startswith("\x93NUMPY"))
     return fail("not a .npy file");
@@ -153,18 +155,21 @@ Expected<cpu::Tensor> readNpy(StringRef path) {
   StringRef dims = shapeText->trim("() ");
   SmallVector<StringRef, 8> parts;
   dims.split(parts, ',', -1, /*KeepEmpty=*/false);
+  // The header's shape against the bytes present, before any allocation.
+  uint64_t need = cpu::wireSize(*type);
+  bool overflow = false;
   for (StringRef p : parts) {
     int64_t d;
     if (p.trim().getAsInteger(10, d) || d < 0)
       return fail("bad shape " + *shapeText);
+    overflow |= __builtin_mul_overflow(need, static_cast<uint64_t>(d), &need);
     shape.push_back(d);
   }
-  cpu::Tensor tensor(*type, shape);
-  size_t need = static_cast<size_t>(tensor.numElements()) * cpu::wireSize(*type);
   StringRef data = bytes.drop_front(start + headerLength);
-  if (data.size() < need)
+  if (overflow || data.size() < need)
     return fail(formatv("holds {0} bytes of data, shape {1} needs {2}", data.size(),
-                        cpu::shapeString(shape), need));
+                        cpu::shapeString(shape), overflow ? "more than 2^64" : Twine(need).str()));
+  cpu::Tensor tensor(*type, shape);
   cpu::copyFromWire(tensor, data);
   return tensor;
 }
@@ -198,7 +203,7 @@ namespace {
 
 /// DIR/NAME.npy or DIR/NAME.pb, else under NAME's safe file name (as
 /// outputs are named); a missing file is an error naming both.
-Expected<cpu::Tensor> readInputFile(StringRef dir, const plan::DataInput &spec) {
+Expected<cpu::Tensor> readDataset(StringRef dir, const plan::DataInput &spec) {
   SmallString<256> npy(dir), pb(dir);
   sys::path::append(npy, spec.name() + ".npy");
   sys::path::append(pb, spec.name() + ".pb");
@@ -214,10 +219,13 @@ Expected<cpu::Tensor> readInputFile(StringRef dir, const plan::DataInput &spec) 
     return createStringError(inconvertibleErrorCode(),
                              "--data %s: no %s.npy or %s.pb for input '%s'", dir.str().c_str(),
                              spec.name().c_str(), spec.name().c_str(), spec.name().c_str());
-  auto buffer = MemoryBuffer::getFile(pb, false, false);
+  auto buffer = readInputFile(pb);
+  if (!buffer)
+    return buffer.takeError();
   onnx::TensorProto proto;
-  if (!buffer || !proto.ParseFromArray((*buffer)->getBufferStart(),
-                                       static_cast<int>((*buffer)->getBufferSize())))
+  if ((*buffer)->getBufferSize() > size_t(INT_MAX) ||
+      !proto.ParseFromArray((*buffer)->getBufferStart(),
+                            static_cast<int>((*buffer)->getBufferSize())))
     return createStringError(inconvertibleErrorCode(), "%s: not an ONNX TensorProto", pb.c_str());
   return cpu::fromTensorProto(proto, dir);
 }
@@ -276,12 +284,49 @@ Error checkDataset(const cpu::Tensor &data, StringRef dir, const plan::DataInput
       axis == 0 ? "a first dimension" : formatv("dimension {0}", axis).str().c_str());
 }
 
+/// Refuses a dataset value no step should see: a NaN or infinity (unless
+/// \p allowNonfinite), or an index outside the table it indexes. Training
+/// takes [0, rows) (a token id of -1 would read the last embedding row);
+/// inference keeps ONNX's Gather semantics, [-rows, rows). Names the input
+/// and sample.
+Error checkValues(const cpu::Tensor &data, StringRef dir, const plan::DataInput &spec,
+                  bool allowNonfinite, bool training) {
+  bool floating = cpu::isFloating(data.elemType());
+  int64_t rows = spec.index_rows();
+  if ((floating && allowNonfinite) || (!floating && rows <= 0))
+    return Error::success();
+  int axis = spec.whole() ? -1 : spec.batch_axis();
+  int64_t inner =
+      axis < 0 ? 1 : cpu::numElementsOf(ArrayRef<int64_t>(data.shape()).drop_front(axis + 1));
+  auto fail = [&](int64_t i, const Twine &what) {
+    std::string where =
+        axis < 0 ? std::string()
+                 : formatv(" sample {0}", (i / std::max<int64_t>(inner, 1)) % data.dim(axis)).str();
+    return createStringError(inconvertibleErrorCode(), "--data %s: input '%s'%s holds %s",
+                             dir.str().c_str(), spec.name().c_str(), where.c_str(),
+                             what.str().c_str());
+  };
+  for (int64_t i = 0; i < data.numElements(); ++i) {
+    double v = data.getDouble(i);
+    if (floating && !std::isfinite(v))
+      return fail(i, formatv("{0} (pass --allow-nonfinite to feed it)",
+                             std::isnan(v) ? "NaN" : (v > 0 ? "inf" : "-inf")));
+    double low = training ? 0 : -static_cast<double>(rows);
+    if (!floating && (v < low || v >= static_cast<double>(rows)))
+      return fail(i, formatv("{0}, outside [{1}, {2}): the rows of the table it indexes",
+                             static_cast<int64_t>(v), static_cast<int64_t>(low), rows));
+  }
+  return Error::success();
+}
+
 } // namespace
 
 Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, StringRef dir,
-                                                       uint64_t seed) {
+                                                       uint64_t seed, bool allowNonfinite) {
   auto source = std::make_shared<DataSource>();
   source->seed = seed;
+  std::string counted; // the first sampled input read, and its samples
+  int64_t countedSamples = 0;
   for (const plan::DataInput &spec : plan.data()) {
     Input in;
     in.spec = spec;
@@ -294,7 +339,7 @@ Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, S
       if (Error err = checkSampled(plan, spec))
         return err;
     if (!dir.empty()) {
-      Expected<cpu::Tensor> data = readInputFile(dir, spec);
+      Expected<cpu::Tensor> data = readDataset(dir, spec);
       if (data)
         data = asInputType(std::move(*data), in.type, dir, spec);
       if (!data)
@@ -309,6 +354,23 @@ Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, S
       if (!spec.whole())
         if (Error err = checkDataset(*data, dir, spec))
           return err;
+      if (Error err =
+              checkValues(*data, dir, spec, allowNonfinite, plan.schedule().mode() == "train"))
+        return err;
+      // Sample i of every input is one sample: the counts must agree, or
+      // inputs and labels silently pair up wrongly.
+      if (!spec.whole()) {
+        int64_t samples = data->dim(spec.batch_axis());
+        if (!counted.empty() && samples != countedSamples)
+          return createStringError(inconvertibleErrorCode(),
+                                   "--data %s: input '%s' has %lld samples, input '%s' %lld; "
+                                   "every input needs the same number",
+                                   dir.str().c_str(), spec.name().c_str(),
+                                   static_cast<long long>(samples), counted.c_str(),
+                                   static_cast<long long>(countedSamples));
+        counted = spec.name();
+        countedSamples = samples;
+      }
       in.dataset = std::move(*data);
     }
     source->inputs.emplace(spec.name(), std::move(in));

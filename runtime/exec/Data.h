@@ -50,9 +50,12 @@ llvm::Expected<DType> elemTypeOfName(llvm::StringRef name);
 class DataSource {
 public:
   /// Opens the data of \p plan: synthetic from \p seed when \p dir is empty,
-  /// else one file per input in \p dir (errors name the file).
-  static llvm::Expected<std::shared_ptr<DataSource>> open(const plan::Plan &plan,
-                                                          llvm::StringRef dir, uint64_t seed);
+  /// else one file per input in \p dir (errors name the file). Datasets are
+  /// checked whole: the same number of samples in every input, no NaN or
+  /// infinity unless \p allowNonfinite, indices inside the table they index
+  /// (DataInput.index_rows); errors name the input and sample.
+  static llvm::Expected<std::shared_ptr<DataSource>>
+  open(const plan::Plan &plan, llvm::StringRef dir, uint64_t seed, bool allowNonfinite = false);
   /// Samples first .. first + B - 1 of input \p name, stacked along its batch
   /// axis; a whole input (DataInput.whole) as it is.
   llvm::Expected<cpu::Tensor> microbatch(const std::string &name, int64_t first) const;

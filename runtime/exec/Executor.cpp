@@ -12,6 +12,7 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 
@@ -227,6 +228,12 @@ Error RankExecutor::forward(int stage, int mb, int t, bool again) {
         return n.takeError();
       count = n->getDouble(0);
     }
+    // A NaN or infinite loss would poison every weight at the optimizer
+    // step: the run stops here, before any rank updates or saves.
+    if (double loss = host->getDouble(0); !std::isfinite(loss) && count > 0)
+      return rankError(global, formatv("step {0} microbatch {1}: the loss is {2}; stopped before "
+                                       "the optimizer step, nothing saved",
+                                       t + 1, mb, std::isnan(loss) ? "NaN" : "infinite"));
     if (count > 0)
       lossSum += host->getDouble(0) * count;
     lossCount += count;

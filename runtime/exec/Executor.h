@@ -38,6 +38,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,14 +49,17 @@ struct RunOptions {
   uint64_t seed = 1;
   /// A directory of per-input .npy / .pb datasets; empty: synthetic.
   std::string dataDir;
+  /// Feed NaN and infinities in --data floats rather than refuse them.
+  bool allowNonfinite = false;
   /// Overrides Plan.model.path; a relative plan path is tried against the
   /// current directory, then against \p planDir.
   std::string modelPath;
   std::string planDir;
   /// sgd, momentum or adamw; empty: the plan's (adam means adamw).
   std::string optimizer;
-  /// Learning rate; 0: 1e-3 for adamw, 1e-2 otherwise.
-  double lr = 0;
+  /// Learning rate; unset: 1e-3 for adamw, 1e-2 otherwise. 0 is a rate
+  /// of zero: the weights do not move.
+  std::optional<double> lr;
   double momentum = 0.9;
   double weightDecay = 0;
   double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;
@@ -135,6 +139,11 @@ llvm::Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &opt
 
 /// Runs this process's rank of \p plan under MPI (mpirun -np P*dp).
 llvm::Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options);
+
+/// Checks the numbers and names of \p options against their ranges
+/// (steps >= 1, lr >= 0 and finite, momentum in [0, 1), ...): a UsageError
+/// naming the flag, else success. runLocal and runMpi call it first.
+llvm::Error checkRunOptions(const RunOptions &options);
 
 /// Checks that \p plan can be run: it has stage programs, its model file
 /// exists and has the plan's sha256. Returns the model's path.

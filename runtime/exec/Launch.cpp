@@ -13,6 +13,8 @@
 #include "runtime/exec/RankExecutor.h"
 #include "runtime/exec/Trace.h"
 #include "runtime/plan/PlanFile.h"
+#include "support/Diagnostics.h"
+#include "support/InputFile.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -21,6 +23,7 @@
 #include "llvm/Support/Path.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <malloc.h>
@@ -33,7 +36,57 @@ namespace pipec::rt {
 
 namespace {
 
+/// "--FLAG VALUE: must be WHAT" unless \p ok.
+Error checkNumber(bool ok, StringRef flag, double value, StringRef what) {
+  if (ok)
+    return Error::success();
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return usageError("--" + flag + " " + text + ": must be " + what);
+}
+
+} // namespace
+
+Error checkRunOptions(const RunOptions &o) {
+  auto finite = [](double v) { return std::isfinite(v); };
+  if (o.lrSchedule != "constant" && o.lrSchedule != "linear" && o.lrSchedule != "cosine")
+    return usageError("--lr-schedule " + o.lrSchedule + ": expected constant, linear or cosine");
+  if (o.optimizer != "" && o.optimizer != "sgd" && o.optimizer != "momentum" &&
+      o.optimizer != "adamw" && o.optimizer != "adam")
+    return usageError("--optimizer " + o.optimizer + ": expected sgd, momentum or adamw");
+  struct Check {
+    bool ok;
+    const char *flag;
+    double value;
+    const char *what;
+  };
+  double lr = o.lr.value_or(0);
+  const Check checks[] = {
+      {o.steps >= 1, "steps", double(o.steps), "at least 1"},
+      {o.checkpointEvery >= 1, "checkpoint-every", double(o.checkpointEvery), "at least 1"},
+      {finite(lr) && lr >= 0, "lr", lr, "a finite number >= 0"},
+      {finite(o.momentum) && o.momentum >= 0 && o.momentum < 1, "momentum", o.momentum,
+       "in [0, 1)"},
+      {finite(o.weightDecay) && o.weightDecay >= 0, "weight-decay", o.weightDecay,
+       "a finite number >= 0"},
+      {o.warmup >= 0, "warmup", double(o.warmup), "at least 0"},
+      {finite(o.clipGradNorm) && o.clipGradNorm >= 0, "clip-grad-norm", o.clipGradNorm,
+       "a finite number >= 0 (0: off)"},
+      {finite(o.timeoutSeconds) && o.timeoutSeconds > 0, "timeout", o.timeoutSeconds,
+       "a finite number of seconds > 0"},
+      {o.ranksPerDevice >= 1, "ranks-per-device", double(o.ranksPerDevice), "at least 1"},
+  };
+  for (const Check &c : checks)
+    if (Error err = checkNumber(c.ok, c.flag, c.value, c.what))
+      return err;
+  return Error::success();
+}
+
+namespace {
+
 Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOptions &options) {
+  if (Error err = checkRunOptions(options))
+    return std::move(err);
   auto model = checkPlanModel(plan, options);
   if (!model)
     return model.takeError();
@@ -63,15 +116,9 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
   else if (opt == "momentum")
     s->optimizer = OptimizerKind::Momentum;
   else
-    return createStringError(inconvertibleErrorCode(),
-                             "--optimizer %s: expected sgd, momentum or adamw", opt.c_str());
-  s->lr = options.lr > 0 ? options.lr : (s->optimizer == OptimizerKind::AdamW ? 1e-3 : 1e-2);
-  if (options.lrSchedule != "constant" && options.lrSchedule != "linear" &&
-      options.lrSchedule != "cosine")
-    return createStringError(inconvertibleErrorCode(),
-                             "--lr-schedule %s: expected constant, linear or cosine",
-                             options.lrSchedule.c_str());
-  auto data = DataSource::open(plan, options.dataDir, options.seed);
+    return usageError("--optimizer " + opt + ": expected sgd, momentum or adamw");
+  s->lr = options.lr ? *options.lr : (s->optimizer == OptimizerKind::AdamW ? 1e-3 : 1e-2);
+  auto data = DataSource::open(plan, options.dataDir, options.seed, options.allowNonfinite);
   if (!data)
     return data.takeError();
   s->data = std::move(*data);
@@ -291,11 +338,11 @@ Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &o
     if (sys::fs::exists(beside))
       path = std::string(beside);
   }
-  auto file = MemoryBuffer::getFile(path, false, false);
+  auto file = readInputFile(path);
   if (!file)
     return createStringError(inconvertibleErrorCode(),
-                             "%s: cannot read the plan's model: %s (pass --model FILE)",
-                             path.c_str(), file.getError().message().c_str());
+                             "cannot read the plan's model: %s (pass --model FILE)",
+                             toString(file.takeError()).c_str());
   std::string hash = sha256Hex((*file)->getBuffer());
   if (hash != plan.model().sha256())
     return createStringError(inconvertibleErrorCode(),
@@ -303,6 +350,20 @@ Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &o
                              "recompile the plan for this model",
                              path.c_str(), hash.substr(0, 12).c_str(), plan.model().path().c_str(),
                              plan.model().sha256().substr(0, 12).c_str());
+  SmallString<256> dir(sys::path::parent_path(path));
+  if (dir.empty())
+    dir = ".";
+  auto dataHash = externalDataSha256(plan, dir);
+  if (!dataHash)
+    return dataHash.takeError();
+  if (*dataHash != plan.model().data_sha256())
+    return createStringError(
+        inconvertibleErrorCode(),
+        "%s: its external data has sha256 %s, the plan's model had %s; recompile the plan for "
+        "this model's data",
+        path.c_str(), dataHash->empty() ? "(none)" : dataHash->substr(0, 12).c_str(),
+        plan.model().data_sha256().empty() ? "(none)"
+                                           : plan.model().data_sha256().substr(0, 12).c_str());
   return path;
 }
 
@@ -363,6 +424,15 @@ Error finishRun(const Shared &s,
 } // namespace
 
 Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) {
+  // Each local rank is a thread with its own weights, gradients and
+  // optimizer state; past a few hundred that is a memory runaway, not a run.
+  constexpr int64_t maxLocalRanks = 256;
+  int64_t wanted = int64_t(plan.schedule().stages()) * std::max(1, plan.schedule().data_parallel());
+  if (wanted > maxLocalRanks)
+    return createStringError(inconvertibleErrorCode(),
+                             "the plan has %lld ranks as threads of one process (at most %lld); "
+                             "run it under mpirun with --comm mpi",
+                             static_cast<long long>(wanted), static_cast<long long>(maxLocalRanks));
   keepFreedMemory();
   auto shared = makeShared(plan, options);
   if (!shared)

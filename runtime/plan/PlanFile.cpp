@@ -2,6 +2,7 @@
 #include "runtime/plan/PlanFile.h"
 #include "support/Diagnostics.h"
 #include "support/EnumNames.h"
+#include "support/InputFile.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -12,10 +13,12 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/stubs/logging.h>
 #include <google/protobuf/text_format.h>
 #include <google/protobuf/util/json_util.h>
 
 #include <optional>
+#include <set>
 
 using namespace llvm;
 
@@ -31,8 +34,7 @@ constexpr EnumName<PlanEncoding> planEncodingNames[] = {
 Expected<PlanEncoding> parsePlanEncoding(StringRef name) {
   if (std::optional<PlanEncoding> encoding = valueOf(planEncodingNames, name))
     return *encoding;
-  return createStringError(inconvertibleErrorCode(), "--emit %s: expected %s", name.str().c_str(),
-                           nameList(planEncodingNames).c_str());
+  return usageError("--emit " + name + ": expected " + nameList(planEncodingNames));
 }
 
 Expected<std::string> serializePlan(const plan::Plan &plan, PlanEncoding encoding) {
@@ -77,6 +79,30 @@ std::string sha256Hex(StringRef bytes) {
                /*LowerCase=*/true);
 }
 
+Expected<std::string> externalDataSha256(const plan::Plan &plan, StringRef modelDir) {
+  std::set<std::string> locations;
+  std::string modelFile = sys::path::filename(plan.model().path()).str();
+  for (const onnx::TensorProto &w : plan.weights())
+    for (const onnx::StringStringEntryProto &entry : w.external_data())
+      if (entry.key() == "location" && entry.value() != modelFile)
+        locations.insert(entry.value());
+  if (locations.empty())
+    return "";
+  SHA256 hash;
+  for (const std::string &location : locations) {
+    SmallString<256> path(modelDir);
+    sys::path::append(path, location);
+    if (Error err = checkInsideFolder(path, modelDir, "external data location"))
+      return std::move(err);
+    auto buffer = readInputFile(path);
+    if (!buffer)
+      return buffer.takeError();
+    hash.update(StringRef(location.c_str(), location.size() + 1)); // with its NUL
+    hash.update((*buffer)->getBuffer());
+  }
+  return toHex(hash.final(), /*LowerCase=*/true);
+}
+
 Error writeFileAtomically(StringRef path, StringRef bytes) {
   std::string temp = (path + ".tmp").str();
   std::error_code ec;
@@ -102,13 +128,16 @@ Error writeFileAtomically(StringRef path, StringRef bytes) {
 
 Expected<plan::Plan> readPlan(StringRef path) {
   auto fail = [&](const Twine &why) { return fileError(path, why); };
-  auto buffer = MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  auto buffer = readInputFile(path);
   if (!buffer)
-    return fail("cannot open: " + buffer.getError().message());
+    return buffer.takeError();
   StringRef bytes = (*buffer)->getBuffer();
   plan::Plan plan;
   StringRef head = bytes.ltrim();
   bool parsed = false;
+  // protobuf logs why a parse failed (bad UTF-8, a text-format syntax error)
+  // on stderr; the error below is the one line the user sees.
+  google::protobuf::LogSilencer silence;
   if (head.startswith("{")) {
     google::protobuf::util::JsonParseOptions options;
     parsed = google::protobuf::util::JsonStringToMessage(std::string(bytes), &plan, options).ok();
@@ -123,25 +152,8 @@ Expected<plan::Plan> readPlan(StringRef path) {
     return fail("plan format_version " + Twine(plan.format_version()) +
                 " is not the one this pipec reads (" + Twine(PlanFormatVersion) +
                 "); recompile the model");
-  // What the readers index without checking (a hand-edited text or JSON
-  // plan may break it).
-  for (const plan::Stage &stage : plan.stages())
-    if (stage.rank() < 0 || stage.rank() >= plan.ranks_size())
-      return fail("stage " + Twine(stage.index()) + " is on rank " + Twine(stage.rank()) +
-                  ", but the plan has " + Twine(plan.ranks_size()) + " rank(s)");
-  if (plan.programs_size() > 0 && plan.hardware_size() == 0)
-    return fail("instruction streams but no hardware entries");
-  if (plan.programs_size() > plan.ranks_size())
-    return fail(Twine(plan.programs_size()) + " instruction streams for " +
-                Twine(plan.ranks_size()) + " rank(s)");
-  if (plan.stage_programs_size() > 0 && plan.stage_programs_size() != plan.stages_size())
-    return fail(Twine(plan.stage_programs_size()) + " stage programs for " +
-                Twine(plan.stages_size()) + " stage(s)");
-  for (const plan::RankProgram &program : plan.programs())
-    for (const plan::Instruction &ins : program.instructions())
-      if (ins.stage() < -1 || ins.stage() >= plan.stages_size())
-        return fail("an instruction of rank " + Twine(program.rank()) + " names stage " +
-                    Twine(ins.stage()) + " of " + Twine(plan.stages_size()));
+  if (Error err = checkPlan(plan))
+    return fail(toString(std::move(err)));
   return plan;
 }
 

@@ -38,9 +38,26 @@ llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef bytes);
 /// place). Errors name the path.
 llvm::Error writePlan(const plan::Plan &plan, llvm::StringRef path, PlanEncoding encoding);
 
-/// Reads a plan in any of the three encodings. Errors name the path: not a
-/// plan, truncated, or a format_version this build does not read.
+/// Reads a plan in any of the three encodings, then checks it (checkPlan).
+/// Errors name the path: not a plan, truncated, a format_version this build
+/// does not read, or what checkPlan refuses.
 llvm::Expected<plan::Plan> readPlan(llvm::StringRef path);
+
+/// What every reader may rely on without checking again (PlanCheck.cpp):
+/// counts positive, bounded and agreeing with each other and the streams;
+/// instruction stages, microbatches, peers and buffers in range; one
+/// OPTIMIZER_STEP per training rank; shapes with dimensions >= 0 whose
+/// bytes fit this machine; trainable names that are weights; external-data
+/// locations relative and inside the model's folder. The error names the
+/// field, rank, instruction or tensor at fault.
+llvm::Error checkPlan(const plan::Plan &plan);
+
+/// The sha256 over the external-data files \p plan's weights name, other
+/// than the model file itself (model.sha256 covers that): each distinct
+/// location in name order, as "LOCATION\0" then the file's bytes; "" when
+/// there are none. Each location must resolve, through symlinks, inside
+/// \p modelDir; errors name the location.
+llvm::Expected<std::string> externalDataSha256(const plan::Plan &plan, llvm::StringRef modelDir);
 
 } // namespace pipec
 

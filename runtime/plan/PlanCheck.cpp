@@ -1,0 +1,263 @@
+//===- PlanCheck.cpp - What every plan reader checks before use ----------===//
+//
+// A plan file is input like any other: hand-edited, truncated, or written
+// by someone else. readPlan runs checkPlan on every plan it returns, so that
+// report, simulate and run index its fields without checking them again:
+//
+//   counts     stages P, virtual stages V, microbatches M, data_parallel and
+//              the microbatch size are positive and bounded; there are P x V
+//              stages, P instruction streams and P x V stage programs
+//   streams    every instruction's stage, microbatch, peer, buffer and group
+//              ranks are in range, compute runs on its stage's rank, and a
+//              training rank has exactly one OPTIMIZER_STEP
+//   tensors    every shape (weights, data, messages, buffers) has dimensions
+//              >= 0 whose byte size fits int64 and this machine's memory
+//   names      every trainable name is a weight; a weight's external-data
+//              location is a relative path inside the model's folder
+//
+// Whether the streams match and cannot deadlock is verify-program's proof,
+// which the command line runs on top (passes/ is above this floor).
+//
+// Before:  schedule { stages: -1 }          (report aborted in the timeline)
+// After:   m.plan: schedule.stages -1: must be at least 1
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/plan/PlanFile.h"
+#include "support/DType.h"
+#include "support/Diagnostics.h"
+#include "support/InputFile.h"
+
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
+
+#include <optional>
+
+using namespace llvm;
+
+namespace pipec {
+
+namespace {
+
+using Ins = plan::Instruction;
+
+/// Far above any pipeline anyone runs, far below what would exhaust threads
+/// or memory before a single step.
+constexpr int64_t maxRanks = 65536;
+constexpr int64_t maxVirtualStages = 1024;
+constexpr int64_t maxMicrobatches = 1 << 20;
+
+Error planError(const Twine &what) {
+  return createStringError(inconvertibleErrorCode(), "%s", what.str().c_str());
+}
+
+/// The bytes of \p dims elements of \p elementSize bytes, or an error naming
+/// \p name for a negative dimension or a size past int64.
+template <typename Dims>
+Expected<int64_t> shapeBytes(const Twine &name, const Dims &dims, int64_t elementSize) {
+  int64_t bytes = std::max<int64_t>(elementSize, 1);
+  for (int64_t d : dims) {
+    if (d < 0)
+      return planError(name + " has dimension " + Twine(d) + " < 0");
+    if (d != 0 && bytes > std::numeric_limits<int64_t>::max() / d)
+      return planError(name + " has more than 2^63 bytes");
+    bytes *= d;
+  }
+  if (Error err = checkFitsMemory(name, bytes))
+    return std::move(err);
+  return bytes;
+}
+
+Error checkCount(StringRef field, int64_t value, int64_t low, int64_t high) {
+  if (value < low)
+    return planError(field + " " + Twine(value) + ": must be at least " + Twine(low));
+  if (value > high)
+    return planError(field + " " + Twine(value) + ": more than " + Twine(high));
+  return Error::success();
+}
+
+Error checkSchedule(const plan::Plan &plan) {
+  const plan::ScheduleInfo &s = plan.schedule();
+  if (s.mode() != "train" && s.mode() != "infer")
+    return planError("schedule.mode '" + s.mode() + "': expected train or infer");
+  if (Error err = checkCount("schedule.stages", s.stages(), 1, maxRanks))
+    return err;
+  if (Error err = checkCount("schedule.virtual_stages", s.virtual_stages(), 1, maxVirtualStages))
+    return err;
+  if (Error err = checkCount("schedule.microbatches", s.microbatches(), 1, maxMicrobatches))
+    return err;
+  // 0: a plan written before data parallelism, one replica.
+  if (Error err = checkCount("schedule.data_parallel", s.data_parallel(), 0, maxRanks / s.stages()))
+    return err;
+  int64_t replicas = std::max(1, s.data_parallel());
+  if (Error err = checkCount("schedule.microbatch_size", s.microbatch_size(),
+                             plan.programs_size() ? 1 : 0, int64_t(1) << 40))
+    return err;
+  if (s.global_batch() != 0 && s.microbatch_size() != 0 &&
+      s.global_batch() != s.microbatch_size() * s.microbatches() * replicas)
+    return planError(formatv("schedule.global_batch {0} is not microbatch_size {1} x "
+                             "microbatches {2} x data_parallel {3}",
+                             s.global_batch(), s.microbatch_size(), s.microbatches(), replicas));
+  int64_t chunks = int64_t(s.stages()) * s.virtual_stages();
+  if (plan.stages_size() != 0 && plan.stages_size() != chunks)
+    return planError(formatv("{0} stages for {1} ranks x {2} virtual stages", plan.stages_size(),
+                             s.stages(), s.virtual_stages()));
+  if (plan.ranks_size() != 0 && plan.ranks_size() != s.stages())
+    return planError(formatv("{0} rank entries for {1} stages", plan.ranks_size(), s.stages()));
+  if (plan.programs_size() != 0 && plan.programs_size() != s.stages())
+    return planError(
+        formatv("{0} instruction streams for {1} ranks", plan.programs_size(), s.stages()));
+  if (plan.stage_programs_size() != 0 && plan.stage_programs_size() != plan.stages_size())
+    return planError(formatv("{0} stage programs for {1} stages", plan.stage_programs_size(),
+                             plan.stages_size()));
+  for (int i = 0; i < plan.stages_size(); ++i) {
+    const plan::Stage &stage = plan.stages(i);
+    if (stage.rank() < 0 || stage.rank() >= s.stages())
+      return planError(formatv("stage {0} is on rank {1}, but the plan has {2} rank(s)", i,
+                               stage.rank(), s.stages()));
+    if (stage.index() != i || stage.chunk() < 0 || stage.chunk() >= s.virtual_stages())
+      return planError(formatv("stage {0}: index {1}, chunk {2} (of {3} per rank)", i,
+                               stage.index(), stage.chunk(), s.virtual_stages()));
+  }
+  for (int i = 0; i < plan.stage_programs_size(); ++i)
+    if (plan.stage_programs(i).stage() != i)
+      return planError(
+          formatv("stage program {0} says it is stage {1}", i, plan.stage_programs(i).stage()));
+  return Error::success();
+}
+
+/// One instruction of rank \p r's stream, at \p at.
+Error checkInstruction(const plan::Plan &plan, int r, int at, const plan::RankProgram &program) {
+  const Ins &ins = program.instructions(at);
+  auto fail = [&](const Twine &why) {
+    return planError("rank " + Twine(r) + " instruction " + Twine(at) + ": " + why);
+  };
+  if (!Ins::Op_IsValid(ins.op()))
+    return fail("unknown op " + Twine(int(ins.op())));
+  int ranks = plan.schedule().stages(), microbatches = plan.schedule().microbatches();
+  bool compute = ins.op() == Ins::FORWARD || ins.op() == Ins::RECOMPUTE ||
+                 ins.op() == Ins::BACKWARD || ins.op() == Ins::BACKWARD_INPUT ||
+                 ins.op() == Ins::BACKWARD_WEIGHT;
+  bool message = ins.op() == Ins::SEND || ins.op() == Ins::RECV;
+  if (ins.stage() < -1 || ins.stage() >= plan.stages_size() || (compute && ins.stage() < 0))
+    return fail("stage " + Twine(ins.stage()) + " of " + Twine(plan.stages_size()));
+  if (compute && plan.stages(ins.stage()).rank() != r)
+    return fail("stage " + Twine(ins.stage()) + " runs on rank " +
+                Twine(plan.stages(ins.stage()).rank()));
+  if ((compute || message || ins.op() == Ins::LOAD) &&
+      (ins.microbatch() < 0 || ins.microbatch() >= microbatches))
+    return fail("microbatch " + Twine(ins.microbatch()) + " of " + Twine(microbatches));
+  if (message) {
+    if (ins.peer() < 0 || ins.peer() >= ranks || ins.peer() == r)
+      return fail("peer " + Twine(ins.peer()) + " (ranks 0.." + Twine(ranks - 1) + ")");
+    std::optional<DType> type = dtypeOfName(ins.tensor().dtype());
+    if (!type || dtypeSize(*type) == 0)
+      return fail("tensor '" + ins.tensor().name() + "' has dtype '" + ins.tensor().dtype() + "'");
+    auto bytes =
+        shapeBytes("tensor '" + ins.tensor().name() + "'", ins.tensor().shape(), dtypeSize(*type));
+    if (!bytes)
+      return fail(toString(bytes.takeError()));
+    if (ins.tensor().bytes() < 0 || ins.tensor().bytes() > *bytes)
+      return fail(formatv("tensor '{0}' claims {1} bytes for {2}", ins.tensor().name(),
+                          ins.tensor().bytes(), *bytes));
+  }
+  if (ins.op() == Ins::ALLREDUCE) {
+    for (int peer : ins.ranks())
+      if (peer < 0 || peer >= ranks)
+        return fail("all-reduce group '" + ins.group() + "' names rank " + Twine(peer));
+    if (ins.bytes() < 0)
+      return fail("all-reduce of " + Twine(ins.bytes()) + " bytes");
+  }
+  if (ins.buffer() < 0 || (ins.buffer() > 0 && ins.buffer() >= program.buffers_size()))
+    return fail("buffer " + Twine(ins.buffer()) + " of " + Twine(program.buffers_size()));
+  return Error::success();
+}
+
+Error checkPrograms(const plan::Plan &plan) {
+  bool training = plan.schedule().mode() == "train";
+  for (int r = 0; r < plan.programs_size(); ++r) {
+    const plan::RankProgram &program = plan.programs(r);
+    if (program.rank() != r)
+      return planError(formatv("instruction stream {0} says it is rank {1}", r, program.rank()));
+    int steps = 0;
+    for (int i = 0; i < program.instructions_size(); ++i) {
+      if (Error err = checkInstruction(plan, r, i, program))
+        return err;
+      steps += program.instructions(i).op() == Ins::OPTIMIZER_STEP;
+    }
+    // Training ranks update once per step; without it the rank's weights
+    // silently stay where they were.
+    if (steps != (training ? 1 : 0))
+      return planError(formatv("rank {0} has {1} OPTIMIZER_STEP instructions; a {2} step has {3}",
+                               r, steps, training ? "training" : "inference", training ? 1 : 0));
+    for (const plan::Buffer &b : program.buffers())
+      if (b.bytes() < 0 || b.slot() < 0 || (program.slots() > 0 && b.slot() >= program.slots()))
+        return planError(formatv("rank {0} buffer {1}: {2} bytes in slot {3} of {4}", r, b.index(),
+                                 b.bytes(), b.slot(), program.slots()));
+    for (int64_t bytes : program.slot_bytes())
+      if (Error err = checkFitsMemory("rank " + Twine(r) + "'s activation slot", bytes))
+        return err;
+  }
+  return Error::success();
+}
+
+/// A weight's shape, type and external-data location.
+Error checkWeight(const onnx::TensorProto &w) {
+  std::string name = "weight '" + w.name() + "'";
+  if (!isKnownDType(w.data_type()))
+    return planError(name + " has unknown data type " + Twine(w.data_type()));
+  if (auto bytes = shapeBytes(name, w.dims(), dtypeSize(static_cast<DType>(w.data_type()))); !bytes)
+    return bytes.takeError();
+  for (const onnx::StringStringEntryProto &entry : w.external_data()) {
+    if (entry.key() != "location")
+      continue;
+    StringRef location = entry.value();
+    if (location.empty() || location.find('\0') != StringRef::npos)
+      return planError(name + ": external-data location is empty or holds a NUL byte");
+    if (sys::path::is_absolute(location) ||
+        std::any_of(sys::path::begin(location), sys::path::end(location),
+                    [](StringRef part) { return part == ".."; }))
+      return planError(name + ": external-data location '" + location +
+                       "' is outside the model's folder");
+  }
+  return Error::success();
+}
+
+Error checkTensors(const plan::Plan &plan) {
+  StringSet<> weights;
+  for (const onnx::TensorProto &w : plan.weights()) {
+    if (!weights.insert(w.name()).second)
+      return planError("weight '" + w.name() + "' is listed twice");
+    if (Error err = checkWeight(w))
+      return err;
+  }
+  for (const std::string &name : plan.trainable())
+    if (!weights.count(name))
+      return planError("trainable '" + name + "' is not one of the plan's weights");
+  for (const plan::DataInput &d : plan.data()) {
+    std::optional<DType> type = dtypeOfName(d.dtype());
+    if (!type || dtypeSize(*type) == 0)
+      return planError("data input '" + d.name() + "' has dtype '" + d.dtype() + "'");
+    if (auto bytes = shapeBytes("data input '" + d.name() + "'", d.shape(), dtypeSize(*type));
+        !bytes)
+      return bytes.takeError();
+    if (d.shape_size() > 0 && (d.batch_axis() < 0 || d.batch_axis() >= d.shape_size()))
+      return planError(formatv("data input '{0}' has batch axis {1} of {2} dimensions", d.name(),
+                               d.batch_axis(), d.shape_size()));
+    if (d.high() < 0)
+      return planError("data input '" + d.name() + "' has high " + Twine(d.high()));
+  }
+  return Error::success();
+}
+
+} // namespace
+
+Error checkPlan(const plan::Plan &plan) {
+  if (Error err = checkSchedule(plan))
+    return err;
+  if (Error err = checkPrograms(plan))
+    return err;
+  return checkTensors(plan);
+}
+
+} // namespace pipec

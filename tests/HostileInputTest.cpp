@@ -1,0 +1,391 @@
+//===- HostileInputTest.cpp - Careless or hostile input through the CLI -===//
+//
+// The cases of a careless or hostile user: bad flag values, hand-edited
+// plans, files that are not what they claim, outputs over inputs. Each ends
+// in one "pipec: error:" line naming the fault and exit 2 (a malformed flag
+// or value) or 1 (bad input or a failed step), or in the correct behaviour;
+// never a signal, a hang or a silently different number.
+//
+//===----------------------------------------------------------------------===//
+#include "TestUtil.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Regex.h"
+
+#include <fstream>
+
+using namespace pipec::test;
+
+namespace {
+
+const std::string pipecBinary = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
+
+/// A small GPT with a loss, compiled for 2 CPU ranks as a text plan.
+class Hostile : public ::testing::Test {
+protected:
+  void SetUp() override {
+    model = dir.path("g.onnx");
+    plan = dir.path("g.plan");
+    std::string out;
+    ASSERT_EQ(runCommand(pipecBinary +
+                             " model gpt --layers 2 --hidden 16 --vocab 50 --seq 8 --loss -o " +
+                             model,
+                         out),
+              0)
+        << out;
+    ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " -o " + plan +
+                             " --stages 2 --microbatches 4 --hardware cpu --emit text",
+                         out),
+              0)
+        << out;
+    planText = readFile(plan);
+  }
+
+  /// Runs \p args; expects exit \p code and, when it fails, one line that
+  /// starts "pipec: error: " and contains \p needle.
+  void expectError(const std::string &args, int code, const std::string &needle) {
+    std::string out;
+    EXPECT_EQ(runCommand(pipecBinary + " " + args, out), code) << args << "\n" << out;
+    EXPECT_EQ(out.rfind("pipec: error: ", 0), 0u) << args << "\n" << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << args << "\n" << out;
+    EXPECT_NE(out.find(needle), std::string::npos) << args << "\n" << out;
+  }
+
+  /// The plan with \p pattern (a regular expression) replaced by \p with,
+  /// written to a new file; returns its path.
+  std::string editedPlan(const std::string &name, const std::string &pattern,
+                         const std::string &with) {
+    std::string text = planText;
+    llvm::Regex re(pattern, llvm::Regex::Newline);
+    EXPECT_TRUE(re.match(text)) << pattern;
+    text = re.sub(with, text);
+    std::string path = dir.path(name);
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  TempDir dir;
+  std::string model, plan, planText;
+};
+
+TEST_F(Hostile, MalformedFlagValuesExitTwo) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"run PLAN --lr -1", "--lr -1: must be a finite number >= 0"},
+      {"run PLAN --lr nan", "--lr nan: must be"},
+      {"run PLAN --lr inf", "--lr inf: must be"},
+      {"run PLAN --momentum 2", "--momentum 2: must be in [0, 1)"},
+      {"run PLAN --momentum 1", "--momentum 1: must be in [0, 1)"},
+      {"run PLAN --weight-decay -1", "--weight-decay -1: must be"},
+      {"run PLAN --clip-grad-norm nan", "--clip-grad-norm nan"},
+      {"run PLAN --timeout 0", "--timeout 0"},
+      {"run PLAN --steps 0", "--steps 0: must be at least 1"},
+      {"run PLAN --warmup -2", "--warmup -2"},
+      {"run PLAN --lr abc", "'abc' value invalid"},
+      {"run PLAN --optimizer lion", "--optimizer lion: expected sgd, momentum or adamw"},
+      {"run PLAN --comm carrier-pigeon", "--comm carrier-pigeon: expected local, mpi or nccl"},
+      {"run PLAN --no-such-flag", "Unknown command line argument '--no-such-flag'"},
+      {"compile MODEL -o X --microbatches 0", "--microbatches 0: must be at least 1"},
+      {"compile MODEL -o X --microbatches -1", "--microbatches -1: must be at least 1"},
+      {"compile MODEL -o X --batch 0", "--batch 0: must be at least 1"},
+      {"compile MODEL -o X --batch -1", "--batch -1: must be at least 1"},
+      {"compile MODEL -o X --memory-limit 1e30", "--memory-limit 1e30: more than 9.2e18 bytes"},
+      {"compile MODEL -o X --memory-limit -5GB", "--memory-limit -5GB: expected a size"},
+      {"compile MODEL -o X --schedule zigzag", "--schedule zigzag: expected gpipe"},
+      {"compile MODEL -o X --optimizer lion", "--optimizer lion: expected"},
+      {"compile MODEL -o X --stages 0", "--stages must be at least 1"},
+      {"compile MODEL -o X --emit yaml", "--emit yaml: expected"},
+      {"compile MODEL -o MODEL", "-o " + model + ": is an input of this command"},
+      {"report PLAN -o PLAN", "is an input of this command"},
+      {"simulate PLAN --width 5", "--width 5: must be at least 20 columns"},
+      {"inspect MODEL --format yaml", "--format yaml: expected text or json"},
+      {"model transformerxl -o X", "transformerxl"},
+  };
+  for (const auto &[args, needle] : cases) {
+    std::string line = args;
+    for (auto [from, to] : {std::pair<std::string, std::string>{"PLAN", plan},
+                            {"MODEL", model},
+                            {" X", " " + dir.path("x.out")}})
+      for (size_t at; (at = line.find(from)) != std::string::npos;)
+        line.replace(at, from.size(), to);
+    expectError(line, 2, needle);
+  }
+  // Nothing was written over the model or anywhere else.
+  EXPECT_FALSE(fileExists(dir.path("x.out")));
+  EXPECT_EQ(readFile(plan), planText);
+  std::string out;
+  EXPECT_EQ(runCommand(pipecBinary + " inspect " + model, out), 0) << out;
+}
+
+TEST_F(Hostile, NonUtf8PathIsRefusedBeforeWriting) {
+  std::string bad = dir.path("plan-\xff\xfe.plan");
+  expectError("compile " + model + " -o '" + bad + "'", 2, "argument 4 is not valid UTF-8");
+  EXPECT_FALSE(fileExists(bad));
+}
+
+/// The initializers of an ONNX file by name, as raw bytes.
+std::map<std::string, std::string> weightBytes(const std::string &path) {
+  onnx::ModelProto m;
+  std::string bytes = readFile(path);
+  EXPECT_TRUE(m.ParseFromString(bytes)) << path;
+  std::map<std::string, std::string> out;
+  for (const onnx::TensorProto &t : m.graph().initializer())
+    out[t.name()] = t.raw_data();
+  return out;
+}
+
+TEST_F(Hostile, LearningRateZeroLeavesEveryWeightAsItWas) {
+  std::string out;
+  auto before = weightBytes(model);
+  ASSERT_GT(before.size(), 10u);
+  for (const char *optimizer : {"sgd", "momentum", "adamw"}) {
+    std::string saved = dir.path(std::string("zero-") + optimizer + ".onnx");
+    ASSERT_EQ(runCommand(pipecBinary + " run " + plan +
+                             " --quiet --steps 2 --lr 0 --weight-decay 0.1 " + "--optimizer " +
+                             optimizer + " --save-weights " + saved,
+                         out),
+              0)
+        << out;
+    EXPECT_TRUE(weightBytes(saved) == before) << optimizer << ": --lr 0 moved a weight";
+  }
+  // The same run with a rate does move them: the comparison can fail.
+  std::string moved = dir.path("moved.onnx");
+  ASSERT_EQ(
+      runCommand(pipecBinary + " run " + plan + " --quiet --lr 0.1 --save-weights " + moved, out),
+      0)
+      << out;
+  auto after = weightBytes(moved);
+  EXPECT_NE(after["lm_head.weight"], before["lm_head.weight"]);
+}
+
+TEST_F(Hostile, EditedPlansAreRefusedByEveryReader) {
+  struct Case {
+    const char *name, *pattern, *with, *needle;
+  };
+  const Case cases[] = {
+      {"negative-stages", "^  stages: 2$", "  stages: -1",
+       "schedule.stages -1: must be at least 1"},
+      {"zero-microbatches", "^  microbatches: 4$", "  microbatches: 0",
+       "schedule.microbatches 0: must be at least 1"},
+      {"huge-microbatches", "^  microbatches: 4$", "  microbatches: 2000000000",
+       "schedule.microbatches 2000000000: more than"},
+      {"fewer-microbatches", "^  microbatches: 4$\n(.*\n)*  global_batch: 4$",
+       "  microbatches: 2\n  mode: \"train\"\n  data_parallel: 1\n  global_batch: 2",
+       "microbatch 2 of 2"},
+      {"data-parallel", "^  data_parallel: 1$", "  data_parallel: 100000",
+       "schedule.data_parallel 100000: more than 32768"},
+      {"global-batch", "^  data_parallel: 1$", "  data_parallel: 1000",
+       "schedule.global_batch 4 is not microbatch_size 1 x microbatches 4 x data_parallel 1000"},
+      {"no-optimizer-step",
+       "  instructions \\{\n    op: OPTIMIZER_STEP\n    stage: -1\n    microbatch: -1\n  \\}\n", "",
+       "rank 0 has 0 OPTIMIZER_STEP instructions; a training step has 1"},
+      {"bogus-trainable", "^trainable: \"lm_head.weight\"$", "trainable: \"lm_head.wieght\"",
+       "trainable 'lm_head.wieght' is not one of the plan's weights"},
+      {"absolute-location", "value: \"g.onnx\"", "value: \"/etc/passwd\"",
+       "external-data location '/etc/passwd' is outside the model's folder"},
+      {"parent-location", "value: \"g.onnx\"", "value: \"../g.onnx\"", "is outside the model's"},
+      {"huge-weight", "^weights \\{\n  dims: 50$", "weights {\n  dims: 1099511627776",
+       "weight 'transformer.wte.weight' needs"},
+      {"negative-weight-dim", "^weights \\{\n  dims: 50$", "weights {\n  dims: -50",
+       "weight 'transformer.wte.weight' has dimension -50 < 0"},
+      {"bad-peer", "peer: 1$", "peer: 9", "peer 9"},
+  };
+  for (const Case &c : cases) {
+    std::string edited = editedPlan(std::string(c.name) + ".plan", c.pattern, c.with);
+    for (const char *command : {"report", "simulate", "run --quiet"})
+      expectError(std::string(command) + " " + edited, 1, c.needle);
+  }
+}
+
+/// A thousand replicas are for mpirun, not for threads of one process.
+TEST_F(Hostile, LocalRunsBoundTheirThreads) {
+  std::string edited = editedPlan("replicas.plan", "^  data_parallel: 1\n  global_batch: 4$",
+                                  "  data_parallel: 1000\n  global_batch: 4000");
+  expectError("run --quiet " + edited, 1, "the plan has 2000 ranks as threads of one process");
+}
+
+/// A NumPy .npy (version 1) of \p descr ('<f4', '<i8') and \p shape over
+/// \p data, whose size need not match the shape.
+void writeNpy(const std::string &path, const std::string &descr, const std::string &shape,
+              const std::string &data) {
+  std::string header =
+      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
+  header += '\n';
+  std::string bytes = "\x93NUMPY\x01";
+  bytes += '\0';
+  bytes += static_cast<char>(header.size() & 0xff);
+  bytes += static_cast<char>(header.size() >> 8);
+  std::ofstream(path, std::ios::binary) << bytes << header << data;
+}
+
+template <typename T> std::string rawBytes(const std::vector<T> &values) {
+  return std::string(reinterpret_cast<const char *>(values.data()), values.size() * sizeof(T));
+}
+
+TEST_F(Hostile, FilesThatAreNotFilesAreRefused) {
+  expectError("inspect /dev/zero", 1, "/dev/zero: is not a regular file");
+  expectError("report /dev/zero", 1, "/dev/zero: is not a regular file");
+  std::string data = dir.path("data");
+  llvm::sys::fs::create_directories(data);
+  ASSERT_FALSE(llvm::sys::fs::create_link("/dev/zero", data + "/input_ids.npy"));
+  expectError("run --quiet " + plan + " --data " + data, 1, "input_ids.npy: is not a regular file");
+  expectError("inspect " + dir.root(), 1, "is a directory, not a file");
+}
+
+TEST_F(Hostile, NpyHeadersAreCheckedAgainstTheirBytes) {
+  std::string data = dir.path("data");
+  llvm::sys::fs::create_directories(data);
+  writeNpy(data + "/input_ids.npy", "<i8", "(1099511627776, 16)", std::string(1024, '\0'));
+  writeNpy(data + "/labels.npy", "<i8", "(8, 8)", rawBytes(std::vector<int64_t>(64, 1)));
+  expectError("run --quiet " + plan + " --data " + data, 1,
+              "input_ids.npy: holds 1024 bytes of data, shape [1099511627776,16] needs "
+              "140737488355328");
+  writeNpy(data + "/input_ids.npy", "<i8", "(4611686018427387904, 16)", std::string(8, '\0'));
+  expectError("run --quiet " + plan + " --data " + data, 1, "needs more than 2^64");
+}
+
+TEST_F(Hostile, TokenIdsAndSampleCountsAreChecked) {
+  std::string data = dir.path("data");
+  llvm::sys::fs::create_directories(data);
+  std::vector<int64_t> ids(8 * 8, 3), labels(8 * 8, 4);
+  ids[2 * 8 + 5] = -1; // sample 2
+  writeNpy(data + "/input_ids.npy", "<i8", "(8, 8)", rawBytes(ids));
+  writeNpy(data + "/labels.npy", "<i8", "(8, 8)", rawBytes(labels));
+  expectError("run --quiet " + plan + " --data " + data, 1,
+              "input 'input_ids' sample 2 holds -1, outside [0, 50): the rows of the table it "
+              "indexes");
+  ids[2 * 8 + 5] = 50; // one past the vocabulary
+  writeNpy(data + "/input_ids.npy", "<i8", "(8, 8)", rawBytes(ids));
+  expectError("run --quiet " + plan + " --data " + data, 1, "sample 2 holds 50, outside [0, 50)");
+  ids[2 * 8 + 5] = 49;
+  writeNpy(data + "/input_ids.npy", "<i8", "(5, 8)", rawBytes(std::vector<int64_t>(40, 3)));
+  expectError("run --quiet " + plan + " --data " + data, 1,
+              "input 'labels' has 8 samples, input 'input_ids' 5; every input needs the same "
+              "number");
+  writeNpy(data + "/input_ids.npy", "<i8", "(8, 8)", rawBytes(ids));
+  std::string out;
+  EXPECT_EQ(runCommand(pipecBinary + " run --quiet " + plan + " --data " + data, out), 0) << out;
+}
+
+TEST_F(Hostile, NonFiniteDataAndLossStopTheRun) {
+  std::string mlp = dir.path("m.onnx"), mlpPlan = dir.path("m.plan"), out;
+  ASSERT_EQ(
+      runCommand(pipecBinary + " model mlp --layers 2 --hidden 16 --vocab 8 --loss -o " + mlp, out),
+      0)
+      << out;
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + mlp + " -o " + mlpPlan +
+                           " --stages 2 --microbatches 4 --hardware cpu",
+                       out),
+            0)
+      << out;
+  std::string data = dir.path("data");
+  llvm::sys::fs::create_directories(data);
+  std::vector<float> x(8 * 8, 0.5f), labels(8 * 8, 0.25f);
+  x[3 * 8 + 1] = std::numeric_limits<float>::quiet_NaN(); // sample 3
+  writeNpy(data + "/x.npy", "<f4", "(8, 8)", rawBytes(x));
+  writeNpy(data + "/labels.npy", "<f4", "(8, 8)", rawBytes(labels));
+  std::string saved = dir.path("trained.onnx");
+  expectError("run --quiet " + mlpPlan + " --data " + data + " --save-weights " + saved, 1,
+              "--data " + data + ": input 'x' sample 3 holds NaN (pass --allow-nonfinite");
+  // Fed on purpose, the NaN reaches the loss, which stops the run before
+  // any weight moves: nothing is saved.
+  expectError("run --quiet " + mlpPlan + " --data " + data + " --allow-nonfinite --save-weights " +
+                  saved,
+              1, "step 1 microbatch 3: the loss is NaN; stopped before the optimizer step");
+  EXPECT_FALSE(fileExists(saved));
+  x[3 * 8 + 1] = std::numeric_limits<float>::infinity();
+  writeNpy(data + "/x.npy", "<f4", "(8, 8)", rawBytes(x));
+  expectError("run --quiet " + mlpPlan + " --data " + data, 1, "sample 3 holds inf");
+}
+
+TEST_F(Hostile, ConvChannelsAreCheckedAgainstTheWeight) {
+  for (int64_t channels : {int64_t(5), int64_t(1) << 40}) {
+    GraphBuilder b;
+    b.input("x", 1, {1, channels, 8, 8});
+    b.weight("w", {4, 3, 3, 3});
+    b.node("Conv", {"x", "w"}, {"y"}, "conv");
+    b.output("y");
+    std::string path = dir.path("conv.onnx");
+    b.write(path);
+    expectError("inspect " + path, 1,
+                "input 'x' has " + std::to_string(channels) +
+                    " channels, the weight 'w' [4,3,3,3] expects 3");
+  }
+}
+
+TEST_F(Hostile, DuplicateInitializersAreRefused) {
+  GraphBuilder b;
+  b.input("x", 1, {2, 4});
+  b.weight("w", {4, 4});
+  b.weight("w", {4, 4});
+  b.node("MatMul", {"x", "w"}, {"y"}, "mm");
+  b.output("y");
+  std::string path = dir.path("dup.onnx");
+  b.write(path);
+  expectError("inspect " + path, 1, "initializer 'w' is defined twice (#0 and #1)");
+}
+
+/// A GPT whose weights are in g.onnx.data beside it.
+class HostileExternal : public Hostile {
+protected:
+  void SetUp() override {
+    model = dir.path("m/g.onnx");
+    plan = dir.path("m/g.plan");
+    llvm::sys::fs::create_directories(dir.path("m"));
+    std::string out;
+    ASSERT_EQ(runCommand(pipecBinary +
+                             " model gpt --layers 2 --hidden 16 --vocab 50 --seq 8 --loss " +
+                             "--external-data -o " + model,
+                         out),
+              0)
+        << out;
+    ASSERT_TRUE(fileExists(model + ".data"));
+  }
+  std::string compile() {
+    std::string out;
+    runCommand(pipecBinary + " compile " + model + " -o " + plan + " --stages 2 --hardware cpu",
+               out);
+    return out;
+  }
+};
+
+TEST_F(HostileExternal, ExternalDataStaysInsideTheModelsFolder) {
+  ASSERT_EQ(compile().find("error"), std::string::npos);
+  // The data moved out, and a symlink left in its place.
+  std::string outside = dir.path("outside.data");
+  ASSERT_FALSE(llvm::sys::fs::rename(model + ".data", outside));
+  ASSERT_FALSE(llvm::sys::fs::create_link(outside, model + ".data"));
+  for (const char *command : {"inspect ", "compile --hardware cpu -o /dev/null "})
+    expectError(command + model, 1, "resolves to " + outside + ", outside " + dir.path("m"));
+  expectError("run --quiet " + plan, 1, "resolves to " + outside + ", outside");
+  // /etc/passwd through a symlink is the same case.
+  llvm::sys::fs::remove(model + ".data");
+  ASSERT_FALSE(llvm::sys::fs::create_link("/etc/passwd", model + ".data"));
+  expectError("inspect " + model, 1, "resolves to /etc/passwd, outside");
+}
+
+TEST_F(HostileExternal, NulInALocationIsRefused) {
+  onnx::ModelProto m;
+  ASSERT_TRUE(m.ParseFromString(readFile(model)));
+  for (onnx::TensorProto &t : *m.mutable_graph()->mutable_initializer())
+    for (auto &entry : *t.mutable_external_data())
+      if (entry.key() == "location")
+        entry.set_value(std::string("g.onnx.data\0/../../etc/passwd", 30));
+  std::string bytes;
+  m.SerializeToString(&bytes);
+  std::ofstream(model, std::ios::binary) << bytes;
+  expectError("inspect " + model, 1, "external data location 'g.onnx.data' holds a NUL byte");
+}
+
+TEST_F(HostileExternal, ThePlansHashCoversTheExternalData) {
+  ASSERT_EQ(compile().find("error"), std::string::npos);
+  std::string out;
+  ASSERT_EQ(runCommand(pipecBinary + " run --quiet " + plan, out), 0) << out;
+  // Another model's weights of the same shapes: one byte differs.
+  std::string data = readFile(model + ".data");
+  data[data.size() / 2] ^= 1;
+  std::ofstream(model + ".data", std::ios::binary) << data;
+  expectError("run --quiet " + plan, 1, "its external data has sha256");
+}
+
+} // namespace
