@@ -30,12 +30,13 @@ constexpr GradKind gradKind(const char *column) {
 
 // clang-format off
 const OpDef rows[] = {
-#define PIPEC_OP(ID, DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, SHAPE, COST, GRAD, CPU, DEVICE, FLAGS)  \
+#define PIPEC_OP(ID, DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, SHAPE, COST, GRAD, CPU, DEVICE, FOLD,    \
+                 FLAGS)                                                                            \
     {OpId::ID, OpDomain::DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, FLAGS, gradKind(#GRAD),              \
-     implemented(#CPU), implemented(#DEVICE), std::nullopt},
-#define PIPEC_ELEMENTWISE(ID, DOMAIN, NAME, SINCE, ARITY, COST, GRAD, CPU, FLAGS)                  \
+     implemented(#CPU), implemented(#DEVICE), implemented(#FOLD), std::nullopt},
+#define PIPEC_ELEMENTWISE(ID, DOMAIN, NAME, SINCE, ARITY, COST, GRAD, CPU, FOLD, FLAGS)            \
     {OpId::ID, OpDomain::DOMAIN, NAME, SINCE, ARITY, ARITY, FLAGS, gradKind(#GRAD), true, true,    \
-     ElemOp::ID},
+     implemented(#FOLD), ElemOp::ID},
 #include "ops/Ops.def"
 };
 // clang-format on

@@ -37,8 +37,6 @@ enum class OpId : uint16_t {
 /// Ops.def's FLAGS.
 enum OpFlags : uint8_t {
   NoFlags = 0,
-  /// Constant folding may evaluate it on compile-time values.
-  Fold = 1,
   /// A fused element-wise node may take it (beyond the element-wise rows,
   /// whose math decides).
   Fuse = 2,
@@ -72,6 +70,8 @@ struct OpDef {
   GradKind grad;
   bool hasCpuKernel;
   bool hasDeviceKernel;
+  /// Constant folding evaluates it on compile-time values (FOLD is not none).
+  bool foldable;
   /// The element-wise code of PIPEC_ELEMENTWISE rows.
   std::optional<ElemOp> elem;
 

@@ -16,8 +16,8 @@
 
 namespace pipec {
 
-/// True if Ops.def marks \p op Fold (default domain only) and the evaluator
-/// implements it.
+/// True if the FOLD column of \p op's row of Ops.def names an evaluator
+/// (default domain only).
 bool isEvaluable(const Graph &graph, const Op &op);
 
 /// Evaluates \p op on \p inputs (nullptr for an omitted optional input).

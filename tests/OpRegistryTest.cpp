@@ -3,7 +3,7 @@
 // Ops.def is the one list of ops. These tests build graphs from its rows
 // and check that what the compiler decides per op follows them: inspect
 // warns about no op the CPU runs, and names the ones it does not; constant
-// folding evaluates every op marked Fold and no other.
+// folding evaluates every op whose FOLD names an evaluator, and no other.
 //
 //===----------------------------------------------------------------------===//
 #include "ops/OpRegistry.h"
@@ -89,8 +89,8 @@ TEST(OpRegistry, FoldingEvaluatesEveryFoldOp) {
   for (const Op &op : graph.ops) {
     const OpDef *def = lookupOp("", op.opType, 23);
     ASSERT_TRUE(def);
-    EXPECT_EQ(isEvaluable(graph, op), def->has(Fold)) << op.opType;
-    foldable += def->has(Fold);
+    EXPECT_EQ(isEvaluable(graph, op), def->foldable) << op.opType;
+    foldable += def->foldable;
   }
   EXPECT_GT(foldable, 40);
   // The contrib domain folds nothing.

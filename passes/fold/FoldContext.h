@@ -80,6 +80,8 @@ struct FoldContext {
 
 /// Computes the outputs of ctx.op.
 using Evaluator = FoldResult (*)(const FoldContext &ctx);
+/// The FOLD token of an op that is never folded.
+inline constexpr Evaluator none = nullptr;
 
 // ShapeFolds.cpp
 FoldResult constant(const FoldContext &ctx);

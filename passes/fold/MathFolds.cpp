@@ -1,6 +1,6 @@
 //===- MathFolds.cpp - Evaluators of element-wise math and reductions -----===//
 //
-// The binary and unary ops marked Fold, and ReduceMax/Min/Prod/Sum. An
+// The ops whose FOLD is binary or unary, and ReduceMax/Min/Prod/Sum. An
 // element is computed as a double when the op has a float operand and as an
 // int64 otherwise, then stored in the output's type. Where that formula is
 // the one of runtime/kernels/ElementMath.h on the same type, it is called

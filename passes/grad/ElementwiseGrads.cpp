@@ -38,7 +38,7 @@ constexpr bool differentiable(ElemOp op) {
 // derivative (GradFrom::Zero rows take `none`).
 #define PIPEC_OP(ID, DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, SHAPE, COST, GRAD, ...)                  \
   static_assert(!same(#GRAD, "unary"), NAME ": GRAD unary is for element-wise rows");
-#define PIPEC_ELEMENTWISE(ID, DOMAIN, NAME, SINCE, ARITY, COST, GRAD, CPU, FLAGS)                  \
+#define PIPEC_ELEMENTWISE(ID, DOMAIN, NAME, SINCE, ARITY, COST, GRAD, ...)                         \
   static_assert(!same(#GRAD, "unary") || (ARITY == 1 && differentiable(ElemOp::ID)),               \
                 NAME ": GRAD unary needs a unary op whose math has a derivative");
 #include "ops/Ops.def"

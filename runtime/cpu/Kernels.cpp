@@ -149,9 +149,8 @@ namespace elem = kernels::elem;
 /// The CPU kernel of each row of Ops.def, by OpId.
 // clang-format off
 const KernelFn kernelTable[] = {
-#define PIPEC_OP(ID, DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, SHAPE, COST, GRAD, CPU, DEVICE, FLAGS)  \
-    &CPU,
-#define PIPEC_ELEMENTWISE(ID, DOMAIN, NAME, SINCE, ARITY, COST, GRAD, CPU, FLAGS)                  \
+#define PIPEC_OP(ID, DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, SHAPE, COST, GRAD, CPU, ...) &CPU,
+#define PIPEC_ELEMENTWISE(ID, DOMAIN, NAME, SINCE, ARITY, COST, GRAD, CPU, ...)                    \
     &CPU<elem::ID, ARITY>,
 #include "ops/Ops.def"
 };

@@ -398,7 +398,7 @@ Result CudaBackend::runDevice(const NodeView &n) {
   // The device kernel of each row of ops/Ops.def, by OpId.
   // clang-format off
   static const Method table[] = {
-#define PIPEC_OP(ID, DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, SHAPE, COST, GRAD, CPU, DEVICE, FLAGS)  \
+#define PIPEC_OP(ID, DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, SHAPE, COST, GRAD, CPU, DEVICE, ...)    \
       &CudaBackend::DEVICE,
 #define PIPEC_ELEMENTWISE(ID, ...) &CudaBackend::elementwise,
 #include "ops/Ops.def"

@@ -86,7 +86,7 @@ namespace {
 
 Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOptions &options) {
   if (Error err = checkRunOptions(options))
-    return std::move(err);
+    return err;
   auto model = checkPlanModel(plan, options);
   if (!model)
     return model.takeError();
