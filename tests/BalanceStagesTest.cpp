@@ -378,7 +378,7 @@ TEST(BalanceStages, TimeNeverPredictsASlowerStepThanParamsOrUniform) {
 /// old `time`) predicts a slower step than `uniform`: its bottleneck stage
 /// is as fast as it can be, but the step also pays the warm-up and
 /// cool-down through every stage and the optimizer over each rank's
-/// weights. Measured: see docs/USER_GUIDE.md (balance).
+/// weights. The compiled plans: docs/USER_GUIDE.md, "Balancing".
 TEST(BalanceStages, Llama3_8BShapeTimeIsTheFastestStep) {
   models::GeneratorOptions o(models::Family::Llama, 32, 4096, 128256, 4096, 32);
   o.kvHeads = 8;
