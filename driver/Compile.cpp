@@ -3,11 +3,13 @@
 #include "compiler/schedule/Schedule.h"
 #include "compiler/sim/Simulator.h"
 #include "driver/InspectReport.h"
+#include "driver/Report.h"
 #include "passes/BalanceStages.h"
 #include "passes/Differentiate.h"
 #include "passes/GroupLayers.h"
 #include "passes/LowerSchedule.h"
 #include "passes/PlanMemory.h"
+#include "passes/PredictStep.h"
 #include "passes/StagePrograms.h"
 #include "passes/VerifyDataflow.h"
 #include "runtime/plan/PlanFile.h"
@@ -44,23 +46,6 @@ Expected<std::vector<std::string>> perRank(StringRef flag, StringRef value, int 
     return flagError(
         formatv("--{0} {1}: give one value, or one per rank ({2})", flag, value, ranks));
   return out;
-}
-
-void fillHardware(const HardwareSpec &hw, bool bf16, plan::HardwareInfo &out) {
-  out.set_name(hw.name);
-  out.set_peak_flops(hw.peakFlops(bf16));
-  out.set_memory_bandwidth(hw.memoryBandwidth);
-  out.set_memory_bytes(hw.memoryBytes);
-  out.set_launch_overhead_s(hw.launchOverhead);
-  auto link = [](const LinkSpec &l, plan::LinkInfo &o) {
-    o.set_name(l.name);
-    o.set_bandwidth(l.bandwidth);
-    o.set_latency_s(l.latency);
-  };
-  link(hw.intraNode, *out.mutable_intra_node());
-  link(hw.interNode, *out.mutable_inter_node());
-  out.set_devices_per_node(hw.devicesPerNode);
-  out.set_source(hw.source);
 }
 
 /// What one microbatch size needs, shared by the schedules tried for it.
@@ -243,6 +228,9 @@ struct ScheduleShape {
   int64_t microbatchSize = 1;
 };
 
+LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
+                              const Prepared &prepared, const StagePlan &stagePlan);
+
 /// What balance-stages needs for \p shape; options.balance names a method
 /// or gives a layout.
 BalanceOptions balanceOptions(const CompileOptions &options, const Setup &setup,
@@ -266,6 +254,10 @@ BalanceOptions balanceOptions(const CompileOptions &options, const Setup &setup,
                        .Default(BalanceMethod::Layout);
   if (balance.method == BalanceMethod::Layout)
     balance.layout = options.balance;
+  balance.dataParallel = options.dataParallel;
+  balance.lowering = [&options, &setup, &prepared](const StagePlan &stagePlan) {
+    return loweringInputs(options, setup, prepared, stagePlan);
+  };
   return balance;
 }
 
@@ -291,7 +283,7 @@ void describeRun(plan::Plan &plan, StringRef modelPath, const CompileOptions &op
   info->set_global_batch(shape.microbatchSize * shape.M * options.dataParallel);
   info->set_microbatch_size(shape.microbatchSize);
   for (const HardwareSpec &hw : setup.hardware)
-    fillHardware(hw, setup.precision == Precision::BF16, *plan.add_hardware());
+    *plan.add_hardware() = hardwareInfo(hw, setup.precision == Precision::BF16);
   auto *training = plan.mutable_training();
   training->set_precision(precisionName(setup.precision).str());
   training->set_optimizer(optimizerName(options.optimizer).str());
@@ -372,9 +364,10 @@ void describeStages(plan::Plan &plan, const LayerGraph &layers, const StagePlan 
 }
 
 /// What lower-schedule needs: each stage's boundary tensors and sizes, and
-/// the gradient all-reduces, of weights shared by several ranks (each one
-/// warned about in \p plan) and over data-parallel replicas.
-LoweringInputs loweringInputs(plan::Plan &plan, const CompileOptions &options, const Setup &setup,
+/// the gradient all-reduces, of weights shared by several ranks and over
+/// data-parallel replicas. balance-stages asks for it per candidate
+/// partition, so that it times the plan that will be compiled.
+LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
                               const Prepared &prepared, const StagePlan &stagePlan) {
   const LayerGraph &layers = prepared.layers;
   const Graph &graph = prepared.graph;
@@ -419,10 +412,6 @@ LoweringInputs loweringInputs(plan::Plan &plan, const CompileOptions &options, c
     ar.ranks.assign(ranks.begin(), ranks.end());
     ar.bytes = graph.values[w].numElements() * gradBytes;
     lowering.allReduces.push_back(ar);
-    plan.add_warnings(formatv("weight '{0}' is shared by {1} ranks: each keeps a copy and their "
-                              "gradients are all-reduced",
-                              graph.values[w].name, ranks.size())
-                          .str());
   }
   if (options.dataParallel > 1)
     for (int r = 0; r < options.stages; ++r) {
@@ -634,7 +623,13 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   describeRun(plan, modelPath, options, setup, prepared, balance, *stagePlan, shape);
   describeLayers(plan, options, prepared);
   describeStages(plan, prepared.layers, *stagePlan);
-  LoweringInputs lowering = loweringInputs(plan, options, setup, prepared, *stagePlan);
+  LoweringInputs lowering = loweringInputs(options, setup, prepared, *stagePlan);
+  for (const LoweringInputs::AllReduce &ar : lowering.allReduces)
+    if (StringRef(ar.group).startswith("tied:"))
+      plan.add_warnings(formatv("weight '{0}' is shared by {1} ranks: each keeps a copy and their "
+                                "gradients are all-reduced",
+                                StringRef(ar.group).drop_front(5), ar.ranks.size())
+                            .str());
   auto programs = programPasses(lowering, shape, options.stages, runner);
   if (!programs)
     return programs.takeError();
@@ -705,6 +700,36 @@ Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared, StringRef 
   plan.mutable_model()->set_data_sha256(*dataHash);
   return Error::success();
 }
+
+/// One schedule --schedule auto tried, and what became of it.
+struct AutoCandidate {
+  std::string name;  ///< "zbv V=2 M=8"
+  std::string error; ///< why it has no plan
+  bool simulated = false, fits = false;
+  double step = 0, bubble = 0;
+  int64_t peak = 0, limit = 0; ///< the rank with the most memory
+  int peakRank = 0;
+  int overRank = -1; ///< the first rank over its limit
+  int64_t overBytes = 0, overLimit = 0;
+
+  /// One line: its predicted step, bubble and peak memory, and why it lost
+  /// to the step \p chosen (0 while nothing was chosen).
+  std::string explain(double chosen) const {
+    if (!simulated)
+      return name + ": " + error;
+    std::string line = formatv("{0}: step {1:e3} s, bubble {2:f1}%, peak memory {3} on rank {4}{5}",
+                               name, step, 100 * bubble, humanCount(peak, true), peakRank,
+                               limit > 0 ? " of " + humanCount(limit, true) : std::string())
+                           .str();
+    if (!fits)
+      return line + formatv("; lost: over the memory limit (rank {0} needs {1} of {2})", overRank,
+                            humanCount(overBytes, true), humanCount(overLimit, true))
+                        .str();
+    if (chosen > 0 && step > chosen)
+      return line + formatv("; lost: slower by {0:f1}%", 100 * (step / chosen - 1)).str();
+    return line;
+  }
+};
 
 /// One `pipec compile`: the resolved setup, the front half of the pipeline
 /// per microbatch size (cached), and the runner that shows the passes of
@@ -793,21 +818,24 @@ Expected<plan::Plan> Compilation::autoSchedule() {
                                        {ScheduleKind::Interleaved, 2}, {ScheduleKind::ZBH1, 1},
                                        {ScheduleKind::ZBH2, 1},        {ScheduleKind::ZBV, 2},
                                        {ScheduleKind::DualPipeV, 2}};
-  std::vector<std::string> tried;
+  std::vector<AutoCandidate> tried;
   std::optional<plan::Plan> best;
   const Prepared *bestPrepared = nullptr;
   ScheduleShape bestShape;
   std::string bestText;
   for (int microbatches : counts)
     for (const Candidate &c : candidates) {
-      std::string name = formatv("{0} V={1} M={2}", scheduleName(c.kind), c.V, microbatches).str();
+      AutoCandidate entry;
+      entry.name = formatv("{0} V={1} M={2}", scheduleName(c.kind), c.V, microbatches).str();
       if (Error err = checkScheduleShape(c.kind, stages, c.V, microbatches)) {
-        tried.push_back(name + ": not accepted: " + toString(std::move(err)));
+        entry.error = "not accepted: " + toString(std::move(err));
+        tried.push_back(entry);
         continue;
       }
       auto size = microbatchSizeFor(microbatches);
       if (!size) {
-        tried.push_back(name + ": " + toString(size.takeError()));
+        entry.error = toString(size.takeError());
+        tried.push_back(entry);
         continue;
       }
       // The candidates' passes run quietly; the winner's are shown below.
@@ -820,25 +848,39 @@ Expected<plan::Plan> Compilation::autoSchedule() {
       auto candidate = buildPlan(modelPath, options, setup, **prepared, shape, quietBack,
                                  /*withAlternatives=*/false);
       if (!candidate) {
-        tried.push_back(name + ": " + toString(candidate.takeError()));
+        entry.error = "lost: no plan: " + toString(candidate.takeError());
+        tried.push_back(entry);
         continue;
       }
-      bool fits = fitsMemory(*candidate);
-      double step = candidate->predicted().step_time_s();
-      tried.push_back(formatv("{0}: step {1:e3} s, bubble {2:f1}%{3}", name, step,
-                              100 * candidate->predicted().bubble_fraction(),
-                              fits ? "" : ", over the memory limit")
-                          .str());
-      if (fits && (!best || step < best->predicted().step_time_s())) {
+      entry.simulated = true;
+      entry.fits = fitsMemory(*candidate);
+      entry.step = candidate->predicted().step_time_s();
+      entry.bubble = candidate->predicted().bubble_fraction();
+      for (const plan::Rank &r : candidate->ranks())
+        if (r.peak_memory_bytes() >= entry.peak) {
+          entry.peak = r.peak_memory_bytes();
+          entry.peakRank = r.index();
+          entry.limit = r.memory_limit_bytes();
+        }
+      for (const plan::Rank &r : candidate->ranks())
+        if (overMemoryLimit(r) && entry.overRank < 0)
+          entry.overRank = r.index(), entry.overBytes = r.peak_memory_bytes(),
+          entry.overLimit = r.memory_limit_bytes();
+      tried.push_back(entry);
+      if (entry.fits && (!best || entry.step < best->predicted().step_time_s())) {
         best = std::move(*candidate);
         bestPrepared = *prepared;
-        bestText = name;
+        bestText = entry.name;
         bestShape = shape;
       }
     }
-  if (!best)
+  if (!best) {
+    std::vector<std::string> lines;
+    for (const AutoCandidate &t : tried)
+      lines.push_back(t.explain(0));
     return flagError("--schedule auto: no schedule fits the memory limits; tried " +
-                     join(tried, "; "));
+                     join(lines, "; "));
+  }
   // The winner's front half once more through the runner that shows it, so
   // that what --stats, --print-after and --dump-dir show is what the plan is
   // built from (the same IR: the passes are deterministic).
@@ -855,11 +897,16 @@ Expected<plan::Plan> Compilation::autoSchedule() {
   if (!full)
     return full.takeError();
   best = std::move(*full);
-  best->add_schedule_search("chose " + bestText +
-                            ": the least simulated step time among the "
-                            "candidates that fit the memory limits");
-  for (const std::string &t : tried)
-    best->add_schedule_search(t);
+  double bestStep = best->predicted().step_time_s();
+  int fitting = static_cast<int>(
+      std::count_if(tried.begin(), tried.end(), [](const AutoCandidate &t) { return t.fits; }));
+  best->add_schedule_search(formatv("chose {0}: step {1}, the least simulated step of the {2} "
+                                    "candidates that fit the memory limits ({3} tried)",
+                                    bestText, formatSeconds(bestStep), fitting, tried.size())
+                                .str());
+  for (const AutoCandidate &t : tried)
+    best->add_schedule_search(t.name == bestText ? t.explain(bestStep) + ": chosen"
+                                                 : t.explain(bestStep));
   if (Error err = attachStagePrograms(*best, *bestPrepared, options.freeze))
     return err;
   return std::move(*best);

@@ -1,8 +1,8 @@
 //===- HtmlReport.cpp - `pipec report --format html` ----------------------===//
 #include "driver/HtmlReport.h"
+#include "compiler/sim/Simulator.h"
 #include "driver/InspectReport.h"
 #include "driver/Report.h"
-#include "compiler/sim/Simulator.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
@@ -154,6 +154,36 @@ void bars(raw_ostream &os, StringRef title, const std::vector<std::string> &labe
   os << "</svg>\n";
 }
 
+/// Why the edge stages are lighter, and the balancing methods side by side.
+void printBalancing(const plan::Plan &plan, raw_ostream &os) {
+  std::vector<std::string> edges = explainEdgeStages(plan);
+  if (!edges.empty()) {
+    os << "<h2>First and last stages</h2>\n<ul>\n";
+    for (const std::string &line : edges)
+      os << "<li>" << escape(line) << "</li>\n";
+    os << "</ul>\n";
+  }
+  if (plan.alternatives_size()) {
+    os << "<h2>Balancing methods</h2>\n<table>\n<tr><th class=l>method</th><th>predicted "
+          "step</th><th>slowest stage</th><th>imbalance</th><th class=l>layout</th></tr>\n";
+    for (const auto &a : plan.alternatives()) {
+      bool chosen = a.method() == plan.balance_method();
+      if (!a.error().empty()) {
+        os << formatv("<tr><td class=l>{0}</td><td colspan=4 class='l warn'>{1}</td></tr>\n",
+                      escape(a.method()), escape(a.error()));
+        continue;
+      }
+      os << formatv("<tr{0}><td class=l>{1}</td><td>{2}</td><td>{3}</td><td>{4:f3}</td>"
+                    "<td class=l><code>{5}</code>{6}</td></tr>\n",
+                    chosen ? " class=chosen" : "", escape(a.method()),
+                    formatSeconds(a.step_time_s()), formatSeconds(a.bottleneck_s()), a.imbalance(),
+                    escape(a.layout()),
+                    a.fits_memory() ? "" : " <span class=warn>over the memory limit</span>");
+    }
+    os << "</table>\n";
+  }
+}
+
 } // namespace
 
 void printReportHtml(const plan::Plan &plan, raw_ostream &os, const SimulationResult *measured) {
@@ -267,25 +297,7 @@ void printReportHtml(const plan::Plan &plan, raw_ostream &os, const SimulationRe
   bars(os, "Peak memory per rank (weights with state; activations) against the limit", rankLabels,
        rankMemory, limits, [](double v) { return humanCount(static_cast<int64_t>(v), true); });
 
-  if (plan.alternatives_size()) {
-    os << "<h2>Balancing methods</h2>\n<table>\n<tr><th class=l>method</th><th>predicted "
-          "step</th><th>slowest stage</th><th>imbalance</th><th class=l>layout</th></tr>\n";
-    for (const auto &a : plan.alternatives()) {
-      bool chosen = a.method() == plan.balance_method();
-      if (!a.error().empty()) {
-        os << formatv("<tr><td class=l>{0}</td><td colspan=4 class='l warn'>{1}</td></tr>\n",
-                      escape(a.method()), escape(a.error()));
-        continue;
-      }
-      os << formatv("<tr{0}><td class=l>{1}</td><td>{2}</td><td>{3}</td><td>{4:f3}</td>"
-                    "<td class=l><code>{5}</code>{6}</td></tr>\n",
-                    chosen ? " class=chosen" : "", escape(a.method()),
-                    formatSeconds(a.step_time_s()), formatSeconds(a.bottleneck_s()), a.imbalance(),
-                    escape(a.layout()),
-                    a.fits_memory() ? "" : " <span class=warn>over the memory limit</span>");
-    }
-    os << "</table>\n";
-  }
+  printBalancing(plan, os);
   if (plan.schedule_search_size()) {
     os << "<h2>Schedule search</h2>\n<ul>\n";
     for (const auto &line : plan.schedule_search())

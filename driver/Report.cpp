@@ -1,8 +1,9 @@
 //===- Report.cpp - `pipec report`: the partition report of a plan --------===//
 #include "driver/Report.h"
-#include "driver/InspectReport.h"
 #include "compiler/sim/Simulator.h"
+#include "driver/InspectReport.h"
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 
@@ -29,7 +30,92 @@ std::string layerRange(const plan::Stage &s) {
   return formatv("{0}-{1} {2}", s.first_layer(), s.last_layer(), names).str();
 }
 
+double layerTime(const plan::LayerInfo &l) { return l.time_f_s() + l.time_i_s() + l.time_w_s(); }
+
+double stageTime(const plan::Stage &s) { return s.time_f_s() + s.time_i_s() + s.time_w_s(); }
+
 } // namespace
+
+std::vector<std::string> explainEdgeStages(const plan::Plan &plan) {
+  std::vector<std::string> lines;
+  int stages = plan.stages_size();
+  if (stages < 2 || plan.layers_size() == 0)
+    return lines;
+  auto blocksOf = [&](const plan::Stage &s) {
+    int n = 0;
+    for (int l = s.first_layer(); l <= s.last_layer() && l < plan.layers_size(); ++l)
+      n += plan.layers(l).kind() == "block";
+    return n;
+  };
+  double blockTime = 0;
+  int blocks = 0;
+  for (const auto &l : plan.layers())
+    if (l.kind() == "block")
+      blockTime += layerTime(l), ++blocks;
+  if (blocks == 0)
+    return lines;
+  blockTime /= blocks;
+  int most = 0;
+  double slowest = 0;
+  for (const auto &s : plan.stages()) {
+    most = std::max(most, blocksOf(s));
+    slowest = std::max(slowest, stageTime(s));
+  }
+  int64_t perParam = plan.training().bytes_per_param();
+  lines.push_back(formatv("a block costs {0} per microbatch (F + I + W); the fullest stage holds "
+                          "{1} blocks, the slowest takes {2}",
+                          formatSeconds(blockTime), most, formatSeconds(slowest))
+                      .str());
+  for (int k : {0, stages - 1}) {
+    const plan::Stage &s = plan.stages(k);
+    std::vector<std::string> extras;
+    int64_t extraParams = 0;
+    for (int l = s.first_layer(); l <= s.last_layer() && l < plan.layers_size(); ++l) {
+      const plan::LayerInfo &layer = plan.layers(l);
+      if (layer.kind() == "block")
+        continue;
+      extraParams += layer.params();
+      extras.push_back(formatv("{0} '{1}' {2} ({3:f2} blocks' worth, {4} params)", layer.kind(),
+                               layer.name(), formatSeconds(layerTime(layer)),
+                               layerTime(layer) / blockTime, humanCount(layer.params()))
+                           .str());
+    }
+    std::string why =
+        extras.empty() ? std::string("no embedding, head or loss") : "also " + join(extras, ", ");
+    int fewer = most - blocksOf(s);
+    lines.push_back(
+        formatv("stage {0} (rank {1}): {2} blocks{3}, {4} in all: {5}", k, s.rank(), blocksOf(s),
+                fewer > 0 ? formatv(" ({0} fewer than the fullest)", fewer).str() : std::string(),
+                formatSeconds(stageTime(s)), why)
+            .str());
+    if (s.rank() >= plan.ranks_size())
+      continue;
+    const plan::Rank &r = plan.ranks(s.rank());
+    std::string limit = r.memory_limit_bytes() > 0
+                            ? " of " + humanCount(r.memory_limit_bytes(), true)
+                            : std::string();
+    int64_t held = r.peak_memory_bytes() - r.weight_bytes();
+    std::string inFlight;
+    if (s.activation_bytes() > 0 && plan.schedule().virtual_stages() <= 1)
+      inFlight = formatv(" ({0:f1} microbatches of {1})",
+                         static_cast<double>(held) / static_cast<double>(s.activation_bytes()),
+                         humanCount(s.activation_bytes(), true))
+                     .str();
+    lines.push_back(
+        formatv("  rank {0} memory: peak {1}{2}; weights with gradients and optimizer state {3} "
+                "({4} of it for the non-block layers at {5} bytes per parameter), activations "
+                "held {6}{7}",
+                r.index(), humanCount(r.peak_memory_bytes(), true), limit,
+                humanCount(r.weight_bytes(), true), humanCount(extraParams * perParam, true),
+                perParam, humanCount(held, true), inFlight)
+            .str());
+  }
+  if (plan.balance_method() == "time")
+    lines.push_back("the time method keeps the layout with the least simulated step: an edge "
+                    "stage gives up blocks where its embedding, head and loss would otherwise "
+                    "lengthen the step, or its memory would overrun the limit");
+  return lines;
+}
 
 void printReportText(const plan::Plan &plan, raw_ostream &os) {
   const auto &sched = plan.schedule();
@@ -73,6 +159,12 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
                 "microbatch, imbalance {3:f3} (slowest / mean)\n",
                 formatSeconds(p.step_time_s()), 100 * p.bubble_fraction(),
                 formatSeconds(p.bottleneck_s()), p.imbalance());
+  std::vector<std::string> edges = explainEdgeStages(plan);
+  if (!edges.empty()) {
+    os << "\nfirst and last stages (embedding, head, loss and memory)\n";
+    for (const std::string &line : edges)
+      os << "  " << line << "\n";
+  }
   if (plan.programs_size()) {
     if (auto sim = simulatePlan(plan)) {
       os << "\ntimeline (simulated; " << timelineLegend() << ")\n";

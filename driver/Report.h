@@ -15,12 +15,21 @@
 
 #include "llvm/Support/raw_ostream.h"
 
+#include <string>
+#include <vector>
+
 namespace pipec {
 
 inline constexpr int ReportFormatVersion = 1;
 
 void printReportText(const plan::Plan &plan, llvm::raw_ostream &os);
 void printReportJson(const plan::Plan &plan, llvm::raw_ostream &os);
+
+/// Why the first and last stages hold fewer blocks, in the plan's numbers:
+/// a block's time, each edge stage's blocks and its embedding, head and loss
+/// layers (time, blocks' worth, parameters), and the edge ranks' memory
+/// (weights with optimizer state, activations held). Empty for one stage.
+std::vector<std::string> explainEdgeStages(const plan::Plan &plan);
 
 /// "12.3 ms", "850 us", "1.20 s".
 std::string formatSeconds(double seconds);

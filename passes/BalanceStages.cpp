@@ -1,6 +1,7 @@
 //===- BalanceStages.cpp - balance-stages ---------------------------------===//
 #include "passes/BalanceStages.h"
 #include "compiler/schedule/Schedule.h"
+#include "passes/PredictStep.h"
 #include "support/EnumNames.h"
 
 #include "llvm/ADT/StringExtras.h"
@@ -9,6 +10,8 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
+#include <optional>
 
 using namespace llvm;
 
@@ -182,14 +185,14 @@ private:
   std::vector<int64_t> held;
 };
 
-/// Exact contiguous partition of L layers into K non-empty chunks:
-/// minimises the largest cost(k, i, j) subject to fits(k, i, j), then, among
-/// the partitions that reach it, the sum of squared costs. cost must not
-/// decrease as a chunk grows to the left (i smaller); fits may be anything.
-/// Returns the K + 1 cut positions, or an empty vector when nothing fits.
-std::vector<int> partition(int layers, int chunks, const std::function<double(int, int, int)> &cost,
-                           const std::function<bool(int, int, int)> &fits) {
-  // Phase 1: the least bottleneck.
+using ChunkCost = std::function<double(int, int, int)>;
+using ChunkFits = std::function<bool(int, int, int)>;
+
+/// The least bottleneck of a contiguous partition of L layers into K
+/// non-empty chunks: the largest cost(k, i, j) made as small as fits(k, i, j)
+/// allows (infinity when nothing fits). cost must not decrease as a chunk
+/// grows to the left (i smaller); fits may be anything.
+double leastBottleneck(int layers, int chunks, const ChunkCost &cost, const ChunkFits &fits) {
   std::vector<std::vector<double>> best(chunks, std::vector<double>(layers + 1, inf));
   for (int j = 1; j <= layers - (chunks - 1); ++j)
     if (fits(0, 0, j))
@@ -204,11 +207,14 @@ std::vector<int> partition(int layers, int chunks, const std::function<double(in
           continue; // memory need not be monotone (recompute keeps the input)
         best[k][j] = std::min(best[k][j], std::max(best[k - 1][i], c));
       }
-  double bottleneck = best[chunks - 1][layers];
-  if (bottleneck == inf)
-    return {};
-  // Phase 2: the most even partition under that bottleneck.
-  double limit = bottleneck * (1 + 1e-12) + 1e-300;
+  return best[chunks - 1][layers];
+}
+
+/// The most even partition (least sum of squared costs) whose every chunk
+/// costs at most \p limit: its K + 1 cut positions, or an empty vector when
+/// none is.
+std::vector<int> mostEven(int layers, int chunks, const ChunkCost &cost, const ChunkFits &fits,
+                          double limit) {
   std::vector<std::vector<double>> squares(chunks, std::vector<double>(layers + 1, inf));
   std::vector<std::vector<int>> from(chunks, std::vector<int>(layers + 1, -1));
   for (int j = 1; j <= layers - (chunks - 1); ++j)
@@ -226,11 +232,22 @@ std::vector<int> partition(int layers, int chunks, const std::function<double(in
         if (s < squares[k][j])
           squares[k][j] = s, from[k][j] = i;
       }
+  if (squares[chunks - 1][layers] == inf)
+    return {};
   std::vector<int> cuts(chunks + 1, 0);
   cuts[chunks] = layers;
   for (int k = chunks - 1; k > 0; --k)
     cuts[k] = from[k][cuts[k + 1]];
   return cuts;
+}
+
+/// Exact min-max partition: the least bottleneck, then the most even
+/// partition that reaches it. Empty when nothing fits.
+std::vector<int> partition(int layers, int chunks, const ChunkCost &cost, const ChunkFits &fits) {
+  double bottleneck = leastBottleneck(layers, chunks, cost, fits);
+  if (bottleneck == inf)
+    return {};
+  return mostEven(layers, chunks, cost, fits, bottleneck * (1 + 1e-12) + 1e-300);
 }
 
 Error memoryError(const LayerGraph &lg, const ChunkCosts &costs) {
@@ -442,10 +459,12 @@ Expected<std::vector<std::pair<int, int>>> parseLayout(StringRef layout, const L
 void printStagePlan(const StagePlan &plan, raw_ostream &os) {
   os << formatv("stageplan method={0} layout=\"{1}\" chunks={2} ranks={3}\n",
                 balanceMethodName(plan.method), plan.layout, plan.chunks.size(), plan.ranks.size());
-  os << formatv(
-      "  bottleneck={0:e3}s step={1:e3}s bubble={2:f4} imbalance={3:f4} fits-memory={4}\n",
-      plan.bottleneck, plan.stepTime, plan.bubbleFraction, plan.imbalance,
-      plan.fitsMemory ? "yes" : "no");
+  os << formatv("  bottleneck={0:e3}s least-bottleneck={1:e3}s simulated-step={2:e3}s "
+                "closed-form-step={3:e3}s bubble={4:f4} imbalance={5:f4} fits-memory={6} "
+                "candidates={7}\n",
+                plan.bottleneck, plan.leastBottleneck, plan.simulatedStep, plan.stepTime,
+                plan.bubbleFraction, plan.imbalance, plan.fitsMemory ? "yes" : "no",
+                plan.candidatesSimulated);
   for (const ChunkPlan &c : plan.chunks)
     os << formatv("chunk {0} rank {1}.{2} layers {3}..{4} params={5} F={6:e3}s I={7:e3}s "
                   "W={8:e3}s send={9:e3}s act_bytes={10} boundary_bytes={11}\n",
@@ -494,61 +513,13 @@ std::string formatLayout(const LayerGraph &lg, const StagePlan &plan) {
   return out;
 }
 
-Expected<StagePlan> balanceStages(const LayerGraph &lg, const BalanceOptions &options) {
-  int chunks = options.stages * options.virtualStages;
-  int layers = static_cast<int>(lg.layers.size());
-  if (static_cast<int>(options.rankCosts.size()) != options.stages ||
-      static_cast<int>(options.rankHardware.size()) != options.stages ||
-      static_cast<int>(options.memoryLimit.size()) != options.stages)
-    return createStringError(inconvertibleErrorCode(),
-                             "balance-stages: need a cost table, hardware and memory limit per "
-                             "rank (%d ranks)",
-                             options.stages);
-  if (Error err = checkScheduleShape(options.schedule, options.stages, options.virtualStages,
-                                     options.microbatches))
-    return err;
-  ChunkCosts costs(lg, options);
-  std::vector<int> cuts;
-  if (options.method == BalanceMethod::Layout) {
-    auto ranges = parseLayout(options.layout, lg, chunks);
-    if (!ranges)
-      return ranges.takeError();
-    cuts.push_back(0);
-    for (auto &[first, last] : *ranges)
-      cuts.push_back(last + 1);
-  } else {
-    if (layers < chunks)
-      return createStringError(
-          inconvertibleErrorCode(),
-          "cannot split %d layers into %d stages without leaving a stage empty; use fewer "
-          "--stages or --virtual-stages, or a --balance layout with empty stages",
-          layers, chunks);
-    auto fits = [&](int k, int i, int j) { return costs.memory(k, i, j) <= costs.capOf(k); };
-    auto split = [&] {
-      if (options.method == BalanceMethod::Params)
-        return partition(
-            layers, chunks,
-            [&](int, int i, int j) { return static_cast<double>(costs.paramsOf(i, j)); }, fits);
-      return partition(
-          layers, chunks, [&](int k, int i, int j) { return costs.time(k, i, j); }, fits);
-    };
-    if (options.method == BalanceMethod::Uniform) {
-      cuts.push_back(0);
-      for (int k = 0; k < chunks; ++k)
-        cuts.push_back(cuts.back() + layers / chunks + (k < layers % chunks ? 1 : 0));
-    } else {
-      cuts = split();
-      if (!cuts.empty() && !costs.rankFits(cuts) && options.virtualStages > 1) {
-        costs.evenShares = true;
-        cuts = split();
-      }
-      if (!cuts.empty() && !costs.rankFits(cuts))
-        cuts.clear();
-    }
-    if (cuts.empty())
-      return memoryError(lg, costs);
-  }
+namespace {
 
+/// The StagePlan of the partition at \p cuts: each chunk's layers, times,
+/// parameters and bytes, each rank's memory, the closed-form step.
+StagePlan describePlan(const LayerGraph &lg, const BalanceOptions &options, const ChunkCosts &costs,
+                       const std::vector<int> &cuts) {
+  int chunks = costs.chunkCount(), layers = costs.layerCount();
   StagePlan plan;
   plan.method = options.method;
   std::vector<int> chunksSeen(options.stages, 0);
@@ -602,6 +573,207 @@ Expected<StagePlan> balanceStages(const LayerGraph &lg, const BalanceOptions &op
   for (const RankPlan &rank : plan.ranks)
     if (rank.memoryLimit > 0 && rank.peakMemory > rank.memoryLimit)
       plan.fitsMemory = false;
+  return plan;
+}
+
+/// `time`: the partition that fits memory with the least simulated step.
+/// Candidates: the most even partition under each bottleneck of the Pareto
+/// front between \p leastCuts (the min-max optimum) and the most even
+/// partition of all, sampled evenly when there are more bottlenecks than a
+/// quarter of options.maxCandidates; the params and uniform layouts; then
+/// steepest descent over moves of one layer across one boundary.
+class FastestPartition {
+public:
+  FastestPartition(const LayerGraph &lg, const BalanceOptions &options, const ChunkCosts &costs,
+                   const ChunkFits &fits)
+      : lg(lg), options(options), costs(costs), fits(fits), predict(options),
+        layers(costs.layerCount()), chunks(costs.chunkCount()) {}
+
+  Expected<std::vector<int>> run(const std::vector<int> &leastCuts, double least);
+  int simulated() const { return static_cast<int>(seen.size()); }
+  double bestStep() const { return best; }
+
+private:
+  /// The simulated step of \p cuts (infinity when it does not fit memory or
+  /// the candidate budget is spent); the first error is kept in \p failure.
+  double judge(const std::vector<int> &cuts);
+  void consider(const std::vector<int> &cuts) {
+    if (cuts.empty())
+      return;
+    double step = judge(cuts);
+    if (step < best * (1 - 1e-12))
+      best = step, bestCuts = cuts;
+  }
+  std::vector<double> paretoBottlenecks(double least, double most) const;
+
+  const LayerGraph &lg;
+  const BalanceOptions &options;
+  const ChunkCosts &costs;
+  const ChunkFits &fits;
+  StepPredictor predict;
+  int layers, chunks;
+  std::map<std::vector<int>, double> seen;
+  std::optional<Error> failure;
+  double best = inf;
+  std::vector<int> bestCuts;
+};
+
+double FastestPartition::judge(const std::vector<int> &cuts) {
+  if (auto it = seen.find(cuts); it != seen.end())
+    return it->second;
+  if (!costs.rankFits(cuts) || simulated() >= options.maxCandidates)
+    return inf;
+  auto step = predict(describePlan(lg, options, costs, cuts));
+  double value = inf;
+  if (step)
+    value = *step;
+  else if (!failure)
+    failure = step.takeError();
+  else
+    consumeError(step.takeError());
+  seen[cuts] = value;
+  return value;
+}
+
+std::vector<double> FastestPartition::paretoBottlenecks(double least, double most) const {
+  // Every chunk cost between the two is a bottleneck some partition may
+  // reach; the sampled ones keep both ends.
+  std::vector<double> values;
+  for (int k = 0; k < chunks; ++k)
+    for (int j = k + 1; j <= layers - (chunks - 1 - k); ++j)
+      for (int i = k == 0 ? 0 : j - 1; i >= k; --i) {
+        double c = costs.time(k, i, j);
+        if (c > most)
+          break;
+        if (c >= least && fits(k, i, j))
+          values.push_back(c);
+      }
+  std::sort(values.begin(), values.end());
+  values.erase(std::unique(values.begin(), values.end(),
+                           [](double a, double b) { return b <= a * (1 + 1e-12); }),
+               values.end());
+  size_t cap = static_cast<size_t>(std::max(2, options.maxCandidates / 4));
+  if (values.size() <= cap)
+    return values;
+  std::vector<double> sampled;
+  for (size_t t = 0; t < cap; ++t)
+    sampled.push_back(values[t * (values.size() - 1) / (cap - 1)]);
+  return sampled;
+}
+
+Expected<std::vector<int>> FastestPartition::run(const std::vector<int> &leastCuts, double least) {
+  ChunkCost time = [&](int k, int i, int j) { return costs.time(k, i, j); };
+  consider(leastCuts);
+  std::vector<int> even = mostEven(layers, chunks, time, fits, inf);
+  double most = least;
+  for (int k = 0; !even.empty() && k < chunks; ++k)
+    most = std::max(most, costs.time(k, even[k], even[k + 1]));
+  for (double bottleneck : paretoBottlenecks(least, most))
+    consider(mostEven(layers, chunks, time, fits, bottleneck * (1 + 1e-12) + 1e-300));
+  consider(even);
+  // The other methods' layouts, so that `time` is never slower than them.
+  consider(partition(
+      layers, chunks, [&](int, int i, int j) { return static_cast<double>(costs.paramsOf(i, j)); },
+      fits));
+  std::vector<int> uniform{0};
+  for (int k = 0; k < chunks; ++k)
+    uniform.push_back(uniform.back() + layers / chunks + (k < layers % chunks ? 1 : 0));
+  consider(uniform);
+  // Steepest descent: one layer across one boundary, while the step shrinks.
+  while (!bestCuts.empty() && simulated() < options.maxCandidates) {
+    std::vector<int> from = bestCuts;
+    for (int k = 1; k < chunks; ++k)
+      for (int d : {-1, 1}) {
+        std::vector<int> moved = from;
+        moved[k] += d;
+        if (moved[k] > moved[k - 1] && moved[k] < moved[k + 1])
+          consider(moved);
+      }
+    if (bestCuts == from)
+      break;
+  }
+  if (bestCuts.empty() && failure)
+    return std::move(*failure);
+  if (failure)
+    consumeError(std::move(*failure));
+  return bestCuts.empty() ? leastCuts : bestCuts;
+}
+
+} // namespace
+
+Expected<StagePlan> balanceStages(const LayerGraph &lg, const BalanceOptions &options) {
+  int chunks = options.stages * options.virtualStages;
+  int layers = static_cast<int>(lg.layers.size());
+  if (static_cast<int>(options.rankCosts.size()) != options.stages ||
+      static_cast<int>(options.rankHardware.size()) != options.stages ||
+      static_cast<int>(options.memoryLimit.size()) != options.stages)
+    return createStringError(inconvertibleErrorCode(),
+                             "balance-stages: need a cost table, hardware and memory limit per "
+                             "rank (%d ranks)",
+                             options.stages);
+  if (Error err = checkScheduleShape(options.schedule, options.stages, options.virtualStages,
+                                     options.microbatches))
+    return err;
+  ChunkCosts costs(lg, options);
+  std::vector<int> cuts;
+  double least = 0;
+  int simulated = 0;
+  if (options.method == BalanceMethod::Layout) {
+    auto ranges = parseLayout(options.layout, lg, chunks);
+    if (!ranges)
+      return ranges.takeError();
+    cuts.push_back(0);
+    for (auto &[first, last] : *ranges)
+      cuts.push_back(last + 1);
+  } else {
+    if (layers < chunks)
+      return createStringError(
+          inconvertibleErrorCode(),
+          "cannot split %d layers into %d stages without leaving a stage empty; use fewer "
+          "--stages or --virtual-stages, or a --balance layout with empty stages",
+          layers, chunks);
+    ChunkFits fits = [&](int k, int i, int j) { return costs.memory(k, i, j) <= costs.capOf(k); };
+    ChunkCost time = [&](int k, int i, int j) { return costs.time(k, i, j); };
+    auto split = [&] {
+      if (options.method == BalanceMethod::Params)
+        return partition(
+            layers, chunks,
+            [&](int, int i, int j) { return static_cast<double>(costs.paramsOf(i, j)); }, fits);
+      return partition(layers, chunks, time, fits);
+    };
+    if (options.method == BalanceMethod::Uniform) {
+      cuts.push_back(0);
+      for (int k = 0; k < chunks; ++k)
+        cuts.push_back(cuts.back() + layers / chunks + (k < layers % chunks ? 1 : 0));
+    } else {
+      cuts = split();
+      if (!cuts.empty() && !costs.rankFits(cuts) && options.virtualStages > 1) {
+        costs.evenShares = true;
+        cuts = split();
+      }
+      if (!cuts.empty() && !costs.rankFits(cuts))
+        cuts.clear();
+    }
+    if (cuts.empty())
+      return memoryError(lg, costs);
+    if (options.method == BalanceMethod::Time) {
+      least = leastBottleneck(layers, chunks, time, fits);
+      FastestPartition search(lg, options, costs, fits);
+      auto fastest = search.run(cuts, least);
+      if (!fastest)
+        return fastest.takeError();
+      cuts = std::move(*fastest);
+      simulated = search.simulated();
+    }
+  }
+
+  StagePlan plan = describePlan(lg, options, costs, cuts);
+  plan.leastBottleneck = least;
+  plan.candidatesSimulated = simulated;
+  if (auto step = StepPredictor(options)(plan))
+    plan.simulatedStep = *step;
+  else
+    consumeError(step.takeError()); // a hand-made layout the lowering refuses
   if (!plan.fitsMemory && options.method == BalanceMethod::Layout) {
     for (const RankPlan &rank : plan.ranks)
       if (rank.memoryLimit > 0 && rank.peakMemory > rank.memoryLimit)

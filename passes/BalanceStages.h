@@ -2,18 +2,28 @@
 //
 // Cuts the chain of layers into P x V contiguous chunks and places chunk k on
 // rank rankOfChunk(k) (looped, or a V for ZB-V and DualPipeV). Methods:
-//   time     the least predicted step time: the slowest chunk, compute plus
-//            the send of its boundary tensors, is as fast as it can be; among
-//            the partitions that achieve it, the one with the least sum of
-//            squared chunk times (the most even). Exact: dynamic programming
-//            over (chunk, layer), O(P V L^2) with pruning.
+//   time     the least predicted step time, as the simulator predicts the
+//            compiled plan's step (PredictStep.h). Candidates: for each
+//            bottleneck on the Pareto front (the slowest chunk, compute plus
+//            the send of its boundary tensors, from the least any partition
+//            reaches up to that of the most even partition), the most even
+//            partition under it (least sum of squared chunk times), by an
+//            exact dynamic program over (chunk, layer), O(P V L^2) with
+//            pruning; the params and uniform layouts; then a local search
+//            that moves one layer across one boundary while that shortens
+//            the step. The least bottleneck is not the least step: the
+//            warm-up and cool-down run through every chunk, the optimizer
+//            step and the gradient all-reduces scale with a rank's
+//            parameters, and with V > 1 a rank runs the sum of its chunks.
+//            So `time` never predicts a slower step than `params` or
+//            `uniform` where they fit memory.
 //   params   DeepSpeed's default: the same exact min-max over parameter
 //            counts.
 //   uniform  equal layer counts (the first chunks take the remainder).
 //   LAYOUT   an explicit layout, Megatron-like: "E,t*7|t*8|t*8|t*7,L".
 // Memory limits hold per rank: weights, gradients, optimizer state and the
-// activations of the microbatches the schedule keeps in flight. With V > 1 a
-// rank's limit is split evenly over its chunks. Every plan prints its layout.
+// activations of the microbatches the schedule keeps in flight, summed over
+// a rank's chunks. Every plan prints its layout.
 //
 // Before: 34 layers (embedding, 32 blocks, head), P = 4
 // After:  E,t*8|t*8|t*8|t*8,L   (chunk times within one block of each other)
@@ -26,7 +36,12 @@
 #include "compiler/cost/MemoryModel.h"
 #include "compiler/schedule/ScheduleKind.h"
 
+#include <functional>
+
 namespace pipec {
+
+struct LoweringInputs;
+struct StagePlan;
 
 enum class BalanceMethod { Time, Params, Uniform, Layout };
 llvm::StringRef balanceMethodName(BalanceMethod method);
@@ -46,6 +61,15 @@ struct BalanceOptions {
   std::vector<const CostTable *> rankCosts;
   std::vector<HardwareSpec> rankHardware;
   std::vector<int64_t> memoryLimit;
+  /// Data-parallel replicas (their gradient all-reduce is part of the step).
+  int dataParallel = 1;
+  /// The lowering inputs the compiled plan of a partition will have (the
+  /// driver's boundary tensors and all-reduces); unset: one tensor of the
+  /// cost table's boundary bytes per cut (defaultLoweringInputs).
+  std::function<LoweringInputs(const StagePlan &)> lowering;
+  /// Most partitions the `time` method simulates (Pareto front and local
+  /// search together).
+  int maxCandidates = 160;
 };
 
 struct ChunkPlan {
@@ -84,6 +108,13 @@ struct StagePlan {
   std::vector<RankPlan> ranks;
   /// The slowest chunk's time per microbatch.
   double bottleneck = 0;
+  /// The least bottleneck any partition that fits memory reaches (the exact
+  /// min-max partition; 0 for layouts given by hand).
+  double leastBottleneck = 0;
+  /// The simulated step (PredictStep.h) of this partition, and how many
+  /// partitions `time` simulated to choose it.
+  double simulatedStep = 0;
+  int candidatesSimulated = 0;
   /// Predicted step time and bubble by the schedule's closed form.
   double stepTime = 0;
   double bubbleFraction = 0;

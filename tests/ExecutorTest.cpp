@@ -136,6 +136,35 @@ void expectSameStep(const rt::RunResult &pipelined, const rt::RunResult &referen
   }
   EXPECT_LT(worstGrad, tolerance) << what << ": gradient of " << worstName;
   EXPECT_LT(worstWeight, tolerance) << what;
+  // Every copy: a tied weight on each rank that holds it, each replica's.
+  ASSERT_FALSE(pipelined.weightCopies.empty()) << what;
+  double worstCopy = 0;
+  std::string worstCopyName;
+  for (const auto &copy : pipelined.weightCopies) {
+    auto it = reference.weights.find(copy.name);
+    ASSERT_NE(it, reference.weights.end()) << what << ": no weight " << copy.name;
+    double e = relativeError(copy.value, it->second);
+    if (e > worstCopy)
+      worstCopy = e,
+      worstCopyName = formatv("{0} on rank {1} of replica {2}", copy.name, copy.rank, copy.replica);
+  }
+  EXPECT_LT(worstCopy, tolerance) << what << ": the copy of " << worstCopyName;
+}
+
+/// Each trained weight has a copy on every replica, and returns how many
+/// weights have more than one copy in a replica (tied weights split over
+/// ranks).
+int expectCopiesEverywhere(const rt::RunResult &pipelined, const rt::RunResult &reference,
+                           int replicas, const std::string &what) {
+  std::map<std::string, std::map<int, int>> copies; // name -> replica -> copies
+  for (const auto &copy : pipelined.weightCopies)
+    ++copies[copy.name][copy.replica];
+  int tied = 0;
+  for (const auto &[name, ref] : reference.weights) {
+    EXPECT_EQ(static_cast<int>(copies[name].size()), replicas) << what << ": replicas of " << name;
+    tied += !copies[name].empty() && copies[name].begin()->second > 1;
+  }
+  return tied;
 }
 
 class Equivalence : public ::testing::Test {
@@ -211,9 +240,15 @@ protected:
         continue;
       }
       SCOPED_TRACE(what);
-      expectSameStep(runPlan(pipelined, optimizer, steps), reference, what, tolerance);
+      rt::RunResult run = runPlan(pipelined, optimizer, steps);
+      expectSameStep(run, reference, what, tolerance);
+      splitTiedWeights = expectCopiesEverywhere(run, reference, s.dp, what);
     }
   }
+
+  /// After check(): of its last setup, the weights with a copy on more than
+  /// one rank.
+  int splitTiedWeights = 0;
 
   static TempDir *dir;
 };
@@ -290,9 +325,19 @@ TEST_F(Equivalence, MultiChunkSchedulesAtThreeAndFourRanks) {
          {"zbv", 3, 2, 4, 1},
          {"zbv", 4, 2, 6, 1}},
         "sgd", 3);
+  // Interleaved with M = 5 over P = 4 (one round of 5, as PyTorch's
+  // ScheduleInterleaved1F1B runs it; Megatron-LM's default groups of P
+  // refuse it); the tied embedding and head sit on ranks 0 and 3, and both
+  // copies are compared.
+  check(gptDeep(), 10, {{"interleaved", 4, 2, 5, 1}}, "sgd", 3);
+  EXPECT_EQ(splitTiedWeights, 1);
   check(gptDeep(), 14, {{"dualpipev", 3, 2, 7, 1}}, "sgd", 3);
   check(gptDeep(), 10, {{"dualpipev", 4, 2, 10, 1}}, "sgd", 3);
   check(gpt(true), 8, {{"zbv", 2, 2, 4, 2}, {"dualpipev", 2, 2, 4, 2}}, "sgd", 3);
+  // Interleaved over two replicas with the tied weight on ranks 0 and 2:
+  // four copies of it, all compared.
+  check(gptDeep(), 12, {{"interleaved", 3, 2, 3, 2}}, "sgd", 3);
+  EXPECT_EQ(splitTiedWeights, 1);
 }
 
 TEST_F(Equivalence, MomentumOverThreeSteps) {

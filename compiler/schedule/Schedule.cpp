@@ -36,6 +36,22 @@
 // order is the one above. With F = I = W = 1 this is ZB-H1: makespan
 // 3M + P - 1 against 1F1B's 3(M + P - 1).
 //
+// M not a multiple of P (interleaved): pipec follows PyTorch's
+// ScheduleInterleaved1F1B (torch/distributed/pipelining/schedules.py):
+// R = max(1, M / P) rounds of n = M / R, so P = 4 runs M = 6 as one round
+// of 6 and M = 10 as two rounds of 5, and refuses M = 9 (9 % 2 != 0).
+// Megatron-LM differs. Its older releases refused any M % P != 0 for the
+// interleaved schedule ("number of microbatches is not divisible by
+// pipeline-parallel size when using interleaved schedule", in
+// get_forward_backward_func). Its current
+// forward_backward_pipelining_with_interleaving
+// (megatron/core/pipeline_parallel/schedules.py) runs groups of
+// N = microbatch_group_size_per_vp_stage microbatches per chunk (P by
+// default), requires P <= N <= M, and refuses a last group of fewer than P
+// (0 < M % N < P: "dependency bubbles"). So Megatron's default takes
+// M = 6 at P = 4 only with N = 6 set, and then runs pipec's order; with
+// N = P it takes M = 8 or 12 as pipec does, and no M between them.
+//
 // ZB-H2 (Qi et al., section 2.2 and figure 3; V = 1). More forwards in
 // warm-up, so that the first I arrives just as they end, and at most 2P - 1
 // microbatches held (F to W) on any rank: an F that would make 2P held runs

@@ -107,6 +107,16 @@ struct RunResult {
   int firstStep = 0;
   /// Trained weights (collectWeights; rank 0 of an MPI run).
   std::map<std::string, cpu::Tensor> weights;
+  /// Every copy of every trained weight, on every rank of every replica
+  /// (collectWeights; local runs): a tied weight has one per rank that
+  /// holds it, a data-parallel run one per replica. All copies of a weight
+  /// must agree.
+  struct WeightCopy {
+    std::string name;
+    int rank = 0, replica = 0; ///< pipeline rank, data-parallel replica
+    cpu::Tensor value;
+  };
+  std::vector<WeightCopy> weightCopies;
   /// The last step's gradients, averaged as the optimizer saw them, before
   /// the update (collectWeights; local runs).
   std::map<std::string, cpu::Tensor> gradients;

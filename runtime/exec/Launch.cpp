@@ -489,19 +489,28 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
     result.kernelSeconds += ex->kernelSeconds;
     result.instructionSeconds += ex->instructionSeconds - ex->waitSeconds;
   }
-  // Replica 0 holds every weight; tied copies are identical.
+  // Replica 0 holds every weight; the result keeps its lowest rank's copy of
+  // a tied one, and with collectWeights every copy, so tests can check that
+  // they agree.
   std::map<std::string, std::map<int64_t, cpu::Tensor>> outputs;
   std::map<std::string, cpu::Tensor> trained;
   for (const auto &ex : executors) {
     for (const auto &[name, parts] : ex->outputs)
       outputs[name].insert(parts.begin(), parts.end());
-    if (ex->replicaIndex() != 0)
+    if (ex->replicaIndex() != 0 && !options.collectWeights)
       continue;
     auto weights = ex->trainedWeights();
     if (!weights)
       return weights.takeError();
-    for (auto &[name, w] : *weights)
-      trained.emplace(name, std::move(w));
+    for (auto &[name, w] : *weights) {
+      if (options.collectWeights)
+        result.weightCopies.push_back(
+            {name, ex->globalRank() % s.P, ex->replicaIndex(), w.clone()});
+      if (ex->replicaIndex() == 0)
+        trained.emplace(name, std::move(w));
+    }
+    if (ex->replicaIndex() != 0)
+      continue;
     if (options.collectWeights)
       for (const auto &[name, g] : ex->lastGrads)
         result.gradients.emplace(name, g);

@@ -1,0 +1,55 @@
+//===- PredictStep.h - The step time of a partition, by simulation ------===//
+//
+// balance-stages judges a partition by the step the compiled plan would be
+// predicted to take: the schedule's compute actions lowered by
+// lower-schedule (LowerSchedule.h) with the boundary tensors and gradient
+// all-reduces the driver would give them, run by the event simulator
+// (compiler/sim) with the partition's stage times, links and optimizer step.
+// That is what `pipec compile` reports as a plan's predicted step, so a
+// partition chosen by this number is the fastest the report can show.
+//
+// The schedule is generated once per predictor; each prediction lowers it
+// (a few hundred instructions at P = 4, M = 16) and simulates the streams,
+// well under a millisecond.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_PASSES_PREDICTSTEP_H
+#define PIPEC_PASSES_PREDICTSTEP_H
+
+#include "passes/BalanceStages.h"
+#include "passes/LowerSchedule.h"
+
+#include <optional>
+
+namespace pipec {
+
+/// What the plan says about \p hardware (the simulator reads its links,
+/// memory bandwidth and devices per node).
+plan::HardwareInfo hardwareInfo(const HardwareSpec &hardware, bool bf16);
+
+/// Lowering inputs for \p plan when the driver gives none: one tensor per
+/// boundary of the cost table's boundary bytes, carrying its gradient back,
+/// and a data-parallel all-reduce per rank when options.dataParallel > 1.
+LoweringInputs defaultLoweringInputs(const StagePlan &plan, const BalanceOptions &options);
+
+/// Predicts step times of partitions for one BalanceOptions (which must
+/// outlive it).
+class StepPredictor {
+public:
+  explicit StepPredictor(const BalanceOptions &options);
+
+  /// The simulated step of \p plan's chunks (times, ranks, parameters and
+  /// boundaries as balance-stages filled them). Errors come from lowering or
+  /// simulation (a schedule the options do not accept).
+  llvm::Expected<double> operator()(const StagePlan &plan) const;
+
+private:
+  const BalanceOptions &options;
+  std::optional<Schedule> schedule;
+  std::string scheduleError;
+  std::vector<plan::HardwareInfo> hardware;
+};
+
+} // namespace pipec
+
+#endif // PIPEC_PASSES_PREDICTSTEP_H
