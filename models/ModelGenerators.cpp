@@ -12,6 +12,7 @@
 #include "support/EnumNames.h"
 
 #include "llvm/ADT/Twine.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MathExtras.h"
 #include "llvm/Support/Path.h"
 
@@ -82,13 +83,30 @@ void copyAllButInitializers(const onnx::ModelProto &from, onnx::ModelProto &to) 
 
 std::string errnoText() { return std::strerror(errno); }
 
-/// Serializes \p model to \p path through a buffered file stream.
+/// Renames the finished \p temp over \p path; on failure removes \p temp,
+/// so no partial file is left under either name.
+Error commitTemp(const std::string &temp, StringRef path) {
+  if (std::error_code ec = sys::fs::rename(temp, path)) {
+    sys::fs::remove(temp);
+    return makeError("cannot write '" + path + "': " + ec.message());
+  }
+  return Error::success();
+}
+
+/// The file a writer of \p path fills before renaming it into place: in
+/// the same folder, so the rename stays on one file system.
+std::string tempFor(StringRef path) { return (path + ".tmp").str(); }
+
+/// Serializes \p model to \p path through a buffered file stream, into a
+/// temporary file renamed into place: a full disk or a killed process leaves
+/// the old file or none, never a partial one.
 Error writeProto(const onnx::ModelProto &model, StringRef path) {
   size_t size = model.ByteSizeLong();
   if (size > size_t(INT_MAX))
     return makeError("cannot write '" + path + "': the model would take " + Twine(size) +
                      " bytes, over protobuf's 2 GiB limit; use external data");
-  std::ofstream os(path.str(), std::ios::binary | std::ios::trunc);
+  std::string temp = tempFor(path);
+  std::ofstream os(temp, std::ios::binary | std::ios::trunc);
   if (!os)
     return makeError("cannot open '" + path + "' for writing: " + errnoText());
   bool ok;
@@ -100,9 +118,12 @@ Error writeProto(const onnx::ModelProto &model, StringRef path) {
     ok = !coded.HadError();
   }
   os.close();
-  if (!ok || !os)
-    return makeError("failed writing '" + path + "': " + errnoText());
-  return Error::success();
+  if (!ok || !os) {
+    std::string why = errnoText();
+    sys::fs::remove(temp);
+    return makeError("failed writing '" + path + "': " + why);
+  }
+  return commitTemp(temp, path);
 }
 
 constexpr EnumName<Family> familyNames[] = {
@@ -165,7 +186,8 @@ Error writeModel(const onnx::ModelProto &model, StringRef path, bool externalDat
 
     std::string dataPath = (path + ".data").str();
     std::string location = sys::path::filename(dataPath).str();
-    std::ofstream data(dataPath, std::ios::binary | std::ios::trunc);
+    std::string dataTemp = tempFor(dataPath);
+    std::ofstream data(dataTemp, std::ios::binary | std::ios::trunc);
     if (!data)
       return makeError("cannot open '" + dataPath + "' for writing: " + errnoText());
 
@@ -201,8 +223,14 @@ Error writeModel(const onnx::ModelProto &model, StringRef path, bool externalDat
       offset = aligned + raw.size();
     }
     data.close();
-    if (!data)
-      return makeError("failed writing '" + dataPath + "': " + errnoText());
+    if (!data) {
+      std::string why = errnoText();
+      sys::fs::remove(dataTemp);
+      return makeError("failed writing '" + dataPath + "': " + why);
+    }
+    // The data first: a model file never names data that is not complete.
+    if (Error err = commitTemp(dataTemp, dataPath))
+      return err;
     return writeProto(out, path);
   } catch (const std::exception &e) {
     return makeError("cannot write '" + path + "': " + e.what());

@@ -214,6 +214,13 @@ cl::opt<int> RunCheckpointEvery("checkpoint-every", cl::desc("Steps between chec
                                 cl::init(1), cl::sub(RunCmd));
 cl::opt<bool> RunResume("resume", cl::desc("Continue from --checkpoint DIR's latest checkpoint"),
                         cl::sub(RunCmd));
+cl::opt<bool> RunResumeIfExists("resume-if-exists",
+                                cl::desc("Continue from --checkpoint DIR's newest intact "
+                                         "checkpoint if there is one, else start fresh"),
+                                cl::sub(RunCmd));
+cl::opt<int> RunKeepCheckpoints("keep-checkpoints",
+                                cl::desc("Keep the newest N checkpoints, delete older ones"),
+                                cl::value_desc("N"), cl::sub(RunCmd));
 cl::opt<std::string> RunOutputs("outputs", cl::desc("Inference: write graph outputs to DIR"),
                                 cl::value_desc("DIR"), cl::sub(RunCmd));
 cl::opt<std::string> RunOutputFormat("output-format", cl::desc("npy or pb"), cl::init("npy"),
@@ -584,6 +591,13 @@ int runRun() {
     return badUsage("--output-format " + RunOutputFormat + ": expected npy or pb");
   if (RunResume && RunCheckpoint.empty())
     return badUsage("--resume needs --checkpoint DIR");
+  if (RunResumeIfExists && RunCheckpoint.empty())
+    return badUsage("--resume-if-exists needs --checkpoint DIR");
+  if (RunResume && RunResumeIfExists)
+    return badUsage("--resume and --resume-if-exists exclude each other: --resume insists on "
+                    "the latest checkpoint, --resume-if-exists takes the newest intact one");
+  if (RunKeepCheckpoints.getNumOccurrences() && RunCheckpoint.empty())
+    return badUsage("--keep-checkpoints needs --checkpoint DIR");
   for (auto [flag, path] : {std::pair<StringRef, StringRef>{"--save-weights", RunSave},
                             {"--metrics", RunMetrics},
                             {"--trace", RunTrace}})
@@ -608,6 +622,9 @@ int runRun() {
   options.checkpointDir = RunCheckpoint;
   options.checkpointEvery = RunCheckpointEvery;
   options.resume = RunResume;
+  options.resumeIfExists = RunResumeIfExists;
+  if (RunKeepCheckpoints.getNumOccurrences())
+    options.keepCheckpoints = RunKeepCheckpoints;
   options.outputsDir = RunOutputs;
   options.outputsAsPb = RunOutputFormat == "pb";
   options.tracePath = RunTrace;
@@ -632,6 +649,9 @@ int runRun() {
   auto result = comm == "local" ? rt::runLocal(*plan, options) : rt::runMpi(*plan, options);
   if (!result)
     return reportError(result.takeError());
+  if (result->primary)
+    for (const std::string &warning : result->warnings)
+      errs() << "pipec: warning: " << warning << "\n";
   if (!RunMetrics.empty() && result->primary) {
     std::string lines;
     for (size_t i = 0; i < result->losses.size(); ++i)

@@ -120,7 +120,7 @@ Tensor::Tensor(DType type, std::vector<int64_t> shape)
   size_t bytes = (std::max<size_t>(byteSize(), 1) + 63) / 64 * 64;
   void *memory = std::aligned_alloc(64, bytes);
   if (!memory)
-    report_bad_alloc_error("pipec: out of memory allocating a tensor");
+    throw AllocationFailure(static_cast<int64_t>(bytes), shapeString(dims));
   std::memset(memory, 0, bytes);
   storage = std::shared_ptr<void>(memory, [](void *p) { std::free(p); });
 }

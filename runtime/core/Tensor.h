@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -148,6 +149,20 @@ using pipec::floatToBFloat16;
 using pipec::floatToHalf;
 using pipec::halfToFloat;
 
+/// What Tensor's constructor throws when its storage cannot be allocated
+/// (malloc refused: an address-space limit, or more than the machine can
+/// give). Tensors are made deep inside kernels that return no Error, so the
+/// failure unwinds to the executor, which names the value being made:
+/// "NAME needs N bytes". The one exception the runtime throws.
+class AllocationFailure : public std::bad_alloc {
+public:
+  AllocationFailure(int64_t bytes, std::string shape) : bytes(bytes), shape(std::move(shape)) {}
+  const char *what() const noexcept override { return "pipec: out of memory allocating a tensor"; }
+  /// The bytes asked for, and the tensor's shape as shapeString writes it.
+  int64_t bytes;
+  std::string shape;
+};
+
 /// A dense row-major tensor. A default-constructed Tensor is null (no type,
 /// no storage); every other Tensor has 64-byte aligned storage for
 /// numElements() elements. Copies share storage and nothing is synchronized:
@@ -155,7 +170,8 @@ using pipec::halfToFloat;
 class Tensor {
 public:
   Tensor() = default;
-  /// A zero-filled tensor. Dimensions must be >= 0.
+  /// A zero-filled tensor. Dimensions must be >= 0. Throws
+  /// AllocationFailure when the memory cannot be had.
   Tensor(DType type, std::vector<int64_t> shape);
 
   /// A tensor holding \p values (row-major, size must match \p shape), of

@@ -2,10 +2,15 @@
 #include "runtime/exec/Checkpoint.h"
 #include "runtime/exec/RankExecutor.h"
 #include "runtime/plan/PlanFile.h"
+#include "support/InputFile.h"
 
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
+
+#include <algorithm>
 
 using namespace llvm;
 
@@ -38,16 +43,15 @@ Error RankExecutor::saveCheckpoint(StringRef file, int nextStep) {
   std::string bytes;
   if (!g.SerializeToString(&bytes))
     return rankError(global, "checkpoint: cannot serialize (over 2 GiB?)");
-  return writeFileAtomically(file, bytes);
+  return writeCheckpointFile(file, bytes);
 }
 
 Error RankExecutor::loadCheckpoint(StringRef file, int &nextStep) {
-  auto buffer = MemoryBuffer::getFile(file, false, false);
-  if (!buffer)
-    return rankError(global, formatv("checkpoint {0}: {1}", file, buffer.getError().message()));
+  auto bytes = readCheckpointFile(file);
+  if (!bytes)
+    return rankError(global, toString(bytes.takeError()));
   onnx::GraphProto g;
-  if (!g.ParseFromArray((*buffer)->getBufferStart(),
-                        static_cast<int>((*buffer)->getBufferSize())) ||
+  if (!g.ParseFromArray(bytes->payload.data(), static_cast<int>(bytes->payload.size())) ||
       !StringRef(g.doc_string()).startswith("step="))
     return rankError(global, formatv("checkpoint {0} is not a pipec checkpoint", file));
   if (StringRef(g.doc_string()).drop_front(5).getAsInteger(10, nextStep))
@@ -107,6 +111,150 @@ Expected<int> latestCheckpoint(StringRef dir) {
     return createStringError(inconvertibleErrorCode(), "--resume: %s does not name a step",
                              latest.c_str());
   return step;
+}
+
+namespace {
+
+constexpr StringLiteral headerPrefix = "pipec-checkpoint sha256=";
+
+} // namespace
+
+Error writeCheckpointFile(StringRef file, StringRef payload) {
+  std::string bytes = (headerPrefix + sha256Hex(payload) + "\n").str();
+  bytes.append(payload.data(), payload.size());
+  return writeFileAtomically(file, bytes);
+}
+
+Expected<CheckpointBytes> readCheckpointFile(StringRef file) {
+  auto buffer = readInputFile(file);
+  if (!buffer)
+    return createStringError(inconvertibleErrorCode(), "checkpoint %s",
+                             toString(buffer.takeError()).c_str());
+  StringRef all = (*buffer)->getBuffer();
+  auto [header, payload] = all.split('\n');
+  StringRef recorded = header;
+  if (!recorded.consume_front(headerPrefix) || recorded.size() != 64 || payload.data() == nullptr ||
+      header.size() == all.size())
+    return createStringError(inconvertibleErrorCode(),
+                             "checkpoint %s has no checksum header (not a pipec checkpoint, or "
+                             "one written before checkpoints carried checksums)",
+                             file.str().c_str());
+  std::string actual = sha256Hex(payload);
+  if (actual != recorded)
+    return createStringError(inconvertibleErrorCode(),
+                             "checkpoint %s is corrupt: its bytes hash to sha256 %s, its header "
+                             "records %s",
+                             file.str().c_str(), actual.c_str(), recorded.str().c_str());
+  return CheckpointBytes{std::move(*buffer), payload};
+}
+
+std::vector<int> checkpointSteps(StringRef dir) {
+  std::vector<int> steps;
+  std::error_code ec;
+  for (sys::fs::directory_iterator it(dir, ec), end; it != end && !ec; it.increment(ec)) {
+    StringRef name = sys::path::filename(it->path());
+    int step = 0;
+    if (name.consume_front("step-") && !name.getAsInteger(10, step) && step >= 0 &&
+        sys::fs::is_directory(it->path()))
+      steps.push_back(step);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+namespace {
+
+/// The lowest global rank whose file of \p step is not intact, -1 when all
+/// are; collective: every rank checks its own file.
+Expected<int> firstBadRank(StringRef dir, int step, Comm &comm, int global, int ranks) {
+  std::vector<double> bad(ranks, 0.0);
+  if (auto mine = readCheckpointFile(checkpointFile(dir, step, global)); !mine) {
+    consumeError(mine.takeError());
+    bad[global] = 1;
+  }
+  if (Error err = comm.sumAll(bad))
+    return err;
+  for (int r = 0; r < ranks; ++r)
+    if (bad[r] > 0)
+      return r;
+  return -1;
+}
+
+/// Why rank \p rank's file of \p step is not intact. Every rank computes
+/// the same text, so whichever rank reports the error reports this one.
+std::string whyBad(StringRef dir, int step, int rank) {
+  auto bytes = readCheckpointFile(checkpointFile(dir, step, rank));
+  return bytes ? "checkpoint " + checkpointFile(dir, step, rank) + " changed while being read"
+               : toString(bytes.takeError());
+}
+
+} // namespace
+
+Expected<int> agreeResumeStep(StringRef dir, ResumeMode mode, Comm &comm, int global, int ranks,
+                              std::vector<std::string> &skipped) {
+  if (mode == ResumeMode::Fresh)
+    return 0;
+  std::vector<int> steps = checkpointSteps(dir);
+  if (mode == ResumeMode::IfExists) {
+    for (int step : steps) {
+      auto bad = firstBadRank(dir, step, comm, global, ranks);
+      if (!bad)
+        return bad.takeError();
+      if (*bad < 0)
+        return step;
+      skipped.push_back(whyBad(dir, step, *bad) + "; skipped");
+    }
+    return 0;
+  }
+  auto latest = latestCheckpoint(dir);
+  if (!latest)
+    return latest.takeError();
+  auto bad = firstBadRank(dir, *latest, comm, global, ranks);
+  if (!bad)
+    return bad.takeError();
+  if (*bad < 0)
+    return *latest;
+  std::string why = whyBad(dir, *latest, *bad);
+  for (int step : steps) {
+    if (step >= *latest)
+      continue;
+    auto earlier = firstBadRank(dir, step, comm, global, ranks);
+    if (!earlier)
+      return earlier.takeError();
+    if (*earlier < 0) {
+      SmallString<256> intact(dir);
+      sys::path::append(intact, formatv("step-{0}", step).str());
+      return createStringError(inconvertibleErrorCode(),
+                               "%s; the newest intact checkpoint is %s (--resume-if-exists "
+                               "continues from it)",
+                               why.c_str(), intact.c_str());
+    }
+  }
+  return createStringError(inconvertibleErrorCode(), "%s; no earlier checkpoint in %s is intact",
+                           why.c_str(), dir.str().c_str());
+}
+
+Error pruneCheckpoints(StringRef dir, int keep, int newest) {
+  int kept = 0;
+  for (int step : checkpointSteps(dir)) {
+    if (step > newest || ++kept <= keep)
+      continue;
+    SmallString<256> folder(dir);
+    sys::path::append(folder, formatv("step-{0}", step).str());
+    std::error_code ec;
+    std::vector<std::string> files;
+    for (sys::fs::directory_iterator it(folder, ec), end; it != end && !ec; it.increment(ec)) {
+      StringRef name = sys::path::filename(it->path());
+      if (name.startswith("rank-") && (name.endswith(".ckpt") || name.endswith(".ckpt.tmp")))
+        files.push_back(it->path());
+    }
+    for (const std::string &file : files)
+      if (std::error_code rc = sys::fs::remove(file))
+        return createStringError(rc, "--keep-checkpoints: cannot remove %s: %s", file.c_str(),
+                                 rc.message().c_str());
+    sys::fs::remove(folder); // fails, harmlessly, when other files remain
+  }
+  return Error::success();
 }
 
 } // namespace pipec::rt

@@ -2,10 +2,16 @@
 //
 // A checkpoint directory holds step-N/rank-R.ckpt for every global rank R
 // and a file "latest" naming the newest complete step ("step-N"), written
-// after every rank's file. A rank's file is a GraphProto of tensors "w:NAME"
-// (weights), "p:NAME" (float32 master copies), "m:NAME" and "v:NAME"
-// (optimizer moments), with doc_string "step=N"; RankExecutor writes and
-// reads it (Checkpoint.cpp).
+// after every rank's file. A rank's file is one header line,
+// "pipec-checkpoint sha256=HEX\n", HEX the SHA-256 of every byte after it,
+// then a GraphProto of tensors "w:NAME" (weights), "p:NAME" (float32 master
+// copies), "m:NAME" and "v:NAME" (optimizer moments), with doc_string
+// "step=N"; RankExecutor writes and reads it (Checkpoint.cpp). A file whose
+// bytes do not hash to its header is corrupt and never loaded.
+//
+// Resuming is collective: every rank checks its own file of a step and the
+// ranks agree (a sum over all ranks) that the step is intact before any
+// loads it, so all ranks resume from the same step or none does.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_EXEC_CHECKPOINT_H
@@ -13,8 +19,12 @@
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/raw_ostream.h"
 
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace pipec::rt {
 
@@ -23,6 +33,47 @@ std::string checkpointFile(llvm::StringRef dir, int nextStep, int global);
 
 /// The step that \p dir's "latest" names; errors read "--resume: ...".
 llvm::Expected<int> latestCheckpoint(llvm::StringRef dir);
+
+/// Writes \p payload to \p file behind its checksum header, atomically.
+llvm::Error writeCheckpointFile(llvm::StringRef file, llvm::StringRef payload);
+
+/// A checkpoint file whose checksum matched: the bytes read, and the payload
+/// within them.
+struct CheckpointBytes {
+  std::unique_ptr<llvm::MemoryBuffer> buffer;
+  llvm::StringRef payload;
+};
+
+/// Reads \p file and checks its checksum. Errors name the file: "checkpoint
+/// FILE is corrupt: its bytes hash to X, its header records Y", "checkpoint
+/// FILE has no checksum header ...", or why it cannot be read.
+llvm::Expected<CheckpointBytes> readCheckpointFile(llvm::StringRef file);
+
+/// The steps N of \p dir's step-N folders, newest first; none when \p dir
+/// does not exist.
+std::vector<int> checkpointSteps(llvm::StringRef dir);
+
+class Comm;
+
+/// How a run picks the checkpoint it continues from.
+enum class ResumeMode {
+  Fresh,    ///< start at step 0
+  Latest,   ///< --resume: the step "latest" names, which must be intact
+  IfExists, ///< --resume-if-exists: the newest intact step, else step 0
+};
+
+/// The step all \p ranks ranks of a run continue from (0: from the start);
+/// collective over \p comm, \p global this rank's global index. Latest
+/// refuses a corrupt or missing file naming it, and names the newest intact
+/// earlier checkpoint if there is one. IfExists skips corrupt steps, adding
+/// a line per skipped step to \p skipped.
+llvm::Expected<int> agreeResumeStep(llvm::StringRef dir, ResumeMode mode, Comm &comm, int global,
+                                    int ranks, std::vector<std::string> &skipped);
+
+/// Removes the step-N folders of \p dir older than the newest \p keep
+/// steps up to \p newest (their rank files, then the folder if that leaves
+/// it empty). Steps after \p newest are left alone.
+llvm::Error pruneCheckpoints(llvm::StringRef dir, int keep, int newest);
 
 } // namespace pipec::rt
 

@@ -122,7 +122,17 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
       inputs.push_back(&w->second);
     }
     auto kernelStart = Clock::now();
-    auto outs = be.run(node, s.plan->opset(), inputs);
+    auto outs = [&]() -> Expected<std::vector<cpu::Tensor>> {
+      try {
+        return be.run(node, s.plan->opset(), inputs);
+      } catch (const cpu::AllocationFailure &failure) {
+        return createStringError(inconvertibleErrorCode(),
+                                 "'%s' needs %lld bytes (%s, made by %s node '%s'); out of memory",
+                                 node.output_size() ? node.output(0).c_str() : "",
+                                 static_cast<long long>(failure.bytes), failure.shape.c_str(),
+                                 node.op_type().c_str(), cpu::nodeLabel(node).c_str());
+      }
+    }();
     kernelSeconds += std::chrono::duration<double>(Clock::now() - kernelStart).count();
     ++nodesRun;
     if (!outs)

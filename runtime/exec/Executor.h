@@ -73,8 +73,13 @@ struct RunOptions {
   /// Atomic checkpoints every checkpointEvery steps, in checkpointDir.
   std::string checkpointDir;
   int checkpointEvery = 1;
-  /// Continue from checkpointDir's latest checkpoint.
+  /// Continue from checkpointDir's latest checkpoint, which must be intact.
   bool resume = false;
+  /// Continue from checkpointDir's newest intact checkpoint if there is
+  /// one, else start fresh: a preempted job reruns its own command line.
+  bool resumeIfExists = false;
+  /// After each checkpoint, delete all but the newest N; unset: keep all.
+  std::optional<int> keepCheckpoints;
   /// Write the trained model here (ONNX).
   std::string saveWeights;
   /// Inference: write the graph outputs here as NAME.npy (or .pb).
@@ -105,6 +110,9 @@ struct RunResult {
   /// Mean loss per step (train).
   std::vector<double> losses;
   int firstStep = 0;
+  /// Lines the run warns about (corrupt checkpoints --resume-if-exists
+  /// skipped), without the "pipec: warning: " prefix.
+  std::vector<std::string> warnings;
   /// Trained weights (collectWeights; rank 0 of an MPI run).
   std::map<std::string, cpu::Tensor> weights;
   /// Every copy of every trained weight, on every rank of every replica

@@ -64,6 +64,8 @@ Error checkRunOptions(const RunOptions &o) {
   const Check checks[] = {
       {o.steps >= 1, "steps", double(o.steps), "at least 1"},
       {o.checkpointEvery >= 1, "checkpoint-every", double(o.checkpointEvery), "at least 1"},
+      {o.keepCheckpoints.value_or(1) >= 1, "keep-checkpoints",
+       double(o.keepCheckpoints.value_or(1)), "at least 1"},
       {finite(lr) && lr >= 0, "lr", lr, "a finite number >= 0"},
       {finite(o.momentum) && o.momentum >= 0 && o.momentum < 1, "momentum", o.momentum,
        "in [0, 1)"},
@@ -170,20 +172,39 @@ std::string formatDuration(double seconds) {
   return formatv("{0}:{1:2}:{2:2}", total / 3600, (total / 60) % 60, total % 60).str();
 }
 
+/// \p body's error; an allocation failure outside a node's kernel (a
+/// gradient buffer, a received message, a checkpoint's tensor, the assembled
+/// outputs) becomes "WHAT: a tensor SHAPE needs N bytes; out of memory".
+template <typename Body> Error guardAllocation(const Twine &what, Body body) {
+  try {
+    return body();
+  } catch (const cpu::AllocationFailure &failure) {
+    return createStringError(inconvertibleErrorCode(),
+                             "%s: a tensor %s needs %lld bytes; out of memory", what.str().c_str(),
+                             failure.shape.c_str(), static_cast<long long>(failure.bytes));
+  }
+}
+
 /// One rank's whole run: load, resume, steps, checkpoints. Rank 0 prints.
 Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) {
   if (Error err = comm.prepareGroups(sumGroups(s)))
     return err;
-  if (Error err = ex.load())
+  if (Error err = guardAllocation("rank " + Twine(ex.globalRank()) + ": loading the weights",
+                                  [&] { return ex.load(); }))
     return err;
   int first = 0;
   const RunOptions &o = s.options;
-  if (o.resume) {
-    auto latest = latestCheckpoint(o.checkpointDir);
-    if (!latest)
-      return latest.takeError();
-    if (Error err =
-            ex.loadCheckpoint(checkpointFile(o.checkpointDir, *latest, ex.globalRank()), first))
+  ResumeMode mode = o.resumeIfExists ? ResumeMode::IfExists
+                    : o.resume       ? ResumeMode::Latest
+                                     : ResumeMode::Fresh;
+  auto step =
+      agreeResumeStep(o.checkpointDir, mode, comm, ex.globalRank(), s.P * s.dp, result.warnings);
+  if (!step)
+    return step.takeError();
+  if (*step > 0) {
+    std::string file = checkpointFile(o.checkpointDir, *step, ex.globalRank());
+    if (Error err = guardAllocation("rank " + Twine(ex.globalRank()) + ": checkpoint " + file,
+                                    [&] { return ex.loadCheckpoint(file, first); }))
       return err;
   }
   result.firstStep = first;
@@ -193,7 +214,8 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
   auto started = Clock::now();
   for (int t = first; t < o.steps; ++t) {
     double sum = 0, count = 0;
-    if (Error err = ex.step(t, sum, count))
+    if (Error err = guardAllocation("rank " + Twine(ex.globalRank()) + ": step " + Twine(t + 1),
+                                    [&] { return ex.step(t, sum, count); }))
       return err;
     double totals[2] = {sum, count};
     if (Error err = comm.sumAll(totals))
@@ -216,6 +238,9 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
         sys::path::append(latest, "latest");
         if (Error err = writeFileAtomically(latest, formatv("step-{0}\n", t + 1).str()))
           return err;
+        if (o.keepCheckpoints)
+          if (Error err = pruneCheckpoints(o.checkpointDir, *o.keepCheckpoints, t + 1))
+            return err;
       }
     }
     if (comm.rank() == 0 && o.progress && o.log) {
@@ -406,7 +431,8 @@ Error finishRun(const Shared &s,
                 std::map<std::string, cpu::Tensor> trained, const std::vector<TraceEvent> &events,
                 RunResult &result) {
   const RunOptions &options = s.options;
-  if (Error err = assembleOutputs(*s.plan, outputs, result))
+  if (Error err = guardAllocation("assembling the outputs",
+                                  [&] { return assembleOutputs(*s.plan, outputs, result); }))
     return err;
   if (Error err = writeOutputs(options, result))
     return err;

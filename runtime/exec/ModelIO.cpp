@@ -107,8 +107,10 @@ Error saveTrainedModel(StringRef modelPath, const std::map<std::string, cpu::Ten
       sys::fs::remove(tmp);
       return fail(tmp + ": write failed: " + why);
     }
-    if (std::error_code rc = sys::fs::rename(tmp, dataPath))
+    if (std::error_code rc = sys::fs::rename(tmp, dataPath)) {
+      sys::fs::remove(tmp);
       return fail(std::string(dataPath) + ": " + rc.message());
+    }
   }
   std::string bytes;
   if (!model.SerializeToString(&bytes))
