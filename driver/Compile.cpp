@@ -51,7 +51,7 @@ Expected<std::vector<std::string>> perRank(StringRef flag, StringRef value, int 
 /// What one microbatch size needs, shared by the schedules tried for it.
 struct Prepared {
   Graph graph;
-  std::string sha256; ///< of the model file
+  std::string xxh3; ///< of the model file
   /// Train mode: the backward program, or why there is none.
   std::optional<Backward> backward;
   std::string lossText, backwardError;
@@ -164,7 +164,7 @@ Error differentiateStep(Prepared &out, PassRunner &runner) {
 /// hardware (an analysis), then differentiate.
 Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOptions &options,
                                             PassRunner &runner, const Setup &setup,
-                                            int64_t microbatchSize, StringRef knownSha256 = "") {
+                                            int64_t microbatchSize, StringRef knownHash = "") {
   ImportOptions importOptions = options.import;
   importOptions.bindings.batch = microbatchSize;
   auto graph = loadGraph(modelPath, importOptions, runner);
@@ -173,8 +173,8 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   auto out = std::make_unique<Prepared>();
   out->graph = std::move(*graph);
   // One hash per compile: a 1.5 GB model takes seconds.
-  out->sha256 =
-      knownSha256.empty() ? sha256Hex(out->graph.files[0]->getBuffer()) : knownSha256.str();
+  out->xxh3 =
+      knownHash.empty() ? contentHash(out->graph.files[0]->getBuffer()) : knownHash.str();
   auto layers = buildLayerGraph(out->graph, runner);
   if (!layers)
     return layers.takeError();
@@ -270,7 +270,7 @@ void describeRun(plan::Plan &plan, StringRef modelPath, const CompileOptions &op
   plan.set_format_version(PlanFormatVersion);
   auto *model = plan.mutable_model();
   model->set_path(modelPath.str());
-  model->set_sha256(prepared.sha256);
+  model->set_xxh3(prepared.xxh3);
   model->set_nodes(graph.model->graph().node_size());
   model->set_params(prepared.layers.totalParams());
   auto *info = plan.mutable_schedule();
@@ -690,14 +690,14 @@ Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared, StringRef 
   }
   if (Error err = verifyDataflow(plan))
     return err;
-  // The weights' bytes beyond the .onnx file: its sha256 covers only itself.
+  // The weights' bytes beyond the .onnx file: its xxh3 covers only itself.
   SmallString<256> modelDir(sys::path::parent_path(plan.model().path()));
   if (modelDir.empty())
     modelDir = ".";
-  auto dataHash = externalDataSha256(plan, modelDir);
+  auto dataHash = externalDataHash(plan, modelDir);
   if (!dataHash)
     return dataHash.takeError();
-  plan.mutable_model()->set_data_sha256(*dataHash);
+  plan.mutable_model()->set_data_xxh3(*dataHash);
   return Error::success();
 }
 
@@ -774,7 +774,7 @@ Expected<const Prepared *> Compilation::preparedFor(int64_t size, PassRunner &pa
   if (it != cache.end())
     return it->second.get();
   auto made = prepare(modelPath, options, passes, setup, size,
-                      cache.empty() ? "" : cache.begin()->second->sha256);
+                      cache.empty() ? "" : cache.begin()->second->xxh3);
   if (!made)
     return made.takeError();
   const Prepared *ptr = made->get();
@@ -887,7 +887,7 @@ Expected<plan::Plan> Compilation::autoSchedule() {
   std::unique_ptr<Prepared> shown;
   if (runner.shows()) {
     auto made =
-        prepare(modelPath, options, runner, setup, bestShape.microbatchSize, bestPrepared->sha256);
+        prepare(modelPath, options, runner, setup, bestShape.microbatchSize, bestPrepared->xxh3);
     if (!made)
       return made.takeError();
     shown = std::move(*made);

@@ -205,7 +205,7 @@ void printReportHtml(const plan::Plan &plan, raw_ostream &os, const SimulationRe
     os << "<tr><th class=l>" << escape(k) << "</th><td>" << v << "</td></tr>\n";
   };
   row("model", escape(plan.model().path()) + " (" + humanCount(plan.model().params()) +
-                   " params, sha256 " + escape(plan.model().sha256().substr(0, 16)) + ")");
+                   " params, xxh3 " + escape(plan.model().xxh3().substr(0, 16)) + ")");
   row("schedule",
       formatv("{0}, P = {1}, V = {2}, M = {3}, {4}", escape(sched.name()), sched.stages(),
               sched.virtual_stages(), sched.microbatches(), escape(sched.mode()))

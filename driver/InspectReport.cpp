@@ -50,7 +50,7 @@ std::vector<std::string> opWarnings(const Graph &graph) {
 
 InspectReport makeInspectReport(const Graph &graph, const LayerGraph &layers) {
   InspectReport report;
-  report.sha256 = sha256Hex(graph.files[0]->getBuffer());
+  report.xxh3 = contentHash(graph.files[0]->getBuffer());
   report.nodes = graph.model->graph().node_size();
   report.params = layers.totalParams();
   for (const Layer &layer : layers.layers)
@@ -74,7 +74,7 @@ InspectReport makeInspectReport(const Graph &graph, const LayerGraph &layers) {
 void printInspectText(const InspectReport &report, const Graph &graph, const LayerGraph &layers,
                       raw_ostream &os) {
   os << formatv("model    {0}\n", graph.path);
-  os << formatv("sha256   {0}\n", report.sha256);
+  os << formatv("xxh3     {0}\n", report.xxh3);
   os << formatv("nodes    {0} in the file, {1} after folding; opset {2}\n", report.nodes,
                 graph.liveOpCount(), graph.opsetFor(""));
   os << formatv("layers   {0} (grouped by {1})\n\n", layers.layers.size(),
@@ -117,7 +117,7 @@ void printInspectJson(const InspectReport &report, const Graph &graph, const Lay
     j.attribute("format_version", InspectFormatVersion);
     j.attributeObject("model", [&] {
       j.attribute("path", graph.path);
-      j.attribute("sha256", report.sha256);
+      j.attribute("xxh3", report.xxh3);
       j.attribute("nodes", report.nodes);
       j.attribute("params", report.params);
       j.attribute("opset", graph.opsetFor(""));

@@ -21,7 +21,7 @@ namespace pipec {
 inline constexpr int InspectFormatVersion = 1;
 
 struct InspectReport {
-  std::string sha256;
+  std::string xxh3;
   int64_t nodes = 0; ///< nodes in the ONNX file, Constant nodes included
   int64_t params = 0;
   int64_t flopsForward = 0;

@@ -119,8 +119,8 @@ std::vector<std::string> explainEdgeStages(const plan::Plan &plan) {
 
 void printReportText(const plan::Plan &plan, raw_ostream &os) {
   const auto &sched = plan.schedule();
-  os << formatv("model     {0}  ({1} params, sha256 {2})\n", plan.model().path(),
-                humanCount(plan.model().params()), plan.model().sha256().substr(0, 16));
+  os << formatv("model     {0}  ({1} params, xxh3 {2})\n", plan.model().path(),
+                humanCount(plan.model().params()), plan.model().xxh3().substr(0, 16));
   std::string hw = plan.hardware_size() ? plan.hardware(0).name() : "?";
   for (int r = 1; r < plan.hardware_size(); ++r)
     if (plan.hardware(r).name() != plan.hardware(0).name())
@@ -205,7 +205,7 @@ void printReportJson(const plan::Plan &plan, raw_ostream &os) {
     j.attribute("format_version", ReportFormatVersion);
     j.attributeObject("model", [&] {
       j.attribute("path", plan.model().path());
-      j.attribute("sha256", plan.model().sha256());
+      j.attribute("xxh3", plan.model().xxh3());
       j.attribute("params", plan.model().params());
     });
     j.attributeObject("schedule", [&] {

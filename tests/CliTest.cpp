@@ -27,7 +27,7 @@ TEST(Cli, ModelThenInspectJson) {
   const auto *m = root->getObject("model");
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->getString("path").getValueOr("").str(), model);
-  EXPECT_EQ(m->getString("sha256")->size(), 64u);
+  EXPECT_EQ(m->getString("xxh3")->size(), 32u);
   EXPECT_GT(*m->getInteger("nodes"), 0);
   const auto *layers = root->getArray("layers");
   ASSERT_NE(layers, nullptr);

@@ -48,7 +48,7 @@ TEST(Compile, PlanIsDeterministicAndRoundTrips) {
   ASSERT_TRUE(!!plan) << toString(plan.takeError());
   EXPECT_EQ(plan->format_version(), PlanFormatVersion);
   EXPECT_EQ(plan->stages_size(), 4);
-  EXPECT_EQ(plan->model().sha256().size(), 64u);
+  EXPECT_EQ(plan->model().xxh3().size(), 32u);
   // Text and JSON encodings read back to the same plan.
   for (const char *emit : {"text", "json"}) {
     std::string path = dir.path(std::string("c.") + emit);

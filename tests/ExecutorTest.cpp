@@ -634,7 +634,7 @@ TEST_F(RunCli, BadInputNamesTheFault) {
   std::string p = plan(model, "--stages 2 --microbatches 2 --batch 4", "bad");
   // A plan for another model.
   EXPECT_EQ(runCommand(pipec() + " run " + p + " --model " + other, out), 1) << out;
-  EXPECT_NE(out.find("sha256"), std::string::npos) << out;
+  EXPECT_NE(out.find("xxh3"), std::string::npos) << out;
   EXPECT_NE(out.find(other), std::string::npos) << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   // A missing data file.

@@ -385,7 +385,7 @@ TEST_F(HostileExternal, ThePlansHashCoversTheExternalData) {
   std::string data = readFile(model + ".data");
   data[data.size() / 2] ^= 1;
   std::ofstream(model + ".data", std::ios::binary) << data;
-  expectError("run --quiet " + plan, 1, "its external data has sha256");
+  expectError("run --quiet " + plan, 1, "its external data has xxh3");
 }
 
 } // namespace

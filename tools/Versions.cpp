@@ -1,11 +1,11 @@
 //===- Versions.cpp - What `pipec --version` prints -----------------------===//
 #include "tools/Versions.h"
 #include "compiler/onnx/OnnxImporter.h"
+#include "support/Blas.h"
 
 #include "llvm/Config/llvm-config.h"
 #include "llvm/Support/FormatVariadic.h"
 
-#include <cblas.h>
 #include <google/protobuf/stubs/common.h>
 #include <mpi.h>
 
@@ -19,7 +19,7 @@ void printVersions(llvm::raw_ostream &os) {
   os << "  protobuf  " << google::protobuf::internal::VersionString(GOOGLE_PROTOBUF_VERSION)
      << "\n";
   os << "  llvm      " << LLVM_VERSION_STRING << "\n";
-  os << "  openblas  " << openblas_get_config() << "\n";
+  os << "  openblas  " << blas::config() << "\n";
   char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
   int length = 0;
   MPI_Get_library_version(mpi, &length); // allowed before MPI_Init

@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 jobs="${PIPEC_JOBS:-2}"
 # ONNX 1.23 from its pinned sdist into build/_deps/onnx-install (once).
 tools/build-onnx.sh
+# OpenBLAS 0.3.34 from its pinned PyPI wheel into build/_deps/openblas (once).
+tools/fetch-openblas.sh
 if [ ! -f build/build.ninja ] || [ $# -gt 0 ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
 fi

@@ -246,6 +246,10 @@ cl::opt<int> RunRanksPerDevice("ranks-per-device",
                                cl::desc("cuda: ranks sharing one GPU (rank r uses GPU "
                                         "r / N); lets one GPU run a whole pipeline"),
                                cl::init(1), cl::sub(RunCmd));
+cl::opt<int> RunThreadsPerRank("threads-per-rank",
+                               cl::desc("BLAS threads of each rank (default: the node's cores "
+                                        "divided by its ranks)"),
+                               cl::init(0), cl::sub(RunCmd));
 
 // model
 cl::opt<std::string> ModelFamily(cl::Positional, cl::desc("gpt|llama|bert|mlp|resnet"),
@@ -634,6 +638,8 @@ int runRun() {
   options.backend = RunBackend;
   options.precision = RunPrecision;
   options.ranksPerDevice = RunRanksPerDevice;
+  if (RunThreadsPerRank.getNumOccurrences())
+    options.threadsPerRank = RunThreadsPerRank;
   options.fuse = !RunNoFuse;
   options.comm = comm == "nccl" ? "nccl" : "mpi";
   // Flags first: a malformed value is reported before any file is read.
@@ -681,6 +687,9 @@ int runRun() {
                                    : formatv("{0} node run(s) ({1})", total, byOp).str());
     }
     outs() << "\n";
+    if (RunBackend == "cpu" && !result->blas.empty())
+      outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas,
+                        result->threadsPerRank);
     if (result->fusedGroups > 0 || result->fusedMatMulBias > 0)
       outs() << formatv("fused {0} element-wise nodes into {1} kernels, and {2} bias adds into "
                         "their MatMuls\n",

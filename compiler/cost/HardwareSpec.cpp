@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "compiler/cost/HardwareSpec.h"
+#include "support/Blas.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
@@ -15,7 +16,6 @@
 #include "llvm/Support/Process.h"
 #include "llvm/Support/xxhash.h"
 
-#include <cblas.h>
 
 #include <algorithm>
 #include <cassert>
@@ -230,8 +230,7 @@ double measureGemmRate() {
   const size_t size = size_t(n) * n;
   std::vector<float> a(size, 0.5f), b(size, 0.25f), c(size, 0.0f);
   auto gemm = [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                0.0f, c.data(), n);
+    blas::sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   };
   gemm(); // starts the thread pool and warms the caches
   int calls = 0;
@@ -269,8 +268,7 @@ double measureDispatch() {
   for (int round = 0; round < 5; ++round) {
     Clock::time_point start = Clock::now();
     for (int i = 0; i < batch; ++i)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, 1, 1, 1.0f, &a, 1, &b, 1, 1.0f, &c,
-                  1);
+      blas::sgemm(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 1.0f, &c, 1);
     best = std::min(best, secondsSince(start) / batch);
   }
   return best;
@@ -396,7 +394,8 @@ Expected<HardwareSpec> calibrateCpu() {
   s.interNode = s.intraNode;
   s.devicesPerNode = int(cpus);
   s.source = "calibrated on " + cpuModelName() + ", " + std::to_string(cpus) +
-             " cpus: OpenBLAS sgemm 512^3 on " + std::to_string(openblas_get_num_threads()) +
+             " cpus: OpenBLAS (" + blas::coreName() + ") sgemm 512^3 on " +
+             std::to_string(blas::numThreads()) +
              " threads, 64 MiB memcpy, 1x1x1 sgemm call";
   return s;
 }
@@ -414,7 +413,8 @@ std::string cpuCachePath() {
   } else {
     return "";
   }
-  uint64_t hash = xxHash64(cpuModelName() + "/" + std::to_string(cpuCount()));
+  // A different BLAS (or its kernel for this CPU) is a different machine.
+  uint64_t hash = xxHash64(cpuModelName() + "/" + std::to_string(cpuCount()) + "/" + blas::config());
   sys::path::append(dir, "cpu-" + utohexstr(hash, /*LowerCase=*/true) + ".json");
   return std::string(dir);
 }

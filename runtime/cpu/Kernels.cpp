@@ -11,16 +11,14 @@
 #include "runtime/cpu/ElementwiseKernels.h"
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
+#include "support/Blas.h"
 
 #include "onnx/onnx_pb.h"
-
-#include <cblas.h>
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <cstring>
-#include <dlfcn.h>
 
 using namespace llvm;
 
@@ -104,8 +102,8 @@ Tensor transpose(const Tensor &tensor, ArrayRef<int64_t> perm) {
 
 namespace {
 
-/// C = alpha op(A) op(B) + beta C through \p blas (cblas_sgemm or
-/// cblas_dgemm); BLAS rejects k == 0, which only scales C.
+/// C = alpha op(A) op(B) + beta C through \p blas (blas::sgemm or
+/// blas::dgemm); BLAS rejects k == 0, which only scales C.
 template <typename T, typename Blas>
 void gemmWith(Blas blas, bool transA, bool transB, int64_t m, int64_t n, int64_t k, T alpha,
               const T *a, int64_t lda, const T *b, int64_t ldb, T beta, T *c, int64_t ldc) {
@@ -117,20 +115,19 @@ void gemmWith(Blas blas, bool transA, bool transB, int64_t m, int64_t n, int64_t
         c[i * ldc + j] = beta == 0 ? 0 : beta * c[i * ldc + j];
     return;
   }
-  blas(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, m, n,
-       k, alpha, a, lda, b, ldb, beta, c, ldc);
+  blas(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 } // namespace
 
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-  gemmWith(cblas_sgemm, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  gemmWith(blas::sgemm, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
           int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc) {
-  gemmWith(cblas_dgemm, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  gemmWith(blas::dgemm, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 //===----------------------------------------------------------------------===//
@@ -234,10 +231,10 @@ Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
   return std::move(*outputs);
 }
 
-void setBlasThreads(int threads) {
-  using SetThreads = void (*)(int);
-  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
-    set(std::max(1, threads));
-}
+void setBlasThreads(int threads) { blas::setNumThreads(std::max(1, threads)); }
+
+StringRef blasConfig() { return blas::config(); }
+
+StringRef blasCoreName() { return blas::coreName(); }
 
 } // namespace pipec::cpu

@@ -86,10 +86,16 @@ void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
           int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc);
 
-/// Caps the threads one GEMM may use (OpenBLAS's pool; a no-op with another
-/// BLAS). Ranks that run as threads of one process share the cores, so each
-/// gets its share instead of every rank's GEMM spinning up all of them.
+/// Caps the threads one GEMM may use (OpenBLAS's pool). Ranks that run as
+/// threads of one process share the cores, so each gets its share instead
+/// of every rank's GEMM spinning up all of them.
 void setBlasThreads(int threads);
+
+/// OpenBLAS's build line ("OpenBLAS 0.3.34 DYNAMIC_ARCH ... SkylakeX").
+llvm::StringRef blasConfig();
+
+/// The CPU kernel OpenBLAS chose for this machine ("SkylakeX", "Zen").
+llvm::StringRef blasCoreName();
 
 } // namespace pipec::cpu
 

@@ -100,6 +100,9 @@ struct RunOptions {
   std::string precision;
   /// CUDA: ranks sharing one device (rank r uses device r / ranksPerDevice).
   int ranksPerDevice = 1;
+  /// BLAS threads of each rank (--threads-per-rank); unset: the node's
+  /// cores divided by the ranks on it, at least 1.
+  std::optional<int> threadsPerRank;
   /// runMpi's transport: mpi (host tensors) or nccl (device tensors).
   std::string comm = "mpi";
   /// Fuse element-wise chains into single kernels (runtime/core/Fusion.h).
@@ -147,6 +150,10 @@ struct RunResult {
   /// Nodes run on the host instead of the device, by op, summed over the
   /// steps and every rank (Backend::fallbackOps); empty on the CPU backend.
   std::map<std::string, int64_t> fallbacks;
+  /// The BLAS and the CPU kernel it chose ("OpenBLAS 0.3.34 SkylakeX"), and
+  /// the threads each rank gave it.
+  std::string blas;
+  int threadsPerRank = 1;
   /// Whether this process reports for the run (local, or MPI rank 0).
   bool primary = true;
 };
@@ -164,7 +171,7 @@ llvm::Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &optio
 llvm::Error checkRunOptions(const RunOptions &options);
 
 /// Checks that \p plan can be run: it has stage programs, its model file
-/// exists and has the plan's sha256. Returns the model's path.
+/// exists and has the plan's xxh3. Returns the model's path.
 llvm::Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &options);
 
 } // namespace pipec::rt

@@ -27,6 +27,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <malloc.h>
+#include <pthread.h>
+#include <sched.h>
 #include <mutex>
 #include <thread>
 
@@ -43,6 +45,52 @@ Error checkNumber(bool ok, StringRef flag, double value, StringRef what) {
   char text[32];
   std::snprintf(text, sizeof text, "%g", value);
   return usageError("--" + flag + " " + text + ": must be " + what);
+}
+
+/// The CPUs this process may run on, in order.
+std::vector<int> allowedCpus() {
+  cpu_set_t set;
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set))
+        cpus.push_back(c);
+  return cpus;
+}
+
+/// Sets the BLAS threads of each of \p ranks ranks on this node: the
+/// user's --threads-per-rank, else the node's cores shared out evenly.
+int shareCores(const RunOptions &options, int ranks) {
+  int cores = std::max<int>(1, static_cast<int>(allowedCpus().size()));
+  int threads = options.threadsPerRank.value_or(std::max(1, cores / std::max(1, ranks)));
+  cpu::setBlasThreads(threads);
+  return threads;
+}
+
+/// Binds the calling thread, rank \p rank of \p ranks single-threaded
+/// ranks, to a core of its own when the process has one for every rank;
+/// rank -1 gives the thread every allowed core back.
+void pinToCore(int rank, int ranks) {
+  static const std::vector<int> cpus = allowedCpus();
+  if (cpus.empty() || static_cast<int>(cpus.size()) < ranks)
+    return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (rank < 0)
+    for (int c : cpus)
+      CPU_SET(c, &set);
+  else
+    CPU_SET(cpus[rank], &set);
+  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+/// "OpenBLAS 0.3.34 (SkylakeX kernels)".
+std::string blasName() {
+  StringRef config = cpu::blasConfig();
+  SmallVector<StringRef, 4> words;
+  config.split(words, ' ', 2);
+  std::string name = words.size() >= 2 ? (words[0] + " " + words[1]).str() : config.str();
+  return name + " (" + cpu::blasCoreName() + " kernels)";
 }
 
 } // namespace
@@ -77,6 +125,8 @@ Error checkRunOptions(const RunOptions &o) {
       {finite(o.timeoutSeconds) && o.timeoutSeconds > 0, "timeout", o.timeoutSeconds,
        "a finite number of seconds > 0"},
       {o.ranksPerDevice >= 1, "ranks-per-device", double(o.ranksPerDevice), "at least 1"},
+      {o.threadsPerRank.value_or(1) >= 1 && o.threadsPerRank.value_or(1) <= 1024,
+       "threads-per-rank", double(o.threadsPerRank.value_or(1)), "in [1, 1024]"},
   };
   for (const Check &c : checks)
     if (Error err = checkNumber(c.ok, c.flag, c.value, c.what))
@@ -89,6 +139,9 @@ namespace {
 Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOptions &options) {
   if (Error err = checkRunOptions(options))
     return err;
+  if (options.backend == "cpu")
+    if (Error err = checkPlanFitsMachine(plan))
+      return err;
   auto model = checkPlanModel(plan, options);
   if (!model)
     return model.takeError();
@@ -368,27 +421,27 @@ Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &o
     return createStringError(inconvertibleErrorCode(),
                              "cannot read the plan's model: %s (pass --model FILE)",
                              toString(file.takeError()).c_str());
-  std::string hash = sha256Hex((*file)->getBuffer());
-  if (hash != plan.model().sha256())
+  std::string hash = contentHash((*file)->getBuffer());
+  if (hash != plan.model().xxh3())
     return createStringError(inconvertibleErrorCode(),
-                             "%s: sha256 %s differs from the plan's model (%s, sha256 %s); "
+                             "%s: xxh3 %s differs from the plan's model (%s, xxh3 %s); "
                              "recompile the plan for this model",
                              path.c_str(), hash.substr(0, 12).c_str(), plan.model().path().c_str(),
-                             plan.model().sha256().substr(0, 12).c_str());
+                             plan.model().xxh3().substr(0, 12).c_str());
   SmallString<256> dir(sys::path::parent_path(path));
   if (dir.empty())
     dir = ".";
-  auto dataHash = externalDataSha256(plan, dir);
+  auto dataHash = externalDataHash(plan, dir);
   if (!dataHash)
     return dataHash.takeError();
-  if (*dataHash != plan.model().data_sha256())
+  if (*dataHash != plan.model().data_xxh3())
     return createStringError(
         inconvertibleErrorCode(),
-        "%s: its external data has sha256 %s, the plan's model had %s; recompile the plan for "
+        "%s: its external data has xxh3 %s, the plan's model had %s; recompile the plan for "
         "this model's data",
         path.c_str(), dataHash->empty() ? "(none)" : dataHash->substr(0, 12).c_str(),
-        plan.model().data_sha256().empty() ? "(none)"
-                                           : plan.model().data_sha256().substr(0, 12).c_str());
+        plan.model().data_xxh3().empty() ? "(none)"
+                                           : plan.model().data_xxh3().substr(0, 12).c_str());
   return path;
 }
 
@@ -465,8 +518,7 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
     return shared.takeError();
   Shared &s = **shared;
   int ranks = s.P * s.dp;
-  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  cpu::setBlasThreads(static_cast<int>(cores) / ranks);
+  int threadsPerRank = shareCores(options, ranks);
   LocalWorld world(ranks, options.timeoutSeconds);
   std::vector<std::unique_ptr<Comm>> comms;
   std::vector<std::unique_ptr<Backend>> backends;
@@ -495,16 +547,27 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
       comms[r]->fail(text);
     }
   };
+  // With one BLAS thread a rank computes on its own thread only: give each
+  // its own core while there are enough.
+  auto pinned = [&](int r) {
+    if (threadsPerRank == 1)
+      pinToCore(r, ranks);
+    body(r);
+  };
   std::vector<std::thread> threads;
   for (int r = 1; r < ranks; ++r)
-    threads.emplace_back(body, r);
-  body(0);
+    threads.emplace_back(pinned, r);
+  pinned(0);
+  if (threadsPerRank == 1)
+    pinToCore(-1, ranks); // the caller's thread gets its mask back
   for (std::thread &t : threads)
     t.join();
   if (firstFailed >= 0)
     return createStringError(inconvertibleErrorCode(), "%s", errors[firstFailed].c_str());
 
   RunResult result = std::move(results[0]);
+  result.blas = blasName();
+  result.threadsPerRank = threadsPerRank;
   for (const auto &backend : backends)
     for (const auto &[op, count] : backend->fallbackOps())
       result.fallbacks[op] += count;
@@ -572,11 +635,10 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
     return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
   }
   // Processes on one node share its cores.
-  if (const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) {
-    int perNode = std::max(1, std::atoi(local));
-    unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    cpu::setBlasThreads(static_cast<int>(cores) / perNode);
-  }
+  int perNode = 1;
+  if (const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
+    perNode = std::max(1, std::atoi(local));
+  int threadsPerRank = shareCores(options, perNode);
   int localRank = 0;
   if (const char *lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"))
     localRank = std::atoi(lr);
@@ -601,6 +663,8 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
   RankExecutor ex(s, **comm, **backend);
   RunResult result;
   result.primary = (*comm)->rank() == 0;
+  result.blas = blasName();
+  result.threadsPerRank = threadsPerRank;
   auto fail = [&](Error err) -> Error {
     std::string text = toString(std::move(err));
     (*comm)->fail(text);

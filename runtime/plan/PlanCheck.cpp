@@ -51,6 +51,19 @@ Error planError(const Twine &what) {
   return createStringError(inconvertibleErrorCode(), "%s", what.str().c_str());
 }
 
+/// More bytes than any one device or host holds (256 TiB): what a plan may
+/// not ask of one tensor or slot, wherever it is read. Whether it fits the
+/// machine that runs it is the run's question (checkPlanFitsMachine): a plan
+/// compiled for an 80 GB GPU is still reported on a laptop.
+constexpr int64_t implausibleBytes = int64_t(1) << 48;
+
+Error checkPlausible(const Twine &name, int64_t bytes) {
+  if (bytes > implausibleBytes)
+    return planError(name + " needs " + Twine(bytes) +
+                     " bytes, more than any machine holds (256 TiB)");
+  return Error::success();
+}
+
 /// The bytes of \p dims elements of \p elementSize bytes, or an error naming
 /// \p name for a negative dimension or a size past int64.
 template <typename Dims>
@@ -63,7 +76,7 @@ Expected<int64_t> shapeBytes(const Twine &name, const Dims &dims, int64_t elemen
       return planError(name + " has more than 2^63 bytes");
     bytes *= d;
   }
-  if (Error err = checkFitsMemory(name, bytes))
+  if (Error err = checkPlausible(name, bytes))
     return std::move(err);
   return bytes;
 }
@@ -195,7 +208,7 @@ Error checkPrograms(const plan::Plan &plan) {
         return planError(formatv("rank {0} buffer {1}: {2} bytes in slot {3} of {4}", r, b.index(),
                                  b.bytes(), b.slot(), program.slots()));
     for (int64_t bytes : program.slot_bytes())
-      if (Error err = checkFitsMemory("rank " + Twine(r) + "'s activation slot", bytes))
+      if (Error err = checkPlausible("rank " + Twine(r) + "'s activation slot", bytes))
         return err;
   }
   return Error::success();
@@ -251,6 +264,21 @@ Error checkTensors(const plan::Plan &plan) {
 }
 
 } // namespace
+
+Error checkPlanFitsMachine(const plan::Plan &plan) {
+  for (const plan::RankProgram &program : plan.programs())
+    for (int64_t bytes : program.slot_bytes())
+      if (Error err = checkFitsMemory("rank " + Twine(program.rank()) + "'s activation slot", bytes))
+        return err;
+  for (const onnx::TensorProto &w : plan.weights()) {
+    int64_t bytes = dtypeSize(static_cast<DType>(w.data_type()));
+    for (int64_t d : w.dims())
+      bytes *= d; // checkPlan bounded each product
+    if (Error err = checkFitsMemory("weight '" + w.name() + "'", bytes))
+      return err;
+  }
+  return Error::success();
+}
 
 Error checkPlan(const plan::Plan &plan) {
   if (Error err = checkSchedule(plan))

@@ -17,8 +17,14 @@
 #include <google/protobuf/text_format.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <cstdio>
+#include <memory>
 #include <optional>
 #include <set>
+
+// Header-only (Debian's libxxhash-dev): nothing to link, nothing to bundle.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 using namespace llvm;
 
@@ -79,7 +85,20 @@ std::string sha256Hex(StringRef bytes) {
                /*LowerCase=*/true);
 }
 
-Expected<std::string> externalDataSha256(const plan::Plan &plan, StringRef modelDir) {
+namespace {
+
+std::string hex128(XXH128_hash_t h) {
+  char text[33];
+  std::snprintf(text, sizeof text, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  return text;
+}
+
+} // namespace
+
+std::string contentHash(StringRef bytes) { return hex128(XXH3_128bits(bytes.data(), bytes.size())); }
+
+Expected<std::string> externalDataHash(const plan::Plan &plan, StringRef modelDir) {
   std::set<std::string> locations;
   std::string modelFile = sys::path::filename(plan.model().path()).str();
   for (const onnx::TensorProto &w : plan.weights())
@@ -88,7 +107,9 @@ Expected<std::string> externalDataSha256(const plan::Plan &plan, StringRef model
         locations.insert(entry.value());
   if (locations.empty())
     return "";
-  SHA256 hash;
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t *)> hash(XXH3_createState(),
+                                                                        XXH3_freeState);
+  XXH3_128bits_reset(hash.get());
   for (const std::string &location : locations) {
     SmallString<256> path(modelDir);
     sys::path::append(path, location);
@@ -97,10 +118,11 @@ Expected<std::string> externalDataSha256(const plan::Plan &plan, StringRef model
     auto buffer = readInputFile(path);
     if (!buffer)
       return buffer.takeError();
-    hash.update(StringRef(location.c_str(), location.size() + 1)); // with its NUL
-    hash.update((*buffer)->getBuffer());
+    // The name with its NUL, then the bytes.
+    XXH3_128bits_update(hash.get(), location.c_str(), location.size() + 1);
+    XXH3_128bits_update(hash.get(), (*buffer)->getBufferStart(), (*buffer)->getBufferSize());
   }
-  return toHex(hash.final(), /*LowerCase=*/true);
+  return hex128(XXH3_128bits_digest(hash.get()));
 }
 
 Error writeFileAtomically(StringRef path, StringRef bytes) {

@@ -17,7 +17,7 @@
 namespace pipec {
 
 /// The format_version this build writes and reads.
-inline constexpr uint32_t PlanFormatVersion = 1;
+inline constexpr uint32_t PlanFormatVersion = 2;
 
 enum class PlanEncoding { Binary, Text, Json };
 
@@ -26,7 +26,13 @@ llvm::Expected<PlanEncoding> parsePlanEncoding(llvm::StringRef name);
 /// Serializes \p plan; deterministic for equal plans.
 llvm::Expected<std::string> serializePlan(const plan::Plan &plan, PlanEncoding encoding);
 
-/// The lowercase hex SHA-256 of \p bytes: how a plan names its model file.
+/// The lowercase hex XXH3-128 of \p bytes (32 digits): how a plan names its
+/// model file and external data. A fast check that the bytes are the ones
+/// compiled (about 20 GB/s), not a defence against a crafted collision
+/// (docs/TRUST_MODEL.md).
+std::string contentHash(llvm::StringRef bytes);
+
+/// The lowercase hex SHA-256 of \p bytes: a checkpoint's checksum.
 std::string sha256Hex(llvm::StringRef bytes);
 
 /// Writes \p bytes to \p path through a temporary file and a rename, so that
@@ -47,17 +53,22 @@ llvm::Expected<plan::Plan> readPlan(llvm::StringRef path);
 /// counts positive, bounded and agreeing with each other and the streams;
 /// instruction stages, microbatches, peers and buffers in range; one
 /// OPTIMIZER_STEP per training rank; shapes with dimensions >= 0 whose
-/// bytes fit this machine; trainable names that are weights; external-data
+/// bytes are plausible (at most 256 TiB); trainable names that are weights; external-data
 /// locations relative and inside the model's folder. The error names the
 /// field, rank, instruction or tensor at fault.
 llvm::Error checkPlan(const plan::Plan &plan);
 
-/// The sha256 over the external-data files \p plan's weights name, other
-/// than the model file itself (model.sha256 covers that): each distinct
+/// Whether the CPU that runs \p plan holds each rank's activation slots and
+/// each weight: "rank R's activation slot needs N bytes; this machine has M".
+/// A run on the CPU asks before it allocates; readers that only report do not.
+llvm::Error checkPlanFitsMachine(const plan::Plan &plan);
+
+/// The XXH3-128 over the external-data files \p plan's weights name, other
+/// than the model file itself (model.xxh3 covers that): each distinct
 /// location in name order, as "LOCATION\0" then the file's bytes; "" when
 /// there are none. Each location must resolve, through symlinks, inside
 /// \p modelDir; errors name the location.
-llvm::Expected<std::string> externalDataSha256(const plan::Plan &plan, llvm::StringRef modelDir);
+llvm::Expected<std::string> externalDataHash(const plan::Plan &plan, llvm::StringRef modelDir);
 
 } // namespace pipec
 

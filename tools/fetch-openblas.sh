@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Fetches pipec's BLAS: OpenBLAS 0.3.34 as PyPI's scipy-openblas32 wheel
+# (pinned by hash; its symbols are prefixed scipy_, DYNAMIC_ARCH, no Fortran
+# runtime) into build/_deps/openblas/{include,lib}. Debian 12's OpenBLAS is
+# 0.3.21, which runs its SSE kernels on CPUs newer than it (Intel family 6
+# model 207, for one); docs/PERFORMANCE.md compares the candidates.
+# Safe to run again: it exits at once when the stamp names this wheel.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+version=0.3.34.481.3
+wheel=scipy_openblas32-$version-py3-none-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
+wheel_sha256=0595f94cd58c1f8a0d90c975621f4587337a003916b1979e834ebdf2cb5d9504
+
+deps=build/_deps
+prefix=$deps/openblas
+stamp=$prefix/pipec-openblas.stamp
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wheel_sha256" ]; then
+  exit 0
+fi
+if [ "$(uname -m)" != x86_64 ]; then
+  echo "fetch-openblas: no pinned wheel for $(uname -m); configure with -DPIPEC_BLAS=system" >&2
+  exit 1
+fi
+
+mkdir -p "$deps"
+# pip from the venv tools/build-onnx.sh makes (Debian's python3 has none).
+venv=$deps/venv
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+fi
+python=$venv/bin/python
+if [ ! -f "$deps/$wheel" ] || ! echo "$wheel_sha256  $deps/$wheel" | sha256sum -c --status; then
+  rm -rf "$deps/openblas-dl" "$deps/$wheel"
+  "$python" -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: \
+    "scipy-openblas32==$version" -d "$deps/openblas-dl"
+  mv "$deps/openblas-dl/$wheel" "$deps/$wheel"
+  rm -rf "$deps/openblas-dl"
+  echo "$wheel_sha256  $deps/$wheel" | sha256sum -c --status ||
+    { echo "fetch-openblas: $deps/$wheel does not match its pinned sha256" >&2; exit 1; }
+fi
+rm -rf "$prefix" "$deps/openblas-unpack"
+"$python" -m zipfile -e "$deps/$wheel" "$deps/openblas-unpack"
+mkdir -p "$prefix"
+mv "$deps/openblas-unpack/scipy_openblas32/include" "$prefix/include"
+mkdir -p "$prefix/lib"
+mv "$deps/openblas-unpack/scipy_openblas32/lib/libscipy_openblas.so" "$prefix/lib/"
+mv "$deps/openblas-unpack/scipy_openblas32-$version.dist-info/licenses/LICENSE.txt" \
+  "$prefix/LICENSE.txt"
+rm -rf "$deps/openblas-unpack"
+echo "$wheel_sha256" >"$stamp"
+echo "fetch-openblas: OpenBLAS $version (scipy-openblas32) in $prefix"
