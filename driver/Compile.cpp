@@ -172,9 +172,8 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
     return graph.takeError();
   auto out = std::make_unique<Prepared>();
   out->graph = std::move(*graph);
-  // One hash per compile: a 1.5 GB model takes seconds.
-  out->xxh3 =
-      knownHash.empty() ? contentHash(out->graph.files[0]->getBuffer()) : knownHash.str();
+  // One hash per compile (XXH3-128 runs at memory speed, but the file may be GBs).
+  out->xxh3 = knownHash.empty() ? contentHash(out->graph.files[0]->getBuffer()) : knownHash.str();
   auto layers = buildLayerGraph(out->graph, runner);
   if (!layers)
     return layers.takeError();

@@ -63,6 +63,13 @@ TEST(Compile, PlanIsDeterministicAndRoundTrips) {
   }
 }
 
+/// A plan names its model by XXH3-128: the digests xxHash's own command
+/// line tool prints for these inputs (`xxhsum -H2`).
+TEST(Compile, ContentHashIsXxh3_128) {
+  EXPECT_EQ(contentHash(""), "99aa06d3014798d86001c324468d497f");
+  EXPECT_EQ(contentHash("abc"), "06b05ab6733a618578af5f94892f3950");
+}
+
 TEST(Compile, ReportJsonFields) {
   TempDir dir;
   std::string model = generateGpt(dir, 8), out;

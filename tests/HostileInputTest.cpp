@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "TestUtil.h"
+#include "support/InputFile.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Regex.h"
@@ -194,6 +195,23 @@ TEST_F(Hostile, EditedPlansAreRefusedByEveryReader) {
     for (const char *command : {"report", "simulate", "run --quiet"})
       expectError(std::string(command) + " " + edited, 1, c.needle);
   }
+}
+
+/// A plan too big for this machine but not for the one it was compiled for
+/// is reported and simulated here; only a CPU run refuses it, before it
+/// allocates, naming the weight.
+TEST_F(Hostile, PlansBiggerThanThisMachineReportButDoNotRun) {
+  if (pipec::machineMemoryBytes() >= (int64_t(256) << 30))
+    GTEST_SKIP() << "this machine holds 256 GiB";
+  // [2^32, 16] floats: 256 GiB, more than this machine and less than the
+  // 16 TiB no plan may ask for.
+  std::string edited =
+      editedPlan("big.plan", "^weights \\{\n  dims: 50$", "weights {\n  dims: 4294967296");
+  std::string out;
+  for (const char *command : {"report", "simulate"})
+    EXPECT_EQ(runCommand(pipecBinary + " " + command + " " + edited, out), 0) << out;
+  expectError("run --quiet " + edited, 1,
+              "weight 'transformer.wte.weight' needs 274877906944 bytes; this machine has");
 }
 
 /// A thousand replicas are for mpirun, not for threads of one process.

@@ -9,7 +9,7 @@ packages=(
   libprotobuf-dev protobuf-compiler
   llvm-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev
+  libopenblas-dev libxxhash-dev
   libopenmpi-dev openmpi-bin
   libonnx-testdata
   clang-format clang-tidy

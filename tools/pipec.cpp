@@ -688,8 +688,7 @@ int runRun() {
     }
     outs() << "\n";
     if (RunBackend == "cpu" && !result->blas.empty())
-      outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas,
-                        result->threadsPerRank);
+      outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas, result->threadsPerRank);
     if (result->fusedGroups > 0 || result->fusedMatMulBias > 0)
       outs() << formatv("fused {0} element-wise nodes into {1} kernels, and {2} bias adds into "
                         "their MatMuls\n",

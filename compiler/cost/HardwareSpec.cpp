@@ -16,7 +16,6 @@
 #include "llvm/Support/Process.h"
 #include "llvm/Support/xxhash.h"
 
-
 #include <algorithm>
 #include <cassert>
 #include <chrono>
@@ -393,9 +392,8 @@ Expected<HardwareSpec> calibrateCpu() {
   s.intraNode = {"loopback", copy, 1e-6};
   s.interNode = s.intraNode;
   s.devicesPerNode = int(cpus);
-  s.source = "calibrated on " + cpuModelName() + ", " + std::to_string(cpus) +
-             " cpus: OpenBLAS (" + blas::coreName() + ") sgemm 512^3 on " +
-             std::to_string(blas::numThreads()) +
+  s.source = "calibrated on " + cpuModelName() + ", " + std::to_string(cpus) + " cpus: OpenBLAS (" +
+             blas::coreName() + ") sgemm 512^3 on " + std::to_string(blas::numThreads()) +
              " threads, 64 MiB memcpy, 1x1x1 sgemm call";
   return s;
 }
@@ -414,7 +412,8 @@ std::string cpuCachePath() {
     return "";
   }
   // A different BLAS (or its kernel for this CPU) is a different machine.
-  uint64_t hash = xxHash64(cpuModelName() + "/" + std::to_string(cpuCount()) + "/" + blas::config());
+  uint64_t hash =
+      xxHash64(cpuModelName() + "/" + std::to_string(cpuCount()) + "/" + blas::config());
   sys::path::append(dir, "cpu-" + utohexstr(hash, /*LowerCase=*/true) + ".json");
   return std::string(dir);
 }

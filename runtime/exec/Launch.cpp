@@ -27,9 +27,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <malloc.h>
+#include <mutex>
 #include <pthread.h>
 #include <sched.h>
-#include <mutex>
 #include <thread>
 
 using namespace llvm;
@@ -90,7 +90,7 @@ std::string blasName() {
   SmallVector<StringRef, 4> words;
   config.split(words, ' ', 2);
   std::string name = words.size() >= 2 ? (words[0] + " " + words[1]).str() : config.str();
-  return name + " (" + cpu::blasCoreName() + " kernels)";
+  return (name + " (" + cpu::blasCoreName() + " kernels)").str();
 }
 
 } // namespace
@@ -441,7 +441,7 @@ Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &o
         "this model's data",
         path.c_str(), dataHash->empty() ? "(none)" : dataHash->substr(0, 12).c_str(),
         plan.model().data_xxh3().empty() ? "(none)"
-                                           : plan.model().data_xxh3().substr(0, 12).c_str());
+                                         : plan.model().data_xxh3().substr(0, 12).c_str());
   return path;
 }
 

@@ -51,16 +51,16 @@ Error planError(const Twine &what) {
   return createStringError(inconvertibleErrorCode(), "%s", what.str().c_str());
 }
 
-/// More bytes than any one device or host holds (256 TiB): what a plan may
+/// More bytes than any one device or host holds (16 TiB): what a plan may
 /// not ask of one tensor or slot, wherever it is read. Whether it fits the
 /// machine that runs it is the run's question (checkPlanFitsMachine): a plan
 /// compiled for an 80 GB GPU is still reported on a laptop.
-constexpr int64_t implausibleBytes = int64_t(1) << 48;
+constexpr int64_t implausibleBytes = int64_t(1) << 44;
 
 Error checkPlausible(const Twine &name, int64_t bytes) {
   if (bytes > implausibleBytes)
     return planError(name + " needs " + Twine(bytes) +
-                     " bytes, more than any machine holds (256 TiB)");
+                     " bytes, more than pipec accepts for one allocation (16 TiB)");
   return Error::success();
 }
 
@@ -268,7 +268,8 @@ Error checkTensors(const plan::Plan &plan) {
 Error checkPlanFitsMachine(const plan::Plan &plan) {
   for (const plan::RankProgram &program : plan.programs())
     for (int64_t bytes : program.slot_bytes())
-      if (Error err = checkFitsMemory("rank " + Twine(program.rank()) + "'s activation slot", bytes))
+      if (Error err =
+              checkFitsMemory("rank " + Twine(program.rank()) + "'s activation slot", bytes))
         return err;
   for (const onnx::TensorProto &w : plan.weights()) {
     int64_t bytes = dtypeSize(static_cast<DType>(w.data_type()));

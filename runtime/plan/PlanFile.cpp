@@ -96,7 +96,9 @@ std::string hex128(XXH128_hash_t h) {
 
 } // namespace
 
-std::string contentHash(StringRef bytes) { return hex128(XXH3_128bits(bytes.data(), bytes.size())); }
+std::string contentHash(StringRef bytes) {
+  return hex128(XXH3_128bits(bytes.data(), bytes.size()));
+}
 
 Expected<std::string> externalDataHash(const plan::Plan &plan, StringRef modelDir) {
   std::set<std::string> locations;

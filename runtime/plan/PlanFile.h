@@ -53,7 +53,7 @@ llvm::Expected<plan::Plan> readPlan(llvm::StringRef path);
 /// counts positive, bounded and agreeing with each other and the streams;
 /// instruction stages, microbatches, peers and buffers in range; one
 /// OPTIMIZER_STEP per training rank; shapes with dimensions >= 0 whose
-/// bytes are plausible (at most 256 TiB); trainable names that are weights; external-data
+/// bytes are plausible (at most 16 TiB each); trainable names that are weights; external-data
 /// locations relative and inside the model's folder. The error names the
 /// field, rank, instruction or tensor at fault.
 llvm::Error checkPlan(const plan::Plan &plan);

@@ -28,8 +28,8 @@ constexpr int kRowMajor = 101;
 constexpr int kNoTrans = 111;
 constexpr int kTrans = 112;
 
-using Sgemm = void (*)(int, int, int, int, int, int, float, const float *, int,
-                       const float *, int, float, float *, int);
+using Sgemm = void (*)(int, int, int, int, int, int, float, const float *, int, const float *, int,
+                       float, float *, int);
 using SetThreads = void (*)(int);
 using GetConfig = const char *(*)();
 
@@ -55,8 +55,11 @@ std::vector<Shape> gptShapes() {
     const char *name;
     int in, out;
   };
-  const Proj projs[] = {{"qkv", 256, 768}, {"attn-out", 256, 256}, {"mlp-up", 256, 1024},
-                        {"mlp-down", 1024, 256}, {"lm-head", 256, 2000}};
+  const Proj projs[] = {{"qkv", 256, 768},
+                        {"attn-out", 256, 256},
+                        {"mlp-up", 256, 1024},
+                        {"mlp-down", 1024, 256},
+                        {"lm-head", 256, 2000}};
   for (int tokens : {512, 64}) {
     for (const Proj &p : projs) {
       shapes.push_back({p.name, tokens, p.out, p.in, false, false});
@@ -120,8 +123,7 @@ int main(int argc, char **argv) {
     cand.name = arg.substr(0, eq);
     cand.sgemm = reinterpret_cast<Sgemm>(dlsym(handle, (prefix + "cblas_sgemm").c_str()));
     if (!cand.sgemm) {
-      std::fprintf(stderr, "blas_compare: %s has no %scblas_sgemm\n", lib.c_str(),
-                   prefix.c_str());
+      std::fprintf(stderr, "blas_compare: %s has no %scblas_sgemm\n", lib.c_str(), prefix.c_str());
       return 1;
     }
     if (threads > 0) {
@@ -132,8 +134,8 @@ int main(int argc, char **argv) {
       if (auto set = reinterpret_cast<void (*)(long)>(dlsym(handle, "bli_thread_set_num_threads")))
         set(threads);
     }
-    if (auto config = reinterpret_cast<GetConfig>(
-            dlsym(handle, (prefix + "openblas_get_config").c_str())))
+    if (auto config =
+            reinterpret_cast<GetConfig>(dlsym(handle, (prefix + "openblas_get_config").c_str())))
       cand.config = config();
     candidates.push_back(cand);
   }
