@@ -54,6 +54,9 @@ struct Prepared {
   std::string xxh3; ///< of the model file
   /// Train mode: the backward program, or why there is none.
   std::optional<Backward> backward;
+  /// The values whose gradients the backward computes (valuesWithGradients),
+  /// once: balancing asks per candidate partition.
+  std::set<std::string> flowing;
   std::string lossText, backwardError;
   LayerGraph layers;
   std::map<std::string, CostTable> tables;
@@ -134,9 +137,10 @@ Error differentiateStep(Prepared &out, PassRunner &runner) {
         if (!out.backwardError.empty())
           return Error::success();
         auto backward = differentiate(out.graph, out.layers, loss);
-        if (backward)
+        if (backward) {
           out.backward = std::move(*backward);
-        else
+          out.flowing = valuesWithGradients(*out.backward);
+        } else
           out.backwardError = toString(backward.takeError());
         return Error::success();
       },
@@ -374,10 +378,7 @@ LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
   lowering.training = options.training;
   lowering.recompute = options.recompute;
   // Only gradients the backward program computes cross back.
-  std::set<std::string> flowing;
-  if (prepared.backward)
-    flowing = valuesWithGradients(*prepared.backward);
-  const std::set<std::string> *flowingPtr = prepared.backward ? &flowing : nullptr;
+  const std::set<std::string> *flowingPtr = prepared.backward ? &prepared.flowing : nullptr;
   for (const ChunkPlan &c : stagePlan.chunks) {
     std::vector<plan::TensorRef> tensors;
     std::vector<bool> grads;

@@ -280,13 +280,19 @@ struct BackwardLists {
           return &n;
     return nullptr;
   }
+  /// The contributions made here to each value's gradient, in name order
+  /// (indexLocal fills it once local is complete: asking per weight by
+  /// scanning local made stage building quadratic).
+  std::map<std::string, std::vector<std::string>, std::less<>> byValue;
+  void indexLocal() {
+    for (const std::string &name : local)
+      if (StringRef v = gradientOf(name); !v.empty())
+        byValue[v.str()].push_back(name);
+  }
   /// The contributions to \p value's gradient made here.
   std::vector<std::string> contributions(StringRef value) const {
-    std::vector<std::string> out;
-    for (const std::string &name : local)
-      if (gradientOf(name) == value)
-        out.push_back(name);
-    return out;
+    auto it = byValue.find(value);
+    return it == byValue.end() ? std::vector<std::string>() : it->second;
   }
 };
 
@@ -449,6 +455,7 @@ Error StageBuilder::addBackward(plan::StageProgram &sp, int first, int lastLayer
         if (list == &lists.weight)
           lists.localInW.insert(out);
       }
+  lists.indexLocal();
   readGradientsOfSent(lists);
   std::set<std::string> zeroShaped;
   if (Error err = addInputGrads(sp, lists, zeroShaped))

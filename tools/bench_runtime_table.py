@@ -40,6 +40,13 @@ if one and two:
                  f"({one['real_time']:.0f} ms against {two['real_time']:.0f} ms per step, "
                  f"{ctx.get('num_cpus')} CPUs). The ranks share the cores with OpenBLAS's threads; "
                  f"the bubble is 1/9 at P = 2, M = 8.")
+one, two = rows.get("gpt6/1_rank_m8_1_thread"), rows.get("gpt6/2_ranks_1f1b_m8_1_thread_each")
+if one and two:
+    speedup = one['real_time'] / two['real_time']
+    notes.append(f"- With `--threads-per-rank 1` (each rank's GEMMs on its own thread, ranks pinned "
+                 f"to a core each): 2 ranks against 1 rank at M = 8 are {speedup:.2f}x "
+                 f"{'faster' if speedup >= 1 else 'the speed (slower)'} ({one['real_time']:.0f} ms "
+                 f"against {two['real_time']:.0f} ms per step); the bubble allows 1.8x.")
 mlp = rows.get("mlp16_tiny/4_ranks_1f1b_m64")
 if mlp:
     notes.append(f"- Executor overhead per instruction (the tiny MLP, where kernels do next to "

@@ -411,7 +411,10 @@ int runInspect() {
     printInspectText(report, *graph, *layers, out.stream());
   if (Error err = out.finish())
     return reportError(std::move(err));
-  return 0;
+  // Freeing a 100k-node graph node by node takes a tenth of a second and the
+  // process ends here: exit without unwinding, leaving the memory to the OS.
+  outs().flush();
+  std::exit(0);
 }
 
 int runCompile() {

@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 
 using namespace pipec;
 using pipec::bench::ensureModel;
@@ -88,12 +89,14 @@ plan::Plan compile(const std::string &model, int stages, int microbatches, int64
 /// One training step per iteration (after a warm-up step); counters carry
 /// the prediction and the measured compute time per rank.
 void trainStep(benchmark::State &state, const std::string &model, int stages, int microbatches,
-               int64_t batch, const std::string &costs = "", bool fuse = true) {
+               int64_t batch, const std::string &costs = "", bool fuse = true,
+               std::optional<int> threadsPerRank = std::nullopt) {
   plan::Plan plan = compile(model, stages, microbatches, batch, costs);
   rt::RunOptions options;
   options.steps = 1;
   options.optimizer = "sgd";
   options.fuse = fuse;
+  options.threadsPerRank = threadsPerRank;
   auto warm = rt::runLocal(plan, options);
   if (!warm) {
     state.SkipWithError(llvm::toString(warm.takeError()).c_str());
@@ -129,6 +132,14 @@ void trainStep(benchmark::State &state, const std::string &model, int stages, in
 
 void BM_GptOneRank(benchmark::State &state) { trainStep(state, gpt(), 1, 8, 8); }
 void BM_GptTwoRanks(benchmark::State &state) { trainStep(state, gpt(), 2, 8, 8); }
+// The same with one BLAS thread per rank: the pipeline's own scaling, with
+// no rank's GEMM spreading onto the core the other rank computes on.
+void BM_GptOneRankOneThread(benchmark::State &state) {
+  trainStep(state, gpt(), 1, 8, 8, "", true, 1);
+}
+void BM_GptTwoRanksOneThreadEach(benchmark::State &state) {
+  trainStep(state, gpt(), 2, 8, 8, "", true, 1);
+}
 void BM_MlpOverhead(benchmark::State &state) { trainStep(state, tinyMlp(), 4, 64, 64); }
 void BM_GptOneRankProfiled(benchmark::State &state) {
   trainStep(state, gpt(), 1, 8, 8, profiledCosts());
@@ -265,6 +276,10 @@ void manualMilliseconds(benchmark::internal::Benchmark *b) {
 
 BENCHMARK(BM_GptOneRank)->Name("gpt6/1_rank_m8")->Apply(manualMilliseconds);
 BENCHMARK(BM_GptTwoRanks)->Name("gpt6/2_ranks_1f1b_m8")->Apply(manualMilliseconds);
+BENCHMARK(BM_GptOneRankOneThread)->Name("gpt6/1_rank_m8_1_thread")->Apply(manualMilliseconds);
+BENCHMARK(BM_GptTwoRanksOneThreadEach)
+    ->Name("gpt6/2_ranks_1f1b_m8_1_thread_each")
+    ->Apply(manualMilliseconds);
 BENCHMARK(BM_GptOneRankProfiled)->Name("gpt6/1_rank_m8_profiled_costs")->Apply(manualMilliseconds);
 BENCHMARK(BM_GptTwoRanksProfiled)
     ->Name("gpt6/2_ranks_1f1b_m8_profiled_costs")

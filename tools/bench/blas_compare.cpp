@@ -7,7 +7,12 @@
 // candidates alternate shape by shape within every round; the table holds
 // the median of the rounds.
 //
-//   blas_compare [--rounds N] [--threads N] NAME=LIB[:SYMBOL_PREFIX] ...
+//   blas_compare [--rounds N] [--threads N] [--csv] NAME=LIB[:SYMBOL_PREFIX] ...
+//
+// A library's idle pool threads spin for a while after each call, so with
+// more than one thread each candidate must run in a process of its own
+// (tools/bench_blas.py does that, alternating them); --csv prints
+// "name,shape,GFLOP/s,config" lines for it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -93,11 +98,16 @@ double timeOnce(Sgemm sgemm, const Shape &s, std::vector<float> &a, std::vector<
 int main(int argc, char **argv) {
   int rounds = 15;
   int threads = 0;
+  bool csv = false;
   std::vector<Candidate> candidates;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--rounds" && i + 1 < argc) {
       rounds = std::atoi(argv[++i]);
+      continue;
+    }
+    if (arg == "--csv") {
+      csv = true;
       continue;
     }
     if (arg == "--threads" && i + 1 < argc) {
@@ -160,6 +170,19 @@ int main(int argc, char **argv) {
     }
   }
 
+  if (csv) {
+    // One line per candidate and shape: name, shape, median GFLOP/s.
+    for (Candidate &cand : candidates)
+      for (size_t s = 0; s < shapes.size(); ++s) {
+        const Shape &sh = shapes[s];
+        std::vector<double> v = cand.samples[s];
+        std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+        std::printf("%s,%s %s%s %d x %d x %d,%.3f,%s\n", cand.name.c_str(), sh.what,
+                    sh.transA ? "T" : "N", sh.transB ? "T" : "N", sh.m, sh.n, sh.k,
+                    2.0 * sh.m * sh.n * sh.k / v[v.size() / 2] / 1e9, cand.config.c_str());
+      }
+    return 0;
+  }
   for (Candidate &cand : candidates)
     if (!cand.config.empty())
       std::printf("%s: %s\n", cand.name.c_str(), cand.config.c_str());
