@@ -9,6 +9,7 @@
 #include "runtime/core/FusedProgram.h"
 #include "runtime/cpu/KernelTable.h"
 #include "runtime/cpu/Kernels.h"
+#include "support/Parallel.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -117,38 +118,44 @@ KernelResult fused(const OpContext &ctx) {
     reads.push_back(t->shape() == *shape    ? Read::InPlace
                     : t->numElements() == 1 ? Read::Scalar
                                             : Read::Gather);
+  // Blocks are independent: the rank's loop threads take runs of them.
   constexpr int64_t Block = 256;
-  alignas(64) float scratch[k::MaxFusedRegisters][Block];
-  const float *src[k::MaxFusedRegisters] = {};
-  float *dst[k::MaxFusedRegisters] = {};
-  for (int64_t start = 0; start < total; start += Block) {
-    int64_t n = std::min(Block, total - start);
-    for (int i = 0; i < p.inputs; ++i) {
-      const float *data = inputs[i]->data<float>();
-      src[i] = scratch[i];
-      if (reads[i] == Read::InPlace)
-        src[i] = data + start;
-      else if (reads[i] == Read::Scalar && start == 0)
-        std::fill_n(scratch[i], Block, data[0]);
-      else if (reads[i] == Read::Gather)
-        gather(map, i, data, start, n, scratch[i]);
+  int64_t blocks = (total + Block - 1) / Block;
+  parallelFor(blocks, 16, [&](int64_t firstBlock, int64_t endBlock) {
+    alignas(64) float scratch[k::MaxFusedRegisters][Block];
+    const float *src[k::MaxFusedRegisters] = {};
+    float *dst[k::MaxFusedRegisters] = {};
+    for (int64_t start = firstBlock * Block; start < std::min(total, endBlock * Block);
+         start += Block) {
+      int64_t n = std::min(Block, total - start);
+      for (int i = 0; i < p.inputs; ++i) {
+        const float *data = inputs[i]->data<float>();
+        src[i] = scratch[i];
+        if (reads[i] == Read::InPlace)
+          src[i] = data + start;
+        else if (reads[i] == Read::Scalar && start == firstBlock * Block)
+          std::fill_n(scratch[i], Block, data[0]);
+        else if (reads[i] == Read::Gather)
+          gather(map, i, data, start, n, scratch[i]);
+      }
+      // A step that makes an output writes it straight into the output.
+      for (int s = 0; s < p.ops; ++s)
+        dst[p.inputs + s] = scratch[p.inputs + s];
+      for (int o = 0; o < p.outputs; ++o)
+        dst[p.outputRegister[o]] = outputs[o].data<float>() + start;
+      for (int s = 0; s < p.ops; ++s) {
+        const k::FusedOp &step = p.code[s];
+        int r = p.inputs + s;
+        runStep(step, dst[r], src[step.a], src[step.b], n);
+        src[r] = dst[r];
+      }
+      // Two outputs of one register: the second is a copy.
+      for (int o = 0; o < p.outputs; ++o)
+        if (outputs[o].data<float>() + start != src[p.outputRegister[o]])
+          std::memcpy(outputs[o].data<float>() + start, src[p.outputRegister[o]],
+                      n * sizeof(float));
     }
-    // A step that makes an output writes it straight into the output.
-    for (int s = 0; s < p.ops; ++s)
-      dst[p.inputs + s] = scratch[p.inputs + s];
-    for (int o = 0; o < p.outputs; ++o)
-      dst[p.outputRegister[o]] = outputs[o].data<float>() + start;
-    for (int s = 0; s < p.ops; ++s) {
-      const k::FusedOp &step = p.code[s];
-      int r = p.inputs + s;
-      runStep(step, dst[r], src[step.a], src[step.b], n);
-      src[r] = dst[r];
-    }
-    // Two outputs of one register: the second is a copy.
-    for (int o = 0; o < p.outputs; ++o)
-      if (outputs[o].data<float>() + start != src[p.outputRegister[o]])
-        std::memcpy(outputs[o].data<float>() + start, src[p.outputRegister[o]], n * sizeof(float));
-  }
+  });
   return outputs;
 }
 

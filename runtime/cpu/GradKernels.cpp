@@ -13,6 +13,7 @@
 #include "runtime/cpu/Kernels.h"
 #include "runtime/kernels/ElementMath.h"
 #include "support/Attributes.h"
+#include "support/Parallel.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -173,6 +174,15 @@ Expected<std::vector<Tensor>> crossEntropyGrad(const onnx::NodeProto &node,
   });
 }
 
+/// Calls \p f with \p t's elements as they are stored: double for float64,
+/// float for float32 and the half types (stored as float).
+template <typename F> void withFloatStorage(const Tensor &t, F f) {
+  if (t.elemType() == DType::F64)
+    f(t.data<double>());
+  else
+    f(static_cast<const float *>(t.rawData()));
+}
+
 /// Shared by both LayerNorm gradients: per row of the normalised axes, the
 /// mean and reciprocal standard deviation of X.
 struct LayerNormRows {
@@ -189,24 +199,31 @@ Expected<LayerNormRows> layerNormRows(const onnx::NodeProto &node, const Tensor 
     axis += x.rank();
   if (axis < 0 || axis >= x.rank())
     return fail(node, "axis out of range for " + x.describe());
+  if (!isFloating(x.elemType()))
+    return fail(node, "element type " + elemTypeName(x.elemType()).str() + " is not supported");
   double epsilon = attrFloat(node, "epsilon", 1e-5);
   LayerNormRows r;
   r.rows = numElementsOf(ArrayRef<int64_t>(x.shape()).take_front(axis));
   r.width = numElementsOf(ArrayRef<int64_t>(x.shape()).drop_front(axis));
   r.mean.resize(r.rows);
   r.rstd.resize(r.rows);
-  for (int64_t row = 0; row < r.rows; ++row) {
-    double sum = 0, sq = 0;
-    for (int64_t k = 0; k < r.width; ++k)
-      sum += x.getDouble(row * r.width + k);
-    double mean = sum / double(r.width);
-    for (int64_t k = 0; k < r.width; ++k) {
-      double d = x.getDouble(row * r.width + k) - mean;
-      sq += d * d;
-    }
-    r.mean[row] = mean;
-    r.rstd[row] = 1.0 / std::sqrt(sq / double(r.width) + epsilon);
-  }
+  withFloatStorage(x, [&](const auto *xs) {
+    parallelFor(r.rows, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const auto *in = xs + row * r.width;
+        double sum = 0, sq = 0;
+        for (int64_t k = 0; k < r.width; ++k)
+          sum += double(in[k]);
+        double mean = sum / double(r.width);
+        for (int64_t k = 0; k < r.width; ++k) {
+          double d = double(in[k]) - mean;
+          sq += d * d;
+        }
+        r.mean[row] = mean;
+        r.rstd[row] = 1.0 / std::sqrt(sq / double(r.width) + epsilon);
+      }
+    });
+  });
   return r;
 }
 
@@ -220,22 +237,35 @@ Expected<std::vector<Tensor>> layerNormGradInput(const onnx::NodeProto &node,
     return fail(node, "scale " + scale.describe() + " does not match X " + x.describe());
   if (!isFloating(x.elemType()))
     return fail(node, "element type " + elemTypeName(x.elemType()).str() + " is not supported");
+  if (!isFloating(scale.elemType()))
+    return fail(node, "scale " + scale.describe() + " is not a float");
   Tensor dx(x.elemType(), x.shape());
-  std::vector<double> g(r->width), xh(r->width);
-  for (int64_t row = 0; row < r->rows; ++row) {
-    double meanG = 0, meanGX = 0;
-    for (int64_t k = 0; k < r->width; ++k) {
-      int64_t i = row * r->width + k;
-      xh[k] = (x.getDouble(i) - r->mean[row]) * r->rstd[row];
-      g[k] = dy.getDouble(i) * scale.getDouble(k);
-      meanG += g[k];
-      meanGX += g[k] * xh[k];
-    }
-    meanG /= double(r->width);
-    meanGX /= double(r->width);
+  // Rows are independent: each thread keeps its own g and x-hat.
+  withFloatStorage(x, [&](const auto *xs) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(xs)>>;
+    const T *dys = static_cast<const T *>(dy.rawData());
+    T *dxs = static_cast<T *>(dx.rawData());
+    std::vector<double> gamma(r->width);
     for (int64_t k = 0; k < r->width; ++k)
-      dx.setDouble(row * r->width + k, r->rstd[row] * (g[k] - meanG - xh[k] * meanGX));
-  }
+      gamma[k] = scale.getDouble(k);
+    parallelFor(r->rows, 8, [&](int64_t begin, int64_t end) {
+      std::vector<double> g(r->width), xh(r->width);
+      for (int64_t row = begin; row < end; ++row) {
+        double meanG = 0, meanGX = 0;
+        for (int64_t k = 0; k < r->width; ++k) {
+          int64_t i = row * r->width + k;
+          xh[k] = (double(xs[i]) - r->mean[row]) * r->rstd[row];
+          g[k] = double(dys[i]) * gamma[k];
+          meanG += g[k];
+          meanGX += g[k] * xh[k];
+        }
+        meanG /= double(r->width);
+        meanGX /= double(r->width);
+        for (int64_t k = 0; k < r->width; ++k)
+          dxs[row * r->width + k] = static_cast<T>(r->rstd[row] * (g[k] - meanG - xh[k] * meanGX));
+      }
+    });
+  });
   dx.roundToElemType();
   return std::vector<Tensor>{dx};
 }
@@ -254,12 +284,17 @@ Expected<std::vector<Tensor>> layerNormGradWeight(const onnx::NodeProto &node,
   if (numElementsOf(shape) != r->width)
     return fail(node, "shape " + shapeString(shape) + " does not match X " + x.describe());
   Tensor dscale(x.elemType(), shape);
+  // A sum over rows, in row order (the bits do not depend on threads).
   std::vector<double> acc(r->width, 0.0);
-  for (int64_t row = 0; row < r->rows; ++row)
-    for (int64_t k = 0; k < r->width; ++k) {
-      int64_t i = row * r->width + k;
-      acc[k] += dy.getDouble(i) * (x.getDouble(i) - r->mean[row]) * r->rstd[row];
-    }
+  withFloatStorage(x, [&](const auto *xs) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(xs)>>;
+    const T *dys = static_cast<const T *>(dy.rawData());
+    for (int64_t row = 0; row < r->rows; ++row)
+      for (int64_t k = 0; k < r->width; ++k) {
+        int64_t i = row * r->width + k;
+        acc[k] += double(dys[i]) * (double(xs[i]) - r->mean[row]) * r->rstd[row];
+      }
+  });
   for (int64_t k = 0; k < r->width; ++k)
     dscale.setDouble(k, acc[k]);
   dscale.roundToElemType();

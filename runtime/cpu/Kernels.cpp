@@ -12,6 +12,7 @@
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
 #include "support/Blas.h"
+#include "support/Parallel.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -115,7 +116,22 @@ void gemmWith(Blas blas, bool transA, bool transB, int64_t m, int64_t n, int64_t
         c[i * ldc + j] = beta == 0 ? 0 : beta * c[i * ldc + j];
     return;
   }
-  blas(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  // The rank's loop threads each take a band of C's rows (or, when C is
+  // wider than tall, of its columns) as a GEMM of its own on one BLAS
+  // thread; a band does at least a million multiply-adds.
+  auto band = [&](int64_t other) {
+    return std::max<int64_t>(8, (int64_t(1) << 20) / std::max<int64_t>(1, other * k));
+  };
+  if (m >= n)
+    parallelFor(m, band(n), [&](int64_t begin, int64_t end) {
+      blas(transA, transB, end - begin, n, k, alpha, transA ? a + begin : a + begin * lda, lda, b,
+           ldb, beta, c + begin * ldc, ldc);
+    });
+  else
+    parallelFor(n, band(m), [&](int64_t begin, int64_t end) {
+      blas(transA, transB, m, end - begin, k, alpha, a, lda, transB ? b + begin * ldb : b + begin,
+           ldb, beta, c + begin, ldc);
+    });
 }
 
 } // namespace

@@ -80,15 +80,17 @@ Tensor sumToShape(const Tensor &tensor, llvm::ArrayRef<int64_t> shape);
 Tensor transpose(const Tensor &tensor, llvm::ArrayRef<int64_t> perm);
 
 /// Row-major C = alpha * op(A) * op(B) + beta * C with op(A) m x k and op(B)
-/// k x n; float and double go to OpenBLAS. With beta == 0, C is not read.
+/// k x n; float and double go to OpenBLAS, in bands over the calling thread's
+/// loop threads (support/Parallel.h). With beta == 0, C is not read.
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
           int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc);
 
-/// Caps the threads one GEMM may use (OpenBLAS's pool). Ranks that run as
-/// threads of one process share the cores, so each gets its share instead
-/// of every rank's GEMM spinning up all of them.
+/// Caps the threads one OpenBLAS call may use (its pool, process-wide). A
+/// run sets 1: gemm cuts a rank's GEMMs into bands over the rank's loop
+/// threads (support/Parallel.h) instead, so OpenBLAS's pool never spins on
+/// a core between GEMMs.
 void setBlasThreads(int threads);
 
 /// OpenBLAS's build line ("OpenBLAS 0.3.34 DYNAMIC_ARCH ... SkylakeX").

@@ -8,6 +8,7 @@
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
 #include "runtime/cpu/Window.h"
+#include "support/Parallel.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -68,11 +69,17 @@ Expected<Outputs> matMul(const OpContext &ctx) {
           s *= m * k;
         for (int64_t &s : bStrides)
           s *= k * n;
+        // The products are independent: the rank's loop threads take runs
+        // of them (attention's per-head products are small).
+        std::vector<std::array<int64_t, 2>> offsets(product(*batch));
         forEachStrided<2>(*batch, {aStrides, bStrides},
-                          [&](int64_t i, const std::array<int64_t, 2> &off) {
-                            gemmAny<T>(false, false, m, n, k, T(1), pa + off[0], k, pb + off[1], n,
-                                       T(0), po + i * m * n, n);
-                          });
+                          [&](int64_t i, const std::array<int64_t, 2> &off) { offsets[i] = off; });
+        int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, m * n * k));
+        parallelFor(static_cast<int64_t>(offsets.size()), grain, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i)
+            gemmAny<T>(false, false, m, n, k, T(1), pa + offsets[i][0], k, pb + offsets[i][1], n,
+                       T(0), po + i * m * n, n);
+        });
       }
       return Outputs{out.reshaped(finalShape)};
     }

@@ -8,6 +8,7 @@
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
 #include "runtime/kernels/ElementMath.h"
+#include "support/Parallel.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -26,9 +27,11 @@ namespace {
 /// Softmax or log-softmax of \p x along the middle dimension of \p split.
 /// Sums run in double; each exponential is computed once.
 template <typename T> void softmaxAlong(const T *x, T *y, AxisSplit split, bool logarithm) {
-  std::vector<double> shifted(split.size);
-  for (int64_t o = 0; o < split.outer; ++o)
-    for (int64_t i = 0; i < split.inner; ++i) {
+  // Rows are independent: the rank's loop threads take runs of them.
+  parallelFor(split.outer * split.inner, 16, [&](int64_t begin, int64_t end) {
+    std::vector<double> shifted(split.size);
+    for (int64_t row = begin; row < end; ++row) {
+      int64_t o = row / split.inner, i = row % split.inner;
       const T *in = x + o * split.size * split.inner + i;
       T *out = y + o * split.size * split.inner + i;
       double maxValue = -std::numeric_limits<double>::infinity();
@@ -46,6 +49,7 @@ template <typename T> void softmaxAlong(const T *x, T *y, AxisSplit split, bool 
       for (int64_t j = 0; j < split.size; ++j)
         out[j * split.inner] = static_cast<T>(logarithm ? shifted[j] - scale : shifted[j] * scale);
     }
+  });
 }
 
 } // namespace
@@ -114,22 +118,24 @@ Expected<Outputs> layerNormalization(const OpContext &ctx) {
     Tensor beta = bias ? expandTo<T>(*bias, normShape) : Tensor(x.elemType(), normShape);
     Tensor y(x.elemType(), x.shape());
     const T *g = gamma.data<T>(), *bb = beta.data<T>();
-    for (int64_t o = 0; o < outer; ++o) {
-      const T *in = x.data<T>() + o * size;
-      T *out = y.data<T>() + o * size;
-      double mean = 0, var = 0;
-      for (int64_t j = 0; j < size; ++j)
-        mean += in[j];
-      mean /= size;
-      for (int64_t j = 0; j < size; ++j)
-        var += (in[j] - mean) * (in[j] - mean);
-      var /= size;
-      double invStd = 1 / std::sqrt(var + epsilon);
-      for (int64_t j = 0; j < size; ++j)
-        out[j] = static_cast<T>((in[j] - mean) * invStd * g[j] + bb[j]);
-      meanOut.setDouble(o, mean);
-      invStdOut.setDouble(o, invStd);
-    }
+    parallelFor(outer, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin; o < end; ++o) {
+        const T *in = x.data<T>() + o * size;
+        T *out = y.data<T>() + o * size;
+        double mean = 0, var = 0;
+        for (int64_t j = 0; j < size; ++j)
+          mean += in[j];
+        mean /= size;
+        for (int64_t j = 0; j < size; ++j)
+          var += (in[j] - mean) * (in[j] - mean);
+        var /= size;
+        double invStd = 1 / std::sqrt(var + epsilon);
+        for (int64_t j = 0; j < size; ++j)
+          out[j] = static_cast<T>((in[j] - mean) * invStd * g[j] + bb[j]);
+        meanOut.setDouble(o, mean);
+        invStdOut.setDouble(o, invStd);
+      }
+    });
     return Outputs{y, meanOut, invStdOut};
   });
 }

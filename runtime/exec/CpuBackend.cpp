@@ -2,6 +2,7 @@
 #include "runtime/comm/Comm.h"
 #include "runtime/core/Backend.h"
 #include "runtime/cpu/Kernels.h"
+#include "support/Parallel.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
@@ -21,8 +22,10 @@ Error notOnHost(const cpu::Tensor &t) {
 }
 
 template <typename T> void addTo(T *dst, const T *src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    dst[i] += src[i];
+  parallelFor(n, 16384, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      dst[i] += src[i];
+  });
 }
 
 class CpuBackend final : public Backend {

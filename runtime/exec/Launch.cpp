@@ -15,6 +15,7 @@
 #include "runtime/plan/PlanFile.h"
 #include "support/Diagnostics.h"
 #include "support/InputFile.h"
+#include "support/Parallel.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -63,7 +64,10 @@ std::vector<int> allowedCpus() {
 int shareCores(const RunOptions &options, int ranks) {
   int cores = std::max<int>(1, static_cast<int>(allowedCpus().size()));
   int threads = options.threadsPerRank.value_or(std::max(1, cores / std::max(1, ranks)));
-  cpu::setBlasThreads(threads);
+  // One pool per rank (support/Parallel.h) runs its loops and splits its
+  // GEMMs into bands, each on one BLAS thread: OpenBLAS's own pool would
+  // spin between GEMMs on the cores the loops need.
+  cpu::setBlasThreads(1);
   return threads;
 }
 
@@ -552,6 +556,7 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
   auto pinned = [&](int r) {
     if (threadsPerRank == 1)
       pinToCore(r, ranks);
+    setLoopThreads(threadsPerRank);
     body(r);
   };
   std::vector<std::thread> threads;
@@ -639,6 +644,7 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
   if (const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
     perNode = std::max(1, std::atoi(local));
   int threadsPerRank = shareCores(options, perNode);
+  setLoopThreads(threadsPerRank);
   int localRank = 0;
   if (const char *lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"))
     localRank = std::atoi(lr);

@@ -1,0 +1,38 @@
+//===- Parallel.h - Loops over a rank's threads -------------------------===//
+//
+// A rank computes on --threads-per-rank threads: OpenBLAS's for GEMMs, and
+// for the element-wise, normalization and accumulation loops the calling
+// thread plus a pool of its own (setLoopThreads). parallelFor splits [0, n)
+// into contiguous chunks of at least `grain` iterations and runs them on
+// those threads; the caller takes a chunk too and returns when all are done.
+// Each iteration must write only its own outputs, so results do not depend
+// on how many threads ran them: the same bits with 1 thread or 8.
+//
+// Workers sleep on a condition variable between loops (they do not spin on
+// a core another rank may need). A loop started inside a worker, or on a
+// thread that never called setLoopThreads, runs serially.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_SUPPORT_PARALLEL_H
+#define PIPEC_SUPPORT_PARALLEL_H
+
+#include "llvm/ADT/STLFunctionalExtras.h"
+
+#include <cstdint>
+
+namespace pipec {
+
+/// The threads the calling thread's parallel loops use from now on, itself
+/// included (at least 1). Starts or resizes its pool.
+void setLoopThreads(int threads);
+
+/// The calling thread's loop threads (1 unless setLoopThreads said more).
+int loopThreads();
+
+/// Runs \p body(begin, end) over [0, \p n) on the calling thread's loop
+/// threads, in chunks of at least \p grain iterations.
+void parallelFor(int64_t n, int64_t grain, llvm::function_ref<void(int64_t, int64_t)> body);
+
+} // namespace pipec
+
+#endif // PIPEC_SUPPORT_PARALLEL_H
