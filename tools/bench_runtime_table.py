@@ -38,7 +38,8 @@ if one and two:
     notes.append(f"- 2 ranks (1F1B) against 1 rank on the same 8 microbatches: "
                  f"{speedup:.2f}x {'faster' if speedup >= 1 else 'the speed (slower)'} "
                  f"({one['real_time']:.0f} ms against {two['real_time']:.0f} ms per step, "
-                 f"{ctx.get('num_cpus')} CPUs). The ranks share the cores with OpenBLAS's threads; "
+                 f"{ctx.get('num_cpus')} CPUs). By default each rank computes on the cores divided by the ranks "
+                 f"(1 rank: {ctx.get('num_cpus')} threads; 2 ranks: {max(1, int(ctx.get('num_cpus', 2)) // 2)} each); "
                  f"the bubble is 1/9 at P = 2, M = 8.")
 one, two = rows.get("gpt6/1_rank_m8_1_thread"), rows.get("gpt6/2_ranks_1f1b_m8_1_thread_each")
 if one and two:
@@ -82,7 +83,7 @@ if gelu:
                  f"{gelu['unfused_s'] / gelu['fused_s']:.2f}x.")
 notes.append("- The cost model's `cpu` spec is a roofline calibrated on one OpenBLAS GEMM; the "
              "measured / predicted column is its error on whole steps, which include the "
-             "single-threaded element-wise kernels, softmax and layer norms the roofline prices "
+             "element-wise kernels, softmax and layer norms the roofline prices "
              "at peak bandwidth. The `_profiled_costs` rows predict from `pipec profile`'s "
              "measured per-layer table (microbatch of 1) instead, which is what `compile --costs` "
              "is for.")
