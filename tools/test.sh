@@ -22,9 +22,15 @@ if [ "${1:-}" = "--asan" ]; then
   fi
   cmake --build build-asan -j "${PIPEC_JOBS:-2}"
   tools/oracles.sh
+  # The conformance, control-flow and torch-parity tests run the sanitized
+  # pipec beside the oracles of build/.
+  mkdir -p build-asan/_deps
+  ln -sfn "$PWD/build/_deps/oracles" build-asan/_deps/oracles
   # Leaks at exit are not errors here (protobuf and ONNX keep static
-  # registries); every other report is.
-  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  # registries); every other report is. An allocation too big for the
+  # machine returns null, as malloc does, so pipec's own error is tested.
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 \
+    UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j "${PIPEC_JOBS:-2}"
   exit 0
 fi

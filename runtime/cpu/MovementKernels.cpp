@@ -265,7 +265,9 @@ Expected<Outputs> slice(const OpContext &ctx) {
       return ctx.fail("step 0 on axis " + Twine((*axes)[i]));
     kernels::SliceAxis read = kernels::sliceAxis(dim, (*starts)[i], (*ends)[i], step);
     shape[*axis] = read.length;
-    readStrides[*axis] = inStrides[*axis] * step;
+    // An axis read once (or not at all) never steps: a huge step there
+    // would overflow the walk's offsets, which add it after the last read.
+    readStrides[*axis] = read.length > 1 ? inStrides[*axis] * step : 0;
     if (read.length > 0)
       start += read.begin * inStrides[*axis];
   }
