@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Candidate BLAS libraries side by side, each in a process of its own, alternating.
 
-Runs build/bin/blas_compare --csv once per candidate per pass (a library's idle pool threads
+Runs build/bin/blas_compare once per candidate per pass (a library's idle pool threads
 spin after each call, so two libraries in one process slow each other down), for PASSES
 passes in which the candidates take turns, and prints one markdown table per thread count:
 the median GFLOP/s of the passes per GEMM shape, and over all shapes (each once).
@@ -29,7 +29,7 @@ def main():
         for p in range(args.passes):
             order = args.candidates[p % len(args.candidates):] + args.candidates[:p % len(args.candidates)]
             for cand in order:
-                out = subprocess.run([args.binary, "--csv", "--rounds", str(args.rounds),
+                out = subprocess.run([args.binary, "--rounds", str(args.rounds),
                                       "--threads", str(threads), cand],
                                      check=True, capture_output=True, text=True).stdout
                 for line in out.splitlines():

@@ -79,7 +79,6 @@ sys.dont_write_bytecode = True
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 FIXTURES = os.path.join(ROOT, "tools", "fixtures")
 DOC = os.path.join(ROOT, "docs", "PERFORMANCE.md")
-BEGIN, END = "<!-- BEGIN peers -->", "<!-- END peers -->"
 
 # The benchmark GPT (tools/bench/ and docs/PERFORMANCE.md's runtime section use the same shape).
 LAYERS, WIDTH, HEADS, VOCAB, SEQ, BATCH, MICRO = 6, 256, 8, 2000, 64, 8, 8
@@ -677,37 +676,10 @@ def report(a, results, inspect_flops, notes):
     return "\n".join(out) + "\n"
 
 
-SECTION = """## Against PyTorch and onnxruntime
-
-What pipec's CPU runtime costs against the frameworks people would otherwise use, on the same
-model, weights and batch: transformers' GPT2LMHeadModel (the benchmark GPT's shape) trained by
-torch eager, by torch with gradient accumulation and by torch.distributed.pipelining, and its
-inference export run by onnxruntime. torch.onnx exports it with and without its loss; pipec
-compiles and runs those files. Each contender runs in a fresh process per round, alternating
-with its peer; the first step of each run is dropped; the table gives medians and quartiles of
-the step times. GFLOP/s counts the model's FLOPs from its shape (tools/bench_peers.py says how),
-so the ratio of two GFLOP/s figures is the ratio of step times. `tools/bench-peers.sh` makes a
-virtual environment with the pinned peers (not used by CI) and writes the table here with
-`--write`.
-
-"""
-
-
 def write_doc(table):
-    with open(DOC) as f:
-        text = f.read()
-    block = BEGIN + "\n" + table + END
-    if BEGIN in text and END in text:
-        start = text.index(BEGIN)
-        end = text.index(END) + len(END)
-        text = text[:start] + block + text[end:]
-    else:
-        anchor = text.find("\n## GPU")
-        if anchor < 0:
-            anchor = len(text) - 1
-        text = text[:anchor + 1] + SECTION + block + "\n\n" + text[anchor + 1:]
-    with open(DOC, "w") as f:
-        f.write(text)
+    """The table into docs/PERFORMANCE.md, between its peers markers."""
+    from doc_section import write_section
+    write_section(DOC, "peers", table)
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,22 +32,26 @@ for name, b in rows.items():
         ranks.append(f"| {name} | {r} | {ms(busy)} | {ms(pbusy)} | {ratio} |")
         r += 1
 notes = []
-one, two = rows.get("gpt6/1_rank_m8"), rows.get("gpt6/2_ranks_1f1b_m8")
-if one and two:
+
+
+def scaling(one_rank, two_ranks, what):
+    """A note on 2 ranks against 1, when both rows ran."""
+    one, two = rows.get(one_rank), rows.get(two_ranks)
+    if not (one and two):
+        return
     speedup = one['real_time'] / two['real_time']
-    notes.append(f"- 2 ranks (1F1B) against 1 rank on the same 8 microbatches: "
-                 f"{speedup:.2f}x {'faster' if speedup >= 1 else 'the speed (slower)'} "
-                 f"({one['real_time']:.0f} ms against {two['real_time']:.0f} ms per step, "
-                 f"{ctx.get('num_cpus')} CPUs). By default each rank computes on the cores divided by the ranks "
-                 f"(1 rank: {ctx.get('num_cpus')} threads; 2 ranks: {max(1, int(ctx.get('num_cpus', 2)) // 2)} each); "
-                 f"the bubble is 1/9 at P = 2, M = 8.")
-one, two = rows.get("gpt6/1_rank_m8_1_thread"), rows.get("gpt6/2_ranks_1f1b_m8_1_thread_each")
-if one and two:
-    speedup = one['real_time'] / two['real_time']
-    notes.append(f"- With `--threads-per-rank 1` (each rank's GEMMs on its own thread, ranks pinned "
-                 f"to a core each): 2 ranks against 1 rank at M = 8 are {speedup:.2f}x "
-                 f"{'faster' if speedup >= 1 else 'the speed (slower)'} ({one['real_time']:.0f} ms "
-                 f"against {two['real_time']:.0f} ms per step); the bubble allows 1.8x.")
+    notes.append(f"- {what}: 2 ranks (1F1B) against 1 rank at M = 8 are {speedup:.2f}x "
+                 f"{'faster' if speedup >= 1 else 'the speed (slower)'} "
+                 f"({one['real_time']:.0f} ms against {two['real_time']:.0f} ms per step); "
+                 f"the bubble (1/9 at P = 2, M = 8) allows 1.8x.")
+
+
+cpus = int(ctx.get('num_cpus', 2))
+scaling("gpt6/1_rank_m8", "gpt6/2_ranks_1f1b_m8",
+        f"By default each rank computes on the cores divided by the ranks (1 rank: {cpus} "
+        f"threads; 2 ranks: {max(1, cpus // 2)} each, {cpus} CPUs)")
+scaling("gpt6/1_rank_m8_1_thread", "gpt6/2_ranks_1f1b_m8_1_thread_each",
+        "With `--threads-per-rank 1` (each rank on one thread, pinned to a core of its own)")
 mlp = rows.get("mlp16_tiny/4_ranks_1f1b_m64")
 if mlp:
     notes.append(f"- Executor overhead per instruction (the tiny MLP, where kernels do next to "

@@ -77,7 +77,7 @@ Expected<int64_t> shapeBytes(const Twine &name, const Dims &dims, int64_t elemen
     bytes *= d;
   }
   if (Error err = checkPlausible(name, bytes))
-    return std::move(err);
+    return err;
   return bytes;
 }
 
@@ -272,10 +272,11 @@ Error checkPlanFitsMachine(const plan::Plan &plan) {
               checkFitsMemory("rank " + Twine(program.rank()) + "'s activation slot", bytes))
         return err;
   for (const onnx::TensorProto &w : plan.weights()) {
-    int64_t bytes = dtypeSize(static_cast<DType>(w.data_type()));
-    for (int64_t d : w.dims())
-      bytes *= d; // checkPlan bounded each product
-    if (Error err = checkFitsMemory("weight '" + w.name() + "'", bytes))
+    std::string name = "weight '" + w.name() + "'";
+    auto bytes = shapeBytes(name, w.dims(), dtypeSize(static_cast<DType>(w.data_type())));
+    if (!bytes)
+      return bytes.takeError();
+    if (Error err = checkFitsMemory(name, *bytes))
       return err;
   }
   return Error::success();

@@ -116,7 +116,7 @@ Expected<std::string> externalDataHash(const plan::Plan &plan, StringRef modelDi
     SmallString<256> path(modelDir);
     sys::path::append(path, location);
     if (Error err = checkInsideFolder(path, modelDir, "external data location"))
-      return std::move(err);
+      return err;
     auto buffer = readInputFile(path);
     if (!buffer)
       return buffer.takeError();

@@ -3,16 +3,15 @@
 // Loads each candidate BLAS with dlopen (so one process holds libraries that
 // export the same names) and times its sgemm on the GEMM shapes of pipec's
 // benchmark GPT (6 blocks, width 256, vocabulary 2,000, sequence 64, batch 8:
-// 512 tokens a step, 64 a microbatch at M = 8), forward and backward. The
-// candidates alternate shape by shape within every round; the table holds
-// the median of the rounds.
+// 512 tokens a step, 64 a microbatch at M = 8), forward and backward:
+// the median over the rounds, candidates alternating shape by shape.
 //
-//   blas_compare [--rounds N] [--threads N] [--csv] NAME=LIB[:SYMBOL_PREFIX] ...
+//   blas_compare [--rounds N] [--threads N] NAME=LIB[:SYMBOL_PREFIX] ...
 //
 // A library's idle pool threads spin for a while after each call, so with
 // more than one thread each candidate must run in a process of its own
-// (tools/bench_blas.py does that, alternating them); --csv prints
-// "name,shape,GFLOP/s,config" lines for it.
+// (tools/bench_blas.py does that, alternating them and making the table).
+// It prints "name,shape,GFLOP/s,config" lines, one per candidate and shape.
 //
 //===----------------------------------------------------------------------===//
 
@@ -42,7 +41,6 @@ struct Candidate {
   std::string name;
   Sgemm sgemm = nullptr;
   std::string config;
-  std::vector<double> seconds; // per shape, median over rounds
   std::vector<std::vector<double>> samples;
 };
 
@@ -98,16 +96,11 @@ double timeOnce(Sgemm sgemm, const Shape &s, std::vector<float> &a, std::vector<
 int main(int argc, char **argv) {
   int rounds = 15;
   int threads = 0;
-  bool csv = false;
   std::vector<Candidate> candidates;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--rounds" && i + 1 < argc) {
       rounds = std::atoi(argv[++i]);
-      continue;
-    }
-    if (arg == "--csv") {
-      csv = true;
       continue;
     }
     if (arg == "--threads" && i + 1 < argc) {
@@ -170,49 +163,15 @@ int main(int argc, char **argv) {
     }
   }
 
-  if (csv) {
-    // One line per candidate and shape: name, shape, median GFLOP/s.
-    for (Candidate &cand : candidates)
-      for (size_t s = 0; s < shapes.size(); ++s) {
-        const Shape &sh = shapes[s];
-        std::vector<double> v = cand.samples[s];
-        std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-        std::printf("%s,%s %s%s %d x %d x %d,%.3f,%s\n", cand.name.c_str(), sh.what,
-                    sh.transA ? "T" : "N", sh.transB ? "T" : "N", sh.m, sh.n, sh.k,
-                    2.0 * sh.m * sh.n * sh.k / v[v.size() / 2] / 1e9, cand.config.c_str());
-      }
-    return 0;
-  }
+  // One line per candidate and shape: name, shape, median GFLOP/s.
   for (Candidate &cand : candidates)
-    if (!cand.config.empty())
-      std::printf("%s: %s\n", cand.name.c_str(), cand.config.c_str());
-  std::printf("\n| shape (m x n x k) |");
-  for (Candidate &cand : candidates)
-    std::printf(" %s GFLOP/s |", cand.name.c_str());
-  std::printf("\n|---|");
-  for (size_t i = 0; i < candidates.size(); ++i)
-    std::printf("---:|");
-  std::printf("\n");
-  std::vector<double> total(candidates.size(), 0.0);
-  double totalFlops = 0;
-  for (size_t s = 0; s < shapes.size(); ++s) {
-    const Shape &sh = shapes[s];
-    double flops = 2.0 * sh.m * sh.n * sh.k;
-    totalFlops += flops;
-    std::printf("| %s %s%s %d x %d x %d |", sh.what, sh.transA ? "T" : "N", sh.transB ? "T" : "N",
-                sh.m, sh.n, sh.k);
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      std::vector<double> v = candidates[i].samples[s];
+    for (size_t s = 0; s < shapes.size(); ++s) {
+      const Shape &sh = shapes[s];
+      std::vector<double> v = cand.samples[s];
       std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-      double median = v[v.size() / 2];
-      total[i] += median;
-      std::printf(" %.1f |", flops / median / 1e9);
+      std::printf("%s,%s %s%s %d x %d x %d,%.3f,%s\n", cand.name.c_str(), sh.what,
+                  sh.transA ? "T" : "N", sh.transB ? "T" : "N", sh.m, sh.n, sh.k,
+                  2.0 * sh.m * sh.n * sh.k / v[v.size() / 2] / 1e9, cand.config.c_str());
     }
-    std::printf("\n");
-  }
-  std::printf("| **all shapes, one each** |");
-  for (size_t i = 0; i < candidates.size(); ++i)
-    std::printf(" **%.1f** |", totalFlops / total[i] / 1e9);
-  std::printf("\n");
   return 0;
 }
