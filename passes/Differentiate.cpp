@@ -312,6 +312,18 @@ Expected<Backward> Differentiator::run(const LossSpec &loss) {
     for (auto it = ops.rbegin(); it != ops.rend(); ++it)
       if (Error err = differentiateOp(graph.ops[*it]))
         return err;
+    // Running statistics, in graph order within the layer.
+    for (int id : ops) {
+      const Op &op = graph.ops[id];
+      const OpDef *def = defOf(op);
+      const GradRule &rule = grad::gradRuleOf(def);
+      if (op.dead || !rule.statistics)
+        continue;
+      ctx.sinkTo(result.weightGrad[l]);
+      ctx.beginOp(op, rule, def);
+      if (Error err = rule.statistics(ctx))
+        return err;
+    }
   }
   // Leaves: trainable weights and graph inputs, summed in the lowest layer
   // that contributed.

@@ -163,6 +163,20 @@ struct LossSpec {
   std::string labels = "labels";
 };
 
+/// A running buffer a step updates from the batches it saw (a training-mode
+/// BatchNormalization's running mean or variance): after the optimizer,
+/// buffer = momentum * buffer + (1 - momentum) * the mean of `statistic`
+/// over the step's microbatches and data-parallel replicas.
+struct RunningStat {
+  /// The initializer updated.
+  std::string buffer;
+  /// The value holding one microbatch's statistic, made in the W list of
+  /// `layer`.
+  std::string statistic;
+  float momentum = 0.9f;
+  int layer = 0;
+};
+
 /// The backward program of a model.
 struct Backward {
   /// Per layer, in the layer order of the LayerGraph.
@@ -188,6 +202,8 @@ struct Backward {
   std::set<std::string> tableWeights;
   /// Float graph input name -> gradient name; filled only when asked for.
   std::map<std::string, std::string> inputGrads;
+  /// The running buffers a step updates, in graph order.
+  std::vector<RunningStat> runningStats;
 };
 
 /// Builds the backward program of \p graph (after infer-shapes: every

@@ -461,6 +461,13 @@ Error StageBuilder::addBackward(plan::StageProgram &sp, int first, int lastLayer
   if (Error err = addInputGrads(sp, lists, zeroShaped))
     return err;
   std::set<std::string> dropped = addWeightGrads(sp, lists);
+  for (const RunningStat &r : backward->runningStats)
+    if (r.layer >= first && r.layer <= lastLayer) {
+      plan::RunningStat &stat = *sp.add_running_stats();
+      stat.set_buffer(r.buffer);
+      stat.set_statistic(r.statistic);
+      stat.set_momentum(r.momentum);
+    }
   return addBackwardNodes(sp, lists, dropped, zeroShaped);
 }
 
@@ -581,6 +588,11 @@ Error StageBuilder::addBackwardNodes(plan::StageProgram &sp, BackwardLists &list
           return stageError(k, formatv("the gradient of '{0}' needs '{1}', which the stage "
                                        "does not compute",
                                        g.value(), t));
+  for (const plan::RunningStat &r : sp.running_stats())
+    if (!made.count(r.statistic()))
+      return stageError(k, formatv("the running statistic of '{0}' needs '{1}', which the "
+                                   "stage does not compute",
+                                   r.buffer(), r.statistic()));
   keep.insert(zeroShaped.begin(), zeroShaped.end());
   for (const std::string &name : keep)
     sp.add_keep(name);
@@ -596,7 +608,10 @@ void addTrainable(plan::Plan &plan, const Graph &graph, const Backward &backward
   std::optional<llvm::Regex> frozen;
   if (!freeze.empty())
     frozen.emplace(freeze);
-  std::vector<std::string> byFreeze, tables, noPath;
+  std::vector<std::string> byFreeze, tables, noPath, running;
+  std::set<std::string> runningBuffers;
+  for (const RunningStat &r : backward.runningStats)
+    runningBuffers.insert(r.buffer);
   for (const auto &entry : backward.weightGrads) {
     const std::string &w = entry.first;
     if (frozen && frozen->match(w))
@@ -609,7 +624,10 @@ void addTrainable(plan::Plan &plan, const Graph &graph, const Backward &backward
     if (v.producer >= 0 || v.kind != ValueKind::Weight || !isFloatDType(v.type) ||
         backward.weightGrads.count(v.name))
       continue;
-    (backward.tableWeights.count(v.name) ? tables : noPath).push_back(v.name);
+    (runningBuffers.count(v.name)          ? running
+     : backward.tableWeights.count(v.name) ? tables
+                                           : noPath)
+        .push_back(v.name);
   }
   std::string note = formatv("trains {0} weight(s)", plan.trainable_size()).str();
   if (!byFreeze.empty())
@@ -617,12 +635,16 @@ void addTrainable(plan::Plan &plan, const Graph &graph, const Backward &backward
   if (!tables.empty())
     note +=
         "; not trained, tables read through Sin/Cos (rotary frequencies): " + join(tables, ", ");
+  if (!running.empty())
+    note += "; not trained, running statistics each step updates from its batches' mean and "
+            "variance: " +
+            join(running, ", ");
   if (!noPath.empty())
     note += "; not trained, the loss does not depend on them through differentiable ops "
             "(shapes, masks, comparisons) or they hold one entry per sample (a batch's "
             "attention mask): " +
             join(noPath, ", ");
-  if (!byFreeze.empty() || !tables.empty() || !noPath.empty())
+  if (!byFreeze.empty() || !tables.empty() || !running.empty() || !noPath.empty())
     plan.add_warnings(note);
 }
 

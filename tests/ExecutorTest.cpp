@@ -478,6 +478,84 @@ TEST_F(Equivalence, TrainingLowersTheLossOnAFixedDataset) {
   EXPECT_LT(result->losses.back(), 0.5 * result->losses.front());
 }
 
+// Training-mode BatchNormalization normalizes each microbatch by its own
+// statistics; after the step its running mean and variance take the mean
+// over every microbatch and replica of the batches' mean and unbiased
+// variance, with the node's momentum (PyTorch's update, once per step).
+// The expected values are computed here from the data alone.
+TEST_F(Equivalence, RunningStatisticsTakeTheStepsBatches) {
+  const int64_t batch = 8, channels = 2, spatial = 3;
+  const float momentum = 0.75f;
+  GraphBuilder b(15);
+  b.input("x", onnx::TensorProto::FLOAT, {-1, channels, spatial}, {"batch"});
+  for (const char *name : {"scale", "bias", "running_mean", "running_var"})
+    b.weight(name, {channels});
+  auto &bn = b.node("BatchNormalization", {"x", "scale", "bias", "running_mean", "running_var"},
+                    {"y", "new_mean", "new_var"}, "bn");
+  auto *a = bn.add_attribute();
+  a->set_name("training_mode"), a->set_type(onnx::AttributeProto::INT), a->set_i(1);
+  a = bn.add_attribute();
+  a->set_name("momentum"), a->set_type(onnx::AttributeProto::FLOAT), a->set_f(momentum);
+  b.node("Mul", {"y", "y"}, {"yy"}, "square");
+  b.node("Mul", {"yy", "x"}, {"weighted"}, "weight");
+  auto &sum = b.node("ReduceSum", {"weighted"}, {"loss"}, "loss");
+  a = sum.add_attribute();
+  a->set_name("keepdims"), a->set_type(onnx::AttributeProto::INT), a->set_i(0);
+  b.output("loss");
+  std::string path = dir->path("batchnorm-training.onnx");
+  b.write(path);
+
+  std::vector<float> x(batch * channels * spatial);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = float(std::sin(0.7 * double(i)) * (1 + i % 5));
+  std::string data = dir->path("batchnorm-data");
+  ASSERT_FALSE(llvm::sys::fs::create_directories(data));
+  ASSERT_FALSE(static_cast<bool>(rt::writeNpy(
+      cpu::Tensor::fromValues<float>({batch, channels, spatial}, x), data + "/x.npy")));
+
+  for (const Config &config :
+       {Config{"1f1b", 1, 1, 4, 1}, Config{"1f1b", 1, 1, 2, 2}, Config{"gpipe", 1, 1, 1, 1}}) {
+    SCOPED_TRACE(formatv("M={0} dp={1}", config.microbatches, config.dp).str());
+    plan::Plan p = compileFor(path, config, batch);
+    rt::RunOptions options;
+    options.steps = 1;
+    options.optimizer = "sgd";
+    options.lr = 0.1;
+    options.dataDir = data;
+    options.collectWeights = true;
+    auto result = rt::runLocal(p, options);
+    ASSERT_TRUE(static_cast<bool>(result)) << llvm::toString(result.takeError());
+    const int pieces = config.microbatches * config.dp;
+    const int64_t per = batch / pieces, n = per * spatial;
+    for (int64_t c = 0; c < channels; ++c) {
+      double meanSum = 0, varSum = 0;
+      for (int k = 0; k < pieces; ++k) {
+        double s = 0, sq = 0;
+        for (int64_t i = k * per; i < (k + 1) * per; ++i)
+          for (int64_t j = 0; j < spatial; ++j)
+            s += x[(i * channels + c) * spatial + j];
+        double mean = s / double(n);
+        for (int64_t i = k * per; i < (k + 1) * per; ++i)
+          for (int64_t j = 0; j < spatial; ++j) {
+            double d = x[(i * channels + c) * spatial + j] - mean;
+            sq += d * d;
+          }
+        meanSum += mean;
+        varSum += sq / double(n - 1);
+      }
+      double start = 0.5 + double(c); // GraphBuilder's weights hold 0.5, 1.5, ...
+      double wantMean = momentum * start + (1 - momentum) * meanSum / pieces;
+      double wantVar = momentum * start + (1 - momentum) * varSum / pieces;
+      ASSERT_TRUE(result->weights.count("running_mean") && result->weights.count("running_var"));
+      EXPECT_NEAR(result->weights.at("running_mean").getDouble(c), wantMean, 1e-5) << c;
+      EXPECT_NEAR(result->weights.at("running_var").getDouble(c), wantVar, 1e-5) << c;
+    }
+    for (const auto &copy : result->weightCopies) // every replica holds the same buffers
+      if (copy.name == "running_var")
+        EXPECT_EQ(relativeError(copy.value, result->weights.at("running_var")), 0);
+  }
+}
+
 /// Whether a CUDA device and the CUDA plugin are here.
 bool haveGpu() {
   auto backend = rt::makeCudaBackend(0, false);

@@ -30,7 +30,9 @@ compares with torch's full-batch step:
               no label at all, against torch's SGD step on all 16 at once
               (tools/fixtures/torch_padded_batch.py): the mean over counted labels, not the
               mean of microbatch means
-  trained     every parameter torch changes, pipec trains; every buffer stays as it was
+  trained     every parameter torch changes, pipec trains; every buffer stays as it was but
+              BatchNorm's running mean and variance, which after one SGD step equal torch's
+              (1e-5 relative, 1e-6 absolute)
   reloaded    after one SGD step the model pipec saved runs in onnxruntime, and its loss equals
               that of the original model holding torch's weights after the step (1e-5)
 
@@ -194,14 +196,60 @@ def check_train(onnx_path, base, flags, optimizer, work):
         problems += reload_in_onnxruntime(onnx_path, os.path.join(work, "out.onnx"), where, npz,
                                           data)
     before = initializers(onnx_path)
+    running = {b for b in meta.get("buffers", {}) if "sgd1_buffers/" + b in npz
+               and not b.endswith("num_batches_tracked")}
+    problems += check_running_stats(onnx_path, base, meta, npz, before, after, running,
+                                    key == "sgd1/")
     for b, w in where.get("buffers", {}).items():
-        if w is None or w["initializer"] not in after:
+        if w is None or w["initializer"] not in after or b in running:
             continue
         if not np.array_equal(after[w["initializer"]], before[w["initializer"]]):
             problems.append("buffer %s (%s) changed; torch does not train it"
                             % (b, w["initializer"]))
     return problems, "loss rel %.1e, worst param %.1e, all %.1e of update" % (
         loss_err, worst, np.sqrt(total) / update)
+
+
+def momenta(onnx_path):
+    """Running buffer -> the momentum of the BatchNormalization that reads it."""
+    out = {}
+    for n in onnx.load(onnx_path, load_external_data=False).graph.node:
+        if n.op_type == "BatchNormalization":
+            m = next((a.f for a in n.attribute if a.name == "momentum"), 0.9)
+            for name in n.input[3:5]:
+                out[name] = m
+    return out
+
+
+def check_running_stats(onnx_path, base, meta, npz, before, after, running, one_sgd_step):
+    """BatchNorm's running mean and variance after one step against torch's (sgd1_buffers/).
+    torch's update is buffer = momentum * buffer + (1 - momentum) * batch statistic. A file
+    whose buffers start elsewhere (the legacy exporter runs the model in training mode while it
+    exports, moving them once) is judged by the same statistic: torch's step minus momentum
+    times torch's starting value, which the dynamo export of the model holds."""
+    problems = []
+    where = meta["onnx"][os.path.basename(onnx_path)]
+    dynamo = meta["onnx"].get(base + ".onnx", {}).get("buffers", {})
+    dynamo_init = initializers(os.path.join(ROOT, "train", base + ".onnx")) if running else {}
+    moms = momenta(onnx_path) if running else {}
+    for b in sorted(running):
+        w = where.get("buffers", {}).get(b)
+        name = w["initializer"] if w else meta.get("wrapper_prefix_in_onnx_names", "") + b
+        if name not in after or name not in moms:
+            problems.append("running statistic %s (%s) is not in the saved model" % (b, name))
+            continue
+        if not one_sgd_step:
+            continue  # torch's reference is for one step
+        if dynamo.get(b) is None:
+            problems.append("running statistic %s: no torch starting value" % b)
+            continue
+        m = moms[name]
+        start = dynamo_init[dynamo[b]["initializer"]].astype(np.float64)
+        want = m * before[name].astype(np.float64) + (npz["sgd1_buffers/" + b] - m * start)
+        err = float(np.abs(after[name] - want).max())
+        if not np.allclose(after[name], want, rtol=1e-5, atol=1e-6):
+            problems.append("running statistic %s differs from torch's by %.3g" % (b, err))
+    return problems
 
 
 def ort_loss(model, data):

@@ -144,6 +144,11 @@ void GradContext::addContribution(int id, std::string name) {
   contribLayers[id].push_back(layerIndex);
 }
 
+void GradContext::updateRunning(size_t i, std::string statistic, float momentum) {
+  result.runningStats.push_back(
+      {val(current->inputs[i]).name, std::move(statistic), momentum, layerIndex});
+}
+
 void GradContext::finalize(int id) {
   auto it = contribs.find(id);
   if (it == contribs.end() || finalGrad.count(id))

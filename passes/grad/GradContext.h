@@ -98,6 +98,10 @@ public:
   /// value \p id; emits an Identity when \p name is not a fresh node output
   /// (e.g. the output gradient passed through unchanged).
   void addContribution(int id, std::string name);
+  /// Records \p statistic (made by the last nodes emitted) as one
+  /// microbatch's statistic of the running buffer read as input \p i of the
+  /// op at hand (see RunningStat).
+  void updateRunning(size_t i, std::string statistic, float momentum);
   /// Sums the contributions to \p id into "grad:NAME" in the current list.
   void finalize(int id);
   /// The summed gradient of value \p id, or "" when it has none (yet).

@@ -41,6 +41,12 @@ struct GradRule {
   /// The rule reads the gradient of every output (Split); the others read
   /// output 0's only, and differentiate refuses a gradient of another.
   bool allOutputs = false;
+  /// For ops that keep running statistics (BatchNormalization in training
+  /// mode): emits, into the op's layer's W list, each microbatch's
+  /// statistic of every running buffer and records it with
+  /// GradContext::updateRunning. Runs for every such op, whether or not a
+  /// gradient flows through it; null for the others.
+  llvm::Error (*statistics)(GradContext &ctx) = nullptr;
 };
 
 /// The rule of row \p def of Ops.def; `missing` for null.

@@ -4,8 +4,9 @@
 // LayerNormalization and the cross-entropy loss have gradient kernels of
 // their own (pipec.SoftmaxGrad, LayerNormGrad*, SoftmaxCrossEntropyLossGrad);
 // RMS-, Instance- and GroupNormalization are composed of ONNX ops;
-// BatchNormalization is differentiated in inference mode, its running
-// statistics carrying no gradient.
+// BatchNormalization is differentiated in inference and training mode, its
+// running statistics carrying no gradient; in training mode each
+// microbatch's batch statistics update them after the step.
 //
 //===----------------------------------------------------------------------===//
 #include "passes/grad/GradRules.h"
@@ -120,23 +121,31 @@ Error layerNormalizationGrad(GradContext &ctx) {
   });
 }
 
+/// ReduceMean of \p x over \p axes, kept, in the form of the graph's opset
+/// (axes an input from opset 18).
+std::string meanOver(GradContext &ctx, const std::string &x, ArrayRef<int64_t> axes) {
+  if (ctx.graph.opsetFor("") >= 18)
+    return ctx.binary("ReduceMean", x, ctx.constInts(axes));
+  onnx::NodeProto &node = ctx.emit("ReduceMean", {x});
+  GradContext::setInts(node, "axes", axes);
+  return GradContext::out(node);
+}
+
+/// Checks that X and the parameters share Y's element type.
+Error sameTypes(const GradContext &ctx) {
+  for (int id : ctx.op().inputs)
+    if (id >= 0 && ctx.val(id).type != ctx.type())
+      return ctx.error("gradient with inputs of another element type than Y is not implemented");
+  return Error::success();
+}
+
 /// Inference form: Y = Scale (X - Mean) / sqrt(Var + epsilon) + B, the
 /// running statistics being constants.
-Error batchNormalizationGrad(GradContext &ctx) {
+Error batchNormalizationInferenceGrad(GradContext &ctx) {
   return ctx.forEachWanted([&](size_t i) -> Error {
-    const Op &op = ctx.op();
     const onnx::NodeProto &node = ctx.node();
     DType type = ctx.type();
-    if (ctx.graph.opsetFor("") >= 14 && attrInt(node, "training_mode", 0))
-      return ctx.error("gradient of training-mode BatchNormalization is not "
-                       "implemented (only inference mode is)");
-    if (op.inputs.size() < 5 || llvm::is_contained(op.inputs, -1))
-      return ctx.error("expects 5 inputs");
     const std::vector<int64_t> &xShape = ctx.shapeOf(0);
-    for (size_t k = 1; k < 5; ++k)
-      if (ctx.val(op.inputs[k]).type != type)
-        return ctx.error("gradient with parameters of another element type than X is not "
-                         "implemented");
     float epsilon = attrFloat(node, "epsilon", 1e-5f);
     if (i == 0) {
       // dX = dY Scale / sqrt(Var + epsilon), per channel.
@@ -157,21 +166,110 @@ Error batchNormalizationGrad(GradContext &ctx) {
   });
 }
 
-/// ReduceMean of \p x over \p axes, kept, in the form of the graph's opset
-/// (axes an input from opset 18).
-std::string meanOver(GradContext &ctx, const std::string &x, ArrayRef<int64_t> axes) {
-  if (ctx.graph.opsetFor("") >= 18)
-    return ctx.binary("ReduceMean", x, ctx.constInts(axes));
-  onnx::NodeProto &node = ctx.emit("ReduceMean", {x});
-  GradContext::setInts(node, "axes", axes);
-  return GradContext::out(node);
+/// BatchNormalization in training mode (opset 14+) normalizes with the
+/// batch's statistics.
+bool batchNormTraining(const GradContext &ctx) {
+  return ctx.graph.opsetFor("") >= 14 && attrInt(ctx.node(), "training_mode", 0);
 }
 
-/// Checks that X and the parameters share Y's element type.
-Error sameTypes(const GradContext &ctx) {
-  for (int id : ctx.op().inputs)
-    if (id >= 0 && ctx.val(id).type != ctx.type())
-      return ctx.error("gradient with inputs of another element type than Y is not implemented");
+/// Every axis of a rank-\p rank value but the channels, 1.
+std::vector<int64_t> axesButChannels(size_t rank) {
+  std::vector<int64_t> axes{0};
+  for (size_t a = 2; a < rank; ++a)
+    axes.push_back(static_cast<int64_t>(a));
+  return axes;
+}
+
+/// X - mean and 1 / sqrt(var + epsilon) of the batch, per channel (kept
+/// [1, C, 1..] shapes), var being the biased variance the forward
+/// normalizes with.
+std::pair<std::string, std::string> batchCentredAndRstd(GradContext &ctx, ArrayRef<int64_t> axes) {
+  std::string x = ctx.in(0);
+  std::string centred = ctx.binary("Sub", x, meanOver(ctx, x, axes));
+  std::string var = meanOver(ctx, ctx.binary("Mul", centred, centred), axes);
+  float epsilon = attrFloat(ctx.node(), "epsilon", 1e-5f);
+  std::string rstd =
+      ctx.unary("Reciprocal",
+                ctx.unary("Sqrt", ctx.binary("Add", var, ctx.constScalar(epsilon, ctx.type()))));
+  return {centred, rstd};
+}
+
+/// Training form: with Xh = (X - mean) rstd over the batch, per channel,
+/// dX = Scale rstd (dY - mean(dY) - Xh mean(dY Xh)), dScale = sum(dY Xh)
+/// and dB = sum(dY), the means and sums over every axis but 1.
+Error batchNormalizationTrainingGrad(GradContext &ctx) {
+  const std::vector<int64_t> &xShape = ctx.shapeOf(0);
+  std::vector<int64_t> axes = axesButChannels(xShape.size());
+  return ctx.forEachWanted([&](size_t i) -> Error {
+    if (i == 2) {
+      ctx.contribute(2, ctx.sumToChannels(ctx.dy(), ctx.yShape()));
+      return Error::success();
+    }
+    auto [centred, rstd] = batchCentredAndRstd(ctx, axes);
+    std::string normalized = ctx.binary("Mul", centred, rstd);
+    std::string dyNormalized = ctx.binary("Mul", ctx.dy(), normalized);
+    if (i == 1) {
+      ctx.contribute(1, ctx.sumToChannels(dyNormalized, ctx.yShape()));
+      return Error::success();
+    }
+    std::string inner =
+        ctx.binary("Sub", ctx.binary("Sub", ctx.dy(), meanOver(ctx, ctx.dy(), axes)),
+                   ctx.binary("Mul", normalized, meanOver(ctx, dyNormalized, axes)));
+    std::string scale = ctx.channelsFirst(ctx.in(1), xShape[1], xShape.size());
+    ctx.contribute(0, ctx.binary("Mul", inner, ctx.binary("Mul", scale, rstd)));
+    return Error::success();
+  });
+}
+
+Error batchNormalizationGrad(GradContext &ctx) {
+  const Op &op = ctx.op();
+  if (op.inputs.size() < 5 || llvm::is_contained(op.inputs, -1))
+    return ctx.error("expects 5 inputs");
+  for (size_t k = 1; k < 5; ++k)
+    if (ctx.val(op.inputs[k]).type != ctx.type())
+      return ctx.error("gradient with parameters of another element type than X is not "
+                       "implemented");
+  return batchNormTraining(ctx) ? batchNormalizationTrainingGrad(ctx)
+                                : batchNormalizationInferenceGrad(ctx);
+}
+
+/// Training mode: each microbatch's batch mean and unbiased variance (n / (n
+/// - 1) times the biased one, n values per channel) update the running mean
+/// and variance (inputs 3 and 4, when they are initializers) after the step
+/// with the node's momentum, as PyTorch's BatchNorm updates its buffers.
+/// (ONNX's optional outputs 1 and 2 apply the biased variance; the forward
+/// kernel computes those as ONNX says.)
+Error batchNormalizationStatistics(GradContext &ctx) {
+  const Op &op = ctx.op();
+  if (!batchNormTraining(ctx) || op.inputs.size() < 5)
+    return Error::success();
+  auto isBuffer = [&](size_t k) {
+    const Value &v = ctx.val(op.inputs[k]);
+    return op.inputs[k] >= 0 && v.kind == ValueKind::Weight && v.producer < 0 &&
+           isFloatDType(v.type);
+  };
+  if (!isBuffer(3) || !isBuffer(4))
+    return Error::success();
+  const std::vector<int64_t> &xShape = ctx.shapeOf(0);
+  if (xShape.size() < 2)
+    return ctx.error("X must have rank >= 2");
+  int64_t count = 1;
+  for (size_t a = 0; a < xShape.size(); ++a)
+    if (a != 1)
+      count *= xShape[a];
+  if (count < 2)
+    return ctx.error("training needs more than one value per channel; a microbatch has " +
+                     Twine(count));
+  std::vector<int64_t> axes = axesButChannels(xShape.size());
+  float momentum = attrFloat(ctx.node(), "momentum", 0.9f);
+  std::string x = ctx.in(0);
+  std::string mean = meanOver(ctx, x, axes);
+  std::string centred = ctx.binary("Sub", x, mean);
+  std::string biased = meanOver(ctx, ctx.binary("Mul", centred, centred), axes);
+  ctx.updateRunning(3, ctx.reshape(mean, {xShape[1]}), momentum);
+  std::string unbiased =
+      ctx.binary("Mul", biased, ctx.constScalar(double(count) / double(count - 1), ctx.type()));
+  ctx.updateRunning(4, ctx.reshape(unbiased, {xShape[1]}), momentum);
   return Error::success();
 }
 
@@ -282,7 +380,8 @@ namespace rules {
 const GradRule reduceSumMean{&reduceSumMeanGrad}, softmax{&softmaxGrad},
     softmaxCrossEntropyLoss{&softmaxCrossEntropyLossGrad},
     layerNormalization{&layerNormalizationGrad},
-    batchNormalization{&batchNormalizationGrad, &exceptStatistics},
+    batchNormalization{&batchNormalizationGrad, &exceptStatistics, false,
+                       &batchNormalizationStatistics},
     rmsNormalization{&rmsNormalizationGrad}, instanceNormalization{&instanceNormalizationGrad},
     groupNormalization{&groupNormalizationGrad};
 } // namespace rules

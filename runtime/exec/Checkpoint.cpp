@@ -40,6 +40,9 @@ Error RankExecutor::saveCheckpoint(StringRef file, int nextStep) {
       if (Error err = add(it->second, "v:" + name))
         return err;
   }
+  for (const auto &entry : runningHere)
+    if (Error err = add(weights.at(entry.first), "w:" + entry.first))
+      return err;
   std::string bytes;
   if (!g.SerializeToString(&bytes))
     return rankError(global, "checkpoint: cannot serialize (over 2 GiB?)");
@@ -88,6 +91,10 @@ Error RankExecutor::loadCheckpoint(StringRef file, int &nextStep) {
   for (const std::string &name : trainableHere)
     if (!seen.count(name))
       return rankError(global, formatv("checkpoint {0} lacks weight '{1}'", file, name));
+  for (const auto &entry : runningHere)
+    if (!seen.count(entry.first))
+      return rankError(global,
+                       formatv("checkpoint {0} lacks running statistic '{1}'", file, entry.first));
   return Error::success();
 }
 

@@ -90,6 +90,16 @@ Error RankExecutor::load() {
     if (!local(k))
       continue;
     const plan::StageProgram &sp = stageProgram(k);
+    for (const plan::RunningStat &r : sp.running_stats()) {
+      auto w = weights.find(r.buffer());
+      if (w == weights.end() || !cpu::isFloating(w->second.elemType()))
+        return rankError(global, formatv("stage {0}: running statistic '{1}' is not a float "
+                                         "weight the stage reads",
+                                         k, r.buffer()));
+      if (!runningHere.emplace(r.buffer(), r.momentum()).second || s.trainable.count(r.buffer()))
+        return rankError(global,
+                         formatv("stage {0}: '{1}' is updated twice in a step", k, r.buffer()));
+    }
     keepSets[k] = std::set<std::string>(sp.keep().begin(), sp.keep().end());
     std::set<std::string> inputs(sp.recv().begin(), sp.recv().end());
     inputs.insert(sp.loads().begin(), sp.loads().end());
@@ -343,34 +353,53 @@ Error RankExecutor::backwardWeight(int stage, int mb) {
                                          toString(std::move(err))));
     }
   }
+  for (const plan::RunningStat &r : sp.running_stats()) {
+    cpu::Tensor &acc = statisticSums[r.buffer()];
+    Expected<const cpu::Tensor *> t =
+        gradientTerm(values, r.statistic(), "running statistic ", r.buffer(), stage, mb);
+    if (!t)
+      return t.takeError();
+    if ((*t)->numElements() != acc.numElements())
+      return rankError(global,
+                       formatv("stage {0}: statistic '{1}' is {2}, buffer '{3}' is {4}", stage,
+                               r.statistic(), (*t)->describe(), r.buffer(), acc.describe()));
+    if (Error err = be.addInto(acc, **t))
+      return rankError(global, formatv("stage {0}: accumulating '{1}': {2}", stage, r.statistic(),
+                                       toString(std::move(err))));
+  }
   return Error::success();
 }
 
 Error RankExecutor::allReduce(const Ins &ins) {
   std::vector<int> group;
-  std::vector<std::string> names;
+  // The sums to reduce: gradients, and with the replicas' group the running
+  // statistics too.
+  std::vector<cpu::Tensor *> sums;
   if (ins.group() == "dp") {
     for (int d = 0; d < s.dp; ++d)
       group.push_back(d * s.P + rank);
-    names = trainableHere;
+    for (const std::string &n : trainableHere)
+      sums.push_back(&grads[n]);
+    for (auto &entry : statisticSums)
+      sums.push_back(&entry.second);
   } else if (StringRef(ins.group()).startswith("tied:")) {
     for (int r : ins.ranks())
       group.push_back(peerGlobal(r));
     std::string w = ins.group().substr(5);
     if (grads.count(w))
-      names.push_back(w);
+      sums.push_back(&grads[w]);
   } else {
     return rankError(global, formatv("unknown all-reduce group '{0}'", ins.group()));
   }
   std::sort(group.begin(), group.end());
   std::vector<cpu::Tensor> tensors;
   bool onDevice = comm.deviceSums();
-  for (const std::string &n : names) {
+  for (cpu::Tensor *sum : sums) {
     if (onDevice) {
-      tensors.push_back(grads[n]);
+      tensors.push_back(*sum);
       continue;
     }
-    auto host = be.download(grads[n]);
+    auto host = be.download(*sum);
     if (!host)
       return host.takeError();
     // The transports sum into fresh tensors: no copy is needed here.
@@ -383,11 +412,11 @@ Error RankExecutor::allReduce(const Ins &ins) {
       return err;
   if (Error err = comm.sum(group, tensors))
     return err;
-  for (size_t i = 0; i < names.size(); ++i) {
+  for (size_t i = 0; i < sums.size(); ++i) {
     auto placed = be.upload(tensors[i]);
     if (!placed)
       return placed.takeError();
-    grads[names[i]] = std::move(*placed);
+    *sums[i] = std::move(*placed);
   }
   return Error::success();
 }
@@ -399,6 +428,12 @@ Expected<std::map<std::string, cpu::Tensor>> RankExecutor::trainedWeights() {
     if (!host)
       return host.takeError();
     out.emplace(name, std::move(*host));
+  }
+  for (const auto &entry : runningHere) {
+    auto host = be.download(weights[entry.first]);
+    if (!host)
+      return host.takeError();
+    out.emplace(entry.first, std::move(*host));
   }
   return out;
 }
@@ -425,6 +460,15 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
     if (!zero)
       return zero.takeError();
     grads[name] = std::move(*zero);
+  }
+  statisticSums.clear();
+  for (const auto &entry : runningHere) {
+    const cpu::Tensor &buffer = weights[entry.first];
+    bool half = buffer.elemType() == cpu::DType::F16 || buffer.elemType() == cpu::DType::BF16;
+    auto zero = be.zeros(half ? cpu::DType::F32 : buffer.elemType(), buffer.shape());
+    if (!zero)
+      return zero.takeError();
+    statisticSums[entry.first] = std::move(*zero);
   }
   for (int i = 0; i < program.instructions_size(); ++i) {
     const Ins &ins = program.instructions(i);

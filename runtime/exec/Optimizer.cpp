@@ -3,7 +3,8 @@
 // The step's learning rate (constant, linear or cosine decay after a linear
 // warm-up), gradient clipping by the global norm over all ranks, and the
 // update of each trained weight by the backend: SGD, momentum or AdamW.
-// Float16 and bfloat16 weights train through float32 master copies.
+// Float16 and bfloat16 weights train through float32 master copies. Then
+// the running statistics (BatchNormalization's) take the step's batches.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/RankExecutor.h"
@@ -101,6 +102,29 @@ Error RankExecutor::optimizerStep(int t) {
         return rounded.takeError();
       weights[name] = std::move(*rounded);
     }
+  }
+  return updateRunningStats();
+}
+
+Error RankExecutor::updateRunningStats() {
+  // Every microbatch of every replica saw a batch: the statistic is their
+  // mean (the replicas' sums arrived with the gradients' all-reduce).
+  double count = static_cast<double>(s.M) * s.dp;
+  for (const auto &[name, momentum] : runningHere) {
+    auto buffer = be.download(weights[name]);
+    auto sum = be.download(statisticSums[name]);
+    if (!buffer)
+      return buffer.takeError();
+    if (!sum)
+      return sum.takeError();
+    cpu::Tensor updated = buffer->clone();
+    for (int64_t i = 0; i < updated.numElements(); ++i)
+      updated.setDouble(i, momentum * buffer->getDouble(i) +
+                               (1.0 - momentum) * sum->getDouble(i) / count);
+    auto placed = be.upload(updated);
+    if (!placed)
+      return placed.takeError();
+    weights[name] = std::move(*placed);
   }
   return Error::success();
 }

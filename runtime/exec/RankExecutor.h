@@ -102,7 +102,8 @@ public:
   llvm::Error loadCheckpoint(llvm::StringRef file, int &nextStep);
 
   int globalRank() const { return global; }
-  /// Host copies of this rank's trainable weights.
+  /// Host copies of this rank's trainable weights and of the running
+  /// statistics its steps update.
   llvm::Expected<std::map<std::string, cpu::Tensor>> trainedWeights();
   int replicaIndex() const { return replica; }
   std::map<std::string, cpu::Tensor> weights; ///< this rank's weights and constants
@@ -157,6 +158,12 @@ private:
   /// \p t converted to ONNX element type \p to by the backend's Cast.
   llvm::Expected<cpu::Tensor> castTo(const cpu::Tensor &t, int to);
   std::vector<std::string> trainableHere;
+  /// Running buffers this rank's stages update -> their momentum, and each
+  /// one's sum of the step's microbatch statistics.
+  std::map<std::string, float> runningHere;
+  std::map<std::string, cpu::Tensor> statisticSums;
+  /// Sets each running buffer from the step's statistics.
+  llvm::Error updateRunningStats();
   std::map<int, std::set<std::string>> keepSets, inputSets;
   /// Buffer -> (stage, microbatch) of the FORWARD that fills it: what FREE
   /// drops.
