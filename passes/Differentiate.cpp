@@ -325,6 +325,25 @@ Expected<Backward> Differentiator::run(const LossSpec &loss) {
         return err;
     }
   }
+  // A running buffer belongs to one node: exporters share equal tensors
+  // (a fresh model's zero means), which then need copies of their own.
+  std::stable_sort(result.runningStats.begin(), result.runningStats.end(),
+                   [](const RunningStat &a, const RunningStat &b) { return a.layer < b.layer; });
+  std::map<std::string, const RunningStat *> keeper;
+  for (const RunningStat &r : result.runningStats) {
+    auto [it, fresh] = keeper.emplace(r.buffer, &r);
+    if (!fresh && it->second->node == r.node)
+      return createStringError(inconvertibleErrorCode(),
+                               "node '%s' (BatchNormalization): initializer '%s' is both its "
+                               "running mean and variance",
+                               r.node.c_str(), r.buffer.c_str());
+    if (!fresh)
+      return createStringError(
+          inconvertibleErrorCode(),
+          "initializer '%s' is the running statistic of BatchNormalization nodes '%s' and "
+          "'%s'; each needs its own (an exporter shared equal tensors: pass --untie %s)",
+          r.buffer.c_str(), it->second->node.c_str(), r.node.c_str(), r.buffer.c_str());
+  }
   // Leaves: trainable weights and graph inputs, summed in the lowest layer
   // that contributed.
   for (const auto &[id, contributed] : ctx.contributionLayers()) {

@@ -175,6 +175,8 @@ struct RunningStat {
   std::string statistic;
   float momentum = 0.9f;
   int layer = 0;
+  /// The node that keeps the statistic.
+  std::string node;
 };
 
 /// The backward program of a model.

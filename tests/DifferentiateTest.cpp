@@ -682,6 +682,31 @@ TEST(Differentiate, TrainingBatchNormalizationNeedsTwoValuesPerChannel) {
             "microbatch has 1");
 }
 
+TEST(Differentiate, SharedRunningStatisticIsRefused) {
+  // Two training-mode BatchNormalizations reading one running mean (an
+  // exporter shares equal tensors): each must keep its own.
+  GraphBuilder b(15);
+  b.input("x", kDouble, {4, 3});
+  for (const char *name : {"scale", "bias", "mean", "var", "var2"})
+    doubleWeight(b, name, {3});
+  for (int k : {1, 2}) {
+    std::string in = k == 1 ? "x" : "y1", out = "y" + std::to_string(k);
+    auto &n = b.node("BatchNormalization", {in, "scale", "bias", "mean", k == 1 ? "var" : "var2"},
+                     {out, out + "_mean", out + "_var"}, "bn" + std::to_string(k));
+    setIntAttr(n, "training_mode", 1);
+  }
+  b.output("y2", kDouble);
+  auto graph = importBytes(b.serialize());
+  ASSERT_TRUE(bool(graph)) << llvm::toString(graph.takeError());
+  auto layers = groupLayers(*graph);
+  ASSERT_TRUE(bool(layers)) << llvm::toString(layers.takeError());
+  auto backward = differentiate(*graph, *layers, {LossSpec::Kind::Mse, "", "labels"});
+  ASSERT_FALSE(bool(backward));
+  EXPECT_EQ(llvm::toString(backward.takeError()),
+            "initializer 'mean' is the running statistic of BatchNormalization nodes 'bn1' and "
+            "'bn2'; each needs its own (an exporter shared equal tensors: pass --untie mean)");
+}
+
 TEST(Differentiate, SoftmaxCrossEntropy) {
   // As a loss spec on the model's output, and as the model's own loss op.
   GraphBuilder b = binaryModel("MatMul", {4, 3}, {3, 5});

@@ -145,8 +145,8 @@ void GradContext::addContribution(int id, std::string name) {
 }
 
 void GradContext::updateRunning(size_t i, std::string statistic, float momentum) {
-  result.runningStats.push_back(
-      {val(current->inputs[i]).name, std::move(statistic), momentum, layerIndex});
+  result.runningStats.push_back({val(current->inputs[i]).name, std::move(statistic), momentum,
+                                 layerIndex, currentNode->name()});
 }
 
 void GradContext::finalize(int id) {
