@@ -17,6 +17,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 
 using namespace llvm;
 
@@ -25,7 +26,8 @@ namespace pipec::cpu {
 namespace {
 
 /// Softmax or log-softmax of \p x along the middle dimension of \p split.
-/// Sums run in double; each exponential is computed once.
+/// Sums run in double; each exponential is computed once, in float for
+/// float rows.
 template <typename T> void softmaxAlong(const T *x, T *y, AxisSplit split, bool logarithm) {
   // Rows are independent: the rank's loop threads take runs of them.
   parallelFor(split.outer * split.inner, 16, [&](int64_t begin, int64_t end) {
@@ -40,7 +42,10 @@ template <typename T> void softmaxAlong(const T *x, T *y, AxisSplit split, bool 
       double sum = 0;
       for (int64_t j = 0; j < split.size; ++j) {
         shifted[j] = double(in[j * split.inner]) - maxValue;
-        double e = std::exp(shifted[j]);
+        // Float rows take the float exponential (runtime/kernels/FloatMath.h).
+        double e = std::is_same_v<T, float>
+                       ? double(kernels::floatmath::exp(static_cast<float>(shifted[j])))
+                       : std::exp(shifted[j]);
         sum += e;
         if (!logarithm)
           shifted[j] = e;

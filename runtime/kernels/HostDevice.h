@@ -4,11 +4,14 @@
 // the host and the CUDA kernels on the device. The math shims below give
 // one name per libm function with a float and a double overload, so that a
 // kernel body templated on its element type calls sinf for float and sin
-// for double on both sides (the host's std:: overloads do the same).
+// for double on both sides (the host's std:: overloads do the same); the
+// host's float exp and tanh are FloatMath.h's.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_KERNELS_HOSTDEVICE_H
 #define PIPEC_RUNTIME_KERNELS_HOSTDEVICE_H
+
+#include "runtime/kernels/FloatMath.h"
 
 #include <math.h>
 
@@ -33,7 +36,6 @@ PIPEC_MATH_UNARY(ceil)
 PIPEC_MATH_UNARY(cos)
 PIPEC_MATH_UNARY(cosh)
 PIPEC_MATH_UNARY(erf)
-PIPEC_MATH_UNARY(exp)
 PIPEC_MATH_UNARY(expm1)
 PIPEC_MATH_UNARY(floor)
 PIPEC_MATH_UNARY(log)
@@ -43,8 +45,19 @@ PIPEC_MATH_UNARY(sin)
 PIPEC_MATH_UNARY(sinh)
 PIPEC_MATH_UNARY(sqrt)
 PIPEC_MATH_UNARY(tan)
-PIPEC_MATH_UNARY(tanh)
 #undef PIPEC_MATH_UNARY
+
+// Float exp and tanh: on the host pipec's own (FloatMath.h), on the device
+// CUDA's.
+#if defined(__CUDA_ARCH__)
+PIPEC_HD float exp(float x) { return ::expf(x); }
+PIPEC_HD float tanh(float x) { return ::tanhf(x); }
+#else
+PIPEC_HD float exp(float x) { return floatmath::exp(x); }
+PIPEC_HD float tanh(float x) { return floatmath::tanh(x); }
+#endif
+PIPEC_HD double exp(double x) { return ::exp(x); }
+PIPEC_HD double tanh(double x) { return ::tanh(x); }
 
 PIPEC_HD float pow(float x, float y) { return ::powf(x, y); }
 PIPEC_HD double pow(double x, double y) { return ::pow(x, y); }
