@@ -11,6 +11,7 @@
 #include "passes/PlanMemory.h"
 #include "passes/PredictStep.h"
 #include "passes/StagePrograms.h"
+#include "passes/TieWeights.h"
 #include "passes/VerifyDataflow.h"
 #include "runtime/plan/PlanFile.h"
 #include "support/Diagnostics.h"
@@ -59,6 +60,8 @@ struct Prepared {
   std::set<std::string> flowing;
   std::string lossText, backwardError;
   LayerGraph layers;
+  /// Train mode: what tie-weights found and rewrote.
+  TieReport ties;
   std::map<std::string, CostTable> tables;
   std::vector<const CostTable *> rankCosts;
 };
@@ -164,8 +167,37 @@ Error differentiateStep(Prepared &out, PassRunner &runner) {
       });
 }
 
-/// import, the graph passes, group-layers, the costs on each rank's
-/// hardware (an analysis), then differentiate.
+/// tie-weights (train mode): folded ties read as one weight, --untie's
+/// copies.
+Error tieStep(Prepared &out, const CompileOptions &options, PassRunner &runner) {
+  if (!options.training)
+    return runner.skip("tie-weights", "inference (--mode infer) trains no weights");
+  TieOptions ties;
+  ties.untie = options.untie;
+  ties.untieAll = options.untieAll;
+  return runner.run(
+      "tie-weights",
+      [&]() -> Error {
+        auto report = tieWeights(out.graph, out.layers, ties);
+        if (!report)
+          return report.takeError();
+        out.ties = std::move(*report);
+        return Error::success();
+      },
+      [&] {
+        return formatv("shared {0}, folded ties {1}: retied {2}, untied {3}",
+                       out.ties.shared.size(), out.ties.folded.size(), out.ties.retied(),
+                       out.ties.untied())
+            .str();
+      },
+      [&](raw_ostream &os) {
+        printTieReport(out.ties, os);
+        out.layers.print(os);
+      });
+}
+
+/// import, the graph passes, group-layers, tie-weights (train mode), the
+/// costs on each rank's hardware (an analysis), then differentiate.
 Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOptions &options,
                                             PassRunner &runner, const Setup &setup,
                                             int64_t microbatchSize, StringRef knownHash = "") {
@@ -182,6 +214,8 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   if (!layers)
     return layers.takeError();
   out->layers = std::move(*layers);
+  if (Error err = tieStep(*out, options, runner))
+    return err;
   for (const HardwareSpec &hw : setup.hardware) {
     auto [it, inserted] = out->tables.try_emplace(hw.name);
     if (inserted) {
@@ -274,7 +308,8 @@ void describeRun(plan::Plan &plan, StringRef modelPath, const CompileOptions &op
   auto *model = plan.mutable_model();
   model->set_path(modelPath.str());
   model->set_xxh3(prepared.xxh3);
-  model->set_nodes(graph.model->graph().node_size());
+  // The model file's nodes: tie-weights adds a Transpose per retied head.
+  model->set_nodes(graph.model->graph().node_size() - prepared.ties.retied());
   model->set_params(prepared.layers.totalParams());
   auto *info = plan.mutable_schedule();
   info->set_name(scheduleName(shape.kind).str());
@@ -638,6 +673,10 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   if (withAlternatives)
     addAlternatives(plan, modelPath, options, setup, prepared, shape, runner);
   addWarnings(plan, prepared.graph, *prepared.rankCosts[0]);
+  if (prepared.backward)
+    describeTies(plan, prepared.ties, [&](StringRef name) {
+      return prepared.backward->weightGrads.count(name.str()) > 0;
+    });
   return plan;
 }
 

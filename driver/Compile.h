@@ -49,6 +49,10 @@ struct CompileOptions {
   /// Weights (a regular expression over their names) the optimizer leaves
   /// alone.
   std::string freeze;
+  /// --untie: initializers to train as separate copies per layer, or the
+  /// folded tie heads to keep apart (passes/TieWeights.h).
+  std::vector<std::string> untie;
+  bool untieAll = false;
 };
 
 /// Compiles \p modelPath into a plan, showing its passes as \p pipeline

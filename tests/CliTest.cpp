@@ -94,7 +94,7 @@ TEST(Cli, PrintAfterAndStats) {
   EXPECT_NE(out.find("IR after group-layers"), std::string::npos);
   EXPECT_NE(out.find("stats: infer-shapes"), std::string::npos);
   EXPECT_TRUE(fileExists(dir.path("dump/04-group-layers.txt")));
-  EXPECT_FALSE(fileExists(dir.path("dump/05-differentiate.txt")));
+  EXPECT_FALSE(fileExists(dir.path("dump/05-tie-weights.txt")));
   // A pass that inspect does not run is named as such, not silently ignored.
   EXPECT_EQ(runCommand(Pipec + " inspect " + model + " --print-after=differentiate", out), 2);
   EXPECT_NE(out.find("--print-after differentiate: this command runs import, infer-shapes, "

@@ -493,9 +493,10 @@ std::vector<std::string> prefixed(const std::string &prefix, const std::string &
 }
 
 TEST(Compile, EveryPassShowsItsStatsAndIr) {
-  const std::vector<std::string> pipeline = {
-      "import",        "infer-shapes",   "fold-constants", "eliminate-dead", "group-layers",
-      "differentiate", "balance-stages", "lower-schedule", "plan-memory",    "verify-program"};
+  const std::vector<std::string> pipeline = {"import",         "infer-shapes",   "fold-constants",
+                                             "eliminate-dead", "group-layers",   "tie-weights",
+                                             "differentiate",  "balance-stages", "lower-schedule",
+                                             "plan-memory",    "verify-program"};
   ASSERT_EQ(passNames(), pipeline);
   TempDir dir;
   std::string model = dir.path("gpt.onnx"), out;
@@ -575,8 +576,9 @@ TEST(Compile, UnknownPrintAfterListsThePasses) {
             2);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_NE(out.find("--print-after lower: expected all or a pass: import, infer-shapes, "
-                     "fold-constants, eliminate-dead, group-layers, differentiate, "
-                     "balance-stages, lower-schedule, plan-memory, verify-program"),
+                     "fold-constants, eliminate-dead, group-layers, tie-weights, "
+                     "differentiate, balance-stages, lower-schedule, plan-memory, "
+                     "verify-program"),
             std::string::npos)
       << out;
   EXPECT_FALSE(fileExists(dir.path("x.plan")));

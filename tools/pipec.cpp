@@ -130,6 +130,12 @@ cl::opt<std::string> Freeze("freeze",
                             cl::desc("Weights not to train: a regular expression over their "
                                      "names"),
                             cl::value_desc("REGEX"), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::list<std::string> Untie("untie",
+                            cl::desc("Train a shared initializer as one copy per layer that reads "
+                                     "it, or keep a folded tie apart; all: every initializer the "
+                                     "exporter shared (repeatable, or a comma list)"),
+                            cl::value_desc("NAME|all"), cl::CommaSeparated, cl::cat(CompileCat),
+                            cl::sub(CompileCmd));
 cl::opt<std::string> Costs("costs", cl::desc("Measured per-layer costs (JSON) over the roofline"),
                            cl::value_desc("FILE"), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<int> DataParallel("dp", cl::desc("Data-parallel replicas"), cl::init(1),
@@ -463,6 +469,16 @@ int runCompile() {
       return badUsage("--freeze " + Freeze + ": " + why);
     options.freeze = Freeze;
   }
+  for (const std::string &name : Untie) {
+    if (name.empty())
+      return badUsage("--untie: expected NAME or all, got an empty name");
+    if (name == "all")
+      options.untieAll = true;
+    else
+      options.untie.push_back(name);
+  }
+  if (!Untie.empty() && Mode != "train")
+    return badUsage("--untie: only training (--mode train) has weights to untie");
   options.costs = Costs;
   options.dataParallel = DataParallel;
   auto pipeline = pipelineOptionsFromFlags(passNames());

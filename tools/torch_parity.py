@@ -87,12 +87,7 @@ INFER_STAGES = [1, 2, 4]
 
 # Known differences, by ONNX file: a case here that differs is "known", not "wrong"; one that
 # matches fails the run until it is taken off the list.
-KNOWN = {
-    "gpt2_tied.onnx": "the dynamo exporter folds the tied head's Transpose(wte) into an "
-                      "initializer of its own; pipec trains it apart from wte",
-    "bert_mlm.onnx": "the dynamo exporter folds the tied decoder's Transpose(word_embeddings) "
-                     "into an initializer of its own; pipec trains it apart",
-}
+KNOWN = {}
 
 
 class Refused(Exception):
@@ -194,7 +189,7 @@ def check_train(onnx_path, base, flags, optimizer, work):
                         % (np.sqrt(total), tol, update))
     if key == "sgd1/" and not problems:
         problems += reload_in_onnxruntime(onnx_path, os.path.join(work, "out.onnx"), where, npz,
-                                          data)
+                                          data, tied=bool(meta.get("tied_aliases")))
     before = initializers(onnx_path)
     running = {b for b in meta.get("buffers", {}) if "sgd1_buffers/" + b in npz
                and not b.endswith("num_batches_tracked")}
@@ -260,16 +255,42 @@ def ort_loss(model, data):
     return float(sess.run(None, feeds)[0])
 
 
-def reload_in_onnxruntime(onnx_path, saved_path, where, npz, data):
+def folded_aliases(model, where, npz):
+    """The initializers an exporter folded from a tied parameter: torch's tied alias (GPT-2's
+    lm_head.weight is wte) written as its own initializer holding the parameter's transpose.
+    Returns {initializer: (param, where)}; torch's trained model holds the trained parameter's
+    transpose there."""
+    out = {}
+    for t in model.graph.initializer:
+        x = numpy_helper.to_array(t)
+        if x.ndim != 2 or x.size < 2 or np.all(x == x.flat[0]):
+            continue
+        for p, w in where["params"].items():
+            if w is None or w["initializer"] == t.name:
+                continue
+            init = expected_value(npz, "init/" + p, w)
+            if init.shape == x.T.shape and np.array_equal(init.T, x):
+                out[t.name] = (p, w)
+    return out
+
+
+def reload_in_onnxruntime(onnx_path, saved_path, where, npz, data, tied=False):
     """The model pipec saved runs in onnxruntime, and its loss on the batch equals the loss of
-    the original model holding torch's weights after the same step."""
+    the original model holding torch's weights after the same step (with tied, the
+    initializers an exporter folded from a tied parameter hold its trained transpose too)."""
     saved = onnx.load(saved_path)
     reference = onnx.load(onnx_path)
     by_name = {t.name: t for t in reference.graph.initializer}
+    mapped = {w["initializer"] for w in where["params"].values() if w is not None}
+    folded = folded_aliases(reference, where, npz) if tied else {}
     for p, w in where["params"].items():
         if w is not None and w["initializer"] in by_name:
             by_name[w["initializer"]].CopyFrom(numpy_helper.from_array(
                 np.ascontiguousarray(expected_value(npz, "sgd1/" + p, w)), w["initializer"]))
+    for name, (p, w) in folded.items():
+        if name not in mapped:
+            by_name[name].CopyFrom(numpy_helper.from_array(
+                np.ascontiguousarray(expected_value(npz, "sgd1/" + p, w).T), name))
     got, want = ort_loss(saved, data), ort_loss(reference, data)
     if abs(got - want) > 1e-5 * abs(want):
         return ["the saved model's loss in onnxruntime %.8g, torch's trained weights give %.8g"

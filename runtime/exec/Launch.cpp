@@ -494,7 +494,7 @@ Error finishRun(const Shared &s,
   if (Error err = writeOutputs(options, result))
     return err;
   if (!options.saveWeights.empty())
-    if (Error err = saveTrainedModel(s.modelPath, trained, options.saveWeights))
+    if (Error err = saveTrainedModel(s.modelPath, trained, *s.plan, options.saveWeights))
       return err;
   if (!options.tracePath.empty())
     if (Error err = writeTrace(options.tracePath, events, s.P * s.dp))

@@ -6,6 +6,14 @@
 // total more than 1 GiB store them as external data in OUT.data, as ONNX
 // does for big models. Files are written atomically (temporary + rename).
 //
+// The plan's ties (passes/TieWeights.h) say where the stages read other
+// weights than the file's: an untied initializer's copies become
+// initializers of their own, read by the nodes that read the copy in the
+// plan (the original is dropped when no node reads it any more); a retied
+// head is written as the transpose of its embedding's trained values. The
+// saved model is the model file's graph with those edits, and onnxruntime
+// computes with what trained.
+//
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_EXEC_MODELIO_H
 #define PIPEC_RUNTIME_EXEC_MODELIO_H
@@ -21,10 +29,11 @@
 
 namespace pipec::rt {
 
-/// Writes \p modelPath with the weights in \p trained to \p out.
+/// Writes \p modelPath with the weights in \p trained to \p out, edited
+/// as the ties of \p plan (the plan compiled from it) say.
 llvm::Error saveTrainedModel(llvm::StringRef modelPath,
                              const std::map<std::string, cpu::Tensor> &trained,
-                             llvm::StringRef out);
+                             const plan::Plan &plan, llvm::StringRef out);
 
 } // namespace pipec::rt
 
