@@ -59,6 +59,9 @@ struct Prepared {
   std::set<std::string> flowing;
   std::string lossText, backwardError;
   LayerGraph layers;
+  /// The weights several layers read (LayerGraph::sharedWeights), once, for
+  /// the same reason.
+  std::vector<std::pair<int, std::vector<int>>> sharedWeights;
   std::map<std::string, CostTable> tables;
   std::vector<const CostTable *> rankCosts;
 };
@@ -182,6 +185,7 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   if (!layers)
     return layers.takeError();
   out->layers = std::move(*layers);
+  out->sharedWeights = out->layers.sharedWeights();
   for (const HardwareSpec &hw : setup.hardware) {
     auto [it, inserted] = out->tables.try_emplace(hw.name);
     if (inserted) {
@@ -399,7 +403,7 @@ LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
     lowering.inputBytes.push_back(input);
   }
   int64_t gradBytes = setup.precision == Precision::BF16 ? 2 : 4;
-  for (auto &[w, users] : layers.sharedWeights()) {
+  for (auto &[w, users] : prepared.sharedWeights) {
     std::set<int> ranks;
     for (int l : users)
       for (const ChunkPlan &c : stagePlan.chunks)
@@ -428,11 +432,18 @@ LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
   return lowering;
 }
 
+/// What a plan is built for: to be written (verified, with the other
+/// balancing methods' steps beside it), or to be compared and dropped (the
+/// alternatives and --schedule auto's candidates: only their step and memory
+/// are read; verify-program is left to the plan written, while the
+/// simulation still refuses unmatched or deadlocked streams).
+enum class BuildFor { Output, Comparison };
+
 /// lower-schedule (the schedule's compute actions, lowered to each rank's
-/// instructions), plan-memory and verify-program.
+/// instructions), plan-memory and, for a plan to output, verify-program.
 Expected<std::vector<plan::RankProgram>> programPasses(const LoweringInputs &lowering,
                                                        const ScheduleShape &shape, int stages,
-                                                       PassRunner &runner) {
+                                                       PassRunner &runner, BuildFor purpose) {
   std::vector<plan::RankProgram> programs;
   auto count = [&](auto op) {
     int n = 0;
@@ -482,6 +493,8 @@ Expected<std::vector<plan::RankProgram>> programPasses(const LoweringInputs &low
       [&](raw_ostream &os) { printMemoryPlan(programs, os); });
   if (err)
     return err;
+  if (purpose == BuildFor::Comparison)
+    return programs;
   auto sends = [&] {
     return count([](const plan::Instruction &i) { return i.op() == plan::Instruction::SEND; });
   };
@@ -539,7 +552,7 @@ Error simulateInto(plan::Plan &plan, std::vector<plan::RankProgram> programs,
 Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
                                const Setup &setup, const Prepared &prepared,
                                const ScheduleShape &shape, PassRunner &runner,
-                               bool withAlternatives = true);
+                               BuildFor purpose = BuildFor::Output);
 
 /// What balancing bought: the other methods on the same inputs, simulated
 /// the same way.
@@ -560,8 +573,8 @@ void addAlternatives(plan::Plan &plan, StringRef modelPath, const CompileOptions
     CompileOptions altOptions = options;
     altOptions.balance = alt;
     PassRunner quiet = runner.quiet();
-    auto altPlan = buildPlan(modelPath, altOptions, setup, prepared, shape, quiet,
-                             /*withAlternatives=*/false);
+    auto altPlan =
+        buildPlan(modelPath, altOptions, setup, prepared, shape, quiet, BuildFor::Comparison);
     if (!altPlan) {
       a->set_error(toString(altPlan.takeError()));
       continue;
@@ -594,8 +607,7 @@ void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first) {
 /// Balance, schedule, lower, verify and simulate one configuration.
 Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
                                const Setup &setup, const Prepared &prepared,
-                               const ScheduleShape &shape, PassRunner &runner,
-                               bool withAlternatives) {
+                               const ScheduleShape &shape, PassRunner &runner, BuildFor purpose) {
   if (Error err = checkScheduleShape(shape.kind, options.stages, shape.V, shape.M))
     return err;
   BalanceOptions balance = balanceOptions(options, setup, prepared, shape);
@@ -630,12 +642,12 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
                                 "gradients are all-reduced",
                                 StringRef(ar.group).drop_front(5), ar.ranks.size())
                             .str());
-  auto programs = programPasses(lowering, shape, options.stages, runner);
+  auto programs = programPasses(lowering, shape, options.stages, runner, purpose);
   if (!programs)
     return programs.takeError();
   if (Error err = simulateInto(plan, std::move(*programs), *stagePlan, options.stages))
     return err;
-  if (withAlternatives)
+  if (purpose == BuildFor::Output)
     addAlternatives(plan, modelPath, options, setup, prepared, shape, runner);
   addWarnings(plan, prepared.graph, *prepared.rankCosts[0]);
   return plan;
@@ -845,8 +857,8 @@ Expected<plan::Plan> Compilation::autoSchedule() {
         return prepared.takeError();
       // The balancing alternatives are built for the winner alone, below.
       ScheduleShape shape{c.kind, c.V, microbatches, *size};
-      auto candidate = buildPlan(modelPath, options, setup, **prepared, shape, quietBack,
-                                 /*withAlternatives=*/false);
+      auto candidate =
+          buildPlan(modelPath, options, setup, **prepared, shape, quietBack, BuildFor::Comparison);
       if (!candidate) {
         entry.error = "lost: no plan: " + toString(candidate.takeError());
         tried.push_back(entry);
