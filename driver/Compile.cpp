@@ -831,7 +831,9 @@ Expected<plan::Plan> Compilation::autoSchedule() {
                                        {ScheduleKind::ZBH2, 1},        {ScheduleKind::ZBV, 2},
                                        {ScheduleKind::DualPipeV, 2}};
   std::vector<AutoCandidate> tried;
-  std::optional<plan::Plan> best;
+  // Only the winner's shape is kept: its plan is built again below with the
+  // passes shown, so a candidate's plan is dropped as soon as it is read.
+  std::optional<double> bestStep;
   const Prepared *bestPrepared = nullptr;
   ScheduleShape bestShape;
   std::string bestText;
@@ -879,14 +881,14 @@ Expected<plan::Plan> Compilation::autoSchedule() {
           entry.overRank = r.index(), entry.overBytes = r.peak_memory_bytes(),
           entry.overLimit = r.memory_limit_bytes();
       tried.push_back(entry);
-      if (entry.fits && (!best || entry.step < best->predicted().step_time_s())) {
-        best = std::move(*candidate);
+      if (entry.fits && (!bestStep || entry.step < *bestStep)) {
+        bestStep = entry.step;
         bestPrepared = *prepared;
         bestText = entry.name;
         bestShape = shape;
       }
     }
-  if (!best) {
+  if (!bestStep) {
     std::vector<std::string> lines;
     for (const AutoCandidate &t : tried)
       lines.push_back(t.explain(0));
@@ -905,20 +907,19 @@ Expected<plan::Plan> Compilation::autoSchedule() {
     shown = std::move(*made);
     bestPrepared = shown.get();
   }
-  auto full = buildPlan(modelPath, options, setup, *bestPrepared, bestShape, runner);
-  if (!full)
-    return full.takeError();
-  best = std::move(*full);
-  double bestStep = best->predicted().step_time_s();
+  auto best = buildPlan(modelPath, options, setup, *bestPrepared, bestShape, runner);
+  if (!best)
+    return best.takeError();
+  double chosenStep = best->predicted().step_time_s();
   int fitting = static_cast<int>(
       std::count_if(tried.begin(), tried.end(), [](const AutoCandidate &t) { return t.fits; }));
   best->add_schedule_search(formatv("chose {0}: step {1}, the least simulated step of the {2} "
                                     "candidates that fit the memory limits ({3} tried)",
-                                    bestText, formatSeconds(bestStep), fitting, tried.size())
+                                    bestText, formatSeconds(chosenStep), fitting, tried.size())
                                 .str());
   for (const AutoCandidate &t : tried)
-    best->add_schedule_search(t.name == bestText ? t.explain(bestStep) + ": chosen"
-                                                 : t.explain(bestStep));
+    best->add_schedule_search(t.name == bestText ? t.explain(chosenStep) + ": chosen"
+                                                 : t.explain(chosenStep));
   if (Error err = attachStagePrograms(*best, *bestPrepared, options.freeze))
     return err;
   return std::move(*best);
