@@ -13,8 +13,8 @@
 // order lower-schedule would emit them, with the receives where
 // lower-schedule posts them, on plain arrays, and gives the same double the
 // simulator gives for the lowered plan (lowerAndSimulate, the reference the
-// tests hold it to). At P = 64, M = 256 that is about 33,000 actions,
-// a millisecond or so, where lowering and simulating take a few hundred.
+// tests hold it to). At P = 64, M = 256 that is about 33,000 actions, a few
+// milliseconds, where lowering and simulating take about half a second.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_PASSES_PREDICTSTEP_H
