@@ -62,6 +62,9 @@ struct Prepared {
   LayerGraph layers;
   /// Train mode: what tie-weights found and rewrote.
   TieReport ties;
+  /// The weights several layers read (LayerGraph::sharedWeights), once, for
+  /// the same reason.
+  std::vector<std::pair<int, std::vector<int>>> sharedWeights;
   std::map<std::string, CostTable> tables;
   std::vector<const CostTable *> rankCosts;
 };
@@ -216,6 +219,8 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   out->layers = std::move(*layers);
   if (Error err = tieStep(*out, options, runner))
     return err;
+  // After tie-weights: its copies are read by one layer each.
+  out->sharedWeights = out->layers.sharedWeights();
   for (const HardwareSpec &hw : setup.hardware) {
     auto [it, inserted] = out->tables.try_emplace(hw.name);
     if (inserted) {
@@ -434,7 +439,7 @@ LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
     lowering.inputBytes.push_back(input);
   }
   int64_t gradBytes = setup.precision == Precision::BF16 ? 2 : 4;
-  for (auto &[w, users] : layers.sharedWeights()) {
+  for (auto &[w, users] : prepared.sharedWeights) {
     std::set<int> ranks;
     for (int l : users)
       for (const ChunkPlan &c : stagePlan.chunks)
@@ -463,11 +468,18 @@ LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
   return lowering;
 }
 
+/// What a plan is built for: to be written (verified, with the other
+/// balancing methods' steps beside it), or to be compared and dropped (the
+/// alternatives and --schedule auto's candidates: only their step and memory
+/// are read; verify-program is left to the plan written, while the
+/// simulation still refuses unmatched or deadlocked streams).
+enum class BuildFor { Output, Comparison };
+
 /// lower-schedule (the schedule's compute actions, lowered to each rank's
-/// instructions), plan-memory and verify-program.
+/// instructions), plan-memory and, for a plan to output, verify-program.
 Expected<std::vector<plan::RankProgram>> programPasses(const LoweringInputs &lowering,
                                                        const ScheduleShape &shape, int stages,
-                                                       PassRunner &runner) {
+                                                       PassRunner &runner, BuildFor purpose) {
   std::vector<plan::RankProgram> programs;
   auto count = [&](auto op) {
     int n = 0;
@@ -517,6 +529,8 @@ Expected<std::vector<plan::RankProgram>> programPasses(const LoweringInputs &low
       [&](raw_ostream &os) { printMemoryPlan(programs, os); });
   if (err)
     return err;
+  if (purpose == BuildFor::Comparison)
+    return programs;
   auto sends = [&] {
     return count([](const plan::Instruction &i) { return i.op() == plan::Instruction::SEND; });
   };
@@ -574,7 +588,7 @@ Error simulateInto(plan::Plan &plan, std::vector<plan::RankProgram> programs,
 Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
                                const Setup &setup, const Prepared &prepared,
                                const ScheduleShape &shape, PassRunner &runner,
-                               bool withAlternatives = true);
+                               BuildFor purpose = BuildFor::Output);
 
 /// What balancing bought: the other methods on the same inputs, simulated
 /// the same way.
@@ -595,8 +609,8 @@ void addAlternatives(plan::Plan &plan, StringRef modelPath, const CompileOptions
     CompileOptions altOptions = options;
     altOptions.balance = alt;
     PassRunner quiet = runner.quiet();
-    auto altPlan = buildPlan(modelPath, altOptions, setup, prepared, shape, quiet,
-                             /*withAlternatives=*/false);
+    auto altPlan =
+        buildPlan(modelPath, altOptions, setup, prepared, shape, quiet, BuildFor::Comparison);
     if (!altPlan) {
       a->set_error(toString(altPlan.takeError()));
       continue;
@@ -629,8 +643,7 @@ void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first) {
 /// Balance, schedule, lower, verify and simulate one configuration.
 Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
                                const Setup &setup, const Prepared &prepared,
-                               const ScheduleShape &shape, PassRunner &runner,
-                               bool withAlternatives) {
+                               const ScheduleShape &shape, PassRunner &runner, BuildFor purpose) {
   if (Error err = checkScheduleShape(shape.kind, options.stages, shape.V, shape.M))
     return err;
   BalanceOptions balance = balanceOptions(options, setup, prepared, shape);
@@ -665,12 +678,12 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
                                 "gradients are all-reduced",
                                 StringRef(ar.group).drop_front(5), ar.ranks.size())
                             .str());
-  auto programs = programPasses(lowering, shape, options.stages, runner);
+  auto programs = programPasses(lowering, shape, options.stages, runner, purpose);
   if (!programs)
     return programs.takeError();
   if (Error err = simulateInto(plan, std::move(*programs), *stagePlan, options.stages))
     return err;
-  if (withAlternatives)
+  if (purpose == BuildFor::Output)
     addAlternatives(plan, modelPath, options, setup, prepared, shape, runner);
   addWarnings(plan, prepared.graph, *prepared.rankCosts[0]);
   if (prepared.backward)
@@ -858,7 +871,9 @@ Expected<plan::Plan> Compilation::autoSchedule() {
                                        {ScheduleKind::ZBH2, 1},        {ScheduleKind::ZBV, 2},
                                        {ScheduleKind::DualPipeV, 2}};
   std::vector<AutoCandidate> tried;
-  std::optional<plan::Plan> best;
+  // Only the winner's shape is kept: its plan is built again below with the
+  // passes shown, so a candidate's plan is dropped as soon as it is read.
+  std::optional<double> bestStep;
   const Prepared *bestPrepared = nullptr;
   ScheduleShape bestShape;
   std::string bestText;
@@ -884,8 +899,8 @@ Expected<plan::Plan> Compilation::autoSchedule() {
         return prepared.takeError();
       // The balancing alternatives are built for the winner alone, below.
       ScheduleShape shape{c.kind, c.V, microbatches, *size};
-      auto candidate = buildPlan(modelPath, options, setup, **prepared, shape, quietBack,
-                                 /*withAlternatives=*/false);
+      auto candidate =
+          buildPlan(modelPath, options, setup, **prepared, shape, quietBack, BuildFor::Comparison);
       if (!candidate) {
         entry.error = "lost: no plan: " + toString(candidate.takeError());
         tried.push_back(entry);
@@ -906,14 +921,14 @@ Expected<plan::Plan> Compilation::autoSchedule() {
           entry.overRank = r.index(), entry.overBytes = r.peak_memory_bytes(),
           entry.overLimit = r.memory_limit_bytes();
       tried.push_back(entry);
-      if (entry.fits && (!best || entry.step < best->predicted().step_time_s())) {
-        best = std::move(*candidate);
+      if (entry.fits && (!bestStep || entry.step < *bestStep)) {
+        bestStep = entry.step;
         bestPrepared = *prepared;
         bestText = entry.name;
         bestShape = shape;
       }
     }
-  if (!best) {
+  if (!bestStep) {
     std::vector<std::string> lines;
     for (const AutoCandidate &t : tried)
       lines.push_back(t.explain(0));
@@ -932,20 +947,19 @@ Expected<plan::Plan> Compilation::autoSchedule() {
     shown = std::move(*made);
     bestPrepared = shown.get();
   }
-  auto full = buildPlan(modelPath, options, setup, *bestPrepared, bestShape, runner);
-  if (!full)
-    return full.takeError();
-  best = std::move(*full);
-  double bestStep = best->predicted().step_time_s();
+  auto best = buildPlan(modelPath, options, setup, *bestPrepared, bestShape, runner);
+  if (!best)
+    return best.takeError();
+  double chosenStep = best->predicted().step_time_s();
   int fitting = static_cast<int>(
       std::count_if(tried.begin(), tried.end(), [](const AutoCandidate &t) { return t.fits; }));
   best->add_schedule_search(formatv("chose {0}: step {1}, the least simulated step of the {2} "
                                     "candidates that fit the memory limits ({3} tried)",
-                                    bestText, formatSeconds(bestStep), fitting, tried.size())
+                                    bestText, formatSeconds(chosenStep), fitting, tried.size())
                                 .str());
   for (const AutoCandidate &t : tried)
-    best->add_schedule_search(t.name == bestText ? t.explain(bestStep) + ": chosen"
-                                                 : t.explain(bestStep));
+    best->add_schedule_search(t.name == bestText ? t.explain(chosenStep) + ": chosen"
+                                                 : t.explain(chosenStep));
   if (Error err = attachStagePrograms(*best, *bestPrepared, options.freeze))
     return err;
   return std::move(*best);

@@ -40,6 +40,8 @@ public:
   ChunkCosts(const LayerGraph &lg, const BalanceOptions &options)
       : lg(lg), options(options), layers(static_cast<int>(lg.layers.size())),
         chunks(options.stages * options.virtualStages) {
+    for (int k = 0; k < chunks; ++k)
+      chunkRank.push_back(rankOfChunk(options.schedule, options.stages, options.virtualStages, k));
     // One prefix table per distinct cost table.
     for (const CostTable *table : options.rankCosts) {
       if (tableIndex.count(table))
@@ -76,14 +78,21 @@ public:
     } else {
       consumeError(schedule.takeError());
     }
+    // The DPs ask for chunk times O(K L^2) times: each chunk's rank, prefix
+    // table and send time at every cut, looked up once.
+    for (int k = 0; k < chunks; ++k) {
+      chunkPrefix.push_back(&prefix[tableIndex.at(options.rankCosts[chunkRank[k]])]);
+      std::vector<double> sends(layers + 1, 0);
+      for (int j = 1; j < layers; ++j)
+        sends[j] = sendTime(k, j);
+      chunkSend.push_back(std::move(sends));
+    }
   }
 
   int layerCount() const { return layers; }
   int chunkCount() const { return chunks; }
 
-  int rankOf(int chunk) const {
-    return rankOfChunk(options.schedule, options.stages, options.virtualStages, chunk);
-  }
+  int rankOf(int chunk) const { return chunkRank[chunk]; }
 
   /// Parameters of layers [i, j), a shared weight counted once.
   int64_t paramsOf(int i, int j) const {
@@ -99,7 +108,7 @@ public:
   }
 
   double computeTime(int chunk, int i, int j, int pass) const {
-    const auto &p = prefix[tableIndex.at(options.rankCosts[rankOf(chunk)])];
+    const auto &p = *chunkPrefix[chunk];
     return p[pass][j] - p[pass][i];
   }
 
@@ -107,14 +116,7 @@ public:
   double commTime(int chunk, int j) const {
     if (j <= 0 || j >= layers || chunk + 1 >= chunks)
       return 0;
-    int from = rankOf(chunk), to = rankOf(chunk + 1);
-    if (from == to)
-      return 0;
-    const HardwareSpec &hw = options.rankHardware[from];
-    bool sameNode = from / std::max(1, hw.devicesPerNode) == to / std::max(1, hw.devicesPerNode);
-    const LinkSpec &link = sameNode ? hw.intraNode : hw.interNode;
-    int64_t bytes = options.rankCosts[from]->layers[j - 1].boundaryBytes;
-    return link.transferTime(bytes) * (options.training.training ? 2 : 1);
+    return chunkSend[chunk][j];
   }
 
   double time(int chunk, int i, int j) const {
@@ -173,6 +175,19 @@ public:
 
 private:
   bool passCounts(int pass) const { return options.training.training || pass == 0; }
+  /// commTime, computed.
+  double sendTime(int chunk, int j) const {
+    if (j <= 0 || j >= layers || chunk + 1 >= chunks)
+      return 0;
+    int from = rankOf(chunk), to = rankOf(chunk + 1);
+    if (from == to)
+      return 0;
+    const HardwareSpec &hw = options.rankHardware[from];
+    bool sameNode = from / std::max(1, hw.devicesPerNode) == to / std::max(1, hw.devicesPerNode);
+    const LinkSpec &link = sameNode ? hw.intraNode : hw.interNode;
+    int64_t bytes = options.rankCosts[from]->layers[j - 1].boundaryBytes;
+    return link.transferTime(bytes) * (options.training.training ? 2 : 1);
+  }
 
   const LayerGraph &lg;
   const BalanceOptions &options;
@@ -183,6 +198,11 @@ private:
   std::vector<std::pair<int64_t, std::vector<int>>> shared;
   /// Per global chunk: microbatches of activations held at the peak.
   std::vector<int64_t> held;
+  /// Per global chunk: its rank, its rank's prefix table, and commTime at
+  /// each cut.
+  std::vector<int> chunkRank;
+  std::vector<const std::array<std::vector<double>, 3> *> chunkPrefix;
+  std::vector<std::vector<double>> chunkSend;
 };
 
 using ChunkCost = std::function<double(int, int, int)>;

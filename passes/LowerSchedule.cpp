@@ -103,7 +103,8 @@ private:
   Block blockOf(const Action &a, int r) const;
   Expected<std::vector<std::vector<Block>>> makeBlocks() const;
   Error orderReceives(std::vector<std::vector<Block>> &blocks) const;
-  Expected<plan::RankProgram> flatten(int r, const std::vector<Block> &blocks) const;
+  /// Moves the instructions out of \p blocks.
+  Expected<plan::RankProgram> flatten(int r, std::vector<Block> &blocks) const;
 
   const Schedule &schedule;
   const LoweringInputs &in;
@@ -230,12 +231,12 @@ Error Lowering::orderReceives(std::vector<std::vector<Block>> &blocks) const {
 
 /// Phase 3: rank \p r's blocks flattened, its buffers numbered with their
 /// lifetimes, then the all-reduces and the optimizer step.
-Expected<plan::RankProgram> Lowering::flatten(int r, const std::vector<Block> &blocks) const {
+Expected<plan::RankProgram> Lowering::flatten(int r, std::vector<Block> &blocks) const {
   plan::RankProgram prog;
   prog.set_rank(r);
   std::map<std::tuple<int, int, bool>, int> live; // (stage, mb, rebuilt) -> buffer
-  auto append = [&](const plan::Instruction &ins) {
-    *prog.add_instructions() = ins;
+  auto append = [&](plan::Instruction &&ins) {
+    *prog.add_instructions() = std::move(ins);
     return prog.instructions_size() - 1;
   };
   auto allocate = [&](int at, int stage, int mb, int64_t bytes, bool rebuilt) {
@@ -251,10 +252,11 @@ Expected<plan::RankProgram> Lowering::flatten(int r, const std::vector<Block> &b
   };
   for (size_t a = 0; a < blocks.size(); ++a) {
     prog.add_actions(formatAction(schedule.ranks[r][a]));
-    for (const plan::Instruction &ins : blocks[a].early)
-      append(ins);
-    for (const plan::Instruction &ins : blocks[a].body) {
-      int at = append(ins);
+    for (plan::Instruction &ins : blocks[a].early)
+      append(std::move(ins));
+    for (plan::Instruction &body : blocks[a].body) {
+      int at = append(std::move(body));
+      const plan::Instruction &ins = prog.instructions(at);
       int s = ins.stage(), m = ins.microbatch();
       if (ins.op() == Op::FORWARD)
         allocate(at, s, m, in.recompute ? in.inputBytes[s] : in.activationBytes[s], false);
@@ -272,8 +274,9 @@ Expected<plan::RankProgram> Lowering::flatten(int r, const std::vector<Block> &b
         live.erase(it);
       }
     }
-    for (const plan::Instruction &ins : blocks[a].sends) {
-      int at = append(ins);
+    for (plan::Instruction &send : blocks[a].sends) {
+      int at = append(std::move(send));
+      const plan::Instruction &ins = prog.instructions(at);
       if (ins.op() == Op::FREE) {
         auto it = live.find({ins.stage(), ins.microbatch(), false});
         if (it != live.end()) {
@@ -293,7 +296,7 @@ Expected<plan::RankProgram> Lowering::flatten(int r, const std::vector<Block> &b
       for (int rank : ar.ranks)
         i.add_ranks(rank);
       i.set_bytes(ar.bytes);
-      append(i);
+      append(std::move(i));
     }
     append(makeInstruction(Op::OPTIMIZER_STEP, -1, -1));
   }

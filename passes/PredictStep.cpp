@@ -4,6 +4,10 @@
 
 #include "llvm/Support/FormatVariadic.h"
 
+#include <array>
+#include <cmath>
+#include <limits>
+
 using namespace llvm;
 
 namespace pipec {
@@ -71,7 +75,279 @@ StepPredictor::StepPredictor(const BalanceOptions &options) : options(options) {
     hardware.push_back(hardwareInfo(hw, options.training.mixedPrecision));
 }
 
+namespace {
+
+/// What simulatePlan charges to move \p bytes from rank \p from to rank \p to
+/// (the link of the sender's hardware), computed the same way.
+double linkTime(const std::vector<plan::HardwareInfo> &hardware, int from, int to, int64_t bytes) {
+  const plan::HardwareInfo &hw = hardware[std::min<size_t>(from, hardware.size() - 1)];
+  int perNode = std::max(1, hw.devices_per_node());
+  const plan::LinkInfo &l = from / perNode == to / perNode ? hw.intra_node() : hw.inter_node();
+  if (bytes <= 0 || l.bandwidth() <= 0)
+    return 0.0;
+  return l.latency_s() + static_cast<double>(bytes) / l.bandwidth();
+}
+
+/// The step simulatePlan predicts for the programs lower-schedule makes of a
+/// schedule and lowering inputs, computed on plain arrays without building
+/// them. The simulator's semantics reduce to a data flow over each rank's
+/// compute actions: an action starts when its rank is free and the tensors
+/// it receives have arrived; a transfer starts when both its SEND (after
+/// the producing action) and its RECV are posted, and lower-schedule posts a
+/// RECV at the start of the action it was moved to (orderReceives: the
+/// least natural position among the later sends of the same channel). LOAD
+/// and FREE take no time; the all-reduces and the optimizer step follow the
+/// last action. Every sum and maximum is the simulator's, so the result is
+/// the same double; StepPredictorTest checks it against lowerAndSimulate.
+class StreamTimer {
+public:
+  StreamTimer(const Schedule &schedule, const LoweringInputs &in, const StagePlan &stagePlan,
+              const std::vector<plan::HardwareInfo> &hardware, int dataParallel)
+      : schedule(schedule), in(in), stagePlan(stagePlan), hardware(hardware),
+        dataParallel(dataParallel), P(schedule.stages), K(schedule.stages * schedule.virtualStages),
+        M(schedule.microbatches) {}
+
+  Expected<double> run();
+
+private:
+  /// One compute action with what it waits for and what it sends.
+  struct Block {
+    int needKey = -1, sendKey = -1;
+    double recompute = -1; ///< the RECOMPUTE before it, when there is one
+    double duration = 0;
+  };
+
+  int rankOf(int stage) const {
+    return rankOfChunk(schedule.kind, P, schedule.virtualStages, stage);
+  }
+  /// Transfers are keyed by (boundary, microbatch, gradient).
+  int keyOf(int boundary, int mb, bool grad) const { return (boundary * M + mb) * 2 + grad; }
+  Error makeBlocks();
+  Error placeReceives();
+  Expected<bool> advance(int r);
+  double allReduceTime(int r, const LoweringInputs::AllReduce &ar) const;
+
+  const Schedule &schedule;
+  const LoweringInputs &in;
+  const StagePlan &stagePlan;
+  const std::vector<plan::HardwareInfo> &hardware;
+  int dataParallel, P, K, M;
+
+  /// Per boundary and direction (0 activations, 1 gradients): the longest
+  /// of its tensors' transfers, or -1 when nothing crosses.
+  std::vector<std::array<double, 2>> crossing;
+  /// Per rank, its blocks at offset[r] .. offset[r + 1] of blocks.
+  std::vector<Block> blocks;
+  std::vector<int> offset;
+  /// Per key: the block (rank-local) that needs it and the one whose start
+  /// posts its RECV; when its SEND was posted (NaN before).
+  std::vector<int> natural, recvAt;
+  std::vector<double> sendPost;
+  /// Per rank: the next block, the clock, when each block started, when
+  /// its last send ends and the latest arrival.
+  std::vector<int> pc;
+  std::vector<double> clock, blockStart, sendsDone, lastArrival;
+};
+
+Error StreamTimer::makeBlocks() {
+  if (static_cast<int>(in.sendTensors.size()) != K || static_cast<int>(in.hasGradient.size()) != K)
+    return createStringError(inconvertibleErrorCode(),
+                             "lower-schedule: boundary tensors for %d stages are needed", K);
+  crossing.assign(K, {-1.0, -1.0});
+  for (int s = 0; s + 1 < K; ++s) {
+    int from = rankOf(s), to = rankOf(s + 1);
+    if (from == to)
+      continue;
+    for (size_t t = 0; t < in.sendTensors[s].size(); ++t) {
+      int64_t bytes = in.sendTensors[s][t].bytes();
+      crossing[s][0] = std::max(crossing[s][0], linkTime(hardware, from, to, bytes));
+      if (in.hasGradient[s][t])
+        crossing[s][1] = std::max(crossing[s][1], linkTime(hardware, to, from, bytes));
+    }
+  }
+  offset.assign(1, 0);
+  natural.assign(static_cast<size_t>(K) * M * 2, -1);
+  for (int r = 0; r < P; ++r) {
+    for (const Action &a : schedule.ranks[r]) {
+      int s = a.stage, m = a.microbatch;
+      if (s < 0 || s >= K || m < 0 || m >= M || rankOf(s) != r)
+        return createStringError(inconvertibleErrorCode(),
+                                 "lower-schedule: rank %d was given action %s", r,
+                                 formatAction(a).c_str());
+      const ChunkPlan &c = stagePlan.chunks[s];
+      Block b;
+      bool hasNext = s + 1 < K && rankOf(s + 1) != r, hasPrev = s > 0 && rankOf(s - 1) != r;
+      switch (a.kind) {
+      case ActionKind::F:
+        b.duration = c.time[Forward];
+        if (hasPrev && crossing[s - 1][0] >= 0)
+          b.needKey = keyOf(s - 1, m, false);
+        if (hasNext && crossing[s][0] >= 0)
+          b.sendKey = keyOf(s, m, false);
+        break;
+      case ActionKind::B:
+      case ActionKind::I:
+        b.duration = a.kind == ActionKind::B ? c.time[BackwardInput] + c.time[BackwardWeight]
+                                             : c.time[BackwardInput];
+        if (in.recompute)
+          b.recompute = c.time[Forward];
+        if (hasNext && crossing[s][1] >= 0)
+          b.needKey = keyOf(s, m, true);
+        if (hasPrev && crossing[s - 1][1] >= 0)
+          b.sendKey = keyOf(s - 1, m, true);
+        break;
+      case ActionKind::W:
+        b.duration = c.time[BackwardWeight];
+        break;
+      }
+      if (b.needKey >= 0)
+        natural[b.needKey] = static_cast<int>(blocks.size()) - offset[r];
+      blocks.push_back(b);
+    }
+    offset.push_back(static_cast<int>(blocks.size()));
+  }
+  return Error::success();
+}
+
+/// lower-schedule's orderReceives: on each channel, a RECV is posted at the
+/// least natural position of its own and every later send's.
+Error StreamTimer::placeReceives() {
+  recvAt.assign(natural.size(), -1);
+  std::vector<int> least(P);
+  for (int src = 0; src < P; ++src) {
+    std::fill(least.begin(), least.end(), std::numeric_limits<int>::max());
+    for (int b = offset[src + 1] - 1; b >= offset[src]; --b) {
+      int key = blocks[b].sendKey;
+      if (key < 0)
+        continue;
+      int boundary = key / 2 / M;
+      int dst = key % 2 ? rankOf(boundary) : rankOf(boundary + 1);
+      if (natural[key] < 0)
+        return createStringError(inconvertibleErrorCode(),
+                                 "lower-schedule: rank %d never receives a tensor rank %d sends",
+                                 dst, src);
+      least[dst] = std::min(least[dst], natural[key]);
+      recvAt[key] = least[dst];
+    }
+  }
+  return Error::success();
+}
+
+/// Runs rank \p r's actions until one waits for a send not yet posted;
+/// returns whether it moved.
+Expected<bool> StreamTimer::advance(int r) {
+  bool moved = false;
+  for (; pc[r] < offset[r + 1] - offset[r]; ++pc[r]) {
+    const Block &b = blocks[offset[r] + pc[r]];
+    blockStart[offset[r] + pc[r]] = clock[r];
+    double ready = 0;
+    if (b.needKey >= 0) {
+      if (std::isnan(sendPost[b.needKey]))
+        return moved;
+      int boundary = b.needKey / 2 / M;
+      bool grad = b.needKey % 2;
+      int sender = grad ? rankOf(boundary + 1) : rankOf(boundary);
+      double start = std::max(sendPost[b.needKey], blockStart[offset[r] + recvAt[b.needKey]]);
+      double arrival = start + crossing[boundary][grad];
+      sendsDone[sender] = std::max(sendsDone[sender], arrival);
+      lastArrival[r] = std::max(lastArrival[r], arrival);
+      ready = std::max(ready, arrival);
+    }
+    if (b.recompute >= 0)
+      clock[r] = clock[r] + b.recompute;
+    clock[r] = std::max(clock[r], ready) + b.duration;
+    if (b.sendKey >= 0)
+      sendPost[b.sendKey] = clock[r];
+    moved = true;
+  }
+  return moved;
+}
+
+double StreamTimer::allReduceTime(int r, const LoweringInputs::AllReduce &ar) const {
+  // simulatePlan's ring: 2 (n - 1) steps of bytes / n each.
+  bool dp = ar.group == "dp";
+  int n = dp ? std::max(1, dataParallel) : std::max(1, static_cast<int>(ar.ranks.size()));
+  if (n <= 1)
+    return 0.0;
+  int64_t chunk = ar.bytes / n;
+  if (dp) {
+    const plan::LinkInfo &l = hardware[std::min<size_t>(r, hardware.size() - 1)].inter_node();
+    return l.bandwidth() > 0
+               ? 2.0 * (n - 1) * (l.latency_s() + static_cast<double>(chunk) / l.bandwidth())
+               : 0.0;
+  }
+  int other = ar.ranks[0] == r ? ar.ranks[1] : ar.ranks[0];
+  return 2.0 * (n - 1) * linkTime(hardware, r, other, chunk);
+}
+
+Expected<double> StreamTimer::run() {
+  if (static_cast<int>(stagePlan.chunks.size()) != K || hardware.empty())
+    return createStringError(inconvertibleErrorCode(),
+                             "predict-step: the plan has %zu chunks, the schedule %d",
+                             stagePlan.chunks.size(), K);
+  if (Error err = makeBlocks())
+    return err;
+  if (Error err = placeReceives())
+    return err;
+  sendPost.assign(natural.size(), std::numeric_limits<double>::quiet_NaN());
+  pc.assign(P, 0);
+  clock.assign(P, 0);
+  sendsDone.assign(P, 0);
+  lastArrival.assign(P, 0);
+  blockStart.assign(blocks.size(), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < P; ++r) {
+      auto moved = advance(r);
+      if (!moved)
+        return moved.takeError();
+      progress |= *moved;
+    }
+  }
+  for (int r = 0; r < P; ++r)
+    if (pc[r] < offset[r + 1] - offset[r])
+      return createStringError(inconvertibleErrorCode(),
+                               "deadlock under blocking point-to-point semantics: rank %d waits "
+                               "before action %s",
+                               r, formatAction(schedule.ranks[r][pc[r]]).c_str());
+  if (in.training) {
+    for (const LoweringInputs::AllReduce &ar : in.allReduces) {
+      double start = 0;
+      for (int r : ar.ranks)
+        if (r < 0 || r >= P)
+          return createStringError(inconvertibleErrorCode(), "all-reduce %s names rank %d",
+                                   ar.group.c_str(), r);
+        else
+          start = std::max(start, clock[r]);
+      for (int r : ar.ranks)
+        clock[r] = start + allReduceTime(r, ar);
+    }
+    for (int r = 0; r < P; ++r) {
+      const plan::HardwareInfo &hw = hardware[std::min<size_t>(r, hardware.size() - 1)];
+      double optimizer = 0.0;
+      if (r < static_cast<int>(stagePlan.ranks.size()) && hw.memory_bandwidth() > 0)
+        optimizer =
+            2.0 * static_cast<double>(stagePlan.ranks[r].weightBytes) / hw.memory_bandwidth();
+      clock[r] = std::max(clock[r], lastArrival[r]) + optimizer;
+    }
+  }
+  double step = 0;
+  for (int r = 0; r < P; ++r)
+    step = std::max(step, std::max(clock[r], sendsDone[r]));
+  return step;
+}
+
+} // namespace
+
 Expected<double> StepPredictor::operator()(const StagePlan &stagePlan) const {
+  if (!schedule)
+    return createStringError(inconvertibleErrorCode(), "%s", scheduleError.c_str());
+  LoweringInputs inputs =
+      options.lowering ? options.lowering(stagePlan) : defaultLoweringInputs(stagePlan, options);
+  return StreamTimer(*schedule, inputs, stagePlan, hardware, options.dataParallel).run();
+}
+
+Expected<double> StepPredictor::lowerAndSimulate(const StagePlan &stagePlan) const {
   if (!schedule)
     return createStringError(inconvertibleErrorCode(), "%s", scheduleError.c_str());
   LoweringInputs inputs =
