@@ -113,7 +113,13 @@ std::string shapeString(ArrayRef<int64_t> shape) {
 // Tensor
 //===----------------------------------------------------------------------===//
 
-Tensor::Tensor(DType type, std::vector<int64_t> shape)
+Tensor::Tensor(DType type, std::vector<int64_t> shape) : Tensor(type, std::move(shape), true) {}
+
+Tensor Tensor::uninitialized(DType type, std::vector<int64_t> shape) {
+  return Tensor(type, std::move(shape), false);
+}
+
+Tensor::Tensor(DType type, std::vector<int64_t> shape, bool zero)
     : type(type), dims(std::move(shape)), count(numElementsOf(dims)) {
   assert(llvm::all_of(dims, [](int64_t d) { return d >= 0; }) && "negative dimension");
   // 64-byte alignment suits SIMD loads and BLAS; never allocate zero bytes.
@@ -121,7 +127,8 @@ Tensor::Tensor(DType type, std::vector<int64_t> shape)
   void *memory = std::aligned_alloc(64, bytes);
   if (!memory)
     throw AllocationFailure(static_cast<int64_t>(bytes), shapeString(dims));
-  std::memset(memory, 0, bytes);
+  if (zero)
+    std::memset(memory, 0, bytes);
   storage = std::shared_ptr<void>(memory, [](void *p) { std::free(p); });
 }
 

@@ -173,6 +173,9 @@ public:
   /// A zero-filled tensor. Dimensions must be >= 0. Throws
   /// AllocationFailure when the memory cannot be had.
   Tensor(DType type, std::vector<int64_t> shape);
+  /// A tensor whose elements are not set: for a kernel's output that the
+  /// kernel writes whole (zeroing it first costs a pass over memory).
+  static Tensor uninitialized(DType type, std::vector<int64_t> shape);
 
   /// A tensor holding \p values (row-major, size must match \p shape), of
   /// element type \p type, which must be stored as T (Float16 takes floats).
@@ -251,6 +254,8 @@ public:
   std::string describe() const;
 
 private:
+  Tensor(DType type, std::vector<int64_t> shape, bool zero);
+
   DType type = DType::F32;
   std::vector<int64_t> dims;
   int64_t count = 0;

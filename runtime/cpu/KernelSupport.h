@@ -93,7 +93,7 @@ void forEachStrided(llvm::ArrayRef<int64_t> outShape, const std::array<Shape, N>
 
 /// Reads \p in (storage type T) broadcast to \p outShape into a new tensor.
 template <typename T> Tensor expandTo(const Tensor &in, llvm::ArrayRef<int64_t> outShape) {
-  Tensor out(in.elemType(), outShape);
+  Tensor out = Tensor::uninitialized(in.elemType(), outShape); // every element is written
   const T *src = in.data<T>();
   T *dst = out.data<T>();
   if (llvm::ArrayRef<int64_t>(in.shape()) == outShape) {
@@ -114,7 +114,7 @@ inline Tensor expandAny(const Tensor &in, llvm::ArrayRef<int64_t> outShape) {
 template <typename TA, typename TB, typename TO, typename Fn>
 Tensor broadcastBinary(const Tensor &a, const Tensor &b, DType outType,
                        llvm::ArrayRef<int64_t> outShape, Fn &&fn) {
-  Tensor out(outType, outShape);
+  Tensor out = Tensor::uninitialized(outType, outShape); // every element is written
   const TA *pa = a.data<TA>();
   const TB *pb = b.data<TB>();
   TO *po = out.data<TO>();

@@ -56,7 +56,10 @@ Expected<Outputs> matMul(const OpContext &ctx) {
     if constexpr (isBool<T>) {
       return ctx.unsupportedType(a, 0);
     } else {
-      Tensor out(a.elemType(), outShape);
+      // The products write every element (beta 0), but for k = 0 the BLAS
+      // is not called: zeros then.
+      Tensor out =
+          k > 0 ? Tensor::uninitialized(a.elemType(), outShape) : Tensor(a.elemType(), outShape);
       const T *pa = a.data<T>(), *pb = b.data<T>();
       T *po = out.data<T>();
       if (product(bBatch) == 1 && Shape(aBatch) == *batch) {

@@ -25,10 +25,45 @@ namespace pipec::cpu {
 
 namespace {
 
+/// Softmax or log-softmax of contiguous float rows (the last axis): the
+/// exponentials in float, in loops that vectorise, their sum in double.
+void softmaxRows(const float *x, float *y, AxisSplit split, bool logarithm) {
+  int64_t size = split.size;
+  parallelFor(split.outer, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const float *in = x + row * size;
+      float *out = y + row * size;
+      float maxValue = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < size; ++j)
+        maxValue = in[j] > maxValue ? in[j] : maxValue;
+      if (logarithm) {
+        double sum = 0;
+        for (int64_t j = 0; j < size; ++j)
+          sum += kernels::floatmath::exp(in[j] - maxValue);
+        float logSum = static_cast<float>(std::log(sum));
+        for (int64_t j = 0; j < size; ++j)
+          out[j] = (in[j] - maxValue) - logSum;
+        continue;
+      }
+      for (int64_t j = 0; j < size; ++j)
+        out[j] = kernels::floatmath::exp(in[j] - maxValue);
+      double sum = 0;
+      for (int64_t j = 0; j < size; ++j)
+        sum += out[j];
+      float scale = static_cast<float>(1 / sum);
+      for (int64_t j = 0; j < size; ++j)
+        out[j] *= scale;
+    }
+  });
+}
+
 /// Softmax or log-softmax of \p x along the middle dimension of \p split.
 /// Sums run in double; each exponential is computed once, in float for
 /// float rows.
 template <typename T> void softmaxAlong(const T *x, T *y, AxisSplit split, bool logarithm) {
+  if constexpr (std::is_same_v<T, float>)
+    if (split.inner == 1)
+      return softmaxRows(x, y, split, logarithm);
   // Rows are independent: the rank's loop threads take runs of them.
   parallelFor(split.outer * split.inner, 16, [&](int64_t begin, int64_t end) {
     std::vector<double> shifted(split.size);
@@ -76,7 +111,7 @@ template <bool Logarithm> Expected<Outputs> softmax(const OpContext &ctx) {
     split = {split.outer, split.size * split.inner, 1};
   return onFloat(ctx, x, 0, [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
-    Tensor y(x.elemType(), x.shape());
+    Tensor y = Tensor::uninitialized(x.elemType(), x.shape()); // every row is written
     softmaxAlong(x.data<T>(), y.data<T>(), split, logarithm);
     return Outputs{y};
   });
@@ -121,7 +156,7 @@ Expected<Outputs> layerNormalization(const OpContext &ctx) {
     using T = decltype(tag);
     Tensor gamma = expandTo<T>(scale, normShape);
     Tensor beta = bias ? expandTo<T>(*bias, normShape) : Tensor(x.elemType(), normShape);
-    Tensor y(x.elemType(), x.shape());
+    Tensor y = Tensor::uninitialized(x.elemType(), x.shape()); // every row is written
     const T *g = gamma.data<T>(), *bb = beta.data<T>();
     parallelFor(outer, 8, [&](int64_t begin, int64_t end) {
       for (int64_t o = begin; o < end; ++o) {

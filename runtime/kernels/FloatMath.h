@@ -31,18 +31,17 @@ inline float powerOfTwo(int32_t n) {
   return f;
 }
 
-/// e^x, within 2 ulp; +inf above 88.72, 0 below -103.98 and subnormal
-/// between.
+/// e^x: +inf from 88.72 on, 0 below -103.98, subnormal between. Branch-free
+/// (selects, no early returns), so that loops over it vectorise.
 inline float exp(float x) {
-  if (!(x < 88.7228394f)) // NaN, or too large for a float
-    return x != x ? x : __builtin_inff();
-  if (x < -103.972084f)
-    return 0.0f;
-  // n = round(x / ln2) by the 1.5 * 2^23 trick (no rounding call).
+  const float high = 88.7228394f, low = -103.972084f;
+  float c = x < low ? low : x;
+  c = c > high ? high : c;
+  // n = round(c / ln2) by the 1.5 * 2^23 trick (no rounding call).
   const float shifter = 12582912.0f;
-  float n = (x * 1.44269504088896341f + shifter) - shifter;
-  // r = x - n ln2 in two steps; n * 0.693359375 is exact (9 + 8 bits).
-  float r = x - n * 0.693359375f;
+  float n = (c * 1.44269504088896341f + shifter) - shifter;
+  // r = c - n ln2 in two steps; n * 0.693359375 is exact (9 + 8 bits).
+  float r = c - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -54,31 +53,29 @@ inline float exp(float x) {
   // Scale by 2^n in two halves, so that subnormal results and n = 128 work.
   int32_t k = static_cast<int32_t>(n);
   int32_t half = k / 2;
-  return p * powerOfTwo(half) * powerOfTwo(k - half);
+  float y = p * powerOfTwo(half) * powerOfTwo(k - half);
+  y = x < low ? 0.0f : y;
+  y = x >= high ? __builtin_inff() : y;
+  return x != x ? x : y;
 }
 
-/// tanh(x), within 2 ulp; odd, +-1 beyond |x| = 9.1.
+/// tanh(x): odd, +-1 beyond |x| = 9.1. Branch-free, as exp.
 inline float tanh(float x) {
   float a = x < 0 ? -x : x;
-  float y;
-  if (x == 0)
-    return x; // keeps -0
-  if (a < 0.625f) {
-    float z = x * x;
-    float p = -5.70498872745e-3f;
-    p = p * z + 2.06390887954e-2f;
-    p = p * z - 5.37397155531e-2f;
-    p = p * z + 1.33314422036e-1f;
-    p = p * z - 3.33332819422e-1f;
-    return p * z * x + x;
-  }
-  if (a > 9.1f) // including +-inf; tanh(9.1) rounds to 1
-    y = 1.0f;
-  else if (a == a)
-    y = 1.0f - 2.0f / (floatmath::exp(a + a) + 1.0f);
-  else
-    return x; // NaN
-  return x < 0 ? -y : y;
+  float z = x * x;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  float small = p * z * x + x;
+  // tanh(9.1) rounds to 1.
+  float e = floatmath::exp(2.0f * (a < 9.1f ? a : 9.1f));
+  float large = a < 9.1f ? 1.0f - 2.0f / (e + 1.0f) : 1.0f;
+  large = x < 0 ? -large : large;
+  float y = a < 0.625f ? small : large;
+  y = x == 0 ? x : y; // keeps -0
+  return x != x ? x : y;
 }
 
 } // namespace pipec::kernels::floatmath
