@@ -20,6 +20,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
+#include <type_traits>
 
 using namespace llvm;
 
@@ -152,6 +154,38 @@ Expected<std::vector<Tensor>> crossEntropyGrad(const onnx::NodeProto &node,
     Tensor dx(scores.elemType(), scores.shape());
     const T *ps = scores.data<T>();
     T *px = dx.data<T>();
+    if constexpr (std::is_same_v<T, float>) {
+      if (inner == 1) {
+        for (int64_t label : lab)
+          if (!(ignoreAttr && label == ignoreAttr->i()) && (label < 0 || label >= c))
+            return fail(node, "label " + Twine(label) + " out of range [0, " + Twine(c) + ")");
+        // Rows of classes (a language model's tokens): the rank's loop
+        // threads take runs of rows; the exponentials in float, in loops
+        // that vectorise, their sum in double.
+        parallelFor(n, 4, [&](int64_t begin, int64_t end) {
+          for (int64_t b = begin; b < end; ++b) {
+            int64_t label = lab[b];
+            if (ignoreAttr && label == ignoreAttr->i())
+              continue;
+            const float *row = ps + b * c;
+            float *out = px + b * c;
+            float maxV = -std::numeric_limits<float>::infinity();
+            for (int64_t k = 0; k < c; ++k)
+              maxV = row[k] > maxV ? row[k] : maxV;
+            for (int64_t k = 0; k < c; ++k)
+              out[k] = kernels::floatmath::exp(row[k] - maxV);
+            double sum = 0;
+            for (int64_t k = 0; k < c; ++k)
+              sum += out[k];
+            float factor = static_cast<float>(scale / sum);
+            for (int64_t k = 0; k < c; ++k)
+              out[k] *= factor;
+            out[label] = static_cast<float>(double(out[label]) - scale);
+          }
+        });
+        return std::vector<Tensor>{dx};
+      }
+    }
     for (int64_t b = 0; b < n; ++b)
       for (int64_t in = 0; in < inner; ++in) {
         int64_t label = lab[b * inner + in];
