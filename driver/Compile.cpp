@@ -20,7 +20,7 @@
 #include "onnx/onnx_pb.h"
 
 #include "llvm/ADT/StringExtras.h"
-#include "llvm/ADT/StringSwitch.h"
+#include "llvm/Support/BuryPointer.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 
@@ -215,18 +215,11 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   return out;
 }
 
-/// What a plan is built for: to be written (verified, with the other
-/// balancing methods' steps beside it), or to be compared and dropped (the
-/// alternatives and --schedule auto's candidates: only their step and memory
-/// are read; verify-program is left to the plan written, while the
-/// simulation still refuses unmatched or deadlocked streams).
-enum class BuildFor { Output, Comparison };
-
 /// lower-schedule (the schedule's compute actions, lowered to each rank's
-/// instructions), plan-memory and, for a plan to output, verify-program.
+/// instructions), plan-memory and verify-program.
 Expected<std::vector<plan::RankProgram>> programPasses(const LoweringInputs &lowering,
                                                        const ScheduleShape &shape, int stages,
-                                                       PassRunner &runner, BuildFor purpose) {
+                                                       PassRunner &runner) {
   std::vector<plan::RankProgram> programs;
   auto count = [&](auto op) {
     int n = 0;
@@ -276,8 +269,6 @@ Expected<std::vector<plan::RankProgram>> programPasses(const LoweringInputs &low
       [&](raw_ostream &os) { printMemoryPlan(programs, os); });
   if (err)
     return err;
-  if (purpose == BuildFor::Comparison)
-    return programs;
   auto sends = [&] {
     return count([](const plan::Instruction &i) { return i.op() == plan::Instruction::SEND; });
   };
@@ -332,51 +323,9 @@ Error simulateInto(plan::Plan &plan, std::vector<plan::RankProgram> programs,
   return Error::success();
 }
 
-Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
-                               const Setup &setup, const Prepared &prepared,
-                               const ScheduleShape &shape, PassRunner &runner,
-                               BuildFor purpose = BuildFor::Output);
-
-/// What balancing bought: the other methods on the same inputs, simulated
-/// the same way.
-void addAlternatives(plan::Plan &plan, StringRef modelPath, const CompileOptions &options,
-                     const Setup &setup, const Prepared &prepared, const ScheduleShape &shape,
-                     const PassRunner &runner) {
-  for (const char *alt : {"time", "params", "uniform"}) {
-    auto *a = plan.add_alternatives();
-    a->set_method(alt);
-    if (options.balance == alt) {
-      a->set_layout(plan.layout());
-      a->set_step_time_s(plan.predicted().step_time_s());
-      a->set_bottleneck_s(plan.predicted().bottleneck_s());
-      a->set_imbalance(plan.predicted().imbalance());
-      a->set_fits_memory(fitsMemory(plan));
-      continue;
-    }
-    CompileOptions altOptions = options;
-    altOptions.balance = alt;
-    PassRunner quiet = runner.quiet();
-    auto altPlan =
-        buildPlan(modelPath, altOptions, setup, prepared, shape, quiet, BuildFor::Comparison);
-    if (!altPlan) {
-      a->set_error(toString(altPlan.takeError()));
-      continue;
-    }
-    a->set_layout(altPlan->layout());
-    a->set_step_time_s(altPlan->predicted().step_time_s());
-    a->set_bottleneck_s(altPlan->predicted().bottleneck_s());
-    a->set_imbalance(altPlan->predicted().imbalance());
-    a->set_fits_memory(fitsMemory(*altPlan));
-  }
-}
-
-/// Balance, schedule, lower, verify and simulate one configuration.
-Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
-                               const Setup &setup, const Prepared &prepared,
-                               const ScheduleShape &shape, PassRunner &runner, BuildFor purpose) {
-  if (Error err = checkScheduleShape(shape.kind, options.stages, shape.V, shape.M))
-    return err;
-  BalanceOptions balance = balanceOptions(options, setup, prepared, shape);
+/// balance-stages for \p balance.
+Expected<StagePlan> balanceStep(const Prepared &prepared, const BalanceOptions &balance,
+                                PassRunner &runner) {
   std::optional<StagePlan> stagePlan;
   Error err = runner.run(
       "balance-stages",
@@ -396,6 +345,97 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
       [&](raw_ostream &os) { printStagePlan(*stagePlan, os); });
   if (err)
     return err;
+  return std::move(*stagePlan);
+}
+
+/// A configuration that is compared, never written (the other balancing
+/// methods beside the plan written, --schedule auto's candidates): balanced,
+/// with the step, bubble and memory peaks simulatePlan would give its
+/// lowered plan, predicted on plain arrays (StepPredictor::predict).
+struct Judged {
+  StagePlan stagePlan;
+  StepPrediction prediction;
+
+  /// The first rank over its memory limit, or -1 (a position in
+  /// stagePlan.ranks and prediction.peakMemory, as in the plan).
+  int overRank() const {
+    for (size_t r = 0; r < stagePlan.ranks.size(); ++r)
+      if (stagePlan.ranks[r].memoryLimit > 0 &&
+          prediction.peakMemory[r] > stagePlan.ranks[r].memoryLimit)
+        return static_cast<int>(r);
+    return -1;
+  }
+};
+
+Expected<Judged> judge(const CompileOptions &options, const Setup &setup, const Prepared &prepared,
+                       const ScheduleShape &shape, PassRunner &runner) {
+  if (Error err = checkScheduleShape(shape.kind, options.stages, shape.V, shape.M))
+    return err;
+  BalanceOptions balance = balanceOptions(options, setup, prepared, shape);
+  auto stagePlan = balanceStep(prepared, balance, runner);
+  if (!stagePlan)
+    return stagePlan.takeError();
+  StepPredictor predictor(balance);
+  auto predicted = predictor.predict(*stagePlan);
+  if (!predicted) {
+    // What the arrays refuse, the lowered plan says in its own words.
+    consumeError(predicted.takeError());
+    predicted = predictor.lowerAndSimulate(*stagePlan);
+    if (!predicted)
+      return predicted.takeError();
+  }
+  return Judged{std::move(*stagePlan), std::move(*predicted)};
+}
+
+/// What balancing bought: the other methods on the same inputs, with the
+/// steps the simulator predicts.
+void addAlternatives(plan::Plan &plan, const CompileOptions &options, const Setup &setup,
+                     const Prepared &prepared, const ScheduleShape &shape,
+                     const PassRunner &runner) {
+  for (const char *alt : {"time", "params", "uniform"}) {
+    auto *a = plan.add_alternatives();
+    a->set_method(alt);
+    if (options.balance == alt) {
+      a->set_layout(plan.layout());
+      a->set_step_time_s(plan.predicted().step_time_s());
+      a->set_bottleneck_s(plan.predicted().bottleneck_s());
+      a->set_imbalance(plan.predicted().imbalance());
+      a->set_fits_memory(fitsMemory(plan));
+      continue;
+    }
+    CompileOptions altOptions = options;
+    altOptions.balance = alt;
+    PassRunner quiet = runner.quiet();
+    auto judged = judge(altOptions, setup, prepared, shape, quiet);
+    if (!judged) {
+      a->set_error(toString(judged.takeError()));
+      continue;
+    }
+    a->set_layout(judged->stagePlan.layout);
+    a->set_step_time_s(judged->prediction.step);
+    a->set_bottleneck_s(judged->stagePlan.bottleneck);
+    a->set_imbalance(judged->stagePlan.imbalance);
+    a->set_fits_memory(judged->overRank() < 0);
+  }
+}
+
+/// Balance (unless \p balanced gives the partition balance-stages made for
+/// these inputs), schedule, lower, verify and simulate one configuration,
+/// with the other balancing methods beside it.
+Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
+                               const Setup &setup, const Prepared &prepared,
+                               const ScheduleShape &shape, PassRunner &runner,
+                               std::optional<StagePlan> balanced = std::nullopt) {
+  if (Error err = checkScheduleShape(shape.kind, options.stages, shape.V, shape.M))
+    return err;
+  BalanceOptions balance = balanceOptions(options, setup, prepared, shape);
+  std::optional<StagePlan> stagePlan = std::move(balanced);
+  if (!stagePlan) {
+    auto made = balanceStep(prepared, balance, runner);
+    if (!made)
+      return made.takeError();
+    stagePlan = std::move(*made);
+  }
 
   plan::Plan plan;
   describeRun(plan, modelPath, options, setup, prepared, balance, *stagePlan, shape);
@@ -408,13 +448,12 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
                                 "gradients are all-reduced",
                                 StringRef(ar.group).drop_front(5), ar.ranks.size())
                             .str());
-  auto programs = programPasses(lowering, shape, options.stages, runner, purpose);
+  auto programs = programPasses(lowering, shape, options.stages, runner);
   if (!programs)
     return programs.takeError();
   if (Error err = simulateInto(plan, std::move(*programs), *stagePlan, options.stages))
     return err;
-  if (purpose == BuildFor::Output)
-    addAlternatives(plan, modelPath, options, setup, prepared, shape, runner);
+  addAlternatives(plan, options, setup, prepared, shape, runner);
   addWarnings(plan, prepared.graph, *prepared.rankCosts[0]);
   if (prepared.backward)
     describeTies(plan, prepared.ties, [&](StringRef name) {
@@ -494,6 +533,28 @@ struct AutoCandidate {
   int overRank = -1; ///< the first rank over its limit
   int64_t overBytes = 0, overLimit = 0;
 
+  /// The figures of a candidate \p judged; the peak is the last rank's of
+  /// the most memory.
+  void describe(const Judged &judged) {
+    simulated = true;
+    step = judged.prediction.step;
+    bubble = judged.prediction.bubbleFraction;
+    const std::vector<RankPlan> &ranks = judged.stagePlan.ranks;
+    for (size_t r = 0; r < ranks.size(); ++r)
+      if (judged.prediction.peakMemory[r] >= peak) {
+        peak = judged.prediction.peakMemory[r];
+        peakRank = ranks[r].index;
+        limit = ranks[r].memoryLimit;
+      }
+    int over = judged.overRank();
+    fits = over < 0;
+    if (!fits) {
+      overRank = ranks[over].index;
+      overBytes = judged.prediction.peakMemory[over];
+      overLimit = ranks[over].memoryLimit;
+    }
+  }
+
   /// One line: its predicted step, bubble and peak memory, and why it lost
   /// to the step \p chosen (0 while nothing was chosen).
   std::string explain(double chosen) const {
@@ -521,6 +582,10 @@ public:
   Compilation(StringRef modelPath, const CompileOptions &options, Setup setup,
               const PipelineOptions &pipeline)
       : modelPath(modelPath), options(options), setup(std::move(setup)), runner(pipeline) {}
+  ~Compilation() {
+    for (auto &[size, prepared] : cache)
+      release(std::move(prepared));
+  }
 
   /// The plan for the schedule, V and M the options give.
   Expected<plan::Plan> fixedSchedule();
@@ -532,6 +597,11 @@ private:
   /// The front half for microbatches of \p size, run through \p passes the
   /// first time that size is asked for.
   Expected<const Prepared *> preparedFor(int64_t size, PassRunner &passes);
+  /// Frees \p prepared, or leaves it to exit (options.disableFree).
+  void release(std::unique_ptr<Prepared> prepared) const {
+    if (options.disableFree)
+      BuryPointer(std::move(prepared));
+  }
 
   StringRef modelPath;
   const CompileOptions &options;
@@ -601,11 +671,12 @@ Expected<plan::Plan> Compilation::autoSchedule() {
                                        {ScheduleKind::ZBH2, 1},        {ScheduleKind::ZBV, 2},
                                        {ScheduleKind::DualPipeV, 2}};
   std::vector<AutoCandidate> tried;
-  // Only the winner's shape is kept: its plan is built again below with the
-  // passes shown, so a candidate's plan is dropped as soon as it is read.
+  // The candidates are judged without building their plans; the winner's
+  // plan is built below.
   std::optional<double> bestStep;
   const Prepared *bestPrepared = nullptr;
   ScheduleShape bestShape;
+  std::optional<StagePlan> bestStagePlan;
   std::string bestText;
   for (int microbatches : counts)
     for (const Candidate &c : candidates) {
@@ -627,35 +698,22 @@ Expected<plan::Plan> Compilation::autoSchedule() {
       auto prepared = preparedFor(*size, quietFront);
       if (!prepared)
         return prepared.takeError();
-      // The balancing alternatives are built for the winner alone, below.
+      // The balancing alternatives are judged for the winner alone, below.
       ScheduleShape shape{c.kind, c.V, microbatches, *size};
-      auto candidate =
-          buildPlan(modelPath, options, setup, **prepared, shape, quietBack, BuildFor::Comparison);
+      auto candidate = judge(options, setup, **prepared, shape, quietBack);
       if (!candidate) {
         entry.error = "lost: no plan: " + toString(candidate.takeError());
         tried.push_back(entry);
         continue;
       }
-      entry.simulated = true;
-      entry.fits = fitsMemory(*candidate);
-      entry.step = candidate->predicted().step_time_s();
-      entry.bubble = candidate->predicted().bubble_fraction();
-      for (const plan::Rank &r : candidate->ranks())
-        if (r.peak_memory_bytes() >= entry.peak) {
-          entry.peak = r.peak_memory_bytes();
-          entry.peakRank = r.index();
-          entry.limit = r.memory_limit_bytes();
-        }
-      for (const plan::Rank &r : candidate->ranks())
-        if (overMemoryLimit(r) && entry.overRank < 0)
-          entry.overRank = r.index(), entry.overBytes = r.peak_memory_bytes(),
-          entry.overLimit = r.memory_limit_bytes();
+      entry.describe(*candidate);
       tried.push_back(entry);
       if (entry.fits && (!bestStep || entry.step < *bestStep)) {
         bestStep = entry.step;
         bestPrepared = *prepared;
         bestText = entry.name;
         bestShape = shape;
+        bestStagePlan = std::move(candidate->stagePlan);
       }
     }
   if (!bestStep) {
@@ -668,6 +726,8 @@ Expected<plan::Plan> Compilation::autoSchedule() {
   // The winner's front half once more through the runner that shows it, so
   // that what --stats, --print-after and --dump-dir show is what the plan is
   // built from (the same IR: the passes are deterministic).
+  // Its partition is balance-stages' for the same inputs, kept unless the
+  // passes are shown.
   std::unique_ptr<Prepared> shown;
   if (runner.shows()) {
     auto made =
@@ -676,8 +736,10 @@ Expected<plan::Plan> Compilation::autoSchedule() {
       return made.takeError();
     shown = std::move(*made);
     bestPrepared = shown.get();
+    bestStagePlan.reset();
   }
-  auto best = buildPlan(modelPath, options, setup, *bestPrepared, bestShape, runner);
+  auto best = buildPlan(modelPath, options, setup, *bestPrepared, bestShape, runner,
+                        std::move(bestStagePlan));
   if (!best)
     return best.takeError();
   double chosenStep = best->predicted().step_time_s();
@@ -690,7 +752,9 @@ Expected<plan::Plan> Compilation::autoSchedule() {
   for (const AutoCandidate &t : tried)
     best->add_schedule_search(t.name == bestText ? t.explain(chosenStep) + ": chosen"
                                                  : t.explain(chosenStep));
-  if (Error err = attachStagePrograms(*best, *bestPrepared, options.freeze))
+  Error err = attachStagePrograms(*best, *bestPrepared, options.freeze);
+  release(std::move(shown));
+  if (err)
     return err;
   return std::move(*best);
 }
