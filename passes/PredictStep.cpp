@@ -106,7 +106,10 @@ public:
               const std::vector<plan::HardwareInfo> &hardware, int dataParallel)
       : schedule(schedule), in(in), stagePlan(stagePlan), hardware(hardware),
         dataParallel(dataParallel), P(schedule.stages), K(schedule.stages * schedule.virtualStages),
-        M(schedule.microbatches) {}
+        M(schedule.microbatches) {
+    for (int k = 0; k < K; ++k)
+      stageRank.push_back(rankOfChunk(schedule.kind, P, schedule.virtualStages, k));
+  }
 
   Expected<double> run();
   /// The simulator's bubble for the \p step run() returned: one minus the
@@ -121,9 +124,7 @@ private:
     double duration = 0;
   };
 
-  int rankOf(int stage) const {
-    return rankOfChunk(schedule.kind, P, schedule.virtualStages, stage);
-  }
+  int rankOf(int stage) const { return stageRank[stage]; }
   /// Transfers are keyed by (boundary, microbatch, gradient).
   int keyOf(int boundary, int mb, bool grad) const { return (boundary * M + mb) * 2 + grad; }
   Error makeBlocks();
@@ -136,6 +137,8 @@ private:
   const StagePlan &stagePlan;
   const std::vector<plan::HardwareInfo> &hardware;
   int dataParallel, P, K, M;
+  /// Per stage (global chunk): its rank.
+  std::vector<int> stageRank;
 
   /// Per boundary and direction (0 activations, 1 gradients): the longest
   /// of its tensors' transfers, or -1 when nothing crosses.
