@@ -212,6 +212,7 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
                   : runner.skip("differentiate", "inference (--mode infer) has no backward");
   if (err)
     return err;
+  indexCuts(*out, setup.precision);
   return out;
 }
 

@@ -40,6 +40,11 @@ struct Prepared {
   /// The weights several layers read (LayerGraph::sharedWeights), once, for
   /// the same reason.
   std::vector<std::pair<int, std::vector<int>>> sharedWeights;
+  /// Per layer l but the last: the tensors that cross the cut after it, as
+  /// the plan sends them, and whether each carries a gradient back (see
+  /// indexCuts).
+  std::vector<std::vector<plan::TensorRef>> cutTensors;
+  std::vector<std::vector<bool>> cutGradients;
   std::map<std::string, CostTable> tables;
   std::vector<const CostTable *> rankCosts;
 };
@@ -62,6 +67,12 @@ struct ScheduleShape {
 bool overMemoryLimit(const plan::Rank &rank);
 /// Whether every rank of \p plan fits its memory limit.
 bool fitsMemory(const plan::Plan &plan);
+
+/// Fills \p prepared's cutTensors and cutGradients (LayerGraph::crossingAfter
+/// and sendsGradient at each cut, once: balancing asks for the lowering
+/// inputs of every candidate partition). Needs the backward program's
+/// flowing values, in train mode.
+void indexCuts(Prepared &prepared, Precision precision);
 
 /// What balance-stages needs for \p shape; options.balance names a method
 /// or gives a layout. The result refers to \p options, \p setup and

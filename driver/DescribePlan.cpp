@@ -38,6 +38,25 @@ bool fitsMemory(const plan::Plan &plan) {
   return std::none_of(plan.ranks().begin(), plan.ranks().end(), overMemoryLimit);
 }
 
+void indexCuts(Prepared &prepared, Precision precision) {
+  const LayerGraph &layers = prepared.layers;
+  const Graph &graph = prepared.graph;
+  // Only gradients the backward program computes cross back.
+  const std::set<std::string> *flowingPtr = prepared.backward ? &prepared.flowing : nullptr;
+  size_t cuts = layers.layers.empty() ? 0 : layers.layers.size() - 1;
+  prepared.cutTensors.assign(cuts, {});
+  prepared.cutGradients.assign(cuts, {});
+  // crossingAfter's order: the crossings', at every cut each spans.
+  for (const CrossingTensor &c : layers.crossings) {
+    plan::TensorRef tensor = tensorRef(graph, c.value, precision);
+    bool gradient = sendsGradient(graph, c.value, flowingPtr);
+    for (int l = std::max(c.fromLayer, 0); l < c.toLayer && l < static_cast<int>(cuts); ++l) {
+      prepared.cutTensors[l].push_back(tensor);
+      prepared.cutGradients[l].push_back(gradient);
+    }
+  }
+}
+
 BalanceOptions balanceOptions(const CompileOptions &options, const Setup &setup,
                               const Prepared &prepared, const ScheduleShape &shape) {
   BalanceOptions balance;
@@ -171,19 +190,15 @@ LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
   LoweringInputs lowering;
   lowering.training = options.training;
   lowering.recompute = options.recompute;
-  // Only gradients the backward program computes cross back.
-  const std::set<std::string> *flowingPtr = prepared.backward ? &prepared.flowing : nullptr;
   for (const ChunkPlan &c : stagePlan.chunks) {
-    std::vector<plan::TensorRef> tensors;
-    std::vector<bool> grads;
     bool last = c.index + 1 == static_cast<int>(stagePlan.chunks.size());
-    if (!last && !c.empty() && c.lastLayer + 1 < static_cast<int>(layers.layers.size()))
-      for (int id : layers.crossingAfter(c.lastLayer)) {
-        tensors.push_back(tensorRef(graph, id, setup.precision));
-        grads.push_back(sendsGradient(graph, id, flowingPtr));
-      }
-    lowering.sendTensors.push_back(tensors);
-    lowering.hasGradient.push_back(grads);
+    if (!last && !c.empty() && c.lastLayer + 1 < static_cast<int>(layers.layers.size())) {
+      lowering.sendTensors.push_back(prepared.cutTensors[c.lastLayer]);
+      lowering.hasGradient.push_back(prepared.cutGradients[c.lastLayer]);
+    } else {
+      lowering.sendTensors.emplace_back();
+      lowering.hasGradient.emplace_back();
+    }
     lowering.activationBytes.push_back(c.activationBytes);
     int64_t input = 0;
     if (c.index > 0) {
