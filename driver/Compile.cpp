@@ -2,6 +2,7 @@
 #include "driver/Compile.h"
 #include "compiler/schedule/Schedule.h"
 #include "compiler/sim/Simulator.h"
+#include "driver/CompileParts.h"
 #include "driver/InspectReport.h"
 #include "driver/Report.h"
 #include "passes/BalanceStages.h"
@@ -19,7 +20,7 @@
 #include "onnx/onnx_pb.h"
 
 #include "llvm/ADT/StringExtras.h"
-#include "llvm/ADT/StringSwitch.h"
+#include "llvm/Support/BuryPointer.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 
@@ -48,32 +49,6 @@ Expected<std::vector<std::string>> perRank(StringRef flag, StringRef value, int 
         formatv("--{0} {1}: give one value, or one per rank ({2})", flag, value, ranks));
   return out;
 }
-
-/// What one microbatch size needs, shared by the schedules tried for it.
-struct Prepared {
-  Graph graph;
-  std::string xxh3; ///< of the model file
-  /// Train mode: the backward program, or why there is none.
-  std::optional<Backward> backward;
-  /// The values whose gradients the backward computes (valuesWithGradients),
-  /// once: balancing asks per candidate partition.
-  std::set<std::string> flowing;
-  std::string lossText, backwardError;
-  LayerGraph layers;
-  /// Train mode: what tie-weights found and rewrote.
-  TieReport ties;
-  /// The weights several layers read (LayerGraph::sharedWeights), once, for
-  /// the same reason.
-  std::vector<std::pair<int, std::vector<int>>> sharedWeights;
-  std::map<std::string, CostTable> tables;
-  std::vector<const CostTable *> rankCosts;
-};
-
-struct Setup {
-  std::vector<HardwareSpec> hardware;
-  std::vector<int64_t> limits;
-  Precision precision = Precision::BF16;
-};
 
 Expected<Setup> resolveSetup(const CompileOptions &options) {
   Setup setup;
@@ -237,249 +212,15 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
                   : runner.skip("differentiate", "inference (--mode infer) has no backward");
   if (err)
     return err;
+  indexCuts(*out, setup.precision);
   return out;
 }
 
-plan::TensorRef tensorRef(const Graph &graph, int id, Precision precision) {
-  const Value &v = graph.values[id];
-  plan::TensorRef t;
-  t.set_name(v.name);
-  // dtype is the value's own; bytes are what the link carries at the plan's
-  // precision (bf16 plans move float32 activations as bf16).
-  bool halve = precision == Precision::BF16 && v.type == DType::F32;
-  t.set_dtype(dtypeName(v.type).str());
-  for (int64_t d : v.shape)
-    t.add_shape(d);
-  t.set_bytes(halve ? v.byteSize() / 2 : v.byteSize());
-  return t;
-}
-
-bool overMemoryLimit(const plan::Rank &r) {
-  return r.memory_limit_bytes() > 0 && r.peak_memory_bytes() > r.memory_limit_bytes();
-}
-
-bool fitsMemory(const plan::Plan &plan) {
-  return std::none_of(plan.ranks().begin(), plan.ranks().end(), overMemoryLimit);
-}
-
-/// The schedule one plan is built for: its kind, chunks per rank V,
-/// microbatches M and the samples in each.
-struct ScheduleShape {
-  ScheduleKind kind = ScheduleKind::OneFOneB;
-  int V = 1, M = 1;
-  int64_t microbatchSize = 1;
-};
-
-LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
-                              const Prepared &prepared, const StagePlan &stagePlan);
-
-/// What balance-stages needs for \p shape; options.balance names a method
-/// or gives a layout.
-BalanceOptions balanceOptions(const CompileOptions &options, const Setup &setup,
-                              const Prepared &prepared, const ScheduleShape &shape) {
-  BalanceOptions balance;
-  balance.stages = options.stages;
-  balance.virtualStages = shape.V;
-  balance.microbatches = shape.M;
-  balance.schedule = shape.kind;
-  balance.training.training = options.training;
-  balance.training.optimizer = options.optimizer;
-  balance.training.mixedPrecision = setup.precision == Precision::BF16;
-  balance.training.recompute = options.recompute;
-  balance.rankCosts = prepared.rankCosts;
-  balance.rankHardware = setup.hardware;
-  balance.memoryLimit = setup.limits;
-  balance.method = StringSwitch<BalanceMethod>(options.balance)
-                       .Case("time", BalanceMethod::Time)
-                       .Case("params", BalanceMethod::Params)
-                       .Case("uniform", BalanceMethod::Uniform)
-                       .Default(BalanceMethod::Layout);
-  if (balance.method == BalanceMethod::Layout)
-    balance.layout = options.balance;
-  balance.dataParallel = options.dataParallel;
-  balance.lowering = [&options, &setup, &prepared](const StagePlan &stagePlan) {
-    return loweringInputs(options, setup, prepared, stagePlan);
-  };
-  return balance;
-}
-
-/// The plan's header: the model, the schedule, the hardware, how it trains,
-/// how it was balanced and the graph's input shapes.
-void describeRun(plan::Plan &plan, StringRef modelPath, const CompileOptions &options,
-                 const Setup &setup, const Prepared &prepared, const BalanceOptions &balance,
-                 const StagePlan &stagePlan, const ScheduleShape &shape) {
-  const Graph &graph = prepared.graph;
-  plan.set_format_version(PlanFormatVersion);
-  auto *model = plan.mutable_model();
-  model->set_path(modelPath.str());
-  model->set_xxh3(prepared.xxh3);
-  // The model file's nodes: tie-weights adds a Transpose per retied head.
-  model->set_nodes(graph.model->graph().node_size() - prepared.ties.retied());
-  model->set_params(prepared.layers.totalParams());
-  auto *info = plan.mutable_schedule();
-  info->set_name(scheduleName(shape.kind).str());
-  info->set_stages(options.stages);
-  info->set_virtual_stages(shape.V);
-  info->set_microbatches(shape.M);
-  info->set_mode(options.training ? "train" : "infer");
-  info->set_data_parallel(options.dataParallel);
-  info->set_global_batch(shape.microbatchSize * shape.M * options.dataParallel);
-  info->set_microbatch_size(shape.microbatchSize);
-  for (const HardwareSpec &hw : setup.hardware)
-    *plan.add_hardware() = hardwareInfo(hw, setup.precision == Precision::BF16);
-  auto *training = plan.mutable_training();
-  training->set_precision(precisionName(setup.precision).str());
-  training->set_optimizer(optimizerName(options.optimizer).str());
-  training->set_recompute(options.recompute);
-  training->set_bytes_per_param(bytesPerParam(balance.training));
-  plan.set_balance_method(balanceMethodName(balance.method).str());
-  plan.set_layout(stagePlan.layout);
-  for (int id : graph.inputs) {
-    const Value &v = graph.values[id];
-    std::string dims;
-    for (size_t d = 0; d < v.shape.size(); ++d)
-      dims += (d ? "," : "") + std::to_string(v.shape[d]);
-    (*plan.mutable_input_shapes())[v.name] = dims;
-  }
-}
-
-/// Each layer's costs on the first rank's hardware; in train mode the loss,
-/// or a warning that there is no backward program.
-void describeLayers(plan::Plan &plan, const CompileOptions &options, const Prepared &prepared) {
-  const CostTable &first = *prepared.rankCosts[0];
-  for (size_t l = 0; l < prepared.layers.layers.size(); ++l) {
-    const LayerCost &lc = first.layers[l];
-    auto *li = plan.add_layers();
-    li->set_index(static_cast<int>(l));
-    li->set_name(lc.name);
-    li->set_kind(layerKindName(lc.kind).str());
-    li->set_params(lc.params);
-    li->set_flops_f(lc.flops[Forward]);
-    li->set_time_f_s(lc.time[Forward]);
-    li->set_time_i_s(lc.time[BackwardInput]);
-    li->set_time_w_s(lc.time[BackwardWeight]);
-    li->set_activation_bytes(lc.activationBytes);
-    li->set_boundary_bytes(lc.boundaryBytes);
-    li->set_measured(lc.measured);
-    if (prepared.backward) {
-      li->set_backward_input_ops(static_cast<int>(prepared.backward->inputGrad[l].size()));
-      li->set_backward_weight_ops(static_cast<int>(prepared.backward->weightGrad[l].size()));
-    }
-  }
-  if (options.training) {
-    if (prepared.backward)
-      plan.set_loss(prepared.lossText);
-    else
-      plan.add_warnings("no backward program yet: " + prepared.backwardError +
-                        " (the plan's timing stands; running it needs the gradients)");
-  }
-}
-
-/// The stages and ranks as balance-stages placed them.
-void describeStages(plan::Plan &plan, const LayerGraph &layers, const StagePlan &stagePlan) {
-  for (const ChunkPlan &c : stagePlan.chunks) {
-    auto *s = plan.add_stages();
-    s->set_index(c.index);
-    s->set_rank(c.rank);
-    s->set_chunk(c.chunkOnRank);
-    s->set_first_layer(c.firstLayer);
-    s->set_last_layer(c.lastLayer);
-    for (int l = c.firstLayer; l <= c.lastLayer; ++l)
-      s->add_layers(layers.layers[l].name);
-    s->set_params(c.params);
-    s->set_flops_f(c.flopsForward);
-    s->set_time_f_s(c.time[Forward]);
-    s->set_time_i_s(c.time[BackwardInput]);
-    s->set_time_w_s(c.time[BackwardWeight]);
-    s->set_comm_s(c.commTime);
-    s->set_boundary_bytes(c.boundaryBytes);
-    s->set_activation_bytes(c.activationBytes);
-  }
-  for (const RankPlan &r : stagePlan.ranks) {
-    auto *rank = plan.add_ranks();
-    rank->set_index(r.index);
-    rank->set_hardware(r.hardware);
-    rank->set_memory_limit_bytes(r.memoryLimit);
-    rank->set_peak_memory_bytes(r.peakMemory);
-    rank->set_weight_bytes(r.weightBytes);
-    rank->set_activation_bytes(r.activationBytes);
-  }
-}
-
-/// What lower-schedule needs: each stage's boundary tensors and sizes, and
-/// the gradient all-reduces, of weights shared by several ranks and over
-/// data-parallel replicas. balance-stages asks for it per candidate
-/// partition, so that it times the plan that will be compiled.
-LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
-                              const Prepared &prepared, const StagePlan &stagePlan) {
-  const LayerGraph &layers = prepared.layers;
-  const Graph &graph = prepared.graph;
-  LoweringInputs lowering;
-  lowering.training = options.training;
-  lowering.recompute = options.recompute;
-  // Only gradients the backward program computes cross back.
-  const std::set<std::string> *flowingPtr = prepared.backward ? &prepared.flowing : nullptr;
-  for (const ChunkPlan &c : stagePlan.chunks) {
-    std::vector<plan::TensorRef> tensors;
-    std::vector<bool> grads;
-    bool last = c.index + 1 == static_cast<int>(stagePlan.chunks.size());
-    if (!last && !c.empty() && c.lastLayer + 1 < static_cast<int>(layers.layers.size()))
-      for (int id : layers.crossingAfter(c.lastLayer)) {
-        tensors.push_back(tensorRef(graph, id, setup.precision));
-        grads.push_back(sendsGradient(graph, id, flowingPtr));
-      }
-    lowering.sendTensors.push_back(tensors);
-    lowering.hasGradient.push_back(grads);
-    lowering.activationBytes.push_back(c.activationBytes);
-    int64_t input = 0;
-    if (c.index > 0) {
-      const ChunkPlan &prev = stagePlan.chunks[c.index - 1];
-      input = prev.boundaryBytes;
-    }
-    lowering.inputBytes.push_back(input);
-  }
-  int64_t gradBytes = setup.precision == Precision::BF16 ? 2 : 4;
-  for (auto &[w, users] : prepared.sharedWeights) {
-    std::set<int> ranks;
-    for (int l : users)
-      for (const ChunkPlan &c : stagePlan.chunks)
-        if (l >= c.firstLayer && l <= c.lastLayer)
-          ranks.insert(c.rank);
-    if (ranks.size() < 2)
-      continue;
-    LoweringInputs::AllReduce ar;
-    ar.group = "tied:" + graph.values[w].name;
-    ar.ranks.assign(ranks.begin(), ranks.end());
-    ar.bytes = graph.values[w].numElements() * gradBytes;
-    lowering.allReduces.push_back(ar);
-  }
-  if (options.dataParallel > 1)
-    for (int r = 0; r < options.stages; ++r) {
-      LoweringInputs::AllReduce ar;
-      ar.group = "dp";
-      ar.ranks = {r};
-      int64_t params = 0;
-      for (const ChunkPlan &c : stagePlan.chunks)
-        if (c.rank == r)
-          params += c.params;
-      ar.bytes = params * gradBytes;
-      lowering.allReduces.push_back(ar);
-    }
-  return lowering;
-}
-
-/// What a plan is built for: to be written (verified, with the other
-/// balancing methods' steps beside it), or to be compared and dropped (the
-/// alternatives and --schedule auto's candidates: only their step and memory
-/// are read; verify-program is left to the plan written, while the
-/// simulation still refuses unmatched or deadlocked streams).
-enum class BuildFor { Output, Comparison };
-
 /// lower-schedule (the schedule's compute actions, lowered to each rank's
-/// instructions), plan-memory and, for a plan to output, verify-program.
+/// instructions), plan-memory and verify-program.
 Expected<std::vector<plan::RankProgram>> programPasses(const LoweringInputs &lowering,
                                                        const ScheduleShape &shape, int stages,
-                                                       PassRunner &runner, BuildFor purpose) {
+                                                       PassRunner &runner) {
   std::vector<plan::RankProgram> programs;
   auto count = [&](auto op) {
     int n = 0;
@@ -529,8 +270,6 @@ Expected<std::vector<plan::RankProgram>> programPasses(const LoweringInputs &low
       [&](raw_ostream &os) { printMemoryPlan(programs, os); });
   if (err)
     return err;
-  if (purpose == BuildFor::Comparison)
-    return programs;
   auto sends = [&] {
     return count([](const plan::Instruction &i) { return i.op() == plan::Instruction::SEND; });
   };
@@ -585,68 +324,9 @@ Error simulateInto(plan::Plan &plan, std::vector<plan::RankProgram> programs,
   return Error::success();
 }
 
-Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
-                               const Setup &setup, const Prepared &prepared,
-                               const ScheduleShape &shape, PassRunner &runner,
-                               BuildFor purpose = BuildFor::Output);
-
-/// What balancing bought: the other methods on the same inputs, simulated
-/// the same way.
-void addAlternatives(plan::Plan &plan, StringRef modelPath, const CompileOptions &options,
-                     const Setup &setup, const Prepared &prepared, const ScheduleShape &shape,
-                     const PassRunner &runner) {
-  for (const char *alt : {"time", "params", "uniform"}) {
-    auto *a = plan.add_alternatives();
-    a->set_method(alt);
-    if (options.balance == alt) {
-      a->set_layout(plan.layout());
-      a->set_step_time_s(plan.predicted().step_time_s());
-      a->set_bottleneck_s(plan.predicted().bottleneck_s());
-      a->set_imbalance(plan.predicted().imbalance());
-      a->set_fits_memory(fitsMemory(plan));
-      continue;
-    }
-    CompileOptions altOptions = options;
-    altOptions.balance = alt;
-    PassRunner quiet = runner.quiet();
-    auto altPlan =
-        buildPlan(modelPath, altOptions, setup, prepared, shape, quiet, BuildFor::Comparison);
-    if (!altPlan) {
-      a->set_error(toString(altPlan.takeError()));
-      continue;
-    }
-    a->set_layout(altPlan->layout());
-    a->set_step_time_s(altPlan->predicted().step_time_s());
-    a->set_bottleneck_s(altPlan->predicted().bottleneck_s());
-    a->set_imbalance(altPlan->predicted().imbalance());
-    a->set_fits_memory(fitsMemory(*altPlan));
-  }
-}
-
-/// The graph's warnings, the ops the cost model defaulted, and the ranks over
-/// their memory limit.
-void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first) {
-  for (const std::string &w : graph.warnings)
-    plan.add_warnings(w);
-  if (!first.defaultedOpTypes.empty())
-    plan.add_warnings("ops costed by the default rule (F = one FLOP per output element, I = F, "
-                      "W = 0): " +
-                      join(first.defaultedOpTypes, ", "));
-  for (const plan::Rank &r : plan.ranks())
-    if (overMemoryLimit(r))
-      plan.add_warnings(formatv("rank {0} needs {1}, over its limit of {2}", r.index(),
-                                humanCount(r.peak_memory_bytes(), true),
-                                humanCount(r.memory_limit_bytes(), true))
-                            .str());
-}
-
-/// Balance, schedule, lower, verify and simulate one configuration.
-Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
-                               const Setup &setup, const Prepared &prepared,
-                               const ScheduleShape &shape, PassRunner &runner, BuildFor purpose) {
-  if (Error err = checkScheduleShape(shape.kind, options.stages, shape.V, shape.M))
-    return err;
-  BalanceOptions balance = balanceOptions(options, setup, prepared, shape);
+/// balance-stages for \p balance.
+Expected<StagePlan> balanceStep(const Prepared &prepared, const BalanceOptions &balance,
+                                PassRunner &runner) {
   std::optional<StagePlan> stagePlan;
   Error err = runner.run(
       "balance-stages",
@@ -666,6 +346,97 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
       [&](raw_ostream &os) { printStagePlan(*stagePlan, os); });
   if (err)
     return err;
+  return std::move(*stagePlan);
+}
+
+/// A configuration that is compared, never written (the other balancing
+/// methods beside the plan written, --schedule auto's candidates): balanced,
+/// with the step, bubble and memory peaks simulatePlan would give its
+/// lowered plan, predicted on plain arrays (StepPredictor::predict).
+struct Judged {
+  StagePlan stagePlan;
+  StepPrediction prediction;
+
+  /// The first rank over its memory limit, or -1 (a position in
+  /// stagePlan.ranks and prediction.peakMemory, as in the plan).
+  int overRank() const {
+    for (size_t r = 0; r < stagePlan.ranks.size(); ++r)
+      if (stagePlan.ranks[r].memoryLimit > 0 &&
+          prediction.peakMemory[r] > stagePlan.ranks[r].memoryLimit)
+        return static_cast<int>(r);
+    return -1;
+  }
+};
+
+Expected<Judged> judge(const CompileOptions &options, const Setup &setup, const Prepared &prepared,
+                       const ScheduleShape &shape, PassRunner &runner) {
+  if (Error err = checkScheduleShape(shape.kind, options.stages, shape.V, shape.M))
+    return err;
+  BalanceOptions balance = balanceOptions(options, setup, prepared, shape);
+  auto stagePlan = balanceStep(prepared, balance, runner);
+  if (!stagePlan)
+    return stagePlan.takeError();
+  StepPredictor predictor(balance);
+  auto predicted = predictor.predict(*stagePlan);
+  if (!predicted) {
+    // What the arrays refuse, the lowered plan says in its own words.
+    consumeError(predicted.takeError());
+    predicted = predictor.lowerAndSimulate(*stagePlan);
+    if (!predicted)
+      return predicted.takeError();
+  }
+  return Judged{std::move(*stagePlan), std::move(*predicted)};
+}
+
+/// What balancing bought: the other methods on the same inputs, with the
+/// steps the simulator predicts.
+void addAlternatives(plan::Plan &plan, const CompileOptions &options, const Setup &setup,
+                     const Prepared &prepared, const ScheduleShape &shape,
+                     const PassRunner &runner) {
+  for (const char *alt : {"time", "params", "uniform"}) {
+    auto *a = plan.add_alternatives();
+    a->set_method(alt);
+    if (options.balance == alt) {
+      a->set_layout(plan.layout());
+      a->set_step_time_s(plan.predicted().step_time_s());
+      a->set_bottleneck_s(plan.predicted().bottleneck_s());
+      a->set_imbalance(plan.predicted().imbalance());
+      a->set_fits_memory(fitsMemory(plan));
+      continue;
+    }
+    CompileOptions altOptions = options;
+    altOptions.balance = alt;
+    PassRunner quiet = runner.quiet();
+    auto judged = judge(altOptions, setup, prepared, shape, quiet);
+    if (!judged) {
+      a->set_error(toString(judged.takeError()));
+      continue;
+    }
+    a->set_layout(judged->stagePlan.layout);
+    a->set_step_time_s(judged->prediction.step);
+    a->set_bottleneck_s(judged->stagePlan.bottleneck);
+    a->set_imbalance(judged->stagePlan.imbalance);
+    a->set_fits_memory(judged->overRank() < 0);
+  }
+}
+
+/// Balance (unless \p balanced gives the partition balance-stages made for
+/// these inputs), schedule, lower, verify and simulate one configuration,
+/// with the other balancing methods beside it.
+Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
+                               const Setup &setup, const Prepared &prepared,
+                               const ScheduleShape &shape, PassRunner &runner,
+                               std::optional<StagePlan> balanced = std::nullopt) {
+  if (Error err = checkScheduleShape(shape.kind, options.stages, shape.V, shape.M))
+    return err;
+  BalanceOptions balance = balanceOptions(options, setup, prepared, shape);
+  std::optional<StagePlan> stagePlan = std::move(balanced);
+  if (!stagePlan) {
+    auto made = balanceStep(prepared, balance, runner);
+    if (!made)
+      return made.takeError();
+    stagePlan = std::move(*made);
+  }
 
   plan::Plan plan;
   describeRun(plan, modelPath, options, setup, prepared, balance, *stagePlan, shape);
@@ -678,13 +449,12 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
                                 "gradients are all-reduced",
                                 StringRef(ar.group).drop_front(5), ar.ranks.size())
                             .str());
-  auto programs = programPasses(lowering, shape, options.stages, runner, purpose);
+  auto programs = programPasses(lowering, shape, options.stages, runner);
   if (!programs)
     return programs.takeError();
   if (Error err = simulateInto(plan, std::move(*programs), *stagePlan, options.stages))
     return err;
-  if (purpose == BuildFor::Output)
-    addAlternatives(plan, modelPath, options, setup, prepared, shape, runner);
+  addAlternatives(plan, options, setup, prepared, shape, runner);
   addWarnings(plan, prepared.graph, *prepared.rankCosts[0]);
   if (prepared.backward)
     describeTies(plan, prepared.ties, [&](StringRef name) {
@@ -764,6 +534,28 @@ struct AutoCandidate {
   int overRank = -1; ///< the first rank over its limit
   int64_t overBytes = 0, overLimit = 0;
 
+  /// The figures of a candidate \p judged; the peak is the last rank's of
+  /// the most memory.
+  void describe(const Judged &judged) {
+    simulated = true;
+    step = judged.prediction.step;
+    bubble = judged.prediction.bubbleFraction;
+    const std::vector<RankPlan> &ranks = judged.stagePlan.ranks;
+    for (size_t r = 0; r < ranks.size(); ++r)
+      if (judged.prediction.peakMemory[r] >= peak) {
+        peak = judged.prediction.peakMemory[r];
+        peakRank = ranks[r].index;
+        limit = ranks[r].memoryLimit;
+      }
+    int over = judged.overRank();
+    fits = over < 0;
+    if (!fits) {
+      overRank = ranks[over].index;
+      overBytes = judged.prediction.peakMemory[over];
+      overLimit = ranks[over].memoryLimit;
+    }
+  }
+
   /// One line: its predicted step, bubble and peak memory, and why it lost
   /// to the step \p chosen (0 while nothing was chosen).
   std::string explain(double chosen) const {
@@ -791,6 +583,10 @@ public:
   Compilation(StringRef modelPath, const CompileOptions &options, Setup setup,
               const PipelineOptions &pipeline)
       : modelPath(modelPath), options(options), setup(std::move(setup)), runner(pipeline) {}
+  ~Compilation() {
+    for (auto &[size, prepared] : cache)
+      release(std::move(prepared));
+  }
 
   /// The plan for the schedule, V and M the options give.
   Expected<plan::Plan> fixedSchedule();
@@ -802,6 +598,11 @@ private:
   /// The front half for microbatches of \p size, run through \p passes the
   /// first time that size is asked for.
   Expected<const Prepared *> preparedFor(int64_t size, PassRunner &passes);
+  /// Frees \p prepared, or leaves it to exit (options.disableFree).
+  void release(std::unique_ptr<Prepared> prepared) const {
+    if (options.disableFree)
+      BuryPointer(std::move(prepared));
+  }
 
   StringRef modelPath;
   const CompileOptions &options;
@@ -871,11 +672,12 @@ Expected<plan::Plan> Compilation::autoSchedule() {
                                        {ScheduleKind::ZBH2, 1},        {ScheduleKind::ZBV, 2},
                                        {ScheduleKind::DualPipeV, 2}};
   std::vector<AutoCandidate> tried;
-  // Only the winner's shape is kept: its plan is built again below with the
-  // passes shown, so a candidate's plan is dropped as soon as it is read.
+  // The candidates are judged without building their plans; the winner's
+  // plan is built below.
   std::optional<double> bestStep;
   const Prepared *bestPrepared = nullptr;
   ScheduleShape bestShape;
+  std::optional<StagePlan> bestStagePlan;
   std::string bestText;
   for (int microbatches : counts)
     for (const Candidate &c : candidates) {
@@ -897,35 +699,22 @@ Expected<plan::Plan> Compilation::autoSchedule() {
       auto prepared = preparedFor(*size, quietFront);
       if (!prepared)
         return prepared.takeError();
-      // The balancing alternatives are built for the winner alone, below.
+      // The balancing alternatives are judged for the winner alone, below.
       ScheduleShape shape{c.kind, c.V, microbatches, *size};
-      auto candidate =
-          buildPlan(modelPath, options, setup, **prepared, shape, quietBack, BuildFor::Comparison);
+      auto candidate = judge(options, setup, **prepared, shape, quietBack);
       if (!candidate) {
         entry.error = "lost: no plan: " + toString(candidate.takeError());
         tried.push_back(entry);
         continue;
       }
-      entry.simulated = true;
-      entry.fits = fitsMemory(*candidate);
-      entry.step = candidate->predicted().step_time_s();
-      entry.bubble = candidate->predicted().bubble_fraction();
-      for (const plan::Rank &r : candidate->ranks())
-        if (r.peak_memory_bytes() >= entry.peak) {
-          entry.peak = r.peak_memory_bytes();
-          entry.peakRank = r.index();
-          entry.limit = r.memory_limit_bytes();
-        }
-      for (const plan::Rank &r : candidate->ranks())
-        if (overMemoryLimit(r) && entry.overRank < 0)
-          entry.overRank = r.index(), entry.overBytes = r.peak_memory_bytes(),
-          entry.overLimit = r.memory_limit_bytes();
+      entry.describe(*candidate);
       tried.push_back(entry);
       if (entry.fits && (!bestStep || entry.step < *bestStep)) {
         bestStep = entry.step;
         bestPrepared = *prepared;
         bestText = entry.name;
         bestShape = shape;
+        bestStagePlan = std::move(candidate->stagePlan);
       }
     }
   if (!bestStep) {
@@ -938,6 +727,8 @@ Expected<plan::Plan> Compilation::autoSchedule() {
   // The winner's front half once more through the runner that shows it, so
   // that what --stats, --print-after and --dump-dir show is what the plan is
   // built from (the same IR: the passes are deterministic).
+  // Its partition is balance-stages' for the same inputs, kept unless the
+  // passes are shown.
   std::unique_ptr<Prepared> shown;
   if (runner.shows()) {
     auto made =
@@ -946,8 +737,10 @@ Expected<plan::Plan> Compilation::autoSchedule() {
       return made.takeError();
     shown = std::move(*made);
     bestPrepared = shown.get();
+    bestStagePlan.reset();
   }
-  auto best = buildPlan(modelPath, options, setup, *bestPrepared, bestShape, runner);
+  auto best = buildPlan(modelPath, options, setup, *bestPrepared, bestShape, runner,
+                        std::move(bestStagePlan));
   if (!best)
     return best.takeError();
   double chosenStep = best->predicted().step_time_s();
@@ -960,7 +753,9 @@ Expected<plan::Plan> Compilation::autoSchedule() {
   for (const AutoCandidate &t : tried)
     best->add_schedule_search(t.name == bestText ? t.explain(chosenStep) + ": chosen"
                                                  : t.explain(chosenStep));
-  if (Error err = attachStagePrograms(*best, *bestPrepared, options.freeze))
+  Error err = attachStagePrograms(*best, *bestPrepared, options.freeze);
+  release(std::move(shown));
+  if (err)
     return err;
   return std::move(*best);
 }

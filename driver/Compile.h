@@ -53,6 +53,10 @@ struct CompileOptions {
   /// folded tie heads to keep apart (passes/TieWeights.h).
   std::vector<std::string> untie;
   bool untieAll = false;
+  /// The process ends right after this compile (`pipec compile`): what it
+  /// prepared (graph, layers, backward program) is left to exit, not freed
+  /// node by node (as clang's -disable-free).
+  bool disableFree = false;
 };
 
 /// Compiles \p modelPath into a plan, showing its passes as \p pipeline

@@ -79,7 +79,23 @@ public:
       consumeError(schedule.takeError());
     }
     // The DPs ask for chunk times O(K L^2) times: each chunk's rank, prefix
-    // table and send time at every cut, looked up once.
+    // table and send time at every cut, looked up once; and a bound on any
+    // chunk's memory, so that fits() looks at none when its limit is above.
+    int64_t maxBoundary = 0;
+    for (const CostTable *table : options.rankCosts)
+      for (const LayerCost &layer : table->layers)
+        maxBoundary = std::max(maxBoundary, layer.boundaryBytes);
+    bool recomputes = options.training.recompute && options.training.training;
+    for (int k = 0; k < chunks; ++k) {
+      int64_t perChunk = options.training.training ? held[k] : 1, kept, bound;
+      // Saturated: a bound that overflows only ever sends fits() to memory().
+      if (__builtin_mul_overflow(perChunk, recomputes ? maxBoundary : activations[layers], &kept) ||
+          __builtin_mul_overflow(params[layers], bytesPerParam(options.training), &bound) ||
+          __builtin_add_overflow(bound, kept, &bound) ||
+          __builtin_add_overflow(bound, recomputes ? activations[layers] : 0, &bound))
+        bound = std::numeric_limits<int64_t>::max();
+      memoryBound.push_back(bound);
+    }
     for (int k = 0; k < chunks; ++k) {
       chunkPrefix.push_back(&prefix[tableIndex.at(options.rankCosts[chunkRank[k]])]);
       std::vector<double> sends(layers + 1, 0);
@@ -148,6 +164,12 @@ public:
     return bytes;
   }
 
+  /// Whether chunk [i, j) fits what chunk \p chunk may take (capOf).
+  bool fits(int chunk, int i, int j) const {
+    int64_t cap = capOf(chunk);
+    return memoryBound[chunk] <= cap || memory(chunk, i, j) <= cap;
+  }
+
   /// What one chunk may take while partitioning: its rank's whole limit, or
   /// an even share of it once evenShares is set (see rankFits).
   int64_t capOf(int chunk) const {
@@ -198,6 +220,9 @@ private:
   std::vector<std::pair<int64_t, std::vector<int>>> shared;
   /// Per global chunk: microbatches of activations held at the peak.
   std::vector<int64_t> held;
+  /// Per global chunk: at least memory(chunk, i, j) for any i < j (every
+  /// layer's parameters and activations, the largest boundary).
+  std::vector<int64_t> memoryBound;
   /// Per global chunk: its rank, its rank's prefix table, and commTime at
   /// each cut.
   std::vector<int> chunkRank;
@@ -205,13 +230,19 @@ private:
   std::vector<std::vector<double>> chunkSend;
 };
 
-using ChunkCost = std::function<double(int, int, int)>;
-using ChunkFits = std::function<bool(int, int, int)>;
+/// Whether a chunk fits memory, for the DPs: chunk k of layers [i, j)
+/// against ChunkCosts::fits, or always when no costs are given.
+struct ChunkFits {
+  const ChunkCosts *costs = nullptr;
+  bool operator()(int k, int i, int j) const { return !costs || costs->fits(k, i, j); }
+};
 
 /// The least bottleneck of a contiguous partition of L layers into K
 /// non-empty chunks: the largest cost(k, i, j) made as small as fits(k, i, j)
-/// allows (infinity when nothing fits). cost must not decrease as a chunk
-/// grows to the left (i smaller); fits may be anything.
+/// allows (infinity when nothing fits). cost(k, i, j) must not decrease as
+/// a chunk grows to the left (i smaller); fits may be anything. The DPs
+/// take the cost as a template argument: they call it O(K L^2) times.
+template <typename ChunkCost>
 double leastBottleneck(int layers, int chunks, const ChunkCost &cost, const ChunkFits &fits) {
   std::vector<std::vector<double>> best(chunks, std::vector<double>(layers + 1, inf));
   for (int j = 1; j <= layers - (chunks - 1); ++j)
@@ -233,18 +264,28 @@ double leastBottleneck(int layers, int chunks, const ChunkCost &cost, const Chun
 /// The most even partition (least sum of squared costs) whose every chunk
 /// costs at most \p limit: its K + 1 cut positions, or an empty vector when
 /// none is.
+template <typename ChunkCost>
 std::vector<int> mostEven(int layers, int chunks, const ChunkCost &cost, const ChunkFits &fits,
                           double limit) {
   std::vector<std::vector<double>> squares(chunks, std::vector<double>(layers + 1, inf));
   std::vector<std::vector<int>> from(chunks, std::vector<int>(layers + 1, -1));
+  // Row k - 1 is finite only at [lo, hi]: the chunk before may end nowhere
+  // else, so i starts at hi (where the cost is at least that of any later
+  // i, all of which would add nothing) and stops at lo.
+  int lo = layers + 1, hi = -1;
   for (int j = 1; j <= layers - (chunks - 1); ++j)
-    if (fits(0, 0, j) && cost(0, 0, j) <= limit)
+    if (fits(0, 0, j) && cost(0, 0, j) <= limit) {
       squares[0][j] = cost(0, 0, j) * cost(0, 0, j), from[0][j] = 0;
-  for (int k = 1; k < chunks; ++k)
-    for (int j = k + 1; j <= layers - (chunks - 1 - k); ++j)
-      for (int i = j - 1; i >= k; --i) {
+      lo = std::min(lo, j), hi = std::max(hi, j);
+    }
+  for (int k = 1; k < chunks; ++k) {
+    int rowLo = layers + 1, rowHi = -1;
+    for (int j = std::max(k + 1, lo + 1); j <= layers - (chunks - 1 - k); ++j) {
+      for (int i = std::min(j - 1, hi); i >= std::max(k, lo); --i) {
         double c = cost(k, i, j);
-        if (c > limit)
+        // The cost only grows as the chunk grows to the left: once its
+        // square alone reaches the best sum, no i further left does better.
+        if (c > limit || c * c >= squares[k][j])
           break;
         if (!fits(k, i, j))
           continue;
@@ -252,6 +293,11 @@ std::vector<int> mostEven(int layers, int chunks, const ChunkCost &cost, const C
         if (s < squares[k][j])
           squares[k][j] = s, from[k][j] = i;
       }
+      if (squares[k][j] < inf)
+        rowLo = std::min(rowLo, j), rowHi = std::max(rowHi, j);
+    }
+    lo = rowLo, hi = rowHi;
+  }
   if (squares[chunks - 1][layers] == inf)
     return {};
   std::vector<int> cuts(chunks + 1, 0);
@@ -263,6 +309,7 @@ std::vector<int> mostEven(int layers, int chunks, const ChunkCost &cost, const C
 
 /// Exact min-max partition: the least bottleneck, then the most even
 /// partition that reaches it. Empty when nothing fits.
+template <typename ChunkCost>
 std::vector<int> partition(int layers, int chunks, const ChunkCost &cost, const ChunkFits &fits) {
   double bottleneck = leastBottleneck(layers, chunks, cost, fits);
   if (bottleneck == inf)
@@ -286,7 +333,7 @@ Error memoryError(const LayerGraph &lg, const ChunkCosts &costs) {
   // Otherwise the stage that overflows most in the memory-blind optimum.
   auto cuts = partition(
       costs.layerCount(), costs.chunkCount(),
-      [&](int k, int i, int j) { return costs.time(k, i, j); }, [](int, int, int) { return true; });
+      [&](int k, int i, int j) { return costs.time(k, i, j); }, ChunkFits());
   int worst = 0;
   double worstRatio = 0;
   for (int k = 0; k < costs.chunkCount(); ++k) {
@@ -682,7 +729,7 @@ std::vector<double> FastestPartition::paretoBottlenecks(double least, double mos
 }
 
 Expected<std::vector<int>> FastestPartition::run(const std::vector<int> &leastCuts, double least) {
-  ChunkCost time = [&](int k, int i, int j) { return costs.time(k, i, j); };
+  auto time = [&](int k, int i, int j) { return costs.time(k, i, j); };
   consider(leastCuts);
   std::vector<int> even = mostEven(layers, chunks, time, fits, inf);
   double most = least;
@@ -752,8 +799,8 @@ Expected<StagePlan> balanceStages(const LayerGraph &lg, const BalanceOptions &op
           "cannot split %d layers into %d stages without leaving a stage empty; use fewer "
           "--stages or --virtual-stages, or a --balance layout with empty stages",
           layers, chunks);
-    ChunkFits fits = [&](int k, int i, int j) { return costs.memory(k, i, j) <= costs.capOf(k); };
-    ChunkCost time = [&](int k, int i, int j) { return costs.time(k, i, j); };
+    ChunkFits fits{&costs};
+    auto time = [&](int k, int i, int j) { return costs.time(k, i, j); };
     auto split = [&] {
       if (options.method == BalanceMethod::Params)
         return partition(

@@ -1,6 +1,7 @@
 //===- PredictStep.cpp - The step time of a partition, by simulation ----===//
 #include "passes/PredictStep.h"
 #include "compiler/sim/Simulator.h"
+#include "passes/PlanMemory.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
@@ -105,9 +106,15 @@ public:
               const std::vector<plan::HardwareInfo> &hardware, int dataParallel)
       : schedule(schedule), in(in), stagePlan(stagePlan), hardware(hardware),
         dataParallel(dataParallel), P(schedule.stages), K(schedule.stages * schedule.virtualStages),
-        M(schedule.microbatches) {}
+        M(schedule.microbatches) {
+    for (int k = 0; k < K; ++k)
+      stageRank.push_back(rankOfChunk(schedule.kind, P, schedule.virtualStages, k));
+  }
 
   Expected<double> run();
+  /// The simulator's bubble for the \p step run() returned: one minus the
+  /// ranks' compute time over P times the step.
+  double bubbleFraction(double step) const;
 
 private:
   /// One compute action with what it waits for and what it sends.
@@ -117,9 +124,7 @@ private:
     double duration = 0;
   };
 
-  int rankOf(int stage) const {
-    return rankOfChunk(schedule.kind, P, schedule.virtualStages, stage);
-  }
+  int rankOf(int stage) const { return stageRank[stage]; }
   /// Transfers are keyed by (boundary, microbatch, gradient).
   int keyOf(int boundary, int mb, bool grad) const { return (boundary * M + mb) * 2 + grad; }
   Error makeBlocks();
@@ -132,6 +137,8 @@ private:
   const StagePlan &stagePlan;
   const std::vector<plan::HardwareInfo> &hardware;
   int dataParallel, P, K, M;
+  /// Per stage (global chunk): its rank.
+  std::vector<int> stageRank;
 
   /// Per boundary and direction (0 activations, 1 gradients): the longest
   /// of its tensors' transfers, or -1 when nothing crosses.
@@ -144,9 +151,10 @@ private:
   std::vector<int> natural, recvAt;
   std::vector<double> sendPost;
   /// Per rank: the next block, the clock, when each block started, when
-  /// its last send ends and the latest arrival.
+  /// its last send ends, the latest arrival and the compute time (summed in
+  /// the simulator's order: a RECOMPUTE, then its backward).
   std::vector<int> pc;
-  std::vector<double> clock, blockStart, sendsDone, lastArrival;
+  std::vector<double> clock, blockStart, sendsDone, lastArrival, busy;
 };
 
 Error StreamTimer::makeBlocks() {
@@ -253,9 +261,12 @@ Expected<bool> StreamTimer::advance(int r) {
       lastArrival[r] = std::max(lastArrival[r], arrival);
       ready = std::max(ready, arrival);
     }
-    if (b.recompute >= 0)
+    if (b.recompute >= 0) {
       clock[r] = clock[r] + b.recompute;
+      busy[r] += b.recompute;
+    }
     clock[r] = std::max(clock[r], ready) + b.duration;
+    busy[r] += b.duration;
     if (b.sendKey >= 0)
       sendPost[b.sendKey] = clock[r];
     moved = true;
@@ -294,6 +305,7 @@ Expected<double> StreamTimer::run() {
   clock.assign(P, 0);
   sendsDone.assign(P, 0);
   lastArrival.assign(P, 0);
+  busy.assign(P, 0);
   blockStart.assign(blocks.size(), 0);
   for (bool progress = true; progress;) {
     progress = false;
@@ -337,6 +349,83 @@ Expected<double> StreamTimer::run() {
   return step;
 }
 
+double StreamTimer::bubbleFraction(double step) const {
+  double total = 0;
+  for (int r = 0; r < P; ++r)
+    total += busy[r];
+  return step > 0 ? std::max(0.0, 1 - total / (P * step)) : 0;
+}
+
+/// plan-memory's peak of live activation bytes on each rank of the programs
+/// lower-schedule makes of \p schedule, without building them. A FORWARD
+/// allocates the activations its stage keeps (only its input with
+/// recompute), a RECOMPUTE the rebuilt ones; a B, or the W after an I,
+/// frees both; in inference a forward's are freed once sent. Each
+/// allocation and free is an instruction of its own, so the peak is the
+/// running maximum in program order. The buffers lower-schedule refuses
+/// (freed but never allocated, or never freed) are an error here too.
+Expected<std::vector<int64_t>> peakActivations(const Schedule &schedule, const LoweringInputs &in) {
+  int ranks = schedule.stages, chunks = ranks * schedule.virtualStages;
+  int microbatches = schedule.microbatches;
+  if (static_cast<int>(in.activationBytes.size()) != chunks ||
+      static_cast<int>(in.inputBytes.size()) != chunks)
+    return createStringError(inconvertibleErrorCode(),
+                             "lower-schedule: activation sizes for %d stages are needed", chunks);
+  std::vector<char> live(static_cast<size_t>(chunks) * microbatches * 2, 0);
+  std::vector<int64_t> peaks;
+  for (int r = 0; r < ranks; ++r) {
+    int64_t now = 0, peak = 0;
+    int open = 0;
+    // A kept set: (stage, microbatch) and whether it is the rebuilt one.
+    auto change = [&](int s, int m, bool rebuilt, bool allocate) {
+      char &held = live[(static_cast<size_t>(s) * microbatches + m) * 2 + rebuilt];
+      if (held == allocate)
+        return false;
+      held = allocate;
+      int64_t bytes = rebuilt || !in.recompute ? in.activationBytes[s] : in.inputBytes[s];
+      now += allocate ? bytes : -bytes;
+      open += allocate ? 1 : -1;
+      peak = std::max(peak, now);
+      return true;
+    };
+    for (const Action &a : schedule.ranks[r]) {
+      int s = a.stage, m = a.microbatch;
+      if (s < 0 || s >= chunks || m < 0 || m >= microbatches)
+        return createStringError(inconvertibleErrorCode(),
+                                 "lower-schedule: rank %d was given action %s", r,
+                                 formatAction(a).c_str());
+      bool ok = true;
+      switch (a.kind) {
+      case ActionKind::F:
+        ok = change(s, m, false, true) && (in.training || change(s, m, false, false));
+        break;
+      case ActionKind::B:
+        ok = (!in.recompute || (change(s, m, true, true) && change(s, m, true, false))) &&
+             change(s, m, false, false);
+        break;
+      case ActionKind::I:
+        ok = !in.recompute || change(s, m, true, true);
+        break;
+      case ActionKind::W:
+        ok = (!in.recompute || change(s, m, true, false)) && change(s, m, false, false);
+        break;
+      }
+      if (!ok)
+        return createStringError(inconvertibleErrorCode(),
+                                 "lower-schedule: rank %d: action %s allocates activations "
+                                 "it holds, or frees some it does not",
+                                 r, formatAction(a).c_str());
+    }
+    if (open != 0)
+      return createStringError(inconvertibleErrorCode(),
+                               "lower-schedule: rank %d never frees some activations (no "
+                               "backward in its schedule)",
+                               r);
+    peaks.push_back(peak);
+  }
+  return peaks;
+}
+
 } // namespace
 
 Expected<double> StepPredictor::operator()(const StagePlan &stagePlan) const {
@@ -347,7 +436,28 @@ Expected<double> StepPredictor::operator()(const StagePlan &stagePlan) const {
   return StreamTimer(*schedule, inputs, stagePlan, hardware, options.dataParallel).run();
 }
 
-Expected<double> StepPredictor::lowerAndSimulate(const StagePlan &stagePlan) const {
+Expected<StepPrediction> StepPredictor::predict(const StagePlan &stagePlan) const {
+  if (!schedule)
+    return createStringError(inconvertibleErrorCode(), "%s", scheduleError.c_str());
+  LoweringInputs inputs =
+      options.lowering ? options.lowering(stagePlan) : defaultLoweringInputs(stagePlan, options);
+  StreamTimer timer(*schedule, inputs, stagePlan, hardware, options.dataParallel);
+  auto step = timer.run();
+  if (!step)
+    return step.takeError();
+  auto peaks = peakActivations(*schedule, inputs);
+  if (!peaks)
+    return peaks.takeError();
+  StepPrediction out;
+  out.step = *step;
+  out.bubbleFraction = timer.bubbleFraction(*step);
+  for (size_t r = 0; r < peaks->size(); ++r)
+    out.peakMemory.push_back((r < stagePlan.ranks.size() ? stagePlan.ranks[r].weightBytes : 0) +
+                             (*peaks)[r]);
+  return out;
+}
+
+Expected<StepPrediction> StepPredictor::lowerAndSimulate(const StagePlan &stagePlan) const {
   if (!schedule)
     return createStringError(inconvertibleErrorCode(), "%s", scheduleError.c_str());
   LoweringInputs inputs =
@@ -355,6 +465,7 @@ Expected<double> StepPredictor::lowerAndSimulate(const StagePlan &stagePlan) con
   auto programs = lowerSchedule(*schedule, inputs);
   if (!programs)
     return programs.takeError();
+  planMemory(*programs);
   // The parts of a plan the simulator reads, as the driver fills them.
   plan::Plan skeleton;
   for (const plan::HardwareInfo &hw : hardware)
@@ -375,7 +486,11 @@ Expected<double> StepPredictor::lowerAndSimulate(const StagePlan &stagePlan) con
   auto simulated = simulatePlan(skeleton);
   if (!simulated)
     return simulated.takeError();
-  return simulated->stepTime;
+  StepPrediction out;
+  out.step = simulated->stepTime;
+  out.bubbleFraction = simulated->bubbleFraction;
+  out.peakMemory = std::move(simulated->peakMemory);
+  return out;
 }
 
 } // namespace pipec

@@ -16,6 +16,12 @@
 // tests hold it to). At P = 64, M = 256 that is about 33,000 actions, a few
 // milliseconds, where lowering and simulating take about half a second.
 //
+// A plan that is only compared (the other balancing methods beside the plan
+// written, --schedule auto's candidates) needs more of the simulation than
+// the step: its bubble and each rank's memory peak, which plan-memory gives
+// the lowered buffers. predict() follows the same actions for those, with
+// the buffers' allocations and frees where lower-schedule puts them.
+//
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_PASSES_PREDICTSTEP_H
 #define PIPEC_PASSES_PREDICTSTEP_H
@@ -36,6 +42,15 @@ plan::HardwareInfo hardwareInfo(const HardwareSpec &hardware, bool bf16);
 /// and a data-parallel all-reduce per rank when options.dataParallel > 1.
 LoweringInputs defaultLoweringInputs(const StagePlan &plan, const BalanceOptions &options);
 
+/// What simulatePlan says of a partition's plan that a comparison reads.
+struct StepPrediction {
+  double step = 0;
+  double bubbleFraction = 0;
+  /// Per rank: its weights and state plus plan-memory's peak of live
+  /// activation bytes (SimulationResult::peakMemory).
+  std::vector<int64_t> peakMemory;
+};
+
 /// Predicts step times of partitions for one BalanceOptions (which must
 /// outlive it).
 class StepPredictor {
@@ -47,9 +62,15 @@ public:
   /// simulation (a schedule the options do not accept).
   llvm::Expected<double> operator()(const StagePlan &plan) const;
 
-  /// The same step by the long way: lower-schedule's programs in a plan
-  /// skeleton, run by simulatePlan. For tests.
-  llvm::Expected<double> lowerAndSimulate(const StagePlan &plan) const;
+  /// The step, bubble and memory peaks of \p plan's chunks, the same
+  /// numbers as lowerAndSimulate. Errors: those of operator(), and buffers
+  /// lower-schedule would refuse (freed twice, or never).
+  llvm::Expected<StepPrediction> predict(const StagePlan &plan) const;
+
+  /// The same by the long way: lower-schedule's programs in a plan skeleton,
+  /// given their memory plan (PlanMemory.h) and run by simulatePlan. For
+  /// tests, and the errors of what predict() refuses.
+  llvm::Expected<StepPrediction> lowerAndSimulate(const StagePlan &plan) const;
 
 private:
   const BalanceOptions &options;

@@ -2,7 +2,9 @@
 //
 // StepPredictor follows the schedule on plain arrays instead of building the
 // lowered programs; these tests hold it to the long way (lower-schedule's
-// programs run by simulatePlan), bit for bit, on every schedule family.
+// programs, given their memory plan and run by simulatePlan), bit for bit,
+// on every schedule family: the step, the bubble and each rank's memory
+// peak.
 //
 //===----------------------------------------------------------------------===//
 #include "TestUtil.h"
@@ -127,6 +129,7 @@ TEST(PredictStep, SameStepAsLoweringAndSimulating) {
               Case c = makeCase(f.kind, stages, f.v, microbatches, recompute, dp, rng);
               StepPredictor predict(c.options);
               auto fast = predict(c.plan);
+              auto full = predict.predict(c.plan);
               auto slow = predict.lowerAndSimulate(c.plan);
               std::string what =
                   formatv("{0} P={1} V={2} M={3} recompute={4} dp={5}", scheduleName(f.kind),
@@ -134,8 +137,19 @@ TEST(PredictStep, SameStepAsLoweringAndSimulating) {
                       .str();
               ASSERT_TRUE(!!slow) << what << ": " << toString(slow.takeError());
               ASSERT_TRUE(!!fast) << what << ": " << toString(fast.takeError());
-              EXPECT_EQ(*fast, *slow) << what;
+              ASSERT_TRUE(!!full) << what << ": " << toString(full.takeError());
+              EXPECT_EQ(*fast, slow->step) << what;
               EXPECT_GT(*fast, 0) << what;
+              EXPECT_EQ(full->step, slow->step) << what;
+              EXPECT_EQ(full->bubbleFraction, slow->bubbleFraction) << what;
+              if (stages > 1 || f.kind != ScheduleKind::ForwardOnly) { // one rank infers busily
+                EXPECT_GT(full->bubbleFraction, 0) << what;
+              }
+              EXPECT_EQ(full->peakMemory, slow->peakMemory) << what;
+              ASSERT_EQ(static_cast<int>(full->peakMemory.size()), stages) << what;
+              if (f.kind != ScheduleKind::ForwardOnly) { // a recompute keeps stage 0's input: none
+                EXPECT_GT(full->peakMemory[0], c.plan.ranks[0].weightBytes) << what;
+              }
               ++compared;
             }
   EXPECT_GT(compared, 200);
@@ -147,13 +161,32 @@ TEST(PredictStep, RejectedScheduleIsAnError) {
   Case c = makeCase(ScheduleKind::OneFOneB, 4, 1, 2, false, 1, rng); // 1F1B needs M >= P
   StepPredictor predict(c.options);
   auto fast = predict(c.plan);
+  auto full = predict.predict(c.plan);
   auto slow = predict.lowerAndSimulate(c.plan);
   EXPECT_FALSE(!!fast);
+  EXPECT_FALSE(!!full);
   EXPECT_FALSE(!!slow);
   if (!fast)
     llvm::consumeError(fast.takeError());
+  if (!full)
+    llvm::consumeError(full.takeError());
   if (!slow)
     llvm::consumeError(slow.takeError());
+}
+
+/// A training step whose schedule never runs a stage's backward leaves its
+/// activations held: lower-schedule refuses that, and so does predict().
+TEST(PredictStep, ActivationsNeverFreedAreAnError) {
+  std::mt19937 rng(2);
+  Case c = makeCase(ScheduleKind::GPipe, 2, 1, 2, false, 1, rng);
+  c.options.schedule = ScheduleKind::ForwardOnly; // forwards only, yet training
+  StepPredictor predict(c.options);
+  auto full = predict.predict(c.plan);
+  auto slow = predict.lowerAndSimulate(c.plan);
+  ASSERT_FALSE(!!full);
+  ASSERT_FALSE(!!slow);
+  EXPECT_NE(toString(full.takeError()).find("never frees"), std::string::npos);
+  EXPECT_NE(toString(slow.takeError()).find("never frees"), std::string::npos);
 }
 
 } // namespace

@@ -482,6 +482,7 @@ int runCompile() {
     return badUsage("--untie: only training (--mode train) has weights to untie");
   options.costs = Costs;
   options.dataParallel = DataParallel;
+  options.disableFree = true; // the process ends after the plan is written
   auto pipeline = pipelineOptionsFromFlags(passNames());
   if (!pipeline)
     return ExitUsage;

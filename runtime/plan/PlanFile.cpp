@@ -18,6 +18,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -47,10 +48,18 @@ Expected<std::string> serializePlan(const plan::Plan &plan, PlanEncoding encodin
   std::string out;
   switch (encoding) {
   case PlanEncoding::Binary: {
-    google::protobuf::io::StringOutputStream stream(&out);
+    // Sized once: a string grown by doubling holds the old and the new copy
+    // at its last growth (100 MB for a 35 MB plan).
+    size_t size = plan.ByteSizeLong();
+    if (size > static_cast<size_t>(std::numeric_limits<int>::max()))
+      return createStringError(inconvertibleErrorCode(),
+                               "cannot serialize the plan: %zu bytes, over protobuf's 2 GiB", size);
+    out.resize(size);
+    google::protobuf::io::ArrayOutputStream stream(out.data(), static_cast<int>(size));
     google::protobuf::io::CodedOutputStream coded(&stream);
     coded.SetSerializationDeterministic(true);
-    if (!plan.SerializeToCodedStream(&coded))
+    plan.SerializeWithCachedSizes(&coded);
+    if (coded.HadError() || static_cast<size_t>(coded.ByteCount()) != size)
       return createStringError(inconvertibleErrorCode(), "cannot serialize the plan");
     break;
   }
@@ -72,11 +81,41 @@ Expected<std::string> serializePlan(const plan::Plan &plan, PlanEncoding encodin
   return out;
 }
 
+namespace {
+
+/// protobuf's output, copied into a raw_ostream in the adaptor's blocks.
+class RawOstreamCopier : public google::protobuf::io::CopyingOutputStream {
+public:
+  explicit RawOstreamCopier(raw_ostream &os) : os(os) {}
+  bool Write(const void *buffer, int size) override {
+    os.write(static_cast<const char *>(buffer), size);
+    return true; // the stream's errors surface when the file is closed
+  }
+
+private:
+  raw_ostream &os;
+};
+
+} // namespace
+
 Error writePlan(const plan::Plan &plan, StringRef path, PlanEncoding encoding) {
-  auto bytes = serializePlan(plan, encoding);
-  if (!bytes)
-    return bytes.takeError();
-  return writeFileAtomically(path, *bytes);
+  if (encoding != PlanEncoding::Binary) {
+    auto bytes = serializePlan(plan, encoding);
+    if (!bytes)
+      return bytes.takeError();
+    return writeFileAtomically(path, *bytes);
+  }
+  // Binary plans stream to the file: a 35 MB plan held whole once more
+  // would be the peak of `pipec compile`.
+  return writeFileAtomically(path, [&](raw_ostream &os) -> Error {
+    RawOstreamCopier copier(os);
+    google::protobuf::io::CopyingOutputStreamAdaptor stream(&copier);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    if (!plan.SerializeToCodedStream(&coded))
+      return createStringError(inconvertibleErrorCode(), "cannot serialize the plan");
+    return Error::success();
+  });
 }
 
 std::string sha256Hex(StringRef bytes) {
@@ -128,12 +167,25 @@ Expected<std::string> externalDataHash(const plan::Plan &plan, StringRef modelDi
 }
 
 Error writeFileAtomically(StringRef path, StringRef bytes) {
+  return writeFileAtomically(path, [&](raw_ostream &os) {
+    os << bytes;
+    return Error::success();
+  });
+}
+
+Error writeFileAtomically(StringRef path, function_ref<Error(raw_ostream &)> write) {
   std::string temp = (path + ".tmp").str();
   std::error_code ec;
   raw_fd_ostream os(temp, ec);
   if (ec)
     return createStringError(ec, "%s: cannot write: %s", path.str().c_str(), ec.message().c_str());
-  os << bytes;
+  if (Error err = write(os)) {
+    os.close();
+    os.clear_error();
+    sys::fs::remove(temp);
+    return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
+                             toString(std::move(err)).c_str());
+  }
   os.close(); // close() reports what a full disk refused, too
   if (os.has_error()) {
     std::error_code failed = os.error();

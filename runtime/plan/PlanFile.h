@@ -12,7 +12,9 @@
 
 #include "runtime/plan/plan.pb.h"
 
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/Support/Error.h"
+#include "llvm/Support/raw_ostream.h"
 
 namespace pipec {
 
@@ -39,6 +41,11 @@ std::string sha256Hex(llvm::StringRef bytes);
 /// readers see the old file or the new one, never a part; a failed write
 /// leaves no temporary behind.
 llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef bytes);
+
+/// The same with the bytes \p write puts into the temporary file's stream;
+/// an error from \p write (prefixed with the path) leaves no file either.
+llvm::Error writeFileAtomically(llvm::StringRef path,
+                                llvm::function_ref<llvm::Error(llvm::raw_ostream &)> write);
 
 /// Writes \p plan to \p path atomically (a temporary file renamed into
 /// place). Errors name the path.

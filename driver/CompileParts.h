@@ -1,0 +1,109 @@
+//===- CompileParts.h - What `pipec compile`'s files share --------------===//
+//
+// The driver's own types for one compile (not an interface of pipec): the
+// resolved setup, the front half of the pipeline for one microbatch size,
+// the schedule a plan is built for, and the functions that describe a plan
+// (DescribePlan.cpp) for Compile.cpp, which runs the passes.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_DRIVER_COMPILEPARTS_H
+#define PIPEC_DRIVER_COMPILEPARTS_H
+
+#include "driver/Compile.h"
+#include "passes/BalanceStages.h"
+#include "passes/Differentiate.h"
+#include "passes/GroupLayers.h"
+#include "passes/LowerSchedule.h"
+#include "passes/TieWeights.h"
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace pipec {
+
+/// What one microbatch size needs, shared by the schedules tried for it.
+struct Prepared {
+  Graph graph;
+  std::string xxh3; ///< of the model file
+  /// Train mode: the backward program, or why there is none.
+  std::optional<Backward> backward;
+  /// The values whose gradients the backward computes (valuesWithGradients),
+  /// once: balancing asks per candidate partition.
+  std::set<std::string> flowing;
+  std::string lossText, backwardError;
+  LayerGraph layers;
+  /// Train mode: what tie-weights found and rewrote.
+  TieReport ties;
+  /// The weights several layers read (LayerGraph::sharedWeights), once, for
+  /// the same reason.
+  std::vector<std::pair<int, std::vector<int>>> sharedWeights;
+  /// Per layer l but the last: the tensors that cross the cut after it, as
+  /// the plan sends them, and whether each carries a gradient back (see
+  /// indexCuts).
+  std::vector<std::vector<plan::TensorRef>> cutTensors;
+  std::vector<std::vector<bool>> cutGradients;
+  std::map<std::string, CostTable> tables;
+  std::vector<const CostTable *> rankCosts;
+};
+
+struct Setup {
+  std::vector<HardwareSpec> hardware;
+  std::vector<int64_t> limits;
+  Precision precision = Precision::BF16;
+};
+
+/// The schedule one plan is built for: its kind, chunks per rank V,
+/// microbatches M and the samples in each.
+struct ScheduleShape {
+  ScheduleKind kind = ScheduleKind::OneFOneB;
+  int V = 1, M = 1;
+  int64_t microbatchSize = 1;
+};
+
+/// A rank whose peak memory is over its limit (none when the limit is 0).
+bool overMemoryLimit(const plan::Rank &rank);
+/// Whether every rank of \p plan fits its memory limit.
+bool fitsMemory(const plan::Plan &plan);
+
+/// Fills \p prepared's cutTensors and cutGradients (LayerGraph::crossingAfter
+/// and sendsGradient at each cut, once: balancing asks for the lowering
+/// inputs of every candidate partition). Needs the backward program's
+/// flowing values, in train mode.
+void indexCuts(Prepared &prepared, Precision precision);
+
+/// What balance-stages needs for \p shape; options.balance names a method
+/// or gives a layout. The result refers to \p options, \p setup and
+/// \p prepared.
+BalanceOptions balanceOptions(const CompileOptions &options, const Setup &setup,
+                              const Prepared &prepared, const ScheduleShape &shape);
+
+/// What lower-schedule needs: each stage's boundary tensors and sizes, and
+/// the gradient all-reduces, of weights shared by several ranks and over
+/// data-parallel replicas. balance-stages asks for it per candidate
+/// partition, so that it times the plan that will be compiled.
+LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
+                              const Prepared &prepared, const StagePlan &stagePlan);
+
+/// The plan's header: the model, the schedule, the hardware, how it trains,
+/// how it was balanced and the graph's input shapes.
+void describeRun(plan::Plan &plan, llvm::StringRef modelPath, const CompileOptions &options,
+                 const Setup &setup, const Prepared &prepared, const BalanceOptions &balance,
+                 const StagePlan &stagePlan, const ScheduleShape &shape);
+
+/// Each layer's costs on the first rank's hardware; in train mode the loss,
+/// or a warning that there is no backward program.
+void describeLayers(plan::Plan &plan, const CompileOptions &options, const Prepared &prepared);
+
+/// The stages and ranks as balance-stages placed them.
+void describeStages(plan::Plan &plan, const LayerGraph &layers, const StagePlan &stagePlan);
+
+/// The graph's warnings, the ops the cost model defaulted, and the ranks over
+/// their memory limit.
+void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first);
+
+} // namespace pipec
+
+#endif // PIPEC_DRIVER_COMPILEPARTS_H

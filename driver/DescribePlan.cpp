@@ -1,0 +1,255 @@
+//===- DescribePlan.cpp - A plan's header, layers, stages and warnings ---===//
+#include "driver/CompileParts.h"
+#include "driver/InspectReport.h"
+#include "passes/PredictStep.h"
+#include "passes/StagePrograms.h"
+#include "runtime/plan/PlanFile.h"
+
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringSwitch.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace llvm;
+
+namespace pipec {
+namespace {
+
+plan::TensorRef tensorRef(const Graph &graph, int id, Precision precision) {
+  const Value &v = graph.values[id];
+  plan::TensorRef t;
+  t.set_name(v.name);
+  // dtype is the value's own; bytes are what the link carries at the plan's
+  // precision (bf16 plans move float32 activations as bf16).
+  bool halve = precision == Precision::BF16 && v.type == DType::F32;
+  t.set_dtype(dtypeName(v.type).str());
+  for (int64_t d : v.shape)
+    t.add_shape(d);
+  t.set_bytes(halve ? v.byteSize() / 2 : v.byteSize());
+  return t;
+}
+
+} // namespace
+
+bool overMemoryLimit(const plan::Rank &r) {
+  return r.memory_limit_bytes() > 0 && r.peak_memory_bytes() > r.memory_limit_bytes();
+}
+
+bool fitsMemory(const plan::Plan &plan) {
+  return std::none_of(plan.ranks().begin(), plan.ranks().end(), overMemoryLimit);
+}
+
+void indexCuts(Prepared &prepared, Precision precision) {
+  const LayerGraph &layers = prepared.layers;
+  const Graph &graph = prepared.graph;
+  // Only gradients the backward program computes cross back.
+  const std::set<std::string> *flowingPtr = prepared.backward ? &prepared.flowing : nullptr;
+  size_t cuts = layers.layers.empty() ? 0 : layers.layers.size() - 1;
+  prepared.cutTensors.assign(cuts, {});
+  prepared.cutGradients.assign(cuts, {});
+  // crossingAfter's order: the crossings', at every cut each spans.
+  for (const CrossingTensor &c : layers.crossings) {
+    plan::TensorRef tensor = tensorRef(graph, c.value, precision);
+    bool gradient = sendsGradient(graph, c.value, flowingPtr);
+    for (int l = std::max(c.fromLayer, 0); l < c.toLayer && l < static_cast<int>(cuts); ++l) {
+      prepared.cutTensors[l].push_back(tensor);
+      prepared.cutGradients[l].push_back(gradient);
+    }
+  }
+}
+
+BalanceOptions balanceOptions(const CompileOptions &options, const Setup &setup,
+                              const Prepared &prepared, const ScheduleShape &shape) {
+  BalanceOptions balance;
+  balance.stages = options.stages;
+  balance.virtualStages = shape.V;
+  balance.microbatches = shape.M;
+  balance.schedule = shape.kind;
+  balance.training.training = options.training;
+  balance.training.optimizer = options.optimizer;
+  balance.training.mixedPrecision = setup.precision == Precision::BF16;
+  balance.training.recompute = options.recompute;
+  balance.rankCosts = prepared.rankCosts;
+  balance.rankHardware = setup.hardware;
+  balance.memoryLimit = setup.limits;
+  balance.method = StringSwitch<BalanceMethod>(options.balance)
+                       .Case("time", BalanceMethod::Time)
+                       .Case("params", BalanceMethod::Params)
+                       .Case("uniform", BalanceMethod::Uniform)
+                       .Default(BalanceMethod::Layout);
+  if (balance.method == BalanceMethod::Layout)
+    balance.layout = options.balance;
+  balance.dataParallel = options.dataParallel;
+  balance.lowering = [&options, &setup, &prepared](const StagePlan &stagePlan) {
+    return loweringInputs(options, setup, prepared, stagePlan);
+  };
+  return balance;
+}
+
+void describeRun(plan::Plan &plan, StringRef modelPath, const CompileOptions &options,
+                 const Setup &setup, const Prepared &prepared, const BalanceOptions &balance,
+                 const StagePlan &stagePlan, const ScheduleShape &shape) {
+  const Graph &graph = prepared.graph;
+  plan.set_format_version(PlanFormatVersion);
+  auto *model = plan.mutable_model();
+  model->set_path(modelPath.str());
+  model->set_xxh3(prepared.xxh3);
+  // The model file's nodes: tie-weights adds a Transpose per retied head.
+  model->set_nodes(graph.model->graph().node_size() - prepared.ties.retied());
+  model->set_params(prepared.layers.totalParams());
+  auto *info = plan.mutable_schedule();
+  info->set_name(scheduleName(shape.kind).str());
+  info->set_stages(options.stages);
+  info->set_virtual_stages(shape.V);
+  info->set_microbatches(shape.M);
+  info->set_mode(options.training ? "train" : "infer");
+  info->set_data_parallel(options.dataParallel);
+  info->set_global_batch(shape.microbatchSize * shape.M * options.dataParallel);
+  info->set_microbatch_size(shape.microbatchSize);
+  for (const HardwareSpec &hw : setup.hardware)
+    *plan.add_hardware() = hardwareInfo(hw, setup.precision == Precision::BF16);
+  auto *training = plan.mutable_training();
+  training->set_precision(precisionName(setup.precision).str());
+  training->set_optimizer(optimizerName(options.optimizer).str());
+  training->set_recompute(options.recompute);
+  training->set_bytes_per_param(bytesPerParam(balance.training));
+  plan.set_balance_method(balanceMethodName(balance.method).str());
+  plan.set_layout(stagePlan.layout);
+  for (int id : graph.inputs) {
+    const Value &v = graph.values[id];
+    std::string dims;
+    for (size_t d = 0; d < v.shape.size(); ++d)
+      dims += (d ? "," : "") + std::to_string(v.shape[d]);
+    (*plan.mutable_input_shapes())[v.name] = dims;
+  }
+}
+
+void describeLayers(plan::Plan &plan, const CompileOptions &options, const Prepared &prepared) {
+  const CostTable &first = *prepared.rankCosts[0];
+  for (size_t l = 0; l < prepared.layers.layers.size(); ++l) {
+    const LayerCost &lc = first.layers[l];
+    auto *li = plan.add_layers();
+    li->set_index(static_cast<int>(l));
+    li->set_name(lc.name);
+    li->set_kind(layerKindName(lc.kind).str());
+    li->set_params(lc.params);
+    li->set_flops_f(lc.flops[Forward]);
+    li->set_time_f_s(lc.time[Forward]);
+    li->set_time_i_s(lc.time[BackwardInput]);
+    li->set_time_w_s(lc.time[BackwardWeight]);
+    li->set_activation_bytes(lc.activationBytes);
+    li->set_boundary_bytes(lc.boundaryBytes);
+    li->set_measured(lc.measured);
+    if (prepared.backward) {
+      li->set_backward_input_ops(static_cast<int>(prepared.backward->inputGrad[l].size()));
+      li->set_backward_weight_ops(static_cast<int>(prepared.backward->weightGrad[l].size()));
+    }
+  }
+  if (options.training) {
+    if (prepared.backward)
+      plan.set_loss(prepared.lossText);
+    else
+      plan.add_warnings("no backward program yet: " + prepared.backwardError +
+                        " (the plan's timing stands; running it needs the gradients)");
+  }
+}
+
+void describeStages(plan::Plan &plan, const LayerGraph &layers, const StagePlan &stagePlan) {
+  for (const ChunkPlan &c : stagePlan.chunks) {
+    auto *s = plan.add_stages();
+    s->set_index(c.index);
+    s->set_rank(c.rank);
+    s->set_chunk(c.chunkOnRank);
+    s->set_first_layer(c.firstLayer);
+    s->set_last_layer(c.lastLayer);
+    for (int l = c.firstLayer; l <= c.lastLayer; ++l)
+      s->add_layers(layers.layers[l].name);
+    s->set_params(c.params);
+    s->set_flops_f(c.flopsForward);
+    s->set_time_f_s(c.time[Forward]);
+    s->set_time_i_s(c.time[BackwardInput]);
+    s->set_time_w_s(c.time[BackwardWeight]);
+    s->set_comm_s(c.commTime);
+    s->set_boundary_bytes(c.boundaryBytes);
+    s->set_activation_bytes(c.activationBytes);
+  }
+  for (const RankPlan &r : stagePlan.ranks) {
+    auto *rank = plan.add_ranks();
+    rank->set_index(r.index);
+    rank->set_hardware(r.hardware);
+    rank->set_memory_limit_bytes(r.memoryLimit);
+    rank->set_peak_memory_bytes(r.peakMemory);
+    rank->set_weight_bytes(r.weightBytes);
+    rank->set_activation_bytes(r.activationBytes);
+  }
+}
+
+LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
+                              const Prepared &prepared, const StagePlan &stagePlan) {
+  const LayerGraph &layers = prepared.layers;
+  const Graph &graph = prepared.graph;
+  LoweringInputs lowering;
+  lowering.training = options.training;
+  lowering.recompute = options.recompute;
+  for (const ChunkPlan &c : stagePlan.chunks) {
+    bool last = c.index + 1 == static_cast<int>(stagePlan.chunks.size());
+    if (!last && !c.empty() && c.lastLayer + 1 < static_cast<int>(layers.layers.size())) {
+      lowering.sendTensors.push_back(prepared.cutTensors[c.lastLayer]);
+      lowering.hasGradient.push_back(prepared.cutGradients[c.lastLayer]);
+    } else {
+      lowering.sendTensors.emplace_back();
+      lowering.hasGradient.emplace_back();
+    }
+    lowering.activationBytes.push_back(c.activationBytes);
+    int64_t input = 0;
+    if (c.index > 0) {
+      const ChunkPlan &prev = stagePlan.chunks[c.index - 1];
+      input = prev.boundaryBytes;
+    }
+    lowering.inputBytes.push_back(input);
+  }
+  int64_t gradBytes = setup.precision == Precision::BF16 ? 2 : 4;
+  for (auto &[w, users] : prepared.sharedWeights) {
+    std::set<int> ranks;
+    for (int l : users)
+      for (const ChunkPlan &c : stagePlan.chunks)
+        if (l >= c.firstLayer && l <= c.lastLayer)
+          ranks.insert(c.rank);
+    if (ranks.size() < 2)
+      continue;
+    LoweringInputs::AllReduce ar;
+    ar.group = "tied:" + graph.values[w].name;
+    ar.ranks.assign(ranks.begin(), ranks.end());
+    ar.bytes = graph.values[w].numElements() * gradBytes;
+    lowering.allReduces.push_back(ar);
+  }
+  if (options.dataParallel > 1)
+    for (int r = 0; r < options.stages; ++r) {
+      LoweringInputs::AllReduce ar;
+      ar.group = "dp";
+      ar.ranks = {r};
+      int64_t params = 0;
+      for (const ChunkPlan &c : stagePlan.chunks)
+        if (c.rank == r)
+          params += c.params;
+      ar.bytes = params * gradBytes;
+      lowering.allReduces.push_back(ar);
+    }
+  return lowering;
+}
+
+void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first) {
+  for (const std::string &w : graph.warnings)
+    plan.add_warnings(w);
+  if (!first.defaultedOpTypes.empty())
+    plan.add_warnings("ops costed by the default rule (F = one FLOP per output element, I = F, "
+                      "W = 0): " +
+                      join(first.defaultedOpTypes, ", "));
+  for (const plan::Rank &r : plan.ranks())
+    if (overMemoryLimit(r))
+      plan.add_warnings(formatv("rank {0} needs {1}, over its limit of {2}", r.index(),
+                                humanCount(r.peak_memory_bytes(), true),
+                                humanCount(r.memory_limit_bytes(), true))
+                            .str());
+}
+
+} // namespace pipec
