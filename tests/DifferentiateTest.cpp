@@ -671,13 +671,7 @@ TEST(Differentiate, TrainingBatchNormalizationNeedsTwoValuesPerChannel) {
                    {"y", "new_mean", "new_var"}, "bn");
   setIntAttr(n, "training_mode", 1);
   b.output("y", kDouble);
-  auto graph = importBytes(b.serialize());
-  ASSERT_TRUE(bool(graph)) << llvm::toString(graph.takeError());
-  auto layers = groupLayers(*graph);
-  ASSERT_TRUE(bool(layers)) << llvm::toString(layers.takeError());
-  auto backward = differentiate(*graph, *layers, {LossSpec::Kind::Mse, "", "labels"});
-  ASSERT_FALSE(bool(backward));
-  EXPECT_EQ(llvm::toString(backward.takeError()),
+  EXPECT_EQ(differentiateError(b),
             "node 'bn' (BatchNormalization): training needs more than one value per channel; a "
             "microbatch has 1");
 }
@@ -696,13 +690,7 @@ TEST(Differentiate, SharedRunningStatisticIsRefused) {
     setIntAttr(n, "training_mode", 1);
   }
   b.output("y2", kDouble);
-  auto graph = importBytes(b.serialize());
-  ASSERT_TRUE(bool(graph)) << llvm::toString(graph.takeError());
-  auto layers = groupLayers(*graph);
-  ASSERT_TRUE(bool(layers)) << llvm::toString(layers.takeError());
-  auto backward = differentiate(*graph, *layers, {LossSpec::Kind::Mse, "", "labels"});
-  ASSERT_FALSE(bool(backward));
-  EXPECT_EQ(llvm::toString(backward.takeError()),
+  EXPECT_EQ(differentiateError(b),
             "initializer 'mean' is the running statistic of BatchNormalization nodes 'bn1' and "
             "'bn2'; each needs its own (an exporter shared equal tensors: pass --untie mean)");
 }

@@ -177,6 +177,19 @@ inline std::unique_ptr<Differentiated> build(const std::string &bytes, const Los
   return result;
 }
 
+/// The error differentiate gives for the model \p b (MSE against "labels"),
+/// or "no error"; import and grouping must succeed.
+inline std::string differentiateError(const GraphBuilder &b) {
+  auto graph = importBytes(b.serialize());
+  if (!graph)
+    return "import: " + llvm::toString(graph.takeError());
+  auto layers = groupLayers(*graph);
+  if (!layers)
+    return "group-layers: " + llvm::toString(layers.takeError());
+  auto backward = differentiate(*graph, *layers, {LossSpec::Kind::Mse, "", "labels"});
+  return backward ? "no error" : llvm::toString(backward.takeError());
+}
+
 /// 3 or 4 when every use of \p id is as the running mean (3) or variance (4)
 /// of a BatchNormalization, which are statistics without a gradient; -1
 /// otherwise.

@@ -180,18 +180,17 @@ std::vector<int64_t> axesButChannels(size_t rank) {
   return axes;
 }
 
-/// X - mean and 1 / sqrt(var + epsilon) of the batch, per channel (kept
-/// [1, C, 1..] shapes), var being the biased variance the forward
-/// normalizes with.
-std::pair<std::string, std::string> batchCentredAndRstd(GradContext &ctx, ArrayRef<int64_t> axes) {
+/// The batch's moments per channel over \p axes (kept [1, C, 1..] shapes):
+/// its mean, X - mean, and the biased variance the forward normalizes with.
+struct BatchMoments {
+  std::string mean, centred, variance;
+};
+
+BatchMoments batchMoments(GradContext &ctx, ArrayRef<int64_t> axes) {
   std::string x = ctx.in(0);
-  std::string centred = ctx.binary("Sub", x, meanOver(ctx, x, axes));
-  std::string var = meanOver(ctx, ctx.binary("Mul", centred, centred), axes);
-  float epsilon = attrFloat(ctx.node(), "epsilon", 1e-5f);
-  std::string rstd =
-      ctx.unary("Reciprocal",
-                ctx.unary("Sqrt", ctx.binary("Add", var, ctx.constScalar(epsilon, ctx.type()))));
-  return {centred, rstd};
+  std::string mean = meanOver(ctx, x, axes);
+  std::string centred = ctx.binary("Sub", x, mean);
+  return {mean, centred, meanOver(ctx, ctx.binary("Mul", centred, centred), axes)};
 }
 
 /// Training form: with Xh = (X - mean) rstd over the batch, per channel,
@@ -205,8 +204,12 @@ Error batchNormalizationTrainingGrad(GradContext &ctx) {
       ctx.contribute(2, ctx.sumToChannels(ctx.dy(), ctx.yShape()));
       return Error::success();
     }
-    auto [centred, rstd] = batchCentredAndRstd(ctx, axes);
-    std::string normalized = ctx.binary("Mul", centred, rstd);
+    BatchMoments moments = batchMoments(ctx, axes);
+    float epsilon = attrFloat(ctx.node(), "epsilon", 1e-5f);
+    std::string rstd = ctx.unary(
+        "Reciprocal", ctx.unary("Sqrt", ctx.binary("Add", moments.variance,
+                                                   ctx.constScalar(epsilon, ctx.type()))));
+    std::string normalized = ctx.binary("Mul", moments.centred, rstd);
     std::string dyNormalized = ctx.binary("Mul", ctx.dy(), normalized);
     if (i == 1) {
       ctx.contribute(1, ctx.sumToChannels(dyNormalized, ctx.yShape()));
@@ -262,13 +265,10 @@ Error batchNormalizationStatistics(GradContext &ctx) {
                      Twine(count));
   std::vector<int64_t> axes = axesButChannels(xShape.size());
   float momentum = attrFloat(ctx.node(), "momentum", 0.9f);
-  std::string x = ctx.in(0);
-  std::string mean = meanOver(ctx, x, axes);
-  std::string centred = ctx.binary("Sub", x, mean);
-  std::string biased = meanOver(ctx, ctx.binary("Mul", centred, centred), axes);
-  ctx.updateRunning(3, ctx.reshape(mean, {xShape[1]}), momentum);
-  std::string unbiased =
-      ctx.binary("Mul", biased, ctx.constScalar(double(count) / double(count - 1), ctx.type()));
+  BatchMoments moments = batchMoments(ctx, axes);
+  ctx.updateRunning(3, ctx.reshape(moments.mean, {xShape[1]}), momentum);
+  std::string unbiased = ctx.binary("Mul", moments.variance,
+                                    ctx.constScalar(double(count) / double(count - 1), ctx.type()));
   ctx.updateRunning(4, ctx.reshape(unbiased, {xShape[1]}), momentum);
   return Error::success();
 }

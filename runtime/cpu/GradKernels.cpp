@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "ops/OpRegistry.h"
+#include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/kernels/ElementMath.h"
@@ -169,14 +170,8 @@ Expected<std::vector<Tensor>> crossEntropyGrad(const onnx::NodeProto &node,
               continue;
             const float *row = ps + b * c;
             float *out = px + b * c;
-            float maxV = -std::numeric_limits<float>::infinity();
-            for (int64_t k = 0; k < c; ++k)
-              maxV = row[k] > maxV ? row[k] : maxV;
-            for (int64_t k = 0; k < c; ++k)
-              out[k] = kernels::floatmath::exp(row[k] - maxV);
-            double sum = 0;
-            for (int64_t k = 0; k < c; ++k)
-              sum += out[k];
+            float maxV;
+            double sum = shiftedExponentials(row, out, c, maxV);
             float factor = static_cast<float>(scale / sum);
             for (int64_t k = 0; k < c; ++k)
               out[k] *= factor;

@@ -11,12 +11,14 @@
 
 #include "runtime/core/OpContext.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/kernels/FloatMath.h"
 #include "runtime/kernels/KernelBodies.h"
 
 #include "llvm/ADT/ArrayRef.h"
 
 #include <array>
 #include <cassert>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -139,6 +141,22 @@ Tensor broadcastBinary(const Tensor &a, const Tensor &b, DType outType,
 struct AxisSplit {
   int64_t outer, size, inner;
 };
+/// out[j] = exp(in[j] - max(in)) over a float row of \p size (in float, a
+/// loop that vectorises), the max left in \p maxValue; returns their sum,
+/// taken in double. Softmax, its log form and the cross-entropy gradient
+/// share it.
+inline double shiftedExponentials(const float *in, float *out, int64_t size, float &maxValue) {
+  maxValue = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < size; ++j)
+    maxValue = in[j] > maxValue ? in[j] : maxValue;
+  for (int64_t j = 0; j < size; ++j)
+    out[j] = kernels::floatmath::exp(in[j] - maxValue);
+  double sum = 0;
+  for (int64_t j = 0; j < size; ++j)
+    sum += out[j];
+  return sum;
+}
+
 inline AxisSplit splitAt(llvm::ArrayRef<int64_t> shape, int64_t axis) {
   return {product(shape.take_front(axis)), shape[axis], product(shape.drop_front(axis + 1))};
 }

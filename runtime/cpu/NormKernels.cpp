@@ -33,23 +33,14 @@ void softmaxRows(const float *x, float *y, AxisSplit split, bool logarithm) {
     for (int64_t row = begin; row < end; ++row) {
       const float *in = x + row * size;
       float *out = y + row * size;
-      float maxValue = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < size; ++j)
-        maxValue = in[j] > maxValue ? in[j] : maxValue;
+      float maxValue;
+      double sum = shiftedExponentials(in, out, size, maxValue);
       if (logarithm) {
-        double sum = 0;
-        for (int64_t j = 0; j < size; ++j)
-          sum += kernels::floatmath::exp(in[j] - maxValue);
         float logSum = static_cast<float>(std::log(sum));
         for (int64_t j = 0; j < size; ++j)
           out[j] = (in[j] - maxValue) - logSum;
         continue;
       }
-      for (int64_t j = 0; j < size; ++j)
-        out[j] = kernels::floatmath::exp(in[j] - maxValue);
-      double sum = 0;
-      for (int64_t j = 0; j < size; ++j)
-        sum += out[j];
       float scale = static_cast<float>(1 / sum);
       for (int64_t j = 0; j < size; ++j)
         out[j] *= scale;
