@@ -255,6 +255,13 @@ Expected<TieReport> tieWeights(Graph &graph, LayerGraph &layers, const TieOption
                               names.empty() ? std::string("the model has none")
                                             : "expected all or one of: " + join(names, ", ")));
   }
+  // A retied table is read through a Transpose node that only the compiled
+  // graph has: copies of it could not be written back into the model file.
+  for (const FoldedTie &tie : report.folded)
+    if (!tie.untied && named.count(tie.embedding))
+      return usageError(formatv("--untie {0}: '{1}' is read as its transpose (a folded tie); "
+                                "pass --untie {1} to train the two apart",
+                                tie.embedding, tie.head));
   for (SharedWeight &s : report.shared)
     if (named.count(s.name) || (options.untieAll && !s.role.empty()))
       if (Error err = untie(graph, layers, s))

@@ -338,6 +338,17 @@ TEST(TieWeights, FoldedTieIsRetied) {
   EXPECT_TRUE(trains(apart, "lm_head.weight"));
   EXPECT_TRUE(hasWarning(apart, "trained apart, as --untie lm_head.weight asks"));
   EXPECT_EQ(apart.ties_size(), 0);
+
+  // The embedding of a retied head cannot be untied from its readers.
+  EXPECT_EQ(runCommand(pipecBinary + " compile " + folded + " --seq 8" + compileFlags +
+                           " --untie transformer.wte.weight -o " + dir.path("bad.plan"),
+                       out),
+            2)
+      << out;
+  EXPECT_NE(out.find("--untie transformer.wte.weight: 'lm_head.weight' is read as its transpose "
+                     "(a folded tie); pass --untie lm_head.weight to train the two apart"),
+            std::string::npos)
+      << out;
 }
 
 TEST(TieWeights, ConstantMatricesAreNoTie) {
