@@ -44,23 +44,42 @@ Expected<PlanEncoding> parsePlanEncoding(StringRef name) {
   return usageError("--emit " + name + ": expected " + nameList(planEncodingNames));
 }
 
+namespace {
+
+/// protobuf's output, copied into a raw_ostream in the adaptor's blocks.
+class RawOstreamCopier : public google::protobuf::io::CopyingOutputStream {
+public:
+  explicit RawOstreamCopier(raw_ostream &os) : os(os) {}
+  bool Write(const void *buffer, int size) override {
+    os.write(static_cast<const char *>(buffer), size);
+    return true; // the stream's errors surface when the file is closed
+  }
+
+private:
+  raw_ostream &os;
+};
+
+/// The binary plan, deterministic, streamed into \p os (never held whole).
+Error writeBinary(const plan::Plan &plan, raw_ostream &os) {
+  RawOstreamCopier copier(os);
+  google::protobuf::io::CopyingOutputStreamAdaptor stream(&copier);
+  google::protobuf::io::CodedOutputStream coded(&stream);
+  coded.SetSerializationDeterministic(true);
+  if (!plan.SerializeToCodedStream(&coded))
+    return createStringError(inconvertibleErrorCode(), "cannot serialize the plan");
+  return Error::success();
+}
+
+} // namespace
+
 Expected<std::string> serializePlan(const plan::Plan &plan, PlanEncoding encoding) {
   std::string out;
   switch (encoding) {
   case PlanEncoding::Binary: {
-    // Sized once: a string grown by doubling holds the old and the new copy
-    // at its last growth (100 MB for a 35 MB plan).
-    size_t size = plan.ByteSizeLong();
-    if (size > static_cast<size_t>(std::numeric_limits<int>::max()))
-      return createStringError(inconvertibleErrorCode(),
-                               "cannot serialize the plan: %zu bytes, over protobuf's 2 GiB", size);
-    out.resize(size);
-    google::protobuf::io::ArrayOutputStream stream(out.data(), static_cast<int>(size));
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    plan.SerializeWithCachedSizes(&coded);
-    if (coded.HadError() || static_cast<size_t>(coded.ByteCount()) != size)
-      return createStringError(inconvertibleErrorCode(), "cannot serialize the plan");
+    raw_string_ostream os(out);
+    if (Error err = writeBinary(plan, os))
+      return std::move(err);
+    os.flush();
     break;
   }
   case PlanEncoding::Text:
@@ -81,23 +100,6 @@ Expected<std::string> serializePlan(const plan::Plan &plan, PlanEncoding encodin
   return out;
 }
 
-namespace {
-
-/// protobuf's output, copied into a raw_ostream in the adaptor's blocks.
-class RawOstreamCopier : public google::protobuf::io::CopyingOutputStream {
-public:
-  explicit RawOstreamCopier(raw_ostream &os) : os(os) {}
-  bool Write(const void *buffer, int size) override {
-    os.write(static_cast<const char *>(buffer), size);
-    return true; // the stream's errors surface when the file is closed
-  }
-
-private:
-  raw_ostream &os;
-};
-
-} // namespace
-
 Error writePlan(const plan::Plan &plan, StringRef path, PlanEncoding encoding) {
   if (encoding != PlanEncoding::Binary) {
     auto bytes = serializePlan(plan, encoding);
@@ -107,15 +109,7 @@ Error writePlan(const plan::Plan &plan, StringRef path, PlanEncoding encoding) {
   }
   // Binary plans stream to the file: a 35 MB plan held whole once more
   // would be the peak of `pipec compile`.
-  return writeFileAtomically(path, [&](raw_ostream &os) -> Error {
-    RawOstreamCopier copier(os);
-    google::protobuf::io::CopyingOutputStreamAdaptor stream(&copier);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    if (!plan.SerializeToCodedStream(&coded))
-      return createStringError(inconvertibleErrorCode(), "cannot serialize the plan");
-    return Error::success();
-  });
+  return writeFileAtomically(path, [&](raw_ostream &os) { return writeBinary(plan, os); });
 }
 
 std::string sha256Hex(StringRef bytes) {
