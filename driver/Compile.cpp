@@ -188,6 +188,7 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   out->graph = std::move(*graph);
   // One hash per compile (XXH3-128 runs at memory speed, but the file may be GBs).
   out->xxh3 = knownHash.empty() ? contentHash(out->graph.files[0]->getBuffer()) : knownHash.str();
+  out->fileNodes = out->graph.model->graph().node_size();
   auto layers = buildLayerGraph(out->graph, runner);
   if (!layers)
     return layers.takeError();

@@ -28,6 +28,8 @@ namespace pipec {
 struct Prepared {
   Graph graph;
   std::string xxh3; ///< of the model file
+  /// The model file's nodes, counted at import (later passes may add some).
+  int fileNodes = 0;
   /// Train mode: the backward program, or why there is none.
   std::optional<Backward> backward;
   /// The values whose gradients the backward computes (valuesWithGradients),

@@ -93,8 +93,7 @@ void describeRun(plan::Plan &plan, StringRef modelPath, const CompileOptions &op
   auto *model = plan.mutable_model();
   model->set_path(modelPath.str());
   model->set_xxh3(prepared.xxh3);
-  // The model file's nodes: tie-weights adds a Transpose per retied head.
-  model->set_nodes(graph.model->graph().node_size() - prepared.ties.retied());
+  model->set_nodes(prepared.fileNodes);
   model->set_params(prepared.layers.totalParams());
   auto *info = plan.mutable_schedule();
   info->set_name(scheduleName(shape.kind).str());
