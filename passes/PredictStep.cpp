@@ -78,15 +78,9 @@ StepPredictor::StepPredictor(const BalanceOptions &options) : options(options) {
 
 namespace {
 
-/// What simulatePlan charges to move \p bytes from rank \p from to rank \p to
-/// (the link of the sender's hardware), computed the same way.
+/// What simulatePlan charges to move \p bytes from rank \p from to rank \p to.
 double linkTime(const std::vector<plan::HardwareInfo> &hardware, int from, int to, int64_t bytes) {
-  const plan::HardwareInfo &hw = hardware[std::min<size_t>(from, hardware.size() - 1)];
-  int perNode = std::max(1, hw.devices_per_node());
-  const plan::LinkInfo &l = from / perNode == to / perNode ? hw.intra_node() : hw.inter_node();
-  if (bytes <= 0 || l.bandwidth() <= 0)
-    return 0.0;
-  return l.latency_s() + static_cast<double>(bytes) / l.bandwidth();
+  return transferSeconds(hardware[std::min<size_t>(from, hardware.size() - 1)], from, to, bytes);
 }
 
 /// The step simulatePlan predicts for the programs lower-schedule makes of a
@@ -275,20 +269,14 @@ Expected<bool> StreamTimer::advance(int r) {
 }
 
 double StreamTimer::allReduceTime(int r, const LoweringInputs::AllReduce &ar) const {
-  // simulatePlan's ring: 2 (n - 1) steps of bytes / n each.
-  bool dp = ar.group == "dp";
-  int n = dp ? std::max(1, dataParallel) : std::max(1, static_cast<int>(ar.ranks.size()));
-  if (n <= 1)
-    return 0.0;
-  int64_t chunk = ar.bytes / n;
-  if (dp) {
-    const plan::LinkInfo &l = hardware[std::min<size_t>(r, hardware.size() - 1)].inter_node();
-    return l.bandwidth() > 0
-               ? 2.0 * (n - 1) * (l.latency_s() + static_cast<double>(chunk) / l.bandwidth())
-               : 0.0;
-  }
-  int other = ar.ranks[0] == r ? ar.ranks[1] : ar.ranks[0];
-  return 2.0 * (n - 1) * linkTime(hardware, r, other, chunk);
+  if (ar.group == "dp")
+    return ringAllReduceSeconds(dataParallel, ar.bytes, [&](int64_t b) {
+      return interNodeStepSeconds(hardware[std::min<size_t>(r, hardware.size() - 1)], b);
+    });
+  // The step is asked for only with two ranks or more.
+  return ringAllReduceSeconds(static_cast<int>(ar.ranks.size()), ar.bytes, [&](int64_t b) {
+    return linkTime(hardware, r, ar.ranks[0] == r ? ar.ranks[1] : ar.ranks[0], b);
+  });
 }
 
 Expected<double> StreamTimer::run() {
@@ -336,10 +324,9 @@ Expected<double> StreamTimer::run() {
     }
     for (int r = 0; r < P; ++r) {
       const plan::HardwareInfo &hw = hardware[std::min<size_t>(r, hardware.size() - 1)];
-      double optimizer = 0.0;
-      if (r < static_cast<int>(stagePlan.ranks.size()) && hw.memory_bandwidth() > 0)
-        optimizer =
-            2.0 * static_cast<double>(stagePlan.ranks[r].weightBytes) / hw.memory_bandwidth();
+      double optimizer = r < static_cast<int>(stagePlan.ranks.size())
+                             ? optimizerSeconds(hw, stagePlan.ranks[r].weightBytes)
+                             : 0.0;
       clock[r] = std::max(clock[r], lastArrival[r]) + optimizer;
     }
   }

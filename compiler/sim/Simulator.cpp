@@ -330,6 +330,32 @@ Expected<SimulationResult> runStreams(ArrayRef<const plan::RankProgram *> progra
   return Streams(programs, costs).run(deadlock);
 }
 
+double transferSeconds(const plan::HardwareInfo &hw, int from, int to, int64_t bytes) {
+  int perNode = std::max(1, hw.devices_per_node());
+  const plan::LinkInfo &l = from / perNode == to / perNode ? hw.intra_node() : hw.inter_node();
+  if (bytes <= 0 || l.bandwidth() <= 0)
+    return 0.0;
+  return l.latency_s() + static_cast<double>(bytes) / l.bandwidth();
+}
+
+double ringAllReduceSeconds(int n, int64_t bytes, const std::function<double(int64_t)> &step) {
+  n = std::max(1, n);
+  if (n <= 1)
+    return 0.0;
+  return 2.0 * (n - 1) * step(bytes / n);
+}
+
+double interNodeStepSeconds(const plan::HardwareInfo &hw, int64_t bytes) {
+  const plan::LinkInfo &l = hw.inter_node();
+  return l.bandwidth() > 0 ? l.latency_s() + static_cast<double>(bytes) / l.bandwidth() : 0.0;
+}
+
+double optimizerSeconds(const plan::HardwareInfo &hw, int64_t weightBytes) {
+  if (hw.memory_bandwidth() <= 0)
+    return 0.0;
+  return 2.0 * static_cast<double>(weightBytes) / hw.memory_bandwidth();
+}
+
 Expected<SimulationResult> simulatePlan(const plan::Plan &plan) {
   if (plan.programs_size() == 0)
     return createStringError(inconvertibleErrorCode(),
@@ -341,12 +367,7 @@ Expected<SimulationResult> simulatePlan(const plan::Plan &plan) {
     return plan.hardware(std::min(r, plan.hardware_size() - 1));
   };
   auto link = [&](int from, int to, int64_t bytes) {
-    const plan::HardwareInfo &hw = hardware(from);
-    int perNode = std::max(1, hw.devices_per_node());
-    const plan::LinkInfo &l = from / perNode == to / perNode ? hw.intra_node() : hw.inter_node();
-    if (bytes <= 0 || l.bandwidth() <= 0)
-      return 0.0;
-    return l.latency_s() + static_cast<double>(bytes) / l.bandwidth();
+    return transferSeconds(hardware(from), from, to, bytes);
   };
   StreamCosts costs;
   costs.compute = [&](int r, const plan::Instruction &ins) {
@@ -362,33 +383,22 @@ Expected<SimulationResult> simulatePlan(const plan::Plan &plan) {
       return s ? s->time_i_s() : 0.0;
     case Op::BACKWARD_WEIGHT:
       return s ? s->time_w_s() : 0.0;
-    case Op::OPTIMIZER_STEP: {
-      // Every byte of weights, gradients and state is read and written once.
-      const plan::HardwareInfo &hw = hardware(r);
-      if (r >= plan.ranks_size() || hw.memory_bandwidth() <= 0)
-        return 0.0;
-      return 2.0 * static_cast<double>(plan.ranks(r).weight_bytes()) / hw.memory_bandwidth();
-    }
+    case Op::OPTIMIZER_STEP:
+      return r < plan.ranks_size() ? optimizerSeconds(hardware(r), plan.ranks(r).weight_bytes())
+                                   : 0.0;
     default:
       return 0.0;
     }
   };
   costs.transfer = link;
   costs.allReduce = [&](int r, const plan::Instruction &ins) {
-    // A ring: 2 (n - 1) steps of bytes / n each.
-    bool dp = ins.group() == "dp";
-    int n = dp ? std::max(1, plan.schedule().data_parallel()) : std::max(1, ins.ranks_size());
-    if (n <= 1)
-      return 0.0;
-    int64_t chunk = ins.bytes() / n;
-    if (dp) { // replicas sit on other nodes
-      const plan::LinkInfo &l = hardware(r).inter_node();
-      return l.bandwidth() > 0
-                 ? 2.0 * (n - 1) * (l.latency_s() + static_cast<double>(chunk) / l.bandwidth())
-                 : 0.0;
-    }
-    int other = ins.ranks(0) == r ? ins.ranks(1) : ins.ranks(0);
-    return 2.0 * (n - 1) * link(r, other, chunk);
+    if (ins.group() == "dp")
+      return ringAllReduceSeconds(plan.schedule().data_parallel(), ins.bytes(),
+                                  [&](int64_t b) { return interNodeStepSeconds(hardware(r), b); });
+    // The step is asked for only with two ranks or more.
+    return ringAllReduceSeconds(ins.ranks_size(), ins.bytes(), [&](int64_t b) {
+      return link(r, ins.ranks(0) == r ? ins.ranks(1) : ins.ranks(0), b);
+    });
   };
   std::vector<const plan::RankProgram *> programs;
   for (const auto &p : plan.programs())

@@ -84,6 +84,21 @@ llvm::Expected<SimulationResult> runStreams(llvm::ArrayRef<const plan::RankProgr
 /// Simulates \p plan's programs with the plan's stage times and links.
 llvm::Expected<SimulationResult> simulatePlan(const plan::Plan &plan);
 
+// The costs simulatePlan charges, shared with predict-step's array form.
+
+/// Moving \p bytes from rank \p from to rank \p to over the link of the
+/// sender's hardware \p hw (within a node or between nodes): latency plus
+/// bytes / bandwidth; 0 for no bytes or no bandwidth.
+double transferSeconds(const plan::HardwareInfo &hw, int from, int to, int64_t bytes);
+/// A ring all-reduce of \p bytes among \p n ranks: 2 (n - 1) steps of
+/// bytes / n, each taking \p step(bytes / n).
+double ringAllReduceSeconds(int n, int64_t bytes, const std::function<double(int64_t)> &step);
+/// One step of a data-parallel ring, whose replicas sit on other nodes.
+double interNodeStepSeconds(const plan::HardwareInfo &hw, int64_t bytes);
+/// The optimizer: every byte of weights, gradients and state is read and
+/// written once.
+double optimizerSeconds(const plan::HardwareInfo &hw, int64_t weightBytes);
+
 /// \p result's events as a Chrome / Perfetto trace (support/ChromeTrace.h):
 /// the two threads of each rank that has events, then the events.
 void writeChromeTrace(const SimulationResult &result, llvm::raw_ostream &os);
