@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 
 using namespace pipec;
 using namespace pipec::test;
@@ -82,6 +83,14 @@ plan::Plan readCompiled(const std::string &path) {
   return plan ? std::move(*plan) : plan::Plan();
 }
 
+/// Runs `pipec compile MODEL` with the tests' flags and \p flags into
+/// \p planPath; returns the exit code, the output in \p out.
+int compile(const std::string &model, const std::string &flags, const std::string &planPath,
+            std::string &out) {
+  return runCommand(pipecBinary + " compile " + model + compileFlags + flags + " -o " + planPath,
+                    out);
+}
+
 bool hasWarning(const plan::Plan &plan, const std::string &text) {
   for (const std::string &w : plan.warnings())
     if (w.find(text) != std::string::npos)
@@ -100,11 +109,7 @@ TEST(TieWeights, ExporterSharingIsReportedAndUntied) {
   TempDir dir;
   std::string model = dir.path("shared.onnx"), out;
   writeNormModel(model, /*shared=*/true);
-  ASSERT_EQ(
-      runCommand(pipecBinary + " compile " + model + compileFlags + " -o " + dir.path("tied.plan"),
-                 out),
-      0)
-      << out;
+  ASSERT_EQ(compile(model, "", dir.path("tied.plan"), out), 0) << out;
   plan::Plan tied = readCompiled(dir.path("tied.plan"));
   EXPECT_TRUE(hasWarning(tied, "weight 'ln.weight' is shared by 3 layers")) << out;
   EXPECT_TRUE(hasWarning(tied, "each reading it as LayerNormalization input 1; exporters share "
@@ -113,37 +118,38 @@ TEST(TieWeights, ExporterSharingIsReportedAndUntied) {
   EXPECT_TRUE(trains(tied, "ln.weight"));
   EXPECT_EQ(tied.ties_size(), 0);
 
-  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + compileFlags + " --untie all -o " +
-                           dir.path("untied.plan"),
-                       out),
-            0)
-      << out;
+  ASSERT_EQ(compile(model, " --untie all", dir.path("untied.plan"), out), 0) << out;
   plan::Plan untied = readCompiled(dir.path("untied.plan"));
   EXPECT_FALSE(trains(untied, "ln.weight"));
   for (int l = 0; l < 3; ++l)
     EXPECT_TRUE(trains(untied, llvm::formatv("ln.weight.untied.{0}", l).str()));
   EXPECT_TRUE(hasWarning(untied, "weight 'ln.weight' was shared by 3 layers"));
   ASSERT_EQ(untied.ties_size(), 1);
-  EXPECT_EQ(untied.ties(0).copies_size(), 3);
+  ASSERT_EQ(untied.ties(0).copies_size(), 3);
+  std::set<int> readers;
+  for (int l = 0; l < 3; ++l) {
+    const plan::UntiedCopy &copy = untied.ties(0).copies(l);
+    EXPECT_EQ(copy.name(), llvm::formatv("ln.weight.untied.{0}", l).str());
+    // Each copy is read once, as a LayerNormalization's scale (input 1).
+    ASSERT_EQ(copy.nodes_size(), 1);
+    ASSERT_EQ(copy.inputs_size(), 1);
+    EXPECT_EQ(copy.inputs(0), 1);
+    readers.insert(copy.nodes(0));
+  }
+  EXPECT_EQ(readers.size(), 3u) << "three different nodes";
 
   // By name, as a comma list, gives the same plan's trainable weights.
-  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + compileFlags +
-                           " --untie ln.weight,ln.weight -o " + dir.path("named.plan"),
-                       out),
-            0)
-      << out;
-  EXPECT_EQ(readCompiled(dir.path("named.plan")).trainable_size(), untied.trainable_size());
+  ASSERT_EQ(compile(model, " --untie ln.weight,ln.weight", dir.path("named.plan"), out), 0) << out;
+  plan::Plan named = readCompiled(dir.path("named.plan"));
+  EXPECT_EQ(std::vector<std::string>(named.trainable().begin(), named.trainable().end()),
+            std::vector<std::string>(untied.trainable().begin(), untied.trainable().end()));
 }
 
 TEST(TieWeights, UnknownNameIsAUsageError) {
   TempDir dir;
   std::string model = dir.path("shared.onnx"), out;
   writeNormModel(model, /*shared=*/true);
-  EXPECT_EQ(runCommand(pipecBinary + " compile " + model + compileFlags +
-                           " --untie layers.0.fc.weight -o " + dir.path("p.plan"),
-                       out),
-            2)
-      << out;
+  EXPECT_EQ(compile(model, " --untie layers.0.fc.weight", dir.path("p.plan"), out), 2) << out;
   EXPECT_NE(out.find("--untie layers.0.fc.weight: no initializer of that name is shared by "
                      "layers or holds a folded tie; expected all or one of: ln.weight"),
             std::string::npos)
@@ -163,11 +169,7 @@ TEST(TieWeights, UntiedCopiesTrainAsSeparateWeights) {
   };
   for (const Case &c : {Case{"untied", shared, " --untie all"}, Case{"tied", shared, ""},
                         Case{"separate", separate, ""}}) {
-    ASSERT_EQ(runCommand(pipecBinary + " compile " + c.model + compileFlags + c.flags + " -o " +
-                             dir.path(c.tag + ".plan"),
-                         out),
-              0)
-        << out;
+    ASSERT_EQ(compile(c.model, c.flags, dir.path(c.tag + ".plan"), out), 0) << out;
     ASSERT_EQ(runCommand(pipecBinary + " run " + dir.path(c.tag + ".plan") + run +
                              dir.path(c.tag + ".out.onnx") + " --metrics " +
                              dir.path(c.tag + ".jsonl"),
@@ -230,11 +232,7 @@ std::string generateTiedGpt(const TempDir &dir) {
 TEST(TieWeights, RealTieStaysTied) {
   TempDir dir;
   std::string model = generateTiedGpt(dir), out;
-  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " --seq 8" + compileFlags + " -o " +
-                           dir.path("p.plan"),
-                       out),
-            0)
-      << out;
+  ASSERT_EQ(compile(model, " --seq 8", dir.path("p.plan"), out), 0) << out;
   plan::Plan plan = readCompiled(dir.path("p.plan"));
   EXPECT_TRUE(hasWarning(plan, "weight 'transformer.wte.weight' is tied: read by 2 layers")) << out;
   EXPECT_FALSE(hasWarning(plan, "exporters share"));
@@ -297,11 +295,7 @@ std::string foldHead(const TempDir &dir, const std::string &model, bool zeros) {
 TEST(TieWeights, FoldedTieIsRetied) {
   TempDir dir;
   std::string folded = foldHead(dir, generateTiedGpt(dir), false), out;
-  ASSERT_EQ(runCommand(pipecBinary + " compile " + folded + " --seq 8" + compileFlags + " -o " +
-                           dir.path("p.plan"),
-                       out),
-            0)
-      << out;
+  ASSERT_EQ(compile(folded, " --seq 8", dir.path("p.plan"), out), 0) << out;
   plan::Plan plan = readCompiled(dir.path("p.plan"));
   EXPECT_TRUE(hasWarning(plan, "'lm_head.weight' holds the transpose of 'transformer.wte.weight' "
                                "(an exporter folded a tied weight); trained as one weight; pass "
@@ -329,10 +323,7 @@ TEST(TieWeights, FoldedTieIsRetied) {
       ASSERT_EQ(h[j * 64 + i], e[i * 16 + j]) << i << " " << j;
 
   // --untie keeps them apart.
-  ASSERT_EQ(runCommand(pipecBinary + " compile " + folded + " --seq 8" + compileFlags +
-                           " --untie lm_head.weight -o " + dir.path("apart.plan"),
-                       out),
-            0)
+  ASSERT_EQ(compile(folded, " --seq 8 --untie lm_head.weight", dir.path("apart.plan"), out), 0)
       << out;
   plan::Plan apart = readCompiled(dir.path("apart.plan"));
   EXPECT_TRUE(trains(apart, "lm_head.weight"));
@@ -340,9 +331,7 @@ TEST(TieWeights, FoldedTieIsRetied) {
   EXPECT_EQ(apart.ties_size(), 0);
 
   // The embedding of a retied head cannot be untied from its readers.
-  EXPECT_EQ(runCommand(pipecBinary + " compile " + folded + " --seq 8" + compileFlags +
-                           " --untie transformer.wte.weight -o " + dir.path("bad.plan"),
-                       out),
+  EXPECT_EQ(compile(folded, " --seq 8 --untie transformer.wte.weight", dir.path("bad.plan"), out),
             2)
       << out;
   EXPECT_NE(out.find("--untie transformer.wte.weight: 'lm_head.weight' is read as its transpose "
@@ -354,11 +343,7 @@ TEST(TieWeights, FoldedTieIsRetied) {
 TEST(TieWeights, ConstantMatricesAreNoTie) {
   TempDir dir;
   std::string zeros = foldHead(dir, generateTiedGpt(dir), true), out;
-  ASSERT_EQ(runCommand(pipecBinary + " compile " + zeros + " --seq 8" + compileFlags + " -o " +
-                           dir.path("p.plan"),
-                       out),
-            0)
-      << out;
+  ASSERT_EQ(compile(zeros, " --seq 8", dir.path("p.plan"), out), 0) << out;
   plan::Plan plan = readCompiled(dir.path("p.plan"));
   EXPECT_FALSE(hasWarning(plan, "holds the transpose")) << out;
   EXPECT_TRUE(trains(plan, "lm_head.weight"));
