@@ -55,13 +55,16 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   auto names = perRank("hardware", options.hardware, options.stages);
   if (!names)
     return names.takeError();
-  // Each name once: `cpu` reads (or measures) its calibration, a JSON spec
-  // is parsed.
+  // Each name once: `cpu` reads (or measures) its calibration for the share
+  // of this machine's cores that `pipec run` gives each of the plan's ranks,
+  // a JSON spec is parsed.
   std::map<std::string, HardwareSpec> resolved;
   for (const std::string &name : *names) {
     auto it = resolved.find(name);
     if (it == resolved.end()) {
-      auto hw = resolveHardware(name);
+      auto hw = StringRef(name).lower() == "cpu"
+                    ? cpuHardware(cpuThreadsPerRank(options.stages * options.dataParallel))
+                    : resolveHardware(name);
       if (!hw)
         return hw.takeError();
       it = resolved.emplace(name, std::move(*hw)).first;

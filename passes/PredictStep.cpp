@@ -20,6 +20,8 @@ plan::HardwareInfo hardwareInfo(const HardwareSpec &hw, bool bf16) {
   out.set_memory_bandwidth(hw.memoryBandwidth);
   out.set_memory_bytes(hw.memoryBytes);
   out.set_launch_overhead_s(hw.launchOverhead);
+  out.set_gemm_overhead_s(hw.gemmOverhead);
+  out.set_sum_compute_and_memory(hw.sumsComputeAndMemory);
   auto link = [](const LinkSpec &l, plan::LinkInfo &o) {
     o.set_name(l.name);
     o.set_bandwidth(l.bandwidth);

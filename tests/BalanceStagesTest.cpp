@@ -375,10 +375,11 @@ TEST(BalanceStages, TimeNeverPredictsASlowerStepThanParamsOrUniform) {
 /// The Llama 3 8B shape of the issue: 32 blocks, width 4096, 32 heads (8
 /// key/value), feed-forward 14336, vocabulary 128256, sequence 4096; P = 4,
 /// M = 16, 1F1B, H100, bf16 with Adam. The exact min-max partition (the
-/// old `time`) predicts a slower step than `uniform`: its bottleneck stage
-/// is as fast as it can be, but the step also pays the warm-up and
+/// old `time`) could predict a slower step than `uniform`: its bottleneck
+/// stage is as fast as it can be, but the step also pays the warm-up and
 /// cool-down through every stage and the optimizer over each rank's
-/// weights. The compiled plans: docs/USER_GUIDE.md, "Balancing".
+/// weights. `time` simulates each candidate and keeps the fastest step. The
+/// compiled plans: docs/USER_GUIDE.md, "Balancing".
 TEST(BalanceStages, Llama3_8BShapeTimeIsTheFastestStep) {
   models::GeneratorOptions o(models::Family::Llama, 32, 4096, 128256, 4096, 32);
   o.kvHeads = 8;
@@ -406,7 +407,10 @@ TEST(BalanceStages, Llama3_8BShapeTimeIsTheFastestStep) {
           .str();
   EXPECT_LE(s.time, s.params) << what;
   EXPECT_LE(s.time, s.uniform) << what;
-  EXPECT_LT(s.time, s.minMax) << what;
+  // Since W adds each microbatch's gradients into the accumulators, the
+  // min-max layout (E,t*8|t*9|t*8|t*7,L) is also the fastest step found.
+  EXPECT_LE(s.time, s.minMax) << what;
+  EXPECT_EQ(s.timeLayout, "E,t*8|t*9|t*8|t*7,L") << what;
   RecordProperty("steps", what);
   std::cout << what << "\n";
 }

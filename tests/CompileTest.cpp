@@ -164,6 +164,8 @@ TEST(Compile, GoldenReportForAGeneratedGpt) {
 /// predicts no slower a step than `params` or `uniform` (before: the exact
 /// min-max layout E,t*8|t*8|t*8|t*8,L at 2.35 s against uniform's 2.32 s
 /// and params' 2.33 s), and the report says why the last stage is lighter.
+/// The figures include adding each microbatch's weight gradients into the
+/// float32 accumulators (about 7 ms per microbatch on a stage of 2 G params).
 TEST(Compile, Llama3_8BShapeTimeBalancingAndItsReport) {
   TempDir dir;
   std::string model = dir.path("llama8b.onnx"), plan = dir.path("llama8b.plan"), out;
@@ -188,11 +190,11 @@ TEST(Compile, Llama3_8BShapeTimeBalancingAndItsReport) {
   ASSERT_EQ(steps.size(), 3u) << out;
   EXPECT_LE(steps["time"], steps["params"]) << out;
   EXPECT_LE(steps["time"], steps["uniform"]) << out;
-  EXPECT_NEAR(steps["time"], 2.32, 0.01) << out;
-  EXPECT_EQ(loaded->layout(), "E,t*8|t*9|t*9|t*6,L") << out;
-  EXPECT_NE(out.find("stage 3 (rank 3): 6 blocks (3 fewer than the fullest)"), std::string::npos)
+  EXPECT_NEAR(steps["time"], 2.46, 0.01) << out;
+  EXPECT_EQ(loaded->layout(), "E,t*8|t*9|t*8|t*7,L") << out;
+  EXPECT_NE(out.find("stage 3 (rank 3): 7 blocks (2 fewer than the fullest)"), std::string::npos)
       << out;
-  EXPECT_NE(out.find("head 'head' 13.31 ms (0.96 blocks' worth, 525.34 M params)"),
+  EXPECT_NE(out.find("head 'head' 15.20 ms (1.04 blocks' worth, 525.34 M params)"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("rank 0 memory: peak 209.33 GiB"), std::string::npos) << out;

@@ -4,6 +4,7 @@
 #include "compiler/cost/CostModel.h"
 #include "passes/GroupLayers.h"
 
+#include <array>
 #include <fstream>
 
 using namespace pipec;
@@ -45,6 +46,10 @@ TEST(CostModel, GemmRulesSplitInputAndWeightGradients) {
   EXPECT_DOUBLE_EQ(a.flops[BackwardInput], 2 * a.flops[Forward]);
   EXPECT_DOUBLE_EQ(a.flops[BackwardWeight], 0);
   EXPECT_FALSE(c.defaulted);
+  // The GEMM calls each pass makes: dX and dW for a weight; dA and dB for two
+  // activations.
+  EXPECT_EQ(c.gemms, (std::array<double, 3>{1, 1, 1}));
+  EXPECT_EQ(a.gemms, (std::array<double, 3>{1, 2, 0}));
 }
 
 TEST(CostModel, ConvEmbeddingNormAndDefaults) {
@@ -114,7 +119,28 @@ TEST(CostModel, RooflineTimesAndMeasuredOverrides) {
   double bytes = (64 * 256 + 256 * 256 + 64 * 256) * 4.0;
   double expected = std::max(flops / 1e9, bytes / 1e8) + 1e-6;
   EXPECT_DOUBLE_EQ(last.time[Forward], expected);
-  EXPECT_DOUBLE_EQ(last.time[BackwardWeight], expected);
+  // W also adds the microbatch's gradient into the accumulator: three
+  // float32 passes over the weight, one op.
+  double accumulate = 3 * 256 * 256 * 4.0 / 1e8 + 1e-6;
+  EXPECT_DOUBLE_EQ(last.time[BackwardWeight], expected + accumulate);
+
+  // A CPU rank's spec: arithmetic and traffic add up, and each GEMM call
+  // costs gemmOverhead more.
+  HardwareSpec cpu = hw;
+  cpu.sumsComputeAndMemory = true;
+  cpu.gemmOverhead = 3e-5;
+  CostTable serial = computeCosts(*lg, cpu, Precision::FP32);
+  double gemm = flops / 1e9 + bytes / 1e8 + 1e-6 + 3e-5;
+  EXPECT_DOUBLE_EQ(serial.layers.back().time[Forward], gemm);
+  EXPECT_DOUBLE_EQ(serial.layers.back().time[BackwardInput], gemm);
+  EXPECT_DOUBLE_EQ(serial.layers.back().time[BackwardWeight], gemm + accumulate);
+  // Ops that are not matrix products run at the vector rate where it is set
+  // (the first layer's Relu: one FLOP per element, reading and writing them).
+  cpu.vectorFlops = 1e7;
+  CostTable vector = computeCosts(*lg, cpu, Precision::FP32);
+  double relu = 64 * 256 / 1e7 + 2 * 64 * 256 * 4.0 / 1e8 + 1e-6;
+  EXPECT_DOUBLE_EQ(vector.layers[0].time[Forward], gemm + relu);
+  EXPECT_DOUBLE_EQ(vector.layers.back().time[Forward], gemm);
 
   TempDir dir;
   {

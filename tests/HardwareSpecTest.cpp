@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 using namespace llvm;
@@ -113,9 +114,10 @@ TEST(HardwareSpec, JsonIsShortAndStable) {
   std::string text = toJson(*a100);
   EXPECT_TRUE(StringRef(text).startswith(
       "{\n  \"name\": \"a100\",\n  \"peak_flops_fp32\": 1.95e+13,\n  \"peak_flops_bf16\": "
-      "3.12e+14,\n"
+      "3.12e+14,\n  \"vector_flops\": 0,\n"
       "  \"memory_bandwidth\": 2e+12,\n  \"memory_bytes\": 80000000000,\n"
-      "  \"launch_overhead_s\": 4e-06,\n  \"devices_per_node\": 8,\n"))
+      "  \"launch_overhead_s\": 4e-06,\n  \"gemm_overhead_s\": 0,\n"
+      "  \"sum_compute_and_memory\": false,\n  \"devices_per_node\": 8,\n"))
       << text;
   EXPECT_NE(text.find("\"latency_s\": 2e-06"), std::string::npos) << text;
 }
@@ -125,6 +127,9 @@ TEST(HardwareSpec, JsonRoundTrip) {
     Expected<HardwareSpec> spec = builtinHardware(name);
     ASSERT_TRUE(bool(spec));
     spec->launchOverhead = 1.0 / 3; // a double that needs all 17 digits
+    spec->gemmOverhead = 2.0 / 3;
+    spec->vectorFlops = 1e12 / 7;
+    spec->sumsComputeAndMemory = true;
     TempJson file(toJson(*spec));
     Expected<HardwareSpec> back = resolveHardware(file.str());
     ASSERT_TRUE(bool(back)) << errorText(back.takeError());
@@ -141,6 +146,11 @@ TEST(HardwareSpec, FullFileWithoutSource) {
   EXPECT_EQ(spec->devicesPerNode, 4);
   EXPECT_EQ(spec->interNode, (LinkSpec{"infiniband", 12.5e9, 6e-6}));
   EXPECT_EQ(spec->source, ("file " + file.str()).str());
+  // Optional: files written before they existed have neither.
+  EXPECT_EQ(spec->gemmOverhead, 0);
+  EXPECT_EQ(spec->vectorFlops, 0);
+  EXPECT_EQ(spec->flopsFor(0, false), 1e12); // no vector rate: the peak
+  EXPECT_FALSE(spec->sumsComputeAndMemory);
 }
 
 TEST(HardwareSpec, BaseOverride) {
@@ -193,6 +203,13 @@ TEST(HardwareSpec, WrongTypesAndUnknownFields) {
   TempJson typo(R"({"base": "a100", "peak_flop_bf16": 1e15})");
   EXPECT_NE(loadError(typo).find("'peak_flop_bf16' is not a known field"), std::string::npos)
       << loadError(typo);
+  TempJson notFlag(R"({"base": "a100", "sum_compute_and_memory": 1})");
+  EXPECT_NE(loadError(notFlag).find("'sum_compute_and_memory' must be true or false"),
+            std::string::npos)
+      << loadError(notFlag);
+  TempJson negative(R"({"base": "a100", "gemm_overhead_s": -1e-6})");
+  EXPECT_NE(loadError(negative).find("'gemm_overhead_s' must not be negative"), std::string::npos)
+      << loadError(negative);
   TempJson badBase(R"({"base": "tpu"})");
   EXPECT_NE(loadError(badBase).find("'base' unknown hardware 'tpu'"), std::string::npos)
       << loadError(badBase);
@@ -217,31 +234,41 @@ TEST(HardwareSpec, CalibratedCpuIsCached) {
   std::string saved = old ? old : "";
   setenv("PIPEC_CACHE_DIR", dir.c_str(), 1);
 
-  std::string path = cpuCachePath();
+  // One file per share of the cores: a rank on one thread is another device.
+  std::string path = cpuCachePath(1);
   EXPECT_TRUE(StringRef(path).startswith(dir)) << path;
+  EXPECT_TRUE(StringRef(path).endswith("-1t.json")) << path;
+  EXPECT_NE(cpuCachePath(2), path);
   EXPECT_FALSE(sys::fs::exists(path));
 
-  Expected<HardwareSpec> cpu = builtinHardware("cpu");
+  Expected<HardwareSpec> cpu = cpuHardware(1);
   ASSERT_TRUE(bool(cpu)) << errorText(cpu.takeError());
   EXPECT_EQ(cpu->name, "cpu");
   EXPECT_GT(cpu->peakFlopsF32, 1e9);
   EXPECT_LT(cpu->peakFlopsF32, 1e13);
-  EXPECT_GT(cpu->memoryBandwidth, 1e9);
+  EXPECT_GT(cpu->memoryBandwidth, 1e8);
   EXPECT_LT(cpu->memoryBandwidth, 1e12);
   EXPECT_GT(cpu->launchOverhead, 0);
   EXPECT_LT(cpu->launchOverhead, 1e-3);
+  EXPECT_GE(cpu->gemmOverhead, 0);
+  EXPECT_GE(cpu->vectorFlops, 0);
+  EXPECT_LE(cpu->vectorFlops, cpu->peakFlopsF32 * 10);
+  EXPECT_LT(cpu->gemmOverhead, 1e-2);
+  EXPECT_TRUE(cpu->sumsComputeAndMemory);
   EXPECT_GT(cpu->memoryBytes, 0);
+  EXPECT_NE(cpu->source.find("on 1 thread"), std::string::npos) << cpu->source;
   EXPECT_EQ(cpu->intraNode.name, "loopback");
-  // A memcpy at half the read-plus-write bandwidth, plus 1 us.
-  EXPECT_DOUBLE_EQ(cpu->intraNode.transferTime(1 << 20),
-                   1e-6 + double(1 << 20) / (cpu->memoryBandwidth / 2));
+  EXPECT_EQ(cpu->intraNode.latency, 1e-6);
+  EXPECT_GT(cpu->intraNode.bandwidth, 1e8);
+  // The memory bandwidth is a memcpy's, reading and writing each byte.
+  EXPECT_DOUBLE_EQ(cpu->memoryBandwidth, 2 * cpu->intraNode.bandwidth);
 
   // Written, and read back equal.
   ASSERT_TRUE(sys::fs::exists(path));
   Expected<HardwareSpec> fromFile = loadHardwareFile(path);
   ASSERT_TRUE(bool(fromFile)) << errorText(fromFile.takeError());
   EXPECT_EQ(*fromFile, *cpu);
-  Expected<HardwareSpec> again = cpuHardware();
+  Expected<HardwareSpec> again = cpuHardware(1);
   ASSERT_TRUE(bool(again));
   EXPECT_EQ(*again, *cpu);
 
@@ -254,7 +281,7 @@ TEST(HardwareSpec, CalibratedCpuIsCached) {
     ASSERT_FALSE(ec);
     writeHardwareJson(edited, os);
   }
-  Expected<HardwareSpec> cached = cpuHardware();
+  Expected<HardwareSpec> cached = cpuHardware(1);
   ASSERT_TRUE(bool(cached));
   EXPECT_EQ(cached->peakFlopsF32, 123e9);
 
@@ -264,7 +291,7 @@ TEST(HardwareSpec, CalibratedCpuIsCached) {
     raw_fd_ostream os(path, ec);
     os << "{";
   }
-  Expected<HardwareSpec> remeasured = cpuHardware();
+  Expected<HardwareSpec> remeasured = cpuHardware(1);
   ASSERT_TRUE(bool(remeasured));
   EXPECT_GT(remeasured->peakFlopsF32, 1e9);
   Expected<HardwareSpec> rewritten = loadHardwareFile(path);
@@ -276,6 +303,16 @@ TEST(HardwareSpec, CalibratedCpuIsCached) {
   else
     unsetenv("PIPEC_CACHE_DIR");
   sys::fs::remove_directories(dir);
+}
+
+// The rule `pipec run` shares the cores by, which the compile's `cpu` spec
+// is calibrated for.
+TEST(HardwareSpec, ThreadsPerRankShareTheCores) {
+  int cores = cpuThreadsPerRank(1);
+  EXPECT_GE(cores, 1);
+  EXPECT_EQ(cpuThreadsPerRank(0), cores);
+  EXPECT_EQ(cpuThreadsPerRank(2), std::max(1, cores / 2));
+  EXPECT_EQ(cpuThreadsPerRank(cores + 1), 1);
 }
 
 } // namespace

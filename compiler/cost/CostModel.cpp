@@ -80,7 +80,7 @@ CostTable computeCosts(const LayerGraph &lg, const HardwareSpec &hw, Precision p
   table.hardware = hw.name;
   table.precision = precision;
   std::set<std::string> defaulted;
-  double peak = hw.peakFlops(precision == Precision::BF16);
+  bool bf16 = precision == Precision::BF16;
   for (size_t l = 0; l < lg.layers.size(); ++l) {
     const Layer &layer = lg.layers[l];
     LayerCost lc;
@@ -93,9 +93,12 @@ CostTable computeCosts(const LayerGraph &lg, const HardwareSpec &hw, Precision p
       for (int p = 0; p < 3; ++p) {
         lc.flops[p] += c.flops[p];
         lc.bytes[p] += c.bytes[p];
-        if (c.flops[p] > 0 || c.bytes[p] > 0)
-          lc.time[p] +=
-              std::max(c.flops[p] / peak, c.bytes[p] / hw.memoryBandwidth) + hw.launchOverhead;
+        if (c.flops[p] > 0 || c.bytes[p] > 0) {
+          double compute = c.flops[p] / hw.flopsFor(c.gemms[p], bf16);
+          double memory = c.bytes[p] / hw.memoryBandwidth;
+          lc.time[p] += (hw.sumsComputeAndMemory ? compute + memory : std::max(compute, memory)) +
+                        hw.launchOverhead + c.gemms[p] * hw.gemmOverhead;
+        }
       }
       if (c.defaulted) {
         ++lc.defaultedOps;
@@ -105,6 +108,13 @@ CostTable computeCosts(const LayerGraph &lg, const HardwareSpec &hw, Precision p
         if (out >= 0 && graph.values[out].kind == ValueKind::Activation)
           lc.activationBytes += static_cast<int64_t>(bytesAt(graph.values[out], precision));
     }
+    // Each microbatch's weight gradients are added into the step's float32
+    // accumulators: the accumulator read and written, the gradient read.
+    for (int w : layer.weights)
+      if (isFloatDType(graph.values[w].type) && lc.flops[BackwardWeight] > 0)
+        lc.time[BackwardWeight] +=
+            3.0 * double(graph.values[w].numElements()) * sizeof(float) / hw.memoryBandwidth +
+            hw.launchOverhead;
     if (l + 1 < lg.layers.size())
       for (int id : lg.crossingAfter(l))
         lc.boundaryBytes += static_cast<int64_t>(bytesAt(graph.values[id], precision));

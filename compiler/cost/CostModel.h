@@ -3,8 +3,13 @@
 // An analysis of a LayerGraph: FLOPs and bytes moved by every op for the
 // forward pass (F), the backward pass for inputs (I) and the backward pass
 // for weights (W), and the time of each on a HardwareSpec by a roofline:
-//   t = max(FLOPs / peak FLOP/s, bytes / memory bandwidth) + launch overhead.
-// The zero-bubble schedules need I and W apart. A measured cost table
+//   t = max(FLOPs / FLOP/s, bytes / memory bandwidth) + launch overhead
+//       + GEMM calls x GEMM overhead,
+// at the peak FLOP/s for matrix products and the spec's vector rate for the
+// rest (HardwareSpec::flopsFor), the sum of the first two instead of their
+// max where the spec says so (CPU ranks, HardwareSpec::sumsComputeAndMemory),
+// and in W, per float weight, adding the microbatch's gradient into the
+// step's accumulator (three float32 passes over the weight). The zero-bubble schedules need I and W apart. A measured cost table
 // (`compile --costs FILE`) overrides the roofline per layer.
 //
 // Backward rules (FLOPs): a GEMM X W (weight W) costs the same again for dX

@@ -1,31 +1,24 @@
 //===- HardwareSpec.cpp - Built-in, file and calibrated hardware specs ---===//
 //
-// Datasheet numbers for the built-in GPUs, the JSON reader and writer, and the
-// CPU calibration with its on-disk cache. docs/HARDWARE.md cites every number.
+// Datasheet numbers for the built-in GPUs, and the JSON reader and writer;
+// the CPU calibration and its cache are in CpuCalibration.cpp.
+// docs/HARDWARE.md cites every number.
 //
 //===----------------------------------------------------------------------===//
 #include "compiler/cost/HardwareSpec.h"
-#include "support/Blas.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
-#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
-#include "llvm/Support/Path.h"
-#include "llvm/Support/Process.h"
-#include "llvm/Support/xxhash.h"
 
 #include <algorithm>
 #include <cassert>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <thread>
-#include <unistd.h>
 #include <vector>
 
 using namespace llvm;
@@ -45,8 +38,10 @@ bool LinkSpec::operator==(const LinkSpec &o) const {
 
 bool HardwareSpec::operator==(const HardwareSpec &o) const {
   return name == o.name && peakFlopsF32 == o.peakFlopsF32 && peakFlopsBf16 == o.peakFlopsBf16 &&
+         vectorFlops == o.vectorFlops &&
          memoryBandwidth == o.memoryBandwidth && memoryBytes == o.memoryBytes &&
-         launchOverhead == o.launchOverhead && intraNode == o.intraNode &&
+         launchOverhead == o.launchOverhead && gemmOverhead == o.gemmOverhead &&
+         sumsComputeAndMemory == o.sumsComputeAndMemory && intraNode == o.intraNode &&
          interNode == o.interNode && devicesPerNode == o.devicesPerNode && source == o.source;
 }
 
@@ -127,8 +122,8 @@ public:
     }
   }
   /// A number > 0, or >= 0 when \p zeroOk.
-  void number(StringRef key, double &out, bool zeroOk = false) {
-    const json::Value *v = find(key);
+  void number(StringRef key, double &out, bool zeroOk = false, bool required = true) {
+    const json::Value *v = find(key, required);
     Optional<double> d = v ? v->getAsNumber() : None;
     if (v && !d)
       fail(key, "must be a number");
@@ -137,6 +132,15 @@ public:
            (zeroOk ? "must not be negative, got " : "must be positive, got ") + formatNumber(*d));
     else if (d)
       out = *d;
+  }
+  /// An optional boolean.
+  void flag(StringRef key, bool &out) {
+    const json::Value *v = find(key, /*required=*/false);
+    Optional<bool> b = v ? v->getAsBoolean() : None;
+    if (v && !b)
+      fail(key, "must be true or false");
+    else if (b)
+      out = *b;
   }
   /// An integer in [1, max].
   void count(StringRef key, int64_t &out, int64_t max) {
@@ -184,15 +188,21 @@ private:
 // Over a base every field is optional, link fields included.
 Error readSpec(StringRef path, const json::Object &obj, bool hasBase, HardwareSpec &spec) {
   FieldReader r(path, obj, "", hasBase);
-  r.onlyKnown({"name", "base", "peak_flops_fp32", "peak_flops_bf16", "memory_bandwidth",
-               "memory_bytes", "launch_overhead_s", "devices_per_node", "intra_node", "inter_node",
+  r.onlyKnown({"name", "base", "peak_flops_fp32", "peak_flops_bf16", "vector_flops",
+               "memory_bandwidth",
+               "memory_bytes", "launch_overhead_s", "gemm_overhead_s",
+               "sum_compute_and_memory", "devices_per_node", "intra_node", "inter_node",
                "source"});
   r.text("name", spec.name);
   r.number("peak_flops_fp32", spec.peakFlopsF32);
   r.number("peak_flops_bf16", spec.peakFlopsBf16);
+  r.number("vector_flops", spec.vectorFlops, /*zeroOk=*/true, /*required=*/false);
   r.number("memory_bandwidth", spec.memoryBandwidth);
   r.count("memory_bytes", spec.memoryBytes, std::numeric_limits<int64_t>::max());
   r.number("launch_overhead_s", spec.launchOverhead, /*zeroOk=*/true);
+  // Optional even without a base: specs written before it existed had none.
+  r.number("gemm_overhead_s", spec.gemmOverhead, /*zeroOk=*/true, /*required=*/false);
+  r.flag("sum_compute_and_memory", spec.sumsComputeAndMemory);
   int64_t devices = spec.devicesPerNode;
   r.count("devices_per_node", devices, std::numeric_limits<int>::max());
   spec.devicesPerNode = int(devices);
@@ -213,109 +223,6 @@ Error readSpec(StringRef path, const json::Object &obj, bool hasBase, HardwareSp
   // Optional even without a base: loadHardwareFile() defaults it to the path.
   r.text("source", spec.source, /*required=*/false);
   return r.finish();
-}
-
-//===-- CPU calibration ---------------------------------------------------===//
-
-using Clock = std::chrono::steady_clock;
-
-double secondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// sgemm rate on all OpenBLAS threads: 512^3 repeated for ~0.2 s after a warm-up.
-double measureGemmRate() {
-  const int n = 512;
-  const size_t size = size_t(n) * n;
-  std::vector<float> a(size, 0.5f), b(size, 0.25f), c(size, 0.0f);
-  auto gemm = [&] {
-    blas::sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-  };
-  gemm(); // starts the thread pool and warms the caches
-  int calls = 0;
-  Clock::time_point start = Clock::now();
-  double elapsed = 0;
-  do {
-    gemm();
-    ++calls;
-    elapsed = secondsSince(start);
-  } while (elapsed < 0.2);
-  return 2.0 * n * n * double(n) * calls / elapsed;
-}
-
-// Best of five 64 MiB memcpys; the buffers are written first so page faults
-// are not timed. Returns the bytes copied per second (one direction).
-double measureCopyRate() {
-  const size_t bytes = size_t(64) << 20;
-  std::vector<char> src(bytes, 1), dst(bytes, 0);
-  double best = 1e30;
-  for (int i = 0; i < 5; ++i) {
-    Clock::time_point start = Clock::now();
-    std::memcpy(dst.data(), src.data(), bytes);
-    best = std::min(best, secondsSince(start));
-    src[i] = char(dst[bytes - 1 - i] + 1); // keep the copies observable
-  }
-  return double(bytes) / best;
-}
-
-// Per-op dispatch cost: the fastest of a few batches of 1x1x1 sgemm calls,
-// i.e. the library's entry and argument handling without arithmetic.
-double measureDispatch() {
-  float a = 1, b = 1, c = 0;
-  const int batch = 2000;
-  double best = 1e30;
-  for (int round = 0; round < 5; ++round) {
-    Clock::time_point start = Clock::now();
-    for (int i = 0; i < batch; ++i)
-      blas::sgemm(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 1.0f, &c, 1);
-    best = std::min(best, secondsSince(start) / batch);
-  }
-  return best;
-}
-
-std::string cpuModelName() {
-  ErrorOr<std::unique_ptr<MemoryBuffer>> buf = MemoryBuffer::getFileAsStream("/proc/cpuinfo");
-  if (buf) {
-    SmallVector<StringRef, 64> lines;
-    (*buf)->getBuffer().split(lines, '\n');
-    for (StringRef line : lines)
-      if (line.startswith("model name"))
-        return line.split(':').second.trim().str();
-  }
-  return "unknown cpu";
-}
-
-unsigned cpuCount() { return std::max(1u, std::thread::hardware_concurrency()); }
-
-Optional<std::string> nonEmptyEnv(StringRef name) {
-  Optional<std::string> v = sys::Process::GetEnv(name);
-  if (v && v->empty())
-    return None;
-  return v;
-}
-
-// Writes through a unique temporary file and a rename, so a concurrent reader
-// never sees half a file. Failures only mean the next run calibrates again.
-void writeCache(StringRef path, const HardwareSpec &spec) {
-  StringRef dir = sys::path::parent_path(path);
-  if (sys::fs::create_directories(dir))
-    return;
-  SmallString<256> tmp;
-  int fd;
-  if (sys::fs::createUniqueFile(dir + "/cpu-%%%%%%.json.tmp", fd, tmp))
-    return;
-  {
-    raw_fd_ostream os(fd, /*shouldClose=*/true);
-    writeHardwareJson(spec, os);
-    os.close();
-    if (os.has_error()) {
-      os.clear_error();
-      sys::fs::remove(tmp);
-      return;
-    }
-  }
-  if (sys::fs::rename(tmp, path))
-    sys::fs::remove(tmp);
 }
 
 } // namespace
@@ -371,67 +278,6 @@ Expected<HardwareSpec> resolveHardware(StringRef nameOrPath) {
   return builtinHardware(nameOrPath);
 }
 
-Expected<HardwareSpec> calibrateCpu() {
-  double gemm = measureGemmRate();
-  double copy = measureCopyRate();
-  double dispatch = measureDispatch();
-  if (!(gemm > 0) || !(copy > 0))
-    return createStringError(inconvertibleErrorCode(),
-                             "cpu calibration measured no time (clock too coarse?)");
-  unsigned cpus = cpuCount();
-  HardwareSpec s;
-  s.name = "cpu";
-  // OpenBLAS computes in fp32 only; bf16 models run in fp32 on the CPU ranks.
-  s.peakFlopsF32 = gemm;
-  s.peakFlopsBf16 = gemm;
-  s.memoryBandwidth = 2 * copy; // a copy reads and writes every byte
-  s.memoryBytes = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
-  s.launchOverhead = dispatch;
-  // Ranks on one machine talk through shared memory: a memcpy plus ~1 us of
-  // MPI bookkeeping; there is no separate network, so both links are loopback.
-  s.intraNode = {"loopback", copy, 1e-6};
-  s.interNode = s.intraNode;
-  s.devicesPerNode = int(cpus);
-  s.source = "calibrated on " + cpuModelName() + ", " + std::to_string(cpus) + " cpus: OpenBLAS (" +
-             blas::coreName() + ") sgemm 512^3 on " + std::to_string(blas::numThreads()) +
-             " threads, 64 MiB memcpy, 1x1x1 sgemm call";
-  return s;
-}
-
-std::string cpuCachePath() {
-  SmallString<256> dir;
-  if (Optional<std::string> d = nonEmptyEnv("PIPEC_CACHE_DIR")) {
-    dir = *d;
-  } else if (Optional<std::string> xdg = nonEmptyEnv("XDG_CACHE_HOME")) {
-    dir = *xdg;
-    sys::path::append(dir, "pipec");
-  } else if (Optional<std::string> home = nonEmptyEnv("HOME")) {
-    dir = *home;
-    sys::path::append(dir, ".cache", "pipec");
-  } else {
-    return "";
-  }
-  // A different BLAS (or its kernel for this CPU) is a different machine.
-  uint64_t hash =
-      xxHash64(cpuModelName() + "/" + std::to_string(cpuCount()) + "/" + blas::config());
-  sys::path::append(dir, "cpu-" + utohexstr(hash, /*LowerCase=*/true) + ".json");
-  return std::string(dir);
-}
-
-Expected<HardwareSpec> cpuHardware() {
-  std::string path = cpuCachePath();
-  if (!path.empty() && sys::fs::exists(path)) {
-    Expected<HardwareSpec> cached = loadHardwareFile(path);
-    if (cached && cached->name == "cpu")
-      return cached;
-    consumeError(cached.takeError()); // stale or damaged: measure again
-  }
-  Expected<HardwareSpec> spec = calibrateCpu();
-  if (spec && !path.empty())
-    writeCache(path, *spec);
-  return spec;
-}
-
 void writeHardwareJson(const HardwareSpec &spec, raw_ostream &os) {
   json::OStream j(os, /*IndentSize=*/2);
   // llvm::json prints every double with 17 digits (1e-6 as 9.9999999999999995e-07);
@@ -459,9 +305,12 @@ void writeHardwareJson(const HardwareSpec &spec, raw_ostream &os) {
     j.attribute("name", spec.name);
     number("peak_flops_fp32", spec.peakFlopsF32);
     number("peak_flops_bf16", spec.peakFlopsBf16);
+    number("vector_flops", spec.vectorFlops);
     number("memory_bandwidth", spec.memoryBandwidth);
     j.attribute("memory_bytes", spec.memoryBytes);
     number("launch_overhead_s", spec.launchOverhead);
+    number("gemm_overhead_s", spec.gemmOverhead);
+    j.attribute("sum_compute_and_memory", spec.sumsComputeAndMemory);
     j.attribute("devices_per_node", int64_t(spec.devicesPerNode));
     link("intra_node", spec.intraNode);
     link("inter_node", spec.interNode);

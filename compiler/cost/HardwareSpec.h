@@ -39,9 +39,21 @@ struct HardwareSpec {
   std::string name;           ///< "a100", "h100", "h200", "cpu" or a file's name.
   double peakFlopsF32 = 0;    ///< FLOP/s, dense.
   double peakFlopsBf16 = 0;   ///< FLOP/s, dense; also used for fp16.
+  /// FLOP/s of the ops that are not matrix products (element-wise,
+  /// normalization, softmax, losses) where they run slower than the peak
+  /// (CPU ranks: vector loops, not BLAS); 0 prices them at the peak too.
+  double vectorFlops = 0;
   double memoryBandwidth = 0; ///< Bytes/s, read plus write.
   int64_t memoryBytes = 0;    ///< Device memory in bytes.
   double launchOverhead = 0;  ///< Seconds added per op (kernel launch, dispatch).
+  /// Seconds added per matrix product (each GEMM a MatMul, Gemm or
+  /// convolution runs, forward and backward) on top of launchOverhead: on CPU
+  /// ranks, splitting it over the rank's threads and packing its operands.
+  double gemmOverhead = 0;
+  /// An op's time adds its arithmetic and its memory traffic (CPU ranks,
+  /// whose GEMMs stream their weights before computing on them) instead of
+  /// taking the larger (GPUs, which overlap them).
+  bool sumsComputeAndMemory = false;
   LinkSpec intraNode;         ///< Between devices of one node.
   LinkSpec interNode;         ///< Between nodes.
   int devicesPerNode = 8;
@@ -49,6 +61,11 @@ struct HardwareSpec {
 
   /// Peak dense FLOP/s at bf16/fp16 when \p bf16, else at fp32.
   double peakFlops(bool bf16) const { return bf16 ? peakFlopsBf16 : peakFlopsF32; }
+  /// FLOP/s of an op that runs \p gemms matrix products (the peak), or none
+  /// (vectorFlops when set).
+  double flopsFor(double gemms, bool bf16) const {
+    return gemms > 0 || vectorFlops <= 0 ? peakFlops(bf16) : vectorFlops;
+  }
 
   bool operator==(const HardwareSpec &other) const;
   bool operator!=(const HardwareSpec &other) const { return !(*this == other); }
@@ -72,24 +89,33 @@ llvm::Expected<HardwareSpec> loadHardwareFile(llvm::StringRef path);
 /// loadHardwareFile() when \p nameOrPath ends in ".json", else builtinHardware().
 llvm::Expected<HardwareSpec> resolveHardware(llvm::StringRef nameOrPath);
 
-/// Measures this machine, in under about a second: the sgemm rate of OpenBLAS
-/// on all its threads (512^3, repeated for 0.2 s after a warm-up) as both peak
-/// rates, the bandwidth of a 64 MiB memcpy (read plus write bytes), the cost
-/// of one tiny sgemm call as launch overhead, and a loopback link (memcpy
-/// bandwidth, 1 us latency, as shared-memory MPI) both inside and between
-/// nodes. memoryBytes is the physical memory, devicesPerNode the CPU count.
-llvm::Expected<HardwareSpec> calibrateCpu();
+/// The threads each of \p ranks CPU ranks computes on when they share this
+/// machine and no --threads-per-rank is given: the CPUs this process may run
+/// on divided by the ranks, at least 1 (the rule `pipec run` applies).
+int cpuThreadsPerRank(int ranks);
 
-/// calibrateCpu(), cached as JSON in $PIPEC_CACHE_DIR, else
-/// $XDG_CACHE_HOME/pipec, else $HOME/.cache/pipec, file
-/// cpu-<hash of CPU model name and CPU count>.json. A missing or unreadable
-/// cache is recalibrated and rewritten; failing to write the cache is not an
-/// error (the measured spec is still returned).
-llvm::Expected<HardwareSpec> cpuHardware();
+/// Measures one CPU rank of this machine computing on \p threads threads
+/// (0: every CPU), by timing pipec's own CPU kernels as a rank runs them
+/// (compiler/cost/CpuCalibration.cpp; docs/HARDWARE.md "CPU calibration"):
+/// the cost of one tiny node as launch overhead; the bandwidth and vector
+/// FLOP rate fitted over the element-wise, softmax, normalization and
+/// transpose kernels; the GEMM rate and per-GEMM cost fitted over
+/// transformer-sized matrix products (sumsComputeAndMemory is set). The links are
+/// loopback (memcpy bandwidth, 1 us latency, as shared-memory MPI) both inside
+/// and between nodes. memoryBytes is the physical memory, devicesPerNode the
+/// CPU count. Takes about a second.
+llvm::Expected<HardwareSpec> calibrateCpu(int threads = 0);
 
-/// The cache file cpuHardware() uses on this machine, or "" when no cache
-/// directory is configured.
-std::string cpuCachePath();
+/// calibrateCpu(\p threads), cached as JSON in $PIPEC_CACHE_DIR, else
+/// $XDG_CACHE_HOME/pipec, else $HOME/.cache/pipec (cpuCachePath()). A missing
+/// or unreadable cache is recalibrated and rewritten; failing to write the
+/// cache is not an error (the measured spec is still returned).
+llvm::Expected<HardwareSpec> cpuHardware(int threads = 0);
+
+/// The cache file cpuHardware(\p threads) uses on this machine: named by a
+/// hash of the CPU model, the CPU count, the BLAS build, the calibration's
+/// version and \p threads; "" when no cache directory is configured.
+std::string cpuCachePath(int threads = 0);
 
 /// Writes \p spec as JSON that loadHardwareFile() reads back equal: each double
 /// in the shortest form that parses back to it, keys in a fixed order.

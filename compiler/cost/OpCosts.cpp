@@ -102,6 +102,7 @@ void MatMulBackward<Bias>::cost(const Graph &graph, const Op &op, const OpTraffi
   cost.flops[BackwardWeight] = gemm * (2 - activations) + (t.anyWeight && bias ? t.outElems : 0);
   cost.bytes[BackwardInput] = activations ? t.out + t.in + t.weights : 0;
   cost.bytes[BackwardWeight] = activations < 2 ? t.out + t.in + t.weights : 0;
+  cost.gemms = {1, double(activations), double(2 - activations)};
 }
 
 void ConvBackward::cost(const Graph &, const Op &, const OpTraffic &t, OpCost &cost) {
@@ -110,6 +111,7 @@ void ConvBackward::cost(const Graph &, const Op &, const OpTraffic &t, OpCost &c
   cost.flops[BackwardWeight] = t.anyWeight ? cost.flops[Forward] : 0;
   cost.bytes[BackwardInput] = t.out + t.in + t.weights;
   cost.bytes[BackwardWeight] = t.anyWeight ? t.out + t.in + t.weights : 0;
+  cost.gemms = {1, 1, t.anyWeight ? 1.0 : 0.0};
 }
 
 void AttentionBackward::cost(const Graph &, const Op &, const OpTraffic &t, OpCost &cost) {
@@ -118,6 +120,8 @@ void AttentionBackward::cost(const Graph &, const Op &, const OpTraffic &t, OpCo
   cost.flops[BackwardWeight] = t.anyWeight ? cost.flops[Forward] / 2 : 0;
   cost.bytes[BackwardInput] = 2 * (t.in + t.out);
   cost.bytes[BackwardWeight] = t.anyWeight ? t.in + t.out + t.weights : 0;
+  // Q K^T and P V; for I the scores again, and dP, dQ, dK, dV.
+  cost.gemms = {2, 6, t.anyWeight ? 1.0 : 0.0};
 }
 
 // Forward halves --------------------------------------------------------------

@@ -36,6 +36,8 @@ enum Pass { Forward = 0, BackwardInput = 1, BackwardWeight = 2 };
 struct OpCost {
   std::array<double, 3> flops{};
   std::array<double, 3> bytes{};
+  /// Matrix products (GEMM calls) per pass: each pays HardwareSpec::gemmOverhead.
+  std::array<double, 3> gemms{};
   /// No rule for this op: the documented default was used.
   bool defaulted = false;
 };

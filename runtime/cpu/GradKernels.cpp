@@ -80,20 +80,22 @@ Expected<std::vector<Tensor>> softmaxGrad(const onnx::NodeProto &node,
   splitAt(y.shape(), axis, outer, size, inner);
   return floating(node, y, [&](auto tag) -> Expected<std::vector<Tensor>> {
     using T = decltype(tag);
-    Tensor dx(y.elemType(), y.shape());
+    Tensor dx = Tensor::uninitialized(y.elemType(), y.shape()); // every element is written
     const T *pd = dy.data<T>(), *py = y.data<T>();
     T *px = dx.data<T>();
-    for (int64_t o = 0; o < outer; ++o)
-      for (int64_t in = 0; in < inner; ++in) {
-        int64_t base = o * size * inner + in;
-        double dot = 0;
-        for (int64_t k = 0; k < size; ++k)
-          dot += double(pd[base + k * inner]) * double(py[base + k * inner]);
+    // Rows are independent: the rank's loop threads take runs of them.
+    parallelFor(outer * inner, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        int64_t base = (row / inner) * size * inner + row % inner;
+        double dot = laneSum(size, [&](int64_t k) {
+          return double(pd[base + k * inner]) * double(py[base + k * inner]);
+        });
         for (int64_t k = 0; k < size; ++k) {
           int64_t i = base + k * inner;
           px[i] = static_cast<T>(double(py[i]) * (double(pd[i]) - dot));
         }
       }
+    });
     return std::vector<Tensor>{dx};
   });
 }
@@ -240,14 +242,11 @@ Expected<LayerNormRows> layerNormRows(const onnx::NodeProto &node, const Tensor 
     parallelFor(r.rows, 8, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const auto *in = xs + row * r.width;
-        double sum = 0, sq = 0;
-        for (int64_t k = 0; k < r.width; ++k)
-          sum += double(in[k]);
-        double mean = sum / double(r.width);
-        for (int64_t k = 0; k < r.width; ++k) {
+        double mean = laneSum(r.width, [&](int64_t k) { return double(in[k]); }) / double(r.width);
+        double sq = laneSum(r.width, [&](int64_t k) {
           double d = double(in[k]) - mean;
-          sq += d * d;
-        }
+          return d * d;
+        });
         r.mean[row] = mean;
         r.rstd[row] = 1.0 / std::sqrt(sq / double(r.width) + epsilon);
       }
@@ -280,16 +279,14 @@ Expected<std::vector<Tensor>> layerNormGradInput(const onnx::NodeProto &node,
     parallelFor(r->rows, 8, [&](int64_t begin, int64_t end) {
       std::vector<double> g(r->width), xh(r->width);
       for (int64_t row = begin; row < end; ++row) {
-        double meanG = 0, meanGX = 0;
         for (int64_t k = 0; k < r->width; ++k) {
           int64_t i = row * r->width + k;
           xh[k] = (double(xs[i]) - r->mean[row]) * r->rstd[row];
           g[k] = double(dys[i]) * gamma[k];
-          meanG += g[k];
-          meanGX += g[k] * xh[k];
         }
-        meanG /= double(r->width);
-        meanGX /= double(r->width);
+        double meanG = laneSum(r->width, [&](int64_t k) { return g[k]; }) / double(r->width);
+        double meanGX =
+            laneSum(r->width, [&](int64_t k) { return g[k] * xh[k]; }) / double(r->width);
         for (int64_t k = 0; k < r->width; ++k)
           dxs[row * r->width + k] = static_cast<T>(r->rstd[row] * (g[k] - meanG - xh[k] * meanGX));
       }

@@ -141,20 +141,53 @@ Tensor broadcastBinary(const Tensor &a, const Tensor &b, DType outType,
 struct AxisSplit {
   int64_t outer, size, inner;
 };
+/// Partial results a row reduction keeps apart: one running sum waits an
+/// add's latency per element, eight independent ones fill a vector.
+constexpr int reductionLanes = 8;
+
+/// The sum over k in [0, n) of term(k), in double: eight partial sums over
+/// interleaved elements, combined in a fixed order, so the loop vectorises
+/// and the result depends only on n and the terms (not on threads).
+template <typename Term> double laneSum(int64_t n, Term term) {
+  double lane[reductionLanes] = {};
+  int64_t k = 0;
+  for (; k + reductionLanes <= n; k += reductionLanes)
+    for (int l = 0; l < reductionLanes; ++l)
+      lane[l] += double(term(k + l));
+  double tail = 0;
+  for (; k < n; ++k)
+    tail += double(term(k));
+  return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7])) +
+         tail;
+}
+
+/// The largest of \p n floats (NaNs skipped; -infinity when there is none),
+/// over eight lanes so the loop vectorises.
+inline float laneMax(const float *in, int64_t n) {
+  float lane[reductionLanes];
+  for (float &v : lane)
+    v = -std::numeric_limits<float>::infinity();
+  int64_t k = 0;
+  for (; k + reductionLanes <= n; k += reductionLanes)
+    for (int l = 0; l < reductionLanes; ++l)
+      lane[l] = in[k + l] > lane[l] ? in[k + l] : lane[l];
+  float best = -std::numeric_limits<float>::infinity();
+  for (; k < n; ++k)
+    best = in[k] > best ? in[k] : best;
+  for (float v : lane)
+    best = v > best ? v : best;
+  return best;
+}
+
 /// out[j] = exp(in[j] - max(in)) over a float row of \p size (in float, a
 /// loop that vectorises), the max left in \p maxValue; returns their sum,
-/// taken in double. Softmax, its log form and the cross-entropy gradient
-/// share it.
+/// taken in double (laneSum). Softmax, its log form and the cross-entropy
+/// gradient share it.
 inline double shiftedExponentials(const float *in, float *out, int64_t size, float &maxValue) {
-  maxValue = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < size; ++j)
-    maxValue = in[j] > maxValue ? in[j] : maxValue;
+  maxValue = laneMax(in, size);
   for (int64_t j = 0; j < size; ++j)
     out[j] = kernels::floatmath::exp(in[j] - maxValue);
-  double sum = 0;
-  for (int64_t j = 0; j < size; ++j)
-    sum += out[j];
-  return sum;
+  return laneSum(size, [&](int64_t j) { return out[j]; });
 }
 
 inline AxisSplit splitAt(llvm::ArrayRef<int64_t> shape, int64_t axis) {

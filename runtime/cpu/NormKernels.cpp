@@ -153,13 +153,12 @@ Expected<Outputs> layerNormalization(const OpContext &ctx) {
       for (int64_t o = begin; o < end; ++o) {
         const T *in = x.data<T>() + o * size;
         T *out = y.data<T>() + o * size;
-        double mean = 0, var = 0;
-        for (int64_t j = 0; j < size; ++j)
-          mean += in[j];
-        mean /= size;
-        for (int64_t j = 0; j < size; ++j)
-          var += (in[j] - mean) * (in[j] - mean);
-        var /= size;
+        double mean = laneSum(size, [&](int64_t j) { return double(in[j]); }) / size;
+        double var = laneSum(size, [&](int64_t j) {
+                       double d = double(in[j]) - mean;
+                       return d * d;
+                     }) /
+                     size;
         double invStd = 1 / std::sqrt(var + epsilon);
         for (int64_t j = 0; j < size; ++j)
           out[j] = static_cast<T>((in[j] - mean) * invStd * g[j] + bb[j]);

@@ -1,0 +1,495 @@
+//===- CpuCalibration.cpp - The `cpu` spec, measured on pipec's kernels --===//
+//
+// A CPU rank's numbers come from timing the kernels it runs (cpu::runOp, the
+// CPU backend's entry point) under the threads the rank would have: OpenBLAS
+// on one thread and the rank's loop pool on the rest, as `pipec run` sets
+// them (support/Parallel.h). Three things are measured:
+//
+//  - the element-wise, softmax, normalization and transpose kernels on
+//    transformer-sized activations: bytes read plus written over time, the
+//    memory bandwidth;
+//  - matrix products: MatMul on the same blocks' shapes, with weights that do
+//    not fit in the caches (a step reads each weight once per pass), fitted
+//    by least squares on relative error as
+//      time = FLOPs / peak + bytes / bandwidth + per-GEMM cost,
+//    the sum the cost model charges a CPU rank (HardwareSpec::sumsComputeAndMemory);
+//  - one tiny node: the dispatch cost added to every op.
+//
+// The result is cached per thread count; docs/HARDWARE.md describes it.
+//
+//===----------------------------------------------------------------------===//
+#include "compiler/cost/CostModel.h"
+#include "compiler/cost/HardwareSpec.h"
+#include "runtime/core/Tensor.h"
+#include "runtime/cpu/Kernels.h"
+#include "support/Blas.h"
+#include "support/Parallel.h"
+
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
+#include "llvm/Support/xxhash.h"
+
+#include "onnx/onnx_pb.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <chrono>
+#include <cstring>
+#include <sched.h>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+using namespace llvm;
+
+namespace pipec {
+
+namespace {
+
+using cpu::Tensor;
+
+/// Bumped whenever what calibrateCpu() measures changes, so that caches
+/// written by an earlier pipec are measured again.
+constexpr int calibrationVersion = 3;
+
+/// The opset the calibration's nodes are read at.
+constexpr int64_t calibrationOpset = 17;
+
+/// Tokens and widths of the transformer blocks whose GEMMs and activations
+/// are timed: small enough to finish in about a second, and spanning the
+/// GEMM sizes where the per-call cost and the rate both show.
+struct BlockShape {
+  int64_t tokens, width;
+};
+constexpr BlockShape calibrationBlocks[] = {{32, 384}, {128, 384}, {128, 768}};
+
+/// Weights cycled through per GEMM shape: more than a server's last-level
+/// cache, so that each product reads its weight from memory as a step does.
+constexpr int64_t coldWeightBytes = int64_t(48) << 20;
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+unsigned cpuCount() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    return unsigned(CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+std::string cpuModelName() {
+  ErrorOr<std::unique_ptr<MemoryBuffer>> buf = MemoryBuffer::getFileAsStream("/proc/cpuinfo");
+  if (buf) {
+    SmallVector<StringRef, 64> lines;
+    (*buf)->getBuffer().split(lines, '\n');
+    for (StringRef line : lines)
+      if (line.startswith("model name"))
+        return line.split(':').second.trim().str();
+  }
+  return "unknown cpu";
+}
+
+/// A float tensor of \p shape with small values that vary, so no kernel
+/// meets only zeros.
+Tensor filled(std::vector<int64_t> shape) {
+  Tensor t = Tensor::uninitialized(DType::F32, std::move(shape));
+  float *p = t.data<float>();
+  for (int64_t i = 0; i < t.numElements(); ++i)
+    p[i] = float((i * 7919) % 2003) * 1e-3f - 1.0f;
+  return t;
+}
+
+/// One node as the CPU backend runs it, with its inputs, and what the cost
+/// model charges for its forward pass.
+struct Timed {
+  onnx::NodeProto node;
+  std::vector<Tensor> inputs;
+  OpCost cost;
+};
+
+/// An operand of a calibration node: its shape, and whether it is a weight.
+struct Operand {
+  std::vector<int64_t> shape;
+  bool weight = false;
+};
+
+/// Builds calibration nodes twice over: as ONNX nodes for the kernels, and
+/// as ops of a Graph of the same shapes, so that their FLOPs, bytes and GEMM
+/// calls come from the cost rules themselves (ops/Ops.def's COST column).
+class Workload {
+public:
+  Workload() { graph.opsets[""] = calibrationOpset; }
+
+  /// Appends \p op over \p operands producing \p out; returns its node for
+  /// attributes.
+  onnx::NodeProto &add(StringRef op, ArrayRef<Operand> operands, std::vector<int64_t> out) {
+    Timed t;
+    t.node.set_op_type(op.str());
+    t.node.set_name(("calibrate/" + op + "/" + Twine(items.size())).str());
+    Op costed;
+    costed.opType = op.str();
+    for (const Operand &o : operands) {
+      std::string name = t.node.name() + "/in" + std::to_string(costed.inputs.size());
+      t.node.add_input(name);
+      costed.inputs.push_back(value(name, o.weight ? ValueKind::Weight : ValueKind::Activation,
+                                    o.shape));
+      t.inputs.push_back(filled(o.shape));
+    }
+    t.node.add_output(t.node.name() + "/out");
+    costed.outputs.push_back(value(t.node.output(0), ValueKind::Activation, std::move(out)));
+    t.cost = opCost(graph, costed, Precision::FP32);
+    items.push_back(std::move(t));
+    return items.back().node;
+  }
+
+  std::vector<Timed> items;
+
+private:
+  int value(StringRef name, ValueKind kind, std::vector<int64_t> shape) {
+    int id = graph.addValue(name, kind);
+    Value &v = graph.values[id];
+    v.type = DType::F32;
+    v.shape = std::move(shape);
+    v.shapeKnown = true;
+    return id;
+  }
+
+  Graph graph;
+};
+
+void intAttribute(onnx::NodeProto &n, StringRef name, int64_t value) {
+  onnx::AttributeProto *a = n.add_attribute();
+  a->set_name(name.str());
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(value);
+}
+
+/// Runs \p t once; a kernel that fails makes the calibration fail.
+Error runOnce(const Timed &t) {
+  std::vector<const Tensor *> in;
+  for (const Tensor &x : t.inputs)
+    in.push_back(&x);
+  Expected<std::vector<Tensor>> out = cpu::runOp(t.node, calibrationOpset, in);
+  if (!out)
+    return createStringError(inconvertibleErrorCode(), "cpu calibration: %s: %s",
+                             t.node.op_type().c_str(), toString(out.takeError()).c_str());
+  return Error::success();
+}
+
+/// Seconds per pass over \p program: after a warm-up pass, the fastest of
+/// five rounds, each repeating the program for at least \p minSeconds (the
+/// fastest, because other work on the machine only ever slows a round).
+Expected<double> secondsPerPass(ArrayRef<Timed> program, double minSeconds) {
+  for (const Timed &t : program)
+    if (Error err = runOnce(t))
+      return err;
+  double best = 1e30;
+  for (int round = 0; round < 5; ++round) {
+    int passes = 0;
+    Clock::time_point start = Clock::now();
+    double elapsed = 0;
+    do {
+      for (const Timed &t : program)
+        if (Error err = runOnce(t))
+          return err;
+      ++passes;
+      elapsed = secondsSince(start);
+    } while (elapsed < minSeconds);
+    best = std::min(best, elapsed / passes);
+  }
+  return best;
+}
+
+/// Least squares for y = a x1 + b x2 over rows (x1, x2, y), each row divided
+/// by its \p scale (relative error); false when the system is singular.
+bool fitTwo(ArrayRef<std::array<double, 4>> rows, double &a, double &b) {
+  double s11 = 0, s12 = 0, s22 = 0, s1y = 0, s2y = 0;
+  for (const auto &[x1, x2, y, scale] : rows) {
+    double w = 1.0 / (scale * scale);
+    s11 += w * x1 * x1;
+    s12 += w * x1 * x2;
+    s22 += w * x2 * x2;
+    s1y += w * x1 * y;
+    s2y += w * x2 * y;
+  }
+  double det = s11 * s22 - s12 * s12;
+  if (!(det > 0))
+    return false;
+  a = (s1y * s22 - s2y * s12) / det;
+  b = (s2y * s11 - s1y * s12) / det;
+  return true;
+}
+
+/// Seconds of one node whose kernel does next to nothing (a one-element Add):
+/// the dispatch every op pays.
+Expected<double> measureDispatch() {
+  Workload w;
+  for (int i = 0; i < 64; ++i)
+    w.add("Add", {{{1}}, {{1}}}, {1});
+  Expected<double> pass = secondsPerPass(w.items, 0.005);
+  if (!pass)
+    return pass.takeError();
+  return *pass / double(w.items.size());
+}
+
+/// Times the element-wise, softmax, layer normalization and transpose
+/// kernels on the blocks' activations, each on its own (so that the best
+/// round of each counts), and fits the FLOP rate of
+///   seconds - dispatch - bytes / bandwidth = FLOPs / vector rate;
+/// 0 when the FLOPs take no measurable time beyond the bytes.
+Expected<double> measureVectorFlops(double dispatch, double bandwidth) {
+  Workload w;
+  for (BlockShape b : calibrationBlocks) {
+    int64_t t = b.tokens, d = b.width, heads = d / 64;
+    w.add("Add", {{{t, 4 * d}}, {{t, 4 * d}}}, {t, 4 * d});
+    w.add("Mul", {{{t, 4 * d}}, {{t, 4 * d}}}, {t, 4 * d});
+    intAttribute(w.add("Softmax", {{{heads, t, t}}}, {heads, t, t}), "axis", -1);
+    intAttribute(w.add("LayerNormalization", {{{t, d}}, {{d}, true}, {{d}, true}}, {t, d}),
+                 "axis", -1);
+    onnx::AttributeProto *perm =
+        w.add("Transpose", {{{t, heads, 64}}}, {heads, t, 64}).add_attribute();
+    perm->set_name("perm");
+    perm->set_type(onnx::AttributeProto::INTS);
+    for (int64_t axis : {1, 0, 2})
+      perm->add_ints(axis);
+  }
+  // Least squares on relative error for rest = FLOPs * seconds per FLOP.
+  double sff = 0, sfr = 0;
+  for (const Timed &t : w.items) {
+    Expected<double> one = secondsPerPass(ArrayRef<Timed>(&t, 1), 0.004);
+    if (!one)
+      return one.takeError();
+    double flops = t.cost.flops[Forward];
+    double rest = *one - dispatch - t.cost.bytes[Forward] / bandwidth;
+    if (flops <= 0 || rest <= 0)
+      continue; // no arithmetic, or all of it hidden in the traffic's time
+    sff += flops * flops / (*one * *one);
+    sfr += flops * rest / (*one * *one);
+  }
+  return sfr > 0 ? sff / sfr : 0.0;
+}
+
+struct GemmFit {
+  double peak = 0;    ///< FLOP/s
+  double perCall = 0; ///< seconds
+};
+
+/// Times MatMul x[t, k] @ W[k, n] over each block's three products (width to
+/// width, to 4 x width and back), and fits the cost model's CPU GEMM time,
+///   seconds - dispatch - bytes / bandwidth = FLOPs / peak + per-call cost,
+/// minimising the squared relative error. The weights stream from memory
+/// before the arithmetic on them, so small-token products are slow for their
+/// FLOPs, which a rate alone cannot say.
+Expected<GemmFit> measureGemms(double dispatch, double bandwidth) {
+  std::vector<std::array<double, 4>> rows;
+  for (BlockShape b : calibrationBlocks) {
+    int64_t d = b.width;
+    std::pair<int64_t, int64_t> products[] = {{d, d}, {d, 4 * d}, {4 * d, d}};
+    for (auto [k, n] : products) {
+      int64_t weightBytes = k * n * int64_t(sizeof(float));
+      int64_t copies = std::max<int64_t>(2, std::min<int64_t>(64, coldWeightBytes / weightBytes));
+      Workload w;
+      for (int64_t c = 0; c < copies; ++c)
+        w.add("MatMul", {{{b.tokens, k}}, {{k, n}, true}}, {b.tokens, n});
+      for (Timed &t : w.items) // one activation, as a layer's output feeds its GEMMs
+        t.inputs[0] = w.items[0].inputs[0];
+      Expected<double> pass = secondsPerPass(w.items, 0.02);
+      if (!pass)
+        return pass.takeError();
+      const OpCost &cost = w.items[0].cost;
+      double total = *pass / double(copies);
+      double rest = total - dispatch - cost.bytes[Forward] / bandwidth;
+      if (rest > 0) // else all traffic: it says nothing of the arithmetic
+        rows.push_back({cost.flops[Forward], cost.gemms[Forward], rest, total});
+    }
+  }
+  double perFlop = 0, perCall = 0;
+  if (!fitTwo(rows, perFlop, perCall) || !(perFlop > 0) || perCall < 0) {
+    // No per-call cost to see: the rate alone.
+    double sff = 0, sft = 0;
+    for (const auto &[f, calls, rest, total] : rows) {
+      sff += f * f / (total * total);
+      sft += f * rest / (total * total);
+    }
+    perCall = 0;
+    perFlop = sff > 0 ? sft / sff : 0;
+  }
+  if (!(perFlop > 0))
+    return createStringError(inconvertibleErrorCode(),
+                             "cpu calibration measured no GEMM time (clock too coarse?)");
+  return GemmFit{1 / perFlop, perCall};
+}
+
+// Best of five 64 MiB memcpys; the buffers are written first so page faults
+// are not timed. Returns the bytes copied per second (one direction).
+double measureCopyRate() {
+  const size_t bytes = size_t(64) << 20;
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    Clock::time_point start = Clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    best = std::min(best, secondsSince(start));
+    src[i] = char(dst[bytes - 1 - i] + 1); // keep the copies observable
+  }
+  return double(bytes) / best;
+}
+
+struct Measured {
+  double dispatch = 0, bandwidth = 0, vectorFlops = 0;
+  GemmFit gemm;
+};
+
+/// The kernel measurements on the calling thread, with \p threads loop
+/// threads and OpenBLAS on one (as a rank runs), over memory of \p bandwidth.
+Expected<Measured> measureKernels(int threads, double bandwidth) {
+  setLoopThreads(threads);
+  Measured m;
+  m.bandwidth = bandwidth;
+  Expected<double> dispatch = measureDispatch();
+  if (!dispatch)
+    return dispatch.takeError();
+  m.dispatch = *dispatch;
+  Expected<double> vector = measureVectorFlops(m.dispatch, bandwidth);
+  if (!vector)
+    return vector.takeError();
+  m.vectorFlops = *vector;
+  Expected<GemmFit> gemm = measureGemms(m.dispatch, bandwidth);
+  if (!gemm)
+    return gemm.takeError();
+  m.gemm = *gemm;
+  return m;
+}
+
+Optional<std::string> nonEmptyEnv(StringRef name) {
+  Optional<std::string> v = sys::Process::GetEnv(name);
+  if (v && v->empty())
+    return None;
+  return v;
+}
+
+// Writes through a unique temporary file and a rename, so a concurrent reader
+// never sees half a file. Failures only mean the next run calibrates again.
+void writeCache(StringRef path, const HardwareSpec &spec) {
+  StringRef dir = sys::path::parent_path(path);
+  if (sys::fs::create_directories(dir))
+    return;
+  SmallString<256> tmp;
+  int fd;
+  if (sys::fs::createUniqueFile(dir + "/cpu-%%%%%%.json.tmp", fd, tmp))
+    return;
+  {
+    raw_fd_ostream os(fd, /*shouldClose=*/true);
+    writeHardwareJson(spec, os);
+    os.close();
+    if (os.has_error()) {
+      os.clear_error();
+      sys::fs::remove(tmp);
+      return;
+    }
+  }
+  if (sys::fs::rename(tmp, path))
+    sys::fs::remove(tmp);
+}
+
+int resolvedThreads(int threads) { return threads > 0 ? threads : int(cpuCount()); }
+
+} // namespace
+
+int cpuThreadsPerRank(int ranks) { return std::max(1, int(cpuCount()) / std::max(1, ranks)); }
+
+Expected<HardwareSpec> calibrateCpu(int threads) {
+  threads = resolvedThreads(threads);
+  // Memory first: the kernels' fits take its traffic out of their times.
+  double copy = measureCopyRate();
+  if (!(copy > 0))
+    return createStringError(inconvertibleErrorCode(),
+                             "cpu calibration measured no copy time (clock too coarse?)");
+  double bandwidth = 2 * copy; // a copy reads and writes every byte
+  // On a thread of its own: the loop pool belongs to the thread that sized
+  // it, so the caller's is left as it was. OpenBLAS's count is process-wide.
+  int blasThreads = blas::numThreads();
+  cpu::setBlasThreads(1);
+  Measured measured;
+  std::string problem;
+  std::thread worker([&] {
+    Expected<Measured> m = measureKernels(threads, bandwidth);
+    if (m)
+      measured = *m;
+    else
+      problem = toString(m.takeError());
+  });
+  worker.join();
+  cpu::setBlasThreads(blasThreads);
+  if (!problem.empty())
+    return createStringError(inconvertibleErrorCode(), problem);
+  unsigned cpus = cpuCount();
+  HardwareSpec s;
+  s.name = "cpu";
+  // OpenBLAS computes in fp32 only; bf16 models run in fp32 on the CPU ranks.
+  s.peakFlopsF32 = measured.gemm.peak;
+  s.peakFlopsBf16 = measured.gemm.peak;
+  s.vectorFlops = measured.vectorFlops;
+  s.gemmOverhead = measured.gemm.perCall;
+  s.sumsComputeAndMemory = true;
+  s.memoryBandwidth = measured.bandwidth;
+  s.memoryBytes = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
+  s.launchOverhead = measured.dispatch;
+  // Ranks on one machine talk through shared memory: a memcpy plus ~1 us of
+  // MPI bookkeeping; there is no separate network, so both links are loopback.
+  s.intraNode = {"loopback", copy, 1e-6};
+  s.interNode = s.intraNode;
+  s.devicesPerNode = int(cpus);
+  s.source = "calibrated on " + cpuModelName() + ", " + std::to_string(cpus) +
+             " cpus: pipec's CPU kernels on " + std::to_string(threads) +
+             (threads == 1 ? " thread" : " threads") + " (OpenBLAS " + blas::coreName() +
+             "), transformer-sized MatMul, element-wise and normalization kernels; 64 MiB memcpy";
+  return s;
+}
+
+std::string cpuCachePath(int threads) {
+  SmallString<256> dir;
+  if (Optional<std::string> d = nonEmptyEnv("PIPEC_CACHE_DIR")) {
+    dir = *d;
+  } else if (Optional<std::string> xdg = nonEmptyEnv("XDG_CACHE_HOME")) {
+    dir = *xdg;
+    sys::path::append(dir, "pipec");
+  } else if (Optional<std::string> home = nonEmptyEnv("HOME")) {
+    dir = *home;
+    sys::path::append(dir, ".cache", "pipec");
+  } else {
+    return "";
+  }
+  // A different BLAS (or its kernel for this CPU), calibration or share of
+  // the cores is a different machine.
+  uint64_t hash = xxHash64(cpuModelName() + "/" + std::to_string(cpuCount()) + "/" +
+                           blas::config() + "/v" + std::to_string(calibrationVersion));
+  sys::path::append(dir, "cpu-" + utohexstr(hash, /*LowerCase=*/true) + "-" +
+                             std::to_string(resolvedThreads(threads)) + "t.json");
+  return std::string(dir);
+}
+
+Expected<HardwareSpec> cpuHardware(int threads) {
+  std::string path = cpuCachePath(threads);
+  if (!path.empty() && sys::fs::exists(path)) {
+    Expected<HardwareSpec> cached = loadHardwareFile(path);
+    if (cached && cached->name == "cpu")
+      return cached;
+    consumeError(cached.takeError()); // stale or damaged: measure again
+  }
+  Expected<HardwareSpec> spec = calibrateCpu(threads);
+  if (spec && !path.empty())
+    writeCache(path, *spec);
+  return spec;
+}
+
+} // namespace pipec
