@@ -23,12 +23,12 @@ for name, b in rows.items():
         continue  # the fusion rows have notes of their own
     step = b["real_time"] / 1e3  # ms -> s
     pred = b["predicted_step_s"]
-    ratio = f"{step / pred:.1f}" if pred > 0 else "-"
+    ratio = f"{step / pred:.2f}" if pred > 0 else "-"
     lines.append(f"| {name} | {ms(step)} | {ms(pred)} | {ratio} |")
     r = 0
     while f"rank{r}_busy_s" in b:
         busy, pbusy = b[f"rank{r}_busy_s"], b[f"rank{r}_predicted_busy_s"]
-        ratio = f"{busy / pbusy:.1f}" if pbusy > 0 else "-"
+        ratio = f"{busy / pbusy:.2f}" if pbusy > 0 else "-"
         ranks.append(f"| {name} | {r} | {ms(busy)} | {ms(pbusy)} | {ratio} |")
         r += 1
 notes = []
@@ -85,12 +85,14 @@ if gelu:
                  f"alternating: {gelu['fused_s'] * 1e3:.2f} ms as one fused kernel against "
                  f"{gelu['unfused_s'] * 1e3:.2f} ms as eight kernels, "
                  f"{gelu['unfused_s'] / gelu['fused_s']:.2f}x.")
-notes.append("- The cost model's `cpu` spec is a roofline calibrated on one OpenBLAS GEMM; the "
-             "measured / predicted column is its error on whole steps, which include the "
-             "element-wise kernels, softmax and layer norms the roofline prices "
-             "at peak bandwidth. The `_profiled_costs` rows predict from `pipec profile`'s "
-             "measured per-layer table (microbatch of 1) instead, which is what `compile --costs` "
-             "is for.")
+notes.append("- The predicted steps use the default `cpu` spec, which is calibrated on pipec's "
+             "own kernels for the threads each rank gets by default (docs/HARDWARE.md, "
+             "\"CPU calibration\"): the measured / predicted column is the cost model's error on "
+             "whole steps. The `_1_thread` rows run the default plans with "
+             "`--threads-per-rank 1`, so one rank computes on half the threads it was "
+             "predicted for. The `_profiled_costs` rows predict from `pipec profile`'s "
+             "measured per-layer table (microbatch of 1, one layer per rank) instead, which is "
+             "what `compile --costs` is for.")
 machine = (f"{ctx.get('num_cpus')} CPUs at {ctx.get('mhz_per_cpu')} MHz, "
            f"{platform.system()} {platform.release()}, date {ctx.get('date')}")
 section = "\n".join(

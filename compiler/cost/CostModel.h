@@ -9,7 +9,8 @@
 // rest (HardwareSpec::flopsFor), the sum of the first two instead of their
 // max where the spec says so (CPU ranks, HardwareSpec::sumsComputeAndMemory),
 // and in W, per float weight, adding the microbatch's gradient into the
-// step's accumulator (three float32 passes over the weight). The zero-bubble schedules need I and W apart. A measured cost table
+// step's accumulator (three float32 passes over the weight). The zero-bubble schedules need I and W
+// apart. A measured cost table
 // (`compile --costs FILE`) overrides the roofline per layer.
 //
 // Backward rules (FLOPs): a GEMM X W (weight W) costs the same again for dX

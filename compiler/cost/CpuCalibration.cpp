@@ -36,8 +36,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <sched.h>
 #include <string>
@@ -140,8 +140,8 @@ public:
     for (const Operand &o : operands) {
       std::string name = t.node.name() + "/in" + std::to_string(costed.inputs.size());
       t.node.add_input(name);
-      costed.inputs.push_back(value(name, o.weight ? ValueKind::Weight : ValueKind::Activation,
-                                    o.shape));
+      costed.inputs.push_back(
+          value(name, o.weight ? ValueKind::Weight : ValueKind::Activation, o.shape));
       t.inputs.push_back(filled(o.shape));
     }
     t.node.add_output(t.node.name() + "/out");
@@ -253,8 +253,8 @@ Expected<double> measureVectorFlops(double dispatch, double bandwidth) {
     w.add("Add", {{{t, 4 * d}}, {{t, 4 * d}}}, {t, 4 * d});
     w.add("Mul", {{{t, 4 * d}}, {{t, 4 * d}}}, {t, 4 * d});
     intAttribute(w.add("Softmax", {{{heads, t, t}}}, {heads, t, t}), "axis", -1);
-    intAttribute(w.add("LayerNormalization", {{{t, d}}, {{d}, true}, {{d}, true}}, {t, d}),
-                 "axis", -1);
+    intAttribute(w.add("LayerNormalization", {{{t, d}}, {{d}, true}, {{d}, true}}, {t, d}), "axis",
+                 -1);
     onnx::AttributeProto *perm =
         w.add("Transpose", {{{t, heads, 64}}}, {heads, t, 64}).add_attribute();
     perm->set_name("perm");

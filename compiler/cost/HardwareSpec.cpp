@@ -38,11 +38,11 @@ bool LinkSpec::operator==(const LinkSpec &o) const {
 
 bool HardwareSpec::operator==(const HardwareSpec &o) const {
   return name == o.name && peakFlopsF32 == o.peakFlopsF32 && peakFlopsBf16 == o.peakFlopsBf16 &&
-         vectorFlops == o.vectorFlops &&
-         memoryBandwidth == o.memoryBandwidth && memoryBytes == o.memoryBytes &&
-         launchOverhead == o.launchOverhead && gemmOverhead == o.gemmOverhead &&
-         sumsComputeAndMemory == o.sumsComputeAndMemory && intraNode == o.intraNode &&
-         interNode == o.interNode && devicesPerNode == o.devicesPerNode && source == o.source;
+         vectorFlops == o.vectorFlops && memoryBandwidth == o.memoryBandwidth &&
+         memoryBytes == o.memoryBytes && launchOverhead == o.launchOverhead &&
+         gemmOverhead == o.gemmOverhead && sumsComputeAndMemory == o.sumsComputeAndMemory &&
+         intraNode == o.intraNode && interNode == o.interNode &&
+         devicesPerNode == o.devicesPerNode && source == o.source;
 }
 
 namespace {
@@ -189,10 +189,8 @@ private:
 Error readSpec(StringRef path, const json::Object &obj, bool hasBase, HardwareSpec &spec) {
   FieldReader r(path, obj, "", hasBase);
   r.onlyKnown({"name", "base", "peak_flops_fp32", "peak_flops_bf16", "vector_flops",
-               "memory_bandwidth",
-               "memory_bytes", "launch_overhead_s", "gemm_overhead_s",
-               "sum_compute_and_memory", "devices_per_node", "intra_node", "inter_node",
-               "source"});
+               "memory_bandwidth", "memory_bytes", "launch_overhead_s", "gemm_overhead_s",
+               "sum_compute_and_memory", "devices_per_node", "intra_node", "inter_node", "source"});
   r.text("name", spec.name);
   r.number("peak_flops_fp32", spec.peakFlopsF32);
   r.number("peak_flops_bf16", spec.peakFlopsBf16);

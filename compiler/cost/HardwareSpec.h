@@ -36,9 +36,9 @@ struct LinkSpec {
 
 /// One kind of device and the links between devices of that kind.
 struct HardwareSpec {
-  std::string name;           ///< "a100", "h100", "h200", "cpu" or a file's name.
-  double peakFlopsF32 = 0;    ///< FLOP/s, dense.
-  double peakFlopsBf16 = 0;   ///< FLOP/s, dense; also used for fp16.
+  std::string name;         ///< "a100", "h100", "h200", "cpu" or a file's name.
+  double peakFlopsF32 = 0;  ///< FLOP/s, dense.
+  double peakFlopsBf16 = 0; ///< FLOP/s, dense; also used for fp16.
   /// FLOP/s of the ops that are not matrix products (element-wise,
   /// normalization, softmax, losses) where they run slower than the peak
   /// (CPU ranks: vector loops, not BLAS); 0 prices them at the peak too.
@@ -54,8 +54,8 @@ struct HardwareSpec {
   /// whose GEMMs stream their weights before computing on them) instead of
   /// taking the larger (GPUs, which overlap them).
   bool sumsComputeAndMemory = false;
-  LinkSpec intraNode;         ///< Between devices of one node.
-  LinkSpec interNode;         ///< Between nodes.
+  LinkSpec intraNode; ///< Between devices of one node.
+  LinkSpec interNode; ///< Between nodes.
   int devicesPerNode = 8;
   std::string source; ///< Where the numbers come from, one line.
 

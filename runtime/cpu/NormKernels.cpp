@@ -154,10 +154,11 @@ Expected<Outputs> layerNormalization(const OpContext &ctx) {
         const T *in = x.data<T>() + o * size;
         T *out = y.data<T>() + o * size;
         double mean = laneSum(size, [&](int64_t j) { return double(in[j]); }) / size;
-        double var = laneSum(size, [&](int64_t j) {
-                       double d = double(in[j]) - mean;
-                       return d * d;
-                     }) /
+        double var = laneSum(size,
+                             [&](int64_t j) {
+                               double d = double(in[j]) - mean;
+                               return d * d;
+                             }) /
                      size;
         double invStd = 1 / std::sqrt(var + epsilon);
         for (int64_t j = 0; j < size; ++j)
