@@ -131,6 +131,7 @@ TEST(CostModel, RooflineTimesAndMeasuredOverrides) {
   cpu.gemmOverhead = 3e-5;
   CostTable serial = computeCosts(*lg, cpu, Precision::FP32);
   double gemm = flops / 1e9 + bytes / 1e8 + 1e-6 + 3e-5;
+  ASSERT_GT(flops / 1e9, 3e-5); // the per-call cost is not capped here
   EXPECT_DOUBLE_EQ(serial.layers.back().time[Forward], gemm);
   EXPECT_DOUBLE_EQ(serial.layers.back().time[BackwardInput], gemm);
   EXPECT_DOUBLE_EQ(serial.layers.back().time[BackwardWeight], gemm + accumulate);
@@ -141,6 +142,10 @@ TEST(CostModel, RooflineTimesAndMeasuredOverrides) {
   double relu = 64 * 256 / 1e7 + 2 * 64 * 256 * 4.0 / 1e8 + 1e-6;
   EXPECT_DOUBLE_EQ(vector.layers[0].time[Forward], gemm + relu);
   EXPECT_DOUBLE_EQ(vector.layers.back().time[Forward], gemm);
+  // A product cheaper than the per-call cost pays its arithmetic's time again.
+  cpu.gemmOverhead = 1.0;
+  CostTable capped = computeCosts(*lg, cpu, Precision::FP32);
+  EXPECT_DOUBLE_EQ(capped.layers.back().time[Forward], 2 * flops / 1e9 + bytes / 1e8 + 1e-6);
 
   TempDir dir;
   {

@@ -96,8 +96,11 @@ CostTable computeCosts(const LayerGraph &lg, const HardwareSpec &hw, Precision p
         if (c.flops[p] > 0 || c.bytes[p] > 0) {
           double compute = c.flops[p] / hw.flopsFor(c.gemms[p], bf16);
           double memory = c.bytes[p] / hw.memoryBandwidth;
+          // A product too small to be split over threads and packed pays at
+          // most its own arithmetic's time again.
+          double gemmCalls = std::min(c.gemms[p] * hw.gemmOverhead, compute);
           lc.time[p] += (hw.sumsComputeAndMemory ? compute + memory : std::max(compute, memory)) +
-                        hw.launchOverhead + c.gemms[p] * hw.gemmOverhead;
+                        hw.launchOverhead + gemmCalls;
         }
       }
       if (c.defaulted) {

@@ -4,7 +4,7 @@
 // forward pass (F), the backward pass for inputs (I) and the backward pass
 // for weights (W), and the time of each on a HardwareSpec by a roofline:
 //   t = max(FLOPs / FLOP/s, bytes / memory bandwidth) + launch overhead
-//       + GEMM calls x GEMM overhead,
+//       + min(GEMM calls x GEMM overhead, FLOPs / FLOP/s),
 // at the peak FLOP/s for matrix products and the spec's vector rate for the
 // rest (HardwareSpec::flopsFor), the sum of the first two instead of their
 // max where the spec says so (CPU ranks, HardwareSpec::sumsComputeAndMemory),

@@ -185,15 +185,15 @@ Error runOnce(const Timed &t) {
   return Error::success();
 }
 
-/// Seconds per pass over \p program: after a warm-up pass, the fastest of
-/// five rounds, each repeating the program for at least \p minSeconds (the
-/// fastest, because other work on the machine only ever slows a round).
+/// Seconds per pass over \p program: after a warm-up pass, the median of
+/// five rounds, each repeating the program for at least \p minSeconds. The
+/// median, not the fastest: a step meets the machine as it usually is.
 Expected<double> secondsPerPass(ArrayRef<Timed> program, double minSeconds) {
   for (const Timed &t : program)
     if (Error err = runOnce(t))
       return err;
-  double best = 1e30;
-  for (int round = 0; round < 5; ++round) {
+  std::array<double, 5> rounds;
+  for (double &round : rounds) {
     int passes = 0;
     Clock::time_point start = Clock::now();
     double elapsed = 0;
@@ -204,9 +204,10 @@ Expected<double> secondsPerPass(ArrayRef<Timed> program, double minSeconds) {
       ++passes;
       elapsed = secondsSince(start);
     } while (elapsed < minSeconds);
-    best = std::min(best, elapsed / passes);
+    round = elapsed / passes;
   }
-  return best;
+  std::nth_element(rounds.begin(), rounds.begin() + 2, rounds.end());
+  return rounds[2];
 }
 
 /// Least squares for y = a x1 + b x2 over rows (x1, x2, y), each row divided
