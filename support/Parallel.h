@@ -8,9 +8,11 @@
 // Each iteration must write only its own outputs, so results do not depend
 // on how many threads ran them: the same bits with 1 thread or 8.
 //
-// Workers sleep on a condition variable between loops (they do not spin on
-// a core another rank may need). A loop started inside a worker, or on a
-// thread that never called setLoopThreads, runs serially.
+// Between loops a worker spins for up to 100 us, then sleeps on a condition
+// variable, so that it takes the next of a rank's closely spaced loops without
+// being woken, yet does not hold a core another rank may need for long. A
+// loop started inside a worker, or on a thread that never called
+// setLoopThreads, runs serially.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_SUPPORT_PARALLEL_H

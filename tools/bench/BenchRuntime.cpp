@@ -15,6 +15,7 @@
 // docs/PERFORMANCE.md.
 //
 //===----------------------------------------------------------------------===//
+#include "compiler/cost/HardwareSpec.h"
 #include "driver/Compile.h"
 #include "driver/Profile.h"
 #include "models/ModelGenerators.h"
@@ -91,6 +92,9 @@ plan::Plan compile(const std::string &model, int stages, int microbatches, int64
 void trainStep(benchmark::State &state, const std::string &model, int stages, int microbatches,
                int64_t batch, const std::string &costs = "", bool fuse = true,
                std::optional<int> threadsPerRank = std::nullopt) {
+  // The `cpu` spec calibrated seconds before the steps it predicts: on a
+  // shared machine the speed drifts over a run.
+  llvm::sys::fs::remove(cpuCachePath(cpuThreadsPerRank(stages)));
   plan::Plan plan = compile(model, stages, microbatches, batch, costs);
   rt::RunOptions options;
   options.steps = 1;
