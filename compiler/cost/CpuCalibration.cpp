@@ -3,17 +3,21 @@
 // A CPU rank's numbers come from timing the kernels it runs (cpu::runOp, the
 // CPU backend's entry point) under the threads the rank would have: OpenBLAS
 // on one thread and the rank's loop pool on the rest, as `pipec run` sets
-// them (support/Parallel.h). Three things are measured:
+// them (support/Parallel.h). Each node is built twice, as an ONNX node for
+// the kernel and as an op of a Graph for the cost rules, so its FLOPs and
+// bytes are the cost model's own. Measured, in this order:
 //
+//  - a 64 MiB memcpy: the memory bandwidth (read plus write);
+//  - one tiny node: the dispatch cost added to every op;
 //  - the element-wise, softmax, normalization and transpose kernels on
-//    transformer-sized activations: bytes read plus written over time, the
-//    memory bandwidth;
-//  - matrix products: MatMul on the same blocks' shapes, with weights that do
-//    not fit in the caches (a step reads each weight once per pass), fitted
-//    by least squares on relative error as
-//      time = FLOPs / peak + bytes / bandwidth + per-GEMM cost,
-//    the sum the cost model charges a CPU rank (HardwareSpec::sumsComputeAndMemory);
-//  - one tiny node: the dispatch cost added to every op.
+//    transformer-sized activations, fitted as
+//      time - dispatch - bytes / bandwidth = FLOPs / vector rate;
+//  - matrix products: MatMul on the same blocks' shapes, with weights and
+//    activations that do not fit in the caches (a step reads each weight once
+//    per pass), fitted by least squares on relative error as
+//      time - dispatch - bytes / bandwidth = FLOPs / peak + per-GEMM cost,
+//    the sum the cost model charges a CPU rank
+//    (HardwareSpec::sumsComputeAndMemory).
 //
 // The result is cached per thread count; docs/HARDWARE.md describes it.
 //
@@ -61,7 +65,7 @@ constexpr int calibrationVersion = 4;
 constexpr int64_t calibrationOpset = 17;
 
 /// Tokens and widths of the transformer blocks whose GEMMs and activations
-/// are timed: small enough to finish in about a second, and spanning the
+/// are timed: small enough to finish in about two seconds, and spanning the
 /// GEMM sizes where the per-call cost and the rate both show.
 struct BlockShape {
   int64_t tokens, width;

@@ -103,7 +103,7 @@ int cpuThreadsPerRank(int ranks);
 /// transformer-sized matrix products (sumsComputeAndMemory is set). The links are
 /// loopback (memcpy bandwidth, 1 us latency, as shared-memory MPI) both inside
 /// and between nodes. memoryBytes is the physical memory, devicesPerNode the
-/// CPU count. Takes about a second.
+/// CPU count. Takes about two seconds.
 llvm::Expected<HardwareSpec> calibrateCpu(int threads = 0);
 
 /// calibrateCpu(\p threads), cached as JSON in $PIPEC_CACHE_DIR, else
