@@ -87,7 +87,7 @@ if gelu:
                  f"{gelu['unfused_s'] / gelu['fused_s']:.2f}x.")
 notes.append("- The predicted steps use the default `cpu` spec, which is calibrated on pipec's "
              "own kernels for the threads each rank gets by default (docs/HARDWARE.md, "
-             "\"CPU calibration\"), afresh at the start of the run: the measured / predicted column is the cost model's error on "
+             "\"CPU calibration\"), afresh before each row, so that the prediction sees the machine its steps run on: the measured / predicted column is the cost model's error on "
              "whole steps. The `_1_thread` rows run the default plans with "
              "`--threads-per-rank 1`, so one rank computes on half the threads it was "
              "predicted for. The `_profiled_costs` rows predict from `pipec profile`'s "
