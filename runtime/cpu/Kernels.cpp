@@ -28,7 +28,7 @@ namespace pipec::cpu {
 Tensor sumToShape(const Tensor &tensor, ArrayRef<int64_t> shape) {
   if (ArrayRef<int64_t>(tensor.shape()) == shape)
     return tensor.clone();
-  Tensor out(tensor.elemType(), shape);
+  Tensor out = Tensor::uninitialized(tensor.elemType(), shape); // every sum is written
   visitStorage(tensor.elemType(), [&](auto tag) {
     using T = decltype(tag);
     // Floats accumulate in double: a gradient may sum thousands of terms.
@@ -57,7 +57,7 @@ Tensor transpose(const Tensor &tensor, ArrayRef<int64_t> perm) {
     outShape[i] = tensor.shape()[perm[i]];
     readStrides[i] = inStrides[perm[i]];
   }
-  Tensor out(tensor.elemType(), outShape);
+  Tensor out = Tensor::uninitialized(tensor.elemType(), outShape); // every element is copied
   size_t rank = perm.size();
   bool leadingKept = true;
   for (size_t i = 0; i + 2 < rank; ++i)

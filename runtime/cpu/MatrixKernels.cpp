@@ -119,7 +119,9 @@ Expected<Outputs> gemmOp(const OpContext &ctx) {
     if constexpr (isBool<T>) {
       return ctx.unsupportedType(a, 0);
     } else {
-      Tensor y = c ? expandTo<T>(*c, outShape) : Tensor(a.elemType(), outShape);
+      // Without C, beta is 0 and the product writes every element (for
+      // k = 0, gemm writes the zeros itself).
+      Tensor y = c ? expandTo<T>(*c, outShape) : Tensor::uninitialized(a.elemType(), outShape);
       gemmAny<T>(transA, transB, m, n, k, static_cast<T>(alpha), a.data<T>(), a.dim(1), b.data<T>(),
                  b.dim(1), static_cast<T>(beta), y.data<T>(), n);
       return Outputs{y};
