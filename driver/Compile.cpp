@@ -55,16 +55,15 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   auto names = perRank("hardware", options.hardware, options.stages);
   if (!names)
     return names.takeError();
-  // Each name once: `cpu` reads (or measures) its calibration for the share
-  // of this machine's cores that `pipec run` gives each of the plan's ranks,
-  // a JSON spec is parsed.
+  // Each name once: `cpu` (or a file over it) reads or measures its
+  // calibration for the share of this machine's cores that `pipec run` gives
+  // each of the plan's ranks; a JSON spec is parsed.
+  int cpuThreads = cpuThreadsPerRank(options.stages * options.dataParallel);
   std::map<std::string, HardwareSpec> resolved;
   for (const std::string &name : *names) {
     auto it = resolved.find(name);
     if (it == resolved.end()) {
-      auto hw = StringRef(name).lower() == "cpu"
-                    ? cpuHardware(cpuThreadsPerRank(options.stages * options.dataParallel))
-                    : resolveHardware(name);
+      auto hw = resolveHardware(name, cpuThreads);
       if (!hw)
         return hw.takeError();
       it = resolved.emplace(name, std::move(*hw)).first;

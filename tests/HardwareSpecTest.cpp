@@ -285,6 +285,15 @@ TEST(HardwareSpec, CalibratedCpuIsCached) {
   ASSERT_TRUE(bool(cached));
   EXPECT_EQ(cached->peakFlopsF32, 123e9);
 
+  // A file over "cpu" starts from the calibration for the threads asked for.
+  TempJson over(R"({"base": "cpu", "name": "cpu-fast", "memory_bandwidth": 1e12})");
+  Expected<HardwareSpec> overOne = resolveHardware(over.str(), 1);
+  ASSERT_TRUE(bool(overOne)) << errorText(overOne.takeError());
+  EXPECT_EQ(overOne->name, "cpu-fast");
+  EXPECT_EQ(overOne->memoryBandwidth, 1e12);
+  EXPECT_EQ(overOne->peakFlopsF32, 123e9); // the edited one-thread cache
+  EXPECT_TRUE(overOne->sumsComputeAndMemory);
+
   // A damaged cache is measured again and rewritten.
   {
     std::error_code ec;

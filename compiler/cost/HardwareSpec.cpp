@@ -227,18 +227,18 @@ Error readSpec(StringRef path, const json::Object &obj, bool hasBase, HardwareSp
 
 StringRef builtinHardwareNames() { return "a100, h100, h200, cpu"; }
 
-Expected<HardwareSpec> builtinHardware(StringRef name) {
+Expected<HardwareSpec> builtinHardware(StringRef name, int cpuThreads) {
   std::string lower = name.lower();
   if (Optional<HardwareSpec> spec = datasheetGpu(lower))
     return *spec;
   if (lower == "cpu")
-    return cpuHardware();
+    return cpuHardware(cpuThreads);
   return createStringError(inconvertibleErrorCode(), "unknown hardware '" + name +
                                                          "' (known: " + builtinHardwareNames() +
                                                          ", or a path ending in .json)");
 }
 
-Expected<HardwareSpec> loadHardwareFile(StringRef path) {
+Expected<HardwareSpec> loadHardwareFile(StringRef path, int cpuThreads) {
   ErrorOr<std::unique_ptr<MemoryBuffer>> buf = MemoryBuffer::getFile(path, /*IsText=*/true);
   if (!buf)
     return createStringError(buf.getError(), path + ": cannot read: " + buf.getError().message());
@@ -255,7 +255,7 @@ Expected<HardwareSpec> loadHardwareFile(StringRef path) {
   if (hasBase) {
     Optional<StringRef> base = obj->getString("base");
     Expected<HardwareSpec> baseSpec =
-        base ? builtinHardware(*base)
+        base ? builtinHardware(*base, cpuThreads)
              : createStringError(inconvertibleErrorCode(), "must be a string");
     if (!baseSpec)
       return createStringError(inconvertibleErrorCode(),
@@ -270,10 +270,10 @@ Expected<HardwareSpec> loadHardwareFile(StringRef path) {
   return spec;
 }
 
-Expected<HardwareSpec> resolveHardware(StringRef nameOrPath) {
+Expected<HardwareSpec> resolveHardware(StringRef nameOrPath, int cpuThreads) {
   if (nameOrPath.endswith(".json"))
-    return loadHardwareFile(nameOrPath);
-  return builtinHardware(nameOrPath);
+    return loadHardwareFile(nameOrPath, cpuThreads);
+  return builtinHardware(nameOrPath, cpuThreads);
 }
 
 void writeHardwareJson(const HardwareSpec &spec, raw_ostream &os) {

@@ -72,9 +72,10 @@ struct HardwareSpec {
 };
 
 /// The spec named \p name: "a100" (A100 80GB SXM), "h100" (H100 SXM), "h200"
-/// (H200 SXM) from datasheets, or "cpu" (this machine, see cpuHardware()).
-/// Fails with a message listing the known names.
-llvm::Expected<HardwareSpec> builtinHardware(llvm::StringRef name);
+/// (H200 SXM) from datasheets, or "cpu": one rank of this machine computing
+/// on \p cpuThreads threads (0: every CPU), see cpuHardware(). Fails with a
+/// message listing the known names.
+llvm::Expected<HardwareSpec> builtinHardware(llvm::StringRef name, int cpuThreads = 0);
 
 /// The names builtinHardware() accepts, comma separated, in a stable order.
 llvm::StringRef builtinHardwareNames();
@@ -83,11 +84,14 @@ llvm::StringRef builtinHardwareNames();
 /// "base": "<built-in name>" every field is optional and overrides the base;
 /// without it every field but "source" is required. Unknown fields, missing
 /// fields, wrong types and out-of-range values are errors naming \p path and
-/// the field (dotted for link fields, e.g. "intra_node.bandwidth").
-llvm::Expected<HardwareSpec> loadHardwareFile(llvm::StringRef path);
+/// the field (dotted for link fields, e.g. "intra_node.bandwidth"). A base of
+/// "cpu" is calibrated for \p cpuThreads threads, as builtinHardware().
+llvm::Expected<HardwareSpec> loadHardwareFile(llvm::StringRef path, int cpuThreads = 0);
 
-/// loadHardwareFile() when \p nameOrPath ends in ".json", else builtinHardware().
-llvm::Expected<HardwareSpec> resolveHardware(llvm::StringRef nameOrPath);
+/// loadHardwareFile() when \p nameOrPath ends in ".json", else
+/// builtinHardware(); "cpu", or a file over it, is calibrated for
+/// \p cpuThreads threads (0: every CPU).
+llvm::Expected<HardwareSpec> resolveHardware(llvm::StringRef nameOrPath, int cpuThreads = 0);
 
 /// The threads each of \p ranks CPU ranks computes on when they share this
 /// machine and no --threads-per-rank is given: the CPUs this process may run
