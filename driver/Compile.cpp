@@ -16,6 +16,7 @@
 #include "passes/VerifyDataflow.h"
 #include "runtime/plan/PlanFile.h"
 #include "support/Diagnostics.h"
+#include "support/Parallel.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -58,7 +59,7 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   // Each name once: `cpu` (or a file over it) reads or measures its
   // calibration for the share of this machine's cores that `pipec run` gives
   // each of the plan's ranks; a JSON spec is parsed.
-  int cpuThreads = cpuThreadsPerRank(options.stages * options.dataParallel);
+  int cpuThreads = defaultThreadsPerRank(options.stages * options.dataParallel);
   std::map<std::string, HardwareSpec> resolved;
   for (const std::string &name : *names) {
     auto it = resolved.find(name);

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <sched.h>
 #include <thread>
 #include <vector>
 
@@ -144,6 +145,16 @@ void setLoopThreads(int threads) {
 }
 
 int loopThreads() { return onWorker ? 1 : wantedThreads; }
+
+int allowedCpuCount() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    return CPU_COUNT(&set);
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+int defaultThreadsPerRank(int ranks) { return std::max(1, allowedCpuCount() / std::max(1, ranks)); }
 
 void parallelFor(int64_t n, int64_t grain, llvm::function_ref<void(int64_t, int64_t)> body) {
   if (n <= 0)

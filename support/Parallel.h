@@ -31,6 +31,15 @@ void setLoopThreads(int threads);
 /// The calling thread's loop threads (1 unless setLoopThreads said more).
 int loopThreads();
 
+/// The CPUs this process may run on (its affinity mask), at least 1.
+int allowedCpuCount();
+
+/// The threads each of \p ranks ranks sharing this machine computes on when
+/// none are asked for: the allowed CPUs divided by the ranks, at least 1.
+/// `pipec run` shares the cores by it, and compile's `cpu` spec is
+/// calibrated for it.
+int defaultThreadsPerRank(int ranks);
+
 /// Runs \p body(begin, end) over [0, \p n) on the calling thread's loop
 /// threads, in chunks of at least \p grain iterations.
 void parallelFor(int64_t n, int64_t grain, llvm::function_ref<void(int64_t, int64_t)> body);

@@ -314,14 +314,4 @@ TEST(HardwareSpec, CalibratedCpuIsCached) {
   sys::fs::remove_directories(dir);
 }
 
-// The rule `pipec run` shares the cores by, which the compile's `cpu` spec
-// is calibrated for.
-TEST(HardwareSpec, ThreadsPerRankShareTheCores) {
-  int cores = cpuThreadsPerRank(1);
-  EXPECT_GE(cores, 1);
-  EXPECT_EQ(cpuThreadsPerRank(0), cores);
-  EXPECT_EQ(cpuThreadsPerRank(2), std::max(1, cores / 2));
-  EXPECT_EQ(cpuThreadsPerRank(cores + 1), 1);
-}
-
 } // namespace

@@ -115,4 +115,15 @@ TEST(Parallel, KernelsGiveTheSameBitsOnOneThreadAndThree) {
         << "element " << i;
 }
 
+// The rule `pipec run` shares the cores by, which the compile's `cpu` spec
+// is calibrated for.
+TEST(Parallel, DefaultThreadsPerRankShareTheCores) {
+  int cores = allowedCpuCount();
+  EXPECT_GE(cores, 1);
+  EXPECT_EQ(defaultThreadsPerRank(1), cores);
+  EXPECT_EQ(defaultThreadsPerRank(0), cores);
+  EXPECT_EQ(defaultThreadsPerRank(2), std::max(1, cores / 2));
+  EXPECT_EQ(defaultThreadsPerRank(cores + 1), 1);
+}
+
 } // namespace

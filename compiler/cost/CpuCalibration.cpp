@@ -43,7 +43,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <sched.h>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -80,14 +79,6 @@ using Clock = std::chrono::steady_clock;
 
 double secondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-unsigned cpuCount() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-    return unsigned(CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 std::string cpuModelName() {
@@ -177,6 +168,14 @@ void intAttribute(onnx::NodeProto &n, StringRef name, int64_t value) {
   a->set_i(value);
 }
 
+void intsAttribute(onnx::NodeProto &n, StringRef name, ArrayRef<int64_t> values) {
+  onnx::AttributeProto *a = n.add_attribute();
+  a->set_name(name.str());
+  a->set_type(onnx::AttributeProto::INTS);
+  for (int64_t v : values)
+    a->add_ints(v);
+}
+
 /// Runs \p t once; a kernel that fails makes the calibration fail.
 Error runOnce(const Timed &t) {
   std::vector<const Tensor *> in;
@@ -260,12 +259,7 @@ Expected<double> measureVectorFlops(double dispatch, double bandwidth) {
     intAttribute(w.add("Softmax", {{{heads, t, t}}}, {heads, t, t}), "axis", -1);
     intAttribute(w.add("LayerNormalization", {{{t, d}}, {{d}, true}, {{d}, true}}, {t, d}), "axis",
                  -1);
-    onnx::AttributeProto *perm =
-        w.add("Transpose", {{{t, heads, 64}}}, {heads, t, 64}).add_attribute();
-    perm->set_name("perm");
-    perm->set_type(onnx::AttributeProto::INTS);
-    for (int64_t axis : {1, 0, 2})
-      perm->add_ints(axis);
+    intsAttribute(w.add("Transpose", {{{t, heads, 64}}}, {heads, t, 64}), "perm", {1, 0, 2});
   }
   // Least squares on relative error for rest = FLOPs * seconds per FLOP.
   double sff = 0, sfr = 0;
@@ -404,11 +398,9 @@ void writeCache(StringRef path, const HardwareSpec &spec) {
     sys::fs::remove(tmp);
 }
 
-int resolvedThreads(int threads) { return threads > 0 ? threads : int(cpuCount()); }
+int resolvedThreads(int threads) { return threads > 0 ? threads : allowedCpuCount(); }
 
 } // namespace
-
-int cpuThreadsPerRank(int ranks) { return std::max(1, int(cpuCount()) / std::max(1, ranks)); }
 
 Expected<HardwareSpec> calibrateCpu(int threads) {
   threads = resolvedThreads(threads);
@@ -435,7 +427,7 @@ Expected<HardwareSpec> calibrateCpu(int threads) {
   cpu::setBlasThreads(blasThreads);
   if (!problem.empty())
     return createStringError(inconvertibleErrorCode(), problem);
-  unsigned cpus = cpuCount();
+  int cpus = allowedCpuCount();
   HardwareSpec s;
   s.name = "cpu";
   // OpenBLAS computes in fp32 only; bf16 models run in fp32 on the CPU ranks.
@@ -451,7 +443,7 @@ Expected<HardwareSpec> calibrateCpu(int threads) {
   // MPI bookkeeping; there is no separate network, so both links are loopback.
   s.intraNode = {"loopback", copy, 1e-6};
   s.interNode = s.intraNode;
-  s.devicesPerNode = int(cpus);
+  s.devicesPerNode = cpus;
   s.source = "calibrated on " + cpuModelName() + ", " + std::to_string(cpus) +
              " cpus: pipec's CPU kernels on " + std::to_string(threads) +
              (threads == 1 ? " thread" : " threads") + " (OpenBLAS " + blas::coreName() +
@@ -474,7 +466,7 @@ std::string cpuCachePath(int threads) {
   }
   // A different BLAS (or its kernel for this CPU), calibration or share of
   // the cores is a different machine.
-  uint64_t hash = xxHash64(cpuModelName() + "/" + std::to_string(cpuCount()) + "/" +
+  uint64_t hash = xxHash64(cpuModelName() + "/" + std::to_string(allowedCpuCount()) + "/" +
                            blas::config() + "/v" + std::to_string(calibrationVersion));
   sys::path::append(dir, "cpu-" + utohexstr(hash, /*LowerCase=*/true) + "-" +
                              std::to_string(resolvedThreads(threads)) + "t.json");

@@ -93,11 +93,6 @@ llvm::Expected<HardwareSpec> loadHardwareFile(llvm::StringRef path, int cpuThrea
 /// \p cpuThreads threads (0: every CPU).
 llvm::Expected<HardwareSpec> resolveHardware(llvm::StringRef nameOrPath, int cpuThreads = 0);
 
-/// The threads each of \p ranks CPU ranks computes on when they share this
-/// machine and no --threads-per-rank is given: the CPUs this process may run
-/// on divided by the ranks, at least 1 (the rule `pipec run` applies).
-int cpuThreadsPerRank(int ranks);
-
 /// Measures one CPU rank of this machine computing on \p threads threads
 /// (0: every CPU), by timing pipec's own CPU kernels as a rank runs them
 /// (compiler/cost/CpuCalibration.cpp; docs/HARDWARE.md "CPU calibration"):

@@ -62,8 +62,7 @@ std::vector<int> allowedCpus() {
 /// Sets the BLAS threads of each of \p ranks ranks on this node: the
 /// user's --threads-per-rank, else the node's cores shared out evenly.
 int shareCores(const RunOptions &options, int ranks) {
-  int cores = std::max<int>(1, static_cast<int>(allowedCpus().size()));
-  int threads = options.threadsPerRank.value_or(std::max(1, cores / std::max(1, ranks)));
+  int threads = options.threadsPerRank.value_or(defaultThreadsPerRank(ranks));
   // One pool per rank (support/Parallel.h) runs its loops and splits its
   // GEMMs into bands, each on one BLAS thread: OpenBLAS's own pool would
   // spin between GEMMs on the cores the loops need.

@@ -22,6 +22,7 @@
 #include "runtime/core/FusedProgram.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/exec/Executor.h"
+#include "support/Parallel.h"
 #include "tools/bench/BenchData.h"
 
 #include "llvm/Support/FileSystem.h"
@@ -94,7 +95,7 @@ void trainStep(benchmark::State &state, const std::string &model, int stages, in
                std::optional<int> threadsPerRank = std::nullopt) {
   // The `cpu` spec calibrated seconds before the steps it predicts: on a
   // shared machine the speed drifts over a run.
-  llvm::sys::fs::remove(cpuCachePath(cpuThreadsPerRank(stages)));
+  llvm::sys::fs::remove(cpuCachePath(defaultThreadsPerRank(stages)));
   plan::Plan plan = compile(model, stages, microbatches, batch, costs);
   rt::RunOptions options;
   options.steps = 1;
