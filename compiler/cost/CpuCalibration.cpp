@@ -213,9 +213,23 @@ Expected<double> secondsPerPass(ArrayRef<Timed> program, double minSeconds) {
   return rounds[2];
 }
 
-/// Least squares for y = a x1 + b x2 over rows (x1, x2, y), each row divided
-/// by its \p scale (relative error); false when the system is singular.
-bool fitTwo(ArrayRef<std::array<double, 4>> rows, double &a, double &b) {
+/// A calibration row: y = a x1 (+ b x2), weighted by 1 / scale^2 so that the
+/// fit minimises the relative error of each measurement.
+using FitRow = std::array<double, 4>; // x1, x2, y, scale
+
+/// Least squares for y = a x1 over \p rows (x2 unused); 0 without rows.
+double fitOne(ArrayRef<FitRow> rows) {
+  double s11 = 0, s1y = 0;
+  for (const auto &[x1, x2, y, scale] : rows) {
+    s11 += x1 * x1 / (scale * scale);
+    s1y += x1 * y / (scale * scale);
+  }
+  return s11 > 0 ? s1y / s11 : 0.0;
+}
+
+/// Least squares for y = a x1 + b x2 over \p rows; false when the system is
+/// singular.
+bool fitTwo(ArrayRef<FitRow> rows, double &a, double &b) {
   double s11 = 0, s12 = 0, s22 = 0, s1y = 0, s2y = 0;
   for (const auto &[x1, x2, y, scale] : rows) {
     double w = 1.0 / (scale * scale);
@@ -246,8 +260,8 @@ Expected<double> measureDispatch() {
 }
 
 /// Times the element-wise, softmax, layer normalization and transpose
-/// kernels on the blocks' activations, each on its own (so that the best
-/// round of each counts), and fits the FLOP rate of
+/// kernels on the blocks' activations, each on its own, and fits the FLOP
+/// rate of
 ///   seconds - dispatch - bytes / bandwidth = FLOPs / vector rate;
 /// 0 when the FLOPs take no measurable time beyond the bytes.
 Expected<double> measureVectorFlops(double dispatch, double bandwidth) {
@@ -261,8 +275,7 @@ Expected<double> measureVectorFlops(double dispatch, double bandwidth) {
                  -1);
     intsAttribute(w.add("Transpose", {{{t, heads, 64}}}, {heads, t, 64}), "perm", {1, 0, 2});
   }
-  // Least squares on relative error for rest = FLOPs * seconds per FLOP.
-  double sff = 0, sfr = 0;
+  std::vector<FitRow> rows;
   for (const Timed &t : w.items) {
     Expected<double> one = secondsPerPass(ArrayRef<Timed>(&t, 1), 0.004);
     if (!one)
@@ -271,10 +284,10 @@ Expected<double> measureVectorFlops(double dispatch, double bandwidth) {
     double rest = *one - dispatch - t.cost.bytes[Forward] / bandwidth;
     if (flops <= 0 || rest <= 0)
       continue; // no arithmetic, or all of it hidden in the traffic's time
-    sff += flops * flops / (*one * *one);
-    sfr += flops * rest / (*one * *one);
+    rows.push_back({flops, 0, rest, *one});
   }
-  return sfr > 0 ? sff / sfr : 0.0;
+  double perFlop = fitOne(rows);
+  return perFlop > 0 ? 1 / perFlop : 0.0;
 }
 
 struct GemmFit {
@@ -289,7 +302,7 @@ struct GemmFit {
 /// before the arithmetic on them, so small-token products are slow for their
 /// FLOPs, which a rate alone cannot say.
 Expected<GemmFit> measureGemms(double dispatch, double bandwidth) {
-  std::vector<std::array<double, 4>> rows;
+  std::vector<FitRow> rows;
   for (BlockShape b : calibrationBlocks) {
     int64_t d = b.width;
     std::pair<int64_t, int64_t> products[] = {{d, d}, {d, 4 * d}, {4 * d, d}};
@@ -311,14 +324,8 @@ Expected<GemmFit> measureGemms(double dispatch, double bandwidth) {
   }
   double perFlop = 0, perCall = 0;
   if (!fitTwo(rows, perFlop, perCall) || !(perFlop > 0) || perCall < 0) {
-    // No per-call cost to see: the rate alone.
-    double sff = 0, sft = 0;
-    for (const auto &[f, calls, rest, total] : rows) {
-      sff += f * f / (total * total);
-      sft += f * rest / (total * total);
-    }
-    perCall = 0;
-    perFlop = sff > 0 ? sft / sff : 0;
+    perCall = 0; // no per-call cost to see: the rate alone
+    perFlop = fitOne(rows);
   }
   if (!(perFlop > 0))
     return createStringError(inconvertibleErrorCode(),
