@@ -337,6 +337,25 @@ TEST(FusionPass, GroupsAChainAndKeepsWhatOthersRead) {
   EXPECT_EQ(opsOf(p.backward_input()), (std::vector<std::string>{"Mul"}));
 }
 
+TEST(FusionPass, AnAddOfTwoProductsTakesOneOfThem) {
+  // A parallel attention and MLP block (Falcon, GPT-J): the two branches'
+  // products meet in one Add. It takes one MatMul as its bias's partner;
+  // the other MatMul stays, and its product reaches the fused node.
+  plan::StageProgram p;
+  *p.add_forward() = test::makeNode("MatMul", {"x", "wa"}, "attn");
+  *p.add_forward() = test::makeNode("MatMul", {"x", "wm"}, "mlp");
+  *p.add_forward() = test::makeNode("Add", {"attn", "mlp"}, "y");
+  p.add_send("y");
+  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  EXPECT_EQ(stats.matMulBias, 1);
+  ASSERT_EQ(opsOf(p.forward()), (std::vector<std::string>{"MatMul", MatMulBiasOpType.str()}));
+  EXPECT_EQ(p.forward(0).output(0), "mlp");
+  const onnx::NodeProto &mb = p.forward(1);
+  EXPECT_EQ(std::vector<std::string>(mb.input().begin(), mb.input().end()),
+            (std::vector<std::string>{"x", "wa", "mlp"}));
+  EXPECT_EQ(mb.output(0), "y");
+}
+
 TEST(FusionPass, NeverMovesAValuePastItsReader) {
   // t = Tanh(x) is read by the Softmax at position 1; fusing it with Exp at
   // position 2 would make t only after the Softmax needs it.

@@ -196,7 +196,8 @@ int64_t fuseMatMulBias(NodeList &nodes, const StringSet<> &external) {
     for (const std::string &name : nodes[i].input())
       if (!name.empty())
         readers[name].push_back(i);
-  std::vector<int> fusedInto(nodes.size(), -1); // MatMul -> its Add
+  std::vector<int> fusedInto(nodes.size(), -1);   // MatMul -> its Add
+  std::vector<bool> claimed(nodes.size(), false); // Add -> taken by a MatMul
   for (int i = 0; i < nodes.size(); ++i) {
     const onnx::NodeProto &mm = nodes[i];
     if (!isDefault(mm) || mm.op_type() != "MatMul" || mm.input_size() != 2 ||
@@ -207,8 +208,12 @@ int64_t fuseMatMulBias(NodeList &nodes, const StringSet<> &external) {
       continue;
     const onnx::NodeProto &add = nodes[r->second[0]];
     if (!isDefault(add) || add.op_type() != "Add" || add.input_size() != 2 ||
-        add.output_size() != 1 || add.attribute_size() != 0 || add.input(0) == add.input(1))
+        add.output_size() != 1 || add.attribute_size() != 0 || add.input(0) == add.input(1) ||
+        claimed[r->second[0]])
       continue;
+    // An Add of two products (parallel attention and MLP blocks) takes the
+    // first MatMul as its bias's partner; the other stays a MatMul.
+    claimed[r->second[0]] = true;
     fusedInto[i] = r->second[0];
   }
   NodeList rebuilt;
