@@ -99,21 +99,21 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   return setup;
 }
 
-/// differentiate, in train mode: the backward program against the model's
-/// own "loss" output, else against a "labels" input (cross-entropy for
-/// integer labels, MSE for float ones). A model it cannot differentiate
-/// still compiles; the plan then says why it has no backward program.
-Error differentiateStep(Prepared &out, PassRunner &runner) {
+/// differentiate, in train mode: the backward program against the loss
+/// chooseLoss finds by structure (or the one the flags name). A model with
+/// nothing to train against, or one it cannot differentiate, still compiles
+/// for its timing; the plan then says why it has no backward program. Two
+/// outputs that could each be the loss stop the compile.
+Error differentiateStep(Prepared &out, const CompileOptions &options, PassRunner &runner) {
+  auto choice = chooseLoss(out.graph, options.loss);
+  if (!choice)
+    return choice.takeError();
   LossSpec loss;
-  int labels = out.graph.findValue("labels");
-  if (out.graph.findValue("loss") >= 0) {
-    out.lossText = "the model's output 'loss'";
-  } else if (labels >= 0 && out.graph.values[labels].kind == ValueKind::Input) {
-    bool integer = isIntegerDType(out.graph.values[labels].type);
-    loss.kind = integer ? LossSpec::Kind::SoftmaxCrossEntropy : LossSpec::Kind::Mse;
-    out.lossText = integer ? "softmax cross-entropy against 'labels'" : "MSE against 'labels'";
+  if (choice->spec) {
+    loss = *choice->spec;
+    out.lossText = choice->reason;
   } else {
-    out.backwardError = "the model has no 'loss' output and no 'labels' input to train against";
+    out.backwardError = choice->reason;
   }
   return runner.run(
       "differentiate",
@@ -212,7 +212,7 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   for (const HardwareSpec &hw : setup.hardware)
     out->rankCosts.push_back(&out->tables.at(hw.name));
   Error err = options.training
-                  ? differentiateStep(*out, runner)
+                  ? differentiateStep(*out, options, runner)
                   : runner.skip("differentiate", "inference (--mode infer) has no backward");
   if (err)
     return err;
@@ -615,9 +615,28 @@ private:
   std::map<int64_t, std::unique_ptr<Prepared>> cache;
 };
 
+/// The samples in each microbatch when --batch is not given: those a model
+/// of fixed shapes holds in the first dimension of every input (torch.onnx
+/// exports the example batch it was given: input_ids [4, 8] holds 4), else
+/// one. A model with symbolic dimensions binds them to one sample.
+int64_t fixedBatchOf(const Graph &graph) {
+  if (!graph.boundDims.empty())
+    return 1;
+  std::optional<int64_t> samples;
+  for (int id : graph.inputs) {
+    const Value &v = graph.values[id];
+    if (v.shape.empty())
+      continue;
+    if (samples && *samples != v.shape[0])
+      return 1;
+    samples = v.shape[0];
+  }
+  return samples && *samples > 0 ? *samples : 1;
+}
+
 Expected<int64_t> Compilation::microbatchSizeFor(int microbatches) const {
   if (options.globalBatch <= 0)
-    return 1;
+    return 1; // fixedBatchOf the model, once prepared
   int64_t perReplica = options.globalBatch / options.dataParallel;
   if (perReplica % microbatches != 0)
     return flagError(formatv("--batch {0} does not divide into {1} microbatches of {2} "
@@ -651,6 +670,8 @@ Expected<plan::Plan> Compilation::fixedSchedule() {
   auto prepared = preparedFor(*size, runner);
   if (!prepared)
     return prepared.takeError();
+  if (options.globalBatch <= 0)
+    shape.microbatchSize = fixedBatchOf((*prepared)->graph);
   auto built = buildPlan(modelPath, options, setup, **prepared, shape, runner);
   if (!built)
     return built.takeError();
@@ -704,7 +725,8 @@ Expected<plan::Plan> Compilation::autoSchedule() {
       if (!prepared)
         return prepared.takeError();
       // The balancing alternatives are judged for the winner alone, below.
-      ScheduleShape shape{c.kind, c.V, microbatches, *size};
+      ScheduleShape shape{c.kind, c.V, microbatches,
+                          options.globalBatch > 0 ? *size : fixedBatchOf((*prepared)->graph)};
       auto candidate = judge(options, setup, **prepared, shape, quietBack);
       if (!candidate) {
         entry.error = "lost: no plan: " + toString(candidate.takeError());

@@ -17,6 +17,7 @@
 #include "compiler/cost/MemoryModel.h"
 #include "compiler/schedule/ScheduleKind.h"
 #include "driver/PassPipeline.h"
+#include "passes/Differentiate.h"
 #include "runtime/plan/plan.pb.h"
 
 namespace pipec {
@@ -27,7 +28,8 @@ struct CompileOptions {
   int virtualStages = 1;
   /// 0: four per stage.
   int microbatches = 0;
-  /// Global batch; 0: one sample per microbatch.
+  /// Global batch; 0: each microbatch holds the batch a model of fixed shapes
+  /// was exported with, else one sample.
   int64_t globalBatch = 0;
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   /// --schedule auto: simulate schedules, V and M, keep the fastest that fits.
@@ -39,6 +41,9 @@ struct CompileOptions {
   /// Bytes per rank, or a comma-separated list; empty: the device memory.
   std::string memoryLimit;
   bool training = true;
+  /// Train mode: --loss, --loss-fn and --labels (passes/Differentiate.h's
+  /// chooseLoss).
+  LossOptions loss;
   /// Empty: bf16 on GPUs, fp32 on CPUs.
   std::string precision;
   Optimizer optimizer = Optimizer::Adam;

@@ -130,6 +130,8 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
                 sched.mode(), sched.microbatch_size(), sched.global_batch());
   os << formatv("hardware  {0}  precision {1}  optimizer {2}{3}\n", hw, plan.training().precision(),
                 plan.training().optimizer(), plan.training().recompute() ? "  recompute" : "");
+  if (!plan.loss().empty())
+    os << "loss      " << plan.loss() << "\n";
   os << formatv("balance   {0}\nlayout    {1}\n\n", plan.balance_method(), plan.layout());
   size_t width = 24;
   for (const auto &s : plan.stages())
@@ -259,6 +261,8 @@ void printReportJson(const plan::Plan &plan, raw_ostream &os) {
           j.attribute("memory_limit_bytes", r.memory_limit_bytes());
         });
     });
+    if (!plan.loss().empty())
+      j.attribute("loss", plan.loss());
     j.attributeObject("predicted", [&] {
       j.attribute("step_time_s", plan.predicted().step_time_s());
       j.attribute("bubble_fraction", plan.predicted().bubble_fraction());

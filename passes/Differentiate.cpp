@@ -14,6 +14,7 @@
 
 #include "ops/OpRegistry.h"
 #include "support/Attributes.h"
+#include "support/Diagnostics.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/Twine.h"
@@ -21,6 +22,8 @@
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 
 using namespace llvm;
 
@@ -29,6 +32,156 @@ namespace {
 
 using grad::GradContext;
 using grad::GradRule;
+
+/// Whether initializer \p id holds one entry per sample of the batch: it has
+/// the graph inputs' \p batch in dimension 0, and every op reading it is an
+/// element-wise Add, Sub, Mul or Div with an activation of its rank that has
+/// the batch in dimension 0 too. Exporters bake a batch's attention mask in
+/// that way ([batch, 1, seq, seq] of 0 and the lowest float); a parameter is
+/// shared by the samples and broadcasts along the batch instead. Such data
+/// is not trained.
+bool perSample(const Graph &graph, int id, int64_t batch) {
+  const Value &v = graph.values[id];
+  if (v.shape.size() < 2 || batch <= 1 || v.shape[0] != batch || v.users.empty())
+    return false;
+  for (int user : v.users) {
+    const Op &op = graph.ops[user];
+    if (op.dead)
+      continue;
+    if (!op.domain.empty() || op.inputs.size() != 2 ||
+        (op.opType != "Add" && op.opType != "Sub" && op.opType != "Mul" && op.opType != "Div"))
+      return false;
+    int other = op.inputs[0] == id ? op.inputs[1] : op.inputs[0];
+    if (other < 0 || other == id)
+      return false;
+    const Value &o = graph.values[other];
+    if (o.kind != ValueKind::Activation || o.shape.size() != v.shape.size() || o.shape[0] != batch)
+      return false;
+  }
+  return true;
+}
+
+/// Initializers that hold the cosine and the sine of the same angles: pairs
+/// of one shape (rank 2 or more) with c^2 + s^2 = 1 in every element and
+/// values other than 0 and +-1. They are rotary position tables, which an
+/// exporter's constant folding computed from Sin and Cos of constants (torch's
+/// dynamo export does for Llama, Gemma, Qwen, Falcon); like the inputs of Sin
+/// and Cos (the Table flag) they get no gradient. No pair of trained
+/// parameters holds such values, and a fresh model's norm scales and biases
+/// (ones and zeros, of rank 1) are no such pair.
+std::vector<int> foldedRotaryTables(const Graph &graph) {
+  constexpr int64_t kMaxElements = int64_t(1) << 22;
+  std::map<std::vector<int64_t>, std::vector<int>> byShape;
+  for (size_t v = 0; v < graph.values.size(); ++v) {
+    const Value &value = graph.values[v];
+    if (value.kind != ValueKind::Weight || value.producer >= 0 || value.users.empty() ||
+        !isFloatDType(value.type) || value.shape.size() < 2)
+      continue;
+    int64_t n = 1;
+    for (int64_t d : value.shape)
+      n *= d;
+    if (n >= 4 && n <= kMaxElements)
+      byShape[value.shape].push_back(static_cast<int>(v));
+  }
+  std::vector<int> tables;
+  for (const auto &[shape, ids] : byShape) {
+    if (ids.size() < 2 || ids.size() > 32)
+      continue;
+    std::vector<std::shared_ptr<const ConstTensor>> read;
+    for (int id : ids) {
+      auto t = graph.readConstant(id, kMaxElements);
+      if (!t) {
+        consumeError(t.takeError());
+        read.push_back(nullptr);
+        continue;
+      }
+      // An angle's cosine or sine takes values strictly between 0 and 1 in
+      // magnitude somewhere.
+      bool varied = false;
+      for (double x : (*t)->floats)
+        varied |= std::abs(x) > 1e-3 && std::abs(x) < 1 - 1e-3;
+      read.push_back(varied ? *t : nullptr);
+    }
+    for (size_t i = 0; i < ids.size(); ++i)
+      for (size_t j = i + 1; j < ids.size(); ++j) {
+        if (!read[i] || !read[j] || read[i]->floats.size() != read[j]->floats.size())
+          continue;
+        const std::vector<double> &c = read[i]->floats, &s = read[j]->floats;
+        bool unit = true;
+        for (size_t k = 0; k < c.size() && unit; ++k)
+          unit = std::abs(c[k] * c[k] + s[k] * s[k] - 1) <= 1e-5;
+        if (unit) {
+          tables.push_back(ids[i]);
+          tables.push_back(ids[j]);
+        }
+      }
+  }
+  return tables;
+}
+
+/// Which values carry a gradient, and the inputs of Table ops that get none.
+struct GradientPath {
+  std::vector<bool> needsGrad;
+  std::vector<int> tables;
+};
+
+/// Marks the float values computed from a trainable weight (a float
+/// initializer that is not per-sample data) or, with \p graphInputGrads,
+/// from a float graph input, through the inputs that carry a gradient by
+/// their op's rule.
+GradientPath markGradientPath(const Graph &graph, bool graphInputGrads) {
+  GradientPath path;
+  std::vector<bool> &needsGrad = path.needsGrad;
+  needsGrad.assign(graph.values.size(), false);
+  int64_t batch = 0; // the graph inputs' first dimension
+  for (int id : graph.inputs)
+    if (!graph.values[id].shape.empty())
+      batch = std::max(batch, graph.values[id].shape[0]);
+  std::vector<bool> rotary(graph.values.size(), false);
+  for (int id : foldedRotaryTables(graph)) {
+    rotary[id] = true;
+    path.tables.push_back(id);
+  }
+  for (size_t v = 0; v < graph.values.size(); ++v) {
+    const Value &value = graph.values[v];
+    bool trainable = value.kind == ValueKind::Weight && value.producer < 0 && !rotary[v] &&
+                     !perSample(graph, static_cast<int>(v), batch);
+    bool input = graphInputGrads && value.kind == ValueKind::Input;
+    needsGrad[v] = isFloatDType(value.type) && (trainable || input);
+  }
+  // An op flagged Table (Sin, Cos) passes none into an input that no graph
+  // input reaches: such an input is a table computed from constants.
+  std::vector<bool> fromData(graph.values.size(), false);
+  for (size_t v = 0; v < graph.values.size(); ++v)
+    fromData[v] = graph.values[v].kind == ValueKind::Input;
+  for (const Op &op : graph.ops) {
+    if (op.dead)
+      continue;
+    const OpDef *def = lookupOp(op.domain, op.opType, graph.opsetFor(op.domain));
+    const GradRule &rule = grad::gradRuleOf(def);
+    bool any = false, data = false;
+    for (size_t i = 0; i < op.inputs.size(); ++i) {
+      int in = op.inputs[i];
+      if (in < 0)
+        continue;
+      data |= fromData[in];
+      if (!needsGrad[in] || !rule.carries(i))
+        continue;
+      if (def && def->has(Table) && !fromData[in])
+        path.tables.push_back(in);
+      else
+        any = true;
+    }
+    for (int o : op.outputs) {
+      if (o < 0)
+        continue;
+      fromData[o] = data;
+      if (any && isFloatDType(graph.values[o].type) && graph.values[o].kind != ValueKind::Constant)
+        needsGrad[o] = true;
+    }
+  }
+  return path;
+}
 
 class Differentiator {
 public:
@@ -44,7 +197,6 @@ private:
   }
   Error seedLoss(const LossSpec &loss);
   void noteTableWeights(const std::vector<int> &tables);
-  bool perSample(int id, int64_t batch) const;
   std::string countLabels(const Value &loss);
   Error differentiateOp(const Op &op);
 
@@ -58,13 +210,11 @@ private:
 };
 
 Error Differentiator::seedLoss(const LossSpec &loss) {
+  // An added loss over no named output reads the graph's first output
+  // (tests of one-output graphs); a model's own loss is always named.
   std::string outName = loss.output;
-  if (outName.empty()) {
-    if (loss.kind == LossSpec::Kind::ModelOutput)
-      outName = "loss";
-    else if (!graph.outputs.empty())
-      outName = graph.values[graph.outputs.front()].name;
-  }
+  if (outName.empty() && loss.kind != LossSpec::Kind::ModelOutput && !graph.outputs.empty())
+    outName = graph.values[graph.outputs.front()].name;
   int id = graph.findValue(outName);
   if (id < 0)
     return createStringError(inconvertibleErrorCode(), "loss: no value named '%s'",
@@ -126,34 +276,6 @@ Error Differentiator::seedLoss(const LossSpec &loss) {
   }
   }
   llvm_unreachable("unknown loss kind");
-}
-
-/// Whether initializer \p id holds one entry per sample of the batch: it has
-/// the graph inputs' \p batch in dimension 0, and every op reading it is an
-/// element-wise Add, Sub, Mul or Div with an activation of its rank that has
-/// the batch in dimension 0 too. Exporters bake a batch's attention mask in
-/// that way ([batch, 1, seq, seq] of 0 and the lowest float); a parameter is
-/// shared by the samples and broadcasts along the batch instead. Such data
-/// is not trained.
-bool Differentiator::perSample(int id, int64_t batch) const {
-  const Value &v = graph.values[id];
-  if (v.shape.size() < 2 || batch <= 1 || v.shape[0] != batch || v.users.empty())
-    return false;
-  for (int user : v.users) {
-    const Op &op = graph.ops[user];
-    if (op.dead)
-      continue;
-    if (!op.domain.empty() || op.inputs.size() != 2 ||
-        (op.opType != "Add" && op.opType != "Sub" && op.opType != "Mul" && op.opType != "Div"))
-      return false;
-    int other = op.inputs[0] == id ? op.inputs[1] : op.inputs[0];
-    if (other < 0 || other == id)
-      return false;
-    const Value &o = graph.values[other];
-    if (o.kind != ValueKind::Activation || o.shape.size() != v.shape.size() || o.shape[0] != batch)
-      return false;
-  }
-  return true;
 }
 
 /// Records in Backward::tableWeights the initializers \p tables are
@@ -255,54 +377,9 @@ Expected<Backward> Differentiator::run(const LossSpec &loss) {
     for (int op : layers.layers[l].ops)
       layerOfOp[op] = static_cast<int>(l);
 
-  // Which values carry a gradient: float values computed from a trainable
-  // weight (an initializer) or, if asked, from a float graph input, through
-  // the inputs that carry one by their op's rule.
-  needsGrad.assign(graph.values.size(), false);
-  int64_t batch = 0; // the graph inputs' first dimension
-  for (int id : graph.inputs)
-    if (!graph.values[id].shape.empty())
-      batch = std::max(batch, graph.values[id].shape[0]);
-  for (size_t v = 0; v < graph.values.size(); ++v) {
-    const Value &value = graph.values[v];
-    bool trainable = value.kind == ValueKind::Weight && value.producer < 0 &&
-                     !perSample(static_cast<int>(v), batch);
-    bool input = graphInputGrads && value.kind == ValueKind::Input;
-    needsGrad[v] = isFloatDType(value.type) && (trainable || input);
-  }
-  // An op flagged Table (Sin, Cos) passes none into an input that no graph
-  // input reaches: such an input is a table computed from constants.
-  std::vector<bool> fromData(graph.values.size(), false);
-  for (size_t v = 0; v < graph.values.size(); ++v)
-    fromData[v] = graph.values[v].kind == ValueKind::Input;
-  std::vector<int> tables;
-  for (const Op &op : graph.ops) {
-    if (op.dead)
-      continue;
-    const OpDef *def = defOf(op);
-    const GradRule &rule = grad::gradRuleOf(def);
-    bool any = false, data = false;
-    for (size_t i = 0; i < op.inputs.size(); ++i) {
-      int in = op.inputs[i];
-      if (in < 0)
-        continue;
-      data |= fromData[in];
-      if (!needsGrad[in] || !rule.carries(i))
-        continue;
-      if (def && def->has(Table) && !fromData[in])
-        tables.push_back(in);
-      else
-        any = true;
-    }
-    for (int o : op.outputs) {
-      if (o < 0)
-        continue;
-      fromData[o] = data;
-      if (any && isFloatDType(graph.values[o].type) && graph.values[o].kind != ValueKind::Constant)
-        needsGrad[o] = true;
-    }
-  }
-  noteTableWeights(tables);
+  GradientPath path = markGradientPath(graph, graphInputGrads);
+  needsGrad = std::move(path.needsGrad);
+  noteTableWeights(path.tables);
 
   if (Error err = seedLoss(loss))
     return err;
@@ -361,7 +438,136 @@ Expected<Backward> Differentiator::run(const LossSpec &loss) {
   return std::move(result);
 }
 
+std::string describeValue(const Value &v) {
+  return formatv("'{0}' {1}{2}", v.name, dtypeName(v.type), formatShape(v.shape, v.shapeKnown))
+      .str();
+}
+
+std::string listValues(const Graph &graph, const std::vector<int> &ids) {
+  std::vector<std::string> parts;
+  for (int id : ids)
+    parts.push_back(describeValue(graph.values[id]));
+  return parts.empty() ? std::string("none") : join(parts, ", ");
+}
+
+StringRef lossFnName(LossSpec::Kind kind) {
+  return kind == LossSpec::Kind::Mse ? "mse" : "cross-entropy";
+}
+
+/// The loss pipec adds (--loss-fn) over \p output against --labels.
+Expected<LossChoice> addedLoss(const Graph &graph, const LossOptions &options, int output,
+                               StringRef why) {
+  StringRef fn = lossFnName(options.addedLoss);
+  if (options.labels.empty())
+    return usageError(formatv("--loss-fn {0} needs --labels INPUT: the graph input that holds "
+                              "the labels",
+                              fn));
+  int labels = graph.findValue(options.labels);
+  std::vector<int> inputs(graph.inputs.begin(), graph.inputs.end());
+  if (labels < 0 || graph.values[labels].kind != ValueKind::Input)
+    return usageError(formatv("--labels {0}: the model has no input '{0}' (inputs: {1})",
+                              options.labels, listValues(graph, inputs)));
+  const Value &l = graph.values[labels];
+  bool crossEntropy = options.addedLoss == LossSpec::Kind::SoftmaxCrossEntropy;
+  if (crossEntropy ? !isIntegerDType(l.type) : !isFloatDType(l.type))
+    return usageError(formatv("--labels {0}: {1} needs {2} labels, and '{0}' is {3}",
+                              options.labels, fn, crossEntropy ? "integer" : "float",
+                              dtypeName(l.type)));
+  LossChoice choice;
+  choice.spec = LossSpec{options.addedLoss, graph.values[output].name, options.labels};
+  choice.reason = formatv("{0} of output '{1}' against input '{2}' (--loss-fn {3}; {4})",
+                          crossEntropy ? "softmax cross-entropy" : "mean squared error",
+                          graph.values[output].name, options.labels, fn, why)
+                      .str();
+  return choice;
+}
+
 } // namespace
+
+Expected<LossChoice> chooseLoss(const Graph &graph, const LossOptions &options) {
+  bool adding = options.addedLoss != LossSpec::Kind::ModelOutput;
+  if (!adding && !options.labels.empty())
+    return usageError(formatv("--labels {0}: labels are read only by a loss pipec adds; give "
+                              "--loss-fn cross-entropy|mse too",
+                              options.labels));
+  std::vector<bool> needsGrad = markGradientPath(graph, false).needsGrad;
+  auto isScalar = [&](int id) {
+    const Value &v = graph.values[id];
+    return isFloatDType(v.type) && v.shapeKnown && v.numElements() == 1;
+  };
+  std::vector<int> outputs(graph.outputs.begin(), graph.outputs.end());
+  std::vector<int> candidates, tensors;
+  for (int id : outputs) {
+    if (!needsGrad[id])
+      continue;
+    if (isScalar(id))
+      candidates.push_back(id);
+    else if (isFloatDType(graph.values[id].type))
+      tensors.push_back(id);
+  }
+
+  if (!options.output.empty()) {
+    auto it =
+        llvm::find_if(outputs, [&](int id) { return graph.values[id].name == options.output; });
+    if (it == outputs.end())
+      return usageError(formatv("--loss {0}: the model has no output '{0}' (outputs: {1})",
+                                options.output, listValues(graph, outputs)));
+    const Value &v = graph.values[*it];
+    if (!isFloatDType(v.type))
+      return usageError(
+          formatv("--loss {0}: the output is {1}, not a float", options.output, describeValue(v)));
+    if (!needsGrad[*it])
+      return usageError(formatv("--loss {0}: the output does not depend on any trainable weight",
+                                options.output));
+    if (adding)
+      return addedLoss(graph, options, *it, "--loss chose the output");
+    if (!isScalar(*it))
+      return usageError(formatv("--loss {0}: the output is {1}, not a scalar; to add a loss over "
+                                "it give --loss-fn cross-entropy|mse --labels INPUT",
+                                options.output, describeValue(v)));
+    LossChoice choice;
+    choice.spec = LossSpec{LossSpec::Kind::ModelOutput, v.name, ""};
+    choice.reason = formatv("the model's output '{0}' (chosen by --loss)", v.name).str();
+    return choice;
+  }
+
+  if (adding) {
+    if (!candidates.empty())
+      return usageError(formatv("--loss-fn {0}: the model computes its own loss ({1}, a float "
+                                "scalar that depends on the weights); drop --loss-fn, or add "
+                                "the loss over another output with --loss NAME",
+                                lossFnName(options.addedLoss), listValues(graph, candidates)));
+    if (tensors.size() != 1)
+      return usageError(formatv("--loss-fn {0}: which output? the model has {1} float outputs "
+                                "that depend on the weights ({2}); choose one with --loss NAME",
+                                lossFnName(options.addedLoss), tensors.size(),
+                                listValues(graph, tensors)));
+    return addedLoss(graph, options, tensors.front(),
+                     "its one float output that depends on the weights");
+  }
+
+  LossChoice choice;
+  if (candidates.size() > 1)
+    return createStringError(inconvertibleErrorCode(),
+                             "the model has %zu outputs that could be its loss (float scalars "
+                             "that depend on the weights): %s; choose one with --loss NAME",
+                             candidates.size(), listValues(graph, candidates).c_str());
+  if (candidates.empty()) {
+    choice.reason = formatv("no output is a float scalar that depends on the weights (outputs: "
+                            "{0}); to train, give --loss-fn cross-entropy|mse --labels INPUT, "
+                            "or compile with --mode infer",
+                            listValues(graph, outputs))
+                        .str();
+    return choice;
+  }
+  const Value &v = graph.values[candidates.front()];
+  choice.spec = LossSpec{LossSpec::Kind::ModelOutput, v.name, ""};
+  choice.reason = formatv("the model's output '{0}', its one float scalar output that depends "
+                          "on the weights",
+                          v.name)
+                      .str();
+  return choice;
+}
 
 Expected<Backward> differentiate(const Graph &graph, const LayerGraph &layers, const LossSpec &loss,
                                  bool graphInputGrads) {

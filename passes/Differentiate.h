@@ -137,6 +137,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -146,7 +147,7 @@ namespace pipec {
 /// Which scalar is minimised.
 struct LossSpec {
   enum class Kind {
-    /// A scalar float output of the model itself (e.g. "loss").
+    /// A float scalar output of the model itself, whatever its name.
     ModelOutput,
     /// mean((output - labels)^2) over all elements; labels float, output's
     /// shape.
@@ -156,12 +157,47 @@ struct LossSpec {
     SoftmaxCrossEntropy,
   };
   Kind kind = Kind::ModelOutput;
-  /// The output the loss is (ModelOutput) or is computed from; "" means
-  /// "loss" for ModelOutput and the first graph output otherwise.
+  /// The output the loss is (ModelOutput) or is computed from (empty: the
+  /// graph's first output).
   std::string output;
-  /// The labels value fed at run time (Mse, SoftmaxCrossEntropy).
-  std::string labels = "labels";
+  /// The graph input holding the labels (Mse, SoftmaxCrossEntropy).
+  std::string labels;
 };
+
+/// What the user said about the loss: compile's --loss, --loss-fn and
+/// --labels.
+struct LossOptions {
+  /// --loss NAME: the output to train against; empty: found by structure.
+  std::string output;
+  /// --loss-fn: a loss pipec adds over an output (Mse or
+  /// SoftmaxCrossEntropy); ModelOutput when none was asked for.
+  LossSpec::Kind addedLoss = LossSpec::Kind::ModelOutput;
+  /// --labels INPUT: the graph input an added loss compares with.
+  std::string labels;
+};
+
+/// The loss a plan trains against, and the sentence the compile summary
+/// and the report show.
+struct LossChoice {
+  /// Empty when the model has nothing to train against (then `reason` says
+  /// why and what to pass).
+  std::optional<LossSpec> spec;
+  std::string reason;
+};
+
+/// Chooses the loss of \p graph (after infer-shapes) by structure, never
+/// by a name:
+///  - the loss is the graph output that is a float scalar (rank 0 or one
+///    element) and depends on a trainable weight through differentiable
+///    ops; exactly one such output is taken whatever it is called;
+///  - `--loss NAME` picks the output and always wins: a scalar is the loss,
+///    a tensor needs --loss-fn;
+///  - pipec adds a loss (`--loss-fn` with `--labels INPUT`) only when asked
+///    and only over a non-scalar output.
+/// Fails, in one line, when several outputs could be the loss (listing them
+/// and naming --loss), when the flags name what the model lacks, or when a
+/// loss is added to a model that computes its own.
+llvm::Expected<LossChoice> chooseLoss(const Graph &graph, const LossOptions &options);
 
 /// A running buffer a step updates from the batches it saw (a training-mode
 /// BatchNormalization's running mean or variance): after the optimizer,
@@ -199,8 +235,9 @@ struct Backward {
   /// the lowest of those layers.
   std::map<std::string, std::string> weightGrads;
   /// Initializers read only as tables (through an op flagged Table in
-  /// Ops.def, such as rotary frequencies into Sin and Cos); they get no
-  /// gradient through those reads.
+  /// Ops.def, such as rotary frequencies into Sin and Cos, or the cosine and
+  /// sine tables an exporter folded from them); they get no gradient through
+  /// those reads.
   std::set<std::string> tableWeights;
   /// Float graph input name -> gradient name; filled only when asked for.
   std::map<std::string, std::string> inputGrads;

@@ -633,8 +633,9 @@ void addTrainable(plan::Plan &plan, const Graph &graph, const Backward &backward
   if (!byFreeze.empty())
     note += "; not trained, matching --freeze: " + join(byFreeze, ", ");
   if (!tables.empty())
-    note +=
-        "; not trained, tables read through Sin/Cos (rotary frequencies): " + join(tables, ", ");
+    note += "; not trained, rotary tables (frequencies read through Sin/Cos, or the cosine and "
+            "sine the exporter folded from them): " +
+            join(tables, ", ");
   if (!running.empty())
     note += "; not trained, running statistics each step updates from its batches' mean and "
             "variance: " +

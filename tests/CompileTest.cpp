@@ -411,7 +411,8 @@ TEST(Compile, TrainingPlansCarryTheBackwardProgram) {
       << out;
   auto plan = readPlan(dir.path("g.plan"));
   ASSERT_TRUE(!!plan);
-  EXPECT_EQ(plan->loss(), "the model's output 'loss'");
+  EXPECT_EQ(plan->loss(),
+            "the model's output 'loss', its one float scalar output that depends on the weights");
   // Every block has both an input-gradient and a weight-gradient part.
   for (const auto &layer : plan->layers())
     if (layer.kind() == "block") {
@@ -511,7 +512,9 @@ TEST(Compile, EveryPassShowsItsStatsAndIr) {
   ASSERT_EQ(runCommand(Pipec + " compile " + model + flags + " -o " + dir.path("quiet.plan"), out),
             0)
       << out;
-  EXPECT_EQ(out, "wrote " + dir.path("quiet.plan") + "  (layout E,t|t,L)\n");
+  EXPECT_EQ(out, "trains against the model's output 'loss', its one float scalar output that "
+                 "depends on the weights\nwrote " +
+                     dir.path("quiet.plan") + "  (layout E,t|t,L)\n");
   ASSERT_EQ(runCommand(Pipec + " compile " + model + flags +
                            " --stats --print-after=all --dump-dir " + dir.path("dump") + " -o " +
                            dir.path("shown.plan"),

@@ -21,6 +21,9 @@ const std::string compileFlags =
     " --stages 2 --microbatches 2 --batch 4 --hardware cpu --precision fp32 "
     "--optimizer sgd";
 
+/// The loss of writeNormModel's models, which output their prediction.
+const std::string normLoss = " --loss-fn mse --labels labels";
+
 void fill(onnx::TensorProto &t, float base, float scale, int seed) {
   int64_t n = 1;
   for (int64_t d : t.dims())
@@ -31,7 +34,8 @@ void fill(onnx::TensorProto &t, float base, float scale, int seed) {
   t.set_raw_data(std::string(reinterpret_cast<const char *>(v.data()), n * sizeof(float)));
 }
 
-/// Three blocks of LayerNormalization then MatMul, MSE against "labels".
+/// Three blocks of LayerNormalization then MatMul, MSE against "labels" (the
+/// loss compile adds: normLoss).
 /// With \p shared, the three LayerNormalizations read one scale, "ln.weight",
 /// as a torch export of a fresh model does; else each its own, equal to it.
 void writeNormModel(const std::string &path, bool shared) {
@@ -109,7 +113,7 @@ TEST(TieWeights, ExporterSharingIsReportedAndUntied) {
   TempDir dir;
   std::string model = dir.path("shared.onnx"), out;
   writeNormModel(model, /*shared=*/true);
-  ASSERT_EQ(compile(model, "", dir.path("tied.plan"), out), 0) << out;
+  ASSERT_EQ(compile(model, normLoss, dir.path("tied.plan"), out), 0) << out;
   plan::Plan tied = readCompiled(dir.path("tied.plan"));
   EXPECT_TRUE(hasWarning(tied, "weight 'ln.weight' is shared by 3 layers")) << out;
   EXPECT_TRUE(hasWarning(tied, "each reading it as LayerNormalization input 1; exporters share "
@@ -118,7 +122,7 @@ TEST(TieWeights, ExporterSharingIsReportedAndUntied) {
   EXPECT_TRUE(trains(tied, "ln.weight"));
   EXPECT_EQ(tied.ties_size(), 0);
 
-  ASSERT_EQ(compile(model, " --untie all", dir.path("untied.plan"), out), 0) << out;
+  ASSERT_EQ(compile(model, normLoss + " --untie all", dir.path("untied.plan"), out), 0) << out;
   plan::Plan untied = readCompiled(dir.path("untied.plan"));
   EXPECT_FALSE(trains(untied, "ln.weight"));
   for (int l = 0; l < 3; ++l)
@@ -139,7 +143,9 @@ TEST(TieWeights, ExporterSharingIsReportedAndUntied) {
   EXPECT_EQ(readers.size(), 3u) << "three different nodes";
 
   // By name, as a comma list, gives the same plan's trainable weights.
-  ASSERT_EQ(compile(model, " --untie ln.weight,ln.weight", dir.path("named.plan"), out), 0) << out;
+  ASSERT_EQ(compile(model, normLoss + " --untie ln.weight,ln.weight", dir.path("named.plan"), out),
+            0)
+      << out;
   plan::Plan named = readCompiled(dir.path("named.plan"));
   EXPECT_EQ(std::vector<std::string>(named.trainable().begin(), named.trainable().end()),
             std::vector<std::string>(untied.trainable().begin(), untied.trainable().end()));
@@ -149,7 +155,8 @@ TEST(TieWeights, UnknownNameIsAUsageError) {
   TempDir dir;
   std::string model = dir.path("shared.onnx"), out;
   writeNormModel(model, /*shared=*/true);
-  EXPECT_EQ(compile(model, " --untie layers.0.fc.weight", dir.path("p.plan"), out), 2) << out;
+  EXPECT_EQ(compile(model, normLoss + " --untie layers.0.fc.weight", dir.path("p.plan"), out), 2)
+      << out;
   EXPECT_NE(out.find("--untie layers.0.fc.weight: no initializer of that name is shared by "
                      "layers or holds a folded tie; expected all or one of: ln.weight"),
             std::string::npos)
@@ -169,7 +176,7 @@ TEST(TieWeights, UntiedCopiesTrainAsSeparateWeights) {
   };
   for (const Case &c : {Case{"untied", shared, " --untie all"}, Case{"tied", shared, ""},
                         Case{"separate", separate, ""}}) {
-    ASSERT_EQ(compile(c.model, c.flags, dir.path(c.tag + ".plan"), out), 0) << out;
+    ASSERT_EQ(compile(c.model, normLoss + c.flags, dir.path(c.tag + ".plan"), out), 0) << out;
     ASSERT_EQ(runCommand(pipecBinary + " run " + dir.path(c.tag + ".plan") + run +
                              dir.path(c.tag + ".out.onnx") + " --metrics " +
                              dir.path(c.tag + ".jsonl"),

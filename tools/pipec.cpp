@@ -105,8 +105,9 @@ cl::opt<int> VirtualStages("virtual-stages", cl::desc("Chunks per rank V"), cl::
 cl::opt<int> Microbatches("microbatches", cl::desc("Microbatches M per step (default 4P)"),
                           cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<int64_t> GlobalBatch("batch",
-                             cl::desc("Global batch per step (default: one sample per "
-                                      "microbatch)"),
+                             cl::desc("Global batch per step (default: the batch a model "
+                                      "of fixed shapes holds per microbatch, else one "
+                                      "sample)"),
                              cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> Schedule("schedule",
                               cl::desc("gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|dualpipev|auto"),
@@ -143,6 +144,16 @@ cl::opt<int> DataParallel("dp", cl::desc("Data-parallel replicas"), cl::init(1),
                           cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> Emit("emit", cl::desc("Plan encoding: binary|text|json"), cl::init("binary"),
                           cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string> LossOutput("loss",
+                                cl::desc("Train against this output (default: the one float "
+                                         "scalar output that depends on the weights)"),
+                                cl::value_desc("NAME"), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string> LossFn("loss-fn",
+                            cl::desc("Add a loss over a non-scalar output: cross-entropy|mse "
+                                     "(with --labels)"),
+                            cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string> Labels("labels", cl::desc("The graph input an added loss (--loss-fn) reads"),
+                            cl::value_desc("INPUT"), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<bool> CompileReport("report", cl::desc("Print the partition report"), cl::cat(CompileCat),
                             cl::sub(CompileCmd));
 
@@ -447,6 +458,17 @@ int runCompile() {
   if (Mode != "train" && Mode != "infer")
     return badUsage("--mode " + Mode + ": expected train or infer");
   options.training = Mode == "train";
+  if (!options.training &&
+      (LossOutput.getNumOccurrences() || LossFn.getNumOccurrences() || Labels.getNumOccurrences()))
+    return badUsage("--loss, --loss-fn and --labels: only training (--mode train) has a loss");
+  options.loss.output = LossOutput;
+  options.loss.labels = Labels;
+  if (LossFn == "cross-entropy")
+    options.loss.addedLoss = LossSpec::Kind::SoftmaxCrossEntropy;
+  else if (LossFn == "mse")
+    options.loss.addedLoss = LossSpec::Kind::Mse;
+  else if (LossFn.getNumOccurrences())
+    return badUsage("--loss-fn " + LossFn + ": expected cross-entropy or mse");
   if (Schedule == "auto") {
     options.autoSchedule = true;
   } else {
@@ -493,6 +515,8 @@ int runCompile() {
     return reportError(std::move(err));
   if (CompileReport)
     printReportText(*plan, outs());
+  if (!plan->loss().empty())
+    outs() << "trains against " << plan->loss() << "\n";
   outs() << "wrote " << CompileOutput << "  (layout " << plan->layout() << ")\n";
   // The process ends here: freeing a large plan message by message takes
   // longer than its encoding (as clang's -disable-free, leave it to exit).

@@ -1,0 +1,226 @@
+//===- LossChoiceTest.cpp - The loss is found by structure, never by name -===//
+//
+// chooseLoss on small graphs built here: the one float scalar output that
+// depends on the weights is the loss whatever it is called; two such
+// outputs are refused naming --loss; --loss picks one; a loss is added only
+// when asked (--loss-fn, --labels), over a non-scalar output. And through
+// the CLI: the refusal is one line with exit 1, the summary says what the
+// plan trains against, and a model whose loss is called "out" trains.
+//
+//===----------------------------------------------------------------------===//
+#include "TestUtil.h"
+#include "passes/Differentiate.h"
+#include "runtime/core/Tensor.h"
+#include "runtime/exec/Data.h"
+#include "runtime/plan/PlanFile.h"
+
+#include "llvm/Support/Error.h"
+#include "llvm/Support/FileSystem.h"
+
+using namespace llvm;
+
+namespace pipec::test {
+namespace {
+
+const std::string Pipec = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
+
+/// x [4, 8] -> logits = x W [4, 8]; scalars: `out` (mean of the logits),
+/// optionally `aux` (sum of the logits: a second candidate) and `count` (a
+/// sum of the input alone: a float scalar that depends on no weight); an
+/// int64 `labels` input read by nothing that matters for the loss.
+GraphBuilder lossModel(bool aux, bool count, bool logitsOutput, const std::string &lossName) {
+  GraphBuilder b;
+  b.input("x", onnx::TensorProto::FLOAT, {4, 8});
+  b.input("labels", onnx::TensorProto::INT64, {4});
+  b.weight("W", {8, 8});
+  b.node("MatMul", {"x", "W"}, {"logits"}, "mm");
+  if (!lossName.empty()) {
+    b.node("ReduceMean", {"logits"}, {lossName}, "mean").add_attribute()->CopyFrom([] {
+      onnx::AttributeProto a;
+      a.set_name("keepdims");
+      a.set_type(onnx::AttributeProto::INT);
+      a.set_i(0);
+      return a;
+    }());
+    b.output(lossName);
+  }
+  if (aux) {
+    b.node("ReduceSum", {"logits"}, {"aux"}, "sum").add_attribute()->CopyFrom([] {
+      onnx::AttributeProto a;
+      a.set_name("keepdims");
+      a.set_type(onnx::AttributeProto::INT);
+      a.set_i(0);
+      return a;
+    }());
+    b.output("aux");
+  }
+  if (count) {
+    b.node("ReduceSum", {"x"}, {"count"}, "count").add_attribute()->CopyFrom([] {
+      onnx::AttributeProto a;
+      a.set_name("keepdims");
+      a.set_type(onnx::AttributeProto::INT);
+      a.set_i(0);
+      return a;
+    }());
+    b.output("count");
+  }
+  if (logitsOutput)
+    b.output("logits");
+  return b;
+}
+
+Expected<LossChoice> choose(const GraphBuilder &b, const LossOptions &options = {}) {
+  auto graph = importBytes(b.serialize());
+  if (!graph)
+    return graph.takeError();
+  return chooseLoss(*graph, options);
+}
+
+TEST(LossChoice, TheOneScalarThatDependsOnTheWeightsWhateverItsName) {
+  for (const char *name : {"out", "loss", "mean_3"}) {
+    auto choice = choose(lossModel(false, true, true, name));
+    ASSERT_TRUE(!!choice) << toString(choice.takeError());
+    ASSERT_TRUE(choice->spec.has_value()) << choice->reason;
+    EXPECT_EQ(choice->spec->kind, LossSpec::Kind::ModelOutput);
+    EXPECT_EQ(choice->spec->output, name);
+    EXPECT_EQ(choice->reason, std::string("the model's output '") + name +
+                                  "', its one float scalar output that depends on the weights");
+  }
+}
+
+TEST(LossChoice, TwoCandidatesAreRefusedNamingTheFlag) {
+  auto choice = choose(lossModel(true, true, false, "out"));
+  ASSERT_FALSE(!!choice);
+  EXPECT_EQ(toString(choice.takeError()),
+            "the model has 2 outputs that could be its loss (float scalars that depend on the "
+            "weights): 'out' f32[], 'aux' f32[]; choose one with --loss NAME");
+  LossOptions pick;
+  pick.output = "aux";
+  auto chosen = choose(lossModel(true, true, false, "out"), pick);
+  ASSERT_TRUE(!!chosen) << toString(chosen.takeError());
+  ASSERT_TRUE(chosen->spec.has_value());
+  EXPECT_EQ(chosen->spec->output, "aux");
+  EXPECT_EQ(chosen->reason, "the model's output 'aux' (chosen by --loss)");
+}
+
+TEST(LossChoice, NothingIsInferredFromAnInputCalledLabels) {
+  // Logits and an int64 input called "labels": no loss is added unasked.
+  auto none = choose(lossModel(false, false, true, ""));
+  ASSERT_TRUE(!!none) << toString(none.takeError());
+  EXPECT_FALSE(none->spec.has_value());
+  EXPECT_NE(none->reason.find("no output is a float scalar that depends on the weights"),
+            std::string::npos)
+      << none->reason;
+  EXPECT_NE(none->reason.find("--loss-fn cross-entropy|mse --labels INPUT"), std::string::npos);
+
+  LossOptions added;
+  added.addedLoss = LossSpec::Kind::SoftmaxCrossEntropy;
+  added.labels = "labels";
+  auto ce = choose(lossModel(false, false, true, ""), added);
+  ASSERT_TRUE(!!ce) << toString(ce.takeError());
+  ASSERT_TRUE(ce->spec.has_value());
+  EXPECT_EQ(ce->spec->kind, LossSpec::Kind::SoftmaxCrossEntropy);
+  EXPECT_EQ(ce->spec->output, "logits");
+  EXPECT_EQ(ce->spec->labels, "labels");
+}
+
+TEST(LossChoice, AddedLossesAreCheckedAgainstTheModel) {
+  LossOptions added;
+  added.addedLoss = LossSpec::Kind::SoftmaxCrossEntropy;
+  added.labels = "labels";
+  // The model computes its own loss: adding one is refused.
+  auto own = choose(lossModel(false, false, true, "out"), added);
+  ASSERT_FALSE(!!own);
+  EXPECT_NE(toString(own.takeError()).find("the model computes its own loss ('out' f32[]"),
+            std::string::npos);
+  // Labels that are not an input, of the wrong type, or missing.
+  added.labels = "y";
+  auto missing = choose(lossModel(false, false, true, ""), added);
+  ASSERT_FALSE(!!missing);
+  EXPECT_EQ(toString(missing.takeError()),
+            "--labels y: the model has no input 'y' (inputs: 'x' f32[4,8], 'labels' "
+            "i64[4])");
+  added.addedLoss = LossSpec::Kind::Mse;
+  added.labels = "labels";
+  auto wrongType = choose(lossModel(false, false, true, ""), added);
+  ASSERT_FALSE(!!wrongType);
+  EXPECT_EQ(toString(wrongType.takeError()),
+            "--labels labels: mse needs float labels, and 'labels' is i64");
+  added.labels = "";
+  auto noLabels = choose(lossModel(false, false, true, ""), added);
+  ASSERT_FALSE(!!noLabels);
+  EXPECT_NE(toString(noLabels.takeError()).find("needs --labels INPUT"), std::string::npos);
+  // --loss that names no output, or a tensor without --loss-fn.
+  LossOptions pick;
+  pick.output = "nope";
+  auto unknown = choose(lossModel(false, false, true, "out"), pick);
+  ASSERT_FALSE(!!unknown);
+  EXPECT_EQ(toString(unknown.takeError()),
+            "--loss nope: the model has no output 'nope' (outputs: 'out' f32[], 'logits' "
+            "f32[4,8])");
+  pick.output = "logits";
+  auto tensor = choose(lossModel(false, false, true, "out"), pick);
+  ASSERT_FALSE(!!tensor);
+  EXPECT_NE(toString(tensor.takeError()).find("not a scalar"), std::string::npos);
+  pick.output = "count";
+  auto constant = choose(lossModel(false, true, false, "out"), pick);
+  ASSERT_FALSE(!!constant);
+  EXPECT_EQ(toString(constant.takeError()),
+            "--loss count: the output does not depend on any trainable weight");
+}
+
+TEST(LossChoice, TheCliRefusesTwoCandidatesAndTrainsAnOutputCalledOut) {
+  TempDir dir;
+  std::string out;
+  lossModel(true, false, false, "out").write(dir.path("two.onnx"));
+  int status = runCommand(Pipec + " compile " + dir.path("two.onnx") + " --stages 1 -o " +
+                              dir.path("two.plan") + " --hardware cpu 2>&1",
+                          out);
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_EQ(out, "pipec: error: the model has 2 outputs that could be its loss (float scalars "
+                 "that depend on the weights): 'out' f32[], 'aux' f32[]; choose one with "
+                 "--loss NAME\n");
+  EXPECT_FALSE(fileExists(dir.path("two.plan")));
+
+  ASSERT_EQ(runCommand(Pipec + " compile " + dir.path("two.onnx") + " --stages 1 --loss out -o " +
+                           dir.path("out.plan") + " --hardware cpu --optimizer sgd 2>&1",
+                       out),
+            0)
+      << out;
+  EXPECT_NE(out.find("trains against the model's output 'out' (chosen by --loss)"),
+            std::string::npos)
+      << out;
+  // x fixed by --data: L(W) = mean(x W) = sum_k c_k r_k / 32 with c the
+  // column sums of x and r the row sums of W, so dL/dW_kj = c_k / 32 and one
+  // SGD step (lr 1) lowers the loss by exactly lr * 8 * sum_k c_k^2 / 32^2.
+  std::vector<float> x(32);
+  std::vector<double> c(8, 0.0);
+  for (int i = 0; i < 4; ++i)
+    for (int k = 0; k < 8; ++k) {
+      x[i * 8 + k] = 0.1f * (i + 1) - 0.03f * k;
+      c[k] += x[i * 8 + k];
+    }
+  std::string data = dir.path("data");
+  ASSERT_FALSE(static_cast<bool>(sys::fs::create_directories(data)));
+  ASSERT_FALSE(
+      static_cast<bool>(rt::writeNpy(cpu::Tensor::fromValues<float>({4, 8}, x), data + "/x.npy")));
+  ASSERT_FALSE(static_cast<bool>(
+      rt::writeNpy(cpu::Tensor::fromValues<int64_t>({4}, {0, 1, 2, 3}), data + "/labels.npy")));
+  ASSERT_EQ(runCommand(Pipec + " run " + dir.path("out.plan") + " --data " + data +
+                           " --steps 2 --optimizer sgd --lr 1 --metrics " + dir.path("m.jsonl") +
+                           " --quiet 2>&1",
+                       out),
+            0)
+      << out;
+  std::string metrics = readFile(dir.path("m.jsonl"));
+  auto first = metrics.find("\"loss\": "), second = metrics.rfind("\"loss\": ");
+  ASSERT_NE(first, second) << metrics;
+  double l1 = std::stod(metrics.substr(first + 8)), l2 = std::stod(metrics.substr(second + 8));
+  double drop = 0;
+  for (double ck : c)
+    drop += 1.0 * 8 * ck * ck / (32.0 * 32.0);
+  EXPECT_NEAR(l1 - l2, drop, 1e-3 * drop) << metrics;
+}
+
+} // namespace
+} // namespace pipec::test
