@@ -3,7 +3,8 @@
 // The rules of passes/grad/IndexingGrads.cpp against finite differences
 // (GradientCheck.h): Trilu, Pad in constant mode (inputs with axes and
 // crops, the constant's own gradient, and the attribute form of opset 9), GatherElements and
-// GatherND with repeated indices, ScatterND for data and updates, and CumSum in every direction.
+// GatherND with repeated indices, ScatterND and ScatterElements for data and updates, TopK
+// largest and smallest along either axis, and CumSum in every direction.
 //
 //===----------------------------------------------------------------------===//
 #include "tests/GradientCheck.h"
@@ -104,6 +105,44 @@ TEST(DifferentiateIndexing, ScatterNDDataAndUpdates) {
     check.feeds["ids"] = Tensor::fromValues<int64_t>({2, 1}, {2, -4});
     checkModel(b, check);
   }
+}
+
+TEST(DifferentiateIndexing, ScatterElementsDataAndUpdates) {
+  for (const char *reduction : {"none", "add"})
+    for (int axis : {0, 1}) {
+      GraphBuilder b(18);
+      doubleWeight(b, "data", {4, 3});
+      doubleWeight(b, "updates", {2, 3});
+      b.input("ids", kInt64, {2, 3});
+      auto &n = b.node("ScatterElements", {"data", "ids", "updates"}, {"y"}, "scatter");
+      setStringAttr(n, "reduction", reduction);
+      setIntAttr(n, "axis", axis);
+      b.output("y", kDouble);
+      Check check;
+      // Distinct along either axis: reduction none keeps no overwritten update.
+      check.feeds["ids"] = Tensor::fromValues<int64_t>({2, 3}, {0, 2, 1, 1, -3, 2});
+      SCOPED_TRACE(std::string(reduction) + " axis " + std::to_string(axis));
+      checkModel(b, check);
+    }
+}
+
+TEST(DifferentiateIndexing, TopKScattersIntoTheChosen) {
+  for (int largest : {0, 1})
+    for (int axis : {0, -1}) {
+      GraphBuilder b = scaledInput();
+      b.ints("k", {2});
+      auto &n = b.node("TopK", {"h", "k"}, {"y", "indices"}, "topk");
+      setIntAttr(n, "largest", largest);
+      setIntAttr(n, "axis", axis);
+      SCOPED_TRACE("largest " + std::to_string(largest) + " axis " + std::to_string(axis));
+      checkModel(b);
+    }
+  // Opset 1's attribute k, and the indices read by the rest of the graph.
+  GraphBuilder b = scaledInput(9);
+  setIntAttr(b.node("TopK", {"h"}, {"top", "indices"}, "topk"), "k", 3);
+  setIntAttr(b.node("Cast", {"indices"}, {"order"}, "cast"), "to", kDouble);
+  b.node("Mul", {"top", "order"}, {"y"}, "weigh");
+  checkModel(b);
 }
 
 TEST(DifferentiateIndexing, CumSumEveryDirection) {

@@ -49,6 +49,68 @@ TEST(Differentiate, Gemm) {
     }
 }
 
+/// Einsum(x, w) [equation], x a float64 input, w a float64 weight.
+GraphBuilder einsumModel(const std::string &equation, const std::vector<int64_t> &xDims,
+                         const std::vector<int64_t> &wDims) {
+  GraphBuilder b = binaryModel("Einsum", xDims, wDims);
+  setStringAttr(*b.graph().mutable_node(0), "equation", equation);
+  return b;
+}
+
+TEST(Differentiate, EinsumOfTwoOperands) {
+  struct Case {
+    const char *equation;
+    std::vector<int64_t> x, w;
+  };
+  const Case cases[] = {
+      {"bij,bjk->bik", {2, 3, 4}, {2, 4, 5}},
+      // The mixture of experts of user_moe.onnx: experts, then the gates.
+      {"bsd,edf->bsef", {2, 3, 4}, {3, 4, 5}},
+      {"bsef,efd->bsed", {2, 3, 2, 4}, {2, 4, 3}},
+      {"bsed,bse->bsd", {2, 3, 2, 4}, {2, 3, 2}},
+      {"ij,j->i", {3, 4}, {4}},
+      // w's j of size 1 broadcasts: summed back for w, expanded for x.
+      {"ij,j->i", {3, 4}, {1}},
+      // '...' written out; x's second batch dimension broadcasts.
+      {"...ij,...jk->...ik", {2, 1, 2, 3}, {2, 3, 3, 2}},
+      {"bhqd,bhkd->bhqk", {2, 2, 3, 4}, {2, 2, 5, 4}},
+      {"i,j->ij", {3}, {4}},
+      // k is summed in w alone: its gradient is expanded along k.
+      {"ij,jk->i", {3, 4}, {4, 5}},
+      // The implicit output: the letters seen once, "ik".
+      {"ij,jk", {3, 4}, {4, 5}},
+      {"ij,ij->", {3, 4}, {3, 4}},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.equation);
+    checkModel(einsumModel(c.equation, c.x, c.w));
+  }
+}
+
+TEST(Differentiate, EinsumOfOneAndThreeOperands) {
+  for (const char *equation : {"ij->ji", "ij->j", "ij->", "ij"}) {
+    SCOPED_TRACE(equation);
+    GraphBuilder b = unaryModel("Einsum");
+    setStringAttr(*b.graph().mutable_node(1), "equation", equation);
+    checkModel(b);
+  }
+  GraphBuilder three = einsumModel("ij,jk,k->i", {3, 4}, {4, 5});
+  doubleWeight(three, "v", {5});
+  three.graph().mutable_node(0)->add_input("v");
+  checkModel(three);
+  // One value as both operands: the two contributions add up.
+  GraphBuilder twice = unaryModel("Einsum");
+  twice.graph().mutable_node(1)->add_input("h");
+  setStringAttr(*twice.graph().mutable_node(1), "equation", "ij,kj->ik");
+  checkModel(twice);
+}
+
+TEST(Differentiate, EinsumDiagonalIsRefused) {
+  GraphBuilder b = einsumModel("i,ii->i", {3}, {3, 3});
+  EXPECT_NE(differentiateError(b).find("repeated label (a diagonal)"), std::string::npos)
+      << differentiateError(b);
+}
+
 TEST(Differentiate, ElementwiseBroadcasting) {
   Check positive;
   positive.lo = 0.5, positive.hi = 1.5;

@@ -5,7 +5,8 @@
 // indices on integers, reflect and wrap pads longer than the dimension,
 // negative pads with edge mode, int32 wrap-around, float16 partial sums,
 // Einsum's broadcast ellipsis, diagonals, implicit outputs and three
-// operands; and the errors for malformed nodes and forms of older opsets.
+// operands; TopK's order of ties and NaN, on integers and along the first
+// axis; and the errors for malformed nodes and forms of older opsets.
 //
 // Expected values come from onnxruntime 1.23's CPU provider, or from
 // ONNX's reference evaluator / numpy where noted (the oracles venv of
@@ -13,6 +14,8 @@
 //
 //===----------------------------------------------------------------------===//
 #include "tests/KernelTestUtil.h"
+
+#include <limits>
 
 using namespace pipec;
 using namespace pipec::test;
@@ -196,6 +199,46 @@ TEST(IndexingKernels, EinsumDiagonalsAndImplicitOutputs) {
   EXPECT_TRUE(close(einsum("ij,jk,k->i", {c, d, e}), Tensor::fromValues<double>({2}, {22, 40})));
 }
 
+TEST(IndexingKernels, TopKTiesTakeTheLowerIndexFirst) {
+  auto topK = [](const Tensor &x, int64_t k, int64_t largest, int64_t axis = -1) {
+    return runCpu(NodeBuilder("TopK", 2, 2).i("largest", largest).i("axis", axis),
+                  {x, i64({1}, {k})}, 11);
+  };
+  // onnxruntime.
+  auto largest = topK(f32({4}, {3, 1, 3, 2}), 2, 1);
+  ASSERT_EQ(largest.size(), 2u);
+  EXPECT_TRUE(close(largest[0], f32({2}, {3, 3})));
+  EXPECT_TRUE(close(largest[1], i64({2}, {0, 2})));
+  auto smallest = topK(f32({4}, {3, 1, 3, 2}), 2, 0);
+  ASSERT_EQ(smallest.size(), 2u);
+  EXPECT_TRUE(close(smallest[0], f32({2}, {1, 2})));
+  EXPECT_TRUE(close(smallest[1], i64({2}, {1, 3})));
+  // NaN ranks above every number, for largest and smallest alike.
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  auto nanLargest = topK(f32({4}, {1, nan, 3, nan}), 3, 1);
+  ASSERT_EQ(nanLargest.size(), 2u);
+  EXPECT_TRUE(std::isnan(nanLargest[0].getDouble(0)) && std::isnan(nanLargest[0].getDouble(1)));
+  EXPECT_EQ(nanLargest[0].getDouble(2), 3);
+  EXPECT_TRUE(close(nanLargest[1], i64({3}, {1, 3, 2})));
+  auto nanSmallest = topK(f32({4}, {1, nan, 3, nan}), 3, 0);
+  ASSERT_EQ(nanSmallest.size(), 2u);
+  EXPECT_TRUE(close(nanSmallest[1], i64({3}, {0, 2, 1})));
+  // Along the first axis, on integers.
+  auto columns = topK(i32({2, 3}, {3, 1, 3, 2, 5, 3}), 1, 1, 0);
+  ASSERT_EQ(columns.size(), 2u);
+  EXPECT_TRUE(close(columns[0], i32({1, 3}, {3, 5, 3})));
+  EXPECT_TRUE(close(columns[1], i64({1, 3}, {0, 1, 0})));
+  auto rows = topK(i64({2, 3}, {3, 1, 3, 2, 5, 1}), 2, 0, 1);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_TRUE(close(rows[0], i64({2, 2}, {1, 3, 1, 2})));
+  EXPECT_TRUE(close(rows[1], i64({2, 2}, {1, 0, 2, 0})));
+  // Opset 1: k is an attribute, largest is the only order.
+  auto attr = runCpu(NodeBuilder("TopK", 1, 2).i("k", 1), {f32({2, 2}, {1, 4, 3, 2})}, 9);
+  ASSERT_EQ(attr.size(), 2u);
+  EXPECT_TRUE(close(attr[0], f32({2, 1}, {4, 3})));
+  EXPECT_TRUE(close(attr[1], i64({2, 1}, {1, 0})));
+}
+
 TEST(IndexingKernels, MalformedNodesFail) {
   Tensor x = f32({2, 3}, iota(6));
   EXPECT_NE(errorOf(NodeBuilder("GatherElements", 2), {x, i64({1, 3}, {0, 2, 1})}).find("index 2"),
@@ -225,6 +268,10 @@ TEST(IndexingKernels, MalformedNodesFail) {
           .find("no input"),
       std::string::npos);
   EXPECT_NE(errorOf(NodeBuilder("Einsum", 1).s("equation", "ijk"), {x}, 12).find("does not fit"),
+            std::string::npos);
+  EXPECT_NE(errorOf(NodeBuilder("TopK", 2, 2), {x, i64({1}, {4})}, 11).find("out of range"),
+            std::string::npos);
+  EXPECT_NE(errorOf(NodeBuilder("TopK", 2, 2), {x, i64({2}, {1, 1})}, 11).find("one element"),
             std::string::npos);
 }
 

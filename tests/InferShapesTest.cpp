@@ -148,6 +148,35 @@ TEST(InferShapes, GeneratedModelsEndFullyStatic) {
   }
 }
 
+TEST(InferShapes, TopKReadsItsConstantK) {
+  // K as an initializer (opset 10 on) and as a Constant node's output.
+  for (bool node : {false, true}) {
+    GraphBuilder b(18);
+    b.input("x", 1, {3, 5});
+    if (node) {
+      onnx::TensorProto k = b.ints("k", {2});
+      b.graph().mutable_initializer()->RemoveLast();
+      auto *value = b.node("Constant", {}, {"k"}).add_attribute();
+      value->set_name("value");
+      value->set_type(onnx::AttributeProto::TENSOR);
+      *value->mutable_t() = k;
+    } else {
+      b.ints("k", {2});
+    }
+    b.node("TopK", {"x", "k"}, {"values", "indices"}, "topk");
+    b.output("values");
+    b.output("indices", 7);
+    auto graph = importBytes(b.serialize());
+    ASSERT_TRUE(!!graph) << toString(graph.takeError());
+    const Value &values = graph->values[graph->findValue("values")];
+    const Value &indices = graph->values[graph->findValue("indices")];
+    EXPECT_TRUE(values.shapeKnown && indices.shapeKnown);
+    EXPECT_EQ(values.shape, (std::vector<int64_t>{3, 2}));
+    EXPECT_EQ(indices.shape, (std::vector<int64_t>{3, 2}));
+    EXPECT_EQ(indices.type, DType::I64);
+  }
+}
+
 TEST(InferShapes, DataDependentShapeIsAClearError) {
   GraphBuilder b;
   b.input("x", 1, {4});

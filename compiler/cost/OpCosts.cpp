@@ -105,6 +105,20 @@ void MatMulBackward<Bias>::cost(const Graph &graph, const Op &op, const OpTraffi
   cost.gemms = {1, double(activations), double(2 - activations)};
 }
 
+void EinsumBackward::cost(const Graph &graph, const Op &op, const OpTraffic &t, OpCost &cost) {
+  forwardBytes(t, cost);
+  int activations = 0, weights = 0;
+  for (int id : op.inputs) {
+    activations += isActivation(graph, id);
+    weights += isWeight(graph, id);
+  }
+  cost.flops[BackwardInput] = cost.flops[Forward] * activations;
+  cost.flops[BackwardWeight] = cost.flops[Forward] * weights;
+  cost.bytes[BackwardInput] = activations ? t.out + t.in + t.weights : 0;
+  cost.bytes[BackwardWeight] = weights ? t.out + t.in + t.weights : 0;
+  cost.gemms = {1, double(activations), double(weights)};
+}
+
 void ConvBackward::cost(const Graph &, const Op &, const OpTraffic &t, OpCost &cost) {
   forwardBytes(t, cost);
   cost.flops[BackwardInput] = cost.flops[Forward];
@@ -139,6 +153,8 @@ int64_t View::flops(const Graph &, const Op &) { return 0; }
 template <int K> int64_t Gather<K>::flops(const Graph &graph, const Op &op) {
   return op.outputs.empty() ? 0 : K * elements(graph, op.outputs[0]);
 }
+
+int64_t Select::flops(const Graph &graph, const Op &op) { return Reduce::flops(graph, op); }
 
 int64_t MatMul::flops(const Graph &graph, const Op &op) {
   const auto &a = inputShape(graph, op, 0);

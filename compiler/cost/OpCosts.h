@@ -95,6 +95,11 @@ struct GatherBackward {
 template <bool Bias> struct MatMulBackward {
   static void cost(const Graph &graph, const Op &op, const OpTraffic &traffic, OpCost &cost);
 };
+/// An einsum of the forward FLOPs per operand: I for each activation
+/// operand, W for each weight operand.
+struct EinsumBackward {
+  static void cost(const Graph &graph, const Op &op, const OpTraffic &traffic, OpCost &cost);
+};
 /// F for I, and again for W when a weight is read.
 struct ConvBackward {
   static void cost(const Graph &graph, const Op &op, const OpTraffic &traffic, OpCost &cost);
@@ -124,6 +129,11 @@ struct View : ViewBackward {
 };
 /// A lookup into input 0: K FLOPs per element of output 0.
 template <int K> struct Gather : GatherBackward {
+  static int64_t flops(const Graph &graph, const Op &op);
+};
+/// A selection from input 0 (TopK): one FLOP per element of the largest
+/// input; the gradient scatters the output back, as a lookup's does.
+struct Select : GatherBackward {
   static int64_t flops(const Graph &graph, const Op &op);
 };
 /// Output elements times the contracted dimension, times two.
@@ -156,8 +166,9 @@ struct ConvTranspose : ConvBackward {
   static int64_t flops(const Graph &graph, const Op &op);
 };
 /// Two FLOPs per point of the product space of all labels (one with a
-/// single operand); no gradient rule: defaulted backward.
-struct Einsum : DefaultBackward {
+/// single operand); each operand's gradient is an einsum over the same
+/// space (EinsumBackward).
+struct Einsum : EinsumBackward {
   static int64_t flops(const Graph &graph, const Op &op);
 };
 /// Q K^T and P V (4 B S T width) and the softmax (5 B S T); with

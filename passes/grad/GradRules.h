@@ -12,7 +12,8 @@
 //                         groupNormalization
 //   ConvGrads.cpp         conv, convTranspose, pool, globalAveragePool
 //   IndexingGrads.cpp     trilu, cumSum, gatherElements, gatherND, scatterND,
-//                         pad
+//                         scatterElements, topK, pad
+//   EinsumGrads.cpp       einsum
 // and two that are not rules: `none` (no gradient flows through the op)
 // and `missing` (the op is differentiable but pipec has no rule: an error
 // naming the node). An op without a row of Ops.def is `missing`.
@@ -73,7 +74,10 @@ extern const GradRule reduceSumMean, softmax, softmaxCrossEntropyLoss, layerNorm
 // ConvGrads.cpp
 extern const GradRule conv, convTranspose, pool, globalAveragePool;
 // IndexingGrads.cpp
-extern const GradRule trilu, cumSum, gatherElements, gatherND, scatterND, pad;
+extern const GradRule trilu, cumSum, gatherElements, gatherND, scatterND, scatterElements, topK,
+    pad;
+// EinsumGrads.cpp
+extern const GradRule einsum;
 } // namespace rules
 
 } // namespace pipec::grad

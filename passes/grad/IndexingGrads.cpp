@@ -3,10 +3,11 @@
 // The gradient of an op that selects elements goes back to where they came
 // from: Trilu masks dY as it masked X, Pad slices dY back to X, a
 // GatherElements or GatherND scatter-adds dY into zeros
-// (pipec.GatherElementsGrad, pipec.GatherNDGrad),
-// ScatterND zeroes the scattered positions of dY for its data and gathers
-// them for its updates, and CumSum accumulates dY in the other direction.
-// Indices, pads, axes and k get no gradient.
+// (pipec.GatherElementsGrad, pipec.GatherNDGrad), and so does TopK at the
+// indices it chose; ScatterElements and ScatterND zero the scattered
+// positions of dY for their data and gather them for their updates, and
+// CumSum accumulates dY in the other direction. Indices, pads, axes and k
+// get no gradient.
 //
 // Before:  y = CumSum(x, axis) [exclusive = 1]
 // After:   grad:x = CumSum(dY, axis) [exclusive = 1, reverse = 1]
@@ -55,6 +56,48 @@ Error gatherElementsGrad(GradContext &ctx) {
 /// dData: each slice of dY added into zeros at the slice its index tuple
 /// gathered (repeated tuples add up).
 Error gatherNDGrad(GradContext &ctx) { return gatheredDataGrad(ctx, "GatherNDGrad", "batch_dims"); }
+
+/// dX: dValues added into zeros at the indices TopK chose (its output 1),
+/// along its axis: the gradient of a GatherElements. K gets none.
+Error topKGrad(GradContext &ctx) {
+  return ctx.ifDataWanted([&]() -> Error {
+    const onnx::NodeProto &node = ctx.node();
+    if (node.output_size() < 2 || node.output(1).empty())
+      return ctx.error("gradient needs the Indices output");
+    onnx::NodeProto &g = ctx.emit("GatherElementsGrad", {ctx.dy(), node.output(1)}, "pipec");
+    GradContext::setInt(g, "axis", attrInt(node, "axis", -1));
+    GradContext::setInts(g, "shape", ctx.shapeOf(0));
+    ctx.contribute(0, GradContext::out(g));
+    return Error::success();
+  });
+}
+
+/// As ScatterND's, element by element along the axis: reduction none zeroes
+/// the scattered positions of dY for data and gathers them for the
+/// updates; add passes dY to data whole.
+Error scatterElementsGrad(GradContext &ctx) {
+  std::string reduction = attrString(ctx.node(), "reduction", "none");
+  if (reduction != "none" && reduction != "add")
+    return ctx.error("gradient of ScatterElements with reduction '" + reduction +
+                     "' is not implemented");
+  int64_t axis = attrInt(ctx.node(), "axis", 0);
+  return ctx.forEachWanted([&](size_t i) {
+    if (i == 0 && reduction == "add") {
+      ctx.contribute(0, ctx.dy());
+    } else if (i == 0) {
+      std::string zeros =
+          ctx.binary("Expand", ctx.constScalar(0.0, ctx.type()), ctx.constInts(ctx.shapeOf(2)));
+      onnx::NodeProto &g = ctx.emit("ScatterElements", {ctx.dy(), ctx.in(1), zeros});
+      GradContext::setInt(g, "axis", axis);
+      ctx.contribute(0, GradContext::out(g));
+    } else if (i == 2) {
+      onnx::NodeProto &g = ctx.emit("GatherElements", {ctx.dy(), ctx.in(1)});
+      GradContext::setInt(g, "axis", axis);
+      ctx.contribute(2, GradContext::out(g));
+    }
+    return Error::success();
+  });
+}
 
 /// Reduction none: dData is dY with the scattered positions zeroed (the
 /// updates replaced them) and dUpdates is dY gathered at them; add passes
@@ -180,7 +223,8 @@ Error gatheredDataGrad(GradContext &ctx, StringRef gradOp, StringRef attr) {
 
 namespace rules {
 const GradRule trilu{&triluGrad}, cumSum{&cumSumGrad}, gatherElements{&gatherElementsGrad},
-    gatherND{&gatherNDGrad}, scatterND{&scatterNDGrad}, pad{&padGrad};
+    gatherND{&gatherNDGrad}, scatterND{&scatterNDGrad}, scatterElements{&scatterElementsGrad},
+    topK{&topKGrad}, pad{&padGrad};
 } // namespace rules
 
 } // namespace pipec::grad

@@ -2,7 +2,8 @@
 //
 // GatherElements and GatherND read elements or slices at computed indices;
 // ScatterElements (and the deprecated Scatter), ScatterND and pipec's
-// GatherElementsGrad and GatherNDGrad write them, replacing or combining with a reduction.
+// GatherElementsGrad and GatherNDGrad write them, replacing or combining with a reduction;
+// TopK selects the largest or smallest elements along an axis, with their indices.
 // Index values may be negative (counting from the end); one out of range
 // fails the node before anything is written. Where indices repeat, the
 // updates apply in row-major order of the indices, as ONNX's reference does.
@@ -16,6 +17,7 @@
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -381,6 +383,84 @@ Expected<Outputs> scatterND(const OpContext &ctx) {
   Tensor out = data.clone();
   scatterInto(out, updates, *offsets, product(ArrayRef<int64_t>(data.shape()).drop_front(*k)), *r);
   return Outputs{out};
+}
+
+namespace {
+
+/// K of TopK: input 1 (an int64 [1]) from opset 10, attribute 'k' before.
+Expected<int64_t> topKCount(const OpContext &ctx, int64_t axisSize) {
+  int64_t k;
+  if (const Tensor *given = ctx.optInput(1)) {
+    if (given->elemType() != DType::I64 || given->numElements() != 1)
+      return ctx.fail("K must be an int64 tensor of one element, got " + given->describe());
+    k = given->getInt64(0);
+  } else if (ctx.attr("k")) {
+    k = ctx.attrInt("k", 0);
+  } else {
+    return ctx.fail("missing K (input 1, or attribute 'k' before opset 10)");
+  }
+  if (k < 0 || k > axisSize)
+    return ctx.fail(formatv("K {0} is out of range for an axis of size {1}", k, axisSize));
+  return k;
+}
+
+/// Whether a ranks above b for TopK: NaN above every number, as
+/// onnxruntime and numpy's sort order it.
+template <typename T> bool ranksAbove(T a, T b) {
+  if constexpr (isFloat<T>)
+    if (std::isnan(a) || std::isnan(b))
+      return !std::isnan(b);
+  return a > b;
+}
+
+} // namespace
+
+/// TopK: the K largest (or smallest) elements along the axis and their
+/// int64 indices, best first. Equal elements keep their order (the lower
+/// index first), as ONNX specifies; sorted = 0 gives the same order.
+Expected<Outputs> topK(const OpContext &ctx) {
+  const Tensor &x = ctx.input(0);
+  if (x.rank() == 0)
+    return ctx.fail("input must have rank >= 1");
+  if (x.elemType() == DType::Bool)
+    return ctx.unsupportedType(x, 0);
+  Expected<int64_t> axis = ctx.normalizeAxis(ctx.attrInt("axis", -1), x.rank());
+  if (!axis)
+    return axis.takeError();
+  AxisSplit split = splitAt(x.shape(), *axis);
+  Expected<int64_t> k = topKCount(ctx, split.size);
+  if (!k)
+    return k.takeError();
+  bool largest = ctx.attrInt("largest", 1) != 0;
+  Shape shape = x.shape();
+  shape[*axis] = *k;
+  Tensor values(x.elemType(), shape), indices(DType::I64, shape);
+  visitStorage(x.elemType(), [&](auto tag) {
+    using T = decltype(tag);
+    const T *in = x.data<T>();
+    T *pv = values.data<T>();
+    int64_t *pi = indices.data<int64_t>();
+    std::vector<int64_t> order(split.size);
+    for (int64_t o = 0; o < split.outer; ++o)
+      for (int64_t i = 0; i < split.inner; ++i) {
+        const T *row = in + o * split.size * split.inner + i;
+        auto before = [&](int64_t a, int64_t b) {
+          T va = row[a * split.inner], vb = row[b * split.inner];
+          bool above = largest ? ranksAbove(va, vb) : ranksAbove(vb, va);
+          bool below = largest ? ranksAbove(vb, va) : ranksAbove(va, vb);
+          return above || (!below && a < b);
+        };
+        for (int64_t j = 0; j < split.size; ++j)
+          order[j] = j;
+        std::partial_sort(order.begin(), order.begin() + *k, order.end(), before);
+        int64_t base = o * *k * split.inner + i;
+        for (int64_t j = 0; j < *k; ++j) {
+          pv[base + j * split.inner] = row[order[j] * split.inner];
+          pi[base + j * split.inner] = order[j];
+        }
+      }
+  });
+  return Outputs{values, indices};
 }
 
 /// Trilu: the upper (j - i >= k) or lower (j - i <= k) triangle of each

@@ -61,6 +61,7 @@ KernelResult gatherND(const OpContext &ctx);
 KernelResult pad(const OpContext &ctx);
 KernelResult scatterElements(const OpContext &ctx);
 KernelResult scatterND(const OpContext &ctx);
+KernelResult topK(const OpContext &ctx);
 KernelResult trilu(const OpContext &ctx);
 
 // If, Loop and Scan: a subgraph interpreter (ControlFlowKernels.cpp).
