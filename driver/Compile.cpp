@@ -494,18 +494,75 @@ Error checkDataBatch(const plan::Plan &plan) {
   return Error::success();
 }
 
-/// The programs `pipec run` executes. A model the runtime cannot execute
-/// still compiles (the plan's timing stands); the plan then says why. Cut
-/// programs whose data does not reach them (verifyDataflow) are an error:
-/// such a plan must never reach `pipec run`.
-Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared, StringRef freeze) {
-  if (plan.schedule().mode() == "train" && !prepared.backward)
+/// What a kernel refuses that compile can see in the graph: training-mode
+/// Dropout with a ratio above zero draws random masks, which pipec's kernels
+/// do not (a torch model exported in train mode has them). A training_mode
+/// fed at run time may be true.
+Error checkKernelPreconditions(const Graph &graph) {
+  for (const Op &op : graph.ops) {
+    if (op.dead || op.opType != "Dropout" || !op.domain.empty() || op.inputs.size() < 3 ||
+        op.inputs[2] < 0)
+      continue;
+    auto scalar = [&](int id) -> std::optional<double> {
+      auto t = graph.readConstant(id, 1);
+      if (!t) {
+        consumeError(t.takeError());
+        return std::nullopt;
+      }
+      return (*t)->numElements() == 1 ? std::optional<double>((*t)->floatAt(0)) : std::nullopt;
+    };
+    std::optional<double> training = scalar(op.inputs[2]);
+    std::optional<double> ratio = op.inputs[1] >= 0 ? scalar(op.inputs[1]) : 0.5;
+    if (ratio && *ratio == 0)
+      continue;
+    if (!training)
+      return createStringError(inconvertibleErrorCode(),
+                               "node '%s' (Dropout): training_mode is fed at run time, and in "
+                               "training mode Dropout draws random masks, which pipec does not",
+                               op.name.c_str());
+    if (*training != 0)
+      return createStringError(inconvertibleErrorCode(),
+                               "node '%s' (Dropout): training-mode Dropout with a ratio above "
+                               "zero draws random masks, which pipec does not",
+                               op.name.c_str());
+  }
+  return Error::success();
+}
+
+/// The programs `pipec run` executes. A plan that compiles, runs: a model
+/// pipec cannot train (no loss, an op without a gradient rule) or run (a
+/// stage program that cannot be built, a batch the microbatches do not hold)
+/// is an error naming why, unless \p options ask for the timing alone
+/// (--timing-only: the report and simulation stand, and the plan's warnings
+/// say why it cannot run). Cut programs whose data does not reach them
+/// (verifyDataflow) are always an error.
+Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared,
+                          const CompileOptions &options) {
+  const std::string &model = plan.model().path();
+  auto cannot = [&](StringRef what, const std::string &why) -> Error {
+    bool train = what == "train" && StringRef(why).find("--mode infer") == StringRef::npos;
+    return createStringError(inconvertibleErrorCode(),
+                             "%s: the plan cannot %s: %s; %scompile with --timing-only for its "
+                             "report alone",
+                             model.c_str(), what.str().c_str(), why.c_str(),
+                             train ? "compile with --mode infer to run it forward, or " : "or ");
+  };
+  if (plan.schedule().mode() == "train" && !prepared.backward) {
+    if (!options.timingOnly)
+      return cannot("train", prepared.backwardError);
     return Error::success(); // the backward warning is already there
+  }
   const Backward *backward = plan.schedule().mode() == "train" ? &*prepared.backward : nullptr;
-  Error err = buildStagePrograms(plan, prepared.graph, prepared.layers, backward, freeze);
+  Error err = buildStagePrograms(plan, prepared.graph, prepared.layers, backward, options.freeze);
   if (!err)
     err = checkDataBatch(plan);
+  if (!err)
+    err = verifyKernels(plan);
+  if (!err)
+    err = checkKernelPreconditions(prepared.graph);
   if (err) {
+    if (!options.timingOnly)
+      return cannot("be run", toString(std::move(err)));
     plan.clear_stage_programs();
     plan.clear_weights();
     plan.clear_trainable();
@@ -675,7 +732,7 @@ Expected<plan::Plan> Compilation::fixedSchedule() {
   auto built = buildPlan(modelPath, options, setup, **prepared, shape, runner);
   if (!built)
     return built.takeError();
-  if (Error err = attachStagePrograms(*built, **prepared, options.freeze))
+  if (Error err = attachStagePrograms(*built, **prepared, options))
     return err;
   return built;
 }
@@ -779,7 +836,7 @@ Expected<plan::Plan> Compilation::autoSchedule() {
   for (const AutoCandidate &t : tried)
     best->add_schedule_search(t.name == bestText ? t.explain(chosenStep) + ": chosen"
                                                  : t.explain(chosenStep));
-  Error err = attachStagePrograms(*best, *bestPrepared, options.freeze);
+  Error err = attachStagePrograms(*best, *bestPrepared, options);
   release(std::move(shown));
   if (err)
     return err;

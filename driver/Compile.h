@@ -58,6 +58,10 @@ struct CompileOptions {
   /// folded tie heads to keep apart (passes/TieWeights.h).
   std::vector<std::string> untie;
   bool untieAll = false;
+  /// --timing-only: a model pipec cannot train or run still gets a plan, for
+  /// its report and simulation alone; its warnings say why it cannot run.
+  /// Otherwise such a model is an error: a plan compile writes, runs.
+  bool timingOnly = false;
   /// The process ends right after this compile (`pipec compile`): what it
   /// prepared (graph, layers, backward program) is left to exit, not freed
   /// node by node (as clang's -disable-free).

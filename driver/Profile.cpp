@@ -22,6 +22,9 @@ Error profileModel(StringRef modelPath, const ProfileOptions &options, raw_ostre
   base.globalBatch = options.microbatchSize;
   base.hardware = "cpu";
   base.schedule = ScheduleKind::GPipe;
+  // Whether the model trains is what the probe finds out; a model that does
+  // not run says why below.
+  base.timingOnly = true;
   auto probe = compileModel(modelPath, base, PipelineOptions());
   if (!probe)
     return probe.takeError();

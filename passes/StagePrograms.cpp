@@ -347,6 +347,10 @@ private:
   std::set<std::string> recv, sendWithGrad;
   /// The values forward computes.
   std::set<std::string> produced;
+  /// The forward program being built: values computed from weights and
+  /// constants alone that another stage computes and does not send are
+  /// computed here again.
+  plan::StageProgram *forwardOut = nullptr;
 };
 
 Error StageBuilder::build(plan::StageProgram &sp, int first, int lastLayer) {
@@ -404,12 +408,28 @@ Error StageBuilder::resolve(const std::string &name, bool backwardRead) {
     weightIds.insert(id);
     return Error::success();
   }
+  // A value computed from weights and constants alone that no gradient
+  // reaches (a causal mask too large to fold at compile time, shared by every
+  // block): this stage computes it again rather than receive it.
+  if (!backwardRead && forwardOut && v.kind != ValueKind::Activation &&
+      v.kind != ValueKind::Input && !(flowing && flowing->count(name))) {
+    onnx::NodeProto node = nodeOf(graph, graph.ops[v.producer]);
+    for (const std::string &in : node.input())
+      if (Error err = resolve(in, false))
+        return err;
+    for (const std::string &out : node.output())
+      if (!out.empty())
+        produced.insert(out);
+    *forwardOut->add_forward() = std::move(node);
+    return Error::success();
+  }
   return stageError(k, formatv("{0} reads '{1}', computed on another stage and not sent here",
                                backwardRead ? "backward" : "forward", name));
 }
 
 /// Forward: the layers' ops, then the loss on the last stage.
 Error StageBuilder::addForward(plan::StageProgram &sp, int first, int lastLayer) {
+  forwardOut = &sp;
   for (int l = first; l <= lastLayer; ++l)
     for (int opIndex : layers.layers[l].ops) {
       const Op &op = graph.ops[opIndex];

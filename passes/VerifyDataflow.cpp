@@ -1,5 +1,6 @@
 //===- VerifyDataflow.cpp - Every value a stage reads is delivered -------===//
 #include "passes/VerifyDataflow.h"
+#include "ops/OpRegistry.h"
 #include "support/Diagnostics.h"
 
 #include "llvm/ADT/StringSet.h"
@@ -88,7 +89,47 @@ Error checkReceives(const plan::Plan &plan) {
   return Error::success();
 }
 
+/// Every node of \p nodes, and of their subgraphs, has a kernel: a row of
+/// Ops.def at \p opset with a CPU kernel (a device without its own kernel
+/// runs the op on the CPU).
+Error checkKernels(int stage, StringRef part,
+                   const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
+                   int64_t opset) {
+  for (const onnx::NodeProto &node : nodes) {
+    const OpDef *def = lookupOp(node.domain(), node.op_type(), opset);
+    if (!def || !def->hasCpuKernel) {
+      std::string domain = node.domain().empty() || node.domain() == "ai.onnx"
+                               ? std::string()
+                               : " of domain '" + node.domain() + "'";
+      return fail(formatv("stage {0}: {1} node '{2}' ({3}): no kernel for op {3}{4}", stage, part,
+                          node.name(), node.op_type(), domain));
+    }
+    for (const onnx::AttributeProto &a : node.attribute()) {
+      if (a.has_g())
+        if (Error err = checkKernels(stage, part, a.g().node(), opset))
+          return err;
+      for (const onnx::GraphProto &g : a.graphs())
+        if (Error err = checkKernels(stage, part, g.node(), opset))
+          return err;
+    }
+  }
+  return Error::success();
+}
+
 } // namespace
+
+Error verifyKernels(const plan::Plan &plan) {
+  for (int s = 0; s < plan.stage_programs_size(); ++s) {
+    const plan::StageProgram &sp = plan.stage_programs(s);
+    if (Error err = checkKernels(s, "forward", sp.forward(), plan.opset()))
+      return err;
+    if (Error err = checkKernels(s, "backward", sp.backward_input(), plan.opset()))
+      return err;
+    if (Error err = checkKernels(s, "backward", sp.backward_weight(), plan.opset()))
+      return err;
+  }
+  return Error::success();
+}
 
 Error verifyDataflow(const plan::Plan &plan) {
   StringSet<> forwardValues;

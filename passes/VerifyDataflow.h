@@ -28,6 +28,10 @@ namespace pipec {
 /// error naming the stage, node and value, or the rank and instruction.
 llvm::Error verifyDataflow(const plan::Plan &plan);
 
+/// Every node of \p plan's stage programs (and of their subgraphs) has a
+/// kernel to run it; an error naming the stage, node and op.
+llvm::Error verifyKernels(const plan::Plan &plan);
+
 } // namespace pipec
 
 #endif // PIPEC_PASSES_VERIFYDATAFLOW_H

@@ -39,9 +39,13 @@ TEST(Compile, PlanIsDeterministicAndRoundTrips) {
   TempDir dir;
   std::string model = generateGpt(dir, 8), out;
   std::string a = dir.path("a.plan"), b = dir.path("b.plan");
-  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --seq 32 --stages 4 -o " + a, out), 0)
+  ASSERT_EQ(
+      runCommand(Pipec + " compile " + model + " --timing-only --seq 32 --stages 4 -o " + a, out),
+      0)
       << out;
-  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --seq 32 --stages 4 -o " + b, out), 0)
+  ASSERT_EQ(
+      runCommand(Pipec + " compile " + model + " --timing-only --seq 32 --stages 4 -o " + b, out),
+      0)
       << out;
   EXPECT_TRUE(readFile(a) == readFile(b)) << "compiling twice gives byte-identical plans";
   auto plan = readPlan(a);
@@ -52,8 +56,8 @@ TEST(Compile, PlanIsDeterministicAndRoundTrips) {
   // Text and JSON encodings read back to the same plan.
   for (const char *emit : {"text", "json"}) {
     std::string path = dir.path(std::string("c.") + emit);
-    ASSERT_EQ(runCommand(Pipec + " compile " + model + " --seq 32 --stages 4 --emit " + emit +
-                             " -o " + path,
+    ASSERT_EQ(runCommand(Pipec + " compile " + model +
+                             " --timing-only --seq 32 --stages 4 --emit " + emit + " -o " + path,
                          out),
               0)
         << out;
@@ -74,10 +78,10 @@ TEST(Compile, ReportJsonFields) {
   TempDir dir;
   std::string model = generateGpt(dir, 8), out;
   std::string plan = dir.path("m.plan");
-  ASSERT_EQ(
-      runCommand(Pipec + " compile " + model + " --seq 32 --stages 2 --microbatches 4 -o " + plan,
-                 out),
-      0)
+  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --timing-only" +
+                           " --seq 32 --stages 2 --microbatches 4 -o " + plan,
+                       out),
+            0)
       << out;
   ASSERT_EQ(runCommand(Pipec + " report " + plan + " --format json", out), 0) << out;
   auto json = llvm::json::parse(out);
@@ -107,7 +111,8 @@ TEST(Compile, ReportJsonFields) {
 TEST(Compile, MemoryLimitAndLayoutErrorsAreOneLine) {
   TempDir dir;
   std::string model = generateGpt(dir, 4), out;
-  EXPECT_EQ(runCommand(Pipec + " compile " + model + " --seq 32 --stages 2 --memory-limit 1MB -o " +
+  EXPECT_EQ(runCommand(Pipec + " compile " + model +
+                           " --timing-only --seq 32 --stages 2 --memory-limit 1MB -o " +
                            dir.path("x.plan"),
                        out),
             1);
@@ -120,7 +125,7 @@ TEST(Compile, MemoryLimitAndLayoutErrorsAreOneLine) {
   EXPECT_NE(out.find("stage 1: 't' wants a block, but the next is layer 5 ('head', head)"),
             std::string::npos)
       << out;
-  EXPECT_EQ(runCommand(Pipec + " compile " + model +
+  EXPECT_EQ(runCommand(Pipec + " compile " + model + " --timing-only" +
                            " --seq 32 --stages 2 --balance 'E,t*2|t*2,L' -o " + dir.path("x.plan"),
                        out),
             0)
@@ -141,10 +146,10 @@ TEST(Compile, GoldenReportForAGeneratedGpt) {
   TempDir dir;
   std::string model = std::string(PIPEC_SOURCE_DIR) + "/models/bundled/gpt-4l.onnx";
   std::string plan = dir.path("gpt.plan"), out;
-  ASSERT_EQ(
-      runCommand(Pipec + " compile " + model + " --seq 32 --stages 2 --microbatches 8 -o " + plan,
-                 out),
-      0)
+  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --timing-only" +
+                           " --seq 32 --stages 2 --microbatches 8 -o " + plan,
+                       out),
+            0)
       << out;
   ASSERT_EQ(runCommand(Pipec + " report " + plan, out), 0) << out;
   // The model path depends on the checkout; the rest is golden.
@@ -214,8 +219,9 @@ TEST(Compile, HeterogeneousHardwareListAndFile) {
   std::ofstream(dir.path("slow.json"))
       << R"({"base": "h100", "name": "h100-half", "peak_flops_bf16": 4.945e14,
             "peak_flops_fp32": 3.35e13, "memory_bandwidth": 1.675e12})";
-  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --seq 512 --stages 2 --hardware h100," +
-                           dir.path("slow.json") + " -o " + dir.path("h.plan") + " --report",
+  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --timing-only" +
+                           " --seq 512 --stages 2 --hardware h100," + dir.path("slow.json") +
+                           " -o " + dir.path("h.plan") + " --report",
                        out),
             0)
       << out;
@@ -248,9 +254,9 @@ TEST(Compile, EveryScheduleCompilesReportsAndSimulates) {
                  Case{"zb-h2", 1}, Case{"zbv", 2}, Case{"dualpipev", 2}}) {
     SCOPED_TRACE(c.schedule);
     std::string plan = dir.path(std::string(c.schedule) + ".plan");
-    ASSERT_EQ(runCommand(Pipec + " compile " + model + " --seq 16 --stages 4 --microbatches 8 " +
-                             "--schedule " + c.schedule + " --virtual-stages " +
-                             std::to_string(c.v) + " -o " + plan,
+    ASSERT_EQ(runCommand(Pipec + " compile " + model + " --timing-only" +
+                             " --seq 16 --stages 4 --microbatches 8 " + "--schedule " + c.schedule +
+                             " --virtual-stages " + std::to_string(c.v) + " -o " + plan,
                          out),
               0)
         << out;
@@ -296,8 +302,8 @@ TEST(Compile, AutoScheduleSaysWhatItTried) {
                        out),
             0);
   std::string plan = dir.path("auto.plan");
-  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --seq 16 --stages 2 --schedule auto -o " +
-                           plan + " --report",
+  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --timing-only" +
+                           " --seq 16 --stages 2 --schedule auto -o " + plan + " --report",
                        out),
             0)
       << out;
@@ -362,10 +368,10 @@ TEST(Compile, HtmlReportRendersInABrowser) {
   TempDir dir;
   std::string model = std::string(PIPEC_SOURCE_DIR) + "/models/bundled/gpt-4l.onnx", out;
   std::string plan = dir.path("m.plan"), html = dir.path("report.html");
-  ASSERT_EQ(
-      runCommand(Pipec + " compile " + model + " --seq 32 --stages 4 --schedule zb-h1 -o " + plan,
-                 out),
-      0)
+  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --timing-only" +
+                           " --seq 32 --stages 4 --schedule zb-h1 -o " + plan,
+                       out),
+            0)
       << out;
   ASSERT_EQ(runCommand(Pipec + " report " + plan + " --format html -o " + html, out), 0) << out;
   std::string text = readFile(html);
@@ -405,9 +411,10 @@ TEST(Compile, TrainingPlansCarryTheBackwardProgram) {
                            model,
                        out),
             0);
-  ASSERT_EQ(
-      runCommand(Pipec + " compile " + model + " --seq 8 --stages 2 -o " + dir.path("g.plan"), out),
-      0)
+  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --timing-only --seq 8 --stages 2 -o " +
+                           dir.path("g.plan"),
+                       out),
+            0)
       << out;
   auto plan = readPlan(dir.path("g.plan"));
   ASSERT_TRUE(!!plan);
@@ -424,8 +431,8 @@ TEST(Compile, TrainingPlansCarryTheBackwardProgram) {
       runCommand(Pipec + " model mlp --layers 2 --hidden 16 --vocab 8 -o " + dir.path("mlp.onnx"),
                  out),
       0);
-  ASSERT_EQ(runCommand(Pipec + " compile " + dir.path("mlp.onnx") + " --stages 2 -o " +
-                           dir.path("m.plan") + " --report",
+  ASSERT_EQ(runCommand(Pipec + " compile " + dir.path("mlp.onnx") + " --timing-only" +
+                           " --stages 2 -o " + dir.path("m.plan") + " --report",
                        out),
             0)
       << out;
@@ -455,22 +462,31 @@ TEST(Compile, AFixedBatchMustBeTheMicrobatch) {
     EXPECT_TRUE(!!plan) << (plan ? "" : toString(plan.takeError()));
     return plan ? *plan : plan::Plan();
   };
-  auto cannotRun = [](const plan::Plan &plan) {
-    for (const std::string &w : plan.warnings())
-      if (llvm::StringRef(w).startswith("the plan cannot be run"))
-        return w;
-    return std::string();
-  };
-  plan::Plan split = compile("--batch 4 --microbatches 2", "split.plan");
-  std::string why = cannotRun(split);
-  EXPECT_NE(why.find("input 'x' has 4 in its first dimension"), std::string::npos) << why;
-  EXPECT_NE(why.find("--batch 8"), std::string::npos) << why;
+  // Microbatches of 2 cannot be fed: compile says so, in one line, and
+  // writes no plan.
+  EXPECT_EQ(runCommand(Pipec + " compile " + model + " --mode infer --stages 2 --batch 4 " +
+                           "--microbatches 2 -o " + dir.path("split.plan") + " 2>&1",
+                       out),
+            1);
+  EXPECT_EQ(out, "pipec: error: " + model +
+                     ": the plan cannot be run: input 'x' has 4 in its first dimension (the "
+                     "batch), but the microbatches hold 2 sample(s); give --batch 8 for 2 "
+                     "microbatch(es) of 4; or compile with --timing-only for its report alone\n");
+  EXPECT_FALSE(fileExists(dir.path("split.plan")));
+  // --timing-only writes it, saying why it cannot run.
+  plan::Plan split = compile("--batch 4 --microbatches 2 --timing-only", "split.plan");
+  ASSERT_EQ(split.warnings_size(), 1);
+  EXPECT_NE(split.warnings(0).find("the plan cannot be run: input 'x' has 4"), std::string::npos);
   EXPECT_EQ(split.stage_programs_size(), 0);
-  // No change: microbatches of the model's batch run.
-  plan::Plan whole = compile("--batch 8 --microbatches 2", "whole.plan");
-  EXPECT_EQ(cannotRun(whole), "");
-  EXPECT_EQ(whole.schedule().microbatch_size(), 4);
-  EXPECT_GT(whole.stage_programs_size(), 0);
+  // Microbatches of the model's batch run; without --batch they are the
+  // default.
+  for (const std::string &flags : {"--batch 8 --microbatches 2", "--microbatches 2"}) {
+    plan::Plan whole = compile(flags, "whole.plan");
+    EXPECT_EQ(whole.warnings_size(), 0) << flags;
+    EXPECT_EQ(whole.schedule().microbatch_size(), 4) << flags;
+    EXPECT_EQ(whole.schedule().global_batch(), 8) << flags;
+    EXPECT_GT(whole.stage_programs_size(), 0) << flags;
+  }
 }
 
 /// "" when \p marks occur in \p text in this order (with \p once, each
@@ -563,7 +579,7 @@ TEST(Compile, PassesNotRunAndScheduleSearchShowOnce) {
       << out;
   // --schedule auto simulates many candidates; the passes of the plan it
   // keeps show once each.
-  flags = " --seq 32 --stages 2 --schedule auto --microbatches 4";
+  flags = " --seq 32 --stages 2 --schedule auto --microbatches 4 --timing-only";
   ASSERT_EQ(runCommand(Pipec + " compile " + model + flags + " -o " + dir.path("a.plan"), out), 0)
       << out;
   ASSERT_EQ(

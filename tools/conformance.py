@@ -12,11 +12,13 @@ the outputs ONNX's case itself expects, at the case's tolerances (NaN equals NaN
 
   pass     every output matches
   wrong    an output is missing or differs (pipec said nothing was wrong)
-  refused  pipec stopped with a one-line error (exit 1 or 2): an op, type or form it lacks
+  refused  compile stopped with a one-line error (exit 1 or 2): an op, type or form it lacks
+  late     compile wrote a plan and run refused it: a check run makes that compile did not
   crash    a signal, another exit code, or no answer within the timeout
 
 The summary prints per status, then per op. With --floor N the script exits 1 when fewer than N
-cases pass, when any case crashes, or when any case is wrong (more than --allow-wrong).
+cases pass, when any case crashes or is late, or when any case is wrong (more than
+--allow-wrong).
 
 Usage:
   conformance.py --pipec build/bin/pipec [--jobs 2] [--filter REGEX] [--json OUT.json]
@@ -147,7 +149,7 @@ def run_pipec(pipec, case_dir, model_path, inputs, expected, rtol, atol):
         if result.returncode < 0:
             return "crash", "%s: signal %s" % (args[1], signal.Signals(-result.returncode).name)
         if result.returncode in (1, 2):
-            return "refused", first_line(result.stderr)
+            return ("refused" if args[1] == "compile" else "late"), first_line(result.stderr)
         if result.returncode != 0:
             return "crash", "%s: exit %d" % (args[1], result.returncode)
     for name, want in expected.items():
@@ -188,7 +190,7 @@ def run_case(case, pipec, root, keep):
 
 
 def summarize(results):
-    statuses = ["pass", "wrong", "refused", "crash"]
+    statuses = ["pass", "wrong", "refused", "late", "crash"]
     counts = collections.Counter(r["status"] for r in results)
     ort = collections.Counter(r["onnxruntime"] for r in results)
     by_op = collections.defaultdict(collections.Counter)
@@ -203,7 +205,7 @@ def print_table(results, out):
     out.write("| | %s | total |\n|---|%s---|\n" % (" | ".join(statuses), "---|" * len(statuses)))
     out.write("| pipec | %s | %d |\n" % (" | ".join(str(counts[s]) for s in statuses), len(results)))
     out.write("| onnxruntime | %s | %d |\n\n" % (
-        " | ".join(str(ort[s]) if s != "crash" else "" for s in statuses), len(results)))
+        " | ".join(str(ort[s]) if s not in ("late", "crash") else "" for s in statuses), len(results)))
     out.write("| op | %s |\n|---|%s\n" % (" | ".join(statuses), "---|" * len(statuses)))
     for op in sorted(by_op):
         c = by_op[op]
@@ -240,7 +242,7 @@ def main():
     print("onnx %s, %d node cases, %.0f s" % (onnx.__version__, len(results), time.time() - start))
     print_table(results, sys.stdout)
     for r in results:
-        if r["status"] in ("wrong", "crash"):
+        if r["status"] in ("wrong", "late", "crash"):
             print("%s %s: %s" % (r["status"].upper(), r["case"], r["detail"]))
     if args.json:
         with open(args.json, "w") as f:
@@ -253,6 +255,8 @@ def main():
     failed = []
     if counts["crash"]:
         failed.append("%d crashed" % counts["crash"])
+    if counts["late"]:
+        failed.append("%d compiled and then refused to run" % counts["late"])
     if counts["wrong"] > args.allow_wrong:
         failed.append("%d wrong" % counts["wrong"])
     if args.floor is not None and counts["pass"] < args.floor:

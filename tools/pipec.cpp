@@ -132,6 +132,10 @@ cl::opt<std::string> Freeze("freeze",
                             cl::desc("Weights not to train: a regular expression over their "
                                      "names"),
                             cl::value_desc("REGEX"), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<bool> TimingOnly("timing-only",
+                         cl::desc("Write the plan for its report and simulation alone, even when "
+                                  "pipec cannot train or run the model (its warnings say why)"),
+                         cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::list<std::string> Untie("untie",
                             cl::desc("Train a shared initializer as one copy per layer that reads "
                                      "it, or keep a folded tie apart; all: every initializer the "
@@ -492,6 +496,7 @@ int runCompile() {
       return badUsage("--freeze " + Freeze + ": " + why);
     options.freeze = Freeze;
   }
+  options.timingOnly = TimingOnly;
   for (const std::string &name : Untie) {
     if (name.empty())
       return badUsage("--untie: expected NAME or all, got an empty name");

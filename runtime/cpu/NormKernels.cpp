@@ -273,7 +273,22 @@ template <ReduceKind Kind> Expected<Outputs> reduce(const OpContext &ctx) {
   return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
     if constexpr (isBool<T>) {
-      return ctx.unsupportedType(x, 0);
+      // Opset 20 orders booleans: the largest is any, the smallest all (an
+      // empty set gives false and true).
+      if (kind != ReduceKind::Max && kind != ReduceKind::Min)
+        return ctx.unsupportedType(x, 0);
+      const T *in = x.data<T>();
+      bool any = kind == ReduceKind::Max;
+      std::vector<char> acc(outCount, any ? 0 : 1);
+      forEachStrided<1>(x.shape(), {accStrides}, [&](int64_t i, const std::array<int64_t, 1> &off) {
+        bool v = static_cast<bool>(in[i]);
+        acc[off[0]] = any ? (acc[off[0]] || v) : (acc[off[0]] && v);
+      });
+      Tensor out(x.elemType(), outShape);
+      T *po = out.data<T>();
+      for (int64_t o = 0; o < outCount; ++o)
+        po[o] = static_cast<T>(acc[o] != 0);
+      return Outputs{out};
     } else {
       // Floats accumulate in double, integers in 64-bit integers.
       using Acc = std::conditional_t<isFloat<T>, double,
