@@ -36,10 +36,12 @@ using grad::GradRule;
 /// Whether initializer \p id holds one entry per sample of the batch: it has
 /// the graph inputs' \p batch in dimension 0, and every op reading it is an
 /// element-wise Add, Sub, Mul or Div with an activation of its rank that has
-/// the batch in dimension 0 too. Exporters bake a batch's attention mask in
-/// that way ([batch, 1, seq, seq] of 0 and the lowest float); a parameter is
-/// shared by the samples and broadcasts along the batch instead. Such data
-/// is not trained.
+/// the batch in dimension 0 too, or a ScatterElements or ScatterND that
+/// scatters such an activation into it. Exporters bake a batch's attention
+/// mask in that way ([batch, 1, seq, seq] of 0 and the lowest float), and
+/// fold zeros_like of an activation (a MoE block's dense gates, [batch, seq,
+/// experts] of zeros); a parameter is shared by the samples and broadcasts
+/// along the batch instead. Such data is not trained.
 bool perSample(const Graph &graph, int id, int64_t batch) {
   const Value &v = graph.values[id];
   if (v.shape.size() < 2 || batch <= 1 || v.shape[0] != batch || v.users.empty())
@@ -48,6 +50,14 @@ bool perSample(const Graph &graph, int id, int64_t batch) {
     const Op &op = graph.ops[user];
     if (op.dead)
       continue;
+    if (op.domain.empty() && (op.opType == "ScatterElements" || op.opType == "ScatterND") &&
+        op.inputs.size() == 3 && op.inputs[0] == id && op.inputs[2] >= 0 && op.inputs[2] != id) {
+      const Value &updates = graph.values[op.inputs[2]];
+      if (updates.kind == ValueKind::Activation && !updates.shape.empty() &&
+          updates.shape[0] == batch)
+        continue;
+      return false;
+    }
     if (!op.domain.empty() || op.inputs.size() != 2 ||
         (op.opType != "Add" && op.opType != "Sub" && op.opType != "Mul" && op.opType != "Div"))
       return false;
@@ -59,6 +69,34 @@ bool perSample(const Graph &graph, int id, int64_t batch) {
       return false;
   }
   return true;
+}
+
+/// Whether initializer \p id is a mask: read only by Add, Sub, Where, Min or
+/// Max, and holding an infinity or a magnitude of 1e30 or more somewhere
+/// (exporters fill masks with the lowest float, -3.4e38). No parameter holds
+/// such values; a causal mask an exporter folded into an initializer does,
+/// and is not trained.
+bool holdsMaskFill(const Graph &graph, int id) {
+  const Value &v = graph.values[id];
+  if (v.users.empty() || v.numElements() > (int64_t(1) << 26))
+    return false;
+  for (int user : v.users) {
+    const Op &op = graph.ops[user];
+    if (op.dead)
+      continue;
+    if (!op.domain.empty() || (op.opType != "Add" && op.opType != "Sub" && op.opType != "Where" &&
+                               op.opType != "Min" && op.opType != "Max"))
+      return false;
+  }
+  auto t = graph.readConstant(id, int64_t(1) << 26);
+  if (!t) {
+    consumeError(t.takeError());
+    return false;
+  }
+  for (double x : (*t)->floats)
+    if (!std::isfinite(x) || std::abs(x) >= 1e30)
+      return true;
+  return false;
 }
 
 /// Initializers that hold the cosine and the sine of the same angles: pairs
@@ -145,7 +183,8 @@ GradientPath markGradientPath(const Graph &graph, bool graphInputGrads) {
   for (size_t v = 0; v < graph.values.size(); ++v) {
     const Value &value = graph.values[v];
     bool trainable = value.kind == ValueKind::Weight && value.producer < 0 && !rotary[v] &&
-                     !perSample(graph, static_cast<int>(v), batch);
+                     isFloatDType(value.type) && !perSample(graph, static_cast<int>(v), batch) &&
+                     !holdsMaskFill(graph, static_cast<int>(v));
     bool input = graphInputGrads && value.kind == ValueKind::Input;
     needsGrad[v] = isFloatDType(value.type) && (trainable || input);
   }

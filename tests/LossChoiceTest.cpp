@@ -10,12 +10,16 @@
 //===----------------------------------------------------------------------===//
 #include "TestUtil.h"
 #include "passes/Differentiate.h"
+#include "passes/GroupLayers.h"
 #include "runtime/core/Tensor.h"
 #include "runtime/exec/Data.h"
 #include "runtime/plan/PlanFile.h"
 
 #include "llvm/Support/Error.h"
 #include "llvm/Support/FileSystem.h"
+
+#include <cmath>
+#include <set>
 
 using namespace llvm;
 
@@ -220,6 +224,62 @@ TEST(LossChoice, TheCliRefusesTwoCandidatesAndTrainsAnOutputCalledOut) {
   for (double ck : c)
     drop += 1.0 * 8 * ck * ck / (32.0 * 32.0);
   EXPECT_NEAR(l1 - l2, drop, 1e-3 * drop) << metrics;
+}
+
+/// Sets \p t's float values.
+void setValues(onnx::TensorProto &t, const std::vector<float> &v) {
+  t.set_raw_data(std::string(reinterpret_cast<const char *>(v.data()), v.size() * sizeof(float)));
+}
+
+TEST(TrainableWeights, WhatAnExporterFoldedIsDataNotParameters) {
+  // x [4, 8] (a batch of 4) through W; then what torch.onnx's default
+  // optimisation folds into initializers: rotary tables cos and sin
+  // [8, 8] (c^2 + s^2 = 1), a mask [1, 8] of 0 and the lowest float,
+  // and zeros_like [4, 8] that ScatterElements fills per sample. Only W
+  // trains; the loss depends on them all.
+  GraphBuilder b;
+  b.input("x", onnx::TensorProto::FLOAT, {4, 8});
+  b.input("idx", onnx::TensorProto::INT64, {4, 8});
+  b.weight("W", {8, 8});
+  std::vector<float> c(64), sn(64), mask(8, 0.0f), zeros(32, 0.0f);
+  for (int i = 0; i < 64; ++i) {
+    c[i] = std::cos(0.1f * i);
+    sn[i] = std::sin(0.1f * i);
+  }
+  setValues(b.weight("cos", {8, 8}), c);
+  setValues(b.weight("sin", {8, 8}), sn);
+  mask[7] = -3.4028235e38f;
+  setValues(b.weight("mask", {1, 8}), mask);
+  setValues(b.weight("zeros", {4, 8}), zeros);
+  b.node("MatMul", {"x", "W"}, {"h"}, "mm");
+  b.node("MatMul", {"h", "cos"}, {"hc"}, "rc");
+  b.node("MatMul", {"h", "sin"}, {"hs"}, "rs");
+  b.node("Add", {"hc", "hs"}, {"r"}, "rot");
+  b.node("MatMul", {"r", "W"}, {"scores"}, "qk");
+  b.node("Add", {"scores", "mask"}, {"masked"}, "causal");
+  b.node("Softmax", {"masked"}, {"p"}, "softmax");
+  b.node("ScatterElements", {"zeros", "idx", "p"}, {"gates"}, "scatter");
+  b.node("ReduceMean", {"gates"}, {"out"}, "mean").add_attribute()->CopyFrom([] {
+    onnx::AttributeProto a;
+    a.set_name("keepdims");
+    a.set_type(onnx::AttributeProto::INT);
+    a.set_i(0);
+    return a;
+  }());
+  b.output("out");
+  auto graph = importBytes(b.serialize());
+  ASSERT_TRUE(!!graph) << toString(graph.takeError());
+  auto layers = groupLayers(*graph);
+  ASSERT_TRUE(!!layers) << toString(layers.takeError());
+  auto choice = chooseLoss(*graph, {});
+  ASSERT_TRUE(!!choice && choice->spec) << (choice ? choice->reason : "");
+  auto backward = differentiate(*graph, *layers, *choice->spec);
+  ASSERT_TRUE(!!backward) << toString(backward.takeError());
+  std::vector<std::string> trained;
+  for (const auto &[weight, gradient] : backward->weightGrads)
+    trained.push_back(weight);
+  EXPECT_EQ(trained, std::vector<std::string>{"W"});
+  EXPECT_EQ(backward->tableWeights, (std::set<std::string>{"cos", "sin"}));
 }
 
 } // namespace
