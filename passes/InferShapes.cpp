@@ -31,6 +31,8 @@ public:
 private:
   Graph &graph;
   StringMap<const onnx::ValueInfoProto *> declared;
+  /// evaluate()'s results by value id, null where it failed.
+  std::unordered_map<int, std::shared_ptr<const ConstTensor>> evaluated;
 
   template <typename... Ts> Error fail(const Op &op, const char *fmt, Ts &&...args) {
     return createStringError(inconvertibleErrorCode(), "%s: %s: %s", graph.path.c_str(),
@@ -58,8 +60,25 @@ private:
   }
   /// The value of input \p id when it is a small compile-time constant.
   std::shared_ptr<const ConstTensor> knownValue(int id);
+  /// The value of compile-time value \p id (a Constant or a Weight, or
+  /// computed from those alone), evaluated through its producers; null when
+  /// it reads run-time data, is too large or an op of the way does not
+  /// fold. Results are memoized in `evaluated`, not stored in the graph:
+  /// a weight stays a weight for the ops that compute with it.
+  std::shared_ptr<const ConstTensor> evaluate(int id);
+  /// The value of input \p i of \p op that shape inference may read: a
+  /// constant, or for an input ONNX does not mark differentiable (the
+  /// scales of Resize, the shape of Reshape) any compile-time value. Such a
+  /// value that no op reads differentiably becomes a constant of the graph.
+  std::shared_ptr<const ConstTensor> shapeData(const Op &op, size_t i);
+  /// Whether every read of value \p id is at an input ONNX marks not
+  /// differentiable.
+  bool readOnlyAsShapeData(int id) const;
   Expected<bool> tryFold(Op &op);
-  Expected<std::optional<std::vector<TensorType>>> onnxInference(Op &op);
+  /// ONNX's inference of \p op's output types, given the data of its
+  /// constant inputs, and with \p withShapeData that of every input
+  /// shapeData() gives; std::nullopt when a dimension stays unknown.
+  Expected<std::optional<std::vector<TensorType>>> onnxInference(Op &op, bool withShapeData);
   std::optional<TensorType> declaredType(const Value &value);
   /// Conv and ConvTranspose: the input's channels against the weight's
   /// (ONNX's inference does not compare them; a mismatch would reach run).
@@ -81,6 +100,112 @@ std::shared_ptr<const ConstTensor> ShapeInferer::knownValue(int id) {
   }
   value.constant = *read;
   return value.constant;
+}
+
+/// ONNX's differentiation category of input \p i of \p op. Schemas before
+/// the categories were written (Resize-11, Reshape-5) say Unknown; the op's
+/// newest schema then answers for the input of the same name.
+onnx::OpSchema::DifferentiationCategory inputCategory(const Graph &graph, const Op &op, size_t i) {
+  auto categoryIn = [&](const onnx::OpSchema *schema, const std::string *name) {
+    const auto &formals = schema->inputs();
+    if (formals.empty())
+      return std::pair(onnx::OpSchema::Unknown, std::string());
+    const onnx::OpSchema::FormalParameter *formal = nullptr;
+    if (name) {
+      for (const auto &f : formals)
+        if (f.GetName() == *name)
+          formal = &f;
+    } else {
+      formal = &formals[std::min(i, formals.size() - 1)];
+      if (i >= formals.size() && formal->GetOption() != onnx::OpSchema::Variadic)
+        formal = nullptr;
+    }
+    if (!formal)
+      return std::pair(onnx::OpSchema::Unknown, std::string());
+    return std::pair(formal->GetDifferentiationCategory(), formal->GetName());
+  };
+  int64_t opset = graph.opsetFor(op.domain);
+  const onnx::OpSchema *schema =
+      onnx::OpSchemaRegistry::Schema(op.opType, static_cast<int>(opset ? opset : 1), op.domain);
+  if (!schema)
+    return onnx::OpSchema::Unknown;
+  auto [category, name] = categoryIn(schema, nullptr);
+  if (category != onnx::OpSchema::Unknown || name.empty())
+    return category;
+  const onnx::OpSchema *newest = onnx::OpSchemaRegistry::Schema(op.opType, op.domain);
+  if (!newest || newest == schema)
+    return category;
+  return categoryIn(newest, &name).first;
+}
+
+std::shared_ptr<const ConstTensor> ShapeInferer::evaluate(int id) {
+  Value &value = graph.values[id];
+  if (value.constant)
+    return value.constant;
+  if ((value.kind != ValueKind::Constant && value.kind != ValueKind::Weight) || !value.shapeKnown ||
+      value.numElements() > MaxFoldElements)
+    return nullptr;
+  if (auto it = evaluated.find(id); it != evaluated.end())
+    return it->second;
+  std::shared_ptr<const ConstTensor> result;
+  if (value.producer < 0) {
+    auto read = graph.readConstant(id, MaxFoldElements);
+    if (read)
+      result = *read;
+    else
+      consumeError(read.takeError());
+  } else if (const Op &op = graph.ops[value.producer];
+             !op.dead && op.outputs.size() == 1 && isEvaluable(graph, op)) {
+    std::vector<std::shared_ptr<const ConstTensor>> held;
+    std::vector<const ConstTensor *> inputs;
+    bool known = true;
+    for (int in : op.inputs) {
+      held.push_back(in < 0 ? nullptr : evaluate(in));
+      known &= in < 0 || held.back();
+      inputs.push_back(held.back().get());
+    }
+    if (known) {
+      auto out = evaluateOp(graph, op, inputs, MaxFoldElements);
+      if (!out)
+        consumeError(out.takeError());
+      else if (*out && (*out)->size() == 1)
+        result = std::make_shared<const ConstTensor>(std::move((**out)[0]));
+    }
+  }
+  evaluated[id] = result;
+  return result;
+}
+
+bool ShapeInferer::readOnlyAsShapeData(int id) const {
+  const Value &value = graph.values[id];
+  if (value.isGraphOutput || value.users.empty())
+    return false;
+  for (int user : value.users) {
+    const Op &op = graph.ops[user];
+    if (op.dead)
+      continue;
+    for (size_t i = 0; i < op.inputs.size(); ++i)
+      if (op.inputs[i] == id && inputCategory(graph, op, i) != onnx::OpSchema::NonDifferentiable)
+        return false;
+    if (is_contained(op.captures, id))
+      return false;
+  }
+  return true;
+}
+
+std::shared_ptr<const ConstTensor> ShapeInferer::shapeData(const Op &op, size_t i) {
+  int id = op.inputs[i];
+  if (auto known = knownValue(id))
+    return known;
+  if (inputCategory(graph, op, i) == onnx::OpSchema::Differentiable)
+    return nullptr;
+  auto value = evaluate(id);
+  if (value && readOnlyAsShapeData(id)) {
+    Value &v = graph.values[id];
+    v.constant = value;
+    v.kind = ValueKind::Constant;
+  }
+  return value;
 }
 
 Expected<bool> ShapeInferer::tryFold(Op &op) {
@@ -201,7 +326,8 @@ std::string ShapeInferer::bindingHint() const {
   return hint + ")";
 }
 
-Expected<std::optional<std::vector<TensorType>>> ShapeInferer::onnxInference(Op &op) {
+Expected<std::optional<std::vector<TensorType>>> ShapeInferer::onnxInference(Op &op,
+                                                                             bool withShapeData) {
   int64_t opset = graph.opsetFor(op.domain);
   const onnx::OpSchema *schema =
       onnx::OpSchemaRegistry::Schema(op.opType, static_cast<int>(opset ? opset : 1), op.domain);
@@ -224,7 +350,7 @@ Expected<std::optional<std::vector<TensorType>>> ShapeInferer::onnxInference(Op 
     for (int64_t d : value.shape)
       shape->add_dim()->set_dim_value(d);
     typesByName[node.input(static_cast<int>(i))] = &type;
-    if (auto known = knownValue(op.inputs[i])) {
+    if (auto known = withShapeData ? shapeData(op, i) : knownValue(op.inputs[i])) {
       onnx::TensorProto proto;
       if (!fillTensorProto(*known, proto))
         continue;
@@ -319,7 +445,14 @@ Error ShapeInferer::inferOp(Op &op) {
   if (!types)
     return types.takeError();
   if (!*types) {
-    types = onnxInference(op);
+    types = onnxInference(op, /*withShapeData=*/false);
+    if (!types)
+      return types.takeError();
+  }
+  // A shape that depends on data computed from weights (Resize's scales
+  // from a float initializer): evaluate that data and ask again.
+  if (!*types) {
+    types = onnxInference(op, /*withShapeData=*/true);
     if (!types)
       return types.takeError();
   }

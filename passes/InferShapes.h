@@ -4,6 +4,10 @@
 // and a static shape. Shape arithmetic on compile-time values (Shape, Gather,
 // Concat, Range, ConstantOfShape, ...) is evaluated on the way, so that the
 // Reshape and Expand targets exporters compute at run time become known.
+// Where ONNX's inference needs data that is computed from weights (Resize's
+// scales from float initializers, which look like parameters), that data is
+// evaluated too, at the inputs ONNX marks not differentiable; it becomes a
+// constant when no op reads it differentiably.
 // Shapes come from, in order: evaluation, pipec's rules for onnxruntime's
 // com.microsoft ops, ONNX's own per-op inference, and the type the model
 // declares for the value. Fails naming the node when none gives a static

@@ -125,6 +125,120 @@ TEST(InferShapes, FoldsRangeConstantOfShapeExpandAndOldOpsetAttributes) {
   EXPECT_EQ(graph->values[graph->outputs[0]].shape, (std::vector<int64_t>{5, 6}));
 }
 
+/// A float initializer of \p values.
+void floats(GraphBuilder &b, const std::string &name, const std::vector<float> &values) {
+  auto *t = b.graph().add_initializer();
+  t->set_name(name);
+  t->set_data_type(onnx::TensorProto::FLOAT);
+  t->add_dims(static_cast<int64_t>(values.size()));
+  for (float v : values)
+    t->add_float_data(v);
+}
+
+void setInt(onnx::NodeProto &node, const char *name, int64_t value) {
+  auto *a = node.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(value);
+}
+
+/// x: f32[n, 3, h, w] with the spatial dimensions symbolic, bound to
+/// [1, 3, 5, 7] when imported with shapeArithmeticOptions().
+GraphBuilder shapeArithmeticModel(int opset) {
+  GraphBuilder b(opset);
+  b.input("x", 1, {-1, 3, -1, -1}, {"n", "h", "w"});
+  b.node("Shape", {"x"}, {"s"});
+  b.output("y");
+  return b;
+}
+
+ImportOptions shapeArithmeticOptions() {
+  ImportOptions options;
+  options.bindings.inputShapes["x"] = {1, 3, 5, 7};
+  return options;
+}
+
+TEST(InferShapes, ResizeSizesFromShapeArithmetic) {
+  // sizes = Concat(Shape(x)[0:2], Shape(x)[2:4] * 2), as exporters write an
+  // upsampling to twice the input; opset 18's axes take the spatial pair alone.
+  for (bool axes : {false, true}) {
+    GraphBuilder b = shapeArithmeticModel(axes ? 18 : 13);
+    b.ints("nc_index", {0, 1});
+    b.ints("hw_index", {2, 3});
+    b.ints("two", {2});
+    b.node("Gather", {"s", "hw_index"}, {"hw"});
+    b.node("Mul", {"hw", "two"}, {"hw2"});
+    if (axes) {
+      auto &resize = b.node("Resize", {"x", "", "", "hw2"}, {"y"}, "up");
+      auto *a = resize.add_attribute();
+      a->set_name("axes");
+      a->set_type(onnx::AttributeProto::INTS);
+      a->add_ints(-2);
+      a->add_ints(-1);
+    } else {
+      b.node("Gather", {"s", "nc_index"}, {"nc"});
+      setInt(b.node("Concat", {"nc", "hw2"}, {"sizes"}), "axis", 0);
+      b.node("Resize", {"x", "", "", "sizes"}, {"y"}, "up");
+    }
+    auto graph = importBytes(b.serialize(), shapeArithmeticOptions());
+    ASSERT_TRUE(!!graph) << toString(graph.takeError());
+    const Value &y = graph->values[graph->findValue("y")];
+    EXPECT_TRUE(y.shapeKnown);
+    EXPECT_EQ(y.shape, (std::vector<int64_t>{1, 3, 10, 14})) << "axes " << axes;
+    EXPECT_EQ(graph->liveOpCount(), 1) << "the shape arithmetic folds away";
+  }
+}
+
+TEST(InferShapes, ResizeScalesFromShapeArithmeticAndFloatInitializers) {
+  // scales = Concat([1, 1], Div(hw, hw) * [1.5, 2]): the float initializers
+  // look like weights, yet read only as Resize's scales they are constants.
+  // Old opsets give no differentiation categories; the newest Resize's do.
+  for (int opset : {11, 13, 19}) {
+    GraphBuilder b = shapeArithmeticModel(opset);
+    b.ints("hw_index", {2, 3});
+    floats(b, "ones", {1, 1});
+    floats(b, "factors", {1.5f, 2});
+    b.node("Gather", {"s", "hw_index"}, {"hw"});
+    setInt(b.node("Cast", {"hw"}, {"hwf"}), "to", onnx::TensorProto::FLOAT);
+    b.node("Div", {"hwf", "hwf"}, {"unit"});
+    b.node("Mul", {"factors", "unit"}, {"hw_scales"});
+    setInt(b.node("Concat", {"ones", "hw_scales"}, {"scales"}), "axis", 0);
+    b.node("Resize", {"x", "", "scales"}, {"y"}, "up");
+    auto graph = importBytes(b.serialize(), shapeArithmeticOptions());
+    ASSERT_TRUE(!!graph) << toString(graph.takeError());
+    const Value &y = graph->values[graph->findValue("y")];
+    EXPECT_TRUE(y.shapeKnown);
+    // floor(5 * 1.5) = 7, 7 * 2 = 14.
+    EXPECT_EQ(y.shape, (std::vector<int64_t>{1, 3, 7, 14})) << "opset " << opset;
+    const Value &scales = graph->values[graph->findValue("scales")];
+    ASSERT_NE(scales.constant, nullptr);
+    EXPECT_EQ(scales.kind, ValueKind::Constant);
+    EXPECT_EQ(scales.constant->floats, (std::vector<double>{1, 1, 1.5, 2}));
+    EXPECT_EQ(graph->liveOpCount(), 1);
+    EXPECT_EQ(graph->parameterCount(), 0);
+  }
+}
+
+TEST(InferShapes, ScalesAlsoComputedOnStayComputed) {
+  // No-change twin: the same scales also feed an output, through which a
+  // gradient would reach the weight 'factors'. Resize still gets its static
+  // shape, but nothing that reads 'factors' becomes a constant.
+  GraphBuilder b = shapeArithmeticModel(13);
+  floats(b, "ones", {1, 1});
+  floats(b, "factors", {1.5f, 2});
+  setInt(b.node("Concat", {"ones", "factors"}, {"scales"}), "axis", 0);
+  b.node("Resize", {"x", "", "scales"}, {"y"}, "up");
+  b.node("Identity", {"scales"}, {"scales_out"});
+  b.output("scales_out");
+  auto graph = importBytes(b.serialize(), shapeArithmeticOptions());
+  ASSERT_TRUE(!!graph) << toString(graph.takeError());
+  EXPECT_EQ(graph->values[graph->findValue("y")].shape, (std::vector<int64_t>{1, 3, 7, 14}));
+  const Value &scales = graph->values[graph->findValue("scales")];
+  EXPECT_EQ(scales.constant, nullptr);
+  EXPECT_EQ(scales.kind, ValueKind::Weight);
+  EXPECT_EQ(countOps(*graph, "Concat"), 1);
+}
+
 TEST(InferShapes, GeneratedModelsEndFullyStatic) {
   for (auto family : {models::Family::Gpt, models::Family::Llama, models::Family::Bert,
                       models::Family::Mlp, models::Family::Resnet}) {
