@@ -419,6 +419,16 @@ Expected<Backward> Differentiator::run(const LossSpec &loss) {
   GradientPath path = markGradientPath(graph, graphInputGrads);
   needsGrad = std::move(path.needsGrad);
   noteTableWeights(path.tables);
+  std::vector<bool> crossing(graph.values.size(), false);
+  for (size_t v = 0; v < graph.values.size(); ++v) {
+    const Value &value = graph.values[v];
+    if (value.kind != ValueKind::Weight || value.producer < 0 || !needsGrad[v])
+      continue;
+    for (int user : value.users)
+      if (!graph.ops[user].dead && layerOfOp[user] != layerOfOp[value.producer])
+        crossing[v] = true;
+  }
+  ctx.setCrossing(std::move(crossing));
 
   if (Error err = seedLoss(loss))
     return err;

@@ -148,7 +148,10 @@ std::set<std::string> valuesWithGradients(const Backward &backward) {
 
 bool sendsGradient(const Graph &graph, int id, const std::set<std::string> *flowing) {
   const Value &v = graph.values[id];
-  return v.kind == ValueKind::Activation && isFloatDType(v.type) &&
+  // A value computed from weights that a later stage reads (it is sent on
+  // with the activations) sends back its gradient when one flows.
+  bool derived = v.kind == ValueKind::Weight && v.producer >= 0 && flowing;
+  return (v.kind == ValueKind::Activation || derived) && isFloatDType(v.type) &&
          (!flowing || flowing->count(v.name));
 }
 

@@ -52,8 +52,8 @@ llvm::Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const Layer
 std::set<std::string> valuesWithGradients(const Backward &backward);
 
 /// Whether a gradient crosses back over boundary tensor \p id: a float
-/// activation that a gradient reaches (\p flowing, from
-/// valuesWithGradients; null: every float activation). lower-schedule and
+/// activation, or a value computed from weights, that a gradient reaches
+/// (\p flowing, from valuesWithGradients; null: every float activation). lower-schedule and
 /// the stage programs use this one rule.
 bool sendsGradient(const Graph &graph, int id, const std::set<std::string> *flowing);
 

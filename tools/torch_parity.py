@@ -96,6 +96,10 @@ KNOWN = {
     ("user_gemma.onnx", "P2-1f1b-adamw"): FOLDED.format("the norm scale w as 1 + w"),
     ("user_t5.onnx", "P2-1f1b-adamw"): FOLDED.format(
         "the relative position bias table as its [1, heads, S, S] gather"),
+    ("user_t5_legacy.onnx", "P2-1f1b-adamw"):
+        "the export holds the zero position bias of cross attention, which torch computes in "
+        "its forward, as a Constant node the loss depends on; the graph trains it, and AdamW "
+        "moves every element it touches by up to lr",
     ("user_roberta_mlm.onnx", "P2-1f1b-adamw"):
         "nn.Embedding's padding_idx (the exported Gather has none) keeps torch from training "
         "the padding rows, which the batch reads; after the first step the two trainings "
@@ -398,6 +402,11 @@ def reload_in_onnxruntime(onnx_path, saved_path, where, npz, data, tied=False, p
     for name, t in by_name.items():
         if name not in explained and name in saved_values:
             t.CopyFrom(saved_values[name])
+    # Constant nodes likewise (the legacy exporter writes T5's zero bias so).
+    saved_constants = {n.name: n for n in saved.graph.node if n.op_type == "Constant"}
+    for n in reference.graph.node:
+        if n.op_type == "Constant" and n.name in saved_constants:
+            n.CopyFrom(saved_constants[n.name])
     got, want = ort_loss(saved, data), ort_loss(reference, data)
     if abs(got - want) > 1e-5 * abs(want):
         return ["the saved model's loss in onnxruntime %.8g, torch's trained weights give %.8g"

@@ -17,8 +17,9 @@ GradContext::GradContext(const Graph &graph, Backward &result, const std::vector
     : graph(graph), result(result), needsGrad(needsGrad) {}
 
 void GradContext::sinkFor(int id) {
-  sink = val(id).kind == ValueKind::Weight ? &result.weightGrad[layerIndex]
-                                           : &result.inputGrad[layerIndex];
+  bool crossing = static_cast<size_t>(id) < crossingDerived.size() && crossingDerived[id];
+  sink = val(id).kind == ValueKind::Weight && !crossing ? &result.weightGrad[layerIndex]
+                                                        : &result.inputGrad[layerIndex];
 }
 
 onnx::NodeProto &GradContext::emit(StringRef opType, ArrayRef<std::string> inputs,

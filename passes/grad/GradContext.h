@@ -57,8 +57,14 @@ public:
   void setLayer(int layer) { layerIndex = layer; }
   int layer() const { return layerIndex; }
   /// Selects the list of the current layer that a contribution to value
-  /// \p id belongs to: W for a weight, I otherwise.
+  /// \p id belongs to: W for a weight, I otherwise, and I for a value
+  /// computed from weights that other layers read (setCrossing): its
+  /// gradient crosses stages with the activations' (T5's position bias,
+  /// made in the first block and added in every block).
   void sinkFor(int id);
+  /// Per value: computed from weights alone and read by layers other than
+  /// the one that computes it.
+  void setCrossing(std::vector<bool> crossing) { crossingDerived = std::move(crossing); }
   /// Selects \p list (e.g. the loss's forward nodes).
   void sinkTo(std::vector<onnx::NodeProto> &list) { sink = &list; }
 
@@ -167,6 +173,7 @@ private:
 
   Backward &result;
   const std::vector<bool> &needsGrad;
+  std::vector<bool> crossingDerived;
   std::vector<onnx::NodeProto> *sink = nullptr;
   int layerIndex = 0;
   int counter = 0;
