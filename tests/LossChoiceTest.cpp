@@ -26,7 +26,7 @@ using namespace llvm;
 namespace pipec::test {
 namespace {
 
-const std::string Pipec = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
+const std::string pipecBinary = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
 
 /// x [4, 8] -> logits = x W [4, 8]; scalars: `out` (mean of the logits),
 /// optionally `aux` (sum of the logits: a second candidate) and `count` (a
@@ -177,7 +177,7 @@ TEST(LossChoice, TheCliRefusesTwoCandidatesAndTrainsAnOutputCalledOut) {
   TempDir dir;
   std::string out;
   lossModel(true, false, false, "out").write(dir.path("two.onnx"));
-  int status = runCommand(Pipec + " compile " + dir.path("two.onnx") + " --stages 1 -o " +
+  int status = runCommand(pipecBinary + " compile " + dir.path("two.onnx") + " --stages 1 -o " +
                               dir.path("two.plan") + " --hardware cpu 2>&1",
                           out);
   EXPECT_EQ(status, 1) << out;
@@ -186,8 +186,9 @@ TEST(LossChoice, TheCliRefusesTwoCandidatesAndTrainsAnOutputCalledOut) {
                  "--loss NAME\n");
   EXPECT_FALSE(fileExists(dir.path("two.plan")));
 
-  ASSERT_EQ(runCommand(Pipec + " compile " + dir.path("two.onnx") + " --stages 1 --loss out -o " +
-                           dir.path("out.plan") + " --hardware cpu --optimizer sgd 2>&1",
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + dir.path("two.onnx") +
+                           " --stages 1 --loss out -o " + dir.path("out.plan") +
+                           " --hardware cpu --optimizer sgd 2>&1",
                        out),
             0)
       << out;
@@ -210,7 +211,7 @@ TEST(LossChoice, TheCliRefusesTwoCandidatesAndTrainsAnOutputCalledOut) {
       static_cast<bool>(rt::writeNpy(cpu::Tensor::fromValues<float>({4, 8}, x), data + "/x.npy")));
   ASSERT_FALSE(static_cast<bool>(
       rt::writeNpy(cpu::Tensor::fromValues<int64_t>({4}, {0, 1, 2, 3}), data + "/labels.npy")));
-  ASSERT_EQ(runCommand(Pipec + " run " + dir.path("out.plan") + " --data " + data +
+  ASSERT_EQ(runCommand(pipecBinary + " run " + dir.path("out.plan") + " --data " + data +
                            " --steps 2 --optimizer sgd --lr 1 --metrics " + dir.path("m.jsonl") +
                            " --quiet 2>&1",
                        out),
