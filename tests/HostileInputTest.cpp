@@ -77,6 +77,12 @@ TEST_F(Hostile, MalformedFlagValuesExitTwo) {
       {"run PLAN --momentum 2", "--momentum 2: must be in [0, 1)"},
       {"run PLAN --momentum 1", "--momentum 1: must be in [0, 1)"},
       {"run PLAN --weight-decay -1", "--weight-decay -1: must be"},
+      {"run PLAN --lr 1e300", "--lr 1e+300: must be a finite number >= 0 that float32 holds"},
+      {"run PLAN --weight-decay 1e300", "--weight-decay 1e+300: must be a finite number >= 0 that "
+                                        "float32 holds"},
+      {"run PLAN --lr 0.5 --weight-decay 4",
+       "--lr 0.5 with --weight-decay 4: decay multiplies each weight by 1 - lr x weight-decay = "
+       "-1 per step"},
       {"run PLAN --clip-grad-norm nan", "--clip-grad-norm nan"},
       {"run PLAN --timeout 0", "--timeout 0"},
       {"run PLAN --steps 0", "--steps 0: must be at least 1"},
@@ -314,6 +320,36 @@ TEST_F(Hostile, NonFiniteDataAndLossStopTheRun) {
   x[3 * 8 + 1] = std::numeric_limits<float>::infinity();
   writeNpy(data + "/x.npy", "<f4", "(8, 8)", rawBytes(x));
   expectError("run --quiet " + mlpPlan + " --data " + data, 1, "sample 3 holds inf");
+}
+
+TEST_F(Hostile, AnUpdateThatOverflowsStopsTheRun) {
+  // MSE against labels of 1e18: the first loss (about 1e36) is finite, its
+  // gradient about 1e18, and an SGD step of lr 1e24 moves the weights past
+  // float32's largest value. The run stops there, naming the weight, and
+  // saves nothing; --allow-nonfinite goes on.
+  std::string mlp = dir.path("m.onnx"), mlpPlan = dir.path("m.plan"), out;
+  ASSERT_EQ(
+      runCommand(pipecBinary + " model mlp --layers 2 --hidden 16 --vocab 8 --loss -o " + mlp, out),
+      0)
+      << out;
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + mlp + " -o " + mlpPlan +
+                           " --stages 1 --microbatches 1 --batch 8 --hardware cpu --optimizer sgd",
+                       out),
+            0)
+      << out;
+  std::string data = dir.path("data");
+  llvm::sys::fs::create_directories(data);
+  std::vector<float> x(8 * 8, 0.5f), labels(8 * 8, 1e18f);
+  writeNpy(data + "/x.npy", "<f4", "(8, 8)", rawBytes(x));
+  writeNpy(data + "/labels.npy", "<f4", "(8, 8)", rawBytes(labels));
+  std::string saved = dir.path("trained.onnx");
+  std::string run = "run --quiet " + mlpPlan + " --data " + data +
+                    " --optimizer sgd --lr 1e24 --steps 2 --save-weights " + saved;
+  EXPECT_EQ(runCommand(pipecBinary + " " + run + " 2>&1", out), 1) << out;
+  EXPECT_NE(out.find("step 1: the update left weight '"), std::string::npos) << out;
+  EXPECT_NE(out.find("infinite or NaN (lr 1e+24, weight decay 0); lower --lr"), std::string::npos)
+      << out;
+  EXPECT_FALSE(fileExists(saved));
 }
 
 TEST_F(Hostile, ConvChannelsAreCheckedAgainstTheWeight) {

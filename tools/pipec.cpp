@@ -206,8 +206,9 @@ cl::opt<uint64_t> RunSeed("seed", cl::desc("Seed of the synthetic data"), cl::in
 cl::opt<std::string> RunData("data", cl::desc("Directory of NAME.npy or NAME.pb per input"),
                              cl::value_desc("DIR"), cl::sub(RunCmd));
 cl::opt<bool> RunAllowNonfinite("allow-nonfinite",
-                                cl::desc("Feed NaN and infinities in --data floats (refused "
-                                         "by default, naming input and sample)"),
+                                cl::desc("Feed NaN and infinities in --data floats, and go "
+                                         "on when an update leaves a weight infinite or NaN "
+                                         "(both refused by default, naming what)"),
                                 cl::sub(RunCmd));
 cl::opt<std::string> RunModel("model", cl::desc("The model file (default: the plan's path)"),
                               cl::value_desc("FILE"), cl::sub(RunCmd));

@@ -23,6 +23,7 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -117,11 +118,14 @@ Error checkRunOptions(const RunOptions &o) {
       {o.checkpointEvery >= 1, "checkpoint-every", double(o.checkpointEvery), "at least 1"},
       {o.keepCheckpoints.value_or(1) >= 1, "keep-checkpoints",
        double(o.keepCheckpoints.value_or(1)), "at least 1"},
-      {finite(lr) && lr >= 0, "lr", lr, "a finite number >= 0"},
+      // The weights are float32 (or narrower): a rate or a decay float32
+      // cannot hold makes every update that uses it infinite.
+      {finite(lr) && lr >= 0 && lr <= FLT_MAX, "lr", lr,
+       "a finite number >= 0 that float32 holds (at most 3.4e38)"},
       {finite(o.momentum) && o.momentum >= 0 && o.momentum < 1, "momentum", o.momentum,
        "in [0, 1)"},
-      {finite(o.weightDecay) && o.weightDecay >= 0, "weight-decay", o.weightDecay,
-       "a finite number >= 0"},
+      {finite(o.weightDecay) && o.weightDecay >= 0 && o.weightDecay <= FLT_MAX, "weight-decay",
+       o.weightDecay, "a finite number >= 0 that float32 holds (at most 3.4e38)"},
       {o.warmup >= 0, "warmup", double(o.warmup), "at least 0"},
       {finite(o.clipGradNorm) && o.clipGradNorm >= 0, "clip-grad-norm", o.clipGradNorm,
        "a finite number >= 0 (0: off)"},
@@ -134,6 +138,15 @@ Error checkRunOptions(const RunOptions &o) {
   for (const Check &c : checks)
     if (Error err = checkNumber(c.ok, c.flag, c.value, c.what))
       return err;
+  // Decoupled decay multiplies every weight by 1 - lr x weight-decay each
+  // step: from 2 on, that factor's magnitude is 1 or more, and the weights
+  // grow, alternating in sign, instead of decaying, until they overflow.
+  if (lr * o.weightDecay >= 2)
+    return usageError(formatv("--lr {0} with --weight-decay {1}: decay multiplies each weight "
+                              "by 1 - lr x weight-decay = {2} per step, which shrinks no weight; "
+                              "lr x weight-decay must be below 2",
+                              format("%g", lr), format("%g", o.weightDecay),
+                              format("%g", 1 - lr * o.weightDecay)));
   return Error::success();
 }
 

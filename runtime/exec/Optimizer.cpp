@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/RankExecutor.h"
 
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
@@ -94,6 +95,26 @@ Error RankExecutor::optimizerStep(int t) {
     cpu::Tensor &target = m != master.end() ? m->second : weights[name];
     if (Error err = be.optimize(u, target, g, moment1[name], moment2[name]))
       return rankError(global, formatv("updating '{0}': {1}", name, toString(std::move(err))));
+    // A weight (or Adam's second moment) the update left infinite or NaN
+    // poisons every later step and the saved model: stop, naming it.
+    if (!o.allowNonfinite) {
+      std::vector<const cpu::Tensor *> state = {&target};
+      if (moment2[name].numElements() > 0)
+        state.push_back(&moment2[name]);
+      for (const cpu::Tensor *tensor : state) {
+        const cpu::Tensor *one[] = {tensor};
+        auto squares = be.sumOfSquares(one, 1.0);
+        if (!squares)
+          return squares.takeError();
+        if (!std::isfinite(*squares))
+          return rankError(
+              global,
+              formatv("step {0}: the update left {1} '{2}' infinite or NaN (lr {3}, weight decay "
+                      "{4}); lower --lr, or pass --allow-nonfinite to go on",
+                      t + 1, tensor == &target ? "weight" : "the optimizer state of", name,
+                      format("%g", u.lr), format("%g", u.weightDecay)));
+      }
+    }
     if (m != master.end()) {
       int type = weights[name].elemType() == cpu::DType::F16 ? onnx::TensorProto::FLOAT16
                                                              : onnx::TensorProto::BFLOAT16;
