@@ -102,6 +102,28 @@ TEST_F(Fault, CorruptCheckpointIsRefusedNamingTheFileAndAnIntactOne) {
   expectOneErrorLine(out, {"checkpoint " + bad + " has no checksum header"});
 }
 
+TEST_F(Fault, ResumeUnderAnotherOptimizerIsRefusedAndNothingLeftIsSaid) {
+  std::string out;
+  ASSERT_EQ(run("--steps 2 --checkpoint " + ckpt, out), 0) << out;
+  // AdamW's moments resumed by SGD (dropped) or momentum (half of them).
+  for (const char *other : {"sgd", "momentum"}) {
+    EXPECT_EQ(runCommand(pipecBinary + " run " + plan + " --quiet --optimizer " + other +
+                             " --steps 3 --resume --checkpoint " + ckpt,
+                         out),
+              1)
+        << out;
+    expectOneErrorLine(out, {"checkpoint " + ckpt + "/step-2/rank-",
+                             "holds adamw's optimizer state for '",
+                             std::string("resume with --optimizer adamw, not ") + other});
+  }
+  // A checkpoint already past --steps trains nothing, and says so.
+  ASSERT_EQ(run("--steps 1 --resume --checkpoint " + ckpt + " 2>&1", out), 0) << out;
+  EXPECT_NE(out.find("pipec: warning: the checkpoint in " + ckpt +
+                     " is at step 2, and --steps is 1: nothing left to train"),
+            std::string::npos)
+      << out;
+}
+
 TEST_F(Fault, ResumeIfExistsContinuesFromTheNewestIntactCheckpoint) {
   std::string out;
   ASSERT_EQ(run("--steps 4 --save-weights " + dir.path("straight.onnx"), out), 0) << out;

@@ -276,6 +276,11 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
                                     [&] { return ex.loadCheckpoint(file, first); }))
       return err;
   }
+  if (first >= o.steps && ex.globalRank() == 0)
+    result.warnings.push_back(formatv("the checkpoint in {0} is at step {1}, and --steps is {2}: "
+                                      "nothing left to train",
+                                      o.checkpointDir, first, o.steps)
+                                  .str());
   result.firstStep = first;
   result.fusedGroups = s.fusion.groups;
   result.fusedNodes = s.fusion.nodes;
