@@ -400,6 +400,72 @@ TEST(ImporterErrors, WeightBytesDisagreeWithShape) {
   EXPECT_NE(err.find("initializer 'w': holds 12 bytes"), std::string::npos) << err;
 }
 
+TEST(ImporterErrors, ValuesHeldTwiceAreRefused) {
+  // raw_data and float_data both set: which one is meant is a guess.
+  std::string err = errorOfSpoiledWeight([](onnx::TensorProto &w) { w.add_float_data(1.0f); });
+  EXPECT_NE(err.find("initializer 'w': holds its values twice, in raw_data and in a typed field"),
+            std::string::npos)
+      << err;
+}
+
+/// y = x + 1 inside \p depth Ifs nested in their then-branches (each else
+/// branch computes the same directly).
+std::string nestedIfs(int depth) {
+  auto add = [](const std::string &out) {
+    onnx::GraphProto g;
+    g.set_name(out);
+    onnx::NodeProto &n = *g.add_node();
+    n.set_op_type("Add");
+    n.add_input("x");
+    n.add_input("one");
+    n.add_output(out);
+    onnx::ValueInfoProto &o = *g.add_output();
+    o.set_name(out);
+    o.mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+    o.mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(2);
+    return g;
+  };
+  onnx::GraphProto inner = add("y" + std::to_string(depth));
+  for (int d = depth - 1; d >= 0; --d) {
+    onnx::GraphProto outer = add("unused");
+    outer.clear_node();
+    outer.set_name("g" + std::to_string(d));
+    outer.mutable_output(0)->set_name("y" + std::to_string(d));
+    onnx::NodeProto &n = *outer.add_node();
+    n.set_op_type("If");
+    n.add_input("c");
+    n.add_output("y" + std::to_string(d));
+    onnx::AttributeProto &then = *n.add_attribute();
+    then.set_name("then_branch");
+    then.set_type(onnx::AttributeProto::GRAPH);
+    *then.mutable_g() = std::move(inner);
+    onnx::AttributeProto &otherwise = *n.add_attribute();
+    otherwise.set_name("else_branch");
+    otherwise.set_type(onnx::AttributeProto::GRAPH);
+    *otherwise.mutable_g() = add("e" + std::to_string(d));
+    inner = std::move(outer);
+  }
+  GraphBuilder b;
+  b.input("x", onnx::TensorProto::FLOAT, {2});
+  b.input("c", onnx::TensorProto::BOOL, {});
+  b.weight("one", {2});
+  *b.graph().add_node() = inner.node(0);
+  b.output("y0");
+  return b.serialize();
+}
+
+TEST(Importer, DeeplyNestedSubgraphsParse) {
+  // protobuf's default limit of 100 nested messages allowed 33 levels of If;
+  // 200 levels parse now (what the import says of them past parsing is not
+  // this test's), and more than 1000 are refused by name.
+  for (int depth : {40, 200}) {
+    std::string err = errorOf(importBytes(nestedIfs(depth)));
+    EXPECT_EQ(err.find("protobuf"), std::string::npos) << depth << ": " << err;
+  }
+  std::string err = errorOf(importBytes(nestedIfs(1100)));
+  EXPECT_NE(err.find("subgraphs more than 1000 deep"), std::string::npos) << err;
+}
+
 TEST(ImporterErrors, ShapeMismatchNamesTheNode) {
   GraphBuilder b;
   b.input("x", 1, {2, 3});

@@ -5,6 +5,7 @@
 #include "support/InputFile.h"
 #include "support/Subgraphs.h"
 
+#include "google/protobuf/io/coded_stream.h"
 #include "onnx/defs/schema.h"
 #include "onnx/onnx_pb.h"
 
@@ -249,6 +250,14 @@ Expected<int> Importer::addTensor(const onnx::TensorProto &tensor, int tensorInd
       return fail("{0}: holds {1} bytes, its shape {2} of {3} needs {4}", what, storage->length,
                   formatShape(value.shape), dtypeName(value.type), expected);
     graph.values[id].storage = *storage;
+  } else if (tensor.has_raw_data() && (tensor.float_data_size() || tensor.int32_data_size() ||
+                                       tensor.int64_data_size() || tensor.double_data_size() ||
+                                       tensor.uint64_data_size() || tensor.string_data_size())) {
+    // ONNX holds a tensor's values in raw_data or in one typed field, never
+    // both: which would be meant is a guess.
+    return fail("{0}: holds its values twice, in raw_data and in a typed field (float_data, "
+                "int32_data, ...); ONNX allows one",
+                describe());
   } else if (tensor.has_raw_data() && static_cast<int64_t>(tensor.raw_data().size()) != expected) {
     return fail("{0}: holds {1} bytes, its shape {2} of {3} needs {4}", describe(),
                 tensor.raw_data().size(), formatShape(value.shape), dtypeName(value.type),
@@ -537,13 +546,19 @@ Expected<Graph> importOnnxBuffer(std::unique_ptr<MemoryBuffer> buffer, StringRef
   graph.arena = std::make_unique<google::protobuf::Arena>();
   graph.model = google::protobuf::Arena::CreateMessage<onnx::ModelProto>(graph.arena.get());
   bool parsed = false;
+  // protobuf stops at 100 nested messages by default: 33 levels of If.
   try {
-    parsed = graph.model->ParseFromString(*skeleton);
+    google::protobuf::io::CodedInputStream stream(
+        reinterpret_cast<const uint8_t *>(skeleton->data()), static_cast<int>(skeleton->size()));
+    stream.SetRecursionLimit(MaxMessageDepth);
+    parsed = graph.model->ParseFromCodedStream(&stream) && stream.ConsumedEntireMessage();
   } catch (const std::exception &e) {
     return fail(Twine("not a valid ONNX model: ") + e.what());
   }
   if (!parsed)
-    return fail("not a valid ONNX model (protobuf parse failed: truncated or corrupt file?)");
+    return fail(formatv("not a valid ONNX model (protobuf parse failed: truncated or corrupt "
+                        "file, or subgraphs nested more than {0} deep?)",
+                        MaxSubgraphDepth));
   if (!graph.model->has_graph())
     return fail("not an ONNX model: it has no graph");
   graph.files.push_back(std::move(buffer));

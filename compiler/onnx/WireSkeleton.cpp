@@ -22,8 +22,6 @@ enum class MessageKind { Model, Graph, Node, Attribute, Tensor };
 
 enum WireType : uint32_t { Varint = 0, Fixed64 = 1, Length = 2, Fixed32 = 5 };
 
-constexpr int MaxDepth = 64;
-
 class SkeletonWriter {
 public:
   SkeletonWriter(StringRef bytes, uint64_t threshold)
@@ -201,8 +199,11 @@ Error SkeletonWriter::rewriteTensor(const uint8_t *begin, const uint8_t *end, st
 
 Error SkeletonWriter::rewrite(MessageKind kind, const uint8_t *begin, const uint8_t *end,
                               std::string &out, int depth) {
-  if (depth > MaxDepth)
-    return malformed(begin, "messages nested too deeply");
+  if (depth > MaxMessageDepth)
+    return malformed(begin, formatv("messages nested too deeply (subgraphs more than {0} deep)",
+                                    MaxSubgraphDepth)
+                                .str()
+                                .c_str());
   if (kind == MessageKind::Tensor)
     return rewriteTensor(begin, end, out);
   const uint8_t *p = begin;

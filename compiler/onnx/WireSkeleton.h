@@ -19,6 +19,14 @@
 
 namespace pipec {
 
+/// How deep subgraphs (If, Loop and Scan bodies) may nest in a model pipec
+/// reads. Each level nests three messages (node, attribute, graph), which
+/// protobuf's parser counts against its recursion limit (100 by default: 33
+/// levels of If).
+inline constexpr int MaxSubgraphDepth = 1000;
+/// The nesting of messages that allows: a model, its graph, and per level.
+inline constexpr int MaxMessageDepth = 3 * MaxSubgraphDepth + 16;
+
 /// The external_data key that marks a tensor rewritten by makeSkeleton.
 inline constexpr const char *InlineDataMarker = "pipec.inline";
 
