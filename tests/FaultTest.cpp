@@ -11,7 +11,10 @@
 
 #include "llvm/Support/FileSystem.h"
 
+#include <fcntl.h>
 #include <fstream>
+#include <sys/file.h>
+#include <unistd.h>
 
 using namespace pipec::test;
 
@@ -122,6 +125,23 @@ TEST_F(Fault, ResumeUnderAnotherOptimizerIsRefusedAndNothingLeftIsSaid) {
                      " is at step 2, and --steps is 1: nothing left to train"),
             std::string::npos)
       << out;
+}
+
+TEST_F(Fault, ACheckpointFolderHasOneRunAtATime) {
+  // Another run holds the folder (here: this test, as pid 4242): a second
+  // run is refused naming it, and goes once the holder lets go.
+  std::string out;
+  llvm::sys::fs::create_directories(ckpt);
+  int fd = ::open((ckpt + "/lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  ASSERT_EQ(::pwrite(fd, "4242\n", 5, 0), 5);
+  EXPECT_EQ(run("--steps 1 --checkpoint " + ckpt, out), 1) << out;
+  expectOneErrorLine(out, {"--checkpoint " + ckpt + " is in use by another run (pid 4242)"});
+  EXPECT_FALSE(fileExists(ckpt + "/latest"));
+  ::close(fd);
+  ASSERT_EQ(run("--steps 1 --checkpoint " + ckpt, out), 0) << out;
+  EXPECT_EQ(readFile(ckpt + "/latest"), "step-1\n");
 }
 
 TEST_F(Fault, ResumeIfExistsContinuesFromTheNewestIntactCheckpoint) {

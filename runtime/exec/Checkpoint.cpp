@@ -11,6 +11,11 @@
 #include "llvm/Support/Path.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 using namespace llvm;
 
@@ -114,6 +119,53 @@ Error RankExecutor::loadCheckpoint(StringRef file, int &nextStep) {
       return rankError(global,
                        formatv("checkpoint {0} lacks running statistic '{1}'", file, entry.first));
   return Error::success();
+}
+
+CheckpointLock &CheckpointLock::operator=(CheckpointLock &&other) noexcept {
+  if (this != &other) {
+    if (fd >= 0)
+      ::close(fd);
+    fd = other.fd;
+    other.fd = -1;
+  }
+  return *this;
+}
+
+CheckpointLock::~CheckpointLock() {
+  if (fd >= 0)
+    ::close(fd); // releases the flock
+}
+
+Expected<CheckpointLock> CheckpointLock::take(StringRef dir) {
+  if (std::error_code ec = sys::fs::create_directories(dir))
+    return createStringError(ec, "--checkpoint %s: cannot create it: %s", dir.str().c_str(),
+                             ec.message().c_str());
+  SmallString<256> path(dir);
+  sys::path::append(path, "lock");
+  CheckpointLock lock;
+  lock.fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (lock.fd < 0)
+    return createStringError(inconvertibleErrorCode(), "--checkpoint %s: cannot open %s: %s",
+                             dir.str().c_str(), path.c_str(), std::strerror(errno));
+  if (::flock(lock.fd, LOCK_EX | LOCK_NB) != 0) {
+    int why = errno;
+    char pid[32] = {0};
+    ssize_t n = ::pread(lock.fd, pid, sizeof pid - 1, 0);
+    StringRef holder = StringRef(pid, n > 0 ? size_t(n) : 0).trim();
+    if (why == EWOULDBLOCK)
+      return createStringError(inconvertibleErrorCode(),
+                               "--checkpoint %s is in use by another run (pid %s); one run per "
+                               "checkpoint folder",
+                               dir.str().c_str(),
+                               holder.empty() ? "unknown" : holder.str().c_str());
+    return createStringError(inconvertibleErrorCode(), "--checkpoint %s: cannot lock %s: %s",
+                             dir.str().c_str(), path.c_str(), std::strerror(why));
+  }
+  std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(lock.fd, 0) != 0 || ::pwrite(lock.fd, pid.data(), pid.size(), 0) < 0)
+    return createStringError(inconvertibleErrorCode(), "--checkpoint %s: cannot write %s: %s",
+                             dir.str().c_str(), path.c_str(), std::strerror(errno));
+  return std::move(lock);
 }
 
 std::string checkpointFile(StringRef dir, int nextStep, int global) {

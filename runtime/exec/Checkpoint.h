@@ -70,6 +70,25 @@ enum class ResumeMode {
 llvm::Expected<int> agreeResumeStep(llvm::StringRef dir, ResumeMode mode, Comm &comm, int global,
                                     int ranks, std::vector<std::string> &skipped);
 
+/// A run's hold on its checkpoint folder: an exclusive flock on DIR/lock,
+/// which records the holder's pid, released when this is destroyed (or the
+/// process ends, however it ends).
+class CheckpointLock {
+public:
+  CheckpointLock() = default;
+  CheckpointLock(CheckpointLock &&other) noexcept : fd(other.fd) { other.fd = -1; }
+  CheckpointLock &operator=(CheckpointLock &&other) noexcept;
+  ~CheckpointLock();
+
+  /// Takes \p dir (creating it) for this process; a folder another run
+  /// holds is refused naming that run's pid: one run per checkpoint folder,
+  /// so that no step's rank files come from two runs.
+  static llvm::Expected<CheckpointLock> take(llvm::StringRef dir);
+
+private:
+  int fd = -1;
+};
+
 /// Removes the step-N folders of \p dir older than the newest \p keep
 /// steps up to \p newest (their rank files, then the folder if that leaves
 /// it empty). Steps after \p newest are left alone.

@@ -537,6 +537,13 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
   auto shared = makeShared(plan, options);
   if (!shared)
     return shared.takeError();
+  CheckpointLock lock;
+  if (!options.checkpointDir.empty()) {
+    auto taken = CheckpointLock::take(options.checkpointDir);
+    if (!taken)
+      return taken.takeError();
+    lock = std::move(*taken);
+  }
   Shared &s = **shared;
   int ranks = s.P * s.dp;
   int threadsPerRank = shareCores(options, ranks);
@@ -683,6 +690,17 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
     transport = std::move(*nccl);
   }
   comm = std::move(transport);
+  // Rank 0's process holds the checkpoint folder for the whole run.
+  CheckpointLock lock;
+  if (!options.checkpointDir.empty() && (*comm)->rank() == 0) {
+    auto taken = CheckpointLock::take(options.checkpointDir);
+    if (!taken) {
+      std::string text = toString(taken.takeError());
+      (*comm)->fail(text);
+      return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
+    }
+    lock = std::move(*taken);
+  }
   RankExecutor ex(s, **comm, **backend);
   RunResult result;
   result.primary = (*comm)->rank() == 0;
