@@ -52,6 +52,14 @@ protected:
     EXPECT_NE(out.find(needle), std::string::npos) << args << "\n" << out;
   }
 
+  /// The plan's text with \p pattern (a regular expression) replaced by
+  /// \p with.
+  std::string editedPlanText(const std::string &pattern, const std::string &with) {
+    llvm::Regex re(pattern, llvm::Regex::Newline);
+    EXPECT_TRUE(re.match(planText)) << pattern;
+    return re.sub(with, planText);
+  }
+
   /// The plan with \p pattern (a regular expression) replaced by \p with,
   /// written to a new file; returns its path.
   std::string editedPlan(const std::string &name, const std::string &pattern,
@@ -195,6 +203,13 @@ TEST_F(Hostile, EditedPlansAreRefusedByEveryReader) {
       {"negative-weight-dim", "^weights \\{\n  dims: 50$", "weights {\n  dims: -50",
        "weight 'transformer.wte.weight' has dimension -50 < 0"},
       {"bad-peer", "peer: 1$", "peer: 9", "peer 9"},
+      // One flipped bit renamed a key: the offset must not default to 0.
+      {"renamed-offset", "key: \"offset\"", "key: \"obfset\"",
+       "unknown external-data key 'obfset' (ONNX's are location, offset, length and checksum)"},
+      {"no-offset", "  external_data \\{\n    key: \"offset\"\n    value: \"[0-9]+\"\n  \\}\n", "",
+       "external data without its offset"},
+      {"short-length", "key: \"length\"\n    value: \"[0-9]+\"",
+       "key: \"length\"\n    value: \"4\"", "external-data length 4, its shape needs"},
   };
   for (const Case &c : cases) {
     std::string edited = editedPlan(std::string(c.name) + ".plan", c.pattern, c.with);
@@ -211,8 +226,9 @@ TEST_F(Hostile, PlansBiggerThanThisMachineReportButDoNotRun) {
     GTEST_SKIP() << "this machine holds 256 GiB";
   // [2^32, 16] floats: 256 GiB, more than this machine and less than the
   // 16 TiB no plan may ask for.
-  std::string edited =
-      editedPlan("big.plan", "^weights \\{\n  dims: 50$", "weights {\n  dims: 4294967296");
+  // Its external data says as much (the length the shape needs).
+  planText = editedPlanText("^weights \\{\n  dims: 50$", "weights {\n  dims: 4294967296");
+  std::string edited = editedPlan("big.plan", "value: \"3200\"", "value: \"274877906944\"");
   std::string out;
   for (const char *command : {"report", "simulate"})
     EXPECT_EQ(runCommand(pipecBinary + " " + command + " " + edited, out), 0) << out;

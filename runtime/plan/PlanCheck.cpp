@@ -27,10 +27,12 @@
 #include "support/Diagnostics.h"
 #include "support/InputFile.h"
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 
+#include <map>
 #include <optional>
 
 using namespace llvm;
@@ -221,6 +223,33 @@ Error checkWeight(const onnx::TensorProto &w) {
     return planError(name + " has unknown data type " + Twine(w.data_type()));
   if (auto bytes = shapeBytes(name, w.dims(), dtypeSize(static_cast<DType>(w.data_type()))); !bytes)
     return bytes.takeError();
+  // ONNX's external-data keys, each once; location, offset and length are
+  // required here (a reference without its offset would read the file from
+  // byte 0), and the length is the shape's.
+  if (w.data_location() == onnx::TensorProto::EXTERNAL || w.external_data_size() > 0) {
+    std::map<std::string, std::string> keys;
+    for (const onnx::StringStringEntryProto &entry : w.external_data()) {
+      if (entry.key() != "location" && entry.key() != "offset" && entry.key() != "length" &&
+          entry.key() != "checksum")
+        return planError(name + ": unknown external-data key '" + entry.key() +
+                         "' (ONNX's are location, offset, length and checksum)");
+      if (!keys.emplace(entry.key(), entry.value()).second)
+        return planError(name + ": external-data key '" + entry.key() + "' is given twice");
+    }
+    for (const char *required : {"location", "offset", "length"})
+      if (!keys.count(required))
+        return planError(name + ": external data without its " + required);
+    uint64_t offset = 0, length = 0;
+    if (!to_integer(keys["offset"], offset, 10) || !to_integer(keys["length"], length, 10))
+      return planError(name + ": external-data offset '" + keys["offset"] + "' or length '" +
+                       keys["length"] + "' is not a number of bytes");
+    auto bytes = shapeBytes(name, w.dims(), dtypeSize(static_cast<DType>(w.data_type())));
+    if (!bytes)
+      return bytes.takeError();
+    if (length != static_cast<uint64_t>(*bytes))
+      return planError(formatv("{0}: external-data length {1}, its shape needs {2} bytes", name,
+                               length, *bytes));
+  }
   for (const onnx::StringStringEntryProto &entry : w.external_data()) {
     if (entry.key() != "location")
       continue;
