@@ -9,7 +9,7 @@ packages=(
   libprotobuf-dev protobuf-compiler
   llvm-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev libxxhash-dev
+  libopenblas-dev libxxhash-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
   libonnx-testdata
   clang-format clang-tidy

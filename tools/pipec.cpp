@@ -11,6 +11,7 @@
 #include "driver/Compile.h"
 #include "driver/HtmlReport.h"
 #include "driver/InspectReport.h"
+#include "driver/MapParams.h"
 #include "driver/PassPipeline.h"
 #include "driver/PlanVerify.h"
 #include "driver/Profile.h"
@@ -158,6 +159,11 @@ cl::opt<std::string> LossFn("loss-fn",
                             cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> Labels("labels", cl::desc("The graph input an added loss (--loss-fn) reads"),
                             cl::value_desc("INPUT"), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string> Params("params",
+                            cl::desc("The model's own tensors (.safetensors, as save_pretrained "
+                                     "writes them): map each weight to its parameter, for run "
+                                     "--init and --save-weights OUT.safetensors"),
+                            cl::value_desc("CKPT"), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<bool> CompileReport("report", cl::desc("Print the partition report"), cl::cat(CompileCat),
                             cl::sub(CompileCmd));
 
@@ -229,8 +235,15 @@ cl::opt<double> RunClip("clip-grad-norm",
                         cl::sub(RunCmd));
 cl::opt<double> RunWeightDecay("weight-decay", cl::desc("Decoupled weight decay"), cl::init(0),
                                cl::sub(RunCmd));
-cl::opt<std::string> RunSave("save-weights", cl::desc("Write the trained model as ONNX"),
-                             cl::value_desc("OUT.onnx"), cl::sub(RunCmd));
+cl::opt<std::string> RunSave("save-weights",
+                             cl::desc("Write the trained model: OUT.onnx, or OUT.safetensors "
+                                      "under the checkpoint's names (a plan compiled with "
+                                      "--params)"),
+                             cl::value_desc("OUT"), cl::sub(RunCmd));
+cl::opt<std::string> RunInit("init",
+                             cl::desc("Start from this checkpoint's weights (.safetensors; a plan "
+                                      "compiled with --params)"),
+                             cl::value_desc("CKPT"), cl::sub(RunCmd));
 cl::opt<std::string> RunCheckpoint("checkpoint", cl::desc("Write atomic checkpoints to DIR"),
                                    cl::value_desc("DIR"), cl::sub(RunCmd));
 cl::opt<int> RunCheckpointEvery("checkpoint-every", cl::desc("Steps between checkpoints"),
@@ -517,6 +530,20 @@ int runCompile() {
   auto plan = compileModel(CompileModel, options, *pipeline);
   if (!plan)
     return reportError(plan.takeError());
+  if (!Params.empty()) {
+    if (plan->weights().empty())
+      return reportError(createStringError(inconvertibleErrorCode(),
+                                           "--params: the plan holds no weights to map "
+                                           "(compiled with --timing-only?)"));
+    auto summary = mapParams(*plan, Params);
+    if (!summary)
+      return reportError(summary.takeError());
+    outs() << formatv("params: {0} of {1} parameters of {2} held by weights ({3} folded), {4} "
+                      "tied aliases\n",
+                      summary->placed, summary->params, Params, summary->folded, summary->aliases);
+    for (const std::string &line : summary->problems)
+      outs() << "  warning: " << line << "\n";
+  }
   if (Error err = writePlan(*plan, CompileOutput, *encoding))
     return reportError(std::move(err));
   if (CompileReport)
@@ -656,10 +683,12 @@ int runRun() {
                     "the latest checkpoint, --resume-if-exists takes the newest intact one");
   if (RunKeepCheckpoints.getNumOccurrences() && RunCheckpoint.empty())
     return badUsage("--keep-checkpoints needs --checkpoint DIR");
+  if (!RunInit.empty() && !StringRef(RunInit).endswith(".safetensors"))
+    return badUsage("--init " + RunInit + ": expected a .safetensors checkpoint");
   for (auto [flag, path] : {std::pair<StringRef, StringRef>{"--save-weights", RunSave},
                             {"--metrics", RunMetrics},
                             {"--trace", RunTrace}})
-    if (Error err = checkNotAnInput(flag, path, {RunPlan, RunModel}))
+    if (Error err = checkNotAnInput(flag, path, {RunPlan, RunModel, RunInit}))
       return reportError(std::move(err));
   rt::RunOptions options;
   options.steps = RunSteps;
@@ -677,6 +706,7 @@ int runRun() {
   options.warmup = RunWarmup;
   options.clipGradNorm = RunClip;
   options.saveWeights = RunSave;
+  options.initPath = RunInit;
   options.checkpointDir = RunCheckpoint;
   options.checkpointEvery = RunCheckpointEvery;
   options.resume = RunResume;

@@ -18,6 +18,7 @@ kernels::OptimizerParams optimizerParams(const OptimizerUpdate &u) {
   p.beta2 = u.beta2;
   p.epsilon = u.epsilon;
   p.gradScale = u.gradScale;
+  p.decayCenter = u.decayCenter;
   p.c1 = 1 - std::pow(u.beta1, u.step + 1);
   p.c2 = 1 - std::pow(u.beta2, u.step + 1);
   return p;

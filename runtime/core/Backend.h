@@ -51,6 +51,9 @@ struct OptimizerUpdate {
   double gradScale = 1;
   /// 0-based step, for Adam's bias correction.
   int step = 0;
+  /// Weight decay pulls the weight towards this, not 0: a weight that holds
+  /// its parameter plus a constant (ParamMap.h) decays the parameter.
+  double decayCenter = 0;
 };
 
 /// \p u as the element-wise update kernel (kernels::optimizerElement) takes

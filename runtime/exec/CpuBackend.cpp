@@ -2,6 +2,7 @@
 #include "runtime/comm/Comm.h"
 #include "runtime/core/Backend.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/kernels/KernelBodies.h"
 #include "support/Parallel.h"
 
 #include "llvm/Support/FormatVariadic.h"
@@ -122,47 +123,25 @@ public:
   Error synchronize() override { return Error::success(); }
 
 private:
-  /// Every update in double, stored in the weight's type; the weight is
-  /// replaced (never written in place).
+  /// Every update in double (kernels::optimizerElement, the body every
+  /// backend runs), stored in the weight's type; the weight is replaced
+  /// (never written in place).
   template <typename T>
   Error update(const OptimizerUpdate &u, cpu::Tensor &w, const cpu::Tensor &g, cpu::Tensor &m,
                cpu::Tensor &v) {
     using Kind = OptimizerUpdate::Kind;
     int64_t n = w.numElements();
     cpu::Tensor out(w.elemType(), w.shape());
+    if (u.kind != Kind::Sgd && m.isNull())
+      m = cpu::Tensor(w.elemType(), w.shape());
+    if (u.kind == Kind::AdamW && v.isNull())
+      v = cpu::Tensor(w.elemType(), w.shape());
+    kernels::OptimizerParams p = optimizerParams(u);
     const T *wp = w.data<T>(), *gp = g.data<T>();
+    T *mp = m.isNull() ? nullptr : m.data<T>(), *vp = v.isNull() ? nullptr : v.data<T>();
     T *op = out.data<T>();
-    if (u.kind == Kind::Sgd) {
-      for (int64_t i = 0; i < n; ++i)
-        op[i] = static_cast<T>(wp[i] - u.lr * (gp[i] * u.gradScale + u.weightDecay * wp[i]));
-    } else if (u.kind == Kind::Momentum) {
-      if (m.isNull())
-        m = cpu::Tensor(w.elemType(), w.shape());
-      T *buf = m.data<T>();
-      for (int64_t i = 0; i < n; ++i) {
-        double gi = gp[i] * u.gradScale + u.weightDecay * wp[i];
-        gi = u.momentum * buf[i] + gi;
-        buf[i] = static_cast<T>(gi);
-        op[i] = static_cast<T>(wp[i] - u.lr * gi);
-      }
-    } else {
-      if (m.isNull()) {
-        m = cpu::Tensor(w.elemType(), w.shape());
-        v = cpu::Tensor(w.elemType(), w.shape());
-      }
-      T *mp = m.data<T>(), *vp = v.data<T>();
-      double c1 = 1 - std::pow(u.beta1, u.step + 1), c2 = 1 - std::pow(u.beta2, u.step + 1);
-      for (int64_t i = 0; i < n; ++i) {
-        double gi = gp[i] * u.gradScale;
-        double mi = u.beta1 * mp[i] + (1 - u.beta1) * gi;
-        double vi = u.beta2 * vp[i] + (1 - u.beta2) * gi * gi;
-        mp[i] = static_cast<T>(mi);
-        vp[i] = static_cast<T>(vi);
-        double wi = wp[i];
-        wi -= u.lr * (mi / c1 / (std::sqrt(vi / c2) + u.epsilon) + u.weightDecay * wi);
-        op[i] = static_cast<T>(wi);
-      }
-    }
+    for (int64_t i = 0; i < n; ++i)
+      kernels::optimizerElement<T>(i, p, wp, gp, mp, vp, op, mp, vp);
     w = std::move(out);
     return Error::success();
   }

@@ -80,8 +80,12 @@ struct RunOptions {
   bool resumeIfExists = false;
   /// After each checkpoint, delete all but the newest N; unset: keep all.
   std::optional<int> keepCheckpoints;
-  /// Write the trained model here (ONNX).
+  /// Write the trained model here: ONNX, or, for a name ending in
+  /// .safetensors, the checkpoint's parameters through the plan's ParamMap.
   std::string saveWeights;
+  /// Start from this checkpoint's weights (.safetensors, through the plan's
+  /// ParamMap) in place of the model file's.
+  std::string initPath;
   /// Inference: write the graph outputs here as NAME.npy (or .pb).
   std::string outputsDir;
   bool outputsAsPb = false;

@@ -10,6 +10,7 @@
 #include "runtime/cpu/Kernels.h"
 #include "runtime/exec/Checkpoint.h"
 #include "runtime/exec/ModelIO.h"
+#include "runtime/exec/ParamMap.h"
 #include "runtime/exec/RankExecutor.h"
 #include "runtime/exec/Trace.h"
 #include "runtime/plan/PlanFile.h"
@@ -179,6 +180,18 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
   for (const onnx::TensorProto &w : plan.weights())
     s->weightProtos[w.name()] = &w;
   s->trainable.insert(plan.trainable().begin(), plan.trainable().end());
+  if (!options.initPath.empty()) {
+    auto init = loadInitWeights(plan, options.initPath, s->warnings);
+    if (!init)
+      return init.takeError();
+    s->initWeights = std::move(*init);
+    for (const auto &[name, tensor] : s->initWeights)
+      s->weightProtos[name] = &tensor;
+  }
+  for (const plan::Param &p : plan.param_map().params())
+    for (const plan::ParamPlace &place : p.places())
+      if (double center = decayCenterOf(place); center != 0 && s->trainable.count(place.weight()))
+        s->decayCenters[place.weight()] = center;
   std::string opt = options.optimizer.empty() ? plan.training().optimizer() : options.optimizer;
   if (opt == "adam" || opt == "adamw")
     s->optimizer = OptimizerKind::AdamW;
@@ -510,9 +523,17 @@ Error finishRun(const Shared &s,
     return err;
   if (Error err = writeOutputs(options, result))
     return err;
-  if (!options.saveWeights.empty())
+  result.warnings.insert(result.warnings.begin(), s.warnings.begin(), s.warnings.end());
+  if (StringRef(options.saveWeights).endswith(".safetensors")) {
+    std::string base =
+        options.initPath.empty() ? s.plan->param_map().checkpoint() : options.initPath;
+    if (Error err =
+            saveTrainedParams(*s.plan, trained, base, untrainedFactor(s), options.saveWeights))
+      return err;
+  } else if (!options.saveWeights.empty()) {
     if (Error err = saveTrainedModel(s.modelPath, trained, *s.plan, options.saveWeights))
       return err;
+  }
   if (!options.tracePath.empty())
     if (Error err = writeTrace(options.tracePath, events, s.P * s.dp))
       return err;

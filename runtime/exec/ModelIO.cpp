@@ -1,9 +1,14 @@
 //===- ModelIO.cpp - Writing what a run produced -------------------------===//
 #include "runtime/exec/ModelIO.h"
 
+#include "runtime/exec/ParamMap.h"
+#include "runtime/exec/Safetensors.h"
+#include "runtime/plan/PlanFile.h"
+
 #include "onnx/onnx_pb.h"
 
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -12,6 +17,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <set>
 
 using namespace llvm;
 
@@ -198,6 +204,140 @@ Error saveTrainedModel(StringRef modelPath, const std::map<std::string, cpu::Ten
   if (!model.SerializeToString(&bytes))
     return fail("the model does not serialize");
   return writeFileAtomically(out, bytes);
+}
+
+namespace {
+
+std::string shapeText(ArrayRef<int64_t> shape) {
+  return "[" + join(map_range(shape, [](int64_t d) { return std::to_string(d); }), ",") + "]";
+}
+
+/// The tensor \p p names in \p file, checked against the map's shape and
+/// dtype.
+Expected<cpu::Tensor> paramTensor(const SafetensorsFile &file, const plan::Param &p) {
+  const SafeTensor *t = file.find(p.name());
+  if (!t)
+    return createStringError(inconvertibleErrorCode(),
+                             "%s: no tensor '%s', which the plan's parameter map holds",
+                             file.path().c_str(), p.name().c_str());
+  std::vector<int64_t> shape(p.shape().begin(), p.shape().end());
+  if (t->shape != shape || safetensorsDType(t->type) != p.dtype())
+    return createStringError(inconvertibleErrorCode(),
+                             "%s: tensor '%s' is %s %s; the plan was compiled (--params) "
+                             "for %s %s",
+                             file.path().c_str(), p.name().c_str(),
+                             safetensorsDType(t->type).str().c_str(), shapeText(t->shape).c_str(),
+                             p.dtype().c_str(), shapeText(shape).c_str());
+  return file.toTensor(*t);
+}
+
+Error noParamMap(StringRef flag) {
+  return createStringError(inconvertibleErrorCode(),
+                           "%s: the plan has no parameter map; compile it with --params "
+                           "CHECKPOINT.safetensors",
+                           flag.str().c_str());
+}
+
+} // namespace
+
+Expected<std::map<std::string, onnx::TensorProto>>
+loadInitWeights(const plan::Plan &plan, StringRef checkpoint, std::vector<std::string> &warnings) {
+  if (plan.param_map().params().empty())
+    return noParamMap("--init " + checkpoint.str());
+  auto file = SafetensorsFile::open(checkpoint);
+  if (!file)
+    return file.takeError();
+  std::map<std::string, int32_t> weightTypes;
+  for (const onnx::TensorProto &w : plan.weights())
+    weightTypes[w.name()] = w.data_type();
+  std::map<std::string, onnx::TensorProto> out;
+  std::set<std::string> mapped;
+  for (const plan::Param &p : plan.param_map().params()) {
+    mapped.insert(p.name());
+    if (p.places().empty())
+      continue;
+    auto value = paramTensor(*file, p);
+    if (!value)
+      return value.takeError();
+    for (const plan::ParamPlace &place : p.places()) {
+      auto type = weightTypes.find(place.weight());
+      if (type == weightTypes.end())
+        return createStringError(inconvertibleErrorCode(),
+                                 "the plan's parameter map names no "
+                                 "weight '%s'",
+                                 place.weight().c_str());
+      auto elem = cpu::elemTypeFromOnnx(type->second);
+      if (!elem)
+        return elem.takeError();
+      auto placed = placeParam(*value, place, *elem);
+      if (!placed)
+        return createStringError(inconvertibleErrorCode(), "%s: tensor '%s' into weight '%s': %s",
+                                 checkpoint.str().c_str(), p.name().c_str(), place.weight().c_str(),
+                                 toString(placed.takeError()).c_str());
+      out[place.weight()] = cpu::toTensorProto(*placed, place.weight());
+    }
+  }
+  for (const std::string &w : plan.trainable())
+    if (!out.count(w))
+      warnings.push_back(formatv("--init {0}: trained weight '{1}' holds no parameter of the "
+                                 "plan's map; it starts from the model file's values",
+                                 checkpoint, w));
+  std::vector<std::string> unknown;
+  for (const SafeTensor &t : file->tensors())
+    if (!mapped.count(t.name))
+      unknown.push_back("'" + t.name + "'");
+  if (!unknown.empty())
+    warnings.push_back(
+        formatv("--init {0}: {1} tensors the plan's map does not name are not "
+                "loaded: {2}",
+                checkpoint, unknown.size(),
+                join(ArrayRef(unknown).take_front(5), ", ") + (unknown.size() > 5 ? ", ..." : "")));
+  return std::move(out);
+}
+
+Error saveTrainedParams(const plan::Plan &plan, const std::map<std::string, cpu::Tensor> &trained,
+                        StringRef base, double untrainedFactor, StringRef out) {
+  auto fail = [&](const Twine &why) {
+    return createStringError(inconvertibleErrorCode(), "--save-weights %s: %s", out.str().c_str(),
+                             why.str().c_str());
+  };
+  if (plan.param_map().params().empty())
+    return noParamMap("--save-weights " + out.str());
+  auto file = SafetensorsFile::open(base);
+  if (!file)
+    return fail("the parameters the run started from: " + toString(file.takeError()));
+  std::map<std::string, cpu::Tensor> tensors;
+  std::vector<const plan::Param *> aliases;
+  for (const plan::Param &p : plan.param_map().params()) {
+    if (!p.alias_of().empty()) {
+      aliases.push_back(&p);
+      continue;
+    }
+    auto value = paramTensor(*file, p);
+    if (!value)
+      return fail(toString(value.takeError()));
+    cpu::Tensor result = std::move(*value);
+    for (const plan::ParamPlace &place : p.places()) {
+      auto it = trained.find(place.weight());
+      if (it == trained.end())
+        continue;
+      auto back = unplaceParam(it->second, place, result, untrainedFactor);
+      if (!back)
+        return fail(formatv("parameter '{0}' from weight '{1}': {2}", p.name(), place.weight(),
+                            toString(back.takeError())));
+      result = std::move(*back);
+      break;
+    }
+    tensors.emplace(p.name(), std::move(result));
+  }
+  for (const plan::Param *p : aliases) {
+    auto it = tensors.find(p->alias_of());
+    if (it == tensors.end())
+      return fail(formatv("'{0}' is an alias of '{1}', which the map does not hold", p->name(),
+                          p->alias_of()));
+    tensors.emplace(p->name(), it->second.clone());
+  }
+  return writeSafetensors(out, tensors, file->metadata());
 }
 
 } // namespace pipec::rt

@@ -26,6 +26,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 namespace pipec::rt {
 
@@ -34,6 +35,24 @@ namespace pipec::rt {
 llvm::Error saveTrainedModel(llvm::StringRef modelPath,
                              const std::map<std::string, cpu::Tensor> &trained,
                              const plan::Plan &plan, llvm::StringRef out);
+
+/// --init: the weights \p checkpoint gives through \p plan's ParamMap, as
+/// tensors in each weight's layout. Errors name the checkpoint and the
+/// tensor: missing, or of another shape or dtype than the map's. Trained
+/// weights the map does not cover keep the model file's values, each with
+/// a line in \p warnings.
+llvm::Expected<std::map<std::string, onnx::TensorProto>>
+loadInitWeights(const plan::Plan &plan, llvm::StringRef checkpoint,
+                std::vector<std::string> &warnings);
+
+/// --save-weights OUT.safetensors: every parameter of \p plan's ParamMap
+/// under its own name, shape and dtype, from the weights in \p trained
+/// through the inverse steps; parameters no trained weight holds, and a
+/// sliced table's other rows (times \p untrainedFactor), as \p base (the
+/// checkpoint the run started from) has them.
+llvm::Error saveTrainedParams(const plan::Plan &plan,
+                              const std::map<std::string, cpu::Tensor> &trained,
+                              llvm::StringRef base, double untrainedFactor, llvm::StringRef out);
 
 } // namespace pipec::rt
 

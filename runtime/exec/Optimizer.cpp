@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/RankExecutor.h"
+#include "runtime/kernels/KernelBodies.h"
 
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -36,19 +37,42 @@ double scheduledLr(const Shared &s, int t) {
   return lr;
 }
 
-} // namespace
-
-Error RankExecutor::optimizerStep(int t) {
+/// The update of step \p t, but for the gradient's scale and clipping.
+OptimizerUpdate stepUpdate(const Shared &s, int t) {
   const RunOptions &o = s.options;
   OptimizerUpdate u;
   u.kind = s.optimizer;
   u.lr = scheduledLr(s, t);
-  lastLr = u.lr;
   u.momentum = o.momentum;
   u.weightDecay = o.weightDecay;
   u.beta1 = o.beta1;
   u.beta2 = o.beta2;
   u.epsilon = o.epsilon;
+  u.step = t;
+  return u;
+}
+
+} // namespace
+
+double untrainedFactor(const Shared &s) {
+  // Every update is linear in a weight whose gradient is zero: replay the
+  // steps on a weight of 1, through the kernel the backends run.
+  double w = 1, m = 0, v = 0, g = 0;
+  for (int t = 0; t < s.options.steps; ++t) {
+    kernels::OptimizerParams p = optimizerParams(stepUpdate(s, t));
+    double wOut = w, mOut = m, vOut = v;
+    kernels::optimizerElement<double>(0, p, &w, &g, &m, &v, &wOut, &mOut, &vOut);
+    w = wOut;
+    m = mOut;
+    v = vOut;
+  }
+  return w;
+}
+
+Error RankExecutor::optimizerStep(int t) {
+  const RunOptions &o = s.options;
+  OptimizerUpdate u = stepUpdate(s, t);
+  lastLr = u.lr;
   u.gradScale = 1.0 / (static_cast<double>(s.M) * s.dp);
   if (!s.plan->loss_count_value().empty()) {
     // Token-mean: the gradients hold each microbatch's loss summed over its
@@ -58,7 +82,6 @@ Error RankExecutor::optimizerStep(int t) {
       return err;
     u.gradScale = counted[0] > 0 ? 1.0 / counted[0] : 0.0;
   }
-  u.step = t;
   if (o.clipGradNorm > 0) {
     // Every rank adds the squares of the weights it counts: a tied weight on
     // the lowest of its ranks, replicas' (identical) gradients on replica 0.
@@ -91,6 +114,8 @@ Error RankExecutor::optimizerStep(int t) {
         scaled.setDouble(i, scaled.getDouble(i) * u.gradScale);
       lastGrads[name] = std::move(scaled);
     }
+    auto center = s.decayCenters.find(name);
+    u.decayCenter = center == s.decayCenters.end() ? 0.0 : center->second;
     auto m = master.find(name);
     cpu::Tensor &target = m != master.end() ? m->second : weights[name];
     if (Error err = be.optimize(u, target, g, moment1[name], moment2[name]))

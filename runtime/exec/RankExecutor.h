@@ -72,6 +72,13 @@ struct Shared {
   bool training = true, recompute = false;
   std::vector<int> rankOfStage;
   std::map<std::string, const onnx::TensorProto *> weightProtos;
+  /// --init: the weights the checkpoint gives, in place of the plan's.
+  std::map<std::string, onnx::TensorProto> initWeights;
+  /// The constant a weight holds its parameter shifted by (ParamMap.h's
+  /// decayCenterOf), for the weights where it is not 0.
+  std::map<std::string, double> decayCenters;
+  /// Lines the run warns about before its first step (--init).
+  std::vector<std::string> warnings;
   std::set<std::string> trainable;
   OptimizerKind optimizer = OptimizerKind::AdamW;
   double lr = 1e-3;
@@ -81,6 +88,11 @@ struct Shared {
   std::vector<plan::StageProgram> programs;
   FusionStats fusion;
 };
+
+/// What the optimizer made of a weight of 1 that no gradient reached, after
+/// the run's steps: the factor by which a sliced table's rows outside the
+/// slice shrink (decoupled weight decay), 1 without decay.
+double untrainedFactor(const Shared &s);
 
 /// Microbatch \p mb's first sample at step \p step on replica \p replica.
 inline int64_t firstSample(const Shared &s, int step, int replica, int mb) {

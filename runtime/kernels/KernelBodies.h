@@ -738,6 +738,7 @@ struct OptimizerParams {
   int kind = 0;
   double lr = 0, momentum = 0, weightDecay = 0, beta1 = 0, beta2 = 0, epsilon = 0, gradScale = 1;
   double c1 = 1, c2 = 1;
+  double decayCenter = 0; ///< decay pulls towards it (a weight holding 1 + w: 1)
 };
 
 /// Writes the new weight and moments (never in place; m and v may be null
@@ -746,11 +747,12 @@ template <typename T>
 PIPEC_HD void optimizerElement(int64_t i, const OptimizerParams &p, const T *w, const T *g,
                                const T *m, const T *v, T *wOut, T *mOut, T *vOut) {
   double wi = static_cast<double>(w[i]);
+  double decayed = p.weightDecay * (wi - p.decayCenter);
   if (p.kind == 0) {
     wOut[i] =
-        static_cast<T>(wi - p.lr * (static_cast<double>(g[i]) * p.gradScale + p.weightDecay * wi));
+        static_cast<T>(wi - p.lr * (static_cast<double>(g[i]) * p.gradScale + decayed));
   } else if (p.kind == 1) {
-    double gi = static_cast<double>(g[i]) * p.gradScale + p.weightDecay * wi;
+    double gi = static_cast<double>(g[i]) * p.gradScale + decayed;
     gi = p.momentum * static_cast<double>(m[i]) + gi;
     mOut[i] = static_cast<T>(gi);
     wOut[i] = static_cast<T>(wi - p.lr * gi);
@@ -760,7 +762,7 @@ PIPEC_HD void optimizerElement(int64_t i, const OptimizerParams &p, const T *w, 
     double vi = p.beta2 * static_cast<double>(v[i]) + (1 - p.beta2) * gi * gi;
     mOut[i] = static_cast<T>(mi);
     vOut[i] = static_cast<T>(vi);
-    wi -= p.lr * (mi / p.c1 / (sqrt(vi / p.c2) + p.epsilon) + p.weightDecay * wi);
+    wi -= p.lr * (mi / p.c1 / (sqrt(vi / p.c2) + p.epsilon) + decayed);
     wOut[i] = static_cast<T>(wi);
   }
 }

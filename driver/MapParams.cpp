@@ -1,0 +1,385 @@
+//===- MapParams.cpp - Which checkpoint tensor each weight holds ----------===//
+#include "driver/MapParams.h"
+
+#include "runtime/exec/ParamMap.h"
+#include "runtime/exec/Safetensors.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <set>
+
+using namespace llvm;
+
+namespace pipec {
+namespace {
+
+std::string shapeText(ArrayRef<int64_t> shape) {
+  return "[" + join(map_range(shape, [](int64_t d) { return std::to_string(d); }), ",") + "]";
+}
+
+/// A sum over the elements of a hash of each value: equal for two tensors
+/// that hold the same values in any order (a transpose), so that only
+/// candidates that can match are compared element by element.
+uint64_t fingerprint(const cpu::Tensor &t) {
+  uint64_t sum = 0;
+  for (int64_t i = 0; i < t.numElements(); ++i) {
+    double v = t.getDouble(i);
+    uint64_t x;
+    std::memcpy(&x, &v, sizeof x);
+    x += 0x9e3779b97f4a7c15ULL; // splitmix64's finaliser
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    sum += x ^ (x >> 31);
+  }
+  return sum;
+}
+
+bool sameValues(const cpu::Tensor &a, const cpu::Tensor &b) {
+  if (a.shape() != b.shape())
+    return false;
+  for (int64_t i = 0; i < a.numElements(); ++i) {
+    double x = a.getDouble(i), y = b.getDouble(i);
+    if (x != y && !(std::isnan(x) && std::isnan(y)))
+      return false;
+  }
+  return true;
+}
+
+struct Weight {
+  std::string name;
+  cpu::Tensor value;
+  bool trained = false;
+  uint64_t print = 0;
+};
+
+struct Param {
+  const rt::SafeTensor *tensor = nullptr;
+  cpu::Tensor value;
+  std::map<cpu::DType, std::pair<cpu::Tensor, uint64_t>> cast; ///< per weight type
+  std::vector<plan::ParamPlace> places;
+  std::string aliasOf;
+
+  const std::pair<cpu::Tensor, uint64_t> &as(cpu::DType type) {
+    auto it = cast.find(type);
+    if (it != cast.end())
+      return it->second;
+    cpu::Tensor t(type, value.shape());
+    for (int64_t i = 0; i < t.numElements(); ++i)
+      t.setDouble(i, value.getDouble(i));
+    t.roundToElemType();
+    uint64_t print = fingerprint(t);
+    return cast.emplace(type, std::make_pair(std::move(t), print)).first->second;
+  }
+};
+
+struct Match {
+  size_t param;
+  plan::ParamPlace place;
+};
+
+/// The places that hold \p p in \p w: a permutation of its axes or its
+/// leading rows along one axis, then leading axes of size 1 (none, or the
+/// constant added, in findShifted).
+std::vector<plan::ParamPlace> findPlaces(const Weight &w, Param &p) {
+  std::vector<plan::ParamPlace> found;
+  ArrayRef<int64_t> ws = w.value.shape(), ps = p.value.shape();
+  if (ws.size() < ps.size() || w.value.numElements() == 0)
+    return found;
+  size_t lead = ws.size() - ps.size();
+  if (any_of(ws.take_front(lead), [](int64_t d) { return d != 1; }))
+    return found;
+  ArrayRef<int64_t> core = ws.drop_front(lead);
+  auto finish = [&](plan::ParamPlace place) {
+    for (size_t i = 0; i < lead; ++i)
+      place.add_steps()->set_unsqueeze(0);
+    return place;
+  };
+  auto verify = [&](plan::ParamPlace place) {
+    place.set_weight(w.name);
+    place = finish(std::move(place));
+    auto placed = rt::placeParam(p.value, place, w.value.elemType());
+    if (placed && sameValues(*placed, w.value))
+      found.push_back(std::move(place));
+    else if (!placed)
+      consumeError(placed.takeError());
+  };
+  const auto &[cast, print] = p.as(w.value.elemType());
+  if (w.value.numElements() == p.value.numElements()) {
+    if (print != w.print)
+      return found;
+    std::vector<int32_t> perm(ps.size());
+    std::iota(perm.begin(), perm.end(), 0);
+    if (core == ps)
+      verify(plan::ParamPlace());
+    if (ps.size() < 2 || ps.size() > 4 || !found.empty())
+      return found;
+    while (std::next_permutation(perm.begin(), perm.end())) {
+      bool fits = true;
+      for (size_t j = 0; j < perm.size(); ++j)
+        fits = fits && ps[perm[j]] == core[j];
+      if (!fits)
+        continue;
+      plan::ParamPlace place;
+      auto *t = place.add_steps()->mutable_transpose();
+      for (int32_t a : perm)
+        t->add_perm(a);
+      verify(std::move(place));
+    }
+    return found;
+  }
+  // The leading rows along the one axis where the weight is shorter.
+  int axis = -1;
+  for (size_t a = 0; a < ps.size(); ++a) {
+    if (core[a] == ps[a])
+      continue;
+    if (core[a] > ps[a] || axis >= 0)
+      return found;
+    axis = static_cast<int>(a);
+  }
+  if (axis < 0 || cast.getDouble(0) != w.value.getDouble(0))
+    return found;
+  plan::ParamPlace place;
+  auto *slice = place.add_steps()->mutable_slice();
+  slice->set_axis(axis);
+  slice->set_stop(core[axis]);
+  verify(std::move(place));
+  return found;
+}
+
+/// The place that holds \p p in \p w plus a constant (Gemma's norm scale
+/// exported as 1 + w), if one does.
+std::optional<plan::ParamPlace> findShifted(const Weight &w, Param &p) {
+  ArrayRef<int64_t> ws = w.value.shape(), ps = p.value.shape();
+  int64_t n = w.value.numElements();
+  if (n == 0 || ws.size() < ps.size() || n != p.value.numElements() ||
+      ws.drop_front(ws.size() - ps.size()) != ps)
+    return std::nullopt;
+  const cpu::Tensor &cast = p.as(w.value.elemType()).first;
+  // The constant, rounded to 6 decimals: the exporter added a short one
+  // (1, 0.5), and w[0] - p[0] holds it with the sum's rounding.
+  auto constantAt = [&](int64_t i) {
+    return std::round((w.value.getDouble(i) - cast.getDouble(i)) * 1e6) / 1e6;
+  };
+  double c = constantAt(0);
+  if (c == 0 || !std::isfinite(c) || constantAt(n - 1) != c)
+    return std::nullopt;
+  plan::ParamPlace place;
+  place.set_weight(w.name);
+  place.add_steps()->set_add(c);
+  for (size_t i = 0; i < ws.size() - ps.size(); ++i)
+    place.add_steps()->set_unsqueeze(0);
+  auto placed = rt::placeParam(p.value, place, w.value.elemType());
+  if (!placed) {
+    consumeError(placed.takeError());
+    return std::nullopt;
+  }
+  if (!sameValues(*placed, w.value))
+    return std::nullopt;
+  return place;
+}
+
+/// True when \p weight carries \p param's name: equal, or after a wrapping
+/// module's prefix ("m.transformer.wte.weight" for "transformer.wte.weight").
+bool carriesName(StringRef weight, StringRef param) {
+  return weight == param || (weight.endswith(param) && weight.size() > param.size() &&
+                             weight[weight.size() - param.size() - 1] == '.');
+}
+
+} // namespace
+
+Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
+  auto file = rt::SafetensorsFile::open(checkpoint);
+  if (!file)
+    return file.takeError();
+  SmallString<256> modelDir(sys::path::parent_path(plan.model().path()));
+  if (modelDir.empty())
+    modelDir = ".";
+  std::set<std::string> trainable(plan.trainable().begin(), plan.trainable().end());
+  std::vector<Weight> weights;
+  for (const onnx::TensorProto &t : plan.weights()) {
+    auto value = cpu::fromTensorProto(t, modelDir);
+    if (!value)
+      return value.takeError();
+    if (!cpu::isFloating(value->elemType()))
+      continue;
+    Weight w;
+    w.name = t.name();
+    w.print = fingerprint(*value);
+    w.value = std::move(*value);
+    w.trained = trainable.count(w.name) > 0;
+    weights.push_back(std::move(w));
+  }
+  std::vector<Param> params;
+  std::map<std::string, const rt::SafeTensor *> byName;
+  for (const rt::SafeTensor &t : file->tensors())
+    byName[t.name] = &t;
+  for (const auto &[name, t] : byName) {
+    auto value = file->toTensor(*t);
+    if (!value)
+      return value.takeError();
+    Param p;
+    p.tensor = t;
+    p.value = std::move(*value);
+    params.push_back(std::move(p));
+  }
+
+  // Every (weight, parameter) pair whose values agree under some transform;
+  // a constant added only where nothing else matched.
+  std::vector<std::vector<Match>> matches(weights.size());
+  for (size_t w = 0; w < weights.size(); ++w) {
+    for (size_t p = 0; p < params.size(); ++p)
+      if (cpu::isFloating(params[p].value.elemType()))
+        for (plan::ParamPlace &place : findPlaces(weights[w], params[p]))
+          matches[w].push_back({p, std::move(place)});
+    if (matches[w].empty())
+      for (size_t p = 0; p < params.size(); ++p)
+        if (cpu::isFloating(params[p].value.elemType()))
+          if (auto place = findShifted(weights[w], params[p]))
+            matches[w].push_back({p, std::move(*place)});
+  }
+
+  // One parameter per weight: the only one; else the one whose name the
+  // weight carries; else the only one no other weight holds.
+  ParamMapSummary summary;
+  std::vector<int> chosen(weights.size(), -1);
+  std::set<size_t> held;
+  for (size_t w = 0; w < weights.size(); ++w) {
+    if (matches[w].size() == 1)
+      chosen[w] = 0;
+    for (size_t m = 0; m < matches[w].size() && matches[w].size() > 1; ++m)
+      if (carriesName(weights[w].name, params[matches[w][m].param].tensor->name))
+        chosen[w] = static_cast<int>(m);
+    if (chosen[w] >= 0)
+      held.insert(matches[w][chosen[w]].param);
+  }
+  for (size_t w = 0; w < weights.size(); ++w) {
+    if (chosen[w] >= 0 || matches[w].empty())
+      continue;
+    std::vector<int> free;
+    std::vector<std::string> names;
+    for (size_t m = 0; m < matches[w].size(); ++m) {
+      names.push_back("'" + params[matches[w][m].param].tensor->name + "'");
+      if (!held.count(matches[w][m].param))
+        free.push_back(static_cast<int>(m));
+    }
+    if (free.size() == 1) {
+      chosen[w] = free[0];
+      held.insert(matches[w][free[0]].param);
+      continue;
+    }
+    summary.problems.push_back(formatv("weight '{0}' holds the values of {1} alike (equal "
+                                       "parameters); it is mapped to none of them",
+                                       weights[w].name, join(names, ", ")));
+  }
+  for (size_t w = 0; w < weights.size(); ++w)
+    if (chosen[w] >= 0) {
+      Match &m = matches[w][chosen[w]];
+      params[m.param].places.push_back(std::move(m.place));
+    }
+
+  // Names the checkpoint leaves out: a parameter of equal values to a held
+  // one (two names of one tied tensor), and a weight exported under its
+  // parameter's other name (the tied head save_pretrained writes once).
+  for (Param &p : params) {
+    if (!p.places.empty() || !cpu::isFloating(p.value.elemType()))
+      continue;
+    for (const Param &q : params)
+      if (!q.places.empty() && q.tensor->type == p.tensor->type && sameValues(q.value, p.value)) {
+        p.aliasOf = q.tensor->name;
+        break;
+      }
+  }
+  std::map<std::string, int> prefixes;
+  for (const Param &p : params)
+    for (const plan::ParamPlace &place : p.places)
+      if (place.steps().empty() && carriesName(place.weight(), p.tensor->name))
+        ++prefixes[place.weight().substr(0, place.weight().size() - p.tensor->name.size())];
+  std::string prefix;
+  int most = 0;
+  for (const auto &[text, count] : prefixes)
+    if (count > most) {
+      most = count;
+      prefix = text;
+    }
+  std::vector<std::pair<std::string, std::string>> extraAliases;
+  for (const Param &p : params)
+    for (const plan::ParamPlace &place : p.places) {
+      StringRef rest(place.weight());
+      // Without a weight to show the wrapper's prefix, a name of three
+      // parts or more ("m.lm_head.weight") is taken to have one.
+      if (most == 0 && rest.count('.') >= 2)
+        rest = rest.split('.').second;
+      if (!place.steps().empty() || !rest.consume_front(prefix) || rest == p.tensor->name ||
+          byName.count(rest.str()))
+        continue;
+      extraAliases.push_back({rest.str(), p.tensor->name});
+    }
+
+  plan::ParamMap &map = *plan.mutable_param_map();
+  map.Clear();
+  SmallString<256> absolute(checkpoint);
+  sys::fs::make_absolute(absolute);
+  map.set_checkpoint(std::string(absolute));
+  std::set<std::string> trainedHeld;
+  for (Param &p : params) {
+    plan::Param &entry = *map.add_params();
+    entry.set_name(p.tensor->name);
+    entry.set_dtype(rt::safetensorsDType(p.tensor->type).str());
+    for (int64_t d : p.tensor->shape)
+      entry.add_shape(d);
+    entry.set_alias_of(p.aliasOf);
+    bool folded = false;
+    for (plan::ParamPlace &place : p.places) {
+      folded = folded || !place.steps().empty();
+      trainedHeld.insert(place.weight());
+      *entry.add_places() = std::move(place);
+    }
+    if (!cpu::isFloating(p.value.elemType()))
+      continue;
+    ++summary.params;
+    summary.placed += entry.places_size() > 0;
+    summary.folded += folded;
+    summary.aliases += !p.aliasOf.empty();
+    if (entry.places_size() == 0 && p.aliasOf.empty())
+      summary.problems.push_back(formatv(
+          "parameter '{0}' {1}: no weight of the model holds it; the graph does not read it, or "
+          "the exporter folded it into a constant (torch.onnx.export(..., optimize=False) keeps "
+          "parameters as they are; the legacy exporter: do_constant_folding=False); "
+          "--save-weights writes it unchanged",
+          p.tensor->name, shapeText(p.tensor->shape)));
+  }
+  for (const auto &[alias, of] : extraAliases) {
+    plan::Param &entry = *map.add_params();
+    entry.set_name(alias);
+    entry.set_alias_of(of);
+    const rt::SafeTensor *t = byName[of];
+    entry.set_dtype(rt::safetensorsDType(t->type).str());
+    for (int64_t d : t->shape)
+      entry.add_shape(d);
+    ++summary.aliases;
+  }
+  for (const Weight &w : weights)
+    if (w.trained && !trainedHeld.count(w.name))
+      summary.problems.push_back(
+          formatv("trained weight '{0}' {1} holds no tensor of {2}; --save-weights .safetensors "
+                  "cannot write what it learns",
+                  w.name, shapeText(w.value.shape()), checkpoint));
+  if (summary.placed == 0)
+    return createStringError(inconvertibleErrorCode(),
+                             "--params %s: no weight of %s holds any of its %d tensors; is it "
+                             "the checkpoint of this model?",
+                             checkpoint.str().c_str(), plan.model().path().c_str(), summary.params);
+  for (const std::string &line : summary.problems)
+    plan.add_warnings("--params: " + line);
+  return std::move(summary);
+}
+
+} // namespace pipec

@@ -1,0 +1,55 @@
+//===- MapParams.h - Which checkpoint tensor each weight holds ------------===//
+//
+// `pipec compile MODEL.onnx --params CKPT.safetensors`: the model's own
+// tensors, as save_pretrained or safetensors.torch.save_file wrote them,
+// matched to the plan's weights by exact value, under the transforms
+// exporters apply when they fold a parameter: a cast, a transpose (any
+// permutation), the leading rows along one axis, new axes of size 1, a
+// constant added ("1 + w"). The result is the plan's ParamMap
+// (runtime/exec/ParamMap.h applies it).
+//
+// Values decide, not names: a weight matches the parameters whose values
+// it holds. Names only break ties between parameters of equal values: the
+// one whose name the weight carries (exporters keep the parameter's name,
+// after the prefix of a wrapping module, when they do not fold it), else
+// the one no other weight holds. A tie that neither breaks is reported.
+// A weight exported under the name of a parameter the checkpoint lacks (a
+// tied head: save_pretrained writes "lm_head.weight" only once, as the
+// embedding) gives that name as an alias, so that a saved checkpoint has
+// every name torch's state_dict has.
+//
+// The report names every parameter no weight holds (with the export
+// setting that keeps a folded one), every trained weight that holds no
+// parameter, and every tie left open.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_DRIVER_MAPPARAMS_H
+#define PIPEC_DRIVER_MAPPARAMS_H
+
+#include "runtime/plan/plan.pb.h"
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <string>
+#include <vector>
+
+namespace pipec {
+
+struct ParamMapSummary {
+  int params = 0; ///< float tensors of the checkpoint
+  int placed = 0; ///< held by a weight
+  int folded = 0; ///< held through at least one transform
+  int aliases = 0;
+  /// One line each: unplaced parameters, trained weights without one,
+  /// open ties. Also in the plan's warnings.
+  std::vector<std::string> problems;
+};
+
+/// Fills \p plan's param_map from the safetensors file \p checkpoint.
+/// Errors: the file cannot be read, or it shares no tensor with the model.
+llvm::Expected<ParamMapSummary> mapParams(plan::Plan &plan, llvm::StringRef checkpoint);
+
+} // namespace pipec
+
+#endif // PIPEC_DRIVER_MAPPARAMS_H

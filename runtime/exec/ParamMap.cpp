@@ -1,0 +1,233 @@
+//===- ParamMap.cpp - A checkpoint's parameters in the plan's weights -----===//
+#include "runtime/exec/ParamMap.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <numeric>
+
+using namespace llvm;
+
+namespace pipec::rt {
+namespace {
+
+Error stepError(const Twine &why) {
+  return createStringError(inconvertibleErrorCode(), "%s", why.str().c_str());
+}
+
+std::string shapeText(ArrayRef<int64_t> shape) {
+  return "[" + join(map_range(shape, [](int64_t d) { return std::to_string(d); }), ",") + "]";
+}
+
+/// \p t with its axes permuted: result axis j is t's axis perm[j].
+Expected<cpu::Tensor> permuted(const cpu::Tensor &t, ArrayRef<int32_t> perm) {
+  size_t rank = t.shape().size();
+  std::vector<int32_t> seen(perm.begin(), perm.end());
+  llvm::sort(seen);
+  std::vector<int32_t> iota(rank);
+  std::iota(iota.begin(), iota.end(), 0);
+  if (seen != iota)
+    return stepError(formatv("transpose {0} is not a permutation of {1} axes",
+                             shapeText(std::vector<int64_t>(perm.begin(), perm.end())), rank));
+  std::vector<int64_t> shape(rank), inStrides = cpu::stridesOf(t.shape());
+  for (size_t j = 0; j < rank; ++j)
+    shape[j] = t.shape()[perm[j]];
+  cpu::Tensor out(t.elemType(), shape);
+  std::vector<int64_t> index(rank, 0);
+  for (int64_t flat = 0; flat < out.numElements(); ++flat) {
+    int64_t from = 0;
+    for (size_t j = 0; j < rank; ++j)
+      from += index[j] * inStrides[perm[j]];
+    out.setDouble(flat, t.getDouble(from));
+    for (size_t j = rank; j-- > 0;)
+      if (++index[j] < shape[j])
+        break;
+      else
+        index[j] = 0;
+  }
+  return std::move(out);
+}
+
+/// Copies the first \p stop entries of \p from along \p axis into the same
+/// entries of \p into (into's shape but along axis), or back when \p out.
+void copyLeading(const cpu::Tensor &from, cpu::Tensor &into, int axis, int64_t stop,
+                 bool fromIsSlice) {
+  const cpu::Tensor &big = fromIsSlice ? into : from;
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < axis; ++i)
+    outer *= big.shape()[i];
+  for (size_t i = axis + 1; i < big.shape().size(); ++i)
+    inner *= big.shape()[i];
+  int64_t bigRows = big.shape()[axis];
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t r = 0; r < stop; ++r)
+      for (int64_t i = 0; i < inner; ++i) {
+        int64_t inBig = (o * bigRows + r) * inner + i, inSlice = (o * stop + r) * inner + i;
+        if (fromIsSlice)
+          into.setDouble(inBig, from.getDouble(inSlice));
+        else
+          into.setDouble(inSlice, from.getDouble(inBig));
+      }
+}
+
+} // namespace
+
+Expected<cpu::Tensor> placeParam(const cpu::Tensor &param, const plan::ParamPlace &place,
+                                 cpu::DType weightType) {
+  cpu::Tensor t(weightType, param.shape());
+  for (int64_t i = 0; i < t.numElements(); ++i)
+    t.setDouble(i, param.getDouble(i));
+  t.roundToElemType();
+  for (const plan::ParamStep &step : place.steps()) {
+    std::vector<int64_t> shape = t.shape();
+    switch (step.step_case()) {
+    case plan::ParamStep::kTranspose: {
+      std::vector<int32_t> perm(step.transpose().perm().begin(), step.transpose().perm().end());
+      auto moved = permuted(t, perm);
+      if (!moved)
+        return moved.takeError();
+      t = std::move(*moved);
+      break;
+    }
+    case plan::ParamStep::kSlice: {
+      int axis = step.slice().axis();
+      int64_t stop = step.slice().stop();
+      if (axis < 0 || axis >= int(shape.size()) || stop < 0 || stop > shape[axis])
+        return stepError(
+            formatv("slice axis {0} to {1} does not fit shape {2}", axis, stop, shapeText(shape)));
+      shape[axis] = stop;
+      cpu::Tensor sliced(weightType, shape);
+      copyLeading(t, sliced, axis, stop, /*fromIsSlice=*/false);
+      t = std::move(sliced);
+      break;
+    }
+    case plan::ParamStep::kUnsqueeze: {
+      int axis = step.unsqueeze();
+      if (axis < 0 || axis > int(shape.size()))
+        return stepError(formatv("unsqueeze {0} does not fit shape {1}", axis, shapeText(shape)));
+      shape.insert(shape.begin() + axis, 1);
+      t = t.reshaped(shape);
+      break;
+    }
+    case plan::ParamStep::kAdd:
+      for (int64_t i = 0; i < t.numElements(); ++i)
+        t.setDouble(i, static_cast<double>(static_cast<float>(step.add())) + t.getDouble(i));
+      t.roundToElemType();
+      break;
+    case plan::ParamStep::STEP_NOT_SET:
+      return stepError("a step with no transform");
+    }
+  }
+  return std::move(t);
+}
+
+Expected<cpu::Tensor> unplaceParam(const cpu::Tensor &weight, const plan::ParamPlace &place,
+                                   const cpu::Tensor &param, double untrainedFactor) {
+  // The shapes before each step, from the parameter's on.
+  std::vector<std::vector<int64_t>> shapes = {param.shape()};
+  for (const plan::ParamStep &step : place.steps()) {
+    std::vector<int64_t> shape = shapes.back();
+    if (step.has_transpose()) {
+      if (step.transpose().perm_size() != int(shape.size()))
+        return stepError("transpose does not fit shape " + shapeText(shape));
+      std::vector<int64_t> moved;
+      for (int32_t p : step.transpose().perm())
+        moved.push_back(shape.at(p));
+      shape = moved;
+    } else if (step.has_slice()) {
+      if (step.slice().axis() < 0 || step.slice().axis() >= int(shape.size()))
+        return stepError("slice does not fit shape " + shapeText(shape));
+      shape[step.slice().axis()] = step.slice().stop();
+    } else if (step.step_case() == plan::ParamStep::kUnsqueeze) {
+      if (step.unsqueeze() < 0 || step.unsqueeze() > int(shape.size()))
+        return stepError("unsqueeze does not fit shape " + shapeText(shape));
+      shape.insert(shape.begin() + step.unsqueeze(), 1);
+    }
+    shapes.push_back(shape);
+  }
+  if (shapes.back() != weight.shape())
+    return stepError(formatv("the weight is {0}; the steps make {1}", shapeText(weight.shape()),
+                             shapeText(shapes.back())));
+  // In float64 through the inverse steps, rounded once at the end.
+  cpu::Tensor t(cpu::DType::F64, weight.shape());
+  for (int64_t i = 0; i < t.numElements(); ++i)
+    t.setDouble(i, weight.getDouble(i));
+  for (int s = place.steps_size(); s-- > 0;) {
+    const plan::ParamStep &step = place.steps(s);
+    const std::vector<int64_t> &before = shapes[s];
+    if (step.has_transpose()) {
+      std::vector<int32_t> inverse(step.transpose().perm_size());
+      for (int j = 0; j < step.transpose().perm_size(); ++j)
+        inverse[step.transpose().perm(j)] = j;
+      auto moved = permuted(t, inverse);
+      if (!moved)
+        return moved.takeError();
+      t = std::move(*moved);
+    } else if (step.has_slice()) {
+      // The rows the slice left out: the checkpoint's, as the optimizer left
+      // a weight that no gradient reached.
+      cpu::Tensor whole(cpu::DType::F64, before);
+      auto full = placeParam(
+          param,
+          [&] {
+            plan::ParamPlace prefix;
+            for (int k = 0; k < s; ++k)
+              *prefix.add_steps() = place.steps(k);
+            return prefix;
+          }(),
+          cpu::DType::F64);
+      if (!full)
+        return full.takeError();
+      for (int64_t i = 0; i < whole.numElements(); ++i)
+        whole.setDouble(i, full->getDouble(i) * untrainedFactor);
+      copyLeading(t, whole, step.slice().axis(), step.slice().stop(), /*fromIsSlice=*/true);
+      t = std::move(whole);
+    } else if (step.step_case() == plan::ParamStep::kUnsqueeze) {
+      t = t.reshaped(before);
+    } else if (step.step_case() == plan::ParamStep::kAdd) {
+      double c = static_cast<float>(step.add());
+      for (int64_t i = 0; i < t.numElements(); ++i)
+        t.setDouble(i, t.getDouble(i) - c);
+    }
+  }
+  cpu::Tensor out(param.elemType(), param.shape());
+  for (int64_t i = 0; i < out.numElements(); ++i)
+    out.setDouble(i, t.getDouble(i));
+  out.roundToElemType();
+  return std::move(out);
+}
+
+double decayCenterOf(const plan::ParamPlace &place) {
+  double center = 0;
+  for (const plan::ParamStep &step : place.steps())
+    if (step.step_case() == plan::ParamStep::kAdd)
+      center += static_cast<float>(step.add());
+  return center;
+}
+
+std::string describeSteps(const plan::ParamPlace &place) {
+  std::vector<std::string> parts;
+  for (const plan::ParamStep &step : place.steps()) {
+    switch (step.step_case()) {
+    case plan::ParamStep::kTranspose:
+      parts.push_back("transpose " +
+                      shapeText(std::vector<int64_t>(step.transpose().perm().begin(),
+                                                     step.transpose().perm().end())));
+      break;
+    case plan::ParamStep::kSlice:
+      parts.push_back(formatv("rows 0:{0} of axis {1}", step.slice().stop(), step.slice().axis()));
+      break;
+    case plan::ParamStep::kUnsqueeze:
+      parts.push_back(formatv("unsqueeze {0}", step.unsqueeze()));
+      break;
+    case plan::ParamStep::kAdd:
+      parts.push_back(formatv("{0} + w", step.add()));
+      break;
+    case plan::ParamStep::STEP_NOT_SET:
+      break;
+    }
+  }
+  return parts.empty() ? "as it is" : join(parts, ", ");
+}
+
+} // namespace pipec::rt

@@ -1,0 +1,270 @@
+//===- Safetensors.cpp - Reading and writing .safetensors checkpoints -----===//
+#include "runtime/exec/Safetensors.h"
+
+#include "runtime/plan/PlanFile.h"
+#include "support/Float16.h"
+#include "support/InputFile.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/Endian.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+using namespace llvm;
+using json = nlohmann::json;
+
+namespace pipec::rt {
+namespace {
+
+/// The reference implementation's limit on the header.
+constexpr uint64_t MaxHeaderBytes = 100'000'000;
+
+struct DTypeName {
+  const char *name;
+  cpu::DType type;
+};
+constexpr DTypeName DTypeNames[] = {
+    {"F64", cpu::DType::F64},   {"F32", cpu::DType::F32}, {"F16", cpu::DType::F16},
+    {"BF16", cpu::DType::BF16}, {"I64", cpu::DType::I64}, {"I32", cpu::DType::I32},
+    {"I16", cpu::DType::I16},   {"I8", cpu::DType::I8},   {"U64", cpu::DType::U64},
+    {"U32", cpu::DType::U32},   {"U16", cpu::DType::U16}, {"U8", cpu::DType::U8},
+    {"BOOL", cpu::DType::Bool},
+};
+
+/// Bytes per element in the file.
+uint64_t fileElementSize(cpu::DType type) { return static_cast<uint64_t>(dtypeSize(type)); }
+
+/// A JSON parse that refuses a key given twice in one object (nlohmann
+/// keeps the last one silently; a tensor named twice is an attack or a
+/// broken writer, never a checkpoint).
+Expected<json> parseStrict(StringRef text, std::string &duplicate) {
+  std::vector<std::set<std::string>> keys;
+  json::parser_callback_t callback = [&](int, json::parse_event_t event, json &parsed) {
+    if (event == json::parse_event_t::object_start)
+      keys.emplace_back();
+    else if (event == json::parse_event_t::object_end && !keys.empty())
+      keys.pop_back();
+    else if (event == json::parse_event_t::key && !keys.empty() && parsed.is_string() &&
+             !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), callback);
+  } catch (const json::parse_error &e) {
+    return createStringError(inconvertibleErrorCode(), "%zu: %s", e.byte, e.what());
+  }
+}
+
+/// A non-negative integer of JSON, or nullopt.
+std::optional<uint64_t> unsignedOf(const json &v) {
+  if (v.is_number_unsigned())
+    return v.get<uint64_t>();
+  if (v.is_number_integer() && v.get<int64_t>() >= 0)
+    return static_cast<uint64_t>(v.get<int64_t>());
+  return std::nullopt;
+}
+
+} // namespace
+
+StringRef safetensorsDType(cpu::DType type) {
+  for (const DTypeName &d : DTypeNames)
+    if (d.type == type)
+      return d.name;
+  return "";
+}
+
+Expected<SafetensorsFile> SafetensorsFile::open(StringRef path) {
+  auto file = readInputFile(path);
+  if (!file)
+    return file.takeError();
+  SafetensorsFile out;
+  out.filePath = path.str();
+  out.buffer = std::move(*file);
+  StringRef bytes = out.buffer->getBuffer();
+  auto fail = [&](uint64_t at, const Twine &why) {
+    return createStringError(inconvertibleErrorCode(), "%s: safetensors header at byte %llu: %s",
+                             path.str().c_str(), static_cast<unsigned long long>(at),
+                             why.str().c_str());
+  };
+  if (bytes.size() < 8)
+    return fail(0,
+                formatv("the file has {0} bytes; the header length alone takes 8", bytes.size()));
+  uint64_t n = support::endian::read64le(bytes.data());
+  if (n > MaxHeaderBytes)
+    return fail(0, formatv("the header says it is {0} bytes, over the format's limit of {1}", n,
+                           MaxHeaderBytes));
+  if (n > bytes.size() - 8)
+    return fail(0, formatv("the header says it is {0} bytes; the file has {1} after the length", n,
+                           bytes.size() - 8));
+  StringRef text = bytes.substr(8, n);
+  uint64_t dataStart = 8 + n;
+  uint64_t dataSize = bytes.size() - dataStart;
+  std::string duplicate;
+  auto header = parseStrict(text, duplicate);
+  if (!header) {
+    std::string why = toString(header.takeError());
+    auto [at, what] = StringRef(why).split(": ");
+    uint64_t pos = 0;
+    at.getAsInteger(10, pos);
+    return fail(8 + (pos > 0 ? pos - 1 : 0), "the header is not JSON: " + what);
+  }
+  if (!duplicate.empty())
+    return fail(8, "the header names '" + duplicate + "' twice");
+  if (!header->is_object())
+    return fail(8, "the header is not a JSON object");
+  for (auto &[key, value] : header->items()) {
+    if (key == "__metadata__") {
+      if (!value.is_object())
+        return fail(8, "__metadata__ is not an object of strings");
+      for (auto &[k, v] : value.items()) {
+        if (!v.is_string())
+          return fail(8, "__metadata__ '" + k + "' is not a string");
+        out.meta[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    auto bad = [&](const Twine &why) { return fail(8, "tensor '" + key + "': " + why); };
+    if (!value.is_object())
+      return bad("not an object");
+    for (auto &[k, v] : value.items())
+      if (k != "dtype" && k != "shape" && k != "data_offsets")
+        return bad("unknown key '" + k + "'");
+    SafeTensor t;
+    t.name = key;
+    auto dtype = value.find("dtype");
+    if (dtype == value.end() || !dtype->is_string())
+      return bad("no dtype");
+    std::string dtypeText = dtype->get<std::string>();
+    const DTypeName *known =
+        find_if(DTypeNames, [&](const DTypeName &d) { return dtypeText == d.name; });
+    if (known == std::end(DTypeNames))
+      return bad("dtype '" + dtypeText + "' is not one pipec reads (F64, F32, F16, BF16, " +
+                 "I64, I32, I16, I8, U64, U32, U16, U8, BOOL)");
+    t.type = known->type;
+    auto shape = value.find("shape");
+    if (shape == value.end() || !shape->is_array())
+      return bad("no shape");
+    uint64_t count = 1;
+    for (const json &d : *shape) {
+      auto dim = unsignedOf(d);
+      if (!dim || *dim > uint64_t(INT64_MAX))
+        return bad("shape " + shape->dump() + " is not a list of sizes");
+      if (*dim != 0 && count > UINT64_MAX / *dim)
+        return bad("shape " + shape->dump() + " overflows");
+      count *= *dim;
+      t.shape.push_back(static_cast<int64_t>(*dim));
+    }
+    auto offsets = value.find("data_offsets");
+    if (offsets == value.end() || !offsets->is_array() || offsets->size() != 2)
+      return bad("data_offsets is not [begin, end]");
+    auto begin = unsignedOf((*offsets)[0]), end = unsignedOf((*offsets)[1]);
+    if (!begin || !end || *begin > *end)
+      return bad("data_offsets " + offsets->dump() + " is not a range");
+    if (*end > dataSize)
+      return bad(
+          formatv("data_offsets {0} run past the data's {1} bytes", offsets->dump(), dataSize));
+    uint64_t size = fileElementSize(t.type);
+    if (count > UINT64_MAX / size || count * size != *end - *begin)
+      return bad(formatv("shape {0} of {1} needs {2} bytes; data_offsets {3} hold {4}",
+                         shape->dump(), dtypeText, count > UINT64_MAX / size ? 0 : count * size,
+                         offsets->dump(), *end - *begin));
+    t.offset = dataStart + *begin;
+    t.bytes = bytes.substr(dataStart + *begin, *end - *begin);
+    out.list.push_back(std::move(t));
+  }
+  // As the reference: the ranges tile the data, in order, without a hole.
+  stable_sort(out.list, [](const SafeTensor &a, const SafeTensor &b) {
+    return a.offset < b.offset || (a.offset == b.offset && a.bytes.size() < b.bytes.size());
+  });
+  uint64_t next = dataStart;
+  for (const SafeTensor &t : out.list) {
+    if (t.offset < next)
+      return fail(t.offset, formatv("tensor '{0}' overlaps the tensor before it", t.name));
+    if (t.offset > next)
+      return fail(next, formatv("{0} bytes before tensor '{1}' belong to no tensor",
+                                t.offset - next, t.name));
+    next = t.offset + t.bytes.size();
+  }
+  if (next != bytes.size())
+    return fail(next, formatv("{0} bytes at the end belong to no tensor", bytes.size() - next));
+  for (size_t i = 0; i < out.list.size(); ++i)
+    out.byName[out.list[i].name] = i;
+  return std::move(out);
+}
+
+const SafeTensor *SafetensorsFile::find(StringRef name) const {
+  auto it = byName.find(name.str());
+  return it == byName.end() ? nullptr : &list[it->second];
+}
+
+Expected<cpu::Tensor> SafetensorsFile::toTensor(const SafeTensor &t) const {
+  if (Error err = checkFitsMemory(filePath + ": tensor '" + t.name + "'",
+                                  static_cast<int64_t>(t.bytes.size())))
+    return std::move(err);
+  cpu::Tensor out = cpu::Tensor::uninitialized(t.type, t.shape);
+  int64_t n = out.numElements();
+  const char *src = t.bytes.data();
+  if (t.type == cpu::DType::F16 || t.type == cpu::DType::BF16) {
+    float *dst = out.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t bits = support::endian::read16le(src + 2 * i);
+      dst[i] = t.type == cpu::DType::F16 ? halfToFloat(bits) : bfloat16ToFloat(bits);
+    }
+  } else if (n > 0) {
+    std::memcpy(out.rawData(), src, t.bytes.size());
+  }
+  return std::move(out);
+}
+
+Error writeSafetensors(StringRef path, const std::map<std::string, cpu::Tensor> &tensors,
+                       const std::map<std::string, std::string> &metadata) {
+  json header = json::object();
+  if (!metadata.empty())
+    header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto &[name, t] : tensors) {
+    StringRef dtype = safetensorsDType(t.elemType());
+    if (dtype.empty())
+      return createStringError(inconvertibleErrorCode(),
+                               "%s: tensor '%s' is %s; safetensors has "
+                               "no such dtype",
+                               path.str().c_str(), name.c_str(),
+                               cpu::elemTypeName(t.elemType()).str().c_str());
+    uint64_t size = static_cast<uint64_t>(t.numElements()) * fileElementSize(t.elemType());
+    header[name] = {
+        {"dtype", dtype.str()}, {"shape", t.shape()}, {"data_offsets", {offset, offset + size}}};
+    offset += size;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' '); // the data starts 8-byte aligned
+  return writeFileAtomically(path, [&](raw_ostream &os) -> Error {
+    char length[8];
+    support::endian::write64le(length, text.size());
+    os.write(length, 8);
+    os << text;
+    std::vector<char> half;
+    for (const auto &[name, t] : tensors) {
+      if (t.elemType() == cpu::DType::F16 || t.elemType() == cpu::DType::BF16) {
+        half.resize(2 * t.numElements());
+        const float *src = t.data<float>();
+        for (int64_t i = 0; i < t.numElements(); ++i)
+          support::endian::write16le(half.data() + 2 * i, t.elemType() == cpu::DType::F16
+                                                              ? floatToHalf(src[i])
+                                                              : floatToBFloat16(src[i]));
+        os.write(half.data(), half.size());
+      } else if (t.numElements() > 0) {
+        os.write(static_cast<const char *>(t.rawData()), t.byteSize());
+      }
+    }
+    return Error::success();
+  });
+}
+
+} // namespace pipec::rt
