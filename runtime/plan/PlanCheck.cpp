@@ -32,6 +32,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 
+#include <cmath>
 #include <map>
 #include <optional>
 
@@ -265,6 +266,51 @@ Error checkWeight(const onnx::TensorProto &w) {
   return Error::success();
 }
 
+/// The parameter map names weights of the plan, each parameter once, and
+/// steps that fit: the runtime reads the checkpoint through it.
+Error checkParamMap(const plan::Plan &plan, const StringSet<> &weights) {
+  StringSet<> names;
+  for (const plan::Param &p : plan.param_map().params()) {
+    std::string what = "parameter '" + p.name() + "'";
+    if (!names.insert(p.name()).second)
+      return planError(what + " is mapped twice");
+    std::optional<DType> type = dtypeOfName(StringRef(p.dtype()).lower());
+    if (type && (*type == DType::String || *type == DType::C64 || *type == DType::C128))
+      type.reset();
+    if (!type)
+      return planError(what + " has dtype '" + p.dtype() + "'");
+    if (auto bytes = shapeBytes(what, p.shape(), dtypeSize(*type)); !bytes)
+      return bytes.takeError();
+    if (!p.alias_of().empty() && p.places_size() > 0)
+      return planError(what + " is an alias and has places of its own");
+    for (const plan::ParamPlace &place : p.places()) {
+      if (!weights.count(place.weight()))
+        return planError(what + " is held by '" + place.weight() +
+                         "', which is not one of the plan's weights");
+      for (const plan::ParamStep &step : place.steps()) {
+        bool fits = true;
+        if (step.has_transpose())
+          fits = step.transpose().perm_size() <= 8;
+        else if (step.has_slice())
+          fits = step.slice().axis() >= 0 && step.slice().axis() < 8 && step.slice().stop() >= 0;
+        else if (step.step_case() == plan::ParamStep::kUnsqueeze)
+          fits = step.unsqueeze() >= 0 && step.unsqueeze() <= 8;
+        else if (step.step_case() == plan::ParamStep::kAdd)
+          fits = std::isfinite(step.add());
+        else
+          fits = false;
+        if (!fits)
+          return planError(what + " in '" + place.weight() + "' has a step that is not one");
+      }
+    }
+  }
+  for (const plan::Param &p : plan.param_map().params())
+    if (!p.alias_of().empty() && !names.count(p.alias_of()))
+      return planError("parameter '" + p.name() + "' is an alias of '" + p.alias_of() +
+                       "', which the map does not hold");
+  return Error::success();
+}
+
 Error checkTensors(const plan::Plan &plan) {
   StringSet<> weights;
   for (const onnx::TensorProto &w : plan.weights()) {
@@ -289,7 +335,7 @@ Error checkTensors(const plan::Plan &plan) {
     if (d.high() < 0)
       return planError("data input '" + d.name() + "' has high " + Twine(d.high()));
   }
-  return Error::success();
+  return checkParamMap(plan, weights);
 }
 
 } // namespace
