@@ -3,6 +3,9 @@
 
 #include "runtime/exec/ParamMap.h"
 #include "runtime/exec/Safetensors.h"
+#include "support/InputFile.h"
+
+#include "onnx/onnx_pb.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -10,6 +13,7 @@
 #include "llvm/Support/Path.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -193,6 +197,63 @@ bool carriesName(StringRef weight, StringRef param) {
                              weight[weight.size() - param.size() - 1] == '.');
 }
 
+/// The modules whose nodes read each initializer of the model at \p path:
+/// the dynamo exporter's "pkg.torch.onnx.name_scopes" of a node (the module
+/// path before the op's own name, "m.model.layers.0.input_layernorm"), or
+/// the legacy exporter's node name ("/m/model/layers.0/input_layernorm/Mul").
+/// Empty when the file does not parse.
+std::map<std::string, std::set<std::string>> readerScopes(StringRef path) {
+  std::map<std::string, std::set<std::string>> scopes;
+  auto file = readInputFile(path);
+  if (!file || (*file)->getBufferSize() > size_t(INT_MAX)) {
+    if (!file)
+      consumeError(file.takeError());
+    return scopes;
+  }
+  onnx::ModelProto model;
+  if (!model.ParseFromArray((*file)->getBufferStart(), int((*file)->getBufferSize())))
+    return scopes;
+  std::set<std::string> initializers;
+  for (const onnx::TensorProto &t : model.graph().initializer())
+    initializers.insert(t.name());
+  for (const onnx::NodeProto &node : model.graph().node()) {
+    std::string scope;
+    for (const onnx::StringStringEntryProto &entry : node.metadata_props())
+      if (entry.key() == "pkg.torch.onnx.name_scopes") {
+        // A Python list of strings: the module path is the one before last.
+        SmallVector<StringRef, 8> parts;
+        StringRef(entry.value()).split(parts, '\'');
+        std::vector<std::string> items;
+        for (size_t i = 1; i < parts.size(); i += 2)
+          items.push_back(parts[i].str());
+        if (items.size() >= 2)
+          scope = items[items.size() - 2];
+      }
+    StringRef name(node.name());
+    if (scope.empty() && name.consume_front("/") && name.contains('/')) {
+      scope = name.rsplit('/').first.str();
+      std::replace(scope.begin(), scope.end(), '/', '.');
+    }
+    if (scope.empty())
+      continue;
+    for (const std::string &input : node.input())
+      if (initializers.count(input))
+        scopes[input].insert(scope);
+  }
+  return scopes;
+}
+
+/// True when a node of module \p scope may read parameter \p param: the
+/// parameter's module ("model.layers.0.input_layernorm" of its name) is the
+/// scope, after a wrapping module's prefix.
+bool readsInScope(StringRef scope, StringRef param) {
+  StringRef module = param.rsplit('.').first;
+  if (module == param)
+    return false;
+  return scope == module || (scope.endswith(module) && scope.size() > module.size() &&
+                             scope[scope.size() - module.size() - 1] == '.');
+}
+
 } // namespace
 
 Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
@@ -247,16 +308,29 @@ Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
   }
 
   // One parameter per weight: the only one; else the one whose name the
-  // weight carries; else the only one no other weight holds.
+  // weight carries; else the only one whose module reads the weight in the
+  // graph; else the only one no other weight holds.
   ParamMapSummary summary;
   std::vector<int> chosen(weights.size(), -1);
   std::set<size_t> held;
+  std::map<std::string, std::set<std::string>> scopes = readerScopes(plan.model().path());
   for (size_t w = 0; w < weights.size(); ++w) {
     if (matches[w].size() == 1)
       chosen[w] = 0;
     for (size_t m = 0; m < matches[w].size() && matches[w].size() > 1; ++m)
       if (carriesName(weights[w].name, params[matches[w][m].param].tensor->name))
         chosen[w] = static_cast<int>(m);
+    auto scope = scopes.find(weights[w].name);
+    if (chosen[w] < 0 && matches[w].size() > 1 && scope != scopes.end()) {
+      std::vector<int> read;
+      for (size_t m = 0; m < matches[w].size(); ++m)
+        if (any_of(scope->second, [&](const std::string &s) {
+              return readsInScope(s, params[matches[w][m].param].tensor->name);
+            }))
+          read.push_back(static_cast<int>(m));
+      if (read.size() == 1)
+        chosen[w] = read[0];
+    }
     if (chosen[w] >= 0)
       held.insert(matches[w][chosen[w]].param);
   }
