@@ -4,6 +4,7 @@
 #include "compiler/sim/Simulator.h"
 #include "driver/CompileParts.h"
 #include "driver/InspectReport.h"
+#include "driver/MapParams.h"
 #include "driver/Report.h"
 #include "passes/BalanceStages.h"
 #include "passes/Differentiate.h"
@@ -150,12 +151,19 @@ Error differentiateStep(Prepared &out, const CompileOptions &options, PassRunner
 
 /// tie-weights (train mode): folded ties read as one weight, --untie's
 /// copies.
-Error tieStep(Prepared &out, const CompileOptions &options, PassRunner &runner) {
+Error tieStep(Prepared &out, StringRef modelPath, const CompileOptions &options,
+              PassRunner &runner) {
   if (!options.training)
     return runner.skip("tie-weights", "inference (--mode infer) trains no weights");
   TieOptions ties;
   ties.untie = options.untie;
   ties.untieAll = options.untieAll;
+  if (!options.params.empty()) {
+    auto splits = splitMergedParams(modelPath, options.params);
+    if (!splits)
+      return splits.takeError();
+    ties.splits = std::move(*splits);
+  }
   return runner.run(
       "tie-weights",
       [&]() -> Error {
@@ -196,7 +204,7 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   if (!layers)
     return layers.takeError();
   out->layers = std::move(*layers);
-  if (Error err = tieStep(*out, options, runner))
+  if (Error err = tieStep(*out, modelPath, options, runner))
     return err;
   // After tie-weights: its copies are read by one layer each.
   out->sharedWeights = out->layers.sharedWeights();

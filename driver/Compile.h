@@ -62,6 +62,10 @@ struct CompileOptions {
   /// its report and simulation alone; its warnings say why it cannot run.
   /// Otherwise such a model is an error: a plan compile writes, runs.
   bool timingOnly = false;
+  /// --params: the model's own tensors (.safetensors). Initializers the
+  /// exporter merged from several of them train as one copy each
+  /// (driver/MapParams.h); the plan's param_map is filled after compiling.
+  std::string params;
   /// The process ends right after this compile (`pipec compile`): what it
   /// prepared (graph, layers, backward program) is left to exit, not freed
   /// node by node (as clang's -disable-free).

@@ -197,49 +197,76 @@ bool carriesName(StringRef weight, StringRef param) {
                              weight[weight.size() - param.size() - 1] == '.');
 }
 
-/// The modules whose nodes read each initializer of the model at \p path:
-/// the dynamo exporter's "pkg.torch.onnx.name_scopes" of a node (the module
-/// path before the op's own name, "m.model.layers.0.input_layernorm"), or
-/// the legacy exporter's node name ("/m/model/layers.0/input_layernorm/Mul").
-/// Empty when the file does not parse.
-std::map<std::string, std::set<std::string>> readerScopes(StringRef path) {
-  std::map<std::string, std::set<std::string>> scopes;
+/// A node's read of an initializer, and the module the node belongs to.
+struct Reader {
+  int node = -1, input = -1;
+  std::string scope;
+};
+
+/// The module of \p node: the dynamo exporter's "pkg.torch.onnx.name_scopes"
+/// (the module path before the op's own name,
+/// "m.model.layers.0.input_layernorm"), or the legacy exporter's node name
+/// ("/m/model/layers.0/input_layernorm/Mul"); "" when it has neither.
+std::string scopeOf(const onnx::NodeProto &node) {
+  for (const onnx::StringStringEntryProto &entry : node.metadata_props())
+    if (entry.key() == "pkg.torch.onnx.name_scopes") {
+      // A Python list of strings: the module path is the one before last.
+      SmallVector<StringRef, 8> parts;
+      StringRef(entry.value()).split(parts, '\'');
+      std::vector<std::string> items;
+      for (size_t i = 1; i < parts.size(); i += 2)
+        items.push_back(parts[i].str());
+      if (items.size() >= 2)
+        return items[items.size() - 2];
+    }
+  StringRef name(node.name());
+  if (!name.consume_front("/") || !name.contains('/'))
+    return "";
+  std::string scope = name.rsplit('/').first.str();
+  std::replace(scope.begin(), scope.end(), '/', '.');
+  return scope;
+}
+
+/// The model file at \p path, or nullopt when it does not parse (the
+/// compile that read it already said why).
+std::optional<onnx::ModelProto> parseModel(StringRef path) {
   auto file = readInputFile(path);
-  if (!file || (*file)->getBufferSize() > size_t(INT_MAX)) {
-    if (!file)
-      consumeError(file.takeError());
-    return scopes;
+  if (!file) {
+    consumeError(file.takeError());
+    return std::nullopt;
   }
+  if ((*file)->getBufferSize() > size_t(INT_MAX))
+    return std::nullopt;
   onnx::ModelProto model;
   if (!model.ParseFromArray((*file)->getBufferStart(), int((*file)->getBufferSize())))
-    return scopes;
+    return std::nullopt;
+  return model;
+}
+
+/// The reads of each initializer of \p model by the main graph's nodes.
+std::map<std::string, std::vector<Reader>> readersOf(const onnx::ModelProto &model) {
   std::set<std::string> initializers;
   for (const onnx::TensorProto &t : model.graph().initializer())
     initializers.insert(t.name());
-  for (const onnx::NodeProto &node : model.graph().node()) {
-    std::string scope;
-    for (const onnx::StringStringEntryProto &entry : node.metadata_props())
-      if (entry.key() == "pkg.torch.onnx.name_scopes") {
-        // A Python list of strings: the module path is the one before last.
-        SmallVector<StringRef, 8> parts;
-        StringRef(entry.value()).split(parts, '\'');
-        std::vector<std::string> items;
-        for (size_t i = 1; i < parts.size(); i += 2)
-          items.push_back(parts[i].str());
-        if (items.size() >= 2)
-          scope = items[items.size() - 2];
-      }
-    StringRef name(node.name());
-    if (scope.empty() && name.consume_front("/") && name.contains('/')) {
-      scope = name.rsplit('/').first.str();
-      std::replace(scope.begin(), scope.end(), '/', '.');
-    }
-    if (scope.empty())
-      continue;
-    for (const std::string &input : node.input())
-      if (initializers.count(input))
-        scopes[input].insert(scope);
+  std::map<std::string, std::vector<Reader>> readers;
+  for (int n = 0; n < model.graph().node_size(); ++n) {
+    const onnx::NodeProto &node = model.graph().node(n);
+    std::string scope = scopeOf(node);
+    for (int i = 0; i < node.input_size(); ++i)
+      if (initializers.count(node.input(i)))
+        readers[node.input(i)].push_back({n, i, scope});
   }
+  return readers;
+}
+
+/// The modules whose nodes read each initializer of the model at \p path.
+std::map<std::string, std::set<std::string>> readerScopes(StringRef path) {
+  std::map<std::string, std::set<std::string>> scopes;
+  if (auto model = parseModel(path))
+    for (const auto &[name, readers] : readersOf(*model))
+      for (const Reader &r : readers)
+        if (!r.scope.empty())
+          scopes[name].insert(r.scope);
   return scopes;
 }
 
@@ -255,6 +282,91 @@ bool readsInScope(StringRef scope, StringRef param) {
 }
 
 } // namespace
+
+Expected<std::map<std::string, std::vector<ParamSplit>>> splitMergedParams(StringRef modelPath,
+                                                                           StringRef checkpoint) {
+  std::map<std::string, std::vector<ParamSplit>> splits;
+  auto model = parseModel(modelPath);
+  if (!model)
+    return splits;
+  auto file = rt::SafetensorsFile::open(checkpoint);
+  if (!file)
+    return file.takeError();
+  SmallString<256> modelDir(sys::path::parent_path(modelPath));
+  if (modelDir.empty())
+    modelDir = ".";
+  std::map<std::string, const onnx::TensorProto *> initializers;
+  for (const onnx::TensorProto &t : model->graph().initializer())
+    initializers[t.name()] = &t;
+  std::map<std::string, Param> params; // read when a scope asks for them
+  for (const auto &[name, readers] : readersOf(*model)) {
+    std::set<std::string> scopes;
+    for (const Reader &r : readers)
+      if (!r.scope.empty())
+        scopes.insert(r.scope);
+    if (scopes.size() < 2)
+      continue;
+    auto value = cpu::fromTensorProto(*initializers[name], modelDir);
+    if (!value) {
+      consumeError(value.takeError());
+      continue;
+    }
+    if (!cpu::isFloating(value->elemType()))
+      continue;
+    Weight w;
+    w.name = name;
+    w.print = fingerprint(*value);
+    w.value = std::move(*value);
+    // Each module's parameter: the one of its name whose values the
+    // initializer holds.
+    std::map<std::string, std::string> paramOf;
+    for (const std::string &scope : scopes) {
+      // As mapParams: a constant added only where nothing else matched.
+      std::vector<std::string> found, shifted;
+      for (const rt::SafeTensor &t : file->tensors()) {
+        if (!readsInScope(scope, t.name) || !cpu::isFloating(t.type))
+          continue;
+        auto it = params.find(t.name);
+        if (it == params.end()) {
+          auto tensor = file->toTensor(t);
+          if (!tensor)
+            return tensor.takeError();
+          Param p;
+          p.tensor = &t;
+          p.value = std::move(*tensor);
+          it = params.emplace(t.name, std::move(p)).first;
+        }
+        if (!findPlaces(w, it->second).empty())
+          found.push_back(t.name);
+        else if (findShifted(w, it->second))
+          shifted.push_back(t.name);
+      }
+      if (found.empty())
+        found = shifted;
+      if (found.size() == 1)
+        paramOf[scope] = found[0];
+    }
+    std::vector<std::string> order; // the parameters, by first reader
+    for (const Reader &r : readers)
+      if (auto it = paramOf.find(r.scope); it != paramOf.end() && !is_contained(order, it->second))
+        order.push_back(it->second);
+    if (order.size() < 2)
+      continue;
+    bool carried = any_of(order, [&](const std::string &p) { return carriesName(name, p); });
+    for (const std::string &p : order) {
+      if (carried && carriesName(name, p))
+        continue;
+      ParamSplit split;
+      split.param = p;
+      split.copy = name + "." + p;
+      for (const Reader &r : readers)
+        if (auto it = paramOf.find(r.scope); it != paramOf.end() && it->second == p)
+          split.readers.push_back({r.node, r.input});
+      splits[name].push_back(std::move(split));
+    }
+  }
+  return splits;
+}
 
 Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
   auto file = rt::SafetensorsFile::open(checkpoint);
@@ -359,17 +471,25 @@ Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
       params[m.param].places.push_back(std::move(m.place));
     }
 
-  // Names the checkpoint leaves out: a parameter of equal values to a held
-  // one (two names of one tied tensor), and a weight exported under its
+  // Names the checkpoint leaves out: a parameter whose module reads a weight
+  // that holds another of equal values (two names of one tied tensor: the
+  // embedding and the head that reads it), and a weight exported under its
   // parameter's other name (the tied head save_pretrained writes once).
   for (Param &p : params) {
     if (!p.places.empty() || !cpu::isFloating(p.value.elemType()))
       continue;
-    for (const Param &q : params)
-      if (!q.places.empty() && q.tensor->type == p.tensor->type && sameValues(q.value, p.value)) {
+    for (const Param &q : params) {
+      bool readHere = any_of(q.places, [&](const plan::ParamPlace &place) {
+        auto scope = scopes.find(place.weight());
+        return scope != scopes.end() && any_of(scope->second, [&](const std::string &s) {
+                 return readsInScope(s, p.tensor->name);
+               });
+      });
+      if (readHere && q.tensor->type == p.tensor->type && sameValues(q.value, p.value)) {
         p.aliasOf = q.tensor->name;
         break;
       }
+    }
   }
   std::map<std::string, int> prefixes;
   for (const Param &p : params)
@@ -391,8 +511,8 @@ Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
       // parts or more ("m.lm_head.weight") is taken to have one.
       if (most == 0 && rest.count('.') >= 2)
         rest = rest.split('.').second;
-      if (!place.steps().empty() || !rest.consume_front(prefix) || rest == p.tensor->name ||
-          byName.count(rest.str()))
+      if (!place.steps().empty() || carriesName(place.weight(), p.tensor->name) ||
+          !rest.consume_front(prefix) || rest == p.tensor->name || byName.count(rest.str()))
         continue;
       extraAliases.push_back({rest.str(), p.tensor->name});
     }

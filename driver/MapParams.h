@@ -26,11 +26,13 @@
 #ifndef PIPEC_DRIVER_MAPPARAMS_H
 #define PIPEC_DRIVER_MAPPARAMS_H
 
+#include "passes/TieWeights.h"
 #include "runtime/plan/plan.pb.h"
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,15 @@ struct ParamMapSummary {
   /// open ties. Also in the plan's warnings.
   std::vector<std::string> problems;
 };
+
+/// The initializers of the model at \p modelPath that its exporter merged
+/// from several parameters of \p checkpoint: equal values (a fresh model's
+/// norm scales, all ones) read by the modules of different parameters. Each
+/// gets one split per parameter, with that parameter's readers, for
+/// tie-weights to give them copies (TieOptions::splits) before they train.
+/// Readers of the parameter whose name the initializer carries keep it.
+llvm::Expected<std::map<std::string, std::vector<ParamSplit>>>
+splitMergedParams(llvm::StringRef modelPath, llvm::StringRef checkpoint);
 
 /// Fills \p plan's param_map from the safetensors file \p checkpoint.
 /// Errors: the file cannot be read, or it shares no tensor with the model.

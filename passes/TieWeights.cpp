@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
 using namespace llvm;
@@ -196,6 +197,48 @@ Error untie(Graph &graph, LayerGraph &layers, SharedWeight &shared) {
   return Error::success();
 }
 
+/// Gives each parameter \p splits names its own copy of \p name, read by
+/// that parameter's readers; the other readers keep reading \p name.
+/// Returns the record, or nullopt when the graph has no such weight.
+std::optional<SharedWeight> splitByParams(Graph &graph, const std::string &name,
+                                          const std::vector<ParamSplit> &splits) {
+  int id = graph.findValue(name);
+  if (id < 0 || graph.values[id].kind != ValueKind::Weight || capturedBySubgraph(graph, id))
+    return std::nullopt;
+  std::vector<std::pair<int, int>> reads = readsOf(graph, id);
+  SharedWeight shared;
+  shared.name = name;
+  for (const ParamSplit &split : splits) {
+    std::set<std::pair<int, int>> wanted;
+    for (const WeightReader &r : split.readers)
+      wanted.insert({r.node, r.input});
+    std::vector<std::pair<int, int>> mine;
+    for (auto [o, slot] : reads)
+      if (wanted.count({graph.ops[o].nodeIndex, slot}))
+        mine.push_back({o, slot});
+    if (mine.empty())
+      continue;
+    std::string copyName = freshName(graph, split.copy);
+    Value copy = graph.values[id];
+    copy.name = copyName;
+    copy.users.clear();
+    int copyId = graph.addValue(copyName, copy.kind);
+    graph.values[copyId] = std::move(copy);
+    std::vector<WeightReader> readers;
+    for (auto [o, slot] : mine) {
+      rewire(graph, o, slot, copyId);
+      readers.push_back({graph.ops[o].nodeIndex, slot});
+    }
+    shared.copies.push_back(copyName);
+    shared.copyReaders.push_back(std::move(readers));
+    shared.params.push_back(split.param);
+  }
+  if (shared.copies.empty())
+    return std::nullopt;
+  graph.rebuildUses();
+  return shared;
+}
+
 } // namespace
 
 int TieReport::untied() const {
@@ -217,7 +260,11 @@ Expected<TieReport> tieWeights(Graph &graph, LayerGraph &layers, const TieOption
     if (!tie.untied)
       retie(graph, tie);
   }
-  if (report.retied()) {
+  std::vector<SharedWeight> splitWeights;
+  for (const auto &[name, splits] : options.splits)
+    if (auto split = splitByParams(graph, name, splits))
+      splitWeights.push_back(std::move(*split));
+  if (report.retied() || !splitWeights.empty()) {
     if (Error err = verifyGraph(graph, /*requireShapes=*/true))
       return createStringError(inconvertibleErrorCode(), "tie-weights: %s",
                                toString(std::move(err)).c_str());
@@ -266,6 +313,8 @@ Expected<TieReport> tieWeights(Graph &graph, LayerGraph &layers, const TieOption
     if (named.count(s.name) || (options.untieAll && !s.role.empty()))
       if (Error err = untie(graph, layers, s))
         return err;
+  for (SharedWeight &s : splitWeights)
+    report.shared.push_back(std::move(s));
   return report;
 }
 
@@ -289,7 +338,12 @@ std::vector<std::string> tieWarnings(const TieReport &report,
     if (!(untied ? any_of(s.copies, trained) : trained(s.name)))
       continue;
     std::string layers = join(s.layerNames, ", ");
-    if (untied)
+    if (!s.params.empty())
+      out.push_back(formatv("weight '{0}' holds {1} parameters of --params, which the exporter "
+                            "merged (equal values: {2}); trained as {1} copies, {3}",
+                            s.name, s.params.size(), join(s.params, ", "), join(s.copies, ", "))
+                        .str());
+    else if (untied)
       out.push_back(formatv("weight '{0}' was shared by {1} layers ({2}); trained as {1} copies, "
                             "{3}, as --untie asks",
                             s.name, s.layers.size(), layers, join(s.copies, ", "))

@@ -35,23 +35,35 @@
 
 #include "llvm/ADT/STLFunctionalExtras.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
 namespace pipec {
-
-/// Which weights `--untie` names: names, and "all" for every shared
-/// initializer whose readers share one role.
-struct TieOptions {
-  std::vector<std::string> untie;
-  bool untieAll = false;
-};
 
 /// One reader of a weight: the ONNX node (its index in the model file's
 /// graph) and the input slot.
 struct WeightReader {
   int node = -1;
   int input = -1;
+};
+
+/// A parameter of a checkpoint (`--params`) that an initializer holds for
+/// some of its readers: the exporter merged equal tensors of several
+/// parameters (a fresh model's norm scales, all ones) into one.
+struct ParamSplit {
+  std::string param; ///< the checkpoint's name
+  std::string copy;  ///< the weight its readers read instead
+  std::vector<WeightReader> readers;
+};
+
+/// Which weights `--untie` names: names, and "all" for every shared
+/// initializer whose readers share one role; and the initializers to split
+/// by parameter (driver/MapParams.h's splitMergedParams).
+struct TieOptions {
+  std::vector<std::string> untie;
+  bool untieAll = false;
+  std::map<std::string, std::vector<ParamSplit>> splits;
 };
 
 /// A float initializer read by more than one layer.
@@ -67,6 +79,8 @@ struct SharedWeight {
   /// with the readers that read it.
   std::vector<std::string> copies;
   std::vector<std::vector<WeightReader>> copyReaders;
+  /// Split by parameter (TieOptions::splits): the copies' parameters.
+  std::vector<std::string> params;
 };
 
 /// A folded tie: \p head holds the transpose of \p embedding.

@@ -527,6 +527,7 @@ int runCompile() {
   auto pipeline = pipelineOptionsFromFlags(passNames());
   if (!pipeline)
     return ExitUsage;
+  options.params = Params;
   auto plan = compileModel(CompileModel, options, *pipeline);
   if (!plan)
     return reportError(plan.takeError());

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <optional>
 #include <set>
 
 using namespace llvm;
@@ -252,8 +253,38 @@ loadInitWeights(const plan::Plan &plan, StringRef checkpoint, std::vector<std::s
     weightTypes[w.name()] = w.data_type();
   std::map<std::string, onnx::TensorProto> out;
   std::set<std::string> mapped;
+  // The checkpoint the map was made from: a parameter no weight holds (the
+  // exporter folded it away) must be the same in both, or the model cannot
+  // compute what --init's checkpoint holds.
+  std::optional<SafetensorsFile> mappedFrom;
+  if (plan.param_map().checkpoint() != checkpoint) {
+    auto from = SafetensorsFile::open(plan.param_map().checkpoint());
+    if (from)
+      mappedFrom = std::move(*from);
+    else
+      warnings.push_back(formatv("--init {0}: the parameters no weight holds are not compared "
+                                 "with those the plan was mapped from: {1}",
+                                 checkpoint, toString(from.takeError())));
+  }
   for (const plan::Param &p : plan.param_map().params()) {
     mapped.insert(p.name());
+    if (p.places().empty() && p.alias_of().empty() && mappedFrom) {
+      auto mine = paramTensor(*file, p);
+      auto theirs = paramTensor(*mappedFrom, p);
+      if (!mine)
+        return mine.takeError();
+      if (!theirs)
+        return theirs.takeError();
+      for (int64_t i = 0; i < mine->numElements(); ++i)
+        if (mine->getDouble(i) != theirs->getDouble(i))
+          return createStringError(
+              inconvertibleErrorCode(),
+              "--init %s: parameter '%s' differs from the one the plan was mapped from (%s), and "
+              "no weight of the model holds it (the exporter folded it into a constant): the "
+              "model cannot compute with it; export with torch.onnx.export(..., optimize=False), "
+              "or from this checkpoint's weights",
+              checkpoint.str().c_str(), p.name().c_str(), plan.param_map().checkpoint().c_str());
+    }
     if (p.places().empty())
       continue;
     auto value = paramTensor(*file, p);
