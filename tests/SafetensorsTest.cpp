@@ -172,7 +172,55 @@ TEST_F(SafetensorsTest, EveryLyingHeaderIsOneLineNamingTheFileAndByte) {
   std::string tiny = path("tiny.safetensors");
   std::ofstream(tiny) << "abc";
   EXPECT_NE(errorOf(tiny).find("the file has 3 bytes"), std::string::npos);
-  EXPECT_NE(errorOf(dir.str().str()).find("is a directory"), std::string::npos);
+  EXPECT_NE(errorOf(dir.str().str())
+                .find("a folder with neither model.safetensors nor "
+                      "model.safetensors.index.json"),
+            std::string::npos);
+}
+
+TEST_F(SafetensorsTest, ShardsReadAsOneCheckpoint) {
+  // As save_pretrained writes a checkpoint over its shard size: two shards
+  // and an index naming each tensor's shard.
+  std::map<std::string, cpu::Tensor> first, second;
+  first["a"] = cpu::Tensor::fromValues<float>({2}, {1, 2});
+  second["b"] = cpu::Tensor::fromValues<float>({1}, {3});
+  second["c"] = cpu::Tensor::fromValues<int64_t>({1}, {4});
+  ASSERT_FALSE(writeSafetensors(path("model-00001-of-00002.safetensors"), first));
+  ASSERT_FALSE(writeSafetensors(path("model-00002-of-00002.safetensors"), second));
+  auto index = [&](const std::string &map) {
+    std::ofstream(path("model.safetensors.index.json"))
+        << R"({"metadata": {"total_size": 20}, "weight_map": {)" << map << "}}";
+  };
+  index(R"("a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors",)"
+        R"( "c": "model-00002-of-00002.safetensors")");
+  for (const std::string &p : {dir.str().str(), path("model.safetensors.index.json")}) {
+    auto f = SafetensorsFile::open(p);
+    ASSERT_TRUE(!!f) << llvm::toString(f.takeError());
+    ASSERT_EQ(f->tensors().size(), 3u);
+    auto b = f->toTensor(*f->find("b"));
+    ASSERT_TRUE(!!b);
+    EXPECT_EQ(b->getDouble(0), 3);
+    EXPECT_EQ(f->find("a")->file, path("model-00001-of-00002.safetensors"));
+  }
+  struct Case {
+    std::string map, expect;
+  };
+  const Case cases[] = {
+      {R"("a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors")",
+       "shard 'model-00002-of-00002.safetensors' holds 'c', which the weight_map does not name"},
+      {R"("a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors",)"
+       R"( "c": "model-00002-of-00002.safetensors", "d": "model-00001-of-00002.safetensors")",
+       "'d' is in no shard"},
+      {R"("a": "../model-00001-of-00002.safetensors")", "is not a file name inside"},
+      {R"("a": 7)", "weight_map 'a' is not a file name"},
+      {R"("a": "x.safetensors", "a": "y.safetensors")", "names 'a' twice"},
+  };
+  for (const Case &c : cases) {
+    index(c.map);
+    std::string error = errorOf(path("model.safetensors.index.json"));
+    EXPECT_NE(error.find(c.expect), std::string::npos) << error;
+    EXPECT_NE(error.find("model.safetensors.index.json"), std::string::npos) << error;
+  }
 }
 
 TEST_F(SafetensorsTest, FilesOverFourGigabytesRead) {

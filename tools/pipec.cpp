@@ -159,11 +159,13 @@ cl::opt<std::string> LossFn("loss-fn",
                             cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> Labels("labels", cl::desc("The graph input an added loss (--loss-fn) reads"),
                             cl::value_desc("INPUT"), cl::cat(CompileCat), cl::sub(CompileCmd));
-cl::opt<std::string> Params("params",
-                            cl::desc("The model's own tensors (.safetensors, as save_pretrained "
-                                     "writes them): map each weight to its parameter, for run "
-                                     "--init and --save-weights OUT.safetensors"),
-                            cl::value_desc("CKPT"), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string>
+    Params("params",
+           cl::desc("The model's own tensors (.safetensors, a sharded "
+                    "checkpoint's .index.json, or their folder, as "
+                    "save_pretrained writes them): map each weight to its parameter, for run "
+                    "--init and --save-weights OUT.safetensors"),
+           cl::value_desc("CKPT"), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<bool> CompileReport("report", cl::desc("Print the partition report"), cl::cat(CompileCat),
                             cl::sub(CompileCmd));
 

@@ -7,7 +7,9 @@
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/Endian.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <nlohmann/json.hpp>
@@ -81,13 +83,94 @@ StringRef safetensorsDType(cpu::DType type) {
 }
 
 Expected<SafetensorsFile> SafetensorsFile::open(StringRef path) {
+  if (sys::fs::is_directory(path)) {
+    SmallString<256> single(path), index(path);
+    sys::path::append(single, "model.safetensors");
+    sys::path::append(index, "model.safetensors.index.json");
+    if (sys::fs::exists(single))
+      return openFile(single);
+    if (sys::fs::exists(index))
+      return openIndex(index);
+    return createStringError(inconvertibleErrorCode(),
+                             "%s: a folder with neither model.safetensors nor "
+                             "model.safetensors.index.json",
+                             path.str().c_str());
+  }
+  if (path.endswith(".index.json"))
+    return openIndex(path);
+  return openFile(path);
+}
+
+Expected<SafetensorsFile> SafetensorsFile::openIndex(StringRef path) {
+  auto file = readInputFile(path);
+  if (!file)
+    return file.takeError();
+  auto fail = [&](const Twine &why) {
+    return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
+                             why.str().c_str());
+  };
+  std::string duplicate;
+  auto index = parseStrict((*file)->getBuffer(), duplicate);
+  if (!index)
+    return fail("not JSON: " + toString(index.takeError()));
+  if (!duplicate.empty())
+    return fail("names '" + duplicate + "' twice");
+  auto map = index->is_object() ? index->find("weight_map") : index->end();
+  if (map == index->end() || !map->is_object() || map->empty())
+    return fail("no \"weight_map\" of tensor names to shard files");
+  // The shards, each once, in the order the index first names them.
+  std::vector<std::string> shards;
+  std::map<std::string, std::string> shardOf;
+  for (auto &[name, shard] : map->items()) {
+    if (!shard.is_string())
+      return fail("weight_map '" + name + "' is not a file name");
+    std::string file = shard.get<std::string>();
+    if (!is_contained(shards, file))
+      shards.push_back(file);
+    shardOf[name] = file;
+  }
+  StringRef dir = sys::path::parent_path(path);
+  SafetensorsFile out;
+  out.filePath = path.str();
+  for (const std::string &shard : shards) {
+    SmallString<256> shardPath(dir.empty() ? "." : dir);
+    sys::path::append(shardPath, shard);
+    if (sys::path::is_absolute(shard) || StringRef(shard).contains(".."))
+      return fail("shard '" + shard + "' is not a file name inside the index's folder");
+    if (Error err = checkInsideFolder(shardPath, dir.empty() ? "." : dir, "shard"))
+      return err;
+    auto one = openFile(shardPath);
+    if (!one)
+      return one.takeError();
+    for (SafeTensor &t : one->list) {
+      auto it = shardOf.find(t.name);
+      if (it == shardOf.end() || it->second != shard)
+        return fail(
+            formatv("shard '{0}' holds '{1}', which the weight_map {2}", shard, t.name,
+                    it == shardOf.end() ? "does not name" : "puts in '" + it->second + "'"));
+      shardOf.erase(it);
+      out.list.push_back(std::move(t));
+    }
+    if (out.meta.empty())
+      out.meta = std::move(one->meta);
+    out.buffers.insert(out.buffers.end(), one->buffers.begin(), one->buffers.end());
+  }
+  if (!shardOf.empty())
+    return fail(formatv("'{0}' is in no shard, though the weight_map puts it in '{1}'",
+                        shardOf.begin()->first, shardOf.begin()->second));
+  for (size_t i = 0; i < out.list.size(); ++i)
+    out.byName[out.list[i].name] = i;
+  return std::move(out);
+}
+
+Expected<SafetensorsFile> SafetensorsFile::openFile(StringRef path) {
   auto file = readInputFile(path);
   if (!file)
     return file.takeError();
   SafetensorsFile out;
   out.filePath = path.str();
-  out.buffer = std::move(*file);
-  StringRef bytes = out.buffer->getBuffer();
+  out.buffers.push_back(std::move(*file));
+  StringRef bytes = out.buffers.back()->getBuffer();
   auto fail = [&](uint64_t at, const Twine &why) {
     return createStringError(inconvertibleErrorCode(), "%s: safetensors header at byte %llu: %s",
                              path.str().c_str(), static_cast<unsigned long long>(at),
@@ -138,6 +221,7 @@ Expected<SafetensorsFile> SafetensorsFile::open(StringRef path) {
         return bad("unknown key '" + k + "'");
     SafeTensor t;
     t.name = key;
+    t.file = out.filePath;
     auto dtype = value.find("dtype");
     if (dtype == value.end() || !dtype->is_string())
       return bad("no dtype");
@@ -205,7 +289,7 @@ const SafeTensor *SafetensorsFile::find(StringRef name) const {
 }
 
 Expected<cpu::Tensor> SafetensorsFile::toTensor(const SafeTensor &t) const {
-  if (Error err = checkFitsMemory(filePath + ": tensor '" + t.name + "'",
+  if (Error err = checkFitsMemory(t.file + ": tensor '" + t.name + "'",
                                   static_cast<int64_t>(t.bytes.size())))
     return std::move(err);
   cpu::Tensor out = cpu::Tensor::uninitialized(t.type, t.shape);

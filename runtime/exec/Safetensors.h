@@ -14,6 +14,11 @@
 // the file and the byte offset at fault. Offsets are 64-bit: files over
 // 4 GB read as any other. Tensors are read in place; toTensor copies one.
 //
+// A checkpoint too big for one file comes as shards, as save_pretrained
+// writes them: DIR/model.safetensors.index.json maps each tensor's name to
+// its shard (a file of DIR). open takes a .safetensors file, such an index,
+// or a folder holding either, and reads every shard as one checkpoint.
+//
 // writeSafetensors writes tensors in name order through a temporary file
 // renamed into place, streaming: a 10 GB checkpoint is never held twice.
 //
@@ -37,6 +42,7 @@ namespace pipec::rt {
 /// One tensor of a safetensors file, its bytes in place.
 struct SafeTensor {
   std::string name;
+  std::string file; ///< the shard that holds it
   cpu::DType type = cpu::DType::F32;
   std::vector<int64_t> shape;
   uint64_t offset = 0; ///< of its first byte, from the start of the file
@@ -45,8 +51,11 @@ struct SafeTensor {
 
 class SafetensorsFile {
 public:
-  /// Maps and checks \p path. Errors: "PATH: safetensors header at byte N:
-  /// WHY", or why the file cannot be read.
+  /// Maps and checks \p path: a .safetensors file, a sharded checkpoint's
+  /// index (.index.json), or a folder holding model.safetensors or
+  /// model.safetensors.index.json. Errors: "PATH: safetensors header at
+  /// byte N: WHY", what is wrong with the index, or why a file cannot be
+  /// read.
   static llvm::Expected<SafetensorsFile> open(llvm::StringRef path);
 
   const std::string &path() const { return filePath; }
@@ -54,15 +63,18 @@ public:
   const std::vector<SafeTensor> &tensors() const { return list; }
   /// The tensor named \p name, or null.
   const SafeTensor *find(llvm::StringRef name) const;
-  /// The header's "__metadata__" strings.
+  /// The header's "__metadata__" strings (the first shard's).
   const std::map<std::string, std::string> &metadata() const { return meta; }
 
   /// A host copy of \p t.
   llvm::Expected<cpu::Tensor> toTensor(const SafeTensor &t) const;
 
 private:
+  static llvm::Expected<SafetensorsFile> openFile(llvm::StringRef path);
+  static llvm::Expected<SafetensorsFile> openIndex(llvm::StringRef path);
+
   std::string filePath;
-  std::shared_ptr<llvm::MemoryBuffer> buffer;
+  std::vector<std::shared_ptr<llvm::MemoryBuffer>> buffers;
   std::vector<SafeTensor> list;
   std::map<std::string, size_t> byName;
   std::map<std::string, std::string> meta;
