@@ -243,8 +243,9 @@ cl::opt<std::string> RunSave("save-weights",
                                       "--params)"),
                              cl::value_desc("OUT"), cl::sub(RunCmd));
 cl::opt<std::string> RunInit("init",
-                             cl::desc("Start from this checkpoint's weights (.safetensors; a plan "
-                                      "compiled with --params)"),
+                             cl::desc("Start from this checkpoint's weights (.safetensors, an "
+                                      ".index.json or their folder; a plan compiled with "
+                                      "--params)"),
                              cl::value_desc("CKPT"), cl::sub(RunCmd));
 cl::opt<std::string> RunCheckpoint("checkpoint", cl::desc("Write atomic checkpoints to DIR"),
                                    cl::value_desc("DIR"), cl::sub(RunCmd));
@@ -686,8 +687,11 @@ int runRun() {
                     "the latest checkpoint, --resume-if-exists takes the newest intact one");
   if (RunKeepCheckpoints.getNumOccurrences() && RunCheckpoint.empty())
     return badUsage("--keep-checkpoints needs --checkpoint DIR");
-  if (!RunInit.empty() && !StringRef(RunInit).endswith(".safetensors"))
-    return badUsage("--init " + RunInit + ": expected a .safetensors checkpoint");
+  if (!RunInit.empty() && !StringRef(RunInit).endswith(".safetensors") &&
+      !StringRef(RunInit).endswith(".index.json") && !sys::fs::is_directory(RunInit))
+    return badUsage("--init " + RunInit +
+                    ": expected a .safetensors checkpoint, a sharded "
+                    "checkpoint's .index.json, or their folder");
   for (auto [flag, path] : {std::pair<StringRef, StringRef>{"--save-weights", RunSave},
                             {"--metrics", RunMetrics},
                             {"--trace", RunTrace}})
