@@ -32,16 +32,25 @@ std::string shapeText(ArrayRef<int64_t> shape) {
 /// A sum over the elements of a hash of each value: equal for two tensors
 /// that hold the same values in any order (a transpose), so that only
 /// candidates that can match are compared element by element.
+uint64_t mix(double v) {
+  uint64_t x;
+  std::memcpy(&x, &v, sizeof x);
+  x += 0x9e3779b97f4a7c15ULL; // splitmix64's finaliser
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
 uint64_t fingerprint(const cpu::Tensor &t) {
   uint64_t sum = 0;
-  for (int64_t i = 0; i < t.numElements(); ++i) {
-    double v = t.getDouble(i);
-    uint64_t x;
-    std::memcpy(&x, &v, sizeof x);
-    x += 0x9e3779b97f4a7c15ULL; // splitmix64's finaliser
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    sum += x ^ (x >> 31);
+  int64_t n = t.numElements();
+  if (cpu::storedAs<float>(t.elemType())) {
+    const float *v = t.data<float>();
+    for (int64_t i = 0; i < n; ++i)
+      sum += mix(v[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i)
+      sum += mix(t.getDouble(i));
   }
   return sum;
 }
@@ -49,11 +58,17 @@ uint64_t fingerprint(const cpu::Tensor &t) {
 bool sameValues(const cpu::Tensor &a, const cpu::Tensor &b) {
   if (a.shape() != b.shape())
     return false;
-  for (int64_t i = 0; i < a.numElements(); ++i) {
-    double x = a.getDouble(i), y = b.getDouble(i);
-    if (x != y && !(std::isnan(x) && std::isnan(y)))
-      return false;
+  auto same = [](double x, double y) { return x == y || (std::isnan(x) && std::isnan(y)); };
+  if (cpu::storedAs<float>(a.elemType()) && cpu::storedAs<float>(b.elemType())) {
+    const float *x = a.data<float>(), *y = b.data<float>();
+    for (int64_t i = 0; i < a.numElements(); ++i)
+      if (!same(x[i], y[i]))
+        return false;
+    return true;
   }
+  for (int64_t i = 0; i < a.numElements(); ++i)
+    if (!same(a.getDouble(i), b.getDouble(i)))
+      return false;
   return true;
 }
 
@@ -75,6 +90,8 @@ struct Param {
     auto it = cast.find(type);
     if (it != cast.end())
       return it->second;
+    if (type == value.elemType()) // shares value's storage
+      return cast.emplace(type, std::make_pair(value, fingerprint(value))).first->second;
     cpu::Tensor t(type, value.shape());
     for (int64_t i = 0; i < t.numElements(); ++i)
       t.setDouble(i, value.getDouble(i));
@@ -106,16 +123,21 @@ std::vector<plan::ParamPlace> findPlaces(const Weight &w, Param &p) {
       place.add_steps()->set_unsqueeze(0);
     return place;
   };
+  const auto &[cast, print] = p.as(w.value.elemType());
   auto verify = [&](plan::ParamPlace place) {
     place.set_weight(w.name);
     place = finish(std::move(place));
+    if (place.steps().empty()) { // the cast tensor is the weight's value
+      if (sameValues(cast, w.value))
+        found.push_back(std::move(place));
+      return;
+    }
     auto placed = rt::placeParam(p.value, place, w.value.elemType());
     if (placed && sameValues(*placed, w.value))
       found.push_back(std::move(place));
     else if (!placed)
       consumeError(placed.takeError());
   };
-  const auto &[cast, print] = p.as(w.value.elemType());
   if (w.value.numElements() == p.value.numElements()) {
     if (print != w.print)
       return found;
