@@ -55,7 +55,9 @@ Error RankExecutor::load() {
     auto it = s.weightProtos.find(name);
     if (it == s.weightProtos.end())
       return rankError(global, formatv("the plan lists no weight '{0}'", name));
-    auto tensor = cpu::fromTensorProto(*it->second, s.modelDir);
+    auto init = s.initWeights.find(name);
+    auto tensor = init != s.initWeights.end() ? Expected<cpu::Tensor>(init->second.clone())
+                                              : cpu::fromTensorProto(*it->second, s.modelDir);
     if (!tensor)
       return rankError(global, "loading weights: " + toString(tensor.takeError()));
     bool half = tensor->elemType() == cpu::DType::F16 || tensor->elemType() == cpu::DType::BF16;

@@ -185,8 +185,6 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
     if (!init)
       return init.takeError();
     s->initWeights = std::move(*init);
-    for (const auto &[name, tensor] : s->initWeights)
-      s->weightProtos[name] = &tensor;
   }
   for (const plan::Param &p : plan.param_map().params())
     for (const plan::ParamPlace &place : p.places())

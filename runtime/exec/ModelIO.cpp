@@ -241,7 +241,7 @@ Error noParamMap(StringRef flag) {
 
 } // namespace
 
-Expected<std::map<std::string, onnx::TensorProto>>
+Expected<std::map<std::string, cpu::Tensor>>
 loadInitWeights(const plan::Plan &plan, StringRef checkpoint, std::vector<std::string> &warnings) {
   if (plan.param_map().params().empty())
     return noParamMap("--init " + checkpoint.str());
@@ -251,7 +251,7 @@ loadInitWeights(const plan::Plan &plan, StringRef checkpoint, std::vector<std::s
   std::map<std::string, int32_t> weightTypes;
   for (const onnx::TensorProto &w : plan.weights())
     weightTypes[w.name()] = w.data_type();
-  std::map<std::string, onnx::TensorProto> out;
+  std::map<std::string, cpu::Tensor> out;
   std::set<std::string> mapped;
   // The checkpoint the map was made from: a parameter no weight holds (the
   // exporter folded it away) must be the same in both, or the model cannot
@@ -305,7 +305,7 @@ loadInitWeights(const plan::Plan &plan, StringRef checkpoint, std::vector<std::s
         return createStringError(inconvertibleErrorCode(), "%s: tensor '%s' into weight '%s': %s",
                                  checkpoint.str().c_str(), p.name().c_str(), place.weight().c_str(),
                                  toString(placed.takeError()).c_str());
-      out[place.weight()] = cpu::toTensorProto(*placed, place.weight());
+      out[place.weight()] = std::move(*placed);
     }
   }
   for (const std::string &w : plan.trainable())
@@ -344,20 +344,30 @@ Error saveTrainedParams(const plan::Plan &plan, const std::map<std::string, cpu:
       aliases.push_back(&p);
       continue;
     }
-    auto value = paramTensor(*file, p);
-    if (!value)
-      return fail(toString(value.takeError()));
-    cpu::Tensor result = std::move(*value);
-    for (const plan::ParamPlace &place : p.places()) {
-      auto it = trained.find(place.weight());
-      if (it == trained.end())
-        continue;
-      auto back = unplaceParam(it->second, place, result, untrainedFactor);
+    // The checkpoint's tensor is read only where it is written as it is, or
+    // a slice keeps its other rows; else its shape and dtype are enough.
+    auto isSlice = [](const plan::ParamStep &s) { return s.has_slice(); };
+    const plan::ParamPlace *from = nullptr;
+    for (const plan::ParamPlace &place : p.places())
+      if (!from && trained.count(place.weight()))
+        from = &place;
+    std::optional<cpu::DType> type = safetensorsDTypeOf(p.dtype());
+    cpu::Tensor result;
+    if (!from || any_of(from->steps(), isSlice) || !type) {
+      auto value = paramTensor(*file, p);
+      if (!value)
+        return fail(toString(value.takeError()));
+      result = std::move(*value);
+    } else {
+      result = cpu::Tensor::uninitialized(*type, {p.shape().begin(), p.shape().end()});
+    }
+    for (const plan::ParamPlace *place = from; place; place = nullptr) {
+      auto it = trained.find(place->weight());
+      auto back = unplaceParam(it->second, *place, result, untrainedFactor);
       if (!back)
-        return fail(formatv("parameter '{0}' from weight '{1}': {2}", p.name(), place.weight(),
+        return fail(formatv("parameter '{0}' from weight '{1}': {2}", p.name(), place->weight(),
                             toString(back.takeError())));
       result = std::move(*back);
-      break;
     }
     tensors.emplace(p.name(), std::move(result));
   }
@@ -366,7 +376,7 @@ Error saveTrainedParams(const plan::Plan &plan, const std::map<std::string, cpu:
     if (it == tensors.end())
       return fail(formatv("'{0}' is an alias of '{1}', which the map does not hold", p->name(),
                           p->alias_of()));
-    tensors.emplace(p->name(), it->second.clone());
+    tensors.emplace(p->name(), it->second); // written, never changed: shared
   }
   return writeSafetensors(out, tensors, file->metadata());
 }

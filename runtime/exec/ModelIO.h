@@ -41,7 +41,7 @@ llvm::Error saveTrainedModel(llvm::StringRef modelPath,
 /// tensor: missing, or of another shape or dtype than the map's. Trained
 /// weights the map does not cover keep the model file's values, each with
 /// a line in \p warnings.
-llvm::Expected<std::map<std::string, onnx::TensorProto>>
+llvm::Expected<std::map<std::string, cpu::Tensor>>
 loadInitWeights(const plan::Plan &plan, llvm::StringRef checkpoint,
                 std::vector<std::string> &warnings);
 

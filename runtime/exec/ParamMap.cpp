@@ -74,6 +74,8 @@ void copyLeading(const cpu::Tensor &from, cpu::Tensor &into, int axis, int64_t s
 
 Expected<cpu::Tensor> placeParam(const cpu::Tensor &param, const plan::ParamPlace &place,
                                  cpu::DType weightType) {
+  if (place.steps().empty() && param.elemType() == weightType)
+    return param; // the same tensor: shares its storage
   cpu::Tensor t(weightType, param.shape());
   for (int64_t i = 0; i < t.numElements(); ++i)
     t.setDouble(i, param.getDouble(i));
@@ -148,6 +150,8 @@ Expected<cpu::Tensor> unplaceParam(const cpu::Tensor &weight, const plan::ParamP
   if (shapes.back() != weight.shape())
     return stepError(formatv("the weight is {0}; the steps make {1}", shapeText(weight.shape()),
                              shapeText(shapes.back())));
+  if (place.steps().empty() && weight.elemType() == param.elemType())
+    return weight; // the same tensor: shares its storage
   // In float64 through the inverse steps, rounded once at the end.
   cpu::Tensor t(cpu::DType::F64, weight.shape());
   for (int64_t i = 0; i < t.numElements(); ++i)

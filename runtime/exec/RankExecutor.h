@@ -73,7 +73,7 @@ struct Shared {
   std::vector<int> rankOfStage;
   std::map<std::string, const onnx::TensorProto *> weightProtos;
   /// --init: the weights the checkpoint gives, in place of the plan's.
-  std::map<std::string, onnx::TensorProto> initWeights;
+  std::map<std::string, cpu::Tensor> initWeights;
   /// The constant a weight holds its parameter shifted by (ParamMap.h's
   /// decayCenterOf), for the weights where it is not 0.
   std::map<std::string, double> decayCenters;

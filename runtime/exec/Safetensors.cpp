@@ -82,6 +82,13 @@ StringRef safetensorsDType(cpu::DType type) {
   return "";
 }
 
+std::optional<cpu::DType> safetensorsDTypeOf(StringRef name) {
+  for (const DTypeName &d : DTypeNames)
+    if (name == d.name)
+      return d.type;
+  return std::nullopt;
+}
+
 Expected<SafetensorsFile> SafetensorsFile::open(StringRef path) {
   if (sys::fs::is_directory(path)) {
     SmallString<256> single(path), index(path);

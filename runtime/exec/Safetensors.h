@@ -34,6 +34,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,9 @@ private:
 /// The safetensors dtype name of \p type ("F32", "BF16", ...), or "" when
 /// the format has none (strings, complex numbers).
 llvm::StringRef safetensorsDType(cpu::DType type);
+
+/// The type of safetensors dtype name \p name, or nullopt.
+std::optional<cpu::DType> safetensorsDTypeOf(llvm::StringRef name);
 
 /// Writes \p tensors (host tensors; names are the keys) and \p metadata to
 /// \p path atomically. Errors name the path.
