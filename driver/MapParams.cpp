@@ -390,10 +390,10 @@ Expected<std::map<std::string, std::vector<ParamSplit>>> splitMergedParams(Strin
   return splits;
 }
 
-Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
-  auto file = rt::SafetensorsFile::open(checkpoint);
-  if (!file)
-    return file.takeError();
+namespace {
+
+/// The plan's float weights, with their values.
+Expected<std::vector<Weight>> loadWeights(const plan::Plan &plan) {
   SmallString<256> modelDir(sys::path::parent_path(plan.model().path()));
   if (modelDir.empty())
     modelDir = ".";
@@ -412,12 +412,17 @@ Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
     w.trained = trainable.count(w.name) > 0;
     weights.push_back(std::move(w));
   }
+  return std::move(weights);
+}
+
+/// The checkpoint's tensors, in name order.
+Expected<std::vector<Param>> loadParams(const rt::SafetensorsFile &file) {
   std::vector<Param> params;
   std::map<std::string, const rt::SafeTensor *> byName;
-  for (const rt::SafeTensor &t : file->tensors())
+  for (const rt::SafeTensor &t : file.tensors())
     byName[t.name] = &t;
   for (const auto &[name, t] : byName) {
-    auto value = file->toTensor(*t);
+    auto value = file.toTensor(*t);
     if (!value)
       return value.takeError();
     Param p;
@@ -426,8 +431,13 @@ Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
     params.push_back(std::move(p));
   }
 
-  // Every (weight, parameter) pair whose values agree under some transform;
-  // a constant added only where nothing else matched.
+  return std::move(params);
+}
+
+/// Every (weight, parameter) pair whose values agree under some transform;
+/// a constant added only where nothing else matched.
+std::vector<std::vector<Match>> matchAll(const std::vector<Weight> &weights,
+                                         std::vector<Param> &params) {
   std::vector<std::vector<Match>> matches(weights.size());
   for (size_t w = 0; w < weights.size(); ++w) {
     for (size_t p = 0; p < params.size(); ++p)
@@ -440,14 +450,19 @@ Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
           if (auto place = findShifted(weights[w], params[p]))
             matches[w].push_back({p, std::move(*place)});
   }
+  return matches;
+}
 
-  // One parameter per weight: the only one; else the one whose name the
-  // weight carries; else the only one whose module reads the weight in the
-  // graph; else the only one no other weight holds.
-  ParamMapSummary summary;
+/// Gives each weight one parameter, into that parameter's places: the only
+/// one it matches; else the one whose name the weight carries; else the only
+/// one whose module reads the weight in the graph; else the only one no
+/// other weight holds. Ties left open go to \p problems.
+void choose(const std::vector<Weight> &weights, std::vector<Param> &params,
+            std::vector<std::vector<Match>> &matches,
+            const std::map<std::string, std::set<std::string>> &scopes,
+            std::vector<std::string> &problems) {
   std::vector<int> chosen(weights.size(), -1);
   std::set<size_t> held;
-  std::map<std::string, std::set<std::string>> scopes = readerScopes(plan.model().path());
   for (size_t w = 0; w < weights.size(); ++w) {
     if (matches[w].size() == 1)
       chosen[w] = 0;
@@ -483,20 +498,25 @@ Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
       held.insert(matches[w][free[0]].param);
       continue;
     }
-    summary.problems.push_back(formatv("weight '{0}' holds the values of {1} alike (equal "
-                                       "parameters); it is mapped to none of them",
-                                       weights[w].name, join(names, ", ")));
+    problems.push_back(formatv("weight '{0}' holds the values of {1} alike (equal "
+                               "parameters); it is mapped to none of them",
+                               weights[w].name, join(names, ", ")));
   }
   for (size_t w = 0; w < weights.size(); ++w)
     if (chosen[w] >= 0) {
       Match &m = matches[w][chosen[w]];
       params[m.param].places.push_back(std::move(m.place));
     }
+}
 
-  // Names the checkpoint leaves out: a parameter whose module reads a weight
-  // that holds another of equal values (two names of one tied tensor: the
-  // embedding and the head that reads it), and a weight exported under its
-  // parameter's other name (the tied head save_pretrained writes once).
+/// Names the checkpoint leaves out: a parameter whose module reads a weight
+/// that holds another of equal values (two names of one tied tensor: the
+/// embedding and the head that reads it; set as its aliasOf), and a weight
+/// exported under its parameter's other name (the tied head save_pretrained
+/// writes once; returned as {name, parameter}).
+std::vector<std::pair<std::string, std::string>>
+findAliases(std::vector<Param> &params, const std::map<std::string, std::set<std::string>> &scopes,
+            const rt::SafetensorsFile &file) {
   for (Param &p : params) {
     if (!p.places.empty() || !cpu::isFloating(p.value.elemType()))
       continue;
@@ -534,10 +554,31 @@ Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
       if (most == 0 && rest.count('.') >= 2)
         rest = rest.split('.').second;
       if (!place.steps().empty() || carriesName(place.weight(), p.tensor->name) ||
-          !rest.consume_front(prefix) || rest == p.tensor->name || byName.count(rest.str()))
+          !rest.consume_front(prefix) || rest == p.tensor->name || file.find(rest))
         continue;
       extraAliases.push_back({rest.str(), p.tensor->name});
     }
+  return extraAliases;
+}
+
+} // namespace
+
+Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
+  auto file = rt::SafetensorsFile::open(checkpoint);
+  if (!file)
+    return file.takeError();
+  auto weights = loadWeights(plan);
+  if (!weights)
+    return weights.takeError();
+  auto params = loadParams(*file);
+  if (!params)
+    return params.takeError();
+  std::vector<std::vector<Match>> matches = matchAll(*weights, *params);
+  ParamMapSummary summary;
+  std::map<std::string, std::set<std::string>> scopes = readerScopes(plan.model().path());
+  choose(*weights, *params, matches, scopes, summary.problems);
+  std::vector<std::pair<std::string, std::string>> extraAliases =
+      findAliases(*params, scopes, *file);
 
   plan::ParamMap &map = *plan.mutable_param_map();
   map.Clear();
@@ -545,7 +586,7 @@ Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
   sys::fs::make_absolute(absolute);
   map.set_checkpoint(std::string(absolute));
   std::set<std::string> trainedHeld;
-  for (Param &p : params) {
+  for (Param &p : *params) {
     plan::Param &entry = *map.add_params();
     entry.set_name(p.tensor->name);
     entry.set_dtype(rt::safetensorsDType(p.tensor->type).str());
@@ -576,13 +617,13 @@ Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
     plan::Param &entry = *map.add_params();
     entry.set_name(alias);
     entry.set_alias_of(of);
-    const rt::SafeTensor *t = byName[of];
+    const rt::SafeTensor *t = file->find(of);
     entry.set_dtype(rt::safetensorsDType(t->type).str());
     for (int64_t d : t->shape)
       entry.add_shape(d);
     ++summary.aliases;
   }
-  for (const Weight &w : weights)
+  for (const Weight &w : *weights)
     if (w.trained && !trainedHeld.count(w.name))
       summary.problems.push_back(
           formatv("trained weight '{0}' {1} holds no tensor of {2}; --save-weights .safetensors "
