@@ -123,7 +123,9 @@ std::vector<plan::ParamPlace> findPlaces(const Weight &w, Param &p) {
       place.add_steps()->set_unsqueeze(0);
     return place;
   };
-  const auto &[cast, print] = p.as(w.value.elemType());
+  const std::pair<cpu::Tensor, uint64_t> &castAndPrint = p.as(w.value.elemType());
+  const cpu::Tensor &cast = castAndPrint.first;
+  uint64_t print = castAndPrint.second;
   auto verify = [&](plan::ParamPlace place) {
     place.set_weight(w.name);
     place = finish(std::move(place));
@@ -374,7 +376,8 @@ Expected<std::map<std::string, std::vector<ParamSplit>>> splitMergedParams(Strin
         order.push_back(it->second);
     if (order.size() < 2)
       continue;
-    bool carried = any_of(order, [&](const std::string &p) { return carriesName(name, p); });
+    const std::string &initializer = name;
+    bool carried = any_of(order, [&](const std::string &p) { return carriesName(initializer, p); });
     for (const std::string &p : order) {
       if (carried && carriesName(name, p))
         continue;

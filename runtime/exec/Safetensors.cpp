@@ -25,13 +25,13 @@ namespace pipec::rt {
 namespace {
 
 /// The reference implementation's limit on the header.
-constexpr uint64_t MaxHeaderBytes = 100'000'000;
+constexpr uint64_t maxHeaderBytes = 100'000'000;
 
 struct DTypeName {
   const char *name;
   cpu::DType type;
 };
-constexpr DTypeName DTypeNames[] = {
+constexpr DTypeName dtypeNames[] = {
     {"F64", cpu::DType::F64},   {"F32", cpu::DType::F32}, {"F16", cpu::DType::F16},
     {"BF16", cpu::DType::BF16}, {"I64", cpu::DType::I64}, {"I32", cpu::DType::I32},
     {"I16", cpu::DType::I16},   {"I8", cpu::DType::I8},   {"U64", cpu::DType::U64},
@@ -76,14 +76,14 @@ std::optional<uint64_t> unsignedOf(const json &v) {
 } // namespace
 
 StringRef safetensorsDType(cpu::DType type) {
-  for (const DTypeName &d : DTypeNames)
+  for (const DTypeName &d : dtypeNames)
     if (d.type == type)
       return d.name;
   return "";
 }
 
 std::optional<cpu::DType> safetensorsDTypeOf(StringRef name) {
-  for (const DTypeName &d : DTypeNames)
+  for (const DTypeName &d : dtypeNames)
     if (name == d.name)
       return d.type;
   return std::nullopt;
@@ -187,9 +187,9 @@ Expected<SafetensorsFile> SafetensorsFile::openFile(StringRef path) {
     return fail(0,
                 formatv("the file has {0} bytes; the header length alone takes 8", bytes.size()));
   uint64_t n = support::endian::read64le(bytes.data());
-  if (n > MaxHeaderBytes)
+  if (n > maxHeaderBytes)
     return fail(0, formatv("the header says it is {0} bytes, over the format's limit of {1}", n,
-                           MaxHeaderBytes));
+                           maxHeaderBytes));
   if (n > bytes.size() - 8)
     return fail(0, formatv("the header says it is {0} bytes; the file has {1} after the length", n,
                            bytes.size() - 8));
@@ -220,7 +220,8 @@ Expected<SafetensorsFile> SafetensorsFile::openFile(StringRef path) {
       }
       continue;
     }
-    auto bad = [&](const Twine &why) { return fail(8, "tensor '" + key + "': " + why); };
+    const std::string &tensorName = key;
+    auto bad = [&](const Twine &why) { return fail(8, "tensor '" + tensorName + "': " + why); };
     if (!value.is_object())
       return bad("not an object");
     for (auto &[k, v] : value.items())
@@ -234,8 +235,8 @@ Expected<SafetensorsFile> SafetensorsFile::openFile(StringRef path) {
       return bad("no dtype");
     std::string dtypeText = dtype->get<std::string>();
     const DTypeName *known =
-        find_if(DTypeNames, [&](const DTypeName &d) { return dtypeText == d.name; });
-    if (known == std::end(DTypeNames))
+        find_if(dtypeNames, [&](const DTypeName &d) { return dtypeText == d.name; });
+    if (known == std::end(dtypeNames))
       return bad("dtype '" + dtypeText + "' is not one pipec reads (F64, F32, F16, BF16, " +
                  "I64, I32, I16, I8, U64, U32, U16, U8, BOOL)");
     t.type = known->type;
