@@ -458,4 +458,90 @@ TEST_F(HostileExternal, ThePlansHashCoversTheExternalData) {
   expectError("run --quiet " + plan, 1, "its external data has xxh3");
 }
 
+/// The committed GPT-2 checkpoint fixture (tools/fixtures/torch_checkpoints.py)
+/// compiled with --params as a text plan.
+class HostileParams : public Hostile {
+protected:
+  void SetUp() override {
+    Hostile::SetUp();
+    fixture = std::string(PIPEC_SOURCE_DIR) + "/tests/fixtures/torch/checkpoints/gpt2";
+    paramsPlan = dir.path("p.plan");
+    std::string out;
+    ASSERT_EQ(runCommand(pipecBinary + " compile " + fixture + "/model.onnx --params " + fixture +
+                             "/model.safetensors --stages 2 --hardware cpu --emit text -o " +
+                             paramsPlan,
+                         out),
+              0)
+        << out;
+    paramsText = readFile(paramsPlan);
+  }
+
+  /// A copy of the fixture's checkpoint with \p from replaced by \p to in
+  /// its bytes (the header's JSON).
+  std::string editedCheckpoint(const std::string &name, const std::string &from,
+                               const std::string &to) {
+    std::string bytes = readFile(fixture + "/model.safetensors");
+    size_t at = bytes.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos)
+      bytes.replace(at, from.size(), to);
+    std::string path = dir.path(name);
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  }
+
+  std::string fixture, paramsPlan, paramsText;
+};
+
+TEST_F(HostileParams, CheckpointsThatLieAreRefusedNamingFileAndTensor) {
+  std::string run = "run --quiet " + paramsPlan + " --data " + fixture + "/data --init ";
+  // A header whose length field runs past the file.
+  std::string shortFile = dir.path("short.safetensors");
+  std::ofstream(shortFile, std::ios::binary)
+      << std::string("\xff\xff\xff\x00\x00\x00\x00\x00{}", 10);
+  expectError(
+      "compile " + fixture + "/model.onnx --params " + shortFile + " -o " + dir.path("x.plan"), 1,
+      shortFile + ": safetensors header at byte 0: the header says it is 16777215 bytes");
+  // A tensor renamed: the map's name is missing (same length, so the
+  // header stays valid).
+  std::string renamed = editedCheckpoint("renamed.safetensors", "\"transformer.ln_f.bias\"",
+                                         "\"transformer.ln_f.xxxx\"");
+  expectError(run + renamed, 1,
+              "no tensor 'transformer.ln_f.bias', which the plan's parameter map holds");
+  // A dtype the map does not expect.
+  std::string retyped =
+      editedCheckpoint("retyped.safetensors", "\"transformer.ln_f.bias\":{\"dtype\":\"F32\"",
+                       "\"transformer.ln_f.bias\":{\"dtype\":\"I32\"");
+  expectError(run + retyped, 1,
+              "tensor 'transformer.ln_f.bias' is I32 [64]; the plan was compiled");
+  // --init on a plan compiled without --params.
+  expectError("run --quiet " + plan + " --init " + fixture + "/model.safetensors", 1,
+              "the plan has no parameter map; compile it with --params");
+  // Saving over the checkpoint the run starts from.
+  std::string copy = dir.path("start.safetensors");
+  llvm::sys::fs::copy_file(fixture + "/other.safetensors", copy);
+  expectError(run + copy + " --save-weights " + copy, 2, "--save-weights");
+}
+
+TEST_F(HostileParams, EditedParameterMapsAreRefused) {
+  struct Case {
+    const char *pattern, *with, *needle;
+  };
+  const Case cases[] = {
+      {"weight: \"m.transformer.ln_f.bias\"", "weight: \"nothing\"",
+       "parameter 'transformer.ln_f.bias' is held by 'nothing', which is not one of the plan's "
+       "weights"},
+      {"dtype: \"F32\"", "dtype: \"Q7\"", "has dtype 'Q7'"},
+      {"alias_of: \"transformer.wte.weight\"", "alias_of: \"transformer.nothing\"",
+       "is an alias of 'transformer.nothing', which the map does not hold"},
+  };
+  for (const Case &c : cases) {
+    llvm::Regex re(c.pattern, llvm::Regex::Newline);
+    ASSERT_TRUE(re.match(paramsText)) << c.pattern;
+    std::string edited = dir.path("edited.plan");
+    std::ofstream(edited) << re.sub(c.with, paramsText);
+    expectError("run --quiet " + edited + " --data " + fixture + "/data", 1, c.needle);
+  }
+}
+
 } // namespace
