@@ -245,10 +245,9 @@ TEST_F(Hostile, LocalRunsBoundTheirThreads) {
 
 /// A NumPy .npy (version 1) of \p descr ('<f4', '<i8') and \p shape over
 /// \p data, whose size need not match the shape.
-void writeNpy(const std::string &path, const std::string &descr, const std::string &shape,
-              const std::string &data) {
-  std::string header =
-      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+/// A version 1.0 .npy file of header dict \p dict (padded as numpy pads it)
+/// and \p data.
+void writeNpyDict(const std::string &path, std::string header, const std::string &data) {
   header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
   header += '\n';
   std::string bytes = "\x93NUMPY\x01";
@@ -256,6 +255,12 @@ void writeNpy(const std::string &path, const std::string &descr, const std::stri
   bytes += static_cast<char>(header.size() & 0xff);
   bytes += static_cast<char>(header.size() >> 8);
   std::ofstream(path, std::ios::binary) << bytes << header << data;
+}
+
+void writeNpy(const std::string &path, const std::string &descr, const std::string &shape,
+              const std::string &data) {
+  writeNpyDict(path, "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }",
+               data);
 }
 
 template <typename T> std::string rawBytes(const std::vector<T> &values) {
@@ -282,6 +287,35 @@ TEST_F(Hostile, NpyHeadersAreCheckedAgainstTheirBytes) {
               "140737488355328");
   writeNpy(data + "/input_ids.npy", "<i8", "(4611686018427387904, 16)", std::string(8, '\0'));
   expectError("run --quiet " + plan + " --data " + data, 1, "needs more than 2^64");
+  // Bytes after the data: the header's shape does not describe the file.
+  std::string ids = rawBytes(std::vector<int64_t>(64, 1));
+  writeNpy(data + "/input_ids.npy", "<i8", "(8, 8)", ids + "extra");
+  expectError("run --quiet " + plan + " --data " + data, 1,
+              "input_ids.npy: holds 517 bytes of data, shape [8,8] needs 512");
+  // Headers numpy refuses, and one it reads wrongly (a key twice: Python
+  // keeps the last).
+  struct Case {
+    const char *dict, *needle;
+  };
+  const Case cases[] = {
+      {"{'descr': '<i8', 'fortran_order': False, 'shape': (8, 8), 'shape': (2, 32), }",
+       "'shape' is given twice"},
+      {"{'descr': '<i8', 'fortran_order': False, 'shape': (8, 8), 'extra': 1, }",
+       "unknown key 'extra'"},
+      {"{'descr': '<i8', 'shape': (8, 8), }", "no 'fortran_order'"},
+      {"{'descr': '<i8', 'fortran_order': 0, 'shape': (8, 8), }",
+       "'fortran_order' is not True or False"},
+      {"{'descr': '<i8', 'fortran_order': False, 'shape': (8, -8), }",
+       "'shape' holds something other than sizes"},
+      {"{'descr': '<i8', 'fortran_order': False, 'shape': (8, 8), } junk", "'junk' after the dict"},
+      {"['descr', '<i8']", "not a dict"},
+  };
+  for (const Case &c : cases) {
+    writeNpyDict(data + "/input_ids.npy", c.dict, ids);
+    expectError("run --quiet " + plan + " --data " + data, 1,
+                std::string("input_ids.npy: header at character"));
+    expectError("run --quiet " + plan + " --data " + data, 1, c.needle);
+  }
 }
 
 TEST_F(Hostile, TokenIdsAndSampleCountsAreChecked) {

@@ -7,6 +7,7 @@
 
 #include "onnx/onnx_pb.h"
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -17,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <set>
 
 using namespace llvm;
 
@@ -60,27 +62,104 @@ std::optional<DType> typeOfDescr(StringRef descr) {
   return std::nullopt;
 }
 
-/// The value of 'key' in the header dict: the text up to the next top-level
-/// comma or closing brace.
-std::optional<StringRef> headerField(StringRef header, StringRef key) {
-  size_t at = header.find(("'" + key + "'").str());
-  if (at == StringRef::npos)
-    return std::nullopt;
-  StringRef rest = header.drop_front(at + key.size() + 2).ltrim();
-  if (!rest.consume_front(":"))
-    return std::nullopt;
-  rest = rest.ltrim();
-  int depth = 0;
-  for (size_t i = 0; i < rest.size(); ++i) {
-    char c = rest[i];
-    if (c == '(')
-      ++depth;
-    else if (c == ')')
-      --depth;
-    else if ((c == ',' || c == '}') && depth == 0)
-      return rest.take_front(i).trim();
+/// What a .npy header says.
+struct NpyHeader {
+  std::string descr;
+  bool fortranOrder = false;
+  std::vector<int64_t> shape;
+};
+
+/// The header dict, read as numpy reads it (a Python literal that must be a
+/// dict of exactly 'descr' (a string), 'fortran_order' (True or False) and
+/// 'shape' (a tuple of non-negative ints)), and stricter: a key given twice
+/// (Python keeps the last silently), or anything after the dict but the
+/// spaces and newline of its padding, is refused. Errors say what and where.
+Expected<NpyHeader> parseNpyHeader(StringRef text) {
+  size_t at = 0;
+  auto fail = [&](const Twine &why) {
+    return createStringError(inconvertibleErrorCode(), "header at character %zu: %s", at,
+                             why.str().c_str());
+  };
+  auto skip = [&] {
+    while (at < text.size() && (text[at] == ' ' || text[at] == '\t'))
+      ++at;
+  };
+  auto take = [&](char c) {
+    skip();
+    if (at < text.size() && text[at] == c) {
+      ++at;
+      return true;
+    }
+    return false;
+  };
+  auto string = [&]() -> std::optional<std::string> {
+    skip();
+    if (at >= text.size() || (text[at] != '\'' && text[at] != '"'))
+      return std::nullopt;
+    char quote = text[at];
+    size_t close = text.find(quote, at + 1);
+    if (close == StringRef::npos)
+      return std::nullopt;
+    std::string value = text.slice(at + 1, close).str();
+    at = close + 1;
+    return value;
+  };
+  if (!take('{'))
+    return fail("not a dict");
+  NpyHeader out;
+  std::set<std::string> seen;
+  while (!take('}')) {
+    auto key = string();
+    if (!key)
+      return fail("expected a quoted key");
+    if (!seen.insert(*key).second)
+      return fail("'" + *key + "' is given twice");
+    if (!take(':'))
+      return fail("expected ':' after '" + *key + "'");
+    skip();
+    if (*key == "descr") {
+      auto value = string();
+      if (!value)
+        return fail("'descr' is not a string");
+      out.descr = *value;
+    } else if (*key == "fortran_order") {
+      StringRef rest = text.drop_front(at);
+      if (rest.startswith("True") || rest.startswith("False")) {
+        out.fortranOrder = rest.startswith("True");
+        at += out.fortranOrder ? 4 : 5;
+      } else {
+        return fail("'fortran_order' is not True or False");
+      }
+    } else if (*key == "shape") {
+      if (!take('('))
+        return fail("'shape' is not a tuple");
+      while (!take(')')) {
+        skip();
+        size_t digits = at;
+        while (at < text.size() && isDigit(text[at]))
+          ++at;
+        int64_t d;
+        if (digits == at || text.slice(digits, at).getAsInteger(10, d))
+          return fail("'shape' holds something other than sizes");
+        out.shape.push_back(d);
+        if (!take(',') && (skip(), at >= text.size() || text[at] != ')'))
+          return fail("expected ',' or ')' in 'shape'");
+      }
+    } else {
+      return fail("unknown key '" + *key +
+                  "'; a .npy header holds descr, fortran_order and "
+                  "shape");
+    }
+    if (!take(',') && (skip(), at >= text.size() || text[at] != '}'))
+      return fail("expected ',' or '}'");
   }
-  return std::nullopt;
+  for (const char *key : {"descr", "fortran_order", "shape"})
+    if (!seen.count(key))
+      return fail(Twine("no '") + key + "'");
+  StringRef rest = text.drop_front(at);
+  if (!rest.rtrim("\n").trim(" ").empty() || rest.count('\n') > 1)
+    return fail("'" + rest.trim().str() + "' after the dict");
+  return out;
 }
 
 uint64_t splitmix(uint64_t x) {
@@ -140,33 +219,22 @@ Expected<cpu::Tensor> readNpy(StringRef path) {
   }
   if (start + headerLength > bytes.size())
     return fail("truncated header");
-  StringRef header = bytes.substr(start, headerLength);
-  auto descr = headerField(header, "descr");
-  auto order = headerField(header, "fortran_order");
-  auto shapeText = headerField(header, "shape");
-  if (!descr || !order || !shapeText)
-    return fail("header lacks descr, fortran_order or shape");
-  if (order->trim() != "False")
+  auto header = parseNpyHeader(bytes.substr(start, headerLength));
+  if (!header)
+    return fail(toString(header.takeError()));
+  if (header->fortranOrder)
     return fail("Fortran-order arrays are not supported; save with C order");
-  auto type = typeOfDescr(descr->trim("'\" "));
+  auto type = typeOfDescr(header->descr);
   if (!type)
-    return fail("element type " + *descr + " is not supported");
-  std::vector<int64_t> shape;
-  StringRef dims = shapeText->trim("() ");
-  SmallVector<StringRef, 8> parts;
-  dims.split(parts, ',', -1, /*KeepEmpty=*/false);
+    return fail("element type '" + header->descr + "' is not supported");
+  const std::vector<int64_t> &shape = header->shape;
   // The header's shape against the bytes present, before any allocation.
   uint64_t need = cpu::wireSize(*type);
   bool overflow = false;
-  for (StringRef p : parts) {
-    int64_t d;
-    if (p.trim().getAsInteger(10, d) || d < 0)
-      return fail("bad shape " + *shapeText);
+  for (int64_t d : shape)
     overflow |= __builtin_mul_overflow(need, static_cast<uint64_t>(d), &need);
-    shape.push_back(d);
-  }
   StringRef data = bytes.drop_front(start + headerLength);
-  if (overflow || data.size() < need)
+  if (overflow || data.size() != need)
     return fail(formatv("holds {0} bytes of data, shape {1} needs {2}", data.size(),
                         cpu::shapeString(shape), overflow ? "more than 2^64" : Twine(need).str()));
   cpu::Tensor tensor(*type, shape);
