@@ -331,6 +331,14 @@ TEST_F(Hostile, TokenIdsAndSampleCountsAreChecked) {
   ids[2 * 8 + 5] = 50; // one past the vocabulary
   writeNpy(data + "/input_ids.npy", "<i8", "(8, 8)", rawBytes(ids));
   expectError("run --quiet " + plan + " --data " + data, 1, "sample 2 holds 50, outside [0, 50)");
+  // A uint64 id past int64's range is reported as it is, never wrapped or
+  // rounded through a double.
+  std::vector<uint64_t> wide(ids.begin(), ids.end());
+  wide[2 * 8 + 5] = (uint64_t(1) << 63) + 5;
+  writeNpy(data + "/input_ids.npy", "<u8", "(8, 8)", rawBytes(wide));
+  expectError("run --quiet " + plan + " --data " + data, 1,
+              "input 'input_ids' holds 9223372036854775813 at element 21, which int64 (the "
+              "model's type) cannot hold");
   ids[2 * 8 + 5] = 49;
   writeNpy(data + "/input_ids.npy", "<i8", "(5, 8)", rawBytes(std::vector<int64_t>(40, 3)));
   expectError("run --quiet " + plan + " --data " + data, 1,

@@ -17,8 +17,10 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <set>
+#include <type_traits>
 
 using namespace llvm;
 
@@ -298,8 +300,36 @@ Expected<cpu::Tensor> readDataset(StringRef dir, const plan::DataInput &spec) {
   return cpu::fromTensorProto(proto, dir);
 }
 
-/// \p data as \p type: floats to floats and integers to integers convert;
-/// a float file for an integer input (or the reverse) is refused.
+/// Element \p i of integer tensor \p t, exactly (a uint64 above 2^63
+/// too, which int64 or double would change).
+__int128 integerAt(const cpu::Tensor &t, int64_t i) {
+  if (t.elemType() == DType::U64)
+    return t.data<uint64_t>()[i];
+  return t.getInt64(i);
+}
+
+std::string integerText(__int128 v) {
+  return v < 0 ? std::to_string(static_cast<int64_t>(v)) : std::to_string(static_cast<uint64_t>(v));
+}
+
+/// True when integer type \p type holds \p v.
+bool holds(DType type, __int128 v) {
+  return cpu::visitStorage(type, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>)
+      return v == 0 || v == 1;
+    else if constexpr (std::is_integral_v<T>)
+      return v >= static_cast<__int128>(std::numeric_limits<T>::min()) &&
+             v <= static_cast<__int128>(std::numeric_limits<T>::max());
+    else
+      return true;
+  });
+}
+
+/// \p data as \p type: floats to floats and integers to integers convert
+/// (integers exactly: a value the input's type cannot hold is refused,
+/// never wrapped); a float file for an integer input (or the reverse) is
+/// refused.
 Expected<cpu::Tensor> asInputType(cpu::Tensor data, DType type, StringRef dir,
                                   const plan::DataInput &spec) {
   if (data.elemType() == type)
@@ -310,8 +340,24 @@ Expected<cpu::Tensor> asInputType(cpu::Tensor data, DType type, StringRef dir,
                              spec.name().c_str(), cpu::elemTypeName(data.elemType()).str().c_str(),
                              spec.dtype().c_str());
   cpu::Tensor converted(type, data.shape());
-  for (int64_t i = 0; i < data.numElements(); ++i)
-    converted.setDouble(i, data.getDouble(i));
+  if (cpu::isFloating(type)) {
+    for (int64_t i = 0; i < data.numElements(); ++i)
+      converted.setDouble(i, data.getDouble(i));
+    return converted;
+  }
+  for (int64_t i = 0; i < data.numElements(); ++i) {
+    __int128 v = integerAt(data, i);
+    if (!holds(type, v))
+      return createStringError(inconvertibleErrorCode(),
+                               "--data %s: input '%s' holds %s at element %lld, which %s (the "
+                               "model's type) cannot hold",
+                               dir.str().c_str(), spec.name().c_str(), integerText(v).c_str(),
+                               static_cast<long long>(i), cpu::elemTypeName(type).str().c_str());
+    cpu::visitStorage(type, [&](auto tag) {
+      using T = decltype(tag);
+      converted.data<T>()[i] = static_cast<T>(v);
+    });
+  }
   return converted;
 }
 
@@ -374,15 +420,19 @@ Error checkValues(const cpu::Tensor &data, StringRef dir, const plan::DataInput 
                              dir.str().c_str(), spec.name().c_str(), where.c_str(),
                              what.str().c_str());
   };
+  __int128 low = training ? 0 : -static_cast<__int128>(rows);
   for (int64_t i = 0; i < data.numElements(); ++i) {
-    double v = data.getDouble(i);
-    if (floating && !std::isfinite(v))
-      return fail(i, formatv("{0} (pass --allow-nonfinite to feed it)",
-                             std::isnan(v) ? "NaN" : (v > 0 ? "inf" : "-inf")));
-    double low = training ? 0 : -static_cast<double>(rows);
-    if (!floating && (v < low || v >= static_cast<double>(rows)))
+    if (floating) {
+      double v = data.getDouble(i);
+      if (!std::isfinite(v))
+        return fail(i, formatv("{0} (pass --allow-nonfinite to feed it)",
+                               std::isnan(v) ? "NaN" : (v > 0 ? "inf" : "-inf")));
+      continue;
+    }
+    __int128 v = integerAt(data, i);
+    if (v < low || v >= rows)
       return fail(i, formatv("{0}, outside [{1}, {2}): the rows of the table it indexes",
-                             static_cast<int64_t>(v), static_cast<int64_t>(low), rows));
+                             integerText(v), integerText(low), rows));
   }
   return Error::success();
 }
