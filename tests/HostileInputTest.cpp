@@ -14,6 +14,7 @@
 #include "llvm/Support/Regex.h"
 
 #include <fstream>
+#include <sys/stat.h>
 
 using namespace pipec::test;
 
@@ -498,6 +499,36 @@ TEST_F(HostileExternal, ThePlansHashCoversTheExternalData) {
   data[data.size() / 2] ^= 1;
   std::ofstream(model + ".data", std::ios::binary) << data;
   expectError("run --quiet " + plan, 1, "its external data has xxh3");
+}
+
+TEST_F(Hostile, OutputsGoOnlyToRegularFiles) {
+  std::string compile = "compile " + model + " --stages 2 --hardware cpu -o ";
+  // A folder, a pipe: refused before any work (a pipe would block the
+  // write; a folder would fail it after the compile).
+  expectError(compile + dir.root(), 1, dir.root() + ": is a directory; give a file name");
+  std::string fifo = dir.path("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  expectError(compile + fifo, 1, fifo + ": is not a regular file (a device, pipe or socket)");
+  expectError("run --quiet " + plan + " --steps 1 --save-weights " + fifo, 1,
+              "is not a regular file");
+  // /dev/null discards, and stays the device it is.
+  std::string out;
+  EXPECT_EQ(runCommand(pipecBinary + " " + compile + "/dev/null", out), 0) << out;
+  EXPECT_EQ(runCommand(pipecBinary + " run --quiet " + plan + " --steps 1 --metrics /dev/null " +
+                           "--save-weights /dev/null",
+                       out),
+            0)
+      << out;
+  llvm::sys::fs::file_status status;
+  ASSERT_FALSE(llvm::sys::fs::status("/dev/null", status));
+  EXPECT_EQ(status.type(), llvm::sys::fs::file_type::character_file);
+  // A symlink left where the old temporary's name was is not written
+  // through: the temporary is created exclusively.
+  std::string victim = dir.path("victim"), target = dir.path("out.plan");
+  std::ofstream(victim) << "keep";
+  ASSERT_FALSE(llvm::sys::fs::create_link(victim, target + ".tmp"));
+  EXPECT_EQ(runCommand(pipecBinary + " " + compile + target, out), 0) << out;
+  EXPECT_EQ(readFile(victim), "keep");
 }
 
 /// The committed GPT-2 checkpoint fixture (tools/fixtures/torch_checkpoints.py)

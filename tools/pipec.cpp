@@ -342,10 +342,14 @@ int reportError(Error err) {
 int badUsage(const Twine &what) { return reportError(usageError(what)); }
 
 /// Refuses an output path that names one of the command's inputs (`compile
-/// m.onnx -o m.onnx` would replace the model with the plan).
+/// m.onnx -o m.onnx` would replace the model with the plan), or that is no
+/// regular file (a directory, device, pipe or socket; /dev/null discards):
+/// before any work, so that a long run never ends unable to write.
 Error checkNotAnInput(StringRef flag, StringRef output, ArrayRef<StringRef> inputs) {
   if (output.empty())
     return Error::success();
+  if (Error err = checkOutputPath(output))
+    return err;
   for (StringRef input : inputs)
     if (!input.empty() && (output == input || sys::fs::equivalent(output, input)))
       return usageError(flag + " " + output + ": is an input of this command; write elsewhere");

@@ -159,15 +159,17 @@ Error saveTrainedModel(StringRef modelPath, const std::map<std::string, cpu::Ten
   size_t total = 0;
   for (const onnx::TensorProto &t : graph.initializer())
     total += t.raw_data().size();
-  if (total > (size_t(1) << 30)) {
+  if (total > (size_t(1) << 30) && out != NullOutput) {
     std::string dataName = sys::path::filename(out).str() + ".data";
     SmallString<256> dataPath(sys::path::parent_path(out));
     sys::path::append(dataPath, dataName);
-    std::string tmp = std::string(dataPath) + ".tmp";
-    std::error_code ec;
-    raw_fd_ostream os(tmp, ec);
-    if (ec)
-      return fail(tmp + ": " + ec.message());
+    if (Error err = checkOutputPath(dataPath))
+      return fail(toString(std::move(err)));
+    SmallString<256> tmp;
+    int fd = -1;
+    if (std::error_code ec = sys::fs::createUniqueFile(dataPath + ".tmp-%%%%%%", fd, tmp))
+      return fail(std::string(dataPath) + ": " + ec.message());
+    raw_fd_ostream os(fd, /*shouldClose=*/true);
     uint64_t offset = 0;
     for (onnx::TensorProto &t : *graph.mutable_initializer()) {
       if (t.raw_data().size() < 1024)
@@ -194,7 +196,7 @@ Error saveTrainedModel(StringRef modelPath, const std::map<std::string, cpu::Ten
       std::string why = os.error().message();
       os.clear_error(); // an unhandled stream error would abort at destruction
       sys::fs::remove(tmp);
-      return fail(tmp + ": write failed: " + why);
+      return fail(std::string(tmp) + ": write failed: " + why);
     }
     if (std::error_code rc = sys::fs::rename(tmp, dataPath)) {
       sys::fs::remove(tmp);

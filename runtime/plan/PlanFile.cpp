@@ -167,12 +167,40 @@ Error writeFileAtomically(StringRef path, StringRef bytes) {
   });
 }
 
+Error checkOutputPath(StringRef path) {
+  if (path == NullOutput)
+    return Error::success();
+  sys::fs::file_status status;
+  if (sys::fs::status(path, status) || !sys::fs::exists(status))
+    return Error::success(); // a new file
+  if (sys::fs::is_directory(status))
+    return createStringError(inconvertibleErrorCode(), "%s: is a directory; give a file name",
+                             path.str().c_str());
+  if (!sys::fs::is_regular_file(status))
+    return createStringError(inconvertibleErrorCode(),
+                             "%s: is not a regular file (a device, pipe or socket); pipec writes "
+                             "its outputs to regular files (%s discards one)",
+                             path.str().c_str(), NullOutput.data());
+  return Error::success();
+}
+
 Error writeFileAtomically(StringRef path, function_ref<Error(raw_ostream &)> write) {
-  std::string temp = (path + ".tmp").str();
-  std::error_code ec;
-  raw_fd_ostream os(temp, ec);
-  if (ec)
+  if (Error err = checkOutputPath(path))
+    return err;
+  if (path == NullOutput) { // written and discarded: its errors still count
+    raw_null_ostream discard;
+    if (Error err = write(discard))
+      return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),
+                               toString(std::move(err)).c_str());
+    return Error::success();
+  }
+  // A fresh temporary (O_EXCL): a file or symlink left at a predictable name
+  // is never written through.
+  SmallString<256> temp;
+  int fd = -1;
+  if (std::error_code ec = sys::fs::createUniqueFile(path + ".tmp-%%%%%%", fd, temp))
     return createStringError(ec, "%s: cannot write: %s", path.str().c_str(), ec.message().c_str());
+  raw_fd_ostream os(fd, /*shouldClose=*/true);
   if (Error err = write(os)) {
     os.close();
     os.clear_error();

@@ -37,9 +37,19 @@ std::string contentHash(llvm::StringRef bytes);
 /// The lowercase hex SHA-256 of \p bytes: a checkpoint's checksum.
 std::string sha256Hex(llvm::StringRef bytes);
 
-/// Writes \p bytes to \p path through a temporary file and a rename, so that
-/// readers see the old file or the new one, never a part; a failed write
-/// leaves no temporary behind.
+/// The output path that discards what is written to it.
+inline constexpr llvm::StringLiteral NullOutput = "/dev/null";
+
+/// Succeeds for an output path pipec may write: a regular file, a name that
+/// does not exist yet, or NullOutput. A directory, device, pipe or socket is
+/// "PATH: is a directory; ..." or "PATH: is not a regular file ...".
+llvm::Error checkOutputPath(llvm::StringRef path);
+
+/// Writes \p bytes to \p path through a fresh temporary file (created
+/// exclusively beside it) and a rename, so that readers see the old file or
+/// the new one, never a part; a failed write leaves no temporary behind.
+/// \p path must pass checkOutputPath; NullOutput runs the writer and keeps
+/// nothing.
 llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef bytes);
 
 /// The same with the bytes \p write puts into the temporary file's stream;
