@@ -75,6 +75,27 @@ protected:
   std::string model, plan, ckpt;
 };
 
+TEST_F(Fault, AStepMixingTwoRunsIsRefusedNamingTwoFiles) {
+  std::string out;
+  // Two runs of the same plan, another learning rate: rank 1's file of step
+  // 2 comes from the second (as when two runs wrote one folder).
+  ASSERT_EQ(run("--steps 2 --lr 0.01 --checkpoint " + ckpt, out), 0) << out;
+  std::string other = dir.path("other");
+  ASSERT_EQ(run("--steps 2 --lr 0.02 --checkpoint " + other, out), 0) << out;
+  ASSERT_FALSE(llvm::sys::fs::copy_file(other + "/step-2/rank-1.ckpt", stepFile(2, 1)));
+  EXPECT_EQ(run("--steps 3 --resume --checkpoint " + ckpt, out), 1) << out;
+  expectOneErrorLine(out, {"checkpoint step-2 mixes the files of two runs: " + stepFile(2, 0),
+                           stepFile(2, 1), "run="});
+  // --resume-if-exists passes over it to the newest step of one run.
+  EXPECT_EQ(run("--steps 3 --resume-if-exists --checkpoint " + ckpt, out), 0) << out;
+  EXPECT_NE(out.find("mixes the files of two runs"), std::string::npos) << out;
+  EXPECT_NE(out.find("skipped"), std::string::npos) << out;
+  // Each file carries its run and its plan in its header.
+  std::string header = readFile(stepFile(1, 0)).substr(0, 200);
+  EXPECT_TRUE(llvm::StringRef(header).contains(" run=")) << header;
+  EXPECT_TRUE(llvm::StringRef(header).contains(" plan=")) << header;
+}
+
 TEST_F(Fault, CorruptCheckpointIsRefusedNamingTheFileAndAnIntactOne) {
   std::string out;
   ASSERT_EQ(run("--steps 3 --checkpoint " + ckpt, out), 0) << out;

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <tuple>
 #include <unistd.h>
 
 using namespace llvm;
@@ -51,7 +52,7 @@ Error RankExecutor::saveCheckpoint(StringRef file, int nextStep) {
   std::string bytes;
   if (!g.SerializeToString(&bytes))
     return rankError(global, "checkpoint: cannot serialize (over 2 GiB?)");
-  return writeCheckpointFile(file, bytes);
+  return writeCheckpointFile(file, bytes, s.checkpointIdentity);
 }
 
 Error RankExecutor::loadCheckpoint(StringRef file, int &nextStep) {
@@ -196,8 +197,9 @@ constexpr StringLiteral headerPrefix = "pipec-checkpoint sha256=";
 
 } // namespace
 
-Error writeCheckpointFile(StringRef file, StringRef payload) {
-  std::string bytes = (headerPrefix + sha256Hex(payload) + "\n").str();
+Error writeCheckpointFile(StringRef file, StringRef payload, StringRef identity) {
+  std::string bytes =
+      (headerPrefix + sha256Hex(payload) + (identity.empty() ? "" : " ") + identity + "\n").str();
   bytes.append(payload.data(), payload.size());
   return writeFileAtomically(file, bytes);
 }
@@ -209,9 +211,12 @@ Expected<CheckpointBytes> readCheckpointFile(StringRef file) {
                              toString(buffer.takeError()).c_str());
   StringRef all = (*buffer)->getBuffer();
   auto [header, payload] = all.split('\n');
-  StringRef recorded = header;
-  if (!recorded.consume_front(headerPrefix) || recorded.size() != 64 || payload.data() == nullptr ||
-      header.size() == all.size())
+  StringRef recorded = header, identity;
+  if (recorded.consume_front(headerPrefix))
+    std::tie(recorded, identity) = recorded.split(' ');
+  else
+    recorded = "";
+  if (recorded.size() != 64 || payload.data() == nullptr || header.size() == all.size())
     return createStringError(inconvertibleErrorCode(),
                              "checkpoint %s has no checksum header (not a pipec checkpoint, or "
                              "one written before checkpoints carried checksums)",
@@ -222,7 +227,19 @@ Expected<CheckpointBytes> readCheckpointFile(StringRef file) {
                              "checkpoint %s is corrupt: its bytes hash to sha256 %s, its header "
                              "records %s",
                              file.str().c_str(), actual.c_str(), recorded.str().c_str());
-  return CheckpointBytes{std::move(*buffer), payload};
+  return CheckpointBytes{std::move(*buffer), payload, identity.str()};
+}
+
+Expected<std::string> checkpointIdentity(StringRef file) {
+  auto buffer = readInputFile(file);
+  if (!buffer)
+    return createStringError(inconvertibleErrorCode(), "checkpoint %s",
+                             toString(buffer.takeError()).c_str());
+  StringRef header = (*buffer)->getBuffer().split('\n').first;
+  if (!header.consume_front(headerPrefix))
+    return createStringError(inconvertibleErrorCode(), "checkpoint %s has no checksum header",
+                             file.str().c_str());
+  return header.split(' ').second.str();
 }
 
 std::vector<int> checkpointSteps(StringRef dir) {
@@ -265,6 +282,29 @@ std::string whyBad(StringRef dir, int step, int rank) {
                : toString(bytes.takeError());
 }
 
+/// Succeeds when every rank's file of \p step was written by one run of one
+/// plan (the identity in its header); else names two files that disagree.
+/// Every rank reads the same headers and reaches the same answer.
+Error checkOneRun(StringRef dir, int step, int ranks) {
+  std::string first;
+  for (int r = 0; r < ranks; ++r) {
+    auto identity = checkpointIdentity(checkpointFile(dir, step, r));
+    if (!identity)
+      return identity.takeError();
+    if (r == 0) {
+      first = *identity;
+    } else if (*identity != first) {
+      auto text = [](const std::string &id) { return id.empty() ? std::string("none") : id; };
+      return createStringError(inconvertibleErrorCode(),
+                               "checkpoint step-%d mixes the files of two runs: %s (%s) and %s "
+                               "(%s)",
+                               step, checkpointFile(dir, step, 0).c_str(), text(first).c_str(),
+                               checkpointFile(dir, step, r).c_str(), text(*identity).c_str());
+    }
+  }
+  return Error::success();
+}
+
 } // namespace
 
 Expected<int> agreeResumeStep(StringRef dir, ResumeMode mode, Comm &comm, int global, int ranks,
@@ -277,8 +317,13 @@ Expected<int> agreeResumeStep(StringRef dir, ResumeMode mode, Comm &comm, int gl
       auto bad = firstBadRank(dir, step, comm, global, ranks);
       if (!bad)
         return bad.takeError();
-      if (*bad < 0)
-        return step;
+      if (*bad < 0) {
+        Error mixed = checkOneRun(dir, step, ranks);
+        if (!mixed)
+          return step;
+        skipped.push_back(toString(std::move(mixed)) + "; skipped");
+        continue;
+      }
       skipped.push_back(whyBad(dir, step, *bad) + "; skipped");
     }
     return 0;
@@ -289,8 +334,11 @@ Expected<int> agreeResumeStep(StringRef dir, ResumeMode mode, Comm &comm, int gl
   auto bad = firstBadRank(dir, *latest, comm, global, ranks);
   if (!bad)
     return bad.takeError();
-  if (*bad < 0)
+  if (*bad < 0) {
+    if (Error mixed = checkOneRun(dir, *latest, ranks))
+      return std::move(mixed);
     return *latest;
+  }
   std::string why = whyBad(dir, *latest, *bad);
   for (int step : steps) {
     if (step >= *latest)

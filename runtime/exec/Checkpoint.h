@@ -3,7 +3,9 @@
 // A checkpoint directory holds step-N/rank-R.ckpt for every global rank R
 // and a file "latest" naming the newest complete step ("step-N"), written
 // after every rank's file. A rank's file is one header line,
-// "pipec-checkpoint sha256=HEX\n", HEX the SHA-256 of every byte after it,
+// "pipec-checkpoint sha256=HEX run=ID plan=HASH\n", HEX the SHA-256 of
+// every byte after it, ID the run that wrote it (one per run, shared by its
+// ranks) and HASH the plan's (XXH3-128 of its bytes),
 // then a GraphProto of tensors "w:NAME" (weights), "p:NAME" (float32 master
 // copies), "m:NAME" and "v:NAME" (optimizer moments), with doc_string
 // "step=N"; RankExecutor writes and reads it (Checkpoint.cpp). A file whose
@@ -11,7 +13,9 @@
 //
 // Resuming is collective: every rank checks its own file of a step and the
 // ranks agree (a sum over all ranks) that the step is intact before any
-// loads it, so all ranks resume from the same step or none does.
+// loads it, so all ranks resume from the same step or none does; a step
+// whose files carry different run ids or plan hashes (two runs wrote into
+// one folder) is refused, naming two of its files.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_EXEC_CHECKPOINT_H
@@ -34,14 +38,21 @@ std::string checkpointFile(llvm::StringRef dir, int nextStep, int global);
 /// The step that \p dir's "latest" names; errors read "--resume: ...".
 llvm::Expected<int> latestCheckpoint(llvm::StringRef dir);
 
-/// Writes \p payload to \p file behind its checksum header, atomically.
-llvm::Error writeCheckpointFile(llvm::StringRef file, llvm::StringRef payload);
+/// Writes \p payload to \p file behind its checksum header and \p identity
+/// ("run=ID plan=HASH"), atomically.
+llvm::Error writeCheckpointFile(llvm::StringRef file, llvm::StringRef payload,
+                                llvm::StringRef identity);
+
+/// The identity in \p file's header ("" for a file written before
+/// checkpoints carried one), read without reading the rest.
+llvm::Expected<std::string> checkpointIdentity(llvm::StringRef file);
 
 /// A checkpoint file whose checksum matched: the bytes read, and the payload
 /// within them.
 struct CheckpointBytes {
   std::unique_ptr<llvm::MemoryBuffer> buffer;
   llvm::StringRef payload;
+  std::string identity;
 };
 
 /// Reads \p file and checks its checksum. Errors name the file: "checkpoint

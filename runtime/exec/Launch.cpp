@@ -20,6 +20,7 @@
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
@@ -32,6 +33,7 @@
 #include <malloc.h>
 #include <mutex>
 #include <pthread.h>
+#include <random>
 #include <sched.h>
 #include <thread>
 
@@ -152,6 +154,19 @@ Error checkRunOptions(const RunOptions &o) {
 }
 
 namespace {
+
+/// What this run's checkpoint files carry: run \p run (drawn once per run)
+/// and the plan's hash.
+std::string checkpointIdentity(uint64_t run, const plan::Plan &plan) {
+  return formatv("run={0} plan={1}", format_hex_no_prefix(run, 16),
+                 contentHash(plan.SerializeAsString()))
+      .str();
+}
+
+uint64_t freshRunId() {
+  std::random_device device;
+  return (uint64_t(device()) << 32) | device();
+}
 
 Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOptions &options) {
   if (Error err = checkRunOptions(options))
@@ -564,6 +579,8 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
     lock = std::move(*taken);
   }
   Shared &s = **shared;
+  if (!options.checkpointDir.empty())
+    s.checkpointIdentity = checkpointIdentity(freshRunId(), plan);
   int ranks = s.P * s.dp;
   int threadsPerRank = shareCores(options, ranks);
   LocalWorld world(ranks, options.timeoutSeconds);
@@ -719,6 +736,15 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
       return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
     }
     lock = std::move(*taken);
+  }
+  if (!options.checkpointDir.empty()) {
+    // One run id for every process: rank 0's, in two exact halves.
+    uint64_t mine = (*comm)->rank() == 0 ? freshRunId() : 0;
+    double halves[2] = {double(mine >> 32), double(mine & 0xffffffffu)};
+    if (Error err = (*comm)->sumAll(halves))
+      return err;
+    s.checkpointIdentity =
+        checkpointIdentity((uint64_t(halves[0]) << 32) | uint64_t(halves[1]), plan);
   }
   RankExecutor ex(s, **comm, **backend);
   RunResult result;

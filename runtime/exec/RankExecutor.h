@@ -77,6 +77,8 @@ struct Shared {
   /// The constant a weight holds its parameter shifted by (ParamMap.h's
   /// decayCenterOf), for the weights where it is not 0.
   std::map<std::string, double> decayCenters;
+  /// "run=ID plan=HASH": what every checkpoint file of this run carries.
+  std::string checkpointIdentity;
   /// Lines the run warns about before its first step (--init).
   std::vector<std::string> warnings;
   std::set<std::string> trainable;
