@@ -477,6 +477,26 @@ TEST_F(HostileExternal, ExternalDataStaysInsideTheModelsFolder) {
   expectError("inspect " + model, 1, "resolves to /etc/passwd, outside");
 }
 
+TEST_F(HostileExternal, WeightReferencesMustBeTheModels) {
+  std::string out;
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " -o " + plan +
+                           " --stages 2 --hardware cpu --emit text",
+                       out),
+            0)
+      << out;
+  std::string text = readFile(plan);
+  // A plausible edit (or one flipped digit): a weight's offset moved to the
+  // start of the data file, where another tensor (or nothing) is.
+  llvm::Regex offset("key: \"offset\"\n *value: \"([1-9][0-9]*)\"", llvm::Regex::Newline);
+  llvm::SmallVector<llvm::StringRef, 2> found;
+  ASSERT_TRUE(offset.match(text, &found)) << "no external weight with an offset";
+  std::string edited = dir.path("m/edited.plan");
+  std::ofstream(edited) << offset.sub("key: \"offset\"\n    value: \"0\"", text);
+  expectError("run --quiet " + edited, 1, "keeps no tensor of its type and shape");
+  // The plan as compiled runs.
+  EXPECT_EQ(runCommand(pipecBinary + " run --quiet " + plan, out), 0) << out;
+}
+
 TEST_F(HostileExternal, NulInALocationIsRefused) {
   onnx::ModelProto m;
   ASSERT_TRUE(m.ParseFromString(readFile(model)));

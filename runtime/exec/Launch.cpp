@@ -26,16 +26,19 @@
 #include "llvm/Support/Path.h"
 
 #include <cfloat>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <malloc.h>
 #include <mutex>
 #include <pthread.h>
 #include <random>
 #include <sched.h>
 #include <thread>
+#include <tuple>
 
 using namespace llvm;
 
@@ -440,6 +443,113 @@ Error writeOutputs(const RunOptions &o, const RunResult &result) {
 
 } // namespace
 
+namespace {
+
+/// Where a tensor's bytes are in a model's external data.
+struct ExternalRef {
+  std::string location;
+  int64_t offset = 0, length = -1;
+  bool operator<(const ExternalRef &o) const {
+    return std::tie(location, offset, length) < std::tie(o.location, o.offset, o.length);
+  }
+};
+
+ExternalRef externalRefOf(const onnx::TensorProto &t) {
+  ExternalRef ref;
+  for (const onnx::StringStringEntryProto &e : t.external_data()) {
+    if (e.key() == "location")
+      ref.location = e.value();
+    else if (e.key() == "offset")
+      StringRef(e.value()).getAsInteger(10, ref.offset);
+    else if (e.key() == "length")
+      StringRef(e.value()).getAsInteger(10, ref.length);
+  }
+  return ref;
+}
+
+/// Every plan weight the plan reads from the model's files names bytes where
+/// the model (which the hash covers) keeps a tensor of the weight's type and
+/// shape: in its external data, the exact range an initializer names; in
+/// the .onnx file itself, bytes equal to an initializer's raw_data. An
+/// edited offset or a flipped bit in a plan cannot make a run read other
+/// bytes, such as the .onnx header, as weights.
+Error checkWeightReferences(const plan::Plan &plan, StringRef modelBytes, StringRef path) {
+  bool external = any_of(plan.weights(), [](const onnx::TensorProto &w) {
+    return w.data_location() == onnx::TensorProto::EXTERNAL;
+  });
+  if (!external || modelBytes.size() > size_t(INT_MAX))
+    return Error::success();
+  onnx::ModelProto model;
+  if (!model.ParseFromArray(modelBytes.data(), static_cast<int>(modelBytes.size())))
+    return createStringError(inconvertibleErrorCode(), "%s: does not parse as ONNX",
+                             path.str().c_str());
+  using Kind = std::pair<int32_t, std::vector<int64_t>>; // dtype and shape
+  std::map<ExternalRef, Kind> kept;
+  std::multimap<std::string, Kind> inline_; // by the hash of the raw bytes
+  // Every tensor of the model: initializers and Constant values, in
+  // subgraphs too.
+  std::vector<const onnx::TensorProto *> tensors;
+  std::function<void(const onnx::GraphProto &)> collect = [&](const onnx::GraphProto &g) {
+    for (const onnx::TensorProto &t : g.initializer())
+      tensors.push_back(&t);
+    for (const onnx::NodeProto &n : g.node())
+      for (const onnx::AttributeProto &a : n.attribute()) {
+        if (a.has_t())
+          tensors.push_back(&a.t());
+        for (const onnx::TensorProto &t : a.tensors())
+          tensors.push_back(&t);
+        if (a.has_g())
+          collect(a.g());
+        for (const onnx::GraphProto &sub : a.graphs())
+          collect(sub);
+      }
+  };
+  collect(model.graph());
+  for (const onnx::TensorProto *tensor : tensors) {
+    const onnx::TensorProto &t = *tensor;
+    std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
+    if (t.data_location() != onnx::TensorProto::EXTERNAL) {
+      if (!t.raw_data().empty())
+        inline_.insert({contentHash(t.raw_data()), {t.data_type(), dims}});
+      continue;
+    }
+    ExternalRef ref = externalRefOf(t);
+    if (ref.length < 0)
+      ref.length = cpu::numElementsOf(dims) * int64_t(dtypeSize(static_cast<DType>(t.data_type())));
+    kept[ref] = {t.data_type(), dims};
+  }
+  for (const onnx::TensorProto &w : plan.weights()) {
+    if (w.data_location() != onnx::TensorProto::EXTERNAL)
+      continue;
+    ExternalRef ref = externalRefOf(w);
+    std::vector<int64_t> dims(w.dims().begin(), w.dims().end());
+    Kind kind = {w.data_type(), dims};
+    bool found = false;
+    if (ref.location == sys::path::filename(path)) {
+      if (ref.offset >= 0 && ref.length >= 0 && uint64_t(ref.offset) <= modelBytes.size() &&
+          uint64_t(ref.length) <= modelBytes.size() - ref.offset) {
+        auto range = inline_.equal_range(contentHash(modelBytes.substr(ref.offset, ref.length)));
+        for (auto it = range.first; it != range.second && !found; ++it)
+          found = it->second == kind;
+      }
+    } else {
+      auto it = kept.find(ref);
+      found = it != kept.end() && it->second == kind;
+    }
+    if (!found)
+      return createStringError(
+          inconvertibleErrorCode(),
+          "weight '%s': the plan reads %s bytes %lld..%lld, where %s keeps no tensor of its type "
+          "and shape %s; the plan was edited, or compiled for another model",
+          w.name().c_str(), ref.location.c_str(), static_cast<long long>(ref.offset),
+          static_cast<long long>(ref.offset + ref.length), path.str().c_str(),
+          cpu::shapeString(dims).c_str());
+  }
+  return Error::success();
+}
+
+} // namespace
+
 Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &options) {
   if (plan.stage_programs_size() == 0) {
     for (const std::string &w : plan.warnings()) {
@@ -489,6 +599,8 @@ Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &o
         path.c_str(), dataHash->empty() ? "(none)" : dataHash->substr(0, 12).c_str(),
         plan.model().data_xxh3().empty() ? "(none)"
                                          : plan.model().data_xxh3().substr(0, 12).c_str());
+  if (Error err = checkWeightReferences(plan, (*file)->getBuffer(), path))
+    return std::move(err);
   return path;
 }
 
