@@ -25,6 +25,8 @@ Error verifyPlanStreams(const plan::Plan &plan) {
     return err;
   if (plan.stage_programs_size() == 0)
     return Error::success();
+  if (Error err = verifyKernels(plan))
+    return err;
   return verifyDataflow(plan);
 }
 

@@ -3,6 +3,9 @@
 #include "ops/OpRegistry.h"
 #include "support/Diagnostics.h"
 
+#include "onnx/defs/schema.h"
+
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -103,6 +106,27 @@ Error checkKernels(int stage, StringRef part,
                                : " of domain '" + node.domain() + "'";
       return fail(formatv("stage {0}: {1} node '{2}' ({3}): no kernel for op {3}{4}", stage, part,
                           node.name(), node.op_type(), domain));
+    }
+    // An attribute the op does not take (a renamed "transB") would be
+    // ignored, and its default used: the node would compute another thing.
+    StringSet<> names;
+    const onnx::OpSchema *schema =
+        node.domain().empty() || node.domain() == "ai.onnx"
+            ? onnx::OpSchemaRegistry::Schema(node.op_type(), static_cast<int>(opset), "")
+            : nullptr;
+    for (const onnx::AttributeProto &a : node.attribute()) {
+      if (!names.insert(a.name()).second)
+        return fail(formatv("stage {0}: {1} node '{2}' ({3}): attribute '{4}' is given twice",
+                            stage, part, node.name(), node.op_type(), a.name()));
+      if (schema && !schema->attributes().count(a.name())) {
+        std::vector<std::string> known;
+        for (const auto &[name, attr] : schema->attributes())
+          known.push_back(name);
+        return fail(formatv("stage {0}: {1} node '{2}' ({3}): attribute '{4}' is not one {3} "
+                            "takes ({5})",
+                            stage, part, node.name(), node.op_type(), a.name(),
+                            known.empty() ? std::string("none") : join(known, ", ")));
+      }
     }
     for (const onnx::AttributeProto &a : node.attribute()) {
       if (a.has_g())

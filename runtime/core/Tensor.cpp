@@ -293,6 +293,27 @@ Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto, StringRef baseD
   std::vector<int64_t> shape(proto.dims().begin(), proto.dims().end());
   if (llvm::any_of(shape, [](int64_t d) { return d < 0; }))
     return fail("negative dimension in " + shapeString(shape));
+  // The data present against the shape, before the tensor is allocated: a
+  // dims edited to 2^31 must not take gigabytes before it is refused.
+  uint64_t elements = 1;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements))
+      return fail("shape " + shapeString(shape) + " overflows");
+  if (proto.data_location() != onnx::TensorProto::EXTERNAL) {
+    if (proto.has_raw_data()) {
+      if (proto.raw_data().size() / std::max<size_t>(1, wireSize(*type)) != elements ||
+          proto.raw_data().size() % std::max<size_t>(1, wireSize(*type)) != 0)
+        return fail(formatv("raw data has {0} bytes, shape {1} needs {2} elements of {3}",
+                            proto.raw_data().size(), shapeString(shape), elements,
+                            wireSize(*type)));
+    } else {
+      uint64_t held = uint64_t(
+          std::max({proto.float_data_size(), proto.int32_data_size(), proto.int64_data_size(),
+                    proto.double_data_size(), proto.uint64_data_size(), proto.string_data_size()}));
+      if (held != elements)
+        return fail(formatv("{0} values for shape {1}", held, shapeString(shape)));
+    }
+  }
   Tensor tensor(*type, shape);
   int64_t count = tensor.numElements();
 
