@@ -266,6 +266,36 @@ Error checkWeight(const onnx::TensorProto &w) {
   return Error::success();
 }
 
+/// Train mode: every gradient a stage sums is a trained weight's that the
+/// stage reads, once; every trained weight gets one somewhere. A renamed
+/// sum would leave its weight untrained without a word.
+Error checkWeightGrads(const plan::Plan &plan) {
+  if (plan.schedule().mode() != "train" || plan.stage_programs_size() == 0)
+    return Error::success();
+  StringSet<> trainable, graded;
+  for (const std::string &w : plan.trainable())
+    trainable.insert(w);
+  for (const plan::StageProgram &sp : plan.stage_programs()) {
+    StringSet<> reads, here;
+    for (const std::string &w : sp.weights())
+      reads.insert(w);
+    for (const plan::GradSum &g : sp.weight_grads()) {
+      std::string what = formatv("stage {0} sums a gradient for '{1}'", sp.stage(), g.value());
+      if (!trainable.count(g.value()))
+        return planError(what + ", which is not a trained weight");
+      if (!reads.count(g.value()))
+        return planError(what + ", which it does not read");
+      if (!here.insert(g.value()).second)
+        return planError(what + " twice");
+      graded.insert(g.value());
+    }
+  }
+  for (const std::string &w : plan.trainable())
+    if (!graded.count(w))
+      return planError("trained weight '" + w + "' gets no gradient from any stage");
+  return Error::success();
+}
+
 /// The parameter map names weights of the plan, each parameter once, and
 /// steps that fit: the runtime reads the checkpoint through it.
 Error checkParamMap(const plan::Plan &plan, const StringSet<> &weights) {
@@ -335,6 +365,8 @@ Error checkTensors(const plan::Plan &plan) {
     if (d.high() < 0)
       return planError("data input '" + d.name() + "' has high " + Twine(d.high()));
   }
+  if (Error err = checkWeightGrads(plan))
+    return err;
   return checkParamMap(plan, weights);
 }
 
