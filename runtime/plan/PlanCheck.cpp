@@ -266,8 +266,9 @@ Error checkWeight(const onnx::TensorProto &w) {
   return Error::success();
 }
 
-/// Train mode: every gradient a stage sums is a trained weight's that the
-/// stage reads, once; every trained weight gets one somewhere. A renamed
+/// Train mode: every gradient a stage sums is a weight's that the stage
+/// reads (a frozen one's too), once; every trained weight gets one
+/// somewhere. A renamed
 /// sum would leave its weight untrained without a word.
 Error checkWeightGrads(const plan::Plan &plan) {
   if (plan.schedule().mode() != "train" || plan.stage_programs_size() == 0)
@@ -281,8 +282,6 @@ Error checkWeightGrads(const plan::Plan &plan) {
       reads.insert(w);
     for (const plan::GradSum &g : sp.weight_grads()) {
       std::string what = formatv("stage {0} sums a gradient for '{1}'", sp.stage(), g.value());
-      if (!trainable.count(g.value()))
-        return planError(what + ", which is not a trained weight");
       if (!reads.count(g.value()))
         return planError(what + ", which it does not read");
       if (!here.insert(g.value()).second)
