@@ -240,7 +240,7 @@ cl::opt<double> RunWeightDecay("weight-decay", cl::desc("Decoupled weight decay"
 cl::opt<std::string> RunSave("save-weights",
                              cl::desc("Write the trained model: OUT.onnx, or OUT.safetensors "
                                       "under the checkpoint's names (a plan compiled with "
-                                      "--params)"),
+                                      "--params); a regular file, /dev/null discards"),
                              cl::value_desc("OUT"), cl::sub(RunCmd));
 cl::opt<std::string> RunInit("init",
                              cl::desc("Start from this checkpoint's weights (.safetensors, an "
@@ -266,9 +266,11 @@ cl::opt<std::string> RunOutputFormat("output-format", cl::desc("npy or pb"), cl:
                                      cl::sub(RunCmd));
 cl::opt<std::string> RunMetrics("metrics",
                                 cl::desc("Train: write each step's loss (full precision) as "
-                                         "JSON lines"),
+                                         "JSON lines (a regular file; /dev/null discards)"),
                                 cl::value_desc("FILE"), cl::sub(RunCmd));
-cl::opt<std::string> RunTrace("trace", cl::desc("Write the measured timeline (Chrome trace)"),
+cl::opt<std::string> RunTrace("trace",
+                              cl::desc("Write the measured timeline (Chrome trace; a regular "
+                                       "file, /dev/null discards)"),
                               cl::value_desc("FILE"), cl::sub(RunCmd));
 cl::opt<double> RunTimeout("timeout",
                            cl::desc("Seconds a rank may wait without progress before failing"),
