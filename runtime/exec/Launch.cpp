@@ -485,7 +485,7 @@ Error checkWeightReferences(const plan::Plan &plan, StringRef modelBytes, String
                              path.str().c_str());
   using Kind = std::pair<int32_t, std::vector<int64_t>>; // dtype and shape
   std::map<ExternalRef, Kind> kept;
-  std::multimap<std::string, Kind> inline_; // by the hash of the raw bytes
+  std::multimap<std::string, Kind> inlineTensors; // by the hash of the raw bytes
   // Every tensor of the model: initializers and Constant values, in
   // subgraphs too.
   std::vector<const onnx::TensorProto *> tensors;
@@ -510,7 +510,7 @@ Error checkWeightReferences(const plan::Plan &plan, StringRef modelBytes, String
     std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
     if (t.data_location() != onnx::TensorProto::EXTERNAL) {
       if (!t.raw_data().empty())
-        inline_.insert({contentHash(t.raw_data()), {t.data_type(), dims}});
+        inlineTensors.insert({contentHash(t.raw_data()), {t.data_type(), dims}});
       continue;
     }
     ExternalRef ref = externalRefOf(t);
@@ -528,7 +528,8 @@ Error checkWeightReferences(const plan::Plan &plan, StringRef modelBytes, String
     if (ref.location == sys::path::filename(path)) {
       if (ref.offset >= 0 && ref.length >= 0 && uint64_t(ref.offset) <= modelBytes.size() &&
           uint64_t(ref.length) <= modelBytes.size() - ref.offset) {
-        auto range = inline_.equal_range(contentHash(modelBytes.substr(ref.offset, ref.length)));
+        auto range =
+            inlineTensors.equal_range(contentHash(modelBytes.substr(ref.offset, ref.length)));
         for (auto it = range.first; it != range.second && !found; ++it)
           found = it->second == kind;
       }

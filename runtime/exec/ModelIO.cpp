@@ -159,7 +159,7 @@ Error saveTrainedModel(StringRef modelPath, const std::map<std::string, cpu::Ten
   size_t total = 0;
   for (const onnx::TensorProto &t : graph.initializer())
     total += t.raw_data().size();
-  if (total > (size_t(1) << 30) && out != NullOutput) {
+  if (total > (size_t(1) << 30) && out != nullOutput) {
     std::string dataName = sys::path::filename(out).str() + ".data";
     SmallString<256> dataPath(sys::path::parent_path(out));
     sys::path::append(dataPath, dataName);

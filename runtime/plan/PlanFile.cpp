@@ -168,7 +168,7 @@ Error writeFileAtomically(StringRef path, StringRef bytes) {
 }
 
 Error checkOutputPath(StringRef path) {
-  if (path == NullOutput)
+  if (path == nullOutput)
     return Error::success();
   sys::fs::file_status status;
   if (sys::fs::status(path, status) || !sys::fs::exists(status))
@@ -180,14 +180,14 @@ Error checkOutputPath(StringRef path) {
     return createStringError(inconvertibleErrorCode(),
                              "%s: is not a regular file (a device, pipe or socket); pipec writes "
                              "its outputs to regular files (%s discards one)",
-                             path.str().c_str(), NullOutput.data());
+                             path.str().c_str(), nullOutput.data());
   return Error::success();
 }
 
 Error writeFileAtomically(StringRef path, function_ref<Error(raw_ostream &)> write) {
   if (Error err = checkOutputPath(path))
     return err;
-  if (path == NullOutput) { // written and discarded: its errors still count
+  if (path == nullOutput) { // written and discarded: its errors still count
     raw_null_ostream discard;
     if (Error err = write(discard))
       return createStringError(inconvertibleErrorCode(), "%s: %s", path.str().c_str(),

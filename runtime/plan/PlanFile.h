@@ -38,17 +38,17 @@ std::string contentHash(llvm::StringRef bytes);
 std::string sha256Hex(llvm::StringRef bytes);
 
 /// The output path that discards what is written to it.
-inline constexpr llvm::StringLiteral NullOutput = "/dev/null";
+inline constexpr llvm::StringLiteral nullOutput = "/dev/null";
 
 /// Succeeds for an output path pipec may write: a regular file, a name that
-/// does not exist yet, or NullOutput. A directory, device, pipe or socket is
+/// does not exist yet, or nullOutput. A directory, device, pipe or socket is
 /// "PATH: is a directory; ..." or "PATH: is not a regular file ...".
 llvm::Error checkOutputPath(llvm::StringRef path);
 
 /// Writes \p bytes to \p path through a fresh temporary file (created
 /// exclusively beside it) and a rename, so that readers see the old file or
 /// the new one, never a part; a failed write leaves no temporary behind.
-/// \p path must pass checkOutputPath; NullOutput runs the writer and keeps
+/// \p path must pass checkOutputPath; nullOutput runs the writer and keeps
 /// nothing.
 llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef bytes);
 
