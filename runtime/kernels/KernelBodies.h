@@ -749,8 +749,7 @@ PIPEC_HD void optimizerElement(int64_t i, const OptimizerParams &p, const T *w, 
   double wi = static_cast<double>(w[i]);
   double decayed = p.weightDecay * (wi - p.decayCenter);
   if (p.kind == 0) {
-    wOut[i] =
-        static_cast<T>(wi - p.lr * (static_cast<double>(g[i]) * p.gradScale + decayed));
+    wOut[i] = static_cast<T>(wi - p.lr * (static_cast<double>(g[i]) * p.gradScale + decayed));
   } else if (p.kind == 1) {
     double gi = static_cast<double>(g[i]) * p.gradScale + decayed;
     gi = p.momentum * static_cast<double>(m[i]) + gi;
