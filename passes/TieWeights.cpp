@@ -164,6 +164,27 @@ std::string roleOf(const Graph &graph, int id) {
   return formatv("{0} input {1}", roles.begin()->first, roles.begin()->second).str();
 }
 
+/// Adds a copy of weight \p id (named \p base, or base.N when taken) and
+/// points the \p reads (op, input slot) at it; records it in \p shared.
+/// Returns the copy's id; the caller rebuilds the uses.
+int copyFor(Graph &graph, int id, const std::string &base,
+            const std::vector<std::pair<int, int>> &reads, SharedWeight &shared) {
+  std::string name = freshName(graph, base);
+  Value copy = graph.values[id];
+  copy.name = name;
+  copy.users.clear();
+  int copyId = graph.addValue(name, copy.kind);
+  graph.values[copyId] = std::move(copy);
+  std::vector<WeightReader> readers;
+  for (auto [o, slot] : reads) {
+    rewire(graph, o, slot, copyId);
+    readers.push_back({graph.ops[o].nodeIndex, slot});
+  }
+  shared.copies.push_back(name);
+  shared.copyReaders.push_back(std::move(readers));
+  return copyId;
+}
+
 /// Gives each layer that reads shared.name its own copy.
 Error untie(Graph &graph, LayerGraph &layers, SharedWeight &shared) {
   int id = graph.findValue(shared.name);
@@ -177,21 +198,12 @@ Error untie(Graph &graph, LayerGraph &layers, SharedWeight &shared) {
       layerOf[o] = static_cast<int>(l);
   std::vector<std::pair<int, int>> reads = readsOf(graph, id);
   for (int l : shared.layers) {
-    std::string name = freshName(graph, formatv("{0}.untied.{1}", shared.name, l).str());
-    Value copy = graph.values[id];
-    copy.name = name;
-    copy.users.clear();
-    int copyId = graph.addValue(name, copy.kind);
-    graph.values[copyId] = std::move(copy);
-    std::vector<WeightReader> readers;
+    std::vector<std::pair<int, int>> mine;
     for (auto [o, slot] : reads)
-      if (layerOf[o] == l) {
-        rewire(graph, o, slot, copyId);
-        readers.push_back({graph.ops[o].nodeIndex, slot});
-      }
+      if (layerOf[o] == l)
+        mine.push_back({o, slot});
+    int copyId = copyFor(graph, id, formatv("{0}.untied.{1}", shared.name, l).str(), mine, shared);
     std::replace(layers.layers[l].weights.begin(), layers.layers[l].weights.end(), id, copyId);
-    shared.copies.push_back(name);
-    shared.copyReaders.push_back(std::move(readers));
   }
   graph.rebuildUses();
   return Error::success();
@@ -218,19 +230,7 @@ std::optional<SharedWeight> splitByParams(Graph &graph, const std::string &name,
         mine.push_back({o, slot});
     if (mine.empty())
       continue;
-    std::string copyName = freshName(graph, split.copy);
-    Value copy = graph.values[id];
-    copy.name = copyName;
-    copy.users.clear();
-    int copyId = graph.addValue(copyName, copy.kind);
-    graph.values[copyId] = std::move(copy);
-    std::vector<WeightReader> readers;
-    for (auto [o, slot] : mine) {
-      rewire(graph, o, slot, copyId);
-      readers.push_back({graph.ops[o].nodeIndex, slot});
-    }
-    shared.copies.push_back(copyName);
-    shared.copyReaders.push_back(std::move(readers));
+    copyFor(graph, id, split.copy, mine, shared);
     shared.params.push_back(split.param);
   }
   if (shared.copies.empty())
