@@ -74,6 +74,19 @@ protected:
     return path;
   }
 
+  /// A 2-layer MLP with an MSE loss, compiled with \p flags into \p mlpPlan.
+  void compileMlp(const std::string &flags, std::string &mlpPlan) {
+    std::string mlp = dir.path("m.onnx"), out;
+    mlpPlan = dir.path("m.plan");
+    ASSERT_EQ(
+        runCommand(pipecBinary + " model mlp --layers 2 --hidden 16 --vocab 8 --loss -o " + mlp,
+                   out),
+        0)
+        << out;
+    ASSERT_EQ(runCommand(pipecBinary + " compile " + mlp + " -o " + mlpPlan + " " + flags, out), 0)
+        << out;
+  }
+
   TempDir dir;
   std::string model, plan, planText;
 };
@@ -351,16 +364,8 @@ TEST_F(Hostile, TokenIdsAndSampleCountsAreChecked) {
 }
 
 TEST_F(Hostile, NonFiniteDataAndLossStopTheRun) {
-  std::string mlp = dir.path("m.onnx"), mlpPlan = dir.path("m.plan"), out;
-  ASSERT_EQ(
-      runCommand(pipecBinary + " model mlp --layers 2 --hidden 16 --vocab 8 --loss -o " + mlp, out),
-      0)
-      << out;
-  ASSERT_EQ(runCommand(pipecBinary + " compile " + mlp + " -o " + mlpPlan +
-                           " --stages 2 --microbatches 4 --hardware cpu",
-                       out),
-            0)
-      << out;
+  std::string mlpPlan, out;
+  ASSERT_NO_FATAL_FAILURE(compileMlp("--stages 2 --microbatches 4 --hardware cpu", mlpPlan));
   std::string data = dir.path("data");
   llvm::sys::fs::create_directories(data);
   std::vector<float> x(8 * 8, 0.5f), labels(8 * 8, 0.25f);
@@ -386,16 +391,9 @@ TEST_F(Hostile, AnUpdateThatOverflowsStopsTheRun) {
   // gradient about 1e18, and an SGD step of lr 1e24 moves the weights past
   // float32's largest value. The run stops there, naming the weight, and
   // saves nothing; --allow-nonfinite goes on.
-  std::string mlp = dir.path("m.onnx"), mlpPlan = dir.path("m.plan"), out;
-  ASSERT_EQ(
-      runCommand(pipecBinary + " model mlp --layers 2 --hidden 16 --vocab 8 --loss -o " + mlp, out),
-      0)
-      << out;
-  ASSERT_EQ(runCommand(pipecBinary + " compile " + mlp + " -o " + mlpPlan +
-                           " --stages 1 --microbatches 1 --batch 8 --hardware cpu --optimizer sgd",
-                       out),
-            0)
-      << out;
+  std::string mlpPlan, out;
+  ASSERT_NO_FATAL_FAILURE(
+      compileMlp("--stages 1 --microbatches 1 --batch 8 --hardware cpu --optimizer sgd", mlpPlan));
   std::string data = dir.path("data");
   llvm::sys::fs::create_directories(data);
   std::vector<float> x(8 * 8, 0.5f), labels(8 * 8, 1e18f);
