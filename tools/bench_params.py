@@ -43,14 +43,9 @@ def make_model(work):
             p.add_(torch.randn_like(p) * 1e-3)
     model.save_pretrained(os.path.join(work, "ckpt"), max_shard_size="200MB")
 
-    class Loss(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, input_ids, labels):
-            return self.m(input_ids=input_ids, labels=labels).loss
-
+    sys.path.insert(0, os.path.join(HERE, "fixtures"))
+    from torch_user_exports import wrappers  # the loss wrapper users write
+    Loss, _ = wrappers()
     ids = torch.randint(0, model.config.vocab_size, (1, 16))  # a short step: the weights dominate
     os.makedirs(os.path.join(work, "data"), exist_ok=True)
     np.save(os.path.join(work, "data", "input_ids.npy"), ids.numpy())
