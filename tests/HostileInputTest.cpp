@@ -62,13 +62,14 @@ protected:
   }
 
   /// The plan with \p pattern (a regular expression) replaced by \p with,
-  /// written to a new file; returns its path.
+  /// sealed again and written to a new file; returns its path. (An edit
+  /// left unsealed is refused by its seal: PlanSealRefusesEdits.)
   std::string editedPlan(const std::string &name, const std::string &pattern,
                          const std::string &with) {
     std::string text = planText;
     llvm::Regex re(pattern, llvm::Regex::Newline);
     EXPECT_TRUE(re.match(text)) << pattern;
-    text = re.sub(with, text);
+    text = resealedTextPlan(re.sub(with, text));
     std::string path = dir.path(name);
     std::ofstream(path) << text;
     return path;
@@ -230,6 +231,51 @@ TEST_F(Hostile, EditedPlansAreRefusedByEveryReader) {
     for (const char *command : {"report", "simulate", "run --quiet"})
       expectError(std::string(command) + " " + edited, 1, c.needle);
   }
+}
+
+/// A plan carries the hash of what compile wrote. An edit of the program
+/// (an attribute's value, an inline constant, a count) is refused by every
+/// reader; the training choices outside the hash may be edited and run.
+TEST_F(Hostile, PlanSealRefusesEdits) {
+  struct Case {
+    const char *name, *pattern, *with;
+  };
+  const Case cases[] = {
+      {"epsilon", "f: 1e-05$", "f: 0.001"},
+      {"inline-constant", " int64_data: ([0-9]+)$", " int64_data: 7\\1"},
+      {"hardware-name", "^  name: \"cpu\"$", "  name: \"cpu-edited\""},
+  };
+  std::string out;
+  for (const Case &c : cases) {
+    llvm::Regex re(c.pattern, llvm::Regex::Newline);
+    ASSERT_TRUE(re.match(planText)) << c.name;
+    std::string edited = dir.path(std::string(c.name) + ".plan");
+    std::ofstream(edited) << re.sub(c.with, planText);
+    for (const char *command : {"report", "simulate", "run --quiet"})
+      expectError(std::string(command) + " " + edited, 1,
+                  "the plan's content is not what compile wrote (its content_xxh3 differs)");
+  }
+  llvm::Regex seal("^content_xxh3: \"[0-9a-f]+\"\n", llvm::Regex::Newline);
+  ASSERT_TRUE(seal.match(planText));
+  std::string unsealed = dir.path("unsealed.plan");
+  std::ofstream(unsealed) << seal.sub("", planText);
+  expectError("run --quiet " + unsealed, 1, "the plan has no content_xxh3; recompile the model");
+  // Training's choices are the user's: another optimizer runs, and trains
+  // as the flag would.
+  llvm::Regex optimizer("^  optimizer: \"[a-z]+\"$", llvm::Regex::Newline);
+  ASSERT_TRUE(optimizer.match(planText));
+  std::string sgd = dir.path("sgd.plan");
+  std::ofstream(sgd) << optimizer.sub("  optimizer: \"sgd\"", planText);
+  std::string viaPlan = dir.path("plan.jsonl"), viaFlag = dir.path("flag.jsonl");
+  ASSERT_EQ(
+      runCommand(pipecBinary + " run --quiet --steps 2 " + sgd + " --metrics " + viaPlan, out), 0)
+      << out;
+  ASSERT_EQ(runCommand(pipecBinary + " run --quiet --steps 2 " + plan +
+                           " --optimizer sgd --metrics " + viaFlag,
+                       out),
+            0)
+      << out;
+  EXPECT_EQ(readFile(viaPlan), readFile(viaFlag));
 }
 
 /// A plan too big for this machine but not for the one it was compiled for
@@ -489,7 +535,7 @@ TEST_F(HostileExternal, WeightReferencesMustBeTheModels) {
   llvm::SmallVector<llvm::StringRef, 2> found;
   ASSERT_TRUE(offset.match(text, &found)) << "no external weight with an offset";
   std::string edited = dir.path("m/edited.plan");
-  std::ofstream(edited) << offset.sub("key: \"offset\"\n    value: \"0\"", text);
+  std::ofstream(edited) << resealedTextPlan(offset.sub("key: \"offset\"\n    value: \"0\"", text));
   expectError("run --quiet " + edited, 1, "keeps no tensor of its type and shape");
   // The plan as compiled runs.
   EXPECT_EQ(runCommand(pipecBinary + " run --quiet " + plan, out), 0) << out;
@@ -630,7 +676,7 @@ TEST_F(HostileParams, EditedParameterMapsAreRefused) {
     llvm::Regex re(c.pattern, llvm::Regex::Newline);
     ASSERT_TRUE(re.match(paramsText)) << c.pattern;
     std::string edited = dir.path("edited.plan");
-    std::ofstream(edited) << re.sub(c.with, paramsText);
+    std::ofstream(edited) << resealedTextPlan(re.sub(c.with, paramsText));
     expectError("run --quiet " + edited + " --data " + fixture + "/data", 1, c.needle);
   }
 }

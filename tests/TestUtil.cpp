@@ -1,13 +1,16 @@
 //===- TestUtil.cpp - Helpers shared by pipec's tests ---------------------===//
 #include "TestUtil.h"
 #include "passes/GroupLayers.h"
+#include "runtime/plan/PlanFile.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 
 #include <cstdio>
 #include <fstream>
+#include <google/protobuf/text_format.h>
 #include <sstream>
+
 #include <sys/wait.h>
 
 using namespace llvm;
@@ -188,6 +191,23 @@ bool fileExists(const std::string &path) { return sys::fs::exists(path); }
 std::string realModel(StringRef relative) {
   std::string path = std::string(PIPEC_REAL_MODELS) + "/" + relative.str();
   return sys::fs::exists(path) ? path : "";
+}
+
+} // namespace pipec::test
+
+namespace pipec::test {
+
+std::string resealedTextPlan(const std::string &text) {
+  plan::Plan plan;
+  if (!google::protobuf::TextFormat::ParseFromString(text, &plan))
+    return text;
+  sealPlan(plan);
+  auto sealed = serializePlan(plan, PlanEncoding::Text);
+  if (!sealed) {
+    llvm::consumeError(sealed.takeError());
+    return text;
+  }
+  return *sealed;
 }
 
 } // namespace pipec::test

@@ -72,6 +72,12 @@ GroupedGraph groupGraph(llvm::Expected<Graph> graph);
 int runCommand(const std::string &command, std::string &output);
 
 std::string readFile(const std::string &path);
+
+/// \p text, a text plan edited by a test, sealed again as compile seals
+/// (sealPlan), so that the edit reaches the checks behind the seal: what a
+/// user who forges the seal meets. Text that does not parse is returned
+/// as it is.
+std::string resealedTextPlan(const std::string &text);
 bool fileExists(const std::string &path);
 
 /// The real third-party models, or "" when the shared folder is absent.

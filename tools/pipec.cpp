@@ -554,6 +554,7 @@ int runCompile() {
     for (const std::string &line : summary->problems)
       outs() << "  warning: " << line << "\n";
   }
+  sealPlan(*plan);
   if (Error err = writePlan(*plan, CompileOutput, *encoding))
     return reportError(std::move(err));
   if (CompileReport)

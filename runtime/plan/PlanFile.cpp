@@ -133,6 +133,58 @@ std::string contentHash(StringRef bytes) {
   return hex128(XXH3_128bits(bytes.data(), bytes.size()));
 }
 
+namespace {
+
+/// A stream that keeps nothing but the XXH3-128 of what is written to it.
+class HashingOstream : public raw_ostream {
+public:
+  HashingOstream() : state(XXH3_createState()) { XXH3_128bits_reset(state); }
+  ~HashingOstream() override {
+    flush();
+    XXH3_freeState(state);
+  }
+  std::string digest() {
+    flush();
+    return hex128(XXH3_128bits_digest(state));
+  }
+
+private:
+  void write_impl(const char *bytes, size_t size) override {
+    XXH3_128bits_update(state, bytes, size);
+    written += size;
+  }
+  uint64_t current_pos() const override { return written; }
+
+  XXH3_state_t *state;
+  uint64_t written = 0;
+};
+
+} // namespace
+
+std::string planContentHash(plan::Plan &plan) {
+  // The two fields are taken out for the encoding and put back, so that a
+  // 35 MB plan is neither copied nor held encoded.
+  std::unique_ptr<plan::TrainingInfo> training(plan.has_training() ? plan.release_training()
+                                                                   : nullptr);
+  std::string seal = std::move(*plan.mutable_content_xxh3());
+  plan.clear_content_xxh3();
+  HashingOstream os;
+  Error err = writeBinary(plan, os);
+  std::string hash = os.digest();
+  plan.set_content_xxh3(std::move(seal));
+  if (training)
+    plan.set_allocated_training(training.release());
+  // writeBinary fails only for a plan over protobuf's 2 GiB message limit,
+  // which no reader could parse: its hash is one no plan file can match.
+  if (err) {
+    consumeError(std::move(err));
+    return "unencodable";
+  }
+  return hash;
+}
+
+void sealPlan(plan::Plan &plan) { plan.set_content_xxh3(planContentHash(plan)); }
+
 Expected<std::string> externalDataHash(const plan::Plan &plan, StringRef modelDir) {
   std::set<std::string> locations;
   std::string modelFile = sys::path::filename(plan.model().path()).str();
@@ -252,6 +304,14 @@ Expected<plan::Plan> readPlan(StringRef path) {
                 "); recompile the model");
   if (Error err = checkPlan(plan))
     return fail(toString(std::move(err)));
+  // The seal is checked after the structure, so that a plan broken in a way
+  // checkPlan names says so; what is left is content edited by hand.
+  if (plan.content_xxh3().empty())
+    return fail("the plan has no content_xxh3; recompile the model");
+  if (planContentHash(plan) != plan.content_xxh3())
+    return fail("the plan's content is not what compile wrote (its content_xxh3 differs): only "
+                "training's precision, optimizer and recompute may be edited; recompile the "
+                "model for any other change");
   return plan;
 }
 

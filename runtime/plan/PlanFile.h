@@ -19,11 +19,19 @@
 namespace pipec {
 
 /// The format_version this build writes and reads.
-inline constexpr uint32_t PlanFormatVersion = 2;
+inline constexpr uint32_t PlanFormatVersion = 3;
 
 enum class PlanEncoding { Binary, Text, Json };
 
 llvm::Expected<PlanEncoding> parsePlanEncoding(llvm::StringRef name);
+
+/// The XXH3-128 of \p plan's deterministic binary encoding without
+/// content_xxh3 and training (the fields a user may edit): the plan's seal.
+/// \p plan is left as it was.
+std::string planContentHash(plan::Plan &plan);
+
+/// Sets \p plan's content_xxh3 to planContentHash: what compile does last.
+void sealPlan(plan::Plan &plan);
 
 /// Serializes \p plan; deterministic for equal plans.
 llvm::Expected<std::string> serializePlan(const plan::Plan &plan, PlanEncoding encoding);
@@ -61,9 +69,10 @@ llvm::Error writeFileAtomically(llvm::StringRef path,
 /// place). Errors name the path.
 llvm::Error writePlan(const plan::Plan &plan, llvm::StringRef path, PlanEncoding encoding);
 
-/// Reads a plan in any of the three encodings, then checks it (checkPlan).
-/// Errors name the path: not a plan, truncated, a format_version this build
-/// does not read, or what checkPlan refuses.
+/// Reads a plan in any of the three encodings, then checks it (checkPlan)
+/// and its seal (a content_xxh3 equal to planContentHash). Errors name the
+/// path: not a plan, truncated, a format_version this build does not read,
+/// what checkPlan refuses, or content edited after compile.
 llvm::Expected<plan::Plan> readPlan(llvm::StringRef path);
 
 /// What every reader may rely on without checking again (PlanCheck.cpp):
