@@ -726,7 +726,10 @@ Expected<const Prepared *> Compilation::preparedFor(int64_t size, PassRunner &pa
 Expected<plan::Plan> Compilation::fixedSchedule() {
   ScheduleShape shape;
   shape.kind = options.training ? options.schedule : ScheduleKind::ForwardOnly;
-  shape.V = options.training ? options.virtualStages : 1;
+  // Without --virtual-stages a schedule runs at its row's V.
+  shape.V = !options.training           ? 1
+            : options.virtualStages > 0 ? options.virtualStages
+                                        : traitsOf(shape.kind).defaultVirtualStages;
   shape.M = options.microbatches > 0 ? options.microbatches : 4 * options.stages;
   auto size = microbatchSizeFor(shape.M);
   if (!size)
@@ -753,14 +756,16 @@ Expected<plan::Plan> Compilation::autoSchedule() {
   else
     for (int f : {1, 2, 4, 8})
       counts.push_back(f * stages);
+  // Auto's candidates are the rows of Schedules.def marked for it, each at
+  // its default V.
   struct Candidate {
     ScheduleKind kind;
     int V;
   };
-  std::vector<Candidate> candidates = {{ScheduleKind::GPipe, 1},       {ScheduleKind::OneFOneB, 1},
-                                       {ScheduleKind::Interleaved, 2}, {ScheduleKind::ZBH1, 1},
-                                       {ScheduleKind::ZBH2, 1},        {ScheduleKind::ZBV, 2},
-                                       {ScheduleKind::DualPipeV, 2}};
+  std::vector<Candidate> candidates;
+  for (const ScheduleTraits &row : scheduleTable())
+    if (row.autoCandidate)
+      candidates.push_back({row.kind, row.defaultVirtualStages});
   std::vector<AutoCandidate> tried;
   // The candidates are judged without building their plans; the winner's
   // plan is built below.
@@ -859,8 +864,13 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
     return err;
   if (options.stages < 1)
     return flagError("--stages must be at least 1");
-  if (options.virtualStages < 1)
+  if (options.virtualStages < 0)
     return flagError("--virtual-stages must be at least 1");
+  if (options.training && !options.autoSchedule &&
+      traitsOf(options.schedule).backward == BackwardKind::None)
+    return flagError(formatv("--schedule {0}: has no backward, so it cannot train; inference "
+                             "(--mode infer) runs it whatever --schedule says",
+                             scheduleName(options.schedule)));
   if (options.dataParallel < 1)
     return flagError("--dp must be at least 1");
   // 0 asks for the default; a negative count is a mistake, never a default.

@@ -25,7 +25,8 @@ namespace pipec {
 struct CompileOptions {
   ImportOptions import;
   int stages = 4;
-  int virtualStages = 1;
+  /// 0: the schedule's own V (Schedules.def's DEFAULT_V).
+  int virtualStages = 0;
   /// 0: four per stage.
   int microbatches = 0;
   /// Global batch; 0: each microbatch holds the batch a model of fixed shapes

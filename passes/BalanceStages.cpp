@@ -357,7 +357,8 @@ Error memoryError(const LayerGraph &lg, const ChunkCosts &costs) {
 double predictStepTime(ScheduleKind schedule, int stages, int microbatches,
                        const std::vector<ChunkPlan> &chunks, double &bubbleFraction) {
   // Closed forms with per-chunk times t_k = F + I + W + send, R_r the sum of
-  // rank r's chunks; for equal chunks they give the textbook bubbles:
+  // rank r's chunks, one per StepForm (the STEP column of Schedules.def);
+  // for equal chunks they give the textbook bubbles:
   //   GPipe, 1F1B   T = sum_k t_k + (M - 1) max_r R_r      (P-1)/(M+P-1)
   //   interleaved   T = M max_r R_r + (P - 1) max_k t_k     (P-1)/(VM+P-1)
   //   ZB-H1         T = M max_r R_r + (P - 1) max_k (F + I - W)   3M + P - 1
@@ -381,31 +382,30 @@ double predictStepTime(ScheduleKind schedule, int stages, int microbatches,
   }
   double maxRank = *std::max_element(rank.begin(), rank.end());
   double step = 0;
-  switch (schedule) {
-  case ScheduleKind::GPipe:
-  case ScheduleKind::OneFOneB:
+  StepForm form = traitsOf(schedule).step;
+  switch (form) {
+  case StepForm::Flush:
     step = sum + (m - 1) * maxRank;
     break;
-  case ScheduleKind::Interleaved:
+  case StepForm::Looped:
     step = m * maxRank + (p - 1) * maxChunk;
     break;
-  case ScheduleKind::ZBH1:
+  case StepForm::ZeroBubbleH1:
     step = m * maxRank + (p - 1) * std::max(0.0, maxFIMinusW);
     break;
-  case ScheduleKind::ZBH2:
-  case ScheduleKind::ZBV:
+  case StepForm::ZeroBubble:
     step = m * maxRank + (p - 1) * std::max(0.0, maxFIMinus2W);
     break;
-  case ScheduleKind::DualPipeV:
+  case StepForm::DualPipe:
     step = m * maxRank + std::max(0.0, p / 2 - 1) * std::max(0.0, maxDual);
     break;
-  case ScheduleKind::ForwardOnly:
+  case StepForm::Forward:
     step = sumF + (m - 1) * maxF;
     break;
   }
   double busy = 0;
   for (const ChunkPlan &c : chunks)
-    busy += m * (schedule == ScheduleKind::ForwardOnly ? c.time[0] + c.commTime : c.totalTime());
+    busy += m * (form == StepForm::Forward ? c.time[0] + c.commTime : c.totalTime());
   bubbleFraction = step > 0 ? std::max(0.0, 1 - busy / (p * step)) : 0;
   return step;
 }

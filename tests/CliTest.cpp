@@ -123,6 +123,40 @@ TEST(Cli, HelpListsCommands) {
   EXPECT_NE(out.find("--input-shape"), std::string::npos) << out;
 }
 
+/// The guide's table of schedules is the one `pipec schedules` prints from
+/// Schedules.def; each schedule compiles at its own V without the flag.
+TEST(Cli, SchedulesTableAndDefaultV) {
+  std::string table, out;
+  ASSERT_EQ(runCommand(Pipec + " schedules", table), 0) << table;
+  std::string guide = readFile(std::string(PIPEC_SOURCE_DIR) + "/docs/USER_GUIDE.md");
+  EXPECT_NE(guide.find(table), std::string::npos)
+      << "docs/USER_GUIDE.md's table of schedules is not `pipec schedules`' output:\n"
+      << table;
+  TempDir dir;
+  std::string model = dir.path("g.onnx"), plan = dir.path("g.plan");
+  ASSERT_EQ(
+      runCommand(Pipec + " model gpt --layers 4 --hidden 16 --vocab 32 --seq 8 --loss -o " + model,
+                 out),
+      0)
+      << out;
+  for (const char *schedule : {"zbv", "dualpipev", "interleaved"}) {
+    ASSERT_EQ(runCommand(Pipec + " compile " + model + " -o " + plan +
+                             " --stages 2 --microbatches 4 --hardware cpu --schedule " + schedule,
+                         out),
+              0)
+        << schedule << out;
+    ASSERT_EQ(runCommand(Pipec + " report " + plan + " --format json", out), 0) << out;
+    EXPECT_NE(out.find("\"virtual_stages\": 2"), std::string::npos) << schedule << out;
+  }
+  EXPECT_EQ(runCommand(Pipec + " compile " + model + " -o " + plan + " --virtual-stages 0", out), 2)
+      << out;
+  EXPECT_NE(out.find("--virtual-stages 0: must be at least 1"), std::string::npos) << out;
+  EXPECT_EQ(runCommand(Pipec + " compile " + model + " -o " + plan + " --schedule forward", out), 2)
+      << out;
+  EXPECT_NE(out.find("--schedule forward: has no backward, so it cannot train"), std::string::npos)
+      << out;
+}
+
 /// The bundled models are generated; regenerating gives the same bytes.
 TEST(Cli, BundledModelsAreReproducible) {
   TempDir dir;

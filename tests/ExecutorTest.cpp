@@ -257,11 +257,12 @@ TempDir *Equivalence::dir = nullptr;
 
 const std::vector<Config> &everySchedule() {
   static const std::vector<Config> setups = {
-      {"gpipe", 2, 1, 4, 1},       {"gpipe", 4, 1, 8, 1},     {"1f1b", 2, 1, 2, 1},
-      {"1f1b", 4, 1, 8, 1},        {"1f1b", 3, 1, 4, 1},      {"interleaved", 2, 2, 4, 1},
-      {"interleaved", 2, 2, 8, 1}, {"zb-h1", 2, 1, 4, 1},     {"zb-h1", 4, 1, 8, 1},
-      {"zb-h2", 2, 1, 4, 1},       {"zb-h2", 4, 1, 8, 1},     {"zbv", 2, 2, 4, 1},
-      {"zbv", 2, 2, 8, 1},         {"dualpipev", 2, 2, 4, 1}, {"dualpipev", 2, 2, 8, 1},
+      {"gpipe", 2, 1, 4, 1},       {"gpipe", 4, 1, 8, 1},      {"1f1b", 2, 1, 2, 1},
+      {"1f1b", 4, 1, 8, 1},        {"1f1b", 3, 1, 4, 1},       {"interleaved", 2, 2, 4, 1},
+      {"interleaved", 2, 2, 8, 1}, {"zb-h1", 2, 1, 4, 1},      {"zb-h1", 4, 1, 8, 1},
+      {"zb-h2", 2, 1, 4, 1},       {"zb-h2", 4, 1, 8, 1},      {"zbv", 2, 2, 4, 1},
+      {"zbv", 2, 2, 8, 1},         {"dualpipev", 2, 2, 4, 1},  {"dualpipev", 2, 2, 8, 1},
+      {"looped-bfs", 2, 2, 4, 1},  {"looped-bfs", 2, 3, 2, 1},
   };
   return setups;
 }

@@ -383,6 +383,51 @@ TEST(Schedule, HandCheckedTables) {
   }
 }
 
+// Every row of Schedules.def is whole: its name parses back to it, its
+// default V is one it takes, and its generator runs every microbatch's
+// forward on every chunk and the backward the row declares.
+TEST(Schedule, EveryRowIsConsistent) {
+  for (const ScheduleTraits &row : scheduleTable()) {
+    SCOPED_TRACE(row.name.str());
+    auto parsed = parseSchedule(row.name);
+    ASSERT_TRUE(static_cast<bool>(parsed)) << toString(parsed.takeError());
+    EXPECT_EQ(*parsed, row.kind);
+    EXPECT_EQ(&traitsOf(row.kind), &row);
+    const int p = 4, m = 8, v = row.defaultVirtualStages;
+    auto s = generateSchedule(row.kind, p, v, m);
+    ASSERT_TRUE(static_cast<bool>(s)) << toString(s.takeError());
+    std::map<std::pair<int, char>, int> counts; // (stage, letter) -> actions
+    for (int r = 0; r < p; ++r)
+      for (const Action &a : s->ranks[r]) {
+        EXPECT_EQ(rankOfChunk(row.kind, p, v, a.stage), r) << formatAction(a);
+        ++counts[{a.stage, actionKindLetter(a.kind)}];
+      }
+    auto count = [&](int stage, char letter) { return counts[{stage, letter}]; };
+    for (int stage = 0; stage < p * v; ++stage) {
+      EXPECT_EQ(count(stage, 'F'), m) << "stage " << stage;
+      int full = count(stage, 'B'), inputs = count(stage, 'I'), weights = count(stage, 'W');
+      EXPECT_EQ(inputs, weights) << "stage " << stage;
+      switch (row.backward) {
+      case BackwardKind::None:
+        EXPECT_EQ(full + inputs, 0) << "stage " << stage;
+        break;
+      case BackwardKind::Full:
+        EXPECT_EQ(full, m) << "stage " << stage;
+        EXPECT_EQ(inputs, 0) << "stage " << stage;
+        break;
+      case BackwardKind::Split:
+        // DualPipeV splits only part of its backwards.
+        EXPECT_EQ(full + inputs, m) << "stage " << stage;
+        EXPECT_GT(inputs, 0) << "stage " << stage;
+        break;
+      }
+    }
+  }
+  // The help lists the rows that train, then auto.
+  EXPECT_EQ(scheduleNamesForHelp(),
+            "gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|dualpipev|looped-bfs|auto");
+}
+
 // Shapes PyTorch (or DualPipe) refuses, refused with the reason.
 TEST(Schedule, RejectsWhatPyTorchRejects) {
   struct Bad {

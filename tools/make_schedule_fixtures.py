@@ -225,6 +225,7 @@ SCHEDULES = {
     "zb-h2": zb_h2,
     "zbv": lambda P, V, M: multi_stage_order(S.ScheduleZBVZeroBubble, P, 2, M, True),
     "dualpipev": lambda P, V, M: multi_stage_order(S.ScheduleDualPipeV, P, 2, M, True),
+    "looped-bfs": lambda P, V, M: multi_stage_order(S.ScheduleLoopedBFS, P, V, M, False),
 }
 
 # (schedule, P, V, M): small points that a person can still read, plus the
@@ -265,6 +266,9 @@ POINTS = [
     ("dualpipev", 4, 2, 8),
     ("dualpipev", 4, 2, 12),
     ("dualpipev", 8, 2, 20),
+    ("looped-bfs", 2, 2, 4),
+    ("looped-bfs", 4, 2, 3),
+    ("looped-bfs", 4, 3, 8),
 ]
 
 

@@ -58,6 +58,8 @@ cl::SubCommand ProfileCmd("profile",
                           "Measure each layer's F, I and W time on this CPU: a cost table for "
                           "compile --costs");
 cl::SubCommand RunCmd("run", "Run a plan: train or infer on CPU ranks (threads or MPI processes)");
+cl::SubCommand SchedulesCmd("schedules",
+                            "List the pipeline schedules: the V and M each takes, when to use it");
 
 cl::OptionCategory ShapeCat("Shape binding");
 cl::OptionCategory DebugCat("Pass debugging");
@@ -101,8 +103,9 @@ cl::opt<std::string> CompileOutput("o", cl::desc("Plan file to write"), cl::valu
                                    cl::init("model.plan"), cl::sub(CompileCmd));
 cl::opt<int> Stages("stages", cl::desc("Pipeline stages P (ranks)"), cl::init(4),
                     cl::cat(CompileCat), cl::sub(CompileCmd));
-cl::opt<int> VirtualStages("virtual-stages", cl::desc("Chunks per rank V"), cl::init(1),
-                           cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<int> VirtualStages("virtual-stages",
+                           cl::desc("Chunks per rank V (default: the schedule's, 1 or 2)"),
+                           cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<int> Microbatches("microbatches", cl::desc("Microbatches M per step (default 4P)"),
                           cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<int64_t> GlobalBatch("batch",
@@ -110,9 +113,10 @@ cl::opt<int64_t> GlobalBatch("batch",
                                       "of fixed shapes holds per microbatch, else one "
                                       "sample)"),
                              cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
-cl::opt<std::string> Schedule("schedule",
-                              cl::desc("gpipe|1f1b|interleaved|zb-h1|zb-h2|zbv|dualpipev|auto"),
-                              cl::init("1f1b"), cl::cat(CompileCat), cl::sub(CompileCmd));
+// The names come from Schedules.def's rows (cl::desc keeps a reference).
+const std::string scheduleHelp = scheduleNamesForHelp();
+cl::opt<std::string> Schedule("schedule", cl::desc(scheduleHelp), cl::init("1f1b"),
+                              cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> Hardware("hardware",
                               cl::desc("h100|h200|a100|cpu|FILE.json, or one per rank: h100,a100"),
                               cl::init("h100"), cl::cat(CompileCat), cl::sub(CompileCmd));
@@ -472,6 +476,8 @@ int runCompile() {
   if (Error err = checkNotAnInput("-o", CompileOutput, {CompileModel, Costs, Hardware}))
     return reportError(std::move(err));
   // Given, a count is used as given: 0 or less is refused, never the default.
+  if (VirtualStages.getNumOccurrences() && VirtualStages < 1)
+    return badUsage("--virtual-stages " + Twine(VirtualStages) + ": must be at least 1");
   if (Microbatches.getNumOccurrences() && Microbatches < 1)
     return badUsage("--microbatches " + Twine(Microbatches) + ": must be at least 1");
   if (GlobalBatch.getNumOccurrences() && GlobalBatch < 1)
@@ -912,5 +918,9 @@ int main(int argc, char **argv) {
     return runRun();
   if (ProfileCmd)
     return runProfile();
+  if (SchedulesCmd) {
+    outs() << scheduleTableMarkdown();
+    return 0;
+  }
   return badUsage("no command given; try 'pipec --help'");
 }

@@ -1,9 +1,9 @@
 //===- ScheduleKind.cpp - Pipeline schedules and their placements ---------===//
 #include "compiler/schedule/ScheduleKind.h"
-#include "support/EnumNames.h"
+
+#include "llvm/ADT/Twine.h"
 
 #include <algorithm>
-#include <optional>
 
 using namespace llvm;
 
@@ -11,34 +11,64 @@ namespace pipec {
 
 namespace {
 
-constexpr EnumName<ScheduleKind> scheduleNames[] = {{ScheduleKind::GPipe, "gpipe"},
-                                                    {ScheduleKind::OneFOneB, "1f1b"},
-                                                    {ScheduleKind::Interleaved, "interleaved"},
-                                                    {ScheduleKind::ZBH1, "zb-h1"},
-                                                    {ScheduleKind::ZBH2, "zb-h2"},
-                                                    {ScheduleKind::ZBV, "zbv"},
-                                                    {ScheduleKind::DualPipeV, "dualpipev"},
-                                                    {ScheduleKind::ForwardOnly, "forward"}};
+constexpr ScheduleTraits table[] = {
+#define PIPEC_SCHEDULE(ID, NAME, TITLE, PLACEMENT, VIRTUAL, DEFAULT_V, BACKWARD, MICROBATCHES,     \
+                       AUTO, GENERATE, STEP, ACCEPTS, USE)                                         \
+  {ScheduleKind::ID,                                                                               \
+   NAME,                                                                                           \
+   TITLE,                                                                                          \
+   Placement::PLACEMENT,                                                                           \
+   VirtualRule::VIRTUAL,                                                                           \
+   DEFAULT_V,                                                                                      \
+   BackwardKind::BACKWARD,                                                                         \
+   MicrobatchRule::MICROBATCHES,                                                                   \
+   AUTO,                                                                                           \
+   StepForm::STEP,                                                                                 \
+   ACCEPTS,                                                                                        \
+   USE},
+#include "compiler/schedule/Schedules.def"
+};
+
+// The table is indexed by the enum: its rows are the enum's values in order.
+constexpr bool rowsInEnumOrder() {
+  for (size_t i = 0; i < std::size(table); ++i)
+    if (static_cast<size_t>(table[i].kind) != i)
+      return false;
+  return true;
+}
+static_assert(rowsInEnumOrder(), "Schedules.def: one row per ScheduleKind, in order");
 
 } // namespace
 
+ArrayRef<ScheduleTraits> scheduleTable() { return table; }
+
+const ScheduleTraits &traitsOf(ScheduleKind kind) { return table[static_cast<size_t>(kind)]; }
+
 Expected<ScheduleKind> parseSchedule(StringRef name) {
-  if (std::optional<ScheduleKind> kind = valueOf(scheduleNames, name.lower()))
-    return *kind;
+  std::string lower = name.lower();
+  for (const ScheduleTraits &row : table)
+    if (row.name == lower)
+      return row.kind;
+  std::string names;
+  for (size_t i = 0; i < std::size(table); ++i)
+    names += (i == 0 ? "" : i + 1 == std::size(table) ? " or " : ", ") + table[i].name.str();
   return createStringError(inconvertibleErrorCode(), "--schedule %s: expected %s",
-                           name.str().c_str(), nameList(scheduleNames).c_str());
+                           name.str().c_str(), names.c_str());
 }
 
-StringRef scheduleName(ScheduleKind kind) { return nameOf(scheduleNames, kind, "1f1b"); }
+StringRef scheduleName(ScheduleKind kind) { return traitsOf(kind).name; }
 
-bool isVShaped(ScheduleKind kind) {
-  return kind == ScheduleKind::ZBV || kind == ScheduleKind::DualPipeV;
+std::string scheduleNamesForHelp() {
+  std::string names;
+  for (const ScheduleTraits &row : table)
+    if (row.backward != BackwardKind::None)
+      names += row.name.str() + "|";
+  return names + "auto";
 }
 
-bool splitsBackward(ScheduleKind kind) {
-  return kind == ScheduleKind::ZBH1 || kind == ScheduleKind::ZBH2 || kind == ScheduleKind::ZBV ||
-         kind == ScheduleKind::DualPipeV;
-}
+bool isVShaped(ScheduleKind kind) { return traitsOf(kind).placement == Placement::VShape; }
+
+bool splitsBackward(ScheduleKind kind) { return traitsOf(kind).backward == BackwardKind::Split; }
 
 int rankOfChunk(ScheduleKind kind, int stages, int virtualStages, int chunk) {
   (void)virtualStages;
@@ -50,36 +80,46 @@ int rankOfChunk(ScheduleKind kind, int stages, int virtualStages, int chunk) {
 }
 
 Error checkScheduleShape(ScheduleKind kind, int stages, int virtualStages, int microbatches) {
+  const ScheduleTraits &row = traitsOf(kind);
   auto fail = [&](const Twine &why) {
     return createStringError(inconvertibleErrorCode(),
                              "%s with %d stages, %d virtual stages and "
                              "%d microbatches: %s",
-                             scheduleName(kind).str().c_str(), stages, virtualStages, microbatches,
+                             row.name.str().c_str(), stages, virtualStages, microbatches,
                              why.str().c_str());
   };
   if (stages < 1)
     return fail("--stages must be at least 1");
   if (microbatches < 1)
     return fail("--microbatches must be at least 1");
-  switch (kind) {
-  case ScheduleKind::GPipe:
-  case ScheduleKind::OneFOneB:
-  case ScheduleKind::ZBH1:
-  case ScheduleKind::ZBH2:
-  case ScheduleKind::ForwardOnly:
+  switch (row.virtualRule) {
+  case VirtualRule::One:
     if (virtualStages != 1)
       return fail("this schedule runs one chunk per rank; use --virtual-stages 1 (or "
                   "--schedule interleaved)");
-    // PyTorch's Schedule1F1B refuses fewer microbatches than stages. ZB-H1
-    // takes any M: PyTorch's ScheduleInterleavedZeroBubble applies the
-    // interleaved rounds rule below even to one stage per rank, where rounds
-    // change nothing in the order.
-    if (kind == ScheduleKind::OneFOneB && microbatches < stages)
-      return fail("1F1B needs at least as many microbatches as stages");
-    return Error::success();
-  case ScheduleKind::Interleaved: {
+    break;
+  case VirtualRule::TwoOrMore:
     if (virtualStages < 2)
-      return fail("interleaved 1F1B needs --virtual-stages 2 or more");
+      return fail(row.title + " needs --virtual-stages 2 or more");
+    break;
+  case VirtualRule::Two:
+    if (virtualStages != 2)
+      return fail(row.title + " places exactly two chunks per rank in a V; use --virtual-stages 2");
+    break;
+  }
+  switch (row.microbatches) {
+  case MicrobatchRule::Any:
+    // ZB-H1 takes any M: PyTorch's ScheduleInterleavedZeroBubble applies the
+    // rounds rule below even to one stage per rank, where rounds change
+    // nothing in the order. PyTorch's ScheduleZBVZeroBubble builds the order
+    // for max(M, 2P - 1) microbatches and drops the extra ones.
+    break;
+  case MicrobatchRule::AtLeastStages:
+    // PyTorch's Schedule1F1B refuses fewer microbatches than stages.
+    if (microbatches < stages)
+      return fail(row.title + " needs at least as many microbatches as stages");
+    break;
+  case MicrobatchRule::EqualRounds: {
     // PyTorch's ScheduleInterleaved1F1B runs microbatches in R = max(1, M / P)
     // rounds of equal size, so M need not be a multiple of P (M = 10 with
     // P = 4 runs two rounds of 5), but R must divide M.
@@ -87,22 +127,26 @@ Error checkScheduleShape(ScheduleKind kind, int stages, int virtualStages, int m
     if (microbatches % rounds != 0)
       return fail("the microbatches must split into max(1, M / P) = " + Twine(rounds) +
                   " equal rounds");
-    return Error::success();
+    break;
   }
-  case ScheduleKind::ZBV:
-    // PyTorch's ScheduleZBVZeroBubble takes any M: it builds the order for
-    // max(M, 2P - 1) microbatches and drops the extra ones.
-    if (virtualStages != 2)
-      return fail("ZB-V places exactly two chunks per rank in a V; use --virtual-stages 2");
-    return Error::success();
-  case ScheduleKind::DualPipeV:
-    if (virtualStages != 2)
-      return fail("DualPipeV places exactly two chunks per rank in a V; use --virtual-stages 2");
+  case MicrobatchRule::AtLeastTwiceStages:
+    // DeepSeek's DualPipeV needs two microbatches per arm of the V.
     if (microbatches < 2 * stages)
-      return fail("DualPipeV needs at least twice as many microbatches as stages (M >= 2P)");
-    return Error::success();
+      return fail(row.title + " needs at least twice as many microbatches as stages (M >= 2P)");
+    break;
   }
   return Error::success();
+}
+
+std::string scheduleTableMarkdown() {
+  static constexpr StringLiteral virtualText[] = {"1", ">= 2", "2"};
+  std::string out = "| schedule | V | accepts | when to use it |\n|---|---|---|---|\n";
+  for (const ScheduleTraits &row : table)
+    out += "| `" + row.name.str() + "` | " + virtualText[static_cast<int>(row.virtualRule)].str() +
+           " | " + row.accepts.str() + " | " + row.use.str() + " |\n";
+  return out + "| `auto` | | | simulates the rows marked for it (all but `forward`) for M in {P, "
+               "2P, 4P, 8P} (or the given M), each at its V, and keeps the fastest that fits the "
+               "memory limit; the report lists what was tried |\n";
 }
 
 } // namespace pipec
