@@ -456,10 +456,10 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   describeStages(plan, prepared.layers, *stagePlan);
   LoweringInputs lowering = loweringInputs(options, setup, prepared, *stagePlan);
   for (const LoweringInputs::AllReduce &ar : lowering.allReduces)
-    if (StringRef(ar.group).startswith("tied:"))
+    if (ar.reduce == plan::Instruction::TIED_WEIGHT)
       plan.add_warnings(formatv("weight '{0}' is shared by {1} ranks: each keeps a copy and their "
                                 "gradients are all-reduced",
-                                StringRef(ar.group).drop_front(5), ar.ranks.size())
+                                ar.tiedWeight, ar.ranks.size())
                             .str());
   auto programs = programPasses(lowering, shape, options.stages, runner);
   if (!programs)

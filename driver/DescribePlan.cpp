@@ -216,7 +216,8 @@ LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
     if (ranks.size() < 2)
       continue;
     LoweringInputs::AllReduce ar;
-    ar.group = "tied:" + graph.values[w].name;
+    ar.reduce = plan::Instruction::TIED_WEIGHT;
+    ar.tiedWeight = graph.values[w].name;
     ar.ranks.assign(ranks.begin(), ranks.end());
     ar.bytes = graph.values[w].numElements() * gradBytes;
     lowering.allReduces.push_back(ar);
@@ -224,7 +225,7 @@ LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
   if (options.dataParallel > 1)
     for (int r = 0; r < options.stages; ++r) {
       LoweringInputs::AllReduce ar;
-      ar.group = "dp";
+      ar.reduce = plan::Instruction::DATA_PARALLEL;
       ar.ranks = {r};
       int64_t params = 0;
       for (const ChunkPlan &c : stagePlan.chunks)

@@ -1,6 +1,7 @@
 //===- LowerSchedule.cpp - lower-schedule and verify-program --------------===//
 #include "passes/LowerSchedule.h"
 #include "compiler/sim/Simulator.h"
+#include "runtime/plan/PlanFile.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -292,7 +293,9 @@ Expected<plan::RankProgram> Lowering::flatten(int r, std::vector<Block> &blocks)
       if (std::find(ar.ranks.begin(), ar.ranks.end(), r) == ar.ranks.end())
         continue;
       plan::Instruction i = makeInstruction(Op::ALLREDUCE, -1, -1);
-      i.set_group(ar.group);
+      i.set_group(allReduceGroupName(ar.reduce, ar.tiedWeight));
+      i.set_reduce(ar.reduce);
+      i.set_tied_weight(ar.tiedWeight);
       for (int rank : ar.ranks)
         i.add_ranks(rank);
       i.set_bytes(ar.bytes);

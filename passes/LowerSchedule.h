@@ -52,7 +52,8 @@ struct LoweringInputs {
   bool recompute = false;
   /// Gradient all-reduces before the optimizer step.
   struct AllReduce {
-    std::string group; ///< "dp" or "tied:<weight>"
+    plan::Instruction::Reduce reduce = plan::Instruction::DATA_PARALLEL;
+    std::string tiedWeight; ///< TIED_WEIGHT: the weight
     std::vector<int> ranks;
     int64_t bytes = 0;
   };

@@ -2,6 +2,7 @@
 #include "passes/PredictStep.h"
 #include "compiler/sim/Simulator.h"
 #include "passes/PlanMemory.h"
+#include "runtime/plan/PlanFile.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
@@ -57,7 +58,7 @@ LoweringInputs defaultLoweringInputs(const StagePlan &plan, const BalanceOptions
   if (options.dataParallel > 1)
     for (int r = 0; r < options.stages; ++r) {
       LoweringInputs::AllReduce ar;
-      ar.group = "dp";
+      ar.reduce = plan::Instruction::DATA_PARALLEL;
       ar.ranks = {r};
       for (const ChunkPlan &c : plan.chunks)
         if (c.rank == r)
@@ -271,7 +272,7 @@ Expected<bool> StreamTimer::advance(int r) {
 }
 
 double StreamTimer::allReduceTime(int r, const LoweringInputs::AllReduce &ar) const {
-  if (ar.group == "dp")
+  if (ar.reduce == plan::Instruction::DATA_PARALLEL)
     return ringAllReduceSeconds(dataParallel, ar.bytes, [&](int64_t b) {
       return interNodeStepSeconds(hardware[std::min<size_t>(r, hardware.size() - 1)], b);
     });
@@ -318,7 +319,7 @@ Expected<double> StreamTimer::run() {
       for (int r : ar.ranks)
         if (r < 0 || r >= P)
           return createStringError(inconvertibleErrorCode(), "all-reduce %s names rank %d",
-                                   ar.group.c_str(), r);
+                                   allReduceGroupName(ar.reduce, ar.tiedWeight).c_str(), r);
         else
           start = std::max(start, clock[r]);
       for (int r : ar.ranks)

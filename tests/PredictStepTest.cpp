@@ -94,7 +94,8 @@ Case makeCase(ScheduleKind kind, int stages, int virtualStages, int microbatches
     }
     if (stages > 1) {
       LoweringInputs::AllReduce tied;
-      tied.group = "tied:embedding";
+      tied.reduce = plan::Instruction::TIED_WEIGHT;
+      tied.tiedWeight = "embedding";
       tied.ranks = {0, stages - 1};
       tied.bytes = 3 << 20;
       in.allReduces.insert(in.allReduces.begin(), tied);

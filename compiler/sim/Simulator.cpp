@@ -240,7 +240,9 @@ Expected<SimulationResult> Streams::run(Deadlock *deadlock) {
       double start = 0;
       for (int peer : ins.ranks()) {
         if (peer < 0 || peer >= P || done(peer) || at(peer, state[peer].pc).op() != Op::ALLREDUCE ||
-            at(peer, state[peer].pc).group() != ins.group() || state[peer].outstanding > 0) {
+            at(peer, state[peer].pc).reduce() != ins.reduce() ||
+            at(peer, state[peer].pc).tied_weight() != ins.tied_weight() ||
+            state[peer].outstanding > 0) {
           ready = false;
           break;
         }
@@ -392,7 +394,7 @@ Expected<SimulationResult> simulatePlan(const plan::Plan &plan) {
   };
   costs.transfer = link;
   costs.allReduce = [&](int r, const plan::Instruction &ins) {
-    if (ins.group() == "dp")
+    if (ins.reduce() == plan::Instruction::DATA_PARALLEL)
       return ringAllReduceSeconds(plan.schedule().data_parallel(), ins.bytes(),
                                   [&](int64_t b) { return interNodeStepSeconds(hardware(r), b); });
     // The step is asked for only with two ranks or more.

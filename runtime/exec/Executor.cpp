@@ -85,9 +85,8 @@ Error RankExecutor::load() {
         program.instructions(b.alloc_at()).op() == Ins::FORWARD)
       bufferOwner[b.index()] = {b.stage(), b.microbatch()};
   for (const Ins &ins : program.instructions())
-    if (ins.op() == Ins::ALLREDUCE && StringRef(ins.group()).startswith("tied:") &&
-        ins.ranks_size() > 0)
-      tiedOwner[ins.group().substr(5)] = *std::min_element(ins.ranks().begin(), ins.ranks().end());
+    if (ins.op() == Ins::ALLREDUCE && ins.reduce() == Ins::TIED_WEIGHT && ins.ranks_size() > 0)
+      tiedOwner[ins.tied_weight()] = *std::min_element(ins.ranks().begin(), ins.ranks().end());
   for (int k = 0; k < s.K; ++k) {
     if (!local(k))
       continue;
@@ -377,19 +376,18 @@ Error RankExecutor::allReduce(const Ins &ins) {
   // The sums to reduce: gradients, and with the replicas' group the running
   // statistics too.
   std::vector<cpu::Tensor *> sums;
-  if (ins.group() == "dp") {
+  if (ins.reduce() == Ins::DATA_PARALLEL) {
     for (int d = 0; d < s.dp; ++d)
       group.push_back(d * s.P + rank);
     for (const std::string &n : trainableHere)
       sums.push_back(&grads[n]);
     for (auto &entry : statisticSums)
       sums.push_back(&entry.second);
-  } else if (StringRef(ins.group()).startswith("tied:")) {
+  } else if (ins.reduce() == Ins::TIED_WEIGHT) {
     for (int r : ins.ranks())
       group.push_back(peerGlobal(r));
-    std::string w = ins.group().substr(5);
-    if (grads.count(w))
-      sums.push_back(&grads[w]);
+    if (grads.count(ins.tied_weight()))
+      sums.push_back(&grads[ins.tied_weight()]);
   } else {
     return rankError(global, formatv("unknown all-reduce group '{0}'", ins.group()));
   }

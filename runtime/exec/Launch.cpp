@@ -244,7 +244,7 @@ std::vector<std::vector<int>> sumGroups(const Shared &s) {
   for (int d = 0; d < s.dp; ++d)
     for (const plan::RankProgram &p : s.plan->programs())
       for (const Ins &ins : p.instructions())
-        if (ins.op() == Ins::ALLREDUCE && StringRef(ins.group()).startswith("tied:")) {
+        if (ins.op() == Ins::ALLREDUCE && ins.reduce() == Ins::TIED_WEIGHT) {
           std::vector<int> g;
           for (int r : ins.ranks())
             g.push_back(d * s.P + r);

@@ -178,6 +178,14 @@ Error checkInstruction(const plan::Plan &plan, int r, int at, const plan::RankPr
                           ins.tensor().bytes(), *bytes));
   }
   if (ins.op() == Ins::ALLREDUCE) {
+    if (ins.reduce() != Ins::DATA_PARALLEL && ins.reduce() != Ins::TIED_WEIGHT)
+      return fail("all-reduce group '" + ins.group() + "' has no reduce kind");
+    if ((ins.reduce() == Ins::TIED_WEIGHT) == ins.tied_weight().empty())
+      return fail("all-reduce group '" + ins.group() + "': tied_weight '" + ins.tied_weight() +
+                  "' goes with TIED_WEIGHT and only with it");
+    if (ins.group() != allReduceGroupName(ins.reduce(), ins.tied_weight()))
+      return fail("all-reduce group '" + ins.group() + "' is not named for what it sums ('" +
+                  allReduceGroupName(ins.reduce(), ins.tied_weight()) + "')");
     for (int peer : ins.ranks())
       if (peer < 0 || peer >= ranks)
         return fail("all-reduce group '" + ins.group() + "' names rank " + Twine(peer));

@@ -129,6 +129,17 @@ std::string hex128(XXH128_hash_t h) {
 
 } // namespace
 
+std::string allReduceGroupName(plan::Instruction::Reduce reduce, StringRef tiedWeight) {
+  switch (reduce) {
+  case plan::Instruction::DATA_PARALLEL:
+    return "dp";
+  case plan::Instruction::TIED_WEIGHT:
+    return "tied:" + tiedWeight.str();
+  default:
+    return "";
+  }
+}
+
 std::string contentHash(StringRef bytes) {
   return hex128(XXH3_128bits(bytes.data(), bytes.size()));
 }

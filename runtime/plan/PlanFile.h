@@ -45,6 +45,11 @@ std::string contentHash(llvm::StringRef bytes);
 /// The lowercase hex SHA-256 of \p bytes: a checkpoint's checksum.
 std::string sha256Hex(llvm::StringRef bytes);
 
+/// The name people read for an all-reduce group: "dp" for the replicas,
+/// "tied:W" for weight W's copies. Nothing decides by it (Instruction's
+/// reduce and tied_weight are the facts).
+std::string allReduceGroupName(plan::Instruction::Reduce reduce, llvm::StringRef tiedWeight);
+
 /// The output path that discards what is written to it.
 inline constexpr llvm::StringLiteral nullOutput = "/dev/null";
 
