@@ -558,7 +558,14 @@ Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared,
   if (plan.schedule().mode() == "train" && !prepared.backward) {
     if (!options.timingOnly)
       return cannot("train", prepared.backwardError);
-    return Error::success(); // the backward warning is already there
+    // The backward warning is already there.
+    // The reason is what run says, with the way out where it has none.
+    bool inferAdvised = StringRef(prepared.backwardError).contains("--mode infer");
+    plan.mutable_run_status()->set_kind(plan::RunStatus::CANNOT_TRAIN);
+    plan.mutable_run_status()->set_reason(
+        prepared.backwardError +
+        (inferAdvised ? "" : "; compile with --mode infer to run it forward"));
+    return Error::success();
   }
   const Backward *backward = plan.schedule().mode() == "train" ? &*prepared.backward : nullptr;
   Error err = buildStagePrograms(plan, prepared.graph, prepared.layers, backward, options.freeze);
@@ -576,7 +583,10 @@ Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared,
     plan.clear_trainable();
     plan.clear_data();
     plan.clear_outputs();
-    plan.add_warnings("the plan cannot be run: " + toString(std::move(err)));
+    std::string why = toString(std::move(err));
+    plan.add_warnings("the plan cannot be run: " + why);
+    plan.mutable_run_status()->set_kind(plan::RunStatus::CANNOT_RUN);
+    plan.mutable_run_status()->set_reason(why);
     return Error::success();
   }
   if (Error err = verifyDataflow(plan))

@@ -41,13 +41,11 @@ Error profileModel(StringRef modelPath, const ProfileOptions &options, raw_ostre
   auto plan = compileModel(modelPath, each, PipelineOptions());
   if (!plan)
     return plan.takeError();
-  if (plan->stage_programs_size() == 0) {
-    std::string why = plan->warnings_size() ? plan->warnings(plan->warnings_size() - 1) : "";
-    for (const std::string &w : plan->warnings())
-      if (StringRef(w).startswith("the plan cannot be run"))
-        why = w;
-    return createStringError(inconvertibleErrorCode(), "profile: %s", why.c_str());
-  }
+  if (plan->run_status().kind() != plan::RunStatus::RUNS)
+    return createStringError(inconvertibleErrorCode(), "profile: the plan cannot %s: %s",
+                             plan->run_status().kind() == plan::RunStatus::CANNOT_TRAIN ? "train"
+                                                                                        : "be run",
+                             plan->run_status().reason().c_str());
 
   rt::RunOptions run;
   run.seed = options.seed;

@@ -478,6 +478,29 @@ TEST(Compile, AFixedBatchMustBeTheMicrobatch) {
   ASSERT_EQ(split.warnings_size(), 1);
   EXPECT_NE(split.warnings(0).find("the plan cannot be run: input 'x' has 4"), std::string::npos);
   EXPECT_EQ(split.stage_programs_size(), 0);
+  // The plan says so in a field, which run decides by.
+  EXPECT_EQ(split.run_status().kind(), plan::RunStatus::CANNOT_RUN);
+  EXPECT_EQ(split.run_status().reason().rfind("input 'x' has 4 in its first dimension", 0), 0u)
+      << split.run_status().reason();
+  EXPECT_EQ(runCommand(Pipec + " run " + dir.path("split.plan") + " 2>&1", out), 1) << out;
+  EXPECT_EQ(out.rfind("pipec: error: the plan cannot be run: input 'x' has 4", 0), 0u) << out;
+  // A model without a loss compiles for training only with --timing-only;
+  // run names why it cannot train, and the way out.
+  std::string mlp = dir.path("mlp.onnx");
+  ASSERT_EQ(runCommand(Pipec + " model mlp --layers 2 --hidden 8 --vocab 4 -o " + mlp, out), 0)
+      << out;
+  ASSERT_EQ(runCommand(Pipec + " compile " + mlp + " --stages 2 --hardware cpu --timing-only -o " +
+                           dir.path("mlp.plan"),
+                       out),
+            0)
+      << out;
+  auto mlpPlan = readPlan(dir.path("mlp.plan"));
+  ASSERT_TRUE(!!mlpPlan) << toString(mlpPlan.takeError());
+  EXPECT_EQ(mlpPlan->run_status().kind(), plan::RunStatus::CANNOT_TRAIN);
+  EXPECT_EQ(runCommand(Pipec + " run " + dir.path("mlp.plan") + " 2>&1", out), 1) << out;
+  EXPECT_EQ(out, "pipec: error: the plan cannot train: no output is a float scalar that depends "
+                 "on the weights (outputs: 'y' f32[1,4]); to train, give --loss-fn "
+                 "cross-entropy|mse --labels INPUT, or compile with --mode infer\n");
   // Microbatches of the model's batch run; without --batch they are the
   // default.
   for (const std::string &flags : {"--batch 8 --microbatches 2", "--microbatches 2"}) {

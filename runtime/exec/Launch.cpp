@@ -552,19 +552,18 @@ Error checkWeightReferences(const plan::Plan &plan, StringRef modelBytes, String
 } // namespace
 
 Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &options) {
-  if (plan.stage_programs_size() == 0) {
-    for (const std::string &w : plan.warnings()) {
-      if (StringRef(w).startswith("the plan cannot be run"))
-        return createStringError(inconvertibleErrorCode(), "%s", w.c_str());
-      if (StringRef(w).startswith("no backward program yet: "))
-        return createStringError(
-            inconvertibleErrorCode(),
-            "the plan cannot train: %s; compile with --mode infer to "
-            "run it forward",
-            StringRef(w).drop_front(25).split(" (the plan").first.str().c_str());
-    }
-    return createStringError(inconvertibleErrorCode(),
-                             "the plan has no stage programs (compiled by an older pipec?)");
+  switch (plan.run_status().kind()) {
+  case plan::RunStatus::CANNOT_RUN:
+    return createStringError(inconvertibleErrorCode(), "the plan cannot be run: %s",
+                             plan.run_status().reason().c_str());
+  case plan::RunStatus::CANNOT_TRAIN:
+    return createStringError(inconvertibleErrorCode(), "the plan cannot train: %s",
+                             plan.run_status().reason().c_str());
+  default:
+    if (plan.stage_programs_size() == 0)
+      return createStringError(inconvertibleErrorCode(),
+                               "the plan has no stage programs, yet its run_status says it runs");
+    break;
   }
   std::string path = options.modelPath.empty() ? plan.model().path() : options.modelPath;
   if (!sys::fs::exists(path) && options.modelPath.empty() && sys::path::is_relative(path) &&
