@@ -874,29 +874,34 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
   result.busySeconds = {ex.busy / std::max(1, options.steps - result.firstStep)};
   // Inference outputs and trained weights go to rank 0.
   bool wantWeights = !options.saveWeights.empty() || options.collectWeights;
-  onnx::GraphProto mine;
+  plan::RankResult mine;
   if (wantWeights && ex.replicaIndex() == 0) {
     auto weights = ex.trainedWeights();
     if (!weights)
       return fail(weights.takeError());
     for (const auto &[name, w] : *weights)
-      *mine.add_initializer() = cpu::toTensorProto(w, name);
+      *mine.add_weights() = cpu::toTensorProto(w, name);
   }
   for (const auto &[name, parts] : ex.outputs)
     for (const auto &[start, t] : parts) {
-      onnx::TensorProto p = cpu::toTensorProto(t, name);
-      p.set_doc_string(std::to_string(start));
-      *mine.add_initializer() = std::move(p);
+      plan::OutputPart *part = mine.add_outputs();
+      part->set_start(start);
+      *part->mutable_tensor() = cpu::toTensorProto(t, name);
     }
   if (!options.tracePath.empty())
-    mine.set_doc_string(serializeEvents(ex.events));
-  for (const auto &[op, count] : (*backend)->fallbackOps()) {
-    onnx::StringStringEntryProto *entry = mine.add_metadata_props();
-    entry->set_key(op);
-    entry->set_value(std::to_string(count));
-  }
+    for (const TraceEvent &e : ex.events) {
+      plan::RankEvent *event = mine.add_events();
+      event->set_name(e.name);
+      event->set_category(std::string(1, e.category));
+      event->set_rank(e.rank);
+      event->set_start_s(e.start);
+      event->set_duration_s(e.duration);
+    }
+  for (const auto &[op, count] : (*backend)->fallbackOps())
+    (*mine.mutable_fallback_ops())[op] = count;
   std::string bytes;
-  mine.SerializeToString(&bytes);
+  if (!mine.SerializeToString(&bytes))
+    return fail(rankError((*comm)->rank(), "its results are over protobuf's 2 GiB limit"));
   auto all = (*comm)->gather(bytes);
   if (!all)
     return fail(all.takeError());
@@ -905,27 +910,26 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
   std::map<std::string, cpu::Tensor> trained;
   std::map<std::string, std::map<int64_t, cpu::Tensor>> outputs;
   std::vector<TraceEvent> events;
-  for (const std::string &b : *all) {
-    onnx::GraphProto g;
-    if (!g.ParseFromString(b))
-      return fail(rankError(0, "a rank's results did not parse"));
-    parseEvents(g.doc_string(), events);
-    for (const onnx::StringStringEntryProto &entry : g.metadata_props()) {
-      int64_t count = 0;
-      StringRef(entry.value()).getAsInteger(10, count);
-      result.fallbacks[entry.key()] += count;
+  for (size_t from = 0; from < all->size(); ++from) {
+    plan::RankResult theirs;
+    if (!theirs.ParseFromString((*all)[from]))
+      return fail(rankError(0, formatv("rank {0}'s results did not parse", from)));
+    for (const plan::RankEvent &e : theirs.events())
+      events.push_back({e.name(), e.category().empty() ? '?' : e.category()[0], e.rank(),
+                        e.start_s(), e.duration_s()});
+    for (const auto &[op, count] : theirs.fallback_ops())
+      result.fallbacks[op] += count;
+    for (const plan::OutputPart &part : theirs.outputs()) {
+      auto tensor = cpu::fromTensorProto(part.tensor());
+      if (!tensor)
+        return fail(tensor.takeError());
+      outputs[part.tensor().name()][part.start()] = std::move(*tensor);
     }
-    for (const onnx::TensorProto &t : g.initializer()) {
+    for (const onnx::TensorProto &t : theirs.weights()) {
       auto tensor = cpu::fromTensorProto(t);
       if (!tensor)
         return fail(tensor.takeError());
-      if (!t.doc_string().empty()) {
-        int64_t start = 0;
-        StringRef(t.doc_string()).getAsInteger(10, start);
-        outputs[t.name()][start] = std::move(*tensor);
-      } else {
-        trained.emplace(t.name(), std::move(*tensor));
-      }
+      trained.emplace(t.name(), std::move(*tensor));
     }
   }
   if (Error err = finishRun(s, outputs, std::move(trained), events, result))

@@ -23,13 +23,6 @@ namespace pipec::rt {
 /// (atomically), times from the earliest event on.
 llvm::Error writeTrace(llvm::StringRef path, const std::vector<TraceEvent> &events, int ranks);
 
-/// \p events as text, one line each, for rank 0 to read with parseEvents.
-std::string serializeEvents(const std::vector<TraceEvent> &events);
-
-/// Appends the events of serializeEvents' \p text to \p events; skips
-/// malformed lines.
-void parseEvents(llvm::StringRef text, std::vector<TraceEvent> &events);
-
 } // namespace pipec::rt
 
 #endif // PIPEC_RUNTIME_EXEC_TRACE_H
