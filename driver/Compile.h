@@ -47,7 +47,7 @@ struct CompileOptions {
   LossOptions loss;
   /// Empty: bf16 on GPUs, fp32 on CPUs.
   std::string precision;
-  Optimizer optimizer = Optimizer::Adam;
+  Optimizer optimizer = Optimizer::AdamW;
   bool recompute = false;
   /// A measured cost table (JSON) overriding the roofline.
   std::string costs;

@@ -221,7 +221,7 @@ inline void referenceUpdate(const rt::OptimizerUpdate &u, Tensor &w, const Tenso
 inline rt::OptimizerUpdate optimizerUpdate(int kind, int step) {
   using Kind = rt::OptimizerUpdate::Kind;
   rt::OptimizerUpdate u;
-  u.kind = kind == 0 ? Kind::Sgd : kind == 1 ? Kind::Momentum : Kind::AdamW;
+  u.kind = kind == 0 ? Kind::SGD : kind == 1 ? Kind::Momentum : Kind::AdamW;
   u.lr = kind == 2 ? 1e-3 : 1e-2;
   u.momentum = 0.9;
   u.weightDecay = 0.01;

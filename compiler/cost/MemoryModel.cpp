@@ -13,27 +13,6 @@ using namespace llvm;
 
 namespace pipec {
 
-namespace {
-
-constexpr EnumName<Optimizer> optimizerNames[] = {
-    {Optimizer::SGD, "sgd"}, {Optimizer::Momentum, "momentum"}, {Optimizer::Adam, "adamw"}};
-/// Other names --optimizer takes.
-constexpr EnumName<Optimizer> optimizerAliases[] = {{Optimizer::Momentum, "sgd-momentum"},
-                                                    {Optimizer::Adam, "adam"}};
-
-} // namespace
-
-Expected<Optimizer> parseOptimizer(StringRef name) {
-  std::string lower = name.lower();
-  if (std::optional<Optimizer> optimizer = valueOf(optimizerNames, lower))
-    return *optimizer;
-  if (std::optional<Optimizer> optimizer = valueOf(optimizerAliases, lower))
-    return *optimizer;
-  return usageError("--optimizer " + name + ": expected " + nameList(optimizerNames));
-}
-
-StringRef optimizerName(Optimizer optimizer) { return nameOf(optimizerNames, optimizer, "adamw"); }
-
 int64_t bytesPerParam(const TrainingSetup &setup) {
   if (!setup.training)
     return setup.mixedPrecision ? 2 : 4;

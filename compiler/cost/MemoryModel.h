@@ -16,6 +16,8 @@
 #ifndef PIPEC_COMPILER_COST_MEMORYMODEL_H
 #define PIPEC_COMPILER_COST_MEMORYMODEL_H
 
+#include "support/Optimizer.h"
+
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
@@ -23,14 +25,9 @@
 
 namespace pipec {
 
-enum class Optimizer { SGD, Momentum, Adam };
-
-llvm::Expected<Optimizer> parseOptimizer(llvm::StringRef name);
-llvm::StringRef optimizerName(Optimizer optimizer);
-
 struct TrainingSetup {
   bool training = true;
-  Optimizer optimizer = Optimizer::Adam;
+  Optimizer optimizer = Optimizer::AdamW;
   bool mixedPrecision = true;
   bool recompute = false;
 };

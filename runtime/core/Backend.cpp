@@ -8,9 +8,7 @@ namespace pipec::rt {
 
 kernels::OptimizerParams optimizerParams(const OptimizerUpdate &u) {
   kernels::OptimizerParams p;
-  p.kind = u.kind == OptimizerUpdate::Kind::Sgd        ? 0
-           : u.kind == OptimizerUpdate::Kind::Momentum ? 1
-                                                       : 2;
+  p.kind = u.kind == Optimizer::SGD ? 0 : u.kind == Optimizer::Momentum ? 1 : 2;
   p.lr = u.lr;
   p.momentum = u.momentum;
   p.weightDecay = u.weightDecay;

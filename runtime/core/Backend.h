@@ -20,6 +20,7 @@
 #define PIPEC_RUNTIME_CORE_BACKEND_H
 
 #include "runtime/core/Tensor.h"
+#include "support/Optimizer.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
@@ -44,7 +45,8 @@ namespace pipec::rt {
 /// replaced by new tensors (never written in place: views of w may still be
 /// in flight to another rank).
 struct OptimizerUpdate {
-  enum class Kind { Sgd, Momentum, AdamW } kind = Kind::Sgd;
+  using Kind = Optimizer;
+  Kind kind = Kind::SGD;
   double lr = 1e-2, momentum = 0.9, weightDecay = 0;
   double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;
   /// The accumulated gradient is multiplied by this first (1 / (M * dp)).

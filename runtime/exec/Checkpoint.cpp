@@ -101,19 +101,16 @@ Error RankExecutor::loadCheckpoint(StringRef file, int &nextStep) {
   // first moment for momentum, both for AdamW. Another optimizer would
   // resume from state it does not have, or ignore state it should use.
   auto stateOf = [](bool first, bool second) {
-    return second ? "adamw" : first ? "momentum" : "sgd";
+    return second ? Optimizer::AdamW : first ? Optimizer::Momentum : Optimizer::SGD;
   };
-  const char *want = s.optimizer == OptimizerKind::AdamW      ? "adamw"
-                     : s.optimizer == OptimizerKind::Momentum ? "momentum"
-                                                              : "sgd";
   for (const std::string &name : trainableHere) {
     auto m = moment1.find(name), v = moment2.find(name);
-    const char *got = stateOf(m != moment1.end() && !m->second.isNull(),
-                              v != moment2.end() && !v->second.isNull());
-    if (StringRef(got) != want)
+    Optimizer got = stateOf(m != moment1.end() && !m->second.isNull(),
+                            v != moment2.end() && !v->second.isNull());
+    if (got != s.optimizer)
       return rankError(global, formatv("checkpoint {0} holds {1}'s optimizer state for '{2}'; "
                                        "resume with --optimizer {1}, not {3}",
-                                       file, got, name, want));
+                                       file, optimizerName(got), name, optimizerName(s.optimizer)));
   }
   for (const auto &entry : runningHere)
     if (!seen.count(entry.first))

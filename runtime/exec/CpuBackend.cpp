@@ -132,7 +132,7 @@ private:
     using Kind = OptimizerUpdate::Kind;
     int64_t n = w.numElements();
     cpu::Tensor out(w.elemType(), w.shape());
-    if (u.kind != Kind::Sgd && m.isNull())
+    if (u.kind != Kind::SGD && m.isNull())
       m = cpu::Tensor(w.elemType(), w.shape());
     if (u.kind == Kind::AdamW && v.isNull())
       v = cpu::Tensor(w.elemType(), w.shape());

@@ -109,9 +109,9 @@ Error checkRunOptions(const RunOptions &o) {
   auto finite = [](double v) { return std::isfinite(v); };
   if (o.lrSchedule != "constant" && o.lrSchedule != "linear" && o.lrSchedule != "cosine")
     return usageError("--lr-schedule " + o.lrSchedule + ": expected constant, linear or cosine");
-  if (o.optimizer != "" && o.optimizer != "sgd" && o.optimizer != "momentum" &&
-      o.optimizer != "adamw" && o.optimizer != "adam")
-    return usageError("--optimizer " + o.optimizer + ": expected sgd, momentum or adamw");
+  if (!o.optimizer.empty())
+    if (auto optimizer = parseOptimizer(o.optimizer); !optimizer)
+      return optimizer.takeError();
   struct Check {
     bool ok;
     const char *flag;
@@ -208,16 +208,13 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
     for (const plan::ParamPlace &place : p.places())
       if (double center = decayCenterOf(place); center != 0 && s->trainable.count(place.weight()))
         s->decayCenters[place.weight()] = center;
-  std::string opt = options.optimizer.empty() ? plan.training().optimizer() : options.optimizer;
-  if (opt == "adam" || opt == "adamw")
-    s->optimizer = OptimizerKind::AdamW;
-  else if (opt == "sgd")
-    s->optimizer = OptimizerKind::Sgd;
-  else if (opt == "momentum")
-    s->optimizer = OptimizerKind::Momentum;
-  else
-    return usageError("--optimizer " + opt + ": expected sgd, momentum or adamw");
-  s->lr = options.lr ? *options.lr : (s->optimizer == OptimizerKind::AdamW ? 1e-3 : 1e-2);
+  // The flag, or else the plan's choice (a name the same table reads).
+  auto optimizer =
+      parseOptimizer(options.optimizer.empty() ? plan.training().optimizer() : options.optimizer);
+  if (!optimizer)
+    return optimizer.takeError();
+  s->optimizer = *optimizer;
+  s->lr = options.lr ? *options.lr : (s->optimizer == Optimizer::AdamW ? 1e-3 : 1e-2);
   auto data = DataSource::open(plan, options.dataDir, options.seed, options.allowNonfinite);
   if (!data)
     return data.takeError();

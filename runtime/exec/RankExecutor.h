@@ -50,8 +50,6 @@ using Env = std::unordered_map<std::string, cpu::Tensor>;
 /// "rank R: WHY".
 llvm::Error rankError(int rank, const llvm::Twine &why);
 
-using OptimizerKind = OptimizerUpdate::Kind;
-
 /// Where PIPEC_FAULT (Executor.h) injects a fault; rank -1: nowhere.
 struct Fault {
   int rank = -1, step = -1, at = -1;
@@ -82,7 +80,7 @@ struct Shared {
   /// Lines the run warns about before its first step (--init).
   std::vector<std::string> warnings;
   std::set<std::string> trainable;
-  OptimizerKind optimizer = OptimizerKind::AdamW;
+  Optimizer optimizer = Optimizer::AdamW;
   double lr = 1e-3;
   Fault fault;
   /// The plan's stage programs as this run executes them (fused unless

@@ -26,6 +26,7 @@
 #include "support/DType.h"
 #include "support/Diagnostics.h"
 #include "support/InputFile.h"
+#include "support/Optimizer.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
@@ -399,6 +400,16 @@ Error checkPlanFitsMachine(const plan::Plan &plan) {
 Error checkPlan(const plan::Plan &plan) {
   if (Error err = checkSchedule(plan))
     return err;
+  // The optimizer a run takes when no flag names one: a name of the one
+  // table (support/Optimizer.h).
+  if (!plan.training().optimizer().empty()) {
+    auto optimizer = parseOptimizer(plan.training().optimizer());
+    if (!optimizer) {
+      consumeError(optimizer.takeError());
+      return planError("training.optimizer '" + plan.training().optimizer() + "': expected " +
+                       optimizerNameList());
+    }
+  }
   if (Error err = checkPrograms(plan))
     return err;
   return checkTensors(plan);
