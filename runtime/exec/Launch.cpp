@@ -190,7 +190,7 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
   s->K = plan.stages_size();
   s->M = plan.schedule().microbatches();
   s->microbatchSize = std::max<int64_t>(1, plan.schedule().microbatch_size());
-  s->globalBatch = s->microbatchSize * s->M * s->dp;
+  s->globalBatch = plan.schedule().global_batch(); // checkPlan: microbatch_size x M x dp
   s->training = plan.schedule().mode() == "train";
   s->recompute = plan.training().recompute();
   for (const plan::Stage &stage : plan.stages())

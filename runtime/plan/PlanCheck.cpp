@@ -110,7 +110,9 @@ Error checkSchedule(const plan::Plan &plan) {
   if (Error err = checkCount("schedule.microbatch_size", s.microbatch_size(),
                              plan.programs_size() ? 1 : 0, int64_t(1) << 40))
     return err;
-  if (s.global_batch() != 0 && s.microbatch_size() != 0 &&
+  // A plan that runs carries its global batch, which the runtime reads as
+  // written; one that is only reported may leave it out.
+  if ((s.global_batch() != 0 || plan.programs_size()) && s.microbatch_size() != 0 &&
       s.global_batch() != s.microbatch_size() * s.microbatches() * replicas)
     return planError(formatv("schedule.global_batch {0} is not microbatch_size {1} x "
                              "microbatches {2} x data_parallel {3}",
