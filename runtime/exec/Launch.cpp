@@ -632,14 +632,109 @@ void keepFreedMemory() {
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }
 
-/// What the reporting process does with every rank's results: the graph
-/// outputs in sample order (written with --outputs), the trained model
+/// What one rank brings the reporting process, in threads and processes
+/// alike: its pieces of the graph outputs, its trained weights (when the run
+/// keeps them), its measured timeline (with --trace) and the ops its device
+/// left to the host.
+struct RankOutcome {
+  std::map<std::string, std::map<int64_t, cpu::Tensor>> outputs;
+  std::map<std::string, cpu::Tensor> trained;
+  std::vector<TraceEvent> events;
+  std::map<std::string, int64_t> fallbacks;
+
+  /// Adds \p other's, ranks in order: of a weight held twice (a tied
+  /// weight's copies) the first, the lowest rank's, stays.
+  void merge(RankOutcome &&other) {
+    for (auto &[name, parts] : other.outputs)
+      outputs[name].insert(std::make_move_iterator(parts.begin()),
+                           std::make_move_iterator(parts.end()));
+    for (auto &[name, w] : other.trained)
+      trained.emplace(name, std::move(w));
+    events.insert(events.end(), other.events.begin(), other.events.end());
+    for (const auto &[op, count] : other.fallbacks)
+      fallbacks[op] += count;
+  }
+};
+
+/// Whether the run keeps the trained weights: to save them, or for tests.
+bool keepsWeights(const RunOptions &options) {
+  return !options.saveWeights.empty() || options.collectWeights;
+}
+
+/// \p ex's outcome; the weights of replica 0's ranks when the run keeps them.
+Expected<RankOutcome> outcomeOf(RankExecutor &ex, const Backend &backend,
+                                const RunOptions &options) {
+  RankOutcome outcome;
+  outcome.outputs = std::move(ex.outputs); // the run is over
+  if (keepsWeights(options) && ex.replicaIndex() == 0) {
+    auto weights = ex.trainedWeights();
+    if (!weights)
+      return weights.takeError();
+    outcome.trained = std::move(*weights);
+  }
+  if (!options.tracePath.empty())
+    outcome.events = ex.events;
+  for (const auto &[op, count] : backend.fallbackOps())
+    outcome.fallbacks[op] += count;
+  return outcome;
+}
+
+/// The outcome as the message a process sends rank 0.
+plan::RankResult toMessage(const RankOutcome &outcome) {
+  plan::RankResult message;
+  for (const auto &[name, w] : outcome.trained)
+    *message.add_weights() = cpu::toTensorProto(w, name);
+  for (const auto &[name, parts] : outcome.outputs)
+    for (const auto &[start, t] : parts) {
+      plan::OutputPart *part = message.add_outputs();
+      part->set_start(start);
+      *part->mutable_tensor() = cpu::toTensorProto(t, name);
+    }
+  for (const TraceEvent &e : outcome.events) {
+    plan::RankEvent *event = message.add_events();
+    event->set_name(e.name);
+    event->set_category(std::string(1, e.category));
+    event->set_rank(e.rank);
+    event->set_start_s(e.start);
+    event->set_duration_s(e.duration);
+  }
+  for (const auto &[op, count] : outcome.fallbacks)
+    (*message.mutable_fallback_ops())[op] = count;
+  return message;
+}
+
+Expected<RankOutcome> fromMessage(const plan::RankResult &message) {
+  RankOutcome outcome;
+  for (const plan::RankEvent &e : message.events())
+    outcome.events.push_back({e.name(), e.category().empty() ? '?' : e.category()[0], e.rank(),
+                              e.start_s(), e.duration_s()});
+  for (const auto &[op, count] : message.fallback_ops())
+    outcome.fallbacks[op] += count;
+  for (const plan::OutputPart &part : message.outputs()) {
+    auto tensor = cpu::fromTensorProto(part.tensor());
+    if (!tensor)
+      return tensor.takeError();
+    outcome.outputs[part.tensor().name()][part.start()] = std::move(*tensor);
+  }
+  for (const onnx::TensorProto &t : message.weights()) {
+    auto tensor = cpu::fromTensorProto(t);
+    if (!tensor)
+      return tensor.takeError();
+    outcome.trained.emplace(t.name(), std::move(*tensor));
+  }
+  return outcome;
+}
+
+/// What the reporting process does with every rank's outcome, merged: the
+/// graph outputs in sample order (written with --outputs), the trained model
 /// (--save-weights), the trace (--trace), the weights (collectWeights).
-Error finishRun(const Shared &s,
-                const std::map<std::string, std::map<int64_t, cpu::Tensor>> &outputs,
-                std::map<std::string, cpu::Tensor> trained, const std::vector<TraceEvent> &events,
-                RunResult &result) {
+Error finishRun(const Shared &s, RankOutcome outcome, RunResult &result) {
   const RunOptions &options = s.options;
+  const auto &outputs = outcome.outputs;
+  std::map<std::string, cpu::Tensor> &trained = outcome.trained;
+  const std::vector<TraceEvent> &events = outcome.events;
+  for (const auto &[op, count] : outcome.fallbacks)
+    result.fallbacks[op] += count;
   if (Error err = guardAllocation("assembling the outputs",
                                   [&] { return assembleOutputs(*s.plan, outputs, result); }))
     return err;
@@ -742,46 +837,37 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
   RunResult result = std::move(results[0]);
   result.blas = blasName();
   result.threadsPerRank = threadsPerRank;
-  for (const auto &backend : backends)
-    for (const auto &[op, count] : backend->fallbackOps())
-      result.fallbacks[op] += count;
-  for (const auto &ex : executors) {
-    result.busySeconds.push_back(ex->busy / std::max(1, options.steps - result.firstStep));
-    result.instructions += ex->instructions;
-    result.nodes += ex->nodesRun;
-    result.kernelSeconds += ex->kernelSeconds;
-    result.instructionSeconds += ex->instructionSeconds - ex->waitSeconds;
-  }
   // Replica 0 holds every weight; the result keeps its lowest rank's copy of
   // a tied one, and with collectWeights every copy, so tests can check that
   // they agree.
-  std::map<std::string, std::map<int64_t, cpu::Tensor>> outputs;
-  std::map<std::string, cpu::Tensor> trained;
-  for (const auto &ex : executors) {
-    for (const auto &[name, parts] : ex->outputs)
-      outputs[name].insert(parts.begin(), parts.end());
-    if (ex->replicaIndex() != 0 && !options.collectWeights)
-      continue;
-    auto weights = ex->trainedWeights();
-    if (!weights)
-      return weights.takeError();
-    for (auto &[name, w] : *weights) {
-      if (options.collectWeights)
-        result.weightCopies.push_back(
-            {name, ex->globalRank() % s.P, ex->replicaIndex(), w.clone()});
-      if (ex->replicaIndex() == 0)
-        trained.emplace(name, std::move(w));
+  RankOutcome all;
+  for (int r = 0; r < ranks; ++r) {
+    RankExecutor &ex = *executors[r];
+    result.busySeconds.push_back(ex.busy / std::max(1, options.steps - result.firstStep));
+    result.instructions += ex.instructions;
+    result.nodes += ex.nodesRun;
+    result.kernelSeconds += ex.kernelSeconds;
+    result.instructionSeconds += ex.instructionSeconds - ex.waitSeconds;
+    auto outcome = outcomeOf(ex, *backends[r], options);
+    if (!outcome)
+      return outcome.takeError();
+    if (options.collectWeights) {
+      std::map<std::string, cpu::Tensor> others;
+      if (ex.replicaIndex() != 0) {
+        auto weights = ex.trainedWeights();
+        if (!weights)
+          return weights.takeError();
+        others = std::move(*weights);
+      }
+      for (const auto &[name, w] : ex.replicaIndex() == 0 ? outcome->trained : others)
+        result.weightCopies.push_back({name, ex.globalRank() % s.P, ex.replicaIndex(), w.clone()});
+      if (ex.replicaIndex() == 0)
+        for (const auto &[name, g] : ex.lastGrads)
+          result.gradients.emplace(name, g);
     }
-    if (ex->replicaIndex() != 0)
-      continue;
-    if (options.collectWeights)
-      for (const auto &[name, g] : ex->lastGrads)
-        result.gradients.emplace(name, g);
+    all.merge(std::move(*outcome));
   }
-  std::vector<TraceEvent> events;
-  for (const auto &ex : executors)
-    events.insert(events.end(), ex->events.begin(), ex->events.end());
-  if (Error err = finishRun(s, outputs, std::move(trained), events, result))
+  if (Error err = finishRun(s, std::move(all), result))
     return err;
   return result;
 }
@@ -869,67 +955,29 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
     return fail(std::move(err));
   result.instructions = ex.instructions;
   result.busySeconds = {ex.busy / std::max(1, options.steps - result.firstStep)};
-  // Inference outputs and trained weights go to rank 0.
-  bool wantWeights = !options.saveWeights.empty() || options.collectWeights;
-  plan::RankResult mine;
-  if (wantWeights && ex.replicaIndex() == 0) {
-    auto weights = ex.trainedWeights();
-    if (!weights)
-      return fail(weights.takeError());
-    for (const auto &[name, w] : *weights)
-      *mine.add_weights() = cpu::toTensorProto(w, name);
-  }
-  for (const auto &[name, parts] : ex.outputs)
-    for (const auto &[start, t] : parts) {
-      plan::OutputPart *part = mine.add_outputs();
-      part->set_start(start);
-      *part->mutable_tensor() = cpu::toTensorProto(t, name);
-    }
-  if (!options.tracePath.empty())
-    for (const TraceEvent &e : ex.events) {
-      plan::RankEvent *event = mine.add_events();
-      event->set_name(e.name);
-      event->set_category(std::string(1, e.category));
-      event->set_rank(e.rank);
-      event->set_start_s(e.start);
-      event->set_duration_s(e.duration);
-    }
-  for (const auto &[op, count] : (*backend)->fallbackOps())
-    (*mine.mutable_fallback_ops())[op] = count;
+  // Inference outputs, trained weights and the timeline go to rank 0.
+  auto outcome = outcomeOf(ex, **backend, options);
+  if (!outcome)
+    return fail(outcome.takeError());
   std::string bytes;
-  if (!mine.SerializeToString(&bytes))
+  if (!toMessage(*outcome).SerializeToString(&bytes))
     return fail(rankError((*comm)->rank(), "its results are over protobuf's 2 GiB limit"));
-  auto all = (*comm)->gather(bytes);
-  if (!all)
-    return fail(all.takeError());
+  auto gathered = (*comm)->gather(bytes);
+  if (!gathered)
+    return fail(gathered.takeError());
   if ((*comm)->rank() != 0)
     return result;
-  std::map<std::string, cpu::Tensor> trained;
-  std::map<std::string, std::map<int64_t, cpu::Tensor>> outputs;
-  std::vector<TraceEvent> events;
-  for (size_t from = 0; from < all->size(); ++from) {
-    plan::RankResult theirs;
-    if (!theirs.ParseFromString((*all)[from]))
+  RankOutcome all;
+  for (size_t from = 0; from < gathered->size(); ++from) {
+    plan::RankResult message;
+    if (!message.ParseFromString((*gathered)[from]))
       return fail(rankError(0, formatv("rank {0}'s results did not parse", from)));
-    for (const plan::RankEvent &e : theirs.events())
-      events.push_back({e.name(), e.category().empty() ? '?' : e.category()[0], e.rank(),
-                        e.start_s(), e.duration_s()});
-    for (const auto &[op, count] : theirs.fallback_ops())
-      result.fallbacks[op] += count;
-    for (const plan::OutputPart &part : theirs.outputs()) {
-      auto tensor = cpu::fromTensorProto(part.tensor());
-      if (!tensor)
-        return fail(tensor.takeError());
-      outputs[part.tensor().name()][part.start()] = std::move(*tensor);
-    }
-    for (const onnx::TensorProto &t : theirs.weights()) {
-      auto tensor = cpu::fromTensorProto(t);
-      if (!tensor)
-        return fail(tensor.takeError());
-      trained.emplace(t.name(), std::move(*tensor));
-    }
+    auto theirs = fromMessage(message);
+    if (!theirs)
+      return fail(theirs.takeError());
+    all.merge(std::move(*theirs));
   }
-  if (Error err = finishRun(s, outputs, std::move(trained), events, result))
+  if (Error err = finishRun(s, std::move(all), result))
     return fail(std::move(err));
   return result;
 }
