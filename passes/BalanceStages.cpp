@@ -354,62 +354,6 @@ Error memoryError(const LayerGraph &lg, const ChunkCosts &costs) {
 
 } // namespace
 
-double predictStepTime(ScheduleKind schedule, int stages, int microbatches,
-                       const std::vector<ChunkPlan> &chunks, double &bubbleFraction) {
-  // Closed forms with per-chunk times t_k = F + I + W + send, R_r the sum of
-  // rank r's chunks, one per StepForm (the STEP column of Schedules.def);
-  // for equal chunks they give the textbook bubbles:
-  //   GPipe, 1F1B   T = sum_k t_k + (M - 1) max_r R_r      (P-1)/(M+P-1)
-  //   interleaved   T = M max_r R_r + (P - 1) max_k t_k     (P-1)/(VM+P-1)
-  //   ZB-H1         T = M max_r R_r + (P - 1) max_k (F + I - W)   3M + P - 1
-  //   ZB-H2, ZB-V   T = M max_r R_r + (P - 1) max_k (F + I - 2W)^+
-  //   DualPipeV     T = M max_r R_r + (P/2 - 1) max_k (F + 2I - W)^+
-  //   forward       T = sum_k F_k + (M - 1) max_k F_k
-  // The event simulator replaces these once schedules are lowered.
-  double p = stages, m = microbatches;
-  std::vector<double> rank(stages, 0);
-  double sum = 0, maxChunk = 0, maxFIMinusW = 0, maxFIMinus2W = 0, maxDual = 0, sumF = 0, maxF = 0;
-  for (const ChunkPlan &c : chunks) {
-    double t = c.totalTime();
-    rank[c.rank] += t;
-    sum += t;
-    maxChunk = std::max(maxChunk, t);
-    maxFIMinusW = std::max(maxFIMinusW, c.time[0] + c.time[1] - c.time[2]);
-    maxFIMinus2W = std::max(maxFIMinus2W, c.time[0] + c.time[1] - 2 * c.time[2]);
-    maxDual = std::max(maxDual, c.time[0] + 2 * c.time[1] - c.time[2]);
-    sumF += c.time[0] + c.commTime;
-    maxF = std::max(maxF, c.time[0] + c.commTime);
-  }
-  double maxRank = *std::max_element(rank.begin(), rank.end());
-  double step = 0;
-  StepForm form = traitsOf(schedule).step;
-  switch (form) {
-  case StepForm::Flush:
-    step = sum + (m - 1) * maxRank;
-    break;
-  case StepForm::Looped:
-    step = m * maxRank + (p - 1) * maxChunk;
-    break;
-  case StepForm::ZeroBubbleH1:
-    step = m * maxRank + (p - 1) * std::max(0.0, maxFIMinusW);
-    break;
-  case StepForm::ZeroBubble:
-    step = m * maxRank + (p - 1) * std::max(0.0, maxFIMinus2W);
-    break;
-  case StepForm::DualPipe:
-    step = m * maxRank + std::max(0.0, p / 2 - 1) * std::max(0.0, maxDual);
-    break;
-  case StepForm::Forward:
-    step = sumF + (m - 1) * maxF;
-    break;
-  }
-  double busy = 0;
-  for (const ChunkPlan &c : chunks)
-    busy += m * (form == StepForm::Forward ? c.time[0] + c.commTime : c.totalTime());
-  bubbleFraction = step > 0 ? std::max(0.0, 1 - busy / (p * step)) : 0;
-  return step;
-}
-
 Expected<std::vector<std::pair<int, int>>> parseLayout(StringRef layout, const LayerGraph &lg,
                                                        int chunks) {
   auto fail = [&](const Twine &why) {
@@ -527,11 +471,9 @@ void printStagePlan(const StagePlan &plan, raw_ostream &os) {
   os << formatv("stageplan method={0} layout=\"{1}\" chunks={2} ranks={3}\n",
                 balanceMethodName(plan.method), plan.layout, plan.chunks.size(), plan.ranks.size());
   os << formatv("  bottleneck={0:e3}s least-bottleneck={1:e3}s simulated-step={2:e3}s "
-                "closed-form-step={3:e3}s bubble={4:f4} imbalance={5:f4} fits-memory={6} "
-                "candidates={7}\n",
-                plan.bottleneck, plan.leastBottleneck, plan.simulatedStep, plan.stepTime,
-                plan.bubbleFraction, plan.imbalance, plan.fitsMemory ? "yes" : "no",
-                plan.candidatesSimulated);
+                "imbalance={3:f4} fits-memory={4} candidates={5}\n",
+                plan.bottleneck, plan.leastBottleneck, plan.simulatedStep, plan.imbalance,
+                plan.fitsMemory ? "yes" : "no", plan.candidatesSimulated);
   for (const ChunkPlan &c : plan.chunks)
     os << formatv("chunk {0} rank {1}.{2} layers {3}..{4} params={5} F={6:e3}s I={7:e3}s "
                   "W={8:e3}s send={9:e3}s act_bytes={10} boundary_bytes={11}\n",
@@ -583,7 +525,7 @@ std::string formatLayout(const LayerGraph &lg, const StagePlan &plan) {
 namespace {
 
 /// The StagePlan of the partition at \p cuts: each chunk's layers, times,
-/// parameters and bytes, each rank's memory, the closed-form step.
+/// parameters and bytes, each rank's memory; its step is simulated (StepPredictor).
 StagePlan describePlan(const LayerGraph &lg, const BalanceOptions &options, const ChunkCosts &costs,
                        const std::vector<int> &cuts) {
   int chunks = costs.chunkCount(), layers = costs.layerCount();
@@ -617,8 +559,6 @@ StagePlan describePlan(const LayerGraph &lg, const BalanceOptions &options, cons
     sum += c.totalTime();
   }
   plan.imbalance = sum > 0 ? plan.bottleneck / (sum / chunks) : 1;
-  plan.stepTime = predictStepTime(options.schedule, options.stages, options.microbatches,
-                                  plan.chunks, plan.bubbleFraction);
   for (int r = 0; r < options.stages; ++r) {
     RankPlan rank;
     rank.index = r;

@@ -115,9 +115,6 @@ struct StagePlan {
   /// partitions `time` simulated to choose it.
   double simulatedStep = 0;
   int candidatesSimulated = 0;
-  /// Predicted step time and bubble by the schedule's closed form.
-  double stepTime = 0;
-  double bubbleFraction = 0;
   /// Slowest over mean chunk time.
   double imbalance = 1;
   bool fitsMemory = true;
@@ -143,10 +140,6 @@ std::string formatLayout(const LayerGraph &layers, const StagePlan &plan);
 /// "(...)*N" repeat; "|" ends a stage; "," and spaces separate for reading.
 llvm::Expected<std::vector<std::pair<int, int>>> parseLayout(llvm::StringRef layout,
                                                              const LayerGraph &layers, int chunks);
-
-/// Step time of a plan under its schedule (closed forms; see the .cpp).
-double predictStepTime(ScheduleKind schedule, int stages, int microbatches,
-                       const std::vector<ChunkPlan> &chunks, double &bubbleFraction);
 
 } // namespace pipec
 

@@ -1,4 +1,5 @@
 //===- BalanceStagesTest.cpp - balance-stages ---------------------------===//
+#include "ClosedForms.h"
 #include "TestUtil.h"
 
 #include "compiler/schedule/Schedule.h"

@@ -1,4 +1,5 @@
 //===- ProgramTest.cpp - lower-schedule, plan-memory, verify-program, sim -===//
+#include "ClosedForms.h"
 #include "TestUtil.h"
 
 #include "compiler/sim/Simulator.h"
@@ -272,6 +273,41 @@ TEST(Simulator, ClosedFormsWithUnitCosts) {
       EXPECT_NEAR(simulate(unitPlan(ScheduleKind::ZBH1, p, 1, m, 1, 1, 1)).stepTime,
                   3.0 * m + p - 1, 1e-9)
           << "P=" << p << " M=" << m;
+}
+
+// The one timing engine against the textbook: for every row of
+// Schedules.def whose closed form is exact with equal chunks and free links
+// (Flush, Looped, ZeroBubbleH1), the simulated step equals it.
+TEST(Simulator, EqualsTheClosedFormsWhereTheyAreExact) {
+  int checked = 0;
+  for (const ScheduleTraits &row : scheduleTable()) {
+    if (row.step != StepForm::Flush && row.step != StepForm::Looped &&
+        row.step != StepForm::ZeroBubbleH1)
+      continue;
+    int v = row.defaultVirtualStages;
+    for (int p : {2, 4})
+      for (int m : {p, 2 * p, 4 * p}) {
+        if (checkScheduleShape(row.kind, p, v, m)) {
+          ADD_FAILURE() << row.name.str() << " refuses P=" << p << " M=" << m;
+          continue;
+        }
+        std::vector<ChunkPlan> chunks;
+        for (int k = 0; k < p * v; ++k) {
+          ChunkPlan c;
+          c.index = k;
+          c.rank = rankOfChunk(row.kind, p, v, k);
+          c.time = {1, 1, 1};
+          chunks.push_back(c);
+        }
+        double bubble = 0;
+        double closed = predictStepTime(row.kind, p, m, chunks, bubble);
+        SimulationResult sim = simulate(unitPlan(row.kind, p, v, m, 1, 1, 1));
+        EXPECT_NEAR(sim.stepTime, closed, 1e-9) << row.name.str() << " P=" << p << " M=" << m;
+        EXPECT_NEAR(sim.bubbleFraction, bubble, 1e-9) << row.name.str() << " P=" << p << " M=" << m;
+        ++checked;
+      }
+  }
+  EXPECT_EQ(checked, 5 * 6); // gpipe, 1f1b, interleaved, zb-h1, looped-bfs
 }
 
 TEST(Simulator, VShapedSchedulesWithUnitCosts) {

@@ -41,7 +41,8 @@ enum class BackwardKind {
 /// A schedule's rule on the microbatch count M.
 enum class MicrobatchRule { Any, AtLeastStages, EqualRounds, AtLeastTwiceStages };
 
-/// The closed form of a schedule's step time (passes/BalanceStages.cpp).
+/// The closed form of a schedule's step time: a test oracle for the
+/// simulator (tests/ClosedForms.h); pipec times steps by simulation alone.
 enum class StepForm { Flush, Looped, ZeroBubbleH1, ZeroBubble, DualPipe, Forward };
 
 /// One row of Schedules.def.
