@@ -3,6 +3,7 @@
 #include "compiler/schedule/Schedule.h"
 #include "compiler/sim/Simulator.h"
 #include "driver/CompileParts.h"
+#include "driver/CpuKernels.h"
 #include "driver/InspectReport.h"
 #include "driver/MapParams.h"
 #include "driver/Report.h"
@@ -61,6 +62,7 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   // calibration for the share of this machine's cores that `pipec run` gives
   // each of the plan's ranks; a JSON spec is parsed.
   int cpuThreads = defaultThreadsPerRank(options.stages * options.dataParallel);
+  wireCpuKernels();
   std::map<std::string, HardwareSpec> resolved;
   for (const std::string &name : *names) {
     auto it = resolved.find(name);

@@ -22,10 +22,10 @@
 // The result is cached per thread count; docs/HARDWARE.md describes it.
 //
 //===----------------------------------------------------------------------===//
+#include "compiler/cost/CpuCalibration.h"
 #include "compiler/cost/CostModel.h"
 #include "compiler/cost/HardwareSpec.h"
 #include "runtime/core/Tensor.h"
-#include "runtime/cpu/Kernels.h"
 #include "support/Blas.h"
 #include "support/Parallel.h"
 
@@ -55,6 +55,8 @@ namespace pipec {
 namespace {
 
 using cpu::Tensor;
+
+CpuNodeRunner nodeRunner = nullptr;
 
 /// Bumped whenever what calibrateCpu() measures changes, so that caches
 /// written by an earlier pipec are measured again.
@@ -181,7 +183,11 @@ Error runOnce(const Timed &t) {
   std::vector<const Tensor *> in;
   for (const Tensor &x : t.inputs)
     in.push_back(&x);
-  Expected<std::vector<Tensor>> out = cpu::runOp(t.node, calibrationOpset, in);
+  if (!nodeRunner)
+    return createStringError(inconvertibleErrorCode(),
+                             "cpu calibration: no CPU kernels are wired to time "
+                             "(setCpuNodeRunner; the driver's wireCpuKernels)");
+  Expected<std::vector<Tensor>> out = nodeRunner(t.node, calibrationOpset, in);
   if (!out)
     return createStringError(inconvertibleErrorCode(), "cpu calibration: %s: %s",
                              t.node.op_type().c_str(), toString(out.takeError()).c_str());
@@ -409,6 +415,8 @@ int resolvedThreads(int threads) { return threads > 0 ? threads : allowedCpuCoun
 
 } // namespace
 
+void setCpuNodeRunner(CpuNodeRunner runner) { nodeRunner = runner; }
+
 Expected<HardwareSpec> calibrateCpu(int threads) {
   threads = resolvedThreads(threads);
   // Memory first: the kernels' fits take its traffic out of their times.
@@ -420,7 +428,7 @@ Expected<HardwareSpec> calibrateCpu(int threads) {
   // On a thread of its own: the loop pool belongs to the thread that sized
   // it, so the caller's is left as it was. OpenBLAS's count is process-wide.
   int blasThreads = blas::numThreads();
-  cpu::setBlasThreads(1);
+  blas::setNumThreads(1);
   Measured measured;
   std::string problem;
   std::thread worker([&] {
@@ -431,7 +439,7 @@ Expected<HardwareSpec> calibrateCpu(int threads) {
       problem = toString(m.takeError());
   });
   worker.join();
-  cpu::setBlasThreads(blasThreads);
+  blas::setNumThreads(std::max(1, blasThreads));
   if (!problem.empty())
     return createStringError(inconvertibleErrorCode(), problem);
   int cpus = allowedCpuCount();
