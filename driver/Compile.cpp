@@ -16,7 +16,7 @@
 #include "passes/StagePrograms.h"
 #include "passes/TieWeights.h"
 #include "passes/VerifyDataflow.h"
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 #include "support/Diagnostics.h"
 #include "support/Parallel.h"
 

@@ -18,7 +18,7 @@
 #include "compiler/schedule/ScheduleKind.h"
 #include "driver/PassPipeline.h"
 #include "passes/Differentiate.h"
-#include "runtime/plan/plan.pb.h"
+#include "plan/plan.pb.h"
 
 namespace pipec {
 

@@ -3,7 +3,7 @@
 #include "driver/InspectReport.h"
 #include "passes/PredictStep.h"
 #include "passes/StagePrograms.h"
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSwitch.h"

@@ -14,7 +14,7 @@
 #define PIPEC_DRIVER_HTMLREPORT_H
 
 #include "compiler/sim/Simulator.h"
-#include "runtime/plan/plan.pb.h"
+#include "plan/plan.pb.h"
 
 #include "llvm/Support/raw_ostream.h"
 

@@ -5,7 +5,7 @@
 
 #include "onnx/onnx_pb.h"
 
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"

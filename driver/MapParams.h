@@ -27,7 +27,7 @@
 #define PIPEC_DRIVER_MAPPARAMS_H
 
 #include "passes/TieWeights.h"
-#include "runtime/plan/plan.pb.h"
+#include "plan/plan.pb.h"
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"

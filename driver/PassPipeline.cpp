@@ -4,7 +4,7 @@
 #include "passes/FoldConstants.h"
 #include "passes/GroupLayers.h"
 #include "passes/InferShapes.h"
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"

@@ -3,7 +3,7 @@
 #include "compiler/schedule/ScheduleKind.h"
 #include "passes/LowerSchedule.h"
 #include "passes/VerifyDataflow.h"
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 #include "support/Diagnostics.h"
 
 using namespace llvm;

@@ -1,7 +1,7 @@
 //===- PlanVerify.h - A plan file, checked before any command uses it ----===//
 //
 // Every command that reads a plan (report, simulate, run) reads it through
-// readVerifiedPlan: readPlan's structural checks (runtime/plan/PlanFile.h,
+// readVerifiedPlan: readPlan's structural checks (plan/PlanFile.h,
 // checkPlan), then verify-program over the instruction streams (every send
 // matched by a receive of the same shape, every microbatch's forward and
 // backward on every stage, no deadlock) and verify-dataflow over the stage
@@ -12,7 +12,7 @@
 #ifndef PIPEC_DRIVER_PLANVERIFY_H
 #define PIPEC_DRIVER_PLANVERIFY_H
 
-#include "runtime/plan/plan.pb.h"
+#include "plan/plan.pb.h"
 
 #include "llvm/Support/Error.h"
 

@@ -11,7 +11,7 @@
 #ifndef PIPEC_DRIVER_REPORT_H
 #define PIPEC_DRIVER_REPORT_H
 
-#include "runtime/plan/plan.pb.h"
+#include "plan/plan.pb.h"
 
 #include "llvm/Support/raw_ostream.h"
 

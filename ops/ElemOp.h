@@ -1,7 +1,7 @@
 //===- ElemOp.h - The element-wise ops of Ops.def, as codes ---------------===//
 //
 // One code per PIPEC_ELEMENTWISE row, in the order of ops/Ops.def. The
-// fused and device kernels carry these codes; runtime/kernels/ElementMath.h
+// fused and device kernels carry these codes; math/ElementMath.h
 // maps each to its math. Kept apart from OpRegistry.h so that device code
 // can include it.
 //

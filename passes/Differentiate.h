@@ -63,7 +63,7 @@
 //    `shape` was broadcast to dY's shape (numpy rules).
 //  - UnaryGrad(dY, A; dX; op: string, and the forward node's attributes).
 //    dX = dY * f'(A), f being the math of the unary element-wise op `op` of
-//    the default domain (runtime/kernels/ElementMath.h) with the attributes
+//    the default domain (math/ElementMath.h) with the attributes
 //    the node carries (alpha, beta, gamma, approximate, as the forward
 //    node's). A is the forward input X when that math's derivative reads the
 //    input (GradFrom::Input: Relu, Erf, Gelu, Log, ...) and the forward

@@ -1,7 +1,7 @@
 //===- LowerSchedule.cpp - lower-schedule and verify-program --------------===//
 #include "passes/LowerSchedule.h"
 #include "compiler/sim/Simulator.h"
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"

@@ -30,7 +30,7 @@
 #define PIPEC_PASSES_LOWERSCHEDULE_H
 
 #include "compiler/schedule/Schedule.h"
-#include "runtime/plan/plan.pb.h"
+#include "plan/plan.pb.h"
 
 #include "llvm/Support/raw_ostream.h"
 

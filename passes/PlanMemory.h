@@ -20,7 +20,7 @@
 #ifndef PIPEC_PASSES_PLANMEMORY_H
 #define PIPEC_PASSES_PLANMEMORY_H
 
-#include "runtime/plan/plan.pb.h"
+#include "plan/plan.pb.h"
 
 #include "llvm/Support/raw_ostream.h"
 

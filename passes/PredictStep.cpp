@@ -2,7 +2,7 @@
 #include "passes/PredictStep.h"
 #include "compiler/sim/Simulator.h"
 #include "passes/PlanMemory.h"
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 
 #include "llvm/Support/FormatVariadic.h"
 

@@ -30,7 +30,7 @@
 
 #include "compiler/ir/LayerGraph.h"
 #include "passes/Differentiate.h"
-#include "runtime/plan/plan.pb.h"
+#include "plan/plan.pb.h"
 
 #include <set>
 #include <string>

@@ -31,7 +31,7 @@
 #define PIPEC_PASSES_TIEWEIGHTS_H
 
 #include "compiler/ir/LayerGraph.h"
-#include "runtime/plan/plan.pb.h"
+#include "plan/plan.pb.h"
 
 #include "llvm/ADT/STLFunctionalExtras.h"
 

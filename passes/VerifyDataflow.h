@@ -18,7 +18,7 @@
 #ifndef PIPEC_PASSES_VERIFYDATAFLOW_H
 #define PIPEC_PASSES_VERIFYDATAFLOW_H
 
-#include "runtime/plan/plan.pb.h"
+#include "plan/plan.pb.h"
 
 #include "llvm/Support/Error.h"
 

@@ -5,7 +5,7 @@
 #include "driver/PassPipeline.h"
 #include "driver/Report.h"
 #include "passes/VerifyDataflow.h"
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"

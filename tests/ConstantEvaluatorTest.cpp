@@ -1,7 +1,7 @@
 //===- ConstantEvaluatorTest.cpp - The element math of constant folding --===//
 //
 // evaluateOp on the element-wise cases where folding keeps its own math
-// rather than runtime/kernels/ElementMath.h's (NaN in Max and Min, the sign
+// rather than math/ElementMath.h's (NaN in Max and Min, the sign
 // of Abs(-0)) and on integer division, whose semantics folding defines:
 // truncation, a refused zero divisor, Mod with the divisor's sign.
 //

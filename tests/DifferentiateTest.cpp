@@ -7,8 +7,8 @@
 //===----------------------------------------------------------------------===//
 #include "tests/GradientCheck.h"
 
+#include "math/ElementMath.h"
 #include "ops/OpRegistry.h"
-#include "runtime/kernels/ElementMath.h"
 
 using namespace pipec;
 using namespace pipec::test;

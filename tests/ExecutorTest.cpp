@@ -10,10 +10,10 @@
 
 #include "compiler/sim/Simulator.h"
 #include "driver/Compile.h"
+#include "plan/PlanFile.h"
 #include "runtime/core/Backend.h"
 #include "runtime/exec/Data.h"
 #include "runtime/exec/Executor.h"
-#include "runtime/plan/PlanFile.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"

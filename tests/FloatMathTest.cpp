@@ -1,12 +1,12 @@
 //===- FloatMathTest.cpp - The host's float exp and tanh ------------------===//
 //
-// runtime/kernels/FloatMath.h against libm's double exp and tanh rounded to
+// math/FloatMath.h against libm's double exp and tanh rounded to
 // float (the reference): the error in units in the last place of the
 // reference, over every 61st float of the ranges that matter and the
 // special values.
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/kernels/FloatMath.h"
+#include "math/FloatMath.h"
 
 #include <gtest/gtest.h>
 

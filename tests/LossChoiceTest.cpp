@@ -11,9 +11,9 @@
 #include "TestUtil.h"
 #include "passes/Differentiate.h"
 #include "passes/GroupLayers.h"
+#include "plan/PlanFile.h"
 #include "runtime/core/Tensor.h"
 #include "runtime/exec/Data.h"
-#include "runtime/plan/PlanFile.h"
 
 #include "llvm/Support/Error.h"
 #include "llvm/Support/FileSystem.h"

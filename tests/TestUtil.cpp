@@ -1,7 +1,7 @@
 //===- TestUtil.cpp - Helpers shared by pipec's tests ---------------------===//
 #include "TestUtil.h"
 #include "passes/GroupLayers.h"
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"

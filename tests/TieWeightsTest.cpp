@@ -1,7 +1,7 @@
 //===- TieWeightsTest.cpp - tie-weights, --untie and the saved ties ------===//
 #include "TestUtil.h"
 
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 
 #include "llvm/Support/FormatVariadic.h"
 

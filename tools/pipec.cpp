@@ -17,9 +17,9 @@
 #include "driver/Profile.h"
 #include "driver/Report.h"
 #include "models/ModelGenerators.h"
+#include "plan/PlanFile.h"
 #include "runtime/comm/Comm.h"
 #include "runtime/exec/Executor.h"
-#include "runtime/plan/PlanFile.h"
 #include "support/Diagnostics.h"
 #include "tools/Versions.h"
 

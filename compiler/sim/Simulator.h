@@ -21,7 +21,7 @@
 #ifndef PIPEC_COMPILER_SIM_SIMULATOR_H
 #define PIPEC_COMPILER_SIM_SIMULATOR_H
 
-#include "runtime/plan/plan.pb.h"
+#include "plan/plan.pb.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/Error.h"

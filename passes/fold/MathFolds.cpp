@@ -3,14 +3,14 @@
 // The ops whose FOLD is binary or unary, and ReduceMax/Min/Prod/Sum. An
 // element is computed as a double when the op has a float operand and as an
 // int64 otherwise, then stored in the output's type. Where that formula is
-// the one of runtime/kernels/ElementMath.h on the same type, it is called
+// the one of math/ElementMath.h on the same type, it is called
 // from there; the comments say where folding computes otherwise.
 //
 //===----------------------------------------------------------------------===//
 #include "passes/fold/FoldContext.h"
 
+#include "math/ElementMath.h"
 #include "ops/OpRegistry.h"
-#include "runtime/kernels/ElementMath.h"
 #include "support/Attributes.h"
 
 #include "llvm/Support/ErrorHandling.h"

@@ -11,8 +11,8 @@
 //===----------------------------------------------------------------------===//
 #include "passes/grad/GradRules.h"
 
+#include "math/ElementMath.h"
 #include "ops/OpRegistry.h"
-#include "runtime/kernels/ElementMath.h"
 
 #include <cassert>
 
@@ -43,7 +43,7 @@ constexpr bool differentiable(ElemOp op) {
                 NAME ": GRAD unary needs a unary op whose math has a derivative");
 #include "ops/Ops.def"
 
-/// dX = dY * f'(A) by the op's math (runtime/kernels/ElementMath.h): one
+/// dX = dY * f'(A) by the op's math (math/ElementMath.h): one
 /// pipec.UnaryGrad node that names the forward op and carries its
 /// attributes, A being X or Y as the math's derivative reads.
 Error unaryGrad(GradContext &ctx) {

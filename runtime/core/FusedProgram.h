@@ -9,7 +9,7 @@
 // after it.
 //
 // Which nodes may join is the registry's: an element-wise row whose math
-// maps floats to floats (runtime/kernels/ElementMath.h), a Sum, or a
+// maps floats to floats (math/ElementMath.h), a Sum, or a
 // UnaryGrad, with no attributes but those their math reads. A backend
 // compiles the body into a register program (kernels/Elementwise.h:
 // FusedProgram) and runs it in one pass over the output: each element read

@@ -12,9 +12,9 @@
 #ifndef PIPEC_RUNTIME_CORE_OPCONTEXT_H
 #define PIPEC_RUNTIME_CORE_OPCONTEXT_H
 
+#include "math/ElementMath.h"
 #include "ops/OpRegistry.h"
 #include "runtime/core/Tensor.h"
-#include "runtime/kernels/ElementMath.h"
 #include "support/Diagnostics.h"
 
 #include "llvm/ADT/ArrayRef.h"

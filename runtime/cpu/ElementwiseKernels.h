@@ -15,8 +15,8 @@
 #ifndef PIPEC_RUNTIME_CPU_ELEMENTWISEKERNELS_H
 #define PIPEC_RUNTIME_CPU_ELEMENTWISEKERNELS_H
 
+#include "math/ElementMath.h"
 #include "runtime/cpu/KernelSupport.h"
-#include "runtime/kernels/ElementMath.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"

@@ -8,11 +8,11 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "math/ElementMath.h"
 #include "ops/OpRegistry.h"
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
 #include "runtime/cpu/Kernels.h"
-#include "runtime/kernels/ElementMath.h"
 #include "support/Attributes.h"
 #include "support/Parallel.h"
 

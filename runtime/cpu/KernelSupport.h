@@ -9,9 +9,9 @@
 #ifndef PIPEC_RUNTIME_CPU_KERNELSUPPORT_H
 #define PIPEC_RUNTIME_CPU_KERNELSUPPORT_H
 
+#include "math/FloatMath.h"
 #include "runtime/core/OpContext.h"
 #include "runtime/cpu/Kernels.h"
-#include "runtime/kernels/FloatMath.h"
 #include "runtime/kernels/KernelBodies.h"
 
 #include "llvm/ADT/ArrayRef.h"

@@ -5,9 +5,9 @@
 // cross-entropy losses. Float sums run in double.
 //
 //===----------------------------------------------------------------------===//
+#include "math/ElementMath.h"
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
-#include "runtime/kernels/ElementMath.h"
 #include "support/Parallel.h"
 
 #include "onnx/onnx_pb.h"
@@ -68,7 +68,7 @@ template <typename T> void softmaxAlong(const T *x, T *y, AxisSplit split, bool 
       double sum = 0;
       for (int64_t j = 0; j < split.size; ++j) {
         shifted[j] = double(in[j * split.inner]) - maxValue;
-        // Float rows take the float exponential (runtime/kernels/FloatMath.h).
+        // Float rows take the float exponential (math/FloatMath.h).
         double e = std::is_same_v<T, float>
                        ? double(kernels::floatmath::exp(static_cast<float>(shifted[j])))
                        : std::exp(shifted[j]);

@@ -8,10 +8,10 @@
 // (GroupNormalization 21, RMSNormalization), that cast is rounded here too.
 //
 //===----------------------------------------------------------------------===//
+#include "math/ElementMath.h"
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
 #include "runtime/cpu/Window.h"
-#include "runtime/kernels/ElementMath.h"
 
 #include "onnx/onnx_pb.h"
 

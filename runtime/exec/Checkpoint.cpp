@@ -1,7 +1,7 @@
 //===- Checkpoint.cpp - A rank's checkpoints -----------------------------===//
 #include "runtime/exec/Checkpoint.h"
+#include "plan/PlanFile.h"
 #include "runtime/exec/RankExecutor.h"
-#include "runtime/plan/PlanFile.h"
 #include "support/InputFile.h"
 
 #include "llvm/ADT/StringExtras.h"

@@ -1,6 +1,6 @@
 //===- Data.cpp - What a training or inference step feeds ---------------===//
 #include "runtime/exec/Data.h"
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 #include "support/Diagnostics.h"
 #include "support/EnumNames.h"
 #include "support/InputFile.h"

@@ -25,8 +25,8 @@
 #ifndef PIPEC_RUNTIME_EXEC_DATA_H
 #define PIPEC_RUNTIME_EXEC_DATA_H
 
+#include "plan/plan.pb.h"
 #include "runtime/core/Tensor.h"
-#include "runtime/plan/plan.pb.h"
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"

@@ -31,8 +31,8 @@
 #ifndef PIPEC_RUNTIME_EXEC_EXECUTOR_H
 #define PIPEC_RUNTIME_EXEC_EXECUTOR_H
 
+#include "plan/plan.pb.h"
 #include "runtime/core/Tensor.h"
-#include "runtime/plan/plan.pb.h"
 
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"

@@ -28,7 +28,7 @@
 #ifndef PIPEC_RUNTIME_EXEC_FUSION_H
 #define PIPEC_RUNTIME_EXEC_FUSION_H
 
-#include "runtime/plan/plan.pb.h"
+#include "plan/plan.pb.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"

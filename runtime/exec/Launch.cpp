@@ -7,13 +7,13 @@
 // process the losses, outputs, trained weights and trace.
 //
 //===----------------------------------------------------------------------===//
+#include "plan/PlanFile.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/exec/Checkpoint.h"
 #include "runtime/exec/ModelIO.h"
 #include "runtime/exec/ParamMap.h"
 #include "runtime/exec/RankExecutor.h"
 #include "runtime/exec/Trace.h"
-#include "runtime/plan/PlanFile.h"
 #include "support/Diagnostics.h"
 #include "support/InputFile.h"
 #include "support/Parallel.h"

@@ -1,9 +1,9 @@
 //===- ModelIO.cpp - Writing what a run produced -------------------------===//
 #include "runtime/exec/ModelIO.h"
 
+#include "plan/PlanFile.h"
 #include "runtime/exec/ParamMap.h"
 #include "runtime/exec/Safetensors.h"
-#include "runtime/plan/PlanFile.h"
 
 #include "onnx/onnx_pb.h"
 

@@ -18,8 +18,8 @@
 #ifndef PIPEC_RUNTIME_EXEC_MODELIO_H
 #define PIPEC_RUNTIME_EXEC_MODELIO_H
 
+#include "plan/PlanFile.h"
 #include "runtime/core/Tensor.h"
-#include "runtime/plan/PlanFile.h"
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"

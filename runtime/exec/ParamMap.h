@@ -19,8 +19,8 @@
 #ifndef PIPEC_RUNTIME_EXEC_PARAMMAP_H
 #define PIPEC_RUNTIME_EXEC_PARAMMAP_H
 
+#include "plan/plan.pb.h"
 #include "runtime/core/Tensor.h"
-#include "runtime/plan/plan.pb.h"
 
 #include "llvm/Support/Error.h"
 

@@ -1,7 +1,7 @@
 //===- Safetensors.cpp - Reading and writing .safetensors checkpoints -----===//
 #include "runtime/exec/Safetensors.h"
 
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 #include "support/Float16.h"
 #include "support/InputFile.h"
 

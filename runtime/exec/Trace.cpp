@@ -1,6 +1,6 @@
 //===- Trace.cpp - The measured timeline of a run ------------------------===//
 #include "runtime/exec/Trace.h"
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/Support/FormatVariadic.h"

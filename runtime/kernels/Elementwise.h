@@ -13,7 +13,7 @@
 #ifndef PIPEC_RUNTIME_KERNELS_ELEMENTWISE_H
 #define PIPEC_RUNTIME_KERNELS_ELEMENTWISE_H
 
-#include "runtime/kernels/ElementMath.h"
+#include "math/ElementMath.h"
 #include "runtime/kernels/IndexMap.h"
 
 #include <cstdint>

@@ -13,7 +13,7 @@
 #ifndef PIPEC_RUNTIME_KERNELS_INDEXMAP_H
 #define PIPEC_RUNTIME_KERNELS_INDEXMAP_H
 
-#include "runtime/kernels/HostDevice.h"
+#include "math/HostDevice.h"
 
 #include <algorithm>
 #include <cstdint>

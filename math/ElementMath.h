@@ -25,11 +25,11 @@
 // After:   Erf runs on the CPU, fused, on the GPU, and differentiates.
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_RUNTIME_KERNELS_ELEMENTMATH_H
-#define PIPEC_RUNTIME_KERNELS_ELEMENTMATH_H
+#ifndef PIPEC_MATH_ELEMENTMATH_H
+#define PIPEC_MATH_ELEMENTMATH_H
 
+#include "math/HostDevice.h"
 #include "ops/ElemOp.h"
-#include "runtime/kernels/HostDevice.h"
 
 #include <cstdint>
 #include <limits>
@@ -718,4 +718,4 @@ inline std::string readElemParams(ElemOp op, const ParamReader &reader, ElemPara
 
 } // namespace pipec::kernels
 
-#endif // PIPEC_RUNTIME_KERNELS_ELEMENTMATH_H
+#endif // PIPEC_MATH_ELEMENTMATH_H

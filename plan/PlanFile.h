@@ -7,10 +7,10 @@
 // written in key order).
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_RUNTIME_PLAN_PLANFILE_H
-#define PIPEC_RUNTIME_PLAN_PLANFILE_H
+#ifndef PIPEC_PLAN_PLANFILE_H
+#define PIPEC_PLAN_PLANFILE_H
 
-#include "runtime/plan/plan.pb.h"
+#include "plan/plan.pb.h"
 
 #include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/Support/Error.h"
@@ -103,4 +103,4 @@ llvm::Expected<std::string> externalDataHash(const plan::Plan &plan, llvm::Strin
 
 } // namespace pipec
 
-#endif // PIPEC_RUNTIME_PLAN_PLANFILE_H
+#endif // PIPEC_PLAN_PLANFILE_H

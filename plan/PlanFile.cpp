@@ -1,5 +1,5 @@
 //===- PlanFile.cpp - Read and write plan files ---------------------------===//
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 #include "support/Diagnostics.h"
 #include "support/EnumNames.h"
 #include "support/InputFile.h"

@@ -8,10 +8,10 @@
 // host's float exp and tanh are FloatMath.h's.
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_RUNTIME_KERNELS_HOSTDEVICE_H
-#define PIPEC_RUNTIME_KERNELS_HOSTDEVICE_H
+#ifndef PIPEC_MATH_HOSTDEVICE_H
+#define PIPEC_MATH_HOSTDEVICE_H
 
-#include "runtime/kernels/FloatMath.h"
+#include "math/FloatMath.h"
 
 #include <math.h>
 
@@ -69,4 +69,4 @@ template <typename T> PIPEC_HD bool isNan(T x) { return x != x; }
 
 } // namespace pipec::kernels::math
 
-#endif // PIPEC_RUNTIME_KERNELS_HOSTDEVICE_H
+#endif // PIPEC_MATH_HOSTDEVICE_H

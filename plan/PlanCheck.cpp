@@ -22,7 +22,7 @@
 // After:   m.plan: schedule.stages -1: must be at least 1
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/plan/PlanFile.h"
+#include "plan/PlanFile.h"
 #include "support/DType.h"
 #include "support/Diagnostics.h"
 #include "support/InputFile.h"

@@ -15,8 +15,8 @@
 // infinities, overflow and underflow behave as libm's.
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_RUNTIME_KERNELS_FLOATMATH_H
-#define PIPEC_RUNTIME_KERNELS_FLOATMATH_H
+#ifndef PIPEC_MATH_FLOATMATH_H
+#define PIPEC_MATH_FLOATMATH_H
 
 #include <cstdint>
 #include <cstring>
@@ -80,4 +80,4 @@ inline float tanh(float x) {
 
 } // namespace pipec::kernels::floatmath
 
-#endif // PIPEC_RUNTIME_KERNELS_FLOATMATH_H
+#endif // PIPEC_MATH_FLOATMATH_H
