@@ -1,5 +1,6 @@
 //===- StagePrograms.cpp - What each stage of a plan executes -----------===//
 #include "passes/StagePrograms.h"
+#include "plan/PlanFile.h"
 #include "support/Attributes.h"
 
 #include "onnx/onnx_pb.h"
@@ -497,7 +498,7 @@ Error StageBuilder::addBackward(plan::StageProgram &sp, int first, int lastLayer
 void StageBuilder::readGradientsOfSent(BackwardLists &lists) const {
   std::map<std::string, std::string> rename;
   for (const std::string &v : sendWithGrad) {
-    std::string next = "grad-next:" + v;
+    std::string next = receivedGradName(v);
     if (onnx::NodeProto *sum = lists.combiner(v)) {
       std::vector<std::string> keep;
       for (const std::string &in : sum->input())
@@ -537,7 +538,7 @@ Error StageBuilder::addInputGrads(plan::StageProgram &sp, BackwardLists &lists,
                                      "the weight pass",
                                      v));
     if (sendWithGrad.count(v) && !lists.combiner(v))
-      terms.push_back("grad-next:" + v);
+      terms.push_back(receivedGradName(v));
     if (terms.empty())
       zeroShaped.insert(v); // the zeros sent back take V's shape
     for (const std::string &t : terms)
@@ -580,7 +581,7 @@ Error StageBuilder::addBackwardNodes(plan::StageProgram &sp, BackwardLists &list
                                      const std::set<std::string> &zeroShaped) {
   std::set<std::string> made, keep;
   for (const std::string &v : sendWithGrad)
-    made.insert("grad-next:" + v);
+    made.insert(receivedGradName(v));
   for (auto *list : {&lists.input, &lists.weight}) {
     auto *target =
         list == &lists.input ? sp.mutable_backward_input() : sp.mutable_backward_weight();

@@ -129,6 +129,14 @@ std::string hex128(XXH128_hash_t h) {
 
 } // namespace
 
+namespace {
+constexpr StringLiteral receivedGradPrefix = "grad-next:";
+} // namespace
+
+std::string receivedGradName(StringRef value) { return (receivedGradPrefix + value).str(); }
+
+bool isReceivedGradName(StringRef name) { return name.startswith(receivedGradPrefix); }
+
 std::string allReduceGroupName(plan::Instruction::Reduce reduce, StringRef tiedWeight) {
   switch (reduce) {
   case plan::Instruction::DATA_PARALLEL:

@@ -50,6 +50,14 @@ std::string sha256Hex(llvm::StringRef bytes);
 /// reduce and tied_weight are the facts).
 std::string allReduceGroupName(plan::Instruction::Reduce reduce, llvm::StringRef tiedWeight);
 
+/// The name under which a chunk's backward reads the gradient of a tensor V
+/// it sent on, as the next chunk returns it: "grad-next:V". The stage
+/// programs' nodes read it (passes/StagePrograms.h); the executor binds the
+/// received gradient to it.
+std::string receivedGradName(llvm::StringRef value);
+/// Whether \p name is a receivedGradName.
+bool isReceivedGradName(llvm::StringRef name);
+
 /// The output path that discards what is written to it.
 inline constexpr llvm::StringLiteral nullOutput = "/dev/null";
 

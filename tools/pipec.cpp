@@ -869,7 +869,8 @@ int main(int argc, char **argv) {
       "  pipec run MODEL.plan [--steps N] [--data DIR] ...\n"
       "  pipec profile MODEL.onnx -o costs.json [--batch B]\n"
       "  mpirun -np P pipec run MODEL.plan --comm mpi\n"
-      "  pipec model gpt|llama|bert|mlp|resnet [options] -o FILE\n\n"
+      "  pipec model gpt|llama|bert|mlp|resnet [options] -o FILE\n"
+      "  pipec schedules                       the pipeline schedules, as a table\n\n"
       "Exit codes: 0 ok, 1 bad input or failed step, 2 bad usage.\n",
       &errorStream);
   errs().flush();

@@ -6,6 +6,7 @@
 // posted on the Comm, gradients accumulated and all-reduced.
 //
 //===----------------------------------------------------------------------===//
+#include "plan/PlanFile.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/exec/RankExecutor.h"
 
@@ -189,7 +190,7 @@ Error RankExecutor::collect(bool grad, int stageField, int mb) {
       events.push_back(
           {formatv("recv {0} {1}", grad ? "grad" : "act", name).str(), 'C', global, start, waited});
     if (grad)
-      env(stageField, mb)["grad-next:" + name] = std::move(*tensor);
+      env(stageField, mb)[receivedGradName(name)] = std::move(*tensor);
     else
       env(stageField + 1, mb)[name] = std::move(*tensor);
     it = pending.erase(it);
@@ -201,7 +202,7 @@ void RankExecutor::prune(Env &values, const std::set<std::string> &keep) {
   // Gradients already handed over by the next stage on this rank (ZB-V and
   // DualPipeV run it before a RECOMPUTE here) are backward's inputs too.
   for (auto it = values.begin(); it != values.end();)
-    if (keep.count(it->first) || StringRef(it->first).startswith("grad-next:"))
+    if (keep.count(it->first) || isReceivedGradName(it->first))
       ++it;
     else
       it = values.erase(it);
