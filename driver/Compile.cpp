@@ -675,6 +675,20 @@ public:
   Expected<plan::Plan> autoSchedule();
 
 private:
+  /// What --schedule auto's search found: every candidate it tried, and the
+  /// fastest that fits the memory limits (no bestStep when none does).
+  struct AutoSearch {
+    std::vector<AutoCandidate> tried;
+    std::optional<double> bestStep;
+    const Prepared *bestPrepared = nullptr;
+    ScheduleShape bestShape;
+    std::optional<StagePlan> bestStagePlan;
+    std::string bestText;
+  };
+  /// Judges every row of Schedules.def that auto tries, at its V, for each
+  /// microbatch count, without building their plans.
+  Expected<AutoSearch> searchSchedules();
+
   Expected<int64_t> microbatchSizeFor(int microbatches) const;
   /// The front half for microbatches of \p size, run through \p passes the
   /// first time that size is asked for.
@@ -760,7 +774,7 @@ Expected<plan::Plan> Compilation::fixedSchedule() {
   return built;
 }
 
-Expected<plan::Plan> Compilation::autoSchedule() {
+Expected<Compilation::AutoSearch> Compilation::searchSchedules() {
   int stages = options.stages;
   std::vector<int> counts;
   if (options.microbatches > 0)
@@ -778,14 +792,8 @@ Expected<plan::Plan> Compilation::autoSchedule() {
   for (const ScheduleTraits &row : scheduleTable())
     if (row.autoCandidate)
       candidates.push_back({row.kind, row.defaultVirtualStages});
-  std::vector<AutoCandidate> tried;
-  // The candidates are judged without building their plans; the winner's
-  // plan is built below.
-  std::optional<double> bestStep;
-  const Prepared *bestPrepared = nullptr;
-  ScheduleShape bestShape;
-  std::optional<StagePlan> bestStagePlan;
-  std::string bestText;
+  AutoSearch search;
+  std::vector<AutoCandidate> &tried = search.tried;
   for (int microbatches : counts)
     for (const Candidate &c : candidates) {
       AutoCandidate entry;
@@ -817,15 +825,29 @@ Expected<plan::Plan> Compilation::autoSchedule() {
       }
       entry.describe(*candidate);
       tried.push_back(entry);
-      if (entry.fits && (!bestStep || entry.step < *bestStep)) {
-        bestStep = entry.step;
-        bestPrepared = *prepared;
-        bestText = entry.name;
-        bestShape = shape;
-        bestStagePlan = std::move(candidate->stagePlan);
+      if (entry.fits && (!search.bestStep || entry.step < *search.bestStep)) {
+        search.bestStep = entry.step;
+        search.bestPrepared = *prepared;
+        search.bestText = entry.name;
+        search.bestShape = shape;
+        search.bestStagePlan = std::move(candidate->stagePlan);
       }
     }
-  if (!bestStep) {
+  return search;
+}
+
+Expected<plan::Plan> Compilation::autoSchedule() {
+  // The candidates are judged without building their plans; the winner's
+  // plan is built here.
+  auto search = searchSchedules();
+  if (!search)
+    return search.takeError();
+  const std::vector<AutoCandidate> &tried = search->tried;
+  const Prepared *bestPrepared = search->bestPrepared;
+  const ScheduleShape &bestShape = search->bestShape;
+  std::optional<StagePlan> &bestStagePlan = search->bestStagePlan;
+  const std::string &bestText = search->bestText;
+  if (!search->bestStep) {
     std::vector<std::string> lines;
     for (const AutoCandidate &t : tried)
       lines.push_back(t.explain(0));

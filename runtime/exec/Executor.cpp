@@ -451,8 +451,7 @@ Expected<cpu::Tensor> RankExecutor::forComm(const cpu::Tensor &t) {
   return be.download(t);
 }
 
-Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
-  lossSum = lossCount = 0;
+Error RankExecutor::zeroAccumulators() {
   grads.clear();
   for (const std::string &name : trainableHere) {
     // Half weights accumulate their gradients in float32, like their master.
@@ -471,6 +470,104 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
       return zero.takeError();
     statisticSums[entry.first] = std::move(*zero);
   }
+  return Error::success();
+}
+
+Error RankExecutor::send(const Ins &ins, int i) {
+  auto key = std::make_tuple(ins.grad(), ins.stage(), ins.microbatch(), ins.tensor().name());
+  auto it = outbox.find(key);
+  if (it == outbox.end())
+    return rankError(global, formatv("step {0}: nothing to send for '{1}' (stage {2} "
+                                     "microbatch {3})",
+                                     i, ins.tensor().name(), ins.stage(), ins.microbatch()));
+  auto message = forComm(it->second);
+  if (!message)
+    return message.takeError();
+  Error err = comm.send(peerGlobal(ins.peer()), *message);
+  outbox.erase(it);
+  return err;
+}
+
+Error RankExecutor::postRecv(const Ins &ins) {
+  auto type = elemTypeOfName(ins.tensor().dtype());
+  if (!type)
+    return type.takeError();
+  std::vector<int64_t> shape(ins.tensor().shape().begin(), ins.tensor().shape().end());
+  auto handle = comm.postRecv(peerGlobal(ins.peer()), *type, std::move(shape));
+  if (!handle)
+    return handle.takeError();
+  pending[{ins.grad(), ins.stage(), ins.microbatch(), ins.tensor().name()}] = *handle;
+  return Error::success();
+}
+
+Error RankExecutor::execute(const Ins &ins, int i, int t, char &category) {
+  int stage = ins.stage(), mb = ins.microbatch();
+  category = 0;
+  switch (ins.op()) {
+  case Ins::LOAD:
+    return loadInputs(stage, mb, t);
+  case Ins::FORWARD:
+    category = 'F';
+    return forward(stage, mb, t, false);
+  case Ins::RECOMPUTE:
+    category = 'R';
+    return forward(stage, mb, t, true);
+  case Ins::BACKWARD_INPUT:
+    category = 'I';
+    return backwardInput(stage, mb);
+  case Ins::BACKWARD_WEIGHT:
+    category = 'W';
+    return backwardWeight(stage, mb);
+  case Ins::BACKWARD:
+    category = 'B';
+    if (Error err = backwardInput(stage, mb))
+      return err;
+    return backwardWeight(stage, mb);
+  case Ins::SEND:
+    return send(ins, i);
+  case Ins::RECV:
+    return postRecv(ins);
+  case Ins::ALLREDUCE:
+    category = 'C';
+    return allReduce(ins);
+  case Ins::OPTIMIZER_STEP:
+    category = 'O';
+    return optimizerStep(t);
+  case Ins::FREE:
+    if (auto it = bufferOwner.find(ins.buffer()); it != bufferOwner.end())
+      envs.erase(it->second);
+    return Error::success();
+  default:
+    return rankError(global, formatv("unknown instruction {0}", static_cast<int>(ins.op())));
+  }
+}
+
+void RankExecutor::record(const Ins &ins, char category, double started, double waited) {
+  // A compute first waits for its receives (traced on the comm track); its
+  // own event starts when they are in.
+  double begin = started + waited;
+  double duration = wallNow() - started - waited;
+  if (category != 'C')
+    busy += duration;
+  if (!tracing)
+    return;
+  std::string name = category == 'C' ? "allreduce " + ins.group()
+                     : category == 'O'
+                         ? std::string("optimizer")
+                         : formatv("{0}{1}{2}", ins.stage(), category, ins.microbatch()).str();
+  events.push_back({name, category, global, begin, duration});
+}
+
+Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
+  lossSum = lossCount = 0;
+  if (Error err = zeroAccumulators())
+    return err;
+  auto isComm = [&](int i) {
+    if (i < 0 || i >= program.instructions_size())
+      return false;
+    Ins::Op op = program.instructions(i).op();
+    return op == Ins::SEND || op == Ins::RECV;
+  };
   for (int i = 0; i < program.instructions_size(); ++i) {
     const Ins &ins = program.instructions(i);
     if (s.fault.rank == global && s.fault.step == t && s.fault.at == i) {
@@ -478,116 +575,22 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
         std::raise(SIGKILL);
       return rankError(global, formatv("injected fault at step {0} instruction {1}", t, i));
     }
-    int stage = ins.stage(), mb = ins.microbatch();
-    bool isComm = ins.op() == Ins::SEND || ins.op() == Ins::RECV;
-    bool prevComm = i > 0 && (program.instructions(i - 1).op() == Ins::SEND ||
-                              program.instructions(i - 1).op() == Ins::RECV);
-    if (isComm && !prevComm)
+    // Consecutive sends and receives form one group.
+    if (isComm(i) && !isComm(i - 1))
       if (Error err = comm.groupStart())
         return err;
     double started = wallNow();
     double waitedBefore = waitSeconds;
     char category = 0;
-    Error err = Error::success();
-    switch (ins.op()) {
-    case Ins::LOAD:
-      err = loadInputs(stage, mb, t);
-      break;
-    case Ins::FORWARD:
-      category = 'F';
-      err = forward(stage, mb, t, false);
-      break;
-    case Ins::RECOMPUTE:
-      category = 'R';
-      err = forward(stage, mb, t, true);
-      break;
-    case Ins::BACKWARD_INPUT:
-      category = 'I';
-      err = backwardInput(stage, mb);
-      break;
-    case Ins::BACKWARD_WEIGHT:
-      category = 'W';
-      err = backwardWeight(stage, mb);
-      break;
-    case Ins::BACKWARD:
-      category = 'B';
-      err = backwardInput(stage, mb);
-      if (!err)
-        err = backwardWeight(stage, mb);
-      break;
-    case Ins::SEND: {
-      auto key = std::make_tuple(ins.grad(), stage, mb, ins.tensor().name());
-      auto it = outbox.find(key);
-      if (it == outbox.end()) {
-        err = rankError(global, formatv("step {0}: nothing to send for '{1}' (stage {2} "
-                                        "microbatch {3})",
-                                        i, ins.tensor().name(), stage, mb));
-        break;
-      }
-      auto message = forComm(it->second);
-      if (!message) {
-        err = message.takeError();
-        break;
-      }
-      err = comm.send(peerGlobal(ins.peer()), *message);
-      outbox.erase(it);
-      break;
-    }
-    case Ins::RECV: {
-      auto type = elemTypeOfName(ins.tensor().dtype());
-      if (!type) {
-        err = type.takeError();
-        break;
-      }
-      std::vector<int64_t> shape(ins.tensor().shape().begin(), ins.tensor().shape().end());
-      auto handle = comm.postRecv(peerGlobal(ins.peer()), *type, std::move(shape));
-      if (!handle) {
-        err = handle.takeError();
-        break;
-      }
-      pending[{ins.grad(), stage, mb, ins.tensor().name()}] = *handle;
-      break;
-    }
-    case Ins::ALLREDUCE:
-      category = 'C';
-      err = allReduce(ins);
-      break;
-    case Ins::OPTIMIZER_STEP:
-      category = 'O';
-      err = optimizerStep(t);
-      break;
-    case Ins::FREE:
-      if (auto it = bufferOwner.find(ins.buffer()); it != bufferOwner.end())
-        envs.erase(it->second);
-      break;
-    default:
-      err = rankError(global, formatv("unknown instruction {0}", static_cast<int>(ins.op())));
-    }
-    if (err)
+    if (Error err = execute(ins, i, t, category))
       return err;
     instructionSeconds += wallNow() - started;
-    bool nextComm =
-        i + 1 < program.instructions_size() && (program.instructions(i + 1).op() == Ins::SEND ||
-                                                program.instructions(i + 1).op() == Ins::RECV);
-    if (isComm && !nextComm)
+    if (isComm(i) && !isComm(i + 1))
       if (Error err = comm.groupEnd())
         return err;
     ++instructions;
-    if (category) {
-      // A compute first waits for its receives (traced on the comm track);
-      // its own event starts when they are in.
-      double waited = waitSeconds - waitedBefore;
-      double begin = started + waited;
-      double duration = wallNow() - started - waited;
-      if (category != 'C')
-        busy += duration;
-      if (tracing) {
-        std::string name = category == 'C'   ? "allreduce " + ins.group()
-                           : category == 'O' ? std::string("optimizer")
-                                             : formatv("{0}{1}{2}", stage, category, mb).str();
-        events.push_back({name, category, global, begin, duration});
-      }
-    }
+    if (category)
+      record(ins, category, started, waitSeconds - waitedBefore);
   }
   if (Error err = comm.flush())
     return err;

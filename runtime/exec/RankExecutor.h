@@ -152,6 +152,16 @@ private:
                                                    int stage, int mb);
   llvm::Error allReduce(const Ins &ins);
   llvm::Error optimizerStep(int t);
+  /// The step's gradient and running-statistic accumulators, zeroed.
+  llvm::Error zeroAccumulators();
+  /// Instruction \p i (\p ins) of step \p t; \p category is the trace
+  /// letter of a compute (F, R, I, W, B, C, O), 0 for the rest.
+  llvm::Error execute(const Ins &ins, int i, int t, char &category);
+  llvm::Error send(const Ins &ins, int i);
+  llvm::Error postRecv(const Ins &ins);
+  /// Counts the compute \p ins as busy time and traces it: it began at
+  /// \p started and waited \p waited seconds for its receives first.
+  void record(const Ins &ins, char category, double started, double waited);
   void prune(Env &values, const std::set<std::string> &keep);
   /// \p t as the Comm takes it: device tensors stay when it moves them.
   llvm::Expected<cpu::Tensor> forComm(const cpu::Tensor &t);
