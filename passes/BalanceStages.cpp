@@ -354,55 +354,60 @@ Error memoryError(const LayerGraph &lg, const ChunkCosts &costs) {
 
 } // namespace
 
+namespace {
+
+/// \p text with "(...)*N" and "x*N" expanded into plain text; errors come
+/// from \p fail.
+Expected<std::string> expandRepeats(StringRef text, function_ref<Error(const Twine &)> fail) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    std::string unit;
+    if (text[i] == '(') {
+      int depth = 0;
+      size_t j = i;
+      for (; j < text.size(); ++j) {
+        depth += text[j] == '(' ? 1 : text[j] == ')' ? -1 : 0;
+        if (depth == 0)
+          break;
+      }
+      if (j == text.size())
+        return fail("unbalanced parenthesis");
+      auto inner = expandRepeats(text.slice(i + 1, j), fail);
+      if (!inner)
+        return inner.takeError();
+      unit = *inner;
+      i = j + 1;
+    } else {
+      unit = std::string(1, text[i]);
+      ++i;
+    }
+    if (i < text.size() && text[i] == '*') {
+      size_t j = ++i;
+      while (j < text.size() && isDigit(text[j]))
+        ++j;
+      unsigned n;
+      if (text.slice(i, j).getAsInteger(10, n))
+        return fail(formatv("expected a count after '*' at offset {0}", i));
+      std::string repeated;
+      for (unsigned r = 0; r < n; ++r)
+        repeated += unit;
+      unit = repeated;
+      i = j;
+    }
+    out += unit;
+  }
+  return out;
+}
+
+} // namespace
+
 Expected<std::vector<std::pair<int, int>>> parseLayout(StringRef layout, const LayerGraph &lg,
                                                        int chunks) {
-  auto fail = [&](const Twine &why) {
+  auto fail = [&](const Twine &why) -> Error {
     return createStringError(inconvertibleErrorCode(), "--balance %s: %s", layout.str().c_str(),
                              why.str().c_str());
   };
-  // Expand "(...)*N" and "x*N" into plain text.
-  std::function<Expected<std::string>(StringRef)> expand =
-      [&](StringRef text) -> Expected<std::string> {
-    std::string out;
-    for (size_t i = 0; i < text.size();) {
-      std::string unit;
-      if (text[i] == '(') {
-        int depth = 0;
-        size_t j = i;
-        for (; j < text.size(); ++j) {
-          depth += text[j] == '(' ? 1 : text[j] == ')' ? -1 : 0;
-          if (depth == 0)
-            break;
-        }
-        if (j == text.size())
-          return fail("unbalanced parenthesis");
-        auto inner = expand(text.slice(i + 1, j));
-        if (!inner)
-          return inner.takeError();
-        unit = *inner;
-        i = j + 1;
-      } else {
-        unit = std::string(1, text[i]);
-        ++i;
-      }
-      if (i < text.size() && text[i] == '*') {
-        size_t j = ++i;
-        while (j < text.size() && isDigit(text[j]))
-          ++j;
-        unsigned n;
-        if (text.slice(i, j).getAsInteger(10, n))
-          return fail(formatv("expected a count after '*' at offset {0}", i));
-        std::string repeated;
-        for (unsigned r = 0; r < n; ++r)
-          repeated += unit;
-        unit = repeated;
-        i = j;
-      }
-      out += unit;
-    }
-    return out;
-  };
-  auto expanded = expand(layout);
+  auto expanded = expandRepeats(layout, fail);
   if (!expanded)
     return expanded.takeError();
   SmallVector<StringRef, 16> stages;
