@@ -175,6 +175,7 @@ void elementwiseCases(CaseList &list) {
   list.add("EqualFloat", NodeBuilder("Equal", 2), {a, b});
   list.add("Less", NodeBuilder("Less", 2), {floats({4, 5}), floats({5})});
   list.add("Greater", NodeBuilder("Greater", 2), {floats({4, 5}), floats({4, 1})});
+  list.add("Not", NodeBuilder("Not", 1), {bools({40})});
   list.add("Where", NodeBuilder("Where", 3), {bools({2, 1, 4}), floats({3, 4}), floats({})});
   list.add("WhereInt64", NodeBuilder("Where", 3),
            {bools({50}), int64s({50}, 0, 9), int64s({1}, 0, 9)});

@@ -144,6 +144,21 @@ struct UnaryFn {
   __device__ void operator()(int64_t i) const { unaryElement(i, op, params, x, y); }
 };
 
+/// A unary row of logical types (Not), bool to bool, by its own math.
+template <typename M> struct LogicalUnaryFn {
+  const bool *x;
+  bool *y;
+  __device__ void operator()(int64_t i) const { y[i] = M::value(x[i], ElemParams{}); }
+};
+
+template <typename M, int Arity>
+cudaError_t launchLogicalUnaryOf(const bool *x, bool *y, int64_t n, cudaStream_t stream) {
+  if constexpr (Arity == 1 && M::types == ElemTypes::Logical)
+    return launch(n, LogicalUnaryFn<M>{x, y}, stream);
+  else
+    return cudaErrorInvalidValue;
+}
+
 template <typename T> struct ArithmeticFn {
   ElemOp op;
   IndexMap map;
@@ -435,6 +450,16 @@ cudaError_t launchUnary(ElemOp op, const ElemParams &params, const float *x, flo
   if (!isFloatMath(op))
     return cudaErrorInvalidValue;
   return launch(n, UnaryFn{op, params, x, y}, stream);
+}
+
+cudaError_t launchLogicalUnary(ElemOp op, const bool *x, bool *y, int64_t n, cudaStream_t stream) {
+  switch (op) {
+#define PIPEC_ELEMENTWISE(ID, DOMAIN, NAME, SINCE, ARITY, ...)                                     \
+  case ElemOp::ID:                                                                                 \
+    return launchLogicalUnaryOf<elem::ID, ARITY>(x, y, n, stream);
+#include "ops/Ops.def"
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t launchBinary(ElemOp op, Scalar type, const IndexMap &map, const void *a, const void *b,

@@ -27,6 +27,9 @@ using namespace pipec::kernels;
 cudaError_t launchUnary(ElemOp op, const ElemParams &params, const float *x, float *y, int64_t n,
                         cudaStream_t stream);
 
+/// y = op(x) on n bools, for a unary row of logical types (Not).
+cudaError_t launchLogicalUnary(ElemOp op, const bool *x, bool *y, int64_t n, cudaStream_t stream);
+
 /// out[i] = op(a[.], b[.]) for the n elements of map's output. Arithmetic
 /// for F32 and, for ops that never divide, I64; comparisons for every
 /// Scalar, writing bool.

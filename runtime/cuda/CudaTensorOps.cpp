@@ -437,9 +437,19 @@ Result CudaBackend::elementwise(const NodeView &n) {
   return n.def->minInputs == 1 ? unary(n, op) : binary(n, op);
 }
 
-/// Unary float math on float32.
+/// Unary float math on float32, and the logical rows (Not) on bool.
 Result CudaBackend::unary(const NodeView &n, ElemOp op) {
   const Tensor *x = n.in(0);
+  if (k::elemTypes(op) == k::ElemTypes::Logical) {
+    if (!x || x->elemType() != DType::Bool || n.numOutputs() != 1)
+      return std::nullopt;
+    PIPEC_TRY_ASSIGN(dev, onDevice(*x));
+    PIPEC_TRY_ASSIGN(out, allocate(DType::Bool, x->shape()));
+    PIPEC_CUDA_TRY(launchLogicalUnary(op, static_cast<const bool *>(dev.rawData()),
+                                      static_cast<bool *>(out.rawData()), out.numElements(),
+                                      stream));
+    return Outputs{out};
+  }
   if (!isFloat(x) || n.numOutputs() != 1 || !k::isFloatMath(op))
     return std::nullopt;
   auto params = n.elemParams(op);
