@@ -782,23 +782,19 @@ Expected<Compilation::AutoSearch> Compilation::searchSchedules() {
   else
     for (int f : {1, 2, 4, 8})
       counts.push_back(f * stages);
-  // Auto's candidates are the rows of Schedules.def marked for it, each at
-  // its default V.
-  struct Candidate {
-    ScheduleKind kind;
-    int V;
-  };
-  std::vector<Candidate> candidates;
-  for (const ScheduleTraits &row : scheduleTable())
-    if (row.autoCandidate)
-      candidates.push_back({row.kind, row.defaultVirtualStages});
   AutoSearch search;
   std::vector<AutoCandidate> &tried = search.tried;
+  // Auto's candidates are the rows of Schedules.def marked for it, each at
+  // its default V.
   for (int microbatches : counts)
-    for (const Candidate &c : candidates) {
+    for (const ScheduleTraits &row : scheduleTable()) {
+      if (!row.autoCandidate)
+        continue;
+      ScheduleKind kind = row.kind;
+      int V = row.defaultVirtualStages;
       AutoCandidate entry;
-      entry.name = formatv("{0} V={1} M={2}", scheduleName(c.kind), c.V, microbatches).str();
-      if (Error err = checkScheduleShape(c.kind, stages, c.V, microbatches)) {
+      entry.name = formatv("{0} V={1} M={2}", scheduleName(kind), V, microbatches).str();
+      if (Error err = checkScheduleShape(kind, stages, V, microbatches)) {
         entry.error = "not accepted: " + toString(std::move(err));
         tried.push_back(entry);
         continue;
@@ -815,7 +811,7 @@ Expected<Compilation::AutoSearch> Compilation::searchSchedules() {
       if (!prepared)
         return prepared.takeError();
       // The balancing alternatives are judged for the winner alone, below.
-      ScheduleShape shape{c.kind, c.V, microbatches,
+      ScheduleShape shape{kind, V, microbatches,
                           options.globalBatch > 0 ? *size : fixedBatchOf((*prepared)->graph)};
       auto candidate = judge(options, setup, **prepared, shape, quietBack);
       if (!candidate) {
