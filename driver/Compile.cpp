@@ -366,7 +366,8 @@ Expected<StagePlan> balanceStep(const Prepared &prepared, const BalanceOptions &
 /// A configuration that is compared, never written (the other balancing
 /// methods beside the plan written, --schedule auto's candidates): balanced,
 /// with the step, bubble and memory peaks simulatePlan would give its
-/// lowered plan, predicted on plain arrays (StepPredictor::predict).
+/// lowered plan, predicted by the same engine in lower-schedule's array
+/// form (StepPredictor::predict).
 struct Judged {
   StagePlan stagePlan;
   StepPrediction prediction;
@@ -390,15 +391,9 @@ Expected<Judged> judge(const CompileOptions &options, const Setup &setup, const 
   auto stagePlan = balanceStep(prepared, balance, runner);
   if (!stagePlan)
     return stagePlan.takeError();
-  StepPredictor predictor(balance);
-  auto predicted = predictor.predict(*stagePlan);
-  if (!predicted) {
-    // What the arrays refuse, the lowered plan says in its own words.
-    consumeError(predicted.takeError());
-    predicted = predictor.lowerAndSimulate(*stagePlan);
-    if (!predicted)
-      return predicted.takeError();
-  }
+  auto predicted = StepPredictor(balance).predict(*stagePlan);
+  if (!predicted)
+    return predicted.takeError();
   return Judged{std::move(*stagePlan), std::move(*predicted)};
 }
 

@@ -58,284 +58,461 @@ std::string formatInstruction(const plan::Instruction &i) {
 
 namespace {
 
-/// One compute action and the instructions around it, before flattening.
-struct Block {
-  std::vector<plan::Instruction> recvs; ///< needed by this action
-  std::vector<plan::Instruction> body;  ///< LOAD, RECOMPUTE, the compute, FREE
-  std::vector<plan::Instruction> sends; ///< what the action produced
-  std::vector<plan::Instruction> early; ///< RECVs posted here for later actions
-};
-
-using ChannelKey = std::tuple<int, int, bool, std::string>; // stage, microbatch, grad, tensor
-
-ChannelKey keyOf(const plan::Instruction &i) {
-  return {i.stage(), i.microbatch(), i.grad(), i.tensor().name()};
-}
-
-plan::Instruction makeInstruction(Op::Op op, int stage, int mb) {
-  plan::Instruction i;
-  i.set_op(op);
-  i.set_stage(stage);
-  i.set_microbatch(mb);
-  return i;
-}
-
 Error loweringError(const Twine &why) {
   return createStringError(inconvertibleErrorCode(), "lower-schedule: %s", why.str().c_str());
 }
 
-/// lower-schedule in three phases: each action becomes a Block, receives are
+/// One rank's actions, each with the instructions around it, before
+/// flattening: per block (action) b, recvs[recvAt[b] .. recvAt[b + 1]] are
+/// the receives it needs, and so on.
+struct RankBlocks {
+  std::vector<StreamOp> recvs; ///< needed by the action
+  std::vector<StreamOp> body;  ///< LOAD, RECOMPUTE, the compute, FREE
+  std::vector<StreamOp> sends; ///< what the action produced (and inference's FREE)
+  std::vector<StreamOp> early; ///< RECVs posted here for later actions
+  std::vector<int> recvAt{0}, bodyAt{0}, sendAt{0}, earlyAt;
+  std::vector<BufferLife> buffers;
+  std::string freeError; ///< the first FREE of activations it does not hold
+
+  void clear() {
+    for (auto *ops : {&recvs, &body, &sends, &early})
+      ops->clear();
+    for (auto *at : {&recvAt, &bodyAt, &sendAt})
+      at->assign(1, 0);
+    earlyAt.clear();
+    buffers.clear();
+    freeError.clear();
+  }
+};
+
+/// Per (tensor, microbatch, grad), received by one rank: where it is needed.
+struct Need {
+  int rank = -1, block = -1, index = -1;
+};
+
+/// lower-schedule's working memory. A search lowers hundreds of candidates
+/// of the same shape in a row, so each thread keeps the last lowering's
+/// vectors and reuses their capacity.
+struct LoweringMemory {
+  std::vector<RankBlocks> blocks;
+  std::vector<int> live;
+  std::vector<Need> natural;
+  std::vector<int> wanted, position, fill;
+  std::vector<std::pair<int, const StreamOp *>> placed;
+};
+
+thread_local LoweringMemory loweringMemory;
+
+/// lower-schedule in three phases: each action becomes a block, receives are
 /// reordered to match their senders, and the blocks are flattened into a
-/// program per rank.
+/// stream per rank.
 class Lowering {
 public:
   Lowering(const Schedule &schedule, const LoweringInputs &in)
-      : schedule(schedule), in(in), P(schedule.stages), V(schedule.virtualStages), K(P * V) {}
+      : schedule(schedule), in(in), P(schedule.stages), V(schedule.virtualStages), K(P * V),
+        M(schedule.microbatches), memory(loweringMemory), live(memory.live), blocks(memory.blocks) {
+  }
 
-  Expected<std::vector<plan::RankProgram>> run();
+  Expected<LoweredStreams> run();
 
 private:
-  int rankOf(int stage) const { return rankOfChunk(schedule.kind, P, V, stage); }
+  int rankOf(int stage) const { return stageRank[stage]; }
+  /// The mailbox of the tensors crossing \p boundary for microbatch \p mb.
+  int mailboxOf(int boundary, int mb, bool grad) const { return (boundary * M + mb) * 2 + grad; }
   /// Appends to \p out an \p op per tensor crossing \p boundary (with \p grad,
   /// those that carry a gradient back).
-  void transfer(std::vector<plan::Instruction> &out, Op::Op op, int stage, int mb, int peer,
-                bool grad, int boundary) const;
-  /// Action \p a of rank \p r with its receives, body and sends.
-  Block blockOf(const Action &a, int r) const;
-  Expected<std::vector<std::vector<Block>>> makeBlocks() const;
-  Error orderReceives(std::vector<std::vector<Block>> &blocks) const;
-  /// Moves the instructions out of \p blocks.
-  Expected<plan::RankProgram> flatten(int r, std::vector<Block> &blocks) const;
+  void transfer(std::vector<StreamOp> &out, Op::Op op, int mb, int peer, bool grad,
+                int boundary) const;
+  /// Action \p a of rank \p r with its receives, body and sends; its buffers
+  /// are numbered in the order the rank allocates them.
+  void addBlock(const Action &a, int r, RankBlocks &blocks);
+  Error makeBlocks();
+  Error orderReceives();
+  /// Rank \p r's blocks as one stream, its buffers with their lifetimes, then
+  /// the all-reduces and the optimizer step.
+  Error flatten(int r);
 
   const Schedule &schedule;
   const LoweringInputs &in;
-  int P, V, K;
+  int P, V, K, M;
+  std::vector<int> stageRank;  ///< per global stage
+  std::vector<int> tensorBase; ///< per boundary: its first tensor in out.streams.tensors
+  LoweringMemory &memory;
+  /// Per (stage, microbatch, rebuilt): the live buffer (stages are each on
+  /// one rank).
+  std::vector<int> &live;
+  std::vector<RankBlocks> &blocks;
+  LoweredStreams out;
 };
 
-void Lowering::transfer(std::vector<plan::Instruction> &out, Op::Op op, int stage, int mb, int peer,
-                        bool grad, int boundary) const {
+StreamOp makeOp(Op::Op op, int stage, int mb) {
+  StreamOp o;
+  o.op = op;
+  o.stage = stage;
+  o.microbatch = mb;
+  return o;
+}
+
+void Lowering::transfer(std::vector<StreamOp> &ops, Op::Op op, int mb, int peer, bool grad,
+                        int boundary) const {
   for (size_t t = 0; t < in.sendTensors[boundary].size(); ++t) {
     if (grad && !in.hasGradient[boundary][t])
       continue;
-    plan::Instruction i = makeInstruction(op, stage, mb);
-    i.set_peer(peer);
-    i.set_grad(grad);
-    *i.mutable_tensor() = in.sendTensors[boundary][t];
-    out.push_back(i);
+    StreamOp o = makeOp(op, boundary, mb);
+    o.peer = peer;
+    o.grad = grad;
+    o.tensor = tensorBase[boundary] + static_cast<int>(t);
+    if (op == Op::RECV)
+      o.mailbox = mailboxOf(boundary, mb, grad);
+    ops.push_back(o);
   }
 }
 
-Block Lowering::blockOf(const Action &a, int r) const {
+void Lowering::addBlock(const Action &a, int r, RankBlocks &b) {
   int s = a.stage, m = a.microbatch;
-  Block b;
+  auto allocate = [&](StreamOp &op, int64_t bytes, bool rebuilt) {
+    op.buffer = static_cast<int>(b.buffers.size());
+    b.buffers.push_back({s, m, bytes, -1, -1});
+    live[(static_cast<size_t>(s) * M + m) * 2 + rebuilt] = op.buffer;
+  };
+  // A FREE of (s, m, rebuilt); a missing buffer is an error unless
+  // \p optional (inference frees what a forward kept once it is sent).
+  auto release = [&](std::vector<StreamOp> &ops, bool rebuilt, bool optional) {
+    StreamOp op = makeOp(Op::FREE, s, m);
+    int &held = live[(static_cast<size_t>(s) * M + m) * 2 + rebuilt];
+    if (held >= 0)
+      op.buffer = held, held = -1;
+    else if (!optional && b.freeError.empty())
+      b.freeError =
+          formatv("rank {0} frees stage {1} microbatch {2}, which holds no activations", r, s, m)
+              .str();
+    ops.push_back(op);
+  };
   switch (a.kind) {
   case ActionKind::F: {
     if (s == 0)
-      b.body.push_back(makeInstruction(Op::LOAD, s, m)), b.body.back().set_group("inputs");
+      b.body.push_back(makeOp(Op::LOAD, s, m));
     else if (rankOf(s - 1) != r)
-      transfer(b.recvs, Op::RECV, s - 1, m, rankOf(s - 1), false, s - 1);
-    if (s == K - 1 && in.training)
-      b.body.push_back(makeInstruction(Op::LOAD, s, m)), b.body.back().set_group("labels");
-    b.body.push_back(makeInstruction(Op::FORWARD, s, m));
+      transfer(b.recvs, Op::RECV, m, rankOf(s - 1), false, s - 1);
+    if (s == K - 1 && in.training) {
+      b.body.push_back(makeOp(Op::LOAD, s, m));
+      b.body.back().labels = true;
+    }
+    StreamOp forward = makeOp(Op::FORWARD, s, m);
+    forward.mailbox = s > 0 ? mailboxOf(s - 1, m, false) : -1;
+    allocate(forward, in.recompute ? in.inputBytes[s] : in.activationBytes[s], false);
+    b.body.push_back(forward);
     if (s + 1 < K && rankOf(s + 1) != r)
-      transfer(b.sends, Op::SEND, s, m, rankOf(s + 1), false, s);
+      transfer(b.sends, Op::SEND, m, rankOf(s + 1), false, s);
     if (!in.training)
-      b.sends.push_back(makeInstruction(Op::FREE, s, m)); // kept only until sent
+      release(b.sends, false, true); // kept only until sent
     break;
   }
   case ActionKind::B:
   case ActionKind::I: {
     if (s + 1 < K && rankOf(s + 1) != r)
-      transfer(b.recvs, Op::RECV, s, m, rankOf(s + 1), true, s);
-    if (in.recompute)
-      b.body.push_back(makeInstruction(Op::RECOMPUTE, s, m));
-    b.body.push_back(
-        makeInstruction(a.kind == ActionKind::B ? Op::BACKWARD : Op::BACKWARD_INPUT, s, m));
+      transfer(b.recvs, Op::RECV, m, rankOf(s + 1), true, s);
+    if (in.recompute) {
+      StreamOp rebuild = makeOp(Op::RECOMPUTE, s, m);
+      allocate(rebuild, in.activationBytes[s], true);
+      b.body.push_back(rebuild);
+    }
+    StreamOp backward = makeOp(a.kind == ActionKind::B ? Op::BACKWARD : Op::BACKWARD_INPUT, s, m);
+    backward.mailbox = s + 1 < K ? mailboxOf(s, m, true) : -1;
+    b.body.push_back(backward);
     if (a.kind == ActionKind::B) {
       if (in.recompute)
-        b.body.push_back(makeInstruction(Op::FREE, s, m)), b.body.back().set_group("rebuilt");
-      b.body.push_back(makeInstruction(Op::FREE, s, m));
+        release(b.body, true, false);
+      release(b.body, false, false);
     }
     if (s > 0 && rankOf(s - 1) != r)
-      transfer(b.sends, Op::SEND, s - 1, m, rankOf(s - 1), true, s - 1);
+      transfer(b.sends, Op::SEND, m, rankOf(s - 1), true, s - 1);
     break;
   }
   case ActionKind::W:
-    b.body.push_back(makeInstruction(Op::BACKWARD_WEIGHT, s, m));
+    b.body.push_back(makeOp(Op::BACKWARD_WEIGHT, s, m));
     if (in.recompute)
-      b.body.push_back(makeInstruction(Op::FREE, s, m)), b.body.back().set_group("rebuilt");
-    b.body.push_back(makeInstruction(Op::FREE, s, m));
+      release(b.body, true, false);
+    release(b.body, false, false);
     break;
   }
-  return b;
+  b.recvAt.push_back(static_cast<int>(b.recvs.size()));
+  b.bodyAt.push_back(static_cast<int>(b.body.size()));
+  b.sendAt.push_back(static_cast<int>(b.sends.size()));
 }
 
-/// Phase 1: each action with its receives, body and sends. Buffers are named
-/// by (stage, microbatch, rebuilt) and numbered when flattened.
-Expected<std::vector<std::vector<Block>>> Lowering::makeBlocks() const {
-  std::vector<std::vector<Block>> blocks(P);
+/// Phase 1: each action with its receives, body and sends.
+Error Lowering::makeBlocks() {
+  live.assign(static_cast<size_t>(K) * M * 2, -1);
+  if (static_cast<int>(blocks.size()) < P)
+    blocks.resize(P);
+  for (int r = 0; r < P; ++r)
+    blocks[r].clear();
   for (int r = 0; r < P; ++r)
     for (const Action &a : schedule.ranks[r]) {
+      if (a.stage < 0 || a.stage >= K || a.microbatch < 0 || a.microbatch >= M)
+        return loweringError(formatv("rank {0} was given action {1}", r, formatAction(a)));
       if (rankOf(a.stage) != r)
         return loweringError(formatv("rank {0} was given action {1} of stage {2}, which runs "
                                      "on rank {3}",
                                      r, formatAction(a), a.stage, rankOf(a.stage)));
-      blocks[r].push_back(blockOf(a, r));
+      addBlock(a, r, blocks[r]);
     }
-  return blocks;
+  return Error::success();
 }
 
 /// Phase 2: NCCL matches point-to-point operations between two ranks in
 /// order, so each rank posts its receives from a peer in the order that peer
 /// sends: a receive moves earlier (never later) than the action that needs
 /// it when the sender's order asks for it.
-Error Lowering::orderReceives(std::vector<std::vector<Block>> &blocks) const {
+Error Lowering::orderReceives() {
+  std::vector<Need> &natural = memory.natural;
+  natural.assign(out.streams.tensors.size() * M * 2, Need());
+  auto keyOf = [&](const StreamOp &op) {
+    return (static_cast<size_t>(op.tensor) * M + op.microbatch) * 2 + op.grad;
+  };
+  std::vector<int> &wanted = memory.wanted, &position = memory.position, &fill = memory.fill;
+  wanted.resize(P);
+  auto &placed = memory.placed; // (block, receive)
   for (int dst = 0; dst < P; ++dst) {
-    std::map<ChannelKey, std::pair<int, int>> natural; // -> (block, index in recvs)
-    std::map<int, std::vector<ChannelKey>> wanted;     // src -> keys in dst's need order
-    for (int b = 0; b < static_cast<int>(blocks[dst].size()); ++b)
-      for (int i = 0; i < static_cast<int>(blocks[dst][b].recvs.size()); ++i) {
-        const plan::Instruction &recv = blocks[dst][b].recvs[i];
-        natural[keyOf(recv)] = {b, i};
-        wanted[recv.peer()].push_back(keyOf(recv));
+    RankBlocks &d = blocks[dst];
+    int count = static_cast<int>(d.recvAt.size()) - 1;
+    std::fill(wanted.begin(), wanted.end(), 0);
+    for (int b = 0; b < count; ++b)
+      for (int i = d.recvAt[b]; i < d.recvAt[b + 1]; ++i) {
+        natural[keyOf(d.recvs[i])] = {dst, b, i};
+        ++wanted[d.recvs[i].peer];
       }
-    std::vector<std::vector<plan::Instruction>> placed(blocks[dst].size());
-    for (auto &[src, keys] : wanted) {
-      std::vector<ChannelKey> order; // the sender's order
-      for (const Block &b : blocks[src])
-        for (const plan::Instruction &send : b.sends)
-          if (send.op() == Op::SEND && send.peer() == dst)
-            order.push_back(keyOf(send));
-      if (order.size() != keys.size())
+    placed.clear();
+    for (int src = 0; src < P; ++src) {
+      if (wanted[src] == 0)
+        continue;
+      int sent = 0;
+      for (const StreamOp &send : blocks[src].sends)
+        sent += send.op == Op::SEND && send.peer == dst;
+      if (sent != wanted[src])
         return loweringError(formatv("rank {0} sends {1} tensors to rank {2}, which receives {3}",
-                                     src, order.size(), dst, keys.size()));
-      std::vector<int> position(order.size());
-      int next = static_cast<int>(blocks[dst].size());
-      for (int k = static_cast<int>(order.size()) - 1; k >= 0; --k) {
-        auto it = natural.find(order[k]);
-        if (it == natural.end())
+                                     src, sent, dst, wanted[src]));
+      // The sender's order, latest first: each receive is posted no later
+      // than any receive the sender sends after it.
+      position.assign(sent, 0);
+      int next = count, k = sent;
+      const std::vector<StreamOp> &sends = blocks[src].sends;
+      for (auto it = sends.rbegin(); it != sends.rend(); ++it) {
+        if (it->op != Op::SEND || it->peer != dst)
+          continue;
+        const Need &need = natural[keyOf(*it)];
+        if (need.rank != dst)
           return loweringError(
               formatv("rank {0} never receives a tensor rank {1} sends", dst, src));
-        next = std::min(next, it->second.first);
-        position[k] = next;
+        next = std::min(next, need.block);
+        position[--k] = next;
       }
-      for (size_t k = 0; k < order.size(); ++k) {
-        auto [b, i] = natural.at(order[k]);
-        placed[position[k]].push_back(blocks[dst][b].recvs[i]);
-      }
+      for (const StreamOp &send : sends)
+        if (send.op == Op::SEND && send.peer == dst) {
+          const Need &need = natural[keyOf(send)];
+          placed.emplace_back(position[k++], &d.recvs[need.index]);
+        }
     }
-    for (size_t b = 0; b < blocks[dst].size(); ++b)
-      blocks[dst][b].early = std::move(placed[b]);
+    // Each block's early receives, in the order placed (by sender, then in
+    // the sender's order).
+    d.earlyAt.assign(count + 1, 0);
+    for (auto &[b, recv] : placed)
+      ++d.earlyAt[b + 1];
+    for (int b = 0; b < count; ++b)
+      d.earlyAt[b + 1] += d.earlyAt[b];
+    d.early.resize(placed.size());
+    fill.assign(d.earlyAt.begin(), d.earlyAt.end() - 1);
+    for (auto &[b, recv] : placed)
+      d.early[fill[b]++] = *recv;
   }
   return Error::success();
 }
 
-/// Phase 3: rank \p r's blocks flattened, its buffers numbered with their
-/// lifetimes, then the all-reduces and the optimizer step.
-Expected<plan::RankProgram> Lowering::flatten(int r, std::vector<Block> &blocks) const {
-  plan::RankProgram prog;
-  prog.set_rank(r);
-  std::map<std::tuple<int, int, bool>, int> live; // (stage, mb, rebuilt) -> buffer
-  auto append = [&](plan::Instruction &&ins) {
-    *prog.add_instructions() = std::move(ins);
-    return prog.instructions_size() - 1;
+Error Lowering::flatten(int r) {
+  RankBlocks &b = blocks[r];
+  if (!b.freeError.empty())
+    return loweringError(b.freeError);
+  std::vector<StreamOp> &ops = out.streams.ranks[r];
+  ops.reserve(b.early.size() + b.body.size() + b.sends.size() + in.allReduces.size() + 1);
+  auto append = [&](const StreamOp &op) {
+    int at = static_cast<int>(ops.size());
+    ops.push_back(op);
+    if (op.op == Op::FORWARD || op.op == Op::RECOMPUTE)
+      b.buffers[op.buffer].allocAt = at;
+    else if (op.op == Op::FREE && op.buffer >= 0)
+      b.buffers[op.buffer].freeAt = at;
   };
-  auto allocate = [&](int at, int stage, int mb, int64_t bytes, bool rebuilt) {
-    plan::Buffer *b = prog.add_buffers();
-    b->set_index(prog.buffers_size() - 1);
-    b->set_stage(stage);
-    b->set_microbatch(mb);
-    b->set_bytes(bytes);
-    b->set_alloc_at(at);
-    b->set_free_at(-1);
-    live[{stage, mb, rebuilt}] = b->index();
-    prog.mutable_instructions(at)->set_buffer(b->index());
-  };
-  for (size_t a = 0; a < blocks.size(); ++a) {
-    prog.add_actions(formatAction(schedule.ranks[r][a]));
-    for (plan::Instruction &ins : blocks[a].early)
-      append(std::move(ins));
-    for (plan::Instruction &body : blocks[a].body) {
-      int at = append(std::move(body));
-      const plan::Instruction &ins = prog.instructions(at);
-      int s = ins.stage(), m = ins.microbatch();
-      if (ins.op() == Op::FORWARD)
-        allocate(at, s, m, in.recompute ? in.inputBytes[s] : in.activationBytes[s], false);
-      else if (ins.op() == Op::RECOMPUTE)
-        allocate(at, s, m, in.activationBytes[s], true);
-      else if (ins.op() == Op::FREE) {
-        auto it = live.find({s, m, ins.group() == "rebuilt"});
-        if (it == live.end())
-          return loweringError(formatv("rank {0} frees stage {1} microbatch {2}, which holds no "
-                                       "activations",
-                                       r, s, m));
-        prog.mutable_instructions(at)->set_buffer(it->second);
-        prog.mutable_instructions(at)->clear_group();
-        prog.mutable_buffers(it->second)->set_free_at(at);
-        live.erase(it);
-      }
-    }
-    for (plan::Instruction &send : blocks[a].sends) {
-      int at = append(std::move(send));
-      const plan::Instruction &ins = prog.instructions(at);
-      if (ins.op() == Op::FREE) {
-        auto it = live.find({ins.stage(), ins.microbatch(), false});
-        if (it != live.end()) {
-          prog.mutable_instructions(at)->set_buffer(it->second);
-          prog.mutable_buffers(it->second)->set_free_at(at);
-          live.erase(it);
-        }
-      }
-    }
+  int count = static_cast<int>(b.bodyAt.size()) - 1;
+  for (int a = 0; a < count; ++a) {
+    for (int i = b.earlyAt[a]; i < b.earlyAt[a + 1]; ++i)
+      append(b.early[i]);
+    for (int i = b.bodyAt[a]; i < b.bodyAt[a + 1]; ++i)
+      append(b.body[i]);
+    for (int i = b.sendAt[a]; i < b.sendAt[a + 1]; ++i)
+      append(b.sends[i]);
   }
   if (in.training) {
-    for (const auto &ar : in.allReduces) {
+    for (size_t g = 0; g < in.allReduces.size(); ++g) {
+      const auto &ar = in.allReduces[g];
       if (std::find(ar.ranks.begin(), ar.ranks.end(), r) == ar.ranks.end())
         continue;
-      plan::Instruction i = makeInstruction(Op::ALLREDUCE, -1, -1);
-      i.set_group(allReduceGroupName(ar.reduce, ar.tiedWeight));
-      i.set_reduce(ar.reduce);
-      i.set_tied_weight(ar.tiedWeight);
-      for (int rank : ar.ranks)
-        i.add_ranks(rank);
-      i.set_bytes(ar.bytes);
-      append(std::move(i));
+      StreamOp op = makeOp(Op::ALLREDUCE, -1, -1);
+      op.collective = static_cast<int>(g);
+      append(op);
     }
-    append(makeInstruction(Op::OPTIMIZER_STEP, -1, -1));
+    append(makeOp(Op::OPTIMIZER_STEP, -1, -1));
   }
-  for (const plan::Buffer &b : prog.buffers())
-    if (b.free_at() < 0)
+  for (const BufferLife &buffer : b.buffers)
+    if (buffer.freeAt < 0)
       return loweringError(formatv("rank {0} never frees the activations of stage {1} "
                                    "microbatch {2} (no backward in its schedule)",
-                                   r, b.stage(), b.microbatch()));
-  return prog;
+                                   r, buffer.stage, buffer.microbatch));
+  out.buffers[r] = b.buffers;
+  return Error::success();
 }
 
-Expected<std::vector<plan::RankProgram>> Lowering::run() {
+Expected<LoweredStreams> Lowering::run() {
   if (static_cast<int>(in.sendTensors.size()) != K ||
-      static_cast<int>(in.activationBytes.size()) != K)
+      static_cast<int>(in.hasGradient.size()) != K ||
+      static_cast<int>(in.activationBytes.size()) != K ||
+      static_cast<int>(in.inputBytes.size()) != K)
     return loweringError(
         formatv("boundary tensors and activation sizes for {0} stages are needed", K));
-  auto blocks = makeBlocks();
-  if (!blocks)
-    return blocks.takeError();
-  if (Error err = orderReceives(*blocks))
-    return err;
-  std::vector<plan::RankProgram> programs;
-  for (int r = 0; r < P; ++r) {
-    auto program = flatten(r, (*blocks)[r]);
-    if (!program)
-      return program.takeError();
-    programs.push_back(std::move(*program));
+  for (int k = 0; k < K; ++k) {
+    stageRank.push_back(rankOfChunk(schedule.kind, P, V, k));
+    tensorBase.push_back(static_cast<int>(out.streams.tensors.size()));
+    for (const plan::TensorRef &t : in.sendTensors[k])
+      out.streams.tensors.push_back(&t);
   }
-  return programs;
+  out.streams.mailboxes = K * M * 2;
+  for (const auto &ar : in.allReduces) {
+    StreamCollective c;
+    c.reduce = ar.reduce;
+    c.tiedWeight = ar.tiedWeight;
+    c.ranks = ar.ranks;
+    c.bytes = ar.bytes;
+    c.group = allReduceGroupName(ar.reduce, ar.tiedWeight);
+    out.streams.collectives.push_back(std::move(c));
+  }
+  out.hasGradient = in.hasGradient;
+  out.training = in.training;
+  out.recompute = in.recompute;
+  for (const auto &ar : in.allReduces)
+    out.groups.emplace_back(ar.reduce, ar.tiedWeight, ar.ranks);
+  if (Error err = makeBlocks())
+    return err;
+  if (Error err = orderReceives())
+    return err;
+  out.streams.ranks.resize(P);
+  out.buffers.resize(P);
+  for (int r = 0; r < P; ++r)
+    if (Error err = flatten(r))
+      return err;
+  return std::move(out);
 }
 
 } // namespace
 
+Expected<LoweredStreams> lowerStreams(const Schedule &schedule, const LoweringInputs &in) {
+  return Lowering(schedule, in).run();
+}
+
+bool resizeLowered(LoweredStreams &lowered, const LoweringInputs &in) {
+  size_t chunks = lowered.hasGradient.size();
+  if (in.hasGradient != lowered.hasGradient || in.training != lowered.training ||
+      in.recompute != lowered.recompute || in.sendTensors.size() != chunks ||
+      in.activationBytes.size() != chunks || in.inputBytes.size() != chunks ||
+      in.allReduces.size() != lowered.groups.size())
+    return false;
+  for (size_t k = 0; k < chunks; ++k)
+    if (in.sendTensors[k].size() != in.hasGradient[k].size())
+      return false;
+  for (size_t g = 0; g < in.allReduces.size(); ++g) {
+    const auto &ar = in.allReduces[g];
+    if (lowered.groups[g] != std::make_tuple(ar.reduce, ar.tiedWeight, ar.ranks))
+      return false;
+  }
+  Streams &streams = lowered.streams;
+  streams.tensors.clear();
+  for (const auto &tensors : in.sendTensors)
+    for (const plan::TensorRef &t : tensors)
+      streams.tensors.push_back(&t);
+  for (size_t g = 0; g < in.allReduces.size(); ++g)
+    streams.collectives[g].bytes = in.allReduces[g].bytes;
+  for (size_t r = 0; r < lowered.buffers.size(); ++r)
+    for (BufferLife &b : lowered.buffers[r]) {
+      bool rebuilt = streams.ranks[r][b.allocAt].op == Op::RECOMPUTE;
+      b.bytes = rebuilt || !in.recompute ? in.activationBytes[b.stage] : in.inputBytes[b.stage];
+    }
+  return true;
+}
+
+std::vector<plan::RankProgram> toRankPrograms(const LoweredStreams &lowered,
+                                              const Schedule &schedule) {
+  const Streams &streams = lowered.streams;
+  std::vector<plan::RankProgram> programs(streams.ranks.size());
+  for (size_t r = 0; r < streams.ranks.size(); ++r) {
+    plan::RankProgram &prog = programs[r];
+    prog.set_rank(static_cast<int>(r));
+    for (const Action &a : schedule.ranks[r])
+      prog.add_actions(formatAction(a));
+    prog.mutable_instructions()->Reserve(static_cast<int>(streams.ranks[r].size()));
+    for (const StreamOp &op : streams.ranks[r]) {
+      plan::Instruction &i = *prog.add_instructions();
+      i.set_op(op.op);
+      i.set_stage(op.stage);
+      i.set_microbatch(op.microbatch);
+      switch (op.op) {
+      case Op::SEND:
+      case Op::RECV:
+        i.set_peer(op.peer);
+        i.set_grad(op.grad);
+        *i.mutable_tensor() = *streams.tensors[op.tensor];
+        break;
+      case Op::LOAD:
+        i.set_group(op.labels ? "labels" : "inputs");
+        break;
+      case Op::FORWARD:
+      case Op::RECOMPUTE:
+      case Op::FREE:
+        if (op.buffer >= 0)
+          i.set_buffer(op.buffer);
+        break;
+      case Op::ALLREDUCE: {
+        const StreamCollective &c = streams.collectives[op.collective];
+        i.set_group(c.group);
+        i.set_reduce(c.reduce);
+        i.set_tied_weight(c.tiedWeight);
+        for (int rank : c.ranks)
+          i.add_ranks(rank);
+        i.set_bytes(c.bytes);
+        break;
+      }
+      default:
+        break;
+      }
+    }
+    const std::vector<BufferLife> &buffers = lowered.buffers[r];
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      plan::Buffer *out = prog.add_buffers();
+      out->set_index(static_cast<int>(b));
+      out->set_stage(buffers[b].stage);
+      out->set_microbatch(buffers[b].microbatch);
+      out->set_bytes(buffers[b].bytes);
+      out->set_alloc_at(buffers[b].allocAt);
+      out->set_free_at(buffers[b].freeAt);
+    }
+  }
+  return programs;
+}
+
 Expected<std::vector<plan::RankProgram>> lowerSchedule(const Schedule &schedule,
                                                        const LoweringInputs &in) {
-  return Lowering(schedule, in).run();
+  auto lowered = lowerStreams(schedule, in);
+  if (!lowered)
+    return lowered.takeError();
+  return toRankPrograms(*lowered, schedule);
 }
 
 std::string formatGrid(const std::vector<plan::RankProgram> &programs,
@@ -488,7 +665,7 @@ Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, 
   std::vector<const plan::RankProgram *> streams;
   for (const auto &p : programs)
     streams.push_back(&p);
-  auto run = runStreams(streams, StreamCosts(), &deadlock);
+  auto run = runStreams(streamsOf(streams), StreamCosts(), &deadlock);
   if (run)
     return Error::success();
   std::vector<int> marked(ranks, -1);

@@ -30,11 +30,14 @@
 #define PIPEC_PASSES_LOWERSCHEDULE_H
 
 #include "compiler/schedule/Schedule.h"
+#include "compiler/sim/Simulator.h"
+#include "passes/PlanMemory.h"
 #include "plan/plan.pb.h"
 
 #include "llvm/Support/raw_ostream.h"
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace pipec {
@@ -59,6 +62,36 @@ struct LoweringInputs {
   };
   std::vector<AllReduce> allReduces;
 };
+
+/// lower-schedule's result in array form: each rank's stream and its
+/// buffers with their lifetimes. The streams' tensors point into the
+/// LoweringInputs, which must outlive them.
+struct LoweredStreams {
+  Streams streams;
+  std::vector<std::vector<BufferLife>> buffers;
+  /// What the streams' structure depends on besides the schedule: each
+  /// boundary's tensors (by whether each carries a gradient back), training,
+  /// recompute and the all-reduce groups. Sizes and names do not shape it.
+  std::vector<std::vector<bool>> hasGradient;
+  bool training = true, recompute = false;
+  std::vector<std::tuple<plan::Instruction::Reduce, std::string, std::vector<int>>> groups;
+};
+
+/// lower-schedule, in array form: what the simulator runs when the compiler
+/// judges a candidate, and what the plan's programs are written from.
+llvm::Expected<LoweredStreams> lowerStreams(const Schedule &schedule, const LoweringInputs &inputs);
+
+/// Brings \p lowered, lowered from the same schedule, to \p inputs when they
+/// differ from its own only in sizes and names (a search's candidates: the
+/// same tensors crossing each boundary, of other sizes): the same streams
+/// lowerStreams would make, with their tensors pointing into \p inputs and
+/// their buffers' and all-reduces' bytes from it. Returns false, leaving it
+/// as it was, when the structure differs.
+bool resizeLowered(LoweredStreams &lowered, const LoweringInputs &inputs);
+
+/// The plan's programs of \p lowered (lowered from \p schedule).
+std::vector<plan::RankProgram> toRankPrograms(const LoweredStreams &lowered,
+                                              const Schedule &schedule);
 
 /// lower-schedule. The result has one RankProgram per rank, its buffers with
 /// their lifetimes but without slots (plan-memory's job).

@@ -9,59 +9,64 @@
 using namespace llvm;
 
 namespace pipec {
-namespace {
 
-/// Assigns buffer slots by liveness (per stage, the slot freed last first)
-/// and computes the rank's peak of live activation bytes.
-void planMemory(plan::RankProgram &program) {
+SlotPlan planSlots(ArrayRef<BufferLife> buffers) {
+  SlotPlan out;
+  out.slot.assign(buffers.size(), -1);
   std::map<int, std::vector<int>> freeSlots; // stage -> free slot ids
-  std::vector<int64_t> slotBytes;
-  std::vector<std::pair<int, int>> events; // (instruction, +buffer+1 / -buffer-1)
-  for (int b = 0; b < program.buffers_size(); ++b) {
-    events.emplace_back(program.buffers(b).alloc_at(), b + 1);
-    events.emplace_back(program.buffers(b).free_at(), -(b + 1));
+  std::vector<std::pair<int, int>> events;   // (instruction, +buffer+1 / -buffer-1)
+  events.reserve(2 * buffers.size());
+  for (int b = 0; b < static_cast<int>(buffers.size()); ++b) {
+    events.emplace_back(buffers[b].allocAt, b + 1);
+    events.emplace_back(buffers[b].freeAt, -(b + 1));
   }
   // At one instruction, frees come before allocations: a FREE sits at its own
   // index and a buffer allocated later never shares it.
   std::sort(events.begin(), events.end());
-  int64_t live = 0, peak = 0;
+  int64_t live = 0;
   for (auto &[at, code] : events) {
     (void)at;
     int b = std::abs(code) - 1;
-    plan::Buffer *buffer = program.mutable_buffers(b);
+    const BufferLife &buffer = buffers[b];
     if (code > 0) {
-      auto &pool = freeSlots[buffer->stage()];
+      auto &pool = freeSlots[buffer.stage];
       int slot;
       if (pool.empty()) {
-        slot = static_cast<int>(slotBytes.size());
-        slotBytes.push_back(buffer->bytes());
+        slot = static_cast<int>(out.slotBytes.size());
+        out.slotBytes.push_back(buffer.bytes);
       } else {
         // A stage's slots hold both kinds of its buffers (kept inputs and,
         // with recompute, rebuilt activations): a slot is as big as the
         // largest it holds.
         slot = pool.back();
         pool.pop_back();
-        slotBytes[slot] = std::max(slotBytes[slot], buffer->bytes());
+        out.slotBytes[slot] = std::max(out.slotBytes[slot], buffer.bytes);
       }
-      buffer->set_slot(slot);
-      live += buffer->bytes();
-      peak = std::max(peak, live);
+      out.slot[b] = slot;
+      live += buffer.bytes;
+      out.peak = std::max(out.peak, live);
     } else {
-      freeSlots[buffer->stage()].push_back(buffer->slot());
-      live -= buffer->bytes();
+      freeSlots[buffer.stage].push_back(out.slot[b]);
+      live -= buffer.bytes;
     }
   }
-  program.set_peak_activation_bytes(peak);
-  program.set_slots(static_cast<int>(slotBytes.size()));
-  for (int64_t bytes : slotBytes)
-    program.add_slot_bytes(bytes);
+  return out;
 }
 
-} // namespace
-
 void planMemory(std::vector<plan::RankProgram> &programs) {
-  for (plan::RankProgram &program : programs)
-    planMemory(program);
+  for (plan::RankProgram &program : programs) {
+    std::vector<BufferLife> buffers;
+    for (const plan::Buffer &b : program.buffers())
+      buffers.push_back({b.stage(), b.microbatch(), b.bytes(), b.alloc_at(), b.free_at()});
+    SlotPlan slots = planSlots(buffers);
+    for (int b = 0; b < program.buffers_size(); ++b)
+      program.mutable_buffers(b)->set_slot(slots.slot[b]);
+    program.set_peak_activation_bytes(slots.peak);
+    program.set_slots(static_cast<int>(slots.slotBytes.size()));
+    program.clear_slot_bytes();
+    for (int64_t bytes : slots.slotBytes)
+      program.add_slot_bytes(bytes);
+  }
 }
 
 void printMemoryPlan(const std::vector<plan::RankProgram> &programs, raw_ostream &os) {

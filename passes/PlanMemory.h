@@ -22,11 +22,31 @@
 
 #include "plan/plan.pb.h"
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <vector>
 
 namespace pipec {
+
+/// One activation buffer of a rank's program: its stage, bytes, and the
+/// instructions that allocate and free it (lower-schedule's numbering).
+struct BufferLife {
+  int stage = 0, microbatch = 0;
+  int64_t bytes = 0;
+  int allocAt = 0, freeAt = -1;
+};
+
+/// plan-memory's answer for one rank's buffers.
+struct SlotPlan {
+  std::vector<int> slot; ///< per buffer
+  std::vector<int64_t> slotBytes;
+  int64_t peak = 0; ///< of live activation bytes
+};
+
+/// plan-memory on one rank's buffers. Precondition: every buffer has its
+/// lifetime (allocAt before freeAt), as lower-schedule leaves it.
+SlotPlan planSlots(llvm::ArrayRef<BufferLife> buffers);
 
 /// plan-memory on each of \p programs: sets every buffer's slot and the
 /// program's peak activation bytes, slot count and slot sizes.

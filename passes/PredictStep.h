@@ -1,26 +1,18 @@
 //===- PredictStep.h - The step time of a partition, by simulation ------===//
 //
 // balance-stages judges a partition by the step the compiled plan would be
-// predicted to take: the schedule's compute actions lowered by
-// lower-schedule (LowerSchedule.h) with the boundary tensors and gradient
-// all-reduces the driver would give them, run by the event simulator
-// (compiler/sim) with the partition's stage times, links and optimizer step.
-// That is what `pipec compile` reports as a plan's predicted step, so a
-// partition chosen by this number is the fastest the report can show.
+// predicted to take, and --schedule auto judges its candidates the same way:
+// the schedule's compute actions lowered by lower-schedule (LowerSchedule.h)
+// with the boundary tensors and gradient all-reduces the driver would give
+// them, run by the simulator's engine (compiler/sim, runStreams) with the
+// partition's stage times, links and optimizer step. That is the engine
+// `pipec compile` predicts the written plan's step with, and `pipec
+// simulate` runs, so a partition chosen by this number is the fastest the
+// report can show. Candidates stay in lower-schedule's array form
+// (lowerStreams): no protobuf is built for a plan that is only compared.
 //
-// The schedule is generated once per predictor. A prediction does not build
-// the plan's instruction streams: it follows the schedule's actions in the
-// order lower-schedule would emit them, with the receives where
-// lower-schedule posts them, on plain arrays, and gives the same double the
-// simulator gives for the lowered plan (lowerAndSimulate, the reference the
-// tests hold it to). At P = 64, M = 256 that is about 33,000 actions, a few
-// milliseconds, where lowering and simulating take about half a second.
-//
-// A plan that is only compared (the other balancing methods beside the plan
-// written, --schedule auto's candidates) needs more of the simulation than
-// the step: its bubble and each rank's memory peak, which plan-memory gives
-// the lowered buffers. predict() follows the same actions for those, with
-// the buffers' allocations and frees where lower-schedule puts them.
+// The schedule is generated once per predictor. At P = 64, M = 256 a
+// prediction lowers and runs about 115,000 instructions.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_PASSES_PREDICTSTEP_H
@@ -62,21 +54,25 @@ public:
   /// simulation (a schedule the options do not accept).
   llvm::Expected<double> operator()(const StagePlan &plan) const;
 
-  /// The step, bubble and memory peaks of \p plan's chunks, the same
-  /// numbers as lowerAndSimulate. Errors: those of operator(), and buffers
-  /// lower-schedule would refuse (freed twice, or never).
+  /// The step, bubble and memory peaks of \p plan's chunks (each rank's
+  /// weights and state plus plan-memory's peak of its lowered buffers).
+  /// Errors: those of operator(), and buffers lower-schedule refuses (freed
+  /// twice, or never).
   llvm::Expected<StepPrediction> predict(const StagePlan &plan) const;
 
-  /// The same by the long way: lower-schedule's programs in a plan skeleton,
-  /// given their memory plan (PlanMemory.h) and run by simulatePlan. For
-  /// tests, and the errors of what predict() refuses.
-  llvm::Expected<StepPrediction> lowerAndSimulate(const StagePlan &plan) const;
-
 private:
+  llvm::Expected<StepPrediction> simulate(const StagePlan &plan, bool peaks) const;
+
   const BalanceOptions &options;
   std::optional<Schedule> schedule;
   std::string scheduleError;
   std::vector<plan::HardwareInfo> hardware;
+  /// The last candidate's lowering, and the inputs its streams point into.
+  struct Lowered {
+    LoweredStreams lowered;
+    LoweringInputs inputs;
+  };
+  mutable std::optional<Lowered> last;
 };
 
 } // namespace pipec

@@ -3,6 +3,7 @@
 #include "support/ChromeTrace.h"
 #include "support/Diagnostics.h"
 
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 
@@ -18,15 +19,13 @@ namespace {
 
 using Op = plan::Instruction;
 
-bool isP2P(const plan::Instruction &i) { return i.op() == Op::SEND || i.op() == Op::RECV; }
-
-bool isCompute(const plan::Instruction &i) {
-  return i.op() == Op::FORWARD || i.op() == Op::BACKWARD || i.op() == Op::BACKWARD_INPUT ||
-         i.op() == Op::BACKWARD_WEIGHT || i.op() == Op::RECOMPUTE;
+bool isCompute(Op::Op op) {
+  return op == Op::FORWARD || op == Op::BACKWARD || op == Op::BACKWARD_INPUT ||
+         op == Op::BACKWARD_WEIGHT || op == Op::RECOMPUTE;
 }
 
-char categoryOf(const plan::Instruction &i) {
-  switch (i.op()) {
+char categoryOf(Op::Op op) {
+  switch (op) {
   case Op::FORWARD:
     return 'F';
   case Op::BACKWARD:
@@ -42,134 +41,249 @@ char categoryOf(const plan::Instruction &i) {
   }
 }
 
+bool sameShape(const plan::TensorRef &a, const plan::TensorRef &b) {
+  return a.bytes() == b.bytes() && a.dtype() == b.dtype() &&
+         std::equal(a.shape().begin(), a.shape().end(), b.shape().begin(), b.shape().end());
+}
+
 struct RankState {
   int pc = 0;
   double clock = 0; ///< when the rank's compute stream is free
   double busy = 0;
-  /// Posted RECVs by (stage, microbatch, grad): how many have not matched
-  /// yet, and when the data of those that matched arrived.
-  std::map<std::tuple<int, int, bool>, std::pair<int, double>> inbox;
-  int outstanding = 0;  ///< all posted RECVs not yet matched
-  double sendsDone = 0; ///< when its last SEND finished
+  int outstanding = 0;    ///< posted RECVs not yet matched
+  double sendsDone = 0;   ///< when its last SEND finished
+  double lastArrival = 0; ///< the latest data any of its RECVs brought
+  /// The channels its last SEND and RECV used, and their peers.
+  int sendPeer = -1, sendChannel = -1, recvPeer = -1, recvChannel = -1;
 };
-
+/// The RECVs of one (rank, stage, microbatch, grad): how many have not
+/// matched yet, and when the data of those that matched arrived.
+struct Mailbox {
+  int pending = 0;
+  double arrival = 0;
+};
 /// One direction of one pair of ranks: NCCL matches the k-th send with the
 /// k-th receive.
 struct Channel {
-  std::vector<std::pair<int, double>> sends, recvs; // (instruction, post time)
+  int from = 0, to = 0;
+  /// A posted SEND or RECV: its instruction, a RECV's mailbox, the time.
+  struct Posted {
+    int at = 0, mailbox = -1;
+    double time = 0;
+  };
+  std::vector<Posted> sends, recvs;
+  /// The last transfer's size and time (transfers on a channel repeat).
+  int64_t lastBytes = -1;
+  double lastTime = 0;
   size_t matched = 0;
 };
 
-std::string describe(const plan::Instruction &ins) {
-  if (ins.op() == Op::ALLREDUCE)
-    return "ALLREDUCE " + ins.group();
-  return formatv("{0} {1} s{2} mb{3} {4} {5} {6}", ins.op() == Op::SEND ? "SEND" : "RECV",
-                 ins.grad() ? "grad" : "act", ins.stage(), ins.microbatch(),
-                 ins.op() == Op::SEND ? "->" : "<-", ins.peer(), ins.tensor().name())
-      .str();
-}
+/// The engine's working memory. A search runs hundreds of candidates of
+/// the same shape in a row, so each thread keeps the last run's vectors and
+/// reuses their capacity.
+struct EngineMemory {
+  std::vector<RankState> state;
+  std::vector<Mailbox> mailbox;
+  std::vector<Channel> channels;
+  int used = 0; ///< channels in use: a prefix of channels
+  DenseMap<uint64_t, int> channelIndex;
+  std::vector<int> channelOrder; ///< by (from, to)
+  std::vector<int> work;         ///< ranks that may move
+  std::vector<char> queued;
 
-class Streams {
+  void reset(int ranks, int mailboxes) {
+    state.assign(ranks, RankState());
+    work.clear();
+    queued.assign(ranks, 0);
+    mailbox.assign(mailboxes, Mailbox());
+    for (int c = 0; c < used; ++c) {
+      channels[c].sends.clear();
+      channels[c].recvs.clear();
+      channels[c].matched = 0;
+      channels[c].lastBytes = -1;
+    }
+    used = 0;
+    channelIndex.clear();
+    channelOrder.clear();
+  }
+};
+
+thread_local EngineMemory engineMemory;
+
+/// The engine behind runStreams.
+class Engine {
 public:
-  Streams(ArrayRef<const plan::RankProgram *> programs, const StreamCosts &costs)
-      : programs(programs), costs(costs), P(static_cast<int>(programs.size())), state(P) {}
+  Engine(const Streams &streams, const StreamCosts &costs, bool events, bool trusted)
+      : streams(streams), costs(costs), events(events), trusted(trusted),
+        P(static_cast<int>(streams.ranks.size())), memory(engineMemory), state(memory.state),
+        mailbox(memory.mailbox), channels(memory.channels), channelOrder(memory.channelOrder) {
+    memory.reset(P, streams.mailboxes);
+  }
 
   Expected<SimulationResult> run(Deadlock *deadlock);
 
 private:
-  ArrayRef<const plan::RankProgram *> programs;
-  const StreamCosts &costs;
-  int P;
-  std::vector<RankState> state;
-  std::map<std::pair<int, int>, Channel> channels; // (from, to)
-  SimulationResult result;
+  const StreamOp &at(int r, int i) const { return streams.ranks[r][i]; }
+  bool done(int r) const { return state[r].pc >= static_cast<int>(streams.ranks[r].size()); }
+  std::string describe(const StreamOp &op) const;
+  int channel(int from, int to);
+  /// Queues rank \p r to be advanced.
+  void wake(int r) {
+    if (!memory.queued[r])
+      memory.queued[r] = 1, memory.work.push_back(r);
+  }
+  /// Runs rank \p r until it blocks.
+  Error advance(int r, Deadlock *deadlock);
+  /// Matches what both sides of channel \p c have posted, and wakes the
+  /// receivers.
+  Error match(int c, Deadlock *deadlock);
+  /// Completes the ALLREDUCE rank \p r waits in when its whole group waits
+  /// in it with nothing outstanding.
+  void collective(int r);
+  bool sameCollective(const StreamOp &a, const StreamOp &b) const {
+    if (a.collective == b.collective)
+      return true;
+    const StreamCollective &x = streams.collectives[a.collective],
+                           &y = streams.collectives[b.collective];
+    return x.reduce == y.reduce && x.tiedWeight == y.tiedWeight;
+  }
 
-  const plan::Instruction &at(int r, int i) const { return programs[r]->instructions(i); }
-  bool done(int r) const { return state[r].pc >= programs[r]->instructions_size(); }
-  /// Runs rank r until it blocks; returns whether it moved.
-  Expected<bool> step(int r);
-  Expected<bool> match(Deadlock *deadlock);
+  const Streams &streams;
+  const StreamCosts &costs;
+  bool events, trusted;
+  int P;
+  EngineMemory &memory;
+  std::vector<RankState> &state;
+  std::vector<Mailbox> &mailbox;
+  std::vector<Channel> &channels; ///< the first memory.used
+  std::vector<int> &channelOrder;
+  SimulationResult result;
 };
 
-Expected<bool> Streams::step(int r) {
+std::string Engine::describe(const StreamOp &op) const {
+  if (op.op == Op::ALLREDUCE)
+    return "ALLREDUCE " + streams.collectives[op.collective].group;
+  return formatv("{0} {1} s{2} mb{3} {4} {5} {6}", op.op == Op::SEND ? "SEND" : "RECV",
+                 op.grad ? "grad" : "act", op.stage, op.microbatch, op.op == Op::SEND ? "->" : "<-",
+                 op.peer, streams.tensors[op.tensor]->name())
+      .str();
+}
+
+int Engine::channel(int from, int to) {
+  uint64_t key = static_cast<uint64_t>(from) * static_cast<uint64_t>(P) + to;
+  auto [it, inserted] = memory.channelIndex.try_emplace(key, memory.used);
+  if (inserted) {
+    if (memory.used == static_cast<int>(channels.size()))
+      channels.emplace_back();
+    Channel &ch = channels[memory.used++];
+    ch.from = from;
+    ch.to = to;
+    auto later =
+        std::upper_bound(channelOrder.begin(), channelOrder.end(), key, [&](uint64_t k, int c) {
+          return k < static_cast<uint64_t>(channels[c].from) * static_cast<uint64_t>(P) +
+                         channels[c].to;
+        });
+    channelOrder.insert(later, it->second);
+  }
+  return it->second;
+}
+
+Error Engine::advance(int r, Deadlock *deadlock) {
   RankState &st = state[r];
-  bool moved = false;
   while (!done(r)) {
-    const plan::Instruction &ins = at(r, st.pc);
-    if (isP2P(ins)) {
-      int peer = ins.peer();
+    const StreamOp &ins = at(r, st.pc);
+    switch (ins.op) {
+    case Op::SEND:
+    case Op::RECV: {
+      int peer = ins.peer;
       if (peer < 0 || peer >= P || peer == r)
         return createStringError(inconvertibleErrorCode(), "rank %d step %d: %s names peer %d", r,
                                  st.pc, describe(ins).c_str(), peer);
-      if (ins.op() == Op::SEND) {
-        channels[{r, peer}].sends.emplace_back(st.pc, st.clock);
+      int c;
+      if (ins.op == Op::SEND) {
+        if (st.sendPeer != peer)
+          st.sendPeer = peer, st.sendChannel = channel(r, peer);
+        c = st.sendChannel;
+        channels[c].sends.push_back({st.pc, -1, st.clock});
       } else {
-        channels[{peer, r}].recvs.emplace_back(st.pc, st.clock);
-        ++st.inbox[{ins.stage(), ins.microbatch(), ins.grad()}].first;
+        if (st.recvPeer != peer)
+          st.recvPeer = peer, st.recvChannel = channel(peer, r);
+        c = st.recvChannel;
+        channels[c].recvs.push_back({st.pc, ins.mailbox, st.clock});
+        ++mailbox[ins.mailbox].pending;
         ++st.outstanding;
       }
       ++st.pc;
-      moved = true;
+      if (Error err = match(c, deadlock))
+        return err;
       continue;
     }
-    if (ins.op() == Op::ALLREDUCE)
-      return moved; // collectives are completed by run()
+    case Op::ALLREDUCE: {
+      int at = st.pc;
+      collective(r);
+      if (st.pc == at)
+        return Error::success(); // the rest of its group is not there yet
+      continue;
+    }
+    case Op::LOAD:
+    case Op::FREE:
+      ++st.pc; // no time, no data
+      continue;
+    default:
+      break;
+    }
     // Everything else runs on the compute stream after the data it receives:
     // a forward needs the activations of the stage before, a backward the
     // gradients of its own outputs, the optimizer step everything.
     double ready = 0;
-    auto needs = [&](std::tuple<int, int, bool> key) {
-      auto it = st.inbox.find(key);
-      if (it == st.inbox.end())
-        return true;
-      ready = std::max(ready, it->second.second);
-      return it->second.first == 0;
-    };
-    bool satisfied = true;
-    if (ins.op() == Op::FORWARD)
-      satisfied = needs({ins.stage() - 1, ins.microbatch(), false});
-    else if (ins.op() == Op::BACKWARD || ins.op() == Op::BACKWARD_INPUT)
-      satisfied = needs({ins.stage(), ins.microbatch(), true});
-    else if (ins.op() == Op::OPTIMIZER_STEP) {
-      satisfied = st.outstanding == 0;
-      for (auto &[key, entry] : st.inbox)
-        ready = std::max(ready, entry.second);
+    if (ins.op == Op::OPTIMIZER_STEP) {
+      if (st.outstanding > 0)
+        return Error::success();
+      ready = st.lastArrival;
+    } else if (ins.mailbox >= 0) {
+      if (mailbox[ins.mailbox].pending > 0)
+        return Error::success();
+      ready = mailbox[ins.mailbox].arrival;
     }
-    if (!satisfied)
-      return moved;
     double duration = costs.compute ? costs.compute(r, ins) : 0;
     double start = std::max(st.clock, ready);
-    if (isCompute(ins) || ins.op() == Op::OPTIMIZER_STEP) {
-      TimelineEvent e;
-      e.rank = r;
-      e.category = categoryOf(ins);
-      e.name = ins.op() == Op::OPTIMIZER_STEP
-                   ? std::string("optimizer step")
-                   : formatv("{0}{1}{2}", ins.stage(), e.category, ins.microbatch()).str();
-      e.start = start;
-      e.duration = duration;
-      e.microbatch = ins.microbatch();
-      result.events.push_back(e);
-      if (isCompute(ins))
+    bool compute = isCompute(ins.op);
+    if (compute || ins.op == Op::OPTIMIZER_STEP) {
+      if (events) {
+        TimelineEvent e;
+        e.rank = r;
+        e.category = categoryOf(ins.op);
+        e.name = ins.op == Op::OPTIMIZER_STEP
+                     ? std::string("optimizer step")
+                     : formatv("{0}{1}{2}", ins.stage, e.category, ins.microbatch).str();
+        e.start = start;
+        e.duration = duration;
+        e.microbatch = ins.microbatch;
+        result.events.push_back(e);
+      }
+      if (compute)
         st.busy += duration;
     }
     st.clock = start + duration;
     ++st.pc;
-    moved = true;
   }
-  return moved;
+  return Error::success();
 }
 
-Expected<bool> Streams::match(Deadlock *deadlock) {
-  bool progress = false;
-  for (auto &[key, ch] : channels) {
-    auto [from, to] = key;
-    while (ch.matched < std::min(ch.sends.size(), ch.recvs.size())) {
-      auto [si, sendPosted] = ch.sends[ch.matched];
-      auto [ri, recvPosted] = ch.recvs[ch.matched];
-      const plan::Instruction &send = at(from, si), &recv = at(to, ri);
-      bool same = send.stage() == recv.stage() && send.microbatch() == recv.microbatch() &&
-                  send.grad() == recv.grad() && send.tensor().name() == recv.tensor().name();
+Error Engine::match(int c, Deadlock *deadlock) {
+  Channel &ch = channels[c];
+  int from = ch.from, to = ch.to;
+  while (ch.matched < std::min(ch.sends.size(), ch.recvs.size())) {
+    const Channel::Posted &posted = ch.sends[ch.matched], &wanted = ch.recvs[ch.matched];
+    int si = posted.at, ri = wanted.at;
+    double sendPosted = posted.time, recvPosted = wanted.time;
+    const StreamOp &send = at(from, si);
+    const plan::TensorRef &sent = *streams.tensors[send.tensor];
+    if (!trusted) {
+      const StreamOp &recv = at(to, ri);
+      const plan::TensorRef &received = *streams.tensors[recv.tensor];
+      bool same = send.stage == recv.stage && send.microbatch == recv.microbatch &&
+                  send.grad == recv.grad && (&sent == &received || sent.name() == received.name());
       if (!same && deadlock) {
         deadlock->waitingAt.assign(P, -1);
         deadlock->waitingAt[from] = si;
@@ -183,128 +297,125 @@ Expected<bool> Streams::match(Deadlock *deadlock) {
             "in order",
             from, si, describe(send).c_str(), from, ch.matched, to, to, ch.matched, from,
             describe(recv).c_str(), ri);
-      if (send.tensor().bytes() != recv.tensor().bytes() ||
-          send.tensor().dtype() != recv.tensor().dtype() ||
-          !std::equal(send.tensor().shape().begin(), send.tensor().shape().end(),
-                      recv.tensor().shape().begin(), recv.tensor().shape().end()))
-        return createStringError(
-            inconvertibleErrorCode(),
-            "rank %d step %d: %s sends %lld bytes of %s, rank %d step %d "
-            "receives %lld bytes of %s",
-            from, si, describe(send).c_str(), static_cast<long long>(send.tensor().bytes()),
-            send.tensor().dtype().c_str(), to, ri, static_cast<long long>(recv.tensor().bytes()),
-            recv.tensor().dtype().c_str());
-      double start = std::max(sendPosted, recvPosted);
-      double length = costs.transfer ? costs.transfer(from, to, send.tensor().bytes()) : 0;
+      if (&sent != &received && !sameShape(sent, received))
+        return createStringError(inconvertibleErrorCode(),
+                                 "rank %d step %d: %s sends %lld bytes of %s, rank %d step %d "
+                                 "receives %lld bytes of %s",
+                                 from, si, describe(send).c_str(),
+                                 static_cast<long long>(sent.bytes()), sent.dtype().c_str(), to, ri,
+                                 static_cast<long long>(received.bytes()),
+                                 received.dtype().c_str());
+    }
+    double start = std::max(sendPosted, recvPosted);
+    int64_t bytes = sent.bytes();
+    if (bytes != ch.lastBytes && costs.transfer)
+      ch.lastBytes = bytes, ch.lastTime = costs.transfer(from, to, bytes);
+    double length = costs.transfer ? ch.lastTime : 0;
+    if (events) {
       TimelineEvent e;
       e.rank = from;
       e.category = 'C';
-      e.name = formatv("send {0} s{1} mb{2} -> {3} {4}", send.grad() ? "grad" : "act", send.stage(),
-                       send.microbatch(), to, send.tensor().name())
+      e.name = formatv("send {0} s{1} mb{2} -> {3} {4}", send.grad ? "grad" : "act", send.stage,
+                       send.microbatch, to, sent.name())
                    .str();
       e.start = start;
       e.duration = length;
-      e.microbatch = send.microbatch();
+      e.microbatch = send.microbatch;
       result.events.push_back(e);
-      auto &entry = state[to].inbox[{recv.stage(), recv.microbatch(), recv.grad()}];
-      --entry.first;
-      entry.second = std::max(entry.second, start + length);
-      --state[to].outstanding;
-      state[from].sendsDone = std::max(state[from].sendsDone, start + length);
-      ++ch.matched;
-      progress = true;
     }
+    Mailbox &box = mailbox[wanted.mailbox];
+    --box.pending;
+    box.arrival = std::max(box.arrival, start + length);
+    --state[to].outstanding;
+    state[to].lastArrival = std::max(state[to].lastArrival, start + length);
+    state[from].sendsDone = std::max(state[from].sendsDone, start + length);
+    ++ch.matched;
+    wake(to);
   }
-  return progress;
+  return Error::success();
 }
 
-Expected<SimulationResult> Streams::run(Deadlock *deadlock) {
-  while (true) {
-    bool progress = false;
-    for (int r = 0; r < P; ++r) {
-      auto moved = step(r);
-      if (!moved)
-        return moved.takeError();
-      progress |= *moved;
-    }
-    auto matched = match(deadlock);
-    if (!matched)
-      return matched.takeError();
-    progress |= *matched;
-    // Collectives: every rank of the group waits at the same ALLREDUCE.
-    for (int r = 0; r < P; ++r) {
-      if (done(r) || at(r, state[r].pc).op() != Op::ALLREDUCE || state[r].outstanding > 0)
-        continue;
-      const plan::Instruction &ins = at(r, state[r].pc);
-      bool ready = true;
-      double start = 0;
-      for (int peer : ins.ranks()) {
-        if (peer < 0 || peer >= P || done(peer) || at(peer, state[peer].pc).op() != Op::ALLREDUCE ||
-            at(peer, state[peer].pc).reduce() != ins.reduce() ||
-            at(peer, state[peer].pc).tied_weight() != ins.tied_weight() ||
-            state[peer].outstanding > 0) {
-          ready = false;
-          break;
-        }
-        start = std::max(start, state[peer].clock);
-      }
-      if (!ready)
-        continue;
-      for (int peer : ins.ranks()) {
-        double length = costs.allReduce ? costs.allReduce(peer, at(peer, state[peer].pc)) : 0;
-        TimelineEvent e;
-        e.rank = peer;
-        e.category = 'C';
-        e.name = "allreduce " + ins.group();
-        e.start = start;
-        e.duration = length;
-        result.events.push_back(e);
-        state[peer].clock = start + length;
-        ++state[peer].pc;
-      }
-      progress = true;
-    }
-    bool all = true;
-    for (int r = 0; r < P; ++r)
-      all &= done(r);
-    if (all)
-      break;
-    if (!progress) {
-      std::string waits;
-      std::vector<int> waiting(P, -1);
-      for (int r = 0; r < P; ++r) {
-        if (done(r))
-          continue;
-        waiting[r] = state[r].pc;
-        std::string what =
-            at(r, state[r].pc).op() == Op::ALLREDUCE
-                ? describe(at(r, state[r].pc))
-                : "data of an unmatched RECV before step " + std::to_string(state[r].pc);
-        // Name the receive that has no send yet.
-        for (auto &[key, ch] : channels)
-          if (key.second == r && ch.recvs.size() > ch.matched) {
-            what = describe(at(r, ch.recvs[ch.matched].first));
-            break;
-          }
-        waits += formatv("{0}rank {1} waits in {2}", waits.empty() ? "" : "; ", r, what).str();
-      }
-      if (deadlock)
-        deadlock->waitingAt = waiting;
-      return createStringError(inconvertibleErrorCode(),
-                               "deadlock under blocking point-to-point semantics: %s",
-                               waits.c_str());
-    }
+void Engine::collective(int r) {
+  if (done(r) || at(r, state[r].pc).op != Op::ALLREDUCE || state[r].outstanding > 0)
+    return;
+  const StreamOp &ins = at(r, state[r].pc);
+  const StreamCollective &group = streams.collectives[ins.collective];
+  double start = 0;
+  for (int peer : group.ranks) {
+    if (peer < 0 || peer >= P || done(peer) || at(peer, state[peer].pc).op != Op::ALLREDUCE ||
+        !sameCollective(at(peer, state[peer].pc), ins) || state[peer].outstanding > 0)
+      return;
+    start = std::max(start, state[peer].clock);
   }
-  for (auto &[key, ch] : channels)
+  for (int peer : group.ranks) {
+    const StreamCollective &theirs = streams.collectives[at(peer, state[peer].pc).collective];
+    double length = costs.allReduce ? costs.allReduce(peer, theirs) : 0;
+    if (events) {
+      TimelineEvent e;
+      e.rank = peer;
+      e.category = 'C';
+      e.name = "allreduce " + group.group;
+      e.start = start;
+      e.duration = length;
+      result.events.push_back(e);
+    }
+    state[peer].clock = start + length;
+    ++state[peer].pc;
+    if (peer != r)
+      wake(peer);
+  }
+}
+
+Expected<SimulationResult> Engine::run(Deadlock *deadlock) {
+  // Each rank runs until it waits for data or a collective; a match wakes
+  // the receiver, a collective's completion its group. Every time is fixed
+  // when its instruction is posted, so the order ranks run in changes no
+  // time, and the run ends where no rank can move.
+  for (int r = P - 1; r >= 0; --r)
+    wake(r);
+  while (!memory.work.empty()) {
+    int r = memory.work.back();
+    memory.work.pop_back();
+    memory.queued[r] = 0;
+    if (Error err = advance(r, deadlock))
+      return err;
+  }
+  std::string waits;
+  std::vector<int> waiting(P, -1);
+  for (int r = 0; r < P; ++r) {
+    if (done(r))
+      continue;
+    waiting[r] = state[r].pc;
+    std::string what = at(r, state[r].pc).op == Op::ALLREDUCE
+                           ? describe(at(r, state[r].pc))
+                           : "data of an unmatched RECV before step " + std::to_string(state[r].pc);
+    // Name the receive that has no send yet.
+    for (int c : channelOrder) {
+      const Channel &ch = channels[c];
+      if (ch.to == r && ch.recvs.size() > ch.matched) {
+        what = describe(at(r, ch.recvs[ch.matched].at));
+        break;
+      }
+    }
+    waits += formatv("{0}rank {1} waits in {2}", waits.empty() ? "" : "; ", r, what).str();
+  }
+  if (!waits.empty()) {
+    if (deadlock)
+      deadlock->waitingAt = waiting;
+    return createStringError(inconvertibleErrorCode(),
+                             "deadlock under blocking point-to-point semantics: %s", waits.c_str());
+  }
+  for (int c : channelOrder) {
+    const Channel &ch = channels[c];
     if (ch.sends.size() != ch.recvs.size()) {
-      auto [from, to] = key;
       bool moreSends = ch.sends.size() > ch.recvs.size();
-      int rank = moreSends ? from : to;
-      int index = moreSends ? ch.sends[ch.recvs.size()].first : ch.recvs[ch.sends.size()].first;
+      int rank = moreSends ? ch.from : ch.to;
+      int index = moreSends ? ch.sends[ch.recvs.size()].at : ch.recvs[ch.sends.size()].at;
       const char *missing = moreSends ? "RECV" : "SEND";
       return createStringError(inconvertibleErrorCode(), "rank %d step %d: %s has no matching %s",
                                rank, index, describe(at(rank, index)).c_str(), missing);
     }
+  }
   double step = 0;
   for (RankState &st : state) {
     st.clock = std::max(st.clock, st.sendsDone);
@@ -322,14 +433,77 @@ Expected<SimulationResult> Streams::run(Deadlock *deadlock) {
                    [](const TimelineEvent &a, const TimelineEvent &b) {
                      return a.rank != b.rank ? a.rank < b.rank : a.start < b.start;
                    });
-  return result;
+  return std::move(result);
 }
 
 } // namespace
 
-Expected<SimulationResult> runStreams(ArrayRef<const plan::RankProgram *> programs,
-                                      const StreamCosts &costs, Deadlock *deadlock) {
-  return Streams(programs, costs).run(deadlock);
+Streams streamsOf(ArrayRef<const plan::RankProgram *> programs) {
+  Streams out;
+  out.ranks.resize(programs.size());
+  // Mailboxes: (rank, stage, microbatch, grad) of every RECV.
+  std::map<std::tuple<int, int64_t, int64_t, bool>, int> boxes;
+  for (size_t r = 0; r < programs.size(); ++r) {
+    std::vector<StreamOp> &ops = out.ranks[r];
+    ops.reserve(programs[r]->instructions_size());
+    for (const plan::Instruction &ins : programs[r]->instructions()) {
+      StreamOp op;
+      op.op = ins.op();
+      op.stage = ins.stage();
+      op.microbatch = ins.microbatch();
+      op.buffer = ins.buffer();
+      switch (ins.op()) {
+      case Op::SEND:
+      case Op::RECV:
+        op.peer = ins.peer();
+        op.grad = ins.grad();
+        op.tensor = static_cast<int>(out.tensors.size());
+        out.tensors.push_back(&ins.tensor());
+        if (ins.op() == Op::RECV) {
+          auto [it, inserted] = boxes.try_emplace(
+              {static_cast<int>(r), ins.stage(), ins.microbatch(), ins.grad()}, out.mailboxes);
+          out.mailboxes += inserted ? 1 : 0;
+          op.mailbox = it->second;
+        }
+        break;
+      case Op::ALLREDUCE: {
+        StreamCollective c;
+        c.reduce = ins.reduce();
+        c.tiedWeight = ins.tied_weight();
+        c.ranks.assign(ins.ranks().begin(), ins.ranks().end());
+        c.bytes = ins.bytes();
+        c.group = ins.group();
+        op.collective = static_cast<int>(out.collectives.size());
+        out.collectives.push_back(std::move(c));
+        break;
+      }
+      case Op::LOAD:
+        op.labels = ins.group() == "labels";
+        break;
+      default:
+        break;
+      }
+      ops.push_back(op);
+    }
+  }
+  for (size_t r = 0; r < programs.size(); ++r)
+    for (StreamOp &op : out.ranks[r]) {
+      std::tuple<int, int64_t, int64_t, bool> key;
+      if (op.op == Op::FORWARD)
+        key = {static_cast<int>(r), int64_t(op.stage) - 1, op.microbatch, false};
+      else if (op.op == Op::BACKWARD || op.op == Op::BACKWARD_INPUT)
+        key = {static_cast<int>(r), op.stage, op.microbatch, true};
+      else
+        continue;
+      auto it = boxes.find(key);
+      op.mailbox = it == boxes.end() ? -1 : it->second;
+    }
+  return out;
+}
+
+Expected<SimulationResult> runStreams(const Streams &streams, const StreamCosts &costs,
+                                      Deadlock *deadlock, bool events, bool trusted) {
+  return Engine(streams, costs, events, trusted).run(deadlock);
 }
 
 double transferSeconds(const plan::HardwareInfo &hw, int from, int to, int64_t bytes) {
@@ -358,54 +532,69 @@ double optimizerSeconds(const plan::HardwareInfo &hw, int64_t weightBytes) {
   return 2.0 * static_cast<double>(weightBytes) / hw.memory_bandwidth();
 }
 
-Expected<SimulationResult> simulatePlan(const plan::Plan &plan) {
-  if (plan.programs_size() == 0)
-    return createStringError(inconvertibleErrorCode(),
-                             "the plan has no instruction streams to simulate");
-  std::map<int, const plan::Stage *> stages;
-  for (const auto &s : plan.stages())
-    stages[s.index()] = &s;
-  auto hardware = [&](int r) -> const plan::HardwareInfo & {
-    return plan.hardware(std::min(r, plan.hardware_size() - 1));
+StreamCosts streamCosts(const StepCosts &c) {
+  auto hardware = [&c](int r) -> const plan::HardwareInfo & {
+    return c.hardware[std::min<size_t>(r, c.hardware.size() - 1)];
   };
-  auto link = [&](int from, int to, int64_t bytes) {
+  auto link = [hardware](int from, int to, int64_t bytes) {
     return transferSeconds(hardware(from), from, to, bytes);
   };
   StreamCosts costs;
-  costs.compute = [&](int r, const plan::Instruction &ins) {
-    auto it = stages.find(ins.stage());
-    const plan::Stage *s = it == stages.end() ? nullptr : it->second;
-    switch (ins.op()) {
+  if (c.hardware.empty())
+    return costs;
+  costs.compute = [&c, hardware](int r, const StreamOp &ins) {
+    const std::array<double, 3> *t =
+        ins.stage >= 0 && ins.stage < static_cast<int>(c.stageTimes.size())
+            ? &c.stageTimes[ins.stage]
+            : nullptr;
+    switch (ins.op) {
     case Op::FORWARD:
     case Op::RECOMPUTE:
-      return s ? s->time_f_s() : 0.0;
+      return t ? (*t)[0] : 0.0;
     case Op::BACKWARD:
-      return s ? s->time_i_s() + s->time_w_s() : 0.0;
+      return t ? (*t)[1] + (*t)[2] : 0.0;
     case Op::BACKWARD_INPUT:
-      return s ? s->time_i_s() : 0.0;
+      return t ? (*t)[1] : 0.0;
     case Op::BACKWARD_WEIGHT:
-      return s ? s->time_w_s() : 0.0;
+      return t ? (*t)[2] : 0.0;
     case Op::OPTIMIZER_STEP:
-      return r < plan.ranks_size() ? optimizerSeconds(hardware(r), plan.ranks(r).weight_bytes())
-                                   : 0.0;
+      return r < static_cast<int>(c.weightBytes.size())
+                 ? optimizerSeconds(hardware(r), c.weightBytes[r])
+                 : 0.0;
     default:
       return 0.0;
     }
   };
   costs.transfer = link;
-  costs.allReduce = [&](int r, const plan::Instruction &ins) {
-    if (ins.reduce() == plan::Instruction::DATA_PARALLEL)
-      return ringAllReduceSeconds(plan.schedule().data_parallel(), ins.bytes(),
+  costs.allReduce = [&c, hardware, link](int r, const StreamCollective &group) {
+    if (group.reduce == plan::Instruction::DATA_PARALLEL)
+      return ringAllReduceSeconds(c.dataParallel, group.bytes,
                                   [&](int64_t b) { return interNodeStepSeconds(hardware(r), b); });
     // The step is asked for only with two ranks or more.
-    return ringAllReduceSeconds(ins.ranks_size(), ins.bytes(), [&](int64_t b) {
-      return link(r, ins.ranks(0) == r ? ins.ranks(1) : ins.ranks(0), b);
+    return ringAllReduceSeconds(static_cast<int>(group.ranks.size()), group.bytes, [&](int64_t b) {
+      return link(r, group.ranks[0] == r ? group.ranks[1] : group.ranks[0], b);
     });
   };
+  return costs;
+}
+
+Expected<SimulationResult> simulatePlan(const plan::Plan &plan) {
+  if (plan.programs_size() == 0)
+    return createStringError(inconvertibleErrorCode(),
+                             "the plan has no instruction streams to simulate");
+  StepCosts step;
+  step.stageTimes.assign(plan.stages_size(), {0.0, 0.0, 0.0});
+  for (const plan::Stage &s : plan.stages())
+    if (s.index() >= 0 && s.index() < plan.stages_size())
+      step.stageTimes[s.index()] = {s.time_f_s(), s.time_i_s(), s.time_w_s()};
+  for (const plan::Rank &r : plan.ranks())
+    step.weightBytes.push_back(r.weight_bytes());
+  step.hardware.assign(plan.hardware().begin(), plan.hardware().end());
+  step.dataParallel = plan.schedule().data_parallel();
   std::vector<const plan::RankProgram *> programs;
   for (const auto &p : plan.programs())
     programs.push_back(&p);
-  auto result = runStreams(programs, costs);
+  auto result = runStreams(streamsOf(programs), streamCosts(step), nullptr, true);
   if (!result)
     return result.takeError();
   for (int r = 0; r < plan.programs_size(); ++r) {

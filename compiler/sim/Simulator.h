@@ -27,6 +27,7 @@
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
@@ -50,16 +51,73 @@ struct SimulationResult {
   std::vector<TimelineEvent> events;
 };
 
+/// One instruction of a rank's stream in the array form the simulator runs:
+/// lower-schedule builds it directly, and a plan's programs are read into
+/// it (streamsOf). Its tensor and collective are indices into the tables of
+/// its Streams; its mailbox is resolved once, so that running it looks
+/// nothing up by name.
+struct StreamOp {
+  plan::Instruction::Op op = plan::Instruction::LOAD;
+  int stage = -1, microbatch = -1;
+  int peer = -1;       ///< SEND, RECV
+  bool grad = false;   ///< SEND, RECV: a gradient rather than an activation
+  bool labels = false; ///< LOAD: the labels rather than the inputs
+  int buffer = -1;     ///< FORWARD, RECOMPUTE, FREE: the activation buffer
+  int tensor = -1;     ///< SEND, RECV: in Streams::tensors
+  int collective = -1; ///< ALLREDUCE: in Streams::collectives
+  /// RECV: the mailbox it fills, one per (rank, stage, microbatch, grad).
+  /// FORWARD, BACKWARD, BACKWARD_INPUT: the one whose data it waits for
+  /// (the stage before's activations, its own outputs' gradients); -1 when
+  /// no RECV fills it.
+  int mailbox = -1;
+};
+
+/// An ALLREDUCE's group and gradients.
+struct StreamCollective {
+  plan::Instruction::Reduce reduce = plan::Instruction::NO_REDUCE;
+  std::string tiedWeight;
+  std::vector<int> ranks;
+  int64_t bytes = 0;
+  std::string group; ///< its name for people ("dp", "tied:W")
+};
+
+/// Every rank's stream. The tensors are not owned: they point into the
+/// programs or lowering inputs the streams were made from.
+struct Streams {
+  std::vector<std::vector<StreamOp>> ranks;
+  std::vector<const plan::TensorRef *> tensors;
+  std::vector<StreamCollective> collectives;
+  int mailboxes = 0;
+};
+
+/// \p programs in array form; points into them.
+Streams streamsOf(llvm::ArrayRef<const plan::RankProgram *> programs);
+
 /// What the streams cost; every function may return 0 (the verifier runs
 /// the streams with no costs at all).
 struct StreamCosts {
   /// Seconds of a compute, RECOMPUTE or OPTIMIZER_STEP instruction on a rank.
-  std::function<double(int rank, const plan::Instruction &)> compute;
+  std::function<double(int rank, const StreamOp &)> compute;
   /// Seconds to move \p bytes from one rank to another.
   std::function<double(int from, int to, int64_t bytes)> transfer;
   /// Seconds of an ALLREDUCE on a rank.
-  std::function<double(int rank, const plan::Instruction &)> allReduce;
+  std::function<double(int rank, const StreamCollective &)> allReduce;
 };
+
+/// What the simulator charges a step, from numbers a plan holds: per global
+/// stage its F, I and W seconds (B = I + W, RECOMPUTE = F), per rank its
+/// weight and state bytes (the optimizer reads and writes them once) and
+/// hardware (its links; the last one serves the ranks beyond), and the
+/// data-parallel degree of the dp all-reduce's ring.
+struct StepCosts {
+  std::vector<std::array<double, 3>> stageTimes;
+  std::vector<int64_t> weightBytes;
+  std::vector<plan::HardwareInfo> hardware;
+  int dataParallel = 1;
+};
+
+/// The costs simulatePlan charges; \p costs must outlive them.
+StreamCosts streamCosts(const StepCosts &costs);
 
 /// Where the streams stopped when they deadlock: per rank, the instruction
 /// it waits in (-1 when it finished).
@@ -67,8 +125,10 @@ struct Deadlock {
   std::vector<int> waitingAt;
 };
 
-/// Runs the streams. Semantics, those of NCCL point-to-point with an
-/// asynchronous communication stream per direction:
+/// Runs the streams: the one timing engine, behind simulatePlan, the step
+/// balance-stages and --schedule auto judge candidates by, and
+/// verify-program's deadlock check. Semantics, those of NCCL point-to-point
+/// with an asynchronous communication stream per direction:
 ///  - SEND and RECV are posted when a rank reaches them and never block it;
 ///  - between two ranks, the k-th SEND one way matches the k-th RECV there
 ///    (NCCL matches by order, not by tag): a pair that disagrees on stage,
@@ -78,13 +138,18 @@ struct Deadlock {
 ///  - an ALLREDUCE completes when every rank of its group reached it.
 /// A state where no rank can move is a deadlock: the error says who waits
 /// for what and \p deadlock (when given) receives the blocked positions.
-llvm::Expected<SimulationResult> runStreams(llvm::ArrayRef<const plan::RankProgram *> programs,
-                                            const StreamCosts &costs, Deadlock *deadlock = nullptr);
+/// The timeline's events are recorded when \p events is set. With
+/// \p trusted, a matched pair's stage, microbatch, tensor and shape are not
+/// compared: for streams lower-schedule just made, whose written plan
+/// verify-program checks.
+llvm::Expected<SimulationResult> runStreams(const Streams &streams, const StreamCosts &costs,
+                                            Deadlock *deadlock = nullptr, bool events = false,
+                                            bool trusted = false);
 
 /// Simulates \p plan's programs with the plan's stage times and links.
 llvm::Expected<SimulationResult> simulatePlan(const plan::Plan &plan);
 
-// The costs simulatePlan charges, shared with predict-step's array form.
+// The parts of streamCosts.
 
 /// Moving \p bytes from rank \p from to rank \p to over the link of the
 /// sender's hardware \p hw (within a node or between nodes): latency plus

@@ -16,6 +16,7 @@
 #include "models/ModelGenerators.h"
 #include "passes/BalanceStages.h"
 #include "passes/GroupLayers.h"
+#include "passes/PredictStep.h"
 #include "tools/bench/BenchData.h"
 
 #include "onnx/onnx_pb.h"
@@ -152,6 +153,50 @@ void balance(benchmark::State &state, const std::string &path, int stages, Balan
   }
 }
 
+/// One prediction of the step (lower-schedule's array form run by the
+/// simulator's engine), as the search makes one per candidate: the
+/// 1,026-layer chain balanced by `time` onto \p stages ranks, 4P
+/// microbatches, 1F1B.
+void predictStep(benchmark::State &state, const std::string &path, int stages) {
+  ImportOptions options;
+  options.bindings.seq = 16;
+  auto graph = loadGraph(path, options, PipelineOptions());
+  if (!graph) {
+    state.SkipWithError(llvm::toString(graph.takeError()).c_str());
+    return;
+  }
+  auto layers = groupLayers(*graph);
+  auto hw = builtinHardware("h100");
+  if (!layers || !hw) {
+    state.SkipWithError("grouping or hardware failed");
+    return;
+  }
+  CostTable table = computeCosts(*layers, *hw, Precision::BF16);
+  BalanceOptions b;
+  b.stages = stages;
+  b.microbatches = 4 * stages;
+  b.method = BalanceMethod::Uniform;
+  for (int r = 0; r < stages; ++r) {
+    b.rankCosts.push_back(&table);
+    b.rankHardware.push_back(*hw);
+    b.memoryLimit.push_back(hw->memoryBytes);
+  }
+  auto plan = balanceStages(*layers, b);
+  if (!plan) {
+    state.SkipWithError(llvm::toString(plan.takeError()).c_str());
+    return;
+  }
+  StepPredictor predict(b);
+  for (auto _ : state) {
+    auto step = predict.predict(*plan);
+    if (!step) {
+      state.SkipWithError(llvm::toString(step.takeError()).c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(step->step);
+  }
+}
+
 /// The whole compile: import, passes, grouping, costs, three balancings,
 /// schedule, lowering, verification and simulation of each.
 void compileAll(benchmark::State &state, const std::string &path, int stages, int microbatches) {
@@ -191,6 +236,8 @@ void registerAll() {
       ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("gpt1024/balance_params_64_stages", balance, deep, 64,
                                BalanceMethod::Params)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("gpt1024/predict_step_p64_m256", predictStep, deep, 64)
       ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("gpt1024/compile_p64_m256", compileAll, deep, 64, 256)
       ->Unit(benchmark::kMillisecond)
