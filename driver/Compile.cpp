@@ -13,6 +13,7 @@
 #include "passes/LowerSchedule.h"
 #include "passes/PlanMemory.h"
 #include "passes/PredictStep.h"
+#include "passes/SearchSchedules.h"
 #include "passes/StagePrograms.h"
 #include "passes/TieWeights.h"
 #include "passes/VerifyDataflow.h"
@@ -232,9 +233,8 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
 
 /// lower-schedule (the schedule's compute actions, lowered to each rank's
 /// instructions), plan-memory and verify-program.
-Expected<std::vector<plan::RankProgram>> programPasses(const LoweringInputs &lowering,
-                                                       const ScheduleShape &shape, int stages,
-                                                       PassRunner &runner) {
+Expected<std::vector<plan::RankProgram>>
+programPasses(const LoweringInputs &lowering, const PipelineShape &shape, PassRunner &runner) {
   std::vector<plan::RankProgram> programs;
   auto count = [&](auto op) {
     int n = 0;
@@ -245,10 +245,7 @@ Expected<std::vector<plan::RankProgram>> programPasses(const LoweringInputs &low
   Error err = runner.run(
       "lower-schedule",
       [&]() -> Error {
-        auto sched = generateSchedule(shape.kind, stages, shape.V, shape.M);
-        if (!sched)
-          return sched.takeError();
-        auto lowered = lowerSchedule(*sched, lowering);
+        auto lowered = lowerSchedule(generateSchedule(shape), lowering);
         if (!lowered)
           return lowered.takeError();
         programs = std::move(*lowered);
@@ -257,7 +254,7 @@ Expected<std::vector<plan::RankProgram>> programPasses(const LoweringInputs &low
       [&] {
         return formatv("instructions {0} on {1} ranks ({2}, V={3}, M={4})",
                        count([](const plan::Instruction &) { return true; }), programs.size(),
-                       scheduleName(shape.kind), shape.V, shape.M)
+                       scheduleName(shape.schedule()), shape.virtualStages(), shape.microbatches())
             .str();
       },
       [&](raw_ostream &os) { printPrograms(programs, os); });
@@ -289,7 +286,10 @@ Expected<std::vector<plan::RankProgram>> programPasses(const LoweringInputs &low
   };
   err = runner.run(
       "verify-program",
-      [&] { return verifyProgram(programs, stages, shape.M, shape.kind, shape.V); },
+      [&] {
+        return verifyProgram(programs, shape.stages(), shape.microbatches(), shape.schedule(),
+                             shape.virtualStages());
+      },
       [&] { return formatv("ranks {0}, sends {1} matched", programs.size(), sends()).str(); },
       [&](raw_ostream &os) {
         os << formatv("verified: {0} ranks; {1} sends, each matched by one receive of its "
@@ -368,25 +368,8 @@ Expected<StagePlan> balanceStep(const Prepared &prepared, const BalanceOptions &
 /// with the step, bubble and memory peaks simulatePlan would give its
 /// lowered plan, predicted by the same engine in lower-schedule's array
 /// form (StepPredictor::predict).
-struct Judged {
-  StagePlan stagePlan;
-  StepPrediction prediction;
-
-  /// The first rank over its memory limit, or -1 (a position in
-  /// stagePlan.ranks and prediction.peakMemory, as in the plan).
-  int overRank() const {
-    for (size_t r = 0; r < stagePlan.ranks.size(); ++r)
-      if (stagePlan.ranks[r].memoryLimit > 0 &&
-          prediction.peakMemory[r] > stagePlan.ranks[r].memoryLimit)
-        return static_cast<int>(r);
-    return -1;
-  }
-};
-
 Expected<Judged> judge(const CompileOptions &options, const Setup &setup, const Prepared &prepared,
-                       const ScheduleShape &shape, PassRunner &runner) {
-  if (Error err = checkScheduleShape(shape.kind, options.stages, shape.V, shape.M))
-    return err;
+                       const PipelineShape &shape, PassRunner &runner) {
   BalanceOptions balance = balanceOptions(options, setup, prepared, shape);
   auto stagePlan = balanceStep(prepared, balance, runner);
   if (!stagePlan)
@@ -400,7 +383,7 @@ Expected<Judged> judge(const CompileOptions &options, const Setup &setup, const 
 /// What balancing bought: the other methods on the same inputs, with the
 /// steps the simulator predicts.
 void addAlternatives(plan::Plan &plan, const CompileOptions &options, const Setup &setup,
-                     const Prepared &prepared, const ScheduleShape &shape,
+                     const Prepared &prepared, const PipelineShape &shape,
                      const PassRunner &runner) {
   for (const char *alt : {"time", "params", "uniform"}) {
     auto *a = plan.add_alternatives();
@@ -434,10 +417,8 @@ void addAlternatives(plan::Plan &plan, const CompileOptions &options, const Setu
 /// with the other balancing methods beside it.
 Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &options,
                                const Setup &setup, const Prepared &prepared,
-                               const ScheduleShape &shape, PassRunner &runner,
+                               const PipelineShape &shape, PassRunner &runner,
                                std::optional<StagePlan> balanced = std::nullopt) {
-  if (Error err = checkScheduleShape(shape.kind, options.stages, shape.V, shape.M))
-    return err;
   BalanceOptions balance = balanceOptions(options, setup, prepared, shape);
   std::optional<StagePlan> stagePlan = std::move(balanced);
   if (!stagePlan) {
@@ -448,20 +429,20 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   }
 
   plan::Plan plan;
-  describeRun(plan, modelPath, options, setup, prepared, balance, *stagePlan, shape);
+  describeRun(plan, modelPath, options, setup, prepared, balance, *stagePlan);
   describeLayers(plan, options, prepared);
   describeStages(plan, prepared.layers, *stagePlan);
-  LoweringInputs lowering = loweringInputs(options, setup, prepared, *stagePlan);
+  LoweringInputs lowering = loweringInputs(options, shape, setup, prepared, *stagePlan);
   for (const LoweringInputs::AllReduce &ar : lowering.allReduces)
     if (ar.reduce == plan::Instruction::TIED_WEIGHT)
       plan.add_warnings(formatv("weight '{0}' is shared by {1} ranks: each keeps a copy and their "
                                 "gradients are all-reduced",
                                 ar.tiedWeight, ar.ranks.size())
                             .str());
-  auto programs = programPasses(lowering, shape, options.stages, runner);
+  auto programs = programPasses(lowering, shape, runner);
   if (!programs)
     return programs.takeError();
-  if (Error err = simulateInto(plan, std::move(*programs), *stagePlan, options.stages))
+  if (Error err = simulateInto(plan, std::move(*programs), *stagePlan, shape.stages()))
     return err;
   addAlternatives(plan, options, setup, prepared, shape, runner);
   addWarnings(plan, prepared.graph, *prepared.rankCosts[0]);
@@ -599,7 +580,7 @@ Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared,
   return Error::success();
 }
 
-/// One schedule --schedule auto tried, and what became of it.
+/// How the plan's schedule_search shows one candidate --schedule auto tried.
 struct AutoCandidate {
   std::string name;  ///< "zbv V=2 M=8"
   std::string error; ///< why it has no plan
@@ -609,6 +590,11 @@ struct AutoCandidate {
   int peakRank = 0;
   int overRank = -1; ///< the first rank over its limit
   int64_t overBytes = 0, overLimit = 0;
+
+  explicit AutoCandidate(const ScheduleCandidate &tried) : name(tried.name), error(tried.error) {
+    if (tried.judged)
+      describe(*tried.judged);
+  }
 
   /// The figures of a candidate \p judged; the peak is the last rank's of
   /// the most memory.
@@ -670,19 +656,10 @@ public:
   Expected<plan::Plan> autoSchedule();
 
 private:
-  /// What --schedule auto's search found: every candidate it tried, and the
-  /// fastest that fits the memory limits (no bestStep when none does).
-  struct AutoSearch {
-    std::vector<AutoCandidate> tried;
-    std::optional<double> bestStep;
-    const Prepared *bestPrepared = nullptr;
-    ScheduleShape bestShape;
-    std::optional<StagePlan> bestStagePlan;
-    std::string bestText;
-  };
-  /// Judges every row of Schedules.def that auto tries, at its V, for each
-  /// microbatch count, without building their plans.
-  Expected<AutoSearch> searchSchedules();
+  /// Judges one shape --schedule auto's search (passes/SearchSchedules.h)
+  /// asks for: the front half for its microbatch size, then balancing and
+  /// the prediction, without building a plan.
+  Expected<Judgement> judgeCandidate(const PipelineShape &checked);
 
   Expected<int64_t> microbatchSizeFor(int microbatches) const;
   /// The front half for microbatches of \p size, run through \p passes the
@@ -745,23 +722,24 @@ Expected<const Prepared *> Compilation::preparedFor(int64_t size, PassRunner &pa
 }
 
 Expected<plan::Plan> Compilation::fixedSchedule() {
-  ScheduleShape shape;
-  shape.kind = options.training ? options.schedule : ScheduleKind::ForwardOnly;
+  ScheduleKind kind = options.training ? options.schedule : ScheduleKind::ForwardOnly;
   // Without --virtual-stages a schedule runs at its row's V.
-  shape.V = !options.training           ? 1
-            : options.virtualStages > 0 ? options.virtualStages
-                                        : traitsOf(shape.kind).defaultVirtualStages;
-  shape.M = options.microbatches > 0 ? options.microbatches : 4 * options.stages;
-  auto size = microbatchSizeFor(shape.M);
+  int virtualStages = !options.training           ? 1
+                      : options.virtualStages > 0 ? options.virtualStages
+                                                  : traitsOf(kind).defaultVirtualStages;
+  int microbatches = options.microbatches > 0 ? options.microbatches : 4 * options.stages;
+  auto size = microbatchSizeFor(microbatches);
   if (!size)
     return size.takeError();
-  shape.microbatchSize = *size;
   auto prepared = preparedFor(*size, runner);
   if (!prepared)
     return prepared.takeError();
-  if (options.globalBatch <= 0)
-    shape.microbatchSize = fixedBatchOf((*prepared)->graph);
-  auto built = buildPlan(modelPath, options, setup, **prepared, shape, runner);
+  auto shape = PipelineShape::make(
+      kind, options.stages, virtualStages, microbatches,
+      options.globalBatch > 0 ? *size : fixedBatchOf((*prepared)->graph), options.dataParallel);
+  if (!shape)
+    return shape.takeError();
+  auto built = buildPlan(modelPath, options, setup, **prepared, *shape, runner);
   if (!built)
     return built.takeError();
   if (Error err = attachStagePrograms(*built, **prepared, options))
@@ -769,82 +747,60 @@ Expected<plan::Plan> Compilation::fixedSchedule() {
   return built;
 }
 
-Expected<Compilation::AutoSearch> Compilation::searchSchedules() {
-  int stages = options.stages;
-  std::vector<int> counts;
-  if (options.microbatches > 0)
-    counts = {options.microbatches};
+Expected<Judgement> Compilation::judgeCandidate(const PipelineShape &checked) {
+  Judgement out{checked, std::nullopt, ""};
+  auto size = microbatchSizeFor(checked.microbatches());
+  if (!size) {
+    out.error = toString(size.takeError());
+    return out;
+  }
+  // The candidates' passes run quietly; the winner's are shown when its plan
+  // is built.
+  PassRunner quietFront = runner.quiet(), quietBack = runner.quiet();
+  auto prepared = preparedFor(*size, quietFront);
+  if (!prepared)
+    return prepared.takeError();
+  out.shape = checked.withMicrobatchSize(
+      options.globalBatch > 0 ? *size : fixedBatchOf((*prepared)->graph));
+  // The balancing alternatives are judged for the winner alone.
+  auto judged = judge(options, setup, **prepared, out.shape, quietBack);
+  if (!judged)
+    out.error = "lost: no plan: " + toString(judged.takeError());
   else
-    for (int f : {1, 2, 4, 8})
-      counts.push_back(f * stages);
-  AutoSearch search;
-  std::vector<AutoCandidate> &tried = search.tried;
-  // Auto's candidates are the rows of Schedules.def marked for it, each at
-  // its default V.
-  for (int microbatches : counts)
-    for (const ScheduleTraits &row : scheduleTable()) {
-      if (!row.autoCandidate)
-        continue;
-      ScheduleKind kind = row.kind;
-      int V = row.defaultVirtualStages;
-      AutoCandidate entry;
-      entry.name = formatv("{0} V={1} M={2}", scheduleName(kind), V, microbatches).str();
-      if (Error err = checkScheduleShape(kind, stages, V, microbatches)) {
-        entry.error = "not accepted: " + toString(std::move(err));
-        tried.push_back(entry);
-        continue;
-      }
-      auto size = microbatchSizeFor(microbatches);
-      if (!size) {
-        entry.error = toString(size.takeError());
-        tried.push_back(entry);
-        continue;
-      }
-      // The candidates' passes run quietly; the winner's are shown below.
-      PassRunner quietFront = runner.quiet(), quietBack = runner.quiet();
-      auto prepared = preparedFor(*size, quietFront);
-      if (!prepared)
-        return prepared.takeError();
-      // The balancing alternatives are judged for the winner alone, below.
-      ScheduleShape shape{kind, V, microbatches,
-                          options.globalBatch > 0 ? *size : fixedBatchOf((*prepared)->graph)};
-      auto candidate = judge(options, setup, **prepared, shape, quietBack);
-      if (!candidate) {
-        entry.error = "lost: no plan: " + toString(candidate.takeError());
-        tried.push_back(entry);
-        continue;
-      }
-      entry.describe(*candidate);
-      tried.push_back(entry);
-      if (entry.fits && (!search.bestStep || entry.step < *search.bestStep)) {
-        search.bestStep = entry.step;
-        search.bestPrepared = *prepared;
-        search.bestText = entry.name;
-        search.bestShape = shape;
-        search.bestStagePlan = std::move(candidate->stagePlan);
-      }
-    }
-  return search;
+    out.judged = std::move(*judged);
+  return out;
 }
 
 Expected<plan::Plan> Compilation::autoSchedule() {
   // The candidates are judged without building their plans; the winner's
   // plan is built here.
-  auto search = searchSchedules();
+  auto search =
+      searchSchedules(options.stages, options.microbatches, options.dataParallel,
+                      [this](const PipelineShape &shape) { return judgeCandidate(shape); });
   if (!search)
     return search.takeError();
-  const std::vector<AutoCandidate> &tried = search->tried;
-  const Prepared *bestPrepared = search->bestPrepared;
-  const ScheduleShape &bestShape = search->bestShape;
-  std::optional<StagePlan> &bestStagePlan = search->bestStagePlan;
-  const std::string &bestText = search->bestText;
-  if (!search->bestStep) {
+  std::vector<AutoCandidate> tried;
+  for (const ScheduleCandidate &candidate : search->tried)
+    tried.emplace_back(candidate);
+  if (search->best < 0) {
     std::vector<std::string> lines;
     for (const AutoCandidate &t : tried)
       lines.push_back(t.explain(0));
     return flagError("--schedule auto: no schedule fits the memory limits; tried " +
                      join(lines, "; "));
   }
+  ScheduleCandidate &winner = search->tried[search->best];
+  const PipelineShape &bestShape = *winner.shape;
+  const std::string &bestText = winner.name;
+  std::optional<StagePlan> bestStagePlan = std::move(winner.judged->stagePlan);
+  auto size = microbatchSizeFor(bestShape.microbatches());
+  if (!size)
+    return size.takeError();
+  PassRunner quiet = runner.quiet();
+  auto cached = preparedFor(*size, quiet);
+  if (!cached)
+    return cached.takeError();
+  const Prepared *bestPrepared = *cached;
   // The winner's front half once more through the runner that shows it, so
   // that what --stats, --print-after and --dump-dir show is what the plan is
   // built from (the same IR: the passes are deterministic).
@@ -853,7 +809,7 @@ Expected<plan::Plan> Compilation::autoSchedule() {
   std::unique_ptr<Prepared> shown;
   if (runner.shows()) {
     auto made =
-        prepare(modelPath, options, runner, setup, bestShape.microbatchSize, bestPrepared->xxh3);
+        prepare(modelPath, options, runner, setup, bestShape.microbatchSize(), bestPrepared->xxh3);
     if (!made)
       return made.takeError();
     shown = std::move(*made);

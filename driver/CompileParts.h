@@ -57,14 +57,6 @@ struct Setup {
   Precision precision = Precision::BF16;
 };
 
-/// The schedule one plan is built for: its kind, chunks per rank V,
-/// microbatches M and the samples in each.
-struct ScheduleShape {
-  ScheduleKind kind = ScheduleKind::OneFOneB;
-  int V = 1, M = 1;
-  int64_t microbatchSize = 1;
-};
-
 /// A rank whose peak memory is over its limit (none when the limit is 0).
 bool overMemoryLimit(const plan::Rank &rank);
 /// Whether every rank of \p plan fits its memory limit.
@@ -80,20 +72,21 @@ void indexCuts(Prepared &prepared, Precision precision);
 /// or gives a layout. The result refers to \p options, \p setup and
 /// \p prepared.
 BalanceOptions balanceOptions(const CompileOptions &options, const Setup &setup,
-                              const Prepared &prepared, const ScheduleShape &shape);
+                              const Prepared &prepared, const PipelineShape &shape);
 
 /// What lower-schedule needs: each stage's boundary tensors and sizes, and
 /// the gradient all-reduces, of weights shared by several ranks and over
 /// data-parallel replicas. balance-stages asks for it per candidate
 /// partition, so that it times the plan that will be compiled.
-LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
-                              const Prepared &prepared, const StagePlan &stagePlan);
+LoweringInputs loweringInputs(const CompileOptions &options, const PipelineShape &shape,
+                              const Setup &setup, const Prepared &prepared,
+                              const StagePlan &stagePlan);
 
 /// The plan's header: the model, the schedule, the hardware, how it trains,
 /// how it was balanced and the graph's input shapes.
 void describeRun(plan::Plan &plan, llvm::StringRef modelPath, const CompileOptions &options,
                  const Setup &setup, const Prepared &prepared, const BalanceOptions &balance,
-                 const StagePlan &stagePlan, const ScheduleShape &shape);
+                 const StagePlan &stagePlan);
 
 /// Each layer's costs on the first rank's hardware; in train mode the loss,
 /// or a warning that there is no backward program.

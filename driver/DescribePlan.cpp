@@ -58,12 +58,9 @@ void indexCuts(Prepared &prepared, Precision precision) {
 }
 
 BalanceOptions balanceOptions(const CompileOptions &options, const Setup &setup,
-                              const Prepared &prepared, const ScheduleShape &shape) {
+                              const Prepared &prepared, const PipelineShape &shape) {
   BalanceOptions balance;
-  balance.stages = options.stages;
-  balance.virtualStages = shape.V;
-  balance.microbatches = shape.M;
-  balance.schedule = shape.kind;
+  balance.shape = shape;
   balance.training.training = options.training;
   balance.training.optimizer = options.optimizer;
   balance.training.mixedPrecision = setup.precision == Precision::BF16;
@@ -78,16 +75,16 @@ BalanceOptions balanceOptions(const CompileOptions &options, const Setup &setup,
                        .Default(BalanceMethod::Layout);
   if (balance.method == BalanceMethod::Layout)
     balance.layout = options.balance;
-  balance.dataParallel = options.dataParallel;
-  balance.lowering = [&options, &setup, &prepared](const StagePlan &stagePlan) {
-    return loweringInputs(options, setup, prepared, stagePlan);
+  balance.lowering = [&options, shape, &setup, &prepared](const StagePlan &stagePlan) {
+    return loweringInputs(options, shape, setup, prepared, stagePlan);
   };
   return balance;
 }
 
 void describeRun(plan::Plan &plan, StringRef modelPath, const CompileOptions &options,
                  const Setup &setup, const Prepared &prepared, const BalanceOptions &balance,
-                 const StagePlan &stagePlan, const ScheduleShape &shape) {
+                 const StagePlan &stagePlan) {
+  const PipelineShape &shape = balance.shape;
   const Graph &graph = prepared.graph;
   plan.set_format_version(PlanFormatVersion);
   auto *model = plan.mutable_model();
@@ -96,14 +93,14 @@ void describeRun(plan::Plan &plan, StringRef modelPath, const CompileOptions &op
   model->set_nodes(prepared.fileNodes);
   model->set_params(prepared.layers.totalParams());
   auto *info = plan.mutable_schedule();
-  info->set_name(scheduleName(shape.kind).str());
-  info->set_stages(options.stages);
-  info->set_virtual_stages(shape.V);
-  info->set_microbatches(shape.M);
+  info->set_name(scheduleName(shape.schedule()).str());
+  info->set_stages(shape.stages());
+  info->set_virtual_stages(shape.virtualStages());
+  info->set_microbatches(shape.microbatches());
   info->set_mode(options.training ? "train" : "infer");
-  info->set_data_parallel(options.dataParallel);
-  info->set_global_batch(shape.microbatchSize * shape.M * options.dataParallel);
-  info->set_microbatch_size(shape.microbatchSize);
+  info->set_data_parallel(shape.dataParallel());
+  info->set_global_batch(shape.globalBatch());
+  info->set_microbatch_size(shape.microbatchSize());
   for (const HardwareSpec &hw : setup.hardware)
     *plan.add_hardware() = hardwareInfo(hw, setup.precision == Precision::BF16);
   auto *training = plan.mutable_training();
@@ -182,8 +179,9 @@ void describeStages(plan::Plan &plan, const LayerGraph &layers, const StagePlan 
   }
 }
 
-LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
-                              const Prepared &prepared, const StagePlan &stagePlan) {
+LoweringInputs loweringInputs(const CompileOptions &options, const PipelineShape &shape,
+                              const Setup &setup, const Prepared &prepared,
+                              const StagePlan &stagePlan) {
   const LayerGraph &layers = prepared.layers;
   const Graph &graph = prepared.graph;
   LoweringInputs lowering;
@@ -222,18 +220,8 @@ LoweringInputs loweringInputs(const CompileOptions &options, const Setup &setup,
     ar.bytes = graph.values[w].numElements() * gradBytes;
     lowering.allReduces.push_back(ar);
   }
-  if (options.dataParallel > 1)
-    for (int r = 0; r < options.stages; ++r) {
-      LoweringInputs::AllReduce ar;
-      ar.reduce = plan::Instruction::DATA_PARALLEL;
-      ar.ranks = {r};
-      int64_t params = 0;
-      for (const ChunkPlan &c : stagePlan.chunks)
-        if (c.rank == r)
-          params += c.params;
-      ar.bytes = params * gradBytes;
-      lowering.allReduces.push_back(ar);
-    }
+  for (LoweringInputs::AllReduce &ar : dataParallelAllReduces(stagePlan, shape, gradBytes))
+    lowering.allReduces.push_back(std::move(ar));
   return lowering;
 }
 

@@ -251,7 +251,7 @@ void printReportHtml(const plan::Plan &plan, raw_ostream &os, const SimulationRe
                                 : 0.0)
        << "x), bubble " << formatv("{0:f1}", 100 * measured->bubbleFraction)
        << "%. Drawn on its own time scale; ranks past P are data-parallel replicas.</p>\n";
-    timeline(*measured, sched.stages() * std::max(1, sched.data_parallel()), os);
+    timeline(*measured, sched.stages() * sched.data_parallel(), os);
   }
 
   os << "<h2>Stages</h2>\n<table>\n<tr><th>stage</th><th>rank</th><th>chunk</th>"

@@ -39,9 +39,9 @@ class ChunkCosts {
 public:
   ChunkCosts(const LayerGraph &lg, const BalanceOptions &options)
       : lg(lg), options(options), layers(static_cast<int>(lg.layers.size())),
-        chunks(options.stages * options.virtualStages) {
+        chunks(options.shape.chunks()) {
     for (int k = 0; k < chunks; ++k)
-      chunkRank.push_back(rankOfChunk(options.schedule, options.stages, options.virtualStages, k));
+      chunkRank.push_back(options.shape.rankOfChunk(k));
     // One prefix table per distinct cost table.
     for (const CostTable *table : options.rankCosts) {
       if (tableIndex.count(table))
@@ -66,17 +66,14 @@ public:
       shared.push_back({lg.graph->values[w].numElements(), users});
     // What each chunk holds at its peak, counted on the orders the schedule
     // will run (F until B, or until W for a split backward).
-    held.assign(chunks, static_cast<int64_t>(options.microbatches));
-    if (auto schedule = generateSchedule(options.schedule, options.stages, options.virtualStages,
-                                         options.microbatches)) {
-      for (int r = 0; r < options.stages; ++r) {
-        std::vector<int64_t> perChunk = peakHeldPerChunk(*schedule, r);
-        for (int k = 0; k < chunks; ++k)
-          if (rankOf(k) == r && static_cast<size_t>(k / options.stages) < perChunk.size())
-            held[k] = perChunk[k / options.stages];
-      }
-    } else {
-      consumeError(schedule.takeError());
+    int ranks = options.shape.stages();
+    held.assign(chunks, static_cast<int64_t>(options.shape.microbatches()));
+    Schedule schedule = generateSchedule(options.shape);
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<int64_t> perChunk = peakHeldPerChunk(schedule, r);
+      for (int k = 0; k < chunks; ++k)
+        if (rankOf(k) == r && static_cast<size_t>(k / ranks) < perChunk.size())
+          held[k] = perChunk[k / ranks];
     }
     // The DPs ask for chunk times O(K L^2) times: each chunk's rank, prefix
     // table and send time at every cut, looked up once; and a bound on any
@@ -176,7 +173,7 @@ public:
     int64_t limit = options.memoryLimit[rankOf(chunk)];
     if (limit <= 0)
       return std::numeric_limits<int64_t>::max();
-    return evenShares ? limit / options.virtualStages : limit;
+    return evenShares ? limit / options.shape.virtualStages() : limit;
   }
 
   /// Whether every rank's chunks of \p cuts, summed, fit its limit: the test
@@ -184,10 +181,10 @@ public:
   /// V > 1 it is run against the whole limit first and, if the sum then
   /// overruns, again with each chunk held to an even share.
   bool rankFits(const std::vector<int> &cuts) const {
-    std::vector<int64_t> sum(options.stages, 0);
+    std::vector<int64_t> sum(options.shape.stages(), 0);
     for (int k = 0; k < chunks; ++k)
       sum[rankOf(k)] += memory(k, cuts[k], cuts[k + 1]);
-    for (int r = 0; r < options.stages; ++r)
+    for (int r = 0; r < options.shape.stages(); ++r)
       if (options.memoryLimit[r] > 0 && sum[r] > options.memoryLimit[r])
         return false;
     return true;
@@ -536,7 +533,7 @@ StagePlan describePlan(const LayerGraph &lg, const BalanceOptions &options, cons
   int chunks = costs.chunkCount(), layers = costs.layerCount();
   StagePlan plan;
   plan.method = options.method;
-  std::vector<int> chunksSeen(options.stages, 0);
+  std::vector<int> chunksSeen(options.shape.stages(), 0);
   for (int k = 0; k < chunks; ++k) {
     ChunkPlan c;
     c.index = k;
@@ -564,7 +561,7 @@ StagePlan describePlan(const LayerGraph &lg, const BalanceOptions &options, cons
     sum += c.totalTime();
   }
   plan.imbalance = sum > 0 ? plan.bottleneck / (sum / chunks) : 1;
-  for (int r = 0; r < options.stages; ++r) {
+  for (int r = 0; r < options.shape.stages(); ++r) {
     RankPlan rank;
     rank.index = r;
     rank.hardware = options.rankHardware[r].name;
@@ -579,8 +576,8 @@ StagePlan describePlan(const LayerGraph &lg, const BalanceOptions &options, cons
     rank.weightBytes += weights;
     rank.activationBytes += total - weights;
     rank.peakMemory += total;
-    rank.busy +=
-        options.microbatches * (options.training.training ? c.totalTime() : c.time[0] + c.commTime);
+    rank.busy += options.shape.microbatches() *
+                 (options.training.training ? c.totalTime() : c.time[0] + c.commTime);
   }
   for (const RankPlan &rank : plan.ranks)
     if (rank.memoryLimit > 0 && rank.peakMemory > rank.memoryLimit)
@@ -714,18 +711,15 @@ Expected<std::vector<int>> FastestPartition::run(const std::vector<int> &leastCu
 } // namespace
 
 Expected<StagePlan> balanceStages(const LayerGraph &lg, const BalanceOptions &options) {
-  int chunks = options.stages * options.virtualStages;
+  int stages = options.shape.stages(), chunks = options.shape.chunks();
   int layers = static_cast<int>(lg.layers.size());
-  if (static_cast<int>(options.rankCosts.size()) != options.stages ||
-      static_cast<int>(options.rankHardware.size()) != options.stages ||
-      static_cast<int>(options.memoryLimit.size()) != options.stages)
+  if (static_cast<int>(options.rankCosts.size()) != stages ||
+      static_cast<int>(options.rankHardware.size()) != stages ||
+      static_cast<int>(options.memoryLimit.size()) != stages)
     return createStringError(inconvertibleErrorCode(),
                              "balance-stages: need a cost table, hardware and memory limit per "
                              "rank (%d ranks)",
-                             options.stages);
-  if (Error err = checkScheduleShape(options.schedule, options.stages, options.virtualStages,
-                                     options.microbatches))
-    return err;
+                             stages);
   ChunkCosts costs(lg, options);
   std::vector<int> cuts;
   double least = 0;
@@ -759,7 +753,7 @@ Expected<StagePlan> balanceStages(const LayerGraph &lg, const BalanceOptions &op
         cuts.push_back(cuts.back() + layers / chunks + (k < layers % chunks ? 1 : 0));
     } else {
       cuts = split();
-      if (!cuts.empty() && !costs.rankFits(cuts) && options.virtualStages > 1) {
+      if (!cuts.empty() && !costs.rankFits(cuts) && options.shape.virtualStages() > 1) {
         costs.evenShares = true;
         cuts = split();
       }

@@ -34,7 +34,7 @@
 
 #include "compiler/cost/CostModel.h"
 #include "compiler/cost/MemoryModel.h"
-#include "compiler/schedule/ScheduleKind.h"
+#include "compiler/schedule/PipelineShape.h"
 
 #include <functional>
 
@@ -47,10 +47,9 @@ enum class BalanceMethod { Time, Params, Uniform, Layout };
 llvm::StringRef balanceMethodName(BalanceMethod method);
 
 struct BalanceOptions {
-  int stages = 1;
-  int virtualStages = 1;
-  int microbatches = 1;
-  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  /// The schedule, P, V, M and dp replicas (whose gradient all-reduce is
+  /// part of the step), checked.
+  PipelineShape shape;
   BalanceMethod method = BalanceMethod::Time;
   /// The layout string when method is Layout.
   std::string layout;
@@ -61,8 +60,6 @@ struct BalanceOptions {
   std::vector<const CostTable *> rankCosts;
   std::vector<HardwareSpec> rankHardware;
   std::vector<int64_t> memoryLimit;
-  /// Data-parallel replicas (their gradient all-reduce is part of the step).
-  int dataParallel = 1;
   /// The lowering inputs the compiled plan of a partition will have (the
   /// driver's boundary tensors and all-reduces); unset: one tensor of the
   /// cost table's boundary bytes per cut (defaultLoweringInputs).

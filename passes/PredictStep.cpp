@@ -50,35 +50,35 @@ LoweringInputs defaultLoweringInputs(const StagePlan &plan, const BalanceOptions
     in.activationBytes.push_back(c.activationBytes);
     in.inputBytes.push_back(c.index > 0 ? plan.chunks[c.index - 1].boundaryBytes : 0);
   }
-  int64_t gradBytes = options.training.mixedPrecision ? 2 : 4;
-  if (options.dataParallel > 1)
-    for (int r = 0; r < options.stages; ++r) {
+  in.allReduces =
+      dataParallelAllReduces(plan, options.shape, options.training.mixedPrecision ? 2 : 4);
+  return in;
+}
+
+std::vector<LoweringInputs::AllReduce>
+dataParallelAllReduces(const StagePlan &plan, const PipelineShape &shape, int64_t gradientBytes) {
+  std::vector<LoweringInputs::AllReduce> out;
+  if (shape.dataParallel() > 1)
+    for (int r = 0; r < shape.stages(); ++r) {
       LoweringInputs::AllReduce ar;
       ar.reduce = plan::Instruction::DATA_PARALLEL;
       ar.ranks = {r};
       for (const ChunkPlan &c : plan.chunks)
         if (c.rank == r)
-          ar.bytes += c.params * gradBytes;
-      in.allReduces.push_back(ar);
+          ar.bytes += c.params * gradientBytes;
+      out.push_back(ar);
     }
-  return in;
+  return out;
 }
 
-StepPredictor::StepPredictor(const BalanceOptions &options) : options(options) {
-  auto generated = generateSchedule(options.schedule, options.stages, options.virtualStages,
-                                    options.microbatches);
-  if (generated)
-    schedule = std::move(*generated);
-  else
-    scheduleError = toString(generated.takeError());
+StepPredictor::StepPredictor(const BalanceOptions &options)
+    : options(options), schedule(generateSchedule(options.shape)) {
   for (const HardwareSpec &hw : options.rankHardware)
     hardware.push_back(hardwareInfo(hw, options.training.mixedPrecision));
 }
 
 Expected<StepPrediction> StepPredictor::simulate(const StagePlan &stagePlan, bool peaks) const {
-  if (!schedule)
-    return createStringError(inconvertibleErrorCode(), "%s", scheduleError.c_str());
-  int chunks = schedule->stages * schedule->virtualStages;
+  int chunks = options.shape.chunks();
   if (static_cast<int>(stagePlan.chunks.size()) != chunks || hardware.empty())
     return createStringError(inconvertibleErrorCode(),
                              "predict-step: the plan has %zu chunks, the schedule %d",
@@ -89,7 +89,7 @@ Expected<StepPrediction> StepPredictor::simulate(const StagePlan &stagePlan, boo
       options.lowering ? options.lowering(stagePlan) : defaultLoweringInputs(stagePlan, options);
   if (!last || !resizeLowered(last->lowered, inputs)) {
     last.reset();
-    auto fresh = lowerStreams(*schedule, inputs);
+    auto fresh = lowerStreams(schedule, inputs);
     if (!fresh)
       return fresh.takeError();
     last.emplace(Lowered{std::move(*fresh), {}});
@@ -105,7 +105,7 @@ Expected<StepPrediction> StepPredictor::simulate(const StagePlan &stagePlan, boo
   for (const RankPlan &r : stagePlan.ranks)
     costs.weightBytes.push_back(r.weightBytes);
   costs.hardware = hardware;
-  costs.dataParallel = options.dataParallel;
+  costs.dataParallel = options.shape.dataParallel();
   auto simulated = runStreams(lowered->streams, streamCosts(costs), nullptr, false, true);
   if (!simulated)
     return simulated.takeError();

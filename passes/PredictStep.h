@@ -31,8 +31,14 @@ plan::HardwareInfo hardwareInfo(const HardwareSpec &hardware, bool bf16);
 
 /// Lowering inputs for \p plan when the driver gives none: one tensor per
 /// boundary of the cost table's boundary bytes, carrying its gradient back,
-/// and a data-parallel all-reduce per rank when options.dataParallel > 1.
+/// and a data-parallel all-reduce per rank when the shape has replicas.
 LoweringInputs defaultLoweringInputs(const StagePlan &plan, const BalanceOptions &options);
+
+/// The data-parallel gradient all-reduces of \p plan: one per rank over its
+/// replicas, of its chunks' parameters at \p gradientBytes each; none with
+/// one replica.
+std::vector<LoweringInputs::AllReduce>
+dataParallelAllReduces(const StagePlan &plan, const PipelineShape &shape, int64_t gradientBytes);
 
 /// What simulatePlan says of a partition's plan that a comparison reads.
 struct StepPrediction {
@@ -51,7 +57,7 @@ public:
 
   /// The simulated step of \p plan's chunks (times, ranks, parameters and
   /// boundaries as balance-stages filled them). Errors come from lowering or
-  /// simulation (a schedule the options do not accept).
+  /// simulation (buffers or boundaries lower-schedule refuses).
   llvm::Expected<double> operator()(const StagePlan &plan) const;
 
   /// The step, bubble and memory peaks of \p plan's chunks (each rank's
@@ -64,8 +70,7 @@ private:
   llvm::Expected<StepPrediction> simulate(const StagePlan &plan, bool peaks) const;
 
   const BalanceOptions &options;
-  std::optional<Schedule> schedule;
-  std::string scheduleError;
+  Schedule schedule;
   std::vector<plan::HardwareInfo> hardware;
   /// The last candidate's lowering, and the inputs its streams point into.
   struct Lowered {

@@ -103,10 +103,9 @@ Error checkSchedule(const plan::Plan &plan) {
     return err;
   if (Error err = checkCount("schedule.microbatches", s.microbatches(), 1, maxMicrobatches))
     return err;
-  // 0: a plan written before data parallelism, one replica.
-  if (Error err = checkCount("schedule.data_parallel", s.data_parallel(), 0, maxRanks / s.stages()))
+  if (Error err = checkCount("schedule.data_parallel", s.data_parallel(), 1, maxRanks / s.stages()))
     return err;
-  int64_t replicas = std::max(1, s.data_parallel());
+  int64_t replicas = s.data_parallel();
   if (Error err = checkCount("schedule.microbatch_size", s.microbatch_size(),
                              plan.programs_size() ? 1 : 0, int64_t(1) << 40))
     return err;

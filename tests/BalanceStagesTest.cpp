@@ -53,9 +53,7 @@ struct Synthetic {
 
   BalanceOptions options(int stages, int64_t limit) const {
     BalanceOptions o;
-    o.stages = stages;
-    o.microbatches = 4 * stages;
-    o.schedule = ScheduleKind::OneFOneB;
+    o.shape = test::pipelineShape(ScheduleKind::OneFOneB, stages, 1, 4 * stages);
     o.training.optimizer = Optimizer::SGD;
     o.training.mixedPrecision = false;
     for (int r = 0; r < stages; ++r) {
@@ -70,7 +68,7 @@ struct Synthetic {
 /// Brute force over every composition of L layers into K non-empty chunks,
 /// with chunk time and memory computed independently of the pass.
 double bruteForce(const Synthetic &s, const BalanceOptions &o, std::vector<int> &bestCuts) {
-  int layers = static_cast<int>(s.lg.layers.size()), k = o.stages;
+  int layers = static_cast<int>(s.lg.layers.size()), k = o.shape.stages();
   double best = std::numeric_limits<double>::infinity();
   std::vector<int> cuts(k + 1, 0);
   cuts[k] = layers;
@@ -279,8 +277,7 @@ TEST(BalanceStages, Llama405BShapeHasLighterFirstAndLastStages) {
   hw->devicesPerNode = 1; // one stage per node
   CostTable table = computeCosts(lg, *hw, Precision::BF16);
   BalanceOptions b;
-  b.stages = 16;
-  b.microbatches = 64;
+  b.shape = test::pipelineShape(ScheduleKind::OneFOneB, 16, 1, 64);
   for (int r = 0; r < 16; ++r) {
     b.rankCosts.push_back(&table);
     b.rankHardware.push_back(*hw);
@@ -302,10 +299,7 @@ struct MethodSteps {
 MethodSteps methodSteps(const LayerGraph &lg, const CostTable &table, const HardwareSpec &hw,
                         ScheduleKind kind, int stages, int virtualStages, int microbatches) {
   BalanceOptions b;
-  b.stages = stages;
-  b.virtualStages = virtualStages;
-  b.microbatches = microbatches;
-  b.schedule = kind;
+  b.shape = test::pipelineShape(kind, stages, virtualStages, microbatches);
   for (int r = 0; r < stages; ++r) {
     b.rankCosts.push_back(&table);
     b.rankHardware.push_back(hw);
@@ -429,8 +423,7 @@ TEST(BalanceStages, HeterogeneousRanksGetProportionateWork) {
   CostTable fast = computeCosts(lg, *h100, Precision::BF16);
   CostTable slow = computeCosts(lg, *a100, Precision::BF16);
   BalanceOptions b;
-  b.stages = 4;
-  b.microbatches = 16;
+  b.shape = test::pipelineShape(ScheduleKind::OneFOneB, 4, 1, 16);
   b.rankCosts = {&fast, &fast, &slow, &slow};
   b.rankHardware = {*h100, *h100, *a100, *a100};
   b.memoryLimit = {0, 0, 0, 0};
@@ -518,17 +511,17 @@ TEST(MemoryModel, ScheduleDecidesActivationMemory) {
   // rank r, GPipe keeps M everywhere.
   Synthetic s({1, 1, 1, 1}, {0, 0, 0, 0}, {0, 0, 0, 0}, {1000, 1000, 1000, 1000});
   BalanceOptions o = s.options(4, 0);
-  o.microbatches = 8;
+  o.shape = test::pipelineShape(ScheduleKind::OneFOneB, 4, 1, 8);
   auto plan = balanceStages(s.lg, o);
   ASSERT_TRUE(!!plan);
   EXPECT_EQ(plan->ranks[0].activationBytes, 4 * 1000);
   EXPECT_EQ(plan->ranks[3].activationBytes, 1 * 1000);
-  o.schedule = ScheduleKind::GPipe;
+  o.shape = test::pipelineShape(ScheduleKind::GPipe, 4, 1, 8);
   plan = balanceStages(s.lg, o);
   ASSERT_TRUE(!!plan);
   EXPECT_EQ(plan->ranks[0].activationBytes, 8 * 1000);
   EXPECT_EQ(plan->ranks[3].activationBytes, 8 * 1000);
-  o.schedule = ScheduleKind::OneFOneB;
+  o.shape = test::pipelineShape(ScheduleKind::OneFOneB, 4, 1, 8);
   o.training.recompute = true; // keeps the input (boundary 0 here) plus one rebuild
   plan = balanceStages(s.lg, o);
   ASSERT_TRUE(!!plan);

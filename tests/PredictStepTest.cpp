@@ -3,7 +3,9 @@
 // StepPredictor judges candidates by the simulator's engine over
 // lower-schedule's array form. These tests hold it to steps, bubbles and
 // memory peaks worked out by hand, and show that a written plan's programs,
-// read back, run as the streams they were lowered from.
+// read back, run as the streams they were lowered from. The shape the
+// predictor is given is checked where it is made (PipelineShape), and
+// --schedule auto's search keeps the fastest candidate that fits.
 //
 //===----------------------------------------------------------------------===//
 #include "TestUtil.h"
@@ -12,6 +14,7 @@
 #include "compiler/sim/Simulator.h"
 #include "passes/PlanMemory.h"
 #include "passes/PredictStep.h"
+#include "passes/SearchSchedules.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
@@ -36,13 +39,9 @@ Case makeCase(ScheduleKind kind, int stages, int virtualStages, int microbatches
   std::uniform_int_distribution<int64_t> bytes(0, 1 << 24);
   Case c;
   BalanceOptions &o = c.options;
-  o.stages = stages;
-  o.virtualStages = virtualStages;
-  o.microbatches = microbatches;
-  o.schedule = kind;
+  o.shape = test::pipelineShape(kind, stages, virtualStages, microbatches, dataParallel);
   o.training.training = kind != ScheduleKind::ForwardOnly;
   o.training.recompute = recompute;
-  o.dataParallel = dataParallel;
   auto h100 = builtinHardware("h100"), a100 = builtinHardware("a100");
   EXPECT_TRUE(h100 && a100);
   for (int r = 0; r < stages; ++r) {
@@ -113,10 +112,7 @@ Case makeCase(ScheduleKind kind, int stages, int virtualStages, int microbatches
 Case handCase(ScheduleKind kind, int microbatches) {
   Case c;
   BalanceOptions &o = c.options;
-  o.stages = 2;
-  o.virtualStages = 1;
-  o.microbatches = microbatches;
-  o.schedule = kind;
+  o.shape = test::pipelineShape(kind, 2, 1, microbatches);
   HardwareSpec hw;
   hw.name = "hand";
   hw.memoryBandwidth = 2e9;
@@ -172,7 +168,7 @@ TEST(PredictStep, GPipeByHand) {
 
   // Two replicas: a ring all-reduce of 1e9 parameters' bf16 gradients (2e9
   // bytes) takes 2 (n - 1) steps of 1e9 bytes: 2 s before the optimizer.
-  c.options.dataParallel = 2;
+  c.options.shape = test::pipelineShape(ScheduleKind::GPipe, 2, 1, 2, 2);
   for (ChunkPlan &chunk : c.plan.chunks)
     chunk.params = 1000000000;
   auto replicated = StepPredictor(c.options).predict(c.plan);
@@ -260,7 +256,7 @@ TEST(PredictStep, WrittenProgramsRunAsLowered) {
         plan::Plan skeleton;
         for (const HardwareSpec &hw : c.options.rankHardware)
           *skeleton.add_hardware() = hardwareInfo(hw, true);
-        skeleton.mutable_schedule()->set_data_parallel(c.options.dataParallel);
+        skeleton.mutable_schedule()->set_data_parallel(c.options.shape.dataParallel());
         for (const ChunkPlan &chunk : c.plan.chunks) {
           plan::Stage *stage = skeleton.add_stages();
           stage->set_index(chunk.index);
@@ -285,17 +281,25 @@ TEST(PredictStep, WrittenProgramsRunAsLowered) {
   EXPECT_GE(compared, 16);
 }
 
-/// A schedule the options do not accept is an error either way.
-TEST(PredictStep, RejectedScheduleIsAnError) {
-  std::mt19937 rng(1);
-  Case c = makeCase(ScheduleKind::OneFOneB, 4, 1, 2, false, 1, rng); // 1F1B needs M >= P
-  StepPredictor predict(c.options);
-  auto fast = predict(c.plan);
-  auto full = predict.predict(c.plan);
-  ASSERT_FALSE(!!fast);
-  ASSERT_FALSE(!!full);
-  EXPECT_NE(toString(fast.takeError()).find("1f1b"), std::string::npos);
-  EXPECT_NE(toString(full.takeError()).find("1f1b"), std::string::npos);
+/// A shape the schedule does not take is refused where it is made, in
+/// checkScheduleShape's words: no pass downstream sees it.
+TEST(PipelineShape, RefusesWhatTheScheduleDoesNotTake) {
+  auto few = PipelineShape::make(ScheduleKind::OneFOneB, 4, 1, 2); // 1F1B needs M >= P
+  ASSERT_FALSE(!!few);
+  EXPECT_NE(toString(few.takeError())
+                .find("1f1b with 4 stages, 1 virtual stages and 2 "
+                      "microbatches: 1F1B needs at least as many "
+                      "microbatches as stages"),
+            std::string::npos);
+  auto noReplica = PipelineShape::make(ScheduleKind::GPipe, 2, 1, 2, 1, 0);
+  ASSERT_FALSE(!!noReplica);
+  EXPECT_NE(toString(noReplica.takeError()).find("one replica"), std::string::npos);
+  auto shape = PipelineShape::make(ScheduleKind::ZBV, 3, 2, 5, 4, 2);
+  ASSERT_TRUE(!!shape) << toString(shape.takeError());
+  EXPECT_EQ(shape->chunks(), 6);
+  EXPECT_EQ(shape->globalBatch(), 5 * 4 * 2);
+  EXPECT_EQ(shape->rankOfChunk(4), 1); // the V's second arm runs back: chunk 4 on rank 1
+  EXPECT_EQ(shape->withMicrobatchSize(3).globalBatch(), 5 * 3 * 2);
 }
 
 /// A training step whose schedule never runs a stage's backward leaves its
@@ -303,11 +307,73 @@ TEST(PredictStep, RejectedScheduleIsAnError) {
 TEST(PredictStep, ActivationsNeverFreedAreAnError) {
   std::mt19937 rng(2);
   Case c = makeCase(ScheduleKind::GPipe, 2, 1, 2, false, 1, rng);
-  c.options.schedule = ScheduleKind::ForwardOnly; // forwards only, yet training
+  // Forwards only, yet training.
+  c.options.shape = test::pipelineShape(ScheduleKind::ForwardOnly, 2, 1, 2);
   StepPredictor predict(c.options);
   auto full = predict.predict(c.plan);
   ASSERT_FALSE(!!full);
   EXPECT_NE(toString(full.takeError()).find("never frees"), std::string::npos);
+}
+
+} // namespace
+
+namespace {
+
+/// --schedule auto's search over a judge whose steps are given per schedule
+/// (a made-up step per row, a memory limit only 1F1B at M = 2P fits).
+TEST(SearchSchedules, KeepsTheFastestThatFits) {
+  std::vector<std::string> judgedNames;
+  auto judge = [&](const PipelineShape &shape) -> llvm::Expected<Judgement> {
+    std::string name = formatv("{0} M={1}", scheduleName(shape.schedule()), shape.microbatches());
+    judgedNames.push_back(name);
+    Judgement out{shape.withMicrobatchSize(3), std::nullopt, ""};
+    if (shape.schedule() == ScheduleKind::ZBH2) {
+      out.error = "lost: no plan: made up";
+      return out;
+    }
+    Judged judged;
+    RankPlan rank;
+    rank.memoryLimit = 100;
+    judged.stagePlan.ranks.push_back(rank);
+    // Faster with more microbatches; ZB-V fastest but over the limit.
+    judged.prediction.step = 10.0 / shape.microbatches();
+    judged.prediction.peakMemory = {shape.schedule() == ScheduleKind::ZBV ? 200 : 50};
+    if (shape.schedule() == ScheduleKind::ZBV)
+      judged.prediction.step /= 2;
+    out.judged = std::move(judged);
+    return out;
+  };
+  auto search = searchSchedules(2, 0, 1, judge);
+  ASSERT_TRUE(!!search) << toString(search.takeError());
+  // Every row auto tries, at M = P, 2P, 4P, 8P.
+  int rows = 0;
+  for (const ScheduleTraits &row : scheduleTable())
+    rows += row.autoCandidate;
+  ASSERT_EQ(static_cast<int>(search->tried.size()), 4 * rows);
+  ASSERT_GE(search->best, 0);
+  const ScheduleCandidate &best = search->tried[search->best];
+  // The step is 10 / M for every row that fits: the first row at M = 16
+  // wins the tie; ZB-V is faster but never fits.
+  EXPECT_EQ(best.name, "gpipe V=1 M=16");
+  EXPECT_EQ(best.shape->microbatchSize(), 3);
+  EXPECT_EQ(best.judged->prediction.step, 10.0 / 16);
+  for (const ScheduleCandidate &c : search->tried) {
+    if (c.name.rfind("zbv", 0) == 0)
+      EXPECT_FALSE(c.fits()) << c.name;
+    if (c.name.rfind("zb-h2", 0) == 0)
+      EXPECT_EQ(c.error, "lost: no plan: made up") << c.name;
+    // DualPipeV needs M >= 2P: at M = 2 it is refused before it is judged.
+    if (c.name == "dualpipev V=2 M=2")
+      EXPECT_EQ(c.error.rfind("not accepted: dualpipev with 2 stages", 0), 0u) << c.error;
+  }
+  EXPECT_EQ(std::count(judgedNames.begin(), judgedNames.end(), "dualpipev M=2"), 0);
+
+  // An error of the judge's own ends the search.
+  auto failing = searchSchedules(2, 4, 1, [](const PipelineShape &) -> llvm::Expected<Judgement> {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "the model cannot be read");
+  });
+  ASSERT_FALSE(!!failing);
+  EXPECT_EQ(toString(failing.takeError()), "the model cannot be read");
 }
 
 } // namespace

@@ -3,6 +3,7 @@
 #define PIPEC_TESTS_TESTUTIL_H
 
 #include "compiler/ir/LayerGraph.h"
+#include "compiler/schedule/PipelineShape.h"
 #include "driver/PassPipeline.h"
 #include "models/ModelGenerators.h"
 
@@ -70,6 +71,13 @@ GroupedGraph groupGraph(llvm::Expected<Graph> graph);
 
 /// Runs a shell command; returns its exit status and captures stdout+stderr.
 int runCommand(const std::string &command, std::string &output);
+
+/// A shape the test knows the schedule takes (it aborts on one it does not).
+inline PipelineShape pipelineShape(ScheduleKind kind, int stages, int virtualStages,
+                                   int microbatches, int dataParallel = 1) {
+  return llvm::cantFail(
+      PipelineShape::make(kind, stages, virtualStages, microbatches, 1, dataParallel));
+}
 
 std::string readFile(const std::string &path);
 

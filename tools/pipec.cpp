@@ -586,8 +586,8 @@ int runReport() {
   raw_ostream *os = &out.stream();
   std::optional<SimulationResult> measured;
   if (!ReportTrace.empty()) {
-    auto read = readMeasuredTrace(ReportTrace, plan->schedule().stages() *
-                                                   std::max(1, plan->schedule().data_parallel()));
+    auto read = readMeasuredTrace(ReportTrace,
+                                  plan->schedule().stages() * plan->schedule().data_parallel());
     if (!read)
       return reportError(read.takeError());
     measured = std::move(*read);
@@ -755,7 +755,7 @@ int runRun() {
   if (Error err = checkNotAnInput("--save-weights", RunSave, {plan->model().path()}))
     return reportError(std::move(err));
   bool train = plan->schedule().mode() == "train";
-  int ranks = plan->schedule().stages() * std::max(1, plan->schedule().data_parallel());
+  int ranks = plan->schedule().stages() * plan->schedule().data_parallel();
   auto result = comm == "local" ? rt::runLocal(*plan, options) : rt::runMpi(*plan, options);
   if (!result)
     return reportError(result.takeError());

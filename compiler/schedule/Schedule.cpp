@@ -136,27 +136,33 @@ Expected<Action> parseAction(StringRef text) {
   return action;
 }
 
-Expected<Schedule> generateSchedule(ScheduleKind kind, int stages, int virtualStages,
-                                    int microbatches) {
-  if (Error err = checkScheduleShape(kind, stages, virtualStages, microbatches))
-    return err;
+Schedule generateSchedule(const PipelineShape &shape) {
   Schedule schedule;
-  schedule.kind = kind;
-  schedule.stages = stages;
-  schedule.virtualStages = virtualStages;
-  schedule.microbatches = microbatches;
-  schedule.ranks.resize(stages);
+  schedule.kind = shape.schedule();
+  schedule.stages = shape.stages();
+  schedule.virtualStages = shape.virtualStages();
+  schedule.microbatches = shape.microbatches();
+  schedule.ranks.resize(shape.stages());
   static constexpr schedule::Generator generators[] = {
 #define PIPEC_SCHEDULE(ID, NAME, TITLE, PLACEMENT, VIRTUAL, DEFAULT_V, BACKWARD, MICROBATCHES,     \
                        AUTO, GENERATE, ...)                                                        \
   &schedule::GENERATE,
 #include "compiler/schedule/Schedules.def"
   };
-  for (int rank = 0; rank < stages; ++rank) {
+  for (int rank = 0; rank < shape.stages(); ++rank) {
     schedule::RankBuilder b(schedule.ranks[rank]);
-    generators[static_cast<size_t>(kind)](b, stages, virtualStages, microbatches, rank);
+    generators[static_cast<size_t>(shape.schedule())](b, shape.stages(), shape.virtualStages(),
+                                                      shape.microbatches(), rank);
   }
   return schedule;
+}
+
+Expected<Schedule> generateSchedule(ScheduleKind kind, int stages, int virtualStages,
+                                    int microbatches) {
+  auto shape = PipelineShape::make(kind, stages, virtualStages, microbatches);
+  if (!shape)
+    return shape.takeError();
+  return generateSchedule(*shape);
 }
 
 } // namespace pipec

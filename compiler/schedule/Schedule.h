@@ -13,7 +13,7 @@
 #ifndef PIPEC_COMPILER_SCHEDULE_SCHEDULE_H
 #define PIPEC_COMPILER_SCHEDULE_SCHEDULE_H
 
-#include "compiler/schedule/ScheduleKind.h"
+#include "compiler/schedule/PipelineShape.h"
 
 #include <cstdint>
 #include <string>
@@ -41,8 +41,11 @@ struct Schedule {
   std::vector<std::vector<Action>> ranks;
 };
 
-/// Generates the schedule; rejects (P, V, M) the schedule does not accept,
-/// as checkScheduleShape does, with the reason.
+/// Generates the schedule of a checked shape.
+Schedule generateSchedule(const PipelineShape &shape);
+
+/// Checks the shape (PipelineShape::make: the reason when the schedule does
+/// not accept (P, V, M)), then generates it.
 llvm::Expected<Schedule> generateSchedule(ScheduleKind kind, int stages, int virtualStages,
                                           int microbatches);
 

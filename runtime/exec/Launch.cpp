@@ -185,12 +185,15 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
   s->options = options;
   s->modelPath = *model;
   s->modelDir = sys::path::parent_path(*model).str();
+  // The pipeline's shape as compile wrote it (PipelineShape), read as
+  // written: checkPlan holds each count to at least 1 in a plan that runs,
+  // and the global batch to microbatch_size x M x dp.
   s->P = plan.schedule().stages();
-  s->dp = std::max(1, plan.schedule().data_parallel());
+  s->dp = plan.schedule().data_parallel();
   s->K = plan.stages_size();
   s->M = plan.schedule().microbatches();
-  s->microbatchSize = std::max<int64_t>(1, plan.schedule().microbatch_size());
-  s->globalBatch = plan.schedule().global_batch(); // checkPlan: microbatch_size x M x dp
+  s->microbatchSize = plan.schedule().microbatch_size();
+  s->globalBatch = plan.schedule().global_batch();
   s->training = plan.schedule().mode() == "train";
   s->recompute = plan.training().recompute();
   for (const plan::Stage &stage : plan.stages())
@@ -765,7 +768,7 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
   // Each local rank is a thread with its own weights, gradients and
   // optimizer state; past a few hundred that is a memory runaway, not a run.
   constexpr int64_t maxLocalRanks = 256;
-  int64_t wanted = int64_t(plan.schedule().stages()) * std::max(1, plan.schedule().data_parallel());
+  int64_t wanted = int64_t(plan.schedule().stages()) * plan.schedule().data_parallel();
   if (wanted > maxLocalRanks)
     return createStringError(inconvertibleErrorCode(),
                              "the plan has %lld ranks as threads of one process (at most %lld); "

@@ -134,8 +134,7 @@ void balance(benchmark::State &state, const std::string &path, int stages, Balan
   }
   CostTable table = computeCosts(*layers, *hw, Precision::BF16);
   BalanceOptions b;
-  b.stages = stages;
-  b.microbatches = 4 * stages;
+  b.shape = llvm::cantFail(PipelineShape::make(ScheduleKind::OneFOneB, stages, 1, 4 * stages));
   b.method = method;
   for (int r = 0; r < stages; ++r) {
     b.rankCosts.push_back(&table);
@@ -173,8 +172,7 @@ void predictStep(benchmark::State &state, const std::string &path, int stages) {
   }
   CostTable table = computeCosts(*layers, *hw, Precision::BF16);
   BalanceOptions b;
-  b.stages = stages;
-  b.microbatches = 4 * stages;
+  b.shape = llvm::cantFail(PipelineShape::make(ScheduleKind::OneFOneB, stages, 1, 4 * stages));
   b.method = BalanceMethod::Uniform;
   for (int r = 0; r < stages; ++r) {
     b.rankCosts.push_back(&table);
