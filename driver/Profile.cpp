@@ -49,7 +49,7 @@ Error profileModel(StringRef modelPath, const ProfileOptions &options, raw_ostre
 
   rt::RunOptions run;
   run.seed = options.seed;
-  run.optimizer = "sgd";
+  run.optimizer = Optimizer::SGD;
   run.lr = 1e-9; // the weights hardly move; the arithmetic is the same
   run.steps = 1;
   auto warm = rt::runLocal(*plan, run);

@@ -69,7 +69,7 @@ rt::RunResult runPlan(const plan::Plan &plan, const std::string &optimizer = "sg
   rt::RunOptions options = extraOptions;
   options.steps = steps;
   options.seed = 7;
-  options.optimizer = optimizer;
+  options.optimizer = llvm::cantFail(parseOptimizer(optimizer));
   options.lr = optimizer == "adamw" ? 1e-3 : 0.5;
   options.collectWeights = true;
   options.timeoutSeconds = 60;
@@ -470,7 +470,7 @@ TEST_F(Equivalence, TrainingLowersTheLossOnAFixedDataset) {
   plan::Plan p = compileFor(path, Config{"1f1b", 2, 1, 2, 1}, 8);
   rt::RunOptions options;
   options.steps = 150;
-  options.optimizer = "adamw";
+  options.optimizer = Optimizer::AdamW;
   options.lr = 1e-2;
   options.dataDir = data;
   auto result = rt::runLocal(p, options);
@@ -520,7 +520,7 @@ TEST_F(Equivalence, RunningStatisticsTakeTheStepsBatches) {
     plan::Plan p = compileFor(path, config, batch);
     rt::RunOptions options;
     options.steps = 1;
-    options.optimizer = "sgd";
+    options.optimizer = Optimizer::SGD;
     options.lr = 0.1;
     options.dataDir = data;
     options.collectWeights = true;
@@ -577,7 +577,7 @@ TEST_F(Equivalence, CudaBackendMatchesCpu) {
   rt::RunOptions options;
   options.steps = 1;
   options.seed = 7;
-  options.optimizer = "sgd";
+  options.optimizer = Optimizer::SGD;
   options.lr = 0.5;
   options.collectWeights = true;
   options.backend = "cuda";
@@ -979,7 +979,7 @@ TEST_F(RunCli, SavedModelHoldsTheTrainedWeights) {
   plan::Plan p = compileFor(gpt(true), Config{"1f1b", 2, 1, 2, 1}, 4);
   rt::RunOptions options;
   options.steps = 2;
-  options.optimizer = "sgd";
+  options.optimizer = Optimizer::SGD;
   options.lr = 0.5;
   options.collectWeights = true;
   options.saveWeights = dir->path("saved.onnx");

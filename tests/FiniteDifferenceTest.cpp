@@ -95,7 +95,7 @@ rt::RunResult step(const std::string &path) {
   rt::RunOptions run;
   run.steps = 1;
   run.seed = 7;
-  run.optimizer = "sgd";
+  run.optimizer = Optimizer::SGD;
   run.lr = 0.5;
   run.collectWeights = true;
   run.timeoutSeconds = 60;

@@ -717,7 +717,12 @@ int runRun() {
   options.allowNonfinite = RunAllowNonfinite;
   options.modelPath = RunModel;
   options.planDir = sys::path::parent_path(RunPlan).str();
-  options.optimizer = RunOptimizer;
+  if (!RunOptimizer.empty()) {
+    auto optimizer = parseOptimizer(RunOptimizer);
+    if (!optimizer)
+      return reportError(optimizer.takeError());
+    options.optimizer = *optimizer;
+  }
   if (RunLr.getNumOccurrences())
     options.lr = RunLr;
   options.momentum = RunMomentum;

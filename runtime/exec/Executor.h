@@ -33,6 +33,7 @@
 
 #include "plan/plan.pb.h"
 #include "runtime/core/Tensor.h"
+#include "support/Optimizer.h"
 
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
@@ -55,8 +56,8 @@ struct RunOptions {
   /// current directory, then against \p planDir.
   std::string modelPath;
   std::string planDir;
-  /// sgd, momentum or adamw; empty: the plan's (adam means adamw).
-  std::string optimizer;
+  /// The optimizer; unset: the plan's.
+  std::optional<Optimizer> optimizer;
   /// Learning rate; unset: 1e-3 for adamw, 1e-2 otherwise. 0 is a rate
   /// of zero: the weights do not move.
   std::optional<double> lr;

@@ -109,9 +109,6 @@ Error checkRunOptions(const RunOptions &o) {
   auto finite = [](double v) { return std::isfinite(v); };
   if (o.lrSchedule != "constant" && o.lrSchedule != "linear" && o.lrSchedule != "cosine")
     return usageError("--lr-schedule " + o.lrSchedule + ": expected constant, linear or cosine");
-  if (!o.optimizer.empty())
-    if (auto optimizer = parseOptimizer(o.optimizer); !optimizer)
-      return optimizer.takeError();
   struct Check {
     bool ok;
     const char *flag;
@@ -212,11 +209,14 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
       if (double center = decayCenterOf(place); center != 0 && s->trainable.count(place.weight()))
         s->decayCenters[place.weight()] = center;
   // The flag, or else the plan's choice (a name the same table reads).
-  auto optimizer =
-      parseOptimizer(options.optimizer.empty() ? plan.training().optimizer() : options.optimizer);
-  if (!optimizer)
-    return optimizer.takeError();
-  s->optimizer = *optimizer;
+  if (options.optimizer) {
+    s->optimizer = *options.optimizer;
+  } else {
+    auto optimizer = parseOptimizer(plan.training().optimizer());
+    if (!optimizer)
+      return optimizer.takeError();
+    s->optimizer = *optimizer;
+  }
   s->lr = options.lr ? *options.lr : (s->optimizer == Optimizer::AdamW ? 1e-3 : 1e-2);
   auto data = DataSource::open(plan, options.dataDir, options.seed, options.allowNonfinite);
   if (!data)

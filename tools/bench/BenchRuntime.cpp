@@ -99,7 +99,7 @@ void trainStep(benchmark::State &state, const std::string &model, int stages, in
   plan::Plan plan = compile(model, stages, microbatches, batch, costs);
   rt::RunOptions options;
   options.steps = 1;
-  options.optimizer = "sgd";
+  options.optimizer = Optimizer::SGD;
   options.fuse = fuse;
   options.threadsPerRank = threadsPerRank;
   auto warm = rt::runLocal(plan, options);
@@ -159,7 +159,7 @@ void BM_GptFusedAgainstUnfused(benchmark::State &state) {
   plan::Plan plan = compile(gpt(), 1, 8, 8);
   rt::RunOptions fused, unfused;
   fused.steps = unfused.steps = 1;
-  fused.optimizer = unfused.optimizer = "sgd";
+  fused.optimizer = unfused.optimizer = Optimizer::SGD;
   unfused.fuse = false;
   rt::RunResult withFusion, without;
   auto run = [&](const rt::RunOptions &options, rt::RunResult &into) {
