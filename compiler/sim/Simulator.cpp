@@ -71,7 +71,10 @@ struct Channel {
     int at = 0, mailbox = -1;
     double time = 0;
   };
+  /// The posts since both sides were last all matched (then emptied, so
+  /// that they stay short), and how many were matched before.
   std::vector<Posted> sends, recvs;
+  size_t base = 0;
   /// The last transfer's size and time (transfers on a channel repeat).
   int64_t lastBytes = -1;
   double lastTime = 0;
@@ -100,6 +103,7 @@ struct EngineMemory {
       channels[c].sends.clear();
       channels[c].recvs.clear();
       channels[c].matched = 0;
+      channels[c].base = 0;
       channels[c].lastBytes = -1;
     }
     used = 0;
@@ -295,8 +299,8 @@ Error Engine::match(int c, Deadlock *deadlock) {
             "rank %d step %d: %s is rank %d's send number %zu to rank %d, but rank %d's "
             "receive number %zu from rank %d is %s (step %d): point-to-point operations match "
             "in order",
-            from, si, describe(send).c_str(), from, ch.matched, to, to, ch.matched, from,
-            describe(recv).c_str(), ri);
+            from, si, describe(send).c_str(), from, ch.base + ch.matched, to, to,
+            ch.base + ch.matched, from, describe(recv).c_str(), ri);
       if (&sent != &received && !sameShape(sent, received))
         return createStringError(inconvertibleErrorCode(),
                                  "rank %d step %d: %s sends %lld bytes of %s, rank %d step %d "
@@ -331,6 +335,12 @@ Error Engine::match(int c, Deadlock *deadlock) {
     state[from].sendsDone = std::max(state[from].sendsDone, start + length);
     ++ch.matched;
     wake(to);
+  }
+  if (ch.matched == ch.sends.size() && ch.matched == ch.recvs.size()) {
+    ch.base += ch.matched;
+    ch.sends.clear();
+    ch.recvs.clear();
+    ch.matched = 0;
   }
   return Error::success();
 }
@@ -589,7 +599,8 @@ Expected<SimulationResult> simulatePlan(const plan::Plan &plan) {
       step.stageTimes[s.index()] = {s.time_f_s(), s.time_i_s(), s.time_w_s()};
   for (const plan::Rank &r : plan.ranks())
     step.weightBytes.push_back(r.weight_bytes());
-  step.hardware.assign(plan.hardware().begin(), plan.hardware().end());
+  std::vector<plan::HardwareInfo> hardware(plan.hardware().begin(), plan.hardware().end());
+  step.hardware = hardware;
   step.dataParallel = plan.schedule().data_parallel();
   std::vector<const plan::RankProgram *> programs;
   for (const auto &p : plan.programs())

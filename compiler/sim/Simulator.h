@@ -112,7 +112,7 @@ struct StreamCosts {
 struct StepCosts {
   std::vector<std::array<double, 3>> stageTimes;
   std::vector<int64_t> weightBytes;
-  std::vector<plan::HardwareInfo> hardware;
+  llvm::ArrayRef<plan::HardwareInfo> hardware; ///< not owned
   int dataParallel = 1;
 };
 
