@@ -30,6 +30,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 
 using namespace pipec;
 using pipec::bench::ensureModel;
@@ -113,73 +114,79 @@ void importAndGroup(benchmark::State &state, const std::string &path) {
   }
 }
 
-/// balance-stages alone: the layer graph and costs are built once.
-void balance(benchmark::State &state, const std::string &path, int stages, BalanceMethod method) {
-  ImportOptions options;
-  options.bindings.seq = 16;
-  auto graph = loadGraph(path, options, PipelineOptions());
-  if (!graph) {
-    state.SkipWithError(llvm::toString(graph.takeError()).c_str());
-    return;
-  }
-  auto layers = groupLayers(*graph);
-  if (!layers) {
-    state.SkipWithError(llvm::toString(layers.takeError()).c_str());
-    return;
-  }
+/// The 1,026-layer chain ready to balance: its layer graph, H100 costs and
+/// the options for \p stages ranks, 4P microbatches, 1F1B.
+struct BalanceSetup {
+  Graph graph;
+  std::unique_ptr<LayerGraph> layers;
+  HardwareSpec hardware;
+  CostTable table;
+  BalanceOptions options;
+};
+
+/// The setup, or why there is none (the benchmark is skipped with it).
+llvm::Expected<std::unique_ptr<BalanceSetup>> balanceSetup(const std::string &path, int stages,
+                                                           BalanceMethod method) {
+  ImportOptions import;
+  import.bindings.seq = 16;
+  auto graph = loadGraph(path, import, PipelineOptions());
+  if (!graph)
+    return graph.takeError();
+  auto setup = std::make_unique<BalanceSetup>();
+  setup->graph = std::move(*graph);
+  auto layers = groupLayers(setup->graph);
+  if (!layers)
+    return layers.takeError();
+  setup->layers = std::make_unique<LayerGraph>(std::move(*layers));
   auto hw = builtinHardware("h100");
-  if (!hw) {
-    state.SkipWithError(llvm::toString(hw.takeError()).c_str());
-    return;
-  }
-  CostTable table = computeCosts(*layers, *hw, Precision::BF16);
-  BalanceOptions b;
-  b.shape = llvm::cantFail(PipelineShape::make(ScheduleKind::OneFOneB, stages, 1, 4 * stages));
+  if (!hw)
+    return hw.takeError();
+  setup->hardware = *hw;
+  setup->table = computeCosts(*setup->layers, setup->hardware, Precision::BF16);
+  BalanceOptions &b = setup->options;
+  auto shape = PipelineShape::make(ScheduleKind::OneFOneB, stages, 1, 4 * stages);
+  if (!shape)
+    return shape.takeError();
+  b.shape = *shape;
   b.method = method;
   for (int r = 0; r < stages; ++r) {
-    b.rankCosts.push_back(&table);
-    b.rankHardware.push_back(*hw);
-    b.memoryLimit.push_back(hw->memoryBytes);
+    b.rankCosts.push_back(&setup->table);
+    b.rankHardware.push_back(setup->hardware);
+    b.memoryLimit.push_back(setup->hardware.memoryBytes);
   }
+  return setup;
+}
+
+/// balance-stages alone: the layer graph and costs are built once.
+void balance(benchmark::State &state, const std::string &path, int stages, BalanceMethod method) {
+  auto setup = balanceSetup(path, stages, method);
+  if (!setup) {
+    state.SkipWithError(llvm::toString(setup.takeError()).c_str());
+    return;
+  }
+  const LayerGraph &layers = *(*setup)->layers;
   for (auto _ : state) {
-    auto plan = balanceStages(*layers, b);
+    auto plan = balanceStages(layers, (*setup)->options);
     if (!plan) {
       state.SkipWithError(llvm::toString(plan.takeError()).c_str());
       break;
     }
-    state.counters["layers"] = static_cast<double>(layers->layers.size());
+    state.counters["layers"] = static_cast<double>(layers.layers.size());
     state.counters["imbalance"] = plan->imbalance;
   }
 }
 
 /// One prediction of the step (lower-schedule's array form run by the
-/// simulator's engine), as the search makes one per candidate: the
-/// 1,026-layer chain balanced by `time` onto \p stages ranks, 4P
-/// microbatches, 1F1B.
+/// simulator's engine) with its memory peaks, as a search makes one per
+/// candidate: the 1,026-layer chain split uniformly onto \p stages ranks.
 void predictStep(benchmark::State &state, const std::string &path, int stages) {
-  ImportOptions options;
-  options.bindings.seq = 16;
-  auto graph = loadGraph(path, options, PipelineOptions());
-  if (!graph) {
-    state.SkipWithError(llvm::toString(graph.takeError()).c_str());
+  auto setup = balanceSetup(path, stages, BalanceMethod::Uniform);
+  if (!setup) {
+    state.SkipWithError(llvm::toString(setup.takeError()).c_str());
     return;
   }
-  auto layers = groupLayers(*graph);
-  auto hw = builtinHardware("h100");
-  if (!layers || !hw) {
-    state.SkipWithError("grouping or hardware failed");
-    return;
-  }
-  CostTable table = computeCosts(*layers, *hw, Precision::BF16);
-  BalanceOptions b;
-  b.shape = llvm::cantFail(PipelineShape::make(ScheduleKind::OneFOneB, stages, 1, 4 * stages));
-  b.method = BalanceMethod::Uniform;
-  for (int r = 0; r < stages; ++r) {
-    b.rankCosts.push_back(&table);
-    b.rankHardware.push_back(*hw);
-    b.memoryLimit.push_back(hw->memoryBytes);
-  }
-  auto plan = balanceStages(*layers, b);
+  const BalanceOptions &b = (*setup)->options;
+  auto plan = balanceStages(*(*setup)->layers, b);
   if (!plan) {
     state.SkipWithError(llvm::toString(plan.takeError()).c_str());
     return;
