@@ -352,9 +352,15 @@ Expected<StagePlan> balanceStep(const Prepared &prepared, const BalanceOptions &
         return Error::success();
       },
       [&] {
-        return formatv("chunks {0} on {1} ranks, bottleneck {2:e3} s, layout {3}",
+        std::string recomputed;
+        if (balance.training.recompute != Recompute::None) {
+          recomputed = ", recomputed layers";
+          for (const ChunkPlan &c : stagePlan->chunks)
+            recomputed += formatv(" {0}/{1}", c.recomputedLayers, c.lastLayer - c.firstLayer + 1);
+        }
+        return formatv("chunks {0} on {1} ranks, bottleneck {2:e3} s, layout {3}{4}",
                        stagePlan->chunks.size(), stagePlan->ranks.size(), stagePlan->bottleneck,
-                       stagePlan->layout)
+                       stagePlan->layout, recomputed)
             .str();
       },
       [&](raw_ostream &os) { printStagePlan(*stagePlan, os); });
@@ -433,7 +439,7 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   describeLayers(plan, options, prepared);
   describeStages(plan, prepared.layers, *stagePlan);
   LoweringInputs lowering = loweringInputs(options, shape, setup, prepared, *stagePlan);
-  for (const LoweringInputs::AllReduce &ar : lowering.allReduces)
+  for (const LoweringInputs::Collective &ar : lowering.collectives)
     if (ar.reduce == plan::Instruction::TIED_WEIGHT)
       plan.add_warnings(formatv("weight '{0}' is shared by {1} ranks: each keeps a copy and their "
                                 "gradients are all-reduced",

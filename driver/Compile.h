@@ -48,7 +48,11 @@ struct CompileOptions {
   /// Empty: bf16 on GPUs, fp32 on CPUs.
   std::string precision;
   Optimizer optimizer = Optimizer::AdamW;
-  bool recompute = false;
+  /// --recompute none|all|auto: which layers recompute their activations.
+  Recompute recompute = Recompute::None;
+  /// --shard-optimizer: the data-parallel replicas divide the optimizer
+  /// state (ZeRO-1): REDUCE_SCATTER, OPTIMIZER_STEP on a shard, ALL_GATHER.
+  bool shardOptimizer = false;
   /// A measured cost table (JSON) overriding the roofline.
   std::string costs;
   int dataParallel = 1;

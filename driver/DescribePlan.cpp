@@ -65,6 +65,7 @@ BalanceOptions balanceOptions(const CompileOptions &options, const Setup &setup,
   balance.training.optimizer = options.optimizer;
   balance.training.mixedPrecision = setup.precision == Precision::BF16;
   balance.training.recompute = options.recompute;
+  balance.training.optimizerShards = options.shardOptimizer ? shape.dataParallel() : 1;
   balance.rankCosts = prepared.rankCosts;
   balance.rankHardware = setup.hardware;
   balance.memoryLimit = setup.limits;
@@ -106,7 +107,11 @@ void describeRun(plan::Plan &plan, StringRef modelPath, const CompileOptions &op
   auto *training = plan.mutable_training();
   training->set_precision(precisionName(setup.precision).str());
   training->set_optimizer(optimizerName(options.optimizer).str());
-  training->set_recompute(options.recompute);
+  bool recomputes = std::any_of(stagePlan.chunks.begin(), stagePlan.chunks.end(),
+                                [](const ChunkPlan &c) { return c.recomputes(); });
+  training->set_recompute(recomputes);
+  training->set_recompute_mode(recomputeName(options.recompute).str());
+  training->set_shard_optimizer(options.shardOptimizer);
   training->set_bytes_per_param(bytesPerParam(balance.training));
   plan.set_balance_method(balanceMethodName(balance.method).str());
   plan.set_layout(stagePlan.layout);
@@ -167,6 +172,8 @@ void describeStages(plan::Plan &plan, const LayerGraph &layers, const StagePlan 
     s->set_comm_s(c.commTime);
     s->set_boundary_bytes(c.boundaryBytes);
     s->set_activation_bytes(c.activationBytes);
+    s->set_recomputed_layers(c.recomputedLayers);
+    s->set_time_r_s(c.recomputeTime);
   }
   for (const RankPlan &r : stagePlan.ranks) {
     auto *rank = plan.add_ranks();
@@ -174,7 +181,9 @@ void describeStages(plan::Plan &plan, const LayerGraph &layers, const StagePlan 
     rank->set_hardware(r.hardware);
     rank->set_memory_limit_bytes(r.memoryLimit);
     rank->set_peak_memory_bytes(r.peakMemory);
+    rank->set_model_peak_bytes(r.peakMemory);
     rank->set_weight_bytes(r.weightBytes);
+    rank->set_optimizer_bytes(r.optimizerBytes);
     rank->set_activation_bytes(r.activationBytes);
   }
 }
@@ -186,8 +195,9 @@ LoweringInputs loweringInputs(const CompileOptions &options, const PipelineShape
   const Graph &graph = prepared.graph;
   LoweringInputs lowering;
   lowering.training = options.training;
-  lowering.recompute = options.recompute;
   for (const ChunkPlan &c : stagePlan.chunks) {
+    lowering.recompute.push_back(c.recomputes());
+    lowering.rebuiltBytes.push_back(c.rebuiltBytes);
     bool last = c.index + 1 == static_cast<int>(stagePlan.chunks.size());
     if (!last && !c.empty() && c.lastLayer + 1 < static_cast<int>(layers.layers.size())) {
       lowering.sendTensors.push_back(prepared.cutTensors[c.lastLayer]);
@@ -213,15 +223,16 @@ LoweringInputs loweringInputs(const CompileOptions &options, const PipelineShape
           ranks.insert(c.rank);
     if (ranks.size() < 2)
       continue;
-    LoweringInputs::AllReduce ar;
+    LoweringInputs::Collective ar;
     ar.reduce = plan::Instruction::TIED_WEIGHT;
     ar.tiedWeight = graph.values[w].name;
     ar.ranks.assign(ranks.begin(), ranks.end());
     ar.bytes = graph.values[w].numElements() * gradBytes;
-    lowering.allReduces.push_back(ar);
+    lowering.collectives.push_back(ar);
   }
-  for (LoweringInputs::AllReduce &ar : dataParallelAllReduces(stagePlan, shape, gradBytes))
-    lowering.allReduces.push_back(std::move(ar));
+  for (LoweringInputs::Collective &ar :
+       dataParallelCollectives(stagePlan, shape, gradBytes, options.shardOptimizer))
+    lowering.collectives.push_back(std::move(ar));
   return lowering;
 }
 

@@ -101,13 +101,19 @@ std::vector<std::string> explainEdgeStages(const plan::Plan &plan) {
                          static_cast<double>(held) / static_cast<double>(s.activation_bytes()),
                          humanCount(s.activation_bytes(), true))
                      .str();
+    std::string shard =
+        plan.training().shard_optimizer()
+            ? formatv(", the optimizer state {0} of it (1/{1} of the whole)",
+                      humanCount(r.optimizer_bytes(), true), plan.schedule().data_parallel())
+                  .str()
+            : std::string();
     lines.push_back(
         formatv("  rank {0} memory: peak {1}{2}; weights with gradients and optimizer state {3} "
-                "({4} of it for the non-block layers at {5} bytes per parameter), activations "
+                "({4} of it for the non-block layers at {5} bytes per parameter{8}), activations "
                 "held {6}{7}",
                 r.index(), humanCount(r.peak_memory_bytes(), true), limit,
                 humanCount(r.weight_bytes(), true), humanCount(extraParams * perParam, true),
-                perParam, humanCount(held, true), inFlight)
+                perParam, humanCount(held, true), inFlight, shard)
             .str());
   }
   if (plan.balance_method() == "time")
@@ -128,8 +134,12 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
   os << formatv("schedule  {0}  P={1} V={2} M={3}  {4}, microbatch {5}, global batch {6}\n",
                 sched.name(), sched.stages(), sched.virtual_stages(), sched.microbatches(),
                 sched.mode(), sched.microbatch_size(), sched.global_batch());
-  os << formatv("hardware  {0}  precision {1}  optimizer {2}{3}\n", hw, plan.training().precision(),
-                plan.training().optimizer(), plan.training().recompute() ? "  recompute" : "");
+  std::string sharded = plan.training().shard_optimizer()
+                            ? formatv(" sharded over {0} replicas", sched.data_parallel()).str()
+                            : std::string();
+  os << formatv("hardware  {0}  precision {1}  optimizer {2}{3}{4}\n", hw,
+                plan.training().precision(), plan.training().optimizer(), sharded,
+                plan.training().recompute() ? "  recompute" : "");
   if (!plan.loss().empty())
     os << "loss      " << plan.loss() << "\n";
   os << formatv("balance   {0}\nlayout    {1}\n\n", plan.balance_method(), plan.layout());
@@ -155,6 +165,25 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
                   humanCount(s.params()), humanCount(static_cast<int64_t>(s.flops_f())),
                   formatSeconds(s.time_f_s()), formatSeconds(s.time_i_s()),
                   formatSeconds(s.time_w_s()), humanCount(s.boundary_bytes(), true), memory);
+  }
+  if (plan.training().recompute()) {
+    // Which layers recompute, per stage: all of them, or (auto) the fewest
+    // first ones that fit the rank's limit.
+    os << formatv("\nrecompute ({0}): activations rebuilt in the backward\n",
+                  plan.training().recompute_mode().empty() ? std::string("all")
+                                                           : plan.training().recompute_mode());
+    for (const auto &s : plan.stages()) {
+      int layers = s.last_layer() - s.first_layer() + 1;
+      os << formatv("  stage {0} (rank {1}): {2}\n", s.index(), s.rank(),
+                    s.recomputed_layers() == 0 ? std::string("keeps every layer's activations")
+                    : s.recomputed_layers() >= layers
+                        ? formatv("all {0} layers recompute, {1} per microbatch", layers,
+                                  formatSeconds(s.time_r_s()))
+                              .str()
+                        : formatv("its first {0} of {1} layers recompute, {2} per microbatch",
+                                  s.recomputed_layers(), layers, formatSeconds(s.time_r_s()))
+                              .str());
+    }
   }
   const auto &p = plan.predicted();
   os << formatv("\npredicted step {0} (simulated), bubble {1:f1}%, slowest stage {2} per "

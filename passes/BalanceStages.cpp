@@ -68,12 +68,16 @@ public:
     // will run (F until B, or until W for a split backward).
     int ranks = options.shape.stages();
     held.assign(chunks, static_cast<int64_t>(options.shape.microbatches()));
+    rebuiltHeld.assign(chunks, 1);
     Schedule schedule = generateSchedule(options.shape);
     for (int r = 0; r < ranks; ++r) {
       std::vector<int64_t> perChunk = peakHeldPerChunk(schedule, r);
+      std::vector<int64_t> rebuilt = peakRebuiltPerChunk(schedule, r);
       for (int k = 0; k < chunks; ++k)
-        if (rankOf(k) == r && static_cast<size_t>(k / ranks) < perChunk.size())
+        if (rankOf(k) == r && static_cast<size_t>(k / ranks) < perChunk.size()) {
           held[k] = perChunk[k / ranks];
+          rebuiltHeld[k] = rebuilt[k / ranks];
+        }
     }
     // The DPs ask for chunk times O(K L^2) times: each chunk's rank, prefix
     // table and send time at every cut, looked up once; and a bound on any
@@ -82,14 +86,16 @@ public:
     for (const CostTable *table : options.rankCosts)
       for (const LayerCost &layer : table->layers)
         maxBoundary = std::max(maxBoundary, layer.boundaryBytes);
-    bool recomputes = options.training.recompute && options.training.training;
+    bool recomputes = options.training.recompute != Recompute::None && options.training.training;
     for (int k = 0; k < chunks; ++k) {
       int64_t perChunk = options.training.training ? held[k] : 1, kept, bound;
       // Saturated: a bound that overflows only ever sends fits() to memory().
+      int64_t rebuilt = 0;
       if (__builtin_mul_overflow(perChunk, recomputes ? maxBoundary : activations[layers], &kept) ||
+          __builtin_mul_overflow(recomputes ? rebuiltHeld[k] : 0, activations[layers], &rebuilt) ||
           __builtin_mul_overflow(params[layers], bytesPerParam(options.training), &bound) ||
           __builtin_add_overflow(bound, kept, &bound) ||
-          __builtin_add_overflow(bound, recomputes ? activations[layers] : 0, &bound))
+          __builtin_add_overflow(bound, rebuilt, &bound))
         bound = std::numeric_limits<int64_t>::max();
       memoryBound.push_back(bound);
     }
@@ -141,24 +147,82 @@ public:
 
   /// Bytes chunk [i, j) adds to its rank: parameters with their state and
   /// the activations of the microbatches it holds at its peak. A rank's
-  /// memory is the sum over its chunks.
+  /// memory is the sum over its chunks. With --recompute auto, the least it
+  /// can take (every layer recomputing): whether a partition can fit.
   int64_t memory(int chunk, int i, int j) const {
+    bool recomputes = options.training.recompute != Recompute::None;
+    return memoryWith(chunk, i, j, recomputes ? j - i : 0);
+  }
+
+  /// memory(), with the first \p recomputed layers of the chunk recomputing
+  /// their activations in the backward: each microbatch in flight keeps the
+  /// chunk's input and the other layers' activations, and the recomputed
+  /// activations are rebuilt for the microbatches between their backward
+  /// and the pass that frees them (one at a time under 1F1B).
+  int64_t memoryWith(int chunk, int i, int j, int recomputed) const {
     if (i >= j)
       return 0;
     int rank = rankOf(chunk);
     int64_t perChunk = held[chunk];
     int64_t act = activations[j] - activations[i];
-    int64_t kept = act;
+    int64_t kept = act, rebuilt = 0;
     if (!options.training.training) {
       perChunk = 1;
-    } else if (options.training.recompute) {
+    } else if (recomputed > 0) {
       int64_t input = i > 0 ? options.rankCosts[rank]->layers[i - 1].boundaryBytes : 0;
-      kept = input;
+      rebuilt = activations[i + recomputed] - activations[i];
+      kept = input + act - rebuilt;
     }
-    int64_t bytes = paramsOf(i, j) * bytesPerParam(options.training) + perChunk * kept;
-    if (options.training.recompute && options.training.training)
-      bytes += act; // one microbatch rebuilt at a time
-    return bytes;
+    return weightStateBytes(paramsOf(i, j), options.training) + perChunk * kept +
+           rebuiltHeld[chunk] * rebuilt;
+  }
+
+  /// How many of each chunk's first layers recompute, for the partition at
+  /// \p cuts: none or all as the flag says; with auto, per rank, the fewest
+  /// that fit its limit, layer by layer where a layer frees the most bytes
+  /// per second of forward it costs again (every layer where nothing fits).
+  std::vector<int> recomputedLayers(const std::vector<int> &cuts) const {
+    std::vector<int> count(chunks, 0);
+    for (int k = 0; k < chunks; ++k)
+      if (options.training.training && options.training.recompute == Recompute::All)
+        count[k] = cuts[k + 1] - cuts[k];
+    if (!options.training.training || options.training.recompute != Recompute::Auto)
+      return count;
+    auto held = [&](int k) { return memoryWith(k, cuts[k], cuts[k + 1], count[k]); };
+    for (int r = 0; r < options.shape.stages(); ++r) {
+      int64_t limit = options.memoryLimit[r];
+      if (limit <= 0)
+        continue;
+      int64_t sum = 0;
+      for (int k = 0; k < chunks; ++k)
+        sum += rankOf(k) == r ? held(k) : 0;
+      while (sum > limit) {
+        int best = -1;
+        double bestRate = 0;
+        int64_t bestFreed = 0;
+        for (int k = 0; k < chunks; ++k) {
+          int i = cuts[k], j = cuts[k + 1];
+          if (rankOf(k) != r || count[k] >= j - i)
+            continue;
+          int64_t freed = held(k) - memoryWith(k, i, j, count[k] + 1);
+          double again = computeTime(k, i + count[k], i + count[k] + 1, 0);
+          double rate = static_cast<double>(freed) / std::max(again, 1e-12);
+          if (best < 0 || rate > bestRate)
+            best = k, bestRate = rate, bestFreed = freed;
+        }
+        if (best < 0)
+          break;
+        // The first layer recomputed only starts to pay once the next ones
+        // do (the chunk's input is kept): take it whatever it frees.
+        ++count[best];
+        sum -= bestFreed;
+      }
+      if (sum > limit) // nothing fits: as --recompute all, for the error
+        for (int k = 0; k < chunks; ++k)
+          if (rankOf(k) == r)
+            count[k] = cuts[k + 1] - cuts[k];
+    }
+    return count;
   }
 
   /// Whether chunk [i, j) fits what chunk \p chunk may take (capOf).
@@ -215,8 +279,9 @@ private:
   std::vector<std::array<std::vector<double>, 3>> prefix;
   std::vector<int64_t> params, activations;
   std::vector<std::pair<int64_t, std::vector<int>>> shared;
-  /// Per global chunk: microbatches of activations held at the peak.
-  std::vector<int64_t> held;
+  /// Per global chunk: microbatches of activations held at the peak, and of
+  /// recomputed activations (peakRebuiltPerChunk).
+  std::vector<int64_t> held, rebuiltHeld;
   /// Per global chunk: at least memory(chunk, i, j) for any i < j (every
   /// layer's parameters and activations, the largest boundary).
   std::vector<int64_t> memoryBound;
@@ -314,7 +379,7 @@ std::vector<int> partition(int layers, int chunks, const ChunkCost &cost, const 
   return mostEven(layers, chunks, cost, fits, bottleneck * (1 + 1e-12) + 1e-300);
 }
 
-Error memoryError(const LayerGraph &lg, const ChunkCosts &costs) {
+Error memoryError(const LayerGraph &lg, const ChunkCosts &costs, bool recomputes) {
   // A single layer that cannot fit anywhere is the clearest answer.
   for (int l = 0; l < costs.layerCount(); ++l) {
     bool fitsSomewhere = false;
@@ -342,11 +407,11 @@ Error memoryError(const LayerGraph &lg, const ChunkCosts &costs) {
   return createStringError(
       inconvertibleErrorCode(),
       "no partition into %d stages fits the memory limits: stage %d (rank %d, layers %d..%d) "
-      "needs %lld bytes against a limit of %lld; raise --memory-limit, add stages, or turn on "
-      "--recompute",
+      "needs %lld bytes against a limit of %lld%s; raise --memory-limit, add stages%s",
       costs.chunkCount(), worst, costs.rankOf(worst), cuts[worst], cuts[worst + 1] - 1,
       static_cast<long long>(costs.memory(worst, cuts[worst], cuts[worst + 1])),
-      static_cast<long long>(costs.capOf(worst)));
+      static_cast<long long>(costs.capOf(worst)), recomputes ? " with every layer recomputing" : "",
+      recomputes ? "" : ", or turn on --recompute (auto: only where needed)");
 }
 
 } // namespace
@@ -534,6 +599,7 @@ StagePlan describePlan(const LayerGraph &lg, const BalanceOptions &options, cons
   StagePlan plan;
   plan.method = options.method;
   std::vector<int> chunksSeen(options.shape.stages(), 0);
+  std::vector<int> recomputed = costs.recomputedLayers(cuts);
   for (int k = 0; k < chunks; ++k) {
     ChunkPlan c;
     c.index = k;
@@ -552,6 +618,10 @@ StagePlan describePlan(const LayerGraph &lg, const BalanceOptions &options, cons
       c.activationBytes += table.layers[l].activationBytes;
     }
     c.boundaryBytes = j > 0 && j < layers && k + 1 < chunks ? table.layers[j - 1].boundaryBytes : 0;
+    c.recomputedLayers = recomputed[k];
+    for (int l = i; l < i + recomputed[k]; ++l)
+      c.rebuiltBytes += table.layers[l].activationBytes;
+    c.recomputeTime = costs.computeTime(k, i, i + recomputed[k], 0);
     plan.chunks.push_back(c);
   }
   plan.layout = formatLayout(lg, plan);
@@ -571,9 +641,10 @@ StagePlan describePlan(const LayerGraph &lg, const BalanceOptions &options, cons
   for (int k = 0; k < chunks; ++k) {
     const ChunkPlan &c = plan.chunks[k];
     RankPlan &rank = plan.ranks[c.rank];
-    int64_t total = costs.memory(k, cuts[k], cuts[k + 1]);
-    int64_t weights = c.params * bytesPerParam(options.training);
+    int64_t total = costs.memoryWith(k, cuts[k], cuts[k + 1], c.recomputedLayers);
+    int64_t weights = weightStateBytes(c.params, options.training);
     rank.weightBytes += weights;
+    rank.optimizerBytes += optimizerStateBytes(c.params, options.training);
     rank.activationBytes += total - weights;
     rank.peakMemory += total;
     rank.busy += options.shape.microbatches() *
@@ -761,7 +832,7 @@ Expected<StagePlan> balanceStages(const LayerGraph &lg, const BalanceOptions &op
         cuts.clear();
     }
     if (cuts.empty())
-      return memoryError(lg, costs);
+      return memoryError(lg, costs, options.training.recompute != Recompute::None);
     if (options.method == BalanceMethod::Time) {
       least = leastBottleneck(layers, chunks, time, fits);
       FastestPartition search(lg, options, costs, fits);

@@ -81,8 +81,15 @@ struct ChunkPlan {
   double commTime = 0;
   int64_t params = 0;
   double flopsForward = 0;
-  int64_t activationBytes = 0; ///< kept per microbatch
+  int64_t activationBytes = 0; ///< kept per microbatch (without recompute)
   int64_t boundaryBytes = 0;   ///< sent per microbatch
+  /// How many of the chunk's first layers recompute their activations in
+  /// the backward (--recompute: all; auto: as the memory limit needs), the
+  /// bytes RECOMPUTE rebuilds per microbatch and the seconds it takes.
+  int recomputedLayers = 0;
+  int64_t rebuiltBytes = 0;
+  double recomputeTime = 0;
+  bool recomputes() const { return recomputedLayers > 0; }
   double totalTime() const { return time[0] + time[1] + time[2] + commTime; }
   bool empty() const { return firstLayer > lastLayer; }
 };
@@ -92,6 +99,7 @@ struct RankPlan {
   std::string hardware;
   int64_t memoryLimit = 0;
   int64_t weightBytes = 0;     ///< weights, gradients and optimizer state
+  int64_t optimizerBytes = 0;  ///< of weightBytes, the (sharded) optimizer state
   int64_t activationBytes = 0; ///< activations at the schedule's peak
   int64_t peakMemory = 0;
   /// Compute and send time per step.

@@ -46,7 +46,10 @@ std::string formatInstruction(const plan::Instruction &i) {
                    i.op() == Op::SEND ? "->" : "<-", i.peer(), i.tensor().name())
         .str();
   case Op::ALLREDUCE:
-    return formatv("ALLREDUCE {0} {1} bytes", i.group(), i.bytes()).str();
+  case Op::REDUCE_SCATTER:
+  case Op::ALL_GATHER:
+    return formatv("{0} {1} {2} bytes", plan::Instruction::Op_Name(i.op()), i.group(), i.bytes())
+        .str();
   case Op::OPTIMIZER_STEP:
     return "OPTIMIZER_STEP";
   case Op::FREE:
@@ -200,7 +203,10 @@ void Lowering::addBlock(const Action &a, int r, RankBlocks &b) {
     }
     StreamOp forward = makeOp(Op::FORWARD, s, m);
     forward.mailbox = s > 0 ? mailboxOf(s - 1, m, false) : -1;
-    allocate(forward, in.recompute ? in.inputBytes[s] : in.activationBytes[s], false);
+    allocate(forward,
+             in.recomputes(s) ? in.inputBytes[s] + in.activationBytes[s] - in.rebuiltBytes[s]
+                              : in.activationBytes[s],
+             false);
     b.body.push_back(forward);
     if (s + 1 < K && rankOf(s + 1) != r)
       transfer(b.sends, Op::SEND, m, rankOf(s + 1), false, s);
@@ -212,16 +218,16 @@ void Lowering::addBlock(const Action &a, int r, RankBlocks &b) {
   case ActionKind::I: {
     if (s + 1 < K && rankOf(s + 1) != r)
       transfer(b.recvs, Op::RECV, m, rankOf(s + 1), true, s);
-    if (in.recompute) {
+    if (in.recomputes(s)) {
       StreamOp rebuild = makeOp(Op::RECOMPUTE, s, m);
-      allocate(rebuild, in.activationBytes[s], true);
+      allocate(rebuild, in.rebuiltBytes[s], true);
       b.body.push_back(rebuild);
     }
     StreamOp backward = makeOp(a.kind == ActionKind::B ? Op::BACKWARD : Op::BACKWARD_INPUT, s, m);
     backward.mailbox = s + 1 < K ? mailboxOf(s, m, true) : -1;
     b.body.push_back(backward);
     if (a.kind == ActionKind::B) {
-      if (in.recompute)
+      if (in.recomputes(s))
         release(b.body, true, false);
       release(b.body, false, false);
     }
@@ -231,7 +237,7 @@ void Lowering::addBlock(const Action &a, int r, RankBlocks &b) {
   }
   case ActionKind::W:
     b.body.push_back(makeOp(Op::BACKWARD_WEIGHT, s, m));
-    if (in.recompute)
+    if (in.recomputes(s))
       release(b.body, true, false);
     release(b.body, false, false);
     break;
@@ -334,7 +340,7 @@ Error Lowering::flatten(int r) {
   if (!b.freeError.empty())
     return loweringError(b.freeError);
   std::vector<StreamOp> &ops = out.streams.ranks[r];
-  ops.reserve(b.early.size() + b.body.size() + b.sends.size() + in.allReduces.size() + 1);
+  ops.reserve(b.early.size() + b.body.size() + b.sends.size() + in.collectives.size() + 1);
   auto append = [&](const StreamOp &op) {
     int at = static_cast<int>(ops.size());
     ops.push_back(op);
@@ -353,15 +359,21 @@ Error Lowering::flatten(int r) {
       append(b.sends[i]);
   }
   if (in.training) {
-    for (size_t g = 0; g < in.allReduces.size(); ++g) {
-      const auto &ar = in.allReduces[g];
-      if (std::find(ar.ranks.begin(), ar.ranks.end(), r) == ar.ranks.end())
-        continue;
-      StreamOp op = makeOp(Op::ALLREDUCE, -1, -1);
-      op.collective = static_cast<int>(g);
-      append(op);
-    }
+    // The sums before the update, the gathers of its shards after it.
+    auto collectives = [&](bool afterUpdate) {
+      for (size_t g = 0; g < in.collectives.size(); ++g) {
+        const auto &c = in.collectives[g];
+        if ((c.op == Op::ALL_GATHER) != afterUpdate ||
+            std::find(c.ranks.begin(), c.ranks.end(), r) == c.ranks.end())
+          continue;
+        StreamOp op = makeOp(c.op, -1, -1);
+        op.collective = static_cast<int>(g);
+        append(op);
+      }
+    };
+    collectives(false);
     append(makeOp(Op::OPTIMIZER_STEP, -1, -1));
+    collectives(true);
   }
   for (const BufferLife &buffer : b.buffers)
     if (buffer.freeAt < 0)
@@ -379,6 +391,10 @@ Expected<LoweredStreams> Lowering::run() {
       static_cast<int>(in.inputBytes.size()) != K)
     return loweringError(
         formatv("boundary tensors and activation sizes for {0} stages are needed", K));
+  if (!in.recompute.empty() &&
+      (static_cast<int>(in.recompute.size()) != K || static_cast<int>(in.rebuiltBytes.size()) != K))
+    return loweringError(
+        formatv("recompute choices and rebuilt bytes for {0} stages are needed", K));
   for (int k = 0; k < K; ++k) {
     stageRank.push_back(rankOfChunk(schedule.kind, P, V, k));
     tensorBase.push_back(static_cast<int>(out.streams.tensors.size()));
@@ -386,8 +402,9 @@ Expected<LoweredStreams> Lowering::run() {
       out.streams.tensors.push_back(&t);
   }
   out.streams.mailboxes = K * M * 2;
-  for (const auto &ar : in.allReduces) {
+  for (const auto &ar : in.collectives) {
     StreamCollective c;
+    c.op = ar.op;
     c.reduce = ar.reduce;
     c.tiedWeight = ar.tiedWeight;
     c.ranks = ar.ranks;
@@ -397,9 +414,11 @@ Expected<LoweredStreams> Lowering::run() {
   }
   out.hasGradient = in.hasGradient;
   out.training = in.training;
-  out.recompute = in.recompute;
-  for (const auto &ar : in.allReduces)
-    out.groups.emplace_back(ar.reduce, ar.tiedWeight, ar.ranks);
+  out.recompute.resize(K);
+  for (int k = 0; k < K; ++k)
+    out.recompute[k] = in.recomputes(k);
+  for (const auto &ar : in.collectives)
+    out.groups.emplace_back(ar.op, ar.reduce, ar.tiedWeight, ar.ranks);
   if (Error err = makeBlocks())
     return err;
   if (Error err = orderReceives())
@@ -421,16 +440,16 @@ Expected<LoweredStreams> lowerStreams(const Schedule &schedule, const LoweringIn
 bool resizeLowered(LoweredStreams &lowered, const LoweringInputs &in) {
   size_t chunks = lowered.hasGradient.size();
   if (in.hasGradient != lowered.hasGradient || in.training != lowered.training ||
-      in.recompute != lowered.recompute || in.sendTensors.size() != chunks ||
-      in.activationBytes.size() != chunks || in.inputBytes.size() != chunks ||
-      in.allReduces.size() != lowered.groups.size())
+      in.sendTensors.size() != chunks || in.activationBytes.size() != chunks ||
+      in.inputBytes.size() != chunks || in.collectives.size() != lowered.groups.size())
     return false;
   for (size_t k = 0; k < chunks; ++k)
-    if (in.sendTensors[k].size() != in.hasGradient[k].size())
+    if (in.sendTensors[k].size() != in.hasGradient[k].size() ||
+        in.recomputes(static_cast<int>(k)) != lowered.recompute[k])
       return false;
-  for (size_t g = 0; g < in.allReduces.size(); ++g) {
-    const auto &ar = in.allReduces[g];
-    if (lowered.groups[g] != std::make_tuple(ar.reduce, ar.tiedWeight, ar.ranks))
+  for (size_t g = 0; g < in.collectives.size(); ++g) {
+    const auto &ar = in.collectives[g];
+    if (lowered.groups[g] != std::make_tuple(ar.op, ar.reduce, ar.tiedWeight, ar.ranks))
       return false;
   }
   Streams &streams = lowered.streams;
@@ -438,12 +457,15 @@ bool resizeLowered(LoweredStreams &lowered, const LoweringInputs &in) {
   for (const auto &tensors : in.sendTensors)
     for (const plan::TensorRef &t : tensors)
       streams.tensors.push_back(&t);
-  for (size_t g = 0; g < in.allReduces.size(); ++g)
-    streams.collectives[g].bytes = in.allReduces[g].bytes;
+  for (size_t g = 0; g < in.collectives.size(); ++g)
+    streams.collectives[g].bytes = in.collectives[g].bytes;
   for (size_t r = 0; r < lowered.buffers.size(); ++r)
     for (BufferLife &b : lowered.buffers[r]) {
       bool rebuilt = streams.ranks[r][b.allocAt].op == Op::RECOMPUTE;
-      b.bytes = rebuilt || !in.recompute ? in.activationBytes[b.stage] : in.inputBytes[b.stage];
+      b.bytes = rebuilt                  ? in.rebuiltBytes[b.stage]
+                : in.recomputes(b.stage) ? in.inputBytes[b.stage] + in.activationBytes[b.stage] -
+                                               in.rebuiltBytes[b.stage]
+                                         : in.activationBytes[b.stage];
     }
   return true;
 }
@@ -479,7 +501,9 @@ std::vector<plan::RankProgram> toRankPrograms(const LoweredStreams &lowered,
         if (op.buffer >= 0)
           i.set_buffer(op.buffer);
         break;
-      case Op::ALLREDUCE: {
+      case Op::ALLREDUCE:
+      case Op::REDUCE_SCATTER:
+      case Op::ALL_GATHER: {
         const StreamCollective &c = streams.collectives[op.collective];
         i.set_group(c.group);
         i.set_reduce(c.reduce);

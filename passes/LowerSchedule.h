@@ -47,20 +47,35 @@ struct LoweringInputs {
   /// the last chunk) and whether each carries a gradient back.
   std::vector<std::vector<plan::TensorRef>> sendTensors;
   std::vector<std::vector<bool>> hasGradient;
-  /// Per global chunk: activation bytes kept per microbatch, and the bytes of
-  /// its input (all that recompute keeps).
+  /// Per global chunk: activation bytes kept per microbatch without
+  /// recompute, and the bytes of its input.
   std::vector<int64_t> activationBytes;
   std::vector<int64_t> inputBytes;
   bool training = true;
-  bool recompute = false;
-  /// Gradient all-reduces before the optimizer step.
-  struct AllReduce {
+  /// Per global chunk (empty: none): whether it recomputes, with a RECOMPUTE
+  /// before each backward, and the bytes that rebuilds per microbatch (the
+  /// activations of its recomputing layers). Its FORWARD keeps its input and
+  /// the rest.
+  std::vector<bool> recompute;
+  std::vector<int64_t> rebuiltBytes;
+  bool recomputes(int chunk) const {
+    return chunk < static_cast<int>(recompute.size()) && recompute[chunk];
+  }
+  /// Every chunk recomputes all its layers (--recompute).
+  void recomputeAll() {
+    recompute.assign(activationBytes.size(), true);
+    rebuiltBytes = activationBytes;
+  }
+  /// The step's collectives, in order: ALLREDUCE and REDUCE_SCATTER go
+  /// before the optimizer step, ALL_GATHER after it.
+  struct Collective {
+    plan::Instruction::Op op = plan::Instruction::ALLREDUCE;
     plan::Instruction::Reduce reduce = plan::Instruction::DATA_PARALLEL;
     std::string tiedWeight; ///< TIED_WEIGHT: the weight
     std::vector<int> ranks;
     int64_t bytes = 0;
   };
-  std::vector<AllReduce> allReduces;
+  std::vector<Collective> collectives;
 };
 
 /// lower-schedule's result in array form: each rank's stream and its
@@ -71,10 +86,13 @@ struct LoweredStreams {
   std::vector<std::vector<BufferLife>> buffers;
   /// What the streams' structure depends on besides the schedule: each
   /// boundary's tensors (by whether each carries a gradient back), training,
-  /// recompute and the all-reduce groups. Sizes and names do not shape it.
+  /// recompute and the collectives. Sizes and names do not shape it.
   std::vector<std::vector<bool>> hasGradient;
-  bool training = true, recompute = false;
-  std::vector<std::tuple<plan::Instruction::Reduce, std::string, std::vector<int>>> groups;
+  bool training = true;
+  std::vector<bool> recompute;
+  std::vector<
+      std::tuple<plan::Instruction::Op, plan::Instruction::Reduce, std::string, std::vector<int>>>
+      groups;
 };
 
 /// lower-schedule, in array form: what the simulator runs when the compiler

@@ -34,8 +34,12 @@ plan::HardwareInfo hardwareInfo(const HardwareSpec &hw, bool bf16) {
 LoweringInputs defaultLoweringInputs(const StagePlan &plan, const BalanceOptions &options) {
   LoweringInputs in;
   in.training = options.training.training;
-  in.recompute = options.training.recompute;
   for (const ChunkPlan &c : plan.chunks) {
+    // A chunk recomputes the layers balance-stages chose (all of them for
+    // --recompute).
+    bool all = options.training.recompute == Recompute::All;
+    in.recompute.push_back(options.training.training && (c.recomputes() || all));
+    in.rebuiltBytes.push_back(c.recomputes() ? c.rebuiltBytes : c.activationBytes);
     std::vector<plan::TensorRef> tensors;
     if (c.boundaryBytes > 0) {
       plan::TensorRef t;
@@ -50,23 +54,30 @@ LoweringInputs defaultLoweringInputs(const StagePlan &plan, const BalanceOptions
     in.activationBytes.push_back(c.activationBytes);
     in.inputBytes.push_back(c.index > 0 ? plan.chunks[c.index - 1].boundaryBytes : 0);
   }
-  in.allReduces =
-      dataParallelAllReduces(plan, options.shape, options.training.mixedPrecision ? 2 : 4);
+  in.collectives =
+      dataParallelCollectives(plan, options.shape, options.training.mixedPrecision ? 2 : 4,
+                              options.training.optimizerShards > 1);
   return in;
 }
 
-std::vector<LoweringInputs::AllReduce>
-dataParallelAllReduces(const StagePlan &plan, const PipelineShape &shape, int64_t gradientBytes) {
-  std::vector<LoweringInputs::AllReduce> out;
-  if (shape.dataParallel() > 1)
+std::vector<LoweringInputs::Collective> dataParallelCollectives(const StagePlan &plan,
+                                                                const PipelineShape &shape,
+                                                                int64_t gradientBytes, bool shard) {
+  std::vector<LoweringInputs::Collective> out;
+  if (shape.dataParallel() <= 1)
+    return out;
+  auto ops = shard ? std::vector{plan::Instruction::REDUCE_SCATTER, plan::Instruction::ALL_GATHER}
+                   : std::vector{plan::Instruction::ALLREDUCE};
+  for (plan::Instruction::Op op : ops)
     for (int r = 0; r < shape.stages(); ++r) {
-      LoweringInputs::AllReduce ar;
-      ar.reduce = plan::Instruction::DATA_PARALLEL;
-      ar.ranks = {r};
-      for (const ChunkPlan &c : plan.chunks)
-        if (c.rank == r)
-          ar.bytes += c.params * gradientBytes;
-      out.push_back(ar);
+      LoweringInputs::Collective c;
+      c.op = op;
+      c.reduce = plan::Instruction::DATA_PARALLEL;
+      c.ranks = {r};
+      for (const ChunkPlan &chunk : plan.chunks)
+        if (chunk.rank == r)
+          c.bytes += chunk.params * gradientBytes;
+      out.push_back(c);
     }
   return out;
 }
@@ -100,8 +111,10 @@ Expected<StepPrediction> StepPredictor::simulate(const StagePlan &stagePlan, boo
   // The numbers the compiled plan would carry (its stages' times, its
   // ranks' weights, its hardware), charged as simulatePlan charges them.
   StepCosts costs;
-  for (const ChunkPlan &c : stagePlan.chunks)
+  for (const ChunkPlan &c : stagePlan.chunks) {
     costs.stageTimes.push_back({c.time[Forward], c.time[BackwardInput], c.time[BackwardWeight]});
+    costs.recomputeTimes.push_back(c.recomputes() ? c.recomputeTime : c.time[Forward]);
+  }
   for (const RankPlan &r : stagePlan.ranks)
     costs.weightBytes.push_back(r.weightBytes);
   costs.hardware = hardware;

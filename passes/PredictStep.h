@@ -34,11 +34,14 @@ plan::HardwareInfo hardwareInfo(const HardwareSpec &hardware, bool bf16);
 /// and a data-parallel all-reduce per rank when the shape has replicas.
 LoweringInputs defaultLoweringInputs(const StagePlan &plan, const BalanceOptions &options);
 
-/// The data-parallel gradient all-reduces of \p plan: one per rank over its
-/// replicas, of its chunks' parameters at \p gradientBytes each; none with
-/// one replica.
-std::vector<LoweringInputs::AllReduce>
-dataParallelAllReduces(const StagePlan &plan, const PipelineShape &shape, int64_t gradientBytes);
+/// The data-parallel collectives of \p plan, of each rank's chunks'
+/// parameters at \p gradientBytes each, over its replicas: one gradient
+/// all-reduce per rank, or with \p shard (--shard-optimizer) a
+/// reduce-scatter of the gradients per rank and an all-gather of the
+/// updated weights per rank; none with one replica.
+std::vector<LoweringInputs::Collective> dataParallelCollectives(const StagePlan &plan,
+                                                                const PipelineShape &shape,
+                                                                int64_t gradientBytes, bool shard);
 
 /// What simulatePlan says of a partition's plan that a comparison reads.
 struct StepPrediction {

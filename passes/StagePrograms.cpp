@@ -728,6 +728,30 @@ void addOutputs(plan::Plan &plan, const Graph &graph) {
 
 } // namespace
 
+namespace {
+
+/// Fills \p sp's `recompute`: the kept values its first \p recomputed of
+/// \p layerCount layers (from \p first) make; all of them, with the loss's,
+/// when every layer recomputes.
+void markRecomputed(plan::StageProgram &sp, const Graph &graph, const LayerGraph &layers, int first,
+                    int recomputed, int layerCount) {
+  std::set<std::string> made;
+  if (recomputed >= layerCount) {
+    for (const onnx::NodeProto &n : sp.forward())
+      made.insert(n.output().begin(), n.output().end());
+  } else {
+    for (int l = first; l < first + recomputed; ++l)
+      for (int opIndex : layers.layers[l].ops)
+        for (int out : graph.ops[opIndex].outputs)
+          made.insert(graph.values[out].name);
+  }
+  for (const std::string &v : sp.keep())
+    if (made.count(v))
+      sp.add_recompute(v);
+}
+
+} // namespace
+
 Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph &layers,
                          const Backward *backward, StringRef freeze) {
   int stages = plan.stages_size();
@@ -744,8 +768,11 @@ Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph 
     if (first > last)
       return stageError(k, "has no layers; running an empty stage is not supported");
     StageBuilder builder(graph, layers, backward, flowingPtr, k, stages);
-    if (Error err = builder.build(*plan.add_stage_programs(), first, last))
+    plan::StageProgram &sp = *plan.add_stage_programs();
+    if (Error err = builder.build(sp, first, last))
       return err;
+    if (backward && stage.recomputed_layers() > 0)
+      markRecomputed(sp, graph, layers, first, stage.recomputed_layers(), last - first + 1);
     for (const std::string &name : builder.loads)
       loadedBy.emplace(name, k);
     weightIds.insert(builder.weightIds.begin(), builder.weightIds.end());

@@ -8,8 +8,10 @@
 //              the microbatch size are positive and bounded; there are P x V
 //              stages, P instruction streams and P x V stage programs
 //   streams    every instruction's stage, microbatch, peer, buffer and group
-//              ranks are in range, compute runs on its stage's rank, and a
-//              training rank has exactly one OPTIMIZER_STEP
+//              ranks are in range, compute runs on its stage's rank, a
+//              training rank has exactly one OPTIMIZER_STEP, and with a
+//              sharded optimizer over replicas one REDUCE_SCATTER of "dp"
+//              before it and one ALL_GATHER after it (and no "dp" ALLREDUCE)
 //   tensors    every shape (weights, data, messages, buffers) has dimensions
 //              >= 0 whose byte size fits int64 and this machine's memory
 //   names      every trainable name is a weight; a weight's external-data
@@ -194,6 +196,18 @@ Error checkInstruction(const plan::Plan &plan, int r, int at, const plan::RankPr
     if (ins.bytes() < 0)
       return fail("all-reduce of " + Twine(ins.bytes()) + " bytes");
   }
+  if (ins.op() == Ins::REDUCE_SCATTER || ins.op() == Ins::ALL_GATHER) {
+    std::string what = Ins::Op_Name(ins.op());
+    if (!plan.training().shard_optimizer())
+      return fail(what + " in a plan whose optimizer is not sharded");
+    if (ins.reduce() != Ins::DATA_PARALLEL || ins.group() != "dp")
+      return fail(what + " of group '" + ins.group() + "': only the replicas' \"dp\" is sharded");
+    for (int peer : ins.ranks())
+      if (peer < 0 || peer >= ranks)
+        return fail(what + " names rank " + Twine(peer));
+    if (ins.bytes() < 0)
+      return fail(what + " of " + Twine(ins.bytes()) + " bytes");
+  }
   if (ins.buffer() < 0 || (ins.buffer() > 0 && ins.buffer() >= program.buffers_size()))
     return fail("buffer " + Twine(ins.buffer()) + " of " + Twine(program.buffers_size()));
   return Error::success();
@@ -201,21 +215,45 @@ Error checkInstruction(const plan::Plan &plan, int r, int at, const plan::RankPr
 
 Error checkPrograms(const plan::Plan &plan) {
   bool training = plan.schedule().mode() == "train";
+  if (!training && plan.training().shard_optimizer())
+    return planError("training.shard_optimizer is set in an inference plan");
   for (int r = 0; r < plan.programs_size(); ++r) {
     const plan::RankProgram &program = plan.programs(r);
     if (program.rank() != r)
       return planError(formatv("instruction stream {0} says it is rank {1}", r, program.rank()));
-    int steps = 0;
+    int steps = 0, scatters = 0, gathers = 0, sums = 0;
     for (int i = 0; i < program.instructions_size(); ++i) {
       if (Error err = checkInstruction(plan, r, i, program))
         return err;
-      steps += program.instructions(i).op() == Ins::OPTIMIZER_STEP;
+      const Ins &ins = program.instructions(i);
+      steps += ins.op() == Ins::OPTIMIZER_STEP;
+      // Counted where they run: the sums before the update, the gather after.
+      scatters += ins.op() == Ins::REDUCE_SCATTER && steps == 0;
+      gathers += ins.op() == Ins::ALL_GATHER && steps == 1;
+      sums += ins.op() == Ins::ALLREDUCE && ins.reduce() == Ins::DATA_PARALLEL;
     }
     // Training ranks update once per step; without it the rank's weights
     // silently stay where they were.
     if (steps != (training ? 1 : 0))
       return planError(formatv("rank {0} has {1} OPTIMIZER_STEP instructions; a {2} step has {3}",
                                r, steps, training ? "training" : "inference", training ? 1 : 0));
+    // A sharded update reads the shard of the summed gradients and leaves
+    // each replica only its shard of the new weights.
+    int replicas = plan.schedule().data_parallel();
+    bool sharded = plan.training().shard_optimizer() && replicas > 1;
+    if (sharded && (scatters != 1 || gathers != 1 || sums != 0))
+      return planError(formatv(
+          "rank {0}: its optimizer is sharded over {1} replicas, so its step needs one "
+          "REDUCE_SCATTER of \"dp\" before OPTIMIZER_STEP and one ALL_GATHER after it, and no "
+          "\"dp\" ALLREDUCE; it has {2}, {3} and {4}",
+          r, replicas, scatters, gathers, sums));
+    int sharding = 0;
+    for (const Ins &ins : program.instructions())
+      sharding += ins.op() == Ins::REDUCE_SCATTER || ins.op() == Ins::ALL_GATHER;
+    if (!sharded && sharding > 0)
+      return planError(formatv("rank {0} has {1} REDUCE_SCATTER and ALL_GATHER instructions, but "
+                               "its optimizer is not sharded over replicas",
+                               r, sharding));
     for (const plan::Buffer &b : program.buffers())
       if (b.bytes() < 0 || b.slot() < 0 || (program.slots() > 0 && b.slot() >= program.slots()))
         return planError(formatv("rank {0} buffer {1}: {2} bytes in slot {3} of {4}", r, b.index(),

@@ -50,6 +50,14 @@ std::string sha256Hex(llvm::StringRef bytes);
 /// reduce and tied_weight are the facts).
 std::string allReduceGroupName(plan::Instruction::Reduce reduce, llvm::StringRef tiedWeight);
 
+/// Whether \p op is a collective of a group of ranks (ALLREDUCE,
+/// REDUCE_SCATTER, ALL_GATHER): it completes when the whole group reaches
+/// it.
+inline bool isCollective(plan::Instruction::Op op) {
+  return op == plan::Instruction::ALLREDUCE || op == plan::Instruction::REDUCE_SCATTER ||
+         op == plan::Instruction::ALL_GATHER;
+}
+
 /// The name under which a chunk's backward reads the gradient of a tensor V
 /// it sent on, as the next chunk returns it: "grad-next:V". The stage
 /// programs' nodes read it (passes/StagePrograms.h); the executor binds the

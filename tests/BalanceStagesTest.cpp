@@ -498,6 +498,17 @@ TEST(MemoryModel, BytesPerParamAndSizes) {
   TrainingSetup infer;
   infer.training = false;
   EXPECT_EQ(bytesPerParam(infer), 2);
+  // ZeRO-1 over 8 replicas: AdamW in mixed precision keeps its bf16 weight
+  // and gradient (4 bytes) and 1/8 of the fp32 master and moments (12).
+  TrainingSetup zero;
+  zero.optimizerShards = 8;
+  EXPECT_EQ(optimizerBytesPerParam(zero), 12);
+  EXPECT_EQ(weightStateBytes(8000, zero), 8000 * 4 + 8000 * 12 / 8);
+  EXPECT_EQ(optimizerStateBytes(8000, zero), 12000);
+  EXPECT_EQ(optimizerStateBytes(1, zero), 2); // 12 bytes over 8, rounded up
+  zero.optimizer = Optimizer::SGD;
+  zero.mixedPrecision = false;
+  EXPECT_EQ(weightStateBytes(1000, zero), 8000); // SGD in fp32 has no state to shard
   EXPECT_EQ(*parseByteSize("80GB", "memory-limit"), 80000000000);
   EXPECT_EQ(*parseByteSize("64GiB", "memory-limit"), 64ll << 30);
   EXPECT_EQ(*parseByteSize("1.5e9", "memory-limit"), 1500000000);
@@ -522,7 +533,7 @@ TEST(MemoryModel, ScheduleDecidesActivationMemory) {
   EXPECT_EQ(plan->ranks[0].activationBytes, 8 * 1000);
   EXPECT_EQ(plan->ranks[3].activationBytes, 8 * 1000);
   o.shape = test::pipelineShape(ScheduleKind::OneFOneB, 4, 1, 8);
-  o.training.recompute = true; // keeps the input (boundary 0 here) plus one rebuild
+  o.training.recompute = Recompute::All; // keeps the input (boundary 0 here) plus one rebuild
   plan = balanceStages(s.lg, o);
   ASSERT_TRUE(!!plan);
   EXPECT_EQ(plan->ranks[0].activationBytes, 1000);

@@ -178,3 +178,37 @@ TEST(Cli, BundledModelsAreReproducible) {
 }
 
 } // namespace
+
+// --recompute takes none, all or auto, as "--recompute auto" or
+// "--recompute=auto"; alone it means all. The report and --stats say which
+// layers of each stage recompute; a shard of nothing is refused.
+TEST(Cli, RecomputeModesAndShardOptimizer) {
+  TempDir dir;
+  std::string model = dir.path("g.onnx"), plan = dir.path("g.plan"), out;
+  ASSERT_EQ(runCommand(Pipec +
+                           " model gpt --layers 4 --hidden 64 --heads 4 --vocab 128 --seq 16 "
+                           "--loss -o " +
+                           model,
+                       out),
+            0)
+      << out;
+  std::string compile = Pipec + " compile " + model + " -o " + plan +
+                        " --stages 2 --microbatches 4 --batch 8 --hardware cpu";
+  ASSERT_EQ(runCommand(compile + " --recompute --stats", out), 0) << out;
+  EXPECT_NE(out.find("recomputed layers 3/3 4/4"), std::string::npos) << out;
+  ASSERT_EQ(runCommand(compile + " --recompute auto --memory-limit 4.2MiB", out), 0) << out;
+  ASSERT_EQ(runCommand(Pipec + " report " + plan, out), 0) << out;
+  EXPECT_NE(out.find("recompute (auto): activations rebuilt in the backward"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("stage 0 (rank 0): its first 2 of 3 layers recompute"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("stage 1 (rank 1): keeps every layer's activations"), std::string::npos)
+      << out;
+  EXPECT_EQ(runCommand(compile + " --recompute=sometimes", out), 2) << out;
+  EXPECT_NE(out.find("--recompute sometimes: expected none, all or auto"), std::string::npos)
+      << out;
+  EXPECT_EQ(runCommand(compile + " --mode infer --shard-optimizer", out), 2) << out;
+  EXPECT_NE(out.find("--shard-optimizer: an inference plan has no optimizer state"),
+            std::string::npos)
+      << out;
+}

@@ -6,7 +6,7 @@
 // sides run the real executor on the CPU kernels; only the plan differs.
 //
 //===----------------------------------------------------------------------===//
-#include "TestUtil.h"
+#include "Equivalence.h"
 
 #include "compiler/sim/Simulator.h"
 #include "driver/Compile.h"
@@ -29,231 +29,6 @@ using namespace pipec::test;
 using llvm::formatv;
 
 namespace {
-
-struct Config {
-  std::string schedule = "1f1b";
-  int stages = 1, virtualStages = 1, microbatches = 1, dp = 1;
-};
-
-plan::Plan compileFor(const std::string &model, const Config &s, int64_t globalBatch,
-                      bool recompute = false) {
-  CompileOptions options;
-  options.stages = s.stages;
-  options.virtualStages = s.virtualStages;
-  options.microbatches = s.microbatches;
-  options.globalBatch = globalBatch;
-  options.dataParallel = s.dp;
-  options.hardware = "cpu";
-  options.balance = "uniform";
-  options.recompute = recompute;
-  auto kind = parseSchedule(s.schedule);
-  EXPECT_TRUE(static_cast<bool>(kind)) << s.schedule;
-  if (!kind) {
-    llvm::consumeError(kind.takeError());
-    return {};
-  }
-  options.schedule = *kind;
-  auto plan = compileModel(model, options, PipelineOptions());
-  EXPECT_TRUE(static_cast<bool>(plan)) << (plan ? "" : llvm::toString(plan.takeError()));
-  if (!plan)
-    return {};
-  for (const std::string &w : plan->warnings())
-    EXPECT_FALSE(llvm::StringRef(w).startswith("the plan cannot be run")) << w;
-  return *plan;
-}
-
-/// Extra run settings for the equivalence checks (clipping, schedules).
-rt::RunOptions extraOptions;
-
-rt::RunResult runPlan(const plan::Plan &plan, const std::string &optimizer = "sgd", int steps = 1) {
-  rt::RunOptions options = extraOptions;
-  options.steps = steps;
-  options.seed = 7;
-  options.optimizer = llvm::cantFail(parseOptimizer(optimizer));
-  options.lr = optimizer == "adamw" ? 1e-3 : 0.5;
-  options.collectWeights = true;
-  options.timeoutSeconds = 60;
-  auto result = rt::runLocal(plan, options);
-  EXPECT_TRUE(static_cast<bool>(result)) << (result ? "" : llvm::toString(result.takeError()));
-  if (!result)
-    return {};
-  return std::move(*result);
-}
-
-double norm(const cpu::Tensor &t) {
-  double sum = 0;
-  for (int64_t i = 0; i < t.numElements(); ++i)
-    sum += t.getDouble(i) * t.getDouble(i);
-  return std::sqrt(sum);
-}
-
-/// ||a - b|| / max(||b||, floor).
-double relativeError(const cpu::Tensor &a, const cpu::Tensor &b, double floor = 0) {
-  double diff = 0;
-  for (int64_t i = 0; i < b.numElements(); ++i) {
-    double x = a.getDouble(i), y = b.getDouble(i);
-    diff += (x - y) * (x - y);
-  }
-  double scale = std::max(norm(b), floor);
-  return scale > 0 ? std::sqrt(diff) / scale : std::sqrt(diff);
-}
-
-/// Loss, every gradient and every updated weight agree within \p tolerance
-/// (relative, in norm).
-void expectSameStep(const rt::RunResult &pipelined, const rt::RunResult &reference,
-                    const std::string &what, double tolerance = 1e-5) {
-  ASSERT_EQ(pipelined.losses.size(), reference.losses.size()) << what;
-  for (size_t t = 0; t < reference.losses.size(); ++t)
-    EXPECT_LT(std::abs(pipelined.losses[t] - reference.losses[t]) / std::abs(reference.losses[t]),
-              tolerance)
-        << what << " step " << t << ": loss " << pipelined.losses[t] << " vs "
-        << reference.losses[t];
-  ASSERT_FALSE(reference.losses.empty()) << what;
-  ASSERT_FALSE(reference.gradients.empty()) << what;
-  ASSERT_FALSE(reference.weights.empty()) << what;
-  ASSERT_EQ(pipelined.weights.size(), reference.weights.size()) << what;
-  ASSERT_EQ(pipelined.gradients.size(), reference.gradients.size()) << what;
-  double worstGrad = 0, worstWeight = 0;
-  std::string worstName;
-  // A gradient that is zero in exact arithmetic (a key bias: softmax ignores
-  // a shift shared by all keys) is rounding noise on both sides; it is held
-  // to 1e-4 of the whole gradient's norm rather than to its own.
-  double total = 0;
-  for (const auto &[name, ref] : reference.gradients)
-    total += norm(ref) * norm(ref);
-  double floor = 1e-4 * std::sqrt(total);
-  for (const auto &[name, ref] : reference.gradients) {
-    auto it = pipelined.gradients.find(name);
-    ASSERT_NE(it, pipelined.gradients.end()) << what << ": no gradient of " << name;
-    double e = relativeError(it->second, ref, floor);
-    if (e > worstGrad)
-      worstGrad = e, worstName = name;
-  }
-  for (const auto &[name, ref] : reference.weights) {
-    auto it = pipelined.weights.find(name);
-    ASSERT_NE(it, pipelined.weights.end()) << what << ": no weight " << name;
-    worstWeight = std::max(worstWeight, relativeError(it->second, ref));
-  }
-  EXPECT_LT(worstGrad, tolerance) << what << ": gradient of " << worstName;
-  EXPECT_LT(worstWeight, tolerance) << what;
-  // Every copy: a tied weight on each rank that holds it, each replica's.
-  ASSERT_FALSE(pipelined.weightCopies.empty()) << what;
-  double worstCopy = 0;
-  std::string worstCopyName;
-  for (const auto &copy : pipelined.weightCopies) {
-    auto it = reference.weights.find(copy.name);
-    ASSERT_NE(it, reference.weights.end()) << what << ": no weight " << copy.name;
-    double e = relativeError(copy.value, it->second);
-    if (e > worstCopy)
-      worstCopy = e,
-      worstCopyName = formatv("{0} on rank {1} of replica {2}", copy.name, copy.rank, copy.replica);
-  }
-  EXPECT_LT(worstCopy, tolerance) << what << ": the copy of " << worstCopyName;
-}
-
-/// Each trained weight has a copy on every replica, and returns how many
-/// weights have more than one copy in a replica (tied weights split over
-/// ranks).
-int expectCopiesEverywhere(const rt::RunResult &pipelined, const rt::RunResult &reference,
-                           int replicas, const std::string &what) {
-  std::map<std::string, std::map<int, int>> copies; // name -> replica -> copies
-  for (const auto &copy : pipelined.weightCopies)
-    ++copies[copy.name][copy.replica];
-  int tied = 0;
-  for (const auto &[name, ref] : reference.weights) {
-    EXPECT_EQ(static_cast<int>(copies[name].size()), replicas) << what << ": replicas of " << name;
-    tied += !copies[name].empty() && copies[name].begin()->second > 1;
-  }
-  return tied;
-}
-
-class Equivalence : public ::testing::Test {
-protected:
-  static void SetUpTestSuite() { dir = new TempDir(); }
-  static void TearDownTestSuite() { delete dir; }
-
-  static std::string model(const std::string &name, const models::GeneratorOptions &options) {
-    std::string path = dir->path(name + ".onnx");
-    if (!llvm::sys::fs::exists(path)) {
-      auto proto = models::generateModel(options);
-      EXPECT_TRUE(static_cast<bool>(proto));
-      if (!proto)
-        return path;
-      llvm::Error err = models::writeModel(*proto, path, false);
-      EXPECT_FALSE(static_cast<bool>(err)) << llvm::toString(std::move(err));
-    }
-    return path;
-  }
-  /// A small transformer with a loss: 4 blocks of width 32, 4 heads,
-  /// vocabulary 64, sequence 8.
-  static models::GeneratorOptions transformer(models::Family family) {
-    models::GeneratorOptions o(family, 4, 32, 64, 8, 4);
-    o.withLoss = true;
-    return o;
-  }
-  static std::string gpt(bool tied = true) {
-    models::GeneratorOptions o = transformer(models::Family::Gpt);
-    o.layers = 6;
-    o.tiedEmbeddings = tied;
-    return model(tied ? "gpt-tied" : "gpt", o);
-  }
-  /// 12 blocks: room for P x V = 12 chunks.
-  static std::string gptDeep() {
-    models::GeneratorOptions o = transformer(models::Family::Gpt);
-    o.layers = 12;
-    o.tiedEmbeddings = true;
-    return model("gpt-deep", o);
-  }
-  static std::string mlp() {
-    models::GeneratorOptions o(models::Family::Mlp, 6, 48, 24);
-    o.withLoss = true;
-    return model("mlp", o);
-  }
-  static std::string llama() {
-    models::GeneratorOptions o = transformer(models::Family::Llama);
-    o.kvHeads = 2;
-    return model("llama", o);
-  }
-  static std::string bert() { return model("bert", transformer(models::Family::Bert)); }
-  static std::string gptHalf() {
-    models::GeneratorOptions o = transformer(models::Family::Gpt);
-    o.fp16Weights = true;
-    return model("gpt-fp16", o);
-  }
-  static std::string cnn() {
-    models::GeneratorOptions o(models::Family::Resnet, 4, 4, 10, 16);
-    o.withLoss = true;
-    return model("cnn", o);
-  }
-
-  /// Pipelined \p setups against one rank with the whole batch.
-  void check(const std::string &path, int64_t batch, const std::vector<Config> &setups,
-             const std::string &optimizer = "sgd", int steps = 1, double tolerance = 1e-5) {
-    plan::Plan single = compileFor(path, Config{"gpipe", 1, 1, 1, 1}, batch);
-    rt::RunResult reference = runPlan(single, optimizer, steps);
-    for (const Config &s : setups) {
-      std::string what = formatv("{0} {1} P={2} V={3} M={4} dp={5}", llvm::sys::path::stem(path),
-                                 s.schedule, s.stages, s.virtualStages, s.microbatches, s.dp);
-      plan::Plan pipelined = compileFor(path, s, batch);
-      if (pipelined.stage_programs_size() == 0) {
-        ADD_FAILURE() << what << ": the plan has no stage programs to run";
-        continue;
-      }
-      SCOPED_TRACE(what);
-      rt::RunResult run = runPlan(pipelined, optimizer, steps);
-      expectSameStep(run, reference, what, tolerance);
-      splitTiedWeights = expectCopiesEverywhere(run, reference, s.dp, what);
-    }
-  }
-
-  /// After check(): of its last setup, the weights with a copy on more than
-  /// one rank.
-  int splitTiedWeights = 0;
-
-  static TempDir *dir;
-};
-
-TempDir *Equivalence::dir = nullptr;
 
 const std::vector<Config> &everySchedule() {
   static const std::vector<Config> setups = {
@@ -362,7 +137,7 @@ TEST_F(Equivalence, RecomputeChangesNothing) {
   std::string path = gpt(true);
   for (const Config &c :
        {Config{"1f1b", 2, 1, 4, 1}, Config{"zbv", 2, 2, 4, 1}, Config{"dualpipev", 2, 2, 4, 1}}) {
-    plan::Plan rebuilt = compileFor(path, c, 8, true);
+    plan::Plan rebuilt = compileFor(path, c, 8, Recompute::All);
     int recomputes = 0;
     for (const plan::RankProgram &p : rebuilt.programs())
       for (const plan::Instruction &i : p.instructions())
@@ -385,7 +160,8 @@ TEST_F(Equivalence, FusionChangesNothing) {
                         Case{gptHalf(), true}, Case{mlp(), false}, Case{cnn(), false}}) {
     for (const Config &setup : {Config{"1f1b", 2, 1, 4, 1}, Config{"zbv", 2, 2, 4, 1}}) {
       std::string what = llvm::sys::path::stem(c.path).str() + " " + setup.schedule;
-      plan::Plan plan = compileFor(c.path, setup, 8, setup.schedule == "zbv");
+      plan::Plan plan =
+          compileFor(c.path, setup, 8, setup.schedule == "zbv" ? Recompute::All : Recompute::None);
       extraOptions.fuse = false;
       rt::RunResult plain = runPlan(plan, "sgd", 2);
       extraOptions.fuse = true;
@@ -593,51 +369,6 @@ TEST_F(Equivalence, CudaBackendMatchesCpu) {
 // Through the CLI: MPI processes, faults, bad input, checkpoints, outputs
 //===----------------------------------------------------------------------===//
 
-std::string pipec() { return std::string(PIPEC_BINARY_DIR) + "/bin/pipec"; }
-
-bool haveMpirun() {
-  std::string out;
-  return runCommand("mpirun --version", out) == 0;
-}
-
-/// mpirun as root, oversubscribed (tests start more ranks than cores).
-std::string mpirun(int ranks, const std::string &env = "") {
-  std::string cmd = "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
-  if (!env.empty())
-    cmd += env + " ";
-  cmd += formatv("mpirun -np {0} --oversubscribe", ranks).str();
-  if (!env.empty())
-    cmd += " -x " + env.substr(0, env.find('='));
-  return cmd + " ";
-}
-
-/// Initializers of an ONNX file by name.
-std::map<std::string, cpu::Tensor> readWeights(const std::string &path) {
-  std::map<std::string, cpu::Tensor> out;
-  onnx::ModelProto model;
-  std::string bytes = readFile(path);
-  EXPECT_TRUE(model.ParseFromString(bytes)) << path;
-  for (const onnx::TensorProto &t : model.graph().initializer()) {
-    auto tensor = cpu::fromTensorProto(t, llvm::sys::path::parent_path(path));
-    EXPECT_TRUE(static_cast<bool>(tensor));
-    if (tensor)
-      out.emplace(t.name(), std::move(*tensor));
-  }
-  return out;
-}
-
-class RunCli : public Equivalence {
-protected:
-  /// Compiles \p model to a plan file with the given compile flags.
-  std::string plan(const std::string &model, const std::string &flags, const std::string &name) {
-    std::string path = dir->path(name + ".plan"), out;
-    int rc =
-        runCommand(pipec() + " compile " + model + " -o " + path + " --hardware cpu " + flags, out);
-    EXPECT_EQ(rc, 0) << out;
-    return path;
-  }
-};
-
 TEST_F(RunCli, MpiProcessesMatchThreadsAndOneRank) {
   if (!haveMpirun())
     GTEST_SKIP() << "mpirun is not installed";
@@ -646,17 +377,18 @@ TEST_F(RunCli, MpiProcessesMatchThreadsAndOneRank) {
   std::string two = plan(model, "--stages 2 --microbatches 4 --batch 8 --schedule zb-h1", "two");
   std::string dp = plan(model, "--stages 2 --microbatches 2 --batch 8 --dp 2", "dp");
   std::string flags = " --steps 2 --optimizer sgd --lr 0.5 --quiet --save-weights ";
-  ASSERT_EQ(runCommand(pipec() + " run " + one + flags + dir->path("one.onnx"), out), 0) << out;
-  ASSERT_EQ(runCommand(pipec() + " run " + two + flags + dir->path("local.onnx"), out), 0) << out;
-  ASSERT_EQ(runCommand(mpirun(2) + pipec() + " run " + two + " --comm mpi" + flags +
+  ASSERT_EQ(runCommand(pipecBin() + " run " + one + flags + dir->path("one.onnx"), out), 0) << out;
+  ASSERT_EQ(runCommand(pipecBin() + " run " + two + flags + dir->path("local.onnx"), out), 0)
+      << out;
+  ASSERT_EQ(runCommand(mpirun(2) + pipecBin() + " run " + two + " --comm mpi" + flags +
                            dir->path("mpi.onnx"),
                        out),
             0)
       << out;
-  ASSERT_EQ(
-      runCommand(mpirun(4) + pipec() + " run " + dp + " --comm mpi" + flags + dir->path("dp.onnx"),
-                 out),
-      0)
+  ASSERT_EQ(runCommand(mpirun(4) + pipecBin() + " run " + dp + " --comm mpi" + flags +
+                           dir->path("dp.onnx"),
+                       out),
+            0)
       << out;
   // Threads and processes run the same arithmetic: the same bytes.
   std::string threads = readFile(dir->path("local.onnx"));
@@ -681,7 +413,7 @@ TEST_F(RunCli, MpiRankKilledMidStepEndsTheJob) {
   std::string out;
   auto start = std::chrono::steady_clock::now();
   int rc = runCommand("timeout 60 " + mpirun(2, "PIPEC_FAULT=rank=1,step=1,at=5,kind=kill") +
-                          pipec() + " run " + two + " --comm mpi --steps 3",
+                          pipecBin() + " run " + two + " --comm mpi --steps 3",
                       out);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(rc, 0) << out;
@@ -693,14 +425,14 @@ TEST_F(RunCli, MpiRankKilledMidStepEndsTheJob) {
 TEST_F(RunCli, FailingRankStopsTheOthers) {
   std::string two = plan(gpt(true), "--stages 4 --microbatches 4 --batch 8", "fail");
   std::string out;
-  int rc = runCommand("PIPEC_FAULT=rank=2,step=0,at=3,kind=error timeout 60 " + pipec() + " run " +
-                          two + " --steps 2",
+  int rc = runCommand("PIPEC_FAULT=rank=2,step=0,at=3,kind=error timeout 60 " + pipecBin() +
+                          " run " + two + " --steps 2",
                       out);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("error: rank 2: injected fault"), std::string::npos) << out;
   if (haveMpirun()) {
     rc = runCommand("timeout 60 " + mpirun(4, "PIPEC_FAULT=rank=2,step=0,at=3,kind=error") +
-                        pipec() + " run " + two + " --comm mpi --steps 2",
+                        pipecBin() + " run " + two + " --comm mpi --steps 2",
                     out);
     EXPECT_NE(rc, 0) << out;
     EXPECT_NE(rc, 124) << out;
@@ -712,14 +444,14 @@ TEST_F(RunCli, BadInputNamesTheFault) {
   std::string model = gpt(true), other = mlp(), out;
   std::string p = plan(model, "--stages 2 --microbatches 2 --batch 4", "bad");
   // A plan for another model.
-  EXPECT_EQ(runCommand(pipec() + " run " + p + " --model " + other, out), 1) << out;
+  EXPECT_EQ(runCommand(pipecBin() + " run " + p + " --model " + other, out), 1) << out;
   EXPECT_NE(out.find("xxh3"), std::string::npos) << out;
   EXPECT_NE(out.find(other), std::string::npos) << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   // A missing data file.
   std::string empty = dir->path("empty-data");
   llvm::sys::fs::create_directories(empty);
-  EXPECT_EQ(runCommand(pipec() + " run " + p + " --data " + empty, out), 1) << out;
+  EXPECT_EQ(runCommand(pipecBin() + " run " + p + " --data " + empty, out), 1) << out;
   EXPECT_NE(out.find("input_ids"), std::string::npos) << out;
   EXPECT_NE(out.find(empty), std::string::npos) << out;
   // A data file of the wrong shape.
@@ -729,20 +461,20 @@ TEST_F(RunCli, BadInputNamesTheFault) {
     ASSERT_FALSE(
         static_cast<bool>(rt::writeNpy(cpu::Tensor::fromValues<int64_t>({2, 3}, {1, 2, 3, 4, 5, 6}),
                                        wrong + "/" + name + ".npy")));
-  EXPECT_EQ(runCommand(pipec() + " run " + p + " --data " + wrong, out), 1) << out;
+  EXPECT_EQ(runCommand(pipecBin() + " run " + p + " --data " + wrong, out), 1) << out;
   EXPECT_NE(out.find("[2,3]"), std::string::npos) << out;
   // The wrong number of MPI processes.
   if (haveMpirun()) {
-    EXPECT_NE(runCommand("timeout 60 " + mpirun(3) + pipec() + " run " + p + " --comm mpi", out),
+    EXPECT_NE(runCommand("timeout 60 " + mpirun(3) + pipecBin() + " run " + p + " --comm mpi", out),
               0);
     EXPECT_NE(out.find("mpirun -np 2"), std::string::npos) << out;
   }
   // Not a plan; a truncated plan.
-  EXPECT_EQ(runCommand(pipec() + " run " + model, out), 1) << out;
+  EXPECT_EQ(runCommand(pipecBin() + " run " + model, out), 1) << out;
   std::string bytes = readFile(p);
   std::string cut = dir->path("cut.plan");
   { std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2); }
-  EXPECT_EQ(runCommand(pipec() + " run " + cut, out), 1) << out;
+  EXPECT_EQ(runCommand(pipecBin() + " run " + cut, out), 1) << out;
   // A hand-edited plan whose stage names a rank it does not have: every
   // reader refuses it by the stage and rank, none crashes.
   {
@@ -752,17 +484,17 @@ TEST_F(RunCli, BadInputNamesTheFault) {
     std::string wrong = dir->path("wrong-rank.plan");
     ASSERT_FALSE(static_cast<bool>(writePlan(*edited, wrong, PlanEncoding::Text)));
     for (const char *command : {" run ", " report ", " simulate "}) {
-      EXPECT_EQ(runCommand(pipec() + command + wrong, out), 1) << command << out;
+      EXPECT_EQ(runCommand(pipecBin() + command + wrong, out), 1) << command << out;
       EXPECT_NE(out.find("stage 1 is on rank 7, but the plan has 2 rank(s)"), std::string::npos)
           << command << out;
     }
   }
   // Flags.
-  EXPECT_EQ(runCommand(pipec() + " run " + p + " --comm carrier-pigeon", out), 2) << out;
-  EXPECT_EQ(runCommand(pipec() + " run " + p + " --steps 0", out), 2) << out;
-  EXPECT_EQ(runCommand(pipec() + " run " + p + " --resume", out), 2) << out;
+  EXPECT_EQ(runCommand(pipecBin() + " run " + p + " --comm carrier-pigeon", out), 2) << out;
+  EXPECT_EQ(runCommand(pipecBin() + " run " + p + " --steps 0", out), 2) << out;
+  EXPECT_EQ(runCommand(pipecBin() + " run " + p + " --resume", out), 2) << out;
   if (!haveGpu()) {
-    EXPECT_EQ(runCommand(pipec() + " run " + p + " --backend cuda", out), 1) << out;
+    EXPECT_EQ(runCommand(pipecBin() + " run " + p + " --backend cuda", out), 1) << out;
     EXPECT_NE(out.find("cuda"), std::string::npos) << out;
   }
 }
@@ -781,7 +513,7 @@ TEST_F(RunCli, CudaPluginLoads) {
     EXPECT_NE(error.find("no CUDA device"), std::string::npos) << error;
   }
   std::string p = plan(gpt(true), "--stages 1 --microbatches 1 --batch 2", "cuda"), out;
-  int rc = runCommand(pipec() + " run " + p + " --backend cuda --steps 1", out);
+  int rc = runCommand(pipecBin() + " run " + p + " --backend cuda --steps 1", out);
   if (device) {
     EXPECT_EQ(rc, 0) << out;
   } else {
@@ -797,24 +529,24 @@ TEST_F(RunCli, ResumedRunIsBitIdentical) {
                        "resume");
   std::string ckpt = dir->path("ckpt"), out;
   std::string flags = " --optimizer adamw --quiet";
-  ASSERT_EQ(runCommand(pipec() + " run " + p + " --steps 4" + flags + " --save-weights " +
+  ASSERT_EQ(runCommand(pipecBin() + " run " + p + " --steps 4" + flags + " --save-weights " +
                            dir->path("straight.onnx"),
                        out),
             0)
       << out;
   // float16 weights resume from their float32 masters.
   std::string half = plan(gptHalf(), "--stages 2 --microbatches 2 --batch 4", "resume-half");
-  ASSERT_EQ(runCommand(pipec() + " run " + half + " --steps 3" + flags + " --save-weights " +
+  ASSERT_EQ(runCommand(pipecBin() + " run " + half + " --steps 3" + flags + " --save-weights " +
                            dir->path("half-straight.onnx"),
                        out),
             0)
       << out;
   ASSERT_EQ(
-      runCommand(pipec() + " run " + half + " --steps 2 --checkpoint " + ckpt + "-half" + flags,
+      runCommand(pipecBin() + " run " + half + " --steps 2 --checkpoint " + ckpt + "-half" + flags,
                  out),
       0)
       << out;
-  ASSERT_EQ(runCommand(pipec() + " run " + half + " --steps 3 --resume --checkpoint " + ckpt +
+  ASSERT_EQ(runCommand(pipecBin() + " run " + half + " --steps 3 --resume --checkpoint " + ckpt +
                            "-half" + flags + " --save-weights " + dir->path("half-resumed.onnx"),
                        out),
             0)
@@ -823,13 +555,13 @@ TEST_F(RunCli, ResumedRunIsBitIdentical) {
   ASSERT_FALSE(halfStraight.empty());
   EXPECT_TRUE(halfStraight == readFile(dir->path("half-resumed.onnx")));
   // Killed during step 2 (after the checkpoint of step 2), then resumed.
-  int rc = runCommand("PIPEC_FAULT=rank=1,step=2,at=4,kind=error " + pipec() + " run " + p +
+  int rc = runCommand("PIPEC_FAULT=rank=1,step=2,at=4,kind=error " + pipecBin() + " run " + p +
                           " --steps 4 --checkpoint " + ckpt + flags,
                       out);
   ASSERT_EQ(rc, 1) << out;
   EXPECT_EQ(readFile(ckpt + "/latest"), "step-2\n");
-  ASSERT_EQ(runCommand(pipec() + " run " + p + " --steps 4 --resume --checkpoint " + ckpt + flags +
-                           " --save-weights " + dir->path("resumed.onnx"),
+  ASSERT_EQ(runCommand(pipecBin() + " run " + p + " --steps 4 --resume --checkpoint " + ckpt +
+                           flags + " --save-weights " + dir->path("resumed.onnx"),
                        out),
             0)
       << out;
@@ -838,7 +570,8 @@ TEST_F(RunCli, ResumedRunIsBitIdentical) {
   EXPECT_TRUE(straight == readFile(dir->path("resumed.onnx")));
   // A checkpoint of another plan is refused by name.
   std::string q = plan(mlp(), "--stages 2 --microbatches 2 --batch 4", "resume-other");
-  EXPECT_EQ(runCommand(pipec() + " run " + q + " --steps 4 --resume --checkpoint " + ckpt, out), 1);
+  EXPECT_EQ(runCommand(pipecBin() + " run " + q + " --steps 4 --resume --checkpoint " + ckpt, out),
+            1);
   EXPECT_NE(out.find("checkpoint"), std::string::npos) << out;
 }
 
@@ -846,10 +579,11 @@ TEST_F(RunCli, InferenceWritesOutputsThatDoNotDependOnTheSplit) {
   std::string model = gpt(false), out;
   std::string one = plan(model, "--mode infer --stages 1 --microbatches 1 --batch 4", "inf1");
   std::string three = plan(model, "--mode infer --stages 3 --microbatches 2 --batch 4", "inf3");
-  ASSERT_EQ(runCommand(pipec() + " run " + one + " --steps 2 --outputs " + dir->path("o1"), out), 0)
-      << out;
-  ASSERT_EQ(runCommand(pipec() + " run " + three + " --steps 2 --outputs " + dir->path("o3"), out),
+  ASSERT_EQ(runCommand(pipecBin() + " run " + one + " --steps 2 --outputs " + dir->path("o1"), out),
             0)
+      << out;
+  ASSERT_EQ(
+      runCommand(pipecBin() + " run " + three + " --steps 2 --outputs " + dir->path("o3"), out), 0)
       << out;
   auto a = rt::readNpy(dir->path("o1") + "/logits.npy");
   auto b = rt::readNpy(dir->path("o3") + "/logits.npy");
@@ -863,7 +597,7 @@ TEST_F(RunCli, InferenceWritesOutputsThatDoNotDependOnTheSplit) {
 TEST_F(RunCli, BuffersAndFrozenWeightsStayPut) {
   std::string model = llama(), out;
   std::string p = plan(model, "--stages 2 --microbatches 2 --batch 4 --freeze 'norm'", "frozen");
-  ASSERT_EQ(runCommand(pipec() + " run " + p + " --steps 2 --quiet --save-weights " +
+  ASSERT_EQ(runCommand(pipecBin() + " run " + p + " --steps 2 --quiet --save-weights " +
                            dir->path("frozen.onnx"),
                        out),
             0)
@@ -884,14 +618,15 @@ TEST_F(RunCli, BuffersAndFrozenWeightsStayPut) {
 TEST_F(RunCli, MeasuredTraceBesideThePrediction) {
   std::string p = plan(gpt(true), "--stages 2 --microbatches 4 --batch 8", "traced"), out;
   std::string trace = dir->path("run-trace.json");
-  ASSERT_EQ(runCommand(pipec() + " run " + p + " --steps 2 --quiet --trace " + trace, out), 0)
+  ASSERT_EQ(runCommand(pipecBin() + " run " + p + " --steps 2 --quiet --trace " + trace, out), 0)
       << out;
-  ASSERT_EQ(runCommand(pipec() + " report " + p + " --trace " + trace, out), 0) << out;
+  ASSERT_EQ(runCommand(pipecBin() + " report " + p + " --trace " + trace, out), 0) << out;
   EXPECT_NE(out.find("measured (last step of"), std::string::npos) << out;
   EXPECT_NE(out.find("rank 1: compute"), std::string::npos) << out;
   std::string html = dir->path("traced.html");
   ASSERT_EQ(
-      runCommand(pipec() + " report " + p + " --trace " + trace + " --format html -o " + html, out),
+      runCommand(pipecBin() + " report " + p + " --trace " + trace + " --format html -o " + html,
+                 out),
       0)
       << out;
   std::string page = readFile(html);
@@ -910,12 +645,13 @@ TEST_F(RunCli, MeasuredTraceBesideThePrediction) {
     forwards += e.category == 'F';
   EXPECT_EQ(forwards, 8);
   EXPECT_GT(measured->stepTime, 0);
-  EXPECT_EQ(runCommand(pipec() + " report " + p + " --trace " + p, out), 1) << out;
+  EXPECT_EQ(runCommand(pipecBin() + " report " + p + " --trace " + p, out), 1) << out;
 }
 
 TEST_F(RunCli, ProfiledCostsFeedCompile) {
   std::string model = gpt(true), out, costs = dir->path("costs.json");
-  ASSERT_EQ(runCommand(pipec() + " profile " + model + " --batch 2 --steps 2 -o " + costs, out), 0)
+  ASSERT_EQ(runCommand(pipecBin() + " profile " + model + " --batch 2 --steps 2 -o " + costs, out),
+            0)
       << out;
   auto parsed = llvm::json::parse(readFile(costs));
   ASSERT_TRUE(static_cast<bool>(parsed)) << llvm::toString(parsed.takeError());
@@ -949,7 +685,7 @@ TEST_F(RunCli, ProfiledCostsFeedCompile) {
 TEST_F(RunCli, ClippingAndScheduleNumbers) {
   std::string model = gpt(true), out;
   std::string p = plan(model, "--stages 2 --microbatches 2 --batch 4", "clipped");
-  ASSERT_EQ(runCommand(pipec() + " run " + p + " --steps 1 --optimizer sgd --lr 1 " +
+  ASSERT_EQ(runCommand(pipecBin() + " run " + p + " --steps 1 --optimizer sgd --lr 1 " +
                            "--clip-grad-norm 0.05 --save-weights " + dir->path("clipped.onnx"),
                        out),
             0)
@@ -965,14 +701,14 @@ TEST_F(RunCli, ClippingAndScheduleNumbers) {
   EXPECT_NEAR(std::sqrt(moved), 0.05, 0.05 * 1e-3);
   // Warm-up 1, then cosine over the 3 remaining steps of 4: 0.1, 0.1,
   // 0.1 * (1 + cos(pi / 3)) / 2, 0.1 * (1 + cos(2 pi / 3)) / 2.
-  ASSERT_EQ(
-      runCommand(pipec() + " run " + p + " --steps 4 --lr 0.1 --lr-schedule cosine " + "--warmup 1",
-                 out),
-      0)
+  ASSERT_EQ(runCommand(pipecBin() + " run " + p + " --steps 4 --lr 0.1 --lr-schedule cosine " +
+                           "--warmup 1",
+                       out),
+            0)
       << out;
   for (const char *rate : {"step 1/4  loss", "lr 1.00e-01", "lr 7.50e-02", "lr 2.50e-02"})
     EXPECT_NE(out.find(rate), std::string::npos) << rate << "\n" << out;
-  EXPECT_EQ(runCommand(pipec() + " run " + p + " --lr-schedule sideways", out), 2) << out;
+  EXPECT_EQ(runCommand(pipecBin() + " run " + p + " --lr-schedule sideways", out), 2) << out;
 }
 
 TEST_F(RunCli, SavedModelHoldsTheTrainedWeights) {
@@ -992,7 +728,7 @@ TEST_F(RunCli, SavedModelHoldsTheTrainedWeights) {
   }
   // The saved model is a model pipec reads.
   std::string out;
-  EXPECT_EQ(runCommand(pipec() + " inspect " + options.saveWeights, out), 0) << out;
+  EXPECT_EQ(runCommand(pipecBin() + " inspect " + options.saveWeights, out), 0) << out;
 }
 
 } // namespace

@@ -41,7 +41,7 @@ Case makeCase(ScheduleKind kind, int stages, int virtualStages, int microbatches
   BalanceOptions &o = c.options;
   o.shape = test::pipelineShape(kind, stages, virtualStages, microbatches, dataParallel);
   o.training.training = kind != ScheduleKind::ForwardOnly;
-  o.training.recompute = recompute;
+  o.training.recompute = recompute ? Recompute::All : Recompute::None;
   auto h100 = builtinHardware("h100"), a100 = builtinHardware("a100");
   EXPECT_TRUE(h100 && a100);
   for (int r = 0; r < stages; ++r) {
@@ -93,12 +93,12 @@ Case makeCase(ScheduleKind kind, int stages, int virtualStages, int microbatches
       in.hasGradient[k] = grads[k];
     }
     if (stages > 1) {
-      LoweringInputs::AllReduce tied;
+      LoweringInputs::Collective tied;
       tied.reduce = plan::Instruction::TIED_WEIGHT;
       tied.tiedWeight = "embedding";
       tied.ranks = {0, stages - 1};
       tied.bytes = 3 << 20;
-      in.allReduces.insert(in.allReduces.begin(), tied);
+      in.collectives.insert(in.collectives.begin(), tied);
     }
     return in;
   };
@@ -174,6 +174,16 @@ TEST(PredictStep, GPipeByHand) {
   auto replicated = StepPredictor(c.options).predict(c.plan);
   ASSERT_TRUE(!!replicated) << toString(replicated.takeError());
   EXPECT_EQ(replicated->step, 13.0);
+
+  // Sharded over the two replicas: the ring's two halves, a reduce-scatter
+  // of 1 s before the optimizer step and an all-gather of 1 s after it, and
+  // the step updates half the optimizer state (here half the bytes: 0.5 s).
+  c.options.training.optimizerShards = 2;
+  for (RankPlan &rank : c.plan.ranks)
+    rank.weightBytes = 500000000;
+  auto sharded = StepPredictor(c.options).predict(c.plan);
+  ASSERT_TRUE(!!sharded) << toString(sharded.takeError());
+  EXPECT_EQ(sharded->step, 12.5);
 }
 
 /// 1F1B, P = 2, M = 3, by hand, with transfers free (links without
@@ -197,7 +207,7 @@ TEST(PredictStep, OneFOneBWithRecomputeByHand) {
   EXPECT_EQ(kept->step, 8.0);
   EXPECT_EQ(kept->peakMemory, (std::vector<int64_t>{2000, 2000}));
 
-  c.options.training.recompute = true;
+  c.options.training.recompute = Recompute::All;
   auto rebuilt = StepPredictor(c.options).predict(c.plan);
   ASSERT_TRUE(!!rebuilt) << toString(rebuilt.takeError());
   EXPECT_EQ(rebuilt->step, 11.0);

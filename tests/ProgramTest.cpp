@@ -32,7 +32,6 @@ std::vector<plan::RankProgram> withoutFirst(std::vector<plan::RankProgram> progr
 
 LoweringInputs unitInputs(int chunks, bool recompute = false) {
   LoweringInputs in;
-  in.recompute = recompute;
   for (int k = 0; k < chunks; ++k) {
     std::vector<plan::TensorRef> tensors;
     std::vector<bool> grads;
@@ -54,6 +53,8 @@ LoweringInputs unitInputs(int chunks, bool recompute = false) {
     in.activationBytes.push_back(ActBytes);
     in.inputBytes.push_back(10);
   }
+  if (recompute)
+    in.recomputeAll();
   return in;
 }
 

@@ -13,6 +13,9 @@
 #               DualPipeV), both ranks on the one GPU (--ranks-per-device 2),
 #               gives the weights of the one-rank run, within 1e-5; and the
 #               one-rank CUDA run those of the CPU backend, within 1e-3
+#   recompute   the 2-stage 1F1B plan with --recompute, the same
+#   sharded     --shard-optimizer with two replicas on the GPU gives the
+#               unsharded replicas' weights after 3 AdamW steps, within 1e-6
 #   fallbacks   the nodes the one-rank CUDA run handed to the CPU, by op
 #   nccl        the same over NCCL under mpirun, or why it could not run
 #   bench       a bf16 GPT trained with 1F1B on one rank (fused and
@@ -248,6 +251,38 @@ for sched in 1f1b zb-h1 dualpipev; do
   if [ $rc != 0 ]; then row "$label" FAIL "run: $(why $rc "$e")"; continue; fi
   matches "$label" "$ref" "$work/w-$sched.onnx" 1e-5 1e-6
 done
+# --recompute: FORWARD drops the activations, RECOMPUTE reruns the forward
+# nodes that rebuild them on the device before each backward.
+label="1f1b P=2 recompute = 1 rank ($backend)"
+if [ -z "$ref" ]; then
+  row "$label" FAIL "no one-rank run to compare with"
+elif step "$e" "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-recompute.plan" --stages 2 \
+       --schedule 1f1b --recompute "${planFlags[@]}" &&
+     step "$e" "$pipec" run "$work/gpt-recompute.plan" "${trainFlags[@]}" --ranks-per-device 2 \
+       --save-weights "$work/w-recompute.onnx"; then
+  matches "$label" "$ref" "$work/w-recompute.onnx" 1e-5 1e-6
+else
+  row "$label" FAIL "$(why $? "$e")"
+fi
+# --shard-optimizer: two replicas on the one GPU (threads: host
+# collectives), each updating its shard of every weight on the device, give
+# the unsharded replicas' weights after three AdamW steps with clipping and
+# weight decay.
+label="sharded dp=2 = unsharded ($backend)"
+adamFlags=(--backend "$backend" --precision fp32 --steps 3 --seed 7 --timeout 60 --optimizer adamw
+           --lr 1e-3 --clip-grad-norm 0.05 --weight-decay 0.1)
+if step "$e" "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-dp.plan" --stages 1 --dp 2 \
+     "${planFlags[@]}" &&
+   step "$e" "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-zero.plan" --stages 1 --dp 2 \
+     --shard-optimizer "${planFlags[@]}" &&
+   step "$e" "$pipec" run "$work/gpt-dp.plan" "${adamFlags[@]}" \
+     --ranks-per-device 2 --save-weights "$work/w-dp.onnx" &&
+   step "$e" "$pipec" run "$work/gpt-zero.plan" "${adamFlags[@]}" \
+     --ranks-per-device 2 --save-weights "$work/w-zero.onnx"; then
+  matches "$label" "$work/w-dp.onnx" "$work/w-zero.onnx" 1e-6 1e-7
+else
+  row "$label" FAIL "$(why $? "$e")"
+fi
 if [ $dry = 1 ]; then
   row "cuda = cpu (1 rank)" SKIPPED "dry run"
 elif [ -z "$ref" ]; then

@@ -38,6 +38,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <list>
 #include <optional>
 #include <unistd.h>
 
@@ -131,8 +132,16 @@ cl::opt<std::string> Precision("precision", cl::desc("fp32|bf16 (default bf16 on
                                cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> OptimizerFlag("optimizer", cl::desc("sgd|momentum|adamw"), cl::init("adamw"),
                                    cl::cat(CompileCat), cl::sub(CompileCmd));
-cl::opt<bool> Recompute("recompute", cl::desc("Activation checkpointing per stage"),
-                        cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string> Recompute("recompute",
+                               cl::desc("none|all|auto: which layers recompute their activations "
+                                        "in the backward (alone: all; auto: per stage, the fewest "
+                                        "that fit --memory-limit)"),
+                               cl::ValueOptional, cl::value_desc("MODE"), cl::cat(CompileCat),
+                               cl::sub(CompileCmd));
+cl::opt<bool> ShardOptimizer("shard-optimizer",
+                             cl::desc("With --dp N: each replica keeps and updates 1/N of the "
+                                      "optimizer state (ZeRO-1)"),
+                             cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> Freeze("freeze",
                             cl::desc("Weights not to train: a regular expression over their "
                                      "names"),
@@ -518,7 +527,12 @@ int runCompile() {
   if (!optimizer)
     return reportError(optimizer.takeError());
   options.optimizer = *optimizer;
-  options.recompute = Recompute;
+  if (Recompute.getNumOccurrences()) {
+    auto recompute = parseRecompute(Recompute.empty() ? "all" : StringRef(Recompute));
+    if (!recompute)
+      return reportError(recompute.takeError());
+    options.recompute = *recompute;
+  }
   if (!Freeze.empty()) {
     std::string why;
     if (!Regex(Freeze).isValid(why))
@@ -538,6 +552,9 @@ int runCompile() {
     return badUsage("--untie: only training (--mode train) has weights to untie");
   options.costs = Costs;
   options.dataParallel = DataParallel;
+  options.shardOptimizer = ShardOptimizer;
+  if (ShardOptimizer && Mode == "infer")
+    return badUsage("--shard-optimizer: an inference plan has no optimizer state to shard");
   options.disableFree = true; // the process ends after the plan is written
   auto pipeline = pipelineOptionsFromFlags(passNames());
   if (!pipeline)
@@ -854,6 +871,19 @@ int main(int argc, char **argv) {
                       " is not valid UTF-8; pipec records paths as "
                       "UTF-8 text");
   }
+  // --recompute takes an optional value: "--recompute auto" is read as
+  // "--recompute=auto", as a user types it.
+  std::vector<char *> args(argv, argv + argc);
+  for (size_t i = 1; i + 1 < args.size(); ++i)
+    if (StringRef(args[i]) == "--recompute" &&
+        is_contained(ArrayRef<StringRef>{"none", "all", "auto"}, StringRef(args[i + 1]))) {
+      static std::list<std::string> merged; // outlives the parse; never moves
+      merged.push_back("--recompute=" + std::string(args[i + 1]));
+      args[i] = merged.back().data();
+      args.erase(args.begin() + i + 1);
+    }
+  argc = static_cast<int>(args.size());
+  argv = args.data();
   cl::HideUnrelatedOptions({&ShapeCat, &DebugCat, &CompileCat, &cl::getGeneralCategory()});
   cl::SetVersionPrinter([](raw_ostream &os) { printVersions(os); });
   // llvm::cl writes some of its messages to stderr itself rather than to

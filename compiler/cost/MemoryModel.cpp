@@ -5,6 +5,7 @@
 
 #include "llvm/ADT/StringSwitch.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -13,15 +14,47 @@ using namespace llvm;
 
 namespace pipec {
 
+namespace {
+
+constexpr EnumName<Recompute> recomputeNames[] = {
+    {Recompute::None, "none"}, {Recompute::All, "all"}, {Recompute::Auto, "auto"}};
+
+} // namespace
+
+Expected<Recompute> parseRecompute(StringRef name) {
+  if (std::optional<Recompute> r = valueOf(recomputeNames, name.lower()))
+    return *r;
+  return usageError("--recompute " + name + ": expected " + nameList(recomputeNames));
+}
+
+StringRef recomputeName(Recompute recompute) { return nameOf(recomputeNames, recompute, "none"); }
+
+int64_t optimizerBytesPerParam(const TrainingSetup &setup) {
+  if (!setup.training)
+    return 0;
+  int64_t moments = setup.optimizer == Optimizer::SGD        ? 0
+                    : setup.optimizer == Optimizer::Momentum ? 4
+                                                             : 8;
+  // Mixed precision: an fp32 master copy beside the bf16 weight.
+  return moments + (setup.mixedPrecision ? 4 : 0);
+}
+
 int64_t bytesPerParam(const TrainingSetup &setup) {
   if (!setup.training)
     return setup.mixedPrecision ? 2 : 4;
-  int64_t state = setup.optimizer == Optimizer::SGD        ? 0
-                  : setup.optimizer == Optimizer::Momentum ? 4
-                                                           : 8;
-  // Mixed precision: bf16 weight and gradient plus an fp32 master copy.
-  int64_t weightsAndGrads = setup.mixedPrecision ? 2 + 2 + 4 : 4 + 4;
-  return weightsAndGrads + state;
+  int64_t weightAndGrad = setup.mixedPrecision ? 2 + 2 : 4 + 4;
+  return weightAndGrad + optimizerBytesPerParam(setup);
+}
+
+int64_t optimizerStateBytes(int64_t params, const TrainingSetup &setup) {
+  int64_t shards = std::max(1, setup.optimizerShards);
+  int64_t state = params * optimizerBytesPerParam(setup);
+  return (state + shards - 1) / shards;
+}
+
+int64_t weightStateBytes(int64_t params, const TrainingSetup &setup) {
+  return params * (bytesPerParam(setup) - optimizerBytesPerParam(setup)) +
+         optimizerStateBytes(params, setup);
 }
 
 Expected<int64_t> parseByteSize(StringRef text, StringRef flag) {

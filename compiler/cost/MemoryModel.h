@@ -12,6 +12,12 @@
 //   Adam / AdamW                16         2 + 2 + 4 + 4 + 4   = 16
 //   inference                    4         2
 //
+// --shard-optimizer divides the optimizer's own state (the fp32 master and
+// the moments: 4, 8 and 12 bytes above in mixed precision, 0, 4 and 8 in
+// fp32) over the data-parallel replicas, as ZeRO stage 1 does (Rajbhandari
+// et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+// Models", SC'20); weights and gradients stay whole on every replica.
+//
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_COMPILER_COST_MEMORYMODEL_H
 #define PIPEC_COMPILER_COST_MEMORYMODEL_H
@@ -25,15 +31,44 @@
 
 namespace pipec {
 
+/// Which layers recompute their activations in the backward instead of
+/// keeping them (activation checkpointing).
+enum class Recompute {
+  None, ///< every layer keeps its activations
+  All,  ///< every layer of every stage recomputes (--recompute)
+  /// compile chooses per stage how many of its first layers recompute: the
+  /// fewest that let every rank fit --memory-limit (--recompute auto)
+  Auto,
+};
+
+/// "none", "all" or "auto" (any case); the error names the flag.
+llvm::Expected<Recompute> parseRecompute(llvm::StringRef name);
+llvm::StringRef recomputeName(Recompute recompute);
+
 struct TrainingSetup {
   bool training = true;
   Optimizer optimizer = Optimizer::AdamW;
   bool mixedPrecision = true;
-  bool recompute = false;
+  Recompute recompute = Recompute::None;
+  /// The replicas the optimizer state is divided over (--shard-optimizer
+  /// with --dp N: N), else 1.
+  int optimizerShards = 1;
 };
 
-/// Bytes held per parameter: weights, gradients and optimizer state.
+/// Bytes held per parameter, unsharded: weights, gradients and optimizer
+/// state.
 int64_t bytesPerParam(const TrainingSetup &setup);
+
+/// Of bytesPerParam, the optimizer's own state: the fp32 master copy of a
+/// mixed-precision weight and the moments. What sharding divides.
+int64_t optimizerBytesPerParam(const TrainingSetup &setup);
+
+/// Bytes \p params parameters take on a rank: weights and gradients, and
+/// its shard of the optimizer state (rounded up).
+int64_t weightStateBytes(int64_t params, const TrainingSetup &setup);
+
+/// Of weightStateBytes, the optimizer state's.
+int64_t optimizerStateBytes(int64_t params, const TrainingSetup &setup);
 
 /// "16GB", "80GiB", "1.5e9", "512MiB" -> bytes; decimal units are powers of
 /// 1000, binary ones of 1024. The error names the flag.

@@ -94,6 +94,23 @@ std::vector<int64_t> peakHeldPerChunk(const Schedule &schedule, int rank) {
   return peak;
 }
 
+std::vector<int64_t> peakRebuiltPerChunk(const Schedule &schedule, int rank) {
+  std::vector<int> stages;
+  for (const Action &a : schedule.ranks[rank])
+    stages.push_back(a.stage);
+  std::sort(stages.begin(), stages.end());
+  stages.erase(std::unique(stages.begin(), stages.end()), stages.end());
+  std::vector<int64_t> held(stages.size(), 0), peak(stages.size(), 0);
+  for (const Action &a : schedule.ranks[rank]) {
+    size_t c = std::lower_bound(stages.begin(), stages.end(), a.stage) - stages.begin();
+    if (a.kind == ActionKind::B || a.kind == ActionKind::I)
+      peak[c] = std::max(peak[c], ++held[c]);
+    if (a.kind == ActionKind::B || a.kind == ActionKind::W)
+      --held[c];
+  }
+  return peak;
+}
+
 int64_t inFlightActivations(ScheduleKind kind, int stages, int virtualStages, int microbatches,
                             int rank) {
   Expected<Schedule> schedule = generateSchedule(kind, stages, virtualStages, microbatches);

@@ -55,6 +55,12 @@ llvm::Expected<Schedule> generateSchedule(ScheduleKind kind, int stages, int vir
 /// split backward (an I frees nothing; W still reads the layer inputs).
 std::vector<int64_t> peakHeldPerChunk(const Schedule &schedule, int rank);
 
+/// As peakHeldPerChunk, for the activations a recomputing chunk rebuilds:
+/// held from its backward (B, or I: the RECOMPUTE runs just before) until
+/// the pass that frees them (B, or W). Under 1F1B one at a time; a
+/// zero-bubble schedule that delays W holds several.
+std::vector<int64_t> peakRebuiltPerChunk(const Schedule &schedule, int rank);
+
 /// The memory model's count for rank \p rank before a plan exists: the
 /// per-chunk peaks of peakHeldPerChunk for the generated schedule, summed
 /// (an upper bound of what the rank holds at once, and its value when

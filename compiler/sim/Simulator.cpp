@@ -1,5 +1,6 @@
 //===- Simulator.cpp - Event simulation of a plan's instruction streams ---===//
 #include "compiler/sim/Simulator.h"
+#include "plan/PlanFile.h"
 #include "support/ChromeTrace.h"
 #include "support/Diagnostics.h"
 
@@ -149,7 +150,7 @@ private:
       return true;
     const StreamCollective &x = streams.collectives[a.collective],
                            &y = streams.collectives[b.collective];
-    return x.reduce == y.reduce && x.tiedWeight == y.tiedWeight;
+    return x.op == y.op && x.reduce == y.reduce && x.tiedWeight == y.tiedWeight;
   }
 
   const Streams &streams;
@@ -165,8 +166,8 @@ private:
 };
 
 std::string Engine::describe(const StreamOp &op) const {
-  if (op.op == Op::ALLREDUCE)
-    return "ALLREDUCE " + streams.collectives[op.collective].group;
+  if (isCollective(op.op))
+    return Op::Op_Name(op.op) + " " + streams.collectives[op.collective].group;
   return formatv("{0} {1} s{2} mb{3} {4} {5} {6}", op.op == Op::SEND ? "SEND" : "RECV",
                  op.grad ? "grad" : "act", op.stage, op.microbatch, op.op == Op::SEND ? "->" : "<-",
                  op.peer, streams.tensors[op.tensor]->name())
@@ -222,7 +223,9 @@ Error Engine::advance(int r, Deadlock *deadlock) {
         return err;
       continue;
     }
-    case Op::ALLREDUCE: {
+    case Op::ALLREDUCE:
+    case Op::REDUCE_SCATTER:
+    case Op::ALL_GATHER: {
       int at = st.pc;
       collective(r);
       if (st.pc == at)
@@ -346,13 +349,13 @@ Error Engine::match(int c, Deadlock *deadlock) {
 }
 
 void Engine::collective(int r) {
-  if (done(r) || at(r, state[r].pc).op != Op::ALLREDUCE || state[r].outstanding > 0)
+  if (done(r) || !isCollective(at(r, state[r].pc).op) || state[r].outstanding > 0)
     return;
   const StreamOp &ins = at(r, state[r].pc);
   const StreamCollective &group = streams.collectives[ins.collective];
   double start = 0;
   for (int peer : group.ranks) {
-    if (peer < 0 || peer >= P || done(peer) || at(peer, state[peer].pc).op != Op::ALLREDUCE ||
+    if (peer < 0 || peer >= P || done(peer) || !isCollective(at(peer, state[peer].pc).op) ||
         !sameCollective(at(peer, state[peer].pc), ins) || state[peer].outstanding > 0)
       return;
     start = std::max(start, state[peer].clock);
@@ -364,7 +367,10 @@ void Engine::collective(int r) {
       TimelineEvent e;
       e.rank = peer;
       e.category = 'C';
-      e.name = "allreduce " + group.group;
+      e.name = (theirs.op == Op::REDUCE_SCATTER ? "reduce-scatter "
+                : theirs.op == Op::ALL_GATHER   ? "all-gather "
+                                                : "allreduce ") +
+               group.group;
       e.start = start;
       e.duration = length;
       result.events.push_back(e);
@@ -396,7 +402,7 @@ Expected<SimulationResult> Engine::run(Deadlock *deadlock) {
     if (done(r))
       continue;
     waiting[r] = state[r].pc;
-    std::string what = at(r, state[r].pc).op == Op::ALLREDUCE
+    std::string what = isCollective(at(r, state[r].pc).op)
                            ? describe(at(r, state[r].pc))
                            : "data of an unmatched RECV before step " + std::to_string(state[r].pc);
     // Name the receive that has no send yet.
@@ -476,8 +482,11 @@ Streams streamsOf(ArrayRef<const plan::RankProgram *> programs) {
           op.mailbox = it->second;
         }
         break;
-      case Op::ALLREDUCE: {
+      case Op::ALLREDUCE:
+      case Op::REDUCE_SCATTER:
+      case Op::ALL_GATHER: {
         StreamCollective c;
+        c.op = ins.op();
         c.reduce = ins.reduce();
         c.tiedWeight = ins.tied_weight();
         c.ranks.assign(ins.ranks().begin(), ins.ranks().end());
@@ -559,7 +568,10 @@ StreamCosts streamCosts(const StepCosts &c) {
             : nullptr;
     switch (ins.op) {
     case Op::FORWARD:
+      return t ? (*t)[0] : 0.0;
     case Op::RECOMPUTE:
+      if (ins.stage >= 0 && ins.stage < static_cast<int>(c.recomputeTimes.size()))
+        return c.recomputeTimes[ins.stage];
       return t ? (*t)[0] : 0.0;
     case Op::BACKWARD:
       return t ? (*t)[1] + (*t)[2] : 0.0;
@@ -577,9 +589,14 @@ StreamCosts streamCosts(const StepCosts &c) {
   };
   costs.transfer = link;
   costs.allReduce = [&c, hardware, link](int r, const StreamCollective &group) {
-    if (group.reduce == plan::Instruction::DATA_PARALLEL)
-      return ringAllReduceSeconds(c.dataParallel, group.bytes,
-                                  [&](int64_t b) { return interNodeStepSeconds(hardware(r), b); });
+    if (group.reduce == plan::Instruction::DATA_PARALLEL) {
+      // A ring all-reduce is a reduce-scatter and then an all-gather, each
+      // half of its steps.
+      double ring = ringAllReduceSeconds(c.dataParallel, group.bytes, [&](int64_t b) {
+        return interNodeStepSeconds(hardware(r), b);
+      });
+      return group.op == Op::ALLREDUCE ? ring : ring / 2;
+    }
     // The step is asked for only with two ranks or more.
     return ringAllReduceSeconds(static_cast<int>(group.ranks.size()), group.bytes, [&](int64_t b) {
       return link(r, group.ranks[0] == r ? group.ranks[1] : group.ranks[0], b);
@@ -594,9 +611,12 @@ Expected<SimulationResult> simulatePlan(const plan::Plan &plan) {
                              "the plan has no instruction streams to simulate");
   StepCosts step;
   step.stageTimes.assign(plan.stages_size(), {0.0, 0.0, 0.0});
+  step.recomputeTimes.assign(plan.stages_size(), 0.0);
   for (const plan::Stage &s : plan.stages())
-    if (s.index() >= 0 && s.index() < plan.stages_size())
+    if (s.index() >= 0 && s.index() < plan.stages_size()) {
       step.stageTimes[s.index()] = {s.time_f_s(), s.time_i_s(), s.time_w_s()};
+      step.recomputeTimes[s.index()] = s.recomputed_layers() > 0 ? s.time_r_s() : s.time_f_s();
+    }
   for (const plan::Rank &r : plan.ranks())
     step.weightBytes.push_back(r.weight_bytes());
   std::vector<plan::HardwareInfo> hardware(plan.hardware().begin(), plan.hardware().end());

@@ -74,6 +74,7 @@ struct StreamOp {
 
 /// An ALLREDUCE's group and gradients.
 struct StreamCollective {
+  plan::Instruction::Op op = plan::Instruction::ALLREDUCE; ///< or REDUCE_SCATTER, ALL_GATHER
   plan::Instruction::Reduce reduce = plan::Instruction::NO_REDUCE;
   std::string tiedWeight;
   std::vector<int> ranks;
@@ -111,6 +112,9 @@ struct StreamCosts {
 /// data-parallel degree of the dp all-reduce's ring.
 struct StepCosts {
   std::vector<std::array<double, 3>> stageTimes;
+  /// Per stage, a RECOMPUTE's seconds (the forward of the layers that
+  /// recompute); empty: the stage's whole forward.
+  std::vector<double> recomputeTimes;
   std::vector<int64_t> weightBytes;
   llvm::ArrayRef<plan::HardwareInfo> hardware; ///< not owned
   int dataParallel = 1;
@@ -135,7 +139,8 @@ struct Deadlock {
 ///    microbatch, tensor, shape or dtype is an error;
 ///  - a compute waits until every RECV posted before it has matched and its
 ///    data has arrived; a rank's step ends when its sends have finished;
-///  - an ALLREDUCE completes when every rank of its group reached it.
+///  - a collective (ALLREDUCE, REDUCE_SCATTER, ALL_GATHER) completes when
+///    every rank of its group reached it.
 /// A state where no rank can move is a deadlock: the error says who waits
 /// for what and \p deadlock (when given) receives the blocked positions.
 /// The timeline's events are recorded when \p events is set. With

@@ -5,7 +5,8 @@
 //    message is a shared, immutable tensor handed over through a queue;
 //  - mpi: one process per rank (`mpirun -np N pipec run PLAN --comm mpi`),
 //    any number of nodes; point-to-point is MPI_Isend/MPI_Irecv, sums are
-//    MPI_Allreduce on communicators made once per group.
+//    MPI_Allreduce on communicators made once per group, the sharded
+//    optimizer's MPI_Reduce_scatter_block and MPI_Allgather on the same.
 //
 // Point-to-point semantics are the plan's (NCCL's): between two ranks,
 // messages match in the order they are posted, so a rank posts its receives
@@ -51,6 +52,18 @@ public:
   /// including this one) in place; every member gets the same bits.
   virtual llvm::Error sum(llvm::ArrayRef<int> group,
                           llvm::MutableArrayRef<cpu::Tensor> tensors) = 0;
+  /// Reduce-scatter over \p group (sorted global ranks, including this
+  /// one, N of them): each of \p tensors is flat, float32 or float64, of
+  /// N x c elements; it is summed over the group and replaced by the c
+  /// elements of the sum at this rank's position in the group, with the
+  /// bits sum() would give them. The sharded optimizer's gradients.
+  virtual llvm::Error reduceScatter(llvm::ArrayRef<int> group,
+                                    llvm::MutableArrayRef<cpu::Tensor> tensors) = 0;
+  /// All-gather over \p group: each of \p tensors is flat, of c elements
+  /// of any type, and is replaced by the N x c elements of every member's,
+  /// in group order. The sharded optimizer's updated weights.
+  virtual llvm::Error allGather(llvm::ArrayRef<int> group,
+                                llvm::MutableArrayRef<cpu::Tensor> tensors) = 0;
   /// Sums \p values over all ranks in place.
   virtual llvm::Error sumAll(llvm::MutableArrayRef<double> values) = 0;
   /// Every rank's \p bytes, at rank 0 (others get an empty list).
@@ -64,7 +77,8 @@ public:
   /// synchronized): local threads share the process's devices; NCCL moves
   /// device memory. Otherwise the executor sends host copies.
   virtual bool devicePointToPoint() const { return false; }
-  /// Whether sum() works on device tensors (NCCL); otherwise host tensors.
+  /// Whether sum(), reduceScatter() and allGather() work on device tensors
+  /// (NCCL); otherwise host tensors.
   virtual bool deviceSums() const { return false; }
   /// Brackets the SEND/RECV instructions that the plan posts together, for
   /// transports that must issue them as one group (NCCL).

@@ -124,6 +124,58 @@ public:
     });
   }
 
+  Error reduceScatter(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
+    if (group.size() < 2)
+      return Error::success();
+    int64_t n = static_cast<int64_t>(group.size());
+    size_t index = std::find(group.begin(), group.end(), self) - group.begin();
+    for (const cpu::Tensor &t : tensors)
+      if ((t.elemType() != cpu::DType::F32 && t.elemType() != cpu::DType::F64) ||
+          t.numElements() % n != 0)
+        return createStringError(inconvertibleErrorCode(),
+                                 "rank %d: a reduce-scatter over %lld ranks needs float tensors of "
+                                 "a multiple of %lld elements, got %s",
+                                 self, static_cast<long long>(n), static_cast<long long>(n),
+                                 t.describe().c_str());
+    std::vector<cpu::Tensor> mine(tensors.begin(), tensors.end());
+    return collective(group, std::move(mine), "", [&](State::Slot &slot) {
+      // This member's block, added in member order as sum() adds.
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        const cpu::Tensor &first = slot.parts[0][t];
+        int64_t c = first.numElements() / n;
+        size_t width = cpu::storageSize(first.elemType());
+        cpu::Tensor total(first.elemType(), {c});
+        std::memcpy(total.rawData(), static_cast<const char *>(first.rawData()) + index * c * width,
+                    c * width);
+        for (size_t m = 1; m < slot.parts.size(); ++m) {
+          const cpu::Tensor &part = slot.parts[m][t];
+          addInto(total, part.elemType() == cpu::DType::F64
+                             ? static_cast<const void *>(part.data<double>() + index * c)
+                             : static_cast<const void *>(part.data<float>() + index * c));
+        }
+        tensors[t] = std::move(total);
+      }
+    });
+  }
+
+  Error allGather(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
+    if (group.size() < 2)
+      return Error::success();
+    std::vector<cpu::Tensor> mine(tensors.begin(), tensors.end());
+    return collective(group, std::move(mine), "", [&](State::Slot &slot) {
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        const cpu::Tensor &first = slot.parts[0][t];
+        size_t bytes = first.byteSize();
+        cpu::Tensor all(first.elemType(),
+                        {first.numElements() * static_cast<int64_t>(group.size())});
+        for (size_t m = 0; m < slot.parts.size(); ++m)
+          std::memcpy(static_cast<char *>(all.rawData()) + m * bytes, slot.parts[m][t].rawData(),
+                      bytes);
+        tensors[t] = std::move(all);
+      }
+    });
+  }
+
   Error sumAll(MutableArrayRef<double> values) override {
     std::vector<int> all(state->size);
     for (int r = 0; r < state->size; ++r)
@@ -174,18 +226,22 @@ private:
     std::vector<int64_t> shape;
   };
 
-  static void addInto(cpu::Tensor &total, const cpu::Tensor &part) {
+  /// \p total += the first numElements() elements of \p part, of its type.
+  static void addInto(cpu::Tensor &total, const void *part) {
     if (total.elemType() == cpu::DType::F64) {
       double *t = total.data<double>();
-      const double *p = part.data<double>();
+      const double *p = static_cast<const double *>(part);
       for (int64_t i = 0; i < total.numElements(); ++i)
         t[i] += p[i];
     } else {
       float *t = total.data<float>();
-      const float *p = part.data<float>();
+      const float *p = static_cast<const float *>(part);
       for (int64_t i = 0; i < total.numElements(); ++i)
         t[i] += p[i];
     }
+  }
+  static void addInto(cpu::Tensor &total, const cpu::Tensor &part) {
+    addInto(total, part.rawData());
   }
 
   template <typename Read>

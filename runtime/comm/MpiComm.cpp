@@ -131,13 +131,21 @@ public:
     return Error::success();
   }
 
-  Error sum(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
-    if (group.size() < 2 || tensors.empty())
-      return Error::success();
+  /// The communicator prepareGroups made for \p group.
+  Expected<MPI_Comm> communicator(ArrayRef<int> group) {
     auto it = comms.find(std::vector<int>(group.begin(), group.end()));
     if (it == comms.end() || it->second == MPI_COMM_NULL)
       return createStringError(inconvertibleErrorCode(), "rank %d: no communicator for a group",
                                self);
+    return it->second;
+  }
+
+  Error sum(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
+    if (group.size() < 2 || tensors.empty())
+      return Error::success();
+    auto comm = communicator(group);
+    if (!comm)
+      return comm.takeError();
     bool isDouble = tensors[0].elemType() == cpu::DType::F64;
     for (const cpu::Tensor &t : tensors)
       if (t.elemType() != tensors[0].elemType() ||
@@ -160,7 +168,7 @@ public:
     for (size_t start = 0; start < total; start += INT_MAX / 2) {
       int n = static_cast<int>(std::min<size_t>(INT_MAX / 2, total - start));
       PIPEC_MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, buffer.data() + start * elementSize, n,
-                                  isDouble ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, it->second),
+                                  isDouble ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, *comm),
                     formatv("rank {0}: all-reduce", self));
     }
     at = 0;
@@ -169,6 +177,58 @@ public:
       std::memcpy(fresh.rawData(), buffer.data() + at, fresh.byteSize());
       at += fresh.byteSize();
       t = std::move(fresh);
+    }
+    return Error::success();
+  }
+
+  Error reduceScatter(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
+    if (group.size() < 2 || tensors.empty())
+      return Error::success();
+    auto comm = communicator(group);
+    if (!comm)
+      return comm.takeError();
+    int n = static_cast<int>(group.size());
+    for (cpu::Tensor &t : tensors) {
+      bool isDouble = t.elemType() == cpu::DType::F64;
+      if ((!isDouble && t.elemType() != cpu::DType::F32) || t.numElements() % n != 0 ||
+          t.numElements() / n > INT_MAX)
+        return createStringError(inconvertibleErrorCode(),
+                                 "rank %d: a reduce-scatter over %d ranks needs float tensors of a "
+                                 "multiple of %d elements, at most INT_MAX each, got %s",
+                                 self, n, n, t.describe().c_str());
+      int block = static_cast<int>(t.numElements() / n);
+      cpu::Tensor mine(t.elemType(), {block});
+      PIPEC_MPI_TRY(MPI_Reduce_scatter_block(t.rawData(), mine.rawData(), block,
+                                             isDouble ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, *comm),
+                    formatv("rank {0}: reduce-scatter", self));
+      t = std::move(mine);
+    }
+    return Error::success();
+  }
+
+  Error allGather(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
+    if (group.size() < 2 || tensors.empty())
+      return Error::success();
+    auto comm = communicator(group);
+    if (!comm)
+      return comm.takeError();
+    int n = static_cast<int>(group.size());
+    for (cpu::Tensor &t : tensors) {
+      // Elements of one storage word each (half types are stored as float).
+      size_t width = cpu::storageSize(t.elemType());
+      MPI_Datatype word = width == 8   ? MPI_UINT64_T
+                          : width == 4 ? MPI_UINT32_T
+                          : width == 2 ? MPI_UINT16_T
+                                       : MPI_BYTE;
+      if (t.numElements() > INT_MAX)
+        return createStringError(inconvertibleErrorCode(),
+                                 "rank %d: an all-gather of %s is over MPI's INT_MAX count", self,
+                                 t.describe().c_str());
+      cpu::Tensor all(t.elemType(), {t.numElements() * n});
+      PIPEC_MPI_TRY(MPI_Allgather(t.rawData(), static_cast<int>(t.numElements()), word,
+                                  all.rawData(), static_cast<int>(t.numElements()), word, *comm),
+                    formatv("rank {0}: all-gather", self));
+      t = std::move(all);
     }
     return Error::success();
   }

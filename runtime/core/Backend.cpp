@@ -2,7 +2,9 @@
 #include "runtime/core/Backend.h"
 #include "runtime/kernels/KernelBodies.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace pipec::rt {
 
@@ -20,6 +22,19 @@ kernels::OptimizerParams optimizerParams(const OptimizerUpdate &u) {
   p.c1 = 1 - std::pow(u.beta1, u.step + 1);
   p.c2 = 1 - std::pow(u.beta2, u.step + 1);
   return p;
+}
+
+llvm::Expected<cpu::Tensor> Backend::slice(const cpu::Tensor &t, int64_t begin, int64_t count) {
+  auto host = download(t);
+  if (!host)
+    return host.takeError();
+  cpu::Tensor out(t.elemType(), {count}); // zeros
+  int64_t copied = std::clamp<int64_t>(t.numElements() - begin, 0, count);
+  size_t width = cpu::storageSize(t.elemType());
+  if (copied > 0)
+    std::memcpy(out.rawData(), static_cast<const char *>(host->rawData()) + begin * width,
+                copied * width);
+  return upload(out);
 }
 
 } // namespace pipec::rt

@@ -91,6 +91,11 @@ public:
   /// the moments (null until the first step; the backend creates them).
   virtual llvm::Error optimize(const OptimizerUpdate &update, cpu::Tensor &w, const cpu::Tensor &g,
                                cpu::Tensor &m, cpu::Tensor &v) = 0;
+  /// A flat copy of elements [\p begin, \p begin + \p count) of \p t (in
+  /// its flat order), zeros where that runs past its end: a replica's shard
+  /// of a weight, or a gradient padded to a whole number of shards
+  /// (--shard-optimizer). The default goes through the host.
+  virtual llvm::Expected<cpu::Tensor> slice(const cpu::Tensor &t, int64_t begin, int64_t count);
   /// A hint before the first step: the plan's peak bytes for this rank
   /// (weights, gradients, optimizer state, activations). The CUDA backend
   /// sizes its memory pool from it.

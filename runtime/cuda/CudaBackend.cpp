@@ -7,6 +7,8 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CudaOps.h"
 
+#include <algorithm>
+
 using namespace llvm;
 
 namespace pipec::cuda {
@@ -209,6 +211,23 @@ Expected<Tensor> CudaBackend::zeros(DType type, ArrayRef<int64_t> shape) {
   PIPEC_TRY_ASSIGN(out, allocate(type, shape.vec()));
   if (out.byteSize() > 0)
     PIPEC_CUDA_TRY(cudaMemsetAsync(out.rawData(), 0, out.byteSize(), stream));
+  return out;
+}
+
+Expected<Tensor> CudaBackend::slice(const Tensor &t, int64_t begin, int64_t count) {
+  if (Error err = enter())
+    return err;
+  PIPEC_TRY_ASSIGN(in, onDevice(t));
+  PIPEC_TRY_ASSIGN(out, allocate(in.elemType(), {count}));
+  size_t width = cpu::storageSize(in.elemType());
+  int64_t copied = std::clamp<int64_t>(in.numElements() - begin, 0, count);
+  if (copied > 0)
+    PIPEC_CUDA_TRY(cudaMemcpyAsync(out.rawData(),
+                                   static_cast<const char *>(in.rawData()) + begin * width,
+                                   copied * width, cudaMemcpyDeviceToDevice, stream));
+  if (copied < count)
+    PIPEC_CUDA_TRY(cudaMemsetAsync(static_cast<char *>(out.rawData()) + copied * width, 0,
+                                   (count - copied) * width, stream));
   return out;
 }
 

@@ -159,6 +159,7 @@ public:
   Expected<Tensor> upload(const Tensor &host) override;
   Expected<Tensor> download(const Tensor &tensor) override;
   Expected<Tensor> zeros(DType type, ArrayRef<int64_t> shape) override;
+  Expected<Tensor> slice(const Tensor &t, int64_t begin, int64_t count) override;
   Expected<Tensor> sum(ArrayRef<const Tensor *> terms) override;
   Error addInto(Tensor &accumulator, const Tensor &term) override;
   Expected<double> sumOfSquares(ArrayRef<const Tensor *> tensors, double scale) override;

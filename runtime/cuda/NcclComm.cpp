@@ -241,6 +241,45 @@ public:
     return err;
   }
 
+  Error reduceScatter(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
+    size_t n = group.size();
+    return collective(group, tensors, "a reduce-scatter", [&](cpu::Tensor &t) -> Error {
+      if (t.elemType() != cpu::DType::F32 && t.elemType() != cpu::DType::F64)
+        return createStringError(inconvertibleErrorCode(),
+                                 "rank %d: a reduce-scatter needs float tensors, not %s", rank(),
+                                 t.describe().c_str());
+      if (t.numElements() % static_cast<int64_t>(n) != 0)
+        return createStringError(inconvertibleErrorCode(),
+                                 "rank %d: a reduce-scatter over %zu ranks of %s", rank(), n,
+                                 t.describe().c_str());
+      int64_t block = t.numElements() / static_cast<int64_t>(n);
+      auto out = deviceTensor(t.elemType(), block);
+      if (!out)
+        return out.takeError();
+      ncclDataType_t type = t.elemType() == cpu::DType::F64 ? ncclFloat64 : ncclFloat32;
+      PIPEC_CUDA_TRY(
+          ncclReduceScatter(t.rawData(), out->rawData(), static_cast<size_t>(block), type, ncclSum,
+                            groups.at(std::vector<int>(group.begin(), group.end())), stream.get()));
+      t = std::move(*out);
+      return Error::success();
+    });
+  }
+
+  Error allGather(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
+    size_t n = group.size();
+    return collective(group, tensors, "an all-gather", [&](cpu::Tensor &t) -> Error {
+      auto out = deviceTensor(t.elemType(), t.numElements() * static_cast<int64_t>(n));
+      if (!out)
+        return out.takeError();
+      // Bytes: half types are stored as float, every type moves as it is.
+      PIPEC_CUDA_TRY(ncclAllGather(t.rawData(), out->rawData(), t.byteSize(), ncclChar,
+                                   groups.at(std::vector<int>(group.begin(), group.end())),
+                                   stream.get()));
+      t = std::move(*out);
+      return Error::success();
+    });
+  }
+
   Error sumAll(MutableArrayRef<double> values) override { return host->sumAll(values); }
   Expected<std::vector<std::string>> gather(const std::string &bytes) override {
     return host->gather(bytes);
@@ -280,6 +319,56 @@ public:
   }
 
 private:
+  /// A flat device tensor of \p count elements, allocated and freed in the
+  /// communication stream's order.
+  Expected<cpu::Tensor> deviceTensor(DType type, int64_t count) {
+    void *memory = nullptr;
+    size_t bytes = static_cast<size_t>(count) * cpu::storageSize(type);
+    PIPEC_CUDA_TRY(cudaMallocAsync(&memory, std::max<size_t>(bytes, 1), stream.get()));
+    return cpu::Tensor::onDevice(type, {count}, std::shared_ptr<void>(memory, bufferDeleter()),
+                                 device);
+  }
+
+  /// Queues \p each on every one of \p tensors as one NCCL group over
+  /// \p group's communicator, and waits for them under the timeout.
+  template <typename Each>
+  Error collective(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors, const char *what,
+                   Each each) {
+    if (group.size() < 2 || tensors.empty())
+      return Error::success();
+    if (groupDepth > 0)
+      return createStringError(inconvertibleErrorCode(), "rank %d: %s inside a send/receive group",
+                               rank(), what);
+    auto it = groups.find(std::vector<int>(group.begin(), group.end()));
+    if (it == groups.end() || !it->second)
+      return createStringError(inconvertibleErrorCode(),
+                               "rank %d: no NCCL communicator for a group", rank());
+    for (const cpu::Tensor &t : tensors)
+      if (t.onHost())
+        return createStringError(inconvertibleErrorCode(),
+                                 "rank %d: NCCL moves device tensors, not host %s", rank(),
+                                 t.describe().c_str());
+    PIPEC_CUDA_TRY(cudaSetDevice(device));
+    // As sum(): the sends queued before complete first.
+    if (Error err = drain("earlier sends and receives to complete"))
+      return err;
+    PIPEC_CUDA_TRY(ncclGroupStart());
+    for (cpu::Tensor &t : tensors)
+      if (Error err = each(t)) {
+        ncclGroupEnd();
+        return err;
+      }
+    PIPEC_CUDA_TRY(ncclGroupEnd());
+    cudaEvent_t done;
+    PIPEC_CUDA_TRY(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    Error err = cuda::statusError(cudaEventRecord(done, stream.get()), "cudaEventRecord", __FILE__,
+                                  __LINE__);
+    if (!err)
+      err = poll(done, what, it->second);
+    cudaEventDestroy(done);
+    return err;
+  }
+
   struct Pending {
     cpu::Tensor tensor;
     cudaEvent_t done = nullptr;

@@ -25,7 +25,9 @@ namespace pipec::rt {
 Error RankExecutor::saveCheckpoint(StringRef file, int nextStep) {
   onnx::GraphProto g;
   g.set_name("pipec checkpoint");
-  g.set_doc_string(formatv("step={0}", nextStep).str());
+  // A sharded optimizer's state is this replica's shard of it: the file
+  // says over how many replicas.
+  g.set_doc_string(formatv("step={0} shards={1}", nextStep, s.shardOptimizer ? s.dp : 1).str());
   auto add = [&](const cpu::Tensor &t, const std::string &name) -> Error {
     auto host = be.download(t);
     if (!host)
@@ -63,8 +65,22 @@ Error RankExecutor::loadCheckpoint(StringRef file, int &nextStep) {
   if (!g.ParseFromArray(bytes->payload.data(), static_cast<int>(bytes->payload.size())) ||
       !StringRef(g.doc_string()).startswith("step="))
     return rankError(global, formatv("checkpoint {0} is not a pipec checkpoint", file));
-  if (StringRef(g.doc_string()).drop_front(5).getAsInteger(10, nextStep))
+  auto [step, rest] = StringRef(g.doc_string()).drop_front(5).split(' ');
+  if (step.getAsInteger(10, nextStep))
     return rankError(global, formatv("checkpoint {0}: bad step", file));
+  int shards = 1; // files from before sharding say nothing
+  if (rest.consume_front("shards=") && (rest.getAsInteger(10, shards) || shards < 1))
+    return rankError(global, formatv("checkpoint {0}: bad shard count", file));
+  int ours = s.shardOptimizer ? s.dp : 1;
+  if (shards != ours) {
+    auto says = [](int n) {
+      return n > 1 ? formatv("sharded over {0} replicas", n).str() : std::string("not sharded");
+    };
+    return rankError(global,
+                     formatv("checkpoint {0} holds optimizer state {1}, this run's is {2}; resume "
+                             "with the plan's --dp and --shard-optimizer of the run that wrote it",
+                             file, says(shards), says(ours)));
+  }
   std::set<std::string> seen;
   for (const onnx::TensorProto &t : g.initializer()) {
     auto host = cpu::fromTensorProto(t);
@@ -279,6 +295,35 @@ std::string whyBad(StringRef dir, int step, int rank) {
                : toString(bytes.takeError());
 }
 
+/// Succeeds when \p step holds the files of \p ranks ranks (\p stages
+/// pipeline ranks times the replicas); else says how many wrote it. A run
+/// at another --dp would find some files missing or left over, and a
+/// sharded optimizer's state split for another number of replicas.
+Error sameRanks(StringRef dir, int step, int ranks, int stages) {
+  SmallString<256> folder(dir);
+  sys::path::append(folder, formatv("step-{0}", step).str());
+  int written = 0;
+  std::error_code ec;
+  for (sys::fs::directory_iterator it(folder, ec), end; it != end && !ec; it.increment(ec)) {
+    StringRef name = sys::path::filename(it->path());
+    int rank = 0;
+    written += name.consume_front("rank-") && name.consume_back(".ckpt") &&
+               !name.getAsInteger(10, rank) && rank >= 0;
+  }
+  if (written == ranks || written == 0)
+    return Error::success(); // none: the files' own checks say why
+  auto replicas = [&](int n) {
+    return n % stages == 0
+               ? formatv(" ({0} replicas of {1} pipeline ranks)", n / stages, stages).str()
+               : std::string();
+  };
+  return createStringError(inconvertibleErrorCode(),
+                           "checkpoint %s was written by %d ranks%s, this run has %d%s; resume "
+                           "with the stages and --dp that wrote it",
+                           folder.c_str(), written, replicas(written).c_str(), ranks,
+                           replicas(ranks).c_str());
+}
+
 /// Succeeds when every rank's file of \p step was written by one run of one
 /// plan (the identity in its header); else names two files that disagree.
 /// Every rank reads the same headers and reaches the same answer.
@@ -305,12 +350,16 @@ Error checkOneRun(StringRef dir, int step, int ranks) {
 } // namespace
 
 Expected<int> agreeResumeStep(StringRef dir, ResumeMode mode, Comm &comm, int global, int ranks,
-                              std::vector<std::string> &skipped) {
+                              int stages, std::vector<std::string> &skipped) {
   if (mode == ResumeMode::Fresh)
     return 0;
   std::vector<int> steps = checkpointSteps(dir);
   if (mode == ResumeMode::IfExists) {
     for (int step : steps) {
+      if (Error other = sameRanks(dir, step, ranks, stages)) {
+        skipped.push_back(toString(std::move(other)) + "; skipped");
+        continue;
+      }
       auto bad = firstBadRank(dir, step, comm, global, ranks);
       if (!bad)
         return bad.takeError();
@@ -328,6 +377,8 @@ Expected<int> agreeResumeStep(StringRef dir, ResumeMode mode, Comm &comm, int gl
   auto latest = latestCheckpoint(dir);
   if (!latest)
     return latest.takeError();
+  if (Error other = sameRanks(dir, *latest, ranks, stages))
+    return std::move(other);
   auto bad = firstBadRank(dir, *latest, comm, global, ranks);
   if (!bad)
     return bad.takeError();

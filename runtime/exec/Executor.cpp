@@ -21,6 +21,12 @@ using namespace llvm;
 
 namespace pipec::rt {
 
+namespace {
+
+int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+} // namespace
+
 Error rankError(int rank, const Twine &why) {
   return createStringError(inconvertibleErrorCode(), "rank %d: %s", rank, why.str().c_str());
 }
@@ -77,6 +83,13 @@ Error RankExecutor::load() {
       auto copy = castTo(*placed, onnx::TensorProto::FLOAT);
       if (!copy)
         return copy.takeError();
+      if (s.shardOptimizer) {
+        // Sharded: the master of this replica's shard alone.
+        int64_t shard = ceilDiv(tensor->numElements(), s.dp);
+        copy = be.slice(*copy, replica * shard, shard);
+        if (!copy)
+          return copy.takeError();
+      }
       master[name] = std::move(*copy);
     }
     weights[name] = std::move(*placed);
@@ -103,10 +116,56 @@ Error RankExecutor::load() {
                          formatv("stage {0}: '{1}' is updated twice in a step", k, r.buffer()));
     }
     keepSets[k] = std::set<std::string>(sp.keep().begin(), sp.keep().end());
-    std::set<std::string> inputs(sp.recv().begin(), sp.recv().end());
-    inputs.insert(sp.loads().begin(), sp.loads().end());
-    inputSets[k] = std::move(inputs);
+    if (s.training)
+      if (Error err = planRecompute(k))
+        return err;
   }
+  return Error::success();
+}
+
+Error RankExecutor::planRecompute(int stage) {
+  const plan::StageProgram &sp = stageProgram(stage);
+  if (sp.recompute_size() == 0)
+    return Error::success();
+  std::map<std::string, int> producer;
+  for (int i = 0; i < sp.forward_size(); ++i)
+    for (const std::string &out : sp.forward(i).output())
+      if (!out.empty())
+        producer[out] = i;
+  std::set<std::string> dropped(sp.recompute().begin(), sp.recompute().end());
+  std::set<std::string> &kept = keptWhenRecomputing[stage];
+  for (const std::string &v : keepSets[stage])
+    if (!dropped.count(v))
+      kept.insert(v);
+  // From the dropped values back to what stays: the values kept, the
+  // weights, and the stage's inputs (kept for the rerun).
+  std::vector<bool> rerun(sp.forward_size(), false);
+  std::vector<std::string> work(dropped.begin(), dropped.end());
+  std::set<std::string> seen = dropped;
+  while (!work.empty()) {
+    std::string v = std::move(work.back());
+    work.pop_back();
+    auto made = producer.find(v);
+    if (made == producer.end()) {
+      kept.insert(v); // an input: nothing rebuilds it
+      continue;
+    }
+    if (rerun[made->second])
+      continue;
+    rerun[made->second] = true;
+    for (const std::string &in : sp.forward(made->second).input()) {
+      if (in.empty() || kept.count(in) || weights.count(in))
+        continue;
+      if (!producer.count(in))
+        kept.insert(in);
+      else if (seen.insert(in).second)
+        work.push_back(in);
+    }
+  }
+  auto &nodes = rerunNodes[stage];
+  for (int i = 0; i < sp.forward_size(); ++i)
+    if (rerun[i])
+      *nodes.Add() = sp.forward(i);
   return Error::success();
 }
 
@@ -217,17 +276,22 @@ Error RankExecutor::forward(int stage, int mb, int t, bool again) {
       return err;
   }
   Env &values = env(stage, mb);
+  if (again) {
+    // The values FORWARD dropped, rebuilt from those it kept.
+    auto rerun = rerunNodes.find(stage);
+    if (rerun != rerunNodes.end())
+      if (Error err = runNodes(rerun->second, values, stage, mb, "recompute"))
+        return err;
+    prune(values, keepSets[stage]);
+    return Error::success();
+  }
   for (const std::string &name : sp.recv())
     if (!values.count(name))
       return rankError(global, formatv("stage {0} microbatch {1}: boundary tensor '{2}' never "
                                        "arrived",
                                        stage, mb, name));
-  if (Error err = runNodes(sp.forward(), values, stage, mb, again ? "recompute" : "forward"))
+  if (Error err = runNodes(sp.forward(), values, stage, mb, "forward"))
     return err;
-  if (again) {
-    prune(values, keepSets[stage]);
-    return Error::success();
-  }
   bool last = stage + 1 == s.K;
   if (last && s.training) {
     auto it = values.find(s.plan->loss_value());
@@ -278,8 +342,10 @@ Error RankExecutor::forward(int stage, int mb, int t, bool again) {
     else
       outbox[{false, stage, mb, name}] = it->second;
   }
-  if (s.training)
-    prune(values, s.recompute ? inputSets[stage] : keepSets[stage]);
+  if (s.training) {
+    auto kept = keptWhenRecomputing.find(stage);
+    prune(values, kept != keptWhenRecomputing.end() ? kept->second : keepSets[stage]);
+  }
   return Error::success();
 }
 
@@ -372,14 +438,24 @@ Error RankExecutor::backwardWeight(int stage, int mb) {
   return Error::success();
 }
 
+std::vector<int> RankExecutor::replicaGroup() const {
+  std::vector<int> group;
+  for (int d = 0; d < s.dp; ++d)
+    group.push_back(d * s.P + rank);
+  return group;
+}
+
+int64_t RankExecutor::shardElements(const std::string &name) const {
+  return ceilDiv(weights.at(name).numElements(), s.dp);
+}
+
 Error RankExecutor::allReduce(const Ins &ins) {
   std::vector<int> group;
   // The sums to reduce: gradients, and with the replicas' group the running
   // statistics too.
   std::vector<cpu::Tensor *> sums;
   if (ins.reduce() == Ins::DATA_PARALLEL) {
-    for (int d = 0; d < s.dp; ++d)
-      group.push_back(d * s.P + rank);
+    group = replicaGroup();
     for (const std::string &n : trainableHere)
       sums.push_back(&grads[n]);
     for (auto &entry : statisticSums)
@@ -393,6 +469,10 @@ Error RankExecutor::allReduce(const Ins &ins) {
     return rankError(global, formatv("unknown all-reduce group '{0}'", ins.group()));
   }
   std::sort(group.begin(), group.end());
+  return sumOver(group, sums);
+}
+
+Error RankExecutor::sumOver(const std::vector<int> &group, const std::vector<cpu::Tensor *> &sums) {
   std::vector<cpu::Tensor> tensors;
   bool onDevice = comm.deviceSums();
   for (cpu::Tensor *sum : sums) {
@@ -418,6 +498,83 @@ Error RankExecutor::allReduce(const Ins &ins) {
     if (!placed)
       return placed.takeError();
     *sums[i] = std::move(*placed);
+  }
+  return Error::success();
+}
+
+Error RankExecutor::overReplicas(std::vector<cpu::Tensor> &tensors,
+                                 Error (Comm::*collective)(ArrayRef<int>,
+                                                           MutableArrayRef<cpu::Tensor>)) {
+  bool onDevice = comm.deviceSums();
+  if (!onDevice)
+    for (cpu::Tensor &t : tensors) {
+      auto host = be.download(t);
+      if (!host)
+        return host.takeError();
+      t = std::move(*host);
+    }
+  // A device collective reads on the transport's stream: the compute stream
+  // must have finished writing.
+  if (onDevice)
+    if (Error err = be.synchronize())
+      return err;
+  if (Error err = (comm.*collective)(replicaGroup(), tensors))
+    return err;
+  for (cpu::Tensor &t : tensors) {
+    auto placed = be.upload(t);
+    if (!placed)
+      return placed.takeError();
+    t = std::move(*placed);
+  }
+  return Error::success();
+}
+
+Error RankExecutor::reduceScatter(const Ins &ins) {
+  if (ins.reduce() != Ins::DATA_PARALLEL || !s.shardOptimizer)
+    return rankError(global, formatv("a reduce-scatter of group '{0}' in a run whose optimizer is "
+                                     "not sharded over replicas",
+                                     ins.group()));
+  // Each gradient, flat and padded to whole shards; every replica keeps the
+  // sum of its own.
+  std::vector<cpu::Tensor> padded;
+  for (const std::string &name : trainableHere) {
+    auto flat = be.slice(grads[name], 0, shardElements(name) * s.dp);
+    if (!flat)
+      return flat.takeError();
+    padded.push_back(std::move(*flat));
+  }
+  if (Error err = overReplicas(padded, &Comm::reduceScatter))
+    return err;
+  for (size_t i = 0; i < trainableHere.size(); ++i)
+    grads[trainableHere[i]] = std::move(padded[i]);
+  // The running statistics are small: summed whole, as without sharding.
+  std::vector<cpu::Tensor *> statistics;
+  for (auto &entry : statisticSums)
+    statistics.push_back(&entry.second);
+  return sumOver(replicaGroup(), statistics);
+}
+
+Error RankExecutor::allGather(const Ins &ins) {
+  if (ins.reduce() != Ins::DATA_PARALLEL || !s.shardOptimizer)
+    return rankError(global, formatv("an all-gather of group '{0}' in a run whose optimizer is "
+                                     "not sharded over replicas",
+                                     ins.group()));
+  std::vector<cpu::Tensor> shards;
+  for (const std::string &name : trainableHere) {
+    auto it = updatedShards.find(name);
+    if (it == updatedShards.end())
+      return rankError(global, formatv("ALL_GATHER before the optimizer step updated '{0}'", name));
+    shards.push_back(std::move(it->second));
+  }
+  updatedShards.clear();
+  if (Error err = overReplicas(shards, &Comm::allGather))
+    return err;
+  for (size_t i = 0; i < trainableHere.size(); ++i) {
+    cpu::Tensor &w = weights[trainableHere[i]];
+    auto whole = be.slice(shards[i], 0, w.numElements());
+    if (!whole)
+      return whole.takeError();
+    w = whole->reshaped(w.shape());
   }
   return Error::success();
 }
@@ -533,6 +690,12 @@ Error RankExecutor::execute(const Ins &ins, int i, int t, char &category) {
   case Ins::OPTIMIZER_STEP:
     category = 'O';
     return optimizerStep(t);
+  case Ins::REDUCE_SCATTER:
+    category = 'C';
+    return reduceScatter(ins);
+  case Ins::ALL_GATHER:
+    category = 'C';
+    return allGather(ins);
   case Ins::FREE:
     if (auto it = bufferOwner.find(ins.buffer()); it != bufferOwner.end())
       envs.erase(it->second);
@@ -551,7 +714,10 @@ void RankExecutor::record(const Ins &ins, char category, double started, double 
     busy += duration;
   if (!tracing)
     return;
-  std::string name = category == 'C' ? "allreduce " + ins.group()
+  std::string name = category == 'C' ? (ins.op() == Ins::REDUCE_SCATTER ? "reduce-scatter "
+                                        : ins.op() == Ins::ALL_GATHER   ? "all-gather "
+                                                                        : "allreduce ") +
+                                           ins.group()
                      : category == 'O'
                          ? std::string("optimizer")
                          : formatv("{0}{1}{2}", ins.stage(), category, ins.microbatch()).str();

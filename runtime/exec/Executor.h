@@ -6,7 +6,8 @@
 //   LOAD            the stage's graph inputs for the microbatch (Data.h)
 //   FORWARD         the stage's forward nodes; then the loss (last stage);
 //                   keeps what backward reads (StageProgram.keep)
-//   RECOMPUTE       forward again, when the plan recomputes
+//   RECOMPUTE       the forward nodes that rebuild what FORWARD dropped (the
+//                   stage program's `recompute` values)
 //   BACKWARD_INPUT  backward_input, then each received tensor's gradient
 //   BACKWARD_WEIGHT backward_weight, then adds weight_grads into the rank's
 //                   gradient accumulators
@@ -15,8 +16,13 @@
 //                   the receives it reads
 //   ALLREDUCE       sums the gradients of a group: "dp" over the replicas of
 //                   this pipeline rank, "tied:W" over the ranks holding W
+//   REDUCE_SCATTER  with a sharded optimizer, in place of the "dp"
+//                   ALLREDUCE: each replica keeps its 1/dp shard of every
+//                   gradient's sum
 //   OPTIMIZER_STEP  gradients averaged over microbatches and replicas, then
-//                   SGD (with momentum) or AdamW
+//                   SGD (with momentum) or AdamW (sharded: on this
+//                   replica's shard of each weight and its state)
+//   ALL_GATHER      the replicas' updated shards make the whole weights
 //   FREE            drops a microbatch's activations
 //
 // Boundary tensors between two stages on the same rank (interleaved and

@@ -192,7 +192,7 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
   s->microbatchSize = plan.schedule().microbatch_size();
   s->globalBatch = plan.schedule().global_batch();
   s->training = plan.schedule().mode() == "train";
-  s->recompute = plan.training().recompute();
+  s->shardOptimizer = s->training && plan.training().shard_optimizer() && s->dp > 1;
   for (const plan::Stage &stage : plan.stages())
     s->rankOfStage.push_back(stage.rank());
   for (const onnx::TensorProto &w : plan.weights())
@@ -295,8 +295,8 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
   ResumeMode mode = o.resumeIfExists ? ResumeMode::IfExists
                     : o.resume       ? ResumeMode::Latest
                                      : ResumeMode::Fresh;
-  auto step =
-      agreeResumeStep(o.checkpointDir, mode, comm, ex.globalRank(), s.P * s.dp, result.warnings);
+  auto step = agreeResumeStep(o.checkpointDir, mode, comm, ex.globalRank(), s.P * s.dp, s.P,
+                              result.warnings);
   if (!step)
     return step.takeError();
   if (*step > 0) {

@@ -84,10 +84,12 @@ Error RankExecutor::optimizerStep(int t) {
   }
   if (o.clipGradNorm > 0) {
     // Every rank adds the squares of the weights it counts: a tied weight on
-    // the lowest of its ranks, replicas' (identical) gradients on replica 0.
-    // The backend sums where the gradients are: one number leaves a device.
+    // the lowest of its ranks, replicas' (identical) gradients on replica 0,
+    // or with a sharded optimizer each replica its shard (padded with
+    // zeros). The backend sums where the gradients are: one number leaves a
+    // device.
     double squares[1] = {0};
-    if (replica == 0) {
+    if (replica == 0 || s.shardOptimizer) {
       std::vector<const cpu::Tensor *> counted;
       for (const std::string &name : trainableHere)
         if (auto owner = tiedOwner.find(name); owner == tiedOwner.end() || owner->second == rank)
@@ -103,21 +105,24 @@ Error RankExecutor::optimizerStep(int t) {
     if (lastGradNorm > o.clipGradNorm)
       u.gradScale *= o.clipGradNorm / (lastGradNorm + 1e-6);
   }
+  if (s.options.collectWeights)
+    if (Error err = collectGradients(u.gradScale))
+      return err;
   for (const std::string &name : trainableHere) {
     cpu::Tensor &g = grads[name];
-    if (s.options.collectWeights) {
-      auto host = be.download(g);
-      if (!host)
-        return host.takeError();
-      cpu::Tensor scaled = host->clone();
-      for (int64_t i = 0; i < scaled.numElements(); ++i)
-        scaled.setDouble(i, scaled.getDouble(i) * u.gradScale);
-      lastGrads[name] = std::move(scaled);
-    }
     auto center = s.decayCenters.find(name);
     u.decayCenter = center == s.decayCenters.end() ? 0.0 : center->second;
     auto m = master.find(name);
-    cpu::Tensor &target = m != master.end() ? m->second : weights[name];
+    // Sharded, a float32 weight's update starts from its shard.
+    cpu::Tensor shard;
+    if (s.shardOptimizer && m == master.end()) {
+      int64_t elements = shardElements(name);
+      auto sliced = be.slice(weights[name], replica * elements, elements);
+      if (!sliced)
+        return sliced.takeError();
+      shard = std::move(*sliced);
+    }
+    cpu::Tensor &target = m != master.end() ? m->second : s.shardOptimizer ? shard : weights[name];
     if (Error err = be.optimize(u, target, g, moment1[name], moment2[name]))
       return rankError(global, formatv("updating '{0}': {1}", name, toString(std::move(err))));
     // A weight (or Adam's second moment) the update left infinite or NaN
@@ -140,16 +145,47 @@ Error RankExecutor::optimizerStep(int t) {
                       format("%g", u.lr), format("%g", u.weightDecay)));
       }
     }
+    cpu::Tensor updated = target;
     if (m != master.end()) {
       int type = weights[name].elemType() == cpu::DType::F16 ? onnx::TensorProto::FLOAT16
                                                              : onnx::TensorProto::BFLOAT16;
       auto rounded = castTo(m->second, type);
       if (!rounded)
         return rounded.takeError();
-      weights[name] = std::move(*rounded);
+      updated = std::move(*rounded);
     }
+    // Sharded, ALL_GATHER makes the weight of every replica's update.
+    if (s.shardOptimizer)
+      updatedShards[name] = std::move(updated);
+    else
+      weights[name] = std::move(updated);
   }
   return updateRunningStats();
+}
+
+Error RankExecutor::collectGradients(double scale) {
+  for (const std::string &name : trainableHere) {
+    cpu::Tensor g = grads[name];
+    if (s.shardOptimizer) {
+      // The whole gradient from the replicas' shards.
+      std::vector<cpu::Tensor> one = {g};
+      if (Error err = overReplicas(one, &Comm::allGather))
+        return err;
+      const cpu::Tensor &w = weights[name];
+      auto whole = be.slice(one[0], 0, w.numElements());
+      if (!whole)
+        return whole.takeError();
+      g = whole->reshaped(w.shape());
+    }
+    auto host = be.download(g);
+    if (!host)
+      return host.takeError();
+    cpu::Tensor scaled = host->clone();
+    for (int64_t i = 0; i < scaled.numElements(); ++i)
+      scaled.setDouble(i, scaled.getDouble(i) * scale);
+    lastGrads[name] = std::move(scaled);
+  }
+  return Error::success();
 }
 
 Error RankExecutor::updateRunningStats() {

@@ -67,7 +67,10 @@ struct Shared {
   std::shared_ptr<DataSource> data;
   int P = 1, dp = 1, K = 1, M = 1;
   int64_t globalBatch = 1, microbatchSize = 1;
-  bool training = true, recompute = false;
+  bool training = true;
+  /// --shard-optimizer over dp > 1 replicas: each keeps and updates 1/dp of
+  /// every weight's optimizer state (REDUCE_SCATTER, ALL_GATHER).
+  bool shardOptimizer = false;
   std::vector<int> rankOfStage;
   std::map<std::string, const onnx::TensorProto *> weightProtos;
   /// --init: the weights the checkpoint gives, in place of the plan's.
@@ -151,7 +154,31 @@ private:
                                                    llvm::StringRef kind, const std::string &value,
                                                    int stage, int mb);
   llvm::Error allReduce(const Ins &ins);
+  /// Sums \p sums over \p group in place, on the device where the
+  /// transport allows.
+  llvm::Error sumOver(const std::vector<int> &group, const std::vector<cpu::Tensor *> &sums);
+  /// The global ranks of this rank's data-parallel replicas, this one among
+  /// them, in order.
+  std::vector<int> replicaGroup() const;
+  /// --shard-optimizer: the elements of each replica's shard of weight
+  /// \p name, its elements over the replicas rounded up (the last shard is
+  /// padded with zeros).
+  int64_t shardElements(const std::string &name) const;
+  /// REDUCE_SCATTER: each gradient becomes this replica's shard of the
+  /// replicas' sum (running statistics are summed whole).
+  llvm::Error reduceScatter(const Ins &ins);
+  /// ALL_GATHER: every replica's updated shards make the whole weights.
+  llvm::Error allGather(const Ins &ins);
+  /// Runs \p tensors (one per trained weight, in trainableHere's order)
+  /// through \p collective over the replicas, moving them to and from the
+  /// host when the transport sums host tensors.
+  llvm::Error overReplicas(std::vector<cpu::Tensor> &tensors,
+                           llvm::Error (Comm::*collective)(llvm::ArrayRef<int>,
+                                                           llvm::MutableArrayRef<cpu::Tensor>));
   llvm::Error optimizerStep(int t);
+  /// --collect-weights: the step's whole gradients, times \p scale, into
+  /// lastGrads.
+  llvm::Error collectGradients(double scale);
   /// The step's gradient and running-statistic accumulators, zeroed.
   llvm::Error zeroAccumulators();
   /// Instruction \p i (\p ins) of step \p t; \p category is the trace
@@ -174,9 +201,16 @@ private:
   std::map<std::pair<int, int>, Env> envs;
   std::map<std::tuple<bool, int, int, std::string>, cpu::Tensor> outbox;
   std::map<std::tuple<bool, int, int, std::string>, int> pending;
+  /// Per trained weight: its gradient accumulator (with --shard-optimizer,
+  /// after REDUCE_SCATTER, this replica's shard of the sum) and the
+  /// optimizer's moments (sharded: of this replica's shard).
   std::map<std::string, cpu::Tensor> grads, moment1, moment2;
-  /// float32 master copies of trained float16 / bfloat16 weights.
+  /// float32 master copies of trained float16 / bfloat16 weights (sharded:
+  /// of this replica's shard).
   std::map<std::string, cpu::Tensor> master;
+  /// --shard-optimizer: the shards OPTIMIZER_STEP updated, in the weights'
+  /// types, for ALL_GATHER.
+  std::map<std::string, cpu::Tensor> updatedShards;
   /// \p t converted to ONNX element type \p to by the backend's Cast.
   llvm::Expected<cpu::Tensor> castTo(const cpu::Tensor &t, int to);
   std::vector<std::string> trainableHere;
@@ -186,7 +220,15 @@ private:
   std::map<std::string, cpu::Tensor> statisticSums;
   /// Sets each running buffer from the step's statistics.
   llvm::Error updateRunningStats();
-  std::map<int, std::set<std::string>> keepSets, inputSets;
+  std::map<int, std::set<std::string>> keepSets;
+  /// Per local stage that recomputes (its program's `recompute` values):
+  /// the forward nodes RECOMPUTE reruns, those that rebuild the values from
+  /// what FORWARD kept, and what FORWARD keeps: the rest of keep and the
+  /// inputs the rerun reads.
+  std::map<int, google::protobuf::RepeatedPtrField<onnx::NodeProto>> rerunNodes;
+  std::map<int, std::set<std::string>> keptWhenRecomputing;
+  /// Fills rerunNodes and keptWhenRecomputing for \p stage.
+  llvm::Error planRecompute(int stage);
   /// Buffer -> (stage, microbatch) of the FORWARD that fills it: what FREE
   /// drops.
   std::map<int, std::pair<int, int>> bufferOwner;
