@@ -813,6 +813,22 @@ int runRun() {
                                    : formatv("{0} node run(s) ({1})", total, byOp).str());
     }
     outs() << "\n";
+    if (!result->rankNodes.empty()) {
+      // Which node each rank ran on: "node0 ranks 0-1, node1 ranks 2-4".
+      std::string where;
+      for (size_t r = 0; r < result->rankNodes.size();) {
+        size_t end = r;
+        while (end + 1 < result->rankNodes.size() &&
+               result->rankNodes[end + 1] == result->rankNodes[r])
+          ++end;
+        where += formatv("{0}{1} rank{2} {3}", where.empty() ? "" : ", ", result->rankNodes[r],
+                         end > r ? "s" : "",
+                         end > r ? formatv("{0}-{1}", r, end).str() : std::to_string(r))
+                     .str();
+        r = end + 1;
+      }
+      outs() << "nodes: " << where << "\n";
+    }
     if (RunBackend == "cpu" && !result->blas.empty())
       outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas, result->threadsPerRank);
     if (result->fusedGroups > 0 || result->fusedMatMulBias > 0)

@@ -16,7 +16,9 @@
 // A rank that fails calls fail(): local peers blocked in wait() or in a sum
 // return an error naming it within a poll interval; under MPI the job is
 // aborted (mpirun then names the rank). A wait that sees no progress for
-// the timeout fails too, so a run never hangs.
+// the timeout fails too, so a run never hangs: under MPI the collectives
+// are non-blocking (MPI_Iallreduce, ...) and polled under the same timeout,
+// and the error names the lost peer's node.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_COMM_COMM_H
@@ -39,6 +41,12 @@ public:
   /// This rank and the number of ranks, over all pipeline replicas.
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  /// The node (host) rank \p rank runs on; empty where every rank is a
+  /// thread of this process.
+  virtual std::string nodeOf(int rank) const {
+    (void)rank;
+    return std::string();
+  }
   /// Posts \p tensor to \p peer. Tensors are never modified once made, so
   /// the storage is shared until the message is delivered.
   virtual llvm::Error send(int peer, const cpu::Tensor &tensor) = 0;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <thread>
 
 using namespace llvm;
@@ -46,6 +47,15 @@ public:
   MpiComm(double timeout) : timeout(timeout) {
     MPI_Comm_rank(MPI_COMM_WORLD, &self);
     MPI_Comm_size(MPI_COMM_WORLD, &count);
+    // Every rank's node, so that an error can name where a lost peer ran.
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int length = 0;
+    MPI_Get_processor_name(name, &length);
+    std::vector<char> all(static_cast<size_t>(count) * MPI_MAX_PROCESSOR_NAME, 0);
+    MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                  MPI_CHAR, MPI_COMM_WORLD);
+    for (int r = 0; r < count; ++r)
+      nodes.emplace_back(all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
   }
   ~MpiComm() override {
     consumeError(flush());
@@ -59,6 +69,9 @@ public:
   }
   int rank() const override { return self; }
   int size() const override { return count; }
+  std::string nodeOf(int rank) const override {
+    return rank >= 0 && rank < count ? nodes[rank] : std::string();
+  }
 
   Error send(int peer, const cpu::Tensor &tensor) override {
     if (tensor.byteSize() > static_cast<size_t>(INT_MAX))
@@ -105,7 +118,7 @@ public:
       return createStringError(inconvertibleErrorCode(), "rank %d: no receive %d", self, handle);
     Message &m = it->second;
     MPI_Status status;
-    if (Error err = poll(m.request, &status, formatv("a message from rank {0}", m.peer).str()))
+    if (Error err = poll(m.request, &status, "a message from " + who(m.peer)))
       return err;
     int received = 0;
     MPI_Get_count(&status, MPI_BYTE, &received);
@@ -167,9 +180,12 @@ public:
     }
     for (size_t start = 0; start < total; start += INT_MAX / 2) {
       int n = static_cast<int>(std::min<size_t>(INT_MAX / 2, total - start));
-      PIPEC_MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, buffer.data() + start * elementSize, n,
-                                  isDouble ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, *comm),
+      MPI_Request request;
+      PIPEC_MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, buffer.data() + start * elementSize, n,
+                                   isDouble ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, *comm, &request),
                     formatv("rank {0}: all-reduce", self));
+      if (Error err = poll(request, MPI_STATUS_IGNORE, "an all-reduce of " + members(group)))
+        return err;
     }
     at = 0;
     for (cpu::Tensor &t : tensors) {
@@ -198,9 +214,13 @@ public:
                                  self, n, n, t.describe().c_str());
       int block = static_cast<int>(t.numElements() / n);
       cpu::Tensor mine(t.elemType(), {block});
-      PIPEC_MPI_TRY(MPI_Reduce_scatter_block(t.rawData(), mine.rawData(), block,
-                                             isDouble ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, *comm),
+      MPI_Request request;
+      PIPEC_MPI_TRY(MPI_Ireduce_scatter_block(t.rawData(), mine.rawData(), block,
+                                              isDouble ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, *comm,
+                                              &request),
                     formatv("rank {0}: reduce-scatter", self));
+      if (Error err = poll(request, MPI_STATUS_IGNORE, "a reduce-scatter of " + members(group)))
+        return err;
       t = std::move(mine);
     }
     return Error::success();
@@ -225,18 +245,25 @@ public:
                                  "rank %d: an all-gather of %s is over MPI's INT_MAX count", self,
                                  t.describe().c_str());
       cpu::Tensor all(t.elemType(), {t.numElements() * n});
-      PIPEC_MPI_TRY(MPI_Allgather(t.rawData(), static_cast<int>(t.numElements()), word,
-                                  all.rawData(), static_cast<int>(t.numElements()), word, *comm),
+      MPI_Request request;
+      PIPEC_MPI_TRY(MPI_Iallgather(t.rawData(), static_cast<int>(t.numElements()), word,
+                                   all.rawData(), static_cast<int>(t.numElements()), word, *comm,
+                                   &request),
                     formatv("rank {0}: all-gather", self));
+      if (Error err = poll(request, MPI_STATUS_IGNORE, "an all-gather of " + members(group)))
+        return err;
       t = std::move(all);
     }
     return Error::success();
   }
 
   Error sumAll(MutableArrayRef<double> values) override {
-    PIPEC_MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
-                                MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
+    MPI_Request request;
+    PIPEC_MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
+                                 MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &request),
                   formatv("rank {0}: all-reduce", self));
+    if (Error err = poll(request, MPI_STATUS_IGNORE, "a sum over " + everyone()))
+      return err;
     return Error::success();
   }
 
@@ -247,8 +274,12 @@ public:
                                bytes.size());
     int mine = static_cast<int>(bytes.size());
     std::vector<int> sizes(self == 0 ? count : 0), offsets;
-    PIPEC_MPI_TRY(MPI_Gather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, MPI_COMM_WORLD),
-                  formatv("rank {0}: gather", self));
+    MPI_Request request;
+    PIPEC_MPI_TRY(
+        MPI_Igather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, &request),
+        formatv("rank {0}: gather", self));
+    if (Error err = poll(request, MPI_STATUS_IGNORE, "a gather of " + everyone()))
+      return err;
     std::vector<char> all;
     if (self == 0) {
       int64_t total = 0;
@@ -262,9 +293,11 @@ public:
                                  static_cast<long long>(total));
       all.resize(total);
     }
-    PIPEC_MPI_TRY(MPI_Gatherv(bytes.data(), mine, MPI_BYTE, all.data(), sizes.data(),
-                              offsets.data(), MPI_BYTE, 0, MPI_COMM_WORLD),
+    PIPEC_MPI_TRY(MPI_Igatherv(bytes.data(), mine, MPI_BYTE, all.data(), sizes.data(),
+                               offsets.data(), MPI_BYTE, 0, MPI_COMM_WORLD, &request),
                   formatv("rank {0}: gather", self));
+    if (Error err = poll(request, MPI_STATUS_IGNORE, "a gather of " + everyone()))
+      return err;
     std::vector<std::string> out;
     for (int r = 0; self == 0 && r < count; ++r)
       out.emplace_back(all.data() + offsets[r], sizes[r]);
@@ -318,7 +351,30 @@ private:
     }
   }
 
+  /// "rank R (on NODE)".
+  std::string who(int rank) const { return formatv("rank {0} (on {1})", rank, nodeOf(rank)).str(); }
+  /// "all 8 ranks (on node0, node1, node2)".
+  std::string everyone() const {
+    std::vector<int> all(count);
+    for (int r = 0; r < count; ++r)
+      all[r] = r;
+    std::string named = members(all);
+    return formatv("all {0} ranks{1}", count, named.substr(named.find(" (on"))).str();
+  }
+  /// "ranks 1, 3 (on node0, node1)": a group and its nodes.
+  std::string members(ArrayRef<int> group) const {
+    std::string ranks, where;
+    std::set<std::string> seen;
+    for (int r : group) {
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      if (seen.insert(nodeOf(r)).second)
+        where += (where.empty() ? "" : ", ") + nodeOf(r);
+    }
+    return "ranks " + ranks + " (on " + where + ")";
+  }
+
   double timeout;
+  std::vector<std::string> nodes;
   int self = 0, count = 1, nextHandle = 0;
   std::deque<Message> sends;
   std::map<int, Message> recvs;

@@ -281,6 +281,7 @@ public:
   }
 
   Error sumAll(MutableArrayRef<double> values) override { return host->sumAll(values); }
+  std::string nodeOf(int rank) const override { return host->nodeOf(rank); }
   Expected<std::vector<std::string>> gather(const std::string &bytes) override {
     return host->gather(bytes);
   }

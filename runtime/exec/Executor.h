@@ -161,6 +161,8 @@ struct RunResult {
   /// Nodes run on the host instead of the device, by op, summed over the
   /// steps and every rank (Backend::fallbackOps); empty on the CPU backend.
   std::map<std::string, int64_t> fallbacks;
+  /// Under MPI, the node each global rank ran on.
+  std::vector<std::string> rankNodes;
   /// The BLAS and the CPU kernel it chose ("OpenBLAS 0.3.34 SkylakeX"), and
   /// the threads each rank gave it.
   std::string blas;

@@ -947,6 +947,8 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
   RankExecutor ex(s, **comm, **backend);
   RunResult result;
   result.primary = (*comm)->rank() == 0;
+  for (int r = 0; r < (*comm)->size(); ++r)
+    result.rankNodes.push_back((*comm)->nodeOf(r));
   result.blas = blasName();
   result.threadsPerRank = threadsPerRank;
   auto fail = [&](Error err) -> Error {
