@@ -15,7 +15,9 @@
 #   clean      5 steps: losses and weights equal a single-host mpirun's, bit
 #              for bit; the summary names each rank's node
 #   slow       node2's link held to 2 mbit/s (tbf): the same weights, a
-#              longer step
+#              longer step, and the measured timeline (--trace) puts the
+#              time into communication; with 20 ms delay and 2% loss too
+#              where the kernel has netem (else that part says it skipped)
 #   stalled    one rank of node2 stopped (SIGSTOP): every other rank fails
 #              within --timeout naming what it waited for, the job ends
 #   node-lost  node2's daemon and ranks killed (SIGKILL) mid-run: the job
@@ -174,20 +176,55 @@ clean() {
     "weights equal a single host's bit for bit; $(stepMs) ms per step"
 }
 
+# traceSeconds FILE CATEGORIES: the seconds a measured trace's events of
+# those categories (F, B, I, W, C: communication, O) add up to, all ranks.
+traceSeconds() {
+  python3 -c "import json, sys
+events = json.load(open(sys.argv[1]))
+events = events['traceEvents'] if isinstance(events, dict) else events
+print('%.3f' % (sum(e.get('dur', 0) for e in events if e.get('cat', '') in sys.argv[2]) / 1e6))" "$1" "$2"
+}
+
 slow() {
-  cluster 120 --steps 5 $trainFlags --save-weights $work/fast.onnx || fail "the run failed"
+  cluster 120 --steps 5 $trainFlags --save-weights $work/fast.onnx --trace $work/fast.json ||
+    fail "the run failed"
   local fast
   fast=$(stepMs)
   ip netns exec ${id}n2 tc qdisc add dev eth0 root tbf rate 2mbit burst 32kbit latency 400ms ||
     skip "no tbf qdisc here"
-  cluster 300 --steps 5 $trainFlags --save-weights $work/slow.onnx --timeout 120 ||
-    fail "the run over the slow link failed: $(tail -3 "$work/out")"
+  cluster 300 --steps 5 $trainFlags --save-weights $work/slow.onnx --trace $work/slow.json \
+    --timeout 120 || fail "the run over the slow link failed: $(tail -3 "$work/out")"
   local slowStep
   slowStep=$(stepMs)
   cmp -s "$work/fast.onnx" "$work/slow.onnx" || fail "the weights changed over the slow link"
   awk -v f="$fast" -v s="$slowStep" 'BEGIN { exit !(s > 1.5 * f) }' ||
     fail "the step did not grow: $fast ms, then $slowStep ms"
-  echo "cluster-test: slow: ok: node2 at 2 mbit/s: the same weights, $fast ms -> $slowStep ms per step"
+  # The measured timelines say where the time went: into communication.
+  local fastComm slowComm fastCompute slowCompute
+  fastComm=$(traceSeconds "$work/fast.json" C)
+  slowComm=$(traceSeconds "$work/slow.json" C)
+  # (The optimizer step, O, waits for the step's label count from every
+  # rank: it grows too.)
+  fastCompute=$(traceSeconds "$work/fast.json" FBIW)
+  slowCompute=$(traceSeconds "$work/slow.json" FBIW)
+  awk -v fc="$fastComm" -v sc="$slowComm" -v fk="$fastCompute" -v sk="$slowCompute" \
+    'BEGIN { exit !(sc > 10 * fc && sk < 2 * fk + 0.05) }' ||
+    fail "the trace does not put the time into communication: communication $fastComm s ->" \
+      "$slowComm s, compute $fastCompute s -> $slowCompute s"
+  # Delay and loss need netem, which not every kernel has.
+  ip netns exec ${id}n2 tc qdisc del dev eth0 root
+  if ip netns exec ${id}n2 tc qdisc add dev eth0 root netem delay 20ms loss 2% 2>/dev/null; then
+    cluster 300 --steps 5 $trainFlags --save-weights $work/lossy.onnx --timeout 120 ||
+      fail "the run over the lossy link failed: $(tail -3 "$work/out")"
+    cmp -s "$work/fast.onnx" "$work/lossy.onnx" || fail "the weights changed over the lossy link"
+    echo "cluster-test: slow: ok: node2 with 20 ms delay and 2% loss (netem): the same weights," \
+      "$(stepMs) ms per step"
+  else
+    echo "cluster-test: slow: netem SKIPPED: this kernel has no netem qdisc; delay and loss not tried"
+  fi
+  echo "cluster-test: slow: ok: node2 at 2 mbit/s: the same weights, $fast ms -> $slowStep ms per" \
+    "step; the measured timelines' communication $fastComm s -> $slowComm s, forward and" \
+    "backward $fastCompute s -> $slowCompute s (summed over ranks and steps)"
 }
 
 stalled() {

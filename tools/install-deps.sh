@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libxxhash-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
+  iproute2 slurm-wlm munge
   libonnx-testdata
   clang-format clang-tidy
   python3 python3-venv

@@ -688,6 +688,21 @@ int runProfile() {
   return 0;
 }
 
+/// Which node each rank ran on, in runs: "node0 ranks 0-1, node1 ranks 2-4".
+std::string formatRankNodes(const std::vector<std::string> &nodes) {
+  std::string where;
+  for (size_t r = 0; r < nodes.size();) {
+    size_t end = r;
+    while (end + 1 < nodes.size() && nodes[end + 1] == nodes[r])
+      ++end;
+    where += formatv("{0}{1} rank{2} {3}", where.empty() ? "" : ", ", nodes[r], end > r ? "s" : "",
+                     end > r ? formatv("{0}-{1}", r, end).str() : std::to_string(r))
+                 .str();
+    r = end + 1;
+  }
+  return where;
+}
+
 int runRun() {
   bool underMpi = rt::launchedByMpi();
   std::string comm = RunComm.empty() ? (underMpi ? "mpi" : "local") : RunComm.getValue();
@@ -813,22 +828,8 @@ int runRun() {
                                    : formatv("{0} node run(s) ({1})", total, byOp).str());
     }
     outs() << "\n";
-    if (!result->rankNodes.empty()) {
-      // Which node each rank ran on: "node0 ranks 0-1, node1 ranks 2-4".
-      std::string where;
-      for (size_t r = 0; r < result->rankNodes.size();) {
-        size_t end = r;
-        while (end + 1 < result->rankNodes.size() &&
-               result->rankNodes[end + 1] == result->rankNodes[r])
-          ++end;
-        where += formatv("{0}{1} rank{2} {3}", where.empty() ? "" : ", ", result->rankNodes[r],
-                         end > r ? "s" : "",
-                         end > r ? formatv("{0}-{1}", r, end).str() : std::to_string(r))
-                     .str();
-        r = end + 1;
-      }
-      outs() << "nodes: " << where << "\n";
-    }
+    if (!result->rankNodes.empty())
+      outs() << "nodes: " << formatRankNodes(result->rankNodes) << "\n";
     if (RunBackend == "cpu" && !result->blas.empty())
       outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas, result->threadsPerRank);
     if (result->fusedGroups > 0 || result->fusedMatMulBias > 0)
