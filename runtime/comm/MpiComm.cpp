@@ -118,7 +118,7 @@ public:
       return createStringError(inconvertibleErrorCode(), "rank %d: no receive %d", self, handle);
     Message &m = it->second;
     MPI_Status status;
-    if (Error err = poll(m.request, &status, "a message from " + who(m.peer)))
+    if (Error err = poll(m.request, &status, "a message from " + who(m.peer), {m.peer}))
       return err;
     int received = 0;
     MPI_Get_count(&status, MPI_BYTE, &received);
@@ -184,7 +184,7 @@ public:
       PIPEC_MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, buffer.data() + start * elementSize, n,
                                    isDouble ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, *comm, &request),
                     formatv("rank {0}: all-reduce", self));
-      if (Error err = poll(request, MPI_STATUS_IGNORE, "an all-reduce of " + members(group)))
+      if (Error err = poll(request, MPI_STATUS_IGNORE, "an all-reduce of " + members(group), group))
         return err;
     }
     at = 0;
@@ -219,7 +219,8 @@ public:
                                               isDouble ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, *comm,
                                               &request),
                     formatv("rank {0}: reduce-scatter", self));
-      if (Error err = poll(request, MPI_STATUS_IGNORE, "a reduce-scatter of " + members(group)))
+      if (Error err =
+              poll(request, MPI_STATUS_IGNORE, "a reduce-scatter of " + members(group), group))
         return err;
       t = std::move(mine);
     }
@@ -250,7 +251,7 @@ public:
                                    all.rawData(), static_cast<int>(t.numElements()), word, *comm,
                                    &request),
                     formatv("rank {0}: all-gather", self));
-      if (Error err = poll(request, MPI_STATUS_IGNORE, "an all-gather of " + members(group)))
+      if (Error err = poll(request, MPI_STATUS_IGNORE, "an all-gather of " + members(group), group))
         return err;
       t = std::move(all);
     }
@@ -262,7 +263,7 @@ public:
     PIPEC_MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
                                  MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &request),
                   formatv("rank {0}: all-reduce", self));
-    if (Error err = poll(request, MPI_STATUS_IGNORE, "a sum over " + everyone()))
+    if (Error err = poll(request, MPI_STATUS_IGNORE, "a sum over " + everyone(), allRanks()))
       return err;
     return Error::success();
   }
@@ -278,7 +279,7 @@ public:
     PIPEC_MPI_TRY(
         MPI_Igather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, &request),
         formatv("rank {0}: gather", self));
-    if (Error err = poll(request, MPI_STATUS_IGNORE, "a gather of " + everyone()))
+    if (Error err = poll(request, MPI_STATUS_IGNORE, "a gather of " + everyone(), allRanks()))
       return err;
     std::vector<char> all;
     if (self == 0) {
@@ -296,7 +297,7 @@ public:
     PIPEC_MPI_TRY(MPI_Igatherv(bytes.data(), mine, MPI_BYTE, all.data(), sizes.data(),
                                offsets.data(), MPI_BYTE, 0, MPI_COMM_WORLD, &request),
                   formatv("rank {0}: gather", self));
-    if (Error err = poll(request, MPI_STATUS_IGNORE, "a gather of " + everyone()))
+    if (Error err = poll(request, MPI_STATUS_IGNORE, "a gather of " + everyone(), allRanks()))
       return err;
     std::vector<std::string> out;
     for (int r = 0; self == 0 && r < count; ++r)
@@ -306,7 +307,7 @@ public:
 
   Error flush() override {
     while (!sends.empty()) {
-      if (Error err = poll(sends.front().request, MPI_STATUS_IGNORE, "a send to complete"))
+      if (Error err = poll(sends.front().request, MPI_STATUS_IGNORE, "a send to complete", {}))
         return err;
       sends.pop_front();
     }
@@ -329,21 +330,35 @@ private:
   };
 
   /// Waits for \p request, polling so that a stuck peer turns into an error
-  /// after the timeout instead of a hang.
-  Error poll(MPI_Request &request, MPI_Status *status, const std::string &what) {
+  /// after the timeout instead of a hang. Meanwhile it answers other ranks'
+  /// pings; after the timeout it pings \p peers (those it waits for) and
+  /// names the ones that do not answer: stopped, dead, or cut off.
+  Error poll(MPI_Request &request, MPI_Status *status, const std::string &what,
+             const std::vector<int> &peers) {
     auto start = std::chrono::steady_clock::now();
     auto pause = std::chrono::microseconds(1);
+    bool extended = false;
     while (true) {
       int done = 0;
       PIPEC_MPI_TRY(MPI_Test(&request, &done, status), formatv("rank {0}: waiting", self));
       if (done)
         return Error::success();
+      answerPings();
       double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > timeout)
+      if (waited > timeout * (extended ? 2 : 1)) {
+        std::string silent = silentPeers(peers);
+        // Peers that answer wait for someone else: the rank that waits for
+        // the one that does not is the one to say so. This one waits a
+        // second timeout first (a deadlock among live ranks ends then).
+        if (!extended && !silent.empty() && silent.find("not answer") == std::string::npos) {
+          extended = true;
+          continue;
+        }
         return createStringError(inconvertibleErrorCode(),
-                                 "rank %d: no progress for %.0f s waiting for %s", self, timeout,
-                                 what.c_str());
+                                 "rank %d: no progress for %.0f s waiting for %s%s", self,
+                                 timeout * (extended ? 2 : 1), what.c_str(), silent.c_str());
+      }
       // Backing off to at most 100 us: a message that arrives is seen
       // within that, where a longer sleep would delay the critical path.
       std::this_thread::sleep_for(pause);
@@ -351,14 +366,92 @@ private:
     }
   }
 
+  /// Tags of the pings a waiting rank sends after its timeout, and their
+  /// answers (the plan's messages use tag 0).
+  static constexpr int PingTag = 7, PongTag = 8;
+
+  /// Answers the pings that have arrived.
+  void answerPings() {
+    while (true) {
+      int arrived = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, PingTag, MPI_COMM_WORLD, &arrived, &status) != MPI_SUCCESS ||
+          !arrived)
+        return;
+      MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, PingTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Request reply;
+      if (MPI_Isend(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, PongTag, MPI_COMM_WORLD, &reply) ==
+          MPI_SUCCESS)
+        MPI_Request_free(&reply);
+    }
+  }
+
+  /// "; rank 5 (on node2) does not answer": which of \p peers do not answer
+  /// a ping within a few seconds (while this rank answers theirs); "" when
+  /// all do, or there are none to ask.
+  std::string silentPeers(const std::vector<int> &peers) {
+    std::vector<int> asked;
+    std::vector<MPI_Request> replies;
+    for (int peer : peers) {
+      if (peer == self || peer < 0 || peer >= count)
+        continue;
+      MPI_Request ping, reply;
+      if (MPI_Isend(nullptr, 0, MPI_BYTE, peer, PingTag, MPI_COMM_WORLD, &ping) != MPI_SUCCESS ||
+          MPI_Irecv(nullptr, 0, MPI_BYTE, peer, PongTag, MPI_COMM_WORLD, &reply) != MPI_SUCCESS)
+        continue;
+      MPI_Request_free(&ping);
+      asked.push_back(peer);
+      replies.push_back(reply);
+    }
+    if (asked.empty())
+      return "";
+    std::vector<bool> answered(asked.size(), false);
+    auto start = std::chrono::steady_clock::now();
+    double window = std::min(3.0, timeout);
+    size_t missing = asked.size();
+    while (missing > 0 &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
+               window) {
+      for (size_t i = 0; i < asked.size(); ++i) {
+        int done = 0;
+        if (!answered[i] && MPI_Test(&replies[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+            done) {
+          answered[i] = true;
+          --missing;
+        }
+      }
+      answerPings();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::string silent;
+    int quiet = 0;
+    for (size_t i = 0; i < asked.size(); ++i) {
+      if (answered[i])
+        continue;
+      MPI_Cancel(&replies[i]);
+      MPI_Request_free(&replies[i]);
+      silent += (silent.empty() ? "" : ", ") + who(asked[i]);
+      ++quiet;
+    }
+    if (quiet == 0)
+      return asked.size() == 1 ? "; it answers a ping (it waits for another rank)"
+                               : "; every one of them answers a ping (each waits for another)";
+    return "; " + silent + (quiet == 1 ? " does" : " do") + " not answer";
+  }
+
+  /// Every rank, in order.
+  std::vector<int> allRanks() const {
+    std::vector<int> ranks(count);
+    for (int r = 0; r < count; ++r)
+      ranks[r] = r;
+    return ranks;
+  }
+
   /// "rank R (on NODE)".
   std::string who(int rank) const { return formatv("rank {0} (on {1})", rank, nodeOf(rank)).str(); }
   /// "all 8 ranks (on node0, node1, node2)".
   std::string everyone() const {
-    std::vector<int> all(count);
-    for (int r = 0; r < count; ++r)
-      all[r] = r;
-    std::string named = members(all);
+    std::string named = members(allRanks());
     return formatv("all {0} ranks{1}", count, named.substr(named.find(" (on"))).str();
   }
   /// "ranks 1, 3 (on node0, node1)": a group and its nodes.
