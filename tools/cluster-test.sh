@@ -18,16 +18,19 @@
 #              longer step, and the measured timeline (--trace) puts the
 #              time into communication; with 20 ms delay and 2% loss too
 #              where the kernel has netem (else that part says it skipped)
-#   stalled    one rank of node2 stopped (SIGSTOP): every other rank fails
-#              within --timeout naming what it waited for, the job ends
+#   stalled    one rank of node2 stopped (SIGSTOP): within --timeout (and 3
+#              s of pings) a rank names it as the one that does not answer,
+#              and the job ends
 #   node-lost  node2's daemon and ranks killed (SIGKILL) mid-run: the job
 #              ends, the last checkpoint is intact, --resume-if-exists then
 #              finishes with the weights of an uninterrupted run
 #   partition  node2's link taken down mid-run: the ranks that lost a peer
-#              fail within --timeout naming its rank and node; mpirun's own
-#              abort does not return while a daemon is unreachable (Open MPI
-#              4.1), so the job is ended here after a deadline, as a
-#              scheduler's time limit would, and that is reported
+#              fail within --timeout naming its rank and node, the newest
+#              intact checkpoint resumes to an uninterrupted run's weights;
+#              mpirun's own abort does not return while a daemon is
+#              unreachable (Open MPI 4.1), so the job is ended here after a
+#              deadline, as a scheduler's time limit would, and that is
+#              reported
 #   all        each of them
 #
 # Usage: tools/cluster-test.sh SCENARIO      (exit 77: cannot make namespaces)
@@ -274,7 +277,9 @@ partition() {
   start=$(date +%s)
   # (In a subshell whose stderr is dropped: the shell's own "Killed" when
   # the deadline ends mpirun is not part of the result.)
-  (cluster 30 --steps 100000 $trainFlags --timeout 5) 2>/dev/null &
+  mkdir -p "$work/pckpt"
+  (cluster 30 --steps 100000 $trainFlags --timeout 5 --checkpoint $work/pckpt \
+    --checkpoint-every 5) 2>/dev/null &
   local job=$!
   waitSteps 3 || fail "the run did not start: $(tail -3 "$work/out")"
   ip -n ${id}n2 link set eth0 down
@@ -295,6 +300,19 @@ partition() {
   local rc=$?
   local ended="mpirun returned (status $rc)"
   [ $rc = 137 ] && ended="mpirun did not return: ended at its 30 s deadline"
+  # The last complete checkpoint is intact: a run resumes from it and ends
+  # as an uninterrupted one.
+  local last
+  last=$(ls "$work/pckpt" | sed -n 's/^step-\([0-9]*\)$/\1/p' | sort -n | tail -1)
+  [ -n "$last" ] || fail "no checkpoint was written before the split"
+  single --steps $((last + 5)) $trainFlags --checkpoint "$work/pckpt" --resume-if-exists \
+    --save-weights "$work/after-split.onnx" ||
+    fail "no run resumes from the checkpoints: $(tail -2 "$work/single.out")"
+  single --steps $((last + 5)) $trainFlags --save-weights "$work/no-split.onnx" ||
+    fail "the reference run failed"
+  cmp -s "$work/after-split.onnx" "$work/no-split.onnx" ||
+    fail "the run resumed after the split ends differently from an uninterrupted one"
+  ended="$ended; a run resumed from the newest intact checkpoint (of steps up to $last) and ended with an uninterrupted run's weights"
   echo "cluster-test: partition: ok: $took s after node2's link went down: $(grep -m1 \
     'not answer' "$work/out" | sed 's/^pipec: error: //'); $ended"
 }
