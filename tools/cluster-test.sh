@@ -281,7 +281,12 @@ partition() {
   (cluster 30 --steps 100000 $trainFlags --timeout 5 --checkpoint $work/pckpt \
     --checkpoint-every 5) 2>/dev/null &
   local job=$!
-  waitSteps 3 || fail "the run did not start: $(tail -3 "$work/out")"
+  waitSteps 7 || fail "the run did not get going: $(tail -3 "$work/out")"
+  # A checkpoint first (step 5's, all 8 files), so that one exists to resume.
+  for tries in $(seq 100); do
+    [ "$(ls "$work/pckpt/step-5" 2>/dev/null | wc -l)" -ge 8 ] && break
+    sleep 0.1
+  done
   ip -n ${id}n2 link set eth0 down
   local cut
   cut=$(date +%s)
