@@ -188,14 +188,14 @@ public:
         count[k] = cuts[k + 1] - cuts[k];
     if (!options.training.training || options.training.recompute != Recompute::Auto)
       return count;
-    auto held = [&](int k) { return memoryWith(k, cuts[k], cuts[k + 1], count[k]); };
+    auto bytes = [&](int k) { return memoryWith(k, cuts[k], cuts[k + 1], count[k]); };
     for (int r = 0; r < options.shape.stages(); ++r) {
       int64_t limit = options.memoryLimit[r];
       if (limit <= 0)
         continue;
       int64_t sum = 0;
       for (int k = 0; k < chunks; ++k)
-        sum += rankOf(k) == r ? held(k) : 0;
+        sum += rankOf(k) == r ? bytes(k) : 0;
       while (sum > limit) {
         int best = -1;
         double bestRate = 0;
@@ -204,7 +204,7 @@ public:
           int i = cuts[k], j = cuts[k + 1];
           if (rankOf(k) != r || count[k] >= j - i)
             continue;
-          int64_t freed = held(k) - memoryWith(k, i, j, count[k] + 1);
+          int64_t freed = bytes(k) - memoryWith(k, i, j, count[k] + 1);
           double again = computeTime(k, i + count[k], i + count[k] + 1, 0);
           double rate = static_cast<double>(freed) / std::max(again, 1e-12);
           if (best < 0 || rate > bestRate)

@@ -70,45 +70,45 @@ namespace {
 constexpr EnumName<ActionKind> actionKindLetters[] = {
     {ActionKind::F, "F"}, {ActionKind::B, "B"}, {ActionKind::I, "I"}, {ActionKind::W, "W"}};
 
-} // namespace
-
-std::vector<int64_t> peakHeldPerChunk(const Schedule &schedule, int rank) {
+/// Per local chunk of \p rank: the most microbatches held at once, each
+/// from the action \p takes says takes it to the one \p frees says frees
+/// it (an action may do both).
+template <typename Takes, typename Frees>
+std::vector<int64_t> peakPerChunk(const Schedule &schedule, int rank, Takes takes, Frees frees) {
   std::vector<int> stages;
   for (const Action &a : schedule.ranks[rank])
     stages.push_back(a.stage);
   std::sort(stages.begin(), stages.end());
   stages.erase(std::unique(stages.begin(), stages.end()), stages.end());
   std::vector<int64_t> held(stages.size(), 0), peak(stages.size(), 0);
-  bool inference = schedule.kind == ScheduleKind::ForwardOnly;
   for (const Action &a : schedule.ranks[rank]) {
     size_t c = std::lower_bound(stages.begin(), stages.end(), a.stage) - stages.begin();
-    if (a.kind == ActionKind::F) {
+    if (takes(a))
       peak[c] = std::max(peak[c], ++held[c]);
-      // Inference keeps nothing past the forward that made it.
-      if (inference)
-        --held[c];
-    } else if (a.kind == ActionKind::B || a.kind == ActionKind::W) {
+    if (frees(a))
       --held[c];
-    }
   }
   return peak;
 }
 
+} // namespace
+
+std::vector<int64_t> peakHeldPerChunk(const Schedule &schedule, int rank) {
+  // Inference keeps nothing past the forward that made it.
+  bool inference = schedule.kind == ScheduleKind::ForwardOnly;
+  return peakPerChunk(
+      schedule, rank, [](const Action &a) { return a.kind == ActionKind::F; },
+      [inference](const Action &a) {
+        return inference ? a.kind == ActionKind::F
+                         : a.kind == ActionKind::B || a.kind == ActionKind::W;
+      });
+}
+
 std::vector<int64_t> peakRebuiltPerChunk(const Schedule &schedule, int rank) {
-  std::vector<int> stages;
-  for (const Action &a : schedule.ranks[rank])
-    stages.push_back(a.stage);
-  std::sort(stages.begin(), stages.end());
-  stages.erase(std::unique(stages.begin(), stages.end()), stages.end());
-  std::vector<int64_t> held(stages.size(), 0), peak(stages.size(), 0);
-  for (const Action &a : schedule.ranks[rank]) {
-    size_t c = std::lower_bound(stages.begin(), stages.end(), a.stage) - stages.begin();
-    if (a.kind == ActionKind::B || a.kind == ActionKind::I)
-      peak[c] = std::max(peak[c], ++held[c]);
-    if (a.kind == ActionKind::B || a.kind == ActionKind::W)
-      --held[c];
-  }
-  return peak;
+  return peakPerChunk(
+      schedule, rank,
+      [](const Action &a) { return a.kind == ActionKind::B || a.kind == ActionKind::I; },
+      [](const Action &a) { return a.kind == ActionKind::B || a.kind == ActionKind::W; });
 }
 
 int64_t inFlightActivations(ScheduleKind kind, int stages, int virtualStages, int microbatches,

@@ -198,62 +198,75 @@ public:
   }
 
   Error reduceScatter(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
-    if (group.size() < 2 || tensors.empty())
-      return Error::success();
-    auto comm = communicator(group);
-    if (!comm)
-      return comm.takeError();
     int n = static_cast<int>(group.size());
-    for (cpu::Tensor &t : tensors) {
-      bool isDouble = t.elemType() == cpu::DType::F64;
-      if ((!isDouble && t.elemType() != cpu::DType::F32) || t.numElements() % n != 0 ||
-          t.numElements() / n > INT_MAX)
-        return createStringError(inconvertibleErrorCode(),
-                                 "rank %d: a reduce-scatter over %d ranks needs float tensors of a "
-                                 "multiple of %d elements, at most INT_MAX each, got %s",
-                                 self, n, n, t.describe().c_str());
-      int block = static_cast<int>(t.numElements() / n);
-      cpu::Tensor mine(t.elemType(), {block});
-      MPI_Request request;
-      PIPEC_MPI_TRY(MPI_Ireduce_scatter_block(t.rawData(), mine.rawData(), block,
-                                              isDouble ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, *comm,
-                                              &request),
-                    formatv("rank {0}: reduce-scatter", self));
-      if (Error err =
-              poll(request, MPI_STATUS_IGNORE, "a reduce-scatter of " + members(group), group))
-        return err;
-      t = std::move(mine);
-    }
-    return Error::success();
+    return eachTensor(
+        group, tensors, "a reduce-scatter",
+        [&](const cpu::Tensor &t, cpu::Tensor &out, MPI_Comm comm, MPI_Request &request) -> Error {
+          bool isDouble = t.elemType() == cpu::DType::F64;
+          if ((!isDouble && t.elemType() != cpu::DType::F32) || t.numElements() % n != 0 ||
+              t.numElements() / n > INT_MAX)
+            return createStringError(
+                inconvertibleErrorCode(),
+                "rank %d: a reduce-scatter over %d ranks needs float tensors of a "
+                "multiple of %d elements, at most INT_MAX each, got %s",
+                self, n, n, t.describe().c_str());
+          int block = static_cast<int>(t.numElements() / n);
+          cpu::Tensor mine(t.elemType(), {block});
+          PIPEC_MPI_TRY(MPI_Ireduce_scatter_block(t.rawData(), mine.rawData(), block,
+                                                  isDouble ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, comm,
+                                                  &request),
+                        formatv("rank {0}: reduce-scatter", self));
+          out = std::move(mine);
+          return Error::success();
+        });
   }
 
   Error allGather(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
+    int n = static_cast<int>(group.size());
+    return eachTensor(
+        group, tensors, "an all-gather",
+        [&](const cpu::Tensor &t, cpu::Tensor &out, MPI_Comm comm, MPI_Request &request) -> Error {
+          // Elements of one storage word each (half types are stored as float).
+          size_t width = cpu::storageSize(t.elemType());
+          MPI_Datatype word = width == 8   ? MPI_UINT64_T
+                              : width == 4 ? MPI_UINT32_T
+                              : width == 2 ? MPI_UINT16_T
+                                           : MPI_BYTE;
+          if (t.numElements() > INT_MAX)
+            return createStringError(inconvertibleErrorCode(),
+                                     "rank %d: an all-gather of %s is over MPI's INT_MAX count",
+                                     self, t.describe().c_str());
+          int count = static_cast<int>(t.numElements());
+          cpu::Tensor all(t.elemType(), {t.numElements() * n});
+          PIPEC_MPI_TRY(
+              MPI_Iallgather(t.rawData(), count, word, all.rawData(), count, word, comm, &request),
+              formatv("rank {0}: all-gather", self));
+          out = std::move(all);
+          return Error::success();
+        });
+  }
+
+  /// Runs \p start (tensor, result, communicator, request) on each of
+  /// \p tensors over \p group, waits for its request under the timeout, and
+  /// then replaces the tensor by the result (the request reads the tensor
+  /// until it completes).
+  template <typename Start>
+  Error eachTensor(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors, const char *what,
+                   Start start) {
     if (group.size() < 2 || tensors.empty())
       return Error::success();
     auto comm = communicator(group);
     if (!comm)
       return comm.takeError();
-    int n = static_cast<int>(group.size());
     for (cpu::Tensor &t : tensors) {
-      // Elements of one storage word each (half types are stored as float).
-      size_t width = cpu::storageSize(t.elemType());
-      MPI_Datatype word = width == 8   ? MPI_UINT64_T
-                          : width == 4 ? MPI_UINT32_T
-                          : width == 2 ? MPI_UINT16_T
-                                       : MPI_BYTE;
-      if (t.numElements() > INT_MAX)
-        return createStringError(inconvertibleErrorCode(),
-                                 "rank %d: an all-gather of %s is over MPI's INT_MAX count", self,
-                                 t.describe().c_str());
-      cpu::Tensor all(t.elemType(), {t.numElements() * n});
       MPI_Request request;
-      PIPEC_MPI_TRY(MPI_Iallgather(t.rawData(), static_cast<int>(t.numElements()), word,
-                                   all.rawData(), static_cast<int>(t.numElements()), word, *comm,
-                                   &request),
-                    formatv("rank {0}: all-gather", self));
-      if (Error err = poll(request, MPI_STATUS_IGNORE, "an all-gather of " + members(group), group))
+      cpu::Tensor out;
+      if (Error err = start(t, out, *comm, request))
         return err;
-      t = std::move(all);
+      if (Error err =
+              poll(request, MPI_STATUS_IGNORE, std::string(what) + " of " + members(group), group))
+        return err;
+      t = std::move(out);
     }
     return Error::success();
   }

@@ -195,89 +195,63 @@ public:
   }
 
   Error sum(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
-    if (group.size() < 2 || tensors.empty())
-      return Error::success();
-    if (groupDepth > 0) // the all-reduce would join the open group and never run
-      return createStringError(inconvertibleErrorCode(),
-                               "rank %d: a sum inside a send/receive group", rank());
-    auto it = groups.find(std::vector<int>(group.begin(), group.end()));
-    if (it == groups.end() || !it->second)
-      return createStringError(inconvertibleErrorCode(),
-                               "rank %d: no NCCL communicator for a "
-                               "group",
-                               rank());
-    for (const cpu::Tensor &t : tensors)
-      if (t.onHost() || !cpu::isFloating(t.elemType()))
-        return createStringError(inconvertibleErrorCode(),
-                                 "rank %d: NCCL sums floating-point device tensors, not %s", rank(),
-                                 t.describe().c_str());
-    PIPEC_CUDA_TRY(cudaSetDevice(device));
     // The executor has synchronized the backend, so the accumulators are
-    // written (Executor.cpp, allReduce). The sends queued here complete
-    // first, under the timeout, so that the all-reduce does not wait behind
-    // a peer that is itself waiting for them.
-    if (Error err = drain("earlier sends and receives to complete"))
-      return err;
-    PIPEC_CUDA_TRY(ncclGroupStart());
-    for (cpu::Tensor &t : tensors) {
-      ncclDataType_t type = t.elemType() == cpu::DType::F64 ? ncclFloat64 : ncclFloat32;
-      // The accumulators are the rank's own: summed in place.
-      ncclResult_t queued =
-          ncclAllReduce(t.rawData(), t.rawData(), static_cast<size_t>(t.numElements()), type,
-                        ncclSum, it->second, stream.get());
-      if (queued != ncclSuccess) {
-        ncclGroupEnd();
-        PIPEC_CUDA_TRY(queued);
-      }
-    }
-    PIPEC_CUDA_TRY(ncclGroupEnd());
-    cudaEvent_t done;
-    PIPEC_CUDA_TRY(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    Error err = cuda::statusError(cudaEventRecord(done, stream.get()), "cudaEventRecord", __FILE__,
-                                  __LINE__);
-    if (!err)
-      err = poll(done, "an all-reduce", it->second);
-    cudaEventDestroy(done);
-    return err;
+    // written (Executor.cpp, sumOver).
+    return collective(
+        group, tensors, "an all-reduce",
+        [&](const cpu::Tensor &t, cpu::Tensor & /*in place*/, ncclComm_t comm) -> Error {
+          if (!cpu::isFloating(t.elemType()))
+            return createStringError(inconvertibleErrorCode(),
+                                     "rank %d: NCCL sums floating-point device tensors, not %s",
+                                     rank(), t.describe().c_str());
+          ncclDataType_t type = t.elemType() == cpu::DType::F64 ? ncclFloat64 : ncclFloat32;
+          // The accumulators are the rank's own: summed in place.
+          PIPEC_CUDA_TRY(ncclAllReduce(t.rawData(), const_cast<void *>(t.rawData()),
+                                       static_cast<size_t>(t.numElements()), type, ncclSum, comm,
+                                       stream.get()));
+          return Error::success();
+        });
   }
 
   Error reduceScatter(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
     size_t n = group.size();
-    return collective(group, tensors, "a reduce-scatter", [&](cpu::Tensor &t) -> Error {
-      if (t.elemType() != cpu::DType::F32 && t.elemType() != cpu::DType::F64)
-        return createStringError(inconvertibleErrorCode(),
-                                 "rank %d: a reduce-scatter needs float tensors, not %s", rank(),
-                                 t.describe().c_str());
-      if (t.numElements() % static_cast<int64_t>(n) != 0)
-        return createStringError(inconvertibleErrorCode(),
-                                 "rank %d: a reduce-scatter over %zu ranks of %s", rank(), n,
-                                 t.describe().c_str());
-      int64_t block = t.numElements() / static_cast<int64_t>(n);
-      auto out = deviceTensor(t.elemType(), block);
-      if (!out)
-        return out.takeError();
-      ncclDataType_t type = t.elemType() == cpu::DType::F64 ? ncclFloat64 : ncclFloat32;
-      PIPEC_CUDA_TRY(
-          ncclReduceScatter(t.rawData(), out->rawData(), static_cast<size_t>(block), type, ncclSum,
-                            groups.at(std::vector<int>(group.begin(), group.end())), stream.get()));
-      t = std::move(*out);
-      return Error::success();
-    });
+    return collective(
+        group, tensors, "a reduce-scatter",
+        [&](const cpu::Tensor &t, cpu::Tensor &out, ncclComm_t comm) -> Error {
+          if (t.elemType() != cpu::DType::F32 && t.elemType() != cpu::DType::F64)
+            return createStringError(inconvertibleErrorCode(),
+                                     "rank %d: a reduce-scatter needs float tensors, not %s",
+                                     rank(), t.describe().c_str());
+          if (t.numElements() % static_cast<int64_t>(n) != 0)
+            return createStringError(inconvertibleErrorCode(),
+                                     "rank %d: a reduce-scatter over %zu ranks of %s", rank(), n,
+                                     t.describe().c_str());
+          int64_t block = t.numElements() / static_cast<int64_t>(n);
+          auto made = deviceTensor(t.elemType(), block);
+          if (!made)
+            return made.takeError();
+          out = std::move(*made);
+          ncclDataType_t type = t.elemType() == cpu::DType::F64 ? ncclFloat64 : ncclFloat32;
+          PIPEC_CUDA_TRY(ncclReduceScatter(t.rawData(), out.rawData(), static_cast<size_t>(block),
+                                           type, ncclSum, comm, stream.get()));
+          return Error::success();
+        });
   }
 
   Error allGather(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
     size_t n = group.size();
-    return collective(group, tensors, "an all-gather", [&](cpu::Tensor &t) -> Error {
-      auto out = deviceTensor(t.elemType(), t.numElements() * static_cast<int64_t>(n));
-      if (!out)
-        return out.takeError();
-      // Bytes: half types are stored as float, every type moves as it is.
-      PIPEC_CUDA_TRY(ncclAllGather(t.rawData(), out->rawData(), t.byteSize(), ncclChar,
-                                   groups.at(std::vector<int>(group.begin(), group.end())),
-                                   stream.get()));
-      t = std::move(*out);
-      return Error::success();
-    });
+    return collective(group, tensors, "an all-gather",
+                      [&](const cpu::Tensor &t, cpu::Tensor &out, ncclComm_t comm) -> Error {
+                        auto made =
+                            deviceTensor(t.elemType(), t.numElements() * static_cast<int64_t>(n));
+                        if (!made)
+                          return made.takeError();
+                        out = std::move(*made);
+                        // Bytes: half types are stored as float, every type moves as it is.
+                        PIPEC_CUDA_TRY(ncclAllGather(t.rawData(), out.rawData(), t.byteSize(),
+                                                     ncclChar, comm, stream.get()));
+                        return Error::success();
+                      });
   }
 
   Error sumAll(MutableArrayRef<double> values) override { return host->sumAll(values); }
@@ -330,8 +304,10 @@ private:
                                  device);
   }
 
-  /// Queues \p each on every one of \p tensors as one NCCL group over
-  /// \p group's communicator, and waits for them under the timeout.
+  /// Queues \p each (tensor, communicator) on every one of \p tensors as
+  /// one NCCL group over \p group's communicator, and waits for them under
+  /// the timeout. The sends queued before complete first, so that the
+  /// collective does not wait behind a peer that is itself waiting for them.
   template <typename Each>
   Error collective(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors, const char *what,
                    Each each) {
@@ -350,12 +326,14 @@ private:
                                  "rank %d: NCCL moves device tensors, not host %s", rank(),
                                  t.describe().c_str());
     PIPEC_CUDA_TRY(cudaSetDevice(device));
-    // As sum(): the sends queued before complete first.
     if (Error err = drain("earlier sends and receives to complete"))
       return err;
+    // The results replace the tensors once the group has run: it reads them
+    // until then. (An in-place sum leaves its result null.)
+    std::vector<cpu::Tensor> results(tensors.size());
     PIPEC_CUDA_TRY(ncclGroupStart());
-    for (cpu::Tensor &t : tensors)
-      if (Error err = each(t)) {
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (Error err = each(tensors[i], results[i], it->second)) {
         ncclGroupEnd();
         return err;
       }
@@ -367,7 +345,12 @@ private:
     if (!err)
       err = poll(done, what, it->second);
     cudaEventDestroy(done);
-    return err;
+    if (err)
+      return err;
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (!results[i].isNull())
+        tensors[i] = std::move(results[i]);
+    return Error::success();
   }
 
   struct Pending {
