@@ -5,6 +5,7 @@
 
 #include "onnx/onnx_pb.h"
 
+#include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
@@ -46,12 +47,19 @@ onnx::NodeProto nodeOf(const Graph &graph, const Op &op) {
   return node;
 }
 
-/// \p path relative to \p dir when it lies under it.
+/// \p path relative to \p dir when it lies under it. Both are compared
+/// without "." components: a model named "m.onnx" (dir "") keeps its data
+/// in "./m.onnx.data", which is "m.onnx.data" to the model.
 std::string relativeTo(StringRef path, StringRef dir) {
-  if (!dir.empty() && path.startswith(dir) && path.size() > dir.size() &&
-      sys::path::is_separator(path[dir.size()]))
-    return path.drop_front(dir.size() + 1).str();
-  return path.str();
+  SmallString<256> file(path), folder(dir);
+  sys::path::remove_dots(file, /*remove_dot_dot=*/false);
+  sys::path::remove_dots(folder, /*remove_dot_dot=*/false);
+  StringRef f = file, d = folder;
+  if (d.empty())
+    return f.str();
+  if (f.startswith(d) && f.size() > d.size() && sys::path::is_separator(f[d.size()]))
+    return f.drop_front(d.size() + 1).str();
+  return f.str();
 }
 
 /// The plan's copy of weight or constant \p id: a reference into the model's

@@ -212,3 +212,26 @@ TEST(Cli, RecomputeModesAndShardOptimizer) {
             std::string::npos)
       << out;
 }
+
+// A model with external data, named relative to the current directory as a
+// user in its folder types it: the plan's references match the model's, and
+// the plan runs.
+TEST(Cli, ExternalDataModelNamedFromItsFolder) {
+  TempDir dir;
+  std::string out;
+  std::string cd = "cd " + dir.path("") + " && ";
+  ASSERT_EQ(runCommand(cd + Pipec +
+                           " model gpt --layers 2 --hidden 32 --vocab 64 --seq 8 --external-data "
+                           "-o g.onnx",
+                       out),
+            0)
+      << out;
+  ASSERT_EQ(runCommand(cd + Pipec +
+                           " compile g.onnx -o g.plan --stages 2 --mode infer --batch 2 "
+                           "--microbatches 2",
+                       out),
+            0)
+      << out;
+  ASSERT_EQ(runCommand(cd + Pipec + " run g.plan --outputs outs", out), 0) << out;
+  EXPECT_NE(out.find("wrote 1 output(s) to outs"), std::string::npos) << out;
+}
