@@ -9,6 +9,7 @@
 #include "driver/Report.h"
 #include "passes/BalanceStages.h"
 #include "passes/Differentiate.h"
+#include "passes/GenerationRoles.h"
 #include "passes/GroupLayers.h"
 #include "passes/LowerSchedule.h"
 #include "passes/PlanMemory.h"
@@ -528,6 +529,28 @@ Error checkKernelPreconditions(const Graph &graph) {
 /// (--timing-only: the report and simulation stand, and the plan's warnings
 /// say why it cannot run). Cut programs whose data does not reach them
 /// (verifyDataflow) are always an error.
+/// --mode generate: the roles of the model's inputs and outputs, the stage
+/// that holds each cache, and each rank's cache bytes (every group's).
+Error describeGeneration(plan::Plan &plan, const Graph &graph, int64_t maxLength) {
+  auto roles = findGenerationRoles(graph, maxLength);
+  if (!roles)
+    return roles.takeError();
+  int groups = plan.schedule().microbatches();
+  roles->set_groups(groups);
+  roles->set_slots(plan.schedule().global_batch());
+  for (plan::Generation::Cache &cache : *roles->mutable_cache()) {
+    cache.set_bytes(graph.values[graph.findValue(cache.past())].byteSize());
+    for (const plan::StageProgram &sp : plan.stage_programs())
+      if (llvm::is_contained(sp.loads(), cache.past()))
+        cache.set_stage(sp.stage());
+    int rank = plan.stages(cache.stage()).rank();
+    plan::Rank *r = plan.mutable_ranks(rank);
+    r->set_cache_bytes(r->cache_bytes() + cache.bytes() * groups);
+  }
+  *plan.mutable_generation() = std::move(*roles);
+  return Error::success();
+}
+
 Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared,
                           const CompileOptions &options) {
   const std::string &model = plan.model().path();
@@ -575,6 +598,9 @@ Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared,
   }
   if (Error err = verifyDataflow(plan))
     return err;
+  if (options.maxLength > 0)
+    if (Error err = describeGeneration(plan, prepared.graph, options.maxLength))
+      return err;
   // The weights' bytes beyond the .onnx file: its xxh3 covers only itself.
   SmallString<256> modelDir(sys::path::parent_path(plan.model().path()));
   if (modelDir.empty())

@@ -75,6 +75,10 @@ struct CompileOptions {
   /// prepared (graph, layers, backward program) is left to exit, not freed
   /// node by node (as clang's -disable-free).
   bool disableFree = false;
+  /// --mode generate --max-length L: the plan is one decode step of a
+  /// decoder with its KV cache, rows of L tokens (passes/GenerationRoles.h);
+  /// 0 for train and infer.
+  int64_t maxLength = 0;
 };
 
 /// Compiles \p modelPath into a plan, showing its passes as \p pipeline

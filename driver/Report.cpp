@@ -185,6 +185,23 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
                               .str());
     }
   }
+  if (plan.has_generation()) {
+    // The token loop: one decode step per stage program, each rank's cache.
+    const plan::Generation &g = plan.generation();
+    os << formatv("\ngeneration: rows of {0} tokens, {1} slot(s) in {2} group(s) of {3}; a step "
+                  "decodes one token of a group (the predicted step: one of every group)\n",
+                  g.max_length(), g.slots(), g.groups(), plan.schedule().microbatch_size());
+    os << formatv("  inputs: tokens '{0}', positions '{1}', mask '{2}'; logits '{3}' over {4} "
+                  "ids\n",
+                  g.tokens(), g.positions(), g.mask(), g.logits(), g.vocab());
+    for (const auto &rank : plan.ranks()) {
+      int entries = 0;
+      for (const auto &c : g.cache())
+        entries += plan.stages(c.stage()).rank() == rank.index();
+      os << formatv("  rank {0}: KV cache {1} ({2} tensors x {3} groups), written in place\n",
+                    rank.index(), humanCount(rank.cache_bytes(), true), entries, g.groups());
+    }
+  }
   const auto &p = plan.predicted();
   os << formatv("\npredicted step {0} (simulated), bubble {1:f1}%, slowest stage {2} per "
                 "microbatch, imbalance {3:f3} (slowest / mean)\n",

@@ -417,6 +417,73 @@ Error checkTensors(const plan::Plan &plan) {
   return checkParamMap(plan, weights);
 }
 
+/// --mode generate: each role names an input or output of the shape the
+/// token loop fills or reads, each cache a past input of max_length - 1
+/// positions on its axis that its stage loads, and the present it makes.
+Error checkGeneration(const plan::Plan &plan) {
+  if (!plan.has_generation())
+    return Error::success();
+  const plan::Generation &g = plan.generation();
+  const plan::ScheduleInfo &s = plan.schedule();
+  std::string field = "generation: ";
+  if (s.mode() != "infer")
+    return planError(field + "a plan in mode " + s.mode() + " does not generate");
+  if (Error err = checkCount("generation.max_length", g.max_length(), 2, int64_t(1) << 24))
+    return err;
+  if (Error err = checkCount("generation.vocab", g.vocab(), 1, int64_t(1) << 31))
+    return err;
+  if (g.groups() != s.microbatches() || g.slots() != s.global_batch())
+    return planError(formatv("{0}{1} groups of {2} slots, where the schedule has {3} "
+                             "microbatches of {4} samples",
+                             field, g.groups(), g.slots(), s.microbatches(), s.global_batch()));
+  auto input = [&](StringRef name) -> const plan::DataInput * {
+    for (const plan::DataInput &d : plan.data())
+      if (d.name() == name)
+        return &d;
+    return nullptr;
+  };
+  int64_t rows = s.microbatch_size();
+  struct Role {
+    StringRef what;
+    const std::string &name;
+    int64_t width;
+  };
+  for (Role role : {Role{"tokens", g.tokens(), 1}, Role{"positions", g.positions(), 1},
+                    Role{"mask", g.mask(), g.max_length()}}) {
+    const plan::DataInput *d = input(role.name);
+    if (!d || d->shape_size() != 2 || d->shape(0) != rows || d->shape(1) != role.width)
+      return planError(formatv("{0}{1} '{2}' is not an input of shape [{3}, {4}]", field, role.what,
+                               role.name, rows, role.width));
+  }
+  bool logits = false;
+  for (const plan::TensorRef &out : plan.outputs())
+    if (out.name() == g.logits())
+      logits = out.shape_size() == 3 && out.shape(2) == g.vocab();
+  if (!logits)
+    return planError(formatv("{0}logits '{1}' is not an output of shape [.., .., {2}]", field,
+                             g.logits(), g.vocab()));
+  if (g.cache_size() == 0)
+    return planError(field + "no cache");
+  for (const plan::Generation::Cache &c : g.cache()) {
+    const plan::DataInput *d = input(c.past());
+    if (!d || c.axis() < 0 || c.axis() >= d->shape_size() ||
+        d->shape(c.axis()) != g.max_length() - 1)
+      return planError(formatv("{0}cache '{1}' is not an input {2} positions long on axis {3}",
+                               field, c.past(), g.max_length() - 1, c.axis()));
+    if (c.stage() < 0 || c.stage() >= plan.stage_programs_size() ||
+        !is_contained(plan.stage_programs(c.stage()).loads(), c.past()))
+      return planError(
+          formatv("{0}cache '{1}': stage {2} does not load it", field, c.past(), c.stage()));
+    bool made = false;
+    for (const plan::TensorRef &out : plan.outputs())
+      made |= out.name() == c.present();
+    if (!made)
+      return planError(formatv("{0}cache '{1}': its present '{2}' is not an output", field,
+                               c.past(), c.present()));
+  }
+  return Error::success();
+}
+
 } // namespace
 
 Error checkPlanFitsMachine(const plan::Plan &plan) {
@@ -451,7 +518,9 @@ Error checkPlan(const plan::Plan &plan) {
   }
   if (Error err = checkPrograms(plan))
     return err;
-  return checkTensors(plan);
+  if (Error err = checkTensors(plan))
+    return err;
+  return checkGeneration(plan);
 }
 
 } // namespace pipec

@@ -19,7 +19,9 @@
 #include "models/ModelGenerators.h"
 #include "plan/PlanFile.h"
 #include "runtime/comm/Comm.h"
+#include "runtime/exec/Data.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/exec/Generate.h"
 #include "support/Diagnostics.h"
 #include "tools/Versions.h"
 
@@ -59,6 +61,8 @@ cl::SubCommand ProfileCmd("profile",
                           "Measure each layer's F, I and W time on this CPU: a cost table for "
                           "compile --costs");
 cl::SubCommand RunCmd("run", "Run a plan: train or infer on CPU ranks (threads or MPI processes)");
+cl::SubCommand GenerateCmd("generate",
+                           "Generate tokens after prompts with a plan compiled by --mode generate");
 cl::SubCommand SchedulesCmd("schedules",
                             "List the pipeline schedules: the V and M each takes, when to use it");
 
@@ -126,8 +130,15 @@ cl::opt<std::string> Balance("balance", cl::desc("time|params|uniform|LAYOUT (e.
 cl::opt<std::string> MemoryLimit("memory-limit",
                                  cl::desc("Bytes per rank (80GB, 64GiB, none), or one per rank"),
                                  cl::cat(CompileCat), cl::sub(CompileCmd));
-cl::opt<std::string> Mode("mode", cl::desc("train|infer"), cl::init("train"), cl::cat(CompileCat),
-                          cl::sub(CompileCmd));
+cl::opt<std::string> Mode("mode", cl::desc("train|infer|generate"), cl::init("train"),
+                          cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<int64_t> MaxLength("max-length",
+                           cl::desc("--mode generate: tokens a row holds, prompt and generated"),
+                           cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<int64_t> Slots("slots",
+                       cl::desc("--mode generate: rows decoded at once, over all groups "
+                                "(default: one per group)"),
+                       cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> Precision("precision", cl::desc("fp32|bf16 (default bf16 on GPUs)"),
                                cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> OptimizerFlag("optimizer", cl::desc("sgd|momentum|adamw"), cl::init("adamw"),
@@ -306,6 +317,35 @@ cl::opt<int> RunThreadsPerRank("threads-per-rank",
                                cl::init(0), cl::sub(RunCmd));
 
 // model
+// generate
+cl::opt<std::string> GenPlan(cl::Positional, cl::desc("PLAN"), cl::Required, cl::sub(GenerateCmd));
+cl::opt<std::string> GenPrompts("prompts", cl::desc("Prompts: int64 token ids [N, S] (.npy)"),
+                                cl::value_desc("FILE"), cl::Required, cl::sub(GenerateCmd));
+cl::opt<int64_t> GenNewTokens("max-new-tokens", cl::desc("Tokens to generate after each prompt"),
+                              cl::init(16), cl::sub(GenerateCmd));
+cl::opt<bool> GenGreedy("greedy", cl::desc("Pick the most likely token (the default)"),
+                        cl::sub(GenerateCmd));
+cl::opt<double> GenTemperature("temperature", cl::desc("Sample, at this temperature"),
+                               cl::init(1.0), cl::sub(GenerateCmd));
+cl::opt<int64_t> GenTopK("top-k", cl::desc("Sample among the K most likely tokens (0: all)"),
+                         cl::init(0), cl::sub(GenerateCmd));
+cl::opt<double> GenTopP("top-p", cl::desc("Sample among the most likely tokens of mass P"),
+                        cl::init(1.0), cl::sub(GenerateCmd));
+cl::opt<uint64_t> GenSeed("seed", cl::desc("Seed of the samples"), cl::init(0),
+                          cl::sub(GenerateCmd));
+cl::opt<int64_t> GenEos("eos", cl::desc("End-of-sequence token id: a row ends at it"), cl::init(-1),
+                        cl::sub(GenerateCmd));
+cl::opt<std::string> GenOutput("o",
+                               cl::desc("Write the generated ids here (.npy, int64 [N, "
+                                        "max-new-tokens])"),
+                               cl::value_desc("FILE"), cl::sub(GenerateCmd));
+cl::opt<std::string> GenModel("model", cl::desc("The model file (default: the plan's path)"),
+                              cl::value_desc("FILE"), cl::sub(GenerateCmd));
+cl::opt<int> GenThreadsPerRank("threads-per-rank", cl::desc("Loop threads per rank"),
+                               cl::sub(GenerateCmd));
+cl::opt<double> GenTimeout("timeout", cl::desc("Seconds a rank may wait without progress"),
+                           cl::init(120), cl::sub(GenerateCmd));
+
 cl::opt<std::string> ModelFamily(cl::Positional, cl::desc("gpt|llama|bert|mlp|resnet"),
                                  cl::Required, cl::sub(ModelCmd));
 cl::opt<std::string> ModelOutput("o", cl::desc("Output .onnx file"), cl::value_desc("FILE"),
@@ -497,9 +537,28 @@ int runCompile() {
   options.virtualStages = VirtualStages;
   options.microbatches = Microbatches;
   options.globalBatch = GlobalBatch;
-  if (Mode != "train" && Mode != "infer")
-    return badUsage("--mode " + Mode + ": expected train or infer");
+  if (Mode != "train" && Mode != "infer" && Mode != "generate")
+    return badUsage("--mode " + Mode + ": expected train, infer or generate");
   options.training = Mode == "train";
+  if (Mode == "generate") {
+    // One decode step: a token per row, the cache max-length - 1 long; M
+    // groups of rows (by default one per stage, which keeps the pipe full).
+    if (MaxLength < 2)
+      return badUsage("--mode generate needs --max-length L of at least 2: the tokens a row "
+                      "holds, prompt and generated");
+    if (Slots.getNumOccurrences() && Slots < 1)
+      return badUsage("--slots " + Twine(Slots) + ": must be at least 1");
+    if (GlobalBatch.getNumOccurrences())
+      return badUsage("--mode generate: the rows are --slots, not --batch");
+    options.maxLength = MaxLength;
+    options.import.bindings.seq = 1;
+    options.import.bindings.past = MaxLength - 1;
+    if (!Microbatches.getNumOccurrences())
+      options.microbatches = Stages;
+    options.globalBatch = Slots.getNumOccurrences() ? Slots : options.microbatches;
+  } else if (MaxLength.getNumOccurrences() || Slots.getNumOccurrences()) {
+    return badUsage("--max-length and --slots: only --mode generate decodes");
+  }
   if (!options.training &&
       (LossOutput.getNumOccurrences() || LossFn.getNumOccurrences() || Labels.getNumOccurrences()))
     return badUsage("--loss, --loss-fn and --labels: only training (--mode train) has a loss");
@@ -848,6 +907,51 @@ int runRun() {
   return 0;
 }
 
+int runGenerate() {
+  bool sampling = GenTemperature.getNumOccurrences() || GenTopK.getNumOccurrences() ||
+                  GenTopP.getNumOccurrences() || GenSeed.getNumOccurrences();
+  if (GenGreedy && sampling)
+    return badUsage("--greedy and --temperature, --top-k, --top-p or --seed exclude each other");
+  if (Error err = checkNotAnInput("-o", GenOutput, {GenPlan, GenPrompts, GenModel}))
+    return reportError(std::move(err));
+  rt::GenerateOptions options;
+  options.run.modelPath = GenModel;
+  options.run.planDir = sys::path::parent_path(GenPlan).str();
+  options.run.timeoutSeconds = GenTimeout;
+  if (GenThreadsPerRank.getNumOccurrences())
+    options.run.threadsPerRank = GenThreadsPerRank;
+  options.maxNewTokens = GenNewTokens;
+  options.greedy = !sampling;
+  options.temperature = GenTemperature;
+  options.topK = GenTopK;
+  options.topP = GenTopP;
+  options.seed = GenSeed;
+  if (GenEos.getNumOccurrences())
+    options.eos = GenEos;
+  auto plan = readVerifiedPlan(GenPlan);
+  if (!plan)
+    return reportError(plan.takeError());
+  auto prompts = rt::readNpy(GenPrompts);
+  if (!prompts)
+    return reportError(prompts.takeError());
+  auto result = rt::generateLocal(*plan, options, *prompts);
+  if (!result)
+    return reportError(result.takeError());
+  if (!GenOutput.empty())
+    if (Error err = rt::writeNpy(result->tokens, GenOutput))
+      return reportError(std::move(err));
+  outs() << formatv(
+      "generated {0} token(s) after {1} prompt(s) on {2} rank(s), {3} group(s) of "
+      "{4}: {5:f1} tokens/s; first token after {6}, then {7} per token\n",
+      result->generated, prompts->dim(0), plan->schedule().stages(), plan->generation().groups(),
+      plan->schedule().microbatch_size(), result->generated / std::max(result->seconds, 1e-9),
+      formatSeconds(result->firstTokenSeconds), formatSeconds(result->perTokenSeconds));
+  outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas, result->threadsPerRank);
+  if (!GenOutput.empty())
+    outs() << "wrote " << GenOutput << "\n";
+  return 0;
+}
+
 int runModel() {
   auto family = models::parseFamily(ModelFamily);
   if (!family)
@@ -969,6 +1073,8 @@ int main(int argc, char **argv) {
     return runSimulate();
   if (RunCmd)
     return runRun();
+  if (GenerateCmd)
+    return runGenerate();
   if (ProfileCmd)
     return runProfile();
   if (SchedulesCmd) {

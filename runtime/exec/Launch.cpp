@@ -66,6 +66,8 @@ std::vector<int> allowedCpus() {
   return cpus;
 }
 
+} // namespace
+
 /// Sets the BLAS threads of each of \p ranks ranks on this node: the
 /// user's --threads-per-rank, else the node's cores shared out evenly.
 int shareCores(const RunOptions &options, int ranks) {
@@ -102,8 +104,6 @@ std::string blasName() {
   std::string name = words.size() >= 2 ? (words[0] + " " + words[1]).str() : config.str();
   return (name + " (" + cpu::blasCoreName() + " kernels)").str();
 }
-
-} // namespace
 
 Error checkRunOptions(const RunOptions &o) {
   auto finite = [](double v) { return std::isfinite(v); };
@@ -167,6 +167,8 @@ uint64_t freshRunId() {
   std::random_device device;
   return (uint64_t(device()) << 32) | device();
 }
+
+} // namespace
 
 Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOptions &options) {
   if (Error err = checkRunOptions(options))
@@ -237,6 +239,8 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
     }
   return s;
 }
+
+namespace {
 
 /// The all-reduce groups of the run, in one order on every rank.
 std::vector<std::vector<int>> sumGroups(const Shared &s) {
@@ -604,8 +608,6 @@ Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &o
   return path;
 }
 
-namespace {
-
 /// The backend of one rank: the CPU, or CUDA device \p device.
 Expected<std::unique_ptr<Backend>> makeBackend(const Shared &s, int device, int pipelineRank) {
   if (s.options.backend == "cpu")
@@ -658,6 +660,8 @@ struct RankOutcome {
       fallbacks[op] += count;
   }
 };
+
+namespace {
 
 /// Whether the run keeps the trained weights: to save them, or for tests.
 bool keepsWeights(const RunOptions &options) {

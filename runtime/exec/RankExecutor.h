@@ -117,6 +117,11 @@ public:
   llvm::Error loadCheckpoint(llvm::StringRef file, int &nextStep);
 
   int globalRank() const { return global; }
+  /// Runs stage \p stage's forward nodes over \p values (its inputs, and
+  /// then its outputs): a step of `pipec generate`.
+  llvm::Error runForward(int stage, Env &values) {
+    return runNodes(stageProgram(stage).forward(), values, stage, 0, "forward");
+  }
   /// Host copies of this rank's trainable weights and of the running
   /// statistics its steps update.
   llvm::Expected<std::map<std::string, cpu::Tensor>> trainedWeights();
@@ -238,6 +243,25 @@ private:
   std::map<std::string, int> tiedOwner;
   double lossSum = 0, lossCount = 0;
 };
+
+// The pieces of a run that `pipec generate` (Generate.cpp) shares with
+// `pipec run` (Launch.cpp).
+
+/// What all ranks of a run of \p plan share; checks the options, the plan
+/// against the machine and the model file's bytes.
+llvm::Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan,
+                                                   const RunOptions &options);
+/// The backend of one rank: the CPU, or CUDA device \p device.
+llvm::Expected<std::unique_ptr<Backend>> makeBackend(const Shared &s, int device, int pipelineRank);
+/// The loop threads of each of \p ranks ranks of this node (--threads-per-rank,
+/// else the cores shared out).
+int shareCores(const RunOptions &options, int ranks);
+/// Pins the calling thread to core \p rank of \p ranks; -1 restores the mask.
+void pinToCore(int rank, int ranks);
+/// The BLAS and the kernel it chose, for the summary's cpu: line.
+std::string blasName();
+/// Keeps freed tensor memory in the heap (a step's allocations repeat).
+void keepFreedMemory();
 
 } // namespace pipec::rt
 

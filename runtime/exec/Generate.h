@@ -1,0 +1,77 @@
+//===- Generate.h - `pipec generate`: the token loop of a decoder plan ---===//
+//
+// A plan compiled with --mode generate runs one decode step of a decoder LM
+// per stage program: a token per row, the row's KV cache as the model's
+// past (max_length - 1 positions, plan.generation). The loop:
+//
+//  - the rows (slots) are split into M groups that flow through the stages
+//    as microbatches do: while the last stage picks group g's next tokens,
+//    the first stage already runs group g + 1, so once the pipe is full no
+//    stage waits;
+//  - each rank owns the cache of its stages' layers, one per group,
+//    allocated once and written in place: after a step, the present's new
+//    position (its last) is copied into the cache at the row's position.
+//    Only the hidden state crosses stages, and the chosen tokens go from
+//    the last rank back to the first;
+//  - the attention mask holds 1 at the row's written positions and at the
+//    new one (the present's last), 0 elsewhere; position ids are the row's
+//    position;
+//  - a prompt is fed one token per step (prefill through the decode step);
+//    from its last token on, the last stage picks a token per row: the
+//    arg-max (greedy, the first of equal ones as torch's), or a draw after
+//    temperature, top-k and top-p (in transformers' order) from a generator
+//    seeded by (seed, prompt, position), so the same on any stage or group
+//    count. A row that picks the EOS id is finished: its later tokens are
+//    the EOS id.
+//
+// Prompts beyond the slots run in further waves of the same loop.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_RUNTIME_EXEC_GENERATE_H
+#define PIPEC_RUNTIME_EXEC_GENERATE_H
+
+#include "runtime/exec/Executor.h"
+
+#include <optional>
+
+namespace pipec::rt {
+
+struct GenerateOptions {
+  /// The model path, backend, threads per rank, timeout and fusion.
+  RunOptions run;
+  int64_t maxNewTokens = 16;
+  /// Greedy, or sampling with these.
+  bool greedy = true;
+  double temperature = 1;
+  int64_t topK = 0; ///< 0: every token
+  double topP = 1;  ///< 1: every token
+  uint64_t seed = 0;
+  std::optional<int64_t> eos;
+};
+
+struct GenerateResult {
+  /// int64 [prompts, maxNewTokens].
+  cpu::Tensor tokens;
+  /// The loop's wall time; from its start to the first row's first token;
+  /// the mean time between a group's consecutive tokens.
+  double seconds = 0, firstTokenSeconds = 0, perTokenSeconds = 0;
+  /// Tokens picked (rows of the prompts times new tokens).
+  int64_t generated = 0;
+  std::string blas;
+  int threadsPerRank = 1;
+};
+
+/// Checks \p prompts (int64 [N, S], ids below the vocabulary, S plus the
+/// new tokens within max_length) and \p options against \p plan: one line
+/// naming the flag or file at fault.
+llvm::Error checkGenerate(const plan::Plan &plan, const GenerateOptions &options,
+                          const cpu::Tensor &prompts);
+
+/// Generates after each of \p prompts with every rank of \p plan a thread of
+/// this process.
+llvm::Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOptions &options,
+                                             const cpu::Tensor &prompts);
+
+} // namespace pipec::rt
+
+#endif // PIPEC_RUNTIME_EXEC_GENERATE_H

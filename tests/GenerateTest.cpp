@@ -1,0 +1,189 @@
+//===- GenerateTest.cpp - `pipec generate` against transformers' generate -===//
+//
+// The fixtures (tools/fixtures/torch_generate.py) are a GPT-2 and a Llama
+// with grouped-query attention, exported by torch.onnx with their KV cache
+// as optimum exports a decoder, and the tokens transformers' generate()
+// gives after 4 prompts: greedy, and greedy stopping at an EOS id.
+//
+//===----------------------------------------------------------------------===//
+#include "TestUtil.h"
+
+#include "runtime/exec/Data.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace pipec;
+using namespace pipec::test;
+
+namespace {
+
+const std::string Pipec = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
+const std::string Fixtures = std::string(PIPEC_SOURCE_DIR) + "/tests/fixtures/torch/generate/";
+
+/// The EOS ids the fixtures' greedy_eos tokens stop at (MANIFEST.json).
+int64_t eosOf(const std::string &model) { return model == "gpt2" ? 93 : 45; }
+
+std::vector<int64_t> readIds(const std::string &path) {
+  auto t = rt::readNpy(path);
+  EXPECT_TRUE(bool(t)) << path;
+  if (!t) {
+    llvm::consumeError(t.takeError());
+    return {};
+  }
+  return t->toInt64Vector();
+}
+
+class Generate : public ::testing::TestWithParam<std::string> {};
+
+// Greedy decoding gives transformers' tokens exactly, on 1, 2 and 4 stages
+// and with 1 and 4 groups in flight, with and without an EOS id.
+TEST_P(Generate, GreedyEqualsTransformers) {
+  std::string model = GetParam();
+  TempDir dir;
+  std::string plan = dir.path("g.plan"), tokens = dir.path("t.npy"), out;
+  std::vector<int64_t> greedy = readIds(Fixtures + model + ".greedy.npy");
+  std::vector<int64_t> stopped = readIds(Fixtures + model + ".greedy_eos.npy");
+  ASSERT_EQ(greedy.size(), 4u * 32u);
+  for (int stages : {1, 2, 4})
+    for (int groups : {1, 4}) {
+      SCOPED_TRACE(llvm::formatv("{0} stages, {1} groups", stages, groups).str());
+      ASSERT_EQ(runCommand(llvm::formatv("{0} compile {1}{2}.onnx --mode generate --max-length "
+                                         "40 --stages {3} --microbatches {4} --slots 4 "
+                                         "--hardware cpu -o {5}",
+                                         Pipec, Fixtures, model, stages, groups, plan),
+                           out),
+                0)
+          << out;
+      std::string generate = Pipec + " generate " + plan + " --prompts " + Fixtures + model +
+                             ".prompts.npy --max-new-tokens 32 -o " + tokens;
+      ASSERT_EQ(runCommand(generate, out), 0) << out;
+      EXPECT_NE(out.find(llvm::formatv("generated 128 token(s) after 4 prompt(s) on {0} "
+                                       "rank(s), {1} group(s) of {2}",
+                                       stages, groups, 4 / groups)
+                             .str()),
+                std::string::npos)
+          << out;
+      EXPECT_EQ(readIds(tokens), greedy);
+      ASSERT_EQ(runCommand(generate + " --eos " + std::to_string(eosOf(model)), out), 0) << out;
+      EXPECT_EQ(readIds(tokens), stopped);
+    }
+}
+
+// More prompts than slots run in waves; sampling with a seed gives the same
+// tokens on any stage count, and another seed others.
+TEST_P(Generate, WavesAndSeededSampling) {
+  std::string model = GetParam();
+  TempDir dir;
+  std::string plan = dir.path("g.plan"), tokens = dir.path("t.npy"), out;
+  std::vector<int64_t> greedy = readIds(Fixtures + model + ".greedy.npy");
+  std::vector<int64_t> first, other;
+  for (int stages : {1, 2, 4}) {
+    SCOPED_TRACE(std::to_string(stages) + " stages");
+    ASSERT_EQ(runCommand(llvm::formatv("{0} compile {1}{2}.onnx --mode generate --max-length 40 "
+                                       "--stages {3} --microbatches 2 --slots 2 --hardware cpu "
+                                       "-o {4}",
+                                       Pipec, Fixtures, model, stages, plan),
+                         out),
+              0)
+        << out;
+    std::string generate = Pipec + " generate " + plan + " --prompts " + Fixtures + model +
+                           ".prompts.npy -o " + tokens;
+    ASSERT_EQ(runCommand(generate + " --max-new-tokens 32", out), 0) << out;
+    EXPECT_EQ(readIds(tokens), greedy);
+    std::string sample = generate + " --max-new-tokens 20 --temperature 0.8 --top-k 20 --top-p 0.9";
+    ASSERT_EQ(runCommand(sample + " --seed 3", out), 0) << out;
+    std::vector<int64_t> drawn = readIds(tokens);
+    ASSERT_EQ(drawn.size(), 80u);
+    for (int64_t id : drawn)
+      EXPECT_TRUE(id >= 0 && id < 100) << id;
+    if (first.empty())
+      first = drawn;
+    EXPECT_EQ(drawn, first);
+    ASSERT_EQ(runCommand(sample + " --seed 4", out), 0) << out;
+    if (other.empty())
+      other = readIds(tokens);
+    EXPECT_EQ(readIds(tokens), other);
+  }
+  EXPECT_NE(first, other);
+  // Sampled tokens are not the greedy ones.
+  std::vector<int64_t> greedyHead;
+  for (int row = 0; row < 4; ++row)
+    greedyHead.insert(greedyHead.end(), greedy.begin() + row * 32, greedy.begin() + row * 32 + 20);
+  EXPECT_NE(first, greedyHead);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Generate, ::testing::Values("gpt2", "llama"));
+
+// The report counts each rank's cache; bad input gets one line each.
+TEST(GenerateCli, ReportAndBadInput) {
+  TempDir dir;
+  std::string plan = dir.path("g.plan"), out;
+  std::string model = Fixtures + "gpt2.onnx";
+  ASSERT_EQ(runCommand(Pipec + " compile " + model +
+                           " --mode generate --max-length 40 --stages 2 --hardware cpu -o " + plan,
+                       out),
+            0)
+      << out;
+  ASSERT_EQ(runCommand(Pipec + " report " + plan, out), 0) << out;
+  // Two layers of [1, 4, 39, 8] float keys and values per rank, 2 groups.
+  EXPECT_NE(out.find("rank 0: KV cache 39.00 KiB (4 tensors x 2 groups), written in place"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("generation: rows of 40 tokens, 2 slot(s) in 2 group(s) of 1"),
+            std::string::npos)
+      << out;
+  std::string prompts = Fixtures + "gpt2.prompts.npy";
+  // 6 prompt tokens and 35 new need 41 positions.
+  EXPECT_EQ(
+      runCommand(Pipec + " generate " + plan + " --prompts " + prompts + " --max-new-tokens 35",
+                 out),
+      2)
+      << out;
+  EXPECT_NE(out.find("pipec: error: --prompts: prompts of 6 tokens and 35 new need 41 positions; "
+                     "the plan holds 40 (--max-length)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(runCommand(Pipec + " generate " + plan + " --prompts " + Fixtures +
+                           "gpt2.greedy.npy --max-new-tokens 2 --eos 100",
+                       out),
+            2)
+      << out;
+  EXPECT_NE(out.find("--eos 100: outside the vocabulary of 100"), std::string::npos) << out;
+  std::string bad = dir.path("bad.npy");
+  ASSERT_FALSE(bool(rt::writeNpy(
+      cpu::Tensor::fromValues<int64_t>({2, 3}, {5, 6, 7, 8, 100, 9}, DType::I64), bad)));
+  EXPECT_EQ(runCommand(Pipec + " generate " + plan + " --prompts " + bad, out), 2) << out;
+  EXPECT_NE(out.find("--prompts: prompt 1 token 1 is 100, outside the vocabulary of 100"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(runCommand(Pipec + " generate " + plan + " --prompts " + prompts +
+                           " --greedy --temperature 0.5",
+                       out),
+            2)
+      << out;
+  // A model without a cache, and a plan not compiled for generation.
+  std::string plain = dir.path("plain.onnx");
+  ASSERT_EQ(
+      runCommand(Pipec + " model gpt --layers 2 --hidden 32 --vocab 64 --seq 8 -o " + plain, out),
+      0)
+      << out;
+  EXPECT_EQ(runCommand(Pipec + " compile " + plain + " --mode generate --max-length 16 -o " +
+                           dir.path("p.plan"),
+                       out),
+            1)
+      << out;
+  EXPECT_NE(out.find(plain + ": cannot generate: the model has no KV cache"), std::string::npos)
+      << out;
+  ASSERT_EQ(runCommand(Pipec + " compile " + plain +
+                           " --mode infer --stages 1 --microbatches 1 -o " + dir.path("i.plan"),
+                       out),
+            0)
+      << out;
+  EXPECT_EQ(runCommand(Pipec + " generate " + dir.path("i.plan") + " --prompts " + prompts, out), 1)
+      << out;
+  EXPECT_NE(out.find("the plan was not compiled for generation"), std::string::npos) << out;
+  EXPECT_EQ(runCommand(Pipec + " compile " + model + " --mode generate -o " + plan, out), 2) << out;
+  EXPECT_NE(out.find("--mode generate needs --max-length L"), std::string::npos) << out;
+}
+
+} // namespace
