@@ -79,6 +79,9 @@ struct CompileOptions {
   /// decoder with its KV cache, rows of L tokens (passes/GenerationRoles.h);
   /// 0 for train and infer.
   int64_t maxLength = 0;
+  /// --prompt-length S (with maxLength): also compile the prefill of
+  /// S-token prompts, in the decode step's stage layout (Generation.prefill).
+  int64_t promptLength = 0;
 };
 
 /// Compiles \p modelPath into a plan, showing its passes as \p pipeline

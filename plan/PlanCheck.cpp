@@ -417,9 +417,67 @@ Error checkTensors(const plan::Plan &plan) {
   return checkParamMap(plan, weights);
 }
 
-/// --mode generate: each role names an input or output of the shape the
-/// token loop fills or reads, each cache a past input of max_length - 1
-/// positions on its axis that its stage loads, and the present it makes.
+/// The roles of plan.generation in \p step, a pass of \p tokens tokens per
+/// row over a past of max_length - tokens (the decode step: 1; the prefill:
+/// prefill_length): each role an input or output of the shape the token
+/// loop fills or reads, each cache a past input its stage loads and the
+/// present it makes. \p field prefixes the errors.
+Error checkGenerationStep(const plan::Generation &g, const plan::Plan &step, int64_t tokens,
+                          const std::string &field) {
+  auto input = [&](StringRef name) -> const plan::DataInput * {
+    for (const plan::DataInput &d : step.data())
+      if (d.name() == name)
+        return &d;
+    return nullptr;
+  };
+  auto output = [&](StringRef name) -> const plan::TensorRef * {
+    for (const plan::TensorRef &out : step.outputs())
+      if (out.name() == name)
+        return &out;
+    return nullptr;
+  };
+  int64_t rows = step.schedule().microbatch_size();
+  struct Role {
+    StringRef what;
+    const std::string &name;
+    int64_t width;
+  };
+  for (Role role : {Role{"tokens", g.tokens(), tokens}, Role{"positions", g.positions(), tokens},
+                    Role{"mask", g.mask(), g.max_length()}}) {
+    const plan::DataInput *d = input(role.name);
+    if (!d || d->shape_size() != 2 || d->shape(0) != rows || d->shape(1) != role.width)
+      return planError(formatv("{0}{1} '{2}' is not an input of shape [{3}, {4}]", field, role.what,
+                               role.name, rows, role.width));
+  }
+  const plan::TensorRef *logits = output(g.logits());
+  if (!logits || logits->shape_size() != 3 || logits->shape(0) != rows ||
+      logits->shape(1) != tokens || logits->shape(2) != g.vocab())
+    return planError(formatv("{0}logits '{1}' is not an output of shape [{2}, {3}, {4}]", field,
+                             g.logits(), rows, tokens, g.vocab()));
+  if (g.cache_size() == 0)
+    return planError(field + "no cache");
+  for (const plan::Generation::Cache &c : g.cache()) {
+    const plan::DataInput *d = input(c.past());
+    if (!d || c.axis() < 0 || c.axis() >= d->shape_size() ||
+        d->shape(c.axis()) != g.max_length() - tokens)
+      return planError(formatv("{0}cache '{1}' is not an input {2} positions long on axis {3}",
+                               field, c.past(), g.max_length() - tokens, c.axis()));
+    if (c.stage() < 0 || c.stage() >= step.stage_programs_size() ||
+        !is_contained(step.stage_programs(c.stage()).loads(), c.past()))
+      return planError(
+          formatv("{0}cache '{1}': stage {2} does not load it", field, c.past(), c.stage()));
+    const plan::TensorRef *present = output(c.present());
+    if (!present || present->shape_size() != d->shape_size() ||
+        present->shape(c.axis()) != g.max_length())
+      return planError(formatv("{0}cache '{1}': its present '{2}' is not an output {3} "
+                               "positions long",
+                               field, c.past(), c.present(), g.max_length()));
+  }
+  return Error::success();
+}
+
+/// --mode generate: the decode step's roles, and the prefill's, compiled
+/// for the same rows in the same stage layout.
 Error checkGeneration(const plan::Plan &plan) {
   if (!plan.has_generation())
     return Error::success();
@@ -436,52 +494,33 @@ Error checkGeneration(const plan::Plan &plan) {
     return planError(formatv("{0}{1} groups of {2} slots, where the schedule has {3} "
                              "microbatches of {4} samples",
                              field, g.groups(), g.slots(), s.microbatches(), s.global_batch()));
-  auto input = [&](StringRef name) -> const plan::DataInput * {
-    for (const plan::DataInput &d : plan.data())
-      if (d.name() == name)
-        return &d;
-    return nullptr;
-  };
-  int64_t rows = s.microbatch_size();
-  struct Role {
-    StringRef what;
-    const std::string &name;
-    int64_t width;
-  };
-  for (Role role : {Role{"tokens", g.tokens(), 1}, Role{"positions", g.positions(), 1},
-                    Role{"mask", g.mask(), g.max_length()}}) {
-    const plan::DataInput *d = input(role.name);
-    if (!d || d->shape_size() != 2 || d->shape(0) != rows || d->shape(1) != role.width)
-      return planError(formatv("{0}{1} '{2}' is not an input of shape [{3}, {4}]", field, role.what,
-                               role.name, rows, role.width));
-  }
-  bool logits = false;
-  for (const plan::TensorRef &out : plan.outputs())
-    if (out.name() == g.logits())
-      logits = out.shape_size() == 3 && out.shape(2) == g.vocab();
-  if (!logits)
-    return planError(formatv("{0}logits '{1}' is not an output of shape [.., .., {2}]", field,
-                             g.logits(), g.vocab()));
-  if (g.cache_size() == 0)
-    return planError(field + "no cache");
-  for (const plan::Generation::Cache &c : g.cache()) {
-    const plan::DataInput *d = input(c.past());
-    if (!d || c.axis() < 0 || c.axis() >= d->shape_size() ||
-        d->shape(c.axis()) != g.max_length() - 1)
-      return planError(formatv("{0}cache '{1}' is not an input {2} positions long on axis {3}",
-                               field, c.past(), g.max_length() - 1, c.axis()));
-    if (c.stage() < 0 || c.stage() >= plan.stage_programs_size() ||
-        !is_contained(plan.stage_programs(c.stage()).loads(), c.past()))
-      return planError(
-          formatv("{0}cache '{1}': stage {2} does not load it", field, c.past(), c.stage()));
-    bool made = false;
-    for (const plan::TensorRef &out : plan.outputs())
-      made |= out.name() == c.present();
-    if (!made)
-      return planError(formatv("{0}cache '{1}': its present '{2}' is not an output", field,
-                               c.past(), c.present()));
-  }
-  return Error::success();
+  if (Error err = checkGenerationStep(g, plan, 1, field))
+    return err;
+  if (!g.has_prefill())
+    return g.prefill_length() == 0 ? Error::success()
+                                   : planError(field + "prefill_length " +
+                                               Twine(g.prefill_length()) + " without a prefill");
+  const plan::Plan &prefill = g.prefill();
+  field = "generation.prefill: ";
+  if (Error err =
+          checkCount("generation.prefill_length", g.prefill_length(), 1, g.max_length() - 1))
+    return err;
+  if (prefill.has_generation())
+    return planError(field + "holds a generation of its own");
+  if (Error err = checkPlan(prefill))
+    return planError(field + toString(std::move(err)));
+  const plan::ScheduleInfo &p = prefill.schedule();
+  bool same = p.stages() == s.stages() && p.microbatches() == s.microbatches() &&
+              p.microbatch_size() == s.microbatch_size() &&
+              prefill.stages_size() == plan.stages_size();
+  for (int i = 0; same && i < plan.stages_size(); ++i)
+    same = prefill.stages(i).rank() == plan.stages(i).rank() &&
+           prefill.stages(i).first_layer() == plan.stages(i).first_layer() &&
+           prefill.stages(i).last_layer() == plan.stages(i).last_layer();
+  if (!same)
+    return planError(field + "its stages, groups or rows are not the decode step's (layout " +
+                     prefill.layout() + " against " + plan.layout() + ")");
+  return checkGenerationStep(g, prefill, g.prefill_length(), field);
 }
 
 } // namespace

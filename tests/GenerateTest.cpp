@@ -36,7 +36,8 @@ std::vector<int64_t> readIds(const std::string &path) {
 class Generate : public ::testing::TestWithParam<std::string> {};
 
 // Greedy decoding gives transformers' tokens exactly, on 1, 2 and 4 stages
-// and with 1 and 4 groups in flight, with and without an EOS id.
+// and with 1 and 4 groups in flight, with and without an EOS id, with and
+// without a prefill pass.
 TEST_P(Generate, GreedyEqualsTransformers) {
   std::string model = GetParam();
   TempDir dir;
@@ -44,29 +45,32 @@ TEST_P(Generate, GreedyEqualsTransformers) {
   std::vector<int64_t> greedy = readIds(Fixtures + model + ".greedy.npy");
   std::vector<int64_t> stopped = readIds(Fixtures + model + ".greedy_eos.npy");
   ASSERT_EQ(greedy.size(), 4u * 32u);
-  for (int stages : {1, 2, 4})
-    for (int groups : {1, 4}) {
-      SCOPED_TRACE(llvm::formatv("{0} stages, {1} groups", stages, groups).str());
-      ASSERT_EQ(runCommand(llvm::formatv("{0} compile {1}{2}.onnx --mode generate --max-length "
-                                         "40 --stages {3} --microbatches {4} --slots 4 "
-                                         "--hardware cpu -o {5}",
-                                         Pipec, Fixtures, model, stages, groups, plan),
-                           out),
-                0)
-          << out;
-      std::string generate = Pipec + " generate " + plan + " --prompts " + Fixtures + model +
-                             ".prompts.npy --max-new-tokens 32 -o " + tokens;
-      ASSERT_EQ(runCommand(generate, out), 0) << out;
-      EXPECT_NE(out.find(llvm::formatv("generated 128 token(s) after 4 prompt(s) on {0} "
-                                       "rank(s), {1} group(s) of {2}",
-                                       stages, groups, 4 / groups)
-                             .str()),
-                std::string::npos)
-          << out;
-      EXPECT_EQ(readIds(tokens), greedy);
-      ASSERT_EQ(runCommand(generate + " --eos " + std::to_string(eosOf(model)), out), 0) << out;
-      EXPECT_EQ(readIds(tokens), stopped);
-    }
+  // Prompts fed a token per decode step, or (--prompt-length 6) in one
+  // prefill pass.
+  for (std::string prefill : {"", " --prompt-length 6"})
+    for (int stages : {1, 2, 4})
+      for (int groups : {1, 4}) {
+        SCOPED_TRACE(llvm::formatv("{0} stages, {1} groups{2}", stages, groups, prefill).str());
+        ASSERT_EQ(runCommand(llvm::formatv("{0} compile {1}{2}.onnx --mode generate --max-length "
+                                           "40 --stages {3} --microbatches {4} --slots 4 "
+                                           "--hardware cpu -o {5}{6}",
+                                           Pipec, Fixtures, model, stages, groups, plan, prefill),
+                             out),
+                  0)
+            << out;
+        std::string generate = Pipec + " generate " + plan + " --prompts " + Fixtures + model +
+                               ".prompts.npy --max-new-tokens 32 -o " + tokens;
+        ASSERT_EQ(runCommand(generate, out), 0) << out;
+        EXPECT_NE(out.find(llvm::formatv("generated 128 token(s) after 4 prompt(s) on {0} "
+                                         "rank(s), {1} group(s) of {2}",
+                                         stages, groups, 4 / groups)
+                               .str()),
+                  std::string::npos)
+            << out;
+        EXPECT_EQ(readIds(tokens), greedy);
+        ASSERT_EQ(runCommand(generate + " --eos " + std::to_string(eosOf(model)), out), 0) << out;
+        EXPECT_EQ(readIds(tokens), stopped);
+      }
 }
 
 // More prompts than slots run in waves; sampling with a seed gives the same

@@ -135,6 +135,10 @@ cl::opt<std::string> Mode("mode", cl::desc("train|infer|generate"), cl::init("tr
 cl::opt<int64_t> MaxLength("max-length",
                            cl::desc("--mode generate: tokens a row holds, prompt and generated"),
                            cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<int64_t> PromptLength("prompt-length",
+                              cl::desc("--mode generate: also compile the prefill of prompts of "
+                                       "this many tokens (one pass)"),
+                              cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<int64_t> Slots("slots",
                        cl::desc("--mode generate: rows decoded at once, over all groups "
                                 "(default: one per group)"),
@@ -550,14 +554,18 @@ int runCompile() {
       return badUsage("--slots " + Twine(Slots) + ": must be at least 1");
     if (GlobalBatch.getNumOccurrences())
       return badUsage("--mode generate: the rows are --slots, not --batch");
+    if (PromptLength.getNumOccurrences() && PromptLength < 1)
+      return badUsage("--prompt-length " + Twine(PromptLength) + ": must be at least 1");
     options.maxLength = MaxLength;
+    options.promptLength = PromptLength;
     options.import.bindings.seq = 1;
     options.import.bindings.past = MaxLength - 1;
     if (!Microbatches.getNumOccurrences())
       options.microbatches = Stages;
     options.globalBatch = Slots.getNumOccurrences() ? Slots : options.microbatches;
-  } else if (MaxLength.getNumOccurrences() || Slots.getNumOccurrences()) {
-    return badUsage("--max-length and --slots: only --mode generate decodes");
+  } else if (MaxLength.getNumOccurrences() || Slots.getNumOccurrences() ||
+             PromptLength.getNumOccurrences()) {
+    return badUsage("--max-length, --slots and --prompt-length: only --mode generate decodes");
   }
   if (!options.training &&
       (LossOutput.getNumOccurrences() || LossFn.getNumOccurrences() || Labels.getNumOccurrences()))

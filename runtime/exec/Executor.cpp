@@ -52,13 +52,18 @@ Fault parseFault() {
   return f;
 }
 
-Error RankExecutor::load() {
+Error RankExecutor::load(const std::map<std::string, cpu::Tensor> *reuse) {
   std::set<std::string> names;
   for (const plan::Stage &stage : s.plan->stages())
     if (stage.rank() == rank)
       for (const std::string &w : stageProgram(stage.index()).weights())
         names.insert(w);
   for (const std::string &name : names) {
+    if (reuse && !s.trainable.count(name))
+      if (auto shared = reuse->find(name); shared != reuse->end()) {
+        weights[name] = shared->second;
+        continue;
+      }
     auto it = s.weightProtos.find(name);
     if (it == s.weightProtos.end())
       return rankError(global, formatv("the plan lists no weight '{0}'", name));

@@ -99,9 +99,10 @@ struct CacheSlot {
   std::vector<cpu::Tensor> groups;
 };
 
-/// Copies the present's last position along \p axis into \p past at
-/// position \p at (both host tensors, present one position longer).
-void writePosition(cpu::Tensor &past, const cpu::Tensor &present, int axis, int64_t at) {
+/// Copies the present's last \p count positions along \p axis into \p past
+/// from position \p at on (host tensors; the present the longer).
+void writePositions(cpu::Tensor &past, const cpu::Tensor &present, int axis, int64_t at,
+                    int64_t count) {
   const std::vector<int64_t> &shape = past.shape();
   int64_t outer = 1, inner = 1;
   for (int i = 0; i < axis; ++i)
@@ -114,7 +115,7 @@ void writePosition(cpu::Tensor &past, const cpu::Tensor &present, int axis, int6
   const auto *from = static_cast<const char *>(present.rawData());
   for (int64_t o = 0; o < outer; ++o)
     std::memcpy(to + (o * pastLength + at) * bytes,
-                from + (o * presentLength + presentLength - 1) * bytes, bytes);
+                from + (o * presentLength + presentLength - count) * bytes, count * bytes);
 }
 
 const plan::DataInput *dataInput(const plan::Plan &plan, StringRef name) {
@@ -144,103 +145,115 @@ struct RankOut {
   std::vector<std::vector<double>> tokenTimes;
 };
 
+/// One of the passes a rank runs: the decode step (a token per row) or the
+/// prefill (a prompt per row), each its own plan's stage program.
+struct Pass {
+  const Shared *s = nullptr;
+  RankExecutor *ex = nullptr;
+  int64_t tokens = 1; ///< per row
+  std::vector<const plan::TensorRef *> recvs, sends;
+  /// The prefill's past inputs: zeros of its shape (every position masked).
+  std::map<std::string, cpu::Tensor> pasts;
+};
+
 class GenerateRank {
 public:
-  GenerateRank(const Job &job, Comm &comm, RankExecutor &ex, Backend &be)
-      : job(job), s(*job.s), comm(comm), ex(ex), be(be), rank(comm.rank()), last(rank + 1 == s.P),
-        sp(s.programs[rank]) {}
+  GenerateRank(const Job &job, Comm &comm, Backend &be, Pass decode, std::optional<Pass> prefill)
+      : job(job), comm(comm), be(be), rank(comm.rank()), last(rank + 1 == job.s->P),
+        decode(std::move(decode)), prefill(std::move(prefill)) {}
 
   Error run(Clock::time_point start, RankOut &out);
 
 private:
-  Error prepare();
-  /// Step \p step of group \p group in wave \p wave.
-  Error step(int64_t wave, int64_t step, int64_t group, Clock::time_point start, RankOut &out);
-  Error fillInputs(Env &values, int64_t wave, int64_t step, int64_t group);
+  Error prepare(Pass &pass);
+  /// Pass \p pass of group \p group in wave \p wave, ending at position \p t:
+  /// it writes cache positions t + 1 - tokens .. t, and from the prompt's
+  /// last token on the last rank picks the token after t.
+  Error run(Pass &pass, int64_t wave, int64_t t, int64_t group, Clock::time_point start,
+            RankOut &out);
+  Error fillInputs(Pass &pass, Env &values, int64_t wave, int64_t t, int64_t group);
+  Error pick(const cpu::Tensor &logits, int64_t tokens, int64_t wave, int64_t t, int64_t group,
+             Clock::time_point start, RankOut &out);
 
   const Job &job;
-  const Shared &s;
   Comm &comm;
-  RankExecutor &ex;
   Backend &be;
   int rank;
   bool last;
-  const plan::StageProgram &sp;
-  std::vector<const plan::TensorRef *> recvs, sends;
-  std::vector<CacheSlot> caches;
+  Pass decode;
+  std::optional<Pass> prefill;
+  /// Per cache input this rank's stage loads: one tensor per group.
+  std::map<std::string, std::vector<cpu::Tensor>> caches;
   /// The tokens each group feeds next (first rank; the last rank's picks).
   std::vector<std::vector<int64_t>> next;
   /// Whether each row of each group has picked the EOS id (last rank).
   std::vector<std::vector<bool>> finished;
 };
 
-Error GenerateRank::prepare() {
-  for (const plan::Instruction &ins : s.plan->programs(rank).instructions()) {
+Error GenerateRank::prepare(Pass &pass) {
+  for (const plan::Instruction &ins : pass.s->plan->programs(rank).instructions()) {
     if (ins.microbatch() != 0 || ins.grad())
       continue;
     if (ins.op() == plan::Instruction::RECV)
-      recvs.push_back(&ins.tensor());
+      pass.recvs.push_back(&ins.tensor());
     if (ins.op() == plan::Instruction::SEND)
-      sends.push_back(&ins.tensor());
+      pass.sends.push_back(&ins.tensor());
   }
-  for (const plan::Generation::Cache &c : job.g->cache()) {
-    if (c.stage() != rank)
-      continue;
-    CacheSlot slot{&c, {}};
-    for (int64_t g = 0; g < job.groups; ++g) {
-      auto zeros = zerosFor(*s.plan, c.past());
-      if (!zeros)
-        return zeros.takeError();
-      slot.groups.push_back(std::move(*zeros));
-    }
-    caches.push_back(std::move(slot));
-  }
-  for (const std::string &name : sp.loads())
+  for (const std::string &name : pass.s->programs[rank].loads())
     if (name == job.g->tokens() && rank != 0)
       return rankError(rank,
                        formatv("stage {0} reads the token ids: only the first stage may", rank));
-  next.assign(job.groups, std::vector<int64_t>(job.rows, 0));
-  finished.assign(job.groups, std::vector<bool>(job.rows, false));
+  if (pass.tokens == 1)
+    return Error::success();
+  for (const plan::Generation::Cache &c : job.g->cache())
+    if (c.stage() == rank) {
+      auto zeros = zerosFor(*pass.s->plan, c.past());
+      if (!zeros)
+        return zeros.takeError();
+      pass.pasts[c.past()] = std::move(*zeros);
+    }
   return Error::success();
 }
 
-Error GenerateRank::fillInputs(Env &values, int64_t wave, int64_t step, int64_t group) {
+Error GenerateRank::fillInputs(Pass &pass, Env &values, int64_t wave, int64_t t, int64_t group) {
   const plan::Generation &g = *job.g;
-  for (const std::string &name : sp.loads()) {
+  int64_t n = pass.tokens, from = t + 1 - n, length = g.max_length();
+  for (const std::string &name : pass.s->programs[rank].loads()) {
+    cpu::Tensor host;
     if (name == g.tokens() || name == g.positions() || name == g.mask()) {
-      auto t = zerosFor(*s.plan, name);
+      auto t = zerosFor(*pass.s->plan, name);
       if (!t)
         return t.takeError();
+      host = std::move(*t);
       for (int64_t i = 0; i < job.rows; ++i) {
-        if (name == g.tokens()) {
-          int64_t token =
-              step < job.promptLength
-                  ? job.prompts->getInt64(promptOf(job, wave, group, i) * job.promptLength + step)
-                  : next[group][i];
-          t->setDouble(i, double(token));
-        } else if (name == g.positions()) {
-          t->setDouble(i, double(step));
-        } else {
-          // The written positions and the new one (the present's last).
-          int64_t length = g.max_length();
-          for (int64_t j = 0; j < step; ++j)
-            t->setDouble(i * length + j, 1);
-          t->setDouble(i * length + length - 1, 1);
+        if (name == g.mask()) {
+          // The positions written before, and this pass's (the present's
+          // last n).
+          for (int64_t j = 0; j < from; ++j)
+            host.setDouble(i * length + j, 1);
+          for (int64_t j = length - n; j < length; ++j)
+            host.setDouble(i * length + j, 1);
+          continue;
+        }
+        for (int64_t k = 0; k < n; ++k) {
+          int64_t position = from + k;
+          int64_t token = position < job.promptLength
+                              ? job.prompts->getInt64(
+                                    promptOf(job, wave, group, i) * job.promptLength + position)
+                              : next[group][i];
+          host.setDouble(i * n + k, double(name == g.tokens() ? token : position));
         }
       }
-      auto placed = be.upload(*t);
-      if (!placed)
-        return placed.takeError();
-      values[name] = std::move(*placed);
-      continue;
-    }
-    auto cache = std::find_if(caches.begin(), caches.end(),
-                              [&](const CacheSlot &c) { return c.entry->past() == name; });
-    if (cache == caches.end())
+    } else if (auto zeros = pass.pasts.find(name); zeros != pass.pasts.end()) {
+      host = zeros->second;
+    } else if (auto cache = caches.find(name); cache != caches.end()) {
+      host = cache->second[group];
+    } else {
       return rankError(rank, formatv("stage {0} reads input '{1}', which has no role in "
                                      "generation",
                                      rank, name));
-    auto placed = be.upload(cache->groups[group]);
+    }
+    auto placed = be.upload(host);
     if (!placed)
       return placed.takeError();
     values[name] = std::move(*placed);
@@ -248,12 +261,13 @@ Error GenerateRank::fillInputs(Env &values, int64_t wave, int64_t step, int64_t 
   return Error::success();
 }
 
-Error GenerateRank::step(int64_t wave, int64_t step, int64_t group, Clock::time_point start,
-                         RankOut &out) {
+Error GenerateRank::run(Pass &pass, int64_t wave, int64_t t, int64_t group, Clock::time_point start,
+                        RankOut &out) {
   Env values;
-  if (rank == 0 && step >= job.promptLength && s.P > 1) {
+  int64_t n = pass.tokens;
+  if (rank == 0 && t >= job.promptLength && job.s->P > 1) {
     // The tokens the last rank picked for this group at the step before.
-    auto handle = comm.postRecv(s.P - 1, DType::I64, {job.rows});
+    auto handle = comm.postRecv(job.s->P - 1, DType::I64, {job.rows});
     if (!handle)
       return handle.takeError();
     auto tokens = comm.wait(*handle);
@@ -262,10 +276,10 @@ Error GenerateRank::step(int64_t wave, int64_t step, int64_t group, Clock::time_
     for (int64_t i = 0; i < job.rows; ++i)
       next[group][i] = tokens->getInt64(i);
   }
-  if (Error err = fillInputs(values, wave, step, group))
+  if (Error err = fillInputs(pass, values, wave, t, group))
     return err;
   std::vector<int> handles;
-  for (const plan::TensorRef *ref : recvs) {
+  for (const plan::TensorRef *ref : pass.recvs) {
     auto type = elemTypeOfName(ref->dtype());
     if (!type)
       return type.takeError();
@@ -274,28 +288,30 @@ Error GenerateRank::step(int64_t wave, int64_t step, int64_t group, Clock::time_
       return handle.takeError();
     handles.push_back(*handle);
   }
-  for (size_t i = 0; i < recvs.size(); ++i) {
+  for (size_t i = 0; i < pass.recvs.size(); ++i) {
     auto tensor = comm.wait(handles[i]);
     if (!tensor)
       return tensor.takeError();
     auto placed = be.upload(*tensor);
     if (!placed)
       return placed.takeError();
-    values[recvs[i]->name()] = std::move(*placed);
+    values[pass.recvs[i]->name()] = std::move(*placed);
   }
-  if (Error err = ex.runForward(rank, values))
+  if (Error err = pass.ex->runForward(rank, values))
     return err;
-  for (CacheSlot &cache : caches) {
-    auto present = values.find(cache.entry->present());
+  for (const plan::Generation::Cache &c : job.g->cache()) {
+    if (c.stage() != rank)
+      continue;
+    auto present = values.find(c.present());
     if (present == values.end())
-      return rankError(
-          rank, formatv("stage {0} did not make the present '{1}'", rank, cache.entry->present()));
+      return rankError(rank,
+                       formatv("stage {0} did not make the present '{1}'", rank, c.present()));
     auto host = be.download(present->second);
     if (!host)
       return host.takeError();
-    writePosition(cache.groups[group], *host, cache.entry->axis(), step);
+    writePositions(caches[c.past()][group], *host, c.axis(), t + 1 - n, n);
   }
-  for (const plan::TensorRef *ref : sends) {
+  for (const plan::TensorRef *ref : pass.sends) {
     auto it = values.find(ref->name());
     if (it == values.end())
       return rankError(rank,
@@ -306,9 +322,8 @@ Error GenerateRank::step(int64_t wave, int64_t step, int64_t group, Clock::time_
     if (Error err = comm.send(rank + 1, *host))
       return err;
   }
-  if (!last || step + 1 < job.promptLength)
+  if (!last || t + 1 < job.promptLength)
     return Error::success();
-  // The last stage picks each row's next token.
   auto logits = values.find(job.g->logits());
   if (logits == values.end())
     return rankError(rank,
@@ -316,17 +331,23 @@ Error GenerateRank::step(int64_t wave, int64_t step, int64_t group, Clock::time_
   auto host = be.download(logits->second);
   if (!host)
     return host.takeError();
-  int64_t vocab = job.g->vocab(), position = step + 1 - job.promptLength;
-  if (host->numElements() != job.rows * vocab)
-    return rankError(rank, formatv("the logits '{0}' are {1}, not [{2}, 1, {3}]", job.g->logits(),
-                                   cpu::shapeString(host->shape()), job.rows, vocab));
+  return pick(*host, n, wave, t, group, start, out);
+}
+
+Error GenerateRank::pick(const cpu::Tensor &logits, int64_t tokens, int64_t wave, int64_t t,
+                         int64_t group, Clock::time_point start, RankOut &out) {
+  int64_t vocab = job.g->vocab(), position = t + 1 - job.promptLength;
+  if (logits.numElements() != job.rows * tokens * vocab)
+    return rankError(rank, formatv("the logits '{0}' are {1}, not [{2}, {3}, {4}]", job.g->logits(),
+                                   cpu::shapeString(logits.shape()), job.rows, tokens, vocab));
   std::vector<double> row(vocab);
   cpu::Tensor picked(DType::I64, {job.rows});
   for (int64_t i = 0; i < job.rows; ++i) {
+    // The row's last position's logits.
+    int64_t base = (i * tokens + tokens - 1) * vocab;
     for (int64_t v = 0; v < vocab; ++v)
-      row[v] = host->getDouble(i * vocab + v);
-    int64_t prompt = promptOf(job, wave, group, i);
-    int64_t token = pickToken(*job.o, row, prompt, position);
+      row[v] = logits.getDouble(base + v);
+    int64_t token = pickToken(*job.o, row, promptOf(job, wave, group, i), position);
     if (finished[group][i])
       token = *job.o->eos;
     else if (job.o->eos && token == *job.o->eos)
@@ -338,19 +359,31 @@ Error GenerateRank::step(int64_t wave, int64_t step, int64_t group, Clock::time_
   }
   out.tokenTimes[wave * job.groups + group].push_back(
       std::chrono::duration<double>(Clock::now() - start).count());
-  if (step + 1 == job.steps)
+  if (t + 1 == job.steps)
     return Error::success();
-  if (s.P == 1) {
-    for (int64_t i = 0; i < job.rows; ++i)
-      next[group][i] = picked.data<int64_t>()[i];
+  if (job.s->P == 1) {
+    next[group].assign(picked.data<int64_t>(), picked.data<int64_t>() + job.rows);
     return Error::success();
   }
   return comm.send(0, picked);
 }
 
 Error GenerateRank::run(Clock::time_point start, RankOut &out) {
-  if (Error err = prepare())
+  if (Error err = prepare(decode))
     return err;
+  if (prefill)
+    if (Error err = prepare(*prefill))
+      return err;
+  for (const plan::Generation::Cache &c : job.g->cache())
+    if (c.stage() == rank)
+      for (int64_t g = 0; g < job.groups; ++g) {
+        auto zeros = zerosFor(*job.s->plan, c.past());
+        if (!zeros)
+          return zeros.takeError();
+        caches[c.past()].push_back(std::move(*zeros));
+      }
+  next.assign(job.groups, std::vector<int64_t>(job.rows, 0));
+  finished.assign(job.groups, std::vector<bool>(job.rows, false));
   if (last) {
     out.tokens.assign(job.promptCount * job.o->maxNewTokens, 0);
     out.tokenTimes.assign(job.waves * job.groups, {});
@@ -358,9 +391,17 @@ Error GenerateRank::run(Clock::time_point start, RankOut &out) {
   for (int64_t wave = 0; wave < job.waves; ++wave) {
     for (auto &rows : finished)
       std::fill(rows.begin(), rows.end(), false);
-    for (int64_t t = 0; t < job.steps; ++t)
+    int64_t t = 0;
+    if (prefill) {
+      // Each group's prompts in one pass, then a token per step.
+      t = job.promptLength;
       for (int64_t group = 0; group < job.groups; ++group)
-        if (Error err = step(wave, t, group, start, out))
+        if (Error err = run(*prefill, wave, t - 1, group, start, out))
+          return err;
+    }
+    for (; t < job.steps; ++t)
+      for (int64_t group = 0; group < job.groups; ++group)
+        if (Error err = run(decode, wave, t, group, start, out))
           return err;
   }
   return comm.flush();
@@ -438,12 +479,21 @@ Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOpt
   job.waves = (job.promptCount + slots - 1) / slots;
   job.steps = job.promptLength + options.maxNewTokens - 1;
 
+  // Prompts of the prefill's length go through in one pass.
+  std::unique_ptr<Shared> prefillShared;
+  const plan::Generation &g = plan.generation();
+  if (g.has_prefill() && g.prefill_length() == job.promptLength) {
+    auto made = makeShared(g.prefill(), runOptions);
+    if (!made)
+      return made.takeError();
+    prefillShared = std::move(*made);
+  }
   int ranks = s.P;
   int threadsPerRank = shareCores(runOptions, ranks);
   LocalWorld world(ranks, runOptions.timeoutSeconds);
   std::vector<std::unique_ptr<Comm>> comms;
   std::vector<std::unique_ptr<Backend>> backends;
-  std::vector<std::unique_ptr<RankExecutor>> executors;
+  std::vector<std::unique_ptr<RankExecutor>> executors, prefillExecutors;
   for (int r = 0; r < ranks; ++r) {
     auto backend = makeBackend(s, r / std::max(1, runOptions.ranksPerDevice), r);
     if (!backend)
@@ -453,6 +503,21 @@ Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOpt
     executors.push_back(std::make_unique<RankExecutor>(s, *comms.back(), *backends.back()));
     if (Error err = executors.back()->load())
       return err;
+    if (prefillShared) {
+      // The weights both plans read from the same bytes are shared; the
+      // constants compile folded for one length (shapes, masks) are not.
+      std::map<std::string, cpu::Tensor> same;
+      for (const auto &[name, w] : executors.back()->weights) {
+        auto a = s.weightProtos.find(name), b = prefillShared->weightProtos.find(name);
+        if (a != s.weightProtos.end() && b != prefillShared->weightProtos.end() &&
+            a->second->SerializeAsString() == b->second->SerializeAsString())
+          same.emplace(name, w);
+      }
+      prefillExecutors.push_back(
+          std::make_unique<RankExecutor>(*prefillShared, *comms.back(), *backends.back()));
+      if (Error err = prefillExecutors.back()->load(&same))
+        return err;
+    }
   }
   std::vector<RankOut> outs(ranks);
   std::vector<std::string> errors(ranks);
@@ -463,7 +528,11 @@ Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOpt
     if (threadsPerRank == 1)
       pinToCore(r, ranks);
     setLoopThreads(threadsPerRank);
-    GenerateRank rank(job, *comms[r], *executors[r], *backends[r]);
+    Pass decode{&s, executors[r].get(), 1, {}, {}, {}};
+    std::optional<Pass> prefill;
+    if (prefillShared)
+      prefill = Pass{prefillShared.get(), prefillExecutors[r].get(), job.promptLength, {}, {}, {}};
+    GenerateRank rank(job, *comms[r], *backends[r], std::move(decode), std::move(prefill));
     if (Error err = rank.run(start, outs[r])) {
       std::string text = toString(std::move(err));
       {

@@ -111,7 +111,9 @@ public:
       : s(shared), comm(comm), be(backend), global(comm.rank()), replica(global / shared.P),
         rank(global % shared.P), program(shared.plan->programs(rank)) {}
 
-  llvm::Error load();
+  /// Loads this rank's weights; those in \p reuse (another executor's, of
+  /// the same model) are shared, not read again.
+  llvm::Error load(const std::map<std::string, cpu::Tensor> *reuse = nullptr);
   llvm::Error step(int t, double &lossSum, double &lossCount);
   llvm::Error saveCheckpoint(llvm::StringRef file, int nextStep);
   llvm::Error loadCheckpoint(llvm::StringRef file, int &nextStep);
