@@ -116,6 +116,37 @@ TEST_P(Generate, WavesAndSeededSampling) {
   EXPECT_NE(first, greedyHead);
 }
 
+// One process per rank under mpirun: the same tokens, with and without the
+// prefill pass.
+TEST_P(Generate, MpiProcesses) {
+  std::string out;
+  if (runCommand("mpirun --version", out) != 0)
+    GTEST_SKIP() << "mpirun is not installed";
+  std::string model = GetParam();
+  TempDir dir;
+  std::string plan = dir.path("g.plan"), tokens = dir.path("t.npy");
+  for (std::string prefill : {"", " --prompt-length 6"}) {
+    SCOPED_TRACE(prefill);
+    ASSERT_EQ(runCommand(Pipec + " compile " + Fixtures + model +
+                             ".onnx --mode generate --max-length 40 --stages 2 --microbatches 2 "
+                             "--slots 4 --hardware cpu -o " +
+                             plan + prefill,
+                         out),
+              0)
+        << out;
+    ASSERT_EQ(runCommand("env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout "
+                         "120 mpirun -np 2 --oversubscribe " +
+                             Pipec + " generate " + plan + " --prompts " + Fixtures + model +
+                             ".prompts.npy --max-new-tokens 32 -o " + tokens,
+                         out),
+              0)
+        << out;
+    EXPECT_NE(out.find("generated 128 token(s) after 4 prompt(s) on 2 rank(s)"), std::string::npos)
+        << out;
+    EXPECT_EQ(readIds(tokens), readIds(Fixtures + model + ".greedy.npy"));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Generate, ::testing::Values("gpt2", "llama"));
 
 // The report counts each rank's cache; bad input gets one line each.

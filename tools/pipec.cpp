@@ -347,6 +347,10 @@ cl::opt<std::string> GenModel("model", cl::desc("The model file (default: the pl
                               cl::value_desc("FILE"), cl::sub(GenerateCmd));
 cl::opt<int> GenThreadsPerRank("threads-per-rank", cl::desc("Loop threads per rank"),
                                cl::sub(GenerateCmd));
+cl::opt<std::string> GenComm("comm",
+                             cl::desc("local (threads) or mpi (one process per rank; the default "
+                                      "under mpirun)"),
+                             cl::sub(GenerateCmd));
 cl::opt<double> GenTimeout("timeout", cl::desc("Seconds a rank may wait without progress"),
                            cl::init(120), cl::sub(GenerateCmd));
 
@@ -942,9 +946,15 @@ int runGenerate() {
   auto prompts = rt::readNpy(GenPrompts);
   if (!prompts)
     return reportError(prompts.takeError());
-  auto result = rt::generateLocal(*plan, options, *prompts);
+  std::string comm = GenComm.empty() ? (rt::launchedByMpi() ? "mpi" : "local") : GenComm.getValue();
+  if (comm != "local" && comm != "mpi")
+    return badUsage("--comm " + comm + ": expected local or mpi");
+  auto result = comm == "local" ? rt::generateLocal(*plan, options, *prompts)
+                                : rt::generateMpi(*plan, options, *prompts);
   if (!result)
     return reportError(result.takeError());
+  if (!result->primary)
+    return 0;
   if (!GenOutput.empty())
     if (Error err = rt::writeNpy(result->tokens, GenOutput))
       return reportError(std::move(err));

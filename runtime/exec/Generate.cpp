@@ -455,18 +455,30 @@ Error checkGenerate(const plan::Plan &plan, const GenerateOptions &o, const cpu:
   return Error::success();
 }
 
-Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOptions &options,
+namespace {
+
+/// A generation's shared state: the job, the decode step's run and the
+/// prefill's (when the prompts have its length).
+struct Setup {
+  Job job;
+  RunOptions runOptions;
+  std::unique_ptr<Shared> decode, prefill;
+};
+
+Expected<std::unique_ptr<Setup>> setUp(const plan::Plan &plan, const GenerateOptions &options,
                                        const cpu::Tensor &prompts) {
   if (Error err = checkGenerate(plan, options, prompts))
     return err;
   keepFreedMemory();
-  RunOptions runOptions = options.run;
-  runOptions.steps = 1;
-  auto shared = makeShared(plan, runOptions);
+  auto setup = std::make_unique<Setup>();
+  setup->runOptions = options.run;
+  setup->runOptions.steps = 1;
+  auto shared = makeShared(plan, setup->runOptions);
   if (!shared)
     return shared.takeError();
-  Shared &s = **shared;
-  Job job;
+  setup->decode = std::move(*shared);
+  const Shared &s = *setup->decode;
+  Job &job = setup->job;
   job.s = &s;
   job.g = &plan.generation();
   job.o = &options;
@@ -478,46 +490,100 @@ Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOpt
   int64_t slots = job.rows * job.groups;
   job.waves = (job.promptCount + slots - 1) / slots;
   job.steps = job.promptLength + options.maxNewTokens - 1;
-
   // Prompts of the prefill's length go through in one pass.
-  std::unique_ptr<Shared> prefillShared;
   const plan::Generation &g = plan.generation();
   if (g.has_prefill() && g.prefill_length() == job.promptLength) {
-    auto made = makeShared(g.prefill(), runOptions);
+    auto made = makeShared(g.prefill(), setup->runOptions);
     if (!made)
       return made.takeError();
-    prefillShared = std::move(*made);
+    setup->prefill = std::move(*made);
   }
-  int ranks = s.P;
-  int threadsPerRank = shareCores(runOptions, ranks);
-  LocalWorld world(ranks, runOptions.timeoutSeconds);
+  return setup;
+}
+
+/// One rank's executors: the decode step's, and the prefill's, which shares
+/// the weights both plans read from the same bytes (the constants compile
+/// folded for one length, shapes and masks, are each plan's own).
+struct RankExecutors {
+  std::unique_ptr<RankExecutor> decode, prefill;
+};
+
+Expected<RankExecutors> loadRank(const Setup &setup, Comm &comm, Backend &backend) {
+  RankExecutors ex;
+  ex.decode = std::make_unique<RankExecutor>(*setup.decode, comm, backend);
+  if (Error err = ex.decode->load())
+    return err;
+  if (!setup.prefill)
+    return ex;
+  std::map<std::string, cpu::Tensor> same;
+  for (const auto &[name, w] : ex.decode->weights) {
+    auto a = setup.decode->weightProtos.find(name), b = setup.prefill->weightProtos.find(name);
+    if (a != setup.decode->weightProtos.end() && b != setup.prefill->weightProtos.end() &&
+        a->second->SerializeAsString() == b->second->SerializeAsString())
+      same.emplace(name, w);
+  }
+  ex.prefill = std::make_unique<RankExecutor>(*setup.prefill, comm, backend);
+  if (Error err = ex.prefill->load(&same))
+    return err;
+  return ex;
+}
+
+Error runRank(const Setup &setup, Comm &comm, Backend &backend, RankExecutors &ex,
+              Clock::time_point start, RankOut &out) {
+  Pass decode{setup.decode.get(), ex.decode.get(), 1, {}, {}, {}};
+  std::optional<Pass> prefill;
+  if (ex.prefill)
+    prefill = Pass{setup.prefill.get(), ex.prefill.get(), setup.job.promptLength, {}, {}, {}};
+  GenerateRank rank(setup.job, comm, backend, std::move(decode), std::move(prefill));
+  return rank.run(start, out);
+}
+
+/// The result from the last rank's \p out, the loop having taken
+/// \p seconds.
+GenerateResult resultOf(const Job &job, const RankOut &out, double seconds) {
+  GenerateResult result;
+  result.seconds = seconds;
+  result.tokens = cpu::Tensor::fromValues<int64_t>({job.promptCount, job.o->maxNewTokens},
+                                                   ArrayRef<int64_t>(out.tokens));
+  result.generated = job.promptCount * job.o->maxNewTokens;
+  if (!out.tokenTimes.empty() && !out.tokenTimes[0].empty())
+    result.firstTokenSeconds = out.tokenTimes[0][0];
+  double gaps = 0;
+  int64_t counted = 0;
+  for (const std::vector<double> &times : out.tokenTimes)
+    if (times.size() > 1) {
+      gaps += times.back() - times.front();
+      counted += int64_t(times.size()) - 1;
+    }
+  result.perTokenSeconds = counted ? gaps / counted : 0;
+  result.blas = blasName();
+  return result;
+}
+
+} // namespace
+
+Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOptions &options,
+                                       const cpu::Tensor &prompts) {
+  auto setup = setUp(plan, options, prompts);
+  if (!setup)
+    return setup.takeError();
+  const Setup &su = **setup;
+  int ranks = su.decode->P;
+  int threadsPerRank = shareCores(su.runOptions, ranks);
+  LocalWorld world(ranks, su.runOptions.timeoutSeconds);
   std::vector<std::unique_ptr<Comm>> comms;
   std::vector<std::unique_ptr<Backend>> backends;
-  std::vector<std::unique_ptr<RankExecutor>> executors, prefillExecutors;
+  std::vector<RankExecutors> executors;
   for (int r = 0; r < ranks; ++r) {
-    auto backend = makeBackend(s, r / std::max(1, runOptions.ranksPerDevice), r);
+    auto backend = makeBackend(*su.decode, r / std::max(1, su.runOptions.ranksPerDevice), r);
     if (!backend)
       return backend.takeError();
     backends.push_back(std::move(*backend));
     comms.push_back(world.comm(r));
-    executors.push_back(std::make_unique<RankExecutor>(s, *comms.back(), *backends.back()));
-    if (Error err = executors.back()->load())
-      return err;
-    if (prefillShared) {
-      // The weights both plans read from the same bytes are shared; the
-      // constants compile folded for one length (shapes, masks) are not.
-      std::map<std::string, cpu::Tensor> same;
-      for (const auto &[name, w] : executors.back()->weights) {
-        auto a = s.weightProtos.find(name), b = prefillShared->weightProtos.find(name);
-        if (a != s.weightProtos.end() && b != prefillShared->weightProtos.end() &&
-            a->second->SerializeAsString() == b->second->SerializeAsString())
-          same.emplace(name, w);
-      }
-      prefillExecutors.push_back(
-          std::make_unique<RankExecutor>(*prefillShared, *comms.back(), *backends.back()));
-      if (Error err = prefillExecutors.back()->load(&same))
-        return err;
-    }
+    auto ex = loadRank(su, *comms.back(), *backends.back());
+    if (!ex)
+      return ex.takeError();
+    executors.push_back(std::move(*ex));
   }
   std::vector<RankOut> outs(ranks);
   std::vector<std::string> errors(ranks);
@@ -528,12 +594,7 @@ Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOpt
     if (threadsPerRank == 1)
       pinToCore(r, ranks);
     setLoopThreads(threadsPerRank);
-    Pass decode{&s, executors[r].get(), 1, {}, {}, {}};
-    std::optional<Pass> prefill;
-    if (prefillShared)
-      prefill = Pass{prefillShared.get(), prefillExecutors[r].get(), job.promptLength, {}, {}, {}};
-    GenerateRank rank(job, *comms[r], *backends[r], std::move(decode), std::move(prefill));
-    if (Error err = rank.run(start, outs[r])) {
+    if (Error err = runRank(su, *comms[r], *backends[r], executors[r], start, outs[r])) {
       std::string text = toString(std::move(err));
       {
         std::lock_guard<std::mutex> lock(errorMutex);
@@ -554,24 +615,95 @@ Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOpt
     t.join();
   if (firstFailed >= 0)
     return createStringError(inconvertibleErrorCode(), "%s", errors[firstFailed].c_str());
+  GenerateResult result = resultOf(su.job, outs[ranks - 1],
+                                   std::chrono::duration<double>(Clock::now() - start).count());
+  result.threadsPerRank = threadsPerRank;
+  return result;
+}
 
-  GenerateResult result;
-  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  const RankOut &out = outs[ranks - 1];
-  result.tokens = cpu::Tensor::fromValues<int64_t>({job.promptCount, options.maxNewTokens},
-                                                   ArrayRef<int64_t>(out.tokens));
-  result.generated = job.promptCount * options.maxNewTokens;
-  if (!out.tokenTimes.empty() && !out.tokenTimes[0].empty())
-    result.firstTokenSeconds = out.tokenTimes[0][0];
-  double gaps = 0;
-  int64_t counted = 0;
-  for (const std::vector<double> &times : out.tokenTimes)
-    if (times.size() > 1) {
-      gaps += times.back() - times.front();
-      counted += int64_t(times.size()) - 1;
+Expected<GenerateResult> generateMpi(const plan::Plan &plan, const GenerateOptions &options,
+                                     const cpu::Tensor &prompts) {
+  auto comm = makeMpiComm(options.run.timeoutSeconds);
+  if (!comm)
+    return comm.takeError();
+  auto failed = [&](Error err) -> Error {
+    std::string text = toString(std::move(err));
+    (*comm)->fail(text);
+    return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
+  };
+  auto setup = setUp(plan, options, prompts);
+  if (!setup)
+    return failed(setup.takeError());
+  const Setup &su = **setup;
+  if ((*comm)->size() != su.decode->P)
+    return failed(createStringError(inconvertibleErrorCode(),
+                                    "the plan has %d ranks; mpirun started %d (use mpirun -np %d)",
+                                    su.decode->P, (*comm)->size(), su.decode->P));
+  // Processes on one node share its cores.
+  int perNode = 1;
+  if (const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
+    perNode = std::max(1, std::atoi(local));
+  int threadsPerRank = shareCores(su.runOptions, perNode);
+  setLoopThreads(threadsPerRank);
+  int rank = (*comm)->rank();
+  auto backend = makeBackend(*su.decode, 0, rank);
+  if (!backend)
+    return failed(backend.takeError());
+  auto ex = loadRank(su, **comm, **backend);
+  if (!ex)
+    return failed(ex.takeError());
+  // Every rank starts together: the times are from one start.
+  double none[1] = {0};
+  if (Error err = (*comm)->sumAll(none))
+    return failed(std::move(err));
+  auto start = Clock::now();
+  RankOut out;
+  if (Error err = runRank(su, **comm, **backend, *ex, start, out))
+    return failed(std::move(err));
+  double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  // The last rank's tokens and times, to rank 0: tokens, then per group its
+  // count of times and the times.
+  std::string bytes;
+  auto put = [&](const void *data, size_t size) {
+    bytes.append(static_cast<const char *>(data), size);
+  };
+  if (rank + 1 == su.decode->P) {
+    put(out.tokens.data(), out.tokens.size() * sizeof(int64_t));
+    for (const std::vector<double> &times : out.tokenTimes) {
+      int64_t n = times.size();
+      put(&n, sizeof n);
+      put(times.data(), times.size() * sizeof(double));
     }
-  result.perTokenSeconds = counted ? gaps / counted : 0;
-  result.blas = blasName();
+  }
+  auto gathered = (*comm)->gather(bytes);
+  if (!gathered)
+    return failed(gathered.takeError());
+  GenerateResult result;
+  result.primary = rank == 0;
+  if (rank == 0) {
+    const std::string &from = gathered->back();
+    const Job &job = su.job;
+    RankOut last;
+    last.tokens.resize(job.promptCount * job.o->maxNewTokens);
+    size_t at = last.tokens.size() * sizeof(int64_t);
+    if (from.size() < at)
+      return failed(createStringError(inconvertibleErrorCode(),
+                                      "rank %d sent %zu bytes of tokens, not %zu", su.decode->P - 1,
+                                      from.size(), at));
+    std::memcpy(last.tokens.data(), from.data(), at);
+    while (at + sizeof(int64_t) <= from.size()) {
+      int64_t n;
+      std::memcpy(&n, from.data() + at, sizeof n);
+      at += sizeof n;
+      if (n < 0 || at + n * sizeof(double) > from.size())
+        break;
+      std::vector<double> times(n);
+      std::memcpy(times.data(), from.data() + at, n * sizeof(double));
+      at += n * sizeof(double);
+      last.tokenTimes.push_back(std::move(times));
+    }
+    result = resultOf(job, last, seconds);
+  }
   result.threadsPerRank = threadsPerRank;
   return result;
 }

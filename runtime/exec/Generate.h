@@ -59,6 +59,8 @@ struct GenerateResult {
   int64_t generated = 0;
   std::string blas;
   int threadsPerRank = 1;
+  /// Whether this process reports (local, or MPI rank 0).
+  bool primary = true;
 };
 
 /// Checks \p prompts (int64 [N, S], ids below the vocabulary, S plus the
@@ -71,6 +73,11 @@ llvm::Error checkGenerate(const plan::Plan &plan, const GenerateOptions &options
 /// this process.
 llvm::Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOptions &options,
                                              const cpu::Tensor &prompts);
+
+/// Runs this process's rank of \p plan under MPI (mpirun -np P); rank 0's
+/// result holds the tokens and times.
+llvm::Expected<GenerateResult> generateMpi(const plan::Plan &plan, const GenerateOptions &options,
+                                           const cpu::Tensor &prompts);
 
 } // namespace pipec::rt
 
