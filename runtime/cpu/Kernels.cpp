@@ -71,16 +71,26 @@ Tensor transpose(const Tensor &tensor, ArrayRef<int64_t> perm) {
       // Matrices transposed in tiles (weights in backward, attention keys).
       int64_t rows = tensor.shape()[rank - 2], cols = tensor.shape()[rank - 1];
       int64_t batch = rows * cols > 0 ? tensor.numElements() / (rows * cols) : 0;
+      // Bands of 32 rows of each matrix go to the rank's loop threads (a
+      // decode step transposes every layer's whole key cache).
       constexpr int64_t tile = 32;
-      for (int64_t b = 0; b < batch; ++b) {
-        const T *in = src + b * rows * cols;
-        T *o = dst + b * rows * cols;
-        for (int64_t i0 = 0; i0 < rows; i0 += tile)
-          for (int64_t j0 = 0; j0 < cols; j0 += tile)
-            for (int64_t i = i0; i < std::min(rows, i0 + tile); ++i)
-              for (int64_t j = j0; j < std::min(cols, j0 + tile); ++j)
-                o[j * rows + i] = in[i * cols + j];
-      }
+      int64_t bands = (rows + tile - 1) / tile;
+      int64_t grain = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, tile * cols));
+      parallelFor(batch * bands, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t w = begin; w < end; ++w) {
+          int64_t b = w / bands, i0 = (w % bands) * tile, i1 = std::min(rows, i0 + tile);
+          const T *in = src + b * rows * cols;
+          T *o = dst + b * rows * cols;
+          for (int64_t j0 = 0; j0 < cols; j0 += tile) {
+            int64_t j1 = std::min(cols, j0 + tile);
+            for (int64_t i = i0; i < i1; ++i) {
+              const T *row = in + i * cols;
+              for (int64_t j = j0; j < j1; ++j)
+                o[j * rows + i] = row[j];
+            }
+          }
+        }
+      });
       return;
     }
     if (rank >= 1 && perm[rank - 1] == static_cast<int64_t>(rank - 1) && !std::is_same_v<T, bool>) {

@@ -121,9 +121,50 @@ Error RankExecutor::load(const std::map<std::string, cpu::Tensor> *reuse) {
                          formatv("stage {0}: '{1}' is updated twice in a step", k, r.buffer()));
     }
     keepSets[k] = std::set<std::string>(sp.keep().begin(), sp.keep().end());
-    if (s.training)
+    if (s.training) {
       if (Error err = planRecompute(k))
         return err;
+    } else if (Error err = foldWeightNodes(k)) {
+      return err;
+    }
+  }
+  return Error::success();
+}
+
+Error RankExecutor::foldWeightNodes(int stage) {
+  // An inference step would compute these again each time: a tied LM
+  // head's Transpose of a 50k-row table, a scale folded into a weight.
+  const plan::StageProgram &sp = stageProgram(stage);
+  std::set<std::string> leaving(sp.send().begin(), sp.send().end());
+  leaving.insert(sp.outputs().begin(), sp.outputs().end());
+  for (const onnx::NodeProto &node : sp.forward()) {
+    StringRef op = node.op_type();
+    if (llvm::any_of(node.output(), [&](const std::string &o) { return leaving.count(o); }))
+      continue;
+    if (op.startswith("Random") || op == "Multinomial" || op == "Bernoulli" || op == "Dropout" ||
+        node.input_size() == 0)
+      continue;
+    std::vector<const cpu::Tensor *> inputs;
+    bool fromWeights = true;
+    for (const std::string &name : node.input()) {
+      auto w = name.empty() ? weights.end() : weights.find(name);
+      if (!name.empty() && w == weights.end()) {
+        fromWeights = false;
+        break;
+      }
+      inputs.push_back(name.empty() ? nullptr : &w->second);
+    }
+    if (!fromWeights)
+      continue;
+    auto outs = be.run(node, s.plan->opset(), inputs);
+    if (!outs)
+      return rankError(global,
+                       formatv("stage {0}: folding node '{1}' ({2}) of weights: {3}", stage,
+                               cpu::nodeLabel(node), node.op_type(), toString(outs.takeError())));
+    for (int o = 0; o < node.output_size() && o < static_cast<int>(outs->size()); ++o)
+      if (!node.output(o).empty())
+        weights[node.output(o)] = std::move((*outs)[o]);
+    folded.insert(&node);
   }
   return Error::success();
 }
@@ -178,6 +219,8 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
                              Env &values, int stage, int mb, StringRef phase) {
   std::vector<const cpu::Tensor *> inputs;
   for (const onnx::NodeProto &node : nodes) {
+    if (!folded.empty() && folded.count(&node))
+      continue;
     inputs.clear();
     for (const std::string &name : node.input()) {
       if (name.empty()) {

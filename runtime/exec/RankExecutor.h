@@ -228,6 +228,10 @@ private:
   /// Sets each running buffer from the step's statistics.
   llvm::Error updateRunningStats();
   std::map<int, std::set<std::string>> keepSets;
+  /// Inference: the forward nodes of this rank's stages that read weights
+  /// alone, computed once at load (their outputs join `weights`).
+  std::set<const onnx::NodeProto *> folded;
+  llvm::Error foldWeightNodes(int stage);
   /// Per local stage that recomputes (its program's `recompute` values):
   /// the forward nodes RECOMPUTE reruns, those that rebuild the values from
   /// what FORWARD kept, and what FORWARD keeps: the rest of keep and the
