@@ -12,6 +12,8 @@
 #                             [--workdir build/peers-bench] [--quick] [--write]
 #        tools/bench-peers.sh --quick      1 round of 2 steps per row (a smoke test)
 #        tools/bench-peers.sh --write      the full run, written to docs/PERFORMANCE.md
+#        tools/bench-peers.sh --generate [--rounds 3] [--write]
+#                                          generation against transformers' generate
 # (tools/bench_peers.py's docstring says what each row measures). It does not
 # build pipec: run tools/build.sh first, and nothing else on the machine while
 # it measures.
@@ -54,4 +56,10 @@ else
   echo "bench-peers: $venv has ${pins[*]}" >&2
 fi
 
+# --generate: pipec generate against transformers' generate
+# (tools/bench_generate.py, docs/PERFORMANCE.md's "Generation" section).
+if [ "${1:-}" = --generate ]; then
+  shift
+  exec "$venv/bin/python" tools/bench_generate.py "$@"
+fi
 exec "$venv/bin/python" tools/bench_peers.py "$@"

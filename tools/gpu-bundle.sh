@@ -8,6 +8,7 @@
 #                                             need (protobuf, MPI, OpenBLAS's
 #                                             GEMMs, ...), rpath $ORIGIN
 #   BUNDLE/tools/                             gpu-check.sh and its Python parts
+#   BUNDLE/fixtures/generate/                 the generation fixtures
 #   BUNDLE/MANIFEST                           commit, files and sizes
 #
 # and BUNDLE.tar.xz of it. The GPU machine's image has CUDA and NCCL (its
@@ -134,6 +135,9 @@ strip --strip-unneeded "$bundle"/bin/* "$bundle"/lib/*
 patchelf --set-rpath '$ORIGIN/../lib' "$bundle"/bin/*
 for lib in "$bundle"/lib/*; do patchelf --set-rpath '$ORIGIN' "$lib"; done
 cp tools/gpu-check.sh tools/gpu_check_*.py "$bundle/tools/"
+# The generation fixtures and transformers' tokens (tests/fixtures/torch/generate).
+mkdir -p "$bundle/fixtures/generate"
+cp tests/fixtures/torch/generate/*.onnx tests/fixtures/torch/generate/*.npy "$bundle/fixtures/generate/"
 {
   echo "pipec GPU bundle: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
   echo "built $(date -u +%Y-%m-%dT%H:%MZ) on $(uname -m), CUDA $(/usr/local/cuda/bin/nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), sm_90 + compute_90 PTX"
@@ -142,7 +146,7 @@ cp tools/gpu-check.sh tools/gpu_check_*.py "$bundle/tools/"
   echo "needs from the system: glibc $(objdump -T "$bundle"/bin/* "$bundle"/lib/* |
     grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1) or newer, libstdc++ with $(objdump -T "$bundle"/bin/* "$bundle"/lib/* |
     grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -1)"
-  (cd "$bundle" && find bin lib tools -type f -printf '%10s %p\n' | sort -k2)
+  (cd "$bundle" && find bin lib tools fixtures -type f -printf '%10s %p\n' | sort -k2)
 } >"$bundle/MANIFEST"
 checkBundle "$bundle"
 tar -C "$(dirname "$bundle")" -cf - "$(basename "$bundle")" | xz -T2 -6 >"$bundle.tar.xz"

@@ -16,6 +16,8 @@
 #   recompute   the 2-stage 1F1B plan with --recompute, the same
 #   sharded     --shard-optimizer with two replicas on the GPU gives the
 #               unsharded replicas' weights after 3 AdamW steps, within 1e-6
+#   generate    greedy generation of the GPT-2 and Llama fixtures on 2
+#               stages sharing the GPU gives transformers' 32 tokens exactly
 #   fallbacks   the nodes the one-rank CUDA run handed to the CPU, by op
 #   nccl        the same over NCCL under mpirun, or why it could not run
 #   bench       a bf16 GPT trained with 1F1B on one rank (fused and
@@ -283,6 +285,33 @@ if step "$e" "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-dp.plan" --stages 1
 else
   row "$label" FAIL "$(why $? "$e")"
 fi
+# Generation: greedy tokens of the GPT-2 and Llama fixtures on 2 stages
+# sharing the device (prefill and decode programs) are transformers'.
+for m in gpt2 llama; do
+  label="generate $m P=2 = hf ($backend)"
+  fx=$bundle/fixtures/generate
+  if [ ! -f "$fx/$m.onnx" ]; then row "$label" FAIL "the bundle has no $fx/$m.onnx"; continue; fi
+  if ! step "$e" "$pipec" compile "$fx/$m.onnx" --mode generate --max-length 40 --prompt-length 6 \
+    --stages 2 --microbatches 2 --slots 4 --hardware h100 -o "$work/gen-$m.plan"; then
+    row "$label" FAIL "compile: $(why $? "$e")"
+    continue
+  fi
+  if ! step "$e" "$pipec" generate "$work/gen-$m.plan" --prompts "$fx/$m.prompts.npy" \
+    --max-new-tokens 32 --backend "$backend" --ranks-per-device 2 --timeout 60 \
+    -o "$work/gen-$m.npy"; then
+    row "$label" FAIL "generate: $(why $? "$e")"
+    continue
+  fi
+  if out=$("$py" -c "import numpy as np, sys
+a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+print('%d of %d tokens equal; %s' % ((a == b).sum(), b.size, sys.argv[3]))
+sys.exit(0 if (a == b).all() else 1)" "$work/gen-$m.npy" "$fx/$m.greedy.npy" \
+    "$(grep -o '[0-9.]* tokens/s' "$e" | tail -1)" 2>&1); then
+    row "$label" ok "$out"
+  else
+    row "$label" FAIL "$out"
+  fi
+done
 if [ $dry = 1 ]; then
   row "cuda = cpu (1 rank)" SKIPPED "dry run"
 elif [ -z "$ref" ]; then

@@ -351,6 +351,12 @@ cl::opt<std::string> GenComm("comm",
                              cl::desc("local (threads) or mpi (one process per rank; the default "
                                       "under mpirun)"),
                              cl::sub(GenerateCmd));
+cl::opt<std::string> GenBackend("backend", cl::desc("cpu or cuda"), cl::init("cpu"),
+                                cl::sub(GenerateCmd));
+cl::opt<int>
+    GenRanksPerDevice("ranks-per-device",
+                      cl::desc("CUDA: ranks sharing one device (rank r uses device r / N)"),
+                      cl::init(1), cl::sub(GenerateCmd));
 cl::opt<double> GenTimeout("timeout", cl::desc("Seconds a rank may wait without progress"),
                            cl::init(120), cl::sub(GenerateCmd));
 
@@ -930,6 +936,12 @@ int runGenerate() {
   options.run.modelPath = GenModel;
   options.run.planDir = sys::path::parent_path(GenPlan).str();
   options.run.timeoutSeconds = GenTimeout;
+  if (GenBackend != "cpu" && GenBackend != "cuda")
+    return badUsage("--backend " + GenBackend + ": expected cpu or cuda");
+  if (GenRanksPerDevice < 1)
+    return badUsage("--ranks-per-device " + Twine(GenRanksPerDevice) + ": must be at least 1");
+  options.run.backend = GenBackend;
+  options.run.ranksPerDevice = GenRanksPerDevice;
   if (GenThreadsPerRank.getNumOccurrences())
     options.run.threadsPerRank = GenThreadsPerRank;
   options.maxNewTokens = GenNewTokens;
@@ -964,7 +976,8 @@ int runGenerate() {
       result->generated, prompts->dim(0), plan->schedule().stages(), plan->generation().groups(),
       plan->schedule().microbatch_size(), result->generated / std::max(result->seconds, 1e-9),
       formatSeconds(result->firstTokenSeconds), formatSeconds(result->perTokenSeconds));
-  outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas, result->threadsPerRank);
+  if (GenBackend == "cpu")
+    outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas, result->threadsPerRank);
   if (!GenOutput.empty())
     outs() << "wrote " << GenOutput << "\n";
   return 0;

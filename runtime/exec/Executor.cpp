@@ -215,10 +215,37 @@ Error RankExecutor::planRecompute(int stage) {
   return Error::success();
 }
 
+Error RankExecutor::runForward(int stage, Env &values) {
+  auto drops = forwardDrops.find(stage);
+  if (drops == forwardDrops.end()) {
+    // Each value the stage does not hand on goes after its last reader.
+    const plan::StageProgram &sp = stageProgram(stage);
+    std::set<std::string> kept(sp.send().begin(), sp.send().end());
+    kept.insert(sp.outputs().begin(), sp.outputs().end());
+    std::map<std::string, int> last;
+    for (int i = 0; i < sp.forward_size(); ++i)
+      for (const std::string &name : sp.forward(i).input())
+        if (!name.empty())
+          last[name] = i;
+    std::vector<std::vector<std::string>> after(sp.forward_size());
+    for (const auto &[name, i] : last)
+      if (!kept.count(name))
+        after[i].push_back(name);
+    drops = forwardDrops.emplace(stage, std::move(after)).first;
+  }
+  return runNodes(stageProgram(stage).forward(), values, stage, 0, "forward", &drops->second);
+}
+
 Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
-                             Env &values, int stage, int mb, StringRef phase) {
+                             Env &values, int stage, int mb, StringRef phase,
+                             const std::vector<std::vector<std::string>> *dropAfter) {
   std::vector<const cpu::Tensor *> inputs;
+  int index = -1;
   for (const onnx::NodeProto &node : nodes) {
+    ++index;
+    if (dropAfter && index > 0)
+      for (const std::string &name : (*dropAfter)[index - 1])
+        values.erase(name);
     if (!folded.empty() && folded.count(&node))
       continue;
     inputs.clear();

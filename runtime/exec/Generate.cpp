@@ -1,5 +1,6 @@
 //===- Generate.cpp - `pipec generate`: the token loop of a decoder plan -===//
 #include "runtime/exec/Generate.h"
+#include "runtime/core/FusedProgram.h"
 #include "runtime/exec/RankExecutor.h"
 #include "support/Diagnostics.h"
 #include "support/Parallel.h"
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -337,6 +339,9 @@ Error GenerateRank::run(Pass &pass, int64_t wave, int64_t t, int64_t group, Cloc
 Error GenerateRank::pick(const cpu::Tensor &logits, int64_t tokens, int64_t wave, int64_t t,
                          int64_t group, Clock::time_point start, RankOut &out) {
   int64_t vocab = job.g->vocab(), position = t + 1 - job.promptLength;
+  // The prefill's head may have made the last position's alone.
+  if (logits.numElements() == job.rows * vocab)
+    tokens = 1;
   if (logits.numElements() != job.rows * tokens * vocab)
     return rankError(rank, formatv("the logits '{0}' are {1}, not [{2}, {3}, {4}]", job.g->logits(),
                                    cpu::shapeString(logits.shape()), job.rows, tokens, vocab));
@@ -457,6 +462,40 @@ Error checkGenerate(const plan::Plan &plan, const GenerateOptions &o, const cpu:
 
 namespace {
 
+/// The constant inputs of the Slice keepLastPosition adds: starts, ends and
+/// axes of the last position on axis 1.
+constexpr const char *lastPositionInputs[3] = {
+    "pipec.last-position.starts", "pipec.last-position.ends", "pipec.last-position.axes"};
+
+/// Only the last position's logits pick a token: the prefill's head (the
+/// MatMul that makes the logits from [rows, S, width]) runs on that
+/// position alone, as transformers' logits_to_keep does. The head is the
+/// largest product of a prefill (its vocabulary wide); the logits become
+/// [rows, 1, vocab].
+void keepLastPosition(Shared &prefill, const std::string &logits) {
+  for (plan::StageProgram &sp : prefill.programs)
+    for (int i = 0; i < sp.forward_size(); ++i) {
+      onnx::NodeProto &head = *sp.mutable_forward(i);
+      bool product = head.op_type() == "MatMul" || head.op_type() == MatMulBiasOpType;
+      if (!product || head.output_size() != 1 || head.output(0) != logits)
+        continue;
+      onnx::NodeProto slice;
+      slice.set_op_type("Slice");
+      slice.set_name("pipec.last-position");
+      slice.add_input(head.input(0));
+      for (const char *input : lastPositionInputs)
+        slice.add_input(input);
+      std::string last = "pipec.last-position:" + head.input(0);
+      slice.add_output(last);
+      head.set_input(0, last);
+      *sp.mutable_forward()->Add() = std::move(slice);
+      // The Slice goes right before the head.
+      for (int j = sp.forward_size() - 1; j > i; --j)
+        sp.mutable_forward()->SwapElements(j, j - 1);
+      return;
+    }
+}
+
 /// A generation's shared state: the job, the decode step's run and the
 /// prefill's (when the prompts have its length).
 struct Setup {
@@ -497,6 +536,7 @@ Expected<std::unique_ptr<Setup>> setUp(const plan::Plan &plan, const GenerateOpt
     if (!made)
       return made.takeError();
     setup->prefill = std::move(*made);
+    keepLastPosition(*setup->prefill, g.logits());
   }
   return setup;
 }
@@ -525,6 +565,13 @@ Expected<RankExecutors> loadRank(const Setup &setup, Comm &comm, Backend &backen
   ex.prefill = std::make_unique<RankExecutor>(*setup.prefill, comm, backend);
   if (Error err = ex.prefill->load(&same))
     return err;
+  int64_t values[3] = {-1, std::numeric_limits<int64_t>::max(), 1};
+  for (int i = 0; i < 3; ++i) {
+    auto placed = backend.upload(cpu::Tensor::fromValues<int64_t>({1}, {values[i]}));
+    if (!placed)
+      return placed.takeError();
+    ex.prefill->weights[lastPositionInputs[i]] = std::move(*placed);
+  }
   return ex;
 }
 

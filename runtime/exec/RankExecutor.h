@@ -120,10 +120,9 @@ public:
 
   int globalRank() const { return global; }
   /// Runs stage \p stage's forward nodes over \p values (its inputs, and
-  /// then its outputs): a step of `pipec generate`.
-  llvm::Error runForward(int stage, Env &values) {
-    return runNodes(stageProgram(stage).forward(), values, stage, 0, "forward");
-  }
+  /// then what it sends and its graph outputs: each other value goes after
+  /// its last reader): a step of `pipec generate`.
+  llvm::Error runForward(int stage, Env &values);
   /// Host copies of this rank's trainable weights and of the running
   /// statistics its steps update.
   llvm::Expected<std::map<std::string, cpu::Tensor>> trainedWeights();
@@ -148,8 +147,13 @@ private:
   bool local(int stage) const { return stage >= 0 && stage < s.K && s.rankOfStage[stage] == rank; }
   int peerGlobal(int pipelineRank) const { return replica * s.P + pipelineRank; }
   Env &env(int stage, int mb) { return envs[{stage, mb}]; }
+  /// \p dropAfter, when given: per node, the values to erase from
+  /// \p values once it ran.
   llvm::Error runNodes(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
-                       Env &values, int stage, int mb, llvm::StringRef phase);
+                       Env &values, int stage, int mb, llvm::StringRef phase,
+                       const std::vector<std::vector<std::string>> *dropAfter = nullptr);
+  /// runForward's dropAfter, per stage.
+  std::map<int, std::vector<std::vector<std::string>>> forwardDrops;
   llvm::Error loadInputs(int stage, int mb, int t);
   llvm::Error collect(bool grad, int stageField, int mb);
   llvm::Error forward(int stage, int mb, int t, bool again);
