@@ -73,9 +73,10 @@ TEST_P(Generate, GreedyEqualsTransformers) {
       }
 }
 
-// More prompts than slots run in waves; sampling with a seed gives the same
-// tokens on any stage count, and another seed others.
-TEST_P(Generate, WavesAndSeededSampling) {
+// More prompts than slots: a finished row's slot takes the next prompt (with
+// an EOS id, at different steps per row); sampling with a seed gives the
+// same tokens on any stage count, and another seed others.
+TEST_P(Generate, RefilledSlotsAndSeededSampling) {
   std::string model = GetParam();
   TempDir dir;
   std::string plan = dir.path("g.plan"), tokens = dir.path("t.npy"), out;
@@ -83,10 +84,13 @@ TEST_P(Generate, WavesAndSeededSampling) {
   std::vector<int64_t> first, other;
   for (int stages : {1, 2, 4}) {
     SCOPED_TRACE(std::to_string(stages) + " stages");
+    // The first prompts of each slot in a prefill pass; those that take a
+    // freed slot a token per step.
+    std::string prefill = stages == 2 ? " --prompt-length 6" : "";
     ASSERT_EQ(runCommand(llvm::formatv("{0} compile {1}{2}.onnx --mode generate --max-length 40 "
                                        "--stages {3} --microbatches 2 --slots 2 --hardware cpu "
-                                       "-o {4}",
-                                       Pipec, Fixtures, model, stages, plan),
+                                       "-o {4}{5}",
+                                       Pipec, Fixtures, model, stages, plan, prefill),
                          out),
               0)
         << out;
@@ -94,6 +98,10 @@ TEST_P(Generate, WavesAndSeededSampling) {
                            ".prompts.npy -o " + tokens;
     ASSERT_EQ(runCommand(generate + " --max-new-tokens 32", out), 0) << out;
     EXPECT_EQ(readIds(tokens), greedy);
+    ASSERT_EQ(
+        runCommand(generate + " --max-new-tokens 32 --eos " + std::to_string(eosOf(model)), out), 0)
+        << out;
+    EXPECT_EQ(readIds(tokens), readIds(Fixtures + model + ".greedy_eos.npy"));
     std::string sample = generate + " --max-new-tokens 20 --temperature 0.8 --top-k 20 --top-p 0.9";
     ASSERT_EQ(runCommand(sample + " --seed 3", out), 0) << out;
     std::vector<int64_t> drawn = readIds(tokens);

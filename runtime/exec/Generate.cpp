@@ -28,17 +28,9 @@ struct Job {
   const GenerateOptions *o = nullptr;
   const cpu::Tensor *prompts = nullptr;
   int64_t promptCount = 0, promptLength = 0;
-  int64_t rows = 1; ///< rows per group
-  int64_t groups = 1, waves = 1;
-  int64_t steps = 1; ///< decode steps of a wave: prompt + new tokens - 1
+  int64_t rows = 1; ///< rows (slots) per group
+  int64_t groups = 1;
 };
-
-/// The prompt row \p i of group \p group in wave \p wave feeds: past the
-/// last prompt, the last one again (its tokens are dropped).
-int64_t promptOf(const Job &job, int64_t wave, int64_t group, int64_t i) {
-  int64_t index = (wave * job.groups + group) * job.rows + i;
-  return std::min(index, job.promptCount - 1);
-}
 
 /// A uniform double in [0, 1) drawn from (seed, prompt, position) alone.
 double uniformFor(uint64_t seed, int64_t prompt, int64_t position) {
@@ -101,23 +93,28 @@ struct CacheSlot {
   std::vector<cpu::Tensor> groups;
 };
 
-/// Copies the present's last \p count positions along \p axis into \p past
-/// from position \p at on (host tensors; the present the longer).
-void writePositions(cpu::Tensor &past, const cpu::Tensor &present, int axis, int64_t at,
-                    int64_t count) {
+/// Copies, for each row of \p rows (the cache's batch axis \p batchAxis),
+/// the present's last \p count positions along \p axis into \p past from
+/// the row's position on (host tensors; the present the longer).
+void writePositions(cpu::Tensor &past, const cpu::Tensor &present, int batchAxis, int axis,
+                    ArrayRef<int64_t> at, int64_t count) {
   const std::vector<int64_t> &shape = past.shape();
-  int64_t outer = 1, inner = 1;
+  int64_t outer = 1, inner = 1, between = 1;
   for (int i = 0; i < axis; ++i)
     outer *= shape[i];
+  for (int i = batchAxis + 1; i < axis; ++i)
+    between *= shape[i];
   for (size_t i = axis + 1; i < shape.size(); ++i)
     inner *= shape[i];
   size_t bytes = inner * cpu::storageSize(past.elemType());
   int64_t pastLength = shape[axis], presentLength = present.shape()[axis];
   auto *to = static_cast<char *>(past.rawData());
   const auto *from = static_cast<const char *>(present.rawData());
-  for (int64_t o = 0; o < outer; ++o)
-    std::memcpy(to + (o * pastLength + at) * bytes,
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t row = (o / between) % shape[batchAxis];
+    std::memcpy(to + (o * pastLength + at[row]) * bytes,
                 from + (o * presentLength + presentLength - count) * bytes, count * bytes);
+  }
 }
 
 const plan::DataInput *dataInput(const plan::Plan &plan, StringRef name) {
@@ -141,8 +138,8 @@ Expected<cpu::Tensor> zerosFor(const plan::Plan &plan, StringRef name) {
 
 /// What one rank measured and picked.
 struct RankOut {
-  /// Last rank: the picked tokens [prompts x new], and when each group's
-  /// tokens came (seconds since the start), per wave and group.
+  /// Last rank: the picked tokens [prompts x new], and when each prompt's
+  /// tokens came (seconds since the start).
   std::vector<int64_t> tokens;
   std::vector<std::vector<double>> tokenTimes;
 };
@@ -158,6 +155,44 @@ struct Pass {
   std::map<std::string, cpu::Tensor> pasts;
 };
 
+/// What a pass of a group does, as the first rank decides it and the
+/// control tensor (int64 [rows + 1, 2]) carries it down the stages: per row
+/// its prompt (-1: an idle slot) and the cache positions written before,
+/// then the pass's kind.
+enum class Kind : int64_t { Decode = 0, Prefill = 1, Stop = 2 };
+struct Control {
+  std::vector<int64_t> request, position;
+  Kind kind = Kind::Decode;
+
+  cpu::Tensor tensor() const {
+    int64_t rows = request.size();
+    cpu::Tensor t(DType::I64, {rows + 1, 2});
+    int64_t *d = t.data<int64_t>();
+    for (int64_t i = 0; i < rows; ++i) {
+      d[2 * i] = request[i];
+      d[2 * i + 1] = position[i];
+    }
+    d[2 * rows] = int64_t(kind);
+    return t;
+  }
+  static Control of(const cpu::Tensor &t) {
+    Control c;
+    int64_t rows = t.dim(0) - 1;
+    for (int64_t i = 0; i < rows; ++i) {
+      c.request.push_back(t.getInt64(2 * i));
+      c.position.push_back(t.getInt64(2 * i + 1));
+    }
+    c.kind = Kind(t.getInt64(2 * rows));
+    return c;
+  }
+};
+
+/// One rank's part of the token loop. The first rank schedules: it gives
+/// each slot a prompt, feeds its tokens, and when the last rank says a row
+/// finished (EOS or its new tokens), the next waiting prompt takes the slot.
+/// Every rank runs the groups round-robin in the same order; a group whose
+/// slots are all idle with no prompt waiting is stopped, the stop passed
+/// down the stages.
 class GenerateRank {
 public:
   GenerateRank(const Job &job, Comm &comm, Backend &be, Pass decode, std::optional<Pass> prefill)
@@ -168,14 +203,18 @@ public:
 
 private:
   Error prepare(Pass &pass);
-  /// Pass \p pass of group \p group in wave \p wave, ending at position \p t:
-  /// it writes cache positions t + 1 - tokens .. t, and from the prompt's
-  /// last token on the last rank picks the token after t.
-  Error run(Pass &pass, int64_t wave, int64_t t, int64_t group, Clock::time_point start,
-            RankOut &out);
-  Error fillInputs(Pass &pass, Env &values, int64_t wave, int64_t t, int64_t group);
-  Error pick(const cpu::Tensor &logits, int64_t tokens, int64_t wave, int64_t t, int64_t group,
-             Clock::time_point start, RankOut &out);
+  /// The first rank: group \p group's next pass, after the last rank's
+  /// picks of its previous one.
+  Expected<Control> schedule(int64_t group, bool first);
+  /// Runs \p control's pass of group \p group on this rank's stage.
+  Error runPass(int64_t group, const Control &control, Clock::time_point start, RankOut &out);
+  Error fillInputs(Pass &pass, Env &values, int64_t group, const Control &control);
+  /// The last rank: each busy row's next token, recorded; returns the
+  /// picks and which rows finished, int64 [2, rows].
+  Expected<cpu::Tensor> pick(const cpu::Tensor &logits, const Control &control, int64_t tokens,
+                             Clock::time_point start, RankOut &out);
+  /// The prompt the first rank gives a freed slot, or -1.
+  int64_t nextRequest() { return waiting < job.promptCount ? waiting++ : -1; }
 
   const Job &job;
   Comm &comm;
@@ -184,12 +223,17 @@ private:
   bool last;
   Pass decode;
   std::optional<Pass> prefill;
-  /// Per cache input this rank's stage loads: one tensor per group.
+  /// Per cache input this rank's stage loads: one tensor per group, and its
+  /// batch axis.
   std::map<std::string, std::vector<cpu::Tensor>> caches;
-  /// The tokens each group feeds next (first rank; the last rank's picks).
+  std::map<std::string, int> batchAxes;
+  /// The first rank: each group's slots, the token each feeds next, and
+  /// the next prompt to start.
+  std::vector<Control> slots;
   std::vector<std::vector<int64_t>> next;
-  /// Whether each row of each group has picked the EOS id (last rank).
-  std::vector<std::vector<bool>> finished;
+  int64_t waiting = 0;
+  /// The picks of a group's last pass when this rank is first and last.
+  std::vector<cpu::Tensor> localPicks;
 };
 
 Error GenerateRank::prepare(Pass &pass) {
@@ -217,9 +261,52 @@ Error GenerateRank::prepare(Pass &pass) {
   return Error::success();
 }
 
-Error GenerateRank::fillInputs(Pass &pass, Env &values, int64_t wave, int64_t t, int64_t group) {
+Expected<Control> GenerateRank::schedule(int64_t group, bool first) {
+  Control &c = slots[group];
+  int64_t n = c.kind == Kind::Prefill ? prefill->tokens : 1;
+  if (first) {
+    c.request.resize(job.rows);
+    c.position.assign(job.rows, 0);
+    for (int64_t &r : c.request)
+      r = nextRequest();
+    // Prompts of the prefill's length go through in one pass.
+    c.kind = prefill ? Kind::Prefill : Kind::Decode;
+    if (c.request[0] < 0)
+      c.kind = Kind::Stop; // more slots than prompts
+    return c;
+  }
+  cpu::Tensor picks;
+  if (job.s->P == 1) {
+    picks = localPicks[group];
+  } else {
+    auto handle = comm.postRecv(job.s->P - 1, DType::I64, {2, job.rows});
+    if (!handle)
+      return handle.takeError();
+    auto got = comm.wait(*handle);
+    if (!got)
+      return got.takeError();
+    picks = std::move(*got);
+  }
+  for (int64_t i = 0; i < job.rows; ++i) {
+    if (c.request[i] < 0)
+      continue;
+    c.position[i] += n;
+    next[group][i] = picks.getInt64(i);
+    if (picks.getInt64(job.rows + i)) {
+      // Finished: the slot takes the next waiting prompt, from position 0.
+      c.request[i] = nextRequest();
+      c.position[i] = 0;
+    }
+  }
+  c.kind = Kind::Decode;
+  if (std::all_of(c.request.begin(), c.request.end(), [](int64_t r) { return r < 0; }))
+    c.kind = Kind::Stop;
+  return c;
+}
+
+Error GenerateRank::fillInputs(Pass &pass, Env &values, int64_t group, const Control &c) {
   const plan::Generation &g = *job.g;
-  int64_t n = pass.tokens, from = t + 1 - n, length = g.max_length();
+  int64_t n = pass.tokens, length = g.max_length();
   for (const std::string &name : pass.s->programs[rank].loads()) {
     cpu::Tensor host;
     if (name == g.tokens() || name == g.positions() || name == g.mask()) {
@@ -228,6 +315,7 @@ Error GenerateRank::fillInputs(Pass &pass, Env &values, int64_t wave, int64_t t,
         return t.takeError();
       host = std::move(*t);
       for (int64_t i = 0; i < job.rows; ++i) {
+        int64_t from = c.request[i] < 0 ? 0 : c.position[i];
         if (name == g.mask()) {
           // The positions written before, and this pass's (the present's
           // last n).
@@ -238,11 +326,11 @@ Error GenerateRank::fillInputs(Pass &pass, Env &values, int64_t wave, int64_t t,
           continue;
         }
         for (int64_t k = 0; k < n; ++k) {
-          int64_t position = from + k;
-          int64_t token = position < job.promptLength
-                              ? job.prompts->getInt64(
-                                    promptOf(job, wave, group, i) * job.promptLength + position)
-                              : next[group][i];
+          int64_t position = from + k, token = 0;
+          if (c.request[i] >= 0)
+            token = position < job.promptLength
+                        ? job.prompts->getInt64(c.request[i] * job.promptLength + position)
+                        : next[group][i];
           host.setDouble(i * n + k, double(name == g.tokens() ? token : position));
         }
       }
@@ -263,22 +351,12 @@ Error GenerateRank::fillInputs(Pass &pass, Env &values, int64_t wave, int64_t t,
   return Error::success();
 }
 
-Error GenerateRank::run(Pass &pass, int64_t wave, int64_t t, int64_t group, Clock::time_point start,
-                        RankOut &out) {
-  Env values;
+Error GenerateRank::runPass(int64_t group, const Control &control, Clock::time_point start,
+                            RankOut &out) {
+  Pass &pass = control.kind == Kind::Prefill ? *prefill : decode;
   int64_t n = pass.tokens;
-  if (rank == 0 && t >= job.promptLength && job.s->P > 1) {
-    // The tokens the last rank picked for this group at the step before.
-    auto handle = comm.postRecv(job.s->P - 1, DType::I64, {job.rows});
-    if (!handle)
-      return handle.takeError();
-    auto tokens = comm.wait(*handle);
-    if (!tokens)
-      return tokens.takeError();
-    for (int64_t i = 0; i < job.rows; ++i)
-      next[group][i] = tokens->getInt64(i);
-  }
-  if (Error err = fillInputs(pass, values, wave, t, group))
+  Env values;
+  if (Error err = fillInputs(pass, values, group, control))
     return err;
   std::vector<int> handles;
   for (const plan::TensorRef *ref : pass.recvs) {
@@ -301,6 +379,9 @@ Error GenerateRank::run(Pass &pass, int64_t wave, int64_t t, int64_t group, Cloc
   }
   if (Error err = pass.ex->runForward(rank, values))
     return err;
+  std::vector<int64_t> at(job.rows);
+  for (int64_t i = 0; i < job.rows; ++i)
+    at[i] = control.request[i] < 0 ? 0 : control.position[i];
   for (const plan::Generation::Cache &c : job.g->cache()) {
     if (c.stage() != rank)
       continue;
@@ -311,21 +392,24 @@ Error GenerateRank::run(Pass &pass, int64_t wave, int64_t t, int64_t group, Cloc
     auto host = be.download(present->second);
     if (!host)
       return host.takeError();
-    writePositions(caches[c.past()][group], *host, c.axis(), t + 1 - n, n);
+    writePositions(caches[c.past()][group], *host, batchAxes[c.past()], c.axis(), at, n);
   }
-  for (const plan::TensorRef *ref : pass.sends) {
-    auto it = values.find(ref->name());
-    if (it == values.end())
-      return rankError(rank,
-                       formatv("stage {0}: '{1}' to send was not computed", rank, ref->name()));
-    auto host = be.download(it->second);
-    if (!host)
-      return host.takeError();
-    if (Error err = comm.send(rank + 1, *host))
+  if (!last) {
+    if (Error err = comm.send(rank + 1, control.tensor()))
       return err;
-  }
-  if (!last || t + 1 < job.promptLength)
+    for (const plan::TensorRef *ref : pass.sends) {
+      auto it = values.find(ref->name());
+      if (it == values.end())
+        return rankError(rank,
+                         formatv("stage {0}: '{1}' to send was not computed", rank, ref->name()));
+      auto host = be.download(it->second);
+      if (!host)
+        return host.takeError();
+      if (Error err = comm.send(rank + 1, *host))
+        return err;
+    }
     return Error::success();
+  }
   auto logits = values.find(job.g->logits());
   if (logits == values.end())
     return rankError(rank,
@@ -333,44 +417,51 @@ Error GenerateRank::run(Pass &pass, int64_t wave, int64_t t, int64_t group, Cloc
   auto host = be.download(logits->second);
   if (!host)
     return host.takeError();
-  return pick(*host, n, wave, t, group, start, out);
+  auto picks = pick(*host, control, n, start, out);
+  if (!picks)
+    return picks.takeError();
+  if (job.s->P == 1) {
+    localPicks[group] = std::move(*picks);
+    return Error::success();
+  }
+  return comm.send(0, *picks);
 }
 
-Error GenerateRank::pick(const cpu::Tensor &logits, int64_t tokens, int64_t wave, int64_t t,
-                         int64_t group, Clock::time_point start, RankOut &out) {
-  int64_t vocab = job.g->vocab(), position = t + 1 - job.promptLength;
+Expected<cpu::Tensor> GenerateRank::pick(const cpu::Tensor &logits, const Control &control,
+                                         int64_t tokens, Clock::time_point start, RankOut &out) {
+  int64_t vocab = job.g->vocab(), rows = job.rows, limit = job.o->maxNewTokens;
   // The prefill's head may have made the last position's alone.
-  if (logits.numElements() == job.rows * vocab)
+  if (logits.numElements() == rows * vocab)
     tokens = 1;
-  if (logits.numElements() != job.rows * tokens * vocab)
+  if (logits.numElements() != rows * tokens * vocab)
     return rankError(rank, formatv("the logits '{0}' are {1}, not [{2}, {3}, {4}]", job.g->logits(),
-                                   cpu::shapeString(logits.shape()), job.rows, tokens, vocab));
+                                   cpu::shapeString(logits.shape()), rows, tokens, vocab));
+  double now = std::chrono::duration<double>(Clock::now() - start).count();
+  cpu::Tensor picks(DType::I64, {2, rows});
+  int64_t *d = picks.data<int64_t>();
   std::vector<double> row(vocab);
-  cpu::Tensor picked(DType::I64, {job.rows});
-  for (int64_t i = 0; i < job.rows; ++i) {
-    // The row's last position's logits.
+  int64_t n = control.kind == Kind::Prefill ? job.promptLength : 1;
+  for (int64_t i = 0; i < rows; ++i) {
+    int64_t request = control.request[i];
+    // The index among the new tokens of the one this pass picks.
+    int64_t index = request < 0 ? -1 : control.position[i] + n - job.promptLength;
+    if (index < 0)
+      continue;
     int64_t base = (i * tokens + tokens - 1) * vocab;
     for (int64_t v = 0; v < vocab; ++v)
       row[v] = logits.getDouble(base + v);
-    int64_t token = pickToken(*job.o, row, promptOf(job, wave, group, i), position);
-    if (finished[group][i])
-      token = *job.o->eos;
-    else if (job.o->eos && token == *job.o->eos)
-      finished[group][i] = true;
-    picked.data<int64_t>()[i] = token;
-    int64_t index = (wave * job.groups + group) * job.rows + i;
-    if (index < job.promptCount)
-      out.tokens[index * job.o->maxNewTokens + position] = token;
+    int64_t token = pickToken(*job.o, row, request, index);
+    bool eos = job.o->eos && token == *job.o->eos;
+    out.tokens[request * limit + index] = token;
+    out.tokenTimes[request].push_back(now);
+    if (eos)
+      // The rest of the row is the EOS id, as transformers pads it.
+      std::fill(out.tokens.begin() + request * limit + index + 1,
+                out.tokens.begin() + (request + 1) * limit, token);
+    d[i] = token;
+    d[rows + i] = eos || index + 1 == limit;
   }
-  out.tokenTimes[wave * job.groups + group].push_back(
-      std::chrono::duration<double>(Clock::now() - start).count());
-  if (t + 1 == job.steps)
-    return Error::success();
-  if (job.s->P == 1) {
-    next[group].assign(picked.data<int64_t>(), picked.data<int64_t>() + job.rows);
-    return Error::success();
-  }
-  return comm.send(0, picked);
+  return picks;
 }
 
 Error GenerateRank::run(Clock::time_point start, RankOut &out) {
@@ -380,34 +471,61 @@ Error GenerateRank::run(Clock::time_point start, RankOut &out) {
     if (Error err = prepare(*prefill))
       return err;
   for (const plan::Generation::Cache &c : job.g->cache())
-    if (c.stage() == rank)
+    if (c.stage() == rank) {
+      const plan::DataInput *d = dataInput(*job.s->plan, c.past());
+      if (!d || d->batch_axis() >= c.axis())
+        return rankError(rank, formatv("the cache '{0}' does not hold its rows before its "
+                                       "positions",
+                                       c.past()));
+      batchAxes[c.past()] = d->batch_axis();
       for (int64_t g = 0; g < job.groups; ++g) {
         auto zeros = zerosFor(*job.s->plan, c.past());
         if (!zeros)
           return zeros.takeError();
         caches[c.past()].push_back(std::move(*zeros));
       }
-  next.assign(job.groups, std::vector<int64_t>(job.rows, 0));
-  finished.assign(job.groups, std::vector<bool>(job.rows, false));
+    }
   if (last) {
     out.tokens.assign(job.promptCount * job.o->maxNewTokens, 0);
-    out.tokenTimes.assign(job.waves * job.groups, {});
+    out.tokenTimes.assign(job.promptCount, {});
   }
-  for (int64_t wave = 0; wave < job.waves; ++wave) {
-    for (auto &rows : finished)
-      std::fill(rows.begin(), rows.end(), false);
-    int64_t t = 0;
-    if (prefill) {
-      // Each group's prompts in one pass, then a token per step.
-      t = job.promptLength;
-      for (int64_t group = 0; group < job.groups; ++group)
-        if (Error err = run(*prefill, wave, t - 1, group, start, out))
-          return err;
+  slots.assign(job.groups, Control());
+  next.assign(job.groups, std::vector<int64_t>(job.rows, 0));
+  localPicks.assign(job.groups, cpu::Tensor());
+  // The groups round-robin, each until it stops.
+  std::vector<int64_t> active(job.groups);
+  std::iota(active.begin(), active.end(), 0);
+  std::vector<bool> started(job.groups, false);
+  while (!active.empty()) {
+    for (size_t a = 0; a < active.size();) {
+      int64_t group = active[a];
+      Control control;
+      if (rank == 0) {
+        auto scheduled = schedule(group, !started[group]);
+        if (!scheduled)
+          return scheduled.takeError();
+        control = std::move(*scheduled);
+        started[group] = true;
+      } else {
+        auto handle = comm.postRecv(rank - 1, DType::I64, {job.rows + 1, 2});
+        if (!handle)
+          return handle.takeError();
+        auto got = comm.wait(*handle);
+        if (!got)
+          return got.takeError();
+        control = Control::of(*got);
+      }
+      if (control.kind == Kind::Stop) {
+        if (!last)
+          if (Error err = comm.send(rank + 1, control.tensor()))
+            return err;
+        active.erase(active.begin() + a);
+        continue;
+      }
+      if (Error err = runPass(group, control, start, out))
+        return err;
+      ++a;
     }
-    for (; t < job.steps; ++t)
-      for (int64_t group = 0; group < job.groups; ++group)
-        if (Error err = run(decode, wave, t, group, start, out))
-          return err;
   }
   return comm.flush();
 }
@@ -526,9 +644,6 @@ Expected<std::unique_ptr<Setup>> setUp(const plan::Plan &plan, const GenerateOpt
   job.promptLength = prompts.dim(1);
   job.rows = s.microbatchSize;
   job.groups = s.M;
-  int64_t slots = job.rows * job.groups;
-  job.waves = (job.promptCount + slots - 1) / slots;
-  job.steps = job.promptLength + options.maxNewTokens - 1;
   // Prompts of the prefill's length go through in one pass.
   const plan::Generation &g = plan.generation();
   if (g.has_prefill() && g.prefill_length() == job.promptLength) {

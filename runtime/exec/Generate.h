@@ -16,15 +16,19 @@
 //  - the attention mask holds 1 at the row's written positions and at the
 //    new one (the present's last), 0 elsewhere; position ids are the row's
 //    position;
-//  - a prompt is fed one token per step (prefill through the decode step);
-//    from its last token on, the last stage picks a token per row: the
-//    arg-max (greedy, the first of equal ones as torch's), or a draw after
-//    temperature, top-k and top-p (in transformers' order) from a generator
-//    seeded by (seed, prompt, position), so the same on any stage or group
-//    count. A row that picks the EOS id is finished: its later tokens are
-//    the EOS id.
-//
-// Prompts beyond the slots run in further waves of the same loop.
+//  - a group's first prompts go through in one prefill pass when the plan
+//    has one of their length, else a prompt is fed one token per decode
+//    step; from its last token on, the last stage picks a token per row:
+//    the arg-max (greedy, the first of equal ones as torch's), or a draw
+//    after temperature, top-k and top-p (in transformers' order) from a
+//    generator seeded by (seed, prompt, position), so the same on any stage
+//    or group count;
+//  - a row that picks the EOS id, or has its new tokens, is finished (the
+//    rest of its tokens are the EOS id): its slot takes the next waiting
+//    prompt, whose tokens then go one per step while the group's other rows
+//    decode (each row has its own position, mask and cache positions). The
+//    first rank schedules and sends each pass's rows and positions down the
+//    stages with the hidden state; a group with no prompt left stops.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_EXEC_GENERATE_H
