@@ -102,6 +102,14 @@ TEST_P(Generate, RefilledSlotsAndSeededSampling) {
         runCommand(generate + " --max-new-tokens 32 --eos " + std::to_string(eosOf(model)), out), 0)
         << out;
     EXPECT_EQ(readIds(tokens), readIds(Fixtures + model + ".greedy_eos.npy"));
+    if (stages == 2) {
+      // The measured timeline: each rank's passes and its waits.
+      std::string trace = dir.path("trace.json");
+      ASSERT_EQ(runCommand(generate + " --max-new-tokens 4 --trace " + trace, out), 0) << out;
+      std::string text = readFile(trace);
+      for (const char *event : {"prefill g0", "prefill g1", "decode g0", "decode g1", "recv g0"})
+        EXPECT_NE(text.find(event), std::string::npos) << event;
+    }
     std::string sample = generate + " --max-new-tokens 20 --temperature 0.8 --top-k 20 --top-p 0.9";
     ASSERT_EQ(runCommand(sample + " --seed 3", out), 0) << out;
     std::vector<int64_t> drawn = readIds(tokens);

@@ -343,6 +343,8 @@ cl::opt<std::string> GenOutput("o",
                                cl::desc("Write the generated ids here (.npy, int64 [N, "
                                         "max-new-tokens])"),
                                cl::value_desc("FILE"), cl::sub(GenerateCmd));
+cl::opt<std::string> GenTrace("trace", cl::desc("Write the measured timeline (Chrome trace)"),
+                              cl::value_desc("FILE"), cl::sub(GenerateCmd));
 cl::opt<std::string> GenModel("model", cl::desc("The model file (default: the plan's path)"),
                               cl::value_desc("FILE"), cl::sub(GenerateCmd));
 cl::opt<int> GenThreadsPerRank("threads-per-rank", cl::desc("Loop threads per rank"),
@@ -930,8 +932,10 @@ int runGenerate() {
                   GenTopP.getNumOccurrences() || GenSeed.getNumOccurrences();
   if (GenGreedy && sampling)
     return badUsage("--greedy and --temperature, --top-k, --top-p or --seed exclude each other");
-  if (Error err = checkNotAnInput("-o", GenOutput, {GenPlan, GenPrompts, GenModel}))
-    return reportError(std::move(err));
+  for (auto [flag, path] :
+       {std::pair<StringRef, StringRef>{"-o", GenOutput}, {"--trace", GenTrace}})
+    if (Error err = checkNotAnInput(flag, path, {GenPlan, GenPrompts, GenModel}))
+      return reportError(std::move(err));
   rt::GenerateOptions options;
   options.run.modelPath = GenModel;
   options.run.planDir = sys::path::parent_path(GenPlan).str();
@@ -945,6 +949,7 @@ int runGenerate() {
   if (GenThreadsPerRank.getNumOccurrences())
     options.run.threadsPerRank = GenThreadsPerRank;
   options.maxNewTokens = GenNewTokens;
+  options.tracePath = GenTrace;
   options.greedy = !sampling;
   options.temperature = GenTemperature;
   options.topK = GenTopK;
@@ -980,6 +985,8 @@ int runGenerate() {
     outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas, result->threadsPerRank);
   if (!GenOutput.empty())
     outs() << "wrote " << GenOutput << "\n";
+  if (!GenTrace.empty())
+    outs() << "wrote " << GenTrace << "\n";
   return 0;
 }
 

@@ -2,6 +2,7 @@
 #include "runtime/exec/Generate.h"
 #include "runtime/core/FusedProgram.h"
 #include "runtime/exec/RankExecutor.h"
+#include "runtime/exec/Trace.h"
 #include "support/Diagnostics.h"
 #include "support/Parallel.h"
 
@@ -142,6 +143,8 @@ struct RankOut {
   /// tokens came (seconds since the start).
   std::vector<int64_t> tokens;
   std::vector<std::vector<double>> tokenTimes;
+  /// With --trace: this rank's passes and waits.
+  std::vector<TraceEvent> events;
 };
 
 /// One of the passes a rank runs: the decode step (a token per row) or the
@@ -205,7 +208,7 @@ private:
   Error prepare(Pass &pass);
   /// The first rank: group \p group's next pass, after the last rank's
   /// picks of its previous one.
-  Expected<Control> schedule(int64_t group, bool first);
+  Expected<Control> schedule(int64_t group, bool first, RankOut &out);
   /// Runs \p control's pass of group \p group on this rank's stage.
   Error runPass(int64_t group, const Control &control, Clock::time_point start, RankOut &out);
   Error fillInputs(Pass &pass, Env &values, int64_t group, const Control &control);
@@ -215,6 +218,19 @@ private:
                              Clock::time_point start, RankOut &out);
   /// The prompt the first rank gives a freed slot, or -1.
   int64_t nextRequest() { return waiting < job.promptCount ? waiting++ : -1; }
+  /// With --trace: an event of this rank from \p started (wallNow) to now.
+  void record(RankOut &out, char category, const std::string &name, double started) {
+    if (!job.o->tracePath.empty())
+      out.events.push_back({name, category, rank, started, wallNow() - started});
+  }
+  /// Waits for \p handle, traced as a wait named \p what.
+  Expected<cpu::Tensor> waitFor(int handle, RankOut &out, const std::string &what) {
+    double started = wallNow();
+    auto got = comm.wait(handle);
+    if (got && wallNow() - started > 1e-5)
+      record(out, 'C', what, started);
+    return got;
+  }
 
   const Job &job;
   Comm &comm;
@@ -261,7 +277,7 @@ Error GenerateRank::prepare(Pass &pass) {
   return Error::success();
 }
 
-Expected<Control> GenerateRank::schedule(int64_t group, bool first) {
+Expected<Control> GenerateRank::schedule(int64_t group, bool first, RankOut &out) {
   Control &c = slots[group];
   int64_t n = c.kind == Kind::Prefill ? prefill->tokens : 1;
   if (first) {
@@ -282,7 +298,7 @@ Expected<Control> GenerateRank::schedule(int64_t group, bool first) {
     auto handle = comm.postRecv(job.s->P - 1, DType::I64, {2, job.rows});
     if (!handle)
       return handle.takeError();
-    auto got = comm.wait(*handle);
+    auto got = waitFor(*handle, out, formatv("picks g{0}", group).str());
     if (!got)
       return got.takeError();
     picks = std::move(*got);
@@ -369,7 +385,7 @@ Error GenerateRank::runPass(int64_t group, const Control &control, Clock::time_p
     handles.push_back(*handle);
   }
   for (size_t i = 0; i < pass.recvs.size(); ++i) {
-    auto tensor = comm.wait(handles[i]);
+    auto tensor = waitFor(handles[i], out, formatv("recv g{0}", group).str());
     if (!tensor)
       return tensor.takeError();
     auto placed = be.upload(*tensor);
@@ -377,8 +393,12 @@ Error GenerateRank::runPass(int64_t group, const Control &control, Clock::time_p
       return placed.takeError();
     values[pass.recvs[i]->name()] = std::move(*placed);
   }
+  double started = wallNow();
   if (Error err = pass.ex->runForward(rank, values))
     return err;
+  record(out, 'F',
+         formatv("{0} g{1}", control.kind == Kind::Prefill ? "prefill" : "decode", group).str(),
+         started);
   std::vector<int64_t> at(job.rows);
   for (int64_t i = 0; i < job.rows; ++i)
     at[i] = control.request[i] < 0 ? 0 : control.position[i];
@@ -501,7 +521,7 @@ Error GenerateRank::run(Clock::time_point start, RankOut &out) {
       int64_t group = active[a];
       Control control;
       if (rank == 0) {
-        auto scheduled = schedule(group, !started[group]);
+        auto scheduled = schedule(group, !started[group], out);
         if (!scheduled)
           return scheduled.takeError();
         control = std::move(*scheduled);
@@ -510,7 +530,7 @@ Error GenerateRank::run(Clock::time_point start, RankOut &out) {
         auto handle = comm.postRecv(rank - 1, DType::I64, {job.rows + 1, 2});
         if (!handle)
           return handle.takeError();
-        auto got = comm.wait(*handle);
+        auto got = waitFor(*handle, out, formatv("recv g{0}", group).str());
         if (!got)
           return got.takeError();
         control = Control::of(*got);
@@ -780,6 +800,13 @@ Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOpt
   GenerateResult result = resultOf(su.job, outs[ranks - 1],
                                    std::chrono::duration<double>(Clock::now() - start).count());
   result.threadsPerRank = threadsPerRank;
+  if (!options.tracePath.empty()) {
+    std::vector<TraceEvent> events;
+    for (RankOut &out : outs)
+      events.insert(events.end(), out.events.begin(), out.events.end());
+    if (Error err = writeTrace(options.tracePath, events, ranks))
+      return err;
+  }
   return result;
 }
 
@@ -825,7 +852,9 @@ Expected<GenerateResult> generateMpi(const plan::Plan &plan, const GenerateOptio
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   // The last rank's tokens and times, to rank 0: tokens, then per group its
   // count of times and the times.
-  std::string bytes;
+  // Then every rank's trace events, a line each: category, start,
+  // duration, name. The tokens' part comes first, its length before it.
+  std::string bytes(sizeof(int64_t), '\0');
   auto put = [&](const void *data, size_t size) {
     bytes.append(static_cast<const char *>(data), size);
   };
@@ -837,13 +866,45 @@ Expected<GenerateResult> generateMpi(const plan::Plan &plan, const GenerateOptio
       put(times.data(), times.size() * sizeof(double));
     }
   }
+  int64_t tokenBytes = bytes.size() - sizeof(int64_t);
+  std::memcpy(bytes.data(), &tokenBytes, sizeof tokenBytes);
+  for (const TraceEvent &e : out.events)
+    bytes += formatv("{0}\t{1}\t{2}\t{3}\n", e.category, format("%.9f", e.start),
+                     format("%.9f", e.duration), e.name)
+                 .str();
   auto gathered = (*comm)->gather(bytes);
   if (!gathered)
     return failed(gathered.takeError());
   GenerateResult result;
   result.primary = rank == 0;
   if (rank == 0) {
-    const std::string &from = gathered->back();
+    // Each rank's part: its length, its tokens' part, its events.
+    std::vector<TraceEvent> events;
+    std::string from;
+    for (size_t r = 0; r < gathered->size(); ++r) {
+      const std::string &part = (*gathered)[r];
+      int64_t length = 0;
+      if (part.size() >= sizeof length)
+        std::memcpy(&length, part.data(), sizeof length);
+      if (length < 0 || sizeof length + length > part.size())
+        return failed(
+            createStringError(inconvertibleErrorCode(), "rank %zu sent a malformed result", r));
+      if (r + 1 == gathered->size())
+        from = part.substr(sizeof length, length);
+      SmallVector<StringRef, 0> lines;
+      StringRef(part).drop_front(sizeof length + length).split(lines, '\n', -1, false);
+      for (StringRef line : lines) {
+        SmallVector<StringRef, 4> f;
+        line.split(f, '\t', 3);
+        double begin = 0, duration = 0;
+        if (f.size() == 4 && f[0].size() == 1 && !f[1].getAsDouble(begin) &&
+            !f[2].getAsDouble(duration))
+          events.push_back({f[3].str(), f[0][0], int(r), begin, duration});
+      }
+    }
+    if (!options.tracePath.empty())
+      if (Error err = writeTrace(options.tracePath, events, int(gathered->size())))
+        return failed(std::move(err));
     const Job &job = su.job;
     RankOut last;
     last.tokens.resize(job.promptCount * job.o->maxNewTokens);

@@ -51,6 +51,10 @@ struct GenerateOptions {
   double topP = 1;  ///< 1: every token
   uint64_t seed = 0;
   std::optional<int64_t> eos;
+  /// Write the measured timeline here (Chrome trace, as `run --trace`):
+  /// each rank's passes (F), and its waits for the hidden state, the
+  /// control or the picks (C).
+  std::string tracePath;
 };
 
 struct GenerateResult {
