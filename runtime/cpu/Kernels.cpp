@@ -21,6 +21,10 @@
 
 #include <cstring>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 using namespace llvm;
 
 namespace pipec::cpu {
@@ -48,6 +52,43 @@ Tensor sumToShape(const Tensor &tensor, ArrayRef<int64_t> shape) {
   out.roundToElemType();
   return out;
 }
+
+namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__)
+bool haveAvx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+/// The 8 x 8 block at \p in (rows \p ldIn apart) transposed to \p out (rows
+/// \p ldOut apart): 32-bit elements moved, never computed on.
+__attribute__((target("avx2"))) void transpose8x8(const float *in, int64_t ldIn, float *out,
+                                                  int64_t ldOut) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i)
+    r[i] = _mm256_loadu_ps(in + i * ldIn);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(out + i * ldOut, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(out + (i + 4) * ldOut, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+#else
+bool haveAvx2() { return false; }
+void transpose8x8(const float *, int64_t, float *, int64_t) {}
+#endif
+
+} // namespace
 
 Tensor transpose(const Tensor &tensor, ArrayRef<int64_t> perm) {
   assert(static_cast<int64_t>(perm.size()) == tensor.rank());
@@ -83,7 +124,20 @@ Tensor transpose(const Tensor &tensor, ArrayRef<int64_t> perm) {
           T *o = dst + b * rows * cols;
           for (int64_t j0 = 0; j0 < cols; j0 += tile) {
             int64_t j1 = std::min(cols, j0 + tile);
-            for (int64_t i = i0; i < i1; ++i) {
+            int64_t i = i0;
+            if constexpr (sizeof(T) == 4)
+              if (haveAvx2())
+                // 8 x 8 blocks through registers, the edges below.
+                for (; i + 8 <= i1; i += 8) {
+                  int64_t j = j0;
+                  for (; j + 8 <= j1; j += 8)
+                    transpose8x8(reinterpret_cast<const float *>(in + i * cols + j), cols,
+                                 reinterpret_cast<float *>(o + j * rows + i), rows);
+                  for (int64_t ii = i; ii < i + 8; ++ii)
+                    for (int64_t jj = j; jj < j1; ++jj)
+                      o[jj * rows + ii] = in[ii * cols + jj];
+                }
+            for (; i < i1; ++i) {
               const T *row = in + i * cols;
               for (int64_t j = j0; j < j1; ++j)
                 o[j * rows + i] = row[j];
