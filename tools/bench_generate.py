@@ -26,11 +26,15 @@ round, alternating within the round (torch, pipec 1 stage, pipec 2 stages):
 tokens/s = 16 x 64 / the loop's seconds; the table has medians over the
 rounds, and whether pipec's tokens equal torch's (rows whose 64 tokens all
 agree; random weights make near-ties, where float sums in another order may
-pick the other token).
+pick the other token). onnxruntime-genai (Llama only: its model builder has no
+GPT-2) runs the builder's fp32 CPU export of the same weights (a word-level
+tokenizer made offline sits beside them) with batch 16, greedy, min and max
+length 128, OMP_NUM_THREADS=THREADS, timed after a warm-up of one token.
 
 Usage: tools/bench-peers.sh --generate [--rounds 3] [--models gpt2,llama]
        [--threads 2] [--workdir build/generate-bench] [--write]
-       (needs torch, transformers, onnx, onnxscript, numpy)
+       (needs torch, transformers, onnx, onnxscript, numpy; onnxruntime-genai and
+       tokenizers for its column)
 --write replaces docs/PERFORMANCE.md's "Generation" section.
 """
 import argparse
@@ -127,6 +131,64 @@ def run_pipec(pipec, folder, stages):
     return float(found.group(1)), out
 
 
+def prepare_genai(folder, name):
+    """The model through onnxruntime-genai's builder (fp32, cpu), with a
+    word-level tokenizer made offline (the builder saves one beside the
+    model); None where the builder does not take the architecture."""
+    if name != "llama":
+        return None  # the builder has no GPT-2
+    out = os.path.join(folder, "genai")
+    if os.path.exists(os.path.join(out, "genai_config.json")):
+        return out
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    cfg, _ = config(name)
+    vocab = {f"t{i}": i for i in range(cfg.vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1",
+                                   eos_token="t2", pad_token="t0")
+    fast.save_pretrained(os.path.join(folder, "hf"))
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i",
+                    os.path.join(folder, "hf"), "-o", out, "-p", "fp32", "-e", "cpu", "-c",
+                    os.path.join(folder, "genai-cache")], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return out
+
+
+def genai_worker(folder, out):
+    import numpy as np
+    import onnxruntime_genai as og
+    model = og.Model(os.path.join(folder, "genai"))
+    prompts = np.load(os.path.join(folder, "prompts.npy")).astype(np.int32)
+
+    def run(new):
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=PROMPT_LEN + new,
+                                  min_length=PROMPT_LEN + new, batch_size=PROMPTS)
+        generator = og.Generator(model, params)
+        generator.append_tokens(prompts)
+        while not generator.is_done():
+            generator.generate_next_token()
+        return np.stack([np.asarray(generator.get_sequence(i))[PROMPT_LEN:]
+                         for i in range(PROMPTS)])
+
+    run(1)
+    start = time.perf_counter()
+    tokens = run(NEW)
+    seconds = time.perf_counter() - start
+    np.save(out, tokens.astype(np.int64))
+    print(json.dumps({"tokens_per_s": PROMPTS * NEW / seconds}))
+
+
+def run_genai(folder, threads):
+    out = os.path.join(folder, "genai.npy")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    done = subprocess.run([sys.executable, __file__, "--genai-worker", folder, out], check=True,
+                          capture_output=True, text=True, env=env)
+    return json.loads(done.stdout.strip().splitlines()[-1])["tokens_per_s"], out
+
+
 def rows_equal(a, b):
     import numpy as np
     x, y = np.load(a), np.load(b)
@@ -148,6 +210,9 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
         torch_worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--genai-worker":
+        genai_worker(sys.argv[2], sys.argv[3])
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--pipec", default=os.path.join(ROOT, "build", "bin", "pipec"))
     ap.add_argument("--rounds", type=int, default=3)
@@ -159,27 +224,41 @@ def main():
     lines = []
     for name in a.models.split(","):
         folder = prepare(name, a.workdir, a.pipec)
-        times = {"torch": [], "pipec1": [], "pipec2": []}
+        genai = None
+        try:
+            genai = prepare_genai(folder, name)
+        except (ImportError, subprocess.CalledProcessError) as e:
+            print(f"{name}: onnxruntime-genai not measured: {e}", file=sys.stderr)
+        times = {"torch": [], "pipec1": [], "pipec2": [], "genai": []}
         equal = {}
         for r in range(a.rounds):
             t, tout = run_torch(folder, name, a.threads)
             times["torch"].append(t)
+            if genai:
+                g, gout = run_genai(folder, a.threads)
+                times["genai"].append(g)
+                equal["genai"] = rows_equal(tout, gout)
             for stages in (1, 2):
                 p, pout = run_pipec(a.pipec, folder, stages)
                 times[f"pipec{stages}"].append(p)
                 equal[stages] = rows_equal(tout, pout)
             print(f"{name} round {r + 1}: torch {t:.1f}, pipec 1 stage "
-                  f"{times['pipec1'][-1]:.1f}, 2 stages {times['pipec2'][-1]:.1f} tokens/s",
+                  f"{times['pipec1'][-1]:.1f}, 2 stages {times['pipec2'][-1]:.1f}"
+                  + (f", genai {times['genai'][-1]:.1f}" if genai else "") + " tokens/s",
                   file=sys.stderr)
-        med = {k: statistics.median(v) for k, v in times.items()}
+        med = {k: statistics.median(v) for k, v in times.items() if v}
         label = {"gpt2": "GPT-2 124M", "llama": "Llama 246M (GQA 16/4)"}[name]
+        peer = (f"{med['genai']:.1f} | {med['pipec1'] / med['genai']:.2f}x"
+                if "genai" in med else "- (no GPT-2 in its builder) | -")
         lines.append(f"| {label} | {med['torch']:.1f} | {med['pipec1']:.1f} | "
-                     f"{med['pipec1'] / med['torch']:.2f}x | {med['pipec2']:.1f} | "
-                     f"{med['pipec2'] / med['pipec1']:.2f}x | {equal[1]}/16, {equal[2]}/16 |")
+                     f"{med['pipec1'] / med['torch']:.2f}x | {peer} | {med['pipec2']:.1f} | "
+                     f"{med['pipec2'] / med['pipec1']:.2f}x | {equal[1]}/16, {equal[2]}/16"
+                     + (f", genai {equal['genai']}/16" if "genai" in equal else "") + " |")
     table = "\n".join(
-        ["| model | torch generate, tokens/s | pipec 1 stage | pipec / torch | pipec 2 stages "
-         "| 2 stages / 1 stage | rows equal to torch's (1, 2 stages) |",
-         "|---|---|---|---|---|---|---|"] + lines)
+        ["| model | torch generate, tokens/s | pipec 1 stage | pipec / torch | onnxruntime-genai "
+         "| pipec / genai | pipec 2 stages | 2 stages / 1 stage | rows equal to torch's (pipec 1, "
+         "2 stages; genai) |",
+         "|---|---|---|---|---|---|---|---|---|"] + lines)
     print(table)
     if a.write:
         section = f"""## Generation (pipec generate against transformers' generate)
