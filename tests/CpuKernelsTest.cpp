@@ -18,9 +18,7 @@
 
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -98,31 +96,6 @@ void expectClose(const Tensor &actual, const Tensor &expected, double rtol = 1e-
 //===----------------------------------------------------------------------===//
 // MatMul and Gemm
 //===----------------------------------------------------------------------===//
-
-// The last two dimensions swapped, through 8 x 8 register blocks and the
-// scalar edges: every element lands where a plain loop puts it, float and
-// int32 alike (moved, never computed on: NaN payloads too).
-TEST(CpuKernels, TransposeLastTwoInBlocks) {
-  for (auto [batch, rows, cols] :
-       {std::array<int64_t, 3>{3, 37, 45}, {2, 64, 128}, {1, 8, 8}, {4, 5, 70}, {1, 130, 9}}) {
-    std::vector<int32_t> values(batch * rows * cols);
-    for (size_t i = 0; i < values.size(); ++i)
-      values[i] = int32_t(i * 2654435761u);
-    Tensor ints = Tensor::fromValues<int32_t>({batch, rows, cols}, values, DType::I32);
-    std::vector<float> floats(values.size());
-    std::memcpy(floats.data(), values.data(), values.size() * 4);
-    Tensor fl = Tensor::fromValues<float>({batch, rows, cols}, floats);
-    Tensor ti = transpose(ints, {0, 2, 1}), tf = transpose(fl, {0, 2, 1});
-    ASSERT_EQ(ti.shape(), (std::vector<int64_t>{batch, cols, rows}));
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < cols; ++j) {
-          int64_t from = (b * rows + i) * cols + j, to = (b * cols + j) * rows + i;
-          ASSERT_EQ(ti.data<int32_t>()[to], values[from]) << b << " " << i << " " << j;
-          ASSERT_EQ(std::memcmp(tf.data<float>() + to, floats.data() + from, 4), 0);
-        }
-  }
-}
 
 TEST(CpuKernels, MatMulBroadcastsBatchDimensions) {
   // A [2,1,2,3] x B [3,3,2]: batch [2,1] and [3] broadcast to [2,3].

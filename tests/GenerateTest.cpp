@@ -17,8 +17,8 @@ using namespace pipec::test;
 
 namespace {
 
-const std::string Pipec = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
-const std::string Fixtures = std::string(PIPEC_SOURCE_DIR) + "/tests/fixtures/torch/generate/";
+const std::string pipecBinary = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
+const std::string fixtures = std::string(PIPEC_SOURCE_DIR) + "/tests/fixtures/torch/generate/";
 
 /// The EOS ids the fixtures' greedy_eos tokens stop at (MANIFEST.json).
 int64_t eosOf(const std::string &model) { return model == "gpt2" ? 93 : 45; }
@@ -42,8 +42,8 @@ TEST_P(Generate, GreedyEqualsTransformers) {
   std::string model = GetParam();
   TempDir dir;
   std::string plan = dir.path("g.plan"), tokens = dir.path("t.npy"), out;
-  std::vector<int64_t> greedy = readIds(Fixtures + model + ".greedy.npy");
-  std::vector<int64_t> stopped = readIds(Fixtures + model + ".greedy_eos.npy");
+  std::vector<int64_t> greedy = readIds(fixtures + model + ".greedy.npy");
+  std::vector<int64_t> stopped = readIds(fixtures + model + ".greedy_eos.npy");
   ASSERT_EQ(greedy.size(), 4u * 32u);
   // Prompts fed a token per decode step, or (--prompt-length 6) in one
   // prefill pass.
@@ -51,15 +51,16 @@ TEST_P(Generate, GreedyEqualsTransformers) {
     for (int stages : {1, 2, 4})
       for (int groups : {1, 4}) {
         SCOPED_TRACE(llvm::formatv("{0} stages, {1} groups{2}", stages, groups, prefill).str());
-        ASSERT_EQ(runCommand(llvm::formatv("{0} compile {1}{2}.onnx --mode generate --max-length "
-                                           "40 --stages {3} --microbatches {4} --slots 4 "
-                                           "--hardware cpu -o {5}{6}",
-                                           Pipec, Fixtures, model, stages, groups, plan, prefill),
-                             out),
-                  0)
+        ASSERT_EQ(
+            runCommand(llvm::formatv("{0} compile {1}{2}.onnx --mode generate --max-length "
+                                     "40 --stages {3} --microbatches {4} --slots 4 "
+                                     "--hardware cpu -o {5}{6}",
+                                     pipecBinary, fixtures, model, stages, groups, plan, prefill),
+                       out),
+            0)
             << out;
-        std::string generate = Pipec + " generate " + plan + " --prompts " + Fixtures + model +
-                               ".prompts.npy --max-new-tokens 32 -o " + tokens;
+        std::string generate = pipecBinary + " generate " + plan + " --prompts " + fixtures +
+                               model + ".prompts.npy --max-new-tokens 32 -o " + tokens;
         ASSERT_EQ(runCommand(generate, out), 0) << out;
         EXPECT_NE(out.find(llvm::formatv("generated 128 token(s) after 4 prompt(s) on {0} "
                                          "rank(s), {1} group(s) of {2}",
@@ -80,7 +81,7 @@ TEST_P(Generate, RefilledSlotsAndSeededSampling) {
   std::string model = GetParam();
   TempDir dir;
   std::string plan = dir.path("g.plan"), tokens = dir.path("t.npy"), out;
-  std::vector<int64_t> greedy = readIds(Fixtures + model + ".greedy.npy");
+  std::vector<int64_t> greedy = readIds(fixtures + model + ".greedy.npy");
   std::vector<int64_t> first, other;
   for (int stages : {1, 2, 4}) {
     SCOPED_TRACE(std::to_string(stages) + " stages");
@@ -90,18 +91,18 @@ TEST_P(Generate, RefilledSlotsAndSeededSampling) {
     ASSERT_EQ(runCommand(llvm::formatv("{0} compile {1}{2}.onnx --mode generate --max-length 40 "
                                        "--stages {3} --microbatches 2 --slots 2 --hardware cpu "
                                        "-o {4}{5}",
-                                       Pipec, Fixtures, model, stages, plan, prefill),
+                                       pipecBinary, fixtures, model, stages, plan, prefill),
                          out),
               0)
         << out;
-    std::string generate = Pipec + " generate " + plan + " --prompts " + Fixtures + model +
+    std::string generate = pipecBinary + " generate " + plan + " --prompts " + fixtures + model +
                            ".prompts.npy -o " + tokens;
     ASSERT_EQ(runCommand(generate + " --max-new-tokens 32", out), 0) << out;
     EXPECT_EQ(readIds(tokens), greedy);
     ASSERT_EQ(
         runCommand(generate + " --max-new-tokens 32 --eos " + std::to_string(eosOf(model)), out), 0)
         << out;
-    EXPECT_EQ(readIds(tokens), readIds(Fixtures + model + ".greedy_eos.npy"));
+    EXPECT_EQ(readIds(tokens), readIds(fixtures + model + ".greedy_eos.npy"));
     if (stages == 2) {
       // The measured timeline: each rank's passes and its waits.
       std::string trace = dir.path("trace.json");
@@ -143,7 +144,7 @@ TEST_P(Generate, MpiProcesses) {
   std::string plan = dir.path("g.plan"), tokens = dir.path("t.npy");
   for (std::string prefill : {"", " --prompt-length 6"}) {
     SCOPED_TRACE(prefill);
-    ASSERT_EQ(runCommand(Pipec + " compile " + Fixtures + model +
+    ASSERT_EQ(runCommand(pipecBinary + " compile " + fixtures + model +
                              ".onnx --mode generate --max-length 40 --stages 2 --microbatches 2 "
                              "--slots 4 --hardware cpu -o " +
                              plan + prefill,
@@ -152,30 +153,30 @@ TEST_P(Generate, MpiProcesses) {
         << out;
     ASSERT_EQ(runCommand("env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout "
                          "120 mpirun -np 2 --oversubscribe " +
-                             Pipec + " generate " + plan + " --prompts " + Fixtures + model +
+                             pipecBinary + " generate " + plan + " --prompts " + fixtures + model +
                              ".prompts.npy --max-new-tokens 32 -o " + tokens,
                          out),
               0)
         << out;
     EXPECT_NE(out.find("generated 128 token(s) after 4 prompt(s) on 2 rank(s)"), std::string::npos)
         << out;
-    EXPECT_EQ(readIds(tokens), readIds(Fixtures + model + ".greedy.npy"));
+    EXPECT_EQ(readIds(tokens), readIds(fixtures + model + ".greedy.npy"));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Generate, ::testing::Values("gpt2", "llama"));
+INSTANTIATE_TEST_SUITE_P(fixtures, Generate, ::testing::Values("gpt2", "llama"));
 
 // The report counts each rank's cache; bad input gets one line each.
 TEST(GenerateCli, ReportAndBadInput) {
   TempDir dir;
   std::string plan = dir.path("g.plan"), out;
-  std::string model = Fixtures + "gpt2.onnx";
-  ASSERT_EQ(runCommand(Pipec + " compile " + model +
+  std::string model = fixtures + "gpt2.onnx";
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model +
                            " --mode generate --max-length 40 --stages 2 --hardware cpu -o " + plan,
                        out),
             0)
       << out;
-  ASSERT_EQ(runCommand(Pipec + " report " + plan, out), 0) << out;
+  ASSERT_EQ(runCommand(pipecBinary + " report " + plan, out), 0) << out;
   // Two layers of [1, 4, 39, 8] float keys and values per rank, 2 groups.
   EXPECT_NE(out.find("rank 0: KV cache 39.00 KiB (4 tensors x 2 groups), written in place"),
             std::string::npos)
@@ -183,18 +184,18 @@ TEST(GenerateCli, ReportAndBadInput) {
   EXPECT_NE(out.find("generation: rows of 40 tokens, 2 slot(s) in 2 group(s) of 1"),
             std::string::npos)
       << out;
-  std::string prompts = Fixtures + "gpt2.prompts.npy";
+  std::string prompts = fixtures + "gpt2.prompts.npy";
   // 6 prompt tokens and 35 new need 41 positions.
-  EXPECT_EQ(
-      runCommand(Pipec + " generate " + plan + " --prompts " + prompts + " --max-new-tokens 35",
-                 out),
-      2)
+  EXPECT_EQ(runCommand(pipecBinary + " generate " + plan + " --prompts " + prompts +
+                           " --max-new-tokens 35",
+                       out),
+            2)
       << out;
   EXPECT_NE(out.find("pipec: error: --prompts: prompts of 6 tokens and 35 new need 41 positions; "
                      "the plan holds 40 (--max-length)"),
             std::string::npos)
       << out;
-  EXPECT_EQ(runCommand(Pipec + " generate " + plan + " --prompts " + Fixtures +
+  EXPECT_EQ(runCommand(pipecBinary + " generate " + plan + " --prompts " + fixtures +
                            "gpt2.greedy.npy --max-new-tokens 2 --eos 100",
                        out),
             2)
@@ -203,11 +204,11 @@ TEST(GenerateCli, ReportAndBadInput) {
   std::string bad = dir.path("bad.npy");
   ASSERT_FALSE(bool(rt::writeNpy(
       cpu::Tensor::fromValues<int64_t>({2, 3}, {5, 6, 7, 8, 100, 9}, DType::I64), bad)));
-  EXPECT_EQ(runCommand(Pipec + " generate " + plan + " --prompts " + bad, out), 2) << out;
+  EXPECT_EQ(runCommand(pipecBinary + " generate " + plan + " --prompts " + bad, out), 2) << out;
   EXPECT_NE(out.find("--prompts: prompt 1 token 1 is 100, outside the vocabulary of 100"),
             std::string::npos)
       << out;
-  EXPECT_EQ(runCommand(Pipec + " generate " + plan + " --prompts " + prompts +
+  EXPECT_EQ(runCommand(pipecBinary + " generate " + plan + " --prompts " + prompts +
                            " --greedy --temperature 0.5",
                        out),
             2)
@@ -215,25 +216,28 @@ TEST(GenerateCli, ReportAndBadInput) {
   // A model without a cache, and a plan not compiled for generation.
   std::string plain = dir.path("plain.onnx");
   ASSERT_EQ(
-      runCommand(Pipec + " model gpt --layers 2 --hidden 32 --vocab 64 --seq 8 -o " + plain, out),
+      runCommand(pipecBinary + " model gpt --layers 2 --hidden 32 --vocab 64 --seq 8 -o " + plain,
+                 out),
       0)
       << out;
-  EXPECT_EQ(runCommand(Pipec + " compile " + plain + " --mode generate --max-length 16 -o " +
+  EXPECT_EQ(runCommand(pipecBinary + " compile " + plain + " --mode generate --max-length 16 -o " +
                            dir.path("p.plan"),
                        out),
             1)
       << out;
   EXPECT_NE(out.find(plain + ": cannot generate: the model has no KV cache"), std::string::npos)
       << out;
-  ASSERT_EQ(runCommand(Pipec + " compile " + plain +
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + plain +
                            " --mode infer --stages 1 --microbatches 1 -o " + dir.path("i.plan"),
                        out),
             0)
       << out;
-  EXPECT_EQ(runCommand(Pipec + " generate " + dir.path("i.plan") + " --prompts " + prompts, out), 1)
+  EXPECT_EQ(
+      runCommand(pipecBinary + " generate " + dir.path("i.plan") + " --prompts " + prompts, out), 1)
       << out;
   EXPECT_NE(out.find("the plan was not compiled for generation"), std::string::npos) << out;
-  EXPECT_EQ(runCommand(Pipec + " compile " + model + " --mode generate -o " + plan, out), 2) << out;
+  EXPECT_EQ(runCommand(pipecBinary + " compile " + model + " --mode generate -o " + plan, out), 2)
+      << out;
   EXPECT_NE(out.find("--mode generate needs --max-length L"), std::string::npos) << out;
 }
 

@@ -6,7 +6,8 @@
 // negative pads with edge mode, int32 wrap-around, float16 partial sums,
 // Einsum's broadcast ellipsis, diagonals, implicit outputs and three
 // operands; TopK's order of ties and NaN, on integers and along the first
-// axis; and the errors for malformed nodes and forms of older opsets.
+// axis; the errors for malformed nodes and forms of older opsets; and
+// Transpose's register blocks against a plain loop.
 //
 // Expected values come from onnxruntime 1.23's CPU provider, or from
 // ONNX's reference evaluator / numpy where noted (the oracles venv of
@@ -15,6 +16,8 @@
 //===----------------------------------------------------------------------===//
 #include "tests/KernelTestUtil.h"
 
+#include <array>
+#include <cstring>
 #include <limits>
 
 using namespace pipec;
@@ -46,6 +49,31 @@ std::vector<float> iota(int64_t n, float scale = 1, float shift = 0) {
   for (int64_t i = 0; i < n; ++i)
     v.push_back(static_cast<float>(i) / scale + shift);
   return v;
+}
+
+// The last two dimensions swapped, through 8 x 8 register blocks and the
+// scalar edges: every element lands where a plain loop puts it, float and
+// int32 alike (moved, never computed on: NaN payloads too).
+TEST(IndexingKernels, TransposeLastTwoInBlocks) {
+  for (auto [batch, rows, cols] :
+       {std::array<int64_t, 3>{3, 37, 45}, {2, 64, 128}, {1, 8, 8}, {4, 5, 70}, {1, 130, 9}}) {
+    std::vector<int32_t> values(batch * rows * cols);
+    for (size_t i = 0; i < values.size(); ++i)
+      values[i] = int32_t(i * 2654435761u);
+    Tensor ints = Tensor::fromValues<int32_t>({batch, rows, cols}, values, DType::I32);
+    std::vector<float> floats(values.size());
+    std::memcpy(floats.data(), values.data(), values.size() * 4);
+    Tensor fl = Tensor::fromValues<float>({batch, rows, cols}, floats);
+    Tensor ti = cpu::transpose(ints, {0, 2, 1}), tf = cpu::transpose(fl, {0, 2, 1});
+    ASSERT_EQ(ti.shape(), (std::vector<int64_t>{batch, cols, rows}));
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+          int64_t from = (b * rows + i) * cols + j, to = (b * cols + j) * rows + i;
+          ASSERT_EQ(ti.data<int32_t>()[to], values[from]) << b << " " << i << " " << j;
+          ASSERT_EQ(std::memcmp(tf.data<float>() + to, floats.data() + from, 4), 0);
+        }
+  }
 }
 
 TEST(IndexingKernels, GatherNDWithTwoBatchDimensions) {

@@ -19,10 +19,9 @@
 #include "models/ModelGenerators.h"
 #include "plan/PlanFile.h"
 #include "runtime/comm/Comm.h"
-#include "runtime/exec/Data.h"
 #include "runtime/exec/Executor.h"
-#include "runtime/exec/Generate.h"
 #include "support/Diagnostics.h"
+#include "tools/CliSupport.h"
 #include "tools/Versions.h"
 
 #include "llvm/ADT/StringExtras.h"
@@ -46,11 +45,9 @@
 
 using namespace llvm;
 using namespace pipec;
+using namespace pipec::cli;
 
 namespace {
-
-constexpr int ExitInput = 1;
-constexpr int ExitUsage = 2;
 
 cl::SubCommand InspectCmd("inspect", "Show a model's layers, params, FLOPs and cut points");
 cl::SubCommand ModelCmd("model", "Generate a GPT, Llama, BERT, MLP or ResNet model as ONNX");
@@ -61,8 +58,6 @@ cl::SubCommand ProfileCmd("profile",
                           "Measure each layer's F, I and W time on this CPU: a cost table for "
                           "compile --costs");
 cl::SubCommand RunCmd("run", "Run a plan: train or infer on CPU ranks (threads or MPI processes)");
-cl::SubCommand GenerateCmd("generate",
-                           "Generate tokens after prompts with a plan compiled by --mode generate");
 cl::SubCommand SchedulesCmd("schedules",
                             "List the pipeline schedules: the V and M each takes, when to use it");
 
@@ -321,47 +316,6 @@ cl::opt<int> RunThreadsPerRank("threads-per-rank",
                                cl::init(0), cl::sub(RunCmd));
 
 // model
-// generate
-cl::opt<std::string> GenPlan(cl::Positional, cl::desc("PLAN"), cl::Required, cl::sub(GenerateCmd));
-cl::opt<std::string> GenPrompts("prompts", cl::desc("Prompts: int64 token ids [N, S] (.npy)"),
-                                cl::value_desc("FILE"), cl::Required, cl::sub(GenerateCmd));
-cl::opt<int64_t> GenNewTokens("max-new-tokens", cl::desc("Tokens to generate after each prompt"),
-                              cl::init(16), cl::sub(GenerateCmd));
-cl::opt<bool> GenGreedy("greedy", cl::desc("Pick the most likely token (the default)"),
-                        cl::sub(GenerateCmd));
-cl::opt<double> GenTemperature("temperature", cl::desc("Sample, at this temperature"),
-                               cl::init(1.0), cl::sub(GenerateCmd));
-cl::opt<int64_t> GenTopK("top-k", cl::desc("Sample among the K most likely tokens (0: all)"),
-                         cl::init(0), cl::sub(GenerateCmd));
-cl::opt<double> GenTopP("top-p", cl::desc("Sample among the most likely tokens of mass P"),
-                        cl::init(1.0), cl::sub(GenerateCmd));
-cl::opt<uint64_t> GenSeed("seed", cl::desc("Seed of the samples"), cl::init(0),
-                          cl::sub(GenerateCmd));
-cl::opt<int64_t> GenEos("eos", cl::desc("End-of-sequence token id: a row ends at it"), cl::init(-1),
-                        cl::sub(GenerateCmd));
-cl::opt<std::string> GenOutput("o",
-                               cl::desc("Write the generated ids here (.npy, int64 [N, "
-                                        "max-new-tokens])"),
-                               cl::value_desc("FILE"), cl::sub(GenerateCmd));
-cl::opt<std::string> GenTrace("trace", cl::desc("Write the measured timeline (Chrome trace)"),
-                              cl::value_desc("FILE"), cl::sub(GenerateCmd));
-cl::opt<std::string> GenModel("model", cl::desc("The model file (default: the plan's path)"),
-                              cl::value_desc("FILE"), cl::sub(GenerateCmd));
-cl::opt<int> GenThreadsPerRank("threads-per-rank", cl::desc("Loop threads per rank"),
-                               cl::sub(GenerateCmd));
-cl::opt<std::string> GenComm("comm",
-                             cl::desc("local (threads) or mpi (one process per rank; the default "
-                                      "under mpirun)"),
-                             cl::sub(GenerateCmd));
-cl::opt<std::string> GenBackend("backend", cl::desc("cpu or cuda"), cl::init("cpu"),
-                                cl::sub(GenerateCmd));
-cl::opt<int>
-    GenRanksPerDevice("ranks-per-device",
-                      cl::desc("CUDA: ranks sharing one device (rank r uses device r / N)"),
-                      cl::init(1), cl::sub(GenerateCmd));
-cl::opt<double> GenTimeout("timeout", cl::desc("Seconds a rank may wait without progress"),
-                           cl::init(120), cl::sub(GenerateCmd));
-
 cl::opt<std::string> ModelFamily(cl::Positional, cl::desc("gpt|llama|bert|mlp|resnet"),
                                  cl::Required, cl::sub(ModelCmd));
 cl::opt<std::string> ModelOutput("o", cl::desc("Output .onnx file"), cl::value_desc("FILE"),
@@ -392,40 +346,6 @@ cl::opt<bool> ModelLight("light",
                          cl::desc("Weights as ConstantOfShape fills: structure without bytes"),
                          cl::sub(ModelCmd));
 cl::opt<uint64_t> ModelSeed("seed", cl::desc("Weight seed"), cl::init(1), cl::sub(ModelCmd));
-
-/// Prints \p err as "pipec: error: WHAT"; returns 2 (bad usage) for a
-/// UsageError, else 1 (bad input or a failed step).
-int reportError(Error err) {
-  int code = ExitInput;
-  std::string text;
-  handleAllErrors(
-      std::move(err),
-      [&](const UsageError &e) {
-        code = ExitUsage;
-        text += (text.empty() ? "" : "; ") + e.message();
-      },
-      [&](const ErrorInfoBase &e) { text += (text.empty() ? "" : "; ") + e.message(); });
-  WithColor::error(errs(), "pipec") << text << "\n";
-  return code;
-}
-
-/// A malformed flag or value: "pipec: error: WHAT", exit 2.
-int badUsage(const Twine &what) { return reportError(usageError(what)); }
-
-/// Refuses an output path that names one of the command's inputs (`compile
-/// m.onnx -o m.onnx` would replace the model with the plan), or that is no
-/// regular file (a directory, device, pipe or socket; /dev/null discards):
-/// before any work, so that a long run never ends unable to write.
-Error checkNotAnInput(StringRef flag, StringRef output, ArrayRef<StringRef> inputs) {
-  if (output.empty())
-    return Error::success();
-  if (Error err = checkOutputPath(output))
-    return err;
-  for (StringRef input : inputs)
-    if (!input.empty() && (output == input || sys::fs::equivalent(output, input)))
-      return usageError(flag + " " + output + ": is an input of this command; write elsewhere");
-  return Error::success();
-}
 
 Expected<ImportOptions> importOptionsFromFlags() {
   ImportOptions options;
@@ -509,7 +429,7 @@ int runInspect() {
     return reportError(importOptions.takeError());
   auto pipeline = pipelineOptionsFromFlags(inspectPasses());
   if (!pipeline)
-    return ExitUsage;
+    return exitUsage;
   PassRunner runner(*pipeline);
   auto graph = loadGraph(InspectModel, *importOptions, runner);
   if (!graph)
@@ -637,7 +557,7 @@ int runCompile() {
   options.disableFree = true; // the process ends after the plan is written
   auto pipeline = pipelineOptionsFromFlags(passNames());
   if (!pipeline)
-    return ExitUsage;
+    return exitUsage;
   options.params = Params;
   auto plan = compileModel(CompileModel, options, *pipeline);
   if (!plan)
@@ -927,69 +847,6 @@ int runRun() {
   return 0;
 }
 
-int runGenerate() {
-  bool sampling = GenTemperature.getNumOccurrences() || GenTopK.getNumOccurrences() ||
-                  GenTopP.getNumOccurrences() || GenSeed.getNumOccurrences();
-  if (GenGreedy && sampling)
-    return badUsage("--greedy and --temperature, --top-k, --top-p or --seed exclude each other");
-  for (auto [flag, path] :
-       {std::pair<StringRef, StringRef>{"-o", GenOutput}, {"--trace", GenTrace}})
-    if (Error err = checkNotAnInput(flag, path, {GenPlan, GenPrompts, GenModel}))
-      return reportError(std::move(err));
-  rt::GenerateOptions options;
-  options.run.modelPath = GenModel;
-  options.run.planDir = sys::path::parent_path(GenPlan).str();
-  options.run.timeoutSeconds = GenTimeout;
-  if (GenBackend != "cpu" && GenBackend != "cuda")
-    return badUsage("--backend " + GenBackend + ": expected cpu or cuda");
-  if (GenRanksPerDevice < 1)
-    return badUsage("--ranks-per-device " + Twine(GenRanksPerDevice) + ": must be at least 1");
-  options.run.backend = GenBackend;
-  options.run.ranksPerDevice = GenRanksPerDevice;
-  if (GenThreadsPerRank.getNumOccurrences())
-    options.run.threadsPerRank = GenThreadsPerRank;
-  options.maxNewTokens = GenNewTokens;
-  options.tracePath = GenTrace;
-  options.greedy = !sampling;
-  options.temperature = GenTemperature;
-  options.topK = GenTopK;
-  options.topP = GenTopP;
-  options.seed = GenSeed;
-  if (GenEos.getNumOccurrences())
-    options.eos = GenEos;
-  auto plan = readVerifiedPlan(GenPlan);
-  if (!plan)
-    return reportError(plan.takeError());
-  auto prompts = rt::readNpy(GenPrompts);
-  if (!prompts)
-    return reportError(prompts.takeError());
-  std::string comm = GenComm.empty() ? (rt::launchedByMpi() ? "mpi" : "local") : GenComm.getValue();
-  if (comm != "local" && comm != "mpi")
-    return badUsage("--comm " + comm + ": expected local or mpi");
-  auto result = comm == "local" ? rt::generateLocal(*plan, options, *prompts)
-                                : rt::generateMpi(*plan, options, *prompts);
-  if (!result)
-    return reportError(result.takeError());
-  if (!result->primary)
-    return 0;
-  if (!GenOutput.empty())
-    if (Error err = rt::writeNpy(result->tokens, GenOutput))
-      return reportError(std::move(err));
-  outs() << formatv(
-      "generated {0} token(s) after {1} prompt(s) on {2} rank(s), {3} group(s) of "
-      "{4}: {5:f1} tokens/s; first token after {6}, then {7} per token\n",
-      result->generated, prompts->dim(0), plan->schedule().stages(), plan->generation().groups(),
-      plan->schedule().microbatch_size(), result->generated / std::max(result->seconds, 1e-9),
-      formatSeconds(result->firstTokenSeconds), formatSeconds(result->perTokenSeconds));
-  if (GenBackend == "cpu")
-    outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas, result->threadsPerRank);
-  if (!GenOutput.empty())
-    outs() << "wrote " << GenOutput << "\n";
-  if (!GenTrace.empty())
-    outs() << "wrote " << GenTrace << "\n";
-  return 0;
-}
-
 int runModel() {
   auto family = models::parseFamily(ModelFamily);
   if (!family)
@@ -1111,7 +968,7 @@ int main(int argc, char **argv) {
     return runSimulate();
   if (RunCmd)
     return runRun();
-  if (GenerateCmd)
+  if (generateCommandGiven())
     return runGenerate();
   if (ProfileCmd)
     return runProfile();
