@@ -102,7 +102,22 @@ template <typename T> Tensor expandTo(const Tensor &in, llvm::ArrayRef<int64_t> 
     std::copy(src, src + in.numElements(), dst);
     return out;
   }
-  forEachStrided<1>(outShape, {broadcastStrides(in.shape(), outShape)},
+  // The trailing dimensions the input holds whole are copied as runs (GQA's
+  // repeat of a key cache over its query heads).
+  size_t rank = outShape.size(), inRank = in.shape().size(), split = rank;
+  int64_t run = 1;
+  while (split > 0 && split - 1 + inRank >= rank &&
+         in.shape()[split - 1 + inRank - rank] == outShape[split - 1])
+    run *= outShape[--split];
+  Shape strides = broadcastStrides(in.shape(), outShape);
+  if (run >= 16 && split > 0) {
+    forEachStrided<1>(outShape.take_front(split), {Shape(strides.begin(), strides.begin() + split)},
+                      [&](int64_t o, const std::array<int64_t, 1> &off) {
+                        std::copy(src + off[0], src + off[0] + run, dst + o * run);
+                      });
+    return out;
+  }
+  forEachStrided<1>(outShape, {strides},
                     [&](int64_t o, const std::array<int64_t, 1> &off) { dst[o] = src[off[0]]; });
   return out;
 }
