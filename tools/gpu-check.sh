@@ -16,7 +16,7 @@
 #   recompute   the 2-stage 1F1B plan with --recompute, the same
 #   sharded     --shard-optimizer with two replicas on the GPU gives the
 #               unsharded replicas' weights after 3 AdamW steps, within 1e-6
-#   generate    greedy generation of the GPT-2 and Llama fixtures on 2
+#   generate    greedy generation (fp32) of the GPT-2 and Llama fixtures on 2
 #               stages sharing the GPU gives transformers' 32 tokens exactly
 #   fallbacks   the nodes the one-rank CUDA run handed to the CPU, by op
 #   nccl        the same over NCCL under mpirun, or why it could not run
@@ -292,7 +292,7 @@ for m in gpt2 llama; do
   fx=$bundle/fixtures/generate
   if [ ! -f "$fx/$m.onnx" ]; then row "$label" FAIL "the bundle has no $fx/$m.onnx"; continue; fi
   if ! step "$e" "$pipec" compile "$fx/$m.onnx" --mode generate --max-length 40 --prompt-length 6 \
-    --stages 2 --microbatches 2 --slots 4 --hardware h100 -o "$work/gen-$m.plan"; then
+    --stages 2 --microbatches 2 --slots 4 --hardware h100 --precision fp32 -o "$work/gen-$m.plan"; then
     row "$label" FAIL "compile: $(why $? "$e")"
     continue
   fi
