@@ -12,9 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <numeric>
-#include <thread>
 
 using namespace llvm;
 
@@ -231,6 +229,14 @@ private:
       record(out, 'C', what, started);
     return got;
   }
+  /// Receives an int64 tensor of \p shape from \p peer, traced as \p what.
+  Expected<cpu::Tensor> receive(int peer, std::vector<int64_t> shape, RankOut &out,
+                                const std::string &what) {
+    auto handle = comm.postRecv(peer, DType::I64, std::move(shape));
+    if (!handle)
+      return handle.takeError();
+    return waitFor(*handle, out, what);
+  }
 
   const Job &job;
   Comm &comm;
@@ -295,10 +301,7 @@ Expected<Control> GenerateRank::schedule(int64_t group, bool first, RankOut &out
   if (job.s->P == 1) {
     picks = localPicks[group];
   } else {
-    auto handle = comm.postRecv(job.s->P - 1, DType::I64, {2, job.rows});
-    if (!handle)
-      return handle.takeError();
-    auto got = waitFor(*handle, out, formatv("picks g{0}", group).str());
+    auto got = receive(job.s->P - 1, {2, job.rows}, out, formatv("picks g{0}", group).str());
     if (!got)
       return got.takeError();
     picks = std::move(*got);
@@ -527,10 +530,7 @@ Error GenerateRank::run(Clock::time_point start, RankOut &out) {
         control = std::move(*scheduled);
         started[group] = true;
       } else {
-        auto handle = comm.postRecv(rank - 1, DType::I64, {job.rows + 1, 2});
-        if (!handle)
-          return handle.takeError();
-        auto got = waitFor(*handle, out, formatv("recv g{0}", group).str());
+        auto got = receive(rank - 1, {job.rows + 1, 2}, out, formatv("recv g{0}", group).str());
         if (!got)
           return got.takeError();
         control = Control::of(*got);
@@ -768,35 +768,11 @@ Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOpt
     executors.push_back(std::move(*ex));
   }
   std::vector<RankOut> outs(ranks);
-  std::vector<std::string> errors(ranks);
-  std::mutex errorMutex;
-  int firstFailed = -1;
   auto start = Clock::now();
-  auto body = [&](int r) {
-    if (threadsPerRank == 1)
-      pinToCore(r, ranks);
-    setLoopThreads(threadsPerRank);
-    if (Error err = runRank(su, *comms[r], *backends[r], executors[r], start, outs[r])) {
-      std::string text = toString(std::move(err));
-      {
-        std::lock_guard<std::mutex> lock(errorMutex);
-        if (firstFailed < 0)
-          firstFailed = r;
-      }
-      errors[r] = text;
-      comms[r]->fail(text);
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int r = 1; r < ranks; ++r)
-    threads.emplace_back(body, r);
-  body(0);
-  if (threadsPerRank == 1)
-    pinToCore(-1, ranks);
-  for (std::thread &t : threads)
-    t.join();
-  if (firstFailed >= 0)
-    return createStringError(inconvertibleErrorCode(), "%s", errors[firstFailed].c_str());
+  if (Error err = runRankThreads(ranks, threadsPerRank, comms, [&](int r) {
+        return runRank(su, *comms[r], *backends[r], executors[r], start, outs[r]);
+      }))
+    return err;
   GenerateResult result = resultOf(su.job, outs[ranks - 1],
                                    std::chrono::duration<double>(Clock::now() - start).count());
   result.threadsPerRank = threadsPerRank;

@@ -608,6 +608,41 @@ Expected<std::string> checkPlanModel(const plan::Plan &plan, const RunOptions &o
   return path;
 }
 
+Error runRankThreads(int ranks, int threadsPerRank, std::vector<std::unique_ptr<Comm>> &comms,
+                     function_ref<Error(int)> body) {
+  std::vector<std::string> errors(ranks);
+  std::mutex errorMutex;
+  int firstFailed = -1;
+  auto run = [&](int r) {
+    // With one BLAS thread a rank computes on its own thread only: give
+    // each its own core while there are enough.
+    if (threadsPerRank == 1)
+      pinToCore(r, ranks);
+    setLoopThreads(threadsPerRank);
+    if (Error err = body(r)) {
+      std::string text = toString(std::move(err));
+      {
+        std::lock_guard<std::mutex> lock(errorMutex);
+        if (firstFailed < 0)
+          firstFailed = r;
+      }
+      errors[r] = text;
+      comms[r]->fail(text);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 1; r < ranks; ++r)
+    threads.emplace_back(run, r);
+  run(0);
+  if (threadsPerRank == 1)
+    pinToCore(-1, ranks); // the caller's thread gets its mask back
+  for (std::thread &t : threads)
+    t.join();
+  if (firstFailed >= 0)
+    return createStringError(inconvertibleErrorCode(), "%s", errors[firstFailed].c_str());
+  return Error::success();
+}
+
 /// The backend of one rank: the CPU, or CUDA device \p device.
 Expected<std::unique_ptr<Backend>> makeBackend(const Shared &s, int device, int pipelineRank) {
   if (s.options.backend == "cpu")
@@ -807,39 +842,10 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
     executors.push_back(std::make_unique<RankExecutor>(s, *comms.back(), *backends.back()));
   }
   std::vector<RunResult> results(ranks);
-  std::vector<std::string> errors(ranks);
-  std::mutex errorMutex;
-  int firstFailed = -1;
-  auto body = [&](int r) {
-    if (Error err = runRank(s, *comms[r], *executors[r], results[r])) {
-      std::string text = toString(std::move(err));
-      {
-        std::lock_guard<std::mutex> lock(errorMutex);
-        if (firstFailed < 0)
-          firstFailed = r;
-      }
-      errors[r] = text;
-      comms[r]->fail(text);
-    }
-  };
-  // With one BLAS thread a rank computes on its own thread only: give each
-  // its own core while there are enough.
-  auto pinned = [&](int r) {
-    if (threadsPerRank == 1)
-      pinToCore(r, ranks);
-    setLoopThreads(threadsPerRank);
-    body(r);
-  };
-  std::vector<std::thread> threads;
-  for (int r = 1; r < ranks; ++r)
-    threads.emplace_back(pinned, r);
-  pinned(0);
-  if (threadsPerRank == 1)
-    pinToCore(-1, ranks); // the caller's thread gets its mask back
-  for (std::thread &t : threads)
-    t.join();
-  if (firstFailed >= 0)
-    return createStringError(inconvertibleErrorCode(), "%s", errors[firstFailed].c_str());
+  if (Error err = runRankThreads(ranks, threadsPerRank, comms, [&](int r) {
+        return runRank(s, *comms[r], *executors[r], results[r]);
+      }))
+    return err;
 
   RunResult result = std::move(results[0]);
   result.blas = blasName();

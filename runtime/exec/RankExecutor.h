@@ -24,6 +24,7 @@
 
 #include "onnx/onnx_pb.h"
 
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/Error.h"
 
@@ -272,6 +273,12 @@ void pinToCore(int rank, int ranks);
 std::string blasName();
 /// Keeps freed tensor memory in the heap (a step's allocations repeat).
 void keepFreedMemory();
+/// Runs \p body(r) for each of \p ranks local ranks on a thread of its own
+/// (rank 0 on the caller's), each with \p threadsPerRank loop threads and
+/// pinned to a core when that is 1. A rank whose body fails fails its Comm,
+/// so that its peers stop; the first failure is returned.
+llvm::Error runRankThreads(int ranks, int threadsPerRank, std::vector<std::unique_ptr<Comm>> &comms,
+                           llvm::function_ref<llvm::Error(int)> body);
 
 } // namespace pipec::rt
 
