@@ -134,6 +134,7 @@ KernelResult onnxRotaryEmbedding(const OpContext &ctx);
 KernelResult attention(const OpContext &ctx);
 KernelResult embedLayerNormalization(const OpContext &ctx);
 KernelResult fastGelu(const OpContext &ctx);
+KernelResult groupQueryAttention(const OpContext &ctx); // GroupQueryAttention.cpp
 KernelResult multiHeadAttention(const OpContext &ctx);
 KernelResult rotaryEmbedding(const OpContext &ctx);
 KernelResult simplifiedLayerNormalization(const OpContext &ctx);
