@@ -19,6 +19,7 @@
 #include "passes/TieWeights.h"
 #include "passes/VerifyDataflow.h"
 #include "plan/PlanFile.h"
+#include "support/Attributes.h"
 #include "support/Diagnostics.h"
 #include "support/Parallel.h"
 
@@ -442,9 +443,9 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   LoweringInputs lowering = loweringInputs(options, shape, setup, prepared, *stagePlan);
   for (const LoweringInputs::Collective &ar : lowering.collectives)
     if (ar.reduce == plan::Instruction::TIED_WEIGHT)
-      plan.add_warnings(formatv("weight '{0}' is shared by {1} ranks: each keeps a copy and their "
-                                "gradients are all-reduced",
-                                ar.tiedWeight, ar.ranks.size())
+      plan.add_warnings(formatv("weight '{0}' is shared by {1} ranks: each keeps a copy{2}",
+                                ar.tiedWeight, ar.ranks.size(),
+                                options.training ? " and their gradients are all-reduced" : "")
                             .str());
   auto programs = programPasses(lowering, shape, runner);
   if (!programs)
@@ -487,12 +488,32 @@ Error checkDataBatch(const plan::Plan &plan) {
   return Error::success();
 }
 
+/// GroupQueryAttention with do_rotary reads a cos_cache row per position:
+/// rows longer than the cache (the sequence and past compile bound) cannot
+/// run.
+Error checkRotaryLength(const Graph &graph, const Op &op) {
+  if (op.dead || op.opType != "GroupQueryAttention" || op.domain != "com.microsoft" ||
+      !attrInt(graph.node(op), "do_rotary", 0) || op.inputs.size() < 8 || op.inputs[7] < 0 ||
+      op.outputs.size() < 2 || op.outputs[1] < 0)
+    return Error::success();
+  const Value &cos = graph.values[op.inputs[7]], &present = graph.values[op.outputs[1]];
+  if (cos.shape.empty() || present.shape.size() != 4 || present.shape[2] <= cos.shape[0])
+    return Error::success();
+  return createStringError(inconvertibleErrorCode(),
+                           "node '%s' (GroupQueryAttention): rows of %lld positions outrun its "
+                           "cos_cache of %lld; compile a shorter --seq, --past or --max-length",
+                           op.name.c_str(), static_cast<long long>(present.shape[2]),
+                           static_cast<long long>(cos.shape[0]));
+}
+
 /// What a kernel refuses that compile can see in the graph: training-mode
 /// Dropout with a ratio above zero draws random masks, which pipec's kernels
 /// do not (a torch model exported in train mode has them). A training_mode
-/// fed at run time may be true.
+/// fed at run time may be true. Rotary positions past the cos_cache.
 Error checkKernelPreconditions(const Graph &graph) {
   for (const Op &op : graph.ops) {
+    if (Error err = checkRotaryLength(graph, op))
+      return err;
     if (op.dead || op.opType != "Dropout" || !op.domain.empty() || op.inputs.size() < 3 ||
         op.inputs[2] < 0)
       continue;
@@ -546,6 +567,23 @@ Error describeGeneration(plan::Plan &plan, const Graph &graph, int64_t maxLength
     int rank = plan.stages(cache.stage()).rank();
     plan::Rank *r = plan.mutable_ranks(rank);
     r->set_cache_bytes(r->cache_bytes() + cache.bytes() * groups);
+  }
+  // The cache lives beside the step's working set for the whole run: both
+  // peaks hold it (the step's own count of its past inputs stays, a group's
+  // cache that the pass reads).
+  for (plan::Rank &r : *plan.mutable_ranks()) {
+    if (r.cache_bytes() == 0)
+      continue;
+    r.set_peak_memory_bytes(r.peak_memory_bytes() + r.cache_bytes());
+    if (r.model_peak_bytes() > 0)
+      r.set_model_peak_bytes(r.model_peak_bytes() + r.cache_bytes());
+    if (overMemoryLimit(r))
+      plan.add_warnings(formatv("rank {0} needs {1} with its KV cache of {2}, over its limit of "
+                                "{3}: lower --slots or --max-length",
+                                r.index(), humanCount(r.peak_memory_bytes(), true),
+                                humanCount(r.cache_bytes(), true),
+                                humanCount(r.memory_limit_bytes(), true))
+                            .str());
   }
   *plan.mutable_generation() = std::move(*roles);
   return Error::success();

@@ -191,9 +191,14 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
     os << formatv("\ngeneration: rows of {0} tokens, {1} slot(s) in {2} group(s) of {3}; a step "
                   "decodes one token of a group (the predicted step: one of every group)\n",
                   g.max_length(), g.slots(), g.groups(), plan.schedule().microbatch_size());
-    os << formatv("  inputs: tokens '{0}', positions '{1}', mask '{2}'; logits '{3}' over {4} "
-                  "ids\n",
-                  g.tokens(), g.positions(), g.mask(), g.logits(), g.vocab());
+    std::string positions =
+        g.positions().empty() ? std::string("from the mask") : "'" + g.positions() + "'";
+    os << formatv("  inputs: tokens '{0}', positions {1}, mask '{2}'; logits '{3}' over {4} "
+                  "ids; cache {5}\n",
+                  g.tokens(), positions, g.mask(), g.logits(), g.vocab(),
+                  g.cache_size() > 0 && g.cache(0).in_place()
+                      ? "written at each row's position (GroupQueryAttention)"
+                      : "appended (Concat)");
     for (const auto &rank : plan.ranks()) {
       int entries = 0;
       for (const auto &c : g.cache())

@@ -4,6 +4,7 @@
 
 #include "onnx/onnx_pb.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <set>
@@ -39,41 +40,60 @@ Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLe
   plan::Generation roles;
   roles.set_max_length(maxLength);
   std::set<int> cacheInputs, cacheOutputs;
+  // A cache entry: \p in a float graph input read by \p op, which makes
+  // \p out, a graph output, along \p axis.
+  auto addCache = [&](int in, int out, int64_t axis, bool inPlace) -> Error {
+    const Value &past = graph.values[in], &present = graph.values[out];
+    int64_t rank = static_cast<int64_t>(present.shape.size());
+    if (axis < 0)
+      axis += rank;
+    if (axis < 0 || axis >= rank || past.shape.size() != present.shape.size() ||
+        past.shape[axis] != maxLength - 1 || present.shape[axis] != maxLength)
+      return refuse(graph, formatv("the cache '{0}' -> '{1}' is not {2} positions long on its "
+                                   "axis {3} (shapes {4} and {5}); its past dimension is not "
+                                   "the one --max-length sets",
+                                   past.name, present.name, maxLength - 1, axis,
+                                   formatShape(past.shape), formatShape(present.shape)));
+    plan::Generation::Cache *cache = roles.add_cache();
+    cache->set_past(past.name);
+    cache->set_present(present.name);
+    cache->set_axis(static_cast<int32_t>(axis));
+    cache->set_in_place(inPlace);
+    cacheInputs.insert(in);
+    cacheOutputs.insert(out);
+    return Error::success();
+  };
   for (int out : graph.outputs) {
     const Value &present = graph.values[out];
     if (present.producer < 0 || !isFloatDType(present.type))
       continue;
     const Op &op = graph.ops[present.producer];
+    // onnxruntime-genai's attention: present_key and present_value
+    // (outputs 1, 2) are the past_key and past_value buffers (inputs 3, 4)
+    // with this pass's keys and values written where each row's past ends.
+    if (op.domain == "com.microsoft" && op.opType == "GroupQueryAttention") {
+      for (size_t i = 1; i <= 2; ++i)
+        if (i < op.outputs.size() && op.outputs[i] == out && op.inputs.size() > i + 2 &&
+            isGraphInput(graph, op.inputs[i + 2]))
+          if (Error err = addCache(op.inputs[i + 2], out, 2, /*inPlace=*/true))
+            return std::move(err);
+      continue;
+    }
     if (op.opType != "Concat" || !op.domain.empty())
       continue;
     for (int in : op.inputs) {
       if (!isGraphInput(graph, in) || !isFloatDType(graph.values[in].type))
         continue;
-      int64_t rank = static_cast<int64_t>(present.shape.size());
-      int64_t axis = attrInt(graph.node(op), "axis", 0);
-      if (axis < 0)
-        axis += rank;
-      plan::Generation::Cache *cache = roles.add_cache();
-      cache->set_past(graph.values[in].name);
-      cache->set_present(present.name);
-      cache->set_axis(static_cast<int32_t>(axis));
-      const std::vector<int64_t> &pastShape = graph.values[in].shape;
-      if (axis < 0 || axis >= rank || pastShape.size() != present.shape.size() ||
-          pastShape[axis] != maxLength - 1 || present.shape[axis] != maxLength)
-        return refuse(graph, formatv("the cache '{0}' -> '{1}' is not {2} positions long on its "
-                                     "axis {3} (shapes {4} and {5}); its past dimension is not "
-                                     "the one --max-length sets",
-                                     graph.values[in].name, present.name, maxLength - 1, axis,
-                                     formatShape(pastShape), formatShape(present.shape)));
-      cacheInputs.insert(in);
-      cacheOutputs.insert(out);
+      if (Error err = addCache(in, out, attrInt(graph.node(op), "axis", 0), /*inPlace=*/false))
+        return std::move(err);
       break;
     }
   }
   if (roles.cache_size() == 0)
     return refuse(graph, "the model has no KV cache: no graph output is a Concat of a graph "
-                         "input (export the decoder with past_key_values as inputs and the "
-                         "present keys and values as outputs)");
+                         "input or a GroupQueryAttention's present (export the decoder with "
+                         "past_key_values as inputs and the present keys and values as "
+                         "outputs)");
   int logits = -1;
   for (int out : graph.outputs) {
     const Value &v = graph.values[out];
@@ -137,7 +157,10 @@ Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLe
     return refuse(graph, formatv("the model has no attention mask input [batch, {0}]: without "
                                  "one every cache position counts, the unwritten ones too",
                                  maxLength));
-  if (roles.positions().empty())
+  // GroupQueryAttention rotates by each row's length, which the mask
+  // gives (seqlens_k); a Concat cache's attention needs the positions.
+  bool inPlace = llvm::all_of(roles.cache(), [](const auto &c) { return c.in_place(); });
+  if (roles.positions().empty() && !inPlace)
     return refuse(graph, "the model has no position ids input [batch, 1]: it derives positions "
                          "from the past length, which a compiled decode step fixes (export it "
                          "with position_ids)");

@@ -9,7 +9,11 @@
 //
 //   cache      a graph output made by a Concat that reads a float graph
 //              input: the input is the past, the output the present, the
-//              Concat's axis the sequence axis
+//              Concat's axis the sequence axis; or a present_key or
+//              present_value of com.microsoft GroupQueryAttention
+//              (onnxruntime-genai's builder) whose past_key or past_value
+//              is a graph input: "in place", the pass's positions written
+//              where the row's past ends, on axis 2
 //   logits     the float output that is not a present, of rank 3 ([batch,
 //              1, vocab]); vocab is its last dimension
 //   tokens     the integer input that indexes (Gather) a weight of vocab
@@ -17,7 +21,9 @@
 //   mask       the remaining input of rank 2 whose second dimension is
 //              max_length
 //   positions  the remaining integer input of rank 2 whose second
-//              dimension is 1
+//              dimension is 1; optional where every cache is in place
+//              (GroupQueryAttention rotates by the row's length, which it
+//              reads from the mask)
 //
 // Anything else is refused with one line naming what is missing: a model
 // without a cache, one that derives its positions from the past length

@@ -30,6 +30,7 @@
 #include "support/InputFile.h"
 #include "support/Optimizer.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -442,8 +443,13 @@ Error checkGenerationStep(const plan::Generation &g, const plan::Plan &step, int
     const std::string &name;
     int64_t width;
   };
+  // Positions follow from the mask where every cache is in place
+  // (GroupQueryAttention rotates by seqlens_k); a Concat cache needs them.
+  bool inPlace = llvm::all_of(g.cache(), [](const auto &c) { return c.in_place(); });
   for (Role role : {Role{"tokens", g.tokens(), tokens}, Role{"positions", g.positions(), tokens},
                     Role{"mask", g.mask(), g.max_length()}}) {
+    if (role.what == "positions" && role.name.empty() && inPlace && g.cache_size() > 0)
+      continue;
     const plan::DataInput *d = input(role.name);
     if (!d || d->shape_size() != 2 || d->shape(0) != rows || d->shape(1) != role.width)
       return planError(formatv("{0}{1} '{2}' is not an input of shape [{3}, {4}]", field, role.what,

@@ -3,7 +3,9 @@
 // The fixtures (tools/fixtures/torch_generate.py) are a GPT-2 and a Llama
 // with grouped-query attention, exported by torch.onnx with their KV cache
 // as optimum exports a decoder, and the tokens transformers' generate()
-// gives after 4 prompts: greedy, and greedy stopping at an EOS id.
+// gives after 4 prompts: greedy, and greedy stopping at an EOS id. A Llama
+// from onnxruntime-genai's model builder (tools/fixtures/genai_generate.py)
+// is the other form of decoder a user brings.
 //
 //===----------------------------------------------------------------------===//
 #include "TestUtil.h"
@@ -165,6 +167,48 @@ TEST_P(Generate, MpiProcesses) {
 }
 
 INSTANTIATE_TEST_SUITE_P(fixtures, Generate, ::testing::Values("gpt2", "llama"));
+
+// onnxruntime-genai's model form (tools/fixtures/genai_generate.py): the
+// builder's Llama, its attention com.microsoft GroupQueryAttention with the
+// cache a buffer each row fills at its length, and no position ids. Greedy
+// decoding gives transformers' tokens (which onnxruntime-genai's own search
+// gives too) on 1, 2 and 4 stages, 1 and 4 groups, with and without the
+// prefill, and with 2 slots refilled.
+TEST(GenerateGenai, GreedyEqualsTransformers) {
+  const std::string genai = std::string(PIPEC_SOURCE_DIR) + "/tests/fixtures/genai/";
+  TempDir dir;
+  std::string plan = dir.path("g.plan"), tokens = dir.path("t.npy"), out;
+  std::vector<int64_t> greedy = readIds(genai + "llama.greedy.npy");
+  ASSERT_EQ(greedy.size(), 4u * 32u);
+  struct Layout {
+    int stages, groups, slots;
+    const char *prefill;
+  };
+  for (Layout l : {Layout{1, 1, 4, ""}, Layout{2, 4, 4, ""}, Layout{4, 1, 4, " --prompt-length 6"},
+                   Layout{2, 2, 4, " --prompt-length 6"}, Layout{2, 2, 2, " --prompt-length 6"}}) {
+    SCOPED_TRACE(llvm::formatv("{0} stages, {1} groups, {2} slots{3}", l.stages, l.groups, l.slots,
+                               l.prefill)
+                     .str());
+    ASSERT_EQ(
+        runCommand(llvm::formatv("{0} compile {1}llama.onnx --mode generate --max-length 40 "
+                                 "--stages {2} --microbatches {3} --slots {4} --hardware "
+                                 "cpu -o {5}{6}",
+                                 pipecBinary, genai, l.stages, l.groups, l.slots, plan, l.prefill),
+                   out),
+        0)
+        << out;
+    ASSERT_EQ(runCommand(pipecBinary + " generate " + plan + " --prompts " + genai +
+                             "llama.prompts.npy --max-new-tokens 32 -o " + tokens,
+                         out),
+              0)
+        << out;
+    EXPECT_EQ(readIds(tokens), greedy);
+  }
+  ASSERT_EQ(runCommand(pipecBinary + " report " + plan, out), 0) << out;
+  EXPECT_NE(out.find("positions from the mask"), std::string::npos) << out;
+  EXPECT_NE(out.find("written at each row's position (GroupQueryAttention)"), std::string::npos)
+      << out;
+}
 
 // The report counts each rank's cache; bad input gets one line each.
 TEST(GenerateCli, ReportAndBadInput) {

@@ -29,7 +29,9 @@ agree; random weights make near-ties, where float sums in another order may
 pick the other token). onnxruntime-genai (Llama only: its model builder has no
 GPT-2) runs the builder's fp32 CPU export of the same weights (a word-level
 tokenizer made offline sits beside them) with batch 16, greedy, min and max
-length 128, OMP_NUM_THREADS=THREADS, timed after a warm-up of one token.
+length 128, OMP_NUM_THREADS=THREADS, timed after a warm-up of one token; and
+pipec runs that same file (GroupQueryAttention, packed QKV) at 1 stage, so
+the two runtimes meet on one model.
 
 Usage: tools/bench-peers.sh --generate [--rounds 3] [--models gpt2,llama]
        [--threads 2] [--workdir build/generate-bench] [--write]
@@ -119,9 +121,22 @@ def run_torch(folder, name, threads):
     return json.loads(done.stdout.strip().splitlines()[-1])["tokens_per_s"], out
 
 
-def run_pipec(pipec, folder, stages):
-    out = os.path.join(folder, f"pipec{stages}.npy")
-    done = subprocess.run([pipec, "generate", os.path.join(folder, f"p{stages}.plan"),
+def compile_genai_form(pipec, genai):
+    """pipec's plan of the builder's own model (1 stage): the file
+    onnxruntime-genai runs, GroupQueryAttention and all."""
+    plan = os.path.join(genai, "pipec.plan")
+    if not os.path.exists(plan):
+        subprocess.run([pipec, "compile", os.path.join(genai, "model.onnx"), "--mode", "generate",
+                        "--max-length", str(MAX_LEN), "--prompt-length", str(PROMPT_LEN),
+                        "--stages", "1", "--microbatches", "1", "--slots", str(PROMPTS),
+                        "--hardware", "cpu", "-o", plan], check=True, stdout=subprocess.DEVNULL)
+    return plan
+
+
+def run_pipec(pipec, folder, stages, plan=None, tag=None):
+    out = os.path.join(folder, f"pipec{tag or stages}.npy")
+    plan = plan or os.path.join(folder, f"p{stages}.plan")
+    done = subprocess.run([pipec, "generate", plan,
                            "--prompts", os.path.join(folder, "prompts.npy"),
                            "--max-new-tokens", str(NEW), "-o", out],
                           check=True, capture_output=True, text=True)
@@ -229,7 +244,8 @@ def main():
             genai = prepare_genai(folder, name)
         except (ImportError, subprocess.CalledProcessError) as e:
             print(f"{name}: onnxruntime-genai not measured: {e}", file=sys.stderr)
-        times = {"torch": [], "pipec1": [], "pipec2": [], "genai": []}
+        genai_plan = compile_genai_form(a.pipec, genai) if genai else None
+        times = {"torch": [], "pipec1": [], "pipec2": [], "genai": [], "pipecg": []}
         equal = {}
         for r in range(a.rounds):
             t, tout = run_torch(folder, name, a.threads)
@@ -238,27 +254,34 @@ def main():
                 g, gout = run_genai(folder, a.threads)
                 times["genai"].append(g)
                 equal["genai"] = rows_equal(tout, gout)
+                p, pout = run_pipec(a.pipec, folder, 1, genai_plan, "g")
+                times["pipecg"].append(p)
+                equal["pipecg"] = rows_equal(tout, pout)
             for stages in (1, 2):
                 p, pout = run_pipec(a.pipec, folder, stages)
                 times[f"pipec{stages}"].append(p)
                 equal[stages] = rows_equal(tout, pout)
             print(f"{name} round {r + 1}: torch {t:.1f}, pipec 1 stage "
                   f"{times['pipec1'][-1]:.1f}, 2 stages {times['pipec2'][-1]:.1f}"
-                  + (f", genai {times['genai'][-1]:.1f}" if genai else "") + " tokens/s",
+                  + (f", genai {times['genai'][-1]:.1f}, pipec on genai's model "
+                     f"{times['pipecg'][-1]:.1f}" if genai else "") + " tokens/s",
                   file=sys.stderr)
         med = {k: statistics.median(v) for k, v in times.items() if v}
         label = {"gpt2": "GPT-2 124M", "llama": "Llama 246M (GQA 16/4)"}[name]
-        peer = (f"{med['genai']:.1f} | {med['pipec1'] / med['genai']:.2f}x"
-                if "genai" in med else "- (no GPT-2 in its builder) | -")
+        peer = (f"{med['genai']:.1f} | {med['pipec1'] / med['genai']:.2f}x | "
+                f"{med['pipecg']:.1f} ({med['pipecg'] / med['genai']:.2f}x)"
+                if "genai" in med else "- (no GPT-2 in its builder) | - | -")
         lines.append(f"| {label} | {med['torch']:.1f} | {med['pipec1']:.1f} | "
                      f"{med['pipec1'] / med['torch']:.2f}x | {peer} | {med['pipec2']:.1f} | "
                      f"{med['pipec2'] / med['pipec1']:.2f}x | {equal[1]}/16, {equal[2]}/16"
-                     + (f", genai {equal['genai']}/16" if "genai" in equal else "") + " |")
+                     + (f", genai {equal['genai']}/16, pipec on genai's model "
+                        f"{equal['pipecg']}/16" if "genai" in equal else "") + " |")
     table = "\n".join(
         ["| model | torch generate, tokens/s | pipec 1 stage | pipec / torch | onnxruntime-genai "
-         "| pipec / genai | pipec 2 stages | 2 stages / 1 stage | rows equal to torch's (pipec 1, "
-         "2 stages; genai) |",
-         "|---|---|---|---|---|---|---|---|---|"] + lines)
+         "| pipec / genai | pipec 1 stage on genai's model (/ genai) | pipec 2 stages "
+         "| 2 stages / 1 stage | rows equal to torch's (pipec 1, 2 stages; genai; pipec on "
+         "genai's model) |",
+         "|---|---|---|---|---|---|---|---|---|---|"] + lines)
     print(table)
     if a.write:
         section = f"""## Generation (pipec generate against transformers' generate)

@@ -1,6 +1,7 @@
 //===- OnnxImporter.cpp - Read an ONNX file into a pipec Graph ------------===//
 #include "compiler/onnx/OnnxImporter.h"
 #include "compiler/onnx/WireSkeleton.h"
+#include "support/Attributes.h"
 #include "support/Diagnostics.h"
 #include "support/InputFile.h"
 #include "support/Subgraphs.h"
@@ -17,6 +18,7 @@
 #include "llvm/Support/Path.h"
 
 #include <algorithm>
+#include <map>
 #include <queue>
 
 using namespace llvm;
@@ -68,6 +70,10 @@ private:
   Error addOutputs();
   Expected<std::vector<int64_t>> bindShape(const onnx::ValueInfoProto &info);
   int64_t bindDim(StringRef name, size_t position, StringRef input);
+  /// Named dimensions of graph inputs that the graph itself fixes (the
+  /// head size of a GroupQueryAttention's past), by name.
+  void findImpliedDims();
+  std::map<std::string, int64_t> impliedDims;
   /// Defines \p name as \p id; a second definition wins over the first.
   void define(StringRef name, int id, function_ref<std::string()> by);
 };
@@ -298,6 +304,8 @@ int64_t Importer::bindDim(StringRef name, size_t position, StringRef input) {
   };
   if (auto value = bindSymbolicDim(options.bindings, name, position))
     return note(*value);
+  if (auto implied = impliedDims.find(name.str()); implied != impliedDims.end())
+    return note(implied->second);
   note(1);
   graph.warnings.push_back(formatv("input '{0}': dimension {1} ('{2}') has no binding; using 1 "
                                    "(set it with --dim {2}=N or --input-shape)",
@@ -333,6 +341,51 @@ Expected<std::vector<int64_t>> Importer::bindShape(const onnx::ValueInfoProto &i
   return shape;
 }
 
+void Importer::findImpliedDims() {
+  // onnxruntime-genai's builder names the cache's head size (past_key
+  // [batch, kv_heads, past, "kv_cache_dim"]) with no rule to bind it; its
+  // GroupQueryAttention fixes it: the query's projection (a MatMul by a
+  // weight, before a bias Add) is num_heads heads wide, or num_heads + 2
+  // kv_num_heads with Q, K and V packed (no key input).
+  const onnx::GraphProto &g = graph.model->graph();
+  std::map<std::string, const onnx::NodeProto *> producers;
+  for (const onnx::NodeProto &node : g.node())
+    for (const std::string &out : node.output())
+      producers[out] = &node;
+  auto width = [&](const std::string &name) -> int64_t {
+    auto it = producers.find(name);
+    for (int hops = 0; it != producers.end() && hops < 2; ++hops) {
+      const onnx::NodeProto &node = *it->second;
+      for (const std::string &in : node.input()) {
+        int id = graph.findValue(in);
+        if (node.op_type() == "MatMul" && id >= 0 && graph.values[id].shape.size() == 2 &&
+            in == node.input(node.input_size() - 1))
+          return graph.values[id].shape[1];
+      }
+      if (node.op_type() != "Add" || node.input_size() == 0)
+        return 0;
+      it = producers.find(node.input(0));
+    }
+    return 0;
+  };
+  for (const onnx::NodeProto &node : g.node()) {
+    if (node.domain() != "com.microsoft" || node.op_type() != "GroupQueryAttention" ||
+        node.input_size() < 5)
+      continue;
+    int64_t heads = attrInt(node, "num_heads", 0), kvHeads = attrInt(node, "kv_num_heads", 0);
+    bool packed = node.input_size() < 2 || node.input(1).empty();
+    int64_t across = packed ? heads + 2 * kvHeads : heads, w = width(node.input(0));
+    if (heads <= 0 || kvHeads <= 0 || w <= 0 || w % across != 0)
+      continue;
+    for (const onnx::ValueInfoProto &input : g.input())
+      if (input.name() == node.input(3) || input.name() == node.input(4)) {
+        const auto &shape = input.type().tensor_type().shape();
+        if (shape.dim_size() == 4 && !shape.dim(3).dim_param().empty())
+          impliedDims.emplace(shape.dim(3).dim_param(), w / across);
+      }
+  }
+}
+
 Error Importer::addInputs() {
   const onnx::GraphProto &g = graph.model->graph();
   StringMap<int> seen;
@@ -352,6 +405,7 @@ Error Importer::addInputs() {
       return id.takeError();
     define(tensor.name(), *id, describe);
   }
+  findImpliedDims();
   for (const auto &input : g.input()) {
     // Older exporters list every initializer as a graph input too; the
     // initializer is the value, the input only declares its type.

@@ -93,10 +93,12 @@ struct CacheSlot {
 };
 
 /// Copies, for each row of \p rows (the cache's batch axis \p batchAxis),
-/// the present's last \p count positions along \p axis into \p past from
-/// the row's position on (host tensors; the present the longer).
+/// \p count positions along \p axis of the present into \p past from the
+/// row's position on (host tensors; the present the longer). They are the
+/// present's last (Concat), or \p inPlace at the row's position too
+/// (GroupQueryAttention's buffer).
 void writePositions(cpu::Tensor &past, const cpu::Tensor &present, int batchAxis, int axis,
-                    ArrayRef<int64_t> at, int64_t count) {
+                    ArrayRef<int64_t> at, int64_t count, bool inPlace) {
   const std::vector<int64_t> &shape = past.shape();
   int64_t outer = 1, inner = 1, between = 1;
   for (int i = 0; i < axis; ++i)
@@ -111,8 +113,9 @@ void writePositions(cpu::Tensor &past, const cpu::Tensor &present, int batchAxis
   const auto *from = static_cast<const char *>(present.rawData());
   for (int64_t o = 0; o < outer; ++o) {
     int64_t row = (o / between) % shape[batchAxis];
+    int64_t source = inPlace ? at[row] : presentLength - count;
     std::memcpy(to + (o * pastLength + at[row]) * bytes,
-                from + (o * presentLength + presentLength - count) * bytes, count * bytes);
+                from + (o * presentLength + source) * bytes, count * bytes);
   }
 }
 
@@ -415,7 +418,8 @@ Error GenerateRank::runPass(int64_t group, const Control &control, Clock::time_p
     auto host = be.download(present->second);
     if (!host)
       return host.takeError();
-    writePositions(caches[c.past()][group], *host, batchAxes[c.past()], c.axis(), at, n);
+    writePositions(caches[c.past()][group], *host, batchAxes[c.past()], c.axis(), at, n,
+                   c.in_place());
   }
   if (!last) {
     if (Error err = comm.send(rank + 1, control.tensor()))
