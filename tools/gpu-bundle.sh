@@ -138,6 +138,8 @@ cp tools/gpu-check.sh tools/gpu_check_*.py "$bundle/tools/"
 # The generation fixtures and transformers' tokens (tests/fixtures/torch/generate).
 mkdir -p "$bundle/fixtures/generate"
 cp tests/fixtures/torch/generate/*.onnx tests/fixtures/torch/generate/*.npy "$bundle/fixtures/generate/"
+# onnxruntime-genai's form (GroupQueryAttention), as genai-llama.*.
+for f in tests/fixtures/genai/llama.*; do cp "$f" "$bundle/fixtures/generate/genai-${f##*/}"; done
 {
   echo "pipec GPU bundle: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
   echo "built $(date -u +%Y-%m-%dT%H:%MZ) on $(uname -m), CUDA $(/usr/local/cuda/bin/nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), sm_90 + compute_90 PTX"

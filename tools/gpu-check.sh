@@ -16,8 +16,9 @@
 #   recompute   the 2-stage 1F1B plan with --recompute, the same
 #   sharded     --shard-optimizer with two replicas on the GPU gives the
 #               unsharded replicas' weights after 3 AdamW steps, within 1e-6
-#   generate    greedy generation (fp32) of the GPT-2 and Llama fixtures on 2
-#               stages sharing the GPU gives transformers' 32 tokens exactly
+#   generate    greedy generation (fp32) of the GPT-2 and Llama fixtures, and of
+#               the Llama in onnxruntime-genai's form, on 2 stages sharing the
+#               GPU gives transformers' 32 tokens exactly
 #   fallbacks   the nodes the one-rank CUDA run handed to the CPU, by op
 #   nccl        the same over NCCL under mpirun, or why it could not run
 #   bench       a bf16 GPT trained with 1F1B on one rank (fused and
@@ -285,9 +286,10 @@ if step "$e" "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-dp.plan" --stages 1
 else
   row "$label" FAIL "$(why $? "$e")"
 fi
-# Generation: greedy tokens of the GPT-2 and Llama fixtures on 2 stages
+# Generation: greedy tokens of the GPT-2 and Llama fixtures, and of the
+# Llama in onnxruntime-genai's form (GroupQueryAttention), on 2 stages
 # sharing the device (prefill and decode programs) are transformers'.
-for m in gpt2 llama; do
+for m in gpt2 llama genai-llama; do
   label="generate $m P=2 = hf ($backend)"
   fx=$bundle/fixtures/generate
   if [ ! -f "$fx/$m.onnx" ]; then row "$label" FAIL "the bundle has no $fx/$m.onnx"; continue; fi
