@@ -14,6 +14,15 @@ microbatch of the M=8 plans), and without it (logits, eval mode, default optimiz
 for inference, as tools/fixtures/torch_exports.py does. onnxruntime checks each export against
 torch before anything is timed.
 
+--size gpt2-124m and --size llama-246m run the same rows at real size (bench_peers_models.py
+gives the shapes): GPT-2 small as published (124M, tied head) and a Llama of 246M (16 layers,
+width 1024, GQA 16/4, feed-forward 2816, vocabulary 32,000), sequence 128, global batch 8, M = 4
+in the microbatched rows (microbatches of 2), the pipelining cut after layer 6 of 12 or 8 of 16.
+There torch.distributed.pipelining's last stage holds its own copy of GPT-2's tied head (the
+stages are separate modules). Every row also reports each contender's peak resident set size,
+the median over the rounds: each process's VmHWM (pipec's as its last step ends, the peers'
+after their last step; the sum of both processes for the pipelining row). The tables go between the peers-SIZE markers.
+
 Rows, each contender alternating with its peer within one run (pipec, peer, pipec, peer, ...):
 
   train-m1   pipec, 1 rank, 1 microbatch of 8        torch eager: forward, backward, SGD step
@@ -50,7 +59,8 @@ Needs torch, transformers, onnx, onnxruntime, onnxscript, numpy: tools/bench-pee
 virtual environment with the pinned versions and runs this script in it.
 
 Usage:
-  bench_peers.py [--pipec build/bin/pipec] [--rounds 5] [--steps 10] [--threads N]
+  bench_peers.py [--pipec build/bin/pipec] [--size small|gpt2-124m|llama-246m]
+                 [--rounds 5] [--steps 10] [--threads N]
                  [--threads-per-rank N] [--rows train-m1,train-m8,train-p2,infer]
                  [--workdir build/peers-bench] [--quick] [--write]
 
@@ -68,6 +78,7 @@ import platform
 import re
 import shlex
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,18 +91,34 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 FIXTURES = os.path.join(ROOT, "tools", "fixtures")
 DOC = os.path.join(ROOT, "docs", "PERFORMANCE.md")
 
-# The benchmark GPT (tools/bench/ and docs/PERFORMANCE.md's runtime section use the same shape).
-LAYERS, WIDTH, HEADS, VOCAB, SEQ, BATCH, MICRO = 6, 256, 8, 2000, 64, 8, 8
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_peers_models as M  # noqa: E402
+
+# The model's shape: --size picks one of bench_peers_models.SIZES (use_size sets these). The
+# benchmark GPT, "small", is the shape tools/bench/ and docs/PERFORMANCE.md's runtime section use.
+SIZE, LAYERS, WIDTH, HEADS, VOCAB, SEQ, BATCH, MICRO = "small", 6, 256, 8, 2000, 64, 8, 8
 LR = 0.01
 SEED = 0
 TIMEOUT_S = 1800  # one contender's run of one round
 
+# Row names are those of the benchmark GPT; "train-m8" runs M = MICRO microbatches (4 at the
+# real sizes), as its label says.
 ROWS = {
     "train-m1": "train, 1 rank, 1 microbatch, vs torch ({threads} threads)",
-    "train-m8": "train, 1 rank, 8 microbatches, vs torch gradient accumulation",
-    "train-p2": "train, 2 ranks 1F1B M=8, vs torch.distributed.pipelining (gloo, 2 processes)",
-    "infer": "inference, batch 8, vs onnxruntime ({threads} threads)",
+    "train-m8": "train, 1 rank, {micro} microbatches, vs torch gradient accumulation",
+    "train-p2": "train, 2 ranks 1F1B M={micro}, vs torch.distributed.pipelining (gloo, 2 "
+                "processes)",
+    "infer": "inference, batch {batch}, vs onnxruntime ({threads} threads)",
 }
+
+
+def use_size(size):
+    """Sets the module's shape constants to bench_peers_models.SIZES[size]."""
+    global SIZE, LAYERS, WIDTH, HEADS, VOCAB, SEQ, BATCH, MICRO
+    s = M.SIZES[size]
+    SIZE = size
+    LAYERS, WIDTH, HEADS, VOCAB = s["layers"], s["width"], s["heads"], s["vocab"]
+    SEQ, BATCH, MICRO = s["seq"], s["batch"], s["micro"]
 
 
 class BenchError(Exception):
@@ -107,21 +134,11 @@ def fail(msg):
 
 
 def build_gpt():
-    """The benchmark GPT, seeded, train() mode (every dropout is 0, so train and eval compute
-    the same). Every parameter is nudged by 1e-3 x randn as in the torch fixtures: fresh
-    LayerNorm weights (all 1) and biases (all 0) are equal, and the exporter would merge equal
-    initializers into one weight that pipec then trains as one."""
-    import torch
-    sys.path.insert(0, FIXTURES)
-    import _torch_fixture_common as C
-    torch.manual_seed(SEED)
-    model = C.build_gpt2(tie=False, vocab=VOCAB, n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS,
-                         n_positions=SEQ)
-    if model.lm_head.weight is model.transformer.wte.weight:
-        fail("the LM head is tied to the embedding; the benchmark GPT has an untied head")
-    C.nudge(model)
-    model.train()
-    return model
+    """The model of this run's size (bench_peers_models.build), seeded, train() mode."""
+    try:
+        return M.build(SIZE, SEED)
+    except ValueError as e:
+        fail(str(e))
 
 
 def load_gpt(workdir):
@@ -143,10 +160,7 @@ def load_batch(workdir):
 
 def model_flops():
     """(training, inference) FLOPs of one step of the global batch, counted from the shape."""
-    tokens = BATCH * SEQ
-    matmul_weights = LAYERS * 12 * WIDTH * WIDTH + WIDTH * VOCAB
-    forward = 2 * tokens * matmul_weights + 4 * tokens * SEQ * WIDTH * LAYERS
-    return 3 * forward, forward
+    return M.flops(SIZE)
 
 
 @contextlib.contextmanager
@@ -203,10 +217,11 @@ def prepare(workdir, pipec, log):
         so.intra_op_num_threads = os.cpu_count() or 1
         return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
+    micro = BATCH // MICRO
     with torch.no_grad():
-        ref_loss = {8: float(model(input_ids=ids, labels=labels).loss),
-                    1: float(model(input_ids=ids[:1], labels=labels[:1]).loss)}
-    for batch in (8, 1):
+        ref_loss = {BATCH: float(model(input_ids=ids, labels=labels).loss),
+                    micro: float(model(input_ids=ids[:micro], labels=labels[:micro]).loss)}
+    for batch in (BATCH, micro):
         path = os.path.join(workdir, "train_b%d.onnx" % batch)
         args = (ids[:batch], labels[:batch])
         t = time.time()
@@ -229,7 +244,7 @@ def prepare(workdir, pipec, log):
             fail("train_b%d.onnx: onnxruntime's loss differs from torch's by %.3g"
                  % (batch, diff))
 
-    path = os.path.join(workdir, "infer_b8.onnx")
+    path = os.path.join(workdir, "infer.onnx")
     lm = LogitsOnly(model, ["input_ids"])
     lm.eval()
     t = time.time()
@@ -244,20 +259,20 @@ def prepare(workdir, pipec, log):
         ref = lm(ids).numpy()
     got = session(path).run(None, {"input_ids": ids.numpy()})[0]
     diff = float(np.max(np.abs(got - ref)))
-    log("exported infer_b8.onnx (%.1f s): max |onnxruntime - torch| %.1e over the logits"
+    log("exported infer.onnx (%.1f s): max |onnxruntime - torch| %.1e over the logits"
         % (time.time() - t, diff))
     if diff > 1e-3:
-        fail("infer_b8.onnx: onnxruntime's logits differ from torch's by %.3g" % diff)
+        fail("infer.onnx: onnxruntime's logits differ from torch's by %.3g" % diff)
 
     common = ["--hardware", "cpu", "--batch", str(BATCH)]
     plans = {
-        "train-m1": ["train_b8.onnx", "--mode", "train", "--stages", "1", "--microbatches", "1",
-                     "--optimizer", "sgd"],
-        "train-m8": ["train_b1.onnx", "--mode", "train", "--stages", "1", "--microbatches",
-                     str(MICRO), "--schedule", "1f1b", "--optimizer", "sgd"],
-        "train-p2": ["train_b1.onnx", "--mode", "train", "--stages", "2", "--microbatches",
-                     str(MICRO), "--schedule", "1f1b", "--optimizer", "sgd"],
-        "infer": ["infer_b8.onnx", "--mode", "infer", "--stages", "1", "--microbatches", "1"],
+        "train-m1": ["train_b%d.onnx" % BATCH, "--mode", "train", "--stages", "1",
+                     "--microbatches", "1", "--optimizer", "sgd"],
+        "train-m8": ["train_b%d.onnx" % micro, "--mode", "train", "--stages", "1",
+                     "--microbatches", str(MICRO), "--schedule", "1f1b", "--optimizer", "sgd"],
+        "train-p2": ["train_b%d.onnx" % micro, "--mode", "train", "--stages", "2",
+                     "--microbatches", str(MICRO), "--schedule", "1f1b", "--optimizer", "sgd"],
+        "infer": ["infer.onnx", "--mode", "infer", "--stages", "1", "--microbatches", "1"],
     }
     for row, flags in plans.items():
         cmd = [pipec, "compile", os.path.join(workdir, flags[0]), "-o",
@@ -268,7 +283,7 @@ def prepare(workdir, pipec, log):
                                               tail(r.stderr or r.stdout)))
     log("compiled %s" % ", ".join(row + ".plan" for row in plans))
 
-    r = subprocess.run([pipec, "inspect", os.path.join(workdir, "infer_b8.onnx"), "--format",
+    r = subprocess.run([pipec, "inspect", os.path.join(workdir, "infer.onnx"), "--format",
                         "json", "--batch", str(BATCH), "--seq", str(SEQ)],
                        capture_output=True, text=True)
     try:
@@ -284,6 +299,12 @@ def prepare(workdir, pipec, log):
 def set_threads(n):
     import torch
     torch.set_num_threads(n)
+
+
+def peak_rss_mb():
+    """This process's peak resident set size (VmHWM), in MB. Not ru_maxrss: Linux carries
+    that over exec, so a worker would report the parent's size before it forked."""
+    return vm_hwm_mb(os.getpid())
 
 
 def timed_steps(steps, body):
@@ -318,7 +339,7 @@ def worker_torch_train(a):
         losses.append(total)
 
     times = timed_steps(a.steps, step)
-    return {"times": times, "losses": losses}
+    return {"times": times, "losses": losses, "rss_mb": peak_rss_mb()}
 
 
 def worker_ort(a):
@@ -328,49 +349,16 @@ def worker_ort(a):
     so = ort.SessionOptions()
     so.intra_op_num_threads = a.threads
     so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(os.path.join(a.workdir, "infer_b8.onnx"), so,
+    sess = ort.InferenceSession(os.path.join(a.workdir, "infer.onnx"), so,
                                 providers=["CPUExecutionProvider"])
     feeds = {"input_ids": np.load(os.path.join(a.workdir, "infer", "input_ids.npy"))}
-    return {"times": timed_steps(a.steps, lambda: sess.run(None, feeds))}
+    times = timed_steps(a.steps, lambda: sess.run(None, feeds))
+    return {"times": times, "rss_mb": peak_rss_mb()}
 
 
 def pipeline_stages(model):
-    """The GPT cut after block LAYERS / 2 into two torch modules: embeddings and the first
-    half of the blocks; the second half, the final LayerNorm and the head."""
-    import torch
-
-    def run_block(block, x):
-        out = block(x)
-        return out[0] if isinstance(out, tuple) else out
-
-    half = LAYERS // 2
-    t = model.transformer
-
-    class First(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte, self.wpe, self.drop = t.wte, t.wpe, t.drop
-            self.h = torch.nn.ModuleList(t.h[:half])
-
-        def forward(self, input_ids):
-            pos = torch.arange(input_ids.shape[1], device=input_ids.device)
-            x = self.drop(self.wte(input_ids) + self.wpe(pos))
-            for block in self.h:
-                x = run_block(block, x)
-            return x
-
-    class Last(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.h = torch.nn.ModuleList(t.h[half:])
-            self.ln_f, self.lm_head = t.ln_f, model.lm_head
-
-        def forward(self, x):
-            for block in self.h:
-                x = run_block(block, x)
-            return self.lm_head(self.ln_f(x))
-
-    return First(), Last()
+    """The model cut after layer LAYERS / 2 into two torch modules (bench_peers_models)."""
+    return M.pipeline_stages(model, SIZE)
 
 
 def causal_lm_loss(logits, labels):
@@ -423,7 +411,9 @@ def worker_torch_pipe(a):
 
         dist.barrier()
         times = timed_steps(a.steps, step)
-        return {"times": times, "losses": losses} if a.rank == 1 else None
+        if a.rank == 1:
+            return {"times": times, "losses": losses, "rss_mb": peak_rss_mb()}
+        return {"rss_mb": peak_rss_mb()}
     finally:
         dist.destroy_process_group()
 
@@ -462,7 +452,7 @@ def start_worker(a, kind, threads, microbatches=1, extra=(), env_extra=None):
     """This script as a peer's worker process; its output goes to temporary files (a full pipe
     never blocks it)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--workdir", a.workdir,
-           "--steps", str(a.steps), "--threads", str(threads), "--microbatches",
+           "--size", a.size, "--steps", str(a.steps), "--threads", str(threads), "--microbatches",
            str(microbatches)] + list(extra)
     env = worker_env(threads)
     env.update(env_extra or {})
@@ -473,8 +463,8 @@ def start_worker(a, kind, threads, microbatches=1, extra=(), env_extra=None):
 
 def collect(workers, what):
     """Waits for the workers (those of one measurement); returns the RESULT the last one
-    printed. The first to fail stops the others: a pipelining rank whose peer died would
-    otherwise wait for it."""
+    printed, its rss_mb the sum of every worker's peak (the processes of one run). The first to
+    fail stops the others: a pipelining rank whose peer died would otherwise wait for it."""
     deadline = time.time() + TIMEOUT_S
     try:
         while True:
@@ -491,13 +481,18 @@ def collect(workers, what):
             if time.time() > deadline:
                 fail("%s: no result within %d s" % (what, TIMEOUT_S))
             time.sleep(0.05)
-        proc, out, err = workers[-1]
-        out.seek(0)
-        for line in out.read().splitlines():
-            if line.startswith("RESULT "):
-                return json.loads(line[len("RESULT "):])
-        err.seek(0)
-        fail("%s printed no result: %s" % (what, tail(err.read())))
+        results = []
+        for proc, out, err in workers:
+            out.seek(0)
+            results += [json.loads(line[len("RESULT "):]) for line in out.read().splitlines()
+                        if line.startswith("RESULT ")]
+        if not results or "times" not in results[-1]:
+            proc, out, err = workers[-1]
+            err.seek(0)
+            fail("%s printed no result: %s" % (what, tail(err.read())))
+        result = results[-1]
+        result["rss_mb"] = sum(r.get("rss_mb", 0.0) for r in results)
+        return result
     finally:
         for proc, out, err in workers:
             if proc.poll() is None:
@@ -530,6 +525,18 @@ def run_peer(a, row):
 STEP_LINE = re.compile(r"^step (\d+)/(\d+)(?:\s+loss (\S+))?")
 
 
+def vm_hwm_mb(pid):
+    """The peak resident set size (VmHWM) of live process pid, in MB; 0 once it is gone."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
 def run_pipec(a, row):
     """Times `pipec run` of the row's plan: the intervals between its per-step progress
     lines, time-stamped as they arrive (rank 0 prints and flushes one after each step), the
@@ -540,7 +547,7 @@ def run_pipec(a, row):
     if row != "infer":
         cmd += ["--optimizer", "sgd", "--lr", str(LR)]
     cmd += a.pipec_run_flags
-    stamps, losses, lines = [], [], []
+    stamps, losses, lines, rss = [], [], [], 0.0
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, bufsize=1, text=True)
         watchdog = threading.Timer(TIMEOUT_S, proc.kill)
@@ -552,6 +559,7 @@ def run_pipec(a, row):
                 m = STEP_LINE.match(line)
                 if m:
                     stamps.append(now)
+                    rss = max(rss, vm_hwm_mb(proc.pid))
                     if m.group(3):
                         losses.append(float(m.group(3)))
             proc.wait()
@@ -566,7 +574,7 @@ def run_pipec(a, row):
         fail("pipec run %s printed %d step lines, expected %d: %s"
              % (row, len(stamps), a.steps + 1, tail("".join(lines))))
     times = [t1 - t0 for t0, t1 in zip(stamps, stamps[1:])]
-    return {"times": times, "losses": losses}
+    return {"times": times, "losses": losses, "rss_mb": rss}
 
 
 # --------------------------------------------------------------------------------------------
@@ -642,26 +650,29 @@ def report(a, results, inspect_flops, notes):
                                                     v["transformers"]))
     inspect = ("" if inspect_flops is None else
                " (`pipec inspect` counts %.2f GFLOP forward)" % (inspect_flops / 1e9))
-    out.append("Model: GPT2LMHeadModel, 6 blocks, width 256, 8 heads, vocabulary 2,000, untied "
-               "head, sequence 64, global batch 8, fp32, SGD lr 0.01. FLOPs per step from the "
-               "shape: %.2f GFLOP forward%s, training 3x forward = %.2f GFLOP."
-               % (infer_flops / 1e9, inspect, train_flops / 1e9))
+    out.append("Model: %s, sequence %d, global batch %d, fp32, SGD lr 0.01. FLOPs per step from "
+               "the shape: %.2f GFLOP forward%s, training 3x forward = %.2f GFLOP."
+               % (M.SIZES[SIZE]["label"], SEQ, BATCH, infer_flops / 1e9, inspect,
+                  train_flops / 1e9))
     out.append("")
     out.append("| run | pipec / peer | pipec GFLOP/s | peer GFLOP/s | pipec step (ms), median "
-               "[quartiles] | peer step (ms), median [quartiles] |")
-    out.append("|---|---|---:|---:|---:|---:|")
+               "[quartiles] | peer step (ms), median [quartiles] | peak RSS (MB), pipec / "
+               "peer |")
+    out.append("|---|---|---:|---:|---:|---:|---:|")
     for row in a.rows:
-        label = ROWS[row].format(threads=a.threads)
+        label = ROWS[row].format(threads=a.threads, micro=MICRO, batch=BATCH)
         res = results[row]
         if "error" in res:
-            out.append("| %s | not measured: %s | | | | |" % (label, res["error"]))
+            out.append("| %s | not measured: %s | | | | | |" % (label, res["error"]))
             continue
+        rss = "%.0f / %.0f" % (statistics.median(res["pipec_rss"]),
+                               statistics.median(res["peer_rss"]))
         flops = infer_flops if row == "infer" else train_flops
         pm, pq1, pq3 = quartiles(res["pipec"])
         qm, qq1, qq3 = quartiles(res["peer"])
-        out.append("| %s | %s | %.0f | %.0f | %.1f [%.1f, %.1f] | %.1f [%.1f, %.1f] |"
+        out.append("| %s | %s | %.0f | %.0f | %.1f [%.1f, %.1f] | %.1f [%.1f, %.1f] | %s |"
                    % (label, ratio_text(pm, qm), flops / (pm * 1e6), flops / (qm * 1e6),
-                      pm, pq1, pq3, qm, qq1, qq3))
+                      pm, pq1, pq3, qm, qq1, qq3, rss))
     out.append("")
     out.extend("- " + n for n in notes)
     for row in a.rows:
@@ -677,9 +688,10 @@ def report(a, results, inspect_flops, notes):
 
 
 def write_doc(table):
-    """The table into docs/PERFORMANCE.md, between its peers markers."""
+    """The table into docs/PERFORMANCE.md, between its peers markers (peers-SIZE at the real
+    sizes)."""
     from doc_section import write_section
-    write_section(DOC, "peers", table)
+    write_section(DOC, "peers" if SIZE == "small" else "peers-" + SIZE, table)
 
 
 # --------------------------------------------------------------------------------------------
@@ -711,8 +723,10 @@ def parse_args(argv):
                    help="passed to `pipec run`; threads of each torch pipelining process")
     p.add_argument("--rows", default=",".join(ROWS),
                    help="comma-separated subset of %s" % ",".join(ROWS))
-    p.add_argument("--workdir", default=os.path.join(ROOT, "build", "peers-bench"),
-                   help="where the exports, data and plans go (overwritten)")
+    p.add_argument("--size", default="small", choices=sorted(M.SIZES),
+                   help="the model: the benchmark GPT (small) or a real size")
+    p.add_argument("--workdir", help="where the exports, data and plans go (overwritten; "
+                   "default build/peers-bench, build/peers-bench-SIZE at a real size)")
     p.add_argument("--quick", action="store_true", help="1 round of 2 steps per row")
     p.add_argument("--write", action="store_true", help="write the table to docs/PERFORMANCE.md")
     # Internal: one peer's measurement in a process of its own.
@@ -721,6 +735,10 @@ def parse_args(argv):
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.argv = argv
+    use_size(a.size)
+    if a.workdir is None:
+        a.workdir = os.path.join(ROOT, "build", "peers-bench" + (
+            "" if a.size == "small" else "-" + a.size))
     if a.worker:
         return a
     if a.quick and a.write:
@@ -772,6 +790,7 @@ def main(argv):
                     continue
                 got = run_pipec(a, row)
                 res["pipec"] += got["times"]
+                res.setdefault("pipec_rss", []).append(got["rss_mb"])
                 if got["losses"] and "pipec_loss" not in res:
                     res["pipec_loss"] = got["losses"][:2]
                 try:
@@ -783,6 +802,7 @@ def main(argv):
                     log("%s: %s" % (row, e))
                     continue
                 res["peer"] += peer["times"]
+                res.setdefault("peer_rss", []).append(peer["rss_mb"])
                 if peer.get("losses") and "peer_loss" not in res:
                     res["peer_loss"] = peer["losses"][:2]
                 log("round %d/%d %s: pipec %.1f ms, peer %.1f ms (medians of this round)"
