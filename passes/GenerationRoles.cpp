@@ -40,8 +40,8 @@ Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLe
   plan::Generation roles;
   roles.set_max_length(maxLength);
   std::set<int> cacheInputs, cacheOutputs;
-  // A cache entry: \p in a float graph input read by \p op, which makes
-  // \p out, a graph output, along \p axis.
+  // A cache entry: the graph input \p in (the past) and the graph output
+  // \p out (its present), along \p axis.
   auto addCache = [&](int in, int out, int64_t axis, bool inPlace) -> Error {
     const Value &past = graph.values[in], &present = graph.values[out];
     int64_t rank = static_cast<int64_t>(present.shape.size());
