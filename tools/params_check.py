@@ -7,7 +7,10 @@ lines between its hf-walkthrough markers, read from docs/USER_GUIDE.md), with th
 the fixture's files: compile --params model.safetensors, then run --init other.safetensors (a
 checkpoint whose values differ from the ONNX file's) for 3 AdamW steps on 2 stages, saving
 trained.safetensors. Then checks:
-  - each step's loss equals torch's on the same weights within 1e-5 relative;
+  - each step's loss equals torch's on the same weights within 1e-5 relative, or, from the
+    second step on, within the fixture's float32_spread (below) of the loss's change since the
+    first step where that is larger: the weights those losses are computed on are only that
+    close to torch's in torch's own float32;
   - the saved file, read with the safetensors package, holds exactly the names of torch's
     state_dict (trained.safetensors: the checkpoint's names and the tied ones), each with
     torch's shape and dtype, and format "pt" metadata (from_pretrained needs it);
@@ -113,10 +116,19 @@ def check(pipec, commands, folder, work):
     run(pipec, ["run"] + run_args + ["--quiet"])
 
     losses = losses_of(w("losses.jsonl"))
-    loss_err = max((abs(a - b) / abs(b) for a, b in zip(losses, ref["losses"])),
-                   default=float("inf"))
-    if len(losses) != len(ref["losses"]) or loss_err > LOSS_TOL:
-        problems.append("losses %s, torch %s (relative %.1e)" % (losses, ref["losses"], loss_err))
+    # Step k's loss is computed on the weights of k - 1 steps, which torch's own float32 steps
+    # place only within float32_spread of their update: to first order the loss is then
+    # uncertain by that fraction of its change since step 1 (a BLAS's other kernels, another
+    # summation order, move it that far).
+    spread = ref.get("float32_spread", 0.0)
+    first = ref["losses"][0] if ref["losses"] else 0.0
+    errs = [abs(a - b) / abs(b) for a, b in zip(losses, ref["losses"])]
+    tols = [max(LOSS_TOL, spread * abs(b - first) / abs(b)) for b in ref["losses"]]
+    loss_err = max(errs, default=float("inf"))
+    if len(losses) != len(ref["losses"]) or any(e > t for e, t in zip(errs, tols)):
+        problems.append("losses %s, torch %s (relative %s, allowed %s)"
+                        % (losses, ref["losses"], ", ".join("%.1e" % e for e in errs),
+                           ", ".join("%.1e" % t for t in tols)))
 
     got = load_file(w("out.safetensors"))
     want = load_file(f("trained.safetensors"))
