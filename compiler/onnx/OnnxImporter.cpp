@@ -354,19 +354,13 @@ void Importer::findImpliedDims() {
       producers[out] = &node;
   auto width = [&](const std::string &name) -> int64_t {
     auto it = producers.find(name);
-    for (int hops = 0; it != producers.end() && hops < 2; ++hops) {
-      const onnx::NodeProto &node = *it->second;
-      for (const std::string &in : node.input()) {
-        int id = graph.findValue(in);
-        if (node.op_type() == "MatMul" && id >= 0 && graph.values[id].shape.size() == 2 &&
-            in == node.input(node.input_size() - 1))
-          return graph.values[id].shape[1];
-      }
-      if (node.op_type() != "Add" || node.input_size() == 0)
-        return 0;
-      it = producers.find(node.input(0));
-    }
-    return 0;
+    if (it != producers.end() && it->second->op_type() == "Add" && it->second->input_size() > 0)
+      it = producers.find(it->second->input(0));
+    if (it == producers.end() || it->second->op_type() != "MatMul" || it->second->input_size() != 2)
+      return 0;
+    int weight = graph.findValue(it->second->input(1));
+    return weight >= 0 && graph.values[weight].shape.size() == 2 ? graph.values[weight].shape[1]
+                                                                 : 0;
   };
   for (const onnx::NodeProto &node : g.node()) {
     if (node.domain() != "com.microsoft" || node.op_type() != "GroupQueryAttention" ||
