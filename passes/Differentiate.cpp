@@ -429,6 +429,7 @@ Expected<Backward> Differentiator::run(const LossSpec &loss) {
         crossing[v] = true;
   }
   ctx.setCrossing(std::move(crossing));
+  ctx.setOpLayers(layerOfOp);
 
   if (Error err = seedLoss(loss))
     return err;

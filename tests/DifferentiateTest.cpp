@@ -27,6 +27,42 @@ TEST(Differentiate, MatMulBatchedBothAndBroadcast) {
   checkModel(binaryModel("MatMul", {2, 4, 5}, {3, 4}, /*swap=*/true));
 }
 
+TEST(Differentiate, MatMulByTransposedWeightReadsTheWeight) {
+  // torch's Linear: y = x Transpose(w), w [out, in]. The backward reads w
+  // itself; w's gradient is one GEMM when the MatMul is the Transpose's only
+  // reader, so no Transpose is made at all. A second reader (here maybe in
+  // another layer) keeps the transposed gradient and its Transpose back.
+  for (bool twoReaders : {false, true}) {
+    SCOPED_TRACE(twoReaders ? "two readers" : "one reader");
+    GraphBuilder b;
+    b.input("x", kDouble, {2, 3, 4});
+    doubleWeight(b, "w", {5, 4});
+    setIntsAttr(b.node("Transpose", {"w"}, {"t"}, "tr"), "perm", {1, 0});
+    b.node("MatMul", {"x", "t"}, {twoReaders ? "y0" : "y"}, "mm");
+    if (twoReaders) {
+      b.node("MatMul", {"x", "t"}, {"y1"}, "mm2");
+      b.node("Mul", {"y0", "y1"}, {"y"}, "mul");
+    }
+    b.output("y", kDouble);
+    checkModel(b);
+    auto d = build(b.serialize(), Check{}.loss, /*inputGrads=*/true);
+    ASSERT_TRUE(d);
+    int transposes = 0, readsT = 0;
+    for (const auto *lists : {&d->backward.inputGrad, &d->backward.weightGrad})
+      for (const std::vector<onnx::NodeProto> &list : *lists)
+        for (const onnx::NodeProto &node : list) {
+          transposes += node.op_type() == "Transpose";
+          readsT += std::count(node.input().begin(), node.input().end(), "t");
+        }
+    if (twoReaders) {
+      EXPECT_EQ(transposes, 1); // t's gradient, transposed back
+    } else {
+      EXPECT_EQ(readsT, 0) << "the backward reads the transposed copy";
+      EXPECT_EQ(transposes, 0);
+    }
+  }
+}
+
 TEST(Differentiate, Gemm) {
   for (int transA = 0; transA < 2; ++transA)
     for (int transB = 0; transB < 2; ++transB) {

@@ -284,6 +284,36 @@ TEST(MatMulBias, AddsTheBiasInPlaceWithTheAddsBits) {
           << r << " " << j;
 }
 
+TEST(MatMulTransposed, ReadsTheWeightTransposed) {
+  // y = a Transpose(w): one GEMM reading w [6, 7] transposed, equal to the
+  // two nodes it replaces; a 1-D a runs the body.
+  Tensor a = randomTensor({2, 5, 7}, 31), w = randomTensor({6, 7}, 32), v = randomTensor({7}, 33);
+  onnx::NodeProto tr = test::makeNode("Transpose", {"w"}, "t"),
+                  mm = test::makeNode("MatMul", {"a", "t"}, "y");
+  auto *perm = tr.add_attribute();
+  perm->set_name("perm");
+  perm->set_type(onnx::AttributeProto::INTS);
+  perm->add_ints(1);
+  perm->add_ints(0);
+  onnx::NodeProto f = makeFusedNode("linear", {&tr, &mm}, {"a", "w"}, {"y"});
+  f.set_op_type(MatMulTransposedOpType.str());
+  std::vector<Tensor> got = fused(f, {&a, &w});
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].shape(), (std::vector<int64_t>{2, 5, 6}));
+  for (int64_t r = 0; r < 10; ++r)
+    for (int64_t j = 0; j < 6; ++j) {
+      float dot = 0;
+      for (int64_t kk = 0; kk < 7; ++kk)
+        dot += a.data<float>()[r * 7 + kk] * w.data<float>()[j * 7 + kk];
+      EXPECT_NEAR(got[0].data<float>()[r * 6 + j], dot, 1e-5) << r << " " << j;
+    }
+  EXPECT_LE(worstDifference(got, unfused(f, {&a, &w})), 1e-5);
+  std::vector<Tensor> vector = fused(f, {&v, &w});
+  ASSERT_EQ(vector.size(), 1u);
+  EXPECT_EQ(vector[0].shape(), (std::vector<int64_t>{6}));
+  EXPECT_EQ(worstDifference(vector, unfused(f, {&v, &w})), 0.0);
+}
+
 //===----------------------------------------------------------------------===//
 // The pass
 //===----------------------------------------------------------------------===//
@@ -354,6 +384,33 @@ TEST(FusionPass, AnAddOfTwoProductsTakesOneOfThem) {
   EXPECT_EQ(std::vector<std::string>(mb.input().begin(), mb.input().end()),
             (std::vector<std::string>{"x", "wa", "mlp"}));
   EXPECT_EQ(mb.output(0), "y");
+}
+
+TEST(FusionPass, AMatMulTakesTheTransposeOnlyItReads) {
+  // torch's Linear without bias: the Transpose of w only the MatMul reads
+  // goes into it. The Transpose of v, also read by the backward, stays.
+  plan::StageProgram p;
+  for (const char *w : {"w", "v"}) {
+    onnx::NodeProto tr = test::makeNode("Transpose", {w}, std::string(w) + "t");
+    auto *perm = tr.add_attribute();
+    perm->set_name("perm");
+    perm->set_type(onnx::AttributeProto::INTS);
+    perm->add_ints(1);
+    perm->add_ints(0);
+    *p.add_forward() = tr;
+  }
+  *p.add_forward() = test::makeNode("MatMul", {"x", "wt"}, "h");
+  *p.add_forward() = test::makeNode("MatMul", {"h", "vt"}, "y");
+  p.add_send("y");
+  *p.add_backward_input() = test::makeNode("MatMul", {"grad:y", "vt"}, "grad:h");
+  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  EXPECT_EQ(stats.matMulTransposed, 1);
+  ASSERT_EQ(opsOf(p.forward()),
+            (std::vector<std::string>{"Transpose", MatMulTransposedOpType.str(), "MatMul"}));
+  const onnx::NodeProto &mt = p.forward(1);
+  EXPECT_EQ(std::vector<std::string>(mt.input().begin(), mt.input().end()),
+            (std::vector<std::string>{"x", "w"}));
+  EXPECT_EQ(mt.output(0), "h");
 }
 
 TEST(FusionPass, NeverMovesAValuePastItsReader) {

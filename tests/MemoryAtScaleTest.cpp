@@ -8,6 +8,7 @@
 #include "Equivalence.h"
 
 #include "plan/plan.pb.h"
+#include "runtime/core/HostBuffers.h"
 
 using namespace pipec;
 using namespace pipec::test;
@@ -235,6 +236,36 @@ TEST_F(Equivalence, RecomputeAutoPeaksStayWithinThePrediction) {
         }
       }
   EXPECT_GT(fitted, 3 * refused) << fitted << " fitted, " << refused << " refused";
+}
+
+TEST(HostBuffers, LargeBuffersAreReusedBySizeAndHeldUnderTheMark) {
+  using pipec::cpu::HostBuffers::stats;
+  // 4 MiB of floats, well over the cached minimum.
+  const std::vector<int64_t> shape{1024, 1024};
+  const void *first = nullptr;
+  {
+    cpu::Tensor a = cpu::Tensor::uninitialized(DType::F32, shape);
+    a.data<float>()[7] = 3.0f;
+    first = a.rawData();
+  }
+  auto before = stats();
+  {
+    // The block just freed comes back, and zeros are written when asked.
+    cpu::Tensor b(DType::F32, shape);
+    EXPECT_EQ(b.rawData(), first);
+    EXPECT_EQ(b.data<float>()[7], 0.0f);
+  }
+  auto after = stats();
+  EXPECT_EQ(after.hits, before.hits + 1);
+  EXPECT_EQ(after.misses, before.misses);
+  // A size never seen makes room under the mark by giving kept blocks back,
+  // so what is in use and kept together never passes the most ever held.
+  int64_t mark = after.mark;
+  {
+    cpu::Tensor c = cpu::Tensor::uninitialized(DType::F32, {1024, 1023});
+    auto now = stats();
+    EXPECT_LE(now.inUse + now.kept, std::max<int64_t>(mark, now.inUse));
+  }
 }
 
 } // namespace

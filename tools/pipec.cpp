@@ -831,10 +831,11 @@ int runRun() {
       outs() << "nodes: " << formatRankNodes(result->rankNodes) << "\n";
     if (RunBackend == "cpu" && !result->blas.empty())
       outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas, result->threadsPerRank);
-    if (result->fusedGroups > 0 || result->fusedMatMulBias > 0)
-      outs() << formatv("fused {0} element-wise nodes into {1} kernels, and {2} bias adds into "
-                        "their MatMuls\n",
-                        result->fusedNodes, result->fusedGroups, result->fusedMatMulBias);
+    if (result->fusedGroups > 0 || result->fusedMatMulBias > 0 || result->fusedMatMulTransposed > 0)
+      outs() << formatv("fused {0} element-wise nodes into {1} kernels, {2} bias adds and {3} "
+                        "weight transposes into their MatMuls\n",
+                        result->fusedNodes, result->fusedGroups, result->fusedMatMulBias,
+                        result->fusedMatMulTransposed);
     if (!RunSave.empty())
       outs() << "wrote " << RunSave << "\n";
     if (!RunOutputs.empty())

@@ -8,6 +8,7 @@
 #include "llvm/ADT/Twine.h"
 
 #include <algorithm>
+#include <cassert>
 
 using namespace llvm;
 
@@ -20,6 +21,29 @@ void GradContext::sinkFor(int id) {
   bool crossing = static_cast<size_t>(id) < crossingDerived.size() && crossingDerived[id];
   sink = val(id).kind == ValueKind::Weight && !crossing ? &result.weightGrad[layerIndex]
                                                         : &result.inputGrad[layerIndex];
+}
+
+int GradContext::transposedWeight(size_t i) const {
+  int id = current->inputs[i];
+  int p = id >= 0 ? val(id).producer : -1;
+  if (p < 0 || static_cast<size_t>(p) >= opLayers.size() || opLayers[p] != layerIndex)
+    return -1;
+  const Op &t = graph.ops[p];
+  if (t.dead || t.opType != "Transpose" || !t.domain.empty() || t.inputs.size() != 1 ||
+      t.inputs[0] < 0)
+    return -1;
+  const Value &w = val(t.inputs[0]);
+  if (w.kind != ValueKind::Weight || w.producer >= 0 || w.shape.size() != 2)
+    return -1;
+  std::optional<std::vector<int64_t>> perm = attrInts(graph.node(t), "perm");
+  if (perm && *perm != std::vector<int64_t>{1, 0})
+    return -1;
+  return t.inputs[0];
+}
+
+const std::string &GradContext::transposedWeightName(size_t i) const {
+  assert(transposedWeight(i) >= 0);
+  return graph.node(graph.ops[val(current->inputs[i]).producer]).input(0);
 }
 
 onnx::NodeProto &GradContext::emit(StringRef opType, ArrayRef<std::string> inputs,

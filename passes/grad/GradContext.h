@@ -65,6 +65,8 @@ public:
   /// Per value: computed from weights alone and read by layers other than
   /// the one that computes it.
   void setCrossing(std::vector<bool> crossing) { crossingDerived = std::move(crossing); }
+  /// Per op of the graph, the layer it is in.
+  void setOpLayers(std::vector<int> layers) { opLayers = std::move(layers); }
   /// Selects \p list (e.g. the loss's forward nodes).
   void sinkTo(std::vector<onnx::NodeProto> &list) { sink = &list; }
 
@@ -151,6 +153,13 @@ public:
   void contribute(size_t i, std::string name) {
     addContribution(current->inputs[i], std::move(name));
   }
+  /// The weight W when input \p i is Transpose(W) of a 2-D initializer W
+  /// (perm [1, 0]), made in the layer at hand: a product's rule may read W
+  /// and let the GEMM read it transposed, so that the transposed copy dies
+  /// with the forward. -1 otherwise.
+  int transposedWeight(size_t i) const;
+  /// W's name as the Transpose of transposedWeight(i) names it.
+  const std::string &transposedWeightName(size_t i) const;
   /// "node 'N' (Op): \p what".
   llvm::Error error(const llvm::Twine &what) const;
   /// Sets kernel_shape, strides, dilations and explicit pads on \p g, the
@@ -174,6 +183,7 @@ private:
   Backward &result;
   const std::vector<bool> &needsGrad;
   std::vector<bool> crossingDerived;
+  std::vector<int> opLayers;
   std::vector<onnx::NodeProto> *sink = nullptr;
   int layerIndex = 0;
   int counter = 0;

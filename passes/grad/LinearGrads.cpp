@@ -4,6 +4,14 @@
 // one GEMM over every batch row folded together; batched operands are
 // summed back over the dimensions they were broadcast along.
 //
+// A product by a transposed weight (torch's Linear: MatMul(X, Transpose(W)))
+// reads W itself in the backward, and W's gradient is one GEMM of the
+// transposed operands; the transposed copy is then read by the forward only.
+//
+// Before:  dX = Gemm(dY, Wt, transB=1); dWt = Gemm(X, dY, transA=1);
+//          dW = Transpose(dWt)
+// After:   dX = Gemm(dY, W); dW = Gemm(dY, X, transA=1)
+//
 //===----------------------------------------------------------------------===//
 #include "passes/grad/GradRules.h"
 
@@ -14,6 +22,18 @@ using namespace llvm;
 namespace pipec::grad {
 namespace {
 
+/// True when B = Transpose(W) of a 2-D weight W in the layer at hand
+/// (transposedWeight) and this MatMul is B's only reader: W's gradient is
+/// then dY^T A, one GEMM, and neither B's gradient nor its Transpose back is
+/// made.
+bool gradIntoTransposedWeight(const GradContext &ctx) {
+  if (ctx.transposedWeight(1) < 0)
+    return false;
+  int self = static_cast<int>(&ctx.op() - ctx.graph.ops.data());
+  const std::vector<int> &users = ctx.val(ctx.op().inputs[1]).users;
+  return users.size() == 1 && users[0] == self;
+}
+
 Error matMulGrad(GradContext &ctx) {
   return ctx.forEachWanted([&](size_t i) -> Error {
     const std::vector<int64_t> &a = ctx.shapeOf(0), &b = ctx.shapeOf(1);
@@ -22,10 +42,13 @@ Error matMulGrad(GradContext &ctx) {
       return ctx.error("gradient of a 1-D MatMul operand is not implemented");
     if (i == 0 && b.size() == 2) {
       // dA = dY B^T as one GEMM over the folded batch rows: the BLAS reads B
-      // transposed, so no transposed copy of the weight is made.
+      // transposed, so no transposed copy of the weight is made. B =
+      // Transpose(W) reads W as it is, so that B dies with the forward.
       int64_t n = yShape.back();
-      onnx::NodeProto &g = ctx.emit("Gemm", {ctx.reshape(ctx.dy(), {-1, n}), ctx.in(1)});
-      GradContext::setInt(g, "transB", 1);
+      bool fromWeight = ctx.transposedWeight(1) >= 0;
+      onnx::NodeProto &g = ctx.emit("Gemm", {ctx.reshape(ctx.dy(), {-1, n}),
+                                             fromWeight ? ctx.transposedWeightName(1) : ctx.in(1)});
+      GradContext::setInt(g, "transB", fromWeight ? 0 : 1);
       std::vector<int64_t> gShape = yShape;
       gShape.back() = a.back();
       ctx.contribute(0, ctx.sumTo(ctx.reshape(GradContext::out(g), gShape), gShape, a));
@@ -38,8 +61,17 @@ Error matMulGrad(GradContext &ctx) {
     } else if (b.size() == 2) {
       // dB = A^T dY with every batch dimension folded into the rows.
       int64_t k = a.back(), n = yShape.back();
+      bool direct = gradIntoTransposedWeight(ctx);
+      if (direct)
+        ctx.sinkFor(ctx.transposedWeight(1));
       std::string a2 = ctx.reshape(ctx.in(0), {-1, k});
       std::string dy2 = ctx.reshape(ctx.dy(), {-1, n});
+      if (direct) {
+        onnx::NodeProto &g = ctx.emit("Gemm", {dy2, a2});
+        GradContext::setInt(g, "transA", 1);
+        ctx.addContribution(ctx.transposedWeight(1), GradContext::out(g));
+        return Error::success();
+      }
       onnx::NodeProto &g = ctx.emit("Gemm", {a2, dy2});
       GradContext::setInt(g, "transA", 1);
       ctx.contribute(1, GradContext::out(g));

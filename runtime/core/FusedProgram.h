@@ -50,6 +50,10 @@ inline constexpr llvm::StringLiteral FusedOpType = "FusedElementwise";
 /// A MatMul and the Add of a bias to its product (runtime/exec/Fusion.h);
 /// inputs A, B, bias; its body holds the two nodes.
 inline constexpr llvm::StringLiteral MatMulBiasOpType = "MatMulBias";
+/// A MatMul whose B is a 2-D Transpose (perm [1, 0]) that nothing else
+/// reads (runtime/exec/Fusion.h): Y = A W^T; inputs A and W, its body the
+/// Transpose and the MatMul.
+inline constexpr llvm::StringLiteral MatMulTransposedOpType = "MatMulTransposed";
 
 /// The fused step of \p node (at default-domain \p opset), or nullopt when
 /// it cannot be one: not a float element-wise op the fused kernels compute
@@ -64,7 +68,7 @@ bool isFusable(const onnx::NodeProto &node, int64_t opset);
 /// n - 1).
 int fusedSteps(const onnx::NodeProto &node);
 
-/// The body graph of a fused or MatMulBias node, or null.
+/// The body graph of a fused, MatMulBias or MatMulTransposed node, or null.
 const onnx::GraphProto *fusedBodyOf(const onnx::NodeProto &node);
 
 /// A fused node named \p name replacing \p body (in order), reading

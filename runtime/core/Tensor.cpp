@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/core/Tensor.h"
+#include "runtime/core/HostBuffers.h"
 #include "support/Broadcast.h"
 #include "support/EnumNames.h"
 #include "support/Float16.h"
@@ -124,12 +125,13 @@ Tensor::Tensor(DType type, std::vector<int64_t> shape, bool zero)
   assert(llvm::all_of(dims, [](int64_t d) { return d >= 0; }) && "negative dimension");
   // 64-byte alignment suits SIMD loads and BLAS; never allocate zero bytes.
   size_t bytes = (std::max<size_t>(byteSize(), 1) + 63) / 64 * 64;
-  void *memory = std::aligned_alloc(64, bytes);
+  bool zeroed = false;
+  void *memory = HostBuffers::allocate(bytes, zeroed);
   if (!memory)
     throw AllocationFailure(static_cast<int64_t>(bytes), shapeString(dims));
-  if (zero)
+  if (zero && !zeroed)
     std::memset(memory, 0, bytes);
-  storage = std::shared_ptr<void>(memory, [](void *p) { std::free(p); });
+  storage = std::shared_ptr<void>(memory, [bytes](void *p) { HostBuffers::release(p, bytes); });
 }
 
 double Tensor::getDouble(int64_t flatIndex) const {

@@ -211,6 +211,9 @@ public:
   bool onHost() const { return deviceIndex < 0; }
 
   bool isNull() const { return !storage; }
+  /// True when no other Tensor shares the buffer (a view included): its
+  /// holder may write it in place.
+  bool ownsBuffer() const { return storage && storage.use_count() == 1; }
   DType elemType() const { return type; }
   const std::vector<int64_t> &shape() const { return dims; }
   int64_t rank() const { return static_cast<int64_t>(dims.size()); }

@@ -3,10 +3,12 @@
 // A fused node runs in blocks of elements, one step at a time over a block,
 // so that each step's loop is tight (its op fixed at compile time, one
 // instantiation per element-wise row of ops/Ops.def) and the block stays in
-// L1. MatMulBias is the MatMul's GEMM and then the bias added in place.
+// L1. MatMulBias is the MatMul's GEMM and then the bias added in place;
+// MatMulTransposed one GEMM that reads its weight transposed.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/core/FusedProgram.h"
+#include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
 #include "runtime/cpu/Kernels.h"
 #include "support/Parallel.h"
@@ -206,6 +208,33 @@ KernelResult matMulBias(const OpContext &ctx) {
     for (int64_t j = 0; j < *n; ++j)
       out[row * *n + j] += bias[j];
   return std::move(*product);
+}
+
+KernelResult matMulTransposed(const OpContext &ctx) {
+  ArrayRef<const Tensor *> inputs = ctx.allInputs();
+  const Tensor &a = *inputs[0], &w = *inputs[1];
+  bool floats =
+      (a.elemType() == DType::F32 || a.elemType() == DType::F64) && w.elemType() == a.elemType();
+  // The body's own nodes for what one GEMM over the folded rows does not
+  // take (a 1-D A, a W that is not 2-D, other types).
+  if (!floats || a.rank() < 2 || w.rank() != 2 || a.dim(-1) != w.dim(1))
+    return runBodyOnCpu(ctx.node, ctx.opset, inputs);
+  int64_t k = a.dim(-1), n = w.dim(0), m = a.numElements() / std::max<int64_t>(k, 1);
+  Shape shape = a.shape();
+  shape.back() = n;
+  return visitStorage(a.elemType(), [&](auto tag) -> KernelResult {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      // Zeros when k = 0: the BLAS is not called then.
+      Tensor y = k > 0 ? Tensor::uninitialized(a.elemType(), shape) : Tensor(a.elemType(), shape);
+      if (k > 0 && m > 0 && n > 0)
+        gemmAny<T>(false, true, m, n, k, T(1), a.data<T>(), k, w.data<T>(), k, T(0), y.data<T>(),
+                   n);
+      return Outputs{y};
+    } else {
+      return runBodyOnCpu(ctx.node, ctx.opset, inputs);
+    }
+  });
 }
 
 } // namespace pipec::cpu

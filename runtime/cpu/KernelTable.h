@@ -159,6 +159,7 @@ KernelResult unaryGrad(const OpContext &ctx);
 // Fused nodes (Fused.cpp).
 KernelResult fused(const OpContext &ctx);
 KernelResult matMulBias(const OpContext &ctx);
+KernelResult matMulTransposed(const OpContext &ctx);
 
 } // namespace pipec::cpu
 

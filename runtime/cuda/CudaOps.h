@@ -250,6 +250,9 @@ private:
   Result runBody(const NodeView &n);
   Result fused(const NodeView &n);
   Result matMulBias(const NodeView &n);
+  /// The Transpose and the MatMul of its body, on the device (as before
+  /// the host fused them).
+  Result matMulTransposed(const NodeView &n) { return runBody(n); }
   Result softmaxGrad(const NodeView &n);
   Result gatherGrad(const NodeView &n);
   Result layerNormGradInput(const NodeView &n);

@@ -10,6 +10,7 @@
 #include "runtime/cpu/Kernels.h"
 #include "runtime/exec/RankExecutor.h"
 
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -215,25 +216,62 @@ Error RankExecutor::planRecompute(int stage) {
   return Error::success();
 }
 
-Error RankExecutor::runForward(int stage, Env &values) {
-  auto drops = forwardDrops.find(stage);
-  if (drops == forwardDrops.end()) {
-    // Each value the stage does not hand on goes after its last reader.
-    const plan::StageProgram &sp = stageProgram(stage);
-    std::set<std::string> kept(sp.send().begin(), sp.send().end());
-    kept.insert(sp.outputs().begin(), sp.outputs().end());
-    std::map<std::string, int> last;
-    for (int i = 0; i < sp.forward_size(); ++i)
-      for (const std::string &name : sp.forward(i).input())
-        if (!name.empty())
-          last[name] = i;
-    std::vector<std::vector<std::string>> after(sp.forward_size());
-    for (const auto &[name, i] : last)
-      if (!kept.count(name))
-        after[i].push_back(name);
-    drops = forwardDrops.emplace(stage, std::move(after)).first;
+const RankExecutor::DropSchedule &RankExecutor::dropsFor(int stage, NodeListKind list) {
+  auto found = dropSchedules.find({stage, list});
+  if (found != dropSchedules.end())
+    return found->second;
+  const plan::StageProgram &sp = stageProgram(stage);
+  std::set<std::string> live;
+  auto keep = [&](const auto &names) { live.insert(names.begin(), names.end()); };
+  auto keepTerms = [&](const auto &sums) {
+    for (const plan::GradSum &g : sums)
+      keep(g.terms());
+  };
+  for (const plan::RunningStat &r : sp.running_stats())
+    live.insert(r.statistic());
+  const google::protobuf::RepeatedPtrField<onnx::NodeProto> *nodes = nullptr;
+  switch (list) {
+  case NodeListKind::Forward: {
+    nodes = &sp.forward();
+    keep(sp.send());
+    keep(sp.outputs());
+    if (s.training) {
+      auto recomputing = keptWhenRecomputing.find(stage);
+      keep(recomputing != keptWhenRecomputing.end() ? recomputing->second : keepSets[stage]);
+      live.insert(s.plan->loss_value());
+      live.insert(s.plan->loss_count_value());
+    }
+    break;
   }
-  return runNodes(stageProgram(stage).forward(), values, stage, 0, "forward", &drops->second);
+  case NodeListKind::BackwardInput:
+    nodes = &sp.backward_input();
+    for (const onnx::NodeProto &node : sp.backward_weight())
+      keep(node.input());
+    for (const plan::GradSum &g : sp.input_grads())
+      live.insert(g.value()); // shapes a zero gradient
+    keepTerms(sp.input_grads());
+    keepTerms(sp.weight_grads());
+    break;
+  case NodeListKind::BackwardWeight:
+    nodes = &sp.backward_weight();
+    keepTerms(sp.weight_grads());
+    break;
+  }
+  std::map<std::string, int> last;
+  for (int i = 0; i < nodes->size(); ++i)
+    for (const std::string &name : (*nodes)[i].input())
+      if (!name.empty())
+        last[name] = i;
+  DropSchedule after(nodes->size());
+  for (const auto &[name, i] : last)
+    if (!live.count(name))
+      after[i].push_back(name);
+  return dropSchedules.emplace(std::make_pair(stage, list), std::move(after)).first->second;
+}
+
+Error RankExecutor::runForward(int stage, Env &values) {
+  return runNodes(stageProgram(stage).forward(), values, stage, 0, "forward",
+                  &dropsFor(stage, NodeListKind::Forward));
 }
 
 Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
@@ -241,6 +279,11 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
                              const std::vector<std::vector<std::string>> *dropAfter) {
   std::vector<const cpu::Tensor *> inputs;
   int index = -1;
+  auto dropAfterLast = llvm::make_scope_exit([&] {
+    if (dropAfter && index >= 0)
+      for (const std::string &name : (*dropAfter)[index])
+        values.erase(name);
+  });
   for (const onnx::NodeProto &node : nodes) {
     ++index;
     if (dropAfter && index > 0)
@@ -365,7 +408,8 @@ Error RankExecutor::forward(int stage, int mb, int t, bool again) {
       return rankError(global, formatv("stage {0} microbatch {1}: boundary tensor '{2}' never "
                                        "arrived",
                                        stage, mb, name));
-  if (Error err = runNodes(sp.forward(), values, stage, mb, "forward"))
+  if (Error err = runNodes(sp.forward(), values, stage, mb, "forward",
+                           &dropsFor(stage, NodeListKind::Forward)))
     return err;
   bool last = stage + 1 == s.K;
   if (last && s.training) {
@@ -441,7 +485,8 @@ Error RankExecutor::backwardInput(int stage, int mb) {
   if (Error err = collect(true, stage, mb))
     return err;
   Env &values = env(stage, mb);
-  if (Error err = runNodes(sp.backward_input(), values, stage, mb, "backward-input"))
+  if (Error err = runNodes(sp.backward_input(), values, stage, mb, "backward-input",
+                           &dropsFor(stage, NodeListKind::BackwardInput)))
     return err;
   for (const plan::GradSum &g : sp.input_grads()) {
     std::vector<const cpu::Tensor *> terms;
@@ -475,7 +520,8 @@ Error RankExecutor::backwardInput(int stage, int mb) {
 Error RankExecutor::backwardWeight(int stage, int mb) {
   const plan::StageProgram &sp = stageProgram(stage);
   Env &values = env(stage, mb);
-  if (Error err = runNodes(sp.backward_weight(), values, stage, mb, "backward-weight"))
+  if (Error err = runNodes(sp.backward_weight(), values, stage, mb, "backward-weight",
+                           &dropsFor(stage, NodeListKind::BackwardWeight)))
     return err;
   for (const plan::GradSum &g : sp.weight_grads()) {
     auto acc = grads.find(g.value());
@@ -487,11 +533,11 @@ Error RankExecutor::backwardWeight(int stage, int mb) {
         return t.takeError();
       // Element types are the backend's to reconcile (a float32 accumulator
       // takes float16 terms).
-      if ((*t)->numElements() != acc->second.numElements())
-        return rankError(global,
-                         formatv("stage {0}: gradient '{1}' is {2}, weight '{3}' is {4}", stage,
-                                 term, (*t)->describe(), g.value(), acc->second.describe()));
-      if (Error err = be.addInto(acc->second, **t))
+      const cpu::Tensor &w = weights[g.value()];
+      if ((*t)->numElements() != w.numElements())
+        return rankError(global, formatv("stage {0}: gradient '{1}' is {2}, weight '{3}' is {4}",
+                                         stage, term, (*t)->describe(), g.value(), w.describe()));
+      if (Error err = accumulate(acc->second, g.value(), values, term, **t))
         return rankError(global, formatv("stage {0}: accumulating '{1}': {2}", stage, term,
                                          toString(std::move(err))));
     }
@@ -525,6 +571,8 @@ int64_t RankExecutor::shardElements(const std::string &name) const {
 }
 
 Error RankExecutor::allReduce(const Ins &ins) {
+  if (Error err = fillUnsetGradients())
+    return err;
   std::vector<int> group;
   // The sums to reduce: gradients, and with the replicas' group the running
   // statistics too.
@@ -609,6 +657,8 @@ Error RankExecutor::reduceScatter(const Ins &ins) {
     return rankError(global, formatv("a reduce-scatter of group '{0}' in a run whose optimizer is "
                                      "not sharded over replicas",
                                      ins.group()));
+  if (Error err = fillUnsetGradients())
+    return err;
   // Each gradient, flat and padded to whole shards; every replica keeps the
   // sum of its own.
   std::vector<cpu::Tensor> padded;
@@ -685,14 +735,8 @@ Expected<cpu::Tensor> RankExecutor::forComm(const cpu::Tensor &t) {
 
 Error RankExecutor::zeroAccumulators() {
   grads.clear();
-  for (const std::string &name : trainableHere) {
-    // Half weights accumulate their gradients in float32, like their master.
-    auto zero = be.zeros(master.count(name) ? cpu::DType::F32 : weights[name].elemType(),
-                         weights[name].shape());
-    if (!zero)
-      return zero.takeError();
-    grads[name] = std::move(*zero);
-  }
+  for (const std::string &name : trainableHere)
+    grads[name] = cpu::Tensor();
   statisticSums.clear();
   for (const auto &entry : runningHere) {
     const cpu::Tensor &buffer = weights[entry.first];
@@ -703,6 +747,48 @@ Error RankExecutor::zeroAccumulators() {
     statisticSums[entry.first] = std::move(*zero);
   }
   return Error::success();
+}
+
+Error RankExecutor::fillUnsetGradients() {
+  for (auto &[name, acc] : grads) {
+    if (!acc.isNull())
+      continue;
+    // Half weights accumulate their gradients in float32, like their master.
+    auto zero = be.zeros(master.count(name) ? cpu::DType::F32 : weights[name].elemType(),
+                         weights[name].shape());
+    if (!zero)
+      return zero.takeError();
+    acc = std::move(*zero);
+  }
+  return Error::success();
+}
+
+Error RankExecutor::accumulate(cpu::Tensor &acc, const std::string &weight, Env &values,
+                               const std::string &name, const cpu::Tensor &term) {
+  if (acc.isNull()) {
+    const cpu::Tensor &w = weights[weight];
+    cpu::DType type = master.count(weight) ? cpu::DType::F32 : w.elemType();
+    auto it = values.find(name);
+    if (term.elemType() == type && term.device() == w.device() && it != values.end() &&
+        &it->second == &term && term.numElements() == w.numElements()) {
+      cpu::Tensor taken = std::move(it->second);
+      values.erase(it);
+      if (taken.ownsBuffer()) {
+        acc = taken.reshaped(w.shape());
+        return Error::success();
+      }
+      auto zero = be.zeros(type, w.shape());
+      if (!zero)
+        return zero.takeError();
+      acc = std::move(*zero);
+      return be.addInto(acc, taken);
+    }
+    auto zero = be.zeros(type, w.shape());
+    if (!zero)
+      return zero.takeError();
+    acc = std::move(*zero);
+  }
+  return be.addInto(acc, term);
 }
 
 Error RankExecutor::send(const Ins &ins, int i) {

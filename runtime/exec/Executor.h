@@ -158,6 +158,7 @@ struct RunResult {
   int64_t fusedGroups = 0, fusedNodes = 0;
   /// MatMuls whose bias Add was fused into them.
   int64_t fusedMatMulBias = 0;
+  int64_t fusedMatMulTransposed = 0;
   /// Nodes run on the host instead of the device, by op, summed over the
   /// steps and every rank (Backend::fallbackOps); empty on the CPU backend.
   std::map<std::string, int64_t> fallbacks;

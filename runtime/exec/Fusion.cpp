@@ -1,6 +1,7 @@
 //===- Fusion.cpp - Fusing element-wise chains of stage programs --------===//
 #include "runtime/exec/Fusion.h"
 #include "runtime/core/FusedProgram.h"
+#include "support/Attributes.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
@@ -242,6 +243,61 @@ int64_t fuseMatMulBias(NodeList &nodes, const StringSet<> &external) {
   return made;
 }
 
+/// A MatMul whose B is made by a Transpose with perm [1, 0] that nothing
+/// else reads: one MatMulTransposed node at the MatMul's place, reading the
+/// Transpose's input.
+int64_t fuseTransposedOperand(NodeList &nodes, const StringSet<> &external) {
+  auto isDefault = [](const onnx::NodeProto &n) {
+    return n.domain().empty() || n.domain() == "ai.onnx";
+  };
+  StringMap<int> maker;
+  StringMap<int> reads;
+  for (int i = 0; i < nodes.size(); ++i) {
+    for (const std::string &name : nodes[i].input())
+      if (!name.empty())
+        ++reads[name];
+    for (const std::string &name : nodes[i].output())
+      maker[name] = i;
+  }
+  std::vector<int> transposeOf(nodes.size(), -1); // MatMul -> its Transpose
+  std::vector<bool> absorbed(nodes.size(), false);
+  for (int i = 0; i < nodes.size(); ++i) {
+    const onnx::NodeProto &mm = nodes[i];
+    if (!isDefault(mm) || mm.op_type() != "MatMul" || mm.input_size() != 2 ||
+        mm.output_size() != 1 || mm.input(0) == mm.input(1))
+      continue;
+    auto m = maker.find(mm.input(1));
+    if (m == maker.end() || m->second > i || reads[mm.input(1)] != 1 || external.count(mm.input(1)))
+      continue;
+    const onnx::NodeProto &tr = nodes[m->second];
+    std::optional<std::vector<int64_t>> perm = attrInts(tr, "perm");
+    if (!isDefault(tr) || tr.op_type() != "Transpose" || tr.input_size() != 1 ||
+        tr.output_size() != 1 || !perm || *perm != std::vector<int64_t>{1, 0})
+      continue;
+    transposeOf[i] = m->second;
+    absorbed[m->second] = true;
+  }
+  NodeList rebuilt;
+  int64_t made = 0;
+  for (int i = 0; i < nodes.size(); ++i) {
+    if (absorbed[i])
+      continue;
+    if (transposeOf[i] < 0) {
+      *rebuilt.Add() = nodes[i];
+      continue;
+    }
+    const onnx::NodeProto &tr = nodes[transposeOf[i]], &mm = nodes[i];
+    std::string name = "fused:" + (mm.name().empty() ? mm.output(0) : mm.name());
+    onnx::NodeProto fused =
+        makeFusedNode(name, {&tr, &mm}, {mm.input(0), tr.input(0)}, {mm.output(0)});
+    fused.set_op_type(MatMulTransposedOpType.str());
+    *rebuilt.Add() = std::move(fused);
+    ++made;
+  }
+  nodes.Swap(&rebuilt);
+  return made;
+}
+
 void addNames(StringSet<> &set, const google::protobuf::RepeatedPtrField<std::string> &names) {
   for (const std::string &name : names)
     set.insert(name);
@@ -277,6 +333,7 @@ FusionStats fuseStageProgram(plan::StageProgram &program, int64_t opset,
     for (NodeList *other : lists)
       if (other != list)
         addInputs(external, *other);
+    total.matMulTransposed += fuseTransposedOperand(*list, external);
     if (opset >= 7)
       total.matMulBias += fuseMatMulBias(*list, external);
     FusionStats stats = ListFuser(*list, external, opset).run();

@@ -17,9 +17,18 @@
 // Before:  t = Tanh(x); u = Add(t, one); y = Mul(x, u); z = MatMul(y, w)
 // After:   y = FusedElementwise(x, one); z = MatMul(y, w)
 //
-// First, a MatMul whose product only an Add reads (a linear layer's bias)
+// First, a MatMul by a 2-D Transpose (perm [1, 0]) that nothing else reads
+// (a linear layer of torch's exporter: its weight is [out, in]) becomes one
+// MatMulTransposed node: the GEMM reads the weight transposed, and no
+// transposed copy is made. The CUDA backend runs its body.
+//
+// Before:  t = Transpose(w, perm=[1, 0]); y = MatMul(x, t)
+// After:   y = MatMulTransposed(x, w)
+//
+// Then a MatMul whose product only an Add reads (a linear layer's bias)
 // becomes one MatMulBias node (runtime/core/FusedProgram.h): the CUDA backend adds
-// the bias in the GEMM's epilogue (cuBLASLt), the CPU in place.
+// the bias in the GEMM's epilogue (cuBLASLt), the CPU in place. A
+// MatMulTransposed keeps its Add (a residual is no bias for an epilogue).
 //
 // Before:  m = MatMul(x, w); y = Add(b, m)
 // After:   y = MatMulBias(x, w, b)
@@ -42,6 +51,16 @@ struct FusionStats {
   int64_t groups = 0, nodes = 0;
   /// MatMulBias nodes made (each replacing a MatMul and an Add).
   int64_t matMulBias = 0;
+  /// MatMulTransposed nodes made (each replacing a Transpose and a MatMul).
+  int64_t matMulTransposed = 0;
+
+  FusionStats &operator+=(const FusionStats &other) {
+    groups += other.groups;
+    nodes += other.nodes;
+    matMulBias += other.matMulBias;
+    matMulTransposed += other.matMulTransposed;
+    return *this;
+  }
 };
 
 /// Fuses the three node lists of \p program in place; \p opset is the

@@ -618,7 +618,8 @@ void keepLastPosition(Shared &prefill, const std::string &logits) {
   for (plan::StageProgram &sp : prefill.programs)
     for (int i = 0; i < sp.forward_size(); ++i) {
       onnx::NodeProto &head = *sp.mutable_forward(i);
-      bool product = head.op_type() == "MatMul" || head.op_type() == MatMulBiasOpType;
+      bool product = head.op_type() == "MatMul" || head.op_type() == MatMulBiasOpType ||
+                     head.op_type() == MatMulTransposedOpType;
       if (!product || head.output_size() != 1 || head.output(0) != logits)
         continue;
       onnx::NodeProto slice;

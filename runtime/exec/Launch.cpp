@@ -230,13 +230,9 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
                              plan.programs_size(), s->P);
   s->programs.assign(plan.stage_programs().begin(), plan.stage_programs().end());
   if (options.fuse)
-    for (plan::StageProgram &program : s->programs) {
-      FusionStats stats =
+    for (plan::StageProgram &program : s->programs)
+      s->fusion +=
           fuseStageProgram(program, plan.opset(), {plan.loss_value(), plan.loss_count_value()});
-      s->fusion.groups += stats.groups;
-      s->fusion.nodes += stats.nodes;
-      s->fusion.matMulBias += stats.matMulBias;
-    }
   return s;
 }
 
@@ -294,6 +290,9 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
   if (Error err = guardAllocation("rank " + Twine(ex.globalRank()) + ": loading the weights",
                                   [&] { return ex.load(); }))
     return err;
+  // The model's check and the weights' reading left freed copies in the
+  // heap, which keepFreedMemory's thresholds would keep: back to the system.
+  malloc_trim(0);
   int first = 0;
   const RunOptions &o = s.options;
   ResumeMode mode = o.resumeIfExists ? ResumeMode::IfExists
@@ -318,6 +317,7 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
   result.fusedGroups = s.fusion.groups;
   result.fusedNodes = s.fusion.nodes;
   result.fusedMatMulBias = s.fusion.matMulBias;
+  result.fusedMatMulTransposed = s.fusion.matMulTransposed;
   auto started = Clock::now();
   for (int t = first; t < o.steps; ++t) {
     double sum = 0, count = 0;

@@ -153,8 +153,18 @@ private:
   llvm::Error runNodes(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
                        Env &values, int stage, int mb, llvm::StringRef phase,
                        const std::vector<std::vector<std::string>> *dropAfter = nullptr);
-  /// runForward's dropAfter, per stage.
-  std::map<int, std::vector<std::vector<std::string>>> forwardDrops;
+  /// Per node of a node list, the values to erase once it ran.
+  using DropSchedule = std::vector<std::vector<std::string>>;
+  enum class NodeListKind { Forward, BackwardInput, BackwardWeight };
+  /// Per stage and node list, each value's last reader in the list, for the
+  /// values nothing after the list reads (dropsFor).
+  std::map<std::pair<int, NodeListKind>, DropSchedule> dropSchedules;
+  /// The drops of \p list of \p stage. A forward keeps what it sends, its
+  /// graph outputs and, training, the loss and what the backward (or the
+  /// recompute) reads; the input-gradient list keeps what the
+  /// weight-gradient list and the gradient sums read; the weight-gradient
+  /// list keeps its gradient terms and running statistics.
+  const DropSchedule &dropsFor(int stage, NodeListKind list);
   llvm::Error loadInputs(int stage, int mb, int t);
   llvm::Error collect(bool grad, int stageField, int mb);
   llvm::Error forward(int stage, int mb, int t, bool again);
@@ -192,7 +202,17 @@ private:
   /// lastGrads.
   llvm::Error collectGradients(double scale);
   /// The step's gradient and running-statistic accumulators, zeroed.
+  /// Starts a step's gradients: each trainable weight's accumulator is
+  /// unset until its first term (backwardWeight takes the term itself when
+  /// it can), so that the gradients grow as the backward frees activations.
   llvm::Error zeroAccumulators();
+  /// Zeros for the accumulators no term reached: before a reduction or the
+  /// optimizer reads them.
+  llvm::Error fillUnsetGradients();
+  /// Adds \p term, the value \p name of \p values, into \p acc; an unset
+  /// \p acc of \p weight takes the term's buffer when nothing else holds it.
+  llvm::Error accumulate(cpu::Tensor &acc, const std::string &weight, Env &values,
+                         const std::string &name, const cpu::Tensor &term);
   /// Instruction \p i (\p ins) of step \p t; \p category is the trace
   /// letter of a compute (F, R, I, W, B, C, O), 0 for the rest.
   llvm::Error execute(const Ins &ins, int i, int t, char &category);

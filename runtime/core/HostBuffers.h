@@ -1,0 +1,47 @@
+//===- HostBuffers.h - The host memory of tensors, reused by size -------===//
+//
+// A training step allocates and frees the same large activations and
+// gradients, in the same order, every step. Blocks of at least
+// HostBuffers::minCachedBytes are mapped from the kernel and, once freed,
+// kept by exact size for the next allocation of that size: no page faults
+// and no zeroing by the kernel after the first step. A miss may hold at
+// most as much memory as the most the process ever held (in use and kept
+// together): before it maps a new block, it returns the least recently
+// freed blocks to the kernel until the new one fits under that mark. The
+// resident size then stays near the most memory in use at once, which
+// glibc's heap, fragmented by blocks of many sizes freed in other orders,
+// does not.
+//
+// Smaller blocks come from the C heap.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_RUNTIME_CORE_HOSTBUFFERS_H
+#define PIPEC_RUNTIME_CORE_HOSTBUFFERS_H
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pipec::cpu {
+
+namespace HostBuffers {
+
+inline constexpr size_t minCachedBytes = size_t(1) << 20;
+
+/// A block of \p bytes, 64-byte aligned; null when the system refuses it.
+/// \p zeroed tells whether it holds zeros (a fresh mapping does).
+void *allocate(size_t bytes, bool &zeroed);
+/// Gives back a block of allocate(\p bytes).
+void release(void *block, size_t bytes);
+
+struct Stats {
+  /// Bytes in use, kept for reuse, and the most of the two together.
+  int64_t inUse = 0, kept = 0, mark = 0;
+  int64_t hits = 0, misses = 0;
+};
+Stats stats();
+
+} // namespace HostBuffers
+
+} // namespace pipec::cpu
+
+#endif // PIPEC_RUNTIME_CORE_HOSTBUFFERS_H
