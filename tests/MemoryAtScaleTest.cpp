@@ -258,13 +258,12 @@ TEST(HostBuffers, LargeBuffersAreReusedBySizeAndHeldUnderTheMark) {
   auto after = stats();
   EXPECT_EQ(after.hits, before.hits + 1);
   EXPECT_EQ(after.misses, before.misses);
-  // A size never seen makes room under the mark by giving kept blocks back,
-  // so what is in use and kept together never passes the most ever held.
-  int64_t mark = after.mark;
+  // A size never seen makes room by giving kept blocks back: in use and
+  // kept together stay within an eighth over the most ever in use.
   {
-    cpu::Tensor c = cpu::Tensor::uninitialized(DType::F32, {1024, 1023});
+    cpu::Tensor c = cpu::Tensor::uninitialized(DType::F32, {1024, 1023 * 3});
     auto now = stats();
-    EXPECT_LE(now.inUse + now.kept, std::max<int64_t>(mark, now.inUse));
+    EXPECT_LE(now.inUse + now.kept, std::max(now.peakInUse + now.peakInUse / 8, now.inUse));
   }
 }
 

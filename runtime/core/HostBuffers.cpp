@@ -55,9 +55,12 @@ void *Cache::take(size_t bytes, bool &zeroed) {
       zeroed = false;
       return block;
     }
-    while (!order.empty() && counts.inUse + counts.kept + static_cast<int64_t>(bytes) > counts.mark)
-      dropOldest();
+    // Kept blocks may add an eighth of the most ever in use: room for the
+    // sizes a step needs in another order than it frees them.
     counts.inUse += static_cast<int64_t>(bytes);
+    counts.peakInUse = std::max(counts.peakInUse, counts.inUse);
+    while (!order.empty() && counts.inUse + counts.kept > counts.peakInUse + counts.peakInUse / 8)
+      dropOldest();
     counts.mark = std::max(counts.mark, counts.inUse + counts.kept);
     ++counts.misses;
   }
@@ -89,6 +92,15 @@ void Cache::dropOldest() {
   munmap(oldest.block, oldest.bytes);
 }
 
+/// \p bytes rounded up to its size class: eight classes per power of two,
+/// so that blocks of nearby sizes serve each other, at most an eighth
+/// wasted.
+size_t sizeClass(size_t bytes) {
+  size_t power = size_t(1) << (63 - __builtin_clzll(bytes));
+  size_t step = std::max<size_t>(power / 8, 4096);
+  return (bytes + step - 1) / step * step;
+}
+
 Cache &cache() {
   // Never destroyed: tensors of static objects may be freed after it would be.
   static Cache *instance = new Cache();
@@ -99,14 +111,14 @@ Cache &cache() {
 
 void *allocate(size_t bytes, bool &zeroed) {
   if (bytes >= minCachedBytes)
-    return cache().take(bytes, zeroed);
+    return cache().take(sizeClass(bytes), zeroed);
   zeroed = false;
   return std::aligned_alloc(64, bytes);
 }
 
 void release(void *block, size_t bytes) {
   if (bytes >= minCachedBytes)
-    cache().give(block, bytes);
+    cache().give(block, sizeClass(bytes));
   else
     std::free(block);
 }

@@ -3,14 +3,13 @@
 // A training step allocates and frees the same large activations and
 // gradients, in the same order, every step. Blocks of at least
 // HostBuffers::minCachedBytes are mapped from the kernel and, once freed,
-// kept by exact size for the next allocation of that size: no page faults
-// and no zeroing by the kernel after the first step. A miss may hold at
-// most as much memory as the most the process ever held (in use and kept
-// together): before it maps a new block, it returns the least recently
-// freed blocks to the kernel until the new one fits under that mark. The
-// resident size then stays near the most memory in use at once, which
-// glibc's heap, fragmented by blocks of many sizes freed in other orders,
-// does not.
+// kept by size class (eight per power of two) for the next allocation of
+// that class: no page faults and no zeroing by the kernel after the first
+// step. What is kept may add an eighth of the most ever in use: a miss
+// first returns the least recently freed blocks to the kernel until in use
+// and kept fit under that. The resident size then stays near the most
+// memory in use at once, which glibc's heap, fragmented by blocks of many
+// sizes freed in other orders, does not.
 //
 // Smaller blocks come from the C heap.
 //
@@ -34,8 +33,9 @@ void *allocate(size_t bytes, bool &zeroed);
 void release(void *block, size_t bytes);
 
 struct Stats {
-  /// Bytes in use, kept for reuse, and the most of the two together.
-  int64_t inUse = 0, kept = 0, mark = 0;
+  /// Bytes in use, kept for reuse, the most of the two together, and the
+  /// most in use.
+  int64_t inUse = 0, kept = 0, mark = 0, peakInUse = 0;
   int64_t hits = 0, misses = 0;
 };
 Stats stats();
