@@ -533,7 +533,7 @@ Error RankExecutor::backwardWeight(int stage, int mb) {
         return t.takeError();
       // Element types are the backend's to reconcile (a float32 accumulator
       // takes float16 terms).
-      const cpu::Tensor &w = weights[g.value()];
+      const cpu::Tensor &w = weights.at(g.value());
       if ((*t)->numElements() != w.numElements())
         return rankError(global, formatv("stage {0}: gradient '{1}' is {2}, weight '{3}' is {4}",
                                          stage, term, (*t)->describe(), g.value(), w.describe()));
@@ -754,8 +754,8 @@ Error RankExecutor::fillUnsetGradients() {
     if (!acc.isNull())
       continue;
     // Half weights accumulate their gradients in float32, like their master.
-    auto zero = be.zeros(master.count(name) ? cpu::DType::F32 : weights[name].elemType(),
-                         weights[name].shape());
+    const cpu::Tensor &w = weights.at(name);
+    auto zero = be.zeros(master.count(name) ? cpu::DType::F32 : w.elemType(), w.shape());
     if (!zero)
       return zero.takeError();
     acc = std::move(*zero);
@@ -766,7 +766,7 @@ Error RankExecutor::fillUnsetGradients() {
 Error RankExecutor::accumulate(cpu::Tensor &acc, const std::string &weight, Env &values,
                                const std::string &name, const cpu::Tensor &term) {
   if (acc.isNull()) {
-    const cpu::Tensor &w = weights[weight];
+    const cpu::Tensor &w = weights.at(weight);
     cpu::DType type = master.count(weight) ? cpu::DType::F32 : w.elemType();
     auto it = values.find(name);
     if (term.elemType() == type && term.device() == w.device() && it != values.end() &&

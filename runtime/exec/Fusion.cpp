@@ -186,12 +186,11 @@ FusionStats ListFuser::run() {
   return stats;
 }
 
+bool isDefault(const onnx::NodeProto &n) { return n.domain().empty() || n.domain() == "ai.onnx"; }
+
 /// MatMul, then an Add of a bias to its product and nothing else reading
 /// the product: one MatMulBias node at the Add's place.
 int64_t fuseMatMulBias(NodeList &nodes, const StringSet<> &external) {
-  auto isDefault = [](const onnx::NodeProto &n) {
-    return n.domain().empty() || n.domain() == "ai.onnx";
-  };
   StringMap<std::vector<int>> readers;
   for (int i = 0; i < nodes.size(); ++i)
     for (const std::string &name : nodes[i].input())
@@ -247,9 +246,6 @@ int64_t fuseMatMulBias(NodeList &nodes, const StringSet<> &external) {
 /// else reads: one MatMulTransposed node at the MatMul's place, reading the
 /// Transpose's input.
 int64_t fuseTransposedOperand(NodeList &nodes, const StringSet<> &external) {
-  auto isDefault = [](const onnx::NodeProto &n) {
-    return n.domain().empty() || n.domain() == "ai.onnx";
-  };
   StringMap<int> maker;
   StringMap<int> reads;
   for (int i = 0; i < nodes.size(); ++i) {
