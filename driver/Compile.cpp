@@ -7,6 +7,7 @@
 #include "driver/InspectReport.h"
 #include "driver/MapParams.h"
 #include "driver/Report.h"
+#include "passes/ActivationMemory.h"
 #include "passes/BalanceStages.h"
 #include "passes/Differentiate.h"
 #include "passes/GenerationRoles.h"
@@ -229,6 +230,11 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
                   : runner.skip("differentiate", "inference (--mode infer) has no backward");
   if (err)
     return err;
+  // Without a backward program a train plan cannot run; its tables keep
+  // every activation.
+  if (!options.training || out->backward)
+    for (auto &[name, table] : out->tables)
+      countActivationMemory(table, out->layers, out->backward ? &*out->backward : nullptr);
   indexCuts(*out, setup.precision);
   return out;
 }

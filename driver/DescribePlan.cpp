@@ -207,6 +207,7 @@ LoweringInputs loweringInputs(const CompileOptions &options, const PipelineShape
       lowering.hasGradient.emplace_back();
     }
     lowering.activationBytes.push_back(c.activationBytes);
+    lowering.workingBytes.push_back(c.workingBytes);
     int64_t input = 0;
     if (c.index > 0) {
       const ChunkPlan &prev = stagePlan.chunks[c.index - 1];

@@ -58,9 +58,18 @@ public:
     const CostTable &first = *options.rankCosts.front();
     params.assign(layers + 1, 0);
     activations.assign(layers + 1, 0);
+    workingMax.emplace_back();
     for (int l = 0; l < layers; ++l) {
       params[l + 1] = params[l] + lg.layers[l].params;
       activations[l + 1] = activations[l] + first.layers[l].activationBytes;
+      workingMax[0].push_back(first.layers[l].workingBytes);
+    }
+    for (size_t p = 1; (size_t(1) << p) <= size_t(layers); ++p) {
+      const std::vector<int64_t> &half = workingMax[p - 1];
+      std::vector<int64_t> level;
+      for (size_t i = 0; i + (size_t(1) << p) <= size_t(layers); ++i)
+        level.push_back(std::max(half[i], half[i + (size_t(1) << (p - 1))]));
+      workingMax.push_back(std::move(level));
     }
     for (auto &[w, users] : lg.sharedWeights())
       shared.push_back({lg.graph->values[w].numElements(), users});
@@ -95,7 +104,8 @@ public:
           __builtin_mul_overflow(recomputes ? rebuiltHeld[k] : 0, activations[layers], &rebuilt) ||
           __builtin_mul_overflow(params[layers], bytesPerParam(options.training), &bound) ||
           __builtin_add_overflow(bound, kept, &bound) ||
-          __builtin_add_overflow(bound, rebuilt, &bound))
+          __builtin_add_overflow(bound, rebuilt, &bound) ||
+          __builtin_add_overflow(bound, working(0, layers), &bound))
         bound = std::numeric_limits<int64_t>::max();
       memoryBound.push_back(bound);
     }
@@ -146,8 +156,10 @@ public:
   }
 
   /// Bytes chunk [i, j) adds to its rank: parameters with their state and
-  /// the activations of the microbatches it holds at its peak. A rank's
-  /// memory is the sum over its chunks. With --recompute auto, the least it
+  /// the activations of the microbatches it holds at its peak, and what
+  /// its largest layer holds beyond them while it runs (working). A rank's
+  /// memory is the sum over its chunks (their working bytes too, which is
+  /// conservative with V > 1: they never run at once). With --recompute auto, the least it
   /// can take (every layer recomputing): whether a partition can fit.
   int64_t memory(int chunk, int i, int j) const {
     bool recomputes = options.training.recompute != Recompute::None;
@@ -174,7 +186,18 @@ public:
       kept = input + act - rebuilt;
     }
     return weightStateBytes(paramsOf(i, j), options.training) + perChunk * kept +
-           rebuiltHeld[chunk] * rebuilt;
+           rebuiltHeld[chunk] * rebuilt + working(i, j);
+  }
+
+  /// The most any of layers [i, j) holds beyond its kept activations while
+  /// it runs (LayerCost::workingBytes); 0 for none.
+  int64_t working(int i, int j) const {
+    if (i >= j)
+      return 0;
+    int p = 0;
+    while ((2 << p) <= j - i)
+      ++p;
+    return std::max(workingMax[p][i], workingMax[p][j - (1 << p)]);
   }
 
   /// How many of each chunk's first layers recompute, for the partition at
@@ -278,6 +301,8 @@ private:
   std::map<const CostTable *, int> tableIndex;
   std::vector<std::array<std::vector<double>, 3>> prefix;
   std::vector<int64_t> params, activations;
+  /// workingMax[p][i]: the most working bytes of layers [i, i + 2^p).
+  std::vector<std::vector<int64_t>> workingMax;
   std::vector<std::pair<int64_t, std::vector<int>>> shared;
   /// Per global chunk: microbatches of activations held at the peak, and of
   /// recomputed activations (peakRebuiltPerChunk).
@@ -618,6 +643,7 @@ StagePlan describePlan(const LayerGraph &lg, const BalanceOptions &options, cons
       c.activationBytes += table.layers[l].activationBytes;
     }
     c.boundaryBytes = j > 0 && j < layers && k + 1 < chunks ? table.layers[j - 1].boundaryBytes : 0;
+    c.workingBytes = costs.working(i, j);
     c.recomputedLayers = recomputed[k];
     for (int l = i; l < i + recomputed[k]; ++l)
       c.rebuiltBytes += table.layers[l].activationBytes;

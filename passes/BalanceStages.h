@@ -82,6 +82,7 @@ struct ChunkPlan {
   int64_t params = 0;
   double flopsForward = 0;
   int64_t activationBytes = 0; ///< kept per microbatch (without recompute)
+  int64_t workingBytes = 0;    ///< held beyond them while it runs (its largest layer's)
   int64_t boundaryBytes = 0;   ///< sent per microbatch
   /// How many of the chunk's first layers recompute their activations in
   /// the backward (--recompute: all; auto: as the memory limit needs), the

@@ -18,6 +18,21 @@ using Op = plan::Instruction;
 
 namespace {
 
+/// Per rank: the working bytes of the chunks whose forward it runs, summed.
+std::vector<int64_t> workingPerRank(const Streams &streams, const LoweringInputs &in) {
+  std::vector<int64_t> out(streams.ranks.size(), 0);
+  for (size_t r = 0; r < streams.ranks.size(); ++r) {
+    std::set<int> chunks;
+    for (const StreamOp &op : streams.ranks[r])
+      if (op.op == Op::FORWARD)
+        chunks.insert(op.stage);
+    for (int k : chunks)
+      if (k < static_cast<int>(in.workingBytes.size()))
+        out[r] += in.workingBytes[k];
+  }
+  return out;
+}
+
 bool isCompute(const plan::Instruction &i) {
   return i.op() == Op::FORWARD || i.op() == Op::BACKWARD || i.op() == Op::BACKWARD_INPUT ||
          i.op() == Op::BACKWARD_WEIGHT;
@@ -428,6 +443,7 @@ Expected<LoweredStreams> Lowering::run() {
   for (int r = 0; r < P; ++r)
     if (Error err = flatten(r))
       return err;
+  out.workingBytes = workingPerRank(out.streams, in);
   return std::move(out);
 }
 
@@ -453,6 +469,7 @@ bool resizeLowered(LoweredStreams &lowered, const LoweringInputs &in) {
       return false;
   }
   Streams &streams = lowered.streams;
+  lowered.workingBytes = workingPerRank(streams, in);
   streams.tensors.clear();
   for (const auto &tensors : in.sendTensors)
     for (const plan::TensorRef &t : tensors)
@@ -477,6 +494,7 @@ std::vector<plan::RankProgram> toRankPrograms(const LoweredStreams &lowered,
   for (size_t r = 0; r < streams.ranks.size(); ++r) {
     plan::RankProgram &prog = programs[r];
     prog.set_rank(static_cast<int>(r));
+    prog.set_working_bytes(r < lowered.workingBytes.size() ? lowered.workingBytes[r] : 0);
     for (const Action &a : schedule.ranks[r])
       prog.add_actions(formatAction(a));
     prog.mutable_instructions()->Reserve(static_cast<int>(streams.ranks[r].size()));

@@ -51,6 +51,9 @@ struct LoweringInputs {
   /// recompute, and the bytes of its input.
   std::vector<int64_t> activationBytes;
   std::vector<int64_t> inputBytes;
+  /// Per global chunk (empty: none): what it holds beyond its kept
+  /// activations while it runs (LayerCost::workingBytes, its largest layer's).
+  std::vector<int64_t> workingBytes;
   bool training = true;
   /// Per global chunk (empty: none): whether it recomputes, with a RECOMPUTE
   /// before each backward, and the bytes that rebuilds per microbatch (the
@@ -84,6 +87,8 @@ struct LoweringInputs {
 struct LoweredStreams {
   Streams streams;
   std::vector<std::vector<BufferLife>> buffers;
+  /// Per rank: the working bytes of the chunks it runs, summed.
+  std::vector<int64_t> workingBytes;
   /// What the streams' structure depends on besides the schedule: each
   /// boundary's tensors (by whether each carries a gradient back), training,
   /// recompute and the collectives. Sizes and names do not shape it.

@@ -61,7 +61,7 @@ void planMemory(std::vector<plan::RankProgram> &programs) {
     SlotPlan slots = planSlots(buffers);
     for (int b = 0; b < program.buffers_size(); ++b)
       program.mutable_buffers(b)->set_slot(slots.slot[b]);
-    program.set_peak_activation_bytes(slots.peak);
+    program.set_peak_activation_bytes(slots.peak + program.working_bytes());
     program.set_slots(static_cast<int>(slots.slotBytes.size()));
     program.clear_slot_bytes();
     for (int64_t bytes : slots.slotBytes)

@@ -8,8 +8,10 @@
 // come before allocations, and a buffer takes a slot its stage freed (the one
 // freed last) before it opens a new one, so a stage's slots hold the
 // microbatches it keeps in flight. A slot is as big as the largest buffer it
-// holds. It yields each rank's peak of live activation bytes, which the plan
-// checks against the memory model that balance-stages trusted.
+// holds. It yields each rank's peak of live activation bytes, plus the
+// working bytes lower-schedule gave the rank (what its chunks hold beyond
+// their kept activations while one runs), which the plan checks against the
+// memory model that balance-stages trusted.
 //
 // Before: rank 0 (1F1B, P = 2, M = 3): buf0 [FORWARD s0 mb0 .. FREE after
 //         BACKWARD s0 mb0], buf1 [mb1], buf2 [mb2, allocated after buf0's FREE]
@@ -49,7 +51,8 @@ struct SlotPlan {
 SlotPlan planSlots(llvm::ArrayRef<BufferLife> buffers);
 
 /// plan-memory on each of \p programs: sets every buffer's slot and the
-/// program's peak activation bytes, slot count and slot sizes.
+/// program's peak activation bytes (the slots' peak plus its working_bytes),
+/// slot count and slot sizes.
 /// Precondition: every buffer has its lifetime (alloc_at before free_at), as
 /// lower-schedule leaves it.
 void planMemory(std::vector<plan::RankProgram> &programs);

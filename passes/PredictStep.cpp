@@ -52,6 +52,7 @@ LoweringInputs defaultLoweringInputs(const StagePlan &plan, const BalanceOptions
     in.hasGradient.emplace_back(tensors.size(), true);
     in.sendTensors.push_back(std::move(tensors));
     in.activationBytes.push_back(c.activationBytes);
+    in.workingBytes.push_back(c.workingBytes);
     in.inputBytes.push_back(c.index > 0 ? plan.chunks[c.index - 1].boundaryBytes : 0);
   }
   in.collectives =
@@ -128,7 +129,7 @@ Expected<StepPrediction> StepPredictor::simulate(const StagePlan &stagePlan, boo
   if (peaks)
     for (size_t r = 0; r < lowered->buffers.size(); ++r)
       out.peakMemory.push_back((r < stagePlan.ranks.size() ? stagePlan.ranks[r].weightBytes : 0) +
-                               planSlots(lowered->buffers[r]).peak);
+                               planSlots(lowered->buffers[r]).peak + lowered->workingBytes[r]);
   return out;
 }
 

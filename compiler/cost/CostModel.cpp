@@ -30,16 +30,14 @@ Expected<Precision> parsePrecision(StringRef name) {
 
 StringRef precisionName(Precision precision) { return nameOf(precisionNames, precision, "fp32"); }
 
-namespace {
-
-/// Bytes of a value as the run would hold it: fp32 activations and weights
-/// are bf16 under mixed precision.
 double bytesAt(const Value &v, Precision precision) {
   double bytes = static_cast<double>(v.byteSize());
   if (precision == Precision::BF16 && v.type == DType::F32)
     bytes /= 2;
   return bytes;
 }
+
+namespace {
 
 bool isWeight(const Graph &graph, int id) {
   return id >= 0 && graph.values[id].kind == ValueKind::Weight;

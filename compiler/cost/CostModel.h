@@ -50,8 +50,14 @@ struct LayerCost {
   /// Seconds per microbatch for F, I and W.
   std::array<double, 3> time{};
   int64_t params = 0;
-  /// Bytes of activations kept for backward per microbatch.
+  /// Bytes of activations kept for backward per microbatch: every forward
+  /// value the layer makes until countActivationMemory (after differentiate)
+  /// narrows it to those its backward reads, none in inference.
   int64_t activationBytes = 0;
+  /// The most bytes its forward or backward holds at once beyond what it
+  /// keeps: temporaries, gradients, the weight-gradient terms
+  /// (countActivationMemory; 0 until then).
+  int64_t workingBytes = 0;
   /// Bytes entering the layer from earlier ones (what recompute keeps).
   int64_t inputBytes = 0;
   /// Bytes crossing the boundary after this layer.
@@ -69,6 +75,10 @@ struct CostTable {
   /// Op types costed by the default rule, sorted.
   std::vector<std::string> defaultedOpTypes;
 };
+
+/// Bytes of a value as the run would hold it: fp32 activations and weights
+/// are bf16 under mixed precision.
+double bytesAt(const Value &v, Precision precision);
 
 /// Roofline costs of every layer of \p layers on \p hardware.
 CostTable computeCosts(const LayerGraph &layers, const HardwareSpec &hardware, Precision precision);

@@ -2,8 +2,10 @@
 #include "runtime/core/HostBuffers.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <list>
 #include <map>
@@ -126,3 +128,34 @@ void release(void *block, size_t bytes) {
 Stats stats() { return cache().snapshot(); }
 
 } // namespace pipec::cpu::HostBuffers
+
+namespace pipec::cpu {
+
+int64_t peakResidentBytes() {
+  if (std::FILE *status = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    long long kib = -1;
+    while (kib < 0 && std::fgets(line, sizeof line, status))
+      if (std::sscanf(line, "VmHWM: %lld kB", &kib) != 1)
+        kib = -1;
+    std::fclose(status);
+    if (kib >= 0)
+      return kib * 1024;
+  }
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) != 0)
+    return 0;
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024; // Linux counts KiB
+}
+
+int64_t startResidentWindow() {
+  int64_t closed = peakResidentBytes();
+  // "5" resets the peak resident set size (proc(5), /proc/pid/clear_refs).
+  if (std::FILE *refs = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", refs);
+    std::fclose(refs);
+  }
+  return closed;
+}
+
+} // namespace pipec::cpu

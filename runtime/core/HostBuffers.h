@@ -42,6 +42,16 @@ Stats stats();
 
 } // namespace HostBuffers
 
+/// The process's peak resident set, in bytes, since it started or since the
+/// last startResidentWindow (Linux's VmHWM; getrusage's maxrss where /proc
+/// has none).
+int64_t peakResidentBytes();
+
+/// Starts a new window for peakResidentBytes (the kernel's high-water mark
+/// is reset to the pages now resident); returns the peak of the window it
+/// closes. Without /proc's clear_refs the window never closes.
+int64_t startResidentWindow();
+
 } // namespace pipec::cpu
 
 #endif // PIPEC_RUNTIME_CORE_HOSTBUFFERS_H

@@ -276,7 +276,8 @@ Error RankExecutor::runForward(int stage, Env &values) {
 
 Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
                              Env &values, int stage, int mb, StringRef phase,
-                             const std::vector<std::vector<std::string>> *dropAfter) {
+                             const std::vector<std::vector<std::string>> *dropAfter,
+                             function_ref<Error(int)> afterNode) {
   std::vector<const cpu::Tensor *> inputs;
   int index = -1;
   auto dropAfterLast = llvm::make_scope_exit([&] {
@@ -330,6 +331,9 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
     for (int o = 0; o < node.output_size() && o < static_cast<int>(outs->size()); ++o)
       if (!node.output(o).empty())
         values[node.output(o)] = std::move((*outs)[o]);
+    if (afterNode)
+      if (Error err = afterNode(index))
+        return err;
   }
   return Error::success();
 }
@@ -517,31 +521,58 @@ Error RankExecutor::backwardInput(int stage, int mb) {
   return Error::success();
 }
 
+const RankExecutor::AddSchedule &RankExecutor::addsFor(int stage) {
+  auto found = addSchedules.find(stage);
+  if (found != addSchedules.end())
+    return found->second;
+  const plan::StageProgram &sp = stageProgram(stage);
+  std::map<std::string, int> last; // made or read last by that node of the list
+  for (int i = 0; i < sp.backward_weight_size(); ++i) {
+    for (const std::string &name : sp.backward_weight(i).input())
+      last[name] = i;
+    for (const std::string &name : sp.backward_weight(i).output())
+      last[name] = i;
+  }
+  AddSchedule adds;
+  for (const plan::GradSum &g : sp.weight_grads())
+    if (grads.count(g.value())) // else not trained (e.g. a buffer)
+      for (const std::string &term : g.terms()) {
+        auto at = last.find(term);
+        adds[at == last.end() ? -1 : at->second].emplace_back(g.value(), term);
+      }
+  return addSchedules.emplace(stage, std::move(adds)).first->second;
+}
+
 Error RankExecutor::backwardWeight(int stage, int mb) {
   const plan::StageProgram &sp = stageProgram(stage);
   Env &values = env(stage, mb);
-  if (Error err = runNodes(sp.backward_weight(), values, stage, mb, "backward-weight",
-                           &dropsFor(stage, NodeListKind::BackwardWeight)))
-    return err;
-  for (const plan::GradSum &g : sp.weight_grads()) {
-    auto acc = grads.find(g.value());
-    if (acc == grads.end())
-      continue; // not trained (e.g. a buffer)
-    for (const std::string &term : g.terms()) {
-      Expected<const cpu::Tensor *> t = gradientTerm(values, term, "weight ", g.value(), stage, mb);
+  const AddSchedule &adds = addsFor(stage);
+  auto addTerms = [&](int index) -> Error {
+    auto found = adds.find(index);
+    if (found == adds.end())
+      return Error::success();
+    for (const auto &[weight, term] : found->second) {
+      Expected<const cpu::Tensor *> t = gradientTerm(values, term, "weight ", weight, stage, mb);
       if (!t)
         return t.takeError();
       // Element types are the backend's to reconcile (a float32 accumulator
       // takes float16 terms).
-      const cpu::Tensor &w = weights.at(g.value());
+      const cpu::Tensor &w = weights.at(weight);
       if ((*t)->numElements() != w.numElements())
         return rankError(global, formatv("stage {0}: gradient '{1}' is {2}, weight '{3}' is {4}",
-                                         stage, term, (*t)->describe(), g.value(), w.describe()));
-      if (Error err = accumulate(acc->second, g.value(), values, term, **t))
+                                         stage, term, (*t)->describe(), weight, w.describe()));
+      if (Error err = accumulate(grads.at(weight), weight, values, term, **t))
         return rankError(global, formatv("stage {0}: accumulating '{1}': {2}", stage, term,
                                          toString(std::move(err))));
+      values.erase(term);
     }
-  }
+    return Error::success();
+  };
+  if (Error err = addTerms(-1))
+    return err;
+  if (Error err = runNodes(sp.backward_weight(), values, stage, mb, "backward-weight",
+                           &dropsFor(stage, NodeListKind::BackwardWeight), addTerms))
+    return err;
   for (const plan::RunningStat &r : sp.running_stats()) {
     cpu::Tensor &acc = statisticSums[r.buffer()];
     Expected<const cpu::Tensor *> t =

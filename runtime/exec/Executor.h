@@ -159,6 +159,10 @@ struct RunResult {
   /// MatMuls whose bias Add was fused into them.
   int64_t fusedMatMulBias = 0;
   int64_t fusedMatMulTransposed = 0;
+  /// The peak resident set of each process of the run, in rank order, in
+  /// its steps and while its weights loaded: one for a local run (its ranks
+  /// share it), one per rank under MPI.
+  std::vector<int64_t> peakResidentBytes, loadResidentBytes;
   /// Nodes run on the host instead of the device, by op, summed over the
   /// steps and every rank (Backend::fallbackOps); empty on the CPU backend.
   std::map<std::string, int64_t> fallbacks;

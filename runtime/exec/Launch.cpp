@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "plan/PlanFile.h"
+#include "runtime/core/HostBuffers.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/exec/Checkpoint.h"
 #include "runtime/exec/ModelIO.h"
@@ -293,6 +294,12 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
   // The model's check and the weights' reading left freed copies in the
   // heap, which keepFreedMemory's thresholds would keep: back to the system.
   malloc_trim(0);
+  // The steps' memory apart from the loading's: once every rank has loaded
+  // (a local run's ranks share the process), a new high-water mark.
+  double loaded = 0;
+  if (Error err = comm.sumAll(loaded))
+    return err;
+  ex.loadPeakResident = cpu::startResidentWindow();
   int first = 0;
   const RunOptions &o = s.options;
   ResumeMode mode = o.resumeIfExists ? ResumeMode::IfExists
@@ -681,6 +688,9 @@ struct RankOutcome {
   std::map<std::string, cpu::Tensor> trained;
   std::vector<TraceEvent> events;
   std::map<std::string, int64_t> fallbacks;
+  /// Per process, in rank order: its peak resident set in the steps and
+  /// while it loaded.
+  std::vector<int64_t> peakResident, loadResident;
 
   /// Adds \p other's, ranks in order: of a weight held twice (a tied
   /// weight's copies) the first, the lowest rank's, stays.
@@ -693,6 +703,8 @@ struct RankOutcome {
     events.insert(events.end(), other.events.begin(), other.events.end());
     for (const auto &[op, count] : other.fallbacks)
       fallbacks[op] += count;
+    peakResident.insert(peakResident.end(), other.peakResident.begin(), other.peakResident.end());
+    loadResident.insert(loadResident.end(), other.loadResident.begin(), other.loadResident.end());
   }
 };
 
@@ -742,6 +754,10 @@ plan::RankResult toMessage(const RankOutcome &outcome) {
   }
   for (const auto &[op, count] : outcome.fallbacks)
     (*message.mutable_fallback_ops())[op] = count;
+  if (!outcome.peakResident.empty())
+    message.set_peak_resident_bytes(outcome.peakResident.front());
+  if (!outcome.loadResident.empty())
+    message.set_load_resident_bytes(outcome.loadResident.front());
   return message;
 }
 
@@ -752,6 +768,8 @@ Expected<RankOutcome> fromMessage(const plan::RankResult &message) {
                               e.start_s(), e.duration_s()});
   for (const auto &[op, count] : message.fallback_ops())
     outcome.fallbacks[op] += count;
+  outcome.peakResident = {message.peak_resident_bytes()};
+  outcome.loadResident = {message.load_resident_bytes()};
   for (const plan::OutputPart &part : message.outputs()) {
     auto tensor = cpu::fromTensorProto(part.tensor());
     if (!tensor)
@@ -777,6 +795,8 @@ Error finishRun(const Shared &s, RankOutcome outcome, RunResult &result) {
   const std::vector<TraceEvent> &events = outcome.events;
   for (const auto &[op, count] : outcome.fallbacks)
     result.fallbacks[op] += count;
+  result.peakResidentBytes = outcome.peakResident;
+  result.loadResidentBytes = outcome.loadResident;
   if (Error err = guardAllocation("assembling the outputs",
                                   [&] { return assembleOutputs(*s.plan, outputs, result); }))
     return err;
@@ -880,6 +900,11 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
     }
     all.merge(std::move(*outcome));
   }
+  // The ranks share the process.
+  all.peakResident = {cpu::peakResidentBytes()};
+  all.loadResident = {0};
+  for (const auto &ex : executors)
+    all.loadResident[0] = std::max(all.loadResident[0], ex->loadPeakResident);
   if (Error err = finishRun(s, std::move(all), result))
     return err;
   return result;
@@ -974,6 +999,8 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
   auto outcome = outcomeOf(ex, **backend, options);
   if (!outcome)
     return fail(outcome.takeError());
+  outcome->peakResident = {cpu::peakResidentBytes()};
+  outcome->loadResident = {ex.loadPeakResident};
   std::string bytes;
   if (!toMessage(*outcome).SerializeToString(&bytes))
     return fail(rankError((*comm)->rank(), "its results are over protobuf's 2 GiB limit"));

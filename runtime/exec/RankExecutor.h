@@ -134,6 +134,9 @@ public:
   std::vector<TraceEvent> events;
   double busy = 0;
   int64_t instructions = 0;
+  /// The process's peak resident set while the weights loaded (of a local
+  /// run's ranks, the first to ask has it; cpu::startResidentWindow).
+  int64_t loadPeakResident = 0;
   /// Time inside the backend's node kernels, time in whole instructions
   /// (excluding waits for messages), and nodes run.
   double kernelSeconds = 0, instructionSeconds = 0;
@@ -149,10 +152,12 @@ private:
   int peerGlobal(int pipelineRank) const { return replica * s.P + pipelineRank; }
   Env &env(int stage, int mb) { return envs[{stage, mb}]; }
   /// \p dropAfter, when given: per node, the values to erase from
-  /// \p values once it ran.
+  /// \p values once it ran. \p afterNode, when given, runs with each node's
+  /// index once its outputs are in \p values.
   llvm::Error runNodes(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
                        Env &values, int stage, int mb, llvm::StringRef phase,
-                       const std::vector<std::vector<std::string>> *dropAfter = nullptr);
+                       const std::vector<std::vector<std::string>> *dropAfter = nullptr,
+                       llvm::function_ref<llvm::Error(int)> afterNode = nullptr);
   /// Per node of a node list, the values to erase once it ran.
   using DropSchedule = std::vector<std::vector<std::string>>;
   enum class NodeListKind { Forward, BackwardInput, BackwardWeight };
@@ -165,6 +170,14 @@ private:
   /// weight-gradient list and the gradient sums read; the weight-gradient
   /// list keeps its gradient terms and running statistics.
   const DropSchedule &dropsFor(int stage, NodeListKind list);
+  /// Per node of a weight-gradient list (-1: before it), the gradient terms
+  /// to add into their weights' accumulators once it ran, as (weight, term).
+  using AddSchedule = std::map<int, std::vector<std::pair<std::string, std::string>>>;
+  std::map<int, AddSchedule> addSchedules;
+  /// The adds of \p stage's weight-gradient list: each term once its
+  /// producer and its last reader in the list ran, so that it dies there
+  /// instead of with the microbatch.
+  const AddSchedule &addsFor(int stage);
   llvm::Error loadInputs(int stage, int mb, int t);
   llvm::Error collect(bool grad, int stageField, int mb);
   llvm::Error forward(int stage, int mb, int t, bool again);
