@@ -1,6 +1,6 @@
 //===- OnnxImporter.cpp - Read an ONNX file into a pipec Graph ------------===//
 #include "compiler/onnx/OnnxImporter.h"
-#include "compiler/onnx/WireSkeleton.h"
+#include "support/WireSkeleton.h"
 #include "support/Attributes.h"
 #include "support/Diagnostics.h"
 #include "support/InputFile.h"

@@ -18,6 +18,7 @@
 #include "support/Diagnostics.h"
 #include "support/InputFile.h"
 #include "support/Parallel.h"
+#include "support/WireSkeleton.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -483,17 +484,22 @@ ExternalRef externalRefOf(const onnx::TensorProto &t) {
 /// shape: in its external data, the exact range an initializer names; in
 /// the .onnx file itself, bytes equal to an initializer's raw_data. An
 /// edited offset or a flipped bit in a plan cannot make a run read other
-/// bytes, such as the .onnx header, as weights.
+/// bytes, such as the .onnx header, as weights. The model is parsed without
+/// its large inline payloads (makeSkeleton), so that inline weights are not
+/// held twice.
 Error checkWeightReferences(const plan::Plan &plan, StringRef modelBytes, StringRef path) {
   bool external = any_of(plan.weights(), [](const onnx::TensorProto &w) {
     return w.data_location() == onnx::TensorProto::EXTERNAL;
   });
   if (!external || modelBytes.size() > size_t(INT_MAX))
     return Error::success();
+  auto skeleton = makeSkeleton(modelBytes, 4096);
   onnx::ModelProto model;
-  if (!model.ParseFromArray(modelBytes.data(), static_cast<int>(modelBytes.size())))
+  if (!skeleton || !model.ParseFromString(*skeleton)) {
+    consumeError(skeleton.takeError());
     return createStringError(inconvertibleErrorCode(), "%s: does not parse as ONNX",
                              path.str().c_str());
+  }
   using Kind = std::pair<int32_t, std::vector<int64_t>>; // dtype and shape
   std::map<ExternalRef, Kind> kept;
   std::multimap<std::string, Kind> inlineTensors; // by the hash of the raw bytes
@@ -525,6 +531,13 @@ Error checkWeightReferences(const plan::Plan &plan, StringRef modelBytes, String
       continue;
     }
     ExternalRef ref = externalRefOf(t);
+    if (any_of(t.external_data(),
+               [](const onnx::StringStringEntryProto &e) { return e.key() == InlineDataMarker; })) {
+      // makeSkeleton's: the payload is in the model file at (offset, length).
+      inlineTensors.insert(
+          {contentHash(modelBytes.substr(ref.offset, ref.length)), {t.data_type(), dims}});
+      continue;
+    }
     if (ref.length < 0)
       ref.length = cpu::numElementsOf(dims) * int64_t(dtypeSize(static_cast<DType>(t.data_type())));
     kept[ref] = {t.data_type(), dims};

@@ -10,7 +10,7 @@
 // Run through tools/bench.sh, which writes the table to docs/PERFORMANCE.md.
 //
 //===----------------------------------------------------------------------===//
-#include "compiler/onnx/WireSkeleton.h"
+#include "support/WireSkeleton.h"
 #include "driver/Compile.h"
 #include "driver/PassPipeline.h"
 #include "models/ModelGenerators.h"

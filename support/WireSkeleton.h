@@ -9,8 +9,8 @@
 // size depends on the number of nodes, not on the weight bytes.
 //
 //===----------------------------------------------------------------------===//
-#ifndef PIPEC_COMPILER_ONNX_WIRESKELETON_H
-#define PIPEC_COMPILER_ONNX_WIRESKELETON_H
+#ifndef PIPEC_SUPPORT_WIRESKELETON_H
+#define PIPEC_SUPPORT_WIRESKELETON_H
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
@@ -37,4 +37,4 @@ llvm::Expected<std::string> makeSkeleton(llvm::StringRef bytes, uint64_t thresho
 
 } // namespace pipec
 
-#endif // PIPEC_COMPILER_ONNX_WIRESKELETON_H
+#endif // PIPEC_SUPPORT_WIRESKELETON_H

@@ -9,7 +9,7 @@
 //   StringStringEntryProto.key = 1, .value = 2
 //
 //===----------------------------------------------------------------------===//
-#include "compiler/onnx/WireSkeleton.h"
+#include "support/WireSkeleton.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
