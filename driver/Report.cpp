@@ -95,12 +95,16 @@ std::vector<std::string> explainEdgeStages(const plan::Plan &plan) {
                             ? " of " + humanCount(r.memory_limit_bytes(), true)
                             : std::string();
     int64_t held = r.peak_memory_bytes() - r.weight_bytes();
+    int64_t working = s.rank() < plan.programs_size() ? plan.programs(s.rank()).working_bytes() : 0;
     std::string inFlight;
     if (s.activation_bytes() > 0 && plan.schedule().virtual_stages() <= 1)
-      inFlight = formatv(" ({0:f1} microbatches of {1})",
-                         static_cast<double>(held) / static_cast<double>(s.activation_bytes()),
-                         humanCount(s.activation_bytes(), true))
-                     .str();
+      inFlight =
+          formatv(" ({0:f1} microbatches of {1}{2})",
+                  static_cast<double>(held - working) / static_cast<double>(s.activation_bytes()),
+                  humanCount(s.activation_bytes(), true),
+                  working > 0 ? ", and " + humanCount(working, true) + " while a layer runs"
+                              : std::string())
+              .str();
     std::string shard =
         plan.training().shard_optimizer()
             ? formatv(", the optimizer state {0} of it (1/{1} of the whole)",

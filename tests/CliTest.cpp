@@ -196,7 +196,7 @@ TEST(Cli, RecomputeModesAndShardOptimizer) {
                         " --stages 2 --microbatches 4 --batch 8 --hardware cpu";
   ASSERT_EQ(runCommand(compile + " --recompute --stats", out), 0) << out;
   EXPECT_NE(out.find("recomputed layers 3/3 4/4"), std::string::npos) << out;
-  ASSERT_EQ(runCommand(compile + " --recompute auto --memory-limit 4.2MiB", out), 0) << out;
+  ASSERT_EQ(runCommand(compile + " --recompute auto --memory-limit 2.55MiB", out), 0) << out;
   ASSERT_EQ(runCommand(Pipec + " report " + plan, out), 0) << out;
   EXPECT_NE(out.find("recompute (auto): activations rebuilt in the backward"), std::string::npos)
       << out;

@@ -1,16 +1,22 @@
 //===- CliSupport.h - What pipec's commands share ------------------------===//
 //
-// Errors as one line and an exit code, and the output-path check every
-// command that writes runs first.
+// Errors as one line and an exit code, the output-path check every command
+// that writes runs first, and the lines a run's summary shares.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_TOOLS_CLISUPPORT_H
 #define PIPEC_TOOLS_CLISUPPORT_H
 
+#include "plan/plan.pb.h"
+
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/Error.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
 
 namespace pipec::cli {
 
@@ -31,6 +37,14 @@ int badUsage(const llvm::Twine &what);
 /// before any work, so that a long run never ends unable to write.
 llvm::Error checkNotAnInput(llvm::StringRef flag, llvm::StringRef output,
                             llvm::ArrayRef<llvm::StringRef> inputs);
+
+/// Which node each rank ran on, in runs: "node0 ranks 0-1, node1 ranks 2-4".
+std::string formatRankNodes(const std::vector<std::string> &nodes);
+
+/// The measured peak resident set of a run's steps beside the plan's
+/// prediction for the same ranks (see CliSupport.cpp).
+std::string formatMemory(const plan::Plan &plan, const std::vector<int64_t> &resident,
+                         const std::vector<int64_t> &loading);
 
 /// `pipec generate` (GenerateCommand.cpp): its subcommand, and its run.
 bool generateCommandGiven();

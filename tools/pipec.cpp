@@ -687,52 +687,6 @@ int runProfile() {
   return 0;
 }
 
-/// Which node each rank ran on, in runs: "node0 ranks 0-1, node1 ranks 2-4".
-std::string formatRankNodes(const std::vector<std::string> &nodes) {
-  std::string where;
-  for (size_t r = 0; r < nodes.size();) {
-    size_t end = r;
-    while (end + 1 < nodes.size() && nodes[end + 1] == nodes[r])
-      ++end;
-    where += formatv("{0}{1} rank{2} {3}", where.empty() ? "" : ", ", nodes[r], end > r ? "s" : "",
-                     end > r ? formatv("{0}-{1}", r, end).str() : std::to_string(r))
-                 .str();
-    r = end + 1;
-  }
-  return where;
-}
-
-/// The measured peak resident set of the steps beside the plan's prediction
-/// for the same ranks: "memory: peak resident 3.2 GiB in the steps for the
-/// process (2 ranks), plan predicted 2.9 GiB for their tensors; 1.9 GiB
-/// while loading", or per rank under MPI. The plan counts tensors; a process
-/// adds its code, libraries and allocator slack.
-std::string formatMemory(const plan::Plan &plan, const std::vector<int64_t> &resident,
-                         const std::vector<int64_t> &loading) {
-  int P = std::max(1, plan.ranks_size());
-  int processes = static_cast<int>(resident.size());
-  int ranks = P * std::max(1, plan.schedule().data_parallel());
-  auto predicted = [&](int rank) { return plan.ranks(rank % P).peak_memory_bytes(); };
-  if (processes == 1) {
-    int64_t sum = 0;
-    for (int g = 0; g < ranks; ++g)
-      sum += predicted(g);
-    return formatv("memory: peak resident {0} in the steps for the process ({1} rank(s)), plan "
-                   "predicted {2} for their tensors; {3} while loading",
-                   humanCount(resident[0], true), ranks, humanCount(sum, true),
-                   humanCount(loading.empty() ? 0 : loading[0], true));
-  }
-  std::string measured, model, loaded;
-  for (int g = 0; g < processes; ++g) {
-    measured += (g ? " / " : "") + humanCount(resident[g], true);
-    model += (g ? " / " : "") + humanCount(predicted(g), true);
-    loaded += (g ? " / " : "") + humanCount(g < int(loading.size()) ? loading[g] : 0, true);
-  }
-  return formatv("memory: peak resident per rank {0} in the steps, plan predicted {1} for their "
-                 "tensors; {2} while loading",
-                 measured, model, loaded);
-}
-
 int runRun() {
   bool underMpi = rt::launchedByMpi();
   std::string comm = RunComm.empty() ? (underMpi ? "mpi" : "local") : RunComm.getValue();
