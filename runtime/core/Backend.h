@@ -70,6 +70,17 @@ public:
   /// Evaluates \p node (any domain) under default-domain \p opset.
   virtual llvm::Expected<std::vector<cpu::Tensor>>
   run(const onnx::NodeProto &node, int64_t opset, llvm::ArrayRef<const cpu::Tensor *> inputs) = 0;
+  /// Runs \p node (one output) and adds its result into \p accumulator in
+  /// place, without making the output, where the backend can: returns false,
+  /// having done nothing, where it cannot (the caller then runs the node and
+  /// adds). The CPU backend takes a float32 Gemm without C into a float32
+  /// accumulator (the BLAS's beta = 1).
+  virtual llvm::Expected<bool> runInto(const onnx::NodeProto &node, int64_t opset,
+                                       llvm::ArrayRef<const cpu::Tensor *> inputs,
+                                       cpu::Tensor &accumulator) {
+    (void)node, (void)opset, (void)inputs, (void)accumulator;
+    return false;
+  }
   /// The backend's copy of host tensor \p host (the same handle on the CPU).
   virtual llvm::Expected<cpu::Tensor> upload(const cpu::Tensor &host) = 0;
   /// A host copy of \p tensor, complete when this returns.

@@ -3,6 +3,7 @@
 #include "runtime/core/Backend.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/kernels/KernelBodies.h"
+#include "support/Attributes.h"
 #include "support/Parallel.h"
 
 #include "llvm/Support/FormatVariadic.h"
@@ -39,6 +40,26 @@ public:
       if (t && !t->onHost())
         return notOnHost(*t);
     return cpu::runOp(node, opset, inputs);
+  }
+
+  Expected<bool> runInto(const onnx::NodeProto &node, int64_t opset,
+                         ArrayRef<const cpu::Tensor *> inputs, cpu::Tensor &acc) override {
+    (void)opset;
+    if (node.op_type() != "Gemm" || !node.domain().empty() || inputs.size() != 2 || !inputs[0] ||
+        !inputs[1])
+      return false;
+    const cpu::Tensor &a = *inputs[0], &b = *inputs[1];
+    auto f32 = [](const cpu::Tensor &t) { return t.elemType() == cpu::DType::F32 && t.onHost(); };
+    if (!f32(a) || !f32(b) || !f32(acc) || a.rank() != 2 || b.rank() != 2)
+      return false;
+    bool transA = attrInt(node, "transA", 0), transB = attrInt(node, "transB", 0);
+    int64_t m = transA ? a.dim(1) : a.dim(0), k = transA ? a.dim(0) : a.dim(1);
+    int64_t kb = transB ? b.dim(1) : b.dim(0), n = transB ? b.dim(0) : b.dim(1);
+    if (k != kb || acc.numElements() != m * n)
+      return false;
+    cpu::gemm(transA, transB, m, n, k, attrFloat(node, "alpha", 1.0f), a.data<float>(), a.dim(1),
+              b.data<float>(), b.dim(1), 1.0f, acc.data<float>(), n);
+    return true;
   }
 
   Expected<cpu::Tensor> upload(const cpu::Tensor &host) override { return host; }

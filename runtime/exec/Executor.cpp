@@ -216,59 +216,6 @@ Error RankExecutor::planRecompute(int stage) {
   return Error::success();
 }
 
-const RankExecutor::DropSchedule &RankExecutor::dropsFor(int stage, NodeListKind list) {
-  auto found = dropSchedules.find({stage, list});
-  if (found != dropSchedules.end())
-    return found->second;
-  const plan::StageProgram &sp = stageProgram(stage);
-  std::set<std::string> live;
-  auto keep = [&](const auto &names) { live.insert(names.begin(), names.end()); };
-  auto keepTerms = [&](const auto &sums) {
-    for (const plan::GradSum &g : sums)
-      keep(g.terms());
-  };
-  for (const plan::RunningStat &r : sp.running_stats())
-    live.insert(r.statistic());
-  const google::protobuf::RepeatedPtrField<onnx::NodeProto> *nodes = nullptr;
-  switch (list) {
-  case NodeListKind::Forward: {
-    nodes = &sp.forward();
-    keep(sp.send());
-    keep(sp.outputs());
-    if (s.training) {
-      auto recomputing = keptWhenRecomputing.find(stage);
-      keep(recomputing != keptWhenRecomputing.end() ? recomputing->second : keepSets[stage]);
-      live.insert(s.plan->loss_value());
-      live.insert(s.plan->loss_count_value());
-    }
-    break;
-  }
-  case NodeListKind::BackwardInput:
-    nodes = &sp.backward_input();
-    for (const onnx::NodeProto &node : sp.backward_weight())
-      keep(node.input());
-    for (const plan::GradSum &g : sp.input_grads())
-      live.insert(g.value()); // shapes a zero gradient
-    keepTerms(sp.input_grads());
-    keepTerms(sp.weight_grads());
-    break;
-  case NodeListKind::BackwardWeight:
-    nodes = &sp.backward_weight();
-    keepTerms(sp.weight_grads());
-    break;
-  }
-  std::map<std::string, int> last;
-  for (int i = 0; i < nodes->size(); ++i)
-    for (const std::string &name : (*nodes)[i].input())
-      if (!name.empty())
-        last[name] = i;
-  DropSchedule after(nodes->size());
-  for (const auto &[name, i] : last)
-    if (!live.count(name))
-      after[i].push_back(name);
-  return dropSchedules.emplace(std::make_pair(stage, list), std::move(after)).first->second;
-}
-
 Error RankExecutor::runForward(int stage, Env &values) {
   return runNodes(stageProgram(stage).forward(), values, stage, 0, "forward",
                   &dropsFor(stage, NodeListKind::Forward));
@@ -277,7 +224,8 @@ Error RankExecutor::runForward(int stage, Env &values) {
 Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
                              Env &values, int stage, int mb, StringRef phase,
                              const std::vector<std::vector<std::string>> *dropAfter,
-                             function_ref<Error(int)> afterNode) {
+                             function_ref<Error(int)> afterNode,
+                             function_ref<Expected<bool>(int, NodeInputs)> instead) {
   std::vector<const cpu::Tensor *> inputs;
   int index = -1;
   auto dropAfterLast = llvm::make_scope_exit([&] {
@@ -310,6 +258,17 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
                                  "'{5}', which is missing",
                                  stage, mb, phase, cpu::nodeLabel(node), node.op_type(), name));
       inputs.push_back(&w->second);
+    }
+    if (instead) {
+      auto kernelStart = Clock::now();
+      Expected<bool> done = instead(index, inputs);
+      if (!done)
+        return done.takeError();
+      if (*done) {
+        kernelSeconds += std::chrono::duration<double>(Clock::now() - kernelStart).count();
+        ++nodesRun;
+        continue;
+      }
     }
     auto kernelStart = Clock::now();
     auto outs = [&]() -> Expected<std::vector<cpu::Tensor>> {
@@ -521,37 +480,40 @@ Error RankExecutor::backwardInput(int stage, int mb) {
   return Error::success();
 }
 
-const RankExecutor::AddSchedule &RankExecutor::addsFor(int stage) {
-  auto found = addSchedules.find(stage);
-  if (found != addSchedules.end())
-    return found->second;
-  const plan::StageProgram &sp = stageProgram(stage);
-  std::map<std::string, int> last; // made or read last by that node of the list
-  for (int i = 0; i < sp.backward_weight_size(); ++i) {
-    for (const std::string &name : sp.backward_weight(i).input())
-      last[name] = i;
-    for (const std::string &name : sp.backward_weight(i).output())
-      last[name] = i;
-  }
-  AddSchedule adds;
-  for (const plan::GradSum &g : sp.weight_grads())
-    if (grads.count(g.value())) // else not trained (e.g. a buffer)
-      for (const std::string &term : g.terms()) {
-        auto at = last.find(term);
-        adds[at == last.end() ? -1 : at->second].emplace_back(g.value(), term);
-      }
-  return addSchedules.emplace(stage, std::move(adds)).first->second;
-}
-
 Error RankExecutor::backwardWeight(int stage, int mb) {
   const plan::StageProgram &sp = stageProgram(stage);
   Env &values = env(stage, mb);
   const AddSchedule &adds = addsFor(stage);
+  // A node whose output is a term nothing else in the list reads adds into
+  // an accumulator that already holds a term, where the backend can, without
+  // making the term (a weight gradient's GEMM with beta = 1).
+  std::set<std::string> addedInPlace;
+  auto intoAccumulator = [&](int index, NodeInputs inputs) -> Expected<bool> {
+    const onnx::NodeProto &node = sp.backward_weight(index);
+    auto found = adds.find(index);
+    if (node.output_size() != 1 || found == adds.end())
+      return false;
+    for (const auto &[weight, term] : found->second) {
+      cpu::Tensor &acc = grads.at(weight);
+      if (term != node.output(0) || acc.isNull())
+        continue;
+      Expected<bool> done = be.runInto(node, s.plan->opset(), inputs, acc);
+      if (!done)
+        return rankError(global, formatv("stage {0}: accumulating '{1}': {2}", stage, term,
+                                         toString(done.takeError())));
+      if (*done)
+        addedInPlace.insert(term);
+      return *done;
+    }
+    return false;
+  };
   auto addTerms = [&](int index) -> Error {
     auto found = adds.find(index);
     if (found == adds.end())
       return Error::success();
     for (const auto &[weight, term] : found->second) {
+      if (addedInPlace.count(term))
+        continue;
       Expected<const cpu::Tensor *> t = gradientTerm(values, term, "weight ", weight, stage, mb);
       if (!t)
         return t.takeError();
@@ -570,8 +532,9 @@ Error RankExecutor::backwardWeight(int stage, int mb) {
   };
   if (Error err = addTerms(-1))
     return err;
-  if (Error err = runNodes(sp.backward_weight(), values, stage, mb, "backward-weight",
-                           &dropsFor(stage, NodeListKind::BackwardWeight), addTerms))
+  if (Error err =
+          runNodes(sp.backward_weight(), values, stage, mb, "backward-weight",
+                   &dropsFor(stage, NodeListKind::BackwardWeight), addTerms, intoAccumulator))
     return err;
   for (const plan::RunningStat &r : sp.running_stats()) {
     cpu::Tensor &acc = statisticSums[r.buffer()];

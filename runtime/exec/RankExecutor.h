@@ -152,12 +152,17 @@ private:
   int peerGlobal(int pipelineRank) const { return replica * s.P + pipelineRank; }
   Env &env(int stage, int mb) { return envs[{stage, mb}]; }
   /// \p dropAfter, when given: per node, the values to erase from
-  /// \p values once it ran. \p afterNode, when given, runs with each node's
-  /// index once its outputs are in \p values.
+  /// \p values once it ran. \p instead, when given, is asked first with
+  /// each node's index and inputs, and returns true where it has done the
+  /// node's work itself (the node's outputs are then not made). \p afterNode,
+  /// when given, runs with each node's index once its outputs are in
+  /// \p values.
+  using NodeInputs = llvm::ArrayRef<const cpu::Tensor *>;
   llvm::Error runNodes(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
                        Env &values, int stage, int mb, llvm::StringRef phase,
                        const std::vector<std::vector<std::string>> *dropAfter = nullptr,
-                       llvm::function_ref<llvm::Error(int)> afterNode = nullptr);
+                       llvm::function_ref<llvm::Error(int)> afterNode = nullptr,
+                       llvm::function_ref<llvm::Expected<bool>(int, NodeInputs)> instead = nullptr);
   /// Per node of a node list, the values to erase once it ran.
   using DropSchedule = std::vector<std::vector<std::string>>;
   enum class NodeListKind { Forward, BackwardInput, BackwardWeight };
