@@ -2,7 +2,7 @@
 """Memory at cluster scale, in the simulator: recomputation and sharded optimizer state.
 
 An 8B-shaped Llama (32 layers, width 4096, 32 heads with 8 key/value heads,
-feed-forward 14,336, vocabulary 128,256, sequence 4,096; `pipec model --light`:
+feed-forward 14,336, vocabulary 128,256, sequence 8,192; `pipec model --light`:
 the structure without the weights' bytes) compiled for H100 80 GB ranks, 8
 pipeline stages times 8 data-parallel replicas (64 ranks), 1F1B with 16
 microbatches of one sequence per replica, AdamW in bf16. For --recompute none,
@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from doc_section import write_section  # noqa: E402
 
 MODEL = ["llama", "--layers", "32", "--hidden", "4096", "--heads", "32", "--kv-heads", "8",
-         "--ffn", "14336", "--vocab", "128256", "--seq", "4096", "--loss", "--light"]
+         "--ffn", "14336", "--vocab", "128256", "--seq", "8192", "--loss", "--light"]
 SHAPE = ["--stages", "8", "--dp", "8", "--microbatches", "16", "--batch", "128",
          "--hardware", "h100", "--precision", "bf16", "--optimizer", "adamw"]
 
