@@ -62,10 +62,12 @@ std::string formatRankNodes(const std::vector<std::string> &nodes) {
 /// adds its code, libraries and allocator slack.
 std::string formatMemory(const plan::Plan &plan, const std::vector<int64_t> &resident,
                          const std::vector<int64_t> &loading) {
-  int P = std::max(1, plan.ranks_size());
+  if (plan.ranks_size() == 0 || resident.empty())
+    return "memory: not measured";
+  int stages = plan.ranks_size();
   int processes = static_cast<int>(resident.size());
-  int ranks = P * std::max(1, plan.schedule().data_parallel());
-  auto predicted = [&](int rank) { return plan.ranks(rank % P).peak_memory_bytes(); };
+  int ranks = stages * std::max(1, plan.schedule().data_parallel());
+  auto predicted = [&](int rank) { return plan.ranks(rank % stages).peak_memory_bytes(); };
   if (processes == 1) {
     int64_t sum = 0;
     for (int g = 0; g < ranks; ++g)
