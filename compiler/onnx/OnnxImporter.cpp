@@ -1,10 +1,10 @@
 //===- OnnxImporter.cpp - Read an ONNX file into a pipec Graph ------------===//
 #include "compiler/onnx/OnnxImporter.h"
-#include "support/WireSkeleton.h"
 #include "support/Attributes.h"
 #include "support/Diagnostics.h"
 #include "support/InputFile.h"
 #include "support/Subgraphs.h"
+#include "support/WireSkeleton.h"
 
 #include "google/protobuf/io/coded_stream.h"
 #include "onnx/defs/schema.h"

@@ -10,13 +10,13 @@
 // Run through tools/bench.sh, which writes the table to docs/PERFORMANCE.md.
 //
 //===----------------------------------------------------------------------===//
-#include "support/WireSkeleton.h"
 #include "driver/Compile.h"
 #include "driver/PassPipeline.h"
 #include "models/ModelGenerators.h"
 #include "passes/BalanceStages.h"
 #include "passes/GroupLayers.h"
 #include "passes/PredictStep.h"
+#include "support/WireSkeleton.h"
 #include "tools/bench/BenchData.h"
 
 #include "onnx/onnx_pb.h"
