@@ -27,6 +27,10 @@ inline constexpr int MaxSubgraphDepth = 1000;
 /// The nesting of messages that allows: a model, its graph, and per level.
 inline constexpr int MaxMessageDepth = 3 * MaxSubgraphDepth + 16;
 
+/// The raw_data size from which pipec leaves a tensor's bytes in the file:
+/// smaller tensors (shape constants, scalars) are parsed with the model.
+inline constexpr uint64_t DefaultInlineThreshold = 64;
+
 /// The external_data key that marks a tensor rewritten by makeSkeleton.
 inline constexpr const char *InlineDataMarker = "pipec.inline";
 

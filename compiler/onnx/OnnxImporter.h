@@ -15,6 +15,7 @@
 #define PIPEC_COMPILER_ONNX_ONNXIMPORTER_H
 
 #include "compiler/ir/Graph.h"
+#include "support/WireSkeleton.h"
 
 #include "llvm/Support/Error.h"
 
@@ -29,7 +30,7 @@ struct ImportOptions {
   /// Inline raw_data of at least this many bytes is left in the mapped file
   /// and referenced; smaller tensors are parsed with the model (shape
   /// constants, scalars).
-  uint64_t inlineThreshold = 64;
+  uint64_t inlineThreshold = DefaultInlineThreshold;
 };
 
 /// Parses \p path into a Graph with ops in topological order and input shapes

@@ -67,7 +67,7 @@ Error checkWeightReferences(const plan::Plan &plan, StringRef modelBytes, String
   });
   if (!external || modelBytes.size() > size_t(INT_MAX))
     return Error::success();
-  auto skeleton = makeSkeleton(modelBytes, 4096);
+  auto skeleton = makeSkeleton(modelBytes, DefaultInlineThreshold);
   onnx::ModelProto model;
   if (!skeleton || !model.ParseFromString(*skeleton)) {
     consumeError(skeleton.takeError());
