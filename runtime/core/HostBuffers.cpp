@@ -7,65 +7,168 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <list>
 #include <map>
 #include <mutex>
-#include <vector>
 
 namespace pipec::cpu::HostBuffers {
 
 namespace {
 
-struct Kept {
-  void *block;
-  size_t bytes;
+constexpr uintptr_t pageBytes = 4096;
+/// The writable part of the arena grows by at least this much at a time.
+constexpr uintptr_t commitStep = uintptr_t(64) << 20;
+
+/// A free range of the arena. Its first residentBytes may hold pages the
+/// kernel backs (an approximation once ranges merge); zeroed when none of it
+/// was written since it was mapped or given back.
+struct Range {
+  uintptr_t bytes = 0;
+  uintptr_t residentBytes = 0;
+  bool zeroed = false;
+  uint64_t freedAt = 0; ///< When it was last freed (or merged), for trimming.
 };
 
-class Cache {
+/// One reservation of address space, made writable as it is used, from which
+/// blocks are carved first-fit and to which they return, merged with their
+/// free neighbours. The free ranges below the top stay resident, up to an
+/// eighth over the most ever in use; past that, growing the top first gives
+/// the least recently freed ranges back to the kernel. Blocks the arena
+/// cannot hold (no reservation, or it is full) are mapped on their own.
+class Arena {
 public:
-  void *take(size_t bytes, bool &zeroed);
-  void give(void *block, size_t bytes);
+  Arena();
+  void *take(uintptr_t bytes, bool &zeroed);
+  void give(void *block, uintptr_t bytes);
   Stats snapshot() {
     std::lock_guard<std::mutex> lock(mutex);
     return counts;
   }
 
 private:
-  /// Returns the least recently kept block to the kernel; the lock held.
-  void dropOldest();
+  bool holds(uintptr_t address) const { return address >= base && address < base + reserved; }
+  /// Gives free ranges back to the kernel, least recently freed first, until
+  /// in use and resident free fit under an eighth over the peak, or none is
+  /// left resident; the lock held.
+  void trim();
+  /// Makes [base, \p end) writable; false when the system refuses.
+  bool commitTo(uintptr_t end);
 
   std::mutex mutex;
-  /// Kept blocks, least recently freed first, and per size the most recent
-  /// last.
-  std::list<Kept> order;
-  std::map<size_t, std::vector<std::list<Kept>::iterator>> bySize;
+  uintptr_t base = 0, reserved = 0;
+  uintptr_t top = 0;               ///< The end of the part ever handed out.
+  uintptr_t committed = 0;         ///< The end of the writable part.
+  std::map<uintptr_t, Range> free; ///< By address.
+  uint64_t clock = 0;
   Stats counts;
 };
 
-void *Cache::take(size_t bytes, bool &zeroed) {
+Arena::Arena() {
+  // Address space only (PROT_NONE is neither backed nor charged); the part
+  // in use is made writable as the top grows. Smaller reservations where the
+  // process's address space is limited.
+  for (uintptr_t size = uintptr_t(1) << 40; size >= (uintptr_t(1) << 32); size >>= 2) {
+    void *p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p != MAP_FAILED) {
+      base = top = committed = reinterpret_cast<uintptr_t>(p);
+      reserved = size;
+      return;
+    }
+  }
+}
+
+bool Arena::commitTo(uintptr_t end) {
+  if (end <= committed)
+    return true;
+  uintptr_t limit = base + reserved;
+  uintptr_t want = std::min(limit, std::max(end, committed + commitStep));
+  want = (want + pageBytes - 1) / pageBytes * pageBytes;
+  if (mprotect(reinterpret_cast<void *>(committed), want - committed, PROT_READ | PROT_WRITE) != 0)
+    return false;
+  committed = want;
+  return true;
+}
+
+void Arena::trim() {
+  auto over = [&] { return counts.inUse + counts.kept > counts.peakInUse + counts.peakInUse / 8; };
+  while (over()) {
+    auto oldest = free.end();
+    for (auto it = free.begin(); it != free.end(); ++it)
+      if (it->second.residentBytes > 0 &&
+          (oldest == free.end() || it->second.freedAt < oldest->second.freedAt))
+        oldest = it;
+    if (oldest == free.end())
+      return;
+    Range &r = oldest->second;
+    uintptr_t first = (oldest->first + pageBytes - 1) / pageBytes * pageBytes;
+    uintptr_t last = (oldest->first + r.bytes) / pageBytes * pageBytes;
+    if (last > first)
+      madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED);
+    counts.kept -= static_cast<int64_t>(r.residentBytes);
+    r.residentBytes = 0;
+    r.zeroed = first == oldest->first && last == oldest->first + r.bytes;
+  }
+}
+
+void *Arena::take(uintptr_t bytes, bool &zeroed) {
+  bytes = (bytes + pageBytes - 1) / pageBytes * pageBytes;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    auto same = bySize.find(bytes);
-    if (same != bySize.end() && !same->second.empty()) {
-      auto it = same->second.back();
-      same->second.pop_back();
-      void *block = it->block;
-      order.erase(it);
-      counts.kept -= static_cast<int64_t>(bytes);
-      counts.inUse += static_cast<int64_t>(bytes);
-      ++counts.hits;
-      zeroed = false;
-      return block;
-    }
-    // Kept blocks may add an eighth of the most ever in use: room for the
-    // sizes a step needs in another order than it frees them.
     counts.inUse += static_cast<int64_t>(bytes);
     counts.peakInUse = std::max(counts.peakInUse, counts.inUse);
-    while (!order.empty() && counts.inUse + counts.kept > counts.peakInUse + counts.peakInUse / 8)
-      dropOldest();
-    counts.mark = std::max(counts.mark, counts.inUse + counts.kept);
+    // First fit: the lowest free range that holds the block, its front.
+    for (auto it = free.begin(); it != free.end(); ++it) {
+      if (it->second.bytes < bytes)
+        continue;
+      uintptr_t address = it->first;
+      Range r = it->second;
+      free.erase(it);
+      uintptr_t resident = std::min(r.residentBytes, bytes);
+      if (r.bytes > bytes)
+        free[address + bytes] = {r.bytes - bytes, r.residentBytes - resident, r.zeroed, r.freedAt};
+      counts.kept -= static_cast<int64_t>(resident);
+      zeroed = r.zeroed;
+      if (resident == bytes) {
+        ++counts.hits;
+      } else {
+        ++counts.misses;
+        trim();
+      }
+      counts.mark = std::max(counts.mark, counts.inUse + counts.kept);
+      return reinterpret_cast<void *>(address);
+    }
+    // The top grows, from the free range that ends there if one does.
+    uintptr_t address = top;
+    Range below;
+    if (!free.empty()) {
+      auto last = std::prev(free.end());
+      if (last->first + last->second.bytes == top) {
+        address = last->first;
+        below = last->second;
+      }
+    }
+    if (base != 0 && address + bytes <= base + reserved) {
+      // Fresh pages: first give back what the eighth over the peak does not
+      // allow (never the range this block is about to take).
+      if (below.bytes > 0)
+        free.erase(address);
+      counts.kept -= static_cast<int64_t>(below.residentBytes);
+      trim();
+      if (commitTo(address + bytes)) {
+        top = address + bytes;
+        zeroed = below.bytes == 0 || below.zeroed;
+        ++counts.misses;
+        counts.mark = std::max(counts.mark, counts.inUse + counts.kept);
+        return reinterpret_cast<void *>(address);
+      }
+      if (below.bytes > 0) {
+        free[address] = below;
+        counts.kept += static_cast<int64_t>(below.residentBytes);
+      }
+    }
     ++counts.misses;
+    counts.mark = std::max(counts.mark, counts.inUse + counts.kept);
   }
+  // Outside the arena: a mapping of its own.
   void *block = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (block == MAP_FAILED) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -76,36 +179,41 @@ void *Cache::take(size_t bytes, bool &zeroed) {
   return block;
 }
 
-void Cache::give(void *block, size_t bytes) {
+void Arena::give(void *block, uintptr_t bytes) {
+  bytes = (bytes + pageBytes - 1) / pageBytes * pageBytes;
+  uintptr_t address = reinterpret_cast<uintptr_t>(block);
   std::lock_guard<std::mutex> lock(mutex);
-  order.push_back({block, bytes});
-  bySize[bytes].push_back(std::prev(order.end()));
   counts.inUse -= static_cast<int64_t>(bytes);
+  if (!holds(address)) {
+    munmap(block, bytes);
+    return;
+  }
   counts.kept += static_cast<int64_t>(bytes);
+  Range r{bytes, bytes, false, ++clock};
+  // Merge with the free neighbours on either side.
+  auto next = free.lower_bound(address);
+  if (next != free.end() && next->first == address + bytes) {
+    r.bytes += next->second.bytes;
+    r.residentBytes += next->second.residentBytes;
+    r.zeroed = false;
+    next = free.erase(next);
+  }
+  if (next != free.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second.bytes == address) {
+      prev->second.bytes += r.bytes;
+      prev->second.residentBytes += r.residentBytes;
+      prev->second.zeroed = false;
+      prev->second.freedAt = r.freedAt;
+      return;
+    }
+  }
+  free[address] = r;
 }
 
-void Cache::dropOldest() {
-  Kept oldest = order.front();
-  std::vector<std::list<Kept>::iterator> &same = bySize[oldest.bytes];
-  // The oldest of its size is the first of its list.
-  same.erase(same.begin());
-  order.pop_front();
-  counts.kept -= static_cast<int64_t>(oldest.bytes);
-  munmap(oldest.block, oldest.bytes);
-}
-
-/// \p bytes rounded up to its size class: eight classes per power of two,
-/// so that blocks of nearby sizes serve each other, at most an eighth
-/// wasted.
-size_t sizeClass(size_t bytes) {
-  size_t power = size_t(1) << (63 - __builtin_clzll(bytes));
-  size_t step = std::max<size_t>(power / 8, 4096);
-  return (bytes + step - 1) / step * step;
-}
-
-Cache &cache() {
+Arena &arena() {
   // Never destroyed: tensors of static objects may be freed after it would be.
-  static Cache *instance = new Cache();
+  static Arena *instance = new Arena();
   return *instance;
 }
 
@@ -113,19 +221,19 @@ Cache &cache() {
 
 void *allocate(size_t bytes, bool &zeroed) {
   if (bytes >= minCachedBytes)
-    return cache().take(sizeClass(bytes), zeroed);
+    return arena().take(bytes, zeroed);
   zeroed = false;
   return std::aligned_alloc(64, bytes);
 }
 
 void release(void *block, size_t bytes) {
   if (bytes >= minCachedBytes)
-    cache().give(block, sizeClass(bytes));
+    arena().give(block, bytes);
   else
     std::free(block);
 }
 
-Stats stats() { return cache().snapshot(); }
+Stats stats() { return arena().snapshot(); }
 
 } // namespace pipec::cpu::HostBuffers
 
