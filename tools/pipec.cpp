@@ -755,6 +755,7 @@ int runRun() {
   if (RunKeepCheckpoints.getNumOccurrences())
     options.keepCheckpoints = RunKeepCheckpoints;
   options.outputsDir = RunOutputs;
+  options.keepOutputs = !RunOutputs.empty();
   options.outputsAsPb = RunOutputFormat == "pb";
   options.tracePath = RunTrace;
   options.timeoutSeconds = RunTimeout;

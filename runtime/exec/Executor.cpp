@@ -406,7 +406,7 @@ Error RankExecutor::forward(int stage, int mb, int t, bool again) {
       lossSum += host->getDouble(0) * count;
     lossCount += count;
   }
-  if (!s.training)
+  if (!s.training && s.options.keepOutputs)
     for (const std::string &name : sp.outputs())
       if (auto it = values.find(name); it != values.end()) {
         auto host = be.download(it->second);

@@ -95,6 +95,10 @@ struct RunOptions {
   std::string initPath;
   /// Inference: write the graph outputs here as NAME.npy (or .pb).
   std::string outputsDir;
+  /// Inference: keep every step's graph outputs for RunResult::outputs (and
+  /// outputsDir). Off, a step's outputs are dropped once computed: a run that
+  /// writes none holds no step's outputs past its end.
+  bool keepOutputs = true;
   bool outputsAsPb = false;
   /// Write the measured timeline (Chrome trace, the simulator's format).
   std::string tracePath;
