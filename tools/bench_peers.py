@@ -523,6 +523,8 @@ def run_peer(a, row):
 
 
 STEP_LINE = re.compile(r"^step (\d+)/(\d+)(?:\s+loss (\S+))?")
+PREDICTED_LINE = re.compile(r"per step, predicted ([0-9.]+) (s|ms|us)$")
+UNIT_MS = {"s": 1e3, "ms": 1.0, "us": 1e-3}
 
 
 def vm_hwm_mb(pid):
@@ -574,7 +576,11 @@ def run_pipec(a, row):
         fail("pipec run %s printed %d step lines, expected %d: %s"
              % (row, len(stamps), a.steps + 1, tail("".join(lines))))
     times = [t1 - t0 for t0, t1 in zip(stamps, stamps[1:])]
-    return {"times": times, "losses": losses, "rss_mb": rss}
+    # The plan's prediction, from the run's summary line ("... per step, predicted 5.51 s").
+    predicted = [float(m.group(1)) * UNIT_MS[m.group(2)]
+                 for m in (PREDICTED_LINE.search(l.rstrip()) for l in lines) if m]
+    return {"times": times, "losses": losses, "rss_mb": rss,
+            "predicted_ms": predicted[-1] if predicted else None}
 
 
 # --------------------------------------------------------------------------------------------
@@ -657,22 +663,24 @@ def report(a, results, inspect_flops, notes):
     out.append("")
     out.append("| run | pipec / peer | pipec GFLOP/s | peer GFLOP/s | pipec step (ms), median "
                "[quartiles] | peer step (ms), median [quartiles] | peak RSS (MB), pipec / "
-               "peer |")
-    out.append("|---|---|---:|---:|---:|---:|---:|")
+               "peer | pipec's plan predicted (ms), measured / predicted |")
+    out.append("|---|---|---:|---:|---:|---:|---:|---:|")
     for row in a.rows:
         label = ROWS[row].format(threads=a.threads, micro=MICRO, batch=BATCH)
         res = results[row]
         if "error" in res:
-            out.append("| %s | not measured: %s | | | | | |" % (label, res["error"]))
+            out.append("| %s | not measured: %s | | | | | | |" % (label, res["error"]))
             continue
         rss = "%.0f / %.0f" % (statistics.median(res["pipec_rss"]),
                                statistics.median(res["peer_rss"]))
         flops = infer_flops if row == "infer" else train_flops
         pm, pq1, pq3 = quartiles(res["pipec"])
         qm, qq1, qq3 = quartiles(res["peer"])
-        out.append("| %s | %s | %.0f | %.0f | %.1f [%.1f, %.1f] | %.1f [%.1f, %.1f] | %s |"
+        predicted = res.get("predicted_ms")
+        against = "-" if not predicted else "%.0f, %.2f" % (predicted, pm / predicted)
+        out.append("| %s | %s | %.0f | %.0f | %.1f [%.1f, %.1f] | %.1f [%.1f, %.1f] | %s | %s |"
                    % (label, ratio_text(pm, qm), flops / (pm * 1e6), flops / (qm * 1e6),
-                      pm, pq1, pq3, qm, qq1, qq3, rss))
+                      pm, pq1, pq3, qm, qq1, qq3, rss, against))
     out.append("")
     out.extend("- " + n for n in notes)
     for row in a.rows:
@@ -791,6 +799,8 @@ def main(argv):
                 got = run_pipec(a, row)
                 res["pipec"] += got["times"]
                 res.setdefault("pipec_rss", []).append(got["rss_mb"])
+                if got["predicted_ms"] is not None:
+                    res["predicted_ms"] = got["predicted_ms"]
                 if got["losses"] and "pipec_loss" not in res:
                     res["pipec_loss"] = got["losses"][:2]
                 try:
