@@ -62,12 +62,25 @@ Expected<Outputs> where(const OpContext &ctx) {
     shape = broadcastShapes(*shape, y.shape());
   if (!shape)
     return ctx.fail(toString(shape.takeError()));
-  Tensor out(x.elemType(), *shape);
+  Tensor out = Tensor::uninitialized(x.elemType(), *shape); // every element is written
   visitStorage(x.elemType(), [&](auto tag) {
     using T = decltype(tag);
     const bool *c = cond.data<bool>();
     const T *px = x.data<T>(), *py = y.data<T>();
     T *po = out.data<T>();
+    // Each operand whole or a single element (attention's masks and its
+    // NaN guard): a plain loop, on the rank's loop threads.
+    auto step = [&](const Tensor &t) -> int64_t {
+      return t.shape() == *shape ? 1 : t.numElements() == 1 ? 0 : -1;
+    };
+    int64_t sc = step(cond), sx = step(x), sy = step(y);
+    if (sc >= 0 && sx >= 0 && sy >= 0) {
+      parallelFor(out.numElements(), parallelElements / 2, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i)
+          po[i] = c[i * sc] ? px[i * sx] : py[i * sy];
+      });
+      return;
+    }
     forEachStrided<3>(*shape,
                       {broadcastStrides(cond.shape(), *shape), broadcastStrides(x.shape(), *shape),
                        broadcastStrides(y.shape(), *shape)},

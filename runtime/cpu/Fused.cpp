@@ -27,16 +27,6 @@ namespace k = kernels;
 
 namespace {
 
-/// The block loops are compiled for AVX-512, AVX2 and baseline x86-64, the
-/// CPU's best chosen when the program loads (GCC's target_clones). Each
-/// element's arithmetic is the same in every version (no FMA contraction, no
-/// reductions): the results are too.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define PIPEC_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define PIPEC_VECTOR_CLONES
-#endif
-
 /// d = op(a, b) over a block of n elements, the op's math fixed at compile
 /// time.
 template <typename M, int Arity>

@@ -13,9 +13,11 @@
 #include "runtime/core/OpContext.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/kernels/KernelBodies.h"
+#include "support/Parallel.h"
 
 #include "llvm/ADT/ArrayRef.h"
 
+#include <algorithm>
 #include <array>
 #include <cassert>
 #include <limits>
@@ -23,6 +25,16 @@
 #include <vector>
 
 namespace pipec::cpu {
+
+/// A loop function compiled for AVX-512, AVX2 and baseline x86-64, the
+/// CPU's best chosen when the program loads (GCC's target_clones). Each
+/// element's arithmetic is the same in every version (no FMA contraction,
+/// reductions over fixed lanes): the results are too.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PIPEC_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PIPEC_VECTOR_CLONES
+#endif
 
 using Outputs = std::vector<Tensor>;
 using Shape = std::vector<int64_t>;
@@ -127,7 +139,15 @@ inline Tensor expandAny(const Tensor &in, llvm::ArrayRef<int64_t> outShape) {
                       [&](auto tag) { return expandTo<decltype(tag)>(in, outShape); });
 }
 
-/// out[o] = fn(a[.], b[.]) over the broadcast of a and b.
+/// Elements below which an element-wise loop runs on the calling thread
+/// alone: waking the rank's loop threads costs more than they would save.
+constexpr int64_t parallelElements = int64_t(1) << 15;
+
+/// out[o] = fn(a[.], b[.]) over the broadcast of a and b. The trailing
+/// dimensions both operands hold whole are read as runs (a bias row, or an
+/// attention mask shared by the heads), so the inner loop is plain and
+/// vectorises; the rank's loop threads take runs of output elements. fn
+/// must be pure: each element is computed once, on some thread.
 template <typename TA, typename TB, typename TO, typename Fn>
 Tensor broadcastBinary(const Tensor &a, const Tensor &b, DType outType,
                        llvm::ArrayRef<int64_t> outShape, Fn &&fn) {
@@ -136,18 +156,58 @@ Tensor broadcastBinary(const Tensor &a, const Tensor &b, DType outType,
   const TB *pb = b.data<TB>();
   TO *po = out.data<TO>();
   llvm::ArrayRef<int64_t> aShape = a.shape(), bShape = b.shape();
+  int64_t total = out.numElements();
+  int64_t grain = std::max<int64_t>(1, parallelElements / 2);
   if (aShape == outShape && bShape == outShape) {
-    for (int64_t i = 0, e = out.numElements(); i < e; ++i)
-      po[i] = fn(pa[i], pb[i]);
-  } else if (aShape == outShape && b.numElements() == 1) {
-    TB scalar = pb[0];
-    for (int64_t i = 0, e = out.numElements(); i < e; ++i)
-      po[i] = fn(pa[i], scalar);
-  } else {
-    forEachStrided<2>(
-        outShape, {broadcastStrides(a.shape(), outShape), broadcastStrides(b.shape(), outShape)},
-        [&](int64_t o, const std::array<int64_t, 2> &off) { po[o] = fn(pa[off[0]], pb[off[1]]); });
+    parallelFor(total, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        po[i] = fn(pa[i], pb[i]);
+    });
+    return out;
   }
+  if (aShape == outShape && b.numElements() == 1) {
+    TB scalar = pb[0];
+    parallelFor(total, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        po[i] = fn(pa[i], scalar);
+    });
+    return out;
+  }
+  size_t rank = outShape.size(), split = rank;
+  int64_t run = 1;
+  auto holds = [&](llvm::ArrayRef<int64_t> shape, size_t d) {
+    size_t lead = rank - shape.size();
+    return d >= lead && shape[d - lead] == outShape[d];
+  };
+  while (split > 0 && holds(aShape, split - 1) && holds(bShape, split - 1))
+    run *= outShape[--split];
+  Shape aStrides = broadcastStrides(aShape, outShape),
+        bStrides = broadcastStrides(bShape, outShape);
+  if (run < 16 || split == 0) {
+    forEachStrided<2>(
+        outShape, {aStrides, bStrides},
+        [&](int64_t o, const std::array<int64_t, 2> &off) { po[o] = fn(pa[off[0]], pb[off[1]]); });
+    return out;
+  }
+  // Run r of the output starts where the leading dimensions' index of r
+  // points in each operand.
+  int64_t runs = total / run;
+  parallelFor(runs, std::max<int64_t>(1, grain / run), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      int64_t rest = r, offA = 0, offB = 0;
+      for (size_t d = split; d-- > 0;) {
+        int64_t index = rest % outShape[d];
+        rest /= outShape[d];
+        offA += index * aStrides[d];
+        offB += index * bStrides[d];
+      }
+      const TA *ra = pa + offA;
+      const TB *rb = pb + offB;
+      TO *ro = po + r * run;
+      for (int64_t j = 0; j < run; ++j)
+        ro[j] = fn(ra[j], rb[j]);
+    }
+  });
   return out;
 }
 
@@ -197,13 +257,8 @@ inline float laneMax(const float *in, int64_t n) {
 /// out[j] = exp(in[j] - max(in)) over a float row of \p size (in float, a
 /// loop that vectorises), the max left in \p maxValue; returns their sum,
 /// taken in double (laneSum). Softmax, its log form and the cross-entropy
-/// gradient share it.
-inline double shiftedExponentials(const float *in, float *out, int64_t size, float &maxValue) {
-  maxValue = laneMax(in, size);
-  for (int64_t j = 0; j < size; ++j)
-    out[j] = kernels::floatmath::exp(in[j] - maxValue);
-  return laneSum(size, [&](int64_t j) { return out[j]; });
-}
+/// gradient share it (NormKernels.cpp, compiled for the CPU's vectors).
+double shiftedExponentials(const float *in, float *out, int64_t size, float &maxValue);
 
 inline AxisSplit splitAt(llvm::ArrayRef<int64_t> shape, int64_t axis) {
   return {product(shape.take_front(axis)), shape[axis], product(shape.drop_front(axis + 1))};

@@ -168,13 +168,17 @@ Tensor transpose(const Tensor &tensor, ArrayRef<int64_t> perm) {
 namespace {
 
 /// C = alpha op(A) op(B) + beta C through \p blas (blas::sgemm or
-/// blas::dgemm); BLAS rejects k == 0, which only scales C.
+/// blas::dgemm), each band's block of C written first by \p prepare when
+/// given; BLAS rejects k == 0, which only scales C.
 template <typename T, typename Blas>
 void gemmWith(Blas blas, bool transA, bool transB, int64_t m, int64_t n, int64_t k, T alpha,
-              const T *a, int64_t lda, const T *b, int64_t ldb, T beta, T *c, int64_t ldc) {
+              const T *a, int64_t lda, const T *b, int64_t ldb, T beta, T *c, int64_t ldc,
+              GemmPrepare prepare) {
   if (m == 0 || n == 0)
     return;
   if (k == 0) {
+    if (prepare)
+      prepare(0, m, 0, n);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j)
         c[i * ldc + j] = beta == 0 ? 0 : beta * c[i * ldc + j];
@@ -188,11 +192,15 @@ void gemmWith(Blas blas, bool transA, bool transB, int64_t m, int64_t n, int64_t
   };
   if (m >= n)
     parallelFor(m, band(n), [&](int64_t begin, int64_t end) {
+      if (prepare)
+        prepare(begin, end, 0, n);
       blas(transA, transB, end - begin, n, k, alpha, transA ? a + begin : a + begin * lda, lda, b,
            ldb, beta, c + begin * ldc, ldc);
     });
   else
     parallelFor(n, band(m), [&](int64_t begin, int64_t end) {
+      if (prepare)
+        prepare(0, m, begin, end);
       blas(transA, transB, m, end - begin, k, alpha, a, lda, transB ? b + begin * ldb : b + begin,
            ldb, beta, c + begin, ldc);
     });
@@ -201,13 +209,15 @@ void gemmWith(Blas blas, bool transA, bool transB, int64_t m, int64_t n, int64_t
 } // namespace
 
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-          int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-  gemmWith(blas::sgemm, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+          int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
+          GemmPrepare prepare) {
+  gemmWith(blas::sgemm, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, prepare);
 }
 
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
-          int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc) {
-  gemmWith(blas::dgemm, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+          int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc,
+          GemmPrepare prepare) {
+  gemmWith(blas::dgemm, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, prepare);
 }
 
 //===----------------------------------------------------------------------===//

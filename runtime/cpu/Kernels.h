@@ -31,6 +31,7 @@
 #include "runtime/core/Tensor.h"
 
 #include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
@@ -82,10 +83,18 @@ Tensor transpose(const Tensor &tensor, llvm::ArrayRef<int64_t> perm);
 /// Row-major C = alpha * op(A) * op(B) + beta * C with op(A) m x k and op(B)
 /// k x n; float and double go to OpenBLAS, in bands over the calling thread's
 /// loop threads (support/Parallel.h). With beta == 0, C is not read.
+///
+/// When \p prepare is given, gemm first calls prepare(r0, r1, c0, c1) to
+/// write C's rows [r0, r1) and columns [c0, c1), on the thread that then
+/// computes that block (Gemm's C, broadcast into Y where the product reads
+/// it, instead of in a pass of its own).
+using GemmPrepare = llvm::function_ref<void(int64_t, int64_t, int64_t, int64_t)>;
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-          int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+          int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
+          GemmPrepare prepare = nullptr);
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
-          int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc);
+          int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc,
+          GemmPrepare prepare = nullptr);
 
 /// Caps the threads one OpenBLAS call may use (its pool, process-wide). A
 /// run sets 1: gemm cuts a rank's GEMMs into bands over the rank's loop

@@ -121,10 +121,31 @@ Expected<Outputs> gemmOp(const OpContext &ctx) {
     } else {
       // Without C, beta is 0 and the product writes every element (for
       // k = 0, gemm writes the zeros itself).
-      Tensor y = c ? expandTo<T>(*c, outShape) : Tensor::uninitialized(a.elemType(), outShape);
-      gemmAny<T>(transA, transB, m, n, k, static_cast<T>(alpha), a.data<T>(), a.dim(1), b.data<T>(),
-                 b.dim(1), static_cast<T>(beta), y.data<T>(), n);
-      return Outputs{y};
+      if constexpr (isFloat<T>) {
+        // C is broadcast into each band of Y by the thread that computes it.
+        Tensor y = Tensor::uninitialized(a.elemType(), outShape); // every element is written
+        T *py = y.data<T>();
+        Shape cStrides = c ? broadcastStrides(c->shape(), outShape) : Shape{0, 0};
+        const T *pc = c ? c->data<T>() : nullptr;
+        auto fillC = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+          for (int64_t i = r0; i < r1; ++i) {
+            const T *row = pc + i * cStrides[0];
+            if (cStrides[1] == 1)
+              std::copy(row + c0, row + c1, py + i * n + c0);
+            else
+              std::fill(py + i * n + c0, py + i * n + c1, row[0]);
+          }
+        };
+        cpu::gemm(transA, transB, m, n, k, static_cast<T>(alpha), a.data<T>(), a.dim(1),
+                  b.data<T>(), b.dim(1), static_cast<T>(beta), py, n,
+                  c ? GemmPrepare(fillC) : GemmPrepare());
+        return Outputs{y};
+      } else {
+        Tensor y = c ? expandTo<T>(*c, outShape) : Tensor::uninitialized(a.elemType(), outShape);
+        gemmAny<T>(transA, transB, m, n, k, static_cast<T>(alpha), a.data<T>(), a.dim(1),
+                   b.data<T>(), b.dim(1), static_cast<T>(beta), y.data<T>(), n);
+        return Outputs{y};
+      }
     }
   });
 }

@@ -204,13 +204,16 @@ Expected<Outputs> split(const OpContext &ctx) {
   for (int64_t size : *sizes) {
     Shape shape = x.shape();
     shape[*axis] = size;
-    Tensor part(x.elemType(), shape);
+    Tensor part = Tensor::uninitialized(x.elemType(), shape); // every block is copied
     size_t block = size * layout.inner * elemSize;
-    for (int64_t o = 0; o < layout.outer; ++o)
-      std::memcpy(static_cast<char *>(part.rawData()) + o * block,
-                  static_cast<const char *>(x.rawData()) +
-                      (o * dim + begin) * layout.inner * elemSize,
-                  block);
+    int64_t grain = std::max<int64_t>(1, parallelElements * 4 / std::max<size_t>(block, 1));
+    parallelFor(layout.outer, grain, [&](int64_t first, int64_t last) {
+      for (int64_t o = first; o < last; ++o)
+        std::memcpy(static_cast<char *>(part.rawData()) + o * block,
+                    static_cast<const char *>(x.rawData()) +
+                        (o * dim + begin) * layout.inner * elemSize,
+                    block);
+    });
     begin += size;
     outputs.push_back(part);
   }
@@ -222,7 +225,7 @@ namespace {
 /// Copies the strided view (shape, strides, start offset) of \p x.
 Tensor gatherStrided(const Tensor &x, ArrayRef<int64_t> shape, const Shape &strides,
                      int64_t start) {
-  Tensor out(x.elemType(), shape);
+  Tensor out = Tensor::uninitialized(x.elemType(), shape); // every element is written
   visitStorage(x.elemType(), [&](auto tag) {
     using T = decltype(tag);
     const T *src = x.data<T>() + start;

@@ -23,6 +23,39 @@ using namespace llvm;
 
 namespace pipec::cpu {
 
+PIPEC_VECTOR_CLONES double shiftedExponentials(const float *in, float *out, int64_t size,
+                                               float &maxValue) {
+  // Written out here rather than through laneMax and laneSum, which a clone
+  // would call in their baseline versions. A local max: out could alias the
+  // reference, which would keep the loop from vectorising.
+  float lane[reductionLanes];
+  for (float &v : lane)
+    v = -std::numeric_limits<float>::infinity();
+  int64_t k = 0;
+  for (; k + reductionLanes <= size; k += reductionLanes)
+    for (int l = 0; l < reductionLanes; ++l)
+      lane[l] = in[k + l] > lane[l] ? in[k + l] : lane[l];
+  float shift = -std::numeric_limits<float>::infinity();
+  for (; k < size; ++k)
+    shift = in[k] > shift ? in[k] : shift;
+  for (float v : lane)
+    shift = v > shift ? v : shift;
+  maxValue = shift;
+  for (int64_t j = 0; j < size; ++j)
+    out[j] = kernels::floatmath::exp(in[j] - shift);
+  // laneSum's order: eight interleaved partial sums in double, then a tail.
+  double sums[reductionLanes] = {};
+  k = 0;
+  for (; k + reductionLanes <= size; k += reductionLanes)
+    for (int l = 0; l < reductionLanes; ++l)
+      sums[l] += double(out[k + l]);
+  double tail = 0;
+  for (; k < size; ++k)
+    tail += double(out[k]);
+  return ((sums[0] + sums[4]) + (sums[1] + sums[5])) + ((sums[2] + sums[6]) + (sums[3] + sums[7])) +
+         tail;
+}
+
 namespace {
 
 /// Softmax or log-softmax of contiguous float rows (the last axis): the
