@@ -133,6 +133,48 @@ TEST(FusedKernel, MatchesItsBodyOnBroadcasts) {
   EXPECT_EQ(worstDifference(a, b), 0.0);
 }
 
+TEST(FusedKernel, GeluInOneLoopMatchesItsSteps) {
+  // The eight nodes of GPT-2's GELU, read whole, run as one loop; written
+  // either way round, and with constants other than GPT-2's, the same bits
+  // as node by node. Wide values, so that tanh's both forms and its
+  // saturation are taken.
+  Tensor x = randomTensor({6, 700}, 41, -12.0f, 12.0f);
+  Tensor half = Tensor::scalar(0.5f), c = Tensor::scalar(0.044715f),
+         root = Tensor::scalar(0.7978845608f), one = Tensor::scalar(1.0f),
+         three = Tensor::scalar(3.0f), two = Tensor::scalar(2.0f);
+  auto gelu = [&](bool swapped, const std::string &exponent) {
+    auto node = [&](const char *op, std::string a, std::string b, const char *out) {
+      return swapped ? test::makeNode(op, {b, a}, out) : test::makeNode(op, {a, b}, out);
+    };
+    return std::vector<onnx::NodeProto>{
+        node("Mul", "x", "half", "a"), test::makeNode("Pow", {"x", exponent}, "p"),
+        node("Mul", "p", "c", "b"),    node("Add", "x", "b", "s"),
+        node("Mul", "s", "root", "u"), test::makeNode("Tanh", {"u"}, "t"),
+        node("Add", "t", "one", "e"),  node("Mul", "a", "e", "y")};
+  };
+  for (bool swapped : {false, true})
+    for (const char *exponent : {"three", "two"}) {
+      std::vector<onnx::NodeProto> body = gelu(swapped, exponent);
+      std::vector<const onnx::NodeProto *> pointers;
+      for (const onnx::NodeProto &n : body)
+        pointers.push_back(&n);
+      onnx::NodeProto f =
+          makeFusedNode("gelu", pointers, {"x", "half", exponent, "c", "root", "one"}, {"y"});
+      std::vector<const Tensor *> in = {&x, &half, exponent == std::string("three") ? &three : &two,
+                                        &c, &root, &one};
+      ASSERT_TRUE(kernelTakes(f, in));
+      std::vector<Tensor> a = fused(f, in), b = unfused(f, in);
+      EXPECT_EQ(worstDifference(a, b), 0.0) << "swapped " << swapped << ", " << exponent;
+      // And it is a GELU: 0.5 x (1 + tanh(...)) to float precision.
+      if (exponent == std::string("three"))
+        for (int64_t i = 0; i < x.numElements(); i += 97) {
+          double v = x.getDouble(i);
+          double want = 0.5 * v * (1 + std::tanh(0.7978845608 * (v + 0.044715 * v * v * v)));
+          EXPECT_NEAR(a[0].getDouble(i), want, 1e-5 * std::max(1.0, std::abs(want)));
+        }
+    }
+}
+
 TEST(FusedKernel, BroadcastsAlongEveryAxisMatch) {
   // Inputs broadcast along the middle, the outer and the inner axes; 1000
   // elements, so that blocks start inside rows.

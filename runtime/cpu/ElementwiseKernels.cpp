@@ -75,10 +75,23 @@ Expected<Outputs> where(const OpContext &ctx) {
     };
     int64_t sc = step(cond), sx = step(x), sy = step(y);
     if (sc >= 0 && sx >= 0 && sy >= 0) {
-      parallelFor(out.numElements(), parallelElements / 2, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i)
-          po[i] = c[i * sc] ? px[i * sx] : py[i * sy];
-      });
+      // The steps as template arguments, so that the loop vectorises.
+      auto loop = [&](auto stepC, auto stepX, auto stepY) {
+        parallelFor(out.numElements(), parallelElements / 2, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i)
+            po[i] = c[i * stepC()] ? px[i * stepX()] : py[i * stepY()];
+        });
+      };
+      using One = std::integral_constant<int64_t, 1>;
+      using Zero = std::integral_constant<int64_t, 0>;
+      if (sc == 1 && sx == 0 && sy == 1)
+        loop(One(), Zero(), One()); // masked_fill: NaN guards, causal masks
+      else if (sc == 1 && sx == 1 && sy == 0)
+        loop(One(), One(), Zero());
+      else if (sc == 1 && sx == 1 && sy == 1)
+        loop(One(), One(), One());
+      else
+        loop([&] { return sc; }, [&] { return sx; }, [&] { return sy; });
       return;
     }
     forEachStrided<3>(*shape,

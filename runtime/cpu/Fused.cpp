@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 
 using namespace llvm;
@@ -103,6 +104,113 @@ void gather(const k::FusedMap &map, int k, const float *data, int64_t start, int
   }
 }
 
+/// The registers of a tanh-approximated GELU, as GPT-2 and torch's
+/// exporters write it out in eight nodes:
+///   y = (x * half) * (tanh((x + x^3 * cube) * inner) + one)
+/// with x the one input read whole and the rest scalar constants. Matched
+/// by the program's structure (Add and Mul either way round), whatever the
+/// constants' values, except Pow's exponent, which must be 3.
+struct GeluTanh {
+  int x = -1;
+  float half = 0, cube = 0, inner = 0, one = 0;
+};
+
+/// Matches program \p p against the GELU's expression tree; input r is a
+/// scalar constant of value scalar[r] when isScalar[r].
+class GeluMatcher {
+public:
+  GeluMatcher(const k::FusedProgram &p, ArrayRef<bool> isScalar, ArrayRef<float> scalar)
+      : p(p), isScalar(isScalar), scalar(scalar) {}
+
+  /// The GELU's registers and constants, or nullopt when \p p is another
+  /// program.
+
+  std::optional<GeluTanh> match() {
+    if (p.outputs != 1 || p.ops != 8)
+      return std::nullopt;
+    GeluTanh g;
+    // y = Mul(Mul(x, half), Add(Tanh(Mul(Add(x, Mul(Pow(x, 3), cube)), inner)), one))
+    bool ok = binary(p.outputRegister[0], ElemOp::Mul, g, [&](int l, int r, GeluTanh &b) {
+      return binary(l, ElemOp::Mul, b,
+                    [&](int x, int c, GeluTanh &b2) {
+                      return input(x, b2) && constant(c, b2.half);
+                    }) &&
+             binary(r, ElemOp::Add, b, [&](int t, int c, GeluTanh &b2) {
+               return constant(c, b2.one) && tanhOf(t, b2);
+             });
+    });
+    return ok ? std::optional<GeluTanh>(g) : std::nullopt;
+  }
+
+private:
+  const k::FusedProgram &p;
+  ArrayRef<bool> isScalar;
+  ArrayRef<float> scalar;
+
+  const k::FusedOp *stepOf(int reg, ElemOp op) const {
+    if (reg < p.inputs)
+      return nullptr;
+    const k::FusedOp &s = p.code[reg - p.inputs];
+    return s.op == op && !s.gradient ? &s : nullptr;
+  }
+  bool input(int reg, GeluTanh &g) const {
+    if (reg >= p.inputs || isScalar[reg] || (g.x >= 0 && g.x != reg))
+      return false;
+    g.x = reg;
+    return true;
+  }
+  bool constant(int reg, float &value) const {
+    if (reg >= p.inputs || !isScalar[reg])
+      return false;
+    value = scalar[reg];
+    return true;
+  }
+  /// Register \p reg is op(l, r) or, op commuting, op(r, l), with
+  /// sides(l, r, g) true; g keeps the bindings of the order that matched.
+  template <typename Sides> bool binary(int reg, ElemOp op, GeluTanh &g, Sides sides) const {
+    const k::FusedOp *s = stepOf(reg, op);
+    if (!s)
+      return false;
+    for (auto [l, r] : {std::pair{s->a, s->b}, std::pair{s->b, s->a}}) {
+      GeluTanh tried = g;
+      if (sides(l, r, tried)) {
+        g = tried;
+        return true;
+      }
+    }
+    return false;
+  }
+  bool tanhOf(int reg, GeluTanh &g) const {
+    const k::FusedOp *t = stepOf(reg, ElemOp::Tanh);
+    return t && binary(t->a, ElemOp::Mul, g, [&](int sum, int c, GeluTanh &b) {
+             return constant(c, b.inner) &&
+                    binary(sum, ElemOp::Add, b, [&](int x, int q, GeluTanh &b2) {
+                      return input(x, b2) &&
+                             binary(q, ElemOp::Mul, b2, [&](int pw, int c2, GeluTanh &b3) {
+                               const k::FusedOp *pow = stepOf(pw, ElemOp::Pow);
+                               float three;
+                               return constant(c2, b3.cube) && pow && input(pow->a, b3) &&
+                                      constant(pow->b, three) && three == 3.0f;
+                             });
+                    });
+           });
+  }
+};
+
+/// The GELU over a block, each op as its own step computes it (Mul and Add
+/// commute exactly; Pow's cube is (x x) x, as Pow computes it), in one loop
+/// that keeps every intermediate in registers.
+PIPEC_VECTOR_CLONES void geluTanhBlock(float *__restrict__ d, const float *__restrict__ x,
+                                       int64_t n, float half, float cube, float inner, float one) {
+  const k::ElemParams none;
+  for (int64_t j = 0; j < n; ++j) {
+    float v = x[j];
+    float cubed = k::elem::Pow::value(v, 3.0f);
+    float u = (v + cubed * cube) * inner;
+    d[j] = (v * half) * (k::detail::value<k::elem::Tanh, 1>(u, 0.0f, none) + one);
+  }
+}
+
 /// runFusedBody on the CPU kernels.
 Expected<std::vector<Tensor>> runBodyOnCpu(const onnx::NodeProto &node, int64_t opset,
                                            ArrayRef<const Tensor *> inputs) {
@@ -138,6 +246,27 @@ KernelResult fused(const OpContext &ctx) {
     reads.push_back(t->shape() == *shape    ? Read::InPlace
                     : t->numElements() == 1 ? Read::Scalar
                                             : Read::Gather);
+  // A tanh GELU of an input read whole runs as one loop (the same bits as
+  // its steps).
+  bool isScalar[k::MaxFusedInputs] = {};
+  float scalars[k::MaxFusedInputs] = {};
+  for (int i = 0; i < p.inputs; ++i)
+    if (reads[i] == Read::Scalar) {
+      isScalar[i] = true;
+      scalars[i] = inputs[i]->data<float>()[0];
+    }
+  std::optional<GeluTanh> gelu =
+      GeluMatcher(p, ArrayRef<bool>(isScalar, p.inputs), ArrayRef<float>(scalars, p.inputs))
+          .match();
+  if (gelu && reads[gelu->x] == Read::InPlace) {
+    const float *x = inputs[gelu->x]->data<float>();
+    float *y = outputs[0].data<float>();
+    parallelFor(total, 4096, [&](int64_t begin, int64_t end) {
+      geluTanhBlock(y + begin, x + begin, end - begin, gelu->half, gelu->cube, gelu->inner,
+                    gelu->one);
+    });
+    return outputs;
+  }
   // Blocks are independent: the rank's loop threads take runs of them.
   constexpr int64_t Block = 256;
   int64_t blocks = (total + Block - 1) / Block;

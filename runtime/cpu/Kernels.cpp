@@ -152,10 +152,19 @@ Tensor transpose(const Tensor &tensor, ArrayRef<int64_t> perm) {
       int64_t row = tensor.shape()[rank - 1];
       if (row == 0)
         return;
-      Shape outer(outShape.begin(), outShape.end() - 1);
-      Shape outerStrides(readStrides.begin(), readStrides.end() - 1);
-      forEachStrided<1>(outer, {outerStrides}, [&](int64_t o, const std::array<int64_t, 1> &off) {
-        std::memcpy(dst + o * row, src + off[0], row * sizeof(T));
+      // Runs of rows go to the rank's loop threads, each finding where its
+      // first row starts.
+      int64_t rows = tensor.numElements() / row;
+      int64_t grain = std::max<int64_t>(1, parallelElements / row);
+      parallelFor(rows, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t o = begin; o < end; ++o) {
+          int64_t rest = o, off = 0;
+          for (size_t d = rank - 1; d-- > 0;) {
+            off += (rest % outShape[d]) * readStrides[d];
+            rest /= outShape[d];
+          }
+          std::memcpy(dst + o * row, src + off, row * sizeof(T));
+        }
       });
       return;
     }

@@ -23,8 +23,11 @@ using namespace llvm;
 
 namespace pipec::cpu {
 
-PIPEC_VECTOR_CLONES double shiftedExponentials(const float *in, float *out, int64_t size,
-                                               float &maxValue) {
+namespace {
+
+/// shiftedExponentials' body, inlined into each vector clone that calls it.
+[[gnu::always_inline]] inline double exponentialsOfRow(const float *in, float *out, int64_t size,
+                                                       float &maxValue) {
   // Written out here rather than through laneMax and laneSum, which a clone
   // would call in their baseline versions. A local max: out could alias the
   // reference, which would keep the loop from vectorising.
@@ -56,28 +59,79 @@ PIPEC_VECTOR_CLONES double shiftedExponentials(const float *in, float *out, int6
          tail;
 }
 
+} // namespace
+
+PIPEC_VECTOR_CLONES double shiftedExponentials(const float *in, float *out, int64_t size,
+                                               float &maxValue) {
+  return exponentialsOfRow(in, out, size, maxValue);
+}
+
 namespace {
+
+/// Softmax or log-softmax of float rows [begin, end) of \p size.
+PIPEC_VECTOR_CLONES void softmaxRowRange(const float *x, float *y, int64_t size, int64_t begin,
+                                         int64_t end, bool logarithm) {
+  for (int64_t row = begin; row < end; ++row) {
+    const float *in = x + row * size;
+    float *out = y + row * size;
+    float maxValue;
+    double sum = exponentialsOfRow(in, out, size, maxValue);
+    if (logarithm) {
+      float logSum = static_cast<float>(std::log(sum));
+      for (int64_t j = 0; j < size; ++j)
+        out[j] = (in[j] - maxValue) - logSum;
+      continue;
+    }
+    float scale = static_cast<float>(1 / sum);
+    for (int64_t j = 0; j < size; ++j)
+      out[j] *= scale;
+  }
+}
+
+/// One row of a float LayerNormalization: its statistics in double (lane
+/// sums, the order fixed), each output computed in double.
+PIPEC_VECTOR_CLONES void layerNormRow(const float *in, float *out, const float *g, const float *bb,
+                                      int64_t size, double epsilon, double &meanOut,
+                                      double &invStdOut) {
+  double lanes[reductionLanes] = {};
+  int64_t k = 0;
+  for (; k + reductionLanes <= size; k += reductionLanes)
+    for (int l = 0; l < reductionLanes; ++l)
+      lanes[l] += double(in[k + l]);
+  double tail = 0;
+  for (; k < size; ++k)
+    tail += double(in[k]);
+  double mean = (((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+                 ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7])) + tail) /
+                size;
+  for (double &l : lanes)
+    l = 0;
+  tail = 0;
+  for (k = 0; k + reductionLanes <= size; k += reductionLanes)
+    for (int l = 0; l < reductionLanes; ++l) {
+      double d = double(in[k + l]) - mean;
+      lanes[l] += d * d;
+    }
+  for (; k < size; ++k) {
+    double d = double(in[k]) - mean;
+    tail += d * d;
+  }
+  double var = (((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+                ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7])) + tail) /
+               size;
+  double invStd = 1 / std::sqrt(var + epsilon);
+  for (int64_t j = 0; j < size; ++j)
+    out[j] = static_cast<float>((in[j] - mean) * invStd * g[j] + bb[j]);
+  meanOut = mean;
+  invStdOut = invStd;
+}
 
 /// Softmax or log-softmax of contiguous float rows (the last axis): the
 /// exponentials in float, in loops that vectorise, their sum in double.
 void softmaxRows(const float *x, float *y, AxisSplit split, bool logarithm) {
   int64_t size = split.size;
   parallelFor(split.outer, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const float *in = x + row * size;
-      float *out = y + row * size;
-      float maxValue;
-      double sum = shiftedExponentials(in, out, size, maxValue);
-      if (logarithm) {
-        float logSum = static_cast<float>(std::log(sum));
-        for (int64_t j = 0; j < size; ++j)
-          out[j] = (in[j] - maxValue) - logSum;
-        continue;
-      }
-      float scale = static_cast<float>(1 / sum);
-      for (int64_t j = 0; j < size; ++j)
-        out[j] *= scale;
-    }
+    softmaxRowRange(x, y, size, begin, end, logarithm);
   });
 }
 
@@ -186,6 +240,13 @@ Expected<Outputs> layerNormalization(const OpContext &ctx) {
       for (int64_t o = begin; o < end; ++o) {
         const T *in = x.data<T>() + o * size;
         T *out = y.data<T>() + o * size;
+        if constexpr (std::is_same_v<T, float>) {
+          double mean, invStd;
+          layerNormRow(in, out, g, bb, size, epsilon, mean, invStd);
+          meanOut.setDouble(o, mean);
+          invStdOut.setDouble(o, invStd);
+          continue;
+        }
         double mean = laneSum(size, [&](int64_t j) { return double(in[j]); }) / size;
         double var = laneSum(size,
                              [&](int64_t j) {
