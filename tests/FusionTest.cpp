@@ -19,6 +19,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <cmath>
 #include <random>
 
@@ -326,6 +328,71 @@ TEST(MatMulBias, AddsTheBiasInPlaceWithTheAddsBits) {
           << r << " " << j;
 }
 
+/// torch's scaled_dot_product_attention written out, with its mask and
+/// NaN guard: o = MatMul(Where(IsNaN(p), c, p), v), p = Softmax(q k + m).
+std::vector<onnx::NodeProto> attentionNodes() {
+  return {test::makeNode("MatMul", {"q", "k"}, "s"),     test::makeNode("Add", {"s", "m"}, "z"),
+          test::makeNode("Softmax", {"z"}, "p"),         test::makeNode("IsNaN", {"p"}, "n"),
+          test::makeNode("Where", {"n", "c", "p"}, "w"), test::makeNode("MatMul", {"w", "v"}, "o")};
+}
+
+TEST(SoftmaxAttention, MatchesItsBodyBitForBit) {
+  Tensor q = randomTensor({2, 3, 5, 4}, 51), k = randomTensor({2, 3, 4, 7}, 52),
+         v = randomTensor({2, 3, 7, 6}, 53), c = Tensor::scalar(0.0f);
+  // A causal mask shared by the heads; batch 1's first query sees nothing
+  // (a padded row): its softmax is NaN, which the guard makes 0.
+  Tensor m = Tensor::uninitialized(DType::F32, {2, 1, 5, 7});
+  const float minusInf = -std::numeric_limits<float>::infinity();
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t i = 0; i < 5; ++i)
+      for (int64_t j = 0; j < 7; ++j)
+        m.data<float>()[(b * 5 + i) * 7 + j] = (j > i + 2 || (b == 1 && i == 0)) ? minusInf : 0.0f;
+  std::vector<onnx::NodeProto> body = attentionNodes();
+  std::vector<const onnx::NodeProto *> pointers;
+  for (const onnx::NodeProto &n : body)
+    pointers.push_back(&n);
+  onnx::NodeProto f = makeFusedNode("attn", pointers, {"q", "k", "v", "m", "c"}, {"o"});
+  f.set_op_type(SoftmaxAttentionOpType.str());
+  std::vector<const Tensor *> in = {&q, &k, &v, &m, &c};
+  std::vector<Tensor> got = fused(f, in);
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0].shape(), (std::vector<int64_t>{2, 3, 5, 6}));
+  EXPECT_EQ(worstDifference(got, unfused(f, in)), 0.0);
+  // Against attention computed in double: head (1, 2), query 3.
+  auto at = [](const Tensor &t, std::initializer_list<int64_t> index) {
+    int64_t flat = 0, d = 0;
+    for (int64_t i : index)
+      flat = flat * t.shape()[d++] + i;
+    return double(t.data<float>()[flat]);
+  };
+  std::vector<double> p(7);
+  double sum = 0;
+  for (int64_t j = 0; j < 7; ++j) {
+    double score = 0;
+    for (int64_t kk = 0; kk < 4; ++kk)
+      score += at(q, {1, 2, 3, kk}) * at(k, {1, 2, kk, j});
+    p[j] = j > 5 ? 0.0 : std::exp(score);
+    sum += p[j];
+  }
+  for (int64_t e = 0; e < 6; ++e) {
+    double want = 0;
+    for (int64_t j = 0; j < 7; ++j)
+      want += p[j] / sum * at(v, {1, 2, j, e});
+    EXPECT_NEAR(at(got[0], {1, 2, 3, e}), want, 1e-5) << e;
+  }
+  // The padded query's output is all zeros.
+  for (int64_t e = 0; e < 6; ++e)
+    EXPECT_EQ(at(got[0], {1, 0, 0, e}), 0.0);
+  // Without mask and guard: the three nodes.
+  onnx::NodeProto s = test::makeNode("MatMul", {"q", "k"}, "s"),
+                  sm = test::makeNode("Softmax", {"s"}, "p"),
+                  o = test::makeNode("MatMul", {"p", "v"}, "o");
+  onnx::NodeProto plain = makeFusedNode("attn", {&s, &sm, &o}, {"q", "k", "v", "", ""}, {"o"});
+  plain.set_op_type(SoftmaxAttentionOpType.str());
+  std::vector<const Tensor *> in3 = {&q, &k, &v, nullptr, nullptr};
+  EXPECT_EQ(worstDifference(fused(plain, in3), unfused(plain, in3)), 0.0);
+}
+
 TEST(MatMulTransposed, ReadsTheWeightTransposed) {
   // y = a Transpose(w): one GEMM reading w [6, 7] transposed, equal to the
   // two nodes it replaces; a 1-D a runs the body.
@@ -426,6 +493,27 @@ TEST(FusionPass, AnAddOfTwoProductsTakesOneOfThem) {
   EXPECT_EQ(std::vector<std::string>(mb.input().begin(), mb.input().end()),
             (std::vector<std::string>{"x", "wa", "mlp"}));
   EXPECT_EQ(mb.output(0), "y");
+}
+
+TEST(FusionPass, AttentionBecomesOneNodeUnlessItsProbabilitiesAreRead) {
+  plan::StageProgram p;
+  for (const onnx::NodeProto &n : attentionNodes())
+    *p.add_forward() = n;
+  p.add_send("o");
+  plan::StageProgram kept = p;
+  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  EXPECT_EQ(stats.softmaxAttention, 1);
+  ASSERT_EQ(opsOf(p.forward()), (std::vector<std::string>{SoftmaxAttentionOpType.str()}));
+  const onnx::NodeProto &a = p.forward(0);
+  EXPECT_EQ(std::vector<std::string>(a.input().begin(), a.input().end()),
+            (std::vector<std::string>{"q", "k", "v", "m", "c"}));
+  EXPECT_EQ(fusedBodyOf(a)->node_size(), 6);
+  // Training keeps the probabilities for backward: nothing fuses into the
+  // attention then (the product and its mask still make a MatMulBias).
+  kept.add_keep("p");
+  rt::FusionStats keptStats = rt::fuseStageProgram(kept, Opset);
+  EXPECT_EQ(keptStats.softmaxAttention, 0);
+  EXPECT_EQ(keptStats.matMulBias, 1);
 }
 
 TEST(FusionPass, AMatMulTakesTheTransposeOnlyItReads) {

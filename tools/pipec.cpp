@@ -819,11 +819,13 @@ int runRun() {
       outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas, result->threadsPerRank);
     if (!result->peakResidentBytes.empty())
       outs() << formatMemory(*plan, result->peakResidentBytes, result->loadResidentBytes) << "\n";
-    if (result->fusedGroups > 0 || result->fusedMatMulBias > 0 || result->fusedMatMulTransposed > 0)
+    if (result->fusedGroups > 0 || result->fusedMatMulBias > 0 ||
+        result->fusedMatMulTransposed > 0 || result->fusedSoftmaxAttention > 0)
       outs() << formatv("fused {0} element-wise nodes into {1} kernels, {2} bias adds and {3} "
-                        "weight transposes into their MatMuls\n",
+                        "weight transposes into their MatMuls, {4} attentions into one kernel "
+                        "each\n",
                         result->fusedNodes, result->fusedGroups, result->fusedMatMulBias,
-                        result->fusedMatMulTransposed);
+                        result->fusedMatMulTransposed, result->fusedSoftmaxAttention);
     if (!RunSave.empty())
       outs() << "wrote " << RunSave << "\n";
     if (!RunOutputs.empty())

@@ -54,6 +54,11 @@ inline constexpr llvm::StringLiteral MatMulBiasOpType = "MatMulBias";
 /// reads (runtime/exec/Fusion.h): Y = A W^T; inputs A and W, its body the
 /// Transpose and the MatMul.
 inline constexpr llvm::StringLiteral MatMulTransposedOpType = "MatMulTransposed";
+/// Attention's products and softmax (runtime/exec/Fusion.h):
+/// O = MatMul(Softmax(MatMul(Q, K) [+ mask]) [NaN -> c], V); inputs Q, K,
+/// then the mask if there is one, V, then c if there is a NaN guard; its
+/// body the nodes it replaces.
+inline constexpr llvm::StringLiteral SoftmaxAttentionOpType = "SoftmaxAttention";
 
 /// The fused step of \p node (at default-domain \p opset), or nullopt when
 /// it cannot be one: not a float element-wise op the fused kernels compute
@@ -68,7 +73,8 @@ bool isFusable(const onnx::NodeProto &node, int64_t opset);
 /// n - 1).
 int fusedSteps(const onnx::NodeProto &node);
 
-/// The body graph of a fused, MatMulBias or MatMulTransposed node, or null.
+/// The body graph of a fused, MatMulBias, MatMulTransposed or
+/// SoftmaxAttention node, or null.
 const onnx::GraphProto *fusedBodyOf(const onnx::NodeProto &node);
 
 /// A fused node named \p name replacing \p body (in order), reading

@@ -11,6 +11,7 @@
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
 #include "runtime/cpu/Kernels.h"
+#include "support/Attributes.h"
 #include "support/Parallel.h"
 
 #include "onnx/onnx_pb.h"
@@ -327,6 +328,89 @@ KernelResult matMulBias(const OpContext &ctx) {
     for (int64_t j = 0; j < *n; ++j)
       out[row * *n + j] += bias[j];
   return std::move(*product);
+}
+
+KernelResult softmaxAttention(const OpContext &ctx) {
+  ArrayRef<const Tensor *> inputs = ctx.allInputs();
+  auto body = [&] { return runBodyOnCpu(ctx.node, ctx.opset, inputs); };
+  auto input = [&](size_t i) { return i < inputs.size() ? inputs[i] : nullptr; };
+  const Tensor *q = input(0), *kt = input(1), *v = input(2), *mask = input(3), *guard = input(4);
+  auto isFloat = [](const Tensor *t) { return t && t->elemType() == DType::F32; };
+  // The body's own nodes for what the kernel does not take: other types,
+  // broadcast batch dimensions, a softmax over another axis, a mask that
+  // does not broadcast to the scores.
+  if (!isFloat(q) || !isFloat(kt) || !isFloat(v) || (mask && !isFloat(mask)) ||
+      (guard && (!isFloat(guard) || guard->numElements() != 1)))
+    return body();
+  int64_t rank = q->rank();
+  if (rank < 3 || kt->rank() != rank || v->rank() != rank)
+    return body();
+  ArrayRef<int64_t> qs = q->shape(), ks = kt->shape(), vs = v->shape();
+  if (qs.drop_back(2) != ks.drop_back(2) || qs.drop_back(2) != vs.drop_back(2))
+    return body();
+  int64_t m = qs[rank - 2], k = qs[rank - 1], n = ks[rank - 1], d = vs[rank - 1];
+  if (ks[rank - 2] != k || vs[rank - 2] != n || m == 0 || n == 0 || k == 0 || d == 0)
+    return body();
+  const onnx::GraphProto *steps = fusedBodyOf(ctx.node);
+  if (!steps)
+    return body(); // which names the missing body
+  for (const onnx::NodeProto &step : steps->node())
+    if (step.op_type() == "Softmax") {
+      int64_t axis = attrInt(step, "axis", -1);
+      if (axis != -1 && axis != rank - 1)
+        return body();
+    }
+  Shape scores(qs.begin(), qs.end() - 1);
+  scores.push_back(n);
+  Shape maskStrides;
+  if (mask) {
+    Expected<Shape> shape = broadcastShapes(mask->shape(), scores);
+    if (!shape || *shape != scores) {
+      consumeError(shape.takeError());
+      return body();
+    }
+    maskStrides = broadcastStrides(mask->shape(), scores);
+  }
+  Shape outShape(qs.begin(), qs.end() - 1);
+  outShape.push_back(d);
+  Tensor out = Tensor::uninitialized(DType::F32, outShape); // every head is written
+  const float *pq = q->data<float>(), *pk = kt->data<float>(), *pv = v->data<float>();
+  const float *pm = mask ? mask->data<float>() : nullptr;
+  float replacement = guard ? guard->data<float>()[0] : 0.0f;
+  float *po = out.data<float>();
+  int64_t heads = product(qs.drop_back(2));
+  // Each head as the body's nodes compute it, in order: the same GEMMs,
+  // the mask's float add, softmax's rows, the NaN guard's select.
+  parallelFor(heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(m * n);
+    for (int64_t h = begin; h < end; ++h) {
+      gemm(false, false, m, n, k, 1.0f, pq + h * m * k, k, pk + h * k * n, n, 0.0f, s.data(), n);
+      if (pm) {
+        int64_t rest = h, offset = 0;
+        for (int64_t dim = rank - 3; dim >= 0; --dim) {
+          offset += (rest % qs[dim]) * maskStrides[dim];
+          rest /= qs[dim];
+        }
+        int64_t rowStride = maskStrides[rank - 2], colStride = maskStrides[rank - 1];
+        for (int64_t i = 0; i < m; ++i) {
+          const float *row = pm + offset + i * rowStride;
+          float *si = s.data() + i * n;
+          if (colStride == 1)
+            for (int64_t j = 0; j < n; ++j)
+              si[j] = si[j] + row[j];
+          else
+            for (int64_t j = 0; j < n; ++j)
+              si[j] = si[j] + row[j * colStride];
+        }
+      }
+      softmaxRowRange(s.data(), s.data(), n, 0, m, false);
+      if (guard)
+        for (float &x : s)
+          x = x != x ? replacement : x;
+      gemm(false, false, m, d, n, 1.0f, s.data(), n, pv + h * n * d, d, 0.0f, po + h * m * d, d);
+    }
+  });
+  return Outputs{out};
 }
 
 KernelResult matMulTransposed(const OpContext &ctx) {

@@ -260,6 +260,11 @@ inline float laneMax(const float *in, int64_t n) {
 /// gradient share it (NormKernels.cpp, compiled for the CPU's vectors).
 double shiftedExponentials(const float *in, float *out, int64_t size, float &maxValue);
 
+/// Softmax (or log-softmax) of float rows [begin, end) of \p size, x to y
+/// (which may be x): Softmax's kernel on its rows, and SoftmaxAttention's.
+void softmaxRowRange(const float *x, float *y, int64_t size, int64_t begin, int64_t end,
+                     bool logarithm);
+
 inline AxisSplit splitAt(llvm::ArrayRef<int64_t> shape, int64_t axis) {
   return {product(shape.take_front(axis)), shape[axis], product(shape.drop_front(axis + 1))};
 }

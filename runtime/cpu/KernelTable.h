@@ -160,6 +160,7 @@ KernelResult unaryGrad(const OpContext &ctx);
 KernelResult fused(const OpContext &ctx);
 KernelResult matMulBias(const OpContext &ctx);
 KernelResult matMulTransposed(const OpContext &ctx);
+KernelResult softmaxAttention(const OpContext &ctx);
 
 } // namespace pipec::cpu
 

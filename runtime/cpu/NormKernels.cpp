@@ -66,9 +66,6 @@ PIPEC_VECTOR_CLONES double shiftedExponentials(const float *in, float *out, int6
   return exponentialsOfRow(in, out, size, maxValue);
 }
 
-namespace {
-
-/// Softmax or log-softmax of float rows [begin, end) of \p size.
 PIPEC_VECTOR_CLONES void softmaxRowRange(const float *x, float *y, int64_t size, int64_t begin,
                                          int64_t end, bool logarithm) {
   for (int64_t row = begin; row < end; ++row) {
@@ -87,6 +84,8 @@ PIPEC_VECTOR_CLONES void softmaxRowRange(const float *x, float *y, int64_t size,
       out[j] *= scale;
   }
 }
+
+namespace {
 
 /// One row of a float LayerNormalization: its statistics in double (lane
 /// sums, the order fixed), each output computed in double.

@@ -253,6 +253,7 @@ private:
   /// The Transpose and the MatMul of its body, on the device (as before
   /// the host fused them).
   Result matMulTransposed(const NodeView &n) { return runBody(n); }
+  Result softmaxAttention(const NodeView &n) { return runBody(n); }
   Result softmaxGrad(const NodeView &n);
   Result gatherGrad(const NodeView &n);
   Result layerNormGradInput(const NodeView &n);

@@ -163,6 +163,7 @@ struct RunResult {
   /// MatMuls whose bias Add was fused into them.
   int64_t fusedMatMulBias = 0;
   int64_t fusedMatMulTransposed = 0;
+  int64_t fusedSoftmaxAttention = 0;
   /// The peak resident set of each process of the run, in rank order, in
   /// its steps and while its weights loaded: one for a local run (its ranks
   /// share it), one per rank under MPI.

@@ -242,6 +242,105 @@ int64_t fuseMatMulBias(NodeList &nodes, const StringSet<> &external) {
   return made;
 }
 
+/// Attention as torch's exporters write scaled_dot_product_attention out:
+///   S = MatMul(Q, K); [Z = Add(S, mask)]; P = Softmax(Z, axis -1);
+///   [W = Where(IsNaN(P), c, P)]; O = MatMul(P or W, V)
+/// with every value between read by the next node alone and named nowhere
+/// else: one SoftmaxAttention node at the last MatMul's place, whose CPU
+/// kernel keeps each head's scores in cache.
+int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64_t opset) {
+  if (opset < 13) // Softmax took the whole trailing shape before
+    return 0;
+  StringMap<int> maker;
+  StringMap<std::vector<int>> readers;
+  for (int i = 0; i < nodes.size(); ++i) {
+    for (const std::string &name : nodes[i].input())
+      if (!name.empty())
+        readers[name].push_back(i);
+    for (const std::string &name : nodes[i].output())
+      maker[name] = i;
+  }
+  // The node making \p value when it is a default-domain op_type node with
+  // one output that \p count nodes read and nothing names; -1 otherwise.
+  auto inner = [&](const std::string &value, StringRef opType, size_t count) {
+    auto m = maker.find(value);
+    if (m == maker.end() || external.count(value) || readers[value].size() != count)
+      return -1;
+    const onnx::NodeProto &n = nodes[m->second];
+    return isDefault(n) && n.op_type() == opType && n.output_size() == 1 ? m->second : -1;
+  };
+  std::vector<std::vector<int>> absorbs(nodes.size()); // final MatMul -> the nodes it takes
+  std::vector<bool> absorbed(nodes.size(), false);
+  std::vector<std::array<std::string, 5>> operands(nodes.size());
+  for (int i = 0; i < nodes.size(); ++i) {
+    const onnx::NodeProto &out = nodes[i];
+    if (!isDefault(out) || out.op_type() != "MatMul" || out.input_size() != 2 ||
+        out.output_size() != 1)
+      continue;
+    std::vector<int> taken;
+    std::string probs = out.input(0), guard;
+    int where = inner(probs, "Where", 1);
+    if (where >= 0) {
+      const onnx::NodeProto &w = nodes[where];
+      int isNan = w.input_size() == 3 ? inner(w.input(0), "IsNaN", 1) : -1;
+      if (isNan < 0 || nodes[isNan].input(0) != w.input(2))
+        continue;
+      probs = w.input(2);
+      guard = w.input(1);
+      taken = {isNan, where};
+    }
+    int softmax = inner(probs, "Softmax", taken.empty() ? 1 : 2);
+    if (softmax < 0 || nodes[softmax].input_size() != 1)
+      continue;
+    taken.push_back(softmax);
+    std::string scores = nodes[softmax].input(0), mask;
+    int add = inner(scores, "Add", 1);
+    if (add >= 0) {
+      const onnx::NodeProto &a = nodes[add];
+      if (a.input_size() != 2 || a.input(0) == a.input(1))
+        continue;
+      bool first = inner(a.input(0), "MatMul", 1) >= 0;
+      scores = first ? a.input(0) : a.input(1);
+      mask = first ? a.input(1) : a.input(0);
+      taken.push_back(add);
+    }
+    int product = inner(scores, "MatMul", 1);
+    if (product < 0 || nodes[product].input_size() != 2)
+      continue;
+    taken.push_back(product);
+    if (llvm::any_of(taken, [&](int t) { return absorbed[t]; }))
+      continue;
+    for (int t : taken)
+      absorbed[t] = true;
+    std::sort(taken.begin(), taken.end());
+    absorbs[i] = taken;
+    operands[i] = {nodes[product].input(0), nodes[product].input(1), out.input(1), mask, guard};
+  }
+  NodeList rebuilt;
+  int64_t made = 0;
+  for (int i = 0; i < nodes.size(); ++i) {
+    if (absorbed[i])
+      continue;
+    if (absorbs[i].empty()) {
+      *rebuilt.Add() = nodes[i];
+      continue;
+    }
+    std::vector<const onnx::NodeProto *> body;
+    for (int t : absorbs[i])
+      body.push_back(&nodes[t]);
+    body.push_back(&nodes[i]);
+    std::string name = "fused:" + (nodes[i].name().empty() ? nodes[i].output(0) : nodes[i].name());
+    onnx::NodeProto fused =
+        makeFusedNode(name, body, std::vector<std::string>(operands[i].begin(), operands[i].end()),
+                      {nodes[i].output(0)});
+    fused.set_op_type(SoftmaxAttentionOpType.str());
+    *rebuilt.Add() = std::move(fused);
+    ++made;
+  }
+  nodes.Swap(&rebuilt);
+  return made;
+}
+
 /// A MatMul whose B is made by a Transpose with perm [1, 0] that nothing
 /// else reads: one MatMulTransposed node at the MatMul's place, reading the
 /// Transpose's input.
@@ -330,6 +429,7 @@ FusionStats fuseStageProgram(plan::StageProgram &program, int64_t opset,
       if (other != list)
         addInputs(external, *other);
     total.matMulTransposed += fuseTransposedOperand(*list, external);
+    total.softmaxAttention += fuseSoftmaxAttention(*list, external, opset);
     if (opset >= 7)
       total.matMulBias += fuseMatMulBias(*list, external);
     FusionStats stats = ListFuser(*list, external, opset).run();

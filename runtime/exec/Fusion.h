@@ -33,6 +33,15 @@
 // Before:  m = MatMul(x, w); y = Add(b, m)
 // After:   y = MatMulBias(x, w, b)
 //
+// Before those, attention as torch's exporters write it out (two MatMuls
+// around a Softmax, with a mask Add and a NaN guard or without) becomes
+// one SoftmaxAttention node (runtime/core/FusedProgram.h) when nothing
+// else reads the values between: the CPU computes each head's scores,
+// softmax and product in cache, each step as its own kernel does.
+//
+// Before:  s = MatMul(q, k); z = Add(s, m); p = Softmax(z); o = MatMul(p, v)
+// After:   o = SoftmaxAttention(q, k, v, m)
+//
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_EXEC_FUSION_H
 #define PIPEC_RUNTIME_EXEC_FUSION_H
@@ -53,11 +62,15 @@ struct FusionStats {
   int64_t matMulBias = 0;
   /// MatMulTransposed nodes made (each replacing a Transpose and a MatMul).
   int64_t matMulTransposed = 0;
+  /// SoftmaxAttention nodes made (each replacing attention's two MatMuls,
+  /// its Softmax and its mask and NaN-guard nodes).
+  int64_t softmaxAttention = 0;
 
   FusionStats &operator+=(const FusionStats &other) {
     groups += other.groups;
     nodes += other.nodes;
     matMulBias += other.matMulBias;
+    softmaxAttention += other.softmaxAttention;
     matMulTransposed += other.matMulTransposed;
     return *this;
   }

@@ -326,6 +326,7 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
   result.fusedNodes = s.fusion.nodes;
   result.fusedMatMulBias = s.fusion.matMulBias;
   result.fusedMatMulTransposed = s.fusion.matMulTransposed;
+  result.fusedSoftmaxAttention = s.fusion.softmaxAttention;
   auto started = Clock::now();
   for (int t = first; t < o.steps; ++t) {
     double sum = 0, count = 0;
