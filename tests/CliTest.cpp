@@ -1,7 +1,14 @@
 //===- CliTest.cpp - The pipec command line -----------------------------===//
 #include "TestUtil.h"
+#include "runtime/exec/Data.h"
 
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+
+#include <cstdio>
 
 using namespace pipec::test;
 
@@ -234,4 +241,93 @@ TEST(Cli, ExternalDataModelNamedFromItsFolder) {
       << out;
   ASSERT_EQ(runCommand(cd + Pipec + " run g.plan --outputs outs", out), 0) << out;
   EXPECT_NE(out.find("wrote 1 output(s) to outs"), std::string::npos) << out;
+}
+
+// The BLAS: measured once per CPU and cached, chosen by hand with
+// PIPEC_BLAS, and both libraries give a model the same numbers.
+TEST(Cli, BlasIsMeasuredOnceAndCanBeChosenByHand) {
+  TempDir dir;
+  // The environment this test runs in may choose already.
+  std::string cache = "env -u PIPEC_BLAS PIPEC_CACHE_DIR=" + dir.path("cache") + " ";
+  std::string out;
+  ASSERT_EQ(runCommand(cache + "PIPEC_BLAS=openblas " + Pipec + " --version", out), 0) << out;
+  EXPECT_NE(out.find("blas      OpenBLAS 0.3.34"), std::string::npos) << out;
+  EXPECT_NE(out.find("kernels; PIPEC_BLAS=openblas)\n"), std::string::npos) << out;
+  EXPECT_FALSE(llvm::sys::fs::exists(dir.path("cache"))) << "measured though told";
+
+  EXPECT_EQ(runCommand(cache + "PIPEC_BLAS=atlas " + Pipec + " inspect m.onnx", out), 2) << out;
+  EXPECT_EQ(out, "pipec: error: PIPEC_BLAS=atlas: expected openblas, mkl or auto\n");
+  EXPECT_EQ(runCommand(cache + "PIPEC_BLAS=mkl PIPEC_MKL_LIBRARY=" + dir.path("none.so") + " " +
+                           Pipec + " inspect m.onnx",
+                       out),
+            2)
+      << out;
+  EXPECT_NE(out.find("PIPEC_BLAS=mkl: no MKL found"), std::string::npos) << out;
+
+  ASSERT_EQ(runCommand(cache + Pipec + " --version", out), 0) << out;
+  if (out.find("; no MKL installed") != std::string::npos)
+    GTEST_SKIP() << "no MKL here (tools/fetch-mkl.sh): OpenBLAS without measuring";
+  // The first run measured both and kept the numbers; the faster by 5% won.
+  std::error_code ec;
+  std::string measured;
+  for (llvm::sys::fs::directory_iterator it(dir.path("cache"), ec), end; it != end && !ec;
+       it.increment(ec))
+    if (llvm::sys::path::filename(it->path()).startswith("blas-"))
+      measured = it->path();
+  ASSERT_FALSE(measured.empty()) << out;
+  auto text = llvm::MemoryBuffer::getFile(measured);
+  ASSERT_TRUE(!!text);
+  double openblas = 0, mkl = 0;
+  ASSERT_EQ(
+      std::sscanf((*text)->getBuffer().str().c_str(), "openblas %lf\nmkl %lf", &openblas, &mkl), 2)
+      << (*text)->getBuffer().str();
+  EXPECT_GT(openblas, 1.0);
+  EXPECT_GT(mkl, 1.0);
+  bool mklWins = mkl > 1.05 * openblas;
+  EXPECT_NE(out.find(mklWins ? "blas      MKL 2026" : "blas      OpenBLAS 0.3.34"),
+            std::string::npos)
+      << out << openblas << " " << mkl;
+  EXPECT_NE(out.find(llvm::formatv("kernels; measured {0:f0} GFLOP/s here against",
+                                   mklWins ? mkl : openblas)
+                         .str()),
+            std::string::npos)
+      << out;
+  // The second run reads them: the same line, the file untouched.
+  llvm::sys::fs::file_status before, after;
+  ASSERT_FALSE(llvm::sys::fs::status(measured, before));
+  std::string again;
+  ASSERT_EQ(runCommand(cache + Pipec + " --version", again), 0) << again;
+  EXPECT_EQ(again, out);
+  ASSERT_FALSE(llvm::sys::fs::status(measured, after));
+  EXPECT_EQ(before.getLastModificationTime(), after.getLastModificationTime());
+
+  // MKL by hand: a GPT's logits within float rounding of OpenBLAS's.
+  std::string model = dir.path("gpt.onnx"), plan = dir.path("gpt.plan");
+  ASSERT_EQ(
+      runCommand(Pipec + " model gpt --layers 2 --hidden 64 --vocab 300 --seq 16 -o " + model, out),
+      0)
+      << out;
+  ASSERT_EQ(runCommand(Pipec + " compile " + model +
+                           " --mode infer --batch 2 --microbatches 1 -o " + plan,
+                       out),
+            0)
+      << out;
+  std::vector<pipec::cpu::Tensor> logits;
+  for (const char *blas : {"openblas", "mkl"}) {
+    std::string outputs = dir.path(std::string("out-") + blas);
+    ASSERT_EQ(runCommand(cache + "PIPEC_BLAS=" + blas + " " + Pipec + " run " + plan +
+                             " --steps 1 --outputs " + outputs,
+                         out),
+              0)
+        << out;
+    EXPECT_NE(out.find(std::string("kernels; PIPEC_BLAS=") + blas + "), 1 thread(s) per rank"),
+              std::string::npos)
+        << out;
+    auto values = pipec::rt::readNpy(outputs + "/logits.npy");
+    ASSERT_TRUE(!!values) << llvm::toString(values.takeError());
+    logits.push_back(std::move(*values));
+  }
+  EXPECT_EQ(logits[0].shape(), (std::vector<int64_t>{2, 16, 300}));
+  std::string why;
+  EXPECT_TRUE(pipec::cpu::allClose(logits[1], logits[0], 1e-5, 1e-6, &why)) << why;
 }

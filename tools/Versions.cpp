@@ -19,7 +19,8 @@ void printVersions(llvm::raw_ostream &os) {
   os << "  protobuf  " << google::protobuf::internal::VersionString(GOOGLE_PROTOBUF_VERSION)
      << "\n";
   os << "  llvm      " << LLVM_VERSION_STRING << "\n";
-  os << "  openblas  " << blas::config() << "\n";
+  os << "  blas      " << blas::describe() << "\n";
+  os << "            " << blas::config() << "\n";
   char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
   int length = 0;
   MPI_Get_library_version(mpi, &length); // allowed before MPI_Init

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Candidate BLAS libraries side by side on the GEMM shapes of the benchmark
 # GPT (build/bin/blas_compare): pipec's OpenBLAS 0.3.34 from PyPI, Debian's
-# OpenBLAS 0.3.21, Debian's BLIS 0.9 and Intel's MKL from PyPI. Installs the
-# candidates it lacks (libblis-dev from Debian; MKL into
-# build/_deps/blas-candidates, not used by pipec), then prints one table per
-# thread count and, with --write, puts them into docs/PERFORMANCE.md between
+# OpenBLAS 0.3.21, Debian's BLIS 0.9 and Intel's MKL from PyPI (the one pipec
+# may choose, support/Blas.h). Installs the candidates it lacks (libblis-dev
+# from Debian; MKL by tools/fetch-mkl.sh), then prints a table (one thread, as pipec calls
+# it) and, with --write, puts them into docs/PERFORMANCE.md between
 # the BEGIN/END blas markers. Usage: tools/bench-blas.sh [--write] [--rounds N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,22 +24,13 @@ if [ ! -f $lib/blis-openmp/libblis.so.4 ] && [ ! -f $lib/blis-pthread/libblis.so
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libblis-dev >/dev/null
 fi
 blis=$(ls $lib/blis-*/libblis.so.4 | head -n1)
-deps=build/_deps/blas-candidates
+tools/fetch-mkl.sh
 mkl_version=2026.2.1
-if [ ! -f "$deps/mkl/lib/libmkl_rt.so.3" ]; then
-  mkdir -p "$deps"
-  build/_deps/venv/bin/python -m pip download -q --disable-pip-version-check --no-deps \
-    "mkl==$mkl_version" -d "$deps/dl"
-  build/_deps/venv/bin/python -m zipfile -e "$deps"/dl/mkl-*.whl "$deps/unpack"
-  mkdir -p "$deps/mkl"
-  mv "$deps/unpack/mkl-$mkl_version.data/data/lib" "$deps/mkl/lib"
-  rm -rf "$deps/dl" "$deps/unpack"
-fi
 candidates=(
   "pipec-openblas-0.3.34=$PWD/build/_deps/openblas/lib/libscipy_openblas.so:scipy_"
   "debian-openblas-0.3.21=$lib/openblas-pthread/libopenblas.so.0"
   "debian-blis-0.9=$blis"
-  "mkl-$mkl_version=$PWD/$deps/mkl/lib/libmkl_rt.so.3"
+  "mkl-$mkl_version=$PWD/build/_deps/mkl/lib/libmkl_rt.so.3"
 )
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
@@ -48,7 +39,10 @@ trap 'rm -f "$out"' EXIT
   [ "$write" = 1 ] && flag=" --write"
   echo "Command: \`tools/bench-blas.sh$flag\` (runs \`tools/bench_blas.py\`: \`build/bin/blas_compare\` per candidate, $rounds rounds per process)."
   echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs, $(uname -sr), date $(date -u +%FT%TZ)."
-  python3 tools/bench_blas.py --rounds "$rounds" --threads "1,$(nproc)" "${candidates[@]}"
+  # One thread, as pipec calls a BLAS (each band of a GEMM on one of a rank's
+  # threads), and MKL as pipec sets it up: sequential, strict reproducible.
+  MKL_THREADING_LAYER=SEQUENTIAL MKL_CBWR=AUTO,STRICT \
+    python3 tools/bench_blas.py --rounds "$rounds" --threads 1 "${candidates[@]}"
 } | tee "$out"
 if [ "$write" = 1 ]; then
   python3 tools/doc_section.py docs/PERFORMANCE.md blas "$out"

@@ -8,6 +8,9 @@ jobs="${PIPEC_JOBS:-2}"
 tools/build-onnx.sh
 # OpenBLAS 0.3.34 from its pinned PyPI wheel into build/_deps/openblas (once).
 tools/fetch-openblas.sh
+# MKL 2026.2.1 from its pinned PyPI wheel into build/_deps/mkl (once): pipec
+# calls it instead of OpenBLAS where it measures faster (support/Blas.h).
+tools/fetch-mkl.sh
 if [ ! -f build/build.ninja ] || [ $# -gt 0 ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
 fi

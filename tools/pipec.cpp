@@ -20,6 +20,7 @@
 #include "plan/PlanFile.h"
 #include "runtime/comm/Comm.h"
 #include "runtime/exec/Executor.h"
+#include "support/Blas.h"
 #include "support/Diagnostics.h"
 #include "tools/CliSupport.h"
 #include "tools/Versions.h"
@@ -947,6 +948,8 @@ int main(int argc, char **argv) {
     }
     return badUsage(text);
   }
+  if (Error err = blas::check())
+    return badUsage(toString(std::move(err)));
   if (InspectCmd)
     return runInspect();
   if (ModelCmd)

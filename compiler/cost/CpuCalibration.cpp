@@ -27,6 +27,7 @@
 #include "compiler/cost/HardwareSpec.h"
 #include "runtime/core/Tensor.h"
 #include "support/Blas.h"
+#include "support/MachineCache.h"
 #include "support/Parallel.h"
 
 #include "llvm/ADT/StringExtras.h"
@@ -81,18 +82,6 @@ using Clock = std::chrono::steady_clock;
 
 double secondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::string cpuModelName() {
-  ErrorOr<std::unique_ptr<MemoryBuffer>> buf = MemoryBuffer::getFileAsStream("/proc/cpuinfo");
-  if (buf) {
-    SmallVector<StringRef, 64> lines;
-    (*buf)->getBuffer().split(lines, '\n');
-    for (StringRef line : lines)
-      if (line.startswith("model name"))
-        return line.split(':').second.trim().str();
-  }
-  return "unknown cpu";
 }
 
 /// A float tensor of \p shape with small values that vary, so no kernel
@@ -380,35 +369,12 @@ Expected<Measured> measureKernels(int threads, double bandwidth) {
   return m;
 }
 
-Optional<std::string> nonEmptyEnv(StringRef name) {
-  Optional<std::string> v = sys::Process::GetEnv(name);
-  if (v && v->empty())
-    return None;
-  return v;
-}
-
-// Writes through a unique temporary file and a rename, so a concurrent reader
-// never sees half a file. Failures only mean the next run calibrates again.
+// Failures only mean the next run calibrates again.
 void writeCache(StringRef path, const HardwareSpec &spec) {
-  StringRef dir = sys::path::parent_path(path);
-  if (sys::fs::create_directories(dir))
-    return;
-  SmallString<256> tmp;
-  int fd;
-  if (sys::fs::createUniqueFile(dir + "/cpu-%%%%%%.json.tmp", fd, tmp))
-    return;
-  {
-    raw_fd_ostream os(fd, /*shouldClose=*/true);
-    writeHardwareJson(spec, os);
-    os.close();
-    if (os.has_error()) {
-      os.clear_error();
-      sys::fs::remove(tmp);
-      return;
-    }
-  }
-  if (sys::fs::rename(tmp, path))
-    sys::fs::remove(tmp);
+  std::string text;
+  raw_string_ostream os(text);
+  writeHardwareJson(spec, os);
+  writeCacheFile(path, os.str());
 }
 
 int resolvedThreads(int threads) { return threads > 0 ? threads : allowedCpuCount(); }
@@ -461,28 +427,20 @@ Expected<HardwareSpec> calibrateCpu(int threads) {
   s.devicesPerNode = cpus;
   s.source = "calibrated on " + cpuModelName() + ", " + std::to_string(cpus) +
              " cpus: pipec's CPU kernels on " + std::to_string(threads) +
-             (threads == 1 ? " thread" : " threads") + " (OpenBLAS " + blas::coreName() +
+             (threads == 1 ? " thread" : " threads") + " (" + blas::name() +
              "), transformer-sized MatMul, element-wise and normalization kernels; 64 MiB memcpy";
   return s;
 }
 
 std::string cpuCachePath(int threads) {
-  SmallString<256> dir;
-  if (Optional<std::string> d = nonEmptyEnv("PIPEC_CACHE_DIR")) {
-    dir = *d;
-  } else if (Optional<std::string> xdg = nonEmptyEnv("XDG_CACHE_HOME")) {
-    dir = *xdg;
-    sys::path::append(dir, "pipec");
-  } else if (Optional<std::string> home = nonEmptyEnv("HOME")) {
-    dir = *home;
-    sys::path::append(dir, ".cache", "pipec");
-  } else {
+  SmallString<256> dir(cacheDirectory());
+  if (dir.empty())
     return "";
-  }
   // A different BLAS (or its kernel for this CPU), calibration or share of
   // the cores is a different machine.
-  uint64_t hash = xxHash64(cpuModelName() + "/" + std::to_string(allowedCpuCount()) + "/" +
-                           blas::config() + "/v" + std::to_string(calibrationVersion));
+  uint64_t hash =
+      xxHash64(cpuModelName() + "/" + std::to_string(allowedCpuCount()) + "/" + blas::name() + "/" +
+               blas::config() + "/v" + std::to_string(calibrationVersion));
   sys::path::append(dir, "cpu-" + utohexstr(hash, /*LowerCase=*/true) + "-" +
                              std::to_string(resolvedThreads(threads)) + "t.json");
   return std::string(dir);

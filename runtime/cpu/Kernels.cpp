@@ -332,8 +332,4 @@ Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
 
 void setBlasThreads(int threads) { blas::setNumThreads(std::max(1, threads)); }
 
-StringRef blasConfig() { return blas::config(); }
-
-StringRef blasCoreName() { return blas::coreName(); }
-
 } // namespace pipec::cpu

@@ -96,17 +96,11 @@ void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, double alph
           int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc,
           GemmPrepare prepare = nullptr);
 
-/// Caps the threads one OpenBLAS call may use (its pool, process-wide). A
+/// Caps the threads one BLAS call may use (its pool, process-wide). A
 /// run sets 1: gemm cuts a rank's GEMMs into bands over the rank's loop
-/// threads (support/Parallel.h) instead, so OpenBLAS's pool never spins on
+/// threads (support/Parallel.h) instead, so the BLAS's pool never spins on
 /// a core between GEMMs.
 void setBlasThreads(int threads);
-
-/// OpenBLAS's build line ("OpenBLAS 0.3.34 DYNAMIC_ARCH ... SkylakeX").
-llvm::StringRef blasConfig();
-
-/// The CPU kernel OpenBLAS chose for this machine ("SkylakeX", "Zen").
-llvm::StringRef blasCoreName();
 
 } // namespace pipec::cpu
 

@@ -15,6 +15,7 @@
 #include "runtime/exec/ParamMap.h"
 #include "runtime/exec/RankExecutor.h"
 #include "runtime/exec/Trace.h"
+#include "support/Blas.h"
 #include "support/Diagnostics.h"
 #include "support/InputFile.h"
 #include "support/Parallel.h"
@@ -98,14 +99,7 @@ void pinToCore(int rank, int ranks) {
   pthread_setaffinity_np(pthread_self(), sizeof set, &set);
 }
 
-/// "OpenBLAS 0.3.34 (SkylakeX kernels)".
-std::string blasName() {
-  StringRef config = cpu::blasConfig();
-  SmallVector<StringRef, 4> words;
-  config.split(words, ' ', 2);
-  std::string name = words.size() >= 2 ? (words[0] + " " + words[1]).str() : config.str();
-  return (name + " (" + cpu::blasCoreName() + " kernels)").str();
-}
+std::string blasName() { return blas::describe(); }
 
 Error checkRunOptions(const RunOptions &o) {
   auto finite = [](double v) { return std::isfinite(v); };

@@ -307,7 +307,7 @@ llvm::Expected<std::unique_ptr<Backend>> makeBackend(const Shared &s, int device
 int shareCores(const RunOptions &options, int ranks);
 /// Pins the calling thread to core \p rank of \p ranks; -1 restores the mask.
 void pinToCore(int rank, int ranks);
-/// The BLAS and the kernel it chose, for the summary's cpu: line.
+/// The BLAS, its kernels and why it was chosen, for the summary's cpu: line.
 std::string blasName();
 /// Keeps freed tensor memory in the heap (a step's allocations repeat).
 void keepFreedMemory();

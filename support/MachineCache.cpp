@@ -1,0 +1,78 @@
+//===- MachineCache.cpp - What pipec measures once per machine ----------===//
+#include "support/MachineCache.h"
+
+#include "llvm/ADT/SmallString.h"
+#include "llvm/ADT/SmallVector.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace llvm;
+
+namespace pipec {
+
+namespace {
+
+Optional<std::string> nonEmptyEnv(StringRef name) {
+  Optional<std::string> v = sys::Process::GetEnv(name);
+  if (v && v->empty())
+    return None;
+  return v;
+}
+
+} // namespace
+
+std::string cpuModelName() {
+  ErrorOr<std::unique_ptr<MemoryBuffer>> buf = MemoryBuffer::getFileAsStream("/proc/cpuinfo");
+  if (buf) {
+    SmallVector<StringRef, 64> lines;
+    (*buf)->getBuffer().split(lines, '\n');
+    for (StringRef line : lines)
+      if (line.startswith("model name"))
+        return line.split(':').second.trim().str();
+  }
+  return "unknown cpu";
+}
+
+std::string cacheDirectory() {
+  SmallString<256> dir;
+  if (Optional<std::string> d = nonEmptyEnv("PIPEC_CACHE_DIR")) {
+    dir = *d;
+  } else if (Optional<std::string> xdg = nonEmptyEnv("XDG_CACHE_HOME")) {
+    dir = *xdg;
+    sys::path::append(dir, "pipec");
+  } else if (Optional<std::string> home = nonEmptyEnv("HOME")) {
+    dir = *home;
+    sys::path::append(dir, ".cache", "pipec");
+  }
+  return std::string(dir);
+}
+
+bool writeCacheFile(StringRef path, StringRef text) {
+  StringRef dir = sys::path::parent_path(path);
+  if (sys::fs::create_directories(dir))
+    return false;
+  SmallString<256> tmp;
+  int fd;
+  if (sys::fs::createUniqueFile(dir + "/.pipec-%%%%%%.tmp", fd, tmp))
+    return false;
+  {
+    raw_fd_ostream os(fd, /*shouldClose=*/true);
+    os << text;
+    os.close();
+    if (os.has_error()) {
+      os.clear_error();
+      sys::fs::remove(tmp);
+      return false;
+    }
+  }
+  if (sys::fs::rename(tmp, path)) {
+    sys::fs::remove(tmp);
+    return false;
+  }
+  return true;
+}
+
+} // namespace pipec

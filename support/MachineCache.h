@@ -1,0 +1,35 @@
+//===- MachineCache.h - What pipec measures once per machine, and where -===//
+//
+// pipec measures a machine once and keeps the result: the `cpu` spec's
+// calibration (compiler/cost/CpuCalibration.h) and the BLAS chosen for the
+// CPU (support/Blas.h). Both key their files by the CPU's model name and
+// keep them in one folder.
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_SUPPORT_MACHINECACHE_H
+#define PIPEC_SUPPORT_MACHINECACHE_H
+
+#include "llvm/ADT/StringRef.h"
+
+#include <string>
+
+namespace pipec {
+
+/// The CPU's model name from /proc/cpuinfo ("AMD EPYC 7B13"), or "unknown
+/// cpu".
+std::string cpuModelName();
+
+/// The folder for what pipec measured on this machine: PIPEC_CACHE_DIR, else
+/// $XDG_CACHE_HOME/pipec, else $HOME/.cache/pipec; empty when none is set
+/// (then nothing is cached). The folder may not exist yet.
+std::string cacheDirectory();
+
+/// Writes \p text to \p path through a unique temporary file and a rename,
+/// creating the folder, so a concurrent reader sees the old file or the new
+/// one, never half of one. Returns false when it could not (the caller
+/// measures again next time).
+bool writeCacheFile(llvm::StringRef path, llvm::StringRef text);
+
+} // namespace pipec
+
+#endif // PIPEC_SUPPORT_MACHINECACHE_H
