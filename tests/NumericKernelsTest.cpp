@@ -257,3 +257,37 @@ TEST(NumericKernels, MatMulIntegerZeroPointPerRowOfA) {
 }
 
 } // namespace
+
+// Sums over trailing axes run row by row on the loop threads, each row in
+// double as the other axes are: every output is its elements' double sum
+// rounded once to float (a float accumulator misses by a few ulp).
+TEST(NumericKernels, TrailingAxisSumsAreTheirDoubleSumRoundedOnce) {
+  Tensor x(DType::F32, {3, 37, 129});
+  for (int64_t i = 0; i < x.numElements(); ++i)
+    x.data<float>()[i] = float((i * 7919) % 2003) * 1e-3f - 1.0f + 1e-7f * float(i % 11);
+  struct Case {
+    const char *op;
+    std::vector<int64_t> axes;
+    bool squares;
+  };
+  for (const Case &c : {Case{"ReduceMean", {2}, false}, Case{"ReduceSum", {1, 2}, false},
+                        Case{"ReduceSumSquare", {-1}, true}, Case{"ReduceMean", {1}, false}}) {
+    auto y = runCpu(NodeBuilder(c.op, 1).ints("axes", c.axes), {x}, 17);
+    ASSERT_EQ(y.size(), 1u) << c.op;
+    bool middle = c.axes == std::vector<int64_t>{1};
+    int64_t rows = c.axes.size() == 2 ? 3 : (middle ? 3 * 129 : 3 * 37);
+    int64_t n = x.numElements() / rows;
+    ASSERT_EQ(y[0].numElements(), rows) << c.op;
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        // The middle axis: element j of output (b, w) is x[b, j, w].
+        int64_t at = middle ? (r / 129) * 37 * 129 + j * 129 + r % 129 : r * n + j;
+        double v = x.data<float>()[at];
+        sum += c.squares ? v * v : v;
+      }
+      float want = float(std::string(c.op) == "ReduceMean" ? sum / n : sum);
+      ASSERT_EQ(y[0].data<float>()[r], want) << c.op << " output " << r;
+    }
+  }
+}

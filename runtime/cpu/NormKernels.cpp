@@ -14,6 +14,7 @@
 
 #include "llvm/Support/FormatVariadic.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -332,6 +333,42 @@ Expected<Outputs> batchNormalization(const OpContext &ctx) {
   });
 }
 
+namespace {
+
+/// Whether \p reduced marks trailing axes only, so that each output's
+/// elements are one contiguous run.
+bool reducesTrailingAxes(const std::vector<bool> &reduced) {
+  bool keptSeen = false;
+  for (size_t i = reduced.size(); i-- > 0;) {
+    if (reduced[i] && keptSeen)
+      return false;
+    keptSeen = keptSeen || !reduced[i];
+  }
+  return true;
+}
+
+/// acc[o] = the sum (of squares) of row o's \p perRow contiguous elements,
+/// added in order in Acc, as the strided walk adds them (the same bits);
+/// rows on the loop threads. RMSNorm's mean of squares, a row's mean.
+template <typename T, typename Acc>
+void sumRows(const T *in, int64_t rows, int64_t perRow, bool squares, Acc *acc) {
+  parallelFor(rows, std::max<int64_t>(1, (1 << 14) / perRow), [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      const T *row = in + o * perRow;
+      Acc sum = 0;
+      if (squares)
+        for (int64_t j = 0; j < perRow; ++j)
+          sum += Acc(row[j]) * Acc(row[j]);
+      else
+        for (int64_t j = 0; j < perRow; ++j)
+          sum += row[j];
+      acc[o] = sum;
+    }
+  });
+}
+
+} // namespace
+
 /// The Reduce* family. Axes come from input 1 (ReduceSum from opset 13) or
 /// the axes attribute; no axes means all, unless noop_with_empty_axes.
 template <ReduceKind Kind> Expected<Outputs> reduce(const OpContext &ctx) {
@@ -402,10 +439,14 @@ template <ReduceKind Kind> Expected<Outputs> reduce(const OpContext &ctx) {
         forEachStrided<1>(x.shape(), {accStrides},
                           [&](int64_t i, const std::array<int64_t, 1> &off) { fn(in[i], off[0]); });
       };
+      bool rows = isFloat<T> && perOutput > 0 && reducesTrailingAxes(reduced);
       switch (kind) {
       case ReduceKind::Sum:
       case ReduceKind::Mean:
-        walk([&](T v, int64_t o) { acc[o] += v; });
+        if (rows)
+          sumRows(in, outCount, perOutput, false, acc.data());
+        else
+          walk([&](T v, int64_t o) { acc[o] += v; });
         break;
       case ReduceKind::Max:
         walk([&](T v, int64_t o) { acc[o] = kernels::elem::Max::value<Acc>(acc[o], v); });
@@ -421,7 +462,10 @@ template <ReduceKind Kind> Expected<Outputs> reduce(const OpContext &ctx) {
         break;
       case ReduceKind::L2:
       case ReduceKind::SumSquare:
-        walk([&](T v, int64_t o) { acc[o] += Acc(v) * Acc(v); });
+        if (rows)
+          sumRows(in, outCount, perOutput, true, acc.data());
+        else
+          walk([&](T v, int64_t o) { acc[o] += Acc(v) * Acc(v); });
         break;
       case ReduceKind::LogSum:
         walk([&](T v, int64_t o) { acc[o] += v; });
