@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <mutex>
@@ -49,8 +50,11 @@ using CblasDgemm = void (*)(int, int, int, int, int, int, double, const double *
                             const double *, int, double, double *, int);
 
 /// One BLAS: its GEMMs with CBLAS's signature and what it says of itself.
+enum class Kind { OpenBlas, Mkl };
+
 struct Library {
-  std::string kind; // "openblas" or "mkl": PIPEC_BLAS's words
+  Kind kind;
+  void *handle = nullptr; // MKL's, from dlopen; null for the linked OpenBLAS
   CblasSgemm sgemm = nullptr;
   CblasDgemm dgemm = nullptr;
   std::string config; // the library's build or version line
@@ -74,7 +78,7 @@ void openblasDgemm(int layout, int ta, int tb, int m, int n, int k, double alpha
 
 Library openblas() {
   Library l;
-  l.kind = "openblas";
+  l.kind = Kind::OpenBlas;
   l.sgemm = openblasSgemm;
   l.dgemm = openblasDgemm;
   l.config = PIPEC_OPENBLAS_FN(openblas_get_config)();
@@ -104,10 +108,11 @@ std::string mklBranchName(int branch) {
   }
 }
 
-/// MKL from tools/fetch-mkl.sh's folder (or PIPEC_MKL_LIBRARY), on its
-/// sequential layer and in strict reproducible mode; None when it is not
+/// MKL from \p path, on its sequential layer and in strict reproducible mode; None when it is not
 /// installed or refuses either setting.
-Optional<Library> loadMkl() {
+/// MKL's libmkl_rt.so.3: PIPEC_MKL_LIBRARY, else tools/fetch-mkl.sh's;
+/// empty when neither exists.
+std::string mklPath() {
   std::string path;
   if (Optional<std::string> env = sys::Process::GetEnv("PIPEC_MKL_LIBRARY"); env && !env->empty())
     path = *env;
@@ -115,7 +120,11 @@ Optional<Library> loadMkl() {
   else
     path = PIPEC_MKL_DIR "/libmkl_rt.so.3";
 #endif
-  if (path.empty() || !sys::fs::exists(path))
+  return !path.empty() && sys::fs::exists(path) ? path : "";
+}
+
+Optional<Library> loadMkl(const std::string &path) {
+  if (path.empty())
     return None;
   void *handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle)
@@ -127,7 +136,8 @@ Optional<Library> loadMkl() {
   auto cbwrAuto = reinterpret_cast<int (*)()>(fn("MKL_CBWR_Get_Auto_Branch"));
   auto version = reinterpret_cast<void (*)(char *, int)>(fn("MKL_Get_Version_String"));
   Library l;
-  l.kind = "mkl";
+  l.kind = Kind::Mkl;
+  l.handle = handle;
   l.sgemm = reinterpret_cast<CblasSgemm>(fn("cblas_sgemm"));
   l.dgemm = reinterpret_cast<CblasDgemm>(fn("cblas_dgemm"));
   if (!setThreading || !setInterface || !cbwrSet || !cbwrAuto || !version || !l.sgemm || !l.dgemm)
@@ -135,11 +145,12 @@ Optional<Library> loadMkl() {
   // Before any other call: the layers are fixed at MKL's first computation.
   constexpr int threadingSequential = 1, interfaceLp64 = 0;
   constexpr int cbwrAutoBranch = 2, cbwrStrict = 0x10000, cbwrSuccess = 0;
-  if (setThreading(threadingSequential) < 0 || setInterface(interfaceLp64) < 0)
+  int branch = -1;
+  if (setThreading(threadingSequential) < 0 || setInterface(interfaceLp64) < 0 ||
+      (branch = cbwrAuto(), cbwrSet(cbwrAutoBranch | cbwrStrict) != cbwrSuccess)) {
+    dlclose(handle);
     return None;
-  int branch = cbwrAuto(); // what AUTO stands for on this CPU
-  if (cbwrSet(cbwrAutoBranch | cbwrStrict) != cbwrSuccess)
-    return None;
+  }
   std::array<char, 256> text{};
   version(text.data(), static_cast<int>(text.size()) - 1);
   l.config = StringRef(text.data()).trim().str();
@@ -204,73 +215,120 @@ struct Chosen {
   std::string reason;
 };
 
-/// What a cache file holds: "openblas 91.4\nmkl 83.2\n".
-Optional<std::pair<double, double>> readMeasured(StringRef path) {
+/// What OpenBLAS and MKL measured here, and MKL's name ("MKL 2026.2").
+struct Measured {
+  double ours = 0, mkl = 0;
+  std::string mklName;
+};
+
+/// What a cache file holds: "openblas 91.4\nmkl 83.2\nmkl-name MKL 2026.2\n".
+Optional<Measured> readMeasured(StringRef path) {
   ErrorOr<std::unique_ptr<MemoryBuffer>> buf = MemoryBuffer::getFile(path);
   if (!buf)
     return None;
-  double ours = 0, mkl = 0;
+  Measured m;
   SmallVector<StringRef, 4> lines;
   (*buf)->getBuffer().split(lines, '\n', -1, /*KeepEmpty=*/false);
   for (StringRef line : lines) {
     auto [key, value] = line.split(' ');
-    double v;
-    if (value.trim().getAsDouble(v))
+    if (key == "mkl-name")
+      m.mklName = value.str();
+    else if ((key != "openblas" && key != "mkl") ||
+             value.trim().getAsDouble(key == "openblas" ? m.ours : m.mkl))
       return None;
-    (key == "openblas" ? ours : mkl) = v;
   }
-  if (!(ours > 0) || !(mkl > 0))
+  if (!(m.ours > 0) || !(m.mkl > 0) || m.mklName.empty())
     return None;
-  return std::make_pair(ours, mkl);
+  return m;
 }
 
-/// The measured GFLOP/s of OpenBLAS and MKL here, from the cache or
-/// measured now. One process measures while the others wait on a lock, so
-/// that ranks and tests started together agree.
-std::pair<double, double> measuredHere(const Library &ours, const Library &mkl) {
+/// OpenBLAS's and MKL's GFLOP/s here, from the cache or measured now; \p mkl
+/// is loaded from \p path only to measure. The cache is keyed by the CPU,
+/// OpenBLAS's build and MKL's file, so a cached answer never loads MKL. One
+/// process measures while the others wait on a lock, so that ranks and
+/// tests started together agree. None when MKL does not load.
+Optional<Measured> measuredHere(const Library &ours, const std::string &path,
+                                Optional<Library> &mkl) {
+  auto measureNow = [&]() -> Optional<Measured> {
+    if (!mkl)
+      mkl = loadMkl(path);
+    if (!mkl)
+      return None;
+    auto [oursRate, mklRate] = measure(ours, *mkl);
+    // To the tenth the cache keeps, so a cached run decides and prints alike.
+    auto tenths = [](double rate) { return std::round(rate * 10) / 10; };
+    return Measured{tenths(oursRate), tenths(mklRate), mkl->shortName};
+  };
   std::string dir = cacheDirectory();
-  if (dir.empty())
-    return measure(ours, mkl);
-  uint64_t key = xxHash64(cpuModelName() + "/" + ours.config + "/" + mkl.config + "/v1");
-  SmallString<256> path(dir);
-  sys::path::append(path, "blas-" + utohexstr(key, /*LowerCase=*/true) + ".txt");
-  if (Optional<std::pair<double, double>> cached = readMeasured(path))
-    return *cached;
+  sys::fs::file_status file;
+  if (dir.empty() || sys::fs::status(path, file))
+    return measureNow();
+  uint64_t key =
+      xxHash64(formatv("{0}/{1}/{2}/{3}/{4}/v2", cpuModelName(), ours.config, path, file.getSize(),
+                       file.getLastModificationTime().time_since_epoch().count())
+                   .str());
+  SmallString<256> cached(dir);
+  sys::path::append(cached, "blas-" + utohexstr(key, /*LowerCase=*/true) + ".txt");
+  if (Optional<Measured> m = readMeasured(cached))
+    return m;
   sys::fs::create_directories(dir);
   int lock = ::open((dir + "/blas.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock >= 0)
     ::flock(lock, LOCK_EX);
-  Optional<std::pair<double, double>> result = readMeasured(path);
-  if (!result) {
-    result = measure(ours, mkl);
-    writeCacheFile(path,
-                   formatv("openblas {0:f1}\nmkl {1:f1}\n", result->first, result->second).str());
-  }
+  Optional<Measured> m = readMeasured(cached);
+  if (!m && (m = measureNow()))
+    writeCacheFile(
+        cached,
+        formatv("openblas {0:f1}\nmkl {1:f1}\nmkl-name {2}\n", m->ours, m->mkl, m->mklName).str());
   if (lock >= 0)
     ::close(lock); // releases the flock
-  return *result;
+  return m;
+}
+
+/// What PIPEC_BLAS asks for: unset, empty or "auto" the faster; None for
+/// a word it does not know.
+Optional<Optional<Kind>> asked() {
+  Optional<std::string> env = sys::Process::GetEnv("PIPEC_BLAS");
+  if (!env || env->empty() || *env == "auto")
+    return Optional<Kind>();
+  if (*env == "openblas")
+    return Optional<Kind>(Kind::OpenBlas);
+  if (*env == "mkl")
+    return Optional<Kind>(Kind::Mkl);
+  return None;
 }
 
 Chosen choose() {
   Library ours = openblas();
-  Optional<std::string> asked = sys::Process::GetEnv("PIPEC_BLAS");
-  StringRef want = asked ? StringRef(*asked) : StringRef();
-  if (want == "openblas")
+  Optional<Optional<Kind>> want = asked();
+  if (!want) // check() reports it; a library without the tool falls back
+    return {ours, "PIPEC_BLAS not understood"};
+  if (*want == Kind::OpenBlas)
     return {ours, "PIPEC_BLAS=openblas"};
-  Optional<Library> mkl = loadMkl();
-  if (want == "mkl")
+  std::string path = mklPath();
+  Optional<Library> mkl;
+  if (*want == Kind::Mkl) {
+    mkl = loadMkl(path);
     return mkl ? Chosen{*mkl, "PIPEC_BLAS=mkl"}
                : Chosen{ours, "PIPEC_BLAS=mkl, but no MKL is installed"};
-  if (!want.empty() && want != "auto")
-    return {ours, ("PIPEC_BLAS=" + want + " not understood").str()};
-  if (!mkl)
+  }
+  Optional<Measured> m = path.empty() ? None : measuredHere(ours, path, mkl);
+  if (!m)
     return {ours, "no MKL installed"};
-  auto [oursRate, mklRate] = measuredHere(ours, *mkl);
-  if (mklRate > 1.05 * oursRate)
-    return {*mkl, formatv("measured {0:f0} GFLOP/s here against {1}'s {2:f0}", mklRate,
-                          ours.shortName, oursRate)};
-  return {ours, formatv("measured {0:f0} GFLOP/s here against {1}'s {2:f0}", oursRate,
-                        mkl->shortName, mklRate)};
+  if (m->mkl > 1.05 * m->ours) {
+    if (!mkl)
+      mkl = loadMkl(path);
+    if (mkl)
+      return {*mkl, formatv("measured {0:f0} GFLOP/s here against {1}'s {2:f0}", m->mkl,
+                            ours.shortName, m->ours)};
+  }
+  if (mkl) { // loaded to measure and not called again: let its pages go
+    if (auto freeBuffers = reinterpret_cast<void (*)()>(dlsym(mkl->handle, "MKL_Free_Buffers")))
+      freeBuffers();
+    dlclose(mkl->handle);
+  }
+  return {ours, formatv("measured {0:f0} GFLOP/s here against {1}'s {2:f0}", m->ours, m->mklName,
+                        m->mkl)};
 }
 
 const Chosen &chosen() {
@@ -281,13 +339,13 @@ const Chosen &chosen() {
 } // namespace
 
 Error check() {
-  Optional<std::string> asked = sys::Process::GetEnv("PIPEC_BLAS");
-  if (!asked || asked->empty() || *asked == "openblas" || *asked == "auto")
-    return Error::success();
-  if (*asked != "mkl")
+  (void)chosen(); // now, on one thread, rather than inside a rank's first GEMM
+  Optional<Optional<Kind>> want = asked();
+  if (!want)
     return createStringError(inconvertibleErrorCode(),
-                             "PIPEC_BLAS=%s: expected openblas, mkl or auto", asked->c_str());
-  if (chosen().library.kind != "mkl")
+                             "PIPEC_BLAS=%s: expected openblas, mkl or auto",
+                             sys::Process::GetEnv("PIPEC_BLAS")->c_str());
+  if (*want == Kind::Mkl && chosen().library.kind != Kind::Mkl)
     return createStringError(inconvertibleErrorCode(),
                              "PIPEC_BLAS=mkl: no MKL found (tools/fetch-mkl.sh installs it; "
                              "PIPEC_MKL_LIBRARY names another libmkl_rt.so.3)");
@@ -323,11 +381,12 @@ std::string describe() {
 }
 
 int numThreads() {
-  return chosen().library.kind == "openblas" ? PIPEC_OPENBLAS_FN(openblas_get_num_threads)() : 1;
+  return chosen().library.kind == Kind::OpenBlas ? PIPEC_OPENBLAS_FN(openblas_get_num_threads)()
+                                                 : 1;
 }
 
 void setNumThreads(int threads) {
-  if (chosen().library.kind == "openblas")
+  if (chosen().library.kind == Kind::OpenBlas)
     PIPEC_OPENBLAS_FN(openblas_set_num_threads)(threads);
 }
 

@@ -14,10 +14,11 @@
 //
 // Which one: PIPEC_BLAS=openblas or PIPEC_BLAS=mkl in the environment says;
 // otherwise the faster of the two on single-threaded GEMMs of transformer
-// shapes, measured the first time this CPU, OpenBLAS build and MKL version
-// are seen and cached beside the `cpu` spec (PIPEC_CACHE_DIR, else
+// shapes, measured the first time this CPU, OpenBLAS build and MKL file are
+// seen and cached beside the `cpu` spec (PIPEC_CACHE_DIR, else
 // $XDG_CACHE_HOME/pipec, else ~/.cache/pipec). OpenBLAS keeps ties: MKL must
-// be 5% faster. Without MKL installed the choice is OpenBLAS.
+// be 5% faster. Without MKL installed the choice is OpenBLAS. MKL is loaded
+// only to measure it or to call it.
 //
 // Everything else in pipec calls the functions here; the first call makes
 // the choice (concurrent first calls wait for one).
@@ -35,7 +36,8 @@ namespace pipec::blas {
 /// An error naming PIPEC_BLAS when it asks for what cannot be had (a word
 /// other than openblas, mkl or auto; mkl where none is installed). The
 /// choice itself never fails: it falls back to OpenBLAS, and reason() says
-/// why. `pipec` checks this first.
+/// why. Makes the choice, so that a measurement runs on a quiet thread:
+/// `pipec` calls this first.
 llvm::Error check();
 
 /// Row-major C = alpha op(A) op(B) + beta C.
