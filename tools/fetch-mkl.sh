@@ -25,25 +25,14 @@ if [ "$(uname -m)" != x86_64 ]; then
   echo "fetch-mkl: MKL is for x86-64; pipec uses OpenBLAS alone on $(uname -m)"
   exit 0
 fi
-mkdir -p "$deps"
-venv=$deps/venv
-if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
-  rm -rf "$venv"
-  /usr/bin/python3 -m venv "$venv"
-fi
-python=$venv/bin/python
-dl=$deps/mkl-dl
-rm -rf "$dl"
-"$python" -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: \
-  "mkl==$version" -d "$dl"
-echo "$wheel_sha256  $dl/$wheel" | sha256sum -c --status ||
-  { echo "fetch-mkl: $dl/$wheel does not match its pinned sha256" >&2; exit 1; }
+tools/fetch-wheel.sh "mkl==$version" "$wheel" "$wheel_sha256"
+python=$deps/venv/bin/python
 rm -rf "$prefix"
 mkdir -p "$prefix/lib"
 members=""
 for lib in $libs; do members="$members mkl-$version.data/data/lib/$lib"; done
-# Only the members named: the whole wheel unpacks to 900 MB.
-"$python" - "$dl/$wheel" "$prefix" $members <<'PY'
+# Only the members named: the whole wheel unpacks to about 800 MB.
+"$python" - "$deps/$wheel" "$prefix" $members <<'PY'
 import os, shutil, sys, zipfile
 wheel, prefix, members = sys.argv[1], sys.argv[2], sys.argv[3:]
 with zipfile.ZipFile(wheel) as z:
@@ -55,6 +44,6 @@ with zipfile.ZipFile(wheel) as z:
         with z.open(lic[0]) as src, open(os.path.join(prefix, "LICENSE.txt"), "wb") as dst:
             shutil.copyfileobj(src, dst)
 PY
-rm -rf "$dl"
+rm -f "$deps/$wheel" # 229 MB, and nothing reads it again
 echo "$wheel_sha256" >"$stamp"
 echo "fetch-mkl: MKL $version in $prefix"

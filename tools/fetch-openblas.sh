@@ -23,23 +23,8 @@ if [ "$(uname -m)" != x86_64 ]; then
   exit 1
 fi
 
-mkdir -p "$deps"
-# pip from the venv tools/build-onnx.sh makes (Debian's python3 has none).
-venv=$deps/venv
-if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
-  rm -rf "$venv"
-  /usr/bin/python3 -m venv "$venv"
-fi
-python=$venv/bin/python
-if [ ! -f "$deps/$wheel" ] || ! echo "$wheel_sha256  $deps/$wheel" | sha256sum -c --status; then
-  rm -rf "$deps/openblas-dl" "$deps/$wheel"
-  "$python" -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: \
-    "scipy-openblas32==$version" -d "$deps/openblas-dl"
-  mv "$deps/openblas-dl/$wheel" "$deps/$wheel"
-  rm -rf "$deps/openblas-dl"
-  echo "$wheel_sha256  $deps/$wheel" | sha256sum -c --status ||
-    { echo "fetch-openblas: $deps/$wheel does not match its pinned sha256" >&2; exit 1; }
-fi
+tools/fetch-wheel.sh "scipy-openblas32==$version" "$wheel" "$wheel_sha256"
+python=$deps/venv/bin/python
 rm -rf "$prefix" "$deps/openblas-unpack"
 "$python" -m zipfile -e "$deps/$wheel" "$deps/openblas-unpack"
 mkdir -p "$prefix"
