@@ -65,7 +65,8 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   // Each name once: `cpu` (or a file over it) reads or measures its
   // calibration for the share of this machine's cores that `pipec run` gives
   // each of the plan's ranks; a JSON spec is parsed.
-  int cpuThreads = defaultThreadsPerRank(options.stages * options.dataParallel);
+  int cpuThreads = defaultThreadsPerRank(
+      options.computingRanks > 0 ? options.computingRanks : options.stages * options.dataParallel);
   wireCpuKernels();
   std::map<std::string, HardwareSpec> resolved;
   for (const std::string &name : *names) {
@@ -80,7 +81,7 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   }
   std::string precisionText = options.precision;
   if (precisionText.empty())
-    precisionText = setup.hardware[0].name == "cpu" ? "fp32" : "bf16";
+    precisionText = setup.hardware[0].sharesHostCores() ? "fp32" : "bf16";
   auto precision = parsePrecision(precisionText);
   if (!precision)
     return precision.takeError();
@@ -940,8 +941,37 @@ Expected<plan::Plan> withPrefill(plan::Plan plan, StringRef modelPath,
   return plan;
 }
 
-Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &options,
+/// --mode generate: the groups of rows in flight, and why. Stages on
+/// devices of their own keep the pipe full with a group per stage (the most
+/// up to that which divide the slots). Stages that are ranks of this
+/// machine's CPU share its cores and its memory bandwidth: a decode step
+/// streams every weight of a stage once per group, so groups of fewer rows
+/// add weight traffic and save no time. They take turns on one group of all
+/// the slots instead, each on all the cores (runtime/exec/Generate.h).
+std::pair<int, std::string> generationGroups(const CompileOptions &options, const Setup &setup) {
+  if (options.microbatches > 0)
+    return {options.microbatches, formatv("--microbatches {0}", options.microbatches).str()};
+  if (options.stages == 1)
+    return {1, "one stage"};
+  if (llvm::all_of(setup.hardware, [](const HardwareSpec &h) { return h.sharesHostCores(); }))
+    return {1, formatv("the {0} stages are ranks of this machine's CPU and share its cores: they "
+                       "take turns on one group, each on all the cores, which streams each "
+                       "weight once per token (a group of fewer rows streams it again)",
+                       options.stages)
+                   .str()};
+  int64_t slots = options.globalBatch / std::max(1, options.dataParallel);
+  int groups = options.stages;
+  while (groups > 1 && slots % groups != 0)
+    --groups;
+  return {groups,
+          groups == options.stages
+              ? std::string("one per stage, which keeps the pipe full")
+              : formatv("the most up to one per stage that divide the {0} slots", slots).str()};
+}
+
+Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &given,
                                   const PipelineOptions &pipeline) {
+  CompileOptions options = given;
   if (Error err = checkPrintAfter(pipeline.printAfter, passNames()))
     return err;
   if (options.stages < 1)
@@ -960,9 +990,26 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
     return flagError(formatv("--microbatches {0}: must be at least 1", options.microbatches));
   if (options.globalBatch < 0)
     return flagError(formatv("--batch {0}: must be at least 1", options.globalBatch));
+  // A generation plan's ranks compute at once only on groups in flight: the
+  // `cpu` spec is measured for the share of the cores that gives each.
+  std::string groupsReason;
+  auto computing = [&] {
+    return options.dataParallel * std::min(options.stages, std::max(1, options.microbatches));
+  };
+  if (options.maxLength > 0 && options.computingRanks == 0)
+    options.computingRanks = computing();
   auto setup = resolveSetup(options);
   if (!setup)
     return setup.takeError();
+  if (options.maxLength > 0) {
+    std::tie(options.microbatches, groupsReason) = generationGroups(options, *setup);
+    if (computing() != options.computingRanks) {
+      options.computingRanks = computing();
+      setup = resolveSetup(options);
+      if (!setup)
+        return setup.takeError();
+    }
+  }
   if (options.globalBatch > 0 && options.globalBatch % options.dataParallel != 0)
     return flagError(formatv("--batch {0} does not divide over --dp {1} replicas",
                              options.globalBatch, options.dataParallel));
@@ -970,6 +1017,8 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &opt
   if (options.training && options.autoSchedule)
     return compilation.autoSchedule();
   auto plan = compilation.fixedSchedule();
+  if (plan && options.maxLength > 0)
+    plan->mutable_generation()->set_groups_reason(groupsReason);
   if (!plan || options.maxLength == 0 || options.promptLength == 0)
     return plan;
   return withPrefill(std::move(*plan), modelPath, options);

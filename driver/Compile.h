@@ -82,6 +82,10 @@ struct CompileOptions {
   /// --prompt-length S (with maxLength): also compile the prefill of
   /// S-token prompts, in the decode step's stage layout (Generation.prefill).
   int64_t promptLength = 0;
+  /// The ranks of this machine that compute at once, among which the `cpu`
+  /// spec shares its cores; 0: every rank (stages x dp). A generation plan
+  /// sets it for its groups in flight, its prefill alike.
+  int computingRanks = 0;
 };
 
 /// Compiles \p modelPath into a plan, showing its passes as \p pipeline

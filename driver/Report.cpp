@@ -195,6 +195,8 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
     os << formatv("\ngeneration: rows of {0} tokens, {1} slot(s) in {2} group(s) of {3}; a step "
                   "decodes one token of a group (the predicted step: one of every group)\n",
                   g.max_length(), g.slots(), g.groups(), plan.schedule().microbatch_size());
+    if (!g.groups_reason().empty())
+      os << "  groups: " << g.groups_reason() << "\n";
     std::string positions =
         g.positions().empty() ? std::string("from the mask") : "'" + g.positions() + "'";
     os << formatv("  inputs: tokens '{0}', positions {1}, mask '{2}'; logits '{3}' over {4} "
@@ -207,8 +209,9 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
       int entries = 0;
       for (const auto &c : g.cache())
         entries += plan.stages(c.stage()).rank() == rank.index();
-      os << formatv("  rank {0}: KV cache {1} ({2} tensors x {3} groups), written in place\n",
-                    rank.index(), humanCount(rank.cache_bytes(), true), entries, g.groups());
+      os << formatv("  rank {0}: KV cache {1} ({2} tensors x {3} group{4}), written in place\n",
+                    rank.index(), humanCount(rank.cache_bytes(), true), entries, g.groups(),
+                    g.groups() == 1 ? "" : "s");
     }
   }
   const auto &p = plan.predicted();

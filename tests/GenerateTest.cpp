@@ -14,6 +14,8 @@
 
 #include "llvm/Support/FormatVariadic.h"
 
+#include <tuple>
+
 using namespace pipec;
 using namespace pipec::test;
 
@@ -221,13 +223,36 @@ TEST(GenerateCli, ReportAndBadInput) {
             0)
       << out;
   ASSERT_EQ(runCommand(pipecBinary + " report " + plan, out), 0) << out;
-  // Two layers of [1, 4, 39, 8] float keys and values per rank, 2 groups.
-  EXPECT_NE(out.find("rank 0: KV cache 39.00 KiB (4 tensors x 2 groups), written in place"),
+  // Two layers of [2, 4, 39, 8] float keys and values per rank, 1 group:
+  // the two CPU ranks share this machine's cores, so they take turns on one
+  // group of both slots (one per stage by default).
+  EXPECT_NE(out.find("rank 0: KV cache 39.00 KiB (4 tensors x 1 group), written in place"),
             std::string::npos)
       << out;
-  EXPECT_NE(out.find("generation: rows of 40 tokens, 2 slot(s) in 2 group(s) of 1"),
+  EXPECT_NE(out.find("generation: rows of 40 tokens, 2 slot(s) in 1 group(s) of 2"),
             std::string::npos)
       << out;
+  EXPECT_NE(out.find("groups: the 2 stages are ranks of this machine's CPU and share its cores"),
+            std::string::npos)
+      << out;
+  // Devices of their own keep the pipe full: a group per stage, the most of
+  // those that divide the slots.
+  for (auto [slots, groups, why] :
+       {std::tuple{4, 4, "one per stage, which keeps the pipe full"},
+        std::tuple{6, 3, "the most up to one per stage that divide the 6 slots"}}) {
+    std::string gpus = dir.path("h.plan");
+    ASSERT_EQ(runCommand(llvm::formatv("{0} compile {1} --mode generate --max-length 40 --stages "
+                                       "4 --slots {2} --hardware h100 --timing-only -o {3}",
+                                       pipecBinary, model, slots, gpus),
+                         out),
+              0)
+        << out;
+    ASSERT_EQ(runCommand(pipecBinary + " report " + gpus, out), 0) << out;
+    EXPECT_NE(out.find(llvm::formatv("{0} slot(s) in {1} group(s)", slots, groups).str()),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find(std::string("groups: ") + why), std::string::npos) << out;
+  }
   std::string prompts = fixtures + "gpt2.prompts.npy";
   // 6 prompt tokens and 35 new need 41 positions.
   EXPECT_EQ(runCommand(pipecBinary + " generate " + plan + " --prompts " + prompts +

@@ -21,8 +21,13 @@ round, alternating within the round (torch, pipec 1 stage, pipec 2 stages):
   pipec 1 stage   compile --mode generate --max-length 128 --prompt-length 64
                   --stages 1 --slots 16 --microbatches 1; `pipec generate`'s
                   own tokens/s (its loop, after the weights are loaded)
-  pipec 2 stages  the same with --stages 2 --microbatches 2: two groups of 8
-                  in flight, each rank on its share of the cores
+  pipec 2 stages  the same with --stages 2 and the groups compile chooses: the
+                  two ranks share this machine's cores, so one group of 16
+                  that the stages take in turns, each rank on all the cores
+  2 stages, 2 groups
+                  --stages 2 --microbatches 2: two groups of 8 in flight,
+                  each rank on its own core; each stage streams its weights
+                  once per group, twice per token
 tokens/s = 16 x 64 / the loop's seconds; the table has medians over the
 rounds, and whether pipec's tokens equal torch's (rows whose 64 tokens all
 agree; random weights make near-ties, where float sums in another order may
@@ -52,6 +57,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "PERFORMANCE.md")
 PROMPTS, PROMPT_LEN, NEW, MAX_LEN = 16, 64, 64, 128
+# pipec's contenders: 1 stage; 2 stages in the groups compile chooses; 2
+# stages in 2 groups of 8.
+PIPEC_LAYOUTS = {"p1": ["--stages", "1"], "p2": ["--stages", "2"],
+                 "p2g2": ["--stages", "2", "--microbatches", "2"]}
 
 
 def config(name):
@@ -84,14 +93,12 @@ def prepare(name, work, pipec):
         export(name, model, cfg, onnx_path, external_data=True)
         prompts = np.random.default_rng(1).integers(2, cfg.vocab_size, (PROMPTS, PROMPT_LEN))
         np.save(os.path.join(folder, "prompts.npy"), prompts.astype(np.int64))
-    for stages in (1, 2):
-        plan = os.path.join(folder, f"p{stages}.plan")
-        if not os.path.exists(plan):
-            subprocess.run([pipec, "compile", onnx_path, "--mode", "generate", "--max-length",
-                            str(MAX_LEN), "--prompt-length", str(PROMPT_LEN), "--stages",
-                            str(stages), "--microbatches", str(stages), "--slots", str(PROMPTS),
-                            "--hardware", "cpu", "-o", plan], check=True,
-                           stdout=subprocess.DEVNULL)
+    # Compiled afresh: a plan of an older pipec may not load.
+    for tag, flags in PIPEC_LAYOUTS.items():
+        subprocess.run([pipec, "compile", onnx_path, "--mode", "generate", "--max-length",
+                        str(MAX_LEN), "--prompt-length", str(PROMPT_LEN), "--slots", str(PROMPTS),
+                        "--hardware", "cpu", "-o", os.path.join(folder, f"{tag}.plan")] + flags,
+                       check=True, stdout=subprocess.DEVNULL)
     return folder
 
 
@@ -133,9 +140,9 @@ def compile_genai_form(pipec, genai):
     return plan
 
 
-def run_pipec(pipec, folder, stages, plan=None, tag=None):
-    out = os.path.join(folder, f"pipec{tag or stages}.npy")
-    plan = plan or os.path.join(folder, f"p{stages}.plan")
+def run_pipec(pipec, folder, tag, plan=None):
+    out = os.path.join(folder, f"pipec-{tag}.npy")
+    plan = plan or os.path.join(folder, f"{tag}.plan")
     done = subprocess.run([pipec, "generate", plan,
                            "--prompts", os.path.join(folder, "prompts.npy"),
                            "--max-new-tokens", str(NEW), "-o", out],
@@ -245,7 +252,7 @@ def main():
         except (ImportError, subprocess.CalledProcessError) as e:
             print(f"{name}: onnxruntime-genai not measured: {e}", file=sys.stderr)
         genai_plan = compile_genai_form(a.pipec, genai) if genai else None
-        times = {"torch": [], "pipec1": [], "pipec2": [], "genai": [], "pipecg": []}
+        times = {"torch": [], "p1": [], "p2": [], "p2g2": [], "genai": [], "pipecg": []}
         equal = {}
         for r in range(a.rounds):
             t, tout = run_torch(folder, name, a.threads)
@@ -254,34 +261,37 @@ def main():
                 g, gout = run_genai(folder, a.threads)
                 times["genai"].append(g)
                 equal["genai"] = rows_equal(tout, gout)
-                p, pout = run_pipec(a.pipec, folder, 1, genai_plan, "g")
+                p, pout = run_pipec(a.pipec, folder, "g", genai_plan)
                 times["pipecg"].append(p)
                 equal["pipecg"] = rows_equal(tout, pout)
-            for stages in (1, 2):
-                p, pout = run_pipec(a.pipec, folder, stages)
-                times[f"pipec{stages}"].append(p)
-                equal[stages] = rows_equal(tout, pout)
+            for tag in PIPEC_LAYOUTS:
+                p, pout = run_pipec(a.pipec, folder, tag)
+                times[tag].append(p)
+                equal[tag] = rows_equal(tout, pout)
             print(f"{name} round {r + 1}: torch {t:.1f}, pipec 1 stage "
-                  f"{times['pipec1'][-1]:.1f}, 2 stages {times['pipec2'][-1]:.1f}"
+                  f"{times['p1'][-1]:.1f}, 2 stages {times['p2'][-1]:.1f}, 2 stages in 2 groups "
+                  f"{times['p2g2'][-1]:.1f}"
                   + (f", genai {times['genai'][-1]:.1f}, pipec on genai's model "
                      f"{times['pipecg'][-1]:.1f}" if genai else "") + " tokens/s",
                   file=sys.stderr)
         med = {k: statistics.median(v) for k, v in times.items() if v}
         label = {"gpt2": "GPT-2 124M", "llama": "Llama 246M (GQA 16/4)"}[name]
-        peer = (f"{med['genai']:.1f} | {med['pipec1'] / med['genai']:.2f}x | "
+        peer = (f"{med['genai']:.1f} | {med['p1'] / med['genai']:.2f}x | "
                 f"{med['pipecg']:.1f} ({med['pipecg'] / med['genai']:.2f}x)"
                 if "genai" in med else "- (no GPT-2 in its builder) | - | -")
-        lines.append(f"| {label} | {med['torch']:.1f} | {med['pipec1']:.1f} | "
-                     f"{med['pipec1'] / med['torch']:.2f}x | {peer} | {med['pipec2']:.1f} | "
-                     f"{med['pipec2'] / med['pipec1']:.2f}x | {equal[1]}/16, {equal[2]}/16"
-                     + (f", genai {equal['genai']}/16, pipec on genai's model "
+        lines.append(f"| {label} | {med['torch']:.1f} | {med['p1']:.1f} | "
+                     f"{med['p1'] / med['torch']:.2f}x | {peer} | {med['p2']:.1f} | "
+                     f"{med['p2'] / med['p1']:.2f}x | {med['p2g2']:.1f} "
+                     f"({med['p2g2'] / med['p1']:.2f}x) | "
+                     + ", ".join(f"{equal[tag]}/16" for tag in PIPEC_LAYOUTS)
+                     + (f"; genai {equal['genai']}/16, pipec on genai's model "
                         f"{equal['pipecg']}/16" if "genai" in equal else "") + " |")
     table = "\n".join(
         ["| model | torch generate, tokens/s | pipec 1 stage | pipec / torch | onnxruntime-genai "
          "| pipec / genai | pipec 1 stage on genai's model (/ genai) | pipec 2 stages "
-         "| 2 stages / 1 stage | rows equal to torch's (pipec 1, 2 stages; genai; pipec on "
-         "genai's model) |",
-         "|---|---|---|---|---|---|---|---|---|---|"] + lines)
+         "| 2 stages / 1 stage | 2 stages in 2 groups of 8 (/ 1 stage) | rows equal to torch's "
+         "(pipec 1 stage, 2 stages, 2 groups; genai; pipec on genai's model) |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"] + lines)
     print(table)
     if a.write:
         section = f"""## Generation (pipec generate against transformers' generate)

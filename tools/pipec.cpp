@@ -107,8 +107,10 @@ cl::opt<int> Stages("stages", cl::desc("Pipeline stages P (ranks)"), cl::init(4)
 cl::opt<int> VirtualStages("virtual-stages",
                            cl::desc("Chunks per rank V (default: the schedule's, 1 or 2)"),
                            cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
-cl::opt<int> Microbatches("microbatches", cl::desc("Microbatches M per step (default 4P)"),
-                          cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<int> Microbatches(
+    "microbatches",
+    cl::desc("Microbatches M per step (default 4P; --mode generate: groups in flight, chosen)"),
+    cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<int64_t> GlobalBatch("batch",
                              cl::desc("Global batch per step (default: the batch a model "
                                       "of fixed shapes holds per microbatch, else one "
@@ -137,7 +139,7 @@ cl::opt<int64_t> PromptLength("prompt-length",
                               cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<int64_t> Slots("slots",
                        cl::desc("--mode generate: rows decoded at once, over all groups "
-                                "(default: one per group)"),
+                                "(default: one per group, or per stage)"),
                        cl::init(0), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> Precision("precision", cl::desc("fp32|bf16 (default bf16 on GPUs)"),
                                cl::cat(CompileCat), cl::sub(CompileCmd));
@@ -479,7 +481,8 @@ int runCompile() {
   options.training = Mode == "train";
   if (Mode == "generate") {
     // One decode step: a token per row, the cache max-length - 1 long; M
-    // groups of rows (by default one per stage, which keeps the pipe full).
+    // groups of rows (by default the compile chooses, see
+    // generationGroups), by default one row per stage.
     if (MaxLength < 2)
       return badUsage("--mode generate needs --max-length L of at least 2: the tokens a row "
                       "holds, prompt and generated");
@@ -493,9 +496,9 @@ int runCompile() {
     options.promptLength = PromptLength;
     options.import.bindings.seq = 1;
     options.import.bindings.past = MaxLength - 1;
-    if (!Microbatches.getNumOccurrences())
-      options.microbatches = Stages;
-    options.globalBatch = Slots.getNumOccurrences() ? Slots : options.microbatches;
+    options.globalBatch = Slots.getNumOccurrences()          ? Slots
+                          : Microbatches.getNumOccurrences() ? Microbatches
+                                                             : Stages;
   } else if (MaxLength.getNumOccurrences() || Slots.getNumOccurrences() ||
              PromptLength.getNumOccurrences()) {
     return badUsage("--max-length, --slots and --prompt-length: only --mode generate decodes");

@@ -67,6 +67,11 @@ struct HardwareSpec {
     return gemms > 0 || vectorFlops <= 0 ? peakFlops(bf16) : vectorFlops;
   }
 
+  /// Whether its ranks are threads or processes of one machine, sharing its
+  /// cores and memory: the `cpu` spec and files over it, as against devices
+  /// of their own.
+  bool sharesHostCores() const { return name == "cpu"; }
+
   bool operator==(const HardwareSpec &other) const;
   bool operator!=(const HardwareSpec &other) const { return !(*this == other); }
 };

@@ -747,6 +747,14 @@ GenerateResult resultOf(const Job &job, const RankOut &out, double seconds) {
   return result;
 }
 
+/// How many of \p ranks ranks that share a machine compute at once: no more
+/// than there are groups in flight, since a rank computes only on a group
+/// that has reached it. With one group the stages take turns, so each rank
+/// computes on all the cores it shares.
+int computingAtOnce(const Job &job, int ranks) {
+  return static_cast<int>(std::clamp<int64_t>(job.groups, 1, std::max(1, ranks)));
+}
+
 } // namespace
 
 Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOptions &options,
@@ -756,7 +764,7 @@ Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOpt
     return setup.takeError();
   const Setup &su = **setup;
   int ranks = su.decode->P;
-  int threadsPerRank = shareCores(su.runOptions, ranks);
+  int threadsPerRank = shareCores(su.runOptions, computingAtOnce(su.job, ranks));
   LocalWorld world(ranks, su.runOptions.timeoutSeconds);
   std::vector<std::unique_ptr<Comm>> comms;
   std::vector<std::unique_ptr<Backend>> backends;
@@ -813,7 +821,7 @@ Expected<GenerateResult> generateMpi(const plan::Plan &plan, const GenerateOptio
   int perNode = 1;
   if (const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
     perNode = std::max(1, std::atoi(local));
-  int threadsPerRank = shareCores(su.runOptions, perNode);
+  int threadsPerRank = shareCores(su.runOptions, computingAtOnce(su.job, perNode));
   setLoopThreads(threadsPerRank);
   int rank = (*comm)->rank();
   auto backend = makeBackend(*su.decode, 0, rank);

@@ -16,6 +16,9 @@
 //  - the attention mask holds 1 at the row's written positions and at the
 //    new one (the present's last), 0 elsewhere; position ids are the row's
 //    position;
+//  - ranks of one machine share its cores among the groups in flight, since
+//    a rank computes only on a group that has reached it: with one group the
+//    stages take turns, each on all the cores;
 //  - a group's first prompts go through in one prefill pass when the plan
 //    has one of their length, else a prompt is fed one token per decode
 //    step; from its last token on, the last stage picks a token per row:
