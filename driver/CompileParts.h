@@ -99,6 +99,14 @@ void describeStages(plan::Plan &plan, const LayerGraph &layers, const StagePlan 
 /// their memory limit.
 void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first);
 
+/// --mode generate: the roles of the model's inputs and outputs, the stage
+/// that holds each cache, and each rank's cache bytes (every group's).
+llvm::Error describeGeneration(plan::Plan &plan, const Graph &graph, int64_t maxLength);
+
+/// --mode generate: the groups of rows in flight (--microbatches, or the
+/// compile's choice for \p setup's hardware), and why.
+std::pair<int, std::string> generationGroups(const CompileOptions &options, const Setup &setup);
+
 } // namespace pipec
 
 #endif // PIPEC_DRIVER_COMPILEPARTS_H

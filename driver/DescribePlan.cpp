@@ -1,6 +1,7 @@
 //===- DescribePlan.cpp - A plan's header, layers, stages and warnings ---===//
 #include "driver/CompileParts.h"
 #include "driver/InspectReport.h"
+#include "passes/GenerationRoles.h"
 #include "passes/PredictStep.h"
 #include "passes/StagePrograms.h"
 #include "plan/PlanFile.h"
@@ -250,6 +251,73 @@ void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first) {
                                 humanCount(r.peak_memory_bytes(), true),
                                 humanCount(r.memory_limit_bytes(), true))
                             .str());
+}
+
+/// --mode generate: the roles of the model's inputs and outputs, the stage
+/// that holds each cache, and each rank's cache bytes (every group's).
+Error describeGeneration(plan::Plan &plan, const Graph &graph, int64_t maxLength) {
+  auto roles = findGenerationRoles(graph, maxLength);
+  if (!roles)
+    return roles.takeError();
+  int groups = plan.schedule().microbatches();
+  roles->set_groups(groups);
+  roles->set_slots(plan.schedule().global_batch());
+  for (plan::Generation::Cache &cache : *roles->mutable_cache()) {
+    cache.set_bytes(graph.values[graph.findValue(cache.past())].byteSize());
+    for (const plan::StageProgram &sp : plan.stage_programs())
+      if (llvm::is_contained(sp.loads(), cache.past()))
+        cache.set_stage(sp.stage());
+    int rank = plan.stages(cache.stage()).rank();
+    plan::Rank *r = plan.mutable_ranks(rank);
+    r->set_cache_bytes(r->cache_bytes() + cache.bytes() * groups);
+  }
+  // The cache lives beside the step's working set for the whole run: both
+  // peaks hold it (the step's own count of its past inputs stays, a group's
+  // cache that the pass reads).
+  for (plan::Rank &r : *plan.mutable_ranks()) {
+    if (r.cache_bytes() == 0)
+      continue;
+    r.set_peak_memory_bytes(r.peak_memory_bytes() + r.cache_bytes());
+    if (r.model_peak_bytes() > 0)
+      r.set_model_peak_bytes(r.model_peak_bytes() + r.cache_bytes());
+    if (overMemoryLimit(r))
+      plan.add_warnings(formatv("rank {0} needs {1} with its KV cache of {2}, over its limit of "
+                                "{3}: lower --slots or --max-length",
+                                r.index(), humanCount(r.peak_memory_bytes(), true),
+                                humanCount(r.cache_bytes(), true),
+                                humanCount(r.memory_limit_bytes(), true))
+                            .str());
+  }
+  *plan.mutable_generation() = std::move(*roles);
+  return Error::success();
+}
+
+/// --mode generate: the groups of rows in flight, and why. Stages on
+/// devices of their own keep the pipe full with a group per stage (the most
+/// up to that which divide the slots). Stages that are ranks of this
+/// machine's CPU share its cores and its memory bandwidth: a decode step
+/// streams every weight of a stage once per group, so groups of fewer rows
+/// add weight traffic and save no time. They take turns on one group of all
+/// the slots instead, each on all the cores (runtime/exec/Generate.h).
+std::pair<int, std::string> generationGroups(const CompileOptions &options, const Setup &setup) {
+  if (options.microbatches > 0)
+    return {options.microbatches, formatv("--microbatches {0}", options.microbatches).str()};
+  if (options.stages == 1)
+    return {1, "one stage"};
+  if (llvm::all_of(setup.hardware, [](const HardwareSpec &h) { return h.sharesHostCores(); }))
+    return {1, formatv("the {0} stages are ranks of this machine's CPU and share its cores: they "
+                       "take turns on one group, each on all the cores, which streams each "
+                       "weight once per token (a group of fewer rows streams it again)",
+                       options.stages)
+                   .str()};
+  int64_t slots = options.globalBatch / std::max(1, options.dataParallel);
+  int groups = options.stages;
+  while (groups > 1 && slots % groups != 0)
+    --groups;
+  return {groups,
+          groups == options.stages
+              ? std::string("one per stage, which keeps the pipe full")
+              : formatv("the most up to one per stage that divide the {0} slots", slots).str()};
 }
 
 } // namespace pipec

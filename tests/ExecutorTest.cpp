@@ -176,7 +176,10 @@ TEST_F(Equivalence, FusionChangesNothing) {
         EXPECT_GT(fused.fusedNodes, 2 * fused.fusedGroups) << what;
         EXPECT_LT(fused.nodes, plain.nodes) << what;
       }
-      expectSameStep(fused, plain, "fusion " + what, 1e-7);
+      // Fused nodes sum in another order where they take another GEMM
+      // (MatMulTransposed's few-row dot products against the BLAS on the
+      // Transpose's copy): within float rounding of those sums.
+      expectSameStep(fused, plain, "fusion " + what, 1e-6);
     }
   }
   extraOptions = rt::RunOptions();

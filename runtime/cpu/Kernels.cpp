@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/DotGemm.h"
 #include "runtime/cpu/ElementwiseKernels.h"
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
@@ -220,6 +221,17 @@ void gemmWith(Blas blas, bool transA, bool transB, int64_t m, int64_t n, int64_t
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
           GemmPrepare prepare) {
+  // A few rows by a weight read transposed (a decode step's Linear): dot
+  // products that read the weight as stored, in bands of its rows.
+  if (!transA && transB && m > 0 && m <= dotGemmMaxRows && n > 0 && k > 0 && haveDotGemm()) {
+    int64_t grain = std::max<int64_t>(3, (int64_t(1) << 20) / (m * k));
+    parallelFor(n, grain, [&](int64_t begin, int64_t end) {
+      if (prepare)
+        prepare(0, m, begin, end);
+      dotGemm(m, end - begin, k, alpha, a, lda, b + begin * ldb, ldb, beta, c + begin, ldc);
+    });
+    return;
+  }
   gemmWith(blas::sgemm, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, prepare);
 }
 

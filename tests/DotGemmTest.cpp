@@ -1,0 +1,124 @@
+//===- DotGemmTest.cpp - gemm's few-row path by a weight read as stored --===//
+//
+// gemm gives A B^T with at most dotGemmMaxRows rows of A to dot products
+// (runtime/cpu/DotGemm.h). Each case is checked against the product summed
+// in double, with every tail of rows, columns and k, padded rows, alpha and
+// beta, a C written by `prepare`, and the bits on one thread and on two.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cpu/DotGemm.h"
+#include "runtime/cpu/Kernels.h"
+#include "support/Parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <thread>
+#include <vector>
+
+using namespace pipec;
+
+namespace {
+
+struct Case {
+  int64_t m, n, k, lda, ldb, ldc;
+  float alpha, beta;
+};
+
+/// Values in [-1, 1) from \p seed.
+std::vector<float> randoms(size_t count, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<float> out(count);
+  for (float &v : out)
+    v = dist(gen);
+  return out;
+}
+
+/// C from gemm(false, true, ...) against the double product: within the
+/// float rounding of k terms, relative to the sum of their magnitudes.
+void checkCase(const Case &c) {
+  SCOPED_TRACE(testing::Message() << "m " << c.m << " n " << c.n << " k " << c.k << " beta "
+                                  << c.beta);
+  std::vector<float> a = randoms(c.m * c.lda, 1), b = randoms(c.n * c.ldb, 2);
+  std::vector<float> before = randoms(c.m * c.ldc, 3);
+  // With beta 0, C is not read: NaNs there must not reach the result.
+  if (c.beta == 0)
+    std::fill(before.begin(), before.end(), std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> out = before;
+  cpu::gemm(false, true, c.m, c.n, c.k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta,
+            out.data(), c.ldc);
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = 0; j < c.n; ++j) {
+      double sum = 0, magnitude = 0;
+      for (int64_t p = 0; p < c.k; ++p) {
+        double term = double(a[i * c.lda + p]) * b[j * c.ldb + p];
+        sum += term;
+        magnitude += std::fabs(term);
+      }
+      double want = c.alpha * sum + (c.beta == 0 ? 0.0 : c.beta * before[i * c.ldc + j]);
+      double bound = 2 * (c.k + 2) * std::numeric_limits<float>::epsilon() *
+                     (std::fabs(c.alpha) * magnitude + std::fabs(want) + 1e-30);
+      ASSERT_NEAR(out[i * c.ldc + j], want, bound) << "row " << i << " column " << j;
+    }
+  // Columns past n in each row of C are left alone.
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = c.n; j < c.ldc; ++j)
+      ASSERT_TRUE(std::memcmp(&out[i * c.ldc + j], &before[i * c.ldc + j], sizeof(float)) == 0);
+}
+
+TEST(DotGemm, EqualsTheDoubleProductOnEveryTail) {
+  // Rows: each block size of 4 and its remainders, up to the most rows the
+  // path takes and one past it (the BLAS). Columns: blocks of 3 and their
+  // remainders. k: below, at and past a vector of 8.
+  for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 16, 31, 32, 33})
+    for (int64_t n : {1, 2, 3, 4, 5, 50})
+      for (int64_t k : {1, 7, 8, 9, 64, 101})
+        for (float beta : {0.0f, 1.5f})
+          checkCase({m, n, k, k + 3, k + 5, n + 2, 0.75f, beta});
+}
+
+TEST(DotGemm, TheRankThreadsSplitTheWeightRowsWithoutChangingABit) {
+  // A decode step's shapes: 16 rows, a weight of 1000 rows of 768.
+  const int64_t m = 16, n = 1000, k = 768;
+  std::vector<float> a = randoms(m * k, 4), b = randoms(n * k, 5);
+  auto product = [&](int threads) {
+    std::vector<float> c(m * n);
+    std::thread worker([&] {
+      setLoopThreads(threads);
+      cpu::gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);
+    });
+    worker.join();
+    return c;
+  };
+  std::vector<float> one = product(1), two = product(2);
+  EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0);
+}
+
+TEST(DotGemm, PrepareWritesEachBandBeforeItsProduct) {
+  // Gemm's bias: prepare writes C's block, then the product adds to it.
+  const int64_t m = 5, n = 70, k = 33;
+  std::vector<float> a = randoms(m * k, 6), b = randoms(n * k, 7), bias = randoms(n, 8);
+  std::vector<float> c(m * n, std::numeric_limits<float>::quiet_NaN());
+  int64_t written = 0;
+  cpu::gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 1.0f, c.data(), n,
+            [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+              for (int64_t i = r0; i < r1; ++i)
+                for (int64_t j = c0; j < c1; ++j)
+                  c[i * n + j] = bias[j];
+              written += (r1 - r0) * (c1 - c0);
+            });
+  EXPECT_EQ(written, m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double want = bias[j];
+      for (int64_t p = 0; p < k; ++p)
+        want += double(a[i * k + p]) * b[j * k + p];
+      ASSERT_NEAR(c[i * n + j], want, 1e-5) << "row " << i << " column " << j;
+    }
+}
+
+} // namespace
