@@ -86,15 +86,20 @@ if gelu:
                  f"{gelu['unfused_s'] * 1e3:.2f} ms as eight kernels, "
                  f"{gelu['unfused_s'] / gelu['fused_s']:.2f}x.")
 decode = [(name, b) for name, b in rows.items()
-          if name.startswith("decode_gemm") and "dot_gflops" in b]
+          if name.startswith("decode_gemm") and "few_row_gflops" in b]
 if decode:
-    notes.append("- A decode step's products, a few rows by a weight read transposed (a Linear as "
-                 "torch stores it), weights streamed from memory, one thread, the two alternating "
-                 "(GFLOP/s): gemm's dot products (runtime/cpu/DotGemm.h) against the BLAS on the "
-                 "same operands. " + "; ".join(
-                     f"{name.split('/', 1)[1].replace('/', ' ').replace(':', ' ')}: "
-                     f"{b['dot_gflops']:.1f} against {b['blas_gflops']:.1f} "
-                     f"({b['dot_gflops'] / b['blas_gflops']:.2f}x)" for name, b in decode) + ".")
+    def shape(name):
+        f = dict(part.split(":") for part in name.split("/")[1:])
+        how = "B^T" if f["transposed"] == "1" else "B"
+        return f"{f['m']} rows x {how} ({f['n']} x {f['k']})"
+    notes.append("- A decode step's products, a few rows by a weight (B^T: read transposed, a "
+                 "Linear as torch stores it; B: as the exporter folds it), weights streamed "
+                 "from memory, one thread, the two alternating, in GFLOP/s: gemm's loops over "
+                 "the weight as stored (runtime/cpu/FewRowGemm.h) against the BLAS on the same "
+                 "operands. " + "; ".join(
+                     f"{shape(name)}: {b['few_row_gflops']:.1f} against {b['blas_gflops']:.1f} "
+                     f"({b['few_row_gflops'] / b['blas_gflops']:.2f}x)" for name, b in decode)
+                 + ".")
 notes.append("- The predicted steps use the default `cpu` spec, which is calibrated on pipec's "
              "own kernels for the threads each rank gets by default (docs/HARDWARE.md, "
              "\"CPU calibration\"), afresh before each row, so that the prediction sees the machine its steps run on: the measured / predicted column is the cost model's error on "

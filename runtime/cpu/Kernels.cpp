@@ -8,8 +8,8 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Kernels.h"
-#include "runtime/cpu/DotGemm.h"
 #include "runtime/cpu/ElementwiseKernels.h"
+#include "runtime/cpu/FewRowGemm.h"
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
 #include "support/Blas.h"
@@ -221,14 +221,20 @@ void gemmWith(Blas blas, bool transA, bool transB, int64_t m, int64_t n, int64_t
 void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
           GemmPrepare prepare) {
-  // A few rows by a weight read transposed (a decode step's Linear): dot
-  // products that read the weight as stored, in bands of its rows.
-  if (!transA && transB && m > 0 && m <= dotGemmMaxRows && n > 0 && k > 0 && haveDotGemm()) {
-    int64_t grain = std::max<int64_t>(3, (int64_t(1) << 20) / (m * k));
+  // A few rows by a weight (a decode step's Linear): the weight read as
+  // stored (FewRowGemm.h), in bands of C's columns.
+  bool few = !transA && m > 0 && n > 0 && k > 0 &&
+             m <= (transB ? fewRowsTransposedMax : fewRowsPlainMax) && haveFewRowGemm();
+  if (few) {
+    int64_t grain = std::max<int64_t>(8, (int64_t(1) << 20) / (m * k));
     parallelFor(n, grain, [&](int64_t begin, int64_t end) {
       if (prepare)
         prepare(0, m, begin, end);
-      dotGemm(m, end - begin, k, alpha, a, lda, b + begin * ldb, ldb, beta, c + begin, ldc);
+      if (transB)
+        fewRowsTransposed(m, end - begin, k, alpha, a, lda, b + begin * ldb, ldb, beta, c + begin,
+                          ldc);
+      else
+        fewRowsPlain(m, end - begin, k, alpha, a, lda, b + begin, ldb, beta, c + begin, ldc);
     });
     return;
   }

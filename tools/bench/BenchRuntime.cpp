@@ -11,8 +11,8 @@
 //  - fused element-wise kernels: the one-rank GPT step with and without
 //    fusion, alternating, and
 //    GPT-2's eight-node GELU as one fused kernel against eight kernels;
-//  - a decode step's few-row products by a weight read transposed: gemm's
-//    dot products against the BLAS.
+//  - a decode step's few-row products by a weight: gemm's loops over the
+//    weight as stored against the BLAS.
 // Run through tools/bench-runtime.sh, which writes the table to
 // docs/PERFORMANCE.md.
 //
@@ -22,7 +22,7 @@
 #include "driver/Profile.h"
 #include "models/ModelGenerators.h"
 #include "runtime/core/FusedProgram.h"
-#include "runtime/cpu/DotGemm.h"
+#include "runtime/cpu/FewRowGemm.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/exec/Executor.h"
 #include "support/Blas.h"
@@ -278,15 +278,18 @@ void BM_GeluChain(benchmark::State &state) {
   state.counters["elements"] = static_cast<double>(rows * cols);
 }
 
-/// A decode step's product: \p m rows by a weight of \p n rows of \p k read
-/// transposed (a Linear as torch stores it), through gemm's few-row path
-/// (runtime/cpu/DotGemm.h) against the BLAS on the same operands,
-/// alternating, one thread each. The weights cycle through 256 MiB of copies,
-/// so each product streams its weight from memory as a decode step does.
+/// A decode step's product: \p m rows by a weight of \p n by \p k, read
+/// transposed (\p transposed: a Linear as torch stores it, n rows of k) or
+/// not (k rows of n, the exporter's folded transpose), through gemm's
+/// few-row paths (runtime/cpu/FewRowGemm.h) against the BLAS on the same
+/// operands, alternating, one thread each. The weights cycle through 256 MiB
+/// of copies, so each product streams its weight from memory as a decode
+/// step does.
 void BM_DecodeGemm(benchmark::State &state) {
-  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
-  if (!cpu::haveDotGemm()) {
-    state.SkipWithError("this CPU takes the BLAS for every product (DotGemm.h)");
+  const bool transposed = state.range(0) != 0;
+  const int64_t m = state.range(1), n = state.range(2), k = state.range(3);
+  if (!cpu::haveFewRowGemm()) {
+    state.SkipWithError("this CPU takes the BLAS for every product (FewRowGemm.h)");
     return;
   }
   int64_t copies = std::max<int64_t>(2, (int64_t(256) << 20) / (n * k * 4));
@@ -296,39 +299,39 @@ void BM_DecodeGemm(benchmark::State &state) {
   for (size_t i = 0; i < a.size(); ++i)
     a[i] = static_cast<float>((i * 104729) % 2003) / 1000.0f - 1.0f;
   using Clock = std::chrono::steady_clock;
-  int64_t next = 0;
-  auto timed = [&](bool dot) {
+  int64_t next = 0, ldw = transposed ? k : n;
+  auto timed = [&](bool few) {
     const float *weight = w.data() + (next++ % copies) * n * k;
     auto start = Clock::now();
-    if (dot)
-      cpu::gemm(false, true, m, n, k, 1.0f, a.data(), k, weight, k, 0.0f, c.data(), n);
+    if (few)
+      cpu::gemm(false, transposed, m, n, k, 1.0f, a.data(), k, weight, ldw, 0.0f, c.data(), n);
     else
-      blas::sgemm(false, true, int(m), int(n), int(k), 1.0f, a.data(), int(k), weight, int(k), 0.0f,
-                  c.data(), int(n));
+      blas::sgemm(false, transposed, int(m), int(n), int(k), 1.0f, a.data(), int(k), weight,
+                  int(ldw), 0.0f, c.data(), int(n));
     benchmark::DoNotOptimize(c.data());
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
   setLoopThreads(1);
   cpu::setBlasThreads(1);
-  double dotSeconds = 0, blasSeconds = 0;
-  bool dotFirst = false;
+  double fewSeconds = 0, blasSeconds = 0;
+  bool fewFirst = false;
   for (auto _ : state) {
-    dotFirst = !dotFirst;
-    double d = 0, b = 0;
-    if (dotFirst) {
-      d = timed(true);
+    fewFirst = !fewFirst;
+    double f = 0, b = 0;
+    if (fewFirst) {
+      f = timed(true);
       b = timed(false);
     } else {
       b = timed(false);
-      d = timed(true);
+      f = timed(true);
     }
-    state.SetIterationTime(d);
-    dotSeconds += d;
+    state.SetIterationTime(f);
+    fewSeconds += f;
     blasSeconds += b;
   }
   double iterations = static_cast<double>(state.iterations());
   double flops = 2.0 * double(m) * double(n) * double(k);
-  state.counters["dot_gflops"] = flops * iterations / dotSeconds * 1e-9;
+  state.counters["few_row_gflops"] = flops * iterations / fewSeconds * 1e-9;
   state.counters["blas_gflops"] = flops * iterations / blasSeconds * 1e-9;
 }
 
@@ -352,14 +355,18 @@ BENCHMARK(BM_GptFusedAgainstUnfused)
     ->Apply(manualMilliseconds);
 BENCHMARK(BM_GeluChain)->Name("gelu_2048x1024/fused_vs_unfused")->Apply(manualMilliseconds);
 BENCHMARK(BM_MlpOverhead)->Name("mlp16_tiny/4_ranks_1f1b_m64")->Apply(manualMilliseconds);
-// Rows 1, 8 and 16 by GPT-2's head (50257 x 768) and by a Llama's
-// feed-forward (2816 x 1024) and its down projection (1024 x 2816).
+// Read transposed: rows 1, 8 and 16 by GPT-2's head (50257 x 768), 16 by a
+// Llama's feed-forward (2816 x 1024) and its down projection (1024 x 2816).
+// As stored: 1 and 2 rows by GPT-2's first feed-forward (768 rows of 3072)
+// and a Llama's (1024 rows of 2816).
 BENCHMARK(BM_DecodeGemm)
     ->Name("decode_gemm")
-    ->ArgsProduct({{1, 8, 16}, {50257}, {768}})
-    ->Args({16, 2816, 1024})
-    ->Args({16, 1024, 2816})
-    ->ArgNames({"m", "n", "k"})
+    ->ArgsProduct({{1}, {1, 8, 16}, {50257}, {768}})
+    ->Args({1, 16, 2816, 1024})
+    ->Args({1, 16, 1024, 2816})
+    ->ArgsProduct({{0}, {1, 2}, {3072}, {768}})
+    ->ArgsProduct({{0}, {1, 2}, {2816}, {1024}})
+    ->ArgNames({"transposed", "m", "n", "k"})
     ->Apply(manualMilliseconds);
 
 } // namespace

@@ -1,12 +1,14 @@
-//===- DotGemmTest.cpp - gemm's few-row path by a weight read as stored --===//
+//===- FewRowGemmTest.cpp - gemm's paths for a few rows by a weight -----===//
 //
-// gemm gives A B^T with at most dotGemmMaxRows rows of A to dot products
-// (runtime/cpu/DotGemm.h). Each case is checked against the product summed
-// in double, with every tail of rows, columns and k, padded rows, alpha and
-// beta, a C written by `prepare`, and the bits on one thread and on two.
+// gemm gives A B^T with up to fewRowsTransposedMax rows of A, and A B with up
+// to fewRowsPlainMax, to loops that read B as stored
+// (runtime/cpu/FewRowGemm.h). Each case is checked against the product
+// summed in double, with every tail of rows, columns and k, padded rows,
+// alpha and beta, a C written by `prepare`, and the bits on one thread and on
+// two; the BLAS's side of each limit too.
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/cpu/DotGemm.h"
+#include "runtime/cpu/FewRowGemm.h"
 #include "runtime/cpu/Kernels.h"
 #include "support/Parallel.h"
 
@@ -17,6 +19,7 @@
 #include <limits>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace pipec;
@@ -24,6 +27,7 @@ using namespace pipec;
 namespace {
 
 struct Case {
+  bool transB;
   int64_t m, n, k, lda, ldb, ldc;
   float alpha, beta;
 };
@@ -38,24 +42,26 @@ std::vector<float> randoms(size_t count, unsigned seed) {
   return out;
 }
 
-/// C from gemm(false, true, ...) against the double product: within the
+/// C from gemm(false, transB, ...) against the double product: within the
 /// float rounding of k terms, relative to the sum of their magnitudes.
 void checkCase(const Case &c) {
-  SCOPED_TRACE(testing::Message() << "m " << c.m << " n " << c.n << " k " << c.k << " beta "
-                                  << c.beta);
-  std::vector<float> a = randoms(c.m * c.lda, 1), b = randoms(c.n * c.ldb, 2);
+  SCOPED_TRACE(testing::Message() << (c.transB ? "A B^T" : "A B") << " m " << c.m << " n " << c.n
+                                  << " k " << c.k << " beta " << c.beta);
+  // B: n rows of k read transposed, or k rows of n.
+  std::vector<float> a = randoms(c.m * c.lda, 1), b = randoms((c.transB ? c.n : c.k) * c.ldb, 2);
+  auto bAt = [&](int64_t p, int64_t j) { return c.transB ? b[j * c.ldb + p] : b[p * c.ldb + j]; };
   std::vector<float> before = randoms(c.m * c.ldc, 3);
   // With beta 0, C is not read: NaNs there must not reach the result.
   if (c.beta == 0)
     std::fill(before.begin(), before.end(), std::numeric_limits<float>::quiet_NaN());
   std::vector<float> out = before;
-  cpu::gemm(false, true, c.m, c.n, c.k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta,
+  cpu::gemm(false, c.transB, c.m, c.n, c.k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta,
             out.data(), c.ldc);
   for (int64_t i = 0; i < c.m; ++i)
     for (int64_t j = 0; j < c.n; ++j) {
       double sum = 0, magnitude = 0;
       for (int64_t p = 0; p < c.k; ++p) {
-        double term = double(a[i * c.lda + p]) * b[j * c.ldb + p];
+        double term = double(a[i * c.lda + p]) * bAt(p, j);
         sum += term;
         magnitude += std::fabs(term);
       }
@@ -70,35 +76,45 @@ void checkCase(const Case &c) {
       ASSERT_TRUE(std::memcmp(&out[i * c.ldc + j], &before[i * c.ldc + j], sizeof(float)) == 0);
 }
 
-TEST(DotGemm, EqualsTheDoubleProductOnEveryTail) {
-  // Rows: each block size of 4 and its remainders, up to the most rows the
+TEST(FewRowGemm, EqualsTheDoubleProductOnEveryTail) {
+  // Rows: each block size of 4 and its remainders, up to the most rows each
   // path takes and one past it (the BLAS). Columns: blocks of 3 and their
-  // remainders. k: below, at and past a vector of 8.
-  for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 16, 31, 32, 33})
-    for (int64_t n : {1, 2, 3, 4, 5, 50})
-      for (int64_t k : {1, 7, 8, 9, 64, 101})
-        for (float beta : {0.0f, 1.5f})
-          checkCase({m, n, k, k + 3, k + 5, n + 2, 0.75f, beta});
+  // remainders (A B^T), of 24 and 8 and their remainders (A B). k: below,
+  // at and past a vector of 8 and a block of 16 rows of B.
+  for (bool transB : {true, false})
+    for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 16, 31, 32, 33})
+      for (int64_t n : {1, 2, 3, 4, 5, 9, 50})
+        for (int64_t k : {1, 7, 8, 9, 17, 64, 101})
+          for (float beta : {0.0f, 1.5f}) {
+            int64_t ldb = (transB ? k : n) + 5;
+            checkCase({transB, m, n, k, k + 3, ldb, n + 2, 0.75f, beta});
+          }
 }
 
-TEST(DotGemm, TheRankThreadsSplitTheWeightRowsWithoutChangingABit) {
-  // A decode step's shapes: 16 rows, a weight of 1000 rows of 768.
-  const int64_t m = 16, n = 1000, k = 768;
-  std::vector<float> a = randoms(m * k, 4), b = randoms(n * k, 5);
-  auto product = [&](int threads) {
-    std::vector<float> c(m * n);
-    std::thread worker([&] {
-      setLoopThreads(threads);
-      cpu::gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);
-    });
-    worker.join();
-    return c;
-  };
-  std::vector<float> one = product(1), two = product(2);
-  EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0);
+TEST(FewRowGemm, TheRankThreadsSplitTheColumnsWithoutChangingABit) {
+  // A decode step's shapes: 16 rows by a weight of 1001 rows of 768 read
+  // transposed, 3 rows by 768 rows of 1001. The two threads' bands split
+  // the columns where one thread's blocks do not.
+  const int64_t n = 1001, k = 768;
+  for (auto [transB, m] : {std::pair{true, int64_t(16)}, std::pair{false, int64_t(3)}}) {
+    std::vector<float> a = randoms(m * k, 4), b = randoms(n * k, 5);
+    auto product = [&](int threads) {
+      std::vector<float> c(m * n);
+      std::thread worker([&] {
+        setLoopThreads(threads);
+        cpu::gemm(false, transB, m, n, k, 1.0f, a.data(), k, b.data(), transB ? k : n, 0.0f,
+                  c.data(), n);
+      });
+      worker.join();
+      return c;
+    };
+    std::vector<float> one = product(1), two = product(2);
+    EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0)
+        << (transB ? "A B^T" : "A B");
+  }
 }
 
-TEST(DotGemm, PrepareWritesEachBandBeforeItsProduct) {
+TEST(FewRowGemm, PrepareWritesEachBandBeforeItsProduct) {
   // Gemm's bias: prepare writes C's block, then the product adds to it.
   const int64_t m = 5, n = 70, k = 33;
   std::vector<float> a = randoms(m * k, 6), b = randoms(n * k, 7), bias = randoms(n, 8);
