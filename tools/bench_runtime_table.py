@@ -91,7 +91,8 @@ if decode:
     def shape(name):
         f = dict(part.split(":") for part in name.split("/")[1:])
         how = "B^T" if f["transposed"] == "1" else "B"
-        return f"{f['m']} rows x {how} ({f['n']} x {f['k']})"
+        rows = "1 row" if f["m"] == "1" else f"{f['m']} rows"
+        return f"{rows} x {how} ({f['n']} x {f['k']})"
     notes.append("- A decode step's products, a few rows by a weight (B^T: read transposed, a "
                  "Linear as torch stores it; B: as the exporter folds it), weights streamed "
                  "from memory, one thread, the two alternating, in GFLOP/s: gemm's loops over "
