@@ -80,7 +80,7 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   }
   std::string precisionText = options.precision;
   if (precisionText.empty())
-    precisionText = setup.hardware[0].sharesHostCores() ? "fp32" : "bf16";
+    precisionText = setup.hardware[0].sharesHostCores ? "fp32" : "bf16";
   auto precision = parsePrecision(precisionText);
   if (!precision)
     return precision.takeError();

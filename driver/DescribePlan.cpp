@@ -304,7 +304,7 @@ std::pair<int, std::string> generationGroups(const CompileOptions &options, cons
     return {options.microbatches, formatv("--microbatches {0}", options.microbatches).str()};
   if (options.stages == 1)
     return {1, "one stage"};
-  if (llvm::all_of(setup.hardware, [](const HardwareSpec &h) { return h.sharesHostCores(); }))
+  if (llvm::all_of(setup.hardware, [](const HardwareSpec &h) { return h.sharesHostCores; }))
     return {1, formatv("the {0} stages are ranks of this machine's CPU and share its cores: they "
                        "take turns on one group, each on all the cores, which streams each "
                        "weight once per token (a group of fewer rows streams it again)",

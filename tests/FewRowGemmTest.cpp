@@ -42,11 +42,26 @@ std::vector<float> randoms(size_t count, unsigned seed) {
   return out;
 }
 
-/// C from gemm(false, transB, ...) against the double product: within the
-/// float rounding of k terms, relative to the sum of their magnitudes.
-void checkCase(const Case &c) {
+/// Whether this CPU can run the kernels themselves (AVX2 and FMA), whether
+/// or not gemm takes them here (not on AVX-512 machines).
+bool canRunKernels() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+/// How C is computed: through gemm, or by calling a kernel directly.
+enum class Route { Gemm, Kernel };
+
+/// C from gemm(false, transB, ...), or from the few-row kernel itself,
+/// against the double product: within the float rounding of k terms,
+/// relative to the sum of their magnitudes.
+void checkCase(const Case &c, Route route = Route::Gemm) {
   SCOPED_TRACE(testing::Message() << (c.transB ? "A B^T" : "A B") << " m " << c.m << " n " << c.n
-                                  << " k " << c.k << " beta " << c.beta);
+                                  << " k " << c.k << " beta " << c.beta
+                                  << (route == Route::Kernel ? " (the kernel)" : " (gemm)"));
   // B: n rows of k read transposed, or k rows of n.
   std::vector<float> a = randoms(c.m * c.lda, 1), b = randoms((c.transB ? c.n : c.k) * c.ldb, 2);
   auto bAt = [&](int64_t p, int64_t j) { return c.transB ? b[j * c.ldb + p] : b[p * c.ldb + j]; };
@@ -55,8 +70,15 @@ void checkCase(const Case &c) {
   if (c.beta == 0)
     std::fill(before.begin(), before.end(), std::numeric_limits<float>::quiet_NaN());
   std::vector<float> out = before;
-  cpu::gemm(false, c.transB, c.m, c.n, c.k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta,
-            out.data(), c.ldc);
+  if (route == Route::Gemm)
+    cpu::gemm(false, c.transB, c.m, c.n, c.k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta,
+              out.data(), c.ldc);
+  else if (c.transB)
+    cpu::fewRowsTransposed(c.m, c.n, c.k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta,
+                           out.data(), c.ldc);
+  else
+    cpu::fewRowsPlain(c.m, c.n, c.k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta, out.data(),
+                      c.ldc);
   for (int64_t i = 0; i < c.m; ++i)
     for (int64_t j = 0; j < c.n; ++j) {
       double sum = 0, magnitude = 0;
@@ -87,16 +109,23 @@ TEST(FewRowGemm, EqualsTheDoubleProductOnEveryTail) {
         for (int64_t k : {1, 7, 8, 9, 17, 64, 101})
           for (float beta : {0.0f, 1.5f}) {
             int64_t ldb = (transB ? k : n) + 5;
-            checkCase({transB, m, n, k, k + 3, ldb, n + 2, 0.75f, beta});
+            Case c{transB, m, n, k, k + 3, ldb, n + 2, 0.75f, beta};
+            checkCase(c);
+            // The kernels themselves, also where gemm keeps the BLAS (an
+            // AVX-512 machine), up to their limits.
+            if (canRunKernels() && m <= (transB ? cpu::fewRowsTransposedMax : cpu::fewRowsPlainMax))
+              checkCase(c, Route::Kernel);
           }
 }
 
 TEST(FewRowGemm, TheRankThreadsSplitTheColumnsWithoutChangingABit) {
-  // A decode step's shapes: 16 rows by a weight of 1001 rows of 768 read
-  // transposed, 3 rows by 768 rows of 1001. The two threads' bands split
+  // A decode step's shapes: 16 rows by a weight of 2003 rows of 768 read
+  // transposed, 2 rows by 768 rows of 2003. The two threads' bands split
   // the columns where one thread's blocks do not.
-  const int64_t n = 1001, k = 768;
-  for (auto [transB, m] : {std::pair{true, int64_t(16)}, std::pair{false, int64_t(3)}}) {
+  if (!cpu::haveFewRowGemm())
+    GTEST_SKIP() << "gemm keeps the BLAS on this CPU (FewRowGemm.h)";
+  const int64_t n = 2003, k = 768;
+  for (auto [transB, m] : {std::pair{true, int64_t(16)}, std::pair{false, int64_t(2)}}) {
     std::vector<float> a = randoms(m * k, 4), b = randoms(n * k, 5);
     auto product = [&](int threads) {
       std::vector<float> c(m * n);

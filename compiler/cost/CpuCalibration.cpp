@@ -425,6 +425,7 @@ Expected<HardwareSpec> calibrateCpu(int threads) {
   s.intraNode = {"loopback", copy, 1e-6};
   s.interNode = s.intraNode;
   s.devicesPerNode = cpus;
+  s.sharesHostCores = true;
   s.source = "calibrated on " + cpuModelName() + ", " + std::to_string(cpus) +
              " cpus: pipec's CPU kernels on " + std::to_string(threads) +
              (threads == 1 ? " thread" : " threads") + " (" + blas::name() +
@@ -450,8 +451,10 @@ Expected<HardwareSpec> cpuHardware(int threads) {
   std::string path = cpuCachePath(threads);
   if (!path.empty() && sys::fs::exists(path)) {
     Expected<HardwareSpec> cached = loadHardwareFile(path);
-    if (cached && cached->name == "cpu")
+    if (cached && cached->name == "cpu") {
+      cached->sharesHostCores = true; // a cache written before the field
       return cached;
+    }
     consumeError(cached.takeError()); // stale or damaged: measure again
   }
   Expected<HardwareSpec> spec = calibrateCpu(threads);

@@ -42,7 +42,8 @@ bool HardwareSpec::operator==(const HardwareSpec &o) const {
          memoryBytes == o.memoryBytes && launchOverhead == o.launchOverhead &&
          gemmOverhead == o.gemmOverhead && sumsComputeAndMemory == o.sumsComputeAndMemory &&
          intraNode == o.intraNode && interNode == o.interNode &&
-         devicesPerNode == o.devicesPerNode && source == o.source;
+         devicesPerNode == o.devicesPerNode && sharesHostCores == o.sharesHostCores &&
+         source == o.source;
 }
 
 namespace {
@@ -190,7 +191,8 @@ Error readSpec(StringRef path, const json::Object &obj, bool hasBase, HardwareSp
   FieldReader r(path, obj, "", hasBase);
   r.onlyKnown({"name", "base", "peak_flops_fp32", "peak_flops_bf16", "vector_flops",
                "memory_bandwidth", "memory_bytes", "launch_overhead_s", "gemm_overhead_s",
-               "sum_compute_and_memory", "devices_per_node", "intra_node", "inter_node", "source"});
+               "sum_compute_and_memory", "devices_per_node", "shares_host_cores", "intra_node",
+               "inter_node", "source"});
   r.text("name", spec.name);
   r.number("peak_flops_fp32", spec.peakFlopsF32);
   r.number("peak_flops_bf16", spec.peakFlopsBf16);
@@ -204,6 +206,7 @@ Error readSpec(StringRef path, const json::Object &obj, bool hasBase, HardwareSp
   int64_t devices = spec.devicesPerNode;
   r.count("devices_per_node", devices, std::numeric_limits<int>::max());
   spec.devicesPerNode = int(devices);
+  r.flag("shares_host_cores", spec.sharesHostCores);
   std::pair<StringRef, LinkSpec *> links[] = {{"intra_node", &spec.intraNode},
                                               {"inter_node", &spec.interNode}};
   for (auto [key, link] : links) {
@@ -310,6 +313,7 @@ void writeHardwareJson(const HardwareSpec &spec, raw_ostream &os) {
     number("gemm_overhead_s", spec.gemmOverhead);
     j.attribute("sum_compute_and_memory", spec.sumsComputeAndMemory);
     j.attribute("devices_per_node", int64_t(spec.devicesPerNode));
+    j.attribute("shares_host_cores", spec.sharesHostCores);
     link("intra_node", spec.intraNode);
     link("inter_node", spec.interNode);
     j.attribute("source", spec.source);

@@ -57,6 +57,9 @@ struct HardwareSpec {
   LinkSpec intraNode; ///< Between devices of one node.
   LinkSpec interNode; ///< Between nodes.
   int devicesPerNode = 8;
+  /// Its ranks are threads or processes of one machine that share its cores
+  /// and memory (the `cpu` spec and files over it), not devices of their own.
+  bool sharesHostCores = false;
   std::string source; ///< Where the numbers come from, one line.
 
   /// Peak dense FLOP/s at bf16/fp16 when \p bf16, else at fp32.
@@ -66,11 +69,6 @@ struct HardwareSpec {
   double flopsFor(double gemms, bool bf16) const {
     return gemms > 0 || vectorFlops <= 0 ? peakFlops(bf16) : vectorFlops;
   }
-
-  /// Whether its ranks are threads or processes of one machine, sharing its
-  /// cores and memory: the `cpu` spec and files over it, as against devices
-  /// of their own.
-  bool sharesHostCores() const { return name == "cpu"; }
 
   bool operator==(const HardwareSpec &other) const;
   bool operator!=(const HardwareSpec &other) const { return !(*this == other); }

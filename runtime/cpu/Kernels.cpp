@@ -223,7 +223,7 @@ void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha
           GemmPrepare prepare) {
   // A few rows by a weight (a decode step's Linear): the weight read as
   // stored (FewRowGemm.h), in bands of C's columns.
-  bool few = !transA && m > 0 && n > 0 && k > 0 &&
+  bool few = !transA && m > 0 && n > 0 && k > 0 && alpha != 0 &&
              m <= (transB ? fewRowsTransposedMax : fewRowsPlainMax) && haveFewRowGemm();
   if (few) {
     int64_t grain = std::max<int64_t>(8, (int64_t(1) << 20) / (m * k));
