@@ -71,6 +71,9 @@ struct CompileOptions {
   /// exporter merged from several of them train as one copy each
   /// (driver/MapParams.h); the plan's param_map is filled after compiling.
   std::string params;
+  /// --pad-row NAME=ROW: embedding rows that take no gradient (torch's
+  /// padding_idx), by weight or --params parameter name.
+  std::vector<std::pair<std::string, int64_t>> padRows;
   /// The process ends right after this compile (`pipec compile`): what it
   /// prepared (graph, layers, backward program) is left to exit, not freed
   /// node by node (as clang's -disable-free).

@@ -15,6 +15,7 @@
 #include "passes/GroupLayers.h"
 #include "passes/LowerSchedule.h"
 #include "passes/TieWeights.h"
+#include "passes/TrainParams.h"
 
 #include <map>
 #include <optional>
@@ -39,6 +40,13 @@ struct Prepared {
   LayerGraph layers;
   /// Train mode: what tie-weights found and rewrote.
   TieReport ties;
+  /// Train mode with --params: the parameters train-params made weights of.
+  std::vector<ParamRewrite> paramRewrites;
+  /// Train mode with --params: the weight that trains as each parameter
+  /// held by one weight, or made one by train-params.
+  std::map<std::string, std::string> paramWeights;
+  /// Train mode: a sentence per padding row held back (--pad-row, config).
+  std::vector<std::string> paddingNotes;
   /// The weights several layers read (LayerGraph::sharedWeights), once, for
   /// the same reason.
   std::vector<std::pair<int, std::vector<int>>> sharedWeights;

@@ -106,18 +106,86 @@ struct Match {
   plan::ParamPlace place;
 };
 
-/// The places that hold \p p in \p w: a permutation of its axes or its
-/// leading rows along one axis, then leading axes of size 1 (none, or the
-/// constant added, in findShifted).
+/// findPlaces' slices and copies: the rows [s, s + n) along at most one
+/// axis, or one row there repeated; new leading axes; copies along every
+/// axis longer than the parameter's (after the slice). Each start s that
+/// the weight's first element allows is tried.
+std::vector<plan::ParamPlace> findCopies(const Weight &w, Param &p) {
+  std::vector<plan::ParamPlace> found;
+  ArrayRef<int64_t> ws = w.value.shape(), ps = p.value.shape();
+  size_t lead = ws.size() - ps.size();
+  ArrayRef<int64_t> core = ws.drop_front(lead);
+  int axis = -1;
+  for (size_t a = 0; a < ps.size(); ++a) {
+    if (core[a] == ps[a] || ps[a] == 1)
+      continue;
+    if (axis >= 0)
+      return found;
+    axis = static_cast<int>(a);
+  }
+  // A weight of one value (a fresh bias, a mask's fill) holds any constant
+  // parameter's copies: no evidence of a fold.
+  bool constant = true;
+  for (int64_t i = 1; i < w.value.numElements() && constant; ++i)
+    constant = w.value.getDouble(i) == w.value.getDouble(0);
+  if (constant)
+    return found;
+  const cpu::Tensor &cast = p.as(w.value.elemType()).first;
+  int64_t rows = axis < 0 ? 0 : core[axis] < ps[axis] ? core[axis] : 1;
+  int64_t inner = 1;
+  for (size_t a = axis + 1; axis >= 0 && a < ps.size(); ++a)
+    inner *= ps[a];
+  for (int64_t start = 0; found.empty() && (axis < 0 ? start == 0 : start + rows <= ps[axis]);
+       ++start) {
+    if (cast.getDouble(start * inner) != w.value.getDouble(0))
+      continue;
+    plan::ParamPlace place;
+    place.set_weight(w.name);
+    std::vector<int64_t> shape(ps.begin(), ps.end());
+    if (axis >= 0 && rows < ps[axis]) {
+      auto *slice = place.add_steps()->mutable_slice();
+      slice->set_axis(axis);
+      slice->set_start(start);
+      slice->set_stop(start + rows);
+      shape[axis] = rows;
+    }
+    for (size_t i = 0; i < lead; ++i) {
+      place.add_steps()->set_unsqueeze(0);
+      shape.insert(shape.begin(), 1);
+    }
+    for (size_t a = 0; a < ws.size(); ++a)
+      if (shape[a] != ws[a]) {
+        if (shape[a] != 1)
+          return found;
+        auto *b = place.add_steps()->mutable_broadcast();
+        b->set_axis(static_cast<int>(a));
+        b->set_size(ws[a]);
+      }
+    auto placed = rt::placeParam(p.value, place, w.value.elemType());
+    if (placed && sameValues(*placed, w.value))
+      found.push_back(std::move(place));
+    else if (!placed)
+      consumeError(placed.takeError());
+  }
+  return found;
+}
+
+/// The places that hold \p p in \p w: a permutation of its axes, then new
+/// leading axes of size 1; or along at most one axis the rows [s, s + n)
+/// (a position table read at an offset) or one row repeated, then new
+/// leading axes, and copies along the axes the parameter lacks or has of
+/// size 1 (a class token or a position slice expanded over the batch).
+/// None, or the constant added, in findShifted.
 std::vector<plan::ParamPlace> findPlaces(const Weight &w, Param &p) {
   std::vector<plan::ParamPlace> found;
   ArrayRef<int64_t> ws = w.value.shape(), ps = p.value.shape();
   if (ws.size() < ps.size() || w.value.numElements() == 0)
     return found;
   size_t lead = ws.size() - ps.size();
-  if (any_of(ws.take_front(lead), [](int64_t d) { return d != 1; }))
-    return found;
   ArrayRef<int64_t> core = ws.drop_front(lead);
+  if (any_of(ws.take_front(lead), [](int64_t d) { return d != 1; }) ||
+      w.value.numElements() != p.value.numElements())
+    return findCopies(w, p);
   auto finish = [&](plan::ParamPlace place) {
     for (size_t i = 0; i < lead; ++i)
       place.add_steps()->set_unsqueeze(0);
@@ -163,22 +231,6 @@ std::vector<plan::ParamPlace> findPlaces(const Weight &w, Param &p) {
     }
     return found;
   }
-  // The leading rows along the one axis where the weight is shorter.
-  int axis = -1;
-  for (size_t a = 0; a < ps.size(); ++a) {
-    if (core[a] == ps[a])
-      continue;
-    if (core[a] > ps[a] || axis >= 0)
-      return found;
-    axis = static_cast<int>(a);
-  }
-  if (axis < 0 || cast.getDouble(0) != w.value.getDouble(0))
-    return found;
-  plan::ParamPlace place;
-  auto *slice = place.add_steps()->mutable_slice();
-  slice->set_axis(axis);
-  slice->set_stop(core[axis]);
-  verify(std::move(place));
   return found;
 }
 
@@ -519,7 +571,7 @@ void choose(const std::vector<Weight> &weights, std::vector<Param> &params,
 /// writes once; returned as {name, parameter}).
 std::vector<std::pair<std::string, std::string>>
 findAliases(std::vector<Param> &params, const std::map<std::string, std::set<std::string>> &scopes,
-            const rt::SafetensorsFile &file) {
+            const rt::SafetensorsFile &file, const std::set<std::string> &made) {
   for (Param &p : params) {
     if (!p.places.empty() || !cpu::isFloating(p.value.elemType()))
       continue;
@@ -539,7 +591,8 @@ findAliases(std::vector<Param> &params, const std::map<std::string, std::set<std
   std::map<std::string, int> prefixes;
   for (const Param &p : params)
     for (const plan::ParamPlace &place : p.places)
-      if (place.steps().empty() && carriesName(place.weight(), p.tensor->name))
+      if (place.steps().empty() && carriesName(place.weight(), p.tensor->name) &&
+          !made.count(place.weight()))
         ++prefixes[place.weight().substr(0, place.weight().size() - p.tensor->name.size())];
   std::string prefix;
   int most = 0;
@@ -564,7 +617,68 @@ findAliases(std::vector<Param> &params, const std::map<std::string, std::set<std
   return extraAliases;
 }
 
+/// The float weights of \p graph that its ops read, stored in its files.
+Expected<std::vector<Weight>> graphWeights(const Graph &graph) {
+  std::vector<Weight> weights;
+  for (const Value &v : graph.values) {
+    if (v.kind != ValueKind::Weight || v.producer >= 0 || v.users.empty() || !v.storage ||
+        !v.shapeKnown || (v.type != DType::F32 && v.type != DType::F64))
+      continue; // 16-bit floats are held as float32 in memory: not read here
+    auto bytes = graph.storageBytes(v);
+    if (!bytes)
+      return bytes.takeError();
+    cpu::Tensor value(v.type, v.shape);
+    if (bytes->size() != value.byteSize())
+      continue;
+    std::memcpy(value.rawData(), bytes->data(), bytes->size());
+    Weight w;
+    w.name = v.name;
+    w.print = fingerprint(value);
+    w.value = std::move(value);
+    w.trained = true;
+    weights.push_back(std::move(w));
+  }
+  return std::move(weights);
+}
+
 } // namespace
+
+Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph, StringRef checkpoint) {
+  auto file = rt::SafetensorsFile::open(checkpoint);
+  if (!file)
+    return file.takeError();
+  auto weights = graphWeights(graph);
+  if (!weights)
+    return weights.takeError();
+  auto params = loadParams(*file);
+  if (!params)
+    return params.takeError();
+  std::vector<std::vector<Match>> matches = matchAll(*weights, *params);
+  std::vector<std::string> problems; // mapParams reports them on the plan
+  choose(*weights, *params, matches, readerScopes(graph.path), problems);
+  std::vector<ParamFold> folds;
+  for (Param &p : *params) {
+    if (p.places.empty())
+      continue;
+    const Weight *first = nullptr;
+    for (const Weight &w : *weights)
+      if (w.name == p.places[0].weight())
+        first = &w;
+    ParamFold fold;
+    fold.param = p.tensor->name;
+    auto value = std::make_shared<ConstTensor>();
+    value->type = first->value.elemType();
+    value->shape = p.value.shape();
+    const cpu::Tensor &cast = p.as(first->value.elemType()).first;
+    value->floats.resize(cast.numElements());
+    for (int64_t i = 0; i < cast.numElements(); ++i)
+      value->floats[i] = cast.getDouble(i);
+    fold.value = std::move(value);
+    fold.places = std::move(p.places);
+    folds.push_back(std::move(fold));
+  }
+  return folds;
+}
 
 Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
   auto file = rt::SafetensorsFile::open(checkpoint);
@@ -580,8 +694,14 @@ Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
   ParamMapSummary summary;
   std::map<std::string, std::set<std::string>> scopes = readerScopes(plan.model().path());
   choose(*weights, *params, matches, scopes, summary.problems);
+  // train-params' weights carry their parameter's own name, not the
+  // exporter's prefix.
+  std::set<std::string> made;
+  for (const plan::WeightTie &tie : plan.ties())
+    if (!tie.param_weight().empty())
+      made.insert(tie.param_weight());
   std::vector<std::pair<std::string, std::string>> extraAliases =
-      findAliases(*params, scopes, *file);
+      findAliases(*params, scopes, *file, made);
 
   plan::ParamMap &map = *plan.mutable_param_map();
   map.Clear();

@@ -27,6 +27,7 @@
 #define PIPEC_DRIVER_MAPPARAMS_H
 
 #include "passes/TieWeights.h"
+#include "passes/TrainParams.h"
 #include "plan/plan.pb.h"
 
 #include "llvm/ADT/StringRef.h"
@@ -56,6 +57,13 @@ struct ParamMapSummary {
 /// Readers of the parameter whose name the initializer carries keep it.
 llvm::Expected<std::map<std::string, std::vector<ParamSplit>>>
 splitMergedParams(llvm::StringRef modelPath, llvm::StringRef checkpoint);
+
+/// The parameters of \p checkpoint that the float weights of \p graph hold
+/// (read from the graph's files, tie-weights' copies included), each with
+/// its places, for train-params. Matching as mapParams does; ties it
+/// cannot break leave the weight out.
+llvm::Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph,
+                                                      llvm::StringRef checkpoint);
 
 /// Fills \p plan's param_map from the safetensors file \p checkpoint.
 /// Errors: the file cannot be read, or it shares no tensor with the model.

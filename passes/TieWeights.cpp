@@ -1,5 +1,6 @@
 //===- TieWeights.cpp - tie-weights: which shared weights train as one ---===//
 #include "passes/TieWeights.h"
+#include "passes/GraphEdit.h"
 #include "passes/GroupLayers.h"
 #include "support/Diagnostics.h"
 
@@ -18,24 +19,6 @@ using namespace llvm;
 
 namespace pipec {
 namespace {
-
-/// The live ops' reads of \p id: (op, input slot), in op order.
-std::vector<std::pair<int, int>> readsOf(const Graph &graph, int id) {
-  std::vector<std::pair<int, int>> reads;
-  for (size_t o = 0; o < graph.ops.size(); ++o) {
-    const Op &op = graph.ops[o];
-    if (op.dead)
-      continue;
-    for (size_t i = 0; i < op.inputs.size(); ++i)
-      if (op.inputs[i] == id)
-        reads.emplace_back(static_cast<int>(o), static_cast<int>(i));
-  }
-  return reads;
-}
-
-bool capturedBySubgraph(const Graph &graph, int id) {
-  return any_of(graph.ops, [&](const Op &op) { return !op.dead && is_contained(op.captures, id); });
-}
 
 /// The values that are float initializers of the model file.
 std::vector<bool> floatInitializers(const Graph &graph) {
@@ -98,21 +81,6 @@ std::vector<FoldedTie> findFoldedTies(const Graph &graph, const std::vector<bool
       }
   }
   return out;
-}
-
-/// A name no value has: \p base, else base.N.
-std::string freshName(const Graph &graph, const std::string &base) {
-  std::string name = base;
-  for (int n = 1; graph.findValue(name) >= 0; ++n)
-    name = base + "." + std::to_string(n);
-  return name;
-}
-
-/// Points input \p slot of op \p o at value \p id, in the op and its node.
-void rewire(Graph &graph, int o, int slot, int id) {
-  Op &op = graph.ops[o];
-  op.inputs[slot] = id;
-  graph.model->mutable_graph()->mutable_node(op.nodeIndex)->set_input(slot, graph.values[id].name);
 }
 
 /// Reads Transpose(tie.embedding) where tie.head was read: a Transpose op

@@ -543,7 +543,7 @@ std::vector<std::string> prefixed(const std::string &prefix, const std::string &
 TEST(Compile, EveryPassShowsItsStatsAndIr) {
   const std::vector<std::string> pipeline = {"import",         "infer-shapes",   "fold-constants",
                                              "eliminate-dead", "group-layers",   "tie-weights",
-                                             "differentiate",  "balance-stages", "lower-schedule",
+                                             "train-params",   "differentiate",  "balance-stages", "lower-schedule",
                                              "plan-memory",    "verify-program"};
   ASSERT_EQ(passNames(), pipeline);
   TempDir dir;

@@ -2,7 +2,8 @@
 //
 // The rules of passes/grad/IndexingGrads.cpp against finite differences
 // (GradientCheck.h): Trilu, Pad in constant mode (inputs with axes and
-// crops, the constant's own gradient, and the attribute form of opset 9), GatherElements and
+// crops, the constant's own gradient, and the attribute form of opset 9), Slice with steps 2, 3
+// and negative ones, GatherElements and
 // GatherND with repeated indices, ScatterND and ScatterElements for data and updates, TopK
 // largest and smallest along either axis, and CumSum in every direction.
 //
@@ -61,6 +62,26 @@ TEST(DifferentiateIndexing, PadConstant) {
     // Opset 9: pads are an attribute.
     GraphBuilder b = scaledInput(9);
     setIntsAttr(b.node("Pad", {"h"}, {"y"}, "pad"), "pads", {2, 0, 0, 1});
+    checkModel(b);
+  }
+}
+
+TEST(DifferentiateIndexing, SliceWithAnyStep) {
+  // (starts, ends, axes, steps) over h [3, 4]: every other column, every
+  // third from 1, reversed, reversed by 2 from the last, both axes at once,
+  // and a reversal that starts past the end (clamped).
+  const std::vector<std::vector<std::vector<int64_t>>> cases = {
+      {{0}, {4}, {1}, {2}},           {{1}, {4}, {1}, {3}},
+      {{-1}, {INT64_MIN}, {1}, {-1}}, {{3}, {-5}, {-1}, {-2}},
+      {{2, 0}, {-4, 4}, {0, 1}, {-1, 2}}, {{9}, {0}, {0}, {-1}},
+  };
+  for (const auto &c : cases) {
+    GraphBuilder b = scaledInput();
+    b.ints("starts", c[0]);
+    b.ints("ends", c[1]);
+    b.ints("axes", c[2]);
+    b.ints("steps", c[3]);
+    b.node("Slice", {"h", "starts", "ends", "axes", "steps"}, {"y"}, "slice");
     checkModel(b);
   }
 }

@@ -192,6 +192,12 @@ cl::opt<std::string>
                     "save_pretrained writes them): map each weight to its parameter, for run "
                     "--init and --save-weights OUT.safetensors"),
            cl::value_desc("CKPT"), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::list<std::string> PadRow("pad-row",
+                             cl::desc("An embedding's padding row, which takes no gradient "
+                                      "(torch's padding_idx): a weight or a --params parameter, "
+                                      "and the row (repeatable). With --params, a config.json "
+                                      "beside the checkpoint gives pad_token_id's"),
+                             cl::value_desc("NAME=ROW"), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<bool> CompileReport("report", cl::desc("Print the partition report"), cl::cat(CompileCat),
                             cl::sub(CompileCmd));
 
@@ -563,6 +569,15 @@ int runCompile() {
   if (!pipeline)
     return exitUsage;
   options.params = Params;
+  for (const std::string &spec : PadRow) {
+    auto [name, row] = StringRef(spec).rsplit('=');
+    int64_t index = -1;
+    if (name.empty() || row.getAsInteger(10, index) || index < 0)
+      return badUsage("--pad-row " + spec + ": expected NAME=ROW, ROW a row index");
+    if (Mode != "train")
+      return badUsage("--pad-row: only training (--mode train) has gradients to hold back");
+    options.padRows.push_back({name.str(), index});
+  }
   auto plan = compileModel(CompileModel, options, *pipeline);
   if (!plan)
     return reportError(plan.takeError());

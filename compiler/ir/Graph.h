@@ -170,6 +170,10 @@ public:
   std::map<std::string, int64_t> opsets;
   /// How symbolic dimensions were bound at import.
   ShapeBindings bindings;
+  /// Embedding tables whose row of this index takes no gradient (torch's
+  /// padding_idx): `--pad-row`, or the pad_token_id of a checkpoint's
+  /// config. Differentiate's Gather rule reads it.
+  std::map<std::string, int64_t> paddingRows;
   /// Non-fatal findings of the importer and passes, in the order found.
   std::vector<std::string> warnings;
   /// The symbolic input dimensions the importer bound (name, value), in the

@@ -11,6 +11,7 @@
 #include "support/Attributes.h"
 
 #include <algorithm>
+#include <limits>
 
 using namespace llvm;
 
@@ -111,7 +112,13 @@ Error splitGrad(GradContext &ctx) {
   });
 }
 
-/// Step-1 slices only: the gradient pads dY back with zeros.
+/// The gradient scatters dY back to the entries the slice read, zeros
+/// elsewhere, one sliced axis at a time. Along an axis read with step q,
+/// dY's entries are q apart: each is followed by q - 1 zeros (an axis of q
+/// after it, flattened), and the whole is placed at the first entry read,
+/// zeros before and after (the CPU backend has no Pad). A negative step
+/// reads from the end: dY is reversed along the axis first, and placed at
+/// the last entry read.
 Error sliceGrad(GradContext &ctx) {
   return ctx.ifDataWanted([&]() -> Error {
     const std::vector<int64_t> &xShape = ctx.shapeOf(0);
@@ -125,21 +132,57 @@ Error sliceGrad(GradContext &ctx) {
     }
     if (starts.empty() && !xShape.empty())
       return ctx.error("gradient needs constant starts");
-    for (int64_t s : steps)
-      if (s != 1)
-        return ctx.error("gradient of a slice with step != 1 is not implemented");
+    if (ctx.node().input_size() > 4 && !ctx.node().input(4).empty() && steps.empty())
+      return ctx.error("gradient needs constant steps");
     if (axes.empty())
       for (size_t k = 0; k < starts.size(); ++k)
         axes.push_back(static_cast<int64_t>(k));
-    // Zeros are concatenated before and after dY along each sliced axis
-    // (the CPU backend has no Pad), growing it back to X's shape.
     std::string g = ctx.dy();
     std::vector<int64_t> shape = ctx.yShape();
     for (size_t k = 0; k < axes.size(); ++k) {
       int64_t a = axes[k] < 0 ? axes[k] + static_cast<int64_t>(rank) : axes[k];
-      int64_t dim = xShape[a];
-      int64_t s = std::clamp<int64_t>(starts[k] < 0 ? starts[k] + dim : starts[k], 0, dim);
-      int64_t before = s, after = dim - s - shape[a];
+      int64_t dim = xShape[a], n = shape[a];
+      int64_t step = k < steps.size() ? steps[k] : 1;
+      if (step == 0)
+        return ctx.error("a slice with step 0");
+      int64_t start = starts[k] < 0 ? starts[k] + dim : starts[k];
+      if (n == 0) {
+        // Nothing read along this axis: the gradient is zeros.
+        shape[a] = dim;
+        g = ctx.binary("Expand", ctx.constScalar(0.0, ctx.type()), ctx.constInts(shape));
+        continue;
+      }
+      int64_t first = std::clamp<int64_t>(start, 0, dim);
+      if (step < 0) {
+        // Read from start down: the last read entry is the lowest.
+        first = std::clamp<int64_t>(start, 0, dim - 1) + (n - 1) * step;
+        onnx::NodeProto &rev = ctx.emit(
+            "Slice", {g, ctx.constInts({-1}), ctx.constInts({std::numeric_limits<int64_t>::min()}),
+                      ctx.constInts({a}), ctx.constInts({-1})});
+        g = GradContext::out(rev);
+        step = -step;
+      }
+      if (step > 1) {
+        // [.., n, ..] -> [.., n, 1, ..] ++ zeros [.., n, step - 1, ..] ->
+        // [.., n * step, ..], then the entries up to X's end.
+        std::vector<int64_t> one = shape, zeros = shape, spread = shape;
+        one.insert(one.begin() + a + 1, 1);
+        zeros.insert(zeros.begin() + a + 1, step - 1);
+        spread[a] = n * step;
+        std::string lifted = ctx.binary("Reshape", g, ctx.constInts(one));
+        std::string zero =
+            ctx.binary("Expand", ctx.constScalar(0.0, ctx.type()), ctx.constInts(zeros));
+        onnx::NodeProto &cat = ctx.emit("Concat", {lifted, zero});
+        GradContext::setInt(cat, "axis", a + 1);
+        g = ctx.binary("Reshape", GradContext::out(cat), ctx.constInts(spread));
+        int64_t kept = std::min(n * step, dim - first);
+        if (kept < n * step)
+          g = GradContext::out(ctx.emit("Slice", {g, ctx.constInts({0}), ctx.constInts({kept}),
+                                                  ctx.constInts({a})}));
+        n = kept;
+      }
+      shape[a] = n;
+      int64_t before = first, after = dim - first - n;
       if (before == 0 && after == 0)
         continue;
       std::vector<std::string> parts;
@@ -166,8 +209,29 @@ Error sliceGrad(GradContext &ctx) {
 }
 
 /// The gradient for the data operand (an embedding table): dY scattered
-/// back by the indices. The indices get none.
-Error gatherGrad(GradContext &ctx) { return gatheredDataGrad(ctx, "GatherGrad", "axis"); }
+/// back by the indices. The indices get none. A table with a padding row
+/// (Graph::paddingRows, torch's padding_idx) takes no gradient there: dY is
+/// zeroed where the index is that row.
+Error gatherGrad(GradContext &ctx) {
+  auto pad = ctx.graph.paddingRows.find(ctx.node().input(0));
+  if (pad == ctx.graph.paddingRows.end() || attrInt(ctx.node(), "axis", 0) != 0)
+    return gatheredDataGrad(ctx, "GatherGrad", "axis");
+  return ctx.ifDataWanted([&]() {
+    std::string isPad = ctx.binary("Equal", ctx.in(1), ctx.constInts({pad->second}));
+    std::vector<int64_t> trailing;
+    for (size_t a = 1; a < ctx.shapeOf(0).size(); ++a)
+      trailing.push_back(static_cast<int64_t>(ctx.shapeOf(1).size() + a - 1));
+    if (!trailing.empty())
+      isPad = ctx.binary("Unsqueeze", isPad, ctx.constInts(trailing));
+    onnx::NodeProto &kept =
+        ctx.emit("Where", {isPad, ctx.constScalar(0.0, ctx.type()), ctx.dy()});
+    onnx::NodeProto &g = ctx.emit("GatherGrad", {GradContext::out(kept), ctx.in(1)}, "pipec");
+    GradContext::setInt(g, "axis", 0);
+    GradContext::setInts(g, "shape", ctx.shapeOf(0));
+    ctx.contribute(0, GradContext::out(g));
+    return Error::success();
+  });
+}
 
 /// Resize is linear in X: its gradient is the adjoint of the same
 /// interpolation (pipec.ResizeGrad, which rereads the forward node's inputs

@@ -96,6 +96,35 @@ Error retieHead(onnx::GraphProto &graph, const plan::WeightTie &tie) {
   return Error::success();
 }
 
+/// Writes tie.weight as tie.steps applied to the trained values of
+/// tie.param_weight (train-params), when it trained; adds param_weight to
+/// \p params when the model file has no initializer of that name.
+Error computeFromParam(onnx::GraphProto &graph, const plan::WeightTie &tie,
+                       const std::map<std::string, cpu::Tensor> &trained,
+                       std::set<std::string> &params) {
+  onnx::TensorProto *held = findInitializer(graph, tie.weight());
+  if (!held)
+    return createStringError(inconvertibleErrorCode(), "no initializer '%s' to write from '%s'",
+                             tie.weight().c_str(), tie.param_weight().c_str());
+  auto it = trained.find(tie.param_weight());
+  if (it == trained.end())
+    return Error::success();
+  if (!findInitializer(graph, tie.param_weight()))
+    params.insert(tie.param_weight());
+  auto type = cpu::elemTypeFromOnnx(held->data_type());
+  if (!type)
+    return type.takeError();
+  plan::ParamPlace place;
+  *place.mutable_steps() = tie.steps();
+  auto value = placeParam(it->second, place, *type);
+  if (!value)
+    return createStringError(inconvertibleErrorCode(), "'%s' from '%s': %s",
+                             tie.weight().c_str(), tie.param_weight().c_str(),
+                             toString(value.takeError()).c_str());
+  *held = cpu::toTensorProto(*value, tie.weight());
+  return Error::success();
+}
+
 } // namespace
 
 Error saveTrainedModel(StringRef modelPath, const std::map<std::string, cpu::Tensor> &trained,
@@ -145,12 +174,15 @@ Error saveTrainedModel(StringRef modelPath, const std::map<std::string, cpu::Ten
           return fail(toString(std::move(err)));
       }
   }
+  std::set<std::string> params; // trained weights the file holds only through ties
   for (const plan::WeightTie &tie : plan.ties()) {
-    Error err = tie.transpose_of().empty() ? untieCopies(graph, tie, trained, replaced)
-                                           : retieHead(graph, tie);
+    Error err = !tie.param_weight().empty()  ? computeFromParam(graph, tie, trained, params)
+                : tie.transpose_of().empty() ? untieCopies(graph, tie, trained, replaced)
+                                             : retieHead(graph, tie);
     if (err)
       return fail(toString(std::move(err)));
   }
+  replaced += params.size();
   if (replaced < trained.size())
     return fail(formatv("{0} of {1} trained weights are not tensors of {2}",
                         trained.size() - replaced, trained.size(), modelPath));

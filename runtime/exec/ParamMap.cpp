@@ -48,26 +48,44 @@ Expected<cpu::Tensor> permuted(const cpu::Tensor &t, ArrayRef<int32_t> perm) {
   return std::move(out);
 }
 
-/// Copies the first \p stop entries of \p from along \p axis into the same
-/// entries of \p into (into's shape but along axis), or back when \p out.
-void copyLeading(const cpu::Tensor &from, cpu::Tensor &into, int axis, int64_t stop,
-                 bool fromIsSlice) {
+/// Copies the entries [\p start, \p stop) of \p from along \p axis into
+/// the same entries of \p into (into's shape but along axis), or back from
+/// the slice into the whole when \p fromIsSlice.
+void copyRange(const cpu::Tensor &from, cpu::Tensor &into, int axis, int64_t start, int64_t stop,
+               bool fromIsSlice) {
   const cpu::Tensor &big = fromIsSlice ? into : from;
-  int64_t outer = 1, inner = 1;
+  int64_t outer = 1, inner = 1, rows = stop - start;
   for (int i = 0; i < axis; ++i)
     outer *= big.shape()[i];
   for (size_t i = axis + 1; i < big.shape().size(); ++i)
     inner *= big.shape()[i];
   int64_t bigRows = big.shape()[axis];
   for (int64_t o = 0; o < outer; ++o)
-    for (int64_t r = 0; r < stop; ++r)
+    for (int64_t r = 0; r < rows; ++r)
       for (int64_t i = 0; i < inner; ++i) {
-        int64_t inBig = (o * bigRows + r) * inner + i, inSlice = (o * stop + r) * inner + i;
+        int64_t inBig = (o * bigRows + start + r) * inner + i, inSlice = (o * rows + r) * inner + i;
         if (fromIsSlice)
           into.setDouble(inBig, from.getDouble(inSlice));
         else
           into.setDouble(inSlice, from.getDouble(inBig));
       }
+}
+
+/// \p t repeated \p size times along \p axis, where it has size 1.
+cpu::Tensor broadcastAlong(const cpu::Tensor &t, int axis, int64_t size) {
+  std::vector<int64_t> shape = t.shape();
+  shape[axis] = size;
+  cpu::Tensor out(t.elemType(), shape);
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < axis; ++i)
+    outer *= shape[i];
+  for (size_t i = axis + 1; i < shape.size(); ++i)
+    inner *= shape[i];
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t r = 0; r < size; ++r)
+      for (int64_t i = 0; i < inner; ++i)
+        out.setDouble((o * size + r) * inner + i, t.getDouble(o * inner + i));
+  return out;
 }
 
 } // namespace
@@ -93,14 +111,24 @@ Expected<cpu::Tensor> placeParam(const cpu::Tensor &param, const plan::ParamPlac
     }
     case plan::ParamStep::kSlice: {
       int axis = step.slice().axis();
-      int64_t stop = step.slice().stop();
-      if (axis < 0 || axis >= int(shape.size()) || stop < 0 || stop > shape[axis])
-        return stepError(
-            formatv("slice axis {0} to {1} does not fit shape {2}", axis, stop, shapeText(shape)));
-      shape[axis] = stop;
+      int64_t start = step.slice().start(), stop = step.slice().stop();
+      if (axis < 0 || axis >= int(shape.size()) || start < 0 || stop < start ||
+          stop > shape[axis])
+        return stepError(formatv("slice axis {0} from {1} to {2} does not fit shape {3}", axis,
+                                 start, stop, shapeText(shape)));
+      shape[axis] = stop - start;
       cpu::Tensor sliced(weightType, shape);
-      copyLeading(t, sliced, axis, stop, /*fromIsSlice=*/false);
+      copyRange(t, sliced, axis, start, stop, /*fromIsSlice=*/false);
       t = std::move(sliced);
+      break;
+    }
+    case plan::ParamStep::kBroadcast: {
+      int axis = step.broadcast().axis();
+      int64_t size = step.broadcast().size();
+      if (axis < 0 || axis >= int(shape.size()) || shape[axis] != 1 || size < 1)
+        return stepError(formatv("broadcast axis {0} to {1} does not fit shape {2}", axis, size,
+                                 shapeText(shape)));
+      t = broadcastAlong(t, axis, size);
       break;
     }
     case plan::ParamStep::kUnsqueeze: {
@@ -139,7 +167,11 @@ Expected<cpu::Tensor> unplaceParam(const cpu::Tensor &weight, const plan::ParamP
     } else if (step.has_slice()) {
       if (step.slice().axis() < 0 || step.slice().axis() >= int(shape.size()))
         return stepError("slice does not fit shape " + shapeText(shape));
-      shape[step.slice().axis()] = step.slice().stop();
+      shape[step.slice().axis()] = step.slice().stop() - step.slice().start();
+    } else if (step.has_broadcast()) {
+      if (step.broadcast().axis() < 0 || step.broadcast().axis() >= int(shape.size()))
+        return stepError("broadcast does not fit shape " + shapeText(shape));
+      shape[step.broadcast().axis()] = step.broadcast().size();
     } else if (step.step_case() == plan::ParamStep::kUnsqueeze) {
       if (step.unsqueeze() < 0 || step.unsqueeze() > int(shape.size()))
         return stepError("unsqueeze does not fit shape " + shapeText(shape));
@@ -184,8 +216,14 @@ Expected<cpu::Tensor> unplaceParam(const cpu::Tensor &weight, const plan::ParamP
         return full.takeError();
       for (int64_t i = 0; i < whole.numElements(); ++i)
         whole.setDouble(i, full->getDouble(i) * untrainedFactor);
-      copyLeading(t, whole, step.slice().axis(), step.slice().stop(), /*fromIsSlice=*/true);
+      copyRange(t, whole, step.slice().axis(), step.slice().start(), step.slice().stop(),
+                /*fromIsSlice=*/true);
       t = std::move(whole);
+    } else if (step.has_broadcast()) {
+      // Every copy holds the parameter: the first is taken.
+      cpu::Tensor first(cpu::DType::F64, before);
+      copyRange(t, first, step.broadcast().axis(), 0, 1, /*fromIsSlice=*/false);
+      t = std::move(first);
     } else if (step.step_case() == plan::ParamStep::kUnsqueeze) {
       t = t.reshaped(before);
     } else if (step.step_case() == plan::ParamStep::kAdd) {
@@ -219,7 +257,12 @@ std::string describeSteps(const plan::ParamPlace &place) {
                                                      step.transpose().perm().end())));
       break;
     case plan::ParamStep::kSlice:
-      parts.push_back(formatv("rows 0:{0} of axis {1}", step.slice().stop(), step.slice().axis()));
+      parts.push_back(formatv("rows {0}:{1} of axis {2}", step.slice().start(), step.slice().stop(),
+                              step.slice().axis()));
+      break;
+    case plan::ParamStep::kBroadcast:
+      parts.push_back(
+          formatv("broadcast axis {0} to {1}", step.broadcast().axis(), step.broadcast().size()));
       break;
     case plan::ParamStep::kUnsqueeze:
       parts.push_back(formatv("unsqueeze {0}", step.unsqueeze()));

@@ -1,0 +1,41 @@
+//===- GraphEdit.cpp - Small edits of a Graph that passes share ----------===//
+#include "passes/GraphEdit.h"
+
+#include "onnx/onnx_pb.h"
+
+#include "llvm/ADT/STLExtras.h"
+
+namespace pipec {
+
+std::vector<std::pair<int, int>> readsOf(const Graph &graph, int id) {
+  std::vector<std::pair<int, int>> reads;
+  for (size_t o = 0; o < graph.ops.size(); ++o) {
+    const Op &op = graph.ops[o];
+    if (op.dead)
+      continue;
+    for (size_t i = 0; i < op.inputs.size(); ++i)
+      if (op.inputs[i] == id)
+        reads.emplace_back(static_cast<int>(o), static_cast<int>(i));
+  }
+  return reads;
+}
+
+bool capturedBySubgraph(const Graph &graph, int id) {
+  return llvm::any_of(graph.ops,
+                      [&](const Op &op) { return !op.dead && llvm::is_contained(op.captures, id); });
+}
+
+std::string freshName(const Graph &graph, const std::string &base) {
+  std::string name = base;
+  for (int n = 1; graph.findValue(name) >= 0; ++n)
+    name = base + "." + std::to_string(n);
+  return name;
+}
+
+void rewire(Graph &graph, int o, int slot, int id) {
+  Op &op = graph.ops[o];
+  op.inputs[slot] = id;
+  graph.model->mutable_graph()->mutable_node(op.nodeIndex)->set_input(slot, graph.values[id].name);
+}
+
+} // namespace pipec
