@@ -204,7 +204,8 @@ Error trainParamsStep(Prepared &out, const CompileOptions &options, PassRunner &
   return runner.run(
       "train-params",
       [&]() -> Error {
-        auto folds = findParamFolds(out.graph, options.params);
+        std::set<std::string> holding; // weights that hold some parameter's values
+        auto folds = findParamFolds(out.graph, options.params, holding);
         if (!folds)
           return folds.takeError();
         auto rewrites = trainParams(out.graph, out.layers, *folds);
@@ -216,11 +217,25 @@ Error trainParamsStep(Prepared &out, const CompileOptions &options, PassRunner &
             out.paramWeights[fold.param] = fold.places[0].weight();
         for (const ParamRewrite &r : out.paramRewrites)
           out.paramWeights[r.param] = r.weight;
+        // One tensor of the checkpoint is one parameter: a float weight that
+        // holds none (a zero bias the export wrote as a constant) is data,
+        // and does not train.
+        for (const ParamFold &fold : *folds)
+          for (const plan::ParamPlace &place : fold.places)
+            holding.insert(place.weight());
+        for (const ParamRewrite &r : out.paramRewrites)
+          holding.insert(r.weight);
+        for (Value &v : out.graph.values)
+          if (v.kind == ValueKind::Weight && v.producer < 0 && !v.users.empty() &&
+              isFloatDType(v.type) && v.numElements() > 1 && !holding.count(v.name)) {
+            v.kind = ValueKind::Constant;
+            out.unheld.push_back(v.name);
+          }
         return Error::success();
       },
       [&] {
-        int fresh = static_cast<int>(count_if(out.paramRewrites,
-                                              [](const ParamRewrite &r) { return r.newWeight; }));
+        int fresh = static_cast<int>(
+            count_if(out.paramRewrites, [](const ParamRewrite &r) { return r.newWeight; }));
         return formatv("parameters rewritten {0}: {1} read through nodes, {2} merged copies",
                        out.paramRewrites.size(), fresh, out.paramRewrites.size() - fresh)
             .str();
@@ -268,7 +283,9 @@ std::optional<std::pair<int64_t, int64_t>> configPadding(StringRef params) {
 /// input (the token embedding).
 Error choosePaddingRows(Prepared &out, const CompileOptions &options) {
   Graph &graph = out.graph;
-  auto rowsOf = [&](int id) { return graph.values[id].shape.empty() ? 0 : graph.values[id].shape[0]; };
+  auto rowsOf = [&](int id) {
+    return graph.values[id].shape.empty() ? 0 : graph.values[id].shape[0];
+  };
   for (const auto &[name, row] : options.padRows) {
     std::string weight = name;
     if (auto it = out.paramWeights.find(name); it != out.paramWeights.end())
@@ -278,8 +295,8 @@ Error choosePaddingRows(Prepared &out, const CompileOptions &options) {
       return usageError(formatv("--pad-row {0}={1}: no weight{2} is named '{0}'", name, row,
                                 options.params.empty() ? "" : " or --params parameter"));
     if (row >= rowsOf(id))
-      return usageError(formatv("--pad-row {0}={1}: '{2}' has {3} rows", name, row, weight,
-                                rowsOf(id)));
+      return usageError(
+          formatv("--pad-row {0}={1}: '{2}' has {3} rows", name, row, weight, rowsOf(id)));
     graph.paddingRows[weight] = row;
     out.paddingNotes.push_back(
         formatv("row {0} of '{1}' takes no gradient (--pad-row)", row, weight).str());
@@ -590,6 +607,14 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
     describeParamRewrites(plan, prepared.paramRewrites);
     for (const std::string &note : prepared.paddingNotes)
       plan.add_warnings(note);
+    if (!prepared.unheld.empty())
+      plan.add_warnings(formatv("--params: {0} float initializer(s) hold no tensor of the "
+                                "checkpoint and do not train (data the export wrote as "
+                                "constants): {1}",
+                                prepared.unheld.size(),
+                                join(ArrayRef(prepared.unheld).take_front(8), ", ") +
+                                    (prepared.unheld.size() > 8 ? ", ..." : ""))
+                            .str());
   }
   return plan;
 }

@@ -45,6 +45,9 @@ struct Prepared {
   /// Train mode with --params: the weight that trains as each parameter
   /// held by one weight, or made one by train-params.
   std::map<std::string, std::string> paramWeights;
+  /// Train mode with --params: the float initializers that hold no tensor of
+  /// the checkpoint, which do not train.
+  std::vector<std::string> unheld;
   /// Train mode: a sentence per padding row held back (--pad-row, config).
   std::vector<std::string> paddingNotes;
   /// The weights several layers read (LayerGraph::sharedWeights), once, for

@@ -617,20 +617,34 @@ findAliases(std::vector<Param> &params, const std::map<std::string, std::set<std
   return extraAliases;
 }
 
-/// The float weights of \p graph that its ops read, stored in its files.
+/// The float weights of \p graph that its ops read, stored in its files or
+/// inline (typed data).
 Expected<std::vector<Weight>> graphWeights(const Graph &graph) {
   std::vector<Weight> weights;
-  for (const Value &v : graph.values) {
-    if (v.kind != ValueKind::Weight || v.producer >= 0 || v.users.empty() || !v.storage ||
-        !v.shapeKnown || (v.type != DType::F32 && v.type != DType::F64))
+  for (size_t id = 0; id < graph.values.size(); ++id) {
+    const Value &v = graph.values[id];
+    if (v.kind != ValueKind::Weight || v.producer >= 0 || v.users.empty() || !v.shapeKnown ||
+        (v.type != DType::F32 && v.type != DType::F64))
       continue; // 16-bit floats are held as float32 in memory: not read here
-    auto bytes = graph.storageBytes(v);
-    if (!bytes)
-      return bytes.takeError();
     cpu::Tensor value(v.type, v.shape);
-    if (bytes->size() != value.byteSize())
-      continue;
-    std::memcpy(value.rawData(), bytes->data(), bytes->size());
+    if (v.storage) {
+      auto bytes = graph.storageBytes(v);
+      if (!bytes)
+        return bytes.takeError();
+      if (bytes->size() != value.byteSize())
+        continue;
+      std::memcpy(value.rawData(), bytes->data(), bytes->size());
+    } else {
+      auto known = graph.readConstant(static_cast<int>(id), value.numElements());
+      if (!known) {
+        consumeError(known.takeError());
+        continue;
+      }
+      if (int64_t((*known)->floats.size()) != value.numElements())
+        continue;
+      for (int64_t i = 0; i < value.numElements(); ++i)
+        value.setDouble(i, (*known)->floats[i]);
+    }
     Weight w;
     w.name = v.name;
     w.print = fingerprint(value);
@@ -643,7 +657,8 @@ Expected<std::vector<Weight>> graphWeights(const Graph &graph) {
 
 } // namespace
 
-Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph, StringRef checkpoint) {
+Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph, StringRef checkpoint,
+                                                std::set<std::string> &matched) {
   auto file = rt::SafetensorsFile::open(checkpoint);
   if (!file)
     return file.takeError();
@@ -654,6 +669,9 @@ Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph, StringRef ch
   if (!params)
     return params.takeError();
   std::vector<std::vector<Match>> matches = matchAll(*weights, *params);
+  for (size_t w = 0; w < weights->size(); ++w)
+    if (!matches[w].empty())
+      matched.insert((*weights)[w].name);
   std::vector<std::string> problems; // mapParams reports them on the plan
   choose(*weights, *params, matches, readerScopes(graph.path), problems);
   std::vector<ParamFold> folds;

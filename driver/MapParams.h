@@ -34,6 +34,7 @@
 #include "llvm/Support/Error.h"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -61,9 +62,10 @@ splitMergedParams(llvm::StringRef modelPath, llvm::StringRef checkpoint);
 /// The parameters of \p checkpoint that the float weights of \p graph hold
 /// (read from the graph's files, tie-weights' copies included), each with
 /// its places, for train-params. Matching as mapParams does; ties it
-/// cannot break leave the weight out.
-llvm::Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph,
-                                                      llvm::StringRef checkpoint);
+/// cannot break leave the weight out. \p matched gets every weight that
+/// holds some parameter's values, tie or not.
+llvm::Expected<std::vector<ParamFold>>
+findParamFolds(const Graph &graph, llvm::StringRef checkpoint, std::set<std::string> &matched);
 
 /// Fills \p plan's param_map from the safetensors file \p checkpoint.
 /// Errors: the file cannot be read, or it shares no tensor with the model.

@@ -21,8 +21,8 @@ std::vector<std::pair<int, int>> readsOf(const Graph &graph, int id) {
 }
 
 bool capturedBySubgraph(const Graph &graph, int id) {
-  return llvm::any_of(graph.ops,
-                      [&](const Op &op) { return !op.dead && llvm::is_contained(op.captures, id); });
+  return llvm::any_of(
+      graph.ops, [&](const Op &op) { return !op.dead && llvm::is_contained(op.captures, id); });
 }
 
 std::string freshName(const Graph &graph, const std::string &base) {

@@ -36,11 +36,10 @@ bool sameSteps(const plan::ParamPlace &a, const plan::ParamPlace &b) {
 enum class Rewrite { None, Merge, Nodes };
 
 Rewrite rewriteOf(const ParamFold &fold) {
-  bool layouts = all_of(fold.places, [](const plan::ParamPlace &p) {
-    return all_of(p.steps(), isLayout);
-  });
-  bool alike = all_of(fold.places,
-                      [&](const plan::ParamPlace &p) { return sameSteps(p, fold.places[0]); });
+  bool layouts =
+      all_of(fold.places, [](const plan::ParamPlace &p) { return all_of(p.steps(), isLayout); });
+  bool alike =
+      all_of(fold.places, [&](const plan::ParamPlace &p) { return sameSteps(p, fold.places[0]); });
   if (layouts && fold.places.size() == 1)
     return Rewrite::None;
   if (layouts && alike)
@@ -140,8 +139,9 @@ private:
     return constant(std::move(c));
   }
 
-  int op(StringRef type, std::vector<int> inputs, std::vector<int64_t> shape,
-         function_ref<void(onnx::NodeProto &)> attributes = [](onnx::NodeProto &) {}) {
+  int op(
+      StringRef type, std::vector<int> inputs, std::vector<int64_t> shape,
+      function_ref<void(onnx::NodeProto &)> attributes = [](onnx::NodeProto &) {}) {
     std::string name = freshName(graph, base + "." + type.lower());
     int out = graph.addValue(name, ValueKind::Weight);
     graph.values[out].type = graph.values[inputs[0]].type;
@@ -269,8 +269,8 @@ std::string describe(const plan::ParamPlace &place) {
     if (step.has_transpose())
       parts.push_back("a transpose");
     else if (step.has_slice())
-      parts.push_back(formatv("rows {0}:{1} of axis {2}", step.slice().start(),
-                              step.slice().stop(), step.slice().axis()));
+      parts.push_back(formatv("rows {0}:{1} of axis {2}", step.slice().start(), step.slice().stop(),
+                              step.slice().axis()));
     else if (step.has_broadcast())
       parts.push_back(
           formatv("{0} copies along axis {1}", step.broadcast().size(), step.broadcast().axis()));

@@ -73,8 +73,8 @@ struct ParamRewrite {
 /// rewrites each fold of \p folds that does not train as its parameter,
 /// and regroups \p layers when the graph gained ops. Folds whose weights
 /// differ in element type, or that a subgraph reads, are left as they are.
-llvm::Expected<std::vector<ParamRewrite>>
-trainParams(Graph &graph, LayerGraph &layers, const std::vector<ParamFold> &folds);
+llvm::Expected<std::vector<ParamRewrite>> trainParams(Graph &graph, LayerGraph &layers,
+                                                      const std::vector<ParamFold> &folds);
 
 /// Adds to \p plan a warning per rewrite and a WeightTie per weight
 /// replaced (its param_weight and steps), the record --save-weights writes

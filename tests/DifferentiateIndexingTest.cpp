@@ -71,9 +71,12 @@ TEST(DifferentiateIndexing, SliceWithAnyStep) {
   // third from 1, reversed, reversed by 2 from the last, both axes at once,
   // and a reversal that starts past the end (clamped).
   const std::vector<std::vector<std::vector<int64_t>>> cases = {
-      {{0}, {4}, {1}, {2}},           {{1}, {4}, {1}, {3}},
-      {{-1}, {INT64_MIN}, {1}, {-1}}, {{3}, {-5}, {-1}, {-2}},
-      {{2, 0}, {-4, 4}, {0, 1}, {-1, 2}}, {{9}, {0}, {0}, {-1}},
+      {{0}, {4}, {1}, {2}},
+      {{1}, {4}, {1}, {3}},
+      {{-1}, {INT64_MIN}, {1}, {-1}},
+      {{3}, {-5}, {-1}, {-2}},
+      {{2, 0}, {-4, 4}, {0, 1}, {-1, 2}},
+      {{9}, {0}, {0}, {-1}},
   };
   for (const auto &c : cases) {
     GraphBuilder b = scaledInput();

@@ -177,8 +177,8 @@ Error sliceGrad(GradContext &ctx) {
         g = ctx.binary("Reshape", GradContext::out(cat), ctx.constInts(spread));
         int64_t kept = std::min(n * step, dim - first);
         if (kept < n * step)
-          g = GradContext::out(ctx.emit("Slice", {g, ctx.constInts({0}), ctx.constInts({kept}),
-                                                  ctx.constInts({a})}));
+          g = GradContext::out(ctx.emit(
+              "Slice", {g, ctx.constInts({0}), ctx.constInts({kept}), ctx.constInts({a})}));
         n = kept;
       }
       shape[a] = n;
@@ -223,8 +223,7 @@ Error gatherGrad(GradContext &ctx) {
       trailing.push_back(static_cast<int64_t>(ctx.shapeOf(1).size() + a - 1));
     if (!trailing.empty())
       isPad = ctx.binary("Unsqueeze", isPad, ctx.constInts(trailing));
-    onnx::NodeProto &kept =
-        ctx.emit("Where", {isPad, ctx.constScalar(0.0, ctx.type()), ctx.dy()});
+    onnx::NodeProto &kept = ctx.emit("Where", {isPad, ctx.constScalar(0.0, ctx.type()), ctx.dy()});
     onnx::NodeProto &g = ctx.emit("GatherGrad", {GradContext::out(kept), ctx.in(1)}, "pipec");
     GradContext::setInt(g, "axis", 0);
     GradContext::setInts(g, "shape", ctx.shapeOf(0));

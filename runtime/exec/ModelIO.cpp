@@ -118,9 +118,8 @@ Error computeFromParam(onnx::GraphProto &graph, const plan::WeightTie &tie,
   *place.mutable_steps() = tie.steps();
   auto value = placeParam(it->second, place, *type);
   if (!value)
-    return createStringError(inconvertibleErrorCode(), "'%s' from '%s': %s",
-                             tie.weight().c_str(), tie.param_weight().c_str(),
-                             toString(value.takeError()).c_str());
+    return createStringError(inconvertibleErrorCode(), "'%s' from '%s': %s", tie.weight().c_str(),
+                             tie.param_weight().c_str(), toString(value.takeError()).c_str());
   *held = cpu::toTensorProto(*value, tie.weight());
   return Error::success();
 }

@@ -112,8 +112,7 @@ Expected<cpu::Tensor> placeParam(const cpu::Tensor &param, const plan::ParamPlac
     case plan::ParamStep::kSlice: {
       int axis = step.slice().axis();
       int64_t start = step.slice().start(), stop = step.slice().stop();
-      if (axis < 0 || axis >= int(shape.size()) || start < 0 || stop < start ||
-          stop > shape[axis])
+      if (axis < 0 || axis >= int(shape.size()) || start < 0 || stop < start || stop > shape[axis])
         return stepError(formatv("slice axis {0} from {1} to {2} does not fit shape {3}", axis,
                                  start, stop, shapeText(shape)));
       shape[axis] = stop - start;
