@@ -118,6 +118,15 @@ llvm::Error describeGeneration(plan::Plan &plan, const Graph &graph, int64_t max
 /// compile's choice for \p setup's hardware), and why.
 std::pair<int, std::string> generationGroups(const CompileOptions &options, const Setup &setup);
 
+/// train-params (driver/ParamSteps.cpp): with --params in train mode, each
+/// parameter the exporter folded trains as itself, and a float initializer
+/// that holds no parameter of a Constant node does not train.
+llvm::Error trainParamsStep(Prepared &out, const CompileOptions &options, PassRunner &runner);
+
+/// Fills out.graph.paddingRows from --pad-row and the config.json beside
+/// --params (train mode).
+llvm::Error choosePaddingRows(Prepared &out, const CompileOptions &options);
+
 } // namespace pipec
 
 #endif // PIPEC_DRIVER_COMPILEPARTS_H

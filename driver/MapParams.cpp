@@ -658,7 +658,8 @@ Expected<std::vector<Weight>> graphWeights(const Graph &graph) {
 } // namespace
 
 Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph, StringRef checkpoint,
-                                                std::set<std::string> &matched) {
+                                                std::set<std::string> &matched,
+                                                bool &everyParamHeld) {
   auto file = rt::SafetensorsFile::open(checkpoint);
   if (!file)
     return file.takeError();
@@ -675,7 +676,10 @@ Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph, StringRef ch
   std::vector<std::string> problems; // mapParams reports them on the plan
   choose(*weights, *params, matches, readerScopes(graph.path), problems);
   std::vector<ParamFold> folds;
+  everyParamHeld = true;
   for (Param &p : *params) {
+    if (p.places.empty())
+      everyParamHeld = everyParamHeld && !cpu::isFloating(p.value.elemType());
     if (p.places.empty())
       continue;
     const Weight *first = nullptr;

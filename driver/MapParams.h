@@ -63,9 +63,12 @@ splitMergedParams(llvm::StringRef modelPath, llvm::StringRef checkpoint);
 /// (read from the graph's files, tie-weights' copies included), each with
 /// its places, for train-params. Matching as mapParams does; ties it
 /// cannot break leave the weight out. \p matched gets every weight that
-/// holds some parameter's values, tie or not.
-llvm::Expected<std::vector<ParamFold>>
-findParamFolds(const Graph &graph, llvm::StringRef checkpoint, std::set<std::string> &matched);
+/// holds some parameter's values, tie or not; \p everyParamHeld whether
+/// every float parameter is held by some weight.
+llvm::Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph,
+                                                      llvm::StringRef checkpoint,
+                                                      std::set<std::string> &matched,
+                                                      bool &everyParamHeld);
 
 /// Fills \p plan's param_map from the safetensors file \p checkpoint.
 /// Errors: the file cannot be read, or it shares no tensor with the model.

@@ -627,7 +627,7 @@ TEST(Compile, UnknownPrintAfterListsThePasses) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_NE(out.find("--print-after lower: expected all or a pass: import, infer-shapes, "
                      "fold-constants, eliminate-dead, group-layers, tie-weights, "
-                     "differentiate, balance-stages, lower-schedule, plan-memory, "
+                     "train-params, differentiate, balance-stages, lower-schedule, plan-memory, "
                      "verify-program"),
             std::string::npos)
       << out;

@@ -103,10 +103,6 @@ FOLDED = ("the exporter's default optimisation folded a parameter into another t
 KNOWN = {
     ("user_t5.onnx", "P2-1f1b-adamw"): FOLDED.format(
         "the relative position bias table as its [1, heads, S, S] gather"),
-    ("user_t5_legacy.onnx", "P2-1f1b-adamw"):
-        "the export holds the zero position bias of cross attention, which torch computes in "
-        "its forward, as a Constant node the loss depends on; the graph trains it, and AdamW "
-        "moves every element it touches by up to lr",
     ("user_roberta_mlm.onnx", "P2-1f1b-adamw"):
         "nn.Embedding's padding_idx (the exported Gather has none) keeps torch from training "
         "the padding rows, which the batch reads; after the first step the two trainings "
