@@ -23,11 +23,11 @@ using llvm::toString;
 
 namespace {
 
-const std::string Pipec = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
+const std::string pipecBinary = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
 
 std::string generateGpt(const TempDir &dir, int layers) {
   std::string model = dir.path("gpt.onnx"), out;
-  EXPECT_EQ(runCommand(Pipec + " model gpt --layers " + std::to_string(layers) +
+  EXPECT_EQ(runCommand(pipecBinary + " model gpt --layers " + std::to_string(layers) +
                            " --hidden 64 --heads 4 --vocab 512 --seq 32 -o " + model,
                        out),
             0)
@@ -40,11 +40,11 @@ TEST(Compile, PlanIsDeterministicAndRoundTrips) {
   std::string model = generateGpt(dir, 8), out;
   std::string a = dir.path("a.plan"), b = dir.path("b.plan");
   ASSERT_EQ(
-      runCommand(Pipec + " compile " + model + " --timing-only --seq 32 --stages 4 -o " + a, out),
+      runCommand(pipecBinary + " compile " + model + " --timing-only --seq 32 --stages 4 -o " + a, out),
       0)
       << out;
   ASSERT_EQ(
-      runCommand(Pipec + " compile " + model + " --timing-only --seq 32 --stages 4 -o " + b, out),
+      runCommand(pipecBinary + " compile " + model + " --timing-only --seq 32 --stages 4 -o " + b, out),
       0)
       << out;
   EXPECT_TRUE(readFile(a) == readFile(b)) << "compiling twice gives byte-identical plans";
@@ -56,7 +56,7 @@ TEST(Compile, PlanIsDeterministicAndRoundTrips) {
   // Text and JSON encodings read back to the same plan.
   for (const char *emit : {"text", "json"}) {
     std::string path = dir.path(std::string("c.") + emit);
-    ASSERT_EQ(runCommand(Pipec + " compile " + model +
+    ASSERT_EQ(runCommand(pipecBinary + " compile " + model +
                              " --timing-only --seq 32 --stages 4 --emit " + emit + " -o " + path,
                          out),
               0)
@@ -78,12 +78,12 @@ TEST(Compile, ReportJsonFields) {
   TempDir dir;
   std::string model = generateGpt(dir, 8), out;
   std::string plan = dir.path("m.plan");
-  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --timing-only" +
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " --timing-only" +
                            " --seq 32 --stages 2 --microbatches 4 -o " + plan,
                        out),
             0)
       << out;
-  ASSERT_EQ(runCommand(Pipec + " report " + plan + " --format json", out), 0) << out;
+  ASSERT_EQ(runCommand(pipecBinary + " report " + plan + " --format json", out), 0) << out;
   auto json = llvm::json::parse(out);
   ASSERT_TRUE(!!json) << toString(json.takeError());
   const auto *root = json->getAsObject();
@@ -111,34 +111,34 @@ TEST(Compile, ReportJsonFields) {
 TEST(Compile, MemoryLimitAndLayoutErrorsAreOneLine) {
   TempDir dir;
   std::string model = generateGpt(dir, 4), out;
-  EXPECT_EQ(runCommand(Pipec + " compile " + model +
+  EXPECT_EQ(runCommand(pipecBinary + " compile " + model +
                            " --timing-only --seq 32 --stages 2 --memory-limit 1MB -o " +
                            dir.path("x.plan"),
                        out),
             1);
   EXPECT_NE(out.find("memory limit"), std::string::npos) << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
-  EXPECT_EQ(runCommand(Pipec + " compile " + model +
+  EXPECT_EQ(runCommand(pipecBinary + " compile " + model +
                            " --seq 32 --stages 2 --balance 'E,t*2|t*3,L' -o " + dir.path("x.plan"),
                        out),
             1);
   EXPECT_NE(out.find("stage 1: 't' wants a block, but the next is layer 5 ('head', head)"),
             std::string::npos)
       << out;
-  EXPECT_EQ(runCommand(Pipec + " compile " + model + " --timing-only" +
+  EXPECT_EQ(runCommand(pipecBinary + " compile " + model + " --timing-only" +
                            " --seq 32 --stages 2 --balance 'E,t*2|t*2,L' -o " + dir.path("x.plan"),
                        out),
             0)
       << out;
   EXPECT_NE(out.find("layout E,t*2|t*2,L"), std::string::npos) << out;
-  EXPECT_EQ(runCommand(Pipec + " compile " + model +
+  EXPECT_EQ(runCommand(pipecBinary + " compile " + model +
                            " --stages 2 --schedule dualpipev "
                            "--virtual-stages 2 --microbatches 2 -o " +
                            dir.path("x.plan"),
                        out),
             1);
   EXPECT_NE(out.find("M >= 2P"), std::string::npos) << out;
-  EXPECT_EQ(runCommand(Pipec + " report " + model, out), 1);
+  EXPECT_EQ(runCommand(pipecBinary + " report " + model, out), 1);
   EXPECT_NE(out.find("not a pipec plan"), std::string::npos) << out;
 }
 
@@ -146,12 +146,12 @@ TEST(Compile, GoldenReportForAGeneratedGpt) {
   TempDir dir;
   std::string model = std::string(PIPEC_SOURCE_DIR) + "/models/bundled/gpt-4l.onnx";
   std::string plan = dir.path("gpt.plan"), out;
-  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --timing-only" +
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " --timing-only" +
                            " --seq 32 --stages 2 --microbatches 8 -o " + plan,
                        out),
             0)
       << out;
-  ASSERT_EQ(runCommand(Pipec + " report " + plan, out), 0) << out;
+  ASSERT_EQ(runCommand(pipecBinary + " report " + plan, out), 0) << out;
   // The model path depends on the checkout; the rest is golden.
   size_t at = out.find(model);
   ASSERT_NE(at, std::string::npos);
@@ -174,14 +174,14 @@ TEST(Compile, GoldenReportForAGeneratedGpt) {
 TEST(Compile, Llama3_8BShapeTimeBalancingAndItsReport) {
   TempDir dir;
   std::string model = dir.path("llama8b.onnx"), plan = dir.path("llama8b.plan"), out;
-  ASSERT_EQ(runCommand(Pipec +
+  ASSERT_EQ(runCommand(pipecBinary +
                            " model llama --layers 32 --hidden 4096 --heads 32 --kv-heads 8 "
                            "--ffn 14336 --vocab 128256 --seq 4096 --batch 1 --light --loss -o " +
                            model,
                        out),
             0)
       << out;
-  ASSERT_EQ(runCommand(Pipec + " compile " + model +
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model +
                            " --stages 4 --microbatches 16 --hardware h100 --memory-limit none -o " +
                            plan + " --report",
                        out),
@@ -215,7 +215,7 @@ TEST(Compile, HeterogeneousHardwareListAndFile) {
   TempDir dir;
   // Wide enough to be compute-bound, light so that it carries no weight bytes.
   std::string model = dir.path("wide.onnx"), out;
-  ASSERT_EQ(runCommand(Pipec +
+  ASSERT_EQ(runCommand(pipecBinary +
                            " model gpt --layers 8 --hidden 1024 --heads 16 --vocab 1000 "
                            "--seq 512 --light -o " +
                            model,
@@ -225,7 +225,7 @@ TEST(Compile, HeterogeneousHardwareListAndFile) {
   std::ofstream(dir.path("slow.json"))
       << R"({"base": "h100", "name": "h100-half", "peak_flops_bf16": 4.945e14,
             "peak_flops_fp32": 3.35e13, "memory_bandwidth": 1.675e12})";
-  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --timing-only" +
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " --timing-only" +
                            " --seq 512 --stages 2 --hardware h100," + dir.path("slow.json") +
                            " -o " + dir.path("h.plan") + " --report",
                        out),
@@ -245,7 +245,7 @@ namespace {
 TEST(Compile, EveryScheduleCompilesReportsAndSimulates) {
   TempDir dir;
   std::string model = dir.path("gpt32.onnx"), out;
-  ASSERT_EQ(runCommand(Pipec +
+  ASSERT_EQ(runCommand(pipecBinary +
                            " model gpt --layers 32 --hidden 64 --heads 4 --vocab 256 --seq 16 "
                            "-o " +
                            model,
@@ -260,7 +260,7 @@ TEST(Compile, EveryScheduleCompilesReportsAndSimulates) {
                  Case{"zb-h2", 1}, Case{"zbv", 2}, Case{"dualpipev", 2}}) {
     SCOPED_TRACE(c.schedule);
     std::string plan = dir.path(std::string(c.schedule) + ".plan");
-    ASSERT_EQ(runCommand(Pipec + " compile " + model + " --timing-only" +
+    ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " --timing-only" +
                              " --seq 16 --stages 4 --microbatches 8 " + "--schedule " + c.schedule +
                              " --virtual-stages " + std::to_string(c.v) + " -o " + plan,
                          out),
@@ -270,9 +270,9 @@ TEST(Compile, EveryScheduleCompilesReportsAndSimulates) {
     ASSERT_TRUE(!!loaded) << toString(loaded.takeError());
     EXPECT_EQ(loaded->programs_size(), 4);
     EXPECT_EQ(loaded->stages_size(), 4 * c.v);
-    ASSERT_EQ(runCommand(Pipec + " report " + plan, out), 0) << out;
+    ASSERT_EQ(runCommand(pipecBinary + " report " + plan, out), 0) << out;
     EXPECT_NE(out.find("timeline (simulated"), std::string::npos) << out;
-    ASSERT_EQ(runCommand(Pipec + " report " + plan + " --format json", out), 0) << out;
+    ASSERT_EQ(runCommand(pipecBinary + " report " + plan + " --format json", out), 0) << out;
     auto json = llvm::json::parse(out);
     ASSERT_TRUE(!!json) << toString(json.takeError());
     const auto *ranks = json->getAsObject()->getArray("ranks");
@@ -284,7 +284,7 @@ TEST(Compile, EveryScheduleCompilesReportsAndSimulates) {
       forwards += a.getAsString()->contains('F');
     EXPECT_EQ(forwards, 8 * c.v);
     std::string trace = dir.path(std::string(c.schedule) + ".json");
-    ASSERT_EQ(runCommand(Pipec + " simulate " + plan + " --trace " + trace, out), 0) << out;
+    ASSERT_EQ(runCommand(pipecBinary + " simulate " + plan + " --trace " + trace, out), 0) << out;
     EXPECT_NE(out.find("rank  3 |"), std::string::npos) << out;
     auto traceJson = llvm::json::parse(readFile(trace));
     ASSERT_TRUE(!!traceJson) << toString(traceJson.takeError());
@@ -301,14 +301,14 @@ TEST(Compile, EveryScheduleCompilesReportsAndSimulates) {
 TEST(Compile, AutoScheduleSaysWhatItTried) {
   TempDir dir;
   std::string model = dir.path("gpt8.onnx"), out;
-  ASSERT_EQ(runCommand(Pipec +
+  ASSERT_EQ(runCommand(pipecBinary +
                            " model gpt --layers 8 --hidden 64 --heads 4 --vocab 256 --seq 16 "
                            "-o " +
                            model,
                        out),
             0);
   std::string plan = dir.path("auto.plan");
-  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --timing-only" +
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " --timing-only" +
                            " --seq 16 --stages 2 --schedule auto -o " + plan + " --report",
                        out),
             0)
@@ -374,12 +374,12 @@ TEST(Compile, HtmlReportRendersInABrowser) {
   TempDir dir;
   std::string model = std::string(PIPEC_SOURCE_DIR) + "/models/bundled/gpt-4l.onnx", out;
   std::string plan = dir.path("m.plan"), html = dir.path("report.html");
-  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --timing-only" +
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " --timing-only" +
                            " --seq 32 --stages 4 --schedule zb-h1 -o " + plan,
                        out),
             0)
       << out;
-  ASSERT_EQ(runCommand(Pipec + " report " + plan + " --format html -o " + html, out), 0) << out;
+  ASSERT_EQ(runCommand(pipecBinary + " report " + plan + " --format html -o " + html, out), 0) << out;
   std::string text = readFile(html);
   EXPECT_NE(text.find("<svg class=timeline"), std::string::npos);
   EXPECT_NE(text.find("rank 3"), std::string::npos);
@@ -411,13 +411,13 @@ namespace {
 TEST(Compile, TrainingPlansCarryTheBackwardProgram) {
   TempDir dir;
   std::string model = dir.path("gpt.onnx"), out;
-  ASSERT_EQ(runCommand(Pipec +
+  ASSERT_EQ(runCommand(pipecBinary +
                            " model gpt --layers 2 --hidden 32 --heads 4 --vocab 64 --seq 8 "
                            "--loss -o " +
                            model,
                        out),
             0);
-  ASSERT_EQ(runCommand(Pipec + " compile " + model + " --timing-only --seq 8 --stages 2 -o " +
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " --timing-only --seq 8 --stages 2 -o " +
                            dir.path("g.plan"),
                        out),
             0)
@@ -434,10 +434,10 @@ TEST(Compile, TrainingPlansCarryTheBackwardProgram) {
     }
   // A model with nothing to train against says so and still plans.
   ASSERT_EQ(
-      runCommand(Pipec + " model mlp --layers 2 --hidden 16 --vocab 8 -o " + dir.path("mlp.onnx"),
+      runCommand(pipecBinary + " model mlp --layers 2 --hidden 16 --vocab 8 -o " + dir.path("mlp.onnx"),
                  out),
       0);
-  ASSERT_EQ(runCommand(Pipec + " compile " + dir.path("mlp.onnx") + " --timing-only" +
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + dir.path("mlp.onnx") + " --timing-only" +
                            " --stages 2 -o " + dir.path("m.plan") + " --report",
                        out),
             0)
@@ -455,11 +455,11 @@ TEST(Compile, AFixedBatchMustBeTheMicrobatch) {
   TempDir dir;
   std::string model = dir.path("mlp4.onnx"), out;
   ASSERT_EQ(
-      runCommand(Pipec + " model mlp --layers 2 --hidden 16 --vocab 8 --batch 4 -o " + model, out),
+      runCommand(pipecBinary + " model mlp --layers 2 --hidden 16 --vocab 8 --batch 4 -o " + model, out),
       0)
       << out;
   auto compile = [&](const std::string &flags, const std::string &name) {
-    EXPECT_EQ(runCommand(Pipec + " compile " + model + " --mode infer --stages 2 " + flags +
+    EXPECT_EQ(runCommand(pipecBinary + " compile " + model + " --mode infer --stages 2 " + flags +
                              " -o " + dir.path(name),
                          out),
               0)
@@ -470,7 +470,7 @@ TEST(Compile, AFixedBatchMustBeTheMicrobatch) {
   };
   // Microbatches of 2 cannot be fed: compile says so, in one line, and
   // writes no plan.
-  EXPECT_EQ(runCommand(Pipec + " compile " + model + " --mode infer --stages 2 --batch 4 " +
+  EXPECT_EQ(runCommand(pipecBinary + " compile " + model + " --mode infer --stages 2 --batch 4 " +
                            "--microbatches 2 -o " + dir.path("split.plan") + " 2>&1",
                        out),
             1);
@@ -488,14 +488,14 @@ TEST(Compile, AFixedBatchMustBeTheMicrobatch) {
   EXPECT_EQ(split.run_status().kind(), plan::RunStatus::CANNOT_RUN);
   EXPECT_EQ(split.run_status().reason().rfind("input 'x' has 4 in its first dimension", 0), 0u)
       << split.run_status().reason();
-  EXPECT_EQ(runCommand(Pipec + " run " + dir.path("split.plan") + " 2>&1", out), 1) << out;
+  EXPECT_EQ(runCommand(pipecBinary + " run " + dir.path("split.plan") + " 2>&1", out), 1) << out;
   EXPECT_EQ(out.rfind("pipec: error: the plan cannot be run: input 'x' has 4", 0), 0u) << out;
   // A model without a loss compiles for training only with --timing-only;
   // run names why it cannot train, and the way out.
   std::string mlp = dir.path("mlp.onnx");
-  ASSERT_EQ(runCommand(Pipec + " model mlp --layers 2 --hidden 8 --vocab 4 -o " + mlp, out), 0)
+  ASSERT_EQ(runCommand(pipecBinary + " model mlp --layers 2 --hidden 8 --vocab 4 -o " + mlp, out), 0)
       << out;
-  ASSERT_EQ(runCommand(Pipec + " compile " + mlp + " --stages 2 --hardware cpu --timing-only -o " +
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + mlp + " --stages 2 --hardware cpu --timing-only -o " +
                            dir.path("mlp.plan"),
                        out),
             0)
@@ -503,7 +503,7 @@ TEST(Compile, AFixedBatchMustBeTheMicrobatch) {
   auto mlpPlan = readPlan(dir.path("mlp.plan"));
   ASSERT_TRUE(!!mlpPlan) << toString(mlpPlan.takeError());
   EXPECT_EQ(mlpPlan->run_status().kind(), plan::RunStatus::CANNOT_TRAIN);
-  EXPECT_EQ(runCommand(Pipec + " run " + dir.path("mlp.plan") + " 2>&1", out), 1) << out;
+  EXPECT_EQ(runCommand(pipecBinary + " run " + dir.path("mlp.plan") + " 2>&1", out), 1) << out;
   EXPECT_EQ(out, "pipec: error: the plan cannot train: no output is a float scalar that depends "
                  "on the weights (outputs: 'y' f32[1,4]); to train, give --loss-fn "
                  "cross-entropy|mse --labels INPUT, or compile with --mode infer\n");
@@ -549,18 +549,18 @@ TEST(Compile, EveryPassShowsItsStatsAndIr) {
   TempDir dir;
   std::string model = dir.path("gpt.onnx"), out;
   ASSERT_EQ(
-      runCommand(Pipec + " model gpt --layers 2 --hidden 32 --vocab 100 --seq 8 --loss -o " + model,
+      runCommand(pipecBinary + " model gpt --layers 2 --hidden 32 --vocab 100 --seq 8 --loss -o " + model,
                  out),
       0)
       << out;
   std::string flags = " --seq 8 --stages 2 --microbatches 4";
-  ASSERT_EQ(runCommand(Pipec + " compile " + model + flags + " -o " + dir.path("quiet.plan"), out),
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + flags + " -o " + dir.path("quiet.plan"), out),
             0)
       << out;
   EXPECT_EQ(out, "trains against the model's output 'loss', its one float scalar output that "
                  "depends on the weights\nwrote " +
                      dir.path("quiet.plan") + "  (layout E,t|t,L)\n");
-  ASSERT_EQ(runCommand(Pipec + " compile " + model + flags +
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + flags +
                            " --stats --print-after=all --dump-dir " + dir.path("dump") + " -o " +
                            dir.path("shown.plan"),
                        out),
@@ -598,7 +598,7 @@ TEST(Compile, PassesNotRunAndScheduleSearchShowOnce) {
   TempDir dir;
   std::string model = generateGpt(dir, 2), out;
   std::string flags = " --seq 32 --stages 2 --mode infer";
-  ASSERT_EQ(runCommand(Pipec + " compile " + model + flags +
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + flags +
                            " --stats --print-after=differentiate -o " + dir.path("i.plan"),
                        out),
             0)
@@ -609,10 +609,10 @@ TEST(Compile, PassesNotRunAndScheduleSearchShowOnce) {
   // --schedule auto simulates many candidates; the passes of the plan it
   // keeps show once each.
   flags = " --seq 32 --stages 2 --schedule auto --microbatches 4 --timing-only";
-  ASSERT_EQ(runCommand(Pipec + " compile " + model + flags + " -o " + dir.path("a.plan"), out), 0)
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + flags + " -o " + dir.path("a.plan"), out), 0)
       << out;
   ASSERT_EQ(
-      runCommand(Pipec + " compile " + model + flags + " --stats -o " + dir.path("b.plan"), out), 0)
+      runCommand(pipecBinary + " compile " + model + flags + " --stats -o " + dir.path("b.plan"), out), 0)
       << out;
   EXPECT_EQ(inOrder(out, prefixed("stats: ", " "), /*once=*/true), "") << out;
   EXPECT_TRUE(readFile(dir.path("a.plan")) == readFile(dir.path("b.plan")));
@@ -622,7 +622,7 @@ TEST(Compile, UnknownPrintAfterListsThePasses) {
   TempDir dir;
   std::string model = generateGpt(dir, 2), out;
   EXPECT_EQ(runCommand(
-                Pipec + " compile " + model + " --print-after=lower -o " + dir.path("x.plan"), out),
+                pipecBinary + " compile " + model + " --print-after=lower -o " + dir.path("x.plan"), out),
             2);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_NE(out.find("--print-after lower: expected all or a pass: import, infer-shapes, "
@@ -647,7 +647,7 @@ TEST(VerifyDataflow, RefusesAStageThatReadsWhatIsNotSent) {
   std::string model = generateGpt(dir, 4), out;
   std::string path = dir.path("g.plan");
   ASSERT_EQ(
-      runCommand(Pipec + " compile " + model + " --mode infer --seq 32 --stages 2 -o " + path, out),
+      runCommand(pipecBinary + " compile " + model + " --mode infer --seq 32 --stages 2 -o " + path, out),
       0)
       << out;
   auto plan = readPlan(path);
