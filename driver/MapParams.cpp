@@ -678,10 +678,10 @@ Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph, StringRef ch
   std::vector<ParamFold> folds;
   everyParamHeld = true;
   for (Param &p : *params) {
-    if (p.places.empty())
+    if (p.places.empty()) {
       everyParamHeld = everyParamHeld && !cpu::isFloating(p.value.elemType());
-    if (p.places.empty())
       continue;
+    }
     const Weight *first = nullptr;
     for (const Weight &w : *weights)
       if (w.name == p.places[0].weight())

@@ -40,11 +40,13 @@ TEST(Compile, PlanIsDeterministicAndRoundTrips) {
   std::string model = generateGpt(dir, 8), out;
   std::string a = dir.path("a.plan"), b = dir.path("b.plan");
   ASSERT_EQ(
-      runCommand(pipecBinary + " compile " + model + " --timing-only --seq 32 --stages 4 -o " + a, out),
+      runCommand(pipecBinary + " compile " + model + " --timing-only --seq 32 --stages 4 -o " + a,
+                 out),
       0)
       << out;
   ASSERT_EQ(
-      runCommand(pipecBinary + " compile " + model + " --timing-only --seq 32 --stages 4 -o " + b, out),
+      runCommand(pipecBinary + " compile " + model + " --timing-only --seq 32 --stages 4 -o " + b,
+                 out),
       0)
       << out;
   EXPECT_TRUE(readFile(a) == readFile(b)) << "compiling twice gives byte-identical plans";
@@ -379,7 +381,8 @@ TEST(Compile, HtmlReportRendersInABrowser) {
                        out),
             0)
       << out;
-  ASSERT_EQ(runCommand(pipecBinary + " report " + plan + " --format html -o " + html, out), 0) << out;
+  ASSERT_EQ(runCommand(pipecBinary + " report " + plan + " --format html -o " + html, out), 0)
+      << out;
   std::string text = readFile(html);
   EXPECT_NE(text.find("<svg class=timeline"), std::string::npos);
   EXPECT_NE(text.find("rank 3"), std::string::npos);
@@ -433,10 +436,10 @@ TEST(Compile, TrainingPlansCarryTheBackwardProgram) {
       EXPECT_GT(layer.backward_weight_ops(), 5) << layer.name();
     }
   // A model with nothing to train against says so and still plans.
-  ASSERT_EQ(
-      runCommand(pipecBinary + " model mlp --layers 2 --hidden 16 --vocab 8 -o " + dir.path("mlp.onnx"),
-                 out),
-      0);
+  ASSERT_EQ(runCommand(pipecBinary + " model mlp --layers 2 --hidden 16 --vocab 8 -o " +
+                           dir.path("mlp.onnx"),
+                       out),
+            0);
   ASSERT_EQ(runCommand(pipecBinary + " compile " + dir.path("mlp.onnx") + " --timing-only" +
                            " --stages 2 -o " + dir.path("m.plan") + " --report",
                        out),
@@ -455,7 +458,8 @@ TEST(Compile, AFixedBatchMustBeTheMicrobatch) {
   TempDir dir;
   std::string model = dir.path("mlp4.onnx"), out;
   ASSERT_EQ(
-      runCommand(pipecBinary + " model mlp --layers 2 --hidden 16 --vocab 8 --batch 4 -o " + model, out),
+      runCommand(pipecBinary + " model mlp --layers 2 --hidden 16 --vocab 8 --batch 4 -o " + model,
+                 out),
       0)
       << out;
   auto compile = [&](const std::string &flags, const std::string &name) {
@@ -493,10 +497,11 @@ TEST(Compile, AFixedBatchMustBeTheMicrobatch) {
   // A model without a loss compiles for training only with --timing-only;
   // run names why it cannot train, and the way out.
   std::string mlp = dir.path("mlp.onnx");
-  ASSERT_EQ(runCommand(pipecBinary + " model mlp --layers 2 --hidden 8 --vocab 4 -o " + mlp, out), 0)
+  ASSERT_EQ(runCommand(pipecBinary + " model mlp --layers 2 --hidden 8 --vocab 4 -o " + mlp, out),
+            0)
       << out;
-  ASSERT_EQ(runCommand(pipecBinary + " compile " + mlp + " --stages 2 --hardware cpu --timing-only -o " +
-                           dir.path("mlp.plan"),
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + mlp +
+                           " --stages 2 --hardware cpu --timing-only -o " + dir.path("mlp.plan"),
                        out),
             0)
       << out;
@@ -548,14 +553,16 @@ TEST(Compile, EveryPassShowsItsStatsAndIr) {
   ASSERT_EQ(passNames(), pipeline);
   TempDir dir;
   std::string model = dir.path("gpt.onnx"), out;
-  ASSERT_EQ(
-      runCommand(pipecBinary + " model gpt --layers 2 --hidden 32 --vocab 100 --seq 8 --loss -o " + model,
-                 out),
-      0)
+  ASSERT_EQ(runCommand(pipecBinary +
+                           " model gpt --layers 2 --hidden 32 --vocab 100 --seq 8 --loss -o " +
+                           model,
+                       out),
+            0)
       << out;
   std::string flags = " --seq 8 --stages 2 --microbatches 4";
-  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + flags + " -o " + dir.path("quiet.plan"), out),
-            0)
+  ASSERT_EQ(
+      runCommand(pipecBinary + " compile " + model + flags + " -o " + dir.path("quiet.plan"), out),
+      0)
       << out;
   EXPECT_EQ(out, "trains against the model's output 'loss', its one float scalar output that "
                  "depends on the weights\nwrote " +
@@ -609,10 +616,13 @@ TEST(Compile, PassesNotRunAndScheduleSearchShowOnce) {
   // --schedule auto simulates many candidates; the passes of the plan it
   // keeps show once each.
   flags = " --seq 32 --stages 2 --schedule auto --microbatches 4 --timing-only";
-  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + flags + " -o " + dir.path("a.plan"), out), 0)
+  ASSERT_EQ(
+      runCommand(pipecBinary + " compile " + model + flags + " -o " + dir.path("a.plan"), out), 0)
       << out;
   ASSERT_EQ(
-      runCommand(pipecBinary + " compile " + model + flags + " --stats -o " + dir.path("b.plan"), out), 0)
+      runCommand(pipecBinary + " compile " + model + flags + " --stats -o " + dir.path("b.plan"),
+                 out),
+      0)
       << out;
   EXPECT_EQ(inOrder(out, prefixed("stats: ", " "), /*once=*/true), "") << out;
   EXPECT_TRUE(readFile(dir.path("a.plan")) == readFile(dir.path("b.plan")));
@@ -621,8 +631,9 @@ TEST(Compile, PassesNotRunAndScheduleSearchShowOnce) {
 TEST(Compile, UnknownPrintAfterListsThePasses) {
   TempDir dir;
   std::string model = generateGpt(dir, 2), out;
-  EXPECT_EQ(runCommand(
-                pipecBinary + " compile " + model + " --print-after=lower -o " + dir.path("x.plan"), out),
+  EXPECT_EQ(runCommand(pipecBinary + " compile " + model + " --print-after=lower -o " +
+                           dir.path("x.plan"),
+                       out),
             2);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_NE(out.find("--print-after lower: expected all or a pass: import, infer-shapes, "
@@ -647,7 +658,8 @@ TEST(VerifyDataflow, RefusesAStageThatReadsWhatIsNotSent) {
   std::string model = generateGpt(dir, 4), out;
   std::string path = dir.path("g.plan");
   ASSERT_EQ(
-      runCommand(pipecBinary + " compile " + model + " --mode infer --seq 32 --stages 2 -o " + path, out),
+      runCommand(pipecBinary + " compile " + model + " --mode infer --seq 32 --stages 2 -o " + path,
+                 out),
       0)
       << out;
   auto plan = readPlan(path);
