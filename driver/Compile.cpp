@@ -172,6 +172,11 @@ Error tieStep(Prepared &out, StringRef modelPath, const CompileOptions &options,
     if (!splits)
       return splits.takeError();
     ties.splits = std::move(*splits);
+  } else {
+    auto splits = guessMergedSplits(out.graph);
+    if (!splits)
+      return splits.takeError();
+    ties.splits = std::move(*splits);
   }
   return runner.run(
       "tie-weights",

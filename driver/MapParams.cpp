@@ -1,6 +1,7 @@
 //===- MapParams.cpp - Which checkpoint tensor each weight holds ----------===//
 #include "driver/MapParams.h"
 
+#include "passes/Differentiate.h"
 #include "runtime/exec/ParamMap.h"
 #include "runtime/exec/Safetensors.h"
 #include "support/InputFile.h"
@@ -19,6 +20,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <unordered_map>
 
 using namespace llvm;
 
@@ -72,6 +74,25 @@ bool sameValues(const cpu::Tensor &a, const cpu::Tensor &b) {
   return true;
 }
 
+/// Whether \p t holds one number in every element.
+bool oneValue(const cpu::Tensor &t) {
+  for (int64_t i = 1; i < t.numElements(); ++i)
+    if (t.getDouble(i) != t.getDouble(0))
+      return false;
+  return true;
+}
+
+/// \p t as the constant a new weight holds.
+std::shared_ptr<ConstTensor> constantOf(const cpu::Tensor &t, DType type) {
+  auto value = std::make_shared<ConstTensor>();
+  value->type = type;
+  value->shape = t.shape();
+  value->floats.resize(t.numElements());
+  for (int64_t i = 0; i < t.numElements(); ++i)
+    value->floats[i] = t.getDouble(i);
+  return value;
+}
+
 struct Weight {
   std::string name;
   cpu::Tensor value;
@@ -85,6 +106,8 @@ struct Param {
   std::map<cpu::DType, std::pair<cpu::Tensor, uint64_t>> cast; ///< per weight type
   std::vector<plan::ParamPlace> places;
   std::string aliasOf;
+  /// Each value to its flat index, when every entry differs (findTaken's).
+  std::optional<std::unordered_map<double, int64_t>> entries;
 
   const std::pair<cpu::Tensor, uint64_t> &as(cpu::DType type) {
     auto it = cast.find(type);
@@ -125,10 +148,7 @@ std::vector<plan::ParamPlace> findCopies(const Weight &w, Param &p) {
   }
   // A weight of one value (a fresh bias, a mask's fill) holds any constant
   // parameter's copies: no evidence of a fold.
-  bool constant = true;
-  for (int64_t i = 1; i < w.value.numElements() && constant; ++i)
-    constant = w.value.getDouble(i) == w.value.getDouble(0);
-  if (constant)
+  if (oneValue(w.value))
     return found;
   const cpu::Tensor &cast = p.as(w.value.elemType()).first;
   int64_t rows = axis < 0 ? 0 : core[axis] < ps[axis] ? core[axis] : 1;
@@ -263,6 +283,40 @@ std::optional<plan::ParamPlace> findShifted(const Weight &w, Param &p) {
   }
   if (!sameValues(*placed, w.value))
     return std::nullopt;
+  return place;
+}
+
+/// The place that holds \p p in \p w as a gather of its entries by constant
+/// indices (T5's relative position bias: [1, heads, S, S] of a [buckets,
+/// heads] table), if one does: every value of \p w is one of \p p's, whose
+/// values all differ (so each names one entry). Tables up to 64K entries.
+std::optional<plan::ParamPlace> findTaken(const Weight &w, Param &p) {
+  constexpr int64_t kMaxTable = int64_t(1) << 16, kMaxWeight = int64_t(1) << 24;
+  int64_t n = w.value.numElements(), m = p.value.numElements();
+  if (m < 2 || m > kMaxTable || n < 2 || n > kMaxWeight || oneValue(w.value))
+    return std::nullopt;
+  const cpu::Tensor &cast = p.as(w.value.elemType()).first;
+  if (!p.entries) {
+    p.entries.emplace();
+    for (int64_t i = 0; i < m; ++i)
+      if (!p.entries->emplace(cast.getDouble(i), i).second) {
+        p.entries->clear(); // two entries alike: no index is certain
+        break;
+      }
+  }
+  if (p.entries->empty() || !p.entries->count(w.value.getDouble(0)))
+    return std::nullopt;
+  plan::ParamPlace place;
+  place.set_weight(w.name);
+  plan::Take &take = *place.add_steps()->mutable_take();
+  for (int64_t k = 0; k < n; ++k) {
+    auto it = p.entries->find(w.value.getDouble(k));
+    if (it == p.entries->end())
+      return std::nullopt;
+    take.add_indices(it->second);
+  }
+  for (int64_t d : w.value.shape())
+    take.add_shape(d);
   return place;
 }
 
@@ -490,7 +544,8 @@ Expected<std::vector<Param>> loadParams(const rt::SafetensorsFile &file) {
 }
 
 /// Every (weight, parameter) pair whose values agree under some transform;
-/// a constant added only where nothing else matched.
+/// a constant added only where nothing else matched, a gather of entries
+/// only where neither did.
 std::vector<std::vector<Match>> matchAll(const std::vector<Weight> &weights,
                                          std::vector<Param> &params) {
   std::vector<std::vector<Match>> matches(weights.size());
@@ -503,6 +558,11 @@ std::vector<std::vector<Match>> matchAll(const std::vector<Weight> &weights,
       for (size_t p = 0; p < params.size(); ++p)
         if (cpu::isFloating(params[p].value.elemType()))
           if (auto place = findShifted(weights[w], params[p]))
+            matches[w].push_back({p, std::move(*place)});
+    if (matches[w].empty())
+      for (size_t p = 0; p < params.size(); ++p)
+        if (cpu::isFloating(params[p].value.elemType()))
+          if (auto place = findTaken(weights[w], params[p]))
             matches[w].push_back({p, std::move(*place)});
   }
   return matches;
@@ -688,15 +748,153 @@ Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph, StringRef ch
         first = &w;
     ParamFold fold;
     fold.param = p.tensor->name;
-    auto value = std::make_shared<ConstTensor>();
-    value->type = first->value.elemType();
-    value->shape = p.value.shape();
-    const cpu::Tensor &cast = p.as(first->value.elemType()).first;
-    value->floats.resize(cast.numElements());
-    for (int64_t i = 0; i < cast.numElements(); ++i)
-      value->floats[i] = cast.getDouble(i);
-    fold.value = std::move(value);
+    fold.value = constantOf(p.as(first->value.elemType()).first, first->value.elemType());
     fold.places = std::move(p.places);
+    folds.push_back(std::move(fold));
+  }
+  return folds;
+}
+
+Expected<std::map<std::string, std::vector<ParamSplit>>> guessMergedSplits(const Graph &graph) {
+  std::map<std::string, std::vector<ParamSplit>> splits;
+  auto weights = graphWeights(graph);
+  if (!weights)
+    return weights.takeError();
+  std::vector<bool> data = dataWeights(graph);
+  std::map<std::string, std::vector<Reader>> readers = readersOf(*graph.model);
+  for (const Weight &w : *weights) {
+    int id = graph.findValue(w.name);
+    auto it = readers.find(w.name);
+    if (data[id] || w.value.numElements() < 2 || !oneValue(w.value) || it == readers.end())
+      continue;
+    std::vector<std::string> modules; // in the order of their first reads
+    std::vector<ParamSplit> mine;
+    for (const Reader &r : it->second) {
+      std::string module =
+          r.scope.empty() ? formatv("node {0} input {1}", r.node, r.input).str() : r.scope;
+      auto at = find(modules, module);
+      if (at == modules.end()) {
+        modules.push_back(module);
+        ParamSplit split;
+        split.param = module;
+        split.copy = w.name + "." + (r.scope.empty() ? std::to_string(modules.size()) : module);
+        split.guessed = true;
+        mine.push_back(std::move(split));
+        at = modules.end() - 1;
+      }
+      mine[at - modules.begin()].readers.push_back({r.node, r.input});
+    }
+    if (mine.size() >= 2)
+      splits[w.name] = std::move(mine);
+  }
+  return splits;
+}
+
+namespace {
+
+/// \p t with every axis along which it holds equal copies (all its slices
+/// alike) cut to its first slice, of size 1.
+cpu::Tensor broadcastCore(const cpu::Tensor &t) {
+  cpu::Tensor core = t;
+  std::vector<int64_t> shape = t.shape();
+  for (size_t axis = 0; axis < shape.size(); ++axis) {
+    if (shape[axis] < 2)
+      continue;
+    int64_t outer = 1, inner = 1;
+    for (size_t a = 0; a < axis; ++a)
+      outer *= shape[a];
+    for (size_t a = axis + 1; a < shape.size(); ++a)
+      inner *= shape[a];
+    int64_t n = shape[axis];
+    bool copies = true;
+    for (int64_t o = 0; o < outer && copies; ++o)
+      for (int64_t i = 1; i < n && copies; ++i)
+        for (int64_t k = 0; k < inner && copies; ++k)
+          copies = core.getDouble((o * n + i) * inner + k) == core.getDouble(o * n * inner + k);
+    if (!copies)
+      continue;
+    std::vector<int64_t> cut = shape;
+    cut[axis] = 1;
+    cpu::Tensor first(core.elemType(), cut);
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t k = 0; k < inner; ++k)
+        first.setDouble(o * inner + k, core.getDouble(o * n * inner + k));
+    core = std::move(first);
+    shape = std::move(cut);
+  }
+  return core;
+}
+
+} // namespace
+
+Expected<std::vector<ParamFold>> guessParamFolds(const Graph &graph,
+                                                 const std::set<std::string> &decided) {
+  auto weights = graphWeights(graph);
+  if (!weights)
+    return weights.takeError();
+  std::vector<bool> data = dataWeights(graph);
+  std::map<std::string, std::vector<Reader>> readers = readersOf(*graph.model);
+  struct Group {
+    std::string first, module;
+    Param param;
+    std::vector<plan::ParamPlace> places;
+  };
+  std::vector<Group> groups;
+  std::multimap<uint64_t, size_t> byPrint; // fingerprint of the core -> group
+  for (const Weight &w : *weights) {
+    if (w.value.numElements() < 2 || oneValue(w.value) || decided.count(w.name))
+      continue;
+    // The one module whose nodes read it, if the file records one.
+    std::set<std::string> modules;
+    for (const Reader &r : readers[w.name])
+      modules.insert(r.scope);
+    std::string module = modules.size() == 1 ? *modules.begin() : "";
+    cpu::Tensor core = broadcastCore(w.value);
+    // Data of one entry per sample that holds equal entries is a parameter
+    // broadcast over the batch (a token type row expanded to [B, S, H]);
+    // a mask's fill is never one.
+    bool overBatch = w.value.shape()[0] > 1 && core.shape()[0] == 1;
+    for (int64_t i = 0; i < w.value.numElements() && overBatch; ++i)
+      overBatch = std::isfinite(w.value.getDouble(i)) && std::abs(w.value.getDouble(i)) < 1e30;
+    if (data[graph.findValue(w.name)] && !overBatch)
+      continue;
+    uint64_t print = fingerprint(core);
+    bool placed = false;
+    for (auto [it, end] = byPrint.equal_range(print); it != end && !placed && !module.empty();
+         ++it) {
+      Group &g = groups[it->second];
+      if (g.module != module)
+        continue;
+      std::vector<plan::ParamPlace> found = findPlaces(w, g.param);
+      if (!found.empty()) {
+        g.places.push_back(std::move(found.front()));
+        placed = true;
+      }
+    }
+    if (placed)
+      continue;
+    Group g;
+    g.first = w.name;
+    g.module = module;
+    g.param.value = std::move(core);
+    std::vector<plan::ParamPlace> found = findPlaces(w, g.param);
+    if (found.empty())
+      continue;
+    g.places.push_back(std::move(found.front()));
+    byPrint.insert({print, groups.size()});
+    groups.push_back(std::move(g));
+  }
+  std::vector<ParamFold> folds;
+  for (Group &g : groups) {
+    bool broadcast = any_of(g.places.front().steps(),
+                            [](const plan::ParamStep &s) { return s.has_broadcast(); });
+    if (g.places.size() < 2 && !broadcast)
+      continue;
+    ParamFold fold;
+    fold.param = g.first;
+    fold.value = constantOf(g.param.value, g.param.value.elemType());
+    fold.places = std::move(g.places);
+    fold.guessed = true;
     folds.push_back(std::move(fold));
   }
   return folds;

@@ -70,6 +70,31 @@ llvm::Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph,
                                                       std::set<std::string> &matched,
                                                       bool &everyParamHeld);
 
+/// Without a checkpoint, the merges structure shows: each float initializer
+/// of \p graph that holds one value everywhere (a fresh model's norm scales,
+/// all ones) and is read by the nodes of several modules is the exporter's
+/// merge of one parameter per module. Each module gets a split (guessed),
+/// as splitMergedParams' are; a read whose module the file does not record
+/// is a module of its own.
+llvm::Expected<std::map<std::string, std::vector<ParamSplit>>>
+guessMergedSplits(const Graph &graph);
+
+/// Without a checkpoint, the folds structure shows in \p graph, but for the
+/// weights tie-weights \p decided on (its copies, folded ties):
+///  - float initializers that hold equal values, as they are or transposed,
+///    and are read by the nodes of one module, the same for all, are that
+///    module's one parameter, exported once per call (ALBERT's layer group,
+///    called by every layer). Equal values read by different modules are
+///    different parameters (a decoder initialised from its encoder);
+///  - one that holds equal copies along an axis is one parameter broadcast
+///    (a class token expanded over the batch).
+/// Values of one number everywhere are no evidence and are left out; so is
+/// data (dataWeights), but for entries per sample that are equal copies (a
+/// token type row expanded over the batch). Each fold names its first
+/// weight as the parameter and is marked guessed.
+llvm::Expected<std::vector<ParamFold>> guessParamFolds(const Graph &graph,
+                                                       const std::set<std::string> &decided);
+
 /// Fills \p plan's param_map from the safetensors file \p checkpoint.
 /// Errors: the file cannot be read, or it shares no tensor with the model.
 llvm::Expected<ParamMapSummary> mapParams(plan::Plan &plan, llvm::StringRef checkpoint);

@@ -66,7 +66,34 @@ Error trainParamsStep(Prepared &out, const CompileOptions &options, PassRunner &
   if (!options.training)
     return runner.skip("train-params", "inference (--mode infer) trains no weights");
   if (options.params.empty())
-    return runner.skip("train-params", "no --params checkpoint names the parameters");
+    return runner.run(
+        "train-params",
+        [&]() -> Error {
+          std::set<std::string> decided; // what tie-weights did stays
+          for (const SharedWeight &w : out.ties.shared)
+            decided.insert(w.copies.begin(), w.copies.end());
+          for (const FoldedTie &t : out.ties.folded) {
+            decided.insert(t.head);
+            decided.insert(t.embedding);
+          }
+          auto folds = guessParamFolds(out.graph, decided);
+          if (!folds)
+            return folds.takeError();
+          auto rewrites = trainParams(out.graph, out.layers, *folds);
+          if (!rewrites)
+            return rewrites.takeError();
+          out.paramRewrites = std::move(*rewrites);
+          return Error::success();
+        },
+        [&] {
+          return formatv("parameters guessed from structure (no --params) {0}",
+                         out.paramRewrites.size())
+              .str();
+        },
+        [&](raw_ostream &os) {
+          printParamRewrites(out.paramRewrites, os);
+          out.layers.print(os);
+        });
   return runner.run(
       "train-params",
       [&]() -> Error {

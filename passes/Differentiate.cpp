@@ -99,6 +99,23 @@ bool holdsMaskFill(const Graph &graph, int id) {
   return false;
 }
 
+/// Whether Constant node tensor \p id is a fill: rank 2 or more, one value
+/// everywhere. An exporter writes what the model computed as torch.zeros of
+/// an activation's shape so (T5's cross-attention position bias); it
+/// writes parameters as initializers.
+bool computedFill(const Graph &graph, int id) {
+  const Value &v = graph.values[id];
+  if (v.shape.size() < 2 || v.numElements() < 2 || v.numElements() > (int64_t(1) << 26))
+    return false;
+  auto t = graph.readConstant(id, int64_t(1) << 26);
+  if (!t) {
+    consumeError(t.takeError());
+    return false;
+  }
+  const std::vector<double> &x = (*t)->floats;
+  return !x.empty() && all_of(x, [&](double e) { return e == x[0]; });
+}
+
 /// Initializers that hold the cosine and the sine of the same angles: pairs
 /// of one shape (rank 2 or more) with c^2 + s^2 = 1 in every element and
 /// values other than 0 and +-1. They are rotary position tables, which an
@@ -106,7 +123,8 @@ bool holdsMaskFill(const Graph &graph, int id) {
 /// dynamo export does for Llama, Gemma, Qwen, Falcon); like the inputs of Sin
 /// and Cos (the Table flag) they get no gradient. No pair of trained
 /// parameters holds such values, and a fresh model's norm scales and biases
-/// (ones and zeros, of rank 1) are no such pair.
+/// (ones and zeros, of rank 1) are no such pair. So is one initializer that
+/// holds both halves, sines and cosines, along its last axis.
 std::vector<int> foldedRotaryTables(const Graph &graph) {
   constexpr int64_t kMaxElements = int64_t(1) << 22;
   std::map<std::vector<int64_t>, std::vector<int>> byShape;
@@ -123,7 +141,7 @@ std::vector<int> foldedRotaryTables(const Graph &graph) {
   }
   std::vector<int> tables;
   for (const auto &[shape, ids] : byShape) {
-    if (ids.size() < 2 || ids.size() > 32)
+    if (ids.size() > 32)
       continue;
     std::vector<std::shared_ptr<const ConstTensor>> read;
     for (int id : ids) {
@@ -139,6 +157,22 @@ std::vector<int> foldedRotaryTables(const Graph &graph) {
       for (double x : (*t)->floats)
         varied |= std::abs(x) > 1e-3 && std::abs(x) < 1 - 1e-3;
       read.push_back(varied ? *t : nullptr);
+    }
+    // One table of both, the sines then the cosines along its last axis
+    // (GPT-J's embed_positions, split where it is read).
+    int64_t last = shape.back();
+    for (size_t i = 0; i < ids.size() && last % 2 == 0; ++i) {
+      if (!read[i])
+        continue;
+      const std::vector<double> &x = read[i]->floats;
+      bool unit = true;
+      for (size_t k = 0; k < x.size() && unit; k += last)
+        for (int64_t j = 0; j < last / 2 && unit; ++j) {
+          double a = x[k + j], b = x[k + last / 2 + j];
+          unit = std::abs(a * a + b * b - 1) <= 1e-5;
+        }
+      if (unit)
+        tables.push_back(ids[i]);
     }
     for (size_t i = 0; i < ids.size(); ++i)
       for (size_t j = i + 1; j < ids.size(); ++j) {
@@ -157,6 +191,30 @@ std::vector<int> foldedRotaryTables(const Graph &graph) {
   return tables;
 }
 
+} // namespace
+
+std::vector<bool> dataWeights(const Graph &graph) {
+  int64_t batch = 0; // the graph inputs' first dimension
+  for (int id : graph.inputs)
+    if (!graph.values[id].shape.empty())
+      batch = std::max(batch, graph.values[id].shape[0]);
+  std::vector<bool> data(graph.values.size(), false);
+  for (int id : foldedRotaryTables(graph))
+    data[id] = true;
+  int initializers = graph.model ? graph.model->graph().initializer_size() : 0;
+  for (size_t v = 0; v < graph.values.size(); ++v) {
+    const Value &value = graph.values[v];
+    if (value.kind == ValueKind::Weight && value.producer < 0 && isFloatDType(value.type) &&
+        (perSample(graph, static_cast<int>(v), batch) ||
+         holdsMaskFill(graph, static_cast<int>(v)) ||
+         (value.tensorIndex >= initializers && computedFill(graph, static_cast<int>(v)))))
+      data[v] = true;
+  }
+  return data;
+}
+
+namespace {
+
 /// Which values carry a gradient, and the inputs of Table ops that get none.
 struct GradientPath {
   std::vector<bool> needsGrad;
@@ -171,20 +229,13 @@ GradientPath markGradientPath(const Graph &graph, bool graphInputGrads) {
   GradientPath path;
   std::vector<bool> &needsGrad = path.needsGrad;
   needsGrad.assign(graph.values.size(), false);
-  int64_t batch = 0; // the graph inputs' first dimension
-  for (int id : graph.inputs)
-    if (!graph.values[id].shape.empty())
-      batch = std::max(batch, graph.values[id].shape[0]);
-  std::vector<bool> rotary(graph.values.size(), false);
-  for (int id : foldedRotaryTables(graph)) {
-    rotary[id] = true;
+  std::vector<bool> isData = dataWeights(graph);
+  for (int id : foldedRotaryTables(graph))
     path.tables.push_back(id);
-  }
   for (size_t v = 0; v < graph.values.size(); ++v) {
     const Value &value = graph.values[v];
-    bool trainable = value.kind == ValueKind::Weight && value.producer < 0 && !rotary[v] &&
-                     isFloatDType(value.type) && !perSample(graph, static_cast<int>(v), batch) &&
-                     !holdsMaskFill(graph, static_cast<int>(v));
+    bool trainable = value.kind == ValueKind::Weight && value.producer < 0 && !isData[v] &&
+                     isFloatDType(value.type);
     bool input = graphInputGrads && value.kind == ValueKind::Input;
     needsGrad[v] = isFloatDType(value.type) && (trainable || input);
   }

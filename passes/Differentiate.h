@@ -185,6 +185,13 @@ struct LossChoice {
   std::string reason;
 };
 
+/// The float initializers of \p graph that are data, not parameters, and
+/// get no gradient: rotary position tables an exporter folded, tensors of
+/// one entry per sample (a batch's attention mask, a folded zeros_like),
+/// masks (filled with infinities or the lowest float), and Constant node
+/// fills (one value everywhere, rank 2 or more: a computed torch.zeros).
+std::vector<bool> dataWeights(const Graph &graph);
+
 /// Chooses the loss of \p graph (after infer-shapes) by structure, never
 /// by a name:
 ///  - the loss is the graph output that is a float scalar (rank 0 or one

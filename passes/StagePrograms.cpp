@@ -675,8 +675,8 @@ void addTrainable(plan::Plan &plan, const Graph &graph, const Backward &backward
   if (!noPath.empty())
     note += "; not trained, the loss does not depend on them through differentiable ops "
             "(shapes, masks, comparisons), they hold one entry per sample (a batch's "
-            "attention mask, a folded zeros_like) or they are masks (filled with infinities "
-            "or the lowest float): " +
+            "attention mask, a folded zeros_like), they are masks (filled with infinities "
+            "or the lowest float) or Constant nodes of one value (a computed zeros): " +
             join(noPath, ", ");
   if (!byFreeze.empty() || !tables.empty() || !running.empty() || !noPath.empty())
     plan.add_warnings(note);

@@ -200,6 +200,7 @@ std::optional<SharedWeight> splitByParams(Graph &graph, const std::string &name,
       continue;
     copyFor(graph, id, split.copy, mine, shared);
     shared.params.push_back(split.param);
+    shared.guessed = split.guessed;
   }
   if (shared.copies.empty())
     return std::nullopt;
@@ -306,7 +307,14 @@ std::vector<std::string> tieWarnings(const TieReport &report,
     if (!(untied ? any_of(s.copies, trained) : trained(s.name)))
       continue;
     std::string layers = join(s.layerNames, ", ");
-    if (!s.params.empty())
+    if (s.guessed)
+      out.push_back(formatv("weight '{0}' holds one value everywhere and is read by {1} modules "
+                            "({2}); guessed to be the exporter's merge of {1} parameters, one "
+                            "per module, and trained as {1} copies, {3}; pass --params to "
+                            "decide from the checkpoint",
+                            s.name, s.params.size(), join(s.params, ", "), join(s.copies, ", "))
+                        .str());
+    else if (!s.params.empty())
       out.push_back(formatv("weight '{0}' holds {1} parameters of --params, which the exporter "
                             "merged (equal values: {2}); trained as {1} copies, {3}",
                             s.name, s.params.size(), join(s.params, ", "), join(s.copies, ", "))

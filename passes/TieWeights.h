@@ -55,6 +55,8 @@ struct ParamSplit {
   std::string param; ///< the checkpoint's name
   std::string copy;  ///< the weight its readers read instead
   std::vector<WeightReader> readers;
+  /// From structure alone (no --params): `param` is the reading module.
+  bool guessed = false;
 };
 
 /// Which weights `--untie` names: names, and "all" for every shared
@@ -79,8 +81,10 @@ struct SharedWeight {
   /// with the readers that read it.
   std::vector<std::string> copies;
   std::vector<std::vector<WeightReader>> copyReaders;
-  /// Split by parameter (TieOptions::splits): the copies' parameters.
+  /// Split by parameter (TieOptions::splits): the copies' parameters, or
+  /// with `guessed` their modules.
   std::vector<std::string> params;
+  bool guessed = false;
 };
 
 /// A folded tie: \p head holds the transpose of \p embedding.

@@ -102,6 +102,19 @@ public:
         shape[step.broadcast().axis()] = step.broadcast().size();
         x = op("Expand", {x, ints(shape, {static_cast<int64_t>(shape.size())})}, shape);
         break;
+      case plan::ParamStep::kTake: {
+        const plan::Take &take = step.take();
+        int flat = op("Reshape", {x, ints({-1})}, {graph.values[x].numElements()});
+        std::vector<int64_t> to(take.shape().begin(), take.shape().end());
+        std::vector<int64_t> indices(take.indices().begin(), take.indices().end());
+        x = op("Gather", {flat, ints(std::move(indices), to)}, to, [](onnx::NodeProto &n) {
+          onnx::AttributeProto &a = *n.add_attribute();
+          a.set_name("axis");
+          a.set_type(onnx::AttributeProto::INT);
+          a.set_i(0);
+        });
+        break;
+      }
       case plan::ParamStep::STEP_NOT_SET:
         break;
       }
@@ -221,6 +234,7 @@ Expected<std::vector<ParamRewrite>> trainParams(Graph &graph, LayerGraph &layers
       continue;
     ParamRewrite rewrite;
     rewrite.param = fold.param;
+    rewrite.guessed = fold.guessed;
     if (kind == Rewrite::Merge) {
       rewrite.weight = fold.places[0].weight();
       for (size_t i = 1; i < fold.places.size(); ++i) {
@@ -234,7 +248,7 @@ Expected<std::vector<ParamRewrite>> trainParams(Graph &graph, LayerGraph &layers
       rewrite.readers = static_cast<int>(fold.places.size());
     } else {
       rewrite.newWeight = true;
-      rewrite.weight = freshName(graph, fold.param);
+      rewrite.weight = freshName(graph, fold.guessed ? fold.param + ".param" : fold.param);
       int param = graph.addValue(rewrite.weight, ValueKind::Weight);
       Value &v = graph.values[param];
       v.type = type;
@@ -276,6 +290,8 @@ std::string describe(const plan::ParamPlace &place) {
           formatv("{0} copies along axis {1}", step.broadcast().size(), step.broadcast().axis()));
     else if (step.step_case() == plan::ParamStep::kAdd)
       parts.push_back(formatv("{0} + w", step.add()));
+    else if (step.has_take())
+      parts.push_back(formatv("a gather of {0} entries", step.take().indices_size()));
   }
   return parts.empty() ? "a copy" : join(parts, ", ");
 }
@@ -287,16 +303,30 @@ void describeParamRewrites(plan::Plan &plan, const std::vector<ParamRewrite> &re
     std::vector<std::string> held;
     for (const plan::ParamPlace &place : r.places)
       held.push_back(formatv("'{0}' ({1})", place.weight(), describe(place)));
-    plan.add_warnings(
-        r.newWeight
-            ? formatv("--params: parameter '{0}' trains as weight '{1}', read by {2} modules "
-                      "through nodes; the exporter folded it into {3}",
-                      r.param, r.weight, r.readers, join(held, ", "))
-                  .str()
-            : formatv("--params: parameter '{0}' trains as weight '{1}', read in place of {2}: "
-                      "the exporter wrote one copy per reader",
-                      r.param, r.weight, join(held, ", "))
-                  .str());
+    if (r.guessed)
+      plan.add_warnings(
+          r.newWeight
+              ? formatv("guessed without --params: {0} hold{1} one parameter, which trains as "
+                        "weight '{2}', read by {3} modules through nodes; pass --params to "
+                        "decide from the checkpoint",
+                        join(held, ", "), r.places.size() == 1 ? "s" : "", r.weight, r.readers)
+                    .str()
+              : formatv("guessed without --params: '{0}' and {1} hold equal values, one "
+                        "parameter, which trains as '{0}'; pass --params to decide from the "
+                        "checkpoint",
+                        r.weight, join(held, ", "))
+                    .str());
+    else
+      plan.add_warnings(
+          r.newWeight
+              ? formatv("--params: parameter '{0}' trains as weight '{1}', read by {2} modules "
+                        "through nodes; the exporter folded it into {3}",
+                        r.param, r.weight, r.readers, join(held, ", "))
+                    .str()
+              : formatv("--params: parameter '{0}' trains as weight '{1}', read in place of {2}: "
+                        "the exporter wrote one copy per reader",
+                        r.param, r.weight, join(held, ", "))
+                    .str());
     for (const plan::ParamPlace &place : r.places) {
       plan::WeightTie &t = *plan.add_ties();
       t.set_weight(place.weight());

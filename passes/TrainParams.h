@@ -54,6 +54,8 @@ struct ParamFold {
   std::shared_ptr<const ConstTensor> value;
   /// Each weight that holds it, with the steps from the parameter to it.
   std::vector<plan::ParamPlace> places;
+  /// From structure alone (no --params): `param` names the first weight.
+  bool guessed = false;
 };
 
 /// What train-params did to one parameter.
@@ -63,6 +65,7 @@ struct ParamRewrite {
   /// the first weight of `places` when they all hold it alike.
   std::string weight;
   bool newWeight = false;
+  bool guessed = false; ///< ParamFold::guessed
   /// The weights that held it before, each with its steps from `weight`.
   std::vector<plan::ParamPlace> places;
   /// The layers whose nodes now read `weight`.

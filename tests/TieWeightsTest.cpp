@@ -38,7 +38,8 @@ void fill(onnx::TensorProto &t, float base, float scale, int seed) {
 /// loss compile adds: normLoss).
 /// With \p shared, the three LayerNormalizations read one scale, "ln.weight",
 /// as a torch export of a fresh model does; else each its own, equal to it.
-void writeNormModel(const std::string &path, bool shared) {
+/// With \p ones, the scales hold 1 everywhere, as a fresh model's do.
+void writeNormModel(const std::string &path, bool shared, bool ones = false) {
   GraphBuilder b;
   b.input("x", onnx::TensorProto::FLOAT, {-1, 8}, {"batch"});
   b.input("labels", onnx::TensorProto::FLOAT, {-1, 8}, {"batch"});
@@ -46,7 +47,7 @@ void writeNormModel(const std::string &path, bool shared) {
   for (int l = 0; l < 3; ++l) {
     std::string scale = shared ? "ln.weight" : llvm::formatv("layers.{0}.ln.weight", l).str();
     if (!shared || l == 0)
-      fill(b.weight(scale, {8}), 1.0f, 0.1f, 0);
+      fill(b.weight(scale, {8}), 1.0f, ones ? 0.0f : 0.1f, 0);
     std::string bias = llvm::formatv("layers.{0}.ln.bias", l).str();
     std::string fc = llvm::formatv("layers.{0}.fc.weight", l).str();
     fill(b.weight(bias, {8}), 0.0f, 0.1f, 10 + l);
@@ -221,6 +222,43 @@ TEST(TieWeights, UntiedCopiesTrainAsSeparateWeights) {
       sum +=
           separateOut[llvm::formatv("layers.{0}.ln.weight", l).str()][i] - before["ln.weight"][i];
     EXPECT_NEAR(tiedOut["ln.weight"][i], sum, 1e-5) << i;
+  }
+}
+
+/// Without --params, a shared scale of one value everywhere is the
+/// exporter's merge of one scale per module: each module trains its own
+/// copy, as the model written with separate scales trains them, and compile
+/// says it guessed.
+TEST(TieWeights, OneValueSharedByModulesSplitsWithoutParams) {
+  TempDir dir;
+  std::string shared = dir.path("shared.onnx"), separate = dir.path("separate.onnx"), out;
+  writeNormModel(shared, /*shared=*/true, /*ones=*/true);
+  writeNormModel(separate, /*shared=*/false, /*ones=*/true);
+  for (const std::string &tag : {std::string("shared"), std::string("separate")}) {
+    ASSERT_EQ(compile(dir.path(tag + ".onnx"), normLoss, dir.path(tag + ".plan"), out), 0) << out;
+    ASSERT_EQ(runCommand(pipecBinary + " run " + dir.path(tag + ".plan") +
+                             " --steps 1 --lr 0.1 --seed 7 --quiet --save-weights " +
+                             dir.path(tag + ".out.onnx") + " --metrics " + dir.path(tag + ".jsonl"),
+                         out),
+              0)
+        << out;
+  }
+  plan::Plan plan = readCompiled(dir.path("shared.plan"));
+  EXPECT_TRUE(hasWarning(plan, "weight 'ln.weight' holds one value everywhere and is read by 3 "
+                               "modules (layers.0.ln, layers.1.ln, layers.2.ln); guessed to be "
+                               "the exporter's merge of 3 parameters"))
+      << out;
+  EXPECT_TRUE(hasWarning(plan, "pass --params to decide from the checkpoint"));
+  EXPECT_FALSE(trains(plan, "ln.weight"));
+  EXPECT_EQ(readFile(dir.path("shared.jsonl")), readFile(dir.path("separate.jsonl")));
+  auto got = floatInitializers(dir.path("shared.out.onnx"));
+  auto want = floatInitializers(dir.path("separate.out.onnx"));
+  for (int l = 0; l < 3; ++l) {
+    const std::vector<float> &copy = got[llvm::formatv("ln.weight.layers.{0}.ln", l).str()];
+    const std::vector<float> &scale = want[llvm::formatv("layers.{0}.ln.weight", l).str()];
+    ASSERT_EQ(copy.size(), 8u) << l;
+    EXPECT_EQ(copy, scale) << l;
+    EXPECT_NE(copy, std::vector<float>(8, 1.0f)) << "copy " << l << " trained";
   }
 }
 

@@ -26,7 +26,8 @@ compares with torch's full-batch step:
               gradient moves that element by up to lr in either framework); every parameter
               torch changes must change
               Rows torch never trains (nn.Embedding's padding_idx, which the exported Gather
-              does not carry: NAME.json's padding_rows) are left out of sgd1 and adamw3.
+              does not carry: NAME.json's padding_rows) are named by --pad-row for the user
+              exports, and compared like any other; elsewhere left out of sgd1 and adamw3.
   padded      the language models once more on NAME.padded.data, 16 samples whose padding
               (-100 labels) differs per microbatch, one microbatch of a causal model counting
               no label at all, against torch's SGD step on all 16 at once
@@ -97,17 +98,7 @@ INFER_STAGES = [1, 2, 4]
 
 # Known differences, by ONNX file or (ONNX file, configuration): a case here that differs is
 # "known", not "wrong"; one that matches fails the run until it is taken off the list.
-FOLDED = ("the exporter's default optimisation folded a parameter into another tensor ({0}); "
-          "the graph trains that tensor, and AdamW's per-element steps and decoupled decay of it "
-          "are not those of the parameter")
-KNOWN = {
-    ("user_t5.onnx", "P2-1f1b-adamw"): FOLDED.format(
-        "the relative position bias table as its [1, heads, S, S] gather"),
-    ("user_roberta_mlm.onnx", "P2-1f1b-adamw"):
-        "nn.Embedding's padding_idx (the exported Gather has none) keeps torch from training "
-        "the padding rows, which the batch reads; after the first step the two trainings "
-        "see different weights",
-}
+KNOWN = {}
 
 
 # The AdamW differences above are the graph's, whatever the optimizer state's layout.
@@ -194,6 +185,10 @@ def check_train(onnx_path, base, flags, optimizer, work):
         save_file({k[len("init/"):]: np.ascontiguousarray(npz[k]) for k in npz.keys()
                    if k.startswith("init/")}, params, metadata={"format": "pt"})
         flags = flags + ["--params", params]
+        # nn.Embedding's padding_idx, which the exported Gather does not carry: the user
+        # names the rows (the config's pad_token_id does the same beside a checkpoint).
+        for p, rows in meta.get("padding_rows", {}).items():
+            flags += sum((["--pad-row", "%s=%d" % (p, r)] for r in rows), [])
     pipec(["compile", onnx_path, "-o", plan, "--mode", "train", "--optimizer", optimizer]
           + flags, work)
     steps = 3 if optimizer == "adamw" else 1
@@ -216,7 +211,7 @@ def check_train(onnx_path, base, flags, optimizer, work):
     key = "adamw3/" if optimizer == "adamw" else "sgd1/"
     tol = 1e-3 if optimizer == "adamw" else 1e-4
     params = where["params"]
-    padding = padding_rows(meta, params)
+    padding = {} if "--pad-row" in flags else padding_rows(meta, params)
     update = np.sqrt(sum(float(np.sum((npz[key + p].astype(np.float64)
                                        - npz["init/" + p]) ** 2)) for p in params))
     worst, total = 0.0, 0.0
@@ -233,14 +228,6 @@ def check_train(onnx_path, base, flags, optimizer, work):
         if p in padding:
             got = got.copy()
             got[padding[p]] = want[padding[p]]
-        gathered = gathered_from(w)
-        if gathered is not None and optimizer == "sgd":
-            # The initializer holds the parameter's elements, some several times: the graph
-            # trains each copy by its own gradient, torch the parameter by their sum. SGD's
-            # steps of the copies, summed back onto the parameter, are torch's step.
-            got, want, init = (gather_sum(got - expected_value(npz, "init/" + p, w), gathered,
-                                          npz[key + p].shape) + npz["init/" + p],
-                               npz[key + p].astype(np.float64), npz["init/" + p])
         err = float(np.linalg.norm((got.astype(np.float64) - want).ravel()))
         worst = max(worst, err / update)
         total += err * err
@@ -349,23 +336,6 @@ def folded_aliases(model, where, npz):
     return out
 
 
-def gathered_from(where):
-    """The flat positions of a parameter an initializer holds, when it holds some several times
-    (a "take" that is not injective: the exporter folded a Gather of a table by constant
-    indices); None otherwise."""
-    steps = transform_of(where)
-    if len(steps) == 1 and "take" in steps[0] and not steps[0]["take"].get("injective", True):
-        return np.asarray(steps[0]["take"]["indices"])
-    return None
-
-
-def gather_sum(delta, indices, shape):
-    """The change of each copy added onto the element of the parameter it copies."""
-    out = np.zeros(int(np.prod(shape)), np.float64)
-    np.add.at(out, indices, delta.astype(np.float64).ravel())
-    return out.reshape(shape)
-
-
 def padding_rows(meta, params):
     """torch parameter -> the rows torch never trains: nn.Embedding(padding_idx=i) keeps row i's
     gradient from the lookup at zero, and the exported Gather carries no padding_idx, so an
@@ -383,8 +353,7 @@ def reload_in_onnxruntime(onnx_path, saved_path, where, npz, data, tied=False, p
     """The model pipec saved runs in onnxruntime, and its loss on the batch equals the loss of
     the original model holding torch's weights after the same step (with tied, the
     initializers an exporter folded from a tied parameter hold its trained transpose too; the
-    padding rows torch never trains, and the copies of an exporter's folded gather, hold what
-    pipec saved)."""
+    padding rows torch never trains, where not named by --pad-row, hold what pipec saved)."""
     saved = onnx.load(saved_path)
     reference = onnx.load(onnx_path)
     by_name = {t.name: t for t in reference.graph.initializer}
@@ -397,9 +366,6 @@ def reload_in_onnxruntime(onnx_path, saved_path, where, npz, data, tied=False, p
             if p in padding:
                 rows = padding[p]
                 value[rows] = numpy_helper.to_array(saved_values[w["initializer"]])[rows]
-            if gathered_from(w) is not None:
-                # The copies train apart (checked summed back onto the parameter above).
-                value = numpy_helper.to_array(saved_values[w["initializer"]])
             by_name[w["initializer"]].CopyFrom(numpy_helper.from_array(
                 np.ascontiguousarray(value), w["initializer"]))
     for name, (p, w) in folded.items():

@@ -143,6 +143,25 @@ Expected<cpu::Tensor> placeParam(const cpu::Tensor &param, const plan::ParamPlac
         t.setDouble(i, static_cast<double>(static_cast<float>(step.add())) + t.getDouble(i));
       t.roundToElemType();
       break;
+    case plan::ParamStep::kTake: {
+      const plan::Take &take = step.take();
+      std::vector<int64_t> to(take.shape().begin(), take.shape().end());
+      int64_t n = 1;
+      for (int64_t d : to)
+        n *= d;
+      if (n != take.indices_size())
+        return stepError(
+            formatv("take of {0} entries into shape {1}", take.indices_size(), shapeText(to)));
+      cpu::Tensor taken(weightType, to);
+      for (int64_t k = 0; k < n; ++k) {
+        int64_t i = take.indices(k);
+        if (i < 0 || i >= t.numElements())
+          return stepError(formatv("take index {0} is outside shape {1}", i, shapeText(shape)));
+        taken.setDouble(k, t.getDouble(i));
+      }
+      t = std::move(taken);
+      break;
+    }
     case plan::ParamStep::STEP_NOT_SET:
       return stepError("a step with no transform");
     }
@@ -175,6 +194,14 @@ Expected<cpu::Tensor> unplaceParam(const cpu::Tensor &weight, const plan::ParamP
       if (step.unsqueeze() < 0 || step.unsqueeze() > int(shape.size()))
         return stepError("unsqueeze does not fit shape " + shapeText(shape));
       shape.insert(shape.begin() + step.unsqueeze(), 1);
+    } else if (step.has_take()) {
+      int64_t n = 1;
+      for (int64_t d : shape)
+        n *= d;
+      for (int64_t i : step.take().indices())
+        if (i < 0 || i >= n)
+          return stepError(formatv("take index {0} is outside shape {1}", i, shapeText(shape)));
+      shape.assign(step.take().shape().begin(), step.take().shape().end());
     }
     shapes.push_back(shape);
   }
@@ -198,9 +225,9 @@ Expected<cpu::Tensor> unplaceParam(const cpu::Tensor &weight, const plan::ParamP
       if (!moved)
         return moved.takeError();
       t = std::move(*moved);
-    } else if (step.has_slice()) {
-      // The rows the slice left out: the checkpoint's, as the optimizer left
-      // a weight that no gradient reached.
+    } else if (step.has_slice() || step.has_take()) {
+      // The entries the slice or the take left out: the checkpoint's, as the
+      // optimizer left a weight that no gradient reached.
       cpu::Tensor whole(cpu::DType::F64, before);
       auto full = placeParam(
           param,
@@ -215,8 +242,13 @@ Expected<cpu::Tensor> unplaceParam(const cpu::Tensor &weight, const plan::ParamP
         return full.takeError();
       for (int64_t i = 0; i < whole.numElements(); ++i)
         whole.setDouble(i, full->getDouble(i) * untrainedFactor);
-      copyRange(t, whole, step.slice().axis(), step.slice().start(), step.slice().stop(),
-                /*fromIsSlice=*/true);
+      if (step.has_slice()) {
+        copyRange(t, whole, step.slice().axis(), step.slice().start(), step.slice().stop(),
+                  /*fromIsSlice=*/true);
+      } else { // each entry read holds it; the first read is taken
+        for (int64_t k = step.take().indices_size(); k-- > 0;)
+          whole.setDouble(step.take().indices(k), t.getDouble(k));
+      }
       t = std::move(whole);
     } else if (step.has_broadcast()) {
       // Every copy holds the parameter: the first is taken.
@@ -265,6 +297,11 @@ std::string describeSteps(const plan::ParamPlace &place) {
       break;
     case plan::ParamStep::kUnsqueeze:
       parts.push_back(formatv("unsqueeze {0}", step.unsqueeze()));
+      break;
+    case plan::ParamStep::kTake:
+      parts.push_back(formatv(
+          "take {0} entries into {1}", step.take().indices_size(),
+          shapeText(std::vector<int64_t>(step.take().shape().begin(), step.take().shape().end()))));
       break;
     case plan::ParamStep::kAdd:
       parts.push_back(formatv("{0} + w", step.add()));
