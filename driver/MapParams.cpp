@@ -717,33 +717,57 @@ Expected<std::vector<Weight>> graphWeights(const Graph &graph) {
 
 } // namespace
 
-Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph, StringRef checkpoint,
-                                                std::set<std::string> &matched,
-                                                bool &everyParamHeld) {
+namespace {
+
+/// A checkpoint, its tensors, and every (weight, parameter) pair that
+/// matches (matchAll). `params` point into `file`.
+struct Matched {
+  rt::SafetensorsFile file;
+  std::vector<Weight> weights;
+  std::vector<Param> params;
+  std::vector<std::vector<Match>> matches;
+};
+
+Expected<std::unique_ptr<Matched>> matchCheckpoint(StringRef checkpoint,
+                                                   Expected<std::vector<Weight>> weights) {
+  if (!weights)
+    return weights.takeError();
   auto file = rt::SafetensorsFile::open(checkpoint);
   if (!file)
     return file.takeError();
-  auto weights = graphWeights(graph);
-  if (!weights)
-    return weights.takeError();
-  auto params = loadParams(*file);
+  auto out = std::make_unique<Matched>(Matched{std::move(*file), std::move(*weights), {}, {}});
+  auto params = loadParams(out->file);
   if (!params)
     return params.takeError();
-  std::vector<std::vector<Match>> matches = matchAll(*weights, *params);
-  for (size_t w = 0; w < weights->size(); ++w)
-    if (!matches[w].empty())
-      matched.insert((*weights)[w].name);
+  out->params = std::move(*params);
+  out->matches = matchAll(out->weights, out->params);
+  return std::move(out);
+}
+
+} // namespace
+
+Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph, StringRef checkpoint,
+                                                std::set<std::string> &matched,
+                                                bool &everyParamHeld) {
+  auto found = matchCheckpoint(checkpoint, graphWeights(graph));
+  if (!found)
+    return found.takeError();
+  std::vector<Weight> &weights = (*found)->weights;
+  std::vector<Param> &params = (*found)->params;
+  for (size_t w = 0; w < weights.size(); ++w)
+    if (!(*found)->matches[w].empty())
+      matched.insert(weights[w].name);
   std::vector<std::string> problems; // mapParams reports them on the plan
-  choose(*weights, *params, matches, readerScopes(graph.path), problems);
+  choose(weights, params, (*found)->matches, readerScopes(graph.path), problems);
   std::vector<ParamFold> folds;
   everyParamHeld = true;
-  for (Param &p : *params) {
+  for (Param &p : params) {
     if (p.places.empty()) {
       everyParamHeld = everyParamHeld && !cpu::isFloating(p.value.elemType());
       continue;
     }
     const Weight *first = nullptr;
-    for (const Weight &w : *weights)
+    for (const Weight &w : weights)
       if (w.name == p.places[0].weight())
         first = &w;
     ParamFold fold;
@@ -901,16 +925,13 @@ Expected<std::vector<ParamFold>> guessParamFolds(const Graph &graph,
 }
 
 Expected<ParamMapSummary> mapParams(plan::Plan &plan, StringRef checkpoint) {
-  auto file = rt::SafetensorsFile::open(checkpoint);
-  if (!file)
-    return file.takeError();
-  auto weights = loadWeights(plan);
-  if (!weights)
-    return weights.takeError();
-  auto params = loadParams(*file);
-  if (!params)
-    return params.takeError();
-  std::vector<std::vector<Match>> matches = matchAll(*weights, *params);
+  auto found = matchCheckpoint(checkpoint, loadWeights(plan));
+  if (!found)
+    return found.takeError();
+  rt::SafetensorsFile *file = &(*found)->file;
+  std::vector<Weight> *weights = &(*found)->weights;
+  std::vector<Param> *params = &(*found)->params;
+  std::vector<std::vector<Match>> &matches = (*found)->matches;
   ParamMapSummary summary;
   std::map<std::string, std::set<std::string>> scopes = readerScopes(plan.model().path());
   choose(*weights, *params, matches, scopes, summary.problems);

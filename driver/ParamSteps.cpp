@@ -60,15 +60,21 @@ std::optional<std::pair<int64_t, int64_t>> configPadding(StringRef params) {
 
 } // namespace
 
-/// train-params (train mode with --params): each parameter of the
-/// checkpoint that the exporter folded trains as itself.
+/// train-params (train mode): each parameter of the --params checkpoint
+/// that the exporter folded trains as itself; without one, each parameter
+/// the graph's structure shows (guessParamFolds).
 Error trainParamsStep(Prepared &out, const CompileOptions &options, PassRunner &runner) {
   if (!options.training)
     return runner.skip("train-params", "inference (--mode infer) trains no weights");
-  if (options.params.empty())
-    return runner.run(
-        "train-params",
-        [&]() -> Error {
+  // Without a checkpoint, what the graph's structure shows (guessed).
+  bool guess = options.params.empty();
+  return runner.run(
+      "train-params",
+      [&]() -> Error {
+        std::set<std::string> holding; // weights that hold some parameter's values
+        bool everyParamHeld = false;
+        Expected<std::vector<ParamFold>> folds = std::vector<ParamFold>();
+        if (guess) {
           std::set<std::string> decided; // what tie-weights did stays
           for (const SharedWeight &w : out.ties.shared)
             decided.insert(w.copies.begin(), w.copies.end());
@@ -76,36 +82,18 @@ Error trainParamsStep(Prepared &out, const CompileOptions &options, PassRunner &
             decided.insert(t.head);
             decided.insert(t.embedding);
           }
-          auto folds = guessParamFolds(out.graph, decided);
-          if (!folds)
-            return folds.takeError();
-          auto rewrites = trainParams(out.graph, out.layers, *folds);
-          if (!rewrites)
-            return rewrites.takeError();
-          out.paramRewrites = std::move(*rewrites);
-          return Error::success();
-        },
-        [&] {
-          return formatv("parameters guessed from structure (no --params) {0}",
-                         out.paramRewrites.size())
-              .str();
-        },
-        [&](raw_ostream &os) {
-          printParamRewrites(out.paramRewrites, os);
-          out.layers.print(os);
-        });
-  return runner.run(
-      "train-params",
-      [&]() -> Error {
-        std::set<std::string> holding; // weights that hold some parameter's values
-        bool everyParamHeld = false;
-        auto folds = findParamFolds(out.graph, options.params, holding, everyParamHeld);
+          folds = guessParamFolds(out.graph, decided);
+        } else {
+          folds = findParamFolds(out.graph, options.params, holding, everyParamHeld);
+        }
         if (!folds)
           return folds.takeError();
         auto rewrites = trainParams(out.graph, out.layers, *folds);
         if (!rewrites)
           return rewrites.takeError();
         out.paramRewrites = std::move(*rewrites);
+        if (guess)
+          return Error::success();
         for (const ParamFold &fold : *folds)
           if (fold.places.size() == 1)
             out.paramWeights[fold.param] = fold.places[0].weight();
@@ -136,8 +124,9 @@ Error trainParamsStep(Prepared &out, const CompileOptions &options, PassRunner &
       [&] {
         int fresh = static_cast<int>(
             count_if(out.paramRewrites, [](const ParamRewrite &r) { return r.newWeight; }));
-        return formatv("parameters rewritten {0}: {1} read through nodes, {2} merged copies",
-                       out.paramRewrites.size(), fresh, out.paramRewrites.size() - fresh)
+        return formatv("parameters rewritten {0}{3}: {1} read through nodes, {2} merged copies",
+                       out.paramRewrites.size(), fresh, out.paramRewrites.size() - fresh,
+                       guess ? " (guessed from structure, no --params)" : "")
             .str();
       },
       [&](raw_ostream &os) {

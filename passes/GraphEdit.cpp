@@ -1,5 +1,6 @@
 //===- GraphEdit.cpp - Small edits of a Graph that passes share ----------===//
 #include "passes/GraphEdit.h"
+#include "passes/GroupLayers.h"
 
 #include "onnx/onnx_pb.h"
 
@@ -36,6 +37,17 @@ void rewire(Graph &graph, int o, int slot, int id) {
   Op &op = graph.ops[o];
   op.inputs[slot] = id;
   graph.model->mutable_graph()->mutable_node(op.nodeIndex)->set_input(slot, graph.values[id].name);
+}
+
+llvm::Error regroupAfter(Graph &graph, LayerGraph &layers, llvm::StringRef pass) {
+  if (llvm::Error err = verifyGraph(graph, /*requireShapes=*/true))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s: %s", pass.str().c_str(),
+                                   llvm::toString(std::move(err)).c_str());
+  auto regrouped = groupLayers(graph);
+  if (!regrouped)
+    return regrouped.takeError();
+  layers = std::move(*regrouped);
+  return llvm::Error::success();
 }
 
 } // namespace pipec

@@ -9,6 +9,9 @@
 #define PIPEC_PASSES_GRAPHEDIT_H
 
 #include "compiler/ir/Graph.h"
+#include "compiler/ir/LayerGraph.h"
+
+#include "llvm/Support/Error.h"
 
 #include <string>
 #include <utility>
@@ -28,6 +31,10 @@ std::string freshName(const Graph &graph, const std::string &base);
 /// Points input \p slot of op \p o at value \p id, in the op and its node.
 /// The caller rebuilds the uses.
 void rewire(Graph &graph, int o, int slot, int id);
+
+/// After \p pass edited \p graph: checks it (shapes known) and groups its
+/// layers again into \p layers.
+llvm::Error regroupAfter(Graph &graph, LayerGraph &layers, llvm::StringRef pass);
 
 } // namespace pipec
 

@@ -233,15 +233,9 @@ Expected<TieReport> tieWeights(Graph &graph, LayerGraph &layers, const TieOption
   for (const auto &[name, splits] : options.splits)
     if (auto split = splitByParams(graph, name, splits))
       splitWeights.push_back(std::move(*split));
-  if (report.retied() || !splitWeights.empty()) {
-    if (Error err = verifyGraph(graph, /*requireShapes=*/true))
-      return createStringError(inconvertibleErrorCode(), "tie-weights: %s",
-                               toString(std::move(err)).c_str());
-    auto regrouped = groupLayers(graph);
-    if (!regrouped)
-      return regrouped.takeError();
-    layers = std::move(*regrouped);
-  }
+  if (report.retied() || !splitWeights.empty())
+    if (Error err = regroupAfter(graph, layers, "tie-weights"))
+      return std::move(err);
 
   std::vector<bool> candidates = floatInitializers(graph);
   for (auto &[w, readers] : layers.sharedWeights()) {

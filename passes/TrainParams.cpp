@@ -263,15 +263,9 @@ Expected<std::vector<ParamRewrite>> trainParams(Graph &graph, LayerGraph &layers
     }
     out.push_back(std::move(rewrite));
   }
-  if (out.empty())
-    return out;
-  if (Error err = verifyGraph(graph, /*requireShapes=*/true))
-    return createStringError(inconvertibleErrorCode(), "train-params: %s",
-                             toString(std::move(err)).c_str());
-  auto regrouped = groupLayers(graph);
-  if (!regrouped)
-    return regrouped.takeError();
-  layers = std::move(*regrouped);
+  if (!out.empty())
+    if (Error err = regroupAfter(graph, layers, "train-params"))
+      return std::move(err);
   return out;
 }
 

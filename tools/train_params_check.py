@@ -49,6 +49,20 @@ def run(pipec, args):
     return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 
+def compiled(pipec, args, stages, sched, skipped, failures):
+    """Runs `pipec compile`; a layout that does not fit the model (more than two stages) is
+    skipped, any other refusal a failure."""
+    rc, out = run(pipec, args)
+    if rc == 0:
+        return True
+    last = out.splitlines()[-1] if out else str(rc)
+    if re.search(r"fewer layers|more chunks|cannot split|layers into", out) and stages > 2:
+        skipped.append("%d stages %s: %s" % (stages, sched, last))
+    else:
+        failures.append("%d stages %s: compile: %s" % (stages, sched, last))
+    return False
+
+
 def buffers_of(folder):
     """The checkpoint's tensors torch does not train (buffers save_pretrained keeps, as BART's
     final_logits_bias): unchanged by torch's AdamW steps, whose weight decay moves every
@@ -109,12 +123,7 @@ def check(pipec, folder, work, stages, schedules):
                     str(p), "--schedule", sched, "-o", plan]
             if frozen:
                 args += ["--freeze", "(^|[.])(%s)$" % "|".join(re.escape(b) for b in frozen)]
-            rc, out = run(pipec, args)
-            if rc != 0:
-                if re.search(r"fewer layers|more chunks|cannot split|layers into", out) and p > 2:
-                    skipped.append("%d stages %s: %s" % (p, sched, out.splitlines()[-1]))
-                    continue
-                failures.append("%d stages %s: compile: %s" % (p, sched, out.splitlines()[-1]))
+            if not compiled(pipec, args, p, sched, skipped, failures):
                 continue
             for opt, steps, lr, decay, refname, tol in (
                     ("sgd", 1, 0.1, 0.0, "sgd.safetensors", SGD_TOL),
@@ -179,13 +188,9 @@ def check_structure(pipec, folder, work, stages, schedules):
     for p in stages:
         for sched in schedules:
             plan = w("%d_%s.plan" % (p, sched))
-            rc, out = run(pipec, ["compile", w("start.onnx"), "--stages", str(p), "--schedule",
-                                  sched, "-o", plan] + freeze + pad_rows)
-            if rc != 0:
-                if re.search(r"fewer layers|more chunks|cannot split|layers into", out) and p > 2:
-                    skipped.append("%d stages %s: %s" % (p, sched, out.splitlines()[-1]))
-                    continue
-                failures.append("%d stages %s: compile: %s" % (p, sched, out.splitlines()[-1]))
+            if not compiled(pipec, ["compile", w("start.onnx"), "--stages", str(p),
+                                    "--schedule", sched, "-o", plan] + freeze + pad_rows,
+                            p, sched, skipped, failures):
                 continue
             for key in ("sgd", "adamw"):
                 opt, steps, lr, decay, tol = runs[key]
