@@ -5,6 +5,10 @@
 
 namespace pipec {
 
-void wireCpuKernels() { setCpuNodeRunner(&cpu::runOp); }
+void wireCpuKernels() {
+  setCpuNodeRunner(
+      static_cast<llvm::Expected<std::vector<cpu::Tensor>> (*)(
+          const onnx::NodeProto &, int64_t, llvm::ArrayRef<const cpu::Tensor *>)>(&cpu::runOp));
+}
 
 } // namespace pipec

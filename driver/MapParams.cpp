@@ -791,22 +791,17 @@ Expected<std::map<std::string, std::vector<ParamSplit>>> guessMergedSplits(const
     auto it = readers.find(w.name);
     if (data[id] || w.value.numElements() < 2 || !oneValue(w.value) || it == readers.end())
       continue;
-    std::vector<std::string> modules; // in the order of their first reads
-    std::vector<ParamSplit> mine;
+    std::vector<ParamSplit> mine; // one per module, in the order of their first reads
     for (const Reader &r : it->second) {
       std::string module =
           r.scope.empty() ? formatv("node {0} input {1}", r.node, r.input).str() : r.scope;
-      auto at = find(modules, module);
-      if (at == modules.end()) {
-        modules.push_back(module);
-        ParamSplit split;
-        split.param = module;
-        split.copy = w.name + "." + (r.scope.empty() ? std::to_string(modules.size()) : module);
-        split.guessed = true;
-        mine.push_back(std::move(split));
-        at = modules.end() - 1;
+      auto at = find_if(mine, [&](const ParamSplit &p) { return p.param == module; });
+      if (at == mine.end()) {
+        std::string copy = r.scope.empty() ? std::to_string(mine.size() + 1) : module;
+        mine.push_back({module, w.name + "." + copy, {}, /*guessed=*/true});
+        at = mine.end() - 1;
       }
-      mine[at - modules.begin()].readers.push_back({r.node, r.input});
+      at->readers.push_back({r.node, r.input});
     }
     if (mine.size() >= 2)
       splits[w.name] = std::move(mine);
@@ -897,9 +892,7 @@ Expected<std::vector<ParamFold>> guessParamFolds(const Graph &graph,
     }
     if (placed)
       continue;
-    Group g;
-    g.first = w.name;
-    g.module = module;
+    Group g{w.name, module, Param(), {}};
     g.param.value = std::move(core);
     std::vector<plan::ParamPlace> found = findPlaces(w, g.param);
     if (found.empty())
@@ -914,12 +907,8 @@ Expected<std::vector<ParamFold>> guessParamFolds(const Graph &graph,
                             [](const plan::ParamStep &s) { return s.has_broadcast(); });
     if (g.places.size() < 2 && !broadcast)
       continue;
-    ParamFold fold;
-    fold.param = g.first;
-    fold.value = constantOf(g.param.value, g.param.value.elemType());
-    fold.places = std::move(g.places);
-    fold.guessed = true;
-    folds.push_back(std::move(fold));
+    folds.push_back({g.first, constantOf(g.param.value, g.param.value.elemType()),
+                     std::move(g.places), /*guessed=*/true});
   }
   return folds;
 }

@@ -35,6 +35,10 @@ namespace onnx {
 class NodeProto;
 } // namespace onnx
 
+namespace pipec {
+struct OpDef;
+} // namespace pipec
+
 namespace pipec::kernels {
 struct OptimizerParams;
 } // namespace pipec::kernels
@@ -70,6 +74,14 @@ public:
   /// Evaluates \p node (any domain) under default-domain \p opset.
   virtual llvm::Expected<std::vector<cpu::Tensor>>
   run(const onnx::NodeProto &node, int64_t opset, llvm::ArrayRef<const cpu::Tensor *> inputs) = 0;
+  /// The same, \p def being \p node's row of ops/Ops.def, found once when
+  /// the rank prepared its nodes (null: the backend looks it up).
+  virtual llvm::Expected<std::vector<cpu::Tensor>> run(const onnx::NodeProto &node,
+                                                       const OpDef *def, int64_t opset,
+                                                       llvm::ArrayRef<const cpu::Tensor *> inputs) {
+    (void)def;
+    return run(node, opset, inputs);
+  }
   /// Runs \p node (one output) and adds its result into \p accumulator in
   /// place, without making the output, where the backend can: returns false,
   /// having done nothing, where it cannot (the caller then runs the node and

@@ -314,7 +314,12 @@ bool isSupported(StringRef opType, StringRef domain) {
 
 Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
                                     ArrayRef<const Tensor *> inputs) {
-  Expected<const OpDef *> def = rowOf(node, opset);
+  return runOp(node, opset, inputs, nullptr);
+}
+
+Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
+                                    ArrayRef<const Tensor *> inputs, const OpDef *row) {
+  Expected<const OpDef *> def = row ? Expected<const OpDef *>(row) : rowOf(node, opset);
   if (!def)
     return def.takeError();
   OpContext ctx(node, opset, inputs, *def);

@@ -67,6 +67,10 @@ bool isSupported(llvm::StringRef opType, llvm::StringRef domain = "");
 /// omits (empty names) may be null Tensors.
 llvm::Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
                                           llvm::ArrayRef<const Tensor *> inputs);
+/// The same, \p row being the node's row of ops/Ops.def, found once by the
+/// caller (one with a CPU kernel); null: looked up here.
+llvm::Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
+                                          llvm::ArrayRef<const Tensor *> inputs, const OpDef *row);
 
 //===----------------------------------------------------------------------===//
 // Building blocks shared with other kernels

@@ -79,6 +79,15 @@ public:
     return cpu::runOp(node, opset, inputs);
   }
 
+  Expected<std::vector<cpu::Tensor>> run(const onnx::NodeProto &node, const OpDef *def,
+                                         int64_t opset,
+                                         ArrayRef<const cpu::Tensor *> inputs) override {
+    for (const cpu::Tensor *t : inputs)
+      if (t && !t->onHost())
+        return notOnHost(*t);
+    return cpu::runOp(node, opset, inputs, def);
+  }
+
   Expected<bool> runInto(const onnx::NodeProto &node, int64_t opset,
                          ArrayRef<const cpu::Tensor *> inputs, cpu::Tensor &acc) override {
     (void)opset;

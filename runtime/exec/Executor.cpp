@@ -221,59 +221,100 @@ Error RankExecutor::runForward(int stage, Env &values) {
                   &dropsFor(stage, NodeListKind::Forward));
 }
 
+const std::vector<PreparedNode> &
+RankExecutor::prepare(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
+                      const std::vector<std::vector<std::string>> *dropAfter) {
+  auto [it, added] = preparedLists.try_emplace({&nodes, dropAfter});
+  std::vector<PreparedNode> &list = it->second;
+  if (!added)
+    return list;
+  list.reserve(nodes.size());
+  for (int index = 0; index < nodes.size(); ++index) {
+    const onnx::NodeProto &node = nodes.Get(index);
+    PreparedNode p;
+    p.node = &node;
+    const OpDef *def = lookupOp(node.domain(), node.op_type(), s.plan->opset());
+    p.def = def && def->hasCpuKernel ? def : nullptr;
+    p.folded = folded.count(&node) > 0;
+    for (const std::string &name : node.input()) {
+      p.inputs.push_back(name.empty() ? -1 : names.slotOf(name));
+      auto w = name.empty() ? weights.end() : weights.find(name);
+      p.weights.push_back(w == weights.end() ? nullptr : &w->second);
+    }
+    for (const std::string &name : node.output())
+      p.outputs.push_back(name.empty() ? -1 : names.slotOf(name));
+    if (dropAfter)
+      for (const std::string &name : (*dropAfter)[index])
+        p.drops.push_back(names.slotOf(name));
+    list.push_back(std::move(p));
+  }
+  return list;
+}
+
 Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
                              Env &values, int stage, int mb, StringRef phase,
                              const std::vector<std::vector<std::string>> *dropAfter,
                              function_ref<Error(int)> afterNode,
                              function_ref<Expected<bool>(int, NodeInputs)> instead) {
+  const std::vector<PreparedNode> &prepared = prepare(nodes, dropAfter);
   std::vector<const cpu::Tensor *> inputs;
   int index = -1;
   auto dropAfterLast = llvm::make_scope_exit([&] {
-    if (dropAfter && index >= 0)
-      for (const std::string &name : (*dropAfter)[index])
-        values.erase(name);
+    if (index >= 0)
+      for (int slot : prepared[index].drops)
+        values.clear(slot);
   });
-  for (const onnx::NodeProto &node : nodes) {
+  // One clock read per node: each node's time runs from the end of the one
+  // before, its dispatch included.
+  auto last = Clock::now();
+  auto lap = [&] {
+    auto now = Clock::now();
+    kernelSeconds += std::chrono::duration<double>(now - last).count();
+    last = now;
+    ++nodesRun;
+  };
+  for (const PreparedNode &p : prepared) {
     ++index;
-    if (dropAfter && index > 0)
-      for (const std::string &name : (*dropAfter)[index - 1])
-        values.erase(name);
-    if (!folded.empty() && folded.count(&node))
+    if (index > 0)
+      for (int slot : prepared[index - 1].drops)
+        values.clear(slot);
+    if (p.folded)
       continue;
+    const onnx::NodeProto &node = *p.node;
     inputs.clear();
-    for (const std::string &name : node.input()) {
-      if (name.empty()) {
+    for (size_t i = 0; i < p.inputs.size(); ++i) {
+      if (p.inputs[i] < 0) {
         inputs.push_back(nullptr);
         continue;
       }
-      auto it = values.find(name);
-      if (it != values.end()) {
-        inputs.push_back(&it->second);
+      if (const cpu::Tensor *t = values.at(p.inputs[i])) {
+        inputs.push_back(t);
         continue;
       }
-      auto w = weights.find(name);
-      if (w == weights.end())
-        return rankError(global,
-                         formatv("stage {0} microbatch {1} {2}: node '{3}' ({4}) reads "
-                                 "'{5}', which is missing",
-                                 stage, mb, phase, cpu::nodeLabel(node), node.op_type(), name));
-      inputs.push_back(&w->second);
+      const cpu::Tensor *w = p.weights[i];
+      if (!w) {
+        auto found = weights.find(node.input(static_cast<int>(i)));
+        if (found == weights.end())
+          return rankError(global, formatv("stage {0} microbatch {1} {2}: node '{3}' ({4}) reads "
+                                           "'{5}', which is missing",
+                                           stage, mb, phase, cpu::nodeLabel(node), node.op_type(),
+                                           node.input(static_cast<int>(i))));
+        w = &found->second;
+      }
+      inputs.push_back(w);
     }
     if (instead) {
-      auto kernelStart = Clock::now();
       Expected<bool> done = instead(index, inputs);
       if (!done)
         return done.takeError();
       if (*done) {
-        kernelSeconds += std::chrono::duration<double>(Clock::now() - kernelStart).count();
-        ++nodesRun;
+        lap();
         continue;
       }
     }
-    auto kernelStart = Clock::now();
     auto outs = [&]() -> Expected<std::vector<cpu::Tensor>> {
       try {
-        return be.run(node, s.plan->opset(), inputs);
+        return be.run(node, p.def, s.plan->opset(), inputs);
       } catch (const cpu::AllocationFailure &failure) {
         return createStringError(inconvertibleErrorCode(),
                                  "'%s' needs %lld bytes (%s, made by %s node '%s'); out of memory",
@@ -282,14 +323,13 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
                                  node.op_type().c_str(), cpu::nodeLabel(node).c_str());
       }
     }();
-    kernelSeconds += std::chrono::duration<double>(Clock::now() - kernelStart).count();
-    ++nodesRun;
+    lap();
     if (!outs)
       return rankError(global, formatv("stage {0} microbatch {1} {2}: {3}", stage, mb, phase,
                                        toString(outs.takeError())));
-    for (int o = 0; o < node.output_size() && o < static_cast<int>(outs->size()); ++o)
-      if (!node.output(o).empty())
-        values[node.output(o)] = std::move((*outs)[o]);
+    for (size_t o = 0; o < p.outputs.size() && o < outs->size(); ++o)
+      if (p.outputs[o] >= 0)
+        values.put(p.outputs[o]) = std::move((*outs)[o]);
     if (afterNode)
       if (Error err = afterNode(index))
         return err;
@@ -341,11 +381,8 @@ Error RankExecutor::collect(bool grad, int stageField, int mb) {
 void RankExecutor::prune(Env &values, const std::set<std::string> &keep) {
   // Gradients already handed over by the next stage on this rank (ZB-V and
   // DualPipeV run it before a RECOMPUTE here) are backward's inputs too.
-  for (auto it = values.begin(); it != values.end();)
-    if (keep.count(it->first) || isReceivedGradName(it->first))
-      ++it;
-    else
-      it = values.erase(it);
+  values.clearIf(
+      [&](const std::string &name) { return !keep.count(name) && !isReceivedGradName(name); });
 }
 
 Error RankExecutor::forward(int stage, int mb, int t, bool again) {
@@ -376,22 +413,22 @@ Error RankExecutor::forward(int stage, int mb, int t, bool again) {
     return err;
   bool last = stage + 1 == s.K;
   if (last && s.training) {
-    auto it = values.find(s.plan->loss_value());
-    if (it == values.end() || it->second.numElements() != 1)
+    const cpu::Tensor *loss = values.find(s.plan->loss_value());
+    if (!loss || loss->numElements() != 1)
       return rankError(global, formatv("stage {0} microbatch {1}: no scalar loss '{2}'", stage, mb,
                                        s.plan->loss_value()));
-    auto host = be.download(it->second);
+    auto host = be.download(*loss);
     if (!host)
       return host.takeError();
     // A token-mean loss weighs each microbatch by the labels it counts; one
     // that counts none adds nothing (its mean is 0/0).
     double count = 1;
     if (const std::string &name = s.plan->loss_count_value(); !name.empty()) {
-      auto counted = values.find(name);
-      if (counted == values.end() || counted->second.numElements() != 1)
+      const cpu::Tensor *counted = values.find(name);
+      if (!counted || counted->numElements() != 1)
         return rankError(global, formatv("stage {0} microbatch {1}: no scalar label count '{2}'",
                                          stage, mb, name));
-      auto n = be.download(counted->second);
+      auto n = be.download(*counted);
       if (!n)
         return n.takeError();
       count = n->getDouble(0);
@@ -408,21 +445,21 @@ Error RankExecutor::forward(int stage, int mb, int t, bool again) {
   }
   if (!s.training && s.options.keepOutputs)
     for (const std::string &name : sp.outputs())
-      if (auto it = values.find(name); it != values.end()) {
-        auto host = be.download(it->second);
+      if (const cpu::Tensor *out = values.find(name)) {
+        auto host = be.download(*out);
         if (!host)
           return host.takeError();
         outputs[name][firstSample(s, t, replica, mb)] = std::move(*host);
       }
   for (const std::string &name : sp.send()) {
-    auto it = values.find(name);
-    if (it == values.end())
+    const cpu::Tensor *sent = values.find(name);
+    if (!sent)
       return rankError(global, formatv("stage {0} microbatch {1}: '{2}' to send was not computed",
                                        stage, mb, name));
     if (local(stage + 1))
-      env(stage + 1, mb)[name] = it->second;
+      env(stage + 1, mb)[name] = *sent;
     else
-      outbox[{false, stage, mb, name}] = it->second;
+      outbox[{false, stage, mb, name}] = *sent;
   }
   if (s.training) {
     auto kept = keptWhenRecomputing.find(stage);
@@ -434,13 +471,13 @@ Error RankExecutor::forward(int stage, int mb, int t, bool again) {
 Expected<const cpu::Tensor *> RankExecutor::gradientTerm(const Env &values, const std::string &term,
                                                          StringRef kind, const std::string &value,
                                                          int stage, int mb) {
-  auto it = values.find(term);
-  if (it == values.end())
+  const cpu::Tensor *found = values.find(term);
+  if (!found)
     return rankError(global,
                      formatv("stage {0} microbatch {1}: gradient term '{2}' of {3}'{4}' was not "
                              "computed",
                              stage, mb, term, kind, value));
-  return &it->second;
+  return found;
 }
 
 Error RankExecutor::backwardInput(int stage, int mb) {
@@ -462,12 +499,12 @@ Error RankExecutor::backwardInput(int stage, int mb) {
                                          stage, g.value()));
       terms.push_back(*t);
     }
-    auto v = values.find(g.value());
-    if (terms.empty() && v == values.end())
+    const cpu::Tensor *v = values.find(g.value());
+    if (terms.empty() && !v)
       return rankError(global, formatv("stage {0}: no value '{1}' to shape its zero gradient",
                                        stage, g.value()));
     Expected<cpu::Tensor> made =
-        terms.empty() ? be.zeros(v->second.elemType(), v->second.shape()) : be.sum(terms);
+        terms.empty() ? be.zeros(v->elemType(), v->shape()) : be.sum(terms);
     if (!made)
       return rankError(global, formatv("stage {0}: the gradient of '{1}': {2}", stage, g.value(),
                                        toString(made.takeError())));
@@ -762,11 +799,11 @@ Error RankExecutor::accumulate(cpu::Tensor &acc, const std::string &weight, Env 
   if (acc.isNull()) {
     const cpu::Tensor &w = weights.at(weight);
     cpu::DType type = master.count(weight) ? cpu::DType::F32 : w.elemType();
-    auto it = values.find(name);
-    if (term.elemType() == type && term.device() == w.device() && it != values.end() &&
-        &it->second == &term && term.numElements() == w.numElements()) {
-      cpu::Tensor taken = std::move(it->second);
-      values.erase(it);
+    cpu::Tensor *held = values.find(name);
+    if (term.elemType() == type && term.device() == w.device() && held == &term &&
+        term.numElements() == w.numElements()) {
+      cpu::Tensor taken = std::move(*held);
+      values.erase(name);
       if (taken.ownsBuffer()) {
         acc = taken.reshaped(w.shape());
         return Error::success();

@@ -377,7 +377,7 @@ Error GenerateRank::runPass(int64_t group, const Control &control, Clock::time_p
                             RankOut &out) {
   Pass &pass = control.kind == Kind::Prefill ? *prefill : decode;
   int64_t n = pass.tokens;
-  Env values;
+  Env values = pass.ex->makeEnv();
   if (Error err = fillInputs(pass, values, group, control))
     return err;
   std::vector<int> handles;
@@ -411,11 +411,11 @@ Error GenerateRank::runPass(int64_t group, const Control &control, Clock::time_p
   for (const plan::Generation::Cache &c : job.g->cache()) {
     if (c.stage() != rank)
       continue;
-    auto present = values.find(c.present());
-    if (present == values.end())
+    const cpu::Tensor *present = values.find(c.present());
+    if (!present)
       return rankError(rank,
                        formatv("stage {0} did not make the present '{1}'", rank, c.present()));
-    auto host = be.download(present->second);
+    auto host = be.download(*present);
     if (!host)
       return host.takeError();
     writePositions(caches[c.past()][group], *host, batchAxes[c.past()], c.axis(), at, n,
@@ -425,11 +425,11 @@ Error GenerateRank::runPass(int64_t group, const Control &control, Clock::time_p
     if (Error err = comm.send(rank + 1, control.tensor()))
       return err;
     for (const plan::TensorRef *ref : pass.sends) {
-      auto it = values.find(ref->name());
-      if (it == values.end())
+      const cpu::Tensor *sent = values.find(ref->name());
+      if (!sent)
         return rankError(rank,
                          formatv("stage {0}: '{1}' to send was not computed", rank, ref->name()));
-      auto host = be.download(it->second);
+      auto host = be.download(*sent);
       if (!host)
         return host.takeError();
       if (Error err = comm.send(rank + 1, *host))
@@ -437,11 +437,11 @@ Error GenerateRank::runPass(int64_t group, const Control &control, Clock::time_p
     }
     return Error::success();
   }
-  auto logits = values.find(job.g->logits());
-  if (logits == values.end())
+  const cpu::Tensor *logits = values.find(job.g->logits());
+  if (!logits)
     return rankError(rank,
                      formatv("the last stage did not make the logits '{0}'", job.g->logits()));
-  auto host = be.download(logits->second);
+  auto host = be.download(*logits);
   if (!host)
     return host.takeError();
   auto picks = pick(*host, control, n, start, out);

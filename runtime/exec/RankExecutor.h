@@ -20,6 +20,7 @@
 #include "runtime/exec/Data.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/exec/Fusion.h"
+#include "runtime/exec/ValueTable.h"
 #include "support/ChromeTrace.h"
 
 #include "onnx/onnx_pb.h"
@@ -46,7 +47,6 @@ inline double wallNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 using Ins = plan::Instruction;
-using Env = std::unordered_map<std::string, cpu::Tensor>;
 
 /// "rank R: WHY".
 llvm::Error rankError(int rank, const llvm::Twine &why);
@@ -124,6 +124,8 @@ public:
   /// then what it sends and its graph outputs: each other value goes after
   /// its last reader): a step of `pipec generate`.
   llvm::Error runForward(int stage, Env &values);
+  /// An empty Env of this rank's value names, for runForward.
+  Env makeEnv() { return Env(&names); }
   /// Host copies of this rank's trainable weights and of the running
   /// statistics its steps update.
   llvm::Expected<std::map<std::string, cpu::Tensor>> trainedWeights();
@@ -150,7 +152,7 @@ private:
   const plan::StageProgram &stageProgram(int stage) const { return s.programs[stage]; }
   bool local(int stage) const { return stage >= 0 && stage < s.K && s.rankOfStage[stage] == rank; }
   int peerGlobal(int pipelineRank) const { return replica * s.P + pipelineRank; }
-  Env &env(int stage, int mb) { return envs[{stage, mb}]; }
+  Env &env(int stage, int mb) { return envs.try_emplace({stage, mb}, &names).first->second; }
   /// \p dropAfter, when given: per node, the values to erase from
   /// \p values once it ran. \p instead, when given, is asked first with
   /// each node's index and inputs, and returns true where it has done the
@@ -248,6 +250,13 @@ private:
   Backend &be;
   int global, replica, rank;
   const plan::RankProgram &program;
+  /// The slots of the values of this rank's programs, and each node list
+  /// prepared (by its address and that of its drop schedule; prepare).
+  ValueNames names;
+  std::map<std::pair<const void *, const void *>, std::vector<PreparedNode>> preparedLists;
+  const std::vector<PreparedNode> &
+  prepare(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
+          const std::vector<std::vector<std::string>> *dropAfter);
   std::map<std::pair<int, int>, Env> envs;
   std::map<std::tuple<bool, int, int, std::string>, cpu::Tensor> outbox;
   std::map<std::tuple<bool, int, int, std::string>, int> pending;

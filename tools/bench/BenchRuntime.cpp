@@ -139,27 +139,27 @@ void trainStep(benchmark::State &state, const std::string &model, int stages, in
   }
 }
 
-void BM_GptOneRank(benchmark::State &state) { trainStep(state, gpt(), 1, 8, 8); }
-void BM_GptTwoRanks(benchmark::State &state) { trainStep(state, gpt(), 2, 8, 8); }
+void benchGptOneRank(benchmark::State &state) { trainStep(state, gpt(), 1, 8, 8); }
+void benchGptTwoRanks(benchmark::State &state) { trainStep(state, gpt(), 2, 8, 8); }
 // The same with one BLAS thread per rank: the pipeline's own scaling, with
 // no rank's GEMM spreading onto the core the other rank computes on.
-void BM_GptOneRankOneThread(benchmark::State &state) {
+void benchGptOneRankOneThread(benchmark::State &state) {
   trainStep(state, gpt(), 1, 8, 8, "", true, 1);
 }
-void BM_GptTwoRanksOneThreadEach(benchmark::State &state) {
+void benchGptTwoRanksOneThreadEach(benchmark::State &state) {
   trainStep(state, gpt(), 2, 8, 8, "", true, 1);
 }
-void BM_MlpOverhead(benchmark::State &state) { trainStep(state, tinyMlp(), 4, 64, 64); }
-void BM_GptOneRankProfiled(benchmark::State &state) {
+void benchMlpOverhead(benchmark::State &state) { trainStep(state, tinyMlp(), 4, 64, 64); }
+void benchGptOneRankProfiled(benchmark::State &state) {
   trainStep(state, gpt(), 1, 8, 8, profiledCosts());
 }
-void BM_GptTwoRanksProfiled(benchmark::State &state) {
+void benchGptTwoRanksProfiled(benchmark::State &state) {
   trainStep(state, gpt(), 2, 8, 8, profiledCosts());
 }
 /// One rank's step with and without fusion, alternating within each
 /// iteration (and which goes first) so that both see the same machine,
 /// after a warm-up run of each; the iteration time is the fused step's.
-void BM_GptFusedAgainstUnfused(benchmark::State &state) {
+void benchGptFusedAgainstUnfused(benchmark::State &state) {
   plan::Plan plan = compile(gpt(), 1, 8, 8);
   rt::RunOptions fused, unfused;
   fused.steps = unfused.steps = 1;
@@ -199,7 +199,7 @@ void BM_GptFusedAgainstUnfused(benchmark::State &state) {
 /// GPT-2's GELU (tanh form, eight nodes) on x + bias, x of [rows, cols],
 /// as the forward of a training step keeps it (the tanh and x / 2 too): one
 /// fused node against its nodes one kernel each.
-void BM_GeluChain(benchmark::State &state) {
+void benchGeluChain(benchmark::State &state) {
   auto step = [](const std::string &op, std::vector<std::string> in, const std::string &out) {
     onnx::NodeProto n;
     n.set_op_type(op);
@@ -278,6 +278,42 @@ void BM_GeluChain(benchmark::State &state) {
   state.counters["elements"] = static_cast<double>(rows * cols);
 }
 
+/// The executor's cost per node: `pipec model mlp --layers 2000 --hidden 8`
+/// (4,002 nodes of 8-wide Gemm and Relu), inference on one rank, one
+/// thread, unfused, 20 steps per iteration. Its kernels are tiny, so the
+/// time is mostly dispatch: the counter ns_per_node.
+void benchNodeDispatch(benchmark::State &state) {
+  models::GeneratorOptions o(models::Family::Mlp, 2000, 8, 1000);
+  std::string model = ensureModel("bench-mlp2000x8.onnx", o);
+  CompileOptions options;
+  options.stages = 1;
+  options.training = false;
+  options.hardware = "cpu";
+  auto plan = compileModel(model, options, PipelineOptions());
+  if (!plan) {
+    state.SkipWithError(llvm::toString(plan.takeError()).c_str());
+    return;
+  }
+  rt::RunOptions run;
+  run.steps = 20;
+  run.fuse = false;
+  run.threadsPerRank = 1;
+  run.keepOutputs = false;
+  double nodes = 0, seconds = 0;
+  for (auto _ : state) {
+    auto result = rt::runLocal(*plan, run);
+    if (!result) {
+      state.SkipWithError(llvm::toString(result.takeError()).c_str());
+      return;
+    }
+    state.SetIterationTime(result->seconds / run.steps);
+    nodes = static_cast<double>(result->nodes) / run.steps;
+    seconds += result->seconds / run.steps;
+  }
+  state.counters["nodes"] = nodes;
+  state.counters["ns_per_node"] = seconds / static_cast<double>(state.iterations()) / nodes * 1e9;
+}
+
 /// A decode step's product: \p m rows by a weight of \p n by \p k, read
 /// transposed (\p transposed: a Linear as torch stores it, n rows of k) or
 /// not (k rows of n, the exporter's folded transpose), through gemm's
@@ -285,7 +321,7 @@ void BM_GeluChain(benchmark::State &state) {
 /// operands, alternating, one thread each. The weights cycle through 256 MiB
 /// of copies, so each product streams its weight from memory as a decode
 /// step does.
-void BM_DecodeGemm(benchmark::State &state) {
+void benchDecodeGemm(benchmark::State &state) {
   const bool transposed = state.range(0) != 0;
   const int64_t m = state.range(1), n = state.range(2), k = state.range(3);
   if (!cpu::haveFewRowGemm()) {
@@ -340,26 +376,29 @@ void manualMilliseconds(benchmark::internal::Benchmark *b) {
   b->UseManualTime()->Unit(benchmark::kMillisecond);
 }
 
-BENCHMARK(BM_GptOneRank)->Name("gpt6/1_rank_m8")->Apply(manualMilliseconds);
-BENCHMARK(BM_GptTwoRanks)->Name("gpt6/2_ranks_1f1b_m8")->Apply(manualMilliseconds);
-BENCHMARK(BM_GptOneRankOneThread)->Name("gpt6/1_rank_m8_1_thread")->Apply(manualMilliseconds);
-BENCHMARK(BM_GptTwoRanksOneThreadEach)
+BENCHMARK(benchGptOneRank)->Name("gpt6/1_rank_m8")->Apply(manualMilliseconds);
+BENCHMARK(benchGptTwoRanks)->Name("gpt6/2_ranks_1f1b_m8")->Apply(manualMilliseconds);
+BENCHMARK(benchGptOneRankOneThread)->Name("gpt6/1_rank_m8_1_thread")->Apply(manualMilliseconds);
+BENCHMARK(benchGptTwoRanksOneThreadEach)
     ->Name("gpt6/2_ranks_1f1b_m8_1_thread_each")
     ->Apply(manualMilliseconds);
-BENCHMARK(BM_GptOneRankProfiled)->Name("gpt6/1_rank_m8_profiled_costs")->Apply(manualMilliseconds);
-BENCHMARK(BM_GptTwoRanksProfiled)
+BENCHMARK(benchGptOneRankProfiled)
+    ->Name("gpt6/1_rank_m8_profiled_costs")
+    ->Apply(manualMilliseconds);
+BENCHMARK(benchGptTwoRanksProfiled)
     ->Name("gpt6/2_ranks_1f1b_m8_profiled_costs")
     ->Apply(manualMilliseconds);
-BENCHMARK(BM_GptFusedAgainstUnfused)
+BENCHMARK(benchGptFusedAgainstUnfused)
     ->Name("gpt6/1_rank_m8_fused_vs_unfused")
     ->Apply(manualMilliseconds);
-BENCHMARK(BM_GeluChain)->Name("gelu_2048x1024/fused_vs_unfused")->Apply(manualMilliseconds);
-BENCHMARK(BM_MlpOverhead)->Name("mlp16_tiny/4_ranks_1f1b_m64")->Apply(manualMilliseconds);
+BENCHMARK(benchGeluChain)->Name("gelu_2048x1024/fused_vs_unfused")->Apply(manualMilliseconds);
+BENCHMARK(benchMlpOverhead)->Name("mlp16_tiny/4_ranks_1f1b_m64")->Apply(manualMilliseconds);
+BENCHMARK(benchNodeDispatch)->Name("mlp2000x8/dispatch_1_rank_1_thread")->Apply(manualMilliseconds);
 // Read transposed: rows 1, 8 and 16 by GPT-2's head (50257 x 768), 16 by a
 // Llama's feed-forward (2816 x 1024) and its down projection (1024 x 2816).
 // As stored: 1 and 2 rows by GPT-2's first feed-forward (768 rows of 3072)
 // and a Llama's (1024 rows of 2816).
-BENCHMARK(BM_DecodeGemm)
+BENCHMARK(benchDecodeGemm)
     ->Name("decode_gemm")
     ->ArgsProduct({{1}, {1, 8, 16}, {50257}, {768}})
     ->Args({1, 16, 2816, 1024})
