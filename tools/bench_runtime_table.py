@@ -85,6 +85,12 @@ if gelu:
                  f"alternating: {gelu['fused_s'] * 1e3:.2f} ms as one fused kernel against "
                  f"{gelu['unfused_s'] * 1e3:.2f} ms as eight kernels, "
                  f"{gelu['unfused_s'] / gelu['fused_s']:.2f}x.")
+dispatch = rows.get("mlp2000x8/dispatch_1_rank_1_thread")
+if dispatch:
+    notes.append(f"- The executor's cost per node (`pipec model mlp --layers 2000 --hidden 8`, "
+                 f"{dispatch['nodes']:.0f} nodes of 8-wide Gemm and Relu, inference, one thread, "
+                 f"unfused): {dispatch['real_time']:.2f} ms per step, "
+                 f"{dispatch['ns_per_node']:.0f} ns per node, dispatch included.")
 decode = [(name, b) for name, b in rows.items()
           if name.startswith("decode_gemm") and "few_row_gflops" in b]
 if decode:

@@ -280,13 +280,16 @@ void benchGeluChain(benchmark::State &state) {
 
 /// The executor's cost per node: `pipec model mlp --layers 2000 --hidden 8`
 /// (4,002 nodes of 8-wide Gemm and Relu), inference on one rank, one
-/// thread, unfused, 20 steps per iteration. Its kernels are tiny, so the
+/// microbatch of one sample, one thread, unfused, 20 steps per iteration
+/// (tools/bench-dispatch.sh alternates two builds on the same run). Its kernels are tiny, so the
 /// time is mostly dispatch: the counter ns_per_node.
 void benchNodeDispatch(benchmark::State &state) {
   models::GeneratorOptions o(models::Family::Mlp, 2000, 8, 1000);
   std::string model = ensureModel("bench-mlp2000x8.onnx", o);
   CompileOptions options;
   options.stages = 1;
+  options.microbatches = 1;
+  options.globalBatch = 1;
   options.training = false;
   options.hardware = "cpu";
   auto plan = compileModel(model, options, PipelineOptions());
