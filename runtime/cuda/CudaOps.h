@@ -154,6 +154,7 @@ public:
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda:" + std::to_string(device); }
+  using rt::Backend::run; // with the op's row: looks it up by name, as this one does
   Expected<Outputs> run(const onnx::NodeProto &node, int64_t opset,
                         ArrayRef<const Tensor *> inputs) override;
   Expected<Tensor> upload(const Tensor &host) override;
