@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <vector>
 
 namespace pipec::cpu::HostBuffers {
 
@@ -219,16 +220,74 @@ Arena &arena() {
 
 } // namespace
 
+namespace {
+
+/// Small blocks a thread freed, kept for its next allocations of the class:
+/// a step makes and drops thousands of tiny tensors (a bias, a scalar, a
+/// few-row activation), and the C heap's free and malloc cost more than the
+/// kernels that use them. Classes are the powers of two from 64 bytes to
+/// smallMaxBytes; each keeps at most smallKept blocks. A block freed on
+/// another thread than made it joins that thread's cache. Under
+/// AddressSanitizer nothing is kept, so that a use after free is seen.
+constexpr size_t smallMaxBytes = size_t(16) << 10;
+constexpr int smallClasses = 9; // 64 B << 0 .. 8
+constexpr size_t smallKept = 32;
+
+/// The class of \p bytes (a multiple of 64), or -1 above smallMaxBytes.
+int smallClassOf(size_t bytes) {
+  if (bytes > smallMaxBytes)
+    return -1;
+  int k = 0;
+  while ((size_t(64) << k) < bytes)
+    ++k;
+  return k;
+}
+
+struct SmallCache {
+  std::vector<void *> kept[smallClasses];
+  ~SmallCache();
+};
+thread_local bool smallCacheGone = false; // destroyed: blocks go to the heap
+thread_local SmallCache smallCache;
+
+SmallCache::~SmallCache() {
+  for (std::vector<void *> &blocks : kept)
+    for (void *b : blocks)
+      std::free(b);
+  smallCacheGone = true;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool keepSmallBlocks = false;
+#else
+constexpr bool keepSmallBlocks = true;
+#endif
+
+} // namespace
+
 void *allocate(size_t bytes, bool &zeroed) {
   if (bytes >= minCachedBytes)
     return arena().take(bytes, zeroed);
   zeroed = false;
-  return std::aligned_alloc(64, bytes);
+  int k = keepSmallBlocks ? smallClassOf(bytes) : -1;
+  if (k < 0)
+    return std::aligned_alloc(64, bytes);
+  if (!smallCacheGone && !smallCache.kept[k].empty()) {
+    void *block = smallCache.kept[k].back();
+    smallCache.kept[k].pop_back();
+    return block;
+  }
+  return std::aligned_alloc(64, size_t(64) << k);
 }
 
 void release(void *block, size_t bytes) {
-  if (bytes >= minCachedBytes)
+  if (bytes >= minCachedBytes) {
     arena().give(block, bytes);
+    return;
+  }
+  int k = keepSmallBlocks ? smallClassOf(bytes) : -1;
+  if (k >= 0 && !smallCacheGone && smallCache.kept[k].size() < smallKept)
+    smallCache.kept[k].push_back(block);
   else
     std::free(block);
 }

@@ -15,7 +15,8 @@
 // faulting in 1.8 GB of fresh pages: the backward asks for other sizes than
 // the forward frees.
 //
-// Smaller blocks come from the C heap.
+// Smaller blocks come from the C heap; up to 16 KiB, each thread keeps a few
+// it freed, by power-of-two size, for its next allocations.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_CORE_HOSTBUFFERS_H
