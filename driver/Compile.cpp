@@ -460,6 +460,16 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
   describeLayers(plan, options, prepared);
   describeStages(plan, prepared.layers, *stagePlan);
   LoweringInputs lowering = loweringInputs(options, shape, setup, prepared, *stagePlan);
+  for (const HardwareSpec &hw : setup.hardware)
+    if (hw.calibrationDisturbed()) {
+      plan.add_warnings(formatv("the '{0}' calibration was disturbed: its thread ran {1:f2} of "
+                                "the wall time (another process took the cores), so the "
+                                "predictions may be slow; not cached, the next compile measures "
+                                "again",
+                                hw.name, hw.calibrationCpuShare)
+                            .str());
+      break;
+    }
   for (const LoweringInputs::Collective &ar : lowering.collectives)
     if (ar.reduce == plan::Instruction::TIED_WEIGHT)
       plan.add_warnings(formatv("weight '{0}' is shared by {1} ranks: each keeps a copy{2}",

@@ -22,6 +22,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <mutex>
@@ -219,7 +220,16 @@ struct Chosen {
 struct Measured {
   double ours = 0, mkl = 0;
   std::string mklName;
+  /// Another process held the cores while it measured (the measuring
+  /// thread ran less than 90% of the wall time): used, not cached.
+  bool disturbed = false;
 };
+
+double threadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
 
 /// What a cache file holds: "openblas 91.4\nmkl 83.2\nmkl-name MKL 2026.2\n".
 Optional<Measured> readMeasured(StringRef path) {
@@ -254,10 +264,15 @@ Optional<Measured> measuredHere(const Library &ours, const std::string &path,
       mkl = loadMkl(path);
     if (!mkl)
       return None;
+    double cpuStart = threadCpuSeconds();
+    auto wallStart = std::chrono::steady_clock::now();
     auto [oursRate, mklRate] = measure(ours, *mkl);
+    double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - wallStart).count();
+    bool disturbed = wall > 0 && (threadCpuSeconds() - cpuStart) < 0.9 * wall;
     // To the tenth the cache keeps, so a cached run decides and prints alike.
     auto tenths = [](double rate) { return std::round(rate * 10) / 10; };
-    return Measured{tenths(oursRate), tenths(mklRate), mkl->shortName};
+    return Measured{tenths(oursRate), tenths(mklRate), mkl->shortName, disturbed};
   };
   std::string dir = cacheDirectory();
   sys::fs::file_status file;
@@ -276,7 +291,7 @@ Optional<Measured> measuredHere(const Library &ours, const std::string &path,
   if (lock >= 0)
     ::flock(lock, LOCK_EX);
   Optional<Measured> m = readMeasured(cached);
-  if (!m && (m = measureNow()))
+  if (!m && (m = measureNow()) && !m->disturbed)
     writeCacheFile(
         cached,
         formatv("openblas {0:f1}\nmkl {1:f1}\nmkl-name {2}\n", m->ours, m->mkl, m->mklName).str());

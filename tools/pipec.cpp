@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "compiler/sim/Simulator.h"
 #include "driver/Compile.h"
+#include "driver/CpuKernels.h"
 #include "driver/HtmlReport.h"
 #include "driver/InspectReport.h"
 #include "driver/MapParams.h"
@@ -845,14 +846,14 @@ int runRun() {
                         "each\n",
                         result->fusedNodes, result->fusedGroups, result->fusedMatMulBias,
                         result->fusedMatMulTransposed, result->fusedSoftmaxAttention);
+    if (RunBackend == "cpu" && done > 0)
+      outs() << recheckCpuCalibration(*plan, RunPlan, perStep, result->threadsPerRank);
     if (!RunSave.empty())
       outs() << "wrote " << RunSave << "\n";
     if (!RunOutputs.empty())
       outs() << "wrote " << result->outputs.size() << " output(s) to " << RunOutputs << "\n";
-    if (!RunTrace.empty())
-      outs() << "wrote " << RunTrace << "\n";
-    if (!RunMetrics.empty())
-      outs() << "wrote " << RunMetrics << "\n";
+    for (const std::string &written : {RunTrace.getValue(), RunMetrics.getValue()})
+      outs() << (written.empty() ? "" : "wrote " + written + "\n");
   }
   return 0;
 }

@@ -44,6 +44,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -379,6 +380,23 @@ void writeCache(StringRef path, const HardwareSpec &spec) {
 
 int resolvedThreads(int threads) { return threads > 0 ? threads : allowedCpuCount(); }
 
+/// CPU seconds the calling thread has run.
+double threadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+
+/// Now, UTC, as 2026-12-06T05:30:00Z.
+std::string utcNow() {
+  std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
 } // namespace
 
 void setCpuNodeRunner(CpuNodeRunner runner) { nodeRunner = runner; }
@@ -397,8 +415,15 @@ Expected<HardwareSpec> calibrateCpu(int threads) {
   blas::setNumThreads(1);
   Measured measured;
   std::string problem;
+  double cpuSeconds = 0, wallSeconds = 0;
   std::thread worker([&] {
+    // The share of the wall time this thread ran: another process that
+    // takes the cores makes every figure slow, and says so here.
+    double cpuStart = threadCpuSeconds();
+    Clock::time_point start = Clock::now();
     Expected<Measured> m = measureKernels(threads, bandwidth);
+    cpuSeconds = threadCpuSeconds() - cpuStart;
+    wallSeconds = secondsSince(start);
     if (m)
       measured = *m;
     else
@@ -426,6 +451,8 @@ Expected<HardwareSpec> calibrateCpu(int threads) {
   s.interNode = s.intraNode;
   s.devicesPerNode = cpus;
   s.sharesHostCores = true;
+  s.calibrationCpuShare = wallSeconds > 0 ? std::min(1.0, cpuSeconds / wallSeconds) : 0;
+  s.calibratedAt = utcNow();
   s.source = "calibrated on " + cpuModelName() + ", " + std::to_string(cpus) +
              " cpus: pipec's CPU kernels on " + std::to_string(threads) +
              (threads == 1 ? " thread" : " threads") + " (" + blas::name() +
@@ -458,7 +485,17 @@ Expected<HardwareSpec> cpuHardware(int threads) {
     consumeError(cached.takeError()); // stale or damaged: measure again
   }
   Expected<HardwareSpec> spec = calibrateCpu(threads);
-  if (spec && !path.empty())
+  // Figures taken while another process held the cores serve this compile
+  // only: the next one measures again.
+  if (spec && !path.empty() && !spec->calibrationDisturbed())
+    writeCache(path, *spec);
+  return spec;
+}
+
+Expected<HardwareSpec> recalibrateCpu(int threads) {
+  Expected<HardwareSpec> spec = calibrateCpu(threads);
+  std::string path = cpuCachePath(threads);
+  if (spec && !path.empty() && !spec->calibrationDisturbed())
     writeCache(path, *spec);
   return spec;
 }

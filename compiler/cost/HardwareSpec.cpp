@@ -43,7 +43,8 @@ bool HardwareSpec::operator==(const HardwareSpec &o) const {
          gemmOverhead == o.gemmOverhead && sumsComputeAndMemory == o.sumsComputeAndMemory &&
          intraNode == o.intraNode && interNode == o.interNode &&
          devicesPerNode == o.devicesPerNode && sharesHostCores == o.sharesHostCores &&
-         source == o.source;
+         source == o.source && calibrationCpuShare == o.calibrationCpuShare &&
+         calibratedAt == o.calibratedAt;
 }
 
 namespace {
@@ -192,7 +193,7 @@ Error readSpec(StringRef path, const json::Object &obj, bool hasBase, HardwareSp
   r.onlyKnown({"name", "base", "peak_flops_fp32", "peak_flops_bf16", "vector_flops",
                "memory_bandwidth", "memory_bytes", "launch_overhead_s", "gemm_overhead_s",
                "sum_compute_and_memory", "devices_per_node", "shares_host_cores", "intra_node",
-               "inter_node", "source"});
+               "inter_node", "source", "calibration_cpu_share", "calibrated_at"});
   r.text("name", spec.name);
   r.number("peak_flops_fp32", spec.peakFlopsF32);
   r.number("peak_flops_bf16", spec.peakFlopsBf16);
@@ -223,6 +224,9 @@ Error readSpec(StringRef path, const json::Object &obj, bool hasBase, HardwareSp
   }
   // Optional even without a base: loadHardwareFile() defaults it to the path.
   r.text("source", spec.source, /*required=*/false);
+  r.number("calibration_cpu_share", spec.calibrationCpuShare, /*zeroOk=*/true,
+           /*required=*/false);
+  r.text("calibrated_at", spec.calibratedAt, /*required=*/false);
   return r.finish();
 }
 
@@ -317,6 +321,10 @@ void writeHardwareJson(const HardwareSpec &spec, raw_ostream &os) {
     link("intra_node", spec.intraNode);
     link("inter_node", spec.interNode);
     j.attribute("source", spec.source);
+    if (spec.calibrationCpuShare > 0)
+      number("calibration_cpu_share", spec.calibrationCpuShare);
+    if (!spec.calibratedAt.empty())
+      j.attribute("calibrated_at", spec.calibratedAt);
   });
   os << "\n";
 }

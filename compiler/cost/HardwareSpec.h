@@ -61,6 +61,16 @@ struct HardwareSpec {
   /// and memory (the `cpu` spec and files over it), not devices of their own.
   bool sharesHostCores = false;
   std::string source; ///< Where the numbers come from, one line.
+  /// A calibrated spec's conditions: the share of the wall time the
+  /// calibrating thread ran (0: unknown, a spec from a file or a datasheet)
+  /// and when it ran (UTC, ISO 8601). Below minCalibrationCpuShare another
+  /// process took the cores: the figures are not cached.
+  double calibrationCpuShare = 0;
+  std::string calibratedAt;
+  static constexpr double minCalibrationCpuShare = 0.9;
+  bool calibrationDisturbed() const {
+    return calibrationCpuShare > 0 && calibrationCpuShare < minCalibrationCpuShare;
+  }
 
   /// Peak dense FLOP/s at bf16/fp16 when \p bf16, else at fp32.
   double peakFlops(bool bf16) const { return bf16 ? peakFlopsBf16 : peakFlopsF32; }
@@ -111,8 +121,16 @@ llvm::Expected<HardwareSpec> calibrateCpu(int threads = 0);
 /// calibrateCpu(\p threads), cached as JSON in $PIPEC_CACHE_DIR, else
 /// $XDG_CACHE_HOME/pipec, else $HOME/.cache/pipec (cpuCachePath()). A missing
 /// or unreadable cache is recalibrated and rewritten; failing to write the
-/// cache is not an error (the measured spec is still returned).
+/// cache is not an error (the measured spec is still returned). A
+/// calibration another process disturbed (calibrationDisturbed: the
+/// calibrating thread ran less than 90% of the wall time) is returned but
+/// not cached.
 llvm::Expected<HardwareSpec> cpuHardware(int threads = 0);
+
+/// Measures again, whatever the cache holds, and replaces the cache unless
+/// the measurement was disturbed: when a run's step departs from the plan's
+/// prediction.
+llvm::Expected<HardwareSpec> recalibrateCpu(int threads = 0);
 
 /// The cache file cpuHardware(\p threads) uses on this machine: named by a
 /// hash of the CPU model, the CPU count, the BLAS build, the calibration's
