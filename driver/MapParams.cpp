@@ -1,7 +1,7 @@
 //===- MapParams.cpp - Which checkpoint tensor each weight holds ----------===//
 #include "driver/MapParams.h"
+#include "driver/ParamMatch.h"
 
-#include "passes/Differentiate.h"
 #include "runtime/exec/ParamMap.h"
 #include "runtime/exec/Safetensors.h"
 #include "support/InputFile.h"
@@ -25,7 +25,7 @@
 using namespace llvm;
 
 namespace pipec {
-namespace {
+namespace params {
 
 std::string shapeText(ArrayRef<int64_t> shape) {
   return "[" + join(map_range(shape, [](int64_t d) { return std::to_string(d); }), ",") + "]";
@@ -92,42 +92,6 @@ std::shared_ptr<ConstTensor> constantOf(const cpu::Tensor &t, DType type) {
     value->floats[i] = t.getDouble(i);
   return value;
 }
-
-struct Weight {
-  std::string name;
-  cpu::Tensor value;
-  bool trained = false;
-  uint64_t print = 0;
-};
-
-struct Param {
-  const rt::SafeTensor *tensor = nullptr;
-  cpu::Tensor value;
-  std::map<cpu::DType, std::pair<cpu::Tensor, uint64_t>> cast; ///< per weight type
-  std::vector<plan::ParamPlace> places;
-  std::string aliasOf;
-  /// Each value to its flat index, when every entry differs (findTaken's).
-  std::optional<std::unordered_map<double, int64_t>> entries;
-
-  const std::pair<cpu::Tensor, uint64_t> &as(cpu::DType type) {
-    auto it = cast.find(type);
-    if (it != cast.end())
-      return it->second;
-    if (type == value.elemType()) // shares value's storage
-      return cast.emplace(type, std::make_pair(value, fingerprint(value))).first->second;
-    cpu::Tensor t(type, value.shape());
-    for (int64_t i = 0; i < t.numElements(); ++i)
-      t.setDouble(i, value.getDouble(i));
-    t.roundToElemType();
-    uint64_t print = fingerprint(t);
-    return cast.emplace(type, std::make_pair(std::move(t), print)).first->second;
-  }
-};
-
-struct Match {
-  size_t param;
-  plan::ParamPlace place;
-};
 
 /// findPlaces' slices and copies: the rows [s, s + n) along at most one
 /// axis, or one row there repeated; new leading axes; copies along every
@@ -327,12 +291,6 @@ bool carriesName(StringRef weight, StringRef param) {
                              weight[weight.size() - param.size() - 1] == '.');
 }
 
-/// A node's read of an initializer, and the module the node belongs to.
-struct Reader {
-  int node = -1, input = -1;
-  std::string scope;
-};
-
 /// The module of \p node: the dynamo exporter's "pkg.torch.onnx.name_scopes"
 /// (the module path before the op's own name,
 /// "m.model.layers.0.input_layernorm"), or the legacy exporter's node name
@@ -411,7 +369,53 @@ bool readsInScope(StringRef scope, StringRef param) {
                              scope[scope.size() - module.size() - 1] == '.');
 }
 
-} // namespace
+} // namespace params
+
+using namespace params;
+
+namespace params {
+
+/// The float weights of \p graph that its ops read, stored in its files or
+/// inline (typed data); with \p wanted, those it keeps (their values alone
+/// are read).
+Expected<std::vector<Weight>> graphWeights(const Graph &graph,
+                                           function_ref<bool(const Value &)> wanted) {
+  std::vector<Weight> weights;
+  for (size_t id = 0; id < graph.values.size(); ++id) {
+    const Value &v = graph.values[id];
+    if (v.kind != ValueKind::Weight || v.producer >= 0 || v.users.empty() || !v.shapeKnown ||
+        (v.type != DType::F32 && v.type != DType::F64) || (wanted && !wanted(v)))
+      continue; // 16-bit floats are held as float32 in memory: not read here
+    cpu::Tensor value(v.type, v.shape);
+    if (v.storage) {
+      auto bytes = graph.storageBytes(v);
+      if (!bytes)
+        return bytes.takeError();
+      if (bytes->size() != value.byteSize())
+        continue;
+      std::memcpy(value.rawData(), bytes->data(), bytes->size());
+    } else {
+      auto known = graph.readConstant(static_cast<int>(id), value.numElements());
+      if (!known) {
+        consumeError(known.takeError());
+        continue;
+      }
+      if (int64_t((*known)->floats.size()) != value.numElements())
+        continue;
+      for (int64_t i = 0; i < value.numElements(); ++i)
+        value.setDouble(i, (*known)->floats[i]);
+    }
+    Weight w;
+    w.name = v.name;
+    w.print = fingerprint(value);
+    w.value = std::move(value);
+    w.trained = true;
+    weights.push_back(std::move(w));
+  }
+  return std::move(weights);
+}
+
+} // namespace params
 
 Expected<std::map<std::string, std::vector<ParamSplit>>> splitMergedParams(StringRef modelPath,
                                                                            StringRef checkpoint) {
@@ -677,44 +681,6 @@ findAliases(std::vector<Param> &params, const std::map<std::string, std::set<std
   return extraAliases;
 }
 
-/// The float weights of \p graph that its ops read, stored in its files or
-/// inline (typed data).
-Expected<std::vector<Weight>> graphWeights(const Graph &graph) {
-  std::vector<Weight> weights;
-  for (size_t id = 0; id < graph.values.size(); ++id) {
-    const Value &v = graph.values[id];
-    if (v.kind != ValueKind::Weight || v.producer >= 0 || v.users.empty() || !v.shapeKnown ||
-        (v.type != DType::F32 && v.type != DType::F64))
-      continue; // 16-bit floats are held as float32 in memory: not read here
-    cpu::Tensor value(v.type, v.shape);
-    if (v.storage) {
-      auto bytes = graph.storageBytes(v);
-      if (!bytes)
-        return bytes.takeError();
-      if (bytes->size() != value.byteSize())
-        continue;
-      std::memcpy(value.rawData(), bytes->data(), bytes->size());
-    } else {
-      auto known = graph.readConstant(static_cast<int>(id), value.numElements());
-      if (!known) {
-        consumeError(known.takeError());
-        continue;
-      }
-      if (int64_t((*known)->floats.size()) != value.numElements())
-        continue;
-      for (int64_t i = 0; i < value.numElements(); ++i)
-        value.setDouble(i, (*known)->floats[i]);
-    }
-    Weight w;
-    w.name = v.name;
-    w.print = fingerprint(value);
-    w.value = std::move(value);
-    w.trained = true;
-    weights.push_back(std::move(w));
-  }
-  return std::move(weights);
-}
-
 } // namespace
 
 namespace {
@@ -775,140 +741,6 @@ Expected<std::vector<ParamFold>> findParamFolds(const Graph &graph, StringRef ch
     fold.value = constantOf(p.as(first->value.elemType()).first, first->value.elemType());
     fold.places = std::move(p.places);
     folds.push_back(std::move(fold));
-  }
-  return folds;
-}
-
-Expected<std::map<std::string, std::vector<ParamSplit>>> guessMergedSplits(const Graph &graph) {
-  std::map<std::string, std::vector<ParamSplit>> splits;
-  auto weights = graphWeights(graph);
-  if (!weights)
-    return weights.takeError();
-  std::vector<bool> data = dataWeights(graph);
-  std::map<std::string, std::vector<Reader>> readers = readersOf(*graph.model);
-  for (const Weight &w : *weights) {
-    int id = graph.findValue(w.name);
-    auto it = readers.find(w.name);
-    if (data[id] || w.value.numElements() < 2 || !oneValue(w.value) || it == readers.end())
-      continue;
-    std::vector<ParamSplit> mine; // one per module, in the order of their first reads
-    for (const Reader &r : it->second) {
-      std::string module =
-          r.scope.empty() ? formatv("node {0} input {1}", r.node, r.input).str() : r.scope;
-      auto at = find_if(mine, [&](const ParamSplit &p) { return p.param == module; });
-      if (at == mine.end()) {
-        std::string copy = r.scope.empty() ? std::to_string(mine.size() + 1) : module;
-        mine.push_back({module, w.name + "." + copy, {}, /*guessed=*/true});
-        at = mine.end() - 1;
-      }
-      at->readers.push_back({r.node, r.input});
-    }
-    if (mine.size() >= 2)
-      splits[w.name] = std::move(mine);
-  }
-  return splits;
-}
-
-namespace {
-
-/// \p t with every axis along which it holds equal copies (all its slices
-/// alike) cut to its first slice, of size 1.
-cpu::Tensor broadcastCore(const cpu::Tensor &t) {
-  cpu::Tensor core = t;
-  std::vector<int64_t> shape = t.shape();
-  for (size_t axis = 0; axis < shape.size(); ++axis) {
-    if (shape[axis] < 2)
-      continue;
-    int64_t outer = 1, inner = 1;
-    for (size_t a = 0; a < axis; ++a)
-      outer *= shape[a];
-    for (size_t a = axis + 1; a < shape.size(); ++a)
-      inner *= shape[a];
-    int64_t n = shape[axis];
-    bool copies = true;
-    for (int64_t o = 0; o < outer && copies; ++o)
-      for (int64_t i = 1; i < n && copies; ++i)
-        for (int64_t k = 0; k < inner && copies; ++k)
-          copies = core.getDouble((o * n + i) * inner + k) == core.getDouble(o * n * inner + k);
-    if (!copies)
-      continue;
-    std::vector<int64_t> cut = shape;
-    cut[axis] = 1;
-    cpu::Tensor first(core.elemType(), cut);
-    for (int64_t o = 0; o < outer; ++o)
-      for (int64_t k = 0; k < inner; ++k)
-        first.setDouble(o * inner + k, core.getDouble(o * n * inner + k));
-    core = std::move(first);
-    shape = std::move(cut);
-  }
-  return core;
-}
-
-} // namespace
-
-Expected<std::vector<ParamFold>> guessParamFolds(const Graph &graph,
-                                                 const std::set<std::string> &decided) {
-  auto weights = graphWeights(graph);
-  if (!weights)
-    return weights.takeError();
-  std::vector<bool> data = dataWeights(graph);
-  std::map<std::string, std::vector<Reader>> readers = readersOf(*graph.model);
-  struct Group {
-    std::string first, module;
-    Param param;
-    std::vector<plan::ParamPlace> places;
-  };
-  std::vector<Group> groups;
-  std::multimap<uint64_t, size_t> byPrint; // fingerprint of the core -> group
-  for (const Weight &w : *weights) {
-    if (w.value.numElements() < 2 || oneValue(w.value) || decided.count(w.name))
-      continue;
-    // The one module whose nodes read it, if the file records one.
-    std::set<std::string> modules;
-    for (const Reader &r : readers[w.name])
-      modules.insert(r.scope);
-    std::string module = modules.size() == 1 ? *modules.begin() : "";
-    cpu::Tensor core = broadcastCore(w.value);
-    // Data of one entry per sample that holds equal entries is a parameter
-    // broadcast over the batch (a token type row expanded to [B, S, H]);
-    // a mask's fill is never one.
-    bool overBatch = w.value.shape()[0] > 1 && core.shape()[0] == 1;
-    for (int64_t i = 0; i < w.value.numElements() && overBatch; ++i)
-      overBatch = std::isfinite(w.value.getDouble(i)) && std::abs(w.value.getDouble(i)) < 1e30;
-    if (data[graph.findValue(w.name)] && !overBatch)
-      continue;
-    uint64_t print = fingerprint(core);
-    bool placed = false;
-    for (auto [it, end] = byPrint.equal_range(print); it != end && !placed && !module.empty();
-         ++it) {
-      Group &g = groups[it->second];
-      if (g.module != module)
-        continue;
-      std::vector<plan::ParamPlace> found = findPlaces(w, g.param);
-      if (!found.empty()) {
-        g.places.push_back(std::move(found.front()));
-        placed = true;
-      }
-    }
-    if (placed)
-      continue;
-    Group g{w.name, module, Param(), {}};
-    g.param.value = std::move(core);
-    std::vector<plan::ParamPlace> found = findPlaces(w, g.param);
-    if (found.empty())
-      continue;
-    g.places.push_back(std::move(found.front()));
-    byPrint.insert({print, groups.size()});
-    groups.push_back(std::move(g));
-  }
-  std::vector<ParamFold> folds;
-  for (Group &g : groups) {
-    bool broadcast = any_of(g.places.front().steps(),
-                            [](const plan::ParamStep &s) { return s.has_broadcast(); });
-    if (g.places.size() < 2 && !broadcast)
-      continue;
-    folds.push_back({g.first, constantOf(g.param.value, g.param.value.elemType()),
-                     std::move(g.places), /*guessed=*/true});
   }
   return folds;
 }
