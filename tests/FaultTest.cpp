@@ -9,6 +9,9 @@
 //===----------------------------------------------------------------------===//
 #include "TestUtil.h"
 
+#include "plan/PlanFile.h"
+#include "plan/plan.pb.h"
+
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 
@@ -67,6 +70,16 @@ protected:
     std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
   }
 
+  /// The pipec::plan::Checkpoint of rank file \p path.
+  static pipec::plan::Checkpoint typedCheckpoint(const std::string &path) {
+    std::string bytes = readFile(path);
+    size_t line = bytes.find('\n');
+    pipec::plan::Checkpoint c;
+    EXPECT_NE(line, std::string::npos) << path;
+    EXPECT_TRUE(line != std::string::npos && c.ParseFromString(bytes.substr(line + 1))) << path;
+    return c;
+  }
+
   std::string stepFile(int step, int rank) {
     return ckpt + "/step-" + std::to_string(step) + "/rank-" + std::to_string(rank) + ".ckpt";
   }
@@ -90,17 +103,58 @@ TEST_F(Fault, AStepMixingTwoRunsIsRefusedNamingTwoFiles) {
   EXPECT_EQ(run("--steps 3 --resume-if-exists --checkpoint " + ckpt, out), 0) << out;
   EXPECT_NE(out.find("mixes the files of two runs"), std::string::npos) << out;
   EXPECT_NE(out.find("skipped"), std::string::npos) << out;
-  // Each file carries its run and its plan in its header.
-  std::string header = readFile(stepFile(1, 0)).substr(0, 200);
-  EXPECT_TRUE(llvm::StringRef(header).contains(" run=")) << header;
-  EXPECT_TRUE(llvm::StringRef(header).contains(" plan=")) << header;
+  // Each file carries its run and its plan, typed.
+  pipec::plan::Checkpoint mine = typedCheckpoint(stepFile(1, 0)),
+                          theirs = typedCheckpoint(other + "/step-1/rank-0.ckpt");
+  EXPECT_EQ(mine.run().size(), 16u) << mine.run();
+  EXPECT_NE(mine.run(), theirs.run());
+  EXPECT_EQ(mine.plan().size(), 32u) << mine.plan(); // XXH3-128, hex
+  EXPECT_EQ(mine.next_step(), 1);
+  EXPECT_EQ(mine.shards(), 1);
+  EXPECT_GT(mine.weights_size(), 0);
+  EXPECT_EQ(mine.moment1_size(), mine.moment2_size()); // AdamW's
+}
+
+/// A checkpoint written before checkpoints were typed (a GraphProto of
+/// "w:", "m:" and "v:" NAME tensors, its step in the doc_string, the
+/// identity in the checksum line) still resumes, to the same weights.
+TEST_F(Fault, UntypedCheckpointStillResumes) {
+  std::string out;
+  ASSERT_EQ(
+      run("--steps 3 --checkpoint " + ckpt + " --save-weights " + dir.path("typed.onnx"), out), 0)
+      << out;
+  for (int rank = 0; rank < 2; ++rank) {
+    pipec::plan::Checkpoint c = typedCheckpoint(stepFile(2, rank));
+    onnx::GraphProto g;
+    g.set_doc_string("step=" + std::to_string(c.next_step()) + " shards=1");
+    std::pair<const char *, const google::protobuf::RepeatedPtrField<onnx::TensorProto> *> kinds[] =
+        {{"w:", &c.weights()}, {"p:", &c.masters()}, {"m:", &c.moment1()}, {"v:", &c.moment2()}};
+    for (auto [prefix, tensors] : kinds)
+      for (const onnx::TensorProto &t : *tensors) {
+        onnx::TensorProto &added = *g.add_initializer();
+        added = t;
+        added.set_name(prefix + t.name());
+      }
+    std::string payload = g.SerializeAsString();
+    std::ofstream(stepFile(2, rank), std::ios::binary | std::ios::trunc)
+        << "pipec-checkpoint sha256=" << pipec::sha256Hex(payload) << " run=" << c.run()
+        << " plan=" << c.plan() << "\n"
+        << payload;
+  }
+  std::ofstream(ckpt + "/latest", std::ios::trunc) << "step-2\n";
+  ASSERT_EQ(
+      run("--steps 3 --resume --checkpoint " + ckpt + " --save-weights " + dir.path("untyped.onnx"),
+          out),
+      0)
+      << out;
+  EXPECT_EQ(readFile(dir.path("untyped.onnx")), readFile(dir.path("typed.onnx")));
 }
 
 TEST_F(Fault, CorruptCheckpointIsRefusedNamingTheFileAndAnIntactOne) {
   std::string out;
   ASSERT_EQ(run("--steps 3 --checkpoint " + ckpt, out), 0) << out;
   EXPECT_EQ(readFile(ckpt + "/latest"), "step-3\n");
-  EXPECT_EQ(readFile(stepFile(3, 1)).rfind("pipec-checkpoint sha256=", 0), 0u);
+  EXPECT_EQ(readFile(stepFile(3, 1)).rfind("pipec-checkpoint-2 sha256=", 0), 0u);
   // An intact checkpoint resumes.
   ASSERT_EQ(run("--steps 3 --resume --checkpoint " + ckpt, out), 0) << out;
   // One byte flipped in the middle of rank 1's weights of step 3.

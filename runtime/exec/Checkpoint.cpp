@@ -4,6 +4,9 @@
 #include "runtime/exec/RankExecutor.h"
 #include "support/InputFile.h"
 
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
+
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -23,54 +26,53 @@ using namespace llvm;
 namespace pipec::rt {
 
 Error RankExecutor::saveCheckpoint(StringRef file, int nextStep) {
-  onnx::GraphProto g;
-  g.set_name("pipec checkpoint");
+  plan::Checkpoint c;
+  c.set_next_step(nextStep);
   // A sharded optimizer's state is this replica's shard of it: the file
   // says over how many replicas.
-  g.set_doc_string(formatv("step={0} shards={1}", nextStep, s.shardOptimizer ? s.dp : 1).str());
-  auto add = [&](const cpu::Tensor &t, const std::string &name) -> Error {
+  c.set_shards(s.shardOptimizer ? s.dp : 1);
+  c.set_run(s.checkpointRun);
+  c.set_plan(s.checkpointPlan);
+  auto add = [&](const cpu::Tensor &t, const std::string &name,
+                 google::protobuf::RepeatedPtrField<onnx::TensorProto> &into) -> Error {
     auto host = be.download(t);
     if (!host)
       return host.takeError();
-    *g.add_initializer() = cpu::toTensorProto(*host, name);
+    *into.Add() = cpu::toTensorProto(*host, name);
     return Error::success();
   };
   for (const std::string &name : trainableHere) {
-    if (Error err = add(weights.at(name), "w:" + name))
+    if (Error err = add(weights.at(name), name, *c.mutable_weights()))
       return err;
     if (auto it = master.find(name); it != master.end())
-      if (Error err = add(it->second, "p:" + name))
+      if (Error err = add(it->second, name, *c.mutable_masters()))
         return err;
     if (auto it = moment1.find(name); it != moment1.end() && !it->second.isNull())
-      if (Error err = add(it->second, "m:" + name))
+      if (Error err = add(it->second, name, *c.mutable_moment1()))
         return err;
     if (auto it = moment2.find(name); it != moment2.end() && !it->second.isNull())
-      if (Error err = add(it->second, "v:" + name))
+      if (Error err = add(it->second, name, *c.mutable_moment2()))
         return err;
   }
   for (const auto &entry : runningHere)
-    if (Error err = add(weights.at(entry.first), "w:" + entry.first))
+    if (Error err = add(weights.at(entry.first), entry.first, *c.mutable_weights()))
       return err;
   std::string bytes;
-  if (!g.SerializeToString(&bytes))
+  if (!c.SerializeToString(&bytes))
     return rankError(global, "checkpoint: cannot serialize (over 2 GiB?)");
-  return writeCheckpointFile(file, bytes, s.checkpointIdentity);
+  return writeCheckpointFile(file, bytes);
 }
 
 Error RankExecutor::loadCheckpoint(StringRef file, int &nextStep) {
   auto bytes = readCheckpointFile(file);
   if (!bytes)
     return rankError(global, toString(bytes.takeError()));
-  onnx::GraphProto g;
-  if (!g.ParseFromArray(bytes->payload.data(), static_cast<int>(bytes->payload.size())) ||
-      !StringRef(g.doc_string()).startswith("step="))
-    return rankError(global, formatv("checkpoint {0} is not a pipec checkpoint", file));
-  auto [step, rest] = StringRef(g.doc_string()).drop_front(5).split(' ');
-  if (step.getAsInteger(10, nextStep))
-    return rankError(global, formatv("checkpoint {0}: bad step", file));
-  int shards = 1; // files from before sharding say nothing
-  if (rest.consume_front("shards=") && (rest.getAsInteger(10, shards) || shards < 1))
-    return rankError(global, formatv("checkpoint {0}: bad shard count", file));
+  auto parsed = parseCheckpoint(*bytes);
+  if (!parsed)
+    return rankError(global, formatv("checkpoint {0}: {1}", file, toString(parsed.takeError())));
+  const plan::Checkpoint &c = *parsed;
+  nextStep = c.next_step();
+  int shards = c.shards();
   int ours = s.shardOptimizer ? s.dp : 1;
   if (shards != ours) {
     auto says = [](int n) {
@@ -82,34 +84,34 @@ Error RankExecutor::loadCheckpoint(StringRef file, int &nextStep) {
                              file, says(shards), says(ours)));
   }
   std::set<std::string> seen;
-  for (const onnx::TensorProto &t : g.initializer()) {
-    auto host = cpu::fromTensorProto(t);
-    if (!host)
-      return rankError(global, formatv("checkpoint {0}: {1}", file, toString(host.takeError())));
-    auto tensor = be.upload(*host);
-    if (!tensor)
-      return tensor.takeError();
-    StringRef name = t.name();
-    std::string weight = name.drop_front(2).str();
-    if (!weights.count(weight))
-      return rankError(global, formatv("checkpoint {0} holds '{1}', which this rank does not own; "
-                                       "was it written for another plan?",
-                                       file, weight));
-    if (name.startswith("w:")) {
-      if (tensor->shape() != weights[weight].shape())
-        return rankError(global, formatv("checkpoint {0}: '{1}' has shape {2}, the model {3}", file,
-                                         weight, cpu::shapeString(tensor->shape()),
-                                         cpu::shapeString(weights[weight].shape())));
-      weights[weight] = std::move(*tensor);
-      seen.insert(weight);
-    } else if (name.startswith("p:")) {
-      master[weight] = std::move(*tensor);
-    } else if (name.startswith("m:")) {
-      moment1[weight] = std::move(*tensor);
-    } else if (name.startswith("v:")) {
-      moment2[weight] = std::move(*tensor);
+  std::pair<const google::protobuf::RepeatedPtrField<onnx::TensorProto> *,
+            std::map<std::string, cpu::Tensor> *>
+      kinds[] = {{&c.weights(), &weights},
+                 {&c.masters(), &master},
+                 {&c.moment1(), &moment1},
+                 {&c.moment2(), &moment2}};
+  for (auto [tensors, into] : kinds)
+    for (const onnx::TensorProto &t : *tensors) {
+      auto host = cpu::fromTensorProto(t);
+      if (!host)
+        return rankError(global, formatv("checkpoint {0}: {1}", file, toString(host.takeError())));
+      auto tensor = be.upload(*host);
+      if (!tensor)
+        return tensor.takeError();
+      const std::string &weight = t.name();
+      if (!weights.count(weight))
+        return rankError(global, formatv("checkpoint {0} holds '{1}', which this rank does not "
+                                         "own; was it written for another plan?",
+                                         file, weight));
+      if (into == &weights) {
+        if (tensor->shape() != weights[weight].shape())
+          return rankError(global, formatv("checkpoint {0}: '{1}' has shape {2}, the model {3}",
+                                           file, weight, cpu::shapeString(tensor->shape()),
+                                           cpu::shapeString(weights[weight].shape())));
+        seen.insert(weight);
+      }
+      (*into)[weight] = std::move(*tensor);
     }
-  }
   for (const std::string &name : trainableHere)
     if (!seen.count(name))
       return rankError(global, formatv("checkpoint {0} lacks weight '{1}'", file, name));
@@ -206,15 +208,63 @@ Expected<int> latestCheckpoint(StringRef dir) {
 
 namespace {
 
-constexpr StringLiteral headerPrefix = "pipec-checkpoint sha256=";
+/// The checksum line of a file whose payload is a plan::Checkpoint, and
+/// that of the files before it (a GraphProto whose doc_string held
+/// "step=N shards=S", the identity "run=ID plan=HASH" in the line).
+constexpr StringLiteral headerPrefix = "pipec-checkpoint-2 sha256=";
+constexpr StringLiteral untypedPrefix = "pipec-checkpoint sha256=";
+
+/// "run=ID plan=HASH", as errors name a file's run.
+std::string identityText(StringRef run, StringRef plan) {
+  return run.empty() && plan.empty() ? "" : ("run=" + run + " plan=" + plan).str();
+}
 
 } // namespace
 
-Error writeCheckpointFile(StringRef file, StringRef payload, StringRef identity) {
-  std::string bytes =
-      (headerPrefix + sha256Hex(payload) + (identity.empty() ? "" : " ") + identity + "\n").str();
+Error writeCheckpointFile(StringRef file, StringRef payload) {
+  std::string bytes = (headerPrefix + sha256Hex(payload) + "\n").str();
   bytes.append(payload.data(), payload.size());
   return writeFileAtomically(file, bytes);
+}
+
+Expected<plan::Checkpoint> parseCheckpoint(const CheckpointBytes &bytes) {
+  plan::Checkpoint c;
+  if (bytes.typed) {
+    if (!c.ParseFromArray(bytes.payload.data(), static_cast<int>(bytes.payload.size())))
+      return createStringError(inconvertibleErrorCode(), "not a pipec checkpoint");
+    if (c.next_step() < 0 || c.shards() < 1)
+      return createStringError(inconvertibleErrorCode(), "bad step %d or shard count %d",
+                               c.next_step(), c.shards());
+    return c;
+  }
+  // A file from before typed checkpoints: its tensors named "w:", "p:",
+  // "m:" and "v:" NAME, its step and shards in the graph's doc_string.
+  onnx::GraphProto g;
+  if (!g.ParseFromArray(bytes.payload.data(), static_cast<int>(bytes.payload.size())) ||
+      !StringRef(g.doc_string()).startswith("step="))
+    return createStringError(inconvertibleErrorCode(), "not a pipec checkpoint");
+  auto [step, rest] = StringRef(g.doc_string()).drop_front(5).split(' ');
+  int nextStep = 0, shards = 1; // files from before sharding say nothing
+  if (step.getAsInteger(10, nextStep) || nextStep < 0)
+    return createStringError(inconvertibleErrorCode(), "bad step");
+  if (rest.consume_front("shards=") && (rest.getAsInteger(10, shards) || shards < 1))
+    return createStringError(inconvertibleErrorCode(), "bad shard count");
+  c.set_next_step(nextStep);
+  c.set_shards(shards);
+  for (const onnx::TensorProto &t : g.initializer()) {
+    StringRef name = t.name();
+    auto *into = name.startswith("w:")   ? c.mutable_weights()
+                 : name.startswith("p:") ? c.mutable_masters()
+                 : name.startswith("m:") ? c.mutable_moment1()
+                 : name.startswith("v:") ? c.mutable_moment2()
+                                         : nullptr;
+    if (!into)
+      continue;
+    onnx::TensorProto &added = *into->Add();
+    added = t;
+    added.set_name(name.drop_front(2).str());
+  }
+  return c;
 }
 
 Expected<CheckpointBytes> readCheckpointFile(StringRef file) {
@@ -225,7 +275,8 @@ Expected<CheckpointBytes> readCheckpointFile(StringRef file) {
   StringRef all = (*buffer)->getBuffer();
   auto [header, payload] = all.split('\n');
   StringRef recorded = header, identity;
-  if (recorded.consume_front(headerPrefix))
+  bool typed = recorded.consume_front(headerPrefix);
+  if (typed || recorded.consume_front(untypedPrefix))
     std::tie(recorded, identity) = recorded.split(' ');
   else
     recorded = "";
@@ -240,7 +291,7 @@ Expected<CheckpointBytes> readCheckpointFile(StringRef file) {
                              "checkpoint %s is corrupt: its bytes hash to sha256 %s, its header "
                              "records %s",
                              file.str().c_str(), actual.c_str(), recorded.str().c_str());
-  return CheckpointBytes{std::move(*buffer), payload, identity.str()};
+  return CheckpointBytes{std::move(*buffer), payload, typed, identity.str()};
 }
 
 Expected<std::string> checkpointIdentity(StringRef file) {
@@ -248,11 +299,29 @@ Expected<std::string> checkpointIdentity(StringRef file) {
   if (!buffer)
     return createStringError(inconvertibleErrorCode(), "checkpoint %s",
                              toString(buffer.takeError()).c_str());
-  StringRef header = (*buffer)->getBuffer().split('\n').first;
+  auto [header, payload] = (*buffer)->getBuffer().split('\n');
+  if (header.consume_front(untypedPrefix))
+    return header.split(' ').second.str();
   if (!header.consume_front(headerPrefix))
     return createStringError(inconvertibleErrorCode(), "checkpoint %s has no checksum header",
                              file.str().c_str());
-  return header.split(' ').second.str();
+  // The run and the plan lead the message: read up to its first tensor.
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t *>(payload.data()),
+                                            static_cast<int>(payload.size()));
+  std::string run, plan;
+  for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
+    int field = static_cast<int>(tag >> 3);
+    if (field >= plan::Checkpoint::kWeightsFieldNumber)
+      break;
+    std::string *text = field == plan::Checkpoint::kRunFieldNumber    ? &run
+                        : field == plan::Checkpoint::kPlanFieldNumber ? &plan
+                                                                      : nullptr;
+    if (text ? !google::protobuf::internal::WireFormatLite::ReadString(&in, text)
+             : !google::protobuf::internal::WireFormatLite::SkipField(&in, tag))
+      return createStringError(inconvertibleErrorCode(), "checkpoint %s is not a pipec checkpoint",
+                               file.str().c_str());
+  }
+  return identityText(run, plan);
 }
 
 std::vector<int> checkpointSteps(StringRef dir) {
@@ -325,7 +394,7 @@ Error sameRanks(StringRef dir, int step, int ranks, int stages) {
 }
 
 /// Succeeds when every rank's file of \p step was written by one run of one
-/// plan (the identity in its header); else names two files that disagree.
+/// plan (checkpointIdentity); else names two files that disagree.
 /// Every rank reads the same headers and reaches the same answer.
 Error checkOneRun(StringRef dir, int step, int ranks) {
   std::string first;

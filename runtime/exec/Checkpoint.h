@@ -3,13 +3,14 @@
 // A checkpoint directory holds step-N/rank-R.ckpt for every global rank R
 // and a file "latest" naming the newest complete step ("step-N"), written
 // after every rank's file. A rank's file is one header line,
-// "pipec-checkpoint sha256=HEX run=ID plan=HASH\n", HEX the SHA-256 of
-// every byte after it, ID the run that wrote it (one per run, shared by its
-// ranks) and HASH the plan's (XXH3-128 of its bytes),
-// then a GraphProto of tensors "w:NAME" (weights), "p:NAME" (float32 master
-// copies), "m:NAME" and "v:NAME" (optimizer moments), with doc_string
-// "step=N"; RankExecutor writes and reads it (Checkpoint.cpp). A file whose
-// bytes do not hash to its header is corrupt and never loaded.
+// "pipec-checkpoint-2 sha256=HEX\n", HEX the SHA-256 of every byte after
+// it, then a plan::Checkpoint (plan.proto): the step to resume at, the
+// optimizer state's shard count, the run that wrote it (one id per run,
+// shared by its ranks) and the plan's hash (XXH3-128 of its bytes), then
+// the weights, float32 master copies and optimizer moments by name.
+// RankExecutor writes and reads it (Checkpoint.cpp); files from before
+// typed checkpoints still load. A file whose bytes do not hash to its
+// header is corrupt and never loaded.
 //
 // Resuming is collective: every rank checks its own file of a step and the
 // ranks agree (a sum over all ranks) that the step is intact before any
@@ -20,6 +21,8 @@
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_EXEC_CHECKPOINT_H
 #define PIPEC_RUNTIME_EXEC_CHECKPOINT_H
+
+#include "plan/plan.pb.h"
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
@@ -38,13 +41,13 @@ std::string checkpointFile(llvm::StringRef dir, int nextStep, int global);
 /// The step that \p dir's "latest" names; errors read "--resume: ...".
 llvm::Expected<int> latestCheckpoint(llvm::StringRef dir);
 
-/// Writes \p payload to \p file behind its checksum header and \p identity
-/// ("run=ID plan=HASH"), atomically.
-llvm::Error writeCheckpointFile(llvm::StringRef file, llvm::StringRef payload,
-                                llvm::StringRef identity);
+/// Writes \p payload (a plan::Checkpoint) to \p file behind its checksum
+/// header, atomically.
+llvm::Error writeCheckpointFile(llvm::StringRef file, llvm::StringRef payload);
 
-/// The identity in \p file's header ("" for a file written before
-/// checkpoints carried one), read without reading the rest.
+/// The identity of \p file, "run=ID plan=HASH" ("" for a file written
+/// before checkpoints carried one): the message's leading fields, read
+/// without reading its tensors.
 llvm::Expected<std::string> checkpointIdentity(llvm::StringRef file);
 
 /// A checkpoint file whose checksum matched: the bytes read, and the payload
@@ -52,8 +55,15 @@ llvm::Expected<std::string> checkpointIdentity(llvm::StringRef file);
 struct CheckpointBytes {
   std::unique_ptr<llvm::MemoryBuffer> buffer;
   llvm::StringRef payload;
+  /// The payload is a plan::Checkpoint; else a file from before typed
+  /// checkpoints, whose header line carried `identity`.
+  bool typed = true;
   std::string identity;
 };
+
+/// The checkpoint \p bytes hold, of either format; errors say why it is
+/// not one (without the file's name).
+llvm::Expected<plan::Checkpoint> parseCheckpoint(const CheckpointBytes &bytes);
 
 /// Reads \p file and checks its checksum. Errors name the file: "checkpoint
 /// FILE is corrupt: its bytes hash to X, its header records Y", "checkpoint

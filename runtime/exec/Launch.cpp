@@ -153,10 +153,9 @@ namespace {
 
 /// What this run's checkpoint files carry: run \p run (drawn once per run)
 /// and the plan's hash.
-std::string checkpointIdentity(uint64_t run, const plan::Plan &plan) {
-  return formatv("run={0} plan={1}", format_hex_no_prefix(run, 16),
-                 contentHash(plan.SerializeAsString()))
-      .str();
+void setCheckpointIdentity(Shared &s, uint64_t run, const plan::Plan &plan) {
+  s.checkpointRun = formatv("{0}", format_hex_no_prefix(run, 16)).str();
+  s.checkpointPlan = contentHash(plan.SerializeAsString());
 }
 
 uint64_t freshRunId() {
@@ -681,7 +680,7 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
   }
   Shared &s = **shared;
   if (!options.checkpointDir.empty())
-    s.checkpointIdentity = checkpointIdentity(freshRunId(), plan);
+    setCheckpointIdentity(s, freshRunId(), plan);
   int ranks = s.P * s.dp;
   int threadsPerRank = shareCores(options, ranks);
   LocalWorld world(ranks, options.timeoutSeconds);
@@ -811,8 +810,7 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
     double halves[2] = {double(mine >> 32), double(mine & 0xffffffffu)};
     if (Error err = (*comm)->sumAll(halves))
       return err;
-    s.checkpointIdentity =
-        checkpointIdentity((uint64_t(halves[0]) << 32) | uint64_t(halves[1]), plan);
+    setCheckpointIdentity(s, (uint64_t(halves[0]) << 32) | uint64_t(halves[1]), plan);
   }
   RankExecutor ex(s, **comm, **backend);
   RunResult result;

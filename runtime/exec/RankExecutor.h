@@ -79,8 +79,9 @@ struct Shared {
   /// The constant a weight holds its parameter shifted by (ParamMap.h's
   /// decayCenterOf), for the weights where it is not 0.
   std::map<std::string, double> decayCenters;
-  /// "run=ID plan=HASH": what every checkpoint file of this run carries.
-  std::string checkpointIdentity;
+  /// What every checkpoint file of this run carries: the run's id and the
+  /// plan's hash (plan::Checkpoint's run and plan).
+  std::string checkpointRun, checkpointPlan;
   /// Lines the run warns about before its first step (--init).
   std::vector<std::string> warnings;
   std::set<std::string> trainable;
