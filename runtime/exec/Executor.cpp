@@ -330,9 +330,11 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
     for (size_t o = 0; o < p.outputs.size() && o < outs->size(); ++o)
       if (p.outputs[o] >= 0)
         values.put(p.outputs[o]) = std::move((*outs)[o]);
-    if (afterNode)
+    if (afterNode) {
       if (Error err = afterNode(index))
         return err;
+      last = Clock::now(); // its work (adding gradient terms) is not the next node's
+    }
   }
   return Error::success();
 }
