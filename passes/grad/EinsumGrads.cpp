@@ -26,13 +26,13 @@
 //===----------------------------------------------------------------------===//
 #include "passes/grad/GradRules.h"
 
+#include "ops/Einsum.h"
 #include "support/Attributes.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallVector.h"
 
 #include <algorithm>
-#include <cctype>
 
 using namespace llvm;
 
@@ -42,103 +42,25 @@ namespace {
 /// A term of the equation: one letter per dimension.
 using Term = std::string;
 
-bool isLetter(char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; }
-
 /// The equation with '...' written out: a term per operand and the output's.
 struct Equation {
   std::vector<Term> inputs;
   Term output;
 };
 
-/// Splits \p term into letters and at most one '...' (returned as \p at,
-/// the position of the ellipsis among the letters, or -1).
-Expected<std::string> lettersOf(GradContext &ctx, StringRef term, int &at) {
-  std::string letters;
-  at = -1;
-  for (size_t k = 0; k < term.size(); ++k) {
-    if (isLetter(term[k])) {
-      letters.push_back(term[k]);
-    } else if (at < 0 && term.substr(k).startswith("...")) {
-      at = static_cast<int>(letters.size());
-      k += 2;
-    } else {
-      return ctx.error("bad term '" + term + "' in the equation");
-    }
-  }
-  return letters;
-}
-
-/// \p letters with the last \p count of \p spanned inserted at \p at.
-Term withEllipsis(const std::string &letters, int at, const std::string &spanned, size_t count) {
-  if (at < 0)
-    return letters;
-  return letters.substr(0, at) + spanned.substr(spanned.size() - count) + letters.substr(at);
-}
-
-/// Parses the forward node's equation against its operands' ranks.
+/// Parses the forward node's equation (ops/Einsum.h) against its operands'
+/// ranks, as letters.
 Expected<Equation> parseEquation(GradContext &ctx) {
-  std::string text;
-  for (char c : attrString(ctx.node(), "equation", ""))
-    if (c != ' ')
-      text.push_back(c);
-  StringRef lhs = text, rhs;
-  bool explicitOutput = false;
-  if (size_t arrow = lhs.find("->"); arrow != StringRef::npos) {
-    rhs = lhs.substr(arrow + 2);
-    lhs = lhs.take_front(arrow);
-    explicitOutput = true;
-  }
-  SmallVector<StringRef, 4> terms;
-  lhs.split(terms, ',');
-  size_t count = ctx.op().inputs.size();
-  if (terms.size() != count)
-    return ctx.error("the equation '" + text + "' has " + Twine(terms.size()) + " terms for " +
-                     Twine(count) + " inputs");
-  std::vector<std::string> letters(count);
-  std::vector<int> at(count);
-  std::vector<size_t> spans(count, 0);
-  size_t total = 0;
-  for (size_t i = 0; i < count; ++i) {
-    Expected<std::string> parsed = lettersOf(ctx, terms[i], at[i]);
-    if (!parsed)
-      return parsed.takeError();
-    letters[i] = *parsed;
-    size_t rank = ctx.shapeOf(i).size();
-    if (rank < letters[i].size() || (at[i] < 0 && rank != letters[i].size()))
-      return ctx.error("term '" + terms[i] + "' does not fit input " + Twine(i) + " of rank " +
-                       Twine(rank));
-    spans[i] = rank - letters[i].size();
-    total = std::max(total, spans[i]);
-  }
-  // The dimensions '...' spans get letters the equation leaves free.
-  std::string spanned;
-  for (char c : std::string("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"))
-    if (spanned.size() < total && text.find(c) == std::string::npos)
-      spanned.push_back(c);
-  if (spanned.size() < total)
-    return ctx.error("too few free letters to write out '...'");
+  std::vector<int64_t> ranks;
+  for (size_t i = 0; i < ctx.op().inputs.size(); ++i)
+    ranks.push_back(static_cast<int64_t>(ctx.shapeOf(i).size()));
+  Expected<EinsumEquation> parsed = parseEinsum(attrString(ctx.node(), "equation", ""), ranks);
+  if (!parsed)
+    return ctx.error(toString(parsed.takeError()));
   Equation eq;
-  for (size_t i = 0; i < count; ++i)
-    eq.inputs.push_back(withEllipsis(letters[i], at[i], spanned, spans[i]));
-  if (explicitOutput) {
-    int outAt;
-    Expected<std::string> out = lettersOf(ctx, rhs, outAt);
-    if (!out)
-      return out.takeError();
-    if (outAt < 0 && total > 0)
-      return ctx.error("the output drops the dimensions of '...'");
-    eq.output = withEllipsis(*out, outAt, spanned, total);
-    return eq;
-  }
-  // Implicit output: '...', then the letters seen once, in ASCII order.
-  eq.output = spanned;
-  std::string once;
-  for (const std::string &l : letters)
-    for (char c : l)
-      if (llvm::count(text, c) == 1)
-        once.push_back(c);
-  llvm::sort(once);
-  eq.output += once;
+  for (const EinsumEquation::Labels &labels : parsed->inputs)
+    eq.inputs.push_back(parsed->letters(labels));
+  eq.output = parsed->letters(parsed->output);
   return eq;
 }
 

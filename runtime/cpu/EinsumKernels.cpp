@@ -3,10 +3,7 @@
 // Einsum in three steps, as numpy's einsum computes it:
 //
 //   1. Parse the equation into one label per dimension of each operand and
-//      of the output. Letters are labels 0-51 in ASCII order (A-Z, then
-//      a-z); the dimensions an ellipsis stands for are labels 52 and up,
-//      right-aligned across operands as broadcasting aligns them. The
-//      implicit output is the ellipsis, then the letters seen once.
+//      of the output (ops/Einsum.h, which the gradient rule reads too).
 //   2. Reduce each operand to distinct labels: a repeated label takes the
 //      diagonal, and a label no other operand or the output has is summed.
 //   3. Contract the operands left to right, two at a time, as a batched
@@ -16,13 +13,13 @@
 //      and transposed into the output's order.
 //
 //===----------------------------------------------------------------------===//
+#include "ops/Einsum.h"
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
-#include <cctype>
 #include <map>
 
 using namespace llvm;
@@ -30,8 +27,7 @@ using namespace llvm;
 namespace pipec::cpu {
 namespace {
 
-constexpr int numLetters = 52;
-using Labels = std::vector<int>;
+using Labels = EinsumEquation::Labels;
 
 /// An operand or intermediate result with one label per dimension.
 struct Labeled {
@@ -39,130 +35,36 @@ struct Labeled {
   Labels labels;
 };
 
-/// The parsed equation: the labels of each input and of the output.
+/// The parsed equation (ops/Einsum.h) and the size of each label.
 struct Equation {
   std::vector<Labels> inputs;
   Labels output;
-  /// The size of each label (numLetters + ellipsis dimensions entries).
   Shape sizes;
 };
 
-int letterLabel(char c) {
-  return std::isupper(static_cast<unsigned char>(c)) ? c - 'A' : 26 + (c - 'a');
-}
-
-/// Parses one term of letters and at most one "..." into labels, with
-/// ellipsis dimensions as -1 placeholders (\p ellipsis counts them: 0 or 1).
-Expected<Labels> parseTerm(const OpContext &ctx, StringRef term, int &ellipsis) {
-  Labels labels;
-  ellipsis = 0;
-  for (size_t i = 0; i < term.size(); ++i) {
-    char c = term[i];
-    if (std::isalpha(static_cast<unsigned char>(c))) {
-      labels.push_back(letterLabel(c));
-    } else if (term.substr(i).startswith("...") && ellipsis == 0) {
-      labels.push_back(-1);
-      ellipsis = 1;
-      i += 2;
-    } else {
-      return ctx.fail("bad term '" + term + "' in the equation");
-    }
-  }
-  return labels;
-}
-
-/// Replaces the -1 of \p labels by the \p count ellipsis labels that end at
-/// label numLetters + \p total - 1.
-Labels expandEllipsis(const Labels &labels, int count, int total) {
-  Labels out;
-  for (int l : labels) {
-    if (l >= 0) {
-      out.push_back(l);
-      continue;
-    }
-    for (int j = total - count; j < total; ++j)
-      out.push_back(numLetters + j);
-  }
-  return out;
-}
-
 Expected<Equation> parseEquation(const OpContext &ctx) {
-  std::string text;
-  for (char c : ctx.attrString("equation", ""))
-    if (c != ' ')
-      text.push_back(c);
-  if (text.empty())
-    return ctx.fail("missing attribute 'equation'");
-  StringRef lhs = text, rhs;
-  bool explicitOutput = false;
-  if (size_t arrow = lhs.find("->"); arrow != StringRef::npos) {
-    rhs = lhs.substr(arrow + 2);
-    lhs = lhs.take_front(arrow);
-    explicitOutput = true;
-  }
-  SmallVector<StringRef, 4> terms;
-  lhs.split(terms, ',');
-  if (terms.size() != ctx.numInputs())
-    return ctx.fail(
-        formatv("the equation has {0} terms for {1} inputs", terms.size(), ctx.numInputs()));
-  Equation eq;
-  std::vector<Labels> raw;
-  std::vector<int> ellipsisDims;
-  int total = 0;
-  for (size_t i = 0; i < terms.size(); ++i) {
-    int ellipsis;
-    Expected<Labels> labels = parseTerm(ctx, terms[i], ellipsis);
-    if (!labels)
-      return labels.takeError();
-    int64_t rank = ctx.input(i).rank(), letters = static_cast<int64_t>(labels->size()) - ellipsis;
-    if (rank < letters || (!ellipsis && rank != letters))
-      return ctx.fail(
-          formatv("term '{0}' does not fit input {1} {2}", terms[i], i, ctx.input(i).describe()));
-    ellipsisDims.push_back(static_cast<int>(rank - letters));
-    total = std::max(total, ellipsisDims.back());
-    raw.push_back(std::move(*labels));
-  }
-  eq.sizes.assign(numLetters + total, 1);
-  std::vector<bool> fixed(numLetters + total, false);
-  std::vector<int> count(numLetters + total, 0);
-  for (size_t i = 0; i < raw.size(); ++i) {
-    eq.inputs.push_back(expandEllipsis(raw[i], ellipsisDims[i], total));
+  std::vector<int64_t> ranks;
+  for (size_t i = 0; i < ctx.numInputs(); ++i)
+    ranks.push_back(ctx.input(i).rank());
+  Expected<EinsumEquation> parsed = parseEinsum(ctx.attrString("equation", ""), ranks);
+  if (!parsed)
+    return ctx.fail(toString(parsed.takeError()));
+  Equation eq{std::move(parsed->inputs), std::move(parsed->output), {}};
+  size_t labels = EinsumEquation::numLetters + parsed->ellipsisDims;
+  eq.sizes.assign(labels, 1);
+  std::vector<bool> fixed(labels, false);
+  for (size_t i = 0; i < eq.inputs.size(); ++i)
     for (size_t d = 0; d < eq.inputs[i].size(); ++d) {
       int l = eq.inputs[i][d];
       int64_t size = ctx.input(i).dim(d);
-      ++count[l];
       // Sizes agree, or one of them is 1 and broadcasts.
       if (fixed[l] && size != eq.sizes[l] && size != 1 && eq.sizes[l] != 1)
         return ctx.fail(formatv("a label has sizes {0} and {1} in the equation '{2}'", eq.sizes[l],
-                                size, text));
+                                size, parsed->text));
       if (!fixed[l] || eq.sizes[l] == 1)
         eq.sizes[l] = size;
       fixed[l] = true;
     }
-  }
-  if (!explicitOutput) {
-    for (int j = 0; j < total; ++j)
-      eq.output.push_back(numLetters + j);
-    for (int l = 0; l < numLetters; ++l)
-      if (count[l] == 1)
-        eq.output.push_back(l);
-    return eq;
-  }
-  int ellipsis;
-  Expected<Labels> out = parseTerm(ctx, rhs, ellipsis);
-  if (!out)
-    return out.takeError();
-  if (!ellipsis && total > 0)
-    return ctx.fail("the output drops the dimensions of '...'");
-  eq.output = expandEllipsis(*out, total, total);
-  std::vector<bool> seen(numLetters + total, false);
-  for (int l : eq.output) {
-    if (l < numLetters && count[l] == 0)
-      return ctx.fail("an output label of '" + text + "' is in no input");
-    if (seen[l])
-      return ctx.fail("an output label repeats in '" + text + "'");
-    seen[l] = true;
-  }
   return eq;
 }
 
