@@ -39,8 +39,9 @@ std::string recheckCpuCalibration(const plan::Plan &plan, StringRef planPath, do
   return formatv("cpu: {0}; measured the CPU again ({1:f0} GFLOP/s against the plan's {2:f0}; "
                  "its thread ran {3:f2} of the wall time){4}\n",
                  off, spec->peakFlopsF32 * 1e-9, before * 1e-9, spec->calibrationCpuShare,
-                 spec->calibrationDisturbed() ? ": disturbed by another process, not cached"
-                                              : ", cached: compile again to predict with it")
+                 spec->calibrationDisturbed()
+                     ? ": disturbed by another process, kept marked as such"
+                     : ", cached: compile again to predict with it")
       .str();
 }
 

@@ -221,7 +221,8 @@ struct Measured {
   double ours = 0, mkl = 0;
   std::string mklName;
   /// Another process held the cores while it measured (the measuring
-  /// thread ran less than 90% of the wall time): used, not cached.
+  /// thread ran less than 90% of the wall time): cached marked
+  /// (disturbedMeasurementSeconds).
   bool disturbed = false;
 };
 
@@ -231,7 +232,8 @@ double threadCpuSeconds() {
   return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
 }
 
-/// What a cache file holds: "openblas 91.4\nmkl 83.2\nmkl-name MKL 2026.2\n".
+/// What a cache file holds: "openblas 91.4\nmkl 83.2\nmkl-name MKL 2026.2\n",
+/// and "disturbed 1\n" for a disturbed measurement.
 Optional<Measured> readMeasured(StringRef path) {
   ErrorOr<std::unique_ptr<MemoryBuffer>> buf = MemoryBuffer::getFile(path);
   if (!buf)
@@ -243,6 +245,8 @@ Optional<Measured> readMeasured(StringRef path) {
     auto [key, value] = line.split(' ');
     if (key == "mkl-name")
       m.mklName = value.str();
+    else if (key == "disturbed")
+      m.disturbed = value.trim() == "1";
     else if ((key != "openblas" && key != "mkl") ||
              value.trim().getAsDouble(key == "openblas" ? m.ours : m.mkl))
       return None;
@@ -284,17 +288,24 @@ Optional<Measured> measuredHere(const Library &ours, const std::string &path,
                    .str());
   SmallString<256> cached(dir);
   sys::path::append(cached, "blas-" + utohexstr(key, /*LowerCase=*/true) + ".txt");
-  if (Optional<Measured> m = readMeasured(cached))
+  // A disturbed measurement serves a while, then is measured again.
+  auto fresh = [&](const Optional<Measured> &m) {
+    std::optional<double> age = cacheFileAge(cached);
+    return m && (!m->disturbed || (age && *age < disturbedMeasurementSeconds));
+  };
+  if (Optional<Measured> m = readMeasured(cached); fresh(m))
     return m;
   sys::fs::create_directories(dir);
   int lock = ::open((dir + "/blas.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock >= 0)
     ::flock(lock, LOCK_EX);
   Optional<Measured> m = readMeasured(cached);
-  if (!m && (m = measureNow()) && !m->disturbed)
-    writeCacheFile(
-        cached,
-        formatv("openblas {0:f1}\nmkl {1:f1}\nmkl-name {2}\n", m->ours, m->mkl, m->mklName).str());
+  // None, or a disturbed one that served its time (a quiet one is never
+  // replaced).
+  if (!fresh(m) && (m = measureNow()))
+    writeCacheFile(cached, formatv("openblas {0:f1}\nmkl {1:f1}\nmkl-name {2}\n{3}", m->ours,
+                                   m->mkl, m->mklName, m->disturbed ? "disturbed 1\n" : "")
+                               .str());
   if (lock >= 0)
     ::close(lock); // releases the flock
   return m;

@@ -9,6 +9,8 @@
 #include "llvm/Support/Process.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <chrono>
+
 using namespace llvm;
 
 namespace pipec {
@@ -73,6 +75,15 @@ bool writeCacheFile(StringRef path, StringRef text) {
     return false;
   }
   return true;
+}
+
+std::optional<double> cacheFileAge(StringRef path) {
+  sys::fs::file_status status;
+  if (sys::fs::status(path, status))
+    return std::nullopt;
+  return std::chrono::duration<double>(std::chrono::system_clock::now() -
+                                       status.getLastModificationTime())
+      .count();
 }
 
 } // namespace pipec

@@ -11,6 +11,7 @@
 
 #include "llvm/ADT/StringRef.h"
 
+#include <optional>
 #include <string>
 
 namespace pipec {
@@ -29,6 +30,16 @@ std::string cacheDirectory();
 /// one, never half of one. Returns false when it could not (the caller
 /// measures again next time).
 bool writeCacheFile(llvm::StringRef path, llvm::StringRef text);
+
+/// A measurement another process disturbed (its thread ran less than 90% of
+/// the wall time) is cached marked as such, never over a quiet one, and
+/// serves this many seconds; then it is measured again. A busy machine does
+/// not measure at every command, and a quiet figure replaces it.
+inline constexpr double disturbedMeasurementSeconds = 300;
+
+/// The age in seconds of the file at \p path (its last modification);
+/// nullopt when it cannot be read.
+std::optional<double> cacheFileAge(llvm::StringRef path);
 
 } // namespace pipec
 

@@ -275,7 +275,8 @@ TEST(Cli, BlasIsMeasuredOnceAndCanBeChosenByHand) {
 
   // The first run measured both and kept the numbers; the faster by 5% won.
   // A measurement another process disturbed (the test suite beside it) is
-  // not kept: a few tries for one that is.
+  // kept marked "disturbed 1" for a while: a few tries, each from no file,
+  // for a quiet one.
   std::string measured;
   for (int attempt = 0; attempt < 5 && measured.empty(); ++attempt) {
     ASSERT_EQ(runCommand(cache + pipecBinary + " --version", out), 0) << out;
@@ -286,6 +287,10 @@ TEST(Cli, BlasIsMeasuredOnceAndCanBeChosenByHand) {
          it.increment(ec))
       if (llvm::sys::path::filename(it->path()).startswith("blas-"))
         measured = it->path();
+    if (!measured.empty() && readFile(measured).find("disturbed 1") != std::string::npos) {
+      llvm::sys::fs::remove(measured);
+      measured.clear();
+    }
   }
   if (measured.empty())
     GTEST_SKIP() << "every BLAS measurement was disturbed by another process";

@@ -45,6 +45,7 @@
 #include <cmath>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -123,7 +124,7 @@ public:
     t.node.set_op_type(op.str());
     t.node.set_name(("calibrate/" + op + "/" + Twine(items.size())).str());
     Op costed;
-    costed.opType = op.str();
+    costed.setType("", op);
     for (const Operand &o : operands) {
       std::string name = t.node.name() + "/in" + std::to_string(costed.inputs.size());
       t.node.add_input(name);
@@ -474,29 +475,57 @@ std::string cpuCachePath(int threads) {
   return std::string(dir);
 }
 
+namespace {
+
+/// The cached calibration at \p path, when there is a readable one; its
+/// file's age in seconds in \p age.
+std::optional<HardwareSpec> readCache(const std::string &path, double &age) {
+  if (path.empty() || !sys::fs::exists(path))
+    return std::nullopt;
+  Expected<HardwareSpec> cached = loadHardwareFile(path);
+  std::optional<double> fileAge = cacheFileAge(path);
+  if (!cached || cached->name != "cpu" || !fileAge) {
+    consumeError(cached.takeError()); // stale or damaged: measure again
+    return std::nullopt;
+  }
+  age = *fileAge;
+  cached->sharesHostCores = true; // a cache written before the field
+  return *cached;
+}
+
+/// Caches \p spec unless it is disturbed and \p cached is a quiet figure: a
+/// disturbed figure is kept marked (calibrationDisturbed) until a quiet one
+/// replaces it.
+void keep(const std::string &path, const HardwareSpec &spec,
+          const std::optional<HardwareSpec> &cached) {
+  if (path.empty() || (spec.calibrationDisturbed() && cached && !cached->calibrationDisturbed()))
+    return;
+  writeCache(path, spec);
+}
+
+} // namespace
+
 Expected<HardwareSpec> cpuHardware(int threads) {
   std::string path = cpuCachePath(threads);
-  if (!path.empty() && sys::fs::exists(path)) {
-    Expected<HardwareSpec> cached = loadHardwareFile(path);
-    if (cached && cached->name == "cpu") {
-      cached->sharesHostCores = true; // a cache written before the field
-      return cached;
-    }
-    consumeError(cached.takeError()); // stale or damaged: measure again
-  }
+  double age = 0;
+  std::optional<HardwareSpec> cached = readCache(path, age);
+  // A disturbed figure serves for a while, marked (the plan warns), so that
+  // a busy machine does not measure at every compile; then it is measured
+  // again.
+  if (cached && (!cached->calibrationDisturbed() || age < disturbedMeasurementSeconds))
+    return *cached;
   Expected<HardwareSpec> spec = calibrateCpu(threads);
-  // Figures taken while another process held the cores serve this compile
-  // only: the next one measures again.
-  if (spec && !path.empty() && !spec->calibrationDisturbed())
-    writeCache(path, *spec);
+  if (spec)
+    keep(path, *spec, cached);
   return spec;
 }
 
 Expected<HardwareSpec> recalibrateCpu(int threads) {
   Expected<HardwareSpec> spec = calibrateCpu(threads);
   std::string path = cpuCachePath(threads);
-  if (spec && !path.empty() && !spec->calibrationDisturbed())
-    writeCache(path, *spec);
+  double age = 0;
+  if (spec)
+    keep(path, *spec, readCache(path, age));
   return spec;
 }
 

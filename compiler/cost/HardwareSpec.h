@@ -123,13 +123,15 @@ llvm::Expected<HardwareSpec> calibrateCpu(int threads = 0);
 /// or unreadable cache is recalibrated and rewritten; failing to write the
 /// cache is not an error (the measured spec is still returned). A
 /// calibration another process disturbed (calibrationDisturbed: the
-/// calibrating thread ran less than 90% of the wall time) is returned but
-/// not cached.
+/// calibrating thread ran less than 90% of the wall time) is cached marked
+/// as such, never over a quiet one; it serves for
+/// disturbedMeasurementSeconds (support/MachineCache.h), then the next call
+/// measures again and replaces it.
 llvm::Expected<HardwareSpec> cpuHardware(int threads = 0);
 
 /// Measures again, whatever the cache holds, and replaces the cache unless
-/// the measurement was disturbed: when a run's step departs from the plan's
-/// prediction.
+/// a disturbed measurement would replace a quiet one: when a run's step
+/// departs from the plan's prediction.
 llvm::Expected<HardwareSpec> recalibrateCpu(int threads = 0);
 
 /// The cache file cpuHardware(\p threads) uses on this machine: named by a
