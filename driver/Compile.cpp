@@ -4,6 +4,7 @@
 #include "compiler/sim/Simulator.h"
 #include "driver/CompileParts.h"
 #include "driver/CpuKernels.h"
+#include "driver/FusePass.h"
 #include "driver/InspectReport.h"
 #include "driver/MapParams.h"
 #include "driver/Report.h"
@@ -21,6 +22,7 @@
 #include "plan/PlanFile.h"
 #include "support/Attributes.h"
 #include "support/Diagnostics.h"
+#include "support/MachineCache.h"
 #include "support/Parallel.h"
 
 #include "onnx/onnx_pb.h"
@@ -464,9 +466,9 @@ Expected<plan::Plan> buildPlan(StringRef modelPath, const CompileOptions &option
     if (hw.calibrationDisturbed()) {
       plan.add_warnings(formatv("the '{0}' calibration was disturbed: its thread ran {1:f2} of "
                                 "the wall time (another process took the cores), so the "
-                                "predictions may be slow; not cached, the next compile measures "
-                                "again",
-                                hw.name, hw.calibrationCpuShare)
+                                "predictions may be slow; it serves {2:f0} s, then a compile "
+                                "measures again",
+                                hw.name, hw.calibrationCpuShare, disturbedMeasurementSeconds)
                             .str());
       break;
     }
@@ -533,9 +535,8 @@ Error checkDataBatch(const plan::Plan &plan) {
 /// rows longer than the cache (the sequence and past compile bound) cannot
 /// run.
 Error checkRotaryLength(const Graph &graph, const Op &op) {
-  if (op.dead || op.opType != "GroupQueryAttention" || op.domain != "com.microsoft" ||
-      !attrInt(graph.node(op), "do_rotary", 0) || op.inputs.size() < 8 || op.inputs[7] < 0 ||
-      op.outputs.size() < 2 || op.outputs[1] < 0)
+  if (op.dead || !op.is(OpId::MsGroupQueryAttention) || !attrInt(graph.node(op), "do_rotary", 0) ||
+      op.inputs.size() < 8 || op.inputs[7] < 0 || op.outputs.size() < 2 || op.outputs[1] < 0)
     return Error::success();
   const Value &cos = graph.values[op.inputs[7]], &present = graph.values[op.outputs[1]];
   if (cos.shape.empty() || present.shape.size() != 4 || present.shape[2] <= cos.shape[0])
@@ -555,8 +556,7 @@ Error checkKernelPreconditions(const Graph &graph) {
   for (const Op &op : graph.ops) {
     if (Error err = checkRotaryLength(graph, op))
       return err;
-    if (op.dead || op.opType != "Dropout" || !op.domain.empty() || op.inputs.size() < 3 ||
-        op.inputs[2] < 0)
+    if (op.dead || !op.is(OpId::Dropout) || op.inputs.size() < 3 || op.inputs[2] < 0)
       continue;
     auto scalar = [&](int id) -> std::optional<double> {
       auto t = graph.readConstant(id, 1);
@@ -591,8 +591,8 @@ Error checkKernelPreconditions(const Graph &graph) {
 /// (--timing-only: the report and simulation stand, and the plan's warnings
 /// say why it cannot run). Cut programs whose data does not reach them
 /// (verifyDataflow) are always an error.
-Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared,
-                          const CompileOptions &options) {
+Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared, const CompileOptions &options,
+                          PassRunner &runner) {
   const std::string &model = plan.model().path();
   auto cannot = [&](StringRef what, const std::string &why) -> Error {
     bool train = what == "train" && StringRef(why).find("--mode infer") == StringRef::npos;
@@ -612,7 +612,7 @@ Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared,
     plan.mutable_run_status()->set_reason(
         prepared.backwardError +
         (inferAdvised ? "" : "; compile with --mode infer to run it forward"));
-    return Error::success();
+    return runner.skip("fuse", "the plan cannot train: it has no stage programs");
   }
   const Backward *backward = plan.schedule().mode() == "train" ? &*prepared.backward : nullptr;
   Error err = buildStagePrograms(plan, prepared.graph, prepared.layers, backward, options.freeze);
@@ -634,8 +634,10 @@ Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared,
     plan.add_warnings("the plan cannot be run: " + why);
     plan.mutable_run_status()->set_kind(plan::RunStatus::CANNOT_RUN);
     plan.mutable_run_status()->set_reason(why);
-    return Error::success();
+    return runner.skip("fuse", "the plan cannot run: it has no stage programs");
   }
+  if (Error err = fuseStagePrograms(plan, options.fuse, options.maxLength > 0, runner))
+    return err;
   if (Error err = verifyDataflow(plan))
     return err;
   if (options.maxLength > 0)
@@ -814,7 +816,7 @@ Expected<plan::Plan> Compilation::fixedSchedule() {
   auto built = buildPlan(modelPath, options, setup, **prepared, *shape, runner);
   if (!built)
     return built.takeError();
-  if (Error err = attachStagePrograms(*built, **prepared, options))
+  if (Error err = attachStagePrograms(*built, **prepared, options, runner))
     return err;
   return built;
 }
@@ -902,7 +904,7 @@ Expected<plan::Plan> Compilation::autoSchedule() {
   for (const AutoCandidate &t : tried)
     best->add_schedule_search(t.name == bestText ? t.explain(chosenStep) + ": chosen"
                                                  : t.explain(chosenStep));
-  Error err = attachStagePrograms(*best, *bestPrepared, options);
+  Error err = attachStagePrograms(*best, *bestPrepared, options, runner);
   release(std::move(shown));
   if (err)
     return err;

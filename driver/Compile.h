@@ -5,7 +5,7 @@
 // rank's hardware as an analysis, differentiate (train mode),
 // balance-stages, lower-schedule, plan-memory and verify-program; then the
 // simulated figures, the time / params / uniform balancings side by side for
-// the report, and the stage programs. The runner shows the passes of the
+// the report, and the stage programs, fused (FusePass.h). The runner shows the passes of the
 // returned plan only: the balancings it compares and the candidates of
 // --schedule auto run quietly.
 //
@@ -67,6 +67,8 @@ struct CompileOptions {
   /// its report and simulation alone; its warnings say why it cannot run.
   /// Otherwise such a model is an error: a plan compile writes, runs.
   bool timingOnly = false;
+  /// The fuse pass: false (--no-fuse) keeps every node its own kernel.
+  bool fuse = true;
   /// --params: the model's own tensors (.safetensors). Initializers the
   /// exporter merged from several of them train as one copy each
   /// (driver/MapParams.h); the plan's param_map is filled after compiling.

@@ -166,8 +166,8 @@ Error choosePaddingRows(Prepared &out, const CompileOptions &options) {
     return Error::success();
   auto [pad, vocab] = *config;
   for (const Op &op : graph.ops) {
-    if (op.dead || op.opType != "Gather" || !op.domain.empty() || op.inputs.size() < 2 ||
-        op.inputs[0] < 0 || op.inputs[1] < 0)
+    if (op.dead || !op.is(OpId::Gather) || op.inputs.size() < 2 || op.inputs[0] < 0 ||
+        op.inputs[1] < 0)
       continue;
     const Value &table = graph.values[op.inputs[0]];
     if (table.kind != ValueKind::Weight || table.producer >= 0 ||

@@ -1,6 +1,7 @@
 //===- Report.cpp - `pipec report`: the partition report of a plan --------===//
 #include "driver/Report.h"
 #include "compiler/sim/Simulator.h"
+#include "driver/FusePass.h"
 #include "driver/InspectReport.h"
 
 #include "llvm/ADT/StringExtras.h"
@@ -189,6 +190,8 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
                               .str());
     }
   }
+  if (plan.has_fusion())
+    printFusionByStage(plan, os);
   if (plan.has_generation()) {
     // The token loop: one decode step per stage program, each rank's cache.
     const plan::Generation &g = plan.generation();
@@ -321,6 +324,15 @@ void printReportJson(const plan::Plan &plan, raw_ostream &os) {
     });
     if (!plan.loss().empty())
       j.attribute("loss", plan.loss());
+    if (plan.has_fusion())
+      j.attributeObject("fusion", [&] {
+        const plan::Fusion &f = plan.fusion();
+        j.attribute("groups", f.groups());
+        j.attribute("nodes", f.nodes());
+        j.attribute("mat_mul_bias", f.mat_mul_bias());
+        j.attribute("mat_mul_transposed", f.mat_mul_transposed());
+        j.attribute("softmax_attention", f.softmax_attention());
+      });
     j.attributeObject("predicted", [&] {
       j.attribute("step_time_s", plan.predicted().step_time_s());
       j.attribute("bubble_fraction", plan.predicted().bubble_fraction());

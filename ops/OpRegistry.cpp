@@ -89,6 +89,11 @@ std::optional<OpDomain> opDomainOf(StringRef domain) {
   return valueOf(domainNames, domain);
 }
 
+bool isOp(StringRef domain, StringRef type, OpId id) {
+  const OpDef &def = opDef(id);
+  return type == def.name && opDomainOf(domain) == def.domain;
+}
+
 const OpDef *lookupOp(StringRef domain, StringRef name, int64_t opset) {
   std::optional<OpDomain> d = opDomainOf(domain);
   if (!d)

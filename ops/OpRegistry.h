@@ -48,6 +48,14 @@ enum OpFlags : uint8_t {
   /// although frameworks register them as buffers. No gradient flows into
   /// such an input.
   Table = 8,
+  /// It draws random numbers: never computed ahead of a run (Dropout).
+  Random = 16,
+  /// It passes its first input's elements on in order with their values
+  /// (Reshape, Squeeze, Cast): an index read through it is the same index.
+  SameElements = 32,
+  /// It moves elements without computing new ones (Slice, Transpose,
+  /// Concat): an index read through it is still an index into the same table.
+  MovesElements = 64,
 };
 
 /// What the differentiate pass knows about an op's gradient.
@@ -94,6 +102,15 @@ std::optional<OpDomain> opDomainOf(llvm::StringRef domain);
 /// largest first opset <= \p opset, or the first row when the op is newer
 /// than \p opset); null when no row names it.
 const OpDef *lookupOp(llvm::StringRef domain, llvm::StringRef name, int64_t opset = 0);
+
+/// True when an op of \p type in \p domain is row \p id's op. Passes and
+/// kernels ask this, or Op::is and OpContext::is, instead of spelling names.
+bool isOp(llvm::StringRef domain, llvm::StringRef type, OpId id);
+
+/// isOp for any node that has domain() and op_type() (onnx::NodeProto).
+template <class Node> bool isOp(const Node &node, OpId id) {
+  return isOp(node.domain(), node.op_type(), id);
+}
 
 } // namespace pipec
 

@@ -50,16 +50,16 @@ bool perSample(const Graph &graph, int id, int64_t batch) {
     const Op &op = graph.ops[user];
     if (op.dead)
       continue;
-    if (op.domain.empty() && (op.opType == "ScatterElements" || op.opType == "ScatterND") &&
-        op.inputs.size() == 3 && op.inputs[0] == id && op.inputs[2] >= 0 && op.inputs[2] != id) {
+    if ((op.is(OpId::ScatterElements) || op.is(OpId::ScatterND)) && op.inputs.size() == 3 &&
+        op.inputs[0] == id && op.inputs[2] >= 0 && op.inputs[2] != id) {
       const Value &updates = graph.values[op.inputs[2]];
       if (updates.kind == ValueKind::Activation && !updates.shape.empty() &&
           updates.shape[0] == batch)
         continue;
       return false;
     }
-    if (!op.domain.empty() || op.inputs.size() != 2 ||
-        (op.opType != "Add" && op.opType != "Sub" && op.opType != "Mul" && op.opType != "Div"))
+    if (op.inputs.size() != 2 ||
+        (!op.is(OpId::Add) && !op.is(OpId::Sub) && !op.is(OpId::Mul) && !op.is(OpId::Div)))
       return false;
     int other = op.inputs[0] == id ? op.inputs[1] : op.inputs[0];
     if (other < 0 || other == id)
@@ -84,8 +84,8 @@ bool holdsMaskFill(const Graph &graph, int id) {
     const Op &op = graph.ops[user];
     if (op.dead)
       continue;
-    if (!op.domain.empty() || (op.opType != "Add" && op.opType != "Sub" && op.opType != "Where" &&
-                               op.opType != "Min" && op.opType != "Max"))
+    if (!op.is(OpId::Add) && !op.is(OpId::Sub) && !op.is(OpId::Where) && !op.is(OpId::Min) &&
+        !op.is(OpId::Max))
       return false;
   }
   auto t = graph.readConstant(id, int64_t(1) << 26);
@@ -400,7 +400,7 @@ std::string Differentiator::countLabels(const Value &loss) {
     return "";
   const Op &op = graph.ops[loss.producer];
   if (!op.domain.empty() ||
-      (op.opType != "SoftmaxCrossEntropyLoss" && op.opType != "NegativeLogLikelihoodLoss") ||
+      (!op.is(OpId::SoftmaxCrossEntropyLoss) && !op.is(OpId::NegativeLogLikelihoodLoss)) ||
       op.inputs.size() != 2 || op.outputs.empty() || op.outputs[0] != graph.findValue(loss.name))
     return "";
   const onnx::NodeProto &node = graph.node(op);

@@ -28,11 +28,7 @@ bool isGraphInput(const Graph &graph, int id) {
 
 /// Ops that pass their first input's elements on unchanged in value: a
 /// token id read through them is still the token id.
-bool isReshaping(const Op &op) {
-  static const std::set<std::string> kinds = {"Reshape",   "Flatten", "Squeeze",
-                                              "Unsqueeze", "Cast",    "Identity"};
-  return op.domain.empty() && kinds.count(op.opType);
-}
+bool isReshaping(const Op &op) { return op.has(SameElements); }
 
 } // namespace
 
@@ -71,7 +67,7 @@ Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLe
     // onnxruntime-genai's attention: present_key and present_value
     // (outputs 1, 2) are the past_key and past_value buffers (inputs 3, 4)
     // with this pass's keys and values written where each row's past ends.
-    if (op.domain == "com.microsoft" && op.opType == "GroupQueryAttention") {
+    if (op.is(OpId::MsGroupQueryAttention)) {
       for (size_t i = 1; i <= 2; ++i)
         if (i < op.outputs.size() && op.outputs[i] == out && op.inputs.size() > i + 2 &&
             isGraphInput(graph, op.inputs[i + 2]))
@@ -79,7 +75,19 @@ Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLe
             return std::move(err);
       continue;
     }
-    if (op.opType != "Concat" || !op.domain.empty())
+    // onnxruntime's MultiHeadAttention (as onnxruntime-genai's builder
+    // writes it for CPU models): present_key and present_value (outputs 1,
+    // 2) are past_key and past_value (inputs 6, 7) with this pass's keys and
+    // values appended along the sequence axis of [batch, heads, seq, head].
+    if (op.is(OpId::MsMultiHeadAttention)) {
+      for (size_t i = 1; i <= 2; ++i)
+        if (i < op.outputs.size() && op.outputs[i] == out && op.inputs.size() > i + 5 &&
+            isGraphInput(graph, op.inputs[i + 5]))
+          if (Error err = addCache(op.inputs[i + 5], out, 2, /*inPlace=*/false))
+            return std::move(err);
+      continue;
+    }
+    if (!op.is(OpId::Concat))
       continue;
     for (int in : op.inputs) {
       if (!isGraphInput(graph, in) || !isFloatDType(graph.values[in].type))
@@ -91,7 +99,8 @@ Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLe
   }
   if (roles.cache_size() == 0)
     return refuse(graph, "the model has no KV cache: no graph output is a Concat of a graph "
-                         "input or a GroupQueryAttention's present (export the decoder with "
+                         "input or a GroupQueryAttention's or MultiHeadAttention's present "
+                         "(export the decoder with "
                          "past_key_values as inputs and the present keys and values as "
                          "outputs)");
   int logits = -1;
@@ -123,7 +132,7 @@ Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLe
           reach.push_back(op.outputs[0]);
           continue;
         }
-        if (op.opType != "Gather" || op.inputs.size() < 2 || op.inputs[1] != reach[i])
+        if (!op.is(OpId::Gather) || op.inputs.size() < 2 || op.inputs[1] != reach[i])
           continue;
         const Value &table = graph.values[op.inputs[0]];
         if (table.isParameter() && !table.shape.empty() && table.shape[0] == vocab)

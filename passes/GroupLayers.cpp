@@ -563,7 +563,7 @@ void Grouper::splitLargeEnds(const std::vector<int> &order, std::vector<Segment>
 }
 
 bool isLossOp(const Graph &graph, const Op &op) {
-  if (op.opType == "SoftmaxCrossEntropyLoss" || op.opType == "NegativeLogLikelihoodLoss")
+  if (op.is(OpId::SoftmaxCrossEntropyLoss) || op.is(OpId::NegativeLogLikelihoodLoss))
     return true;
   for (int in : op.inputs) {
     if (in < 0)
@@ -579,9 +579,9 @@ bool isLossOp(const Graph &graph, const Op &op) {
 bool hasEmbeddingLookup(const Graph &graph, const std::vector<int> &ops) {
   for (int op : ops) {
     const Op &o = graph.ops[op];
-    if (o.opType == "EmbedLayerNormalization")
+    if (o.is(OpId::MsEmbedLayerNormalization))
       return true;
-    if (o.opType == "Gather" && !o.inputs.empty() && o.inputs[0] >= 0 &&
+    if (o.is(OpId::Gather) && !o.inputs.empty() && o.inputs[0] >= 0 &&
         graph.values[o.inputs[0]].kind == ValueKind::Weight)
       return true;
   }

@@ -51,7 +51,7 @@ private:
   ValueKind derivedKind(const Op &op, const Value &out) const {
     if (!looksLikeParameter(out.type, out.numElements()))
       return ValueKind::Constant;
-    if (op.opType == "ConstantOfShape")
+    if (op.is(OpId::ConstantOfShape))
       return ValueKind::Weight;
     for (int id : op.inputs)
       if (id >= 0 && graph.values[id].kind == ValueKind::Weight)
@@ -210,12 +210,12 @@ std::shared_ptr<const ConstTensor> ShapeInferer::shapeData(const Op &op, size_t 
 
 Expected<bool> ShapeInferer::tryFold(Op &op) {
   ConstTensor folded;
-  if (op.domain.empty() && (op.opType == "Shape" || op.opType == "Size")) {
+  if (op.is(OpId::Shape) || op.is(OpId::Size)) {
     if (op.inputs.empty() || op.inputs[0] < 0)
       return fail(op, "has no input");
     const Value &in = graph.values[op.inputs[0]];
     folded.type = DType::I64;
-    if (op.opType == "Size") {
+    if (op.is(OpId::Size)) {
       folded.ints = {in.numElements()};
     } else {
       int64_t rank = static_cast<int64_t>(in.shape.size());
@@ -311,7 +311,7 @@ std::string ShapeInferer::bindingHint() const {
     largest = std::max(largest, value);
   }
   for (const Op &op : graph.ops) {
-    if (op.dead || op.opType != "Gather" || op.inputs.empty() || op.inputs[0] < 0)
+    if (op.dead || !op.is(OpId::Gather) || op.inputs.empty() || op.inputs[0] < 0)
       continue;
     const Value &table = graph.values[op.inputs[0]];
     if (table.producer >= 0 || table.kind != ValueKind::Weight || table.shape.size() != 2 ||
@@ -408,7 +408,7 @@ std::optional<TensorType> ShapeInferer::declaredType(const Value &value) {
 }
 
 Error ShapeInferer::checkConvChannels(const Op &op) {
-  bool conv = op.opType == "Conv", transpose = op.opType == "ConvTranspose";
+  bool conv = op.is(OpId::Conv), transpose = op.is(OpId::ConvTranspose);
   if (!(conv || transpose) || !op.domain.empty() || op.inputs.size() < 2 || op.inputs[0] < 0 ||
       op.inputs[1] < 0)
     return Error::success();

@@ -1,5 +1,6 @@
 //===- StagePrograms.cpp - What each stage of a plan executes -----------===//
 #include "passes/StagePrograms.h"
+#include "ops/OpRegistry.h"
 #include "plan/PlanFile.h"
 #include "support/Attributes.h"
 
@@ -172,18 +173,15 @@ namespace {
 /// without changing them (labels are often shifted by a Slice and flattened
 /// first).
 int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward, int64_t &tableRows) {
-  static const std::set<std::string> passThrough = {"Slice",     "Reshape",  "Flatten", "Squeeze",
-                                                    "Unsqueeze", "Identity", "Cast",    "Transpose",
-                                                    "Expand",    "Concat",   "Split"};
   // Contrib ops that index tables (op, index input, table input):
   // EmbedLayerNormalization's input_ids, segment_ids and position_ids (word,
   // segment and position embeddings), RotaryEmbedding's position_ids (the
   // cos cache).
-  static const std::tuple<StringRef, size_t, size_t> contribTables[] = {
-      {"EmbedLayerNormalization", 0, 2},
-      {"EmbedLayerNormalization", 1, 4},
-      {"EmbedLayerNormalization", 8, 3},
-      {"RotaryEmbedding", 1, 2}};
+  static const std::tuple<OpId, size_t, size_t> contribTables[] = {
+      {OpId::MsEmbedLayerNormalization, 0, 2},
+      {OpId::MsEmbedLayerNormalization, 1, 4},
+      {OpId::MsEmbedLayerNormalization, 8, 3},
+      {OpId::MsRotaryEmbedding, 1, 2}};
   std::vector<int> work = {id};
   std::set<int> seen = {id};
   while (!work.empty()) {
@@ -192,7 +190,7 @@ int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward, int6
     for (int user : graph.values[v].users) {
       const Op &op = graph.ops[user];
       bool asData = !op.inputs.empty() && op.inputs[0] == v;
-      if (op.opType == "Gather" && op.inputs.size() > 1 && op.inputs[1] == v) {
+      if (op.is(OpId::Gather) && op.inputs.size() > 1 && op.inputs[1] == v) {
         const Value &data = graph.values[op.inputs[0]];
         int64_t axis = attrInt(graph.node(op), "axis", 0);
         if (axis < 0)
@@ -201,28 +199,29 @@ int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward, int6
           return tableRows = data.shape[axis];
       }
       for (const auto &[type, index, table] : contribTables) {
-        if (op.opType != type || op.domain != "com.microsoft" ||
-            op.inputs.size() <= std::max(index, table) || op.inputs[index] != v ||
+        if (!op.is(type) || op.inputs.size() <= std::max(index, table) || op.inputs[index] != v ||
             op.inputs[table] < 0)
           continue;
         const Value &rows = graph.values[op.inputs[table]];
         if (!rows.shape.empty())
           return tableRows = rows.shape[0];
       }
-      if ((op.opType == "SoftmaxCrossEntropyLoss" || op.opType == "NegativeLogLikelihoodLoss") &&
+      if ((op.is(OpId::SoftmaxCrossEntropyLoss) || op.is(OpId::NegativeLogLikelihoodLoss)) &&
           op.inputs.size() > 1 && op.inputs[1] == v) {
         const Value &scores = graph.values[op.inputs[0]];
         if (scores.shape.size() > 1)
           return scores.shape[1];
       }
-      if (passThrough.count(op.opType) && (asData || op.opType == "Concat"))
+      // Ops that keep or move elements without computing new ones (labels
+      // are often shifted by a Slice and flattened first).
+      if ((op.has(SameElements) || op.has(MovesElements)) && (asData || op.is(OpId::Concat)))
         for (int out : op.outputs)
           if (out >= 0 && seen.insert(out).second)
             work.push_back(out);
     }
     if (backward)
       for (const onnx::NodeProto &n : backward->lossForward)
-        if (n.op_type() == "SoftmaxCrossEntropyLoss" && n.input_size() > 1 &&
+        if (isOp(n, OpId::SoftmaxCrossEntropyLoss) && n.input_size() > 1 &&
             n.input(1) == graph.values[v].name) {
           int scores = graph.findValue(n.input(0));
           if (scores >= 0 && graph.values[scores].shape.size() > 1)
@@ -269,7 +268,7 @@ declaredBatchAxis(const google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>
 
 /// A Sum that adds \p value's gradient contributions: grad:V from grad:V#K.
 bool isCombiner(const onnx::NodeProto &n, StringRef value) {
-  if (n.op_type() != "Sum" || n.output_size() != 1 || n.output(0) != "grad:" + value.str())
+  if (!isOp(n, OpId::Sum) || n.output_size() != 1 || n.output(0) != "grad:" + value.str())
     return false;
   return all_of(n.input(), [&](const std::string &in) {
     return StringRef(in).startswith("grad:" + value.str() + "#");

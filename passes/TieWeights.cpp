@@ -67,8 +67,8 @@ bool holdsTranspose(const Graph &graph, const Value &head, const Value &table) {
 std::vector<FoldedTie> findFoldedTies(const Graph &graph, const std::vector<bool> &candidates) {
   std::set<int> tables;
   for (const Op &op : graph.ops)
-    if (!op.dead && op.opType == "Gather" && op.domain.empty() && !op.inputs.empty() &&
-        op.inputs[0] >= 0 && candidates[op.inputs[0]])
+    if (!op.dead && op.is(OpId::Gather) && !op.inputs.empty() && op.inputs[0] >= 0 &&
+        candidates[op.inputs[0]])
       tables.insert(op.inputs[0]);
   std::vector<FoldedTie> out;
   for (size_t h = 0; h < graph.values.size(); ++h) {
@@ -111,7 +111,7 @@ void retie(Graph &graph, const FoldedTie &tie) {
   Op op;
   op.name = name;
   op.scope = graph.ops[at].scope;
-  op.opType = "Transpose";
+  op.setType("", "Transpose");
   op.inputs = {table};
   op.outputs = {out};
   op.nodeIndex = graph.model->graph().node_size() - 1;

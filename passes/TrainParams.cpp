@@ -170,7 +170,7 @@ private:
     Op o;
     o.name = name;
     o.scope = scope;
-    o.opType = type.str();
+    o.setType("", type);
     o.inputs = std::move(inputs);
     o.outputs = {out};
     o.nodeIndex = graph.model->graph().node_size() - 1;

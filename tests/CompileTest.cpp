@@ -549,7 +549,8 @@ TEST(Compile, EveryPassShowsItsStatsAndIr) {
   const std::vector<std::string> pipeline = {"import",         "infer-shapes",  "fold-constants",
                                              "eliminate-dead", "group-layers",  "tie-weights",
                                              "train-params",   "differentiate", "balance-stages",
-                                             "lower-schedule", "plan-memory",   "verify-program"};
+                                             "lower-schedule", "plan-memory",   "verify-program",
+                                             "fuse"};
   ASSERT_EQ(passNames(), pipeline);
   TempDir dir;
   std::string model = dir.path("gpt.onnx"), out;
@@ -582,13 +583,16 @@ TEST(Compile, EveryPassShowsItsStatsAndIr) {
                     "IR after differentiate", "backward layers=5", "IR after balance-stages",
                     "stageplan method=time layout=\"E,t|t,L\"", "IR after lower-schedule",
                     "rank 1: ", "RECV act s0 mb0 <- 0", "IR after plan-memory", "rank 1: peak ",
-                    "IR after verify-program", "verified: 2 ranks"}),
+                    "IR after verify-program", "verified: 2 ranks", "IR after fuse",
+                    "fused 34 element-wise nodes into 8 kernels, 8 bias adds",
+                    "stage 0 forward: MatMulBias -> "}),
       "")
       << out;
   EXPECT_EQ(inOrder(out, {"stats: differentiate", "backward ops", "stats: balance-stages",
                           "chunks 2 on 2 ranks", "stats: lower-schedule",
                           "instructions 58 on 2 ranks", "stats: plan-memory", "buffers 8 in",
-                          "stats: verify-program", "ranks 2, sends"}),
+                          "stats: verify-program", "ranks 2, sends", "stats: fuse",
+                          "element-wise nodes into"}),
             "")
       << out;
   // One dump per pass, numbered in pipeline order.
@@ -639,7 +643,7 @@ TEST(Compile, UnknownPrintAfterListsThePasses) {
   EXPECT_NE(out.find("--print-after lower: expected all or a pass: import, infer-shapes, "
                      "fold-constants, eliminate-dead, group-layers, tie-weights, "
                      "train-params, differentiate, balance-stages, lower-schedule, plan-memory, "
-                     "verify-program"),
+                     "verify-program, fuse"),
             std::string::npos)
       << out;
   EXPECT_FALSE(fileExists(dir.path("x.plan")));

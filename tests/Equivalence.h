@@ -39,6 +39,8 @@ struct Config {
   std::string memoryLimit;
   /// --balance: uniform keeps the split fixed whatever the costs.
   std::string balance = "uniform";
+  /// false: compile with --no-fuse.
+  bool fuse = true;
 };
 
 /// The plan of \p model for \p s; a failure is the test's, or with
@@ -56,6 +58,7 @@ plan::Plan compileFor(const std::string &model, const Config &s, int64_t globalB
   options.recompute = recompute;
   options.shardOptimizer = s.shardOptimizer;
   options.memoryLimit = s.memoryLimit;
+  options.fuse = s.fuse;
   auto kind = parseSchedule(s.schedule);
   EXPECT_TRUE(static_cast<bool>(kind)) << s.schedule;
   if (!kind) {

@@ -29,8 +29,7 @@ Graph emptyGraph() {
 void addOp(Graph &graph, llvm::StringRef domain, llvm::StringRef type) {
   Op op;
   op.name = (type + "_" + llvm::Twine(graph.ops.size())).str();
-  op.opType = type.str();
-  op.domain = domain.str();
+  op.setType(domain, type);
   graph.ops.push_back(op);
 }
 

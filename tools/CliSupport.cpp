@@ -9,9 +9,25 @@
 #include "llvm/Support/WithColor.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <cstdlib>
+
 using namespace llvm;
 
 namespace pipec::cli {
+
+bool launchedByMpi() {
+  for (const char *var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(var))
+      return true;
+  return false;
+}
+
+rt::RunOptions runOptionsFromEnvironment() {
+  rt::RunOptions options;
+  if (const char *fault = std::getenv("PIPEC_FAULT"))
+    options.fault = rt::parseFault(fault);
+  return options;
+}
 
 int reportError(Error err) {
   int code = exitInput;

@@ -8,6 +8,7 @@
 #define PIPEC_TOOLS_CLISUPPORT_H
 
 #include "plan/plan.pb.h"
+#include "runtime/exec/Executor.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
@@ -27,6 +28,14 @@ inline constexpr int exitUsage = 2;
 /// Prints \p err as "pipec: error: WHAT"; returns 2 (bad usage) for a
 /// UsageError, else 1 (bad input or a failed step).
 int reportError(llvm::Error err);
+
+/// Run options as the environment sets them: PIPEC_FAULT injects a fault
+/// (tests). Library code reads no environment variable; the tool reads them
+/// here.
+rt::RunOptions runOptionsFromEnvironment();
+
+/// True when mpirun, srun or another MPI launcher started this process.
+bool launchedByMpi();
 
 /// A malformed flag or value: "pipec: error: WHAT", exit 2.
 int badUsage(const llvm::Twine &what);

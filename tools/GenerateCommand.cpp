@@ -109,7 +109,7 @@ int runGenerate() {
   auto prompts = rt::readNpy(GenPrompts);
   if (!prompts)
     return reportError(prompts.takeError());
-  std::string comm = GenComm.empty() ? (rt::launchedByMpi() ? "mpi" : "local") : GenComm.getValue();
+  std::string comm = GenComm.empty() ? (launchedByMpi() ? "mpi" : "local") : GenComm.getValue();
   if (comm != "local" && comm != "mpi")
     return badUsage("--comm " + comm + ": expected local or mpi");
   auto result = comm == "local" ? rt::generateLocal(*plan, options, *prompts)

@@ -4,7 +4,7 @@
 # `pipec model mlp --layers 2000 --hidden 8` (4,002 nodes of 8-wide Gemm and
 # Relu; kernels so small that the step is mostly dispatch), compiled for
 # inference on one stage with one microbatch of one sample, run for 300
-# steps on one thread, unfused, by each build in turn, ROUNDS times (default
+# steps on one thread, unfused (compiled with --no-fuse by each build), by each build in turn, ROUNDS times (default
 # 5). Prints each run's ms per step, then the medians, ns per node and the
 # ratio. The Google Benchmark mlp2000x8/dispatch (build/bin/bench_runtime)
 # measures the current build alone.
@@ -13,15 +13,26 @@ before=$1 after=$2 rounds=${3:-5}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$after" model mlp --layers 2000 --hidden 8 -o "$work/mlp.onnx" >/dev/null
-"$after" compile "$work/mlp.onnx" --mode infer --stages 1 --microbatches 1 --batch 1 \
-  -o "$work/mlp.plan" >/dev/null
-step() { # PIPEC -> ms per step
-  "$1" run "$work/mlp.plan" --steps 300 --threads-per-rank 1 --no-fuse 2>&1 |
+# Each build compiles its own plan: a plan is read by the build that wrote
+# it, and --no-fuse moved from run to compile (plan format 4).
+for which in before after; do
+  pipec=${!which}
+  if ! "$pipec" compile "$work/mlp.onnx" --mode infer --stages 1 --microbatches 1 --batch 1 \
+    --no-fuse -o "$work/$which.plan" >/dev/null 2>&1; then
+    "$pipec" compile "$work/mlp.onnx" --mode infer --stages 1 --microbatches 1 --batch 1 \
+      -o "$work/$which.plan" >/dev/null
+    echo "$which" >>"$work/fuse-at-run"
+  fi
+done
+step() { # WHICH -> ms per step
+  local nofuse=()
+  grep -qx "$1" "$work/fuse-at-run" 2>/dev/null && nofuse=(--no-fuse)
+  "${!1}" run "$work/$1.plan" --steps 300 --threads-per-rank 1 "${nofuse[@]}" 2>&1 |
     sed -n 's/.*: \([0-9.]*\) ms per step.*/\1/p'
 }
 : >"$work/before" && : >"$work/after"
 for r in $(seq "$rounds"); do
-  b=$(step "$before") a=$(step "$after")
+  b=$(step before) a=$(step after)
   echo "round $r: before $b ms, after $a ms"
   echo "$b" >>"$work/before" && echo "$a" >>"$work/after"
 done

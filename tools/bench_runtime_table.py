@@ -73,7 +73,7 @@ for name in ("gpt6/1_rank_m8", "gpt6/2_ranks_1f1b_m8"):
                      f"{share:.0f}% of each rank's step.")
 fz = rows.get("gpt6/1_rank_m8_fused_vs_unfused")
 if fz:
-    notes.append(f"- Fused element-wise kernels and MatMul bias adds (the default; `pipec run "
+    notes.append(f"- Fused element-wise kernels and MatMul bias adds (the default; `pipec compile "
                  f"--no-fuse` turns them off), one rank, the two runs alternating: "
                  f"{fz['fused_step_s'] * 1e3:.0f} ms fused against {fz['unfused_step_s'] * 1e3:.0f} ms "
                  f"unfused per step ({fz['unfused_step_s'] / fz['fused_step_s']:.2f}x), "

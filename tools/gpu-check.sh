@@ -363,16 +363,16 @@ read -r bL bH bNH bS bV bB bM bN <<<"${PIPEC_BENCH:-$defaultBench}"
 echo "bench: GPT L=$bL H=$bH heads=$bNH seq=$bS vocab=$bV, batch $bB in $bM microbatches, bf16, $bN steps; peak $peak TFLOP/s" |
   tee -a "$table" >>"$b"
 pipecP1=""
-# benchRow LABEL SCHED STAGES [--no-fuse]
+# benchRow LABEL SCHED STAGES [--no-fuse]: the plan compiled with the same flags
 benchRow() {
-  local label=$1 sched=$2 stages=$3 extra=${4:-} plan=$work/bench-$2-$3.plan
+  local label=$1 sched=$2 stages=$3 extra=${4:-} plan=$work/bench-$2-$3${4:+-unfused}.plan
   if [ ! -f "$plan" ]; then
     row "$label" FAIL "not run: its plan ($sched, $stages stage(s)) did not compile"
     return
   fi
   local flops common mark tN t1 pred cells rc
   flops=$("$pipec" report "$plan" --format json 2>>"$b" | "$py" "$here/gpu_check_table.py" flops 2>>"$b")
-  common=(--backend "$backend" --precision bf16 --ranks-per-device "$stages" --seed 3 --timeout 60 ${extra:+"$extra"})
+  common=(--backend "$backend" --precision bf16 --ranks-per-device "$stages" --seed 3 --timeout 60)
   mark=$(($(wc -l <"$b") + 1))
   step "$b" "$pipec" run "$plan" "${common[@]}" --steps "$bN"
   rc=$?
@@ -405,11 +405,12 @@ benchRow() {
 benchOk=1
 step "$b" "$pipec" model gpt --layers "$bL" --hidden "$bH" --heads "$bNH" --seq "$bS" --vocab "$bV" \
   --loss -o "$work/bench.onnx" || benchOk=0
-for plan in "1f1b 1" "1f1b 2" "zb-h1 2"; do
-  read -r sched stages <<<"$plan"
-  [ $benchOk = 1 ] && step "$b" "$pipec" compile "$work/bench.onnx" -o "$work/bench-$sched-$stages.plan" \
+for plan in "1f1b 1" "1f1b 2" "zb-h1 2" "1f1b 1 --no-fuse"; do
+  read -r sched stages nofuse <<<"$plan"
+  [ $benchOk = 1 ] && step "$b" "$pipec" compile "$work/bench.onnx" \
+    -o "$work/bench-$sched-$stages${nofuse:+-unfused}.plan" \
     --stages "$stages" --schedule "$sched" --microbatches "$bM" --batch "$bB" --hardware h200 \
-    --precision bf16
+    --precision bf16 ${nofuse:+"$nofuse"}
 done
 benchRow "bench 1f1b P=1" 1f1b 1
 benchRow "bench 1f1b P=1 --no-fuse" 1f1b 1 --no-fuse

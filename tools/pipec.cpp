@@ -164,6 +164,10 @@ cl::opt<bool> TimingOnly("timing-only",
                          cl::desc("Write the plan for its report and simulation alone, even when "
                                   "pipec cannot train or run the model (its warnings say why)"),
                          cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<bool> NoFuse("no-fuse",
+                     cl::desc("Keep each node its own kernel: no fused element-wise chains, "
+                              "bias adds, transposed weights or attention"),
+                     cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::list<std::string> Untie("untie",
                             cl::desc("Train a shared initializer as one copy per layer that reads "
                                      "it, or keep a folded tie apart; all: every initializer the "
@@ -309,9 +313,6 @@ cl::opt<double> RunTimeout("timeout",
                            cl::desc("Seconds a rank may wait without progress before failing"),
                            cl::init(120), cl::sub(RunCmd));
 cl::opt<bool> RunQuiet("quiet", cl::desc("No progress lines"), cl::sub(RunCmd));
-cl::opt<bool> RunNoFuse("no-fuse",
-                        cl::desc("Run each element-wise node as its own kernel (no fusion)"),
-                        cl::sub(RunCmd));
 cl::opt<std::string> RunPrecision("precision",
                                   cl::desc("cuda: fp32, or bf16 tensor-core GEMMs with fp32 "
                                            "weights (default: the plan's)"),
@@ -550,6 +551,7 @@ int runCompile() {
     options.freeze = Freeze;
   }
   options.timingOnly = TimingOnly;
+  options.fuse = !NoFuse;
   for (const std::string &name : Untie) {
     if (name.empty())
       return badUsage("--untie: expected NAME or all, got an empty name");
@@ -708,7 +710,7 @@ int runProfile() {
 }
 
 int runRun() {
-  bool underMpi = rt::launchedByMpi();
+  bool underMpi = launchedByMpi();
   std::string comm = RunComm.empty() ? (underMpi ? "mpi" : "local") : RunComm.getValue();
   if (comm != "local" && comm != "mpi" && comm != "nccl")
     return badUsage("--comm " + comm + ": expected local, mpi or nccl");
@@ -746,7 +748,7 @@ int runRun() {
                             {"--trace", RunTrace}})
     if (Error err = checkNotAnInput(flag, path, {RunPlan, RunModel, RunInit}))
       return reportError(std::move(err));
-  rt::RunOptions options;
+  rt::RunOptions options = runOptionsFromEnvironment();
   options.steps = RunSteps;
   options.seed = RunSeed;
   options.dataDir = RunData;
@@ -786,7 +788,6 @@ int runRun() {
   options.ranksPerDevice = RunRanksPerDevice;
   if (RunThreadsPerRank.getNumOccurrences())
     options.threadsPerRank = RunThreadsPerRank;
-  options.fuse = !RunNoFuse;
   options.comm = comm == "nccl" ? "nccl" : "mpi";
   // Flags first: a malformed value is reported before any file is read.
   if (Error err = rt::checkRunOptions(options))

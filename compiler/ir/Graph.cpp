@@ -75,6 +75,12 @@ Graph &Graph::operator=(Graph &&) noexcept = default;
 
 const onnx::NodeProto &Graph::node(const Op &op) const { return model->graph().node(op.nodeIndex); }
 
+void Op::setType(StringRef newDomain, StringRef type) {
+  opType = type.str();
+  domain = newDomain == "ai.onnx" ? "" : newDomain.str();
+  def = lookupOp(domain, opType);
+}
+
 int64_t Graph::opsetFor(StringRef domain) const {
   if (domain == "ai.onnx")
     domain = "";

@@ -10,6 +10,7 @@
 #ifndef PIPEC_COMPILER_IR_GRAPH_H
 #define PIPEC_COMPILER_IR_GRAPH_H
 
+#include "ops/OpRegistry.h"
 #include "support/DType.h"
 
 #include "llvm/ADT/ArrayRef.h"
@@ -126,6 +127,9 @@ struct Op {
   std::string scope;
   std::string opType;
   std::string domain; ///< "" for the default ONNX domain
+  /// Ops.def's row for the op, resolved once by setType; null for ops pipec
+  /// does not know (another domain, an op with no row).
+  const OpDef *def = nullptr;
   /// Value ids; -1 for an omitted optional input or output.
   std::vector<int> inputs;
   std::vector<int> outputs;
@@ -135,6 +139,12 @@ struct Op {
   int nodeIndex = -1;
   /// Set by passes that remove the op; compact() drops dead ops.
   bool dead = false;
+
+  /// Sets the op's type and domain ("ai.onnx" is kept as "") and its row.
+  void setType(llvm::StringRef domain, llvm::StringRef type);
+  /// True when the op is Ops.def's row \p id.
+  bool is(OpId id) const { return def && def->id == id; }
+  bool has(OpFlags flag) const { return def && def->has(flag); }
 };
 
 /// The imported graph. Immutable in shape of its contract: passes edit it in

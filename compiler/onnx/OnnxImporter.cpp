@@ -458,8 +458,7 @@ Error Importer::addNodes() {
     }
     Op op;
     op.name = node.name();
-    op.opType = node.op_type();
-    op.domain = node.domain() == "ai.onnx" ? "" : node.domain();
+    op.setType(node.domain(), node.op_type());
     op.scope = scopeOf(node);
     op.nodeIndex = n;
     for (const auto &out : node.output()) {

@@ -29,8 +29,7 @@ int GradContext::transposedWeight(size_t i) const {
   if (p < 0 || static_cast<size_t>(p) >= opLayers.size() || opLayers[p] != layerIndex)
     return -1;
   const Op &t = graph.ops[p];
-  if (t.dead || t.opType != "Transpose" || !t.domain.empty() || t.inputs.size() != 1 ||
-      t.inputs[0] < 0)
+  if (t.dead || !t.is(OpId::Transpose) || t.inputs.size() != 1 || t.inputs[0] < 0)
     return -1;
   const Value &w = val(t.inputs[0]);
   if (w.kind != ValueKind::Weight || w.producer >= 0 || w.shape.size() != 2)

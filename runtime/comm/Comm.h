@@ -47,6 +47,22 @@ public:
     (void)rank;
     return std::string();
   }
+  /// How many ranks share this rank's node (its cores and devices).
+  int ranksOnThisNode() const {
+    std::string here = nodeOf(rank());
+    int n = 0;
+    for (int r = 0; r < size(); ++r)
+      n += nodeOf(r) == here;
+    return n;
+  }
+  /// This rank's index among the ranks of its node, in rank order.
+  int indexOnThisNode() const {
+    std::string here = nodeOf(rank());
+    int n = 0;
+    for (int r = 0; r < rank(); ++r)
+      n += nodeOf(r) == here;
+    return n;
+  }
   /// Posts \p tensor to \p peer. Tensors are never modified once made, so
   /// the storage is shared until the message is delivered.
   virtual llvm::Error send(int peer, const cpu::Tensor &tensor) = 0;
@@ -115,10 +131,6 @@ llvm::Expected<std::unique_ptr<Comm>> makeMpiComm(double timeoutSeconds);
 /// the CUDA plugin; fails clearly without it.
 llvm::Expected<std::unique_ptr<Comm>> makeNcclComm(std::unique_ptr<Comm> bootstrap, int device,
                                                    double timeoutSeconds);
-
-/// Whether this process was started by mpirun (Open MPI, MPICH or Slurm
-/// environment variables).
-bool launchedByMpi();
 
 } // namespace pipec::rt
 

@@ -18,13 +18,6 @@ using namespace llvm;
 
 namespace pipec::rt {
 
-bool launchedByMpi() {
-  for (const char *var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
-    if (std::getenv(var))
-      return true;
-  return false;
-}
-
 namespace {
 
 Error mpiError(int code, const Twine &what) {

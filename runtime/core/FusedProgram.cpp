@@ -103,7 +103,7 @@ bool isFusable(const onnx::NodeProto &node, int64_t opset) {
 }
 
 int fusedSteps(const onnx::NodeProto &node) {
-  return node.op_type() == "Sum" ? std::max(1, node.input_size() - 1) : 1;
+  return isOp(node, OpId::Sum) ? std::max(1, node.input_size() - 1) : 1;
 }
 
 const onnx::GraphProto *fusedBodyOf(const onnx::NodeProto &node) {
@@ -270,8 +270,8 @@ Expected<std::vector<Tensor>> runFusedBody(
 
 std::optional<int64_t> epilogueBias(const onnx::NodeProto &node, ArrayRef<const Tensor *> inputs) {
   const onnx::GraphProto *body = fusedBodyOf(node);
-  if (!body || body->node_size() != 2 || body->node(0).op_type() != "MatMul" ||
-      body->node(1).op_type() != "Add" || inputs.size() != 3)
+  if (!body || body->node_size() != 2 || !isOp(body->node(0), OpId::MatMul) ||
+      !isOp(body->node(1), OpId::Add) || inputs.size() != 3)
     return std::nullopt;
   const Tensor *a = inputs[0], *b = inputs[1], *bias = inputs[2];
   for (const Tensor *t : {a, b, bias})

@@ -68,6 +68,8 @@ public:
   const OpDef *const def;
 
   llvm::StringRef op() const;
+  /// True when the node is Ops.def's row \p id.
+  bool is(OpId id) const { return def && def->id == id; }
   /// Input \p i, or nullptr when the node omits it.
   const cpu::Tensor *optInput(size_t i) const {
     return i < inputs.size() && inputs[i] && !inputs[i]->isNull() ? inputs[i] : nullptr;

@@ -14,6 +14,7 @@
 // where the model is imported.
 //
 //===----------------------------------------------------------------------===//
+#include "ops/OpRegistry.h"
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
 #include "support/Attributes.h"
@@ -120,12 +121,11 @@ Expected<Outputs> runNode(const onnx::NodeProto &node, int64_t opset, const Scop
     inputs.push_back(t);
   }
   bool defaultDomain = node.domain().empty() || node.domain() == "ai.onnx";
-  if (defaultDomain &&
-      (node.op_type() == "If" || node.op_type() == "Loop" || node.op_type() == "Scan")) {
+  if (defaultDomain && (isOp(node, OpId::If) || isOp(node, OpId::Loop) || isOp(node, OpId::Scan))) {
     OpContext ctx(node, opset, inputs, lookupOp("", node.op_type(), opset));
-    if (node.op_type() == "If")
+    if (isOp(node, OpId::If))
       return ifWithScope(ctx, scope);
-    if (node.op_type() == "Loop")
+    if (isOp(node, OpId::Loop))
       return loopWithScope(ctx, scope);
     return scanWithScope(ctx, scope);
   }

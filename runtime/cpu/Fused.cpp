@@ -7,6 +7,7 @@
 // MatMulTransposed one GEMM that reads its weight transposed.
 //
 //===----------------------------------------------------------------------===//
+#include "ops/OpRegistry.h"
 #include "runtime/core/FusedProgram.h"
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
@@ -355,7 +356,7 @@ KernelResult softmaxAttention(const OpContext &ctx) {
   if (!steps)
     return body(); // which names the missing body
   for (const onnx::NodeProto &step : steps->node())
-    if (step.op_type() == "Softmax") {
+    if (isOp(step, OpId::Softmax)) {
       int64_t axis = attrInt(step, "axis", -1);
       if (axis != -1 && axis != rank - 1)
         return body();

@@ -76,7 +76,7 @@ Expected<Reduction> reductionOf(const OpContext &ctx) {
   std::string name = ctx.attrString("reduction", "none");
   if (name == "none")
     return Reduction::None;
-  if (ctx.op() == "Scatter")
+  if (ctx.is(OpId::Scatter))
     return ctx.fail("Scatter has no attribute 'reduction'");
   Reduction r;
   int64_t since = 16;

@@ -336,7 +336,7 @@ Expected<Outputs> CudaBackend::run(const onnx::NodeProto &node, int64_t opset,
 Expected<Outputs> CudaBackend::dispatch(const NodeView &n) {
   const onnx::NodeProto &node = n.node;
   bool defaultDomain = node.domain().empty() || node.domain() == "ai.onnx";
-  if (defaultDomain && n.op() == "Constant")
+  if (n.is(OpId::Constant))
     return runConstant(n);
   if (defaultDomain && isHostShapeMath(n))
     return runOnHost(n, n.allInputs());

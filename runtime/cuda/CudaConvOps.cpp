@@ -255,7 +255,7 @@ Result CudaBackend::windowPool(const NodeView &n) {
   if (!attrs || !k::makeConvWindow(spatialOf(x->shape()), *kernel, attrs->strides, attrs->dilations,
                                    attrs->pads, n.attrInt("ceil_mode", 0), p.w))
     return std::nullopt;
-  p.isMax = n.op() == "MaxPool";
+  p.isMax = n.is(OpId::MaxPool);
   p.includePad = n.attrInt("count_include_pad", 0);
   PIPEC_TRY_ASSIGN(xd, onDevice(*x));
   PIPEC_TRY_ASSIGN(y,
@@ -267,7 +267,7 @@ Result CudaBackend::windowPool(const NodeView &n) {
 
 /// MaxPoolGrad (dY, X) and AveragePoolGrad (dY; X's shape as attribute).
 Result CudaBackend::poolGrad(const NodeView &n) {
-  bool isMax = n.op() == "MaxPoolGrad";
+  bool isMax = n.is(OpId::MaxPoolGrad);
   const Tensor *dy = n.in(0), *x = isMax ? n.in(1) : nullptr;
   auto kernel = n.attrInts("kernel_shape");
   std::optional<Shape> xShape = isMax && isFloat(x) ? x->shape() : n.attrInts("shape");

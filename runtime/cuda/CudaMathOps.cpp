@@ -162,7 +162,7 @@ Result CudaBackend::softmax(const NodeView &n) {
   PIPEC_TRY_ASSIGN(out, allocate(DType::F32, x->shape()));
   if (out.numElements() > 0)
     PIPEC_CUDA_TRY(launchSoftmax(layout, static_cast<const float *>(dev.rawData()),
-                                 static_cast<float *>(out.rawData()), n.op() == "LogSoftmax",
+                                 static_cast<float *>(out.rawData()), n.is(OpId::LogSoftmax),
                                  stream));
   return Outputs{out};
 }
@@ -258,7 +258,7 @@ Result CudaBackend::reduce(const NodeView &n) {
       outShape.push_back(1);
   }
   double scale = 1;
-  if (n.op() == "ReduceMean")
+  if (n.is(OpId::ReduceMean))
     scale = count ? 1.0 / static_cast<double>(count) : std::nan("");
   PIPEC_TRY_ASSIGN(dev, onDevice(*x));
   PIPEC_TRY_ASSIGN(out, allocate(DType::F32, outShape));

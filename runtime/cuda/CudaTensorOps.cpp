@@ -32,8 +32,7 @@ Result CudaBackend::view(const NodeView &n) {
   const Shape &in = x->shape();
   int64_t rank = x->rank();
   Shape shape;
-  StringRef op = n.op();
-  if (op == "Reshape") {
+  if (n.is(OpId::Reshape)) {
     PIPEC_TRY_ASSIGN(requested, intsFromInputOrAttr(n, 1, "shape"));
     if (!requested)
       return std::nullopt;
@@ -62,7 +61,7 @@ Result CudaBackend::view(const NodeView &n) {
         return std::nullopt;
       shape[inferred] = x->numElements() / known;
     }
-  } else if (op == "Flatten") {
+  } else if (n.is(OpId::Flatten)) {
     int64_t axis = n.attrInt("axis", 1);
     if (axis < 0)
       axis += rank;
@@ -70,7 +69,7 @@ Result CudaBackend::view(const NodeView &n) {
       return std::nullopt;
     shape = {product(ArrayRef<int64_t>(in).take_front(axis)),
              product(ArrayRef<int64_t>(in).drop_front(axis))};
-  } else if (op == "Squeeze") {
+  } else if (n.is(OpId::Squeeze)) {
     PIPEC_TRY_ASSIGN(axes, intsFromInputOrAttr(n, 1, "axes"));
     std::vector<bool> drop(rank, false);
     if (!axes) {
@@ -114,7 +113,7 @@ Result CudaBackend::shapeOf(const NodeView &n) {
   const Tensor *x = n.in(0);
   if (!x || n.numOutputs() != 1)
     return std::nullopt;
-  if (n.op() == "Size")
+  if (n.is(OpId::Size))
     return Outputs{Tensor::scalar<int64_t>(x->numElements())};
   return Outputs{cpu::shapeTensor(x->shape(), n.attrInt("start", 0), n.attrInt("end", x->rank()))};
 }

@@ -1,4 +1,5 @@
 //===- CpuBackend.cpp - The CPU backend, and finding the CUDA one --------===//
+#include "ops/OpRegistry.h"
 #include "runtime/comm/Comm.h"
 #include "runtime/core/Backend.h"
 #include "runtime/cpu/Kernels.h"
@@ -91,8 +92,7 @@ public:
   Expected<bool> runInto(const onnx::NodeProto &node, int64_t opset,
                          ArrayRef<const cpu::Tensor *> inputs, cpu::Tensor &acc) override {
     (void)opset;
-    if (node.op_type() != "Gemm" || !node.domain().empty() || inputs.size() != 2 || !inputs[0] ||
-        !inputs[1])
+    if (!isOp(node, OpId::Gemm) || inputs.size() != 2 || !inputs[0] || !inputs[1])
       return false;
     const cpu::Tensor &a = *inputs[0], &b = *inputs[1];
     auto f32 = [](const cpu::Tensor &t) { return t.elemType() == cpu::DType::F32 && t.onHost(); };

@@ -32,13 +32,10 @@ Error rankError(int rank, const Twine &why) {
   return createStringError(inconvertibleErrorCode(), "rank %d: %s", rank, why.str().c_str());
 }
 
-Fault parseFault() {
+Fault parseFault(StringRef text) {
   Fault f;
-  const char *text = std::getenv("PIPEC_FAULT");
-  if (!text)
-    return f;
   SmallVector<StringRef, 4> parts;
-  StringRef(text).split(parts, ',');
+  text.split(parts, ',', -1, false);
   for (StringRef p : parts) {
     auto [key, value] = p.split('=');
     if (key == "rank")
@@ -139,11 +136,11 @@ Error RankExecutor::foldWeightNodes(int stage) {
   std::set<std::string> leaving(sp.send().begin(), sp.send().end());
   leaving.insert(sp.outputs().begin(), sp.outputs().end());
   for (const onnx::NodeProto &node : sp.forward()) {
-    StringRef op = node.op_type();
     if (llvm::any_of(node.output(), [&](const std::string &o) { return leaving.count(o); }))
       continue;
-    if (op.startswith("Random") || op == "Multinomial" || op == "Bernoulli" || op == "Dropout" ||
-        node.input_size() == 0)
+    // Ops of no row may draw random numbers too.
+    const OpDef *def = lookupOp(node.domain(), node.op_type(), s.plan->opset());
+    if (!def || def->has(Random) || node.input_size() == 0)
       continue;
     std::vector<const cpu::Tensor *> inputs;
     bool fromWeights = true;

@@ -29,7 +29,8 @@
 // V-shaped schedules) are handed over directly. After every step all ranks
 // sum the loss (which also makes the step a barrier for checkpoints).
 //
-// Fault injection for tests: PIPEC_FAULT="rank=R,step=S,at=I,kind=K" makes
+// Fault injection for tests: RunOptions::fault (`pipec run` reads it from
+// PIPEC_FAULT="rank=R,step=S,at=I,kind=K") makes
 // global rank R, at instruction I of step S, fail with an error (K=error) or
 // kill its process with SIGKILL (K=kill).
 //
@@ -41,6 +42,7 @@
 #include "runtime/core/Tensor.h"
 #include "support/Optimizer.h"
 
+#include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -51,8 +53,20 @@
 
 namespace pipec::rt {
 
+/// Where a test injects a fault (above); rank -1: nowhere.
+struct Fault {
+  int rank = -1, step = -1, at = -1;
+  std::string kind;
+};
+
+/// The fault "rank=R,step=S,at=I,kind=K" names; the tool reads the text from
+/// PIPEC_FAULT.
+Fault parseFault(llvm::StringRef text);
+
 struct RunOptions {
   int steps = 1;
+  /// A fault to inject (tests).
+  Fault fault;
   uint64_t seed = 1;
   /// A directory of per-input .npy / .pb datasets; empty: synthetic.
   std::string dataDir;
@@ -120,8 +134,6 @@ struct RunOptions {
   std::optional<int> threadsPerRank;
   /// runMpi's transport: mpi (host tensors) or nccl (device tensors).
   std::string comm = "mpi";
-  /// Fuse element-wise chains into single kernels (runtime/core/Fusion.h).
-  bool fuse = true;
 };
 
 struct RunResult {

@@ -1,5 +1,6 @@
 //===- Fusion.cpp - Fusing element-wise chains of stage programs --------===//
 #include "runtime/exec/Fusion.h"
+#include "ops/OpRegistry.h"
 #include "runtime/core/FusedProgram.h"
 #include "support/Attributes.h"
 
@@ -200,16 +201,15 @@ int64_t fuseMatMulBias(NodeList &nodes, const StringSet<> &external) {
   std::vector<bool> claimed(nodes.size(), false); // Add -> taken by a MatMul
   for (int i = 0; i < nodes.size(); ++i) {
     const onnx::NodeProto &mm = nodes[i];
-    if (!isDefault(mm) || mm.op_type() != "MatMul" || mm.input_size() != 2 ||
-        mm.output_size() != 1 || external.count(mm.output(0)))
+    if (!isOp(mm, OpId::MatMul) || mm.input_size() != 2 || mm.output_size() != 1 ||
+        external.count(mm.output(0)))
       continue;
     auto r = readers.find(mm.output(0));
     if (r == readers.end() || r->second.size() != 1)
       continue;
     const onnx::NodeProto &add = nodes[r->second[0]];
-    if (!isDefault(add) || add.op_type() != "Add" || add.input_size() != 2 ||
-        add.output_size() != 1 || add.attribute_size() != 0 || add.input(0) == add.input(1) ||
-        claimed[r->second[0]])
+    if (!isOp(add, OpId::Add) || add.input_size() != 2 || add.output_size() != 1 ||
+        add.attribute_size() != 0 || add.input(0) == add.input(1) || claimed[r->second[0]])
       continue;
     // An Add of two products (parallel attention and MLP blocks) takes the
     // first MatMul as its bias's partner; the other stays a MatMul.
@@ -274,8 +274,7 @@ int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64
   std::vector<std::array<std::string, 5>> operands(nodes.size());
   for (int i = 0; i < nodes.size(); ++i) {
     const onnx::NodeProto &out = nodes[i];
-    if (!isDefault(out) || out.op_type() != "MatMul" || out.input_size() != 2 ||
-        out.output_size() != 1)
+    if (!isOp(out, OpId::MatMul) || out.input_size() != 2 || out.output_size() != 1)
       continue;
     std::vector<int> taken;
     std::string probs = out.input(0), guard;
@@ -358,16 +357,16 @@ int64_t fuseTransposedOperand(NodeList &nodes, const StringSet<> &external) {
   std::vector<bool> absorbed(nodes.size(), false);
   for (int i = 0; i < nodes.size(); ++i) {
     const onnx::NodeProto &mm = nodes[i];
-    if (!isDefault(mm) || mm.op_type() != "MatMul" || mm.input_size() != 2 ||
-        mm.output_size() != 1 || mm.input(0) == mm.input(1))
+    if (!isOp(mm, OpId::MatMul) || mm.input_size() != 2 || mm.output_size() != 1 ||
+        mm.input(0) == mm.input(1))
       continue;
     auto m = maker.find(mm.input(1));
     if (m == maker.end() || m->second > i || reads[mm.input(1)] != 1 || external.count(mm.input(1)))
       continue;
     const onnx::NodeProto &tr = nodes[m->second];
     std::optional<std::vector<int64_t>> perm = attrInts(tr, "perm");
-    if (!isDefault(tr) || tr.op_type() != "Transpose" || tr.input_size() != 1 ||
-        tr.output_size() != 1 || !perm || *perm != std::vector<int64_t>{1, 0})
+    if (!isOp(tr, OpId::Transpose) || tr.input_size() != 1 || tr.output_size() != 1 || !perm ||
+        *perm != std::vector<int64_t>{1, 0})
       continue;
     transposeOf[i] = m->second;
     absorbed[m->second] = true;

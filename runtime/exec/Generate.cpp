@@ -1,5 +1,6 @@
 //===- Generate.cpp - `pipec generate`: the token loop of a decoder plan -===//
 #include "runtime/exec/Generate.h"
+#include "ops/OpRegistry.h"
 #include "runtime/core/FusedProgram.h"
 #include "runtime/exec/RankExecutor.h"
 #include "runtime/exec/Trace.h"
@@ -618,7 +619,7 @@ void keepLastPosition(Shared &prefill, const std::string &logits) {
   for (plan::StageProgram &sp : prefill.programs)
     for (int i = 0; i < sp.forward_size(); ++i) {
       onnx::NodeProto &head = *sp.mutable_forward(i);
-      bool product = head.op_type() == "MatMul" || head.op_type() == MatMulBiasOpType ||
+      bool product = isOp(head, OpId::MatMul) || head.op_type() == MatMulBiasOpType ||
                      head.op_type() == MatMulTransposedOpType;
       if (!product || head.output_size() != 1 || head.output(0) != logits)
         continue;
@@ -818,10 +819,8 @@ Expected<GenerateResult> generateMpi(const plan::Plan &plan, const GenerateOptio
                                     "the plan has %d ranks; mpirun started %d (use mpirun -np %d)",
                                     su.decode->P, (*comm)->size(), su.decode->P));
   // Processes on one node share its cores.
-  int perNode = 1;
-  if (const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
-    perNode = std::max(1, std::atoi(local));
-  int threadsPerRank = shareCores(su.runOptions, computingAtOnce(su.job, perNode));
+  int threadsPerRank =
+      shareCores(su.runOptions, computingAtOnce(su.job, (*comm)->ranksOnThisNode()));
   setLoopThreads(threadsPerRank);
   int rank = (*comm)->rank();
   auto backend = makeBackend(*su.decode, 0, rank);

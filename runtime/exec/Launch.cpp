@@ -219,15 +219,11 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
   if (!data)
     return data.takeError();
   s->data = std::move(*data);
-  s->fault = parseFault();
+  s->fault = options.fault;
   if (plan.programs_size() != s->P)
     return createStringError(inconvertibleErrorCode(), "the plan has %d programs for %d ranks",
                              plan.programs_size(), s->P);
   s->programs.assign(plan.stage_programs().begin(), plan.stage_programs().end());
-  if (options.fuse)
-    for (plan::StageProgram &program : s->programs)
-      s->fusion +=
-          fuseStageProgram(program, plan.opset(), {plan.loss_value(), plan.loss_count_value()});
   return s;
 }
 
@@ -315,11 +311,12 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
                                       o.checkpointDir, first, o.steps)
                                   .str());
   result.firstStep = first;
-  result.fusedGroups = s.fusion.groups;
-  result.fusedNodes = s.fusion.nodes;
-  result.fusedMatMulBias = s.fusion.matMulBias;
-  result.fusedMatMulTransposed = s.fusion.matMulTransposed;
-  result.fusedSoftmaxAttention = s.fusion.softmaxAttention;
+  const plan::Fusion &fusion = s.plan->fusion();
+  result.fusedGroups = fusion.groups();
+  result.fusedNodes = fusion.nodes();
+  result.fusedMatMulBias = fusion.mat_mul_bias();
+  result.fusedMatMulTransposed = fusion.mat_mul_transposed();
+  result.fusedSoftmaxAttention = fusion.softmax_attention();
   auto started = Clock::now();
   for (int t = first; t < o.steps; ++t) {
     double sum = 0, count = 0;
@@ -767,16 +764,9 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
     return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
   }
   // Processes on one node share its cores.
-  int perNode = 1;
-  if (const char *local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
-    perNode = std::max(1, std::atoi(local));
-  int threadsPerRank = shareCores(options, perNode);
+  int threadsPerRank = shareCores(options, (*comm)->ranksOnThisNode());
   setLoopThreads(threadsPerRank);
-  int localRank = 0;
-  if (const char *lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"))
-    localRank = std::atoi(lr);
-  else if (const char *lr = std::getenv("SLURM_LOCALID"))
-    localRank = std::atoi(lr);
+  int localRank = (*comm)->indexOnThisNode();
   auto backend =
       makeBackend(s, localRank / std::max(1, options.ranksPerDevice), (*comm)->rank() % s.P);
   if (!backend) {

@@ -1,6 +1,7 @@
 //===- ModelIO.cpp - Writing what a run produced -------------------------===//
 #include "runtime/exec/ModelIO.h"
 
+#include "ops/OpRegistry.h"
 #include "plan/PlanFile.h"
 #include "runtime/exec/ParamMap.h"
 #include "runtime/exec/Safetensors.h"
@@ -164,7 +165,7 @@ Error saveTrainedModel(StringRef modelPath, const std::map<std::string, cpu::Ten
     if (Error err = refill(t))
       return fail(toString(std::move(err)));
   for (onnx::NodeProto &node : *graph.mutable_node()) {
-    if (node.op_type() != "Constant" || node.output_size() != 1)
+    if (!isOp(node, OpId::Constant) || node.output_size() != 1)
       continue;
     for (onnx::AttributeProto &a : *node.mutable_attribute())
       if (a.name() == "value" && a.has_t()) {

@@ -19,7 +19,6 @@
 #include "runtime/core/Backend.h"
 #include "runtime/exec/Data.h"
 #include "runtime/exec/Executor.h"
-#include "runtime/exec/Fusion.h"
 #include "runtime/exec/ValueTable.h"
 #include "support/ChromeTrace.h"
 
@@ -51,15 +50,6 @@ using Ins = plan::Instruction;
 /// "rank R: WHY".
 llvm::Error rankError(int rank, const llvm::Twine &why);
 
-/// Where PIPEC_FAULT (Executor.h) injects a fault; rank -1: nowhere.
-struct Fault {
-  int rank = -1, step = -1, at = -1;
-  std::string kind;
-};
-
-/// Reads PIPEC_FAULT.
-Fault parseFault();
-
 /// What all ranks of a run share (read-only once made).
 struct Shared {
   const plan::Plan *plan = nullptr;
@@ -88,10 +78,8 @@ struct Shared {
   Optimizer optimizer = Optimizer::AdamW;
   double lr = 1e-3;
   Fault fault;
-  /// The plan's stage programs as this run executes them (fused unless
-  /// --no-fuse).
+  /// The plan's stage programs, fused as compile left them.
   std::vector<plan::StageProgram> programs;
-  FusionStats fusion;
 };
 
 /// What the optimizer made of a weight of 1 that no gradient reached, after

@@ -76,9 +76,10 @@ std::string profiledCosts() {
 }
 
 plan::Plan compile(const std::string &model, int stages, int microbatches, int64_t batch,
-                   const std::string &costs = "") {
+                   const std::string &costs = "", bool fuse = true) {
   CompileOptions options;
   options.costs = costs;
+  options.fuse = fuse;
   options.stages = stages;
   options.microbatches = microbatches;
   options.globalBatch = batch;
@@ -100,11 +101,10 @@ void trainStep(benchmark::State &state, const std::string &model, int stages, in
   // The `cpu` spec calibrated seconds before the steps it predicts: on a
   // shared machine the speed drifts over a run.
   llvm::sys::fs::remove(cpuCachePath(defaultThreadsPerRank(stages)));
-  plan::Plan plan = compile(model, stages, microbatches, batch, costs);
+  plan::Plan plan = compile(model, stages, microbatches, batch, costs, fuse);
   rt::RunOptions options;
   options.steps = 1;
   options.optimizer = Optimizer::SGD;
-  options.fuse = fuse;
   options.threadsPerRank = threadsPerRank;
   auto warm = rt::runLocal(plan, options);
   if (!warm) {
@@ -160,13 +160,12 @@ void benchGptTwoRanksProfiled(benchmark::State &state) {
 /// iteration (and which goes first) so that both see the same machine,
 /// after a warm-up run of each; the iteration time is the fused step's.
 void benchGptFusedAgainstUnfused(benchmark::State &state) {
-  plan::Plan plan = compile(gpt(), 1, 8, 8);
-  rt::RunOptions fused, unfused;
-  fused.steps = unfused.steps = 1;
-  fused.optimizer = unfused.optimizer = Optimizer::SGD;
-  unfused.fuse = false;
+  plan::Plan fused = compile(gpt(), 1, 8, 8), unfused = compile(gpt(), 1, 8, 8, "", false);
+  rt::RunOptions options;
+  options.steps = 1;
+  options.optimizer = Optimizer::SGD;
   rt::RunResult withFusion, without;
-  auto run = [&](const rt::RunOptions &options, rt::RunResult &into) {
+  auto run = [&](const plan::Plan &plan, rt::RunResult &into) {
     auto result = rt::runLocal(plan, options);
     if (!result) {
       state.SkipWithError(llvm::toString(result.takeError()).c_str());
@@ -292,6 +291,7 @@ void benchNodeDispatch(benchmark::State &state) {
   options.globalBatch = 1;
   options.training = false;
   options.hardware = "cpu";
+  options.fuse = false;
   auto plan = compileModel(model, options, PipelineOptions());
   if (!plan) {
     state.SkipWithError(llvm::toString(plan.takeError()).c_str());
@@ -299,7 +299,6 @@ void benchNodeDispatch(benchmark::State &state) {
   }
   rt::RunOptions run;
   run.steps = 20;
-  run.fuse = false;
   run.threadsPerRank = 1;
   run.keepOutputs = false;
   double nodes = 0, seconds = 0;
