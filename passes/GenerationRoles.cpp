@@ -64,27 +64,31 @@ Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLe
     if (present.producer < 0 || !isFloatDType(present.type))
       continue;
     const Op &op = graph.ops[present.producer];
-    // onnxruntime-genai's attention: present_key and present_value
-    // (outputs 1, 2) are the past_key and past_value buffers (inputs 3, 4)
-    // with this pass's keys and values written where each row's past ends.
-    if (op.is(OpId::MsGroupQueryAttention)) {
-      for (size_t i = 1; i <= 2; ++i)
-        if (i < op.outputs.size() && op.outputs[i] == out && op.inputs.size() > i + 2 &&
-            isGraphInput(graph, op.inputs[i + 2]))
-          if (Error err = addCache(op.inputs[i + 2], out, 2, /*inPlace=*/true))
+    // onnxruntime's attention ops: present_key and present_value (outputs
+    // 1, 2) are past_key and past_value (inputs 1 + pastOffset, 2 +
+    // pastOffset) with this pass's keys and values on the sequence axis of
+    // [batch, heads, seq, head]. GroupQueryAttention (onnxruntime-genai's
+    // builder) writes them in place where each row's past ends;
+    // MultiHeadAttention (its earlier and fp16 exports) appends them.
+    struct AttentionCache {
+      OpId op;
+      size_t pastOffset;
+      bool inPlace;
+    };
+    static const AttentionCache attentionCaches[] = {{OpId::MsGroupQueryAttention, 2, true},
+                                                     {OpId::MsMultiHeadAttention, 5, false}};
+    const AttentionCache *attention = nullptr;
+    for (const AttentionCache &a : attentionCaches)
+      if (op.is(a.op))
+        attention = &a;
+    if (attention) {
+      for (size_t i = 1; i <= 2; ++i) {
+        size_t past = i + attention->pastOffset;
+        if (i < op.outputs.size() && op.outputs[i] == out && op.inputs.size() > past &&
+            isGraphInput(graph, op.inputs[past]))
+          if (Error err = addCache(op.inputs[past], out, 2, attention->inPlace))
             return std::move(err);
-      continue;
-    }
-    // onnxruntime's MultiHeadAttention (as onnxruntime-genai's builder
-    // writes it for CPU models): present_key and present_value (outputs 1,
-    // 2) are past_key and past_value (inputs 6, 7) with this pass's keys and
-    // values appended along the sequence axis of [batch, heads, seq, head].
-    if (op.is(OpId::MsMultiHeadAttention)) {
-      for (size_t i = 1; i <= 2; ++i)
-        if (i < op.outputs.size() && op.outputs[i] == out && op.inputs.size() > i + 5 &&
-            isGraphInput(graph, op.inputs[i + 5]))
-          if (Error err = addCache(op.inputs[i + 5], out, 2, /*inPlace=*/false))
-            return std::move(err);
+      }
       continue;
     }
     if (!op.is(OpId::Concat))

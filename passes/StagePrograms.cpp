@@ -328,6 +328,8 @@ public:
 private:
   void addBoundaries(plan::StageProgram &sp, int first, int lastLayer);
   Error addForward(plan::StageProgram &sp, int first, int lastLayer);
+  /// Appends \p node to \p sp's forward after resolving what it reads.
+  Error addForwardNode(plan::StageProgram &sp, onnx::NodeProto node);
   /// Where the stage gets \p name from: computed here, received, loaded, or
   /// a weight; an error when another stage computes it and does not send it.
   Error resolve(const std::string &name, bool backwardRead);
@@ -424,37 +426,31 @@ Error StageBuilder::resolve(const std::string &name, bool backwardRead) {
   // block): this stage computes it again rather than receive it.
   if (!backwardRead && forwardOut && v.kind != ValueKind::Activation &&
       v.kind != ValueKind::Input && !(flowing && flowing->count(name))) {
-    onnx::NodeProto node = nodeOf(graph, graph.ops[v.producer]);
-    for (const std::string &in : node.input())
-      if (Error err = resolve(in, false))
-        return err;
-    for (const std::string &out : node.output())
-      if (!out.empty())
-        produced.insert(out);
-    *forwardOut->add_forward() = std::move(node);
-    return Error::success();
+    return addForwardNode(*forwardOut, nodeOf(graph, graph.ops[v.producer]));
   }
   return stageError(k, formatv("{0} reads '{1}', computed on another stage and not sent here",
                                backwardRead ? "backward" : "forward", name));
+}
+
+Error StageBuilder::addForwardNode(plan::StageProgram &sp, onnx::NodeProto node) {
+  for (const std::string &in : node.input())
+    if (Error err = resolve(in, false))
+      return err;
+  for (const std::string &out : node.output())
+    if (!out.empty())
+      produced.insert(out);
+  *sp.add_forward() = std::move(node);
+  return Error::success();
 }
 
 /// Forward: the layers' ops, then the loss on the last stage.
 Error StageBuilder::addForward(plan::StageProgram &sp, int first, int lastLayer) {
   forwardOut = &sp;
   for (int l = first; l <= lastLayer; ++l)
-    for (int opIndex : layers.layers[l].ops) {
-      const Op &op = graph.ops[opIndex];
-      if (op.dead)
-        continue;
-      onnx::NodeProto node = nodeOf(graph, op);
-      for (const std::string &in : node.input())
-        if (Error err = resolve(in, false))
+    for (int opIndex : layers.layers[l].ops)
+      if (!graph.ops[opIndex].dead)
+        if (Error err = addForwardNode(sp, nodeOf(graph, graph.ops[opIndex])))
           return err;
-      for (const std::string &out : node.output())
-        if (!out.empty())
-          produced.insert(out);
-      *sp.add_forward() = std::move(node);
-    }
   if (!last || !backward)
     return Error::success();
   for (const onnx::NodeProto &n : backward->lossForward) {

@@ -33,18 +33,7 @@ protected:
     model = dir.path("g.onnx");
     plan = dir.path("g.plan");
     ckpt = dir.path("ckpt");
-    std::string out;
-    ASSERT_EQ(runCommand(pipecBinary +
-                             " model gpt --layers 2 --hidden 16 --vocab 50 --seq 8 --loss -o " +
-                             model,
-                         out),
-              0)
-        << out;
-    ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " -o " + plan +
-                             " --stages 2 --microbatches 2 --hardware cpu",
-                         out),
-              0)
-        << out;
+    ASSERT_TRUE(smallGptPlan(model, plan, "--microbatches 2"));
   }
 
   /// `pipec run PLAN --quiet ARGS`; returns the exit status, output in \p out.

@@ -28,18 +28,7 @@ protected:
   void SetUp() override {
     model = dir.path("g.onnx");
     plan = dir.path("g.plan");
-    std::string out;
-    ASSERT_EQ(runCommand(pipecBinary +
-                             " model gpt --layers 2 --hidden 16 --vocab 50 --seq 8 --loss -o " +
-                             model,
-                         out),
-              0)
-        << out;
-    ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " -o " + plan +
-                             " --stages 2 --microbatches 4 --hardware cpu --emit text",
-                         out),
-              0)
-        << out;
+    ASSERT_TRUE(smallGptPlan(model, plan, "--microbatches 4 --emit text"));
     planText = readFile(plan);
   }
 

@@ -164,6 +164,19 @@ GroupedGraph groupGraph(Expected<Graph> graph) {
   return out;
 }
 
+::testing::AssertionResult smallGptPlan(const std::string &model, const std::string &plan,
+                                        const std::string &compileFlags) {
+  const std::string pipec = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
+  std::string out;
+  for (const std::string &command :
+       {pipec + " model gpt --layers 2 --hidden 16 --vocab 50 --seq 8 --loss -o " + model,
+        pipec + " compile " + model + " -o " + plan + " --stages 2 --hardware cpu " +
+            compileFlags})
+    if (runCommand(command, out) != 0)
+      return ::testing::AssertionFailure() << command << "\n" << out;
+  return ::testing::AssertionSuccess();
+}
+
 int runCommand(const std::string &command, std::string &output) {
   output.clear();
   FILE *pipe = popen((command + " 2>&1").c_str(), "r");

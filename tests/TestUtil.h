@@ -72,6 +72,12 @@ GroupedGraph groupGraph(llvm::Expected<Graph> graph);
 /// Runs a shell command; returns its exit status and captures stdout+stderr.
 int runCommand(const std::string &command, std::string &output);
 
+/// `pipec model gpt` of 2 layers, width 16, vocabulary 50, 8 tokens and a
+/// loss to \p model, compiled for 2 CPU ranks with \p compileFlags to
+/// \p plan by the built pipec; the failing command's output otherwise.
+::testing::AssertionResult smallGptPlan(const std::string &model, const std::string &plan,
+                                        const std::string &compileFlags);
+
 /// A shape the test knows the schedule takes (it aborts on one it does not).
 inline PipelineShape pipelineShape(ScheduleKind kind, int stages, int virtualStages,
                                    int microbatches, int dataParallel = 1) {

@@ -72,53 +72,43 @@ Error topKGrad(GradContext &ctx) {
   });
 }
 
-/// As ScatterND's, element by element along the axis: reduction none zeroes
-/// the scattered positions of dY for data and gathers them for the
-/// updates; add passes dY to data whole.
-Error scatterElementsGrad(GradContext &ctx) {
+/// ScatterElements and ScatterND: reduction none zeroes the scattered
+/// positions of dY for data (\p scatter of zeros over dY) and gathers them
+/// for the updates (\p gather); add passes dY to data whole. The other
+/// reductions have no rule. ScatterElements works element by element along
+/// its axis, which both nodes take.
+Error scatterGrad(GradContext &ctx, StringRef scatter, StringRef gather) {
   std::string reduction = attrString(ctx.node(), "reduction", "none");
   if (reduction != "none" && reduction != "add")
-    return ctx.error("gradient of ScatterElements with reduction '" + reduction +
+    return ctx.error("gradient of " + scatter + " with reduction '" + reduction +
                      "' is not implemented");
-  int64_t axis = attrInt(ctx.node(), "axis", 0);
+  std::optional<int64_t> axis;
+  if (scatter == "ScatterElements")
+    axis = attrInt(ctx.node(), "axis", 0);
+  auto withAxis = [&](onnx::NodeProto &node) {
+    if (axis)
+      GradContext::setInt(node, "axis", *axis);
+    return GradContext::out(node);
+  };
   return ctx.forEachWanted([&](size_t i) {
     if (i == 0 && reduction == "add") {
       ctx.contribute(0, ctx.dy());
     } else if (i == 0) {
       std::string zeros =
           ctx.binary("Expand", ctx.constScalar(0.0, ctx.type()), ctx.constInts(ctx.shapeOf(2)));
-      onnx::NodeProto &g = ctx.emit("ScatterElements", {ctx.dy(), ctx.in(1), zeros});
-      GradContext::setInt(g, "axis", axis);
-      ctx.contribute(0, GradContext::out(g));
+      ctx.contribute(0, withAxis(ctx.emit(scatter, {ctx.dy(), ctx.in(1), zeros})));
     } else if (i == 2) {
-      onnx::NodeProto &g = ctx.emit("GatherElements", {ctx.dy(), ctx.in(1)});
-      GradContext::setInt(g, "axis", axis);
-      ctx.contribute(2, GradContext::out(g));
+      ctx.contribute(2, withAxis(ctx.emit(gather, {ctx.dy(), ctx.in(1)})));
     }
     return Error::success();
   });
 }
 
-/// Reduction none: dData is dY with the scattered positions zeroed (the
-/// updates replaced them) and dUpdates is dY gathered at them; add passes
-/// dY to data whole. The other reductions have no rule.
-Error scatterNDGrad(GradContext &ctx) {
-  std::string reduction = attrString(ctx.node(), "reduction", "none");
-  if (reduction != "none" && reduction != "add")
-    return ctx.error("gradient of ScatterND with reduction '" + reduction + "' is not implemented");
-  return ctx.forEachWanted([&](size_t i) {
-    if (i == 0 && reduction == "add") {
-      ctx.contribute(0, ctx.dy());
-    } else if (i == 0) {
-      std::string zeros =
-          ctx.binary("Expand", ctx.constScalar(0.0, ctx.type()), ctx.constInts(ctx.shapeOf(2)));
-      ctx.contribute(0, GradContext::out(ctx.emit("ScatterND", {ctx.dy(), ctx.in(1), zeros})));
-    } else if (i == 2) {
-      ctx.contribute(2, ctx.binary("GatherND", ctx.dy(), ctx.in(1)));
-    }
-    return Error::success();
-  });
+Error scatterElementsGrad(GradContext &ctx) {
+  return scatterGrad(ctx, "ScatterElements", "GatherElements");
 }
+
+Error scatterNDGrad(GradContext &ctx) { return scatterGrad(ctx, "ScatterND", "GatherND"); }
 
 /// Pad's pads per dimension of X (begin..., end...), when they are constant.
 Expected<std::vector<int64_t>> constantPads(GradContext &ctx, size_t rank) {

@@ -47,22 +47,18 @@ public:
     (void)rank;
     return std::string();
   }
-  /// How many ranks share this rank's node (its cores and devices).
-  int ranksOnThisNode() const {
+  /// How many of the ranks below \p end run on this rank's node.
+  int onThisNodeBelow(int end) const {
     std::string here = nodeOf(rank());
     int n = 0;
-    for (int r = 0; r < size(); ++r)
+    for (int r = 0; r < end; ++r)
       n += nodeOf(r) == here;
     return n;
   }
-  /// This rank's index among the ranks of its node, in rank order.
-  int indexOnThisNode() const {
-    std::string here = nodeOf(rank());
-    int n = 0;
-    for (int r = 0; r < rank(); ++r)
-      n += nodeOf(r) == here;
-    return n;
-  }
+  /// How many ranks share this rank's node (its cores and devices), and this
+  /// rank's index among them in rank order.
+  int ranksOnThisNode() const { return onThisNodeBelow(size()); }
+  int indexOnThisNode() const { return onThisNodeBelow(rank()); }
   /// Posts \p tensor to \p peer. Tensors are never modified once made, so
   /// the storage is shared until the message is delivered.
   virtual llvm::Error send(int peer, const cpu::Tensor &tensor) = 0;

@@ -70,6 +70,27 @@ struct ConvGeometry {
   int64_t cols() const { return w.outSize(); }
 };
 
+/// Images per im2col chunk of \p g and a column buffer for one chunk, from
+/// \p scratch; none when the window is the identity (the GEMM reads the
+/// images as they are).
+struct ColumnChunks {
+  int64_t chunk;
+  std::shared_ptr<void> block;
+};
+
+Expected<ColumnChunks>
+columnChunks(const ConvGeometry &g,
+             function_ref<Expected<std::shared_ptr<void>>(size_t bytes)> scratch) {
+  if (g.w.isIdentity())
+    return ColumnChunks{g.batch, nullptr};
+  int64_t floats = g.group * g.rows() * g.cols(), chunk = convChunk(floats, g.batch);
+  Expected<std::shared_ptr<void>> block =
+      scratch(static_cast<size_t>(chunk * floats) * sizeof(float));
+  if (!block)
+    return block.takeError();
+  return ColumnChunks{chunk, *block};
+}
+
 /// The geometry of a 1-D to 3-D Conv of X \p x and W \p weight; with
 /// \p out (dY's shape, for a gradient) the output sizes are given. Nullopt
 /// for what the device does not handle or a malformed node (nonempty
@@ -123,13 +144,9 @@ Result CudaBackend::conv(const NodeView &n) {
   const float *w = static_cast<const float *>(wd.rawData());
   float *out = static_cast<float *>(y.rawData());
   bool identity = g.w.isIdentity();
-  int64_t chunk = identity ? g.batch : convChunk(g.group * rows * cols, g.batch);
-  std::shared_ptr<void> columnBlock;
-  if (!identity) {
-    PIPEC_TRY_ASSIGN(block,
-                     scratch(static_cast<size_t>(chunk * g.group * rows * cols) * sizeof(float)));
-    columnBlock = block;
-  }
+  PIPEC_TRY_ASSIGN(chunked, columnChunks(g, [&](size_t bytes) { return scratch(bytes); }));
+  int64_t chunk = chunked.chunk;
+  std::shared_ptr<void> columnBlock = chunked.block;
   float *columns = static_cast<float *>(columnBlock.get());
   for (int64_t n0 = 0; n0 < g.batch; n0 += chunk) {
     int64_t count = std::min(chunk, g.batch - n0);
@@ -172,13 +189,9 @@ Result CudaBackend::convGradInput(const NodeView &n) {
   const float *w = static_cast<const float *>(wd.rawData());
   float *image = static_cast<float *>(dx.rawData());
   bool identity = g.w.isIdentity();
-  int64_t chunk = identity ? g.batch : convChunk(g.group * rows * cols, g.batch);
-  std::shared_ptr<void> columnBlock;
-  if (!identity) {
-    PIPEC_TRY_ASSIGN(block,
-                     scratch(static_cast<size_t>(chunk * g.group * rows * cols) * sizeof(float)));
-    columnBlock = block;
-  }
+  PIPEC_TRY_ASSIGN(chunked, columnChunks(g, [&](size_t bytes) { return scratch(bytes); }));
+  int64_t chunk = chunked.chunk;
+  std::shared_ptr<void> columnBlock = chunked.block;
   float *columns = static_cast<float *>(columnBlock.get());
   for (int64_t n0 = 0; n0 < g.batch; n0 += chunk) {
     int64_t count = std::min(chunk, g.batch - n0);
