@@ -409,8 +409,7 @@ std::optional<TensorType> ShapeInferer::declaredType(const Value &value) {
 
 Error ShapeInferer::checkConvChannels(const Op &op) {
   bool conv = op.is(OpId::Conv), transpose = op.is(OpId::ConvTranspose);
-  if (!(conv || transpose) || !op.domain.empty() || op.inputs.size() < 2 || op.inputs[0] < 0 ||
-      op.inputs[1] < 0)
+  if (!(conv || transpose) || op.inputs.size() < 2 || op.inputs[0] < 0 || op.inputs[1] < 0)
     return Error::success();
   const Value &x = graph.values[op.inputs[0]], &w = graph.values[op.inputs[1]];
   if (x.shape.size() < 2 || w.shape.size() < 2)

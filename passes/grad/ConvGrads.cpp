@@ -46,40 +46,33 @@ Error convGrad(GradContext &ctx) {
   });
 }
 
-/// ConvTranspose's pads as ONNX resolves them (output_shape, then
+/// ConvTranspose's window, its pads as ONNX resolves them (output_shape, then
 /// auto_pad, then pads); an error where they would be negative (an output
 /// longer than the full one), which Conv cannot take.
-Expected<std::vector<int64_t>> convTransposePads(GradContext &ctx, ArrayRef<int64_t> kernel,
-                                                 ArrayRef<int64_t> xShape,
-                                                 ArrayRef<int64_t> yShape) {
+Expected<WindowAttrs> convTransposeWindow(GradContext &ctx, ArrayRef<int64_t> kernel,
+                                          ArrayRef<int64_t> xShape, ArrayRef<int64_t> yShape) {
   const onnx::NodeProto &node = ctx.node();
   size_t rank = kernel.size();
-  std::vector<int64_t> strides = attrInts(node, "strides").value_or(std::vector<int64_t>(rank, 1));
-  std::vector<int64_t> dilations =
-      attrInts(node, "dilations").value_or(std::vector<int64_t>(rank, 1));
-  std::vector<int64_t> pads = attrInts(node, "pads").value_or(std::vector<int64_t>(2 * rank, 0));
+  Expected<WindowAttrs> w = ctx.windowAttrs(rank);
+  if (!w)
+    return w.takeError();
+  std::vector<int64_t> &pads = w->pads;
   std::vector<int64_t> outputPadding =
       attrInts(node, "output_padding").value_or(std::vector<int64_t>(rank, 0));
-  if (strides.size() != rank || dilations.size() != rank || pads.size() != 2 * rank ||
-      outputPadding.size() != rank)
-    return ctx.error("strides, dilations, pads or output_padding do not match the spatial rank");
-  std::string autoPad = attrString(node, "auto_pad", "NOTSET");
-  bool resolved =
-      attrInts(node, "output_shape") || autoPad == "SAME_UPPER" || autoPad == "SAME_LOWER";
+  if (outputPadding.size() != rank)
+    return ctx.error("output_padding does not match the spatial rank");
+  bool resolved = attrInts(node, "output_shape") || w->same();
   for (size_t d = 0; d < rank; ++d) {
-    int64_t full =
-        strides[d] * (xShape[d + 2] - 1) + outputPadding[d] + (kernel[d] - 1) * dilations[d] + 1;
-    if (autoPad == "VALID")
-      pads[d] = pads[rank + d] = 0;
+    int64_t full = w->strides[d] * (xShape[d + 2] - 1) + outputPadding[d] +
+                   (kernel[d] - 1) * w->dilations[d] + 1;
     if (resolved) {
       int64_t total = full - yShape[d + 2];
       if (total < 0)
         return ctx.error("gradient of an output longer than the full one is not implemented");
-      pads[d] = autoPad == "SAME_UPPER" ? total / 2 : total - total / 2;
-      pads[rank + d] = total - pads[d];
+      std::tie(pads[d], pads[rank + d]) = w->samePads(total);
     }
   }
-  return pads;
+  return w;
 }
 
 /// ConvTranspose is Conv's input gradient: dX is Conv(dY, W) and dW the
@@ -95,17 +88,15 @@ Error convTransposeGrad(GradContext &ctx) {
       return ctx.error("gradient with " + Twine(int64_t(xShape.size()) - 2) +
                        " spatial dimensions is not implemented (1 to 3 are)");
     std::vector<int64_t> kernel(wShape.begin() + 2, wShape.end());
-    Expected<std::vector<int64_t>> pads = convTransposePads(ctx, kernel, xShape, ctx.yShape());
-    if (!pads)
-      return pads.takeError();
+    Expected<WindowAttrs> w = convTransposeWindow(ctx, kernel, xShape, ctx.yShape());
+    if (!w)
+      return w.takeError();
     onnx::NodeProto &g = i == 0 ? ctx.emit("Conv", {ctx.dy(), ctx.in(1)})
                                 : ctx.emit("ConvGradWeight", {ctx.in(0), ctx.dy()}, "pipec");
     GradContext::setInts(g, "kernel_shape", kernel);
-    GradContext::setInts(g, "strides",
-                         attrInts(ctx.node(), "strides").value_or(std::vector<int64_t>(rank, 1)));
-    GradContext::setInts(g, "dilations",
-                         attrInts(ctx.node(), "dilations").value_or(std::vector<int64_t>(rank, 1)));
-    GradContext::setInts(g, "pads", *pads);
+    GradContext::setInts(g, "strides", w->strides);
+    GradContext::setInts(g, "dilations", w->dilations);
+    GradContext::setInts(g, "pads", w->pads);
     GradContext::setInt(g, "group", attrInt(ctx.node(), "group", 1));
     if (i == 1)
       GradContext::setInts(g, "shape", wShape);

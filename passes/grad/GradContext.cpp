@@ -244,37 +244,36 @@ Error GradContext::error(const Twine &what) const {
   return nodeError(name, current->opType, what);
 }
 
+Expected<WindowAttrs> GradContext::windowAttrs(size_t rank) const {
+  const onnx::NodeProto &node = *currentNode;
+  Expected<WindowAttrs> w = readWindowAttrs(
+      static_cast<int64_t>(rank), [&](StringRef name) { return attrInts(node, name); },
+      [&](StringRef name) { return attrString(node, name, ""); });
+  if (!w)
+    return error(toString(w.takeError()));
+  return w;
+}
+
 Error GradContext::setWindowAttrs(onnx::NodeProto &g, ArrayRef<int64_t> kernel,
                                   ArrayRef<int64_t> xShape, ArrayRef<int64_t> yShape) {
-  const onnx::NodeProto &node = *currentNode;
   size_t rank = kernel.size();
   if (rank < 1 || rank > 3 || xShape.size() != rank + 2 || yShape.size() != rank + 2)
     return error("gradient with " + Twine(int64_t(xShape.size()) - 2) +
                  " spatial dimensions is not implemented (1 to 3 are)");
-  std::vector<int64_t> strides = attrInts(node, "strides").value_or(std::vector<int64_t>(rank, 1));
-  std::vector<int64_t> dilations =
-      attrInts(node, "dilations").value_or(std::vector<int64_t>(rank, 1));
-  std::vector<int64_t> pads = attrInts(node, "pads").value_or(std::vector<int64_t>(2 * rank, 0));
-  if (strides.size() != rank || dilations.size() != rank || pads.size() != 2 * rank)
-    return error("strides, dilations or pads do not match the spatial rank");
-  std::string autoPad = attrString(node, "auto_pad", "NOTSET");
-  if (autoPad == "VALID") {
-    std::fill(pads.begin(), pads.end(), 0);
-  } else if (autoPad == "SAME_UPPER" || autoPad == "SAME_LOWER") {
+  Expected<WindowAttrs> w = windowAttrs(rank);
+  if (!w)
+    return w.takeError();
+  if (w->same())
     for (size_t d = 0; d < rank; ++d) {
-      int64_t extent = (kernel[d] - 1) * dilations[d] + 1;
+      int64_t extent = (kernel[d] - 1) * w->dilations[d] + 1;
       int64_t total =
-          std::max<int64_t>(0, (yShape[d + 2] - 1) * strides[d] + extent - xShape[d + 2]);
-      pads[d] = autoPad == "SAME_UPPER" ? total / 2 : total - total / 2;
-      pads[rank + d] = total - pads[d];
+          std::max<int64_t>(0, (yShape[d + 2] - 1) * w->strides[d] + extent - xShape[d + 2]);
+      std::tie(w->pads[d], w->pads[rank + d]) = w->samePads(total);
     }
-  } else if (autoPad != "NOTSET") {
-    return error("unknown auto_pad '" + autoPad + "'");
-  }
   setInts(g, "kernel_shape", kernel);
-  setInts(g, "strides", strides);
-  setInts(g, "dilations", dilations);
-  setInts(g, "pads", pads);
+  setInts(g, "strides", w->strides);
+  setInts(g, "dilations", w->dilations);
+  setInts(g, "pads", w->pads);
   return Error::success();
 }
 

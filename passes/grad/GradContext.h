@@ -17,6 +17,7 @@
 #ifndef PIPEC_PASSES_GRAD_GRADCONTEXT_H
 #define PIPEC_PASSES_GRAD_GRADCONTEXT_H
 
+#include "ops/Window.h"
 #include "passes/Differentiate.h"
 
 #include "llvm/ADT/ArrayRef.h"
@@ -118,6 +119,10 @@ public:
   const std::map<int, std::vector<int>> &contributionLayers() const { return contribLayers; }
 
   // --- The op being differentiated ------------------------------------------
+
+  /// The forward node's window attributes over \p rank spatial dimensions
+  /// (ops/Window.h), or an error naming it.
+  llvm::Expected<WindowAttrs> windowAttrs(size_t rank) const;
 
   /// Makes \p op, differentiated by \p rule, the op at hand. \p def is its
   /// row of Ops.def (null when it has none).

@@ -43,6 +43,15 @@ private:
 
 } // namespace
 
+Expected<WindowAttrs> OpContext::windowAttrs(int64_t rank) const {
+  Expected<WindowAttrs> w = readWindowAttrs(
+      rank, [&](StringRef name) { return attrInts(name); },
+      [&](StringRef name) { return attrString(name, ""); });
+  if (!w)
+    return fail(toString(w.takeError()));
+  return w;
+}
+
 StringRef OpContext::op() const { return node.op_type(); }
 
 size_t OpContext::numOutputs() const { return node.output_size(); }

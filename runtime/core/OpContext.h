@@ -14,6 +14,7 @@
 
 #include "math/ElementMath.h"
 #include "ops/OpRegistry.h"
+#include "ops/Window.h"
 #include "runtime/core/Tensor.h"
 #include "support/Diagnostics.h"
 
@@ -91,6 +92,9 @@ public:
   /// some opset (Squeeze axes, Slice starts, Split sizes): the input when the
   /// node has it (a host tensor), else the attribute, else nullopt.
   std::optional<Shape> intsFromInputOrAttr(size_t i, llvm::StringRef name) const;
+  /// The node's window attributes over \p rank spatial dimensions
+  /// (ops/Window.h), or an error naming the node.
+  llvm::Expected<WindowAttrs> windowAttrs(int64_t rank) const;
   /// The attributes the element math of \p op reads; an error naming the
   /// node when they are invalid.
   llvm::Expected<kernels::ElemParams> elemParams(ElemOp op) const;

@@ -158,18 +158,10 @@ Expected<Window> windowGeometry(const OpContext &ctx, ArrayRef<int64_t> spatial,
   if (static_cast<int64_t>(kernel.size()) != rank)
     return ctx.fail("kernel_shape " + shapeString(kernel) + " does not match the input's " +
                     Twine(rank) + " spatial dimensions");
-  Shape strides = ctx.attrInts("strides").value_or(Shape(rank, 1));
-  Shape dilations = ctx.attrInts("dilations").value_or(Shape(rank, 1));
-  Shape pads = ctx.attrInts("pads").value_or(Shape(2 * rank, 0));
-  if (static_cast<int64_t>(strides.size()) != rank ||
-      static_cast<int64_t>(dilations.size()) != rank ||
-      static_cast<int64_t>(pads.size()) != 2 * rank)
-    return ctx.fail("strides, dilations or pads do not match the spatial rank");
-  std::string autoPad = ctx.attrString("auto_pad", "NOTSET");
-  if (autoPad != "NOTSET" && autoPad != "VALID" && autoPad != "SAME_UPPER" &&
-      autoPad != "SAME_LOWER")
-    return ctx.fail("unknown auto_pad '" + autoPad + "'");
-
+  Expected<WindowAttrs> attrs = ctx.windowAttrs(rank);
+  if (!attrs)
+    return attrs.takeError();
+  const Shape &pads = attrs->pads;
   Window w;
   w.rank = rank;
   int64_t lead = Window::maxRank - rank;
@@ -178,19 +170,16 @@ Expected<Window> windowGeometry(const OpContext &ctx, ArrayRef<int64_t> spatial,
     w.padBegin[i] = w.padEnd[i] = 0;
   }
   for (int64_t i = 0; i < rank; ++i) {
-    int64_t d = lead + i, in = spatial[i], k = kernel[i], s = strides[i], dil = dilations[i];
-    if (k < 1 || s < 1 || dil < 1 || pads[i] < 0 || pads[rank + i] < 0)
-      return ctx.fail("kernel, strides and dilations must be positive and pads non-negative");
+    int64_t d = lead + i, in = spatial[i], k = kernel[i], s = attrs->strides[i],
+            dil = attrs->dilations[i];
+    if (k < 1)
+      return ctx.fail("kernel_shape must be positive");
     int64_t effective = (k - 1) * dil + 1;
     int64_t begin = pads[i], end = pads[rank + i], out;
-    if (autoPad == "SAME_UPPER" || autoPad == "SAME_LOWER") {
+    if (attrs->same()) {
       out = (in + s - 1) / s;
-      int64_t total = std::max<int64_t>(0, (out - 1) * s + effective - in);
-      begin = autoPad == "SAME_UPPER" ? total / 2 : total - total / 2;
-      end = total - begin;
+      std::tie(begin, end) = attrs->samePads(std::max<int64_t>(0, (out - 1) * s + effective - in));
     } else {
-      if (autoPad == "VALID")
-        begin = end = 0;
       int64_t span = in + begin + end - effective;
       if (span < 0)
         return ctx.fail(formatv("kernel extent {0} exceeds padded input size {1}", effective,

@@ -33,22 +33,17 @@ struct Geometry {
   int64_t imageSize() const { return product(image); }
 };
 
-/// Reads strides, dilations and pads of rank \p rank (defaults 1, 1, 0).
-Error readWindowAttrs(const OpContext &ctx, int64_t rank, Geometry &g) {
-  g.stride = ctx.attrInts("strides").value_or(Shape(rank, 1));
-  g.dilation = ctx.attrInts("dilations").value_or(Shape(rank, 1));
-  Shape pads = ctx.attrInts("pads").value_or(Shape(2 * rank, 0));
-  if (static_cast<int64_t>(g.stride.size()) != rank ||
-      static_cast<int64_t>(g.dilation.size()) != rank ||
-      static_cast<int64_t>(pads.size()) != 2 * rank)
-    return ctx.fail("strides, dilations or pads do not match the " + Twine(rank) +
-                    " spatial dimensions");
-  for (int64_t d = 0; d < rank; ++d)
-    if (g.stride[d] < 1 || g.dilation[d] < 1 || pads[d] < 0 || pads[rank + d] < 0)
-      return ctx.fail("strides and dilations must be positive and pads non-negative");
-  g.padBegin.assign(pads.begin(), pads.begin() + rank);
-  g.padEnd.assign(pads.begin() + rank, pads.end());
-  return Error::success();
+/// Reads the window attributes of rank \p rank (ops/Window.h) into \p g;
+/// returns them all.
+Expected<WindowAttrs> readWindowAttrs(const OpContext &ctx, int64_t rank, Geometry &g) {
+  Expected<WindowAttrs> w = ctx.windowAttrs(rank);
+  if (!w)
+    return w.takeError();
+  g.stride = w->strides;
+  g.dilation = w->dilations;
+  g.padBegin.assign(w->pads.begin(), w->pads.begin() + rank);
+  g.padEnd.assign(w->pads.begin() + rank, w->pads.end());
+  return w;
 }
 
 /// Number of window positions along axis \p d of an image of \p image.
@@ -93,8 +88,9 @@ template <typename T> void col2im(const T *columns, int64_t channels, const Geom
 /// output larger than the full one) extends the end.
 Error convTransposeGeometry(const OpContext &ctx, ArrayRef<int64_t> in, Geometry &g) {
   int64_t rank = static_cast<int64_t>(in.size());
-  if (Error err = readWindowAttrs(ctx, rank, g))
-    return err;
+  Expected<WindowAttrs> attrs = readWindowAttrs(ctx, rank, g);
+  if (!attrs)
+    return attrs.takeError();
   Shape outputPadding = ctx.attrInts("output_padding").value_or(Shape(rank, 0));
   std::optional<Shape> outputShape = ctx.attrInts("output_shape");
   if (outputShape && static_cast<int64_t>(outputShape->size()) == rank + 2)
@@ -102,11 +98,7 @@ Error convTransposeGeometry(const OpContext &ctx, ArrayRef<int64_t> in, Geometry
   if (static_cast<int64_t>(outputPadding.size()) != rank ||
       (outputShape && static_cast<int64_t>(outputShape->size()) != rank))
     return ctx.fail("output_padding or output_shape do not match the spatial rank");
-  std::string autoPad = ctx.attrString("auto_pad", "NOTSET");
-  if (autoPad != "NOTSET" && autoPad != "VALID" && autoPad != "SAME_UPPER" &&
-      autoPad != "SAME_LOWER")
-    return ctx.fail("unknown auto_pad '" + autoPad + "'");
-  bool same = autoPad == "SAME_UPPER" || autoPad == "SAME_LOWER";
+  bool same = attrs->same();
   g.image.resize(rank);
   g.cols.assign(in.begin(), in.end());
   for (int64_t d = 0; d < rank; ++d) {
@@ -114,8 +106,6 @@ Error convTransposeGeometry(const OpContext &ctx, ArrayRef<int64_t> in, Geometry
       return ctx.fail("output_padding must be non-negative");
     int64_t full =
         g.stride[d] * (in[d] - 1) + outputPadding[d] + (g.kernel[d] - 1) * g.dilation[d] + 1;
-    if (autoPad == "VALID")
-      g.padBegin[d] = g.padEnd[d] = 0;
     if (outputShape || same) {
       int64_t out = outputShape ? (*outputShape)[d] : in[d] * g.stride[d];
       if (out < 0)
@@ -128,8 +118,7 @@ Error convTransposeGeometry(const OpContext &ctx, ArrayRef<int64_t> in, Geometry
         return ctx.unsupported(formatv("an output length of {0} on axis {1}, more than {2} "
                                        "(the full output) allows",
                                        out, d, full));
-      int64_t half = total / 2;
-      g.padBegin[d] = total < 0 ? 0 : autoPad == "SAME_UPPER" ? half : total - half;
+      g.padBegin[d] = total < 0 ? 0 : attrs->samePads(total).first;
       g.padEnd[d] = total - g.padBegin[d];
     }
     g.image[d] = full - g.padBegin[d] - g.padEnd[d];
@@ -205,8 +194,8 @@ Expected<Outputs> col2Im(const OpContext &ctx) {
   g.image = imageShape.toInt64Vector();
   g.kernel = blockShape.toInt64Vector();
   int64_t rank = g.rank();
-  if (Error err = readWindowAttrs(ctx, rank, g))
-    return err;
+  if (Expected<WindowAttrs> attrs = readWindowAttrs(ctx, rank, g); !attrs)
+    return attrs.takeError();
   for (int64_t d = 0; d < rank; ++d) {
     if (g.image[d] < 0 || g.kernel[d] < 1)
       return ctx.fail("image_shape must be non-negative and block_shape positive");
@@ -319,8 +308,8 @@ Error deformGeometry(const OpContext &ctx, Geometry &g, int64_t &offsetGroups) {
   g.kernel.assign(w.shape().begin() + 2, w.shape().end());
   if (std::optional<Shape> given = ctx.attrInts("kernel_shape"); given && *given != g.kernel)
     return ctx.fail("kernel_shape " + shapeString(*given) + " differs from W " + w.describe());
-  if (Error err = readWindowAttrs(ctx, rank, g))
-    return err;
+  if (Expected<WindowAttrs> attrs = readWindowAttrs(ctx, rank, g); !attrs)
+    return attrs.takeError();
   for (int64_t d = 0; d < rank; ++d)
     g.cols.push_back(windowCount(g, d, g.image[d]));
   Shape expect{x.dim(0), offsetGroups * g.kernelSize() * rank};
@@ -384,8 +373,8 @@ Expected<Outputs> maxUnpool(const OpContext &ctx) {
   if (!kernel || static_cast<int64_t>(kernel->size()) != rank)
     return ctx.fail("kernel_shape must give " + Twine(rank) + " spatial sizes");
   g.kernel = *kernel;
-  if (Error err = readWindowAttrs(ctx, rank, g))
-    return err;
+  if (Expected<WindowAttrs> attrs = readWindowAttrs(ctx, rank, g); !attrs)
+    return attrs.takeError();
   Shape shape{x.dim(0), x.dim(1)};
   for (int64_t d = 0; d < rank; ++d) {
     int64_t size = (x.dim(2 + d) - 1) * g.stride[d] - g.padBegin[d] - g.padEnd[d] + g.kernel[d];

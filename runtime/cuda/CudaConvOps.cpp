@@ -31,26 +31,19 @@ Shape windowOutShape(int64_t batch, int64_t channels, const k::ConvWindow &w, si
   return shape;
 }
 
-/// The strides, dilations and pads of a window op over \p rank spatial
-/// dimensions, defaults as the CPU kernels'. For a forward op auto_pad VALID
-/// zeroes the pads; SAME_UPPER and SAME_LOWER give nullopt (the CPU kernels
-/// compute them). Gradients have explicit pads.
-struct WindowAttrs {
-  Shape strides, dilations, pads;
-};
-
-std::optional<WindowAttrs> windowAttrs(const NodeView &n, size_t rank, bool forward) {
-  WindowAttrs a{n.attrInts("strides").value_or(Shape(rank, 1)),
-                n.attrInts("dilations").value_or(Shape(rank, 1)),
-                n.attrInts("pads").value_or(Shape(2 * rank, 0))};
-  if (forward) {
-    std::string autoPad = n.attrString("auto_pad", "NOTSET");
-    if (autoPad == "VALID" && a.pads.size() == 2 * rank)
-      a.pads.assign(2 * rank, 0);
-    else if (autoPad != "NOTSET")
-      return std::nullopt;
+/// The window attributes of \p n over \p rank spatial dimensions
+/// (ops/Window.h, as the CPU kernels read them); nullopt under auto_pad
+/// SAME_UPPER or SAME_LOWER (the CPU kernels compute those) and for a
+/// malformed node (the host backend words its error).
+std::optional<WindowAttrs> windowAttrs(const NodeView &n, size_t rank) {
+  Expected<WindowAttrs> a = n.windowAttrs(static_cast<int64_t>(rank));
+  if (!a) {
+    consumeError(a.takeError());
+    return std::nullopt;
   }
-  return a;
+  if (a->same())
+    return std::nullopt;
+  return std::move(*a);
 }
 
 /// Images per im2col chunk for images of \p imageFloats column floats.
@@ -76,6 +69,7 @@ struct ConvGeometry {
 struct ColumnChunks {
   int64_t chunk;
   std::shared_ptr<void> block;
+  float *columns() const { return static_cast<float *>(block.get()); }
 };
 
 Expected<ColumnChunks>
@@ -108,7 +102,7 @@ std::optional<ConvGeometry> convGeometry(const NodeView &n, ArrayRef<int64_t> x,
   if (auto given = n.attrInts("kernel_shape"); given && *given != kernel)
     return std::nullopt;
   size_t rank = kernel.size();
-  auto attrs = windowAttrs(n, rank, !out);
+  auto attrs = windowAttrs(n, rank);
   if (!attrs)
     return std::nullopt;
   if (out) {
@@ -144,12 +138,10 @@ Result CudaBackend::conv(const NodeView &n) {
   const float *w = static_cast<const float *>(wd.rawData());
   float *out = static_cast<float *>(y.rawData());
   bool identity = g.w.isIdentity();
-  PIPEC_TRY_ASSIGN(chunked, columnChunks(g, [&](size_t bytes) { return scratch(bytes); }));
-  int64_t chunk = chunked.chunk;
-  std::shared_ptr<void> columnBlock = chunked.block;
-  float *columns = static_cast<float *>(columnBlock.get());
-  for (int64_t n0 = 0; n0 < g.batch; n0 += chunk) {
-    int64_t count = std::min(chunk, g.batch - n0);
+  PIPEC_TRY_ASSIGN(chunks, columnChunks(g, [&](size_t bytes) { return scratch(bytes); }));
+  float *columns = chunks.columns();
+  for (int64_t n0 = 0; n0 < g.batch; n0 += chunks.chunk) {
+    int64_t count = std::min(chunks.chunk, g.batch - n0);
     const float *source = image + n0 * g.channels * inSize;
     int64_t sourceN = g.channels * inSize, sourceG = g.gc() * inSize;
     if (!identity) {
@@ -189,12 +181,10 @@ Result CudaBackend::convGradInput(const NodeView &n) {
   const float *w = static_cast<const float *>(wd.rawData());
   float *image = static_cast<float *>(dx.rawData());
   bool identity = g.w.isIdentity();
-  PIPEC_TRY_ASSIGN(chunked, columnChunks(g, [&](size_t bytes) { return scratch(bytes); }));
-  int64_t chunk = chunked.chunk;
-  std::shared_ptr<void> columnBlock = chunked.block;
-  float *columns = static_cast<float *>(columnBlock.get());
-  for (int64_t n0 = 0; n0 < g.batch; n0 += chunk) {
-    int64_t count = std::min(chunk, g.batch - n0);
+  PIPEC_TRY_ASSIGN(chunks, columnChunks(g, [&](size_t bytes) { return scratch(bytes); }));
+  float *columns = chunks.columns();
+  for (int64_t n0 = 0; n0 < g.batch; n0 += chunks.chunk) {
+    int64_t count = std::min(chunks.chunk, g.batch - n0);
     float *target = image + n0 * g.channels * inSize;
     int64_t targetN = g.channels * inSize, targetG = g.gc() * inSize;
     if (!identity)
@@ -263,7 +253,7 @@ Result CudaBackend::windowPool(const NodeView &n) {
   if (!isFloat(x) || !kernel || x->rank() < 3 || x->rank() > 5 || n.wantsOutput(1) ||
       x->numElements() == 0)
     return std::nullopt;
-  auto attrs = windowAttrs(n, kernel->size(), true);
+  auto attrs = windowAttrs(n, kernel->size());
   k::PoolParams p;
   if (!attrs || !k::makeConvWindow(spatialOf(x->shape()), *kernel, attrs->strides, attrs->dilations,
                                    attrs->pads, n.attrInt("ceil_mode", 0), p.w))
@@ -289,7 +279,7 @@ Result CudaBackend::poolGrad(const NodeView &n) {
       (*xShape)[0] != dy->dim(0) || (*xShape)[1] != dy->dim(1) || product(*xShape) == 0 ||
       dy->numElements() == 0)
     return std::nullopt;
-  auto attrs = windowAttrs(n, kernel->size(), false);
+  auto attrs = windowAttrs(n, kernel->size());
   k::PoolParams p;
   if (!attrs || !k::makeGradWindow(spatialOf(*xShape), *kernel, attrs->strides, attrs->dilations,
                                    attrs->pads, spatialOf(dy->shape()), p.w))
