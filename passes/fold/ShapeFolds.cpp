@@ -5,6 +5,7 @@
 // another shape (Identity, Unsqueeze, Squeeze, Reshape, Flatten).
 //
 //===----------------------------------------------------------------------===//
+#include "ops/Reshape.h"
 #include "passes/fold/FoldContext.h"
 
 #include "support/Attributes.h"
@@ -19,44 +20,6 @@ using namespace llvm;
 
 namespace pipec::fold {
 namespace {
-
-Expected<std::vector<int64_t>> reshapeTarget(ArrayRef<int64_t> inShape, const ConstTensor &shape,
-                                             bool allowZero) {
-  std::vector<int64_t> out;
-  int64_t known = 1, inferred = -1;
-  for (int64_t i = 0; i < shape.numElements(); ++i) {
-    int64_t d = shape.intAt(i);
-    if (d == 0 && !allowZero) {
-      if (i >= static_cast<int64_t>(inShape.size()))
-        return createStringError(inconvertibleErrorCode(), "0 copies a missing input dimension");
-      d = inShape[i];
-    }
-    if (d == -1) {
-      if (inferred >= 0)
-        return createStringError(inconvertibleErrorCode(), "more than one -1 in the target shape");
-      inferred = i;
-      out.push_back(1);
-      continue;
-    }
-    if (d < 0)
-      return createStringError(inconvertibleErrorCode(), "negative target dimension");
-    known *= d;
-    out.push_back(d);
-  }
-  int64_t total = product(inShape);
-  if (inferred >= 0) {
-    if (known == 0 || total % known)
-      return createStringError(inconvertibleErrorCode(),
-                               "cannot infer -1: %lld elements do not divide by %lld",
-                               static_cast<long long>(total), static_cast<long long>(known));
-    out[inferred] = total / known;
-  } else if (known != total) {
-    return createStringError(inconvertibleErrorCode(),
-                             "target shape holds %lld elements, the input has %lld",
-                             static_cast<long long>(known), static_cast<long long>(total));
-  }
-  return out;
-}
 
 /// ConstantOfShape's fill: its "value" attribute, or a float 0. std::nullopt
 /// for raw data of a type not read here (the half types): those are left to
@@ -213,7 +176,11 @@ FoldResult reshape(const FoldContext &ctx) {
   if (!inputs)
     return inputs.takeError();
   auto [a, s] = *inputs;
-  auto shape = reshapeTarget(a->shape, *s, attrInt(ctx.node, "allowzero", 0) != 0);
+  std::vector<int64_t> requested;
+  for (int64_t i = 0; i < s->numElements(); ++i)
+    requested.push_back(s->intAt(i));
+  auto shape = reshapeTarget(a->shape, requested, attrInt(ctx.node, "allowzero", 0) != 0,
+                             formatShape(a->shape));
   if (!shape)
     return ctx.wrap(shape.takeError());
   ConstTensor t = *a;

@@ -5,6 +5,7 @@
 // whole rows with memcpy; strided ones walk forEachStrided.
 //
 //===----------------------------------------------------------------------===//
+#include "ops/Reshape.h"
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
 #include "runtime/kernels/IndexMap.h"
@@ -28,36 +29,11 @@ Expected<Outputs> reshape(const OpContext &ctx) {
   std::optional<Shape> requested = ctx.intsFromInputOrAttr(1, "shape");
   if (!requested)
     return ctx.fail("missing the target shape");
-  bool allowZero = ctx.attrInt("allowzero", 0);
-  Shape shape;
-  int64_t inferred = -1;
-  for (size_t i = 0; i < requested->size(); ++i) {
-    int64_t d = (*requested)[i];
-    if (d == -1) {
-      if (inferred >= 0)
-        return ctx.fail("more than one -1 in shape " + shapeString(*requested));
-      inferred = static_cast<int64_t>(i);
-      shape.push_back(1);
-    } else if (d == 0 && !allowZero) {
-      if (static_cast<int64_t>(i) >= x.rank())
-        return ctx.fail("0 at position " + Twine(i) + " copies no input dimension");
-      shape.push_back(x.dim(i));
-    } else if (d < 0) {
-      return ctx.fail("invalid dimension in shape " + shapeString(*requested));
-    } else {
-      shape.push_back(d);
-    }
-  }
-  if (inferred >= 0) {
-    int64_t known = product(shape);
-    if (known == 0 || x.numElements() % known != 0)
-      return ctx.fail("cannot infer -1 reshaping " + x.describe() + " to " +
-                      shapeString(*requested));
-    shape[inferred] = x.numElements() / known;
-  }
-  if (product(shape) != x.numElements())
-    return ctx.fail("cannot reshape " + x.describe() + " to " + shapeString(*requested));
-  return Outputs{x.reshaped(shape)};
+  Expected<Shape> shape =
+      reshapeTarget(x.shape(), *requested, ctx.attrInt("allowzero", 0) != 0, x.describe());
+  if (!shape)
+    return ctx.fail(toString(shape.takeError()));
+  return Outputs{x.reshaped(*shape)};
 }
 
 Expected<Outputs> flatten(const OpContext &ctx) {

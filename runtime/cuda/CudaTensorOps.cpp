@@ -5,6 +5,7 @@
 // every element-wise op of the registry.
 //
 //===----------------------------------------------------------------------===//
+#include "ops/Reshape.h"
 #include "runtime/cuda/CudaOps.h"
 
 using namespace llvm;
@@ -36,31 +37,13 @@ Result CudaBackend::view(const NodeView &n) {
     PIPEC_TRY_ASSIGN(requested, intsFromInputOrAttr(n, 1, "shape"));
     if (!requested)
       return std::nullopt;
-    bool allowZero = n.attrInt("allowzero", 0);
-    int64_t inferred = -1;
-    for (size_t i = 0; i < requested->size(); ++i) {
-      int64_t d = (*requested)[i];
-      if (d == -1) {
-        if (inferred >= 0)
-          return std::nullopt;
-        inferred = static_cast<int64_t>(i);
-        shape.push_back(1);
-      } else if (d == 0 && !allowZero) {
-        if (static_cast<int64_t>(i) >= rank)
-          return std::nullopt;
-        shape.push_back(in[i]);
-      } else if (d < 0) {
-        return std::nullopt;
-      } else {
-        shape.push_back(d);
-      }
+    // A malformed target goes to the host backend, which words its error.
+    Expected<Shape> target = reshapeTarget(in, *requested, n.attrInt("allowzero", 0) != 0, "");
+    if (!target) {
+      consumeError(target.takeError());
+      return std::nullopt;
     }
-    if (inferred >= 0) {
-      int64_t known = product(shape);
-      if (known == 0 || x->numElements() % known != 0)
-        return std::nullopt;
-      shape[inferred] = x->numElements() / known;
-    }
+    shape = std::move(*target);
   } else if (n.is(OpId::Flatten)) {
     int64_t axis = n.attrInt("axis", 1);
     if (axis < 0)
