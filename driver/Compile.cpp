@@ -4,10 +4,10 @@
 #include "compiler/sim/Simulator.h"
 #include "driver/CompileParts.h"
 #include "driver/CpuKernels.h"
-#include "driver/FusePass.h"
 #include "driver/InspectReport.h"
 #include "driver/MapParams.h"
 #include "driver/Report.h"
+#include "driver/StagePasses.h"
 #include "passes/ActivationMemory.h"
 #include "passes/BalanceStages.h"
 #include "passes/Differentiate.h"
@@ -612,7 +612,7 @@ Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared, const Comp
     plan.mutable_run_status()->set_reason(
         prepared.backwardError +
         (inferAdvised ? "" : "; compile with --mode infer to run it forward"));
-    return runner.skip("fuse", "the plan cannot train: it has no stage programs");
+    return skipStagePasses("the plan cannot train: it has no stage programs", runner);
   }
   const Backward *backward = plan.schedule().mode() == "train" ? &*prepared.backward : nullptr;
   Error err = buildStagePrograms(plan, prepared.graph, prepared.layers, backward, options.freeze);
@@ -634,9 +634,11 @@ Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared, const Comp
     plan.add_warnings("the plan cannot be run: " + why);
     plan.mutable_run_status()->set_kind(plan::RunStatus::CANNOT_RUN);
     plan.mutable_run_status()->set_reason(why);
-    return runner.skip("fuse", "the plan cannot run: it has no stage programs");
+    return skipStagePasses("the plan cannot run: it has no stage programs", runner);
   }
   if (Error err = fuseStagePrograms(plan, options.fuse, options.maxLength > 0, runner))
+    return err;
+  if (Error err = foldAndSelectRecompute(plan, runner))
     return err;
   if (Error err = verifyDataflow(plan))
     return err;

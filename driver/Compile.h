@@ -5,7 +5,7 @@
 // rank's hardware as an analysis, differentiate (train mode),
 // balance-stages, lower-schedule, plan-memory and verify-program; then the
 // simulated figures, the time / params / uniform balancings side by side for
-// the report, and the stage programs, fused (FusePass.h). The runner shows the passes of the
+// the report, and the stage programs, fused (StagePasses.h). The runner shows the passes of the
 // returned plan only: the balancings it compares and the candidates of
 // --schedule auto run quietly.
 //

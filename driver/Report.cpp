@@ -1,7 +1,7 @@
 //===- Report.cpp - `pipec report`: the partition report of a plan --------===//
 #include "driver/Report.h"
 #include "compiler/sim/Simulator.h"
-#include "driver/FusePass.h"
+#include "driver/StagePasses.h"
 #include "driver/InspectReport.h"
 
 #include "llvm/ADT/StringExtras.h"

@@ -33,6 +33,45 @@ StringSet<> deliveredTo(const plan::StageProgram &sp) {
   return names;
 }
 
+/// Each read of \p nodes (the \p what list) is in \p available; adds what
+/// they make to it.
+Error checkReads(const plan::StageProgram &sp, StringRef what,
+                 const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
+                 StringSet<> &available, StringRef from) {
+  for (const onnx::NodeProto &node : nodes) {
+    for (const std::string &in : node.input())
+      if (!in.empty() && !available.contains(in))
+        return fail(formatv("stage {0}: {1} node '{2}' ({3}) reads '{4}', which is not {5}",
+                            sp.stage(), what, nodeLabel(node), node.op_type(), in, from));
+    for (const std::string &out : node.output())
+      if (!out.empty())
+        available.insert(out);
+  }
+  return Error::success();
+}
+
+/// The nodes run at load read weights alone; RECOMPUTE's read what FORWARD
+/// keeps for them, weights, or what they make before. Adds the load nodes'
+/// outputs to \p available.
+Error checkLoadAndRerun(const plan::StageProgram &sp, StringSet<> &available) {
+  StringSet<> weights;
+  for (const std::string &name : sp.weights())
+    weights.insert(name);
+  if (Error err = checkReads(sp, "load", sp.load_nodes(), weights, "a weight"))
+    return err;
+  for (const onnx::NodeProto &node : sp.load_nodes())
+    for (const std::string &out : node.output())
+      if (!out.empty())
+        available.insert(out);
+  if (sp.rerun_size() == 0)
+    return Error::success();
+  StringSet<> kept = weights;
+  for (const std::string &name : sp.keep_when_recomputing())
+    kept.insert(name);
+  return checkReads(sp, "recompute", sp.rerun(), kept,
+                    "kept for the recompute, a weight, or made earlier by it");
+}
+
 /// Forward: each read is delivered or made earlier on the stage. Adds what
 /// the forward makes to \p available.
 Error checkForward(const plan::StageProgram &sp, StringSet<> &available) {
@@ -151,6 +190,8 @@ Error verifyKernels(const plan::Plan &plan) {
       return err;
     if (Error err = checkKernels(s, "backward", sp.backward_weight(), plan.opset()))
       return err;
+    if (Error err = checkKernels(s, "load", sp.load_nodes(), plan.opset()))
+      return err;
   }
   return Error::success();
 }
@@ -174,6 +215,8 @@ Error verifyDataflow(const plan::Plan &plan) {
               formatv("stage {0} receives '{1}', which stage {2} does not send", s, name, s - 1));
     }
     StringSet<> available = deliveredTo(sp);
+    if (Error err = checkLoadAndRerun(sp, available))
+      return err;
     if (Error err = checkForward(sp, available))
       return err;
     if (Error err = checkBackward(sp, available, forwardValues))

@@ -546,11 +546,10 @@ std::vector<std::string> prefixed(const std::string &prefix, const std::string &
 }
 
 TEST(Compile, EveryPassShowsItsStatsAndIr) {
-  const std::vector<std::string> pipeline = {"import",         "infer-shapes",  "fold-constants",
-                                             "eliminate-dead", "group-layers",  "tie-weights",
-                                             "train-params",   "differentiate", "balance-stages",
-                                             "lower-schedule", "plan-memory",   "verify-program",
-                                             "fuse"};
+  const std::vector<std::string> pipeline = {
+      "import",      "infer-shapes",   "fold-constants", "eliminate-dead", "group-layers",
+      "tie-weights", "train-params",   "differentiate",  "balance-stages", "lower-schedule",
+      "plan-memory", "verify-program", "fuse",           "fold-weights",   "select-recompute"};
   ASSERT_EQ(passNames(), pipeline);
   TempDir dir;
   std::string model = dir.path("gpt.onnx"), out;
@@ -588,12 +587,12 @@ TEST(Compile, EveryPassShowsItsStatsAndIr) {
                     "stage 0 forward: MatMulBias -> "}),
       "")
       << out;
-  EXPECT_EQ(inOrder(out, {"stats: differentiate", "backward ops", "stats: balance-stages",
-                          "chunks 2 on 2 ranks", "stats: lower-schedule",
-                          "instructions 58 on 2 ranks", "stats: plan-memory", "buffers 8 in",
-                          "stats: verify-program", "ranks 2, sends", "stats: fuse",
-                          "element-wise nodes into"}),
-            "")
+  EXPECT_EQ(
+      inOrder(out, {"stats: differentiate", "backward ops", "stats: balance-stages",
+                    "chunks 2 on 2 ranks", "stats: lower-schedule", "instructions 58 on 2 ranks",
+                    "stats: plan-memory", "buffers 8 in", "stats: verify-program", "ranks 2, sends",
+                    "stats: fuse", "element-wise nodes into"}),
+      "")
       << out;
   // One dump per pass, numbered in pipeline order.
   for (size_t i = 0; i < pipeline.size(); ++i) {
@@ -643,7 +642,7 @@ TEST(Compile, UnknownPrintAfterListsThePasses) {
   EXPECT_NE(out.find("--print-after lower: expected all or a pass: import, infer-shapes, "
                      "fold-constants, eliminate-dead, group-layers, tie-weights, "
                      "train-params, differentiate, balance-stages, lower-schedule, plan-memory, "
-                     "verify-program, fuse"),
+                     "verify-program, fuse, fold-weights, select-recompute"),
             std::string::npos)
       << out;
   EXPECT_FALSE(fileExists(dir.path("x.plan")));

@@ -119,41 +119,27 @@ Error RankExecutor::load(const std::map<std::string, cpu::Tensor> *reuse) {
                          formatv("stage {0}: '{1}' is updated twice in a step", k, r.buffer()));
     }
     keepSets[k] = std::set<std::string>(sp.keep().begin(), sp.keep().end());
-    if (s.training) {
-      if (Error err = planRecompute(k))
-        return err;
-    } else if (Error err = foldWeightNodes(k)) {
+    if (sp.recompute_size() > 0)
+      keptWhenRecomputing[k] = std::set<std::string>(sp.keep_when_recomputing().begin(),
+                                                     sp.keep_when_recomputing().end());
+    if (Error err = runLoadNodes(k))
       return err;
-    }
   }
   return Error::success();
 }
 
-Error RankExecutor::foldWeightNodes(int stage) {
-  // An inference step would compute these again each time: a tied LM
-  // head's Transpose of a 50k-row table, a scale folded into a weight.
-  const plan::StageProgram &sp = stageProgram(stage);
-  std::set<std::string> leaving(sp.send().begin(), sp.send().end());
-  leaving.insert(sp.outputs().begin(), sp.outputs().end());
-  for (const onnx::NodeProto &node : sp.forward()) {
-    if (llvm::any_of(node.output(), [&](const std::string &o) { return leaving.count(o); }))
-      continue;
-    // Ops of no row may draw random numbers too.
-    const OpDef *def = lookupOp(node.domain(), node.op_type(), s.plan->opset());
-    if (!def || def->has(Random) || node.input_size() == 0)
-      continue;
+Error RankExecutor::runLoadNodes(int stage) {
+  // The plan's fold-weights pass chose them: nodes of weights alone.
+  for (const onnx::NodeProto &node : stageProgram(stage).load_nodes()) {
     std::vector<const cpu::Tensor *> inputs;
-    bool fromWeights = true;
     for (const std::string &name : node.input()) {
       auto w = name.empty() ? weights.end() : weights.find(name);
-      if (!name.empty() && w == weights.end()) {
-        fromWeights = false;
-        break;
-      }
+      if (!name.empty() && w == weights.end())
+        return rankError(global, formatv("stage {0}: load node '{1}' ({2}) reads '{3}', which "
+                                         "is no weight",
+                                         stage, cpu::nodeLabel(node), node.op_type(), name));
       inputs.push_back(name.empty() ? nullptr : &w->second);
     }
-    if (!fromWeights)
-      continue;
     auto outs = be.run(node, s.plan->opset(), inputs);
     if (!outs)
       return rankError(global,
@@ -162,54 +148,7 @@ Error RankExecutor::foldWeightNodes(int stage) {
     for (int o = 0; o < node.output_size() && o < static_cast<int>(outs->size()); ++o)
       if (!node.output(o).empty())
         weights[node.output(o)] = std::move((*outs)[o]);
-    folded.insert(&node);
   }
-  return Error::success();
-}
-
-Error RankExecutor::planRecompute(int stage) {
-  const plan::StageProgram &sp = stageProgram(stage);
-  if (sp.recompute_size() == 0)
-    return Error::success();
-  std::map<std::string, int> producer;
-  for (int i = 0; i < sp.forward_size(); ++i)
-    for (const std::string &out : sp.forward(i).output())
-      if (!out.empty())
-        producer[out] = i;
-  std::set<std::string> dropped(sp.recompute().begin(), sp.recompute().end());
-  std::set<std::string> &kept = keptWhenRecomputing[stage];
-  for (const std::string &v : keepSets[stage])
-    if (!dropped.count(v))
-      kept.insert(v);
-  // From the dropped values back to what stays: the values kept, the
-  // weights, and the stage's inputs (kept for the rerun).
-  std::vector<bool> rerun(sp.forward_size(), false);
-  std::vector<std::string> work(dropped.begin(), dropped.end());
-  std::set<std::string> seen = dropped;
-  while (!work.empty()) {
-    std::string v = std::move(work.back());
-    work.pop_back();
-    auto made = producer.find(v);
-    if (made == producer.end()) {
-      kept.insert(v); // an input: nothing rebuilds it
-      continue;
-    }
-    if (rerun[made->second])
-      continue;
-    rerun[made->second] = true;
-    for (const std::string &in : sp.forward(made->second).input()) {
-      if (in.empty() || kept.count(in) || weights.count(in))
-        continue;
-      if (!producer.count(in))
-        kept.insert(in);
-      else if (seen.insert(in).second)
-        work.push_back(in);
-    }
-  }
-  auto &nodes = rerunNodes[stage];
-  for (int i = 0; i < sp.forward_size(); ++i)
-    if (rerun[i])
-      *nodes.Add() = sp.forward(i);
   return Error::success();
 }
 
@@ -232,7 +171,6 @@ RankExecutor::prepare(const google::protobuf::RepeatedPtrField<onnx::NodeProto> 
     p.node = &node;
     const OpDef *def = lookupOp(node.domain(), node.op_type(), s.plan->opset());
     p.def = def && def->hasCpuKernel ? def : nullptr;
-    p.folded = folded.count(&node) > 0;
     for (const std::string &name : node.input()) {
       p.inputs.push_back(name.empty() ? -1 : names.slotOf(name));
       auto w = name.empty() ? weights.end() : weights.find(name);
@@ -275,8 +213,6 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
     if (index > 0)
       for (int slot : prepared[index - 1].drops)
         values.clear(slot);
-    if (p.folded)
-      continue;
     const onnx::NodeProto &node = *p.node;
     inputs.clear();
     for (size_t i = 0; i < p.inputs.size(); ++i) {
@@ -395,9 +331,8 @@ Error RankExecutor::forward(int stage, int mb, int t, bool again) {
   Env &values = env(stage, mb);
   if (again) {
     // The values FORWARD dropped, rebuilt from those it kept.
-    auto rerun = rerunNodes.find(stage);
-    if (rerun != rerunNodes.end())
-      if (Error err = runNodes(rerun->second, values, stage, mb, "recompute"))
+    if (sp.rerun_size() > 0)
+      if (Error err = runNodes(sp.rerun(), values, stage, mb, "recompute"))
         return err;
     prune(values, keepSets[stage]);
     return Error::success();

@@ -269,18 +269,12 @@ private:
   /// Sets each running buffer from the step's statistics.
   llvm::Error updateRunningStats();
   std::map<int, std::set<std::string>> keepSets;
-  /// Inference: the forward nodes of this rank's stages that read weights
-  /// alone, computed once at load (their outputs join `weights`).
-  std::set<const onnx::NodeProto *> folded;
-  llvm::Error foldWeightNodes(int stage);
-  /// Per local stage that recomputes (its program's `recompute` values):
-  /// the forward nodes RECOMPUTE reruns, those that rebuild the values from
-  /// what FORWARD kept, and what FORWARD keeps: the rest of keep and the
-  /// inputs the rerun reads.
-  std::map<int, google::protobuf::RepeatedPtrField<onnx::NodeProto>> rerunNodes;
+  /// Runs \p stage's load_nodes (the plan's fold-weights pass: nodes of
+  /// weights alone, inference) once; their outputs join `weights`.
+  llvm::Error runLoadNodes(int stage);
+  /// Per local stage that recomputes: what FORWARD keeps
+  /// (keep_when_recomputing, the plan's select-recompute pass).
   std::map<int, std::set<std::string>> keptWhenRecomputing;
-  /// Fills rerunNodes and keptWhenRecomputing for \p stage.
-  llvm::Error planRecompute(int stage);
   /// Buffer -> (stage, microbatch) of the FORWARD that fills it: what FREE
   /// drops.
   std::map<int, std::pair<int, int>> bufferOwner;

@@ -98,8 +98,6 @@ struct PreparedNode {
   /// Its op's row, when the row has a CPU kernel; else null (the backend
   /// looks the op up by name).
   const OpDef *def = nullptr;
-  /// Computed at load from weights alone (inference): skipped.
-  bool folded = false;
   /// Per input: its slot (-1 for an omitted input), and the weight of that
   /// name where the rank holds one (read when the slot is unset).
   std::vector<int> inputs;

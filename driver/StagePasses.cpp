@@ -1,5 +1,7 @@
-//===- FusePass.cpp - The fuse pass --------------------------------------===//
-#include "driver/FusePass.h"
+//===- StagePasses.cpp - The passes over the stage programs --------------===//
+#include "driver/StagePasses.h"
+#include "passes/FoldWeights.h"
+#include "passes/SelectRecompute.h"
 #include "runtime/core/FusedProgram.h"
 #include "runtime/exec/Fusion.h"
 
@@ -60,6 +62,53 @@ Error fuseStagePrograms(plan::Plan &plan, bool fuse, bool generation, PassRunner
       },
       [&] { return describeFusion(plan.fusion()); },
       [&](raw_ostream &os) { printFusedNodes(plan, os); });
+}
+
+Error skipStagePasses(StringRef why, PassRunner &runner) {
+  for (StringRef pass : {"fuse", "fold-weights", "select-recompute"})
+    if (Error err = runner.skip(pass, why))
+      return err;
+  return Error::success();
+}
+
+Error foldAndSelectRecompute(plan::Plan &plan, PassRunner &runner) {
+  bool training = plan.schedule().mode() == "train";
+  // Each stage's nodes of one list (load_nodes or rerun), for the printers.
+  using NodeList =
+      const google::protobuf::RepeatedPtrField<onnx::NodeProto> &(plan::StageProgram::*)() const;
+  auto perStage = [&](NodeList list, raw_ostream &os) {
+    for (const plan::StageProgram &sp : plan.stage_programs()) {
+      os << formatv("stage {0}: {1} nodes\n", sp.stage(), (sp.*list)().size());
+      for (const onnx::NodeProto &node : (sp.*list)())
+        os << formatv("  {0} -> {1}\n", node.op_type(), join(node.output(), ", "));
+    }
+  };
+  int64_t total = 0;
+  Error err = training
+                  ? runner.skip("fold-weights", "training changes the weights every step")
+                  : runner.run(
+                        "fold-weights",
+                        [&] {
+                          for (plan::StageProgram &sp : *plan.mutable_stage_programs())
+                            total += foldWeightNodes(sp, plan.opset());
+                          return Error::success();
+                        },
+                        [&] { return formatv("load nodes {0}", total).str(); },
+                        [&](raw_ostream &os) { perStage(&plan::StageProgram::load_nodes, os); });
+  if (err)
+    return err;
+  total = 0;
+  if (!training || !plan.training().recompute())
+    return runner.skip("select-recompute", "no stage recomputes");
+  return runner.run(
+      "select-recompute",
+      [&] {
+        for (plan::StageProgram &sp : *plan.mutable_stage_programs())
+          total += selectRecompute(sp);
+        return Error::success();
+      },
+      [&] { return formatv("rerun nodes {0}", total).str(); },
+      [&](raw_ostream &os) { perStage(&plan::StageProgram::rerun, os); });
 }
 
 void printFusedNodes(const plan::Plan &plan, raw_ostream &os) {

@@ -1,0 +1,54 @@
+//===- StagePasses.h - The passes over the stage programs ----------------===//
+//
+// The last rows of Passes.def, run on the stage programs once they are cut,
+// so that the plan is the program `pipec run` executes and `pipec report`
+// shows it:
+//   fuse              element-wise chains, bias adds, transposed weights
+//                     and attention become fused nodes
+//                     (runtime/exec/Fusion.h); the plan's `fusion` counts
+//                     them. Skipped with --no-fuse, and for --mode
+//                     generate, whose decode step runs as written.
+//   fold-weights      inference: nodes of weights alone run once, at load
+//                     (passes/FoldWeights.h)
+//   select-recompute  training with recompute: the nodes RECOMPUTE reruns
+//                     (passes/SelectRecompute.h)
+//
+//===----------------------------------------------------------------------===//
+#ifndef PIPEC_DRIVER_STAGEPASSES_H
+#define PIPEC_DRIVER_STAGEPASSES_H
+
+#include "driver/PassPipeline.h"
+#include "plan/plan.pb.h"
+
+#include "llvm/Support/Error.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <string>
+
+namespace pipec {
+
+/// Runs the fuse pass on \p plan's stage programs through \p runner. It is
+/// skipped when \p fuse is false (--no-fuse) and for a \p generation plan.
+llvm::Error fuseStagePrograms(plan::Plan &plan, bool fuse, bool generation, PassRunner &runner);
+
+/// Runs fold-weights (inference) and select-recompute (training) on
+/// \p plan's stage programs through \p runner.
+llvm::Error foldAndSelectRecompute(plan::Plan &plan, PassRunner &runner);
+
+/// Says through \p runner that the three passes do not run, because \p why.
+llvm::Error skipStagePasses(llvm::StringRef why, PassRunner &runner);
+
+/// "N element-wise nodes into K kernels, B bias adds, ...".
+std::string describeFusion(const plan::Fusion &fusion);
+
+/// One line per fused node of \p plan's stage programs: stage, op, the node's
+/// outputs and the ops it replaces (--print-after fuse).
+void printFusedNodes(const plan::Plan &plan, llvm::raw_ostream &os);
+
+/// One line per stage program: its fused nodes by op, and how many nodes
+/// they replace (`pipec report`).
+void printFusionByStage(const plan::Plan &plan, llvm::raw_ostream &os);
+
+} // namespace pipec
+
+#endif // PIPEC_DRIVER_STAGEPASSES_H
