@@ -498,6 +498,34 @@ TEST(Differentiate, AbsClipMaxMin) {
   }
 }
 
+/// Checks the gradients of one \p op node (Conv, ConvTranspose) of X \p x
+/// and W \p w, with a bias of \p biasSize (0: none) and the integer-list
+/// attributes that are not empty.
+void checkWindowOp(const std::string &op, const std::string &name, const std::vector<int64_t> &x,
+                   const std::vector<int64_t> &w, int64_t biasSize,
+                   const std::vector<std::pair<std::string, std::vector<int64_t>>> &lists,
+                   int64_t group, const std::string &autoPad) {
+  GraphBuilder b;
+  b.input("x", kDouble, x);
+  doubleWeight(b, "w", w);
+  std::vector<std::string> inputs{"x", "w"};
+  if (biasSize > 0) {
+    doubleWeight(b, "b", {biasSize});
+    inputs.push_back("b");
+  }
+  auto &n = b.node(op, inputs, {"y"}, "window");
+  for (const auto &[attr, values] : lists)
+    if (!values.empty())
+      setIntsAttr(n, attr, values);
+  if (group != 1)
+    setIntAttr(n, "group", group);
+  if (!autoPad.empty())
+    setStringAttr(n, "auto_pad", autoPad);
+  b.output("y", kDouble);
+  SCOPED_TRACE(name);
+  checkModel(b);
+}
+
 /// A Conv case: attributes left empty are omitted.
 struct ConvCase {
   std::string name;
@@ -530,28 +558,10 @@ TEST(Differentiate, Conv) {
        "",
        true},
   };
-  for (const ConvCase &c : cases) {
-    GraphBuilder b;
-    b.input("x", kDouble, c.x);
-    doubleWeight(b, "w", c.w);
-    std::vector<std::string> inputs{"x", "w"};
-    if (c.bias) {
-      doubleWeight(b, "b", {c.w[0]});
-      inputs.push_back("b");
-    }
-    auto &n = b.node("Conv", inputs, {"y"}, "conv");
-    for (const auto &[name, values] : {std::pair("strides", c.strides), std::pair("pads", c.pads),
-                                       std::pair("dilations", c.dilations)})
-      if (!values.empty())
-        setIntsAttr(n, name, values);
-    if (c.group != 1)
-      setIntAttr(n, "group", c.group);
-    if (!c.autoPad.empty())
-      setStringAttr(n, "auto_pad", c.autoPad);
-    b.output("y", kDouble);
-    SCOPED_TRACE(c.name);
-    checkModel(b);
-  }
+  for (const ConvCase &c : cases)
+    checkWindowOp("Conv", c.name, c.x, c.w, c.bias ? c.w[0] : 0,
+                  {{"strides", c.strides}, {"pads", c.pads}, {"dilations", c.dilations}}, c.group,
+                  c.autoPad);
 }
 
 /// A ConvTranspose case: attributes left empty are omitted.
@@ -572,30 +582,14 @@ TEST(Differentiate, ConvTranspose) {
       {"SAME_UPPER", {1, 2, 3, 3}, {2, 2, 3, 3}, {2, 2}, {}, {}, {}, {}, 1, "SAME_UPPER"},
       {"1-D stride 3 bias", {2, 2, 4}, {2, 3, 4}, {3}, {1, 2}, {}, {}, {}, 1, "", true},
   };
-  for (const ConvTransposeCase &c : cases) {
-    GraphBuilder b;
-    b.input("x", kDouble, c.x);
-    doubleWeight(b, "w", c.w);
-    std::vector<std::string> inputs{"x", "w"};
-    if (c.bias) {
-      doubleWeight(b, "b", {c.w[1] * c.group});
-      inputs.push_back("b");
-    }
-    auto &n = b.node("ConvTranspose", inputs, {"y"}, "convT");
-    for (const auto &[name, values] :
-         {std::pair("strides", c.strides), std::pair("pads", c.pads),
-          std::pair("dilations", c.dilations), std::pair("output_padding", c.outputPadding),
-          std::pair("output_shape", c.outputShape)})
-      if (!values.empty())
-        setIntsAttr(n, name, values);
-    if (c.group != 1)
-      setIntAttr(n, "group", c.group);
-    if (!c.autoPad.empty())
-      setStringAttr(n, "auto_pad", c.autoPad);
-    b.output("y", kDouble);
-    SCOPED_TRACE(c.name);
-    checkModel(b);
-  }
+  for (const ConvTransposeCase &c : cases)
+    checkWindowOp("ConvTranspose", c.name, c.x, c.w, c.bias ? c.w[1] * c.group : 0,
+                  {{"strides", c.strides},
+                   {"pads", c.pads},
+                   {"dilations", c.dilations},
+                   {"output_padding", c.outputPadding},
+                   {"output_shape", c.outputShape}},
+                  c.group, c.autoPad);
 }
 
 /// A Resize case to sizes (an int64 initializer; float initializers are
