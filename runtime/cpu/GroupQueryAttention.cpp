@@ -209,10 +209,14 @@ template <typename T>
 void attendHeads(const GqaSizes &a, const T *q, const T *pk, const T *pv, const T *cos,
                  const T *sin, T *out) {
   int64_t group = a.N / a.Nkv;
-  // Heads are independent: the rank's loop threads take runs of them.
-  parallelFor(a.B * a.N, 4, [&](int64_t begin, int64_t end) {
+  // Heads are independent: the rank's loop threads take runs of them, each
+  // run some 64k multiply-adds at least (a tiny decode step's heads stay on
+  // one thread: waking another costs more than they do).
+  int64_t grain =
+      std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, a.S * a.present * a.H));
+  parallelFor(a.B * a.N, grain, [&](int64_t begin, int64_t end) {
     std::vector<T> qRot(a.H);
-    std::vector<double> scores(a.present), acc(a.H);
+    std::vector<double> scores(a.present);
     for (int64_t bn = begin; bn < end; ++bn) {
       int64_t b = bn / a.N, n = bn % a.N;
       const T *keys = pk + (b * a.Nkv + n / group) * a.present * a.H;
@@ -241,16 +245,28 @@ void attendHeads(const GqaSizes &a, const T *q, const T *pk, const T *pv, const 
         double sum = a.smooth ? std::exp(-maxScore) : 0.0;
         for (int64_t t = first; t < seen; ++t)
           sum += scores[t] = std::exp(scores[t] - maxScore);
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t t = first; t < seen; ++t) {
-          double w = scores[t] / sum;
-          const T *vRow = values + t * a.H;
-          for (int64_t i = 0; i < a.H; ++i)
-            acc[i] += w * static_cast<double>(vRow[i]);
-        }
+        for (int64_t t = first; t < seen; ++t)
+          scores[t] /= sum;
+        // Each output element sums its positions in order; eight elements
+        // at a time, so that their sums run side by side in registers.
         T *dst = out + (b * a.S + s) * a.N * a.H + n * a.H;
-        for (int64_t i = 0; i < a.H; ++i)
-          dst[i] = static_cast<T>(acc[i]);
+        int64_t i = 0;
+        for (; i + 8 <= a.H; i += 8) {
+          double sums[8] = {};
+          for (int64_t t = first; t < seen; ++t) {
+            const T *vRow = values + t * a.H + i;
+            for (int l = 0; l < 8; ++l)
+              sums[l] += scores[t] * static_cast<double>(vRow[l]);
+          }
+          for (int l = 0; l < 8; ++l)
+            dst[i + l] = static_cast<T>(sums[l]);
+        }
+        for (; i < a.H; ++i) {
+          double total = 0;
+          for (int64_t t = first; t < seen; ++t)
+            total += scores[t] * static_cast<double>(values[t * a.H + i]);
+          dst[i] = static_cast<T>(total);
+        }
       }
     }
   });
