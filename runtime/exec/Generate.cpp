@@ -838,81 +838,50 @@ Expected<GenerateResult> generateMpi(const plan::Plan &plan, const GenerateOptio
   if (Error err = runRank(su, **comm, **backend, *ex, start, out))
     return failed(std::move(err));
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  // The last rank's tokens and times, to rank 0: tokens, then per group its
-  // count of times and the times.
-  // Then every rank's trace events, a line each: category, start,
-  // duration, name. The tokens' part comes first, its length before it.
-  std::string bytes(sizeof(int64_t), '\0');
-  auto put = [&](const void *data, size_t size) {
-    bytes.append(static_cast<const char *>(data), size);
-  };
+  // The last rank's tokens and times, and every rank's trace events, to
+  // rank 0 in one typed message (plan.proto's RankResult).
+  plan::RankResult message;
   if (rank + 1 == su.decode->P) {
-    put(out.tokens.data(), out.tokens.size() * sizeof(int64_t));
-    for (const std::vector<double> &times : out.tokenTimes) {
-      int64_t n = times.size();
-      put(&n, sizeof n);
-      put(times.data(), times.size() * sizeof(double));
-    }
+    message.mutable_tokens()->Add(out.tokens.begin(), out.tokens.end());
+    for (const std::vector<double> &times : out.tokenTimes)
+      message.add_token_times()->mutable_seconds()->Add(times.begin(), times.end());
   }
-  int64_t tokenBytes = bytes.size() - sizeof(int64_t);
-  std::memcpy(bytes.data(), &tokenBytes, sizeof tokenBytes);
-  for (const TraceEvent &e : out.events)
-    bytes += formatv("{0}\t{1}\t{2}\t{3}\n", e.category, format("%.9f", e.start),
-                     format("%.9f", e.duration), e.name)
-                 .str();
+  addEvents(message, out.events);
+  std::string bytes;
+  if (!message.SerializeToString(&bytes))
+    return failed(rankError(rank, "its results are over protobuf's 2 GiB limit"));
   auto gathered = (*comm)->gather(bytes);
   if (!gathered)
     return failed(gathered.takeError());
   GenerateResult result;
   result.primary = rank == 0;
   if (rank == 0) {
-    // Each rank's part: its length, its tokens' part, its events.
     std::vector<TraceEvent> events;
-    std::string from;
+    plan::RankResult from;
     for (size_t r = 0; r < gathered->size(); ++r) {
-      const std::string &part = (*gathered)[r];
-      int64_t length = 0;
-      if (part.size() >= sizeof length)
-        std::memcpy(&length, part.data(), sizeof length);
-      if (length < 0 || sizeof length + length > part.size())
+      plan::RankResult part;
+      if (!part.ParseFromString((*gathered)[r]))
         return failed(
             createStringError(inconvertibleErrorCode(), "rank %zu sent a malformed result", r));
+      size_t first = events.size();
+      appendEvents(part, events);
+      for (size_t e = first; e < events.size(); ++e)
+        events[e].rank = int(r);
       if (r + 1 == gathered->size())
-        from = part.substr(sizeof length, length);
-      SmallVector<StringRef, 0> lines;
-      StringRef(part).drop_front(sizeof length + length).split(lines, '\n', -1, false);
-      for (StringRef line : lines) {
-        SmallVector<StringRef, 4> f;
-        line.split(f, '\t', 3);
-        double begin = 0, duration = 0;
-        if (f.size() == 4 && f[0].size() == 1 && !f[1].getAsDouble(begin) &&
-            !f[2].getAsDouble(duration))
-          events.push_back({f[3].str(), f[0][0], int(r), begin, duration});
-      }
+        from = std::move(part);
     }
     if (!options.tracePath.empty())
       if (Error err = writeTrace(options.tracePath, events, int(gathered->size())))
         return failed(std::move(err));
     const Job &job = su.job;
     RankOut last;
-    last.tokens.resize(job.promptCount * job.o->maxNewTokens);
-    size_t at = last.tokens.size() * sizeof(int64_t);
-    if (from.size() < at)
-      return failed(createStringError(inconvertibleErrorCode(),
-                                      "rank %d sent %zu bytes of tokens, not %zu", su.decode->P - 1,
-                                      from.size(), at));
-    std::memcpy(last.tokens.data(), from.data(), at);
-    while (at + sizeof(int64_t) <= from.size()) {
-      int64_t n;
-      std::memcpy(&n, from.data() + at, sizeof n);
-      at += sizeof n;
-      if (n < 0 || at + n * sizeof(double) > from.size())
-        break;
-      std::vector<double> times(n);
-      std::memcpy(times.data(), from.data() + at, n * sizeof(double));
-      at += n * sizeof(double);
-      last.tokenTimes.push_back(std::move(times));
-    }
+    size_t want = job.promptCount * job.o->maxNewTokens;
+    if (static_cast<size_t>(from.tokens_size()) != want)
+      return failed(createStringError(inconvertibleErrorCode(), "rank %d sent %d tokens, not %zu",
+                                      su.decode->P - 1, from.tokens_size(), want));
+    last.tokens.assign(from.tokens().begin(), from.tokens().end());
+    for (const plan::GroupTimes &times : from.token_times())
+      last.tokenTimes.emplace_back(times.seconds().begin(), times.seconds().end());
     result = resultOf(job, last, seconds);
   }
   result.threadsPerRank = threadsPerRank;

@@ -575,14 +575,7 @@ plan::RankResult toMessage(const RankOutcome &outcome) {
       part->set_start(start);
       *part->mutable_tensor() = cpu::toTensorProto(t, name);
     }
-  for (const TraceEvent &e : outcome.events) {
-    plan::RankEvent *event = message.add_events();
-    event->set_name(e.name);
-    event->set_category(std::string(1, e.category));
-    event->set_rank(e.rank);
-    event->set_start_s(e.start);
-    event->set_duration_s(e.duration);
-  }
+  addEvents(message, outcome.events);
   for (const auto &[op, count] : outcome.fallbacks)
     (*message.mutable_fallback_ops())[op] = count;
   if (!outcome.peakResident.empty())
@@ -594,9 +587,7 @@ plan::RankResult toMessage(const RankOutcome &outcome) {
 
 Expected<RankOutcome> fromMessage(const plan::RankResult &message) {
   RankOutcome outcome;
-  for (const plan::RankEvent &e : message.events())
-    outcome.events.push_back({e.name(), e.category().empty() ? '?' : e.category()[0], e.rank(),
-                              e.start_s(), e.duration_s()});
+  appendEvents(message, outcome.events);
   for (const auto &[op, count] : message.fallback_ops())
     outcome.fallbacks[op] += count;
   outcome.peakResident = {message.peak_resident_bytes()};

@@ -24,4 +24,21 @@ Error writeTrace(StringRef path, const std::vector<TraceEvent> &events, int rank
   return writeFileAtomically(path, os.str());
 }
 
+void addEvents(plan::RankResult &message, const std::vector<TraceEvent> &events) {
+  for (const TraceEvent &e : events) {
+    plan::RankEvent *event = message.add_events();
+    event->set_name(e.name);
+    event->set_category(std::string(1, e.category));
+    event->set_rank(e.rank);
+    event->set_start_s(e.start);
+    event->set_duration_s(e.duration);
+  }
+}
+
+void appendEvents(const plan::RankResult &message, std::vector<TraceEvent> &events) {
+  for (const plan::RankEvent &e : message.events())
+    events.push_back({e.name(), e.category().empty() ? '?' : e.category()[0], e.rank(), e.start_s(),
+                      e.duration_s()});
+}
+
 } // namespace pipec::rt

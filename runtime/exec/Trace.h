@@ -9,6 +9,7 @@
 #ifndef PIPEC_RUNTIME_EXEC_TRACE_H
 #define PIPEC_RUNTIME_EXEC_TRACE_H
 
+#include "plan/plan.pb.h"
 #include "support/ChromeTrace.h"
 
 #include "llvm/ADT/StringRef.h"
@@ -22,6 +23,11 @@ namespace pipec::rt {
 /// Writes \p events of a run of \p ranks global ranks to \p path
 /// (atomically), times from the earliest event on.
 llvm::Error writeTrace(llvm::StringRef path, const std::vector<TraceEvent> &events, int ranks);
+
+/// \p events into \p message's events (the result a rank sends rank 0).
+void addEvents(plan::RankResult &message, const std::vector<TraceEvent> &events);
+/// The events of \p message, appended to \p events.
+void appendEvents(const plan::RankResult &message, std::vector<TraceEvent> &events);
 
 } // namespace pipec::rt
 
