@@ -814,16 +814,16 @@ Expected<GenerateResult> generateMpi(const plan::Plan &plan, const GenerateOptio
   if (!setup)
     return failed(setup.takeError());
   const Setup &su = **setup;
-  if ((*comm)->size() != su.decode->P)
-    return failed(createStringError(inconvertibleErrorCode(),
-                                    "the plan has %d ranks; mpirun started %d (use mpirun -np %d)",
-                                    su.decode->P, (*comm)->size(), su.decode->P));
-  // Processes on one node share its cores.
-  int threadsPerRank =
-      shareCores(su.runOptions, computingAtOnce(su.job, (*comm)->ranksOnThisNode()));
-  setLoopThreads(threadsPerRank);
+  auto place =
+      placeMpiProcess(**comm, su.decode->P, formatv("{0} ranks", su.decode->P).str(), su.runOptions,
+                      [&](int ranks) { return computingAtOnce(su.job, ranks); });
+  if (!place)
+    return failed(place.takeError());
+  int threadsPerRank = place->threadsPerRank;
   int rank = (*comm)->rank();
-  auto backend = makeBackend(*su.decode, 0, rank);
+  // Its device as pipec run places it: the rank's index on its node over
+  // --ranks-per-device.
+  auto backend = makeBackend(*su.decode, place->device, rank);
   if (!backend)
     return failed(backend.takeError());
   auto ex = loadRank(su, **comm, **backend);

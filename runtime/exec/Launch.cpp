@@ -482,6 +482,20 @@ Error runRankThreads(int ranks, int threadsPerRank, std::vector<std::unique_ptr<
 }
 
 /// The backend of one rank: the CPU, or CUDA device \p device.
+Expected<MpiPlace> placeMpiProcess(Comm &comm, int ranks, StringRef layout,
+                                   const RunOptions &options, function_ref<int(int)> computing) {
+  if (comm.size() != ranks)
+    return createStringError(inconvertibleErrorCode(),
+                             "the plan has %s; mpirun started %d (use mpirun -np %d)",
+                             layout.str().c_str(), comm.size(), ranks);
+  // Processes on one node share its cores.
+  MpiPlace place;
+  place.threadsPerRank = shareCores(options, computing(comm.ranksOnThisNode()));
+  setLoopThreads(place.threadsPerRank);
+  place.device = comm.indexOnThisNode() / std::max(1, options.ranksPerDevice);
+  return place;
+}
+
 Expected<std::unique_ptr<Backend>> makeBackend(const Shared &s, int device, int pipelineRank) {
   if (s.options.backend == "cpu")
     return makeCpuBackend();
@@ -745,21 +759,18 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
     return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
   }
   Shared &s = **shared;
-  if ((*comm)->size() != s.P * s.dp) {
-    std::string text = formatv("the plan has {0} pipeline ranks x {1} replicas = {2} ranks; "
-                               "mpirun started {3} (use mpirun -np {2})",
-                               s.P, s.dp, s.P * s.dp, (*comm)->size())
-                           .str();
+  auto place = placeMpiProcess(
+      **comm, s.P * s.dp,
+      formatv("{0} pipeline ranks x {1} replicas = {2} ranks", s.P, s.dp, s.P * s.dp).str(),
+      options, [](int ranks) { return ranks; });
+  if (!place) {
+    std::string text = toString(place.takeError());
     if ((*comm)->rank() == 0)
       (*comm)->fail(text);
     return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
   }
-  // Processes on one node share its cores.
-  int threadsPerRank = shareCores(options, (*comm)->ranksOnThisNode());
-  setLoopThreads(threadsPerRank);
-  int localRank = (*comm)->indexOnThisNode();
-  auto backend =
-      makeBackend(s, localRank / std::max(1, options.ranksPerDevice), (*comm)->rank() % s.P);
+  int threadsPerRank = place->threadsPerRank;
+  auto backend = makeBackend(s, place->device, (*comm)->rank() % s.P);
   if (!backend) {
     std::string text = toString(backend.takeError());
     (*comm)->fail(text);
@@ -767,8 +778,7 @@ Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
   }
   std::unique_ptr<Comm> transport = std::move(*comm);
   if (options.comm == "nccl") {
-    auto nccl = makeNcclComm(std::move(transport), localRank / std::max(1, options.ranksPerDevice),
-                             options.timeoutSeconds);
+    auto nccl = makeNcclComm(std::move(transport), place->device, options.timeoutSeconds);
     if (!nccl)
       return nccl.takeError();
     transport = std::move(*nccl);

@@ -297,6 +297,21 @@ llvm::Expected<std::unique_ptr<Backend>> makeBackend(const Shared &s, int device
 /// The loop threads of each of \p ranks ranks of this node (--threads-per-rank,
 /// else the cores shared out).
 int shareCores(const RunOptions &options, int ranks);
+
+/// Where an MPI process of `pipec run` or `pipec generate` runs: its loop
+/// threads (set) and its device.
+struct MpiPlace {
+  int threadsPerRank = 1;
+  int device = 0;
+};
+/// Checks that mpirun started \p ranks processes (\p layout says what the
+/// plan's ranks are: "2 ranks"), shares this node's cores among the ranks
+/// of it that compute at once (\p computing of the node's rank count) and
+/// sets this process's loop threads, and places it on the device of its
+/// index among the node's ranks over --ranks-per-device.
+llvm::Expected<MpiPlace> placeMpiProcess(Comm &comm, int ranks, llvm::StringRef layout,
+                                         const RunOptions &options,
+                                         llvm::function_ref<int(int)> computing);
 /// Pins the calling thread to core \p rank of \p ranks; -1 restores the mask.
 void pinToCore(int rank, int ranks);
 /// The BLAS, its kernels and why it was chosen, for the summary's cpu: line.
