@@ -1,8 +1,8 @@
 //===- Report.cpp - `pipec report`: the partition report of a plan --------===//
 #include "driver/Report.h"
 #include "compiler/sim/Simulator.h"
-#include "driver/StagePasses.h"
 #include "driver/InspectReport.h"
+#include "driver/StagePasses.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"

@@ -170,8 +170,7 @@ GroupedGraph groupGraph(Expected<Graph> graph) {
   std::string out;
   for (const std::string &command :
        {pipec + " model gpt --layers 2 --hidden 16 --vocab 50 --seq 8 --loss -o " + model,
-        pipec + " compile " + model + " -o " + plan + " --stages 2 --hardware cpu " +
-            compileFlags})
+        pipec + " compile " + model + " -o " + plan + " --stages 2 --hardware cpu " + compileFlags})
     if (runCommand(command, out) != 0)
       return ::testing::AssertionFailure() << command << "\n" << out;
   return ::testing::AssertionSuccess();
