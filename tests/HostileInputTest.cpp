@@ -316,6 +316,12 @@ template <typename T> std::string rawBytes(const std::vector<T> &values) {
   return std::string(reinterpret_cast<const char *>(values.data()), values.size() * sizeof(T));
 }
 
+// Fusion is the plan's (compile --no-fuse): run says so in one line.
+TEST_F(Hostile, RunNoFuseSaysItIsACompileOption) {
+  expectError("run --quiet " + plan + " --no-fuse", 2,
+              "--no-fuse is a compile option: the plan holds its fused nodes");
+}
+
 TEST_F(Hostile, FilesThatAreNotFilesAreRefused) {
   expectError("inspect /dev/zero", 1, "/dev/zero: is not a regular file");
   expectError("report /dev/zero", 1, "/dev/zero: is not a regular file");

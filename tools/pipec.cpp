@@ -313,6 +313,8 @@ cl::opt<double> RunTimeout("timeout",
                            cl::desc("Seconds a rank may wait without progress before failing"),
                            cl::init(120), cl::sub(RunCmd));
 cl::opt<bool> RunQuiet("quiet", cl::desc("No progress lines"), cl::sub(RunCmd));
+// Plans hold their fused nodes (format 4): fusion is chosen at compile.
+cl::opt<bool> RunNoFuse("no-fuse", cl::Hidden, cl::sub(RunCmd));
 cl::opt<std::string> RunPrecision("precision",
                                   cl::desc("cuda: fp32, or bf16 tensor-core GEMMs with fp32 "
                                            "weights (default: the plan's)"),
@@ -981,7 +983,9 @@ int main(int argc, char **argv) {
   if (SimulateCmd)
     return runSimulate();
   if (RunCmd)
-    return runRun();
+    return RunNoFuse ? badUsage("--no-fuse is a compile option: the plan holds its fused nodes; "
+                                "compile it with --no-fuse")
+                     : runRun();
   if (generateCommandGiven())
     return runGenerate();
   if (ProfileCmd)
