@@ -31,11 +31,25 @@ double secondsSince(Clock::time_point start) {
 
 std::vector<std::string> passNames() {
   std::vector<std::string> names;
-#define PIPEC_IMPORT(NAME, FUNCTION) names.push_back(NAME);
-#define PIPEC_GRAPH_PASS(NAME, FUNCTION) names.push_back(NAME);
-#define PIPEC_LOWERING(NAME, FUNCTION) names.push_back(NAME);
+#define PIPEC_IMPORT(NAME, FUNCTION, SHOWS, COUNTS) names.push_back(NAME);
+#define PIPEC_GRAPH_PASS(NAME, FUNCTION, SHOWS, COUNTS) names.push_back(NAME);
+#define PIPEC_LOWERING(NAME, FUNCTION, SHOWS, COUNTS) names.push_back(NAME);
 #include "passes/Passes.def"
   return names;
+}
+
+std::string passTable() {
+  std::string table =
+      "| NN | pass | `--print-after` shows | `--stats` counts |\n|---|---|---|---|\n";
+  int index = 0;
+  auto row = [&](StringRef name, StringRef shows, StringRef counts) {
+    table += formatv("| {0:2} | {1} | {2} | {3} |\n", index++, name, shows, counts).str();
+  };
+#define PIPEC_IMPORT(NAME, FUNCTION, SHOWS, COUNTS) row(NAME, SHOWS, COUNTS);
+#define PIPEC_GRAPH_PASS(NAME, FUNCTION, SHOWS, COUNTS) row(NAME, SHOWS, COUNTS);
+#define PIPEC_LOWERING(NAME, FUNCTION, SHOWS, COUNTS) row(NAME, SHOWS, COUNTS);
+#include "passes/Passes.def"
+  return table;
 }
 
 std::vector<std::string> inspectPasses() {
@@ -152,7 +166,7 @@ Error runGraphPasses(Graph &graph, PassRunner &runner) {
         },
         [&](raw_ostream &os) { printGraph(graph, os); });
   };
-#define PIPEC_GRAPH_PASS(NAME, FUNCTION)                                                           \
+#define PIPEC_GRAPH_PASS(NAME, FUNCTION, SHOWS, COUNTS)                                            \
   if (Error err = runOne(NAME, FUNCTION))                                                          \
     return err;
 #include "passes/Passes.def"

@@ -44,6 +44,10 @@ struct PipelineOptions {
 /// The names of all passes in Passes.def order, import first.
 std::vector<std::string> passNames();
 
+/// Passes.def as the Markdown table of docs/USER_GUIDE.md: per pass its
+/// position, name, what --print-after shows and what --stats counts.
+std::string passTable();
+
 /// The passes `pipec inspect` runs: import through group-layers.
 std::vector<std::string> inspectPasses();
 

@@ -631,6 +631,14 @@ TEST(Compile, PassesNotRunAndScheduleSearchShowOnce) {
   EXPECT_TRUE(readFile(dir.path("a.plan")) == readFile(dir.path("b.plan")));
 }
 
+/// The guide's table of passes is Passes.def's rows (passTable()).
+TEST(Compile, GuideTableOfPassesIsPassesDef) {
+  std::string guide = readFile(std::string(PIPEC_SOURCE_DIR) + "/docs/USER_GUIDE.md");
+  EXPECT_NE(guide.find(passTable()), std::string::npos)
+      << "docs/USER_GUIDE.md's table of passes is not passes/Passes.def's:\n"
+      << passTable();
+}
+
 TEST(Compile, UnknownPrintAfterListsThePasses) {
   TempDir dir;
   std::string model = generateGpt(dir, 2), out;
