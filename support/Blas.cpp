@@ -13,7 +13,6 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
-#include "llvm/Support/Process.h"
 #include "llvm/Support/xxhash.h"
 
 #include <cblas.h>
@@ -115,8 +114,8 @@ std::string mklBranchName(int branch) {
 /// empty when neither exists.
 std::string mklPath() {
   std::string path;
-  if (Optional<std::string> env = sys::Process::GetEnv("PIPEC_MKL_LIBRARY"); env && !env->empty())
-    path = *env;
+  if (!machineSettings().mklLibrary.empty())
+    path = machineSettings().mklLibrary;
 #ifdef PIPEC_MKL_DIR
   else
     path = PIPEC_MKL_DIR "/libmkl_rt.so.3";
@@ -314,12 +313,12 @@ Optional<Measured> measuredHere(const Library &ours, const std::string &path,
 /// What PIPEC_BLAS asks for: unset, empty or "auto" the faster; None for
 /// a word it does not know.
 Optional<Optional<Kind>> asked() {
-  Optional<std::string> env = sys::Process::GetEnv("PIPEC_BLAS");
-  if (!env || env->empty() || *env == "auto")
+  const std::string &asked = machineSettings().blas;
+  if (asked.empty() || asked == "auto")
     return Optional<Kind>();
-  if (*env == "openblas")
+  if (asked == "openblas")
     return Optional<Kind>(Kind::OpenBlas);
-  if (*env == "mkl")
+  if (asked == "mkl")
     return Optional<Kind>(Kind::Mkl);
   return None;
 }
@@ -370,7 +369,7 @@ Error check() {
   if (!want)
     return createStringError(inconvertibleErrorCode(),
                              "PIPEC_BLAS=%s: expected openblas, mkl or auto",
-                             sys::Process::GetEnv("PIPEC_BLAS")->c_str());
+                             machineSettings().blas.c_str());
   if (*want == Kind::Mkl && chosen().library.kind != Kind::Mkl)
     return createStringError(inconvertibleErrorCode(),
                              "PIPEC_BLAS=mkl: no MKL found (tools/fetch-mkl.sh installs it; "

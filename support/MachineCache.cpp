@@ -17,14 +17,16 @@ namespace pipec {
 
 namespace {
 
-Optional<std::string> nonEmptyEnv(StringRef name) {
-  Optional<std::string> v = sys::Process::GetEnv(name);
-  if (v && v->empty())
-    return None;
-  return v;
+MachineSettings &settings() {
+  static MachineSettings s;
+  return s;
 }
 
 } // namespace
+
+void setMachineSettings(MachineSettings s) { settings() = std::move(s); }
+
+const MachineSettings &machineSettings() { return settings(); }
 
 std::string cpuModelName() {
   ErrorOr<std::unique_ptr<MemoryBuffer>> buf = MemoryBuffer::getFileAsStream("/proc/cpuinfo");
@@ -38,19 +40,7 @@ std::string cpuModelName() {
   return "unknown cpu";
 }
 
-std::string cacheDirectory() {
-  SmallString<256> dir;
-  if (Optional<std::string> d = nonEmptyEnv("PIPEC_CACHE_DIR")) {
-    dir = *d;
-  } else if (Optional<std::string> xdg = nonEmptyEnv("XDG_CACHE_HOME")) {
-    dir = *xdg;
-    sys::path::append(dir, "pipec");
-  } else if (Optional<std::string> home = nonEmptyEnv("HOME")) {
-    dir = *home;
-    sys::path::append(dir, ".cache", "pipec");
-  }
-  return std::string(dir);
-}
+std::string cacheDirectory() { return settings().cacheDir; }
 
 bool writeCacheFile(StringRef path, StringRef text) {
   StringRef dir = sys::path::parent_path(path);

@@ -20,9 +20,27 @@ namespace pipec {
 /// cpu".
 std::string cpuModelName();
 
-/// The folder for what pipec measured on this machine: PIPEC_CACHE_DIR, else
-/// $XDG_CACHE_HOME/pipec, else $HOME/.cache/pipec; empty when none is set
-/// (then nothing is cached). The folder may not exist yet.
+/// What the command's environment says about this machine. The library reads
+/// no environment variable: a program (tools/MachineEnvironment.h) reads
+/// them once and sets these before it computes anything.
+struct MachineSettings {
+  /// The folder for what pipec measures here (PIPEC_CACHE_DIR, else
+  /// $XDG_CACHE_HOME/pipec, else $HOME/.cache/pipec); empty: nothing is
+  /// cached.
+  std::string cacheDir;
+  /// The BLAS asked for: "", "auto", "openblas" or "mkl" (PIPEC_BLAS).
+  std::string blas;
+  /// MKL's libmkl_rt.so.3 (PIPEC_MKL_LIBRARY); empty: tools/fetch-mkl.sh's.
+  std::string mklLibrary;
+};
+
+/// Sets the settings, before the first measurement or GEMM.
+void setMachineSettings(MachineSettings settings);
+const MachineSettings &machineSettings();
+
+/// The folder for what pipec measured on this machine
+/// (MachineSettings::cacheDir); empty when none is set (then nothing is
+/// cached). The folder may not exist yet.
 std::string cacheDirectory();
 
 /// Writes \p text to \p path through a unique temporary file and a rename,

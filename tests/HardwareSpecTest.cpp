@@ -241,9 +241,9 @@ TEST(HardwareSpec, CalibratedCpuIsCached) {
   wireCpuKernels(); // as compileModel does: the calibration times the CPU kernels
   SmallString<128> dir;
   ASSERT_FALSE(sys::fs::createUniqueDirectory("pipec-cache", dir));
-  const char *old = std::getenv("PIPEC_CACHE_DIR");
-  std::string saved = old ? old : "";
-  setenv("PIPEC_CACHE_DIR", dir.c_str(), 1);
+  MachineSettings saved = machineSettings(), here = saved;
+  here.cacheDir = std::string(dir);
+  setMachineSettings(here);
 
   // One file per share of the cores: a rank on one thread is another device.
   std::string path = cpuCachePath(1);
@@ -326,34 +326,29 @@ TEST(HardwareSpec, CalibratedCpuIsCached) {
   ASSERT_TRUE(bool(rewritten)) << errorText(rewritten.takeError());
   EXPECT_EQ(*rewritten, *remeasured);
 
-  if (old)
-    setenv("PIPEC_CACHE_DIR", saved.c_str(), 1);
-  else
-    unsetenv("PIPEC_CACHE_DIR");
+  setMachineSettings(saved);
   sys::fs::remove_directories(dir);
 }
 
-/// Points PIPEC_CACHE_DIR at a fresh directory while it lives.
+/// Points the cache folder (MachineSettings::cacheDir) at a fresh
+/// directory while it lives.
 class CacheDir {
 public:
-  CacheDir() {
+  CacheDir() : saved(machineSettings()) {
     EXPECT_FALSE(sys::fs::createUniqueDirectory("pipec-cache", dir));
-    if (const char *old = std::getenv("PIPEC_CACHE_DIR"))
-      saved = old;
-    setenv("PIPEC_CACHE_DIR", dir.c_str(), 1);
+    MachineSettings here = saved;
+    here.cacheDir = std::string(dir);
+    setMachineSettings(here);
   }
   ~CacheDir() {
-    if (saved.empty())
-      unsetenv("PIPEC_CACHE_DIR");
-    else
-      setenv("PIPEC_CACHE_DIR", saved.c_str(), 1);
+    setMachineSettings(saved);
     sys::fs::remove_directories(dir);
   }
   std::string str() const { return std::string(dir); }
 
 private:
   SmallString<128> dir;
-  std::string saved;
+  MachineSettings saved;
 };
 
 /// A calibration taken while other threads load every core (twice over) is

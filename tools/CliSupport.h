@@ -9,6 +9,7 @@
 
 #include "plan/plan.pb.h"
 #include "runtime/exec/Executor.h"
+#include "tools/MachineEnvironment.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"

@@ -891,6 +891,7 @@ int runModel() {
 
 int main(int argc, char **argv) {
   InitLLVM init(argc, argv);
+  applyMachineEnvironment();
   // Paths go into plans, reports and traces as UTF-8 text (protobuf's
   // strings must be UTF-8): one that is not is refused before anything is
   // written, rather than written into a plan no reader can parse.
