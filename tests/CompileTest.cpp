@@ -69,6 +69,78 @@ TEST(Compile, PlanIsDeterministicAndRoundTrips) {
   }
 }
 
+/// The nodes an inference runs once at load, and those RECOMPUTE reruns,
+/// are the plan's (fold-weights, select-recompute), not the executor's.
+TEST(Compile, LoadNodesAndRerunAreInThePlan) {
+  TempDir dir;
+  std::string model = dir.path("g.onnx"), infer = dir.path("i.plan"), train = dir.path("t.plan"),
+              out;
+  ASSERT_EQ(runCommand(pipecBinary + " model gpt --layers 2 --hidden 32 --heads 4 --vocab 100 " +
+                           "--seq 8 --loss -o " + model,
+                       out),
+            0)
+      << out;
+  std::string flags = " --stages 2 --microbatches 2 --hardware cpu";
+  ASSERT_EQ(
+      runCommand(pipecBinary + " compile " + model + flags + " --mode infer -o " + infer, out), 0)
+      << out;
+  ASSERT_EQ(
+      runCommand(pipecBinary + " compile " + model + flags + " --recompute all -o " + train, out),
+      0)
+      << out;
+  auto inferPlan = readPlan(infer);
+  ASSERT_TRUE(!!inferPlan) << toString(inferPlan.takeError());
+  int loadNodes = 0;
+  for (const plan::StageProgram &sp : inferPlan->stage_programs()) {
+    // Load nodes read weights (or earlier load nodes' outputs) alone, and a
+    // forward node that does so is not left behind.
+    std::set<std::string> weights(sp.weights().begin(), sp.weights().end());
+    for (const onnx::NodeProto &node : sp.load_nodes()) {
+      ++loadNodes;
+      for (const std::string &in : node.input())
+        EXPECT_TRUE(in.empty() || weights.count(in)) << node.name() << " reads " << in;
+      weights.insert(node.output().begin(), node.output().end());
+    }
+    for (const onnx::NodeProto &node : sp.forward())
+      EXPECT_FALSE(node.input_size() > 0 &&
+                   std::all_of(node.input().begin(), node.input().end(),
+                               [&](const std::string &in) { return weights.count(in) > 0; }))
+          << "forward node " << node.name() << " reads weights alone";
+  }
+  // The position table's Gather (constant positions) runs once.
+  ASSERT_EQ(inferPlan->stage_programs(0).load_nodes_size(), 1);
+  EXPECT_EQ(inferPlan->stage_programs(0).load_nodes(0).op_type(), "Gather");
+  EXPECT_EQ(loadNodes, 1);
+
+  auto trainPlan = readPlan(train);
+  ASSERT_TRUE(!!trainPlan) << toString(trainPlan.takeError());
+  for (const plan::StageProgram &sp : trainPlan->stage_programs()) {
+    EXPECT_EQ(sp.load_nodes_size(), 0) << "training folds no weights";
+    ASSERT_GT(sp.recompute_size(), 0) << "stage " << sp.stage();
+    // The rerun is the forward's nodes that make the dropped values, in
+    // forward order; what FORWARD keeps instead holds none of them.
+    std::map<std::string, int> position;
+    for (int i = 0; i < sp.forward_size(); ++i)
+      for (const std::string &o : sp.forward(i).output())
+        position[o] = i;
+    std::set<std::string> rebuilt;
+    int last = -1;
+    for (const onnx::NodeProto &node : sp.rerun()) {
+      ASSERT_GT(node.output_size(), 0);
+      ASSERT_TRUE(position.count(node.output(0))) << node.name();
+      EXPECT_GT(position[node.output(0)], last) << "stage " << sp.stage();
+      last = position[node.output(0)];
+      rebuilt.insert(node.output().begin(), node.output().end());
+    }
+    std::set<std::string> kept(sp.keep_when_recomputing().begin(),
+                               sp.keep_when_recomputing().end());
+    for (const std::string &v : sp.recompute()) {
+      EXPECT_TRUE(rebuilt.count(v)) << v << " is not rebuilt on stage " << sp.stage();
+      EXPECT_FALSE(kept.count(v)) << v << " is dropped and kept on stage " << sp.stage();
+    }
+  }
+}
+
 /// A plan names its model by XXH3-128: the digests xxHash's own command
 /// line tool prints for these inputs (`xxhsum -H2`).
 TEST(Compile, ContentHashIsXxh3_128) {

@@ -17,6 +17,7 @@
 #include "driver/PlanVerify.h"
 #include "driver/Profile.h"
 #include "driver/Report.h"
+#include "driver/StagePasses.h"
 #include "models/ModelGenerators.h"
 #include "plan/PlanFile.h"
 #include "runtime/comm/Comm.h"
@@ -842,13 +843,8 @@ int runRun() {
       outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas, result->threadsPerRank);
     if (!result->peakResidentBytes.empty())
       outs() << formatMemory(*plan, result->peakResidentBytes, result->loadResidentBytes) << "\n";
-    if (result->fusedGroups > 0 || result->fusedMatMulBias > 0 ||
-        result->fusedMatMulTransposed > 0 || result->fusedSoftmaxAttention > 0)
-      outs() << formatv("fused {0} element-wise nodes into {1} kernels, {2} bias adds and {3} "
-                        "weight transposes into their MatMuls, {4} attentions into one kernel "
-                        "each\n",
-                        result->fusedNodes, result->fusedGroups, result->fusedMatMulBias,
-                        result->fusedMatMulTransposed, result->fusedSoftmaxAttention);
+    if (plan->has_fusion())
+      outs() << "fused by compile: " << describeFusion(plan->fusion()) << "\n";
     if (RunBackend == "cpu" && done > 0)
       outs() << recheckCpuCalibration(*plan, RunPlan, perStep, result->threadsPerRank);
     if (!RunSave.empty())

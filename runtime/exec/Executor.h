@@ -169,13 +169,6 @@ struct RunResult {
   /// difference over the instructions is the executor's own overhead.
   int64_t nodes = 0;
   double kernelSeconds = 0, instructionSeconds = 0;
-  /// Fused element-wise nodes made over all stage programs, and the nodes
-  /// they replace.
-  int64_t fusedGroups = 0, fusedNodes = 0;
-  /// MatMuls whose bias Add was fused into them.
-  int64_t fusedMatMulBias = 0;
-  int64_t fusedMatMulTransposed = 0;
-  int64_t fusedSoftmaxAttention = 0;
   /// The peak resident set of each process of the run, in rank order, in
   /// its steps and while its weights loaded: one for a local run (its ranks
   /// share it), one per rank under MPI.

@@ -311,12 +311,6 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
                                       o.checkpointDir, first, o.steps)
                                   .str());
   result.firstStep = first;
-  const plan::Fusion &fusion = s.plan->fusion();
-  result.fusedGroups = fusion.groups();
-  result.fusedNodes = fusion.nodes();
-  result.fusedMatMulBias = fusion.mat_mul_bias();
-  result.fusedMatMulTransposed = fusion.mat_mul_transposed();
-  result.fusedSoftmaxAttention = fusion.softmax_attention();
   auto started = Clock::now();
   for (int t = first; t < o.steps; ++t) {
     double sum = 0, count = 0;
