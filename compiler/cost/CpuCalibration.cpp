@@ -477,18 +477,15 @@ std::string cpuCachePath(int threads) {
 
 namespace {
 
-/// The cached calibration at \p path, when there is a readable one; its
-/// file's age in seconds in \p age.
-std::optional<HardwareSpec> readCache(const std::string &path, double &age) {
+/// The cached calibration at \p path, when there is a readable one.
+std::optional<HardwareSpec> readCache(const std::string &path) {
   if (path.empty() || !sys::fs::exists(path))
     return std::nullopt;
   Expected<HardwareSpec> cached = loadHardwareFile(path);
-  std::optional<double> fileAge = cacheFileAge(path);
-  if (!cached || cached->name != "cpu" || !fileAge) {
+  if (!cached || cached->name != "cpu") {
     consumeError(cached.takeError()); // stale or damaged: measure again
     return std::nullopt;
   }
-  age = *fileAge;
   cached->sharesHostCores = true; // a cache written before the field
   return *cached;
 }
@@ -507,12 +504,14 @@ void keep(const std::string &path, const HardwareSpec &spec,
 
 Expected<HardwareSpec> cpuHardware(int threads) {
   std::string path = cpuCachePath(threads);
-  double age = 0;
-  std::optional<HardwareSpec> cached = readCache(path, age);
+  std::optional<HardwareSpec> cached = readCache(path);
   // A disturbed figure serves for a while, marked (the plan warns), so that
   // a busy machine does not measure at every compile; then it is measured
   // again.
-  if (cached && (!cached->calibrationDisturbed() || age < disturbedMeasurementSeconds))
+  if (cached && !cached->calibrationDisturbed())
+    return *cached;
+  if (std::optional<double> age = cached ? cacheFileAge(path) : std::nullopt;
+      age && *age < disturbedMeasurementSeconds)
     return *cached;
   Expected<HardwareSpec> spec = calibrateCpu(threads);
   if (spec)
@@ -523,9 +522,8 @@ Expected<HardwareSpec> cpuHardware(int threads) {
 Expected<HardwareSpec> recalibrateCpu(int threads) {
   Expected<HardwareSpec> spec = calibrateCpu(threads);
   std::string path = cpuCachePath(threads);
-  double age = 0;
   if (spec)
-    keep(path, *spec, readCache(path, age));
+    keep(path, *spec, readCache(path));
   return spec;
 }
 

@@ -619,8 +619,8 @@ void keepLastPosition(Shared &prefill, const std::string &logits) {
   for (plan::StageProgram &sp : prefill.programs)
     for (int i = 0; i < sp.forward_size(); ++i) {
       onnx::NodeProto &head = *sp.mutable_forward(i);
-      bool product = isOp(head, OpId::MatMul) || head.op_type() == MatMulBiasOpType ||
-                     head.op_type() == MatMulTransposedOpType;
+      bool product = isOp(head, OpId::MatMul) || isOp(head, OpId::MatMulBias) ||
+                     isOp(head, OpId::MatMulTransposed);
       if (!product || head.output_size() != 1 || head.output(0) != logits)
         continue;
       onnx::NodeProto slice;
