@@ -7,13 +7,8 @@
 #include "support/Blas.h"
 #include "support/MachineCache.h"
 
-#include "llvm/ADT/SmallString.h"
-#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
-#include "llvm/Support/MemoryBuffer.h"
-#include "llvm/Support/Path.h"
-#include "llvm/Support/xxhash.h"
 
 #include <cblas.h>
 
@@ -21,12 +16,8 @@
 #include <array>
 #include <chrono>
 #include <cmath>
-#include <ctime>
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <mutex>
-#include <sys/file.h>
-#include <unistd.h>
 #include <vector>
 
 #ifdef PIPEC_BLAS_PREFIX_SCIPY
@@ -219,33 +210,17 @@ struct Chosen {
 struct Measured {
   double ours = 0, mkl = 0;
   std::string mklName;
-  /// Another process held the cores while it measured (the measuring
-  /// thread ran less than 90% of the wall time): cached marked
-  /// (disturbedMeasurementSeconds).
-  bool disturbed = false;
 };
 
-double threadCpuSeconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
-}
-
-/// What a cache file holds: "openblas 91.4\nmkl 83.2\nmkl-name MKL 2026.2\n",
-/// and "disturbed 1\n" for a disturbed measurement.
-Optional<Measured> readMeasured(StringRef path) {
-  ErrorOr<std::unique_ptr<MemoryBuffer>> buf = MemoryBuffer::getFile(path);
-  if (!buf)
-    return None;
+/// What a cache file holds: "openblas 91.4\nmkl 83.2\nmkl-name MKL 2026.2\n".
+Optional<Measured> parseMeasured(StringRef text) {
   Measured m;
   SmallVector<StringRef, 4> lines;
-  (*buf)->getBuffer().split(lines, '\n', -1, /*KeepEmpty=*/false);
+  text.split(lines, '\n', -1, /*KeepEmpty=*/false);
   for (StringRef line : lines) {
     auto [key, value] = line.split(' ');
     if (key == "mkl-name")
       m.mklName = value.str();
-    else if (key == "disturbed")
-      m.disturbed = value.trim() == "1";
     else if ((key != "openblas" && key != "mkl") ||
              value.trim().getAsDouble(key == "openblas" ? m.ours : m.mkl))
       return None;
@@ -262,52 +237,32 @@ Optional<Measured> readMeasured(StringRef path) {
 /// tests started together agree. None when MKL does not load.
 Optional<Measured> measuredHere(const Library &ours, const std::string &path,
                                 Optional<Library> &mkl) {
-  auto measureNow = [&]() -> Optional<Measured> {
+  auto measureNow = [&]() -> std::optional<Measurement> {
     if (!mkl)
       mkl = loadMkl(path);
     if (!mkl)
-      return None;
-    double cpuStart = threadCpuSeconds();
-    auto wallStart = std::chrono::steady_clock::now();
-    auto [oursRate, mklRate] = measure(ours, *mkl);
-    double wall =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - wallStart).count();
-    bool disturbed = wall > 0 && (threadCpuSeconds() - cpuStart) < 0.9 * wall;
-    // To the tenth the cache keeps, so a cached run decides and prints alike.
-    auto tenths = [](double rate) { return std::round(rate * 10) / 10; };
-    return Measured{tenths(oursRate), tenths(mklRate), mkl->shortName, disturbed};
+      return std::nullopt;
+    return measureMarked([&]() -> std::optional<std::string> {
+      auto [oursRate, mklRate] = measure(ours, *mkl);
+      return formatv("openblas {0:f1}\nmkl {1:f1}\nmkl-name {2}\n", oursRate, mklRate,
+                     mkl->shortName)
+          .str();
+    });
   };
-  std::string dir = cacheDirectory();
   sys::fs::file_status file;
-  if (dir.empty() || sys::fs::status(path, file))
-    return measureNow();
-  uint64_t key =
-      xxHash64(formatv("{0}/{1}/{2}/{3}/{4}/v2", cpuModelName(), ours.config, path, file.getSize(),
-                       file.getLastModificationTime().time_since_epoch().count())
-                   .str());
-  SmallString<256> cached(dir);
-  sys::path::append(cached, "blas-" + utohexstr(key, /*LowerCase=*/true) + ".txt");
-  // A disturbed measurement serves a while, then is measured again.
-  auto fresh = [&](const Optional<Measured> &m) {
-    std::optional<double> age = cacheFileAge(cached);
-    return m && (!m->disturbed || (age && *age < disturbedMeasurementSeconds));
-  };
-  if (Optional<Measured> m = readMeasured(cached); fresh(m))
-    return m;
-  sys::fs::create_directories(dir);
-  int lock = ::open((dir + "/blas.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock >= 0)
-    ::flock(lock, LOCK_EX);
-  Optional<Measured> m = readMeasured(cached);
-  // None, or a disturbed one that served its time (a quiet one is never
-  // replaced).
-  if (!fresh(m) && (m = measureNow()))
-    writeCacheFile(cached, formatv("openblas {0:f1}\nmkl {1:f1}\nmkl-name {2}\n{3}", m->ours,
-                                   m->mkl, m->mklName, m->disturbed ? "disturbed 1\n" : "")
-                               .str());
-  if (lock >= 0)
-    ::close(lock); // releases the flock
-  return m;
+  std::optional<Measurement> m;
+  if (sys::fs::status(path, file))
+    m = measureNow();
+  else
+    m = cachedMeasurement("blas",
+                          formatv("{0}/{1}/{2}/{3}/{4}/v2", cpuModelName(), ours.config, path,
+                                  file.getSize(),
+                                  file.getLastModificationTime().time_since_epoch().count())
+                              .str(),
+                          measureNow, [](StringRef text) { return bool(parseMeasured(text)); });
+  // Parsed from the text the cache keeps (to the tenth), so a cached run
+  // decides and prints alike.
+  return m ? parseMeasured(m->text) : None;
 }
 
 /// What PIPEC_BLAS asks for: unset, empty or "auto" the faster; None for

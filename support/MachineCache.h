@@ -9,6 +9,7 @@
 #ifndef PIPEC_SUPPORT_MACHINECACHE_H
 #define PIPEC_SUPPORT_MACHINECACHE_H
 
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringRef.h"
 
 #include <optional>
@@ -58,6 +59,33 @@ inline constexpr double disturbedMeasurementSeconds = 300;
 /// The age in seconds of the file at \p path (its last modification);
 /// nullopt when it cannot be read.
 std::optional<double> cacheFileAge(llvm::StringRef path);
+
+/// CPU seconds the calling thread has run.
+double threadCpuSeconds();
+
+/// What a measurement found, as the text its cache file keeps, and whether
+/// another process held the cores meanwhile.
+struct Measurement {
+  std::string text;
+  bool disturbed = false;
+};
+
+/// Runs \p measure on the calling thread and marks the result disturbed
+/// when the thread ran less than 90% of the wall time.
+std::optional<Measurement> measureMarked(llvm::function_ref<std::optional<std::string>()> measure);
+
+/// A measurement kept once per machine: the text cached under \p key (a
+/// file \p prefix-<hash of key>.txt in the cache folder) when it is quiet,
+/// or disturbed and younger than disturbedMeasurementSeconds, and \p valid
+/// accepts it; else \p measure runs (one process measures while the others
+/// wait on \p prefix's lock) and its result is cached, a disturbed one
+/// marked by a "disturbed 1" line. A quiet figure is never replaced. With no
+/// cache folder, \p measure runs every time. nullopt when \p measure gives
+/// none.
+std::optional<Measurement>
+cachedMeasurement(llvm::StringRef prefix, llvm::StringRef key,
+                  llvm::function_ref<std::optional<Measurement>()> measure,
+                  llvm::function_ref<bool(llvm::StringRef)> valid);
 
 } // namespace pipec
 

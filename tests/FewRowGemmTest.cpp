@@ -1,11 +1,13 @@
 //===- FewRowGemmTest.cpp - gemm's paths for a few rows by a weight -----===//
 //
-// gemm gives A B^T with up to fewRowsTransposedMax rows of A, and A B with up
-// to fewRowsPlainMax, to loops that read B as stored
-// (runtime/cpu/FewRowGemm.h). Each case is checked against the product
-// summed in double, with every tail of rows, columns and k, padded rows,
-// alpha and beta, a C written by `prepare`, and the bits on one thread and on
-// two; the BLAS's side of each limit too.
+// gemm gives a few rows of A by a weight to loops that read B as stored
+// (runtime/cpu/FewRowGemm.h), one source compiled for AVX-512 and AVX2,
+// where they were measured faster than the BLAS. Each case is checked against
+// the product summed in double, with every tail of rows, columns and k,
+// padded rows, alpha and beta, a C written by `prepare`, and the bits on one
+// thread and on two; gemm's choice, and every target this CPU runs called
+// directly, whether or not gemm takes it here. Where a CPU lacks AVX-512 its
+// loops are not run (the test says so).
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/FewRowGemm.h"
@@ -42,26 +44,13 @@ std::vector<float> randoms(size_t count, unsigned seed) {
   return out;
 }
 
-/// Whether this CPU can run the kernels themselves (AVX2 and FMA), whether
-/// or not gemm takes them here (not on AVX-512 machines).
-bool canRunKernels() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
-
-/// How C is computed: through gemm, or by calling a kernel directly.
-enum class Route { Gemm, Kernel };
-
 /// C from gemm(false, transB, ...), or from the few-row kernel itself,
 /// against the double product: within the float rounding of k terms,
 /// relative to the sum of their magnitudes.
-void checkCase(const Case &c, Route route = Route::Gemm) {
+void checkCase(const Case &c, const cpu::FewRowKernels *kernels = nullptr) {
   SCOPED_TRACE(testing::Message() << (c.transB ? "A B^T" : "A B") << " m " << c.m << " n " << c.n
-                                  << " k " << c.k << " beta " << c.beta
-                                  << (route == Route::Kernel ? " (the kernel)" : " (gemm)"));
+                                  << " k " << c.k << " beta " << c.beta << " ("
+                                  << (kernels ? kernels->target : "gemm") << ")");
   // B: n rows of k read transposed, or k rows of n.
   std::vector<float> a = randoms(c.m * c.lda, 1), b = randoms((c.transB ? c.n : c.k) * c.ldb, 2);
   auto bAt = [&](int64_t p, int64_t j) { return c.transB ? b[j * c.ldb + p] : b[p * c.ldb + j]; };
@@ -70,15 +59,15 @@ void checkCase(const Case &c, Route route = Route::Gemm) {
   if (c.beta == 0)
     std::fill(before.begin(), before.end(), std::numeric_limits<float>::quiet_NaN());
   std::vector<float> out = before;
-  if (route == Route::Gemm)
+  if (!kernels)
     cpu::gemm(false, c.transB, c.m, c.n, c.k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta,
               out.data(), c.ldc);
   else if (c.transB)
-    cpu::fewRowsTransposed(c.m, c.n, c.k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta,
-                           out.data(), c.ldc);
+    kernels->transposed(c.m, c.n, c.k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta,
+                        out.data(), c.ldc);
   else
-    cpu::fewRowsPlain(c.m, c.n, c.k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta, out.data(),
-                      c.ldc);
+    cpu::fewRowsPlain(*kernels, c.m, c.n, c.k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta,
+                      out.data(), c.ldc);
   for (int64_t i = 0; i < c.m; ++i)
     for (int64_t j = 0; j < c.n; ++j) {
       double sum = 0, magnitude = 0;
@@ -101,20 +90,22 @@ void checkCase(const Case &c, Route route = Route::Gemm) {
 TEST(FewRowGemm, EqualsTheDoubleProductOnEveryTail) {
   // Rows: each block size of 4 and its remainders, up to the most rows each
   // path takes and one past it (the BLAS). Columns: blocks of 3 and their
-  // remainders (A B^T), of 24 and 8 and their remainders (A B). k: below,
-  // at and past a vector of 8 and a block of 16 rows of B.
+  // remainders (A B^T), of 3 vectors and one and their remainders (A B), for
+  // either width. k: below, at and past a vector of 8 or 16 and a block of 16
+  // rows of B.
   for (bool transB : {true, false})
-    for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 16, 31, 32, 33})
-      for (int64_t n : {1, 2, 3, 4, 5, 9, 50})
-        for (int64_t k : {1, 7, 8, 9, 17, 64, 101})
+    for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 17, 31, 32, 33})
+      for (int64_t n : {1, 2, 3, 4, 5, 9, 17, 50, 70})
+        for (int64_t k : {1, 7, 8, 9, 16, 17, 33, 64, 101})
           for (float beta : {0.0f, 1.5f}) {
             int64_t ldb = (transB ? k : n) + 5;
             Case c{transB, m, n, k, k + 3, ldb, n + 2, 0.75f, beta};
             checkCase(c);
-            // The kernels themselves, also where gemm keeps the BLAS (an
-            // AVX-512 machine), up to their limits.
-            if (canRunKernels() && m <= (transB ? cpu::fewRowsTransposedMax : cpu::fewRowsPlainMax))
-              checkCase(c, Route::Kernel);
+            // Every target's loops themselves, also where gemm keeps the
+            // BLAS, up to their limits.
+            if (m <= (transB ? cpu::fewRowsTransposedMax : cpu::fewRowsPlainMax))
+              for (const cpu::FewRowKernels *kernels : cpu::fewRowKernelsHere())
+                checkCase(c, kernels);
           }
 }
 
@@ -122,10 +113,14 @@ TEST(FewRowGemm, TheRankThreadsSplitTheColumnsWithoutChangingABit) {
   // A decode step's shapes: 16 rows by a weight of 2003 rows of 768 read
   // transposed, 2 rows by 768 rows of 2003. The two threads' bands split
   // the columns where one thread's blocks do not.
-  if (!cpu::haveFewRowGemm())
-    GTEST_SKIP() << "gemm keeps the BLAS on this CPU (FewRowGemm.h)";
+  const cpu::FewRowChoice &choice = cpu::fewRowChoice();
+  if (!choice.transposed && !choice.plain)
+    GTEST_SKIP() << "gemm keeps the BLAS on this CPU: " << choice.reason;
   const int64_t n = 2003, k = 768;
-  for (auto [transB, m] : {std::pair{true, int64_t(16)}, std::pair{false, int64_t(2)}}) {
+  for (auto [transB, m] :
+       {std::pair{true, choice.transposedRows}, std::pair{false, choice.plainRows}}) {
+    if (m == 0)
+      continue;
     std::vector<float> a = randoms(m * k, 4), b = randoms(n * k, 5);
     auto product = [&](int threads) {
       std::vector<float> c(m * n);
@@ -164,6 +159,65 @@ TEST(FewRowGemm, PrepareWritesEachBandBeforeItsProduct) {
         want += double(a[i * k + p]) * b[j * k + p];
       ASSERT_NEAR(c[i * n + j], want, 1e-5) << "row " << i << " column " << j;
     }
+}
+
+/// The rates line of one form and candidate: \p rate at each row count, or
+/// \p lowRate from row count \p from on.
+std::string ratesLine(const char *form, const std::string &name, int64_t maxRows, double rate,
+                      int64_t from = 1 << 20, double lowRate = 0) {
+  std::string line = std::string(form) + " " + name;
+  for (int64_t r = 1; r <= maxRows; r *= 2)
+    line += " " + std::to_string(r >= from ? lowRate : rate);
+  return line + "\n";
+}
+
+TEST(FewRowGemm, TheChoiceTakesTheTargetThatOutrunsTheBlasToTheMostRows) {
+  const std::vector<const cpu::FewRowKernels *> &here = cpu::fewRowKernelsHere();
+  if (here.empty())
+    GTEST_SKIP() << "this CPU runs no few-row loops (no AVX2 and FMA)";
+  const int64_t tMax = cpu::fewRowsTransposedMax, pMax = cpu::fewRowsPlainMax;
+  // A B^T: the widest target outruns the BLAS up to 4 rows, the last up to
+  // 16 (a 2% lead at 32 is not enough); A B: every target loses at one row
+  // and wins after (so none is taken).
+  std::string rates = ratesLine("transposed", "BLAS", tMax, 10);
+  for (size_t i = 0; i < here.size(); ++i)
+    rates += i + 1 == here.size() && here.size() > 1
+                 ? ratesLine("transposed", here[i]->target, tMax, 20, 32, 10.2)
+                 : ratesLine("transposed", here[i]->target, tMax, 20, 8, 5);
+  rates += ratesLine("plain", "BLAS", pMax, 10);
+  for (const cpu::FewRowKernels *k : here)
+    rates += ratesLine("plain", k->target, pMax, 9, 2, 30);
+  cpu::FewRowChoice choice = cpu::chooseFewRowKernels(rates);
+  ASSERT_EQ(choice.transposed, here.back()) << choice.reason;
+  EXPECT_EQ(choice.transposedRows, here.size() > 1 ? 16 : 4) << choice.reason;
+  EXPECT_EQ(choice.plain, nullptr) << choice.reason;
+  EXPECT_EQ(choice.plainRows, 0);
+  EXPECT_NE(choice.reason.find(std::string("A B^T: ") + here.back()->target + " up to"),
+            std::string::npos)
+      << choice.reason;
+  EXPECT_NE(choice.reason.find("A B: the BLAS (1 row:"), std::string::npos) << choice.reason;
+
+  // Equal reach: the faster over it.
+  rates = ratesLine("transposed", "BLAS", tMax, 10) + ratesLine("plain", "BLAS", pMax, 10);
+  for (size_t i = 0; i < here.size(); ++i) {
+    rates += ratesLine("transposed", here[i]->target, tMax, 20 + double(i));
+    rates += ratesLine("plain", here[i]->target, pMax, 12);
+  }
+  choice = cpu::chooseFewRowKernels(rates);
+  EXPECT_EQ(choice.transposed, here.back()) << choice.reason;
+  EXPECT_EQ(choice.transposedRows, tMax);
+  EXPECT_EQ(choice.plain, here.front()) << choice.reason;
+  EXPECT_EQ(choice.plainRows, pMax);
+
+  // A target missing from the rates, or a line cut short: the BLAS.
+  for (std::string broken :
+       {ratesLine("transposed", "BLAS", tMax, 10) + ratesLine("plain", "BLAS", pMax, 10),
+        rates.substr(0, rates.rfind(' ')) + "\n"}) {
+    choice = cpu::chooseFewRowKernels(broken);
+    EXPECT_EQ(choice.transposed, nullptr) << broken;
+    EXPECT_EQ(choice.plain, nullptr) << broken;
+    EXPECT_NE(choice.reason.find("the measurement failed"), std::string::npos);
+  }
 }
 
 } // namespace

@@ -467,3 +467,77 @@ TEST(HardwareSpec, RunFarFromItsPredictionMeasuresAgain) {
 }
 
 } // namespace
+
+namespace {
+
+/// Sets \p path's modification time \p seconds into the past.
+void ageFile(const std::string &path, int seconds) {
+  auto old = std::chrono::system_clock::now() - std::chrono::seconds(seconds);
+  int fd = -1;
+  ASSERT_FALSE(sys::fs::openFileForWrite(path, fd, sys::fs::CD_OpenExisting, sys::fs::OF_Append));
+  ASSERT_FALSE(sys::fs::setLastAccessAndModificationTime(
+      fd, sys::toTimePoint(std::chrono::system_clock::to_time_t(old))));
+  sys::Process::SafelyCloseFileDescriptor(fd);
+}
+
+} // namespace
+
+/// The rules every once-per-machine measurement keeps (the BLAS's choice and
+/// the few-row loops'): a quiet figure is read back and never replaced; a
+/// disturbed one is cached marked, serves disturbedMeasurementSeconds, then
+/// is measured again; a file its reader rejects is measured again.
+TEST(MachineCache, CachedMeasurementKeepsQuietFiguresAndRetriesDisturbedOnes) {
+  CacheDir cache;
+  int measured = 0;
+  Measurement next{"rate 1\n", /*disturbed=*/true};
+  auto measure = [&]() -> std::optional<Measurement> {
+    ++measured;
+    return next;
+  };
+  auto valid = [](StringRef text) { return text.startswith("rate "); };
+  auto get = [&] { return cachedMeasurement("probe", "this cpu", measure, valid); };
+
+  std::optional<Measurement> first = get();
+  ASSERT_TRUE(first);
+  EXPECT_TRUE(first->disturbed);
+  EXPECT_EQ(measured, 1);
+  std::string path;
+  std::error_code ec;
+  for (sys::fs::directory_iterator it(cache.str(), ec), end; it != end && !ec; it.increment(ec))
+    if (sys::path::filename(it->path()).startswith("probe-"))
+      path = it->path();
+  ASSERT_FALSE(path.empty());
+  // Marked in the file, the mark not in the text read back.
+  std::optional<Measurement> second = get();
+  ASSERT_TRUE(second);
+  EXPECT_EQ(measured, 1) << "a young disturbed figure serves";
+  EXPECT_TRUE(second->disturbed);
+  EXPECT_EQ(second->text, "rate 1\n");
+
+  // Served its time: measured again, quiet now.
+  ageFile(path, static_cast<int>(disturbedMeasurementSeconds) + 10);
+  next = {"rate 2\n", false};
+  std::optional<Measurement> third = get();
+  ASSERT_TRUE(third);
+  EXPECT_EQ(measured, 2);
+  EXPECT_FALSE(third->disturbed);
+  EXPECT_EQ(third->text, "rate 2\n");
+
+  // A quiet figure is never replaced, however old.
+  ageFile(path, 10 * static_cast<int>(disturbedMeasurementSeconds));
+  next = {"rate 3\n", true};
+  std::optional<Measurement> fourth = get();
+  ASSERT_TRUE(fourth);
+  EXPECT_EQ(measured, 2);
+  EXPECT_EQ(fourth->text, "rate 2\n");
+
+  // A file the reader rejects is measured again and rewritten.
+  ASSERT_TRUE(writeCacheFile(path, "garbage\n"));
+  next = {"rate 4\n", false};
+  std::optional<Measurement> fifth = get();
+  ASSERT_TRUE(fifth);
+  EXPECT_EQ(measured, 3);
+  EXPECT_EQ(fifth->text, "rate 4\n");
+  EXPECT_EQ(get()->text, "rate 4\n");
+  EXPECT_EQ(measured, 3);
+}

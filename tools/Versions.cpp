@@ -1,6 +1,7 @@
 //===- Versions.cpp - What `pipec --version` prints -----------------------===//
 #include "tools/Versions.h"
 #include "compiler/onnx/OnnxImporter.h"
+#include "runtime/cpu/FewRowGemm.h"
 #include "support/Blas.h"
 
 #include "llvm/Config/llvm-config.h"
@@ -21,6 +22,7 @@ void printVersions(llvm::raw_ostream &os) {
   os << "  llvm      " << LLVM_VERSION_STRING << "\n";
   os << "  blas      " << blas::describe() << "\n";
   os << "            " << blas::config() << "\n";
+  os << "  few-row   " << cpu::fewRowChoice().reason << "\n";
   char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
   int length = 0;
   MPI_Get_library_version(mpi, &length); // allowed before MPI_Init

@@ -21,6 +21,7 @@
 #include "models/ModelGenerators.h"
 #include "plan/PlanFile.h"
 #include "runtime/comm/Comm.h"
+#include "runtime/cpu/FewRowGemm.h"
 #include "runtime/exec/Executor.h"
 #include "support/Blas.h"
 #include "support/Diagnostics.h"
@@ -969,6 +970,7 @@ int main(int argc, char **argv) {
   }
   if (Error err = blas::check())
     return badUsage(toString(std::move(err)));
+  (void)cpu::fewRowChoice(); // measured now, on a quiet thread, as the BLAS is
   if (InspectCmd)
     return runInspect();
   if (ModelCmd)

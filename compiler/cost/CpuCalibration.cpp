@@ -381,13 +381,6 @@ void writeCache(StringRef path, const HardwareSpec &spec) {
 
 int resolvedThreads(int threads) { return threads > 0 ? threads : allowedCpuCount(); }
 
-/// CPU seconds the calling thread has run.
-double threadCpuSeconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
-}
-
 /// Now, UTC, as 2026-12-06T05:30:00Z.
 std::string utcNow() {
   std::time_t now = std::time(nullptr);

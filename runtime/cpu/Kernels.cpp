@@ -222,21 +222,25 @@ void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha
           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
           GemmPrepare prepare) {
   // A few rows by a weight (a decode step's Linear): the weight read as
-  // stored (FewRowGemm.h), in bands of C's columns.
-  bool few = !transA && m > 0 && n > 0 && k > 0 && alpha != 0 &&
-             m <= (transB ? fewRowsTransposedMax : fewRowsPlainMax) && haveFewRowGemm();
-  if (few) {
-    int64_t grain = std::max<int64_t>(8, (int64_t(1) << 20) / (m * k));
-    parallelFor(n, grain, [&](int64_t begin, int64_t end) {
-      if (prepare)
-        prepare(0, m, begin, end);
-      if (transB)
-        fewRowsTransposed(m, end - begin, k, alpha, a, lda, b + begin * ldb, ldb, beta, c + begin,
-                          ldc);
-      else
-        fewRowsPlain(m, end - begin, k, alpha, a, lda, b + begin, ldb, beta, c + begin, ldc);
-    });
-    return;
+  // stored (FewRowGemm.h), in bands of C's columns, where that was measured
+  // faster here.
+  if (!transA && m > 0 && n > 0 && k > 0 && alpha != 0) {
+    const FewRowChoice &few = fewRowChoice();
+    const FewRowKernels *kernels = transB ? few.transposed : few.plain;
+    if (kernels && m <= (transB ? few.transposedRows : few.plainRows)) {
+      int64_t grain = std::max<int64_t>(8, (int64_t(1) << 20) / (m * k));
+      parallelFor(n, grain, [&](int64_t begin, int64_t end) {
+        if (prepare)
+          prepare(0, m, begin, end);
+        if (transB)
+          kernels->transposed(m, end - begin, k, alpha, a, lda, b + begin * ldb, ldb, beta,
+                              c + begin, ldc);
+        else
+          fewRowsPlain(*kernels, m, end - begin, k, alpha, a, lda, b + begin, ldb, beta,
+                       c + begin, ldc);
+      });
+      return;
+    }
   }
   gemmWith(blas::sgemm, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, prepare);
 }

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "plan/PlanFile.h"
 #include "runtime/core/HostBuffers.h"
+#include "runtime/cpu/FewRowGemm.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/exec/Checkpoint.h"
 #include "runtime/exec/ModelIO.h"
@@ -99,7 +100,7 @@ void pinToCore(int rank, int ranks) {
   pthread_setaffinity_np(pthread_self(), sizeof set, &set);
 }
 
-std::string blasName() { return blas::describe(); }
+std::string blasName() { return blas::describe() + "; " + cpu::describeFewRowChoice(); }
 
 Error checkRunOptions(const RunOptions &o) {
   auto finite = [](double v) { return std::isfinite(v); };

@@ -318,18 +318,23 @@ void benchNodeDispatch(benchmark::State &state) {
 
 /// A decode step's product: \p m rows by a weight of \p n by \p k, read
 /// transposed (\p transposed: a Linear as torch stores it, n rows of k) or
-/// not (k rows of n, the exporter's folded transpose), through gemm's
-/// few-row paths (runtime/cpu/FewRowGemm.h) against the BLAS on the same
-/// operands, alternating, one thread each. The weights cycle through 256 MiB
-/// of copies, so each product streams its weight from memory as a decode
-/// step does.
+/// not (k rows of n, the exporter's folded transpose or GPT-2's Conv1D),
+/// through the few-row loops of one target (runtime/cpu/FewRowGemm.h: 0 the
+/// widest this CPU runs, 1 the next) against the BLAS on the same operands,
+/// alternating, one thread each. The weights cycle through 256 MiB of
+/// copies, so each product streams its weight from memory as a decode step
+/// does.
 void benchDecodeGemm(benchmark::State &state) {
   const bool transposed = state.range(0) != 0;
   const int64_t m = state.range(1), n = state.range(2), k = state.range(3);
-  if (!cpu::haveFewRowGemm()) {
-    state.SkipWithError("this CPU takes the BLAS for every product (FewRowGemm.h)");
+  const size_t target = static_cast<size_t>(state.range(4));
+  const std::vector<const cpu::FewRowKernels *> &here = cpu::fewRowKernelsHere();
+  if (target >= here.size()) {
+    state.SkipWithError("this CPU runs no such target's few-row loops (FewRowGemm.h)");
     return;
   }
+  const cpu::FewRowKernels &kernels = *here[target];
+  state.SetLabel(kernels.target);
   int64_t copies = std::max<int64_t>(2, (int64_t(256) << 20) / (n * k * 4));
   std::vector<float> a(m * k), w(copies * n * k), c(m * n);
   for (size_t i = 0; i < w.size(); ++i)
@@ -341,15 +346,16 @@ void benchDecodeGemm(benchmark::State &state) {
   auto timed = [&](bool few) {
     const float *weight = w.data() + (next++ % copies) * n * k;
     auto start = Clock::now();
-    if (few)
-      cpu::gemm(false, transposed, m, n, k, 1.0f, a.data(), k, weight, ldw, 0.0f, c.data(), n);
+    if (few && transposed)
+      kernels.transposed(m, n, k, 1.0f, a.data(), k, weight, ldw, 0.0f, c.data(), n);
+    else if (few)
+      cpu::fewRowsPlain(kernels, m, n, k, 1.0f, a.data(), k, weight, ldw, 0.0f, c.data(), n);
     else
       blas::sgemm(false, transposed, int(m), int(n), int(k), 1.0f, a.data(), int(k), weight,
                   int(ldw), 0.0f, c.data(), int(n));
     benchmark::DoNotOptimize(c.data());
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
-  setLoopThreads(1);
   cpu::setBlasThreads(1);
   double fewSeconds = 0, blasSeconds = 0;
   bool fewFirst = false;
@@ -398,16 +404,17 @@ BENCHMARK(benchMlpOverhead)->Name("mlp16_tiny/4_ranks_1f1b_m64")->Apply(manualMi
 BENCHMARK(benchNodeDispatch)->Name("mlp2000x8/dispatch_1_rank_1_thread")->Apply(manualMilliseconds);
 // Read transposed: rows 1, 8 and 16 by GPT-2's head (50257 x 768), 16 by a
 // Llama's feed-forward (2816 x 1024) and its down projection (1024 x 2816).
-// As stored: 1 and 2 rows by GPT-2's first feed-forward (768 rows of 3072)
-// and a Llama's (1024 rows of 2816).
+// As stored: 1, 2 and 4 rows by GPT-2's first feed-forward (768 rows of
+// 3072) and a Llama's (1024 rows of 2816). Each on the widest target here
+// and the next (AVX-512 and AVX2 where both run).
 BENCHMARK(benchDecodeGemm)
     ->Name("decode_gemm")
-    ->ArgsProduct({{1}, {1, 8, 16}, {50257}, {768}})
-    ->Args({1, 16, 2816, 1024})
-    ->Args({1, 16, 1024, 2816})
-    ->ArgsProduct({{0}, {1, 2}, {3072}, {768}})
-    ->ArgsProduct({{0}, {1, 2}, {2816}, {1024}})
-    ->ArgNames({"transposed", "m", "n", "k"})
+    ->ArgsProduct({{1}, {1, 8, 16}, {50257}, {768}, {0, 1}})
+    ->ArgsProduct({{1}, {16}, {2816}, {1024}, {0, 1}})
+    ->ArgsProduct({{1}, {16}, {1024}, {2816}, {0, 1}})
+    ->ArgsProduct({{0}, {1, 2, 4}, {3072}, {768}, {0, 1}})
+    ->ArgsProduct({{0}, {1, 2, 4}, {2816}, {1024}, {0, 1}})
+    ->ArgNames({"transposed", "m", "n", "k", "target"})
     ->Apply(manualMilliseconds);
 
 } // namespace
