@@ -636,7 +636,7 @@ Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared, const Comp
     plan.mutable_run_status()->set_reason(why);
     return skipStagePasses("the plan cannot run: it has no stage programs", runner);
   }
-  if (Error err = fuseStagePrograms(plan, options.fuse, options.maxLength > 0, runner))
+  if (Error err = fuseStagePrograms(plan, options.fuse, runner))
     return err;
   if (Error err = foldAndSelectRecompute(plan, runner))
     return err;

@@ -40,11 +40,9 @@ std::string describeFusion(const plan::Fusion &f) {
       .str();
 }
 
-Error fuseStagePrograms(plan::Plan &plan, bool fuse, bool generation, PassRunner &runner) {
+Error fuseStagePrograms(plan::Plan &plan, bool fuse, PassRunner &runner) {
   if (!fuse)
     return runner.skip("fuse", "--no-fuse keeps every node its own kernel");
-  if (generation)
-    return runner.skip("fuse", "pipec generate runs the decode step's nodes as written");
   return runner.run(
       "fuse",
       [&] {

@@ -27,9 +27,10 @@
 
 namespace pipec {
 
-/// Runs the fuse pass on \p plan's stage programs through \p runner. It is
-/// skipped when \p fuse is false (--no-fuse) and for a \p generation plan.
-llvm::Error fuseStagePrograms(plan::Plan &plan, bool fuse, bool generation, PassRunner &runner);
+/// Runs the fuse pass on \p plan's stage programs through \p runner, a
+/// generation plan's decode step too. It is skipped when \p fuse is false
+/// (--no-fuse).
+llvm::Error fuseStagePrograms(plan::Plan &plan, bool fuse, PassRunner &runner);
 
 /// Runs fold-weights (inference) and select-recompute (training) on
 /// \p plan's stage programs through \p runner.

@@ -137,17 +137,25 @@ Expected<Outputs> concat(const OpContext &ctx) {
                       first.describe() + " outside axis " + Twine(*axis));
     shape[*axis] += t.dim(*axis);
   }
-  Tensor out(first.elemType(), shape);
+  Tensor out = Tensor::uninitialized(first.elemType(), shape); // every element is written
   size_t elemSize = storageSize(first.elemType());
   AxisSplit split = splitAt(shape, *axis);
-  char *dst = static_cast<char *>(out.rawData());
-  for (int64_t o = 0; o < split.outer; ++o)
-    for (size_t i = 0; i < ctx.numInputs(); ++i) {
-      const Tensor &t = ctx.input(i);
-      size_t block = t.dim(*axis) * split.inner * elemSize;
-      std::memcpy(dst, static_cast<const char *>(t.rawData()) + o * block, block);
-      dst += block;
+  // Each outer index's row of the output: the inputs' blocks in turn. A
+  // decode step's KV cache is copied here whole, so the rows are split over
+  // the rank's threads.
+  size_t rowBytes = static_cast<size_t>(shape[*axis] * split.inner) * elemSize;
+  int64_t grain = std::max<int64_t>(1, parallelElements * 4 / std::max<size_t>(rowBytes, 1));
+  parallelFor(split.outer, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      char *dst = static_cast<char *>(out.rawData()) + o * rowBytes;
+      for (size_t i = 0; i < ctx.numInputs(); ++i) {
+        const Tensor &t = ctx.input(i);
+        size_t block = t.dim(*axis) * split.inner * elemSize;
+        std::memcpy(dst, static_cast<const char *>(t.rawData()) + o * block, block);
+        dst += block;
+      }
     }
+  });
   return Outputs{out};
 }
 
