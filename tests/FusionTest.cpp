@@ -393,6 +393,72 @@ TEST(SoftmaxAttention, MatchesItsBodyBitForBit) {
   EXPECT_EQ(worstDifference(fused(plain, in3), unfused(plain, in3)), 0.0);
 }
 
+/// The keys as torch's decomposition reads them over a KV cache: merged to
+/// three axes, the last two swapped, split back, scaled; then attention.
+std::vector<onnx::NodeProto> keyChainAttentionNodes() {
+  onnx::NodeProto swap = test::makeNode("Transpose", {"km"}, "kt3");
+  auto *perm = swap.add_attribute();
+  perm->set_name("perm");
+  perm->set_type(onnx::AttributeProto::INTS);
+  for (int64_t axis : {0, 2, 1})
+    perm->add_ints(axis);
+  std::vector<onnx::NodeProto> nodes = {test::makeNode("Reshape", {"key", "merged"}, "km"), swap,
+                                        test::makeNode("Reshape", {"kt3", "split"}, "kt"),
+                                        test::makeNode("Mul", {"kt", "scale"}, "k")};
+  for (const onnx::NodeProto &n : attentionNodes())
+    nodes.push_back(n);
+  return nodes;
+}
+
+TEST(SoftmaxAttention, TransposesAndScalesTheKeysAsTheirChainDoes) {
+  // Keys [2, 3, 7, 4] (a cache of 7 positions): the product reads
+  // 0.5 * their transpose, [2, 3, 4, 7].
+  Tensor q = randomTensor({2, 3, 5, 4}, 61), key = randomTensor({2, 3, 7, 4}, 62),
+         v = randomTensor({2, 3, 7, 6}, 63), c = Tensor::scalar(0.0f), scale = Tensor::scalar(0.5f),
+         m = randomTensor({2, 1, 5, 7}, 64);
+  Tensor merged = Tensor::fromValues<int64_t>({3}, {-1, 7, 4}),
+         split = Tensor::fromValues<int64_t>({4}, {2, 3, 4, 7});
+  std::vector<onnx::NodeProto> body = keyChainAttentionNodes();
+  std::vector<const onnx::NodeProto *> pointers;
+  for (const onnx::NodeProto &n : body)
+    pointers.push_back(&n);
+  onnx::NodeProto f = makeFusedNode("attn", pointers,
+                                    {"q", "key", "v", "m", "c", "scale", "merged", "split"}, {"o"});
+  f.set_op_type(SoftmaxAttentionOpType.str());
+  std::vector<const Tensor *> in = {&q, &key, &v, &m, &c, &scale, &merged, &split};
+  std::vector<Tensor> got = fused(f, in);
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0].shape(), (std::vector<int64_t>{2, 3, 5, 6}));
+  EXPECT_EQ(worstDifference(got, unfused(f, in)), 0.0);
+  // Against attention in double: head (1, 2), query 3.
+  auto at = [](const Tensor &t, std::initializer_list<int64_t> index) {
+    int64_t flat = 0, d = 0;
+    for (int64_t i : index)
+      flat = flat * t.shape()[d++] + i;
+    return double(t.data<float>()[flat]);
+  };
+  std::vector<double> p(7);
+  double sum = 0;
+  for (int64_t j = 0; j < 7; ++j) {
+    double score = at(m, {1, 0, 3, j});
+    for (int64_t kk = 0; kk < 4; ++kk)
+      score += at(q, {1, 2, 3, kk}) * 0.5 * at(key, {1, 2, j, kk});
+    p[j] = std::exp(score);
+    sum += p[j];
+  }
+  for (int64_t e = 0; e < 6; ++e) {
+    double want = 0;
+    for (int64_t j = 0; j < 7; ++j)
+      want += p[j] / sum * at(v, {1, 2, j, e});
+    EXPECT_NEAR(at(got[0], {1, 2, 3, e}), want, 1e-5) << e;
+  }
+  // A scale per key position rather than one: the body's nodes, still
+  // equal to them.
+  Tensor perKey = randomTensor({1, 7}, 65);
+  std::vector<const Tensor *> each = {&q, &key, &v, &m, &c, &perKey, &merged, &split};
+  EXPECT_EQ(worstDifference(fused(f, each), unfused(f, each)), 0.0);
+}
+
 TEST(MatMulTransposed, ReadsTheWeightTransposed) {
   // y = a Transpose(w): one GEMM reading w [6, 7] transposed, equal to the
   // two nodes it replaces; a 1-D a runs the body.
@@ -514,6 +580,30 @@ TEST(FusionPass, AttentionBecomesOneNodeUnlessItsProbabilitiesAreRead) {
   rt::FusionStats keptStats = rt::fuseStageProgram(kept, Opset);
   EXPECT_EQ(keptStats.softmaxAttention, 0);
   EXPECT_EQ(keptStats.matMulBias, 1);
+}
+
+TEST(FusionPass, AttentionTakesTheKeyChainNothingElseReads) {
+  plan::StageProgram p;
+  for (const onnx::NodeProto &n : keyChainAttentionNodes())
+    *p.add_forward() = n;
+  p.add_send("o");
+  plan::StageProgram kept = p;
+  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  EXPECT_EQ(stats.softmaxAttention, 1);
+  ASSERT_EQ(opsOf(p.forward()), (std::vector<std::string>{SoftmaxAttentionOpType.str()}));
+  const onnx::NodeProto &a = p.forward(0);
+  EXPECT_EQ(std::vector<std::string>(a.input().begin(), a.input().end()),
+            (std::vector<std::string>{"q", "key", "v", "m", "c", "scale", "merged", "split"}));
+  EXPECT_EQ(fusedBodyOf(a)->node_size(), 10);
+  // The scaled keys read elsewhere too: the chain stays, attention fuses
+  // from the product on.
+  kept.add_send("k");
+  rt::FusionStats keptStats = rt::fuseStageProgram(kept, Opset);
+  EXPECT_EQ(keptStats.softmaxAttention, 1);
+  ASSERT_EQ(kept.forward_size(), 5);
+  const onnx::NodeProto &b = kept.forward(kept.forward_size() - 1);
+  EXPECT_EQ(std::vector<std::string>(b.input().begin(), b.input().end()),
+            (std::vector<std::string>{"q", "k", "v", "m", "c"}));
 }
 
 TEST(FusionPass, AMatMulTakesTheTransposeOnlyItReads) {

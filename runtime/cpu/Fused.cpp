@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ops/OpRegistry.h"
+#include "ops/Reshape.h"
 #include "runtime/core/FusedProgram.h"
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
@@ -331,30 +332,81 @@ KernelResult matMulBias(const OpContext &ctx) {
   return std::move(*product);
 }
 
+namespace {
+
+/// Whether the key chain of \p steps (Fusion.cpp: Reshape to \p merged,
+/// Transpose of the last two axes, Reshape to \p split) turns keys of
+/// \p shape [.., n, k] into [.., k, n]: \p merged keeps the last two axes
+/// and merges the rest, and \p split restores them.
+bool keyChainSwapsLastTwo(const onnx::GraphProto &steps, ArrayRef<int64_t> shape,
+                          const Tensor *merged, const Tensor *split) {
+  if (!merged || !split || merged->elemType() != DType::I64 || split->elemType() != DType::I64)
+    return false;
+  SmallVector<const onnx::NodeProto *, 2> reshapes;
+  for (const onnx::NodeProto &step : steps.node())
+    if (isOp(step, OpId::Reshape))
+      reshapes.push_back(&step);
+  if (reshapes.size() != 2)
+    return false;
+  auto target = [](ArrayRef<int64_t> in, const Tensor &requested, const onnx::NodeProto &node) {
+    Expected<std::vector<int64_t>> out =
+        reshapeTarget(in, ArrayRef<int64_t>(requested.data<int64_t>(), requested.numElements()),
+                      attrInt(node, "allowzero", 0) != 0, "");
+    if (!out) {
+      consumeError(out.takeError());
+      return std::vector<int64_t>();
+    }
+    return *out;
+  };
+  int64_t rank = static_cast<int64_t>(shape.size());
+  std::vector<int64_t> three = target(shape, *merged, *reshapes[0]);
+  if (three.size() != 3 || three[1] != shape[rank - 2] || three[2] != shape[rank - 1])
+    return false;
+  std::vector<int64_t> swapped = {three[0], three[2], three[1]};
+  std::vector<int64_t> back = target(swapped, *split, *reshapes[1]);
+  std::vector<int64_t> want(shape.begin(), shape.end());
+  std::swap(want[rank - 2], want[rank - 1]);
+  return back == want;
+}
+
+} // namespace
+
 KernelResult softmaxAttention(const OpContext &ctx) {
   ArrayRef<const Tensor *> inputs = ctx.allInputs();
   auto body = [&] { return runBodyOnCpu(ctx.node, ctx.opset, inputs); };
   auto input = [&](size_t i) { return i < inputs.size() ? inputs[i] : nullptr; };
   const Tensor *q = input(0), *kt = input(1), *v = input(2), *mask = input(3), *guard = input(4);
+  // The keys untransposed and unscaled (Fusion.cpp's key chain): scaled
+  // and transposed here, head by head.
+  const Tensor *keyScale = input(5);
   auto isFloat = [](const Tensor *t) { return t && t->elemType() == DType::F32; };
   // The body's own nodes for what the kernel does not take: other types,
   // broadcast batch dimensions, a softmax over another axis, a mask that
-  // does not broadcast to the scores.
+  // does not broadcast to the scores, a key chain that does more than swap
+  // the keys' last two axes.
   if (!isFloat(q) || !isFloat(kt) || !isFloat(v) || (mask && !isFloat(mask)) ||
-      (guard && (!isFloat(guard) || guard->numElements() != 1)))
+      (guard && (!isFloat(guard) || guard->numElements() != 1)) ||
+      (keyScale && (!isFloat(keyScale) || keyScale->numElements() != 1)))
     return body();
   int64_t rank = q->rank();
   if (rank < 3 || kt->rank() != rank || v->rank() != rank)
     return body();
-  ArrayRef<int64_t> qs = q->shape(), ks = kt->shape(), vs = v->shape();
+  const onnx::GraphProto *steps = fusedBodyOf(ctx.node);
+  if (!steps)
+    return body(); // which names the missing body
+  // The keys as the product reads them: [.., k, n].
+  Shape keyShape(kt->shape().begin(), kt->shape().end());
+  if (keyScale) {
+    std::swap(keyShape[rank - 2], keyShape[rank - 1]);
+    if (!keyChainSwapsLastTwo(*steps, kt->shape(), input(6), input(7)))
+      return body();
+  }
+  ArrayRef<int64_t> qs = q->shape(), ks = keyShape, vs = v->shape();
   if (qs.drop_back(2) != ks.drop_back(2) || qs.drop_back(2) != vs.drop_back(2))
     return body();
   int64_t m = qs[rank - 2], k = qs[rank - 1], n = ks[rank - 1], d = vs[rank - 1];
   if (ks[rank - 2] != k || vs[rank - 2] != n || m == 0 || n == 0 || k == 0 || d == 0)
     return body();
-  const onnx::GraphProto *steps = fusedBodyOf(ctx.node);
-  if (!steps)
-    return body(); // which names the missing body
   for (const onnx::NodeProto &step : steps->node())
     if (isOp(step, OpId::Softmax)) {
       int64_t axis = attrInt(step, "axis", -1);
@@ -382,10 +434,18 @@ KernelResult softmaxAttention(const OpContext &ctx) {
   int64_t heads = product(qs.drop_back(2));
   // Each head as the body's nodes compute it, in order: the same GEMMs,
   // the mask's float add, softmax's rows, the NaN guard's select.
+  float c = keyScale ? keyScale->data<float>()[0] : 1.0f;
   parallelFor(heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(m * n);
+    std::vector<float> s(m * n), scaled(keyScale ? k * n : 0);
     for (int64_t h = begin; h < end; ++h) {
-      gemm(false, false, m, n, k, 1.0f, pq + h * m * k, k, pk + h * k * n, n, 0.0f, s.data(), n);
+      const float *keys = pk + h * k * n;
+      if (keyScale) { // the Transpose's copy, then the Mul's products
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t p = 0; p < k; ++p)
+            scaled[p * n + j] = keys[j * k + p] * c;
+        keys = scaled.data();
+      }
+      gemm(false, false, m, n, k, 1.0f, pq + h * m * k, k, keys, n, 0.0f, s.data(), n);
       if (pm) {
         int64_t rest = h, offset = 0;
         for (int64_t dim = rank - 3; dim >= 0; --dim) {

@@ -242,12 +242,29 @@ int64_t fuseMatMulBias(NodeList &nodes, const StringSet<> &external) {
   return made;
 }
 
+/// Whether \p n is a Transpose that swaps its last two axes alone.
+bool swapsLastTwo(const onnx::NodeProto &n) {
+  std::optional<std::vector<int64_t>> perm = attrInts(n, "perm");
+  if (!perm || perm->size() < 2)
+    return false;
+  int64_t rank = static_cast<int64_t>(perm->size());
+  for (int64_t i = 0; i < rank - 2; ++i)
+    if ((*perm)[i] != i)
+      return false;
+  return (*perm)[rank - 2] == rank - 1 && (*perm)[rank - 1] == rank - 2;
+}
+
 /// Attention as torch's exporters write scaled_dot_product_attention out:
 ///   S = MatMul(Q, K); [Z = Add(S, mask)]; P = Softmax(Z, axis -1);
 ///   [W = Where(IsNaN(P), c, P)]; O = MatMul(P or W, V)
 /// with every value between read by the next node alone and named nowhere
 /// else: one SoftmaxAttention node at the last MatMul's place, whose CPU
-/// kernel keeps each head's scores in cache.
+/// kernel keeps each head's scores in cache. Where K is the keys merged to
+/// three axes, their last two swapped, split back and scaled (torch's
+/// decomposition over a KV cache: K = Mul(Reshape(Transpose(Reshape(key,
+/// merged)), split), c)), those four nodes join it: its inputs are then (Q,
+/// key, V, mask, guard, c, merged, split), and the kernel transposes and
+/// scales each head's keys in cache rather than the whole cache in memory.
 int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64_t opset) {
   if (opset < 13) // Softmax took the whole trailing shape before
     return 0;
@@ -271,7 +288,7 @@ int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64
   };
   std::vector<std::vector<int>> absorbs(nodes.size()); // final MatMul -> the nodes it takes
   std::vector<bool> absorbed(nodes.size(), false);
-  std::vector<std::array<std::string, 5>> operands(nodes.size());
+  std::vector<std::array<std::string, 8>> operands(nodes.size());
   for (int i = 0; i < nodes.size(); ++i) {
     const onnx::NodeProto &out = nodes[i];
     if (!isOp(out, OpId::MatMul) || out.input_size() != 2 || out.output_size() != 1)
@@ -307,13 +324,35 @@ int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64
     if (product < 0 || nodes[product].input_size() != 2)
       continue;
     taken.push_back(product);
+    // The keys as the exporter transposes and scales them, each step over
+    // the whole KV cache: k = Mul(Reshape(Transpose(Reshape(key))), c).
+    std::string keys = nodes[product].input(1), scale, mergedShape, splitShape;
+    if (int mul = inner(keys, "Mul", 1); mul >= 0 && nodes[mul].input_size() == 2)
+      for (int side : {0, 1}) {
+        const onnx::NodeProto &m = nodes[mul];
+        int split = inner(m.input(side), "Reshape", 1);
+        int swap = split >= 0 ? inner(nodes[split].input(0), "Transpose", 1) : -1;
+        if (swap < 0 || !swapsLastTwo(nodes[swap]))
+          continue;
+        int merge = inner(nodes[swap].input(0), "Reshape", 1);
+        if (merge < 0 || nodes[merge].input_size() != 2 || nodes[split].input_size() != 2 ||
+            m.input(1 - side).empty())
+          continue;
+        taken.insert(taken.end(), {merge, swap, split, mul});
+        keys = nodes[merge].input(0);
+        scale = m.input(1 - side);
+        mergedShape = nodes[merge].input(1);
+        splitShape = nodes[split].input(1);
+        break;
+      }
     if (llvm::any_of(taken, [&](int t) { return absorbed[t]; }))
       continue;
     for (int t : taken)
       absorbed[t] = true;
     std::sort(taken.begin(), taken.end());
     absorbs[i] = taken;
-    operands[i] = {nodes[product].input(0), nodes[product].input(1), out.input(1), mask, guard};
+    operands[i] = {
+        nodes[product].input(0), keys, out.input(1), mask, guard, scale, mergedShape, splitShape};
   }
   NodeList rebuilt;
   int64_t made = 0;
@@ -329,9 +368,11 @@ int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64
       body.push_back(&nodes[t]);
     body.push_back(&nodes[i]);
     std::string name = "fused:" + (nodes[i].name().empty() ? nodes[i].output(0) : nodes[i].name());
-    onnx::NodeProto fused =
-        makeFusedNode(name, body, std::vector<std::string>(operands[i].begin(), operands[i].end()),
-                      {nodes[i].output(0)});
+    // Trailing absent operands are left off (no key chain: five).
+    std::vector<std::string> inputs(operands[i].begin(), operands[i].end());
+    if (inputs[5].empty())
+      inputs.resize(5);
+    onnx::NodeProto fused = makeFusedNode(name, body, inputs, {nodes[i].output(0)});
     fused.set_op_type(SoftmaxAttentionOpType.str());
     *rebuilt.Add() = std::move(fused);
     ++made;

@@ -42,6 +42,12 @@
 // Before:  s = MatMul(q, k); z = Add(s, m); p = Softmax(z); o = MatMul(p, v)
 // After:   o = SoftmaxAttention(q, k, v, m)
 //
+// Keys that torch's decomposition transposes and scales over the whole KV
+// cache each decode step join it, and the CPU does that per head in cache:
+//
+// Before:  k = Mul(Reshape(Transpose(Reshape(key, merged)), split), c); ...
+// After:   o = SoftmaxAttention(q, key, v, m, guard, c, merged, split)
+//
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_EXEC_FUSION_H
 #define PIPEC_RUNTIME_EXEC_FUSION_H
