@@ -459,6 +459,81 @@ TEST(SoftmaxAttention, TransposesAndScalesTheKeysAsTheirChainDoes) {
   EXPECT_EQ(worstDifference(fused(f, each), unfused(f, each)), 0.0);
 }
 
+/// Grouped-query attention as torch exports it: 2 key and value heads, each
+/// repeated for 2 query heads (repeat_kv), then the key chain and attention.
+std::vector<onnx::NodeProto> groupedAttentionNodes() {
+  std::vector<onnx::NodeProto> nodes = {test::makeNode("Unsqueeze", {"kx", "axes"}, "ku"),
+                                        test::makeNode("Expand", {"ku", "kwide"}, "ke"),
+                                        test::makeNode("Reshape", {"ke", "kheads"}, "key"),
+                                        test::makeNode("Unsqueeze", {"vx", "axes"}, "vu"),
+                                        test::makeNode("Expand", {"vu", "vwide"}, "ve"),
+                                        test::makeNode("Reshape", {"ve", "vheads"}, "v")};
+  for (const onnx::NodeProto &n : keyChainAttentionNodes())
+    nodes.push_back(n);
+  return nodes;
+}
+
+TEST(SoftmaxAttention, ReadsEachSharedHeadForTheHeadsThatShareIt) {
+  // 4 query heads over 2 key and value heads: heads 2 and 3 read head 1.
+  Tensor q = randomTensor({2, 4, 5, 4}, 71), kx = randomTensor({2, 2, 7, 4}, 72),
+         vx = randomTensor({2, 2, 7, 6}, 73), c = Tensor::scalar(0.0f),
+         scale = Tensor::scalar(0.5f), m = randomTensor({2, 1, 5, 7}, 74);
+  Tensor axes = Tensor::fromValues<int64_t>({1}, {2}),
+         kwide = Tensor::fromValues<int64_t>({5}, {2, 2, 2, 7, 4}),
+         kheads = Tensor::fromValues<int64_t>({4}, {2, 4, 7, 4}),
+         vwide = Tensor::fromValues<int64_t>({5}, {2, 2, 2, 7, 6}),
+         vheads = Tensor::fromValues<int64_t>({4}, {2, 4, 7, 6}),
+         merged = Tensor::fromValues<int64_t>({3}, {-1, 7, 4}),
+         split = Tensor::fromValues<int64_t>({4}, {2, 4, 4, 7});
+  std::vector<onnx::NodeProto> body = groupedAttentionNodes();
+  std::vector<const onnx::NodeProto *> pointers;
+  for (const onnx::NodeProto &n : body)
+    pointers.push_back(&n);
+  onnx::NodeProto f = makeFusedNode("attn", pointers,
+                                    {"q", "kx", "vx", "m", "c", "scale", "merged", "split", "axes",
+                                     "kwide", "kheads", "axes", "vwide", "vheads"},
+                                    {"o"});
+  f.set_op_type(SoftmaxAttentionOpType.str());
+  std::vector<const Tensor *> in = {&q,     &kx,   &vx,    &m,      &c,    &scale, &merged,
+                                    &split, &axes, &kwide, &kheads, &axes, &vwide, &vheads};
+  std::vector<Tensor> got = fused(f, in);
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0].shape(), (std::vector<int64_t>{2, 4, 5, 6}));
+  EXPECT_EQ(worstDifference(got, unfused(f, in)), 0.0);
+  // Against attention in double: batch 1, head 3 (key and value head 1),
+  // query 2.
+  auto at = [](const Tensor &t, std::initializer_list<int64_t> index) {
+    int64_t flat = 0, d = 0;
+    for (int64_t i : index)
+      flat = flat * t.shape()[d++] + i;
+    return double(t.data<float>()[flat]);
+  };
+  std::vector<double> p(7);
+  double sum = 0;
+  for (int64_t j = 0; j < 7; ++j) {
+    double score = at(m, {1, 0, 2, j});
+    for (int64_t kk = 0; kk < 4; ++kk)
+      score += at(q, {1, 3, 2, kk}) * 0.5 * at(kx, {1, 1, j, kk});
+    p[j] = std::exp(score);
+    sum += p[j];
+  }
+  for (int64_t e = 0; e < 6; ++e) {
+    double want = 0;
+    for (int64_t j = 0; j < 7; ++j)
+      want += p[j] / sum * at(vx, {1, 1, j, e});
+    EXPECT_NEAR(at(got[0], {1, 3, 2, e}), want, 1e-5) << e;
+  }
+  // A repeat along another axis (the new axis before the heads): the body's
+  // nodes, still equal to them.
+  Tensor before = Tensor::fromValues<int64_t>({1}, {1}),
+         kwideBefore = Tensor::fromValues<int64_t>({5}, {2, 2, 2, 7, 4}),
+         vwideBefore = Tensor::fromValues<int64_t>({5}, {2, 2, 2, 7, 6});
+  std::vector<const Tensor *> other = {&q,      &kx,     &vx,          &m,      &c,
+                                       &scale,  &merged, &split,       &before, &kwideBefore,
+                                       &kheads, &before, &vwideBefore, &vheads};
+  EXPECT_EQ(worstDifference(fused(f, other), unfused(f, other)), 0.0);
+}
+
 TEST(MatMulTransposed, ReadsTheWeightTransposed) {
   // y = a Transpose(w): one GEMM reading w [6, 7] transposed, equal to the
   // two nodes it replaces; a 1-D a runs the body.
@@ -604,6 +679,21 @@ TEST(FusionPass, AttentionTakesTheKeyChainNothingElseReads) {
   const onnx::NodeProto &b = kept.forward(kept.forward_size() - 1);
   EXPECT_EQ(std::vector<std::string>(b.input().begin(), b.input().end()),
             (std::vector<std::string>{"q", "k", "v", "m", "c"}));
+}
+
+TEST(FusionPass, AttentionTakesTheGroupedQueryRepeats) {
+  plan::StageProgram p;
+  for (const onnx::NodeProto &n : groupedAttentionNodes())
+    *p.add_forward() = n;
+  p.add_send("o");
+  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  EXPECT_EQ(stats.softmaxAttention, 1);
+  ASSERT_EQ(opsOf(p.forward()), (std::vector<std::string>{SoftmaxAttentionOpType.str()}));
+  const onnx::NodeProto &a = p.forward(0);
+  EXPECT_EQ(std::vector<std::string>(a.input().begin(), a.input().end()),
+            (std::vector<std::string>{"q", "kx", "vx", "m", "c", "scale", "merged", "split", "axes",
+                                      "kwide", "kheads", "axes", "vwide", "vheads"}));
+  EXPECT_EQ(fusedBodyOf(a)->node_size(), 16);
 }
 
 TEST(FusionPass, AMatMulTakesTheTransposeOnlyItReads) {

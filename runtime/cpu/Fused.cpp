@@ -334,39 +334,82 @@ KernelResult matMulBias(const OpContext &ctx) {
 
 namespace {
 
-/// Whether the key chain of \p steps (Fusion.cpp: Reshape to \p merged,
-/// Transpose of the last two axes, Reshape to \p split) turns keys of
-/// \p shape [.., n, k] into [.., k, n]: \p merged keeps the last two axes
-/// and merges the rest, and \p split restores them.
-bool keyChainSwapsLastTwo(const onnx::GraphProto &steps, ArrayRef<int64_t> shape,
-                          const Tensor *merged, const Tensor *split) {
-  if (!merged || !split || merged->elemType() != DType::I64 || split->elemType() != DType::I64)
-    return false;
-  SmallVector<const onnx::NodeProto *, 2> reshapes;
+/// The Reshape step of \p steps whose target is the fused node's value
+/// \p shapeName, or null.
+const onnx::NodeProto *reshapeTo(const onnx::GraphProto &steps, const std::string &shapeName) {
   for (const onnx::NodeProto &step : steps.node())
-    if (isOp(step, OpId::Reshape))
-      reshapes.push_back(&step);
-  if (reshapes.size() != 2)
-    return false;
-  auto target = [](ArrayRef<int64_t> in, const Tensor &requested, const onnx::NodeProto &node) {
-    Expected<std::vector<int64_t>> out =
-        reshapeTarget(in, ArrayRef<int64_t>(requested.data<int64_t>(), requested.numElements()),
-                      attrInt(node, "allowzero", 0) != 0, "");
-    if (!out) {
-      consumeError(out.takeError());
-      return std::vector<int64_t>();
-    }
-    return *out;
-  };
+    if (isOp(step, OpId::Reshape) && step.input_size() == 2 && step.input(1) == shapeName)
+      return &step;
+  return nullptr;
+}
+
+/// \p in reshaped as \p step asks for \p requested (an int64 tensor); empty
+/// when it cannot be.
+std::vector<int64_t> reshaped(ArrayRef<int64_t> in, const Tensor *requested,
+                              const onnx::NodeProto *step) {
+  if (!requested || !step || requested->elemType() != DType::I64)
+    return {};
+  Expected<std::vector<int64_t>> out =
+      reshapeTarget(in, ArrayRef<int64_t>(requested->data<int64_t>(), requested->numElements()),
+                    attrInt(*step, "allowzero", 0) != 0, "");
+  if (!out) {
+    consumeError(out.takeError());
+    return {};
+  }
+  return *out;
+}
+
+/// The shape the key chain (Fusion.cpp: Reshape to the fused node's input 6,
+/// Transpose of the last two axes, Reshape to its input 7) makes of keys of
+/// \p shape [.., n, k], when it is [.., k, n] (their last two axes
+/// swapped); empty otherwise.
+std::vector<int64_t> keyChainShape(const OpContext &ctx, const onnx::GraphProto &steps,
+                                   ArrayRef<int64_t> shape) {
+  ArrayRef<const Tensor *> inputs = ctx.allInputs();
   int64_t rank = static_cast<int64_t>(shape.size());
-  std::vector<int64_t> three = target(shape, *merged, *reshapes[0]);
+  std::vector<int64_t> three = reshaped(shape, inputs[6], reshapeTo(steps, ctx.node.input(6)));
   if (three.size() != 3 || three[1] != shape[rank - 2] || three[2] != shape[rank - 1])
-    return false;
-  std::vector<int64_t> swapped = {three[0], three[2], three[1]};
-  std::vector<int64_t> back = target(swapped, *split, *reshapes[1]);
+    return {};
   std::vector<int64_t> want(shape.begin(), shape.end());
   std::swap(want[rank - 2], want[rank - 1]);
-  return back == want;
+  if (reshaped({three[0], three[2], three[1]}, inputs[7], reshapeTo(steps, ctx.node.input(7))) !=
+      want)
+    return {};
+  return want;
+}
+
+/// How many heads share each head of \p shape [.., heads, t, d] after the
+/// grouped-query repeat whose values are the fused node's inputs \p first
+/// (the Unsqueeze's axes), first + 1 (the Expand's shape) and first + 2 (the
+/// Reshape's target): an Unsqueeze before the last two axes, an Expand of
+/// that axis alone, a Reshape merging it into the heads. 0 when it is not
+/// that.
+int64_t repeatOf(const OpContext &ctx, const onnx::GraphProto &steps, ArrayRef<int64_t> shape,
+                 size_t first) {
+  ArrayRef<const Tensor *> inputs = ctx.allInputs();
+  const Tensor *axes = inputs[first], *expand = inputs[first + 1];
+  int64_t rank = static_cast<int64_t>(shape.size());
+  if (!axes || !expand || axes->elemType() != DType::I64 || axes->numElements() != 1 ||
+      expand->elemType() != DType::I64 || expand->numElements() != rank + 1)
+    return 0;
+  int64_t axis = axes->data<int64_t>()[0];
+  if ((axis < 0 ? axis + rank + 1 : axis) != rank - 2)
+    return 0;
+  // The unsqueezed [.., heads, 1, t, d] expanded: every axis but the new one
+  // kept (1 or its own size), the new one to the repeat.
+  const int64_t *e = expand->data<int64_t>();
+  std::vector<int64_t> wide(shape.begin(), shape.end());
+  wide.insert(wide.begin() + (rank - 2), e[rank - 2]);
+  for (int64_t i = 0; i <= rank; ++i)
+    if (i != rank - 2 && e[i] != 1 && e[i] != wide[i])
+      return 0;
+  int64_t repeat = wide[rank - 2];
+  std::vector<int64_t> want(shape.begin(), shape.end());
+  want[rank - 3] *= repeat;
+  if (repeat < 1 ||
+      reshaped(wide, inputs[first + 2], reshapeTo(steps, ctx.node.input(first + 2))) != want)
+    return 0;
+  return repeat;
 }
 
 } // namespace
@@ -376,14 +419,17 @@ KernelResult softmaxAttention(const OpContext &ctx) {
   auto body = [&] { return runBodyOnCpu(ctx.node, ctx.opset, inputs); };
   auto input = [&](size_t i) { return i < inputs.size() ? inputs[i] : nullptr; };
   const Tensor *q = input(0), *kt = input(1), *v = input(2), *mask = input(3), *guard = input(4);
-  // The keys untransposed and unscaled (Fusion.cpp's key chain): scaled
-  // and transposed here, head by head.
+  // Fusion.cpp's key chain (inputs 5 to 7): the keys untransposed and
+  // unscaled, scaled and transposed here head by head. Its grouped-query
+  // repeats (inputs 8 to 10 for the keys, 11 to 13 for the values): each
+  // key and value head read for the heads that share it.
   const Tensor *keyScale = input(5);
+  bool keyRepeat = input(8) != nullptr, valueRepeat = input(11) != nullptr;
   auto isFloat = [](const Tensor *t) { return t && t->elemType() == DType::F32; };
   // The body's own nodes for what the kernel does not take: other types,
   // broadcast batch dimensions, a softmax over another axis, a mask that
   // does not broadcast to the scores, a key chain that does more than swap
-  // the keys' last two axes.
+  // the keys' last two axes, a repeat that does more than share heads.
   if (!isFloat(q) || !isFloat(kt) || !isFloat(v) || (mask && !isFloat(mask)) ||
       (guard && (!isFloat(guard) || guard->numElements() != 1)) ||
       (keyScale && (!isFloat(keyScale) || keyScale->numElements() != 1)))
@@ -394,14 +440,19 @@ KernelResult softmaxAttention(const OpContext &ctx) {
   const onnx::GraphProto *steps = fusedBodyOf(ctx.node);
   if (!steps)
     return body(); // which names the missing body
-  // The keys as the product reads them: [.., k, n].
-  Shape keyShape(kt->shape().begin(), kt->shape().end());
-  if (keyScale) {
-    std::swap(keyShape[rank - 2], keyShape[rank - 1]);
-    if (!keyChainSwapsLastTwo(*steps, kt->shape(), input(6), input(7)))
-      return body();
-  }
-  ArrayRef<int64_t> qs = q->shape(), ks = keyShape, vs = v->shape();
+  // The keys and values as the products read them: [.., k, n] and [.., n, d].
+  Shape keyShape(kt->shape().begin(), kt->shape().end()),
+      valueShape(v->shape().begin(), v->shape().end());
+  int64_t keysShared = 1, valuesShared = 1;
+  if (keyRepeat && !(keysShared = repeatOf(ctx, *steps, keyShape, 8)))
+    return body();
+  keyShape[rank - 3] *= keysShared;
+  if (valueRepeat && !(valuesShared = repeatOf(ctx, *steps, valueShape, 11)))
+    return body();
+  valueShape[rank - 3] *= valuesShared;
+  if (keyScale && (keyShape = keyChainShape(ctx, *steps, keyShape)).empty())
+    return body();
+  ArrayRef<int64_t> qs = q->shape(), ks = keyShape, vs = valueShape;
   if (qs.drop_back(2) != ks.drop_back(2) || qs.drop_back(2) != vs.drop_back(2))
     return body();
   int64_t m = qs[rank - 2], k = qs[rank - 1], n = ks[rank - 1], d = vs[rank - 1];
@@ -431,14 +482,18 @@ KernelResult softmaxAttention(const OpContext &ctx) {
   const float *pm = mask ? mask->data<float>() : nullptr;
   float replacement = guard ? guard->data<float>()[0] : 0.0f;
   float *po = out.data<float>();
-  int64_t heads = product(qs.drop_back(2));
+  int64_t heads = product(qs.drop_back(2)), headsAxis = qs[rank - 3];
   // Each head as the body's nodes compute it, in order: the same GEMMs,
   // the mask's float add, softmax's rows, the NaN guard's select.
   float c = keyScale ? keyScale->data<float>()[0] : 1.0f;
   parallelFor(heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> s(m * n), scaled(keyScale ? k * n : 0);
     for (int64_t h = begin; h < end; ++h) {
-      const float *keys = pk + h * k * n;
+      // The key and value heads this head reads: of its group when shared.
+      int64_t group = h / headsAxis, within = h % headsAxis;
+      const float *keys = pk + (group * (headsAxis / keysShared) + within / keysShared) * k * n;
+      const float *values =
+          pv + (group * (headsAxis / valuesShared) + within / valuesShared) * n * d;
       if (keyScale) { // the Transpose's copy, then the Mul's products
         for (int64_t j = 0; j < n; ++j)
           for (int64_t p = 0; p < k; ++p)
@@ -468,7 +523,7 @@ KernelResult softmaxAttention(const OpContext &ctx) {
       if (guard)
         for (float &x : s)
           x = x != x ? replacement : x;
-      gemm(false, false, m, d, n, 1.0f, s.data(), n, pv + h * n * d, d, 0.0f, po + h * m * d, d);
+      gemm(false, false, m, d, n, 1.0f, s.data(), n, values, d, 0.0f, po + h * m * d, d);
     }
   });
   return Outputs{out};

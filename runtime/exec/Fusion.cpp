@@ -265,6 +265,11 @@ bool swapsLastTwo(const onnx::NodeProto &n) {
 /// merged)), split), c)), those four nodes join it: its inputs are then (Q,
 /// key, V, mask, guard, c, merged, split), and the kernel transposes and
 /// scales each head's keys in cache rather than the whole cache in memory.
+/// Where the keys or the values are grouped-query attention's repeat of
+/// fewer heads (torch's repeat_kv: Reshape(Expand(Unsqueeze(x, axes),
+/// wide), merged)), those three nodes join it too, the kernel reading each
+/// head of x for every head that shares it: inputs 8 to 10 (the keys'
+/// axes, wide and merged) and 11 to 13 (the values').
 int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64_t opset) {
   if (opset < 13) // Softmax took the whole trailing shape before
     return 0;
@@ -288,7 +293,7 @@ int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64
   };
   std::vector<std::vector<int>> absorbs(nodes.size()); // final MatMul -> the nodes it takes
   std::vector<bool> absorbed(nodes.size(), false);
-  std::vector<std::array<std::string, 8>> operands(nodes.size());
+  std::vector<std::array<std::string, 14>> operands(nodes.size());
   for (int i = 0; i < nodes.size(); ++i) {
     const onnx::NodeProto &out = nodes[i];
     if (!isOp(out, OpId::MatMul) || out.input_size() != 2 || out.output_size() != 1)
@@ -345,14 +350,43 @@ int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64
         splitShape = nodes[split].input(1);
         break;
       }
+    // Grouped-query attention's repeat of the key and value heads (torch's
+    // repeat_kv): x = Reshape(Expand(Unsqueeze(heads, axes), wide), merged).
+    auto repeat = [&](std::string &value, std::array<std::string, 3> &extra) {
+      int merge = inner(value, "Reshape", 1);
+      int wide = merge >= 0 ? inner(nodes[merge].input(0), "Expand", 1) : -1;
+      int unsqueeze = wide >= 0 ? inner(nodes[wide].input(0), "Unsqueeze", 1) : -1;
+      if (unsqueeze < 0 || nodes[unsqueeze].input_size() != 2 || nodes[wide].input_size() != 2 ||
+          nodes[merge].input_size() != 2)
+        return;
+      taken.insert(taken.end(), {unsqueeze, wide, merge});
+      value = nodes[unsqueeze].input(0);
+      extra = {nodes[unsqueeze].input(1), nodes[wide].input(1), nodes[merge].input(1)};
+    };
+    std::string values = out.input(1);
+    std::array<std::string, 3> keyRepeat, valueRepeat;
+    repeat(keys, keyRepeat);
+    repeat(values, valueRepeat);
     if (llvm::any_of(taken, [&](int t) { return absorbed[t]; }))
       continue;
     for (int t : taken)
       absorbed[t] = true;
     std::sort(taken.begin(), taken.end());
     absorbs[i] = taken;
-    operands[i] = {
-        nodes[product].input(0), keys, out.input(1), mask, guard, scale, mergedShape, splitShape};
+    operands[i] = {nodes[product].input(0),
+                   keys,
+                   values,
+                   mask,
+                   guard,
+                   scale,
+                   mergedShape,
+                   splitShape,
+                   keyRepeat[0],
+                   keyRepeat[1],
+                   keyRepeat[2],
+                   valueRepeat[0],
+                   valueRepeat[1],
+                   valueRepeat[2]};
   }
   NodeList rebuilt;
   int64_t made = 0;
@@ -368,10 +402,10 @@ int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64
       body.push_back(&nodes[t]);
     body.push_back(&nodes[i]);
     std::string name = "fused:" + (nodes[i].name().empty() ? nodes[i].output(0) : nodes[i].name());
-    // Trailing absent operands are left off (no key chain: five).
+    // Trailing absent operands are left off (no key chain or repeat: five).
     std::vector<std::string> inputs(operands[i].begin(), operands[i].end());
-    if (inputs[5].empty())
-      inputs.resize(5);
+    while (inputs.size() > 5 && inputs.back().empty())
+      inputs.pop_back();
     onnx::NodeProto fused = makeFusedNode(name, body, inputs, {nodes[i].output(0)});
     fused.set_op_type(SoftmaxAttentionOpType.str());
     *rebuilt.Add() = std::move(fused);

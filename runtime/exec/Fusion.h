@@ -48,6 +48,10 @@
 // Before:  k = Mul(Reshape(Transpose(Reshape(key, merged)), split), c); ...
 // After:   o = SoftmaxAttention(q, key, v, m, guard, c, merged, split)
 //
+// and so does grouped-query attention's repeat of the key and value heads
+// (x = Reshape(Expand(Unsqueeze(heads, axes), wide), merged)): the CPU reads
+// each head for the heads that share it rather than copying it for each.
+//
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_EXEC_FUSION_H
 #define PIPEC_RUNTIME_EXEC_FUSION_H
