@@ -113,6 +113,10 @@ void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first);
 /// --mode generate: the roles of the model's inputs and outputs, the stage
 /// that holds each cache, and each rank's cache bytes (every group's).
 llvm::Error describeGeneration(plan::Plan &plan, const Graph &graph, int64_t maxLength);
+/// --mode generate, before fuse: a stage keeps each cache's appended
+/// positions (plan::Generation::Cache::appended) in place of its present,
+/// which attention may then read as the past and those where they lie.
+llvm::Error keepAppendedPositions(plan::Plan &plan, const Graph &graph, int64_t maxLength);
 
 /// --mode generate: the groups of rows in flight (--microbatches, or the
 /// compile's choice for \p setup's hardware), and why.

@@ -255,6 +255,21 @@ void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first) {
 
 /// --mode generate: the roles of the model's inputs and outputs, the stage
 /// that holds each cache, and each rank's cache bytes (every group's).
+Error keepAppendedPositions(plan::Plan &plan, const Graph &graph, int64_t maxLength) {
+  auto roles = findGenerationRoles(graph, maxLength);
+  if (!roles)
+    return roles.takeError();
+  for (const plan::Generation::Cache &cache : roles->cache()) {
+    if (cache.appended().empty())
+      continue;
+    for (plan::StageProgram &sp : *plan.mutable_stage_programs())
+      for (std::string &out : *sp.mutable_outputs())
+        if (out == cache.present())
+          out = cache.appended();
+  }
+  return Error::success();
+}
+
 Error describeGeneration(plan::Plan &plan, const Graph &graph, int64_t maxLength) {
   auto roles = findGenerationRoles(graph, maxLength);
   if (!roles)

@@ -38,7 +38,7 @@ Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLe
   std::set<int> cacheInputs, cacheOutputs;
   // A cache entry: the graph input \p in (the past) and the graph output
   // \p out (its present), along \p axis.
-  auto addCache = [&](int in, int out, int64_t axis, bool inPlace) -> Error {
+  auto addCache = [&](int in, int out, int64_t axis, bool inPlace, int appended = -1) -> Error {
     const Value &past = graph.values[in], &present = graph.values[out];
     int64_t rank = static_cast<int64_t>(present.shape.size());
     if (axis < 0)
@@ -55,6 +55,8 @@ Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLe
     cache->set_present(present.name);
     cache->set_axis(static_cast<int32_t>(axis));
     cache->set_in_place(inPlace);
+    if (appended >= 0)
+      cache->set_appended(graph.values[appended].name);
     cacheInputs.insert(in);
     cacheOutputs.insert(out);
     return Error::success();
@@ -96,7 +98,10 @@ Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLe
     for (int in : op.inputs) {
       if (!isGraphInput(graph, in) || !isFloatDType(graph.values[in].type))
         continue;
-      if (Error err = addCache(in, out, attrInt(graph.node(op), "axis", 0), /*inPlace=*/false))
+      // Concat(past, new): the new positions alone are what the cache takes.
+      int appended = op.inputs.size() == 2 && op.inputs[0] == in ? op.inputs[1] : -1;
+      if (Error err =
+              addCache(in, out, attrInt(graph.node(op), "axis", 0), /*inPlace=*/false, appended))
         return std::move(err);
       break;
     }

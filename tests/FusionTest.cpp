@@ -534,6 +534,73 @@ TEST(SoftmaxAttention, ReadsEachSharedHeadForTheHeadsThatShareIt) {
   EXPECT_EQ(worstDifference(fused(f, other), unfused(f, other)), 0.0);
 }
 
+/// A decode step over a KV cache as torch exports it: the past keys and
+/// values and this step's, joined on the sequence axis (\p axis), then the
+/// key chain and attention.
+std::vector<onnx::NodeProto> cachedAttentionNodes(int64_t axis) {
+  std::vector<onnx::NodeProto> nodes = {test::makeNode("Concat", {"kpast", "knew"}, "key"),
+                                        test::makeNode("Concat", {"vpast", "vnew"}, "v")};
+  for (onnx::NodeProto &n : nodes) {
+    auto *a = n.add_attribute();
+    a->set_name("axis");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(axis);
+  }
+  for (const onnx::NodeProto &n : keyChainAttentionNodes())
+    nodes.push_back(n);
+  return nodes;
+}
+
+TEST(SoftmaxAttention, ReadsThePastAndTheAppendedPositionsWhereTheyLie) {
+  // 6 past positions and 1 appended, of 3 heads.
+  Tensor q = randomTensor({2, 3, 1, 4}, 81), kpast = randomTensor({2, 3, 6, 4}, 82),
+         knew = randomTensor({2, 3, 1, 4}, 83), vpast = randomTensor({2, 3, 6, 5}, 84),
+         vnew = randomTensor({2, 3, 1, 5}, 85), c = Tensor::scalar(0.0f),
+         scale = Tensor::scalar(0.5f), m = randomTensor({2, 1, 1, 7}, 86);
+  Tensor merged = Tensor::fromValues<int64_t>({3}, {-1, 7, 4}),
+         split = Tensor::fromValues<int64_t>({4}, {2, 3, 4, 7});
+  std::vector<onnx::NodeProto> body = cachedAttentionNodes(-2);
+  std::vector<const onnx::NodeProto *> pointers;
+  for (const onnx::NodeProto &n : body)
+    pointers.push_back(&n);
+  onnx::NodeProto f = makeFusedNode("attn", pointers,
+                                    {"q", "kpast", "vpast", "m", "c", "scale", "merged", "split",
+                                     "", "", "", "", "", "", "knew", "vnew"},
+                                    {"o"});
+  f.set_op_type(SoftmaxAttentionOpType.str());
+  std::vector<const Tensor *> in = {&q,      &kpast,  &vpast,  &m,      &c,      &scale,
+                                    &merged, &split,  nullptr, nullptr, nullptr, nullptr,
+                                    nullptr, nullptr, &knew,   &vnew};
+  std::vector<Tensor> got = fused(f, in);
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0].shape(), (std::vector<int64_t>{2, 3, 1, 5}));
+  EXPECT_EQ(worstDifference(got, unfused(f, in)), 0.0);
+  // Against attention in double: batch 1, head 2; position 6 is the
+  // appended one.
+  auto at = [](const Tensor &t, std::initializer_list<int64_t> index) {
+    int64_t flat = 0, d = 0;
+    for (int64_t i : index)
+      flat = flat * t.shape()[d++] + i;
+    return double(t.data<float>()[flat]);
+  };
+  std::vector<double> p(7);
+  double sum = 0;
+  for (int64_t j = 0; j < 7; ++j) {
+    double score = at(m, {1, 0, 0, j});
+    for (int64_t kk = 0; kk < 4; ++kk)
+      score +=
+          at(q, {1, 2, 0, kk}) * 0.5 * (j < 6 ? at(kpast, {1, 2, j, kk}) : at(knew, {1, 2, 0, kk}));
+    p[j] = std::exp(score);
+    sum += p[j];
+  }
+  for (int64_t e = 0; e < 5; ++e) {
+    double want = 0;
+    for (int64_t j = 0; j < 7; ++j)
+      want += p[j] / sum * (j < 6 ? at(vpast, {1, 2, j, e}) : at(vnew, {1, 2, 0, e}));
+    EXPECT_NEAR(at(got[0], {1, 2, 0, e}), want, 1e-5) << e;
+  }
+}
+
 TEST(MatMulTransposed, ReadsTheWeightTransposed) {
   // y = a Transpose(w): one GEMM reading w [6, 7] transposed, equal to the
   // two nodes it replaces; a 1-D a runs the body.
@@ -694,6 +761,32 @@ TEST(FusionPass, AttentionTakesTheGroupedQueryRepeats) {
             (std::vector<std::string>{"q", "kx", "vx", "m", "c", "scale", "merged", "split", "axes",
                                       "kwide", "kheads", "axes", "vwide", "vheads"}));
   EXPECT_EQ(fusedBodyOf(a)->node_size(), 16);
+}
+
+TEST(FusionPass, AttentionTakesTheCacheConcatNothingElseReads) {
+  plan::StageProgram p;
+  for (const onnx::NodeProto &n : cachedAttentionNodes(-2))
+    *p.add_forward() = n;
+  p.add_send("o");
+  p.add_outputs("knew"); // a generation stage keeps the appended positions
+  p.add_outputs("vnew");
+  plan::StageProgram kept = p;
+  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  EXPECT_EQ(stats.softmaxAttention, 1);
+  ASSERT_EQ(opsOf(p.forward()), (std::vector<std::string>{SoftmaxAttentionOpType.str()}));
+  const onnx::NodeProto &a = p.forward(0);
+  EXPECT_EQ(std::vector<std::string>(a.input().begin(), a.input().end()),
+            (std::vector<std::string>{"q", "kpast", "vpast", "m", "c", "scale", "merged", "split",
+                                      "", "", "", "", "", "", "knew", "vnew"}));
+  EXPECT_EQ(fusedBodyOf(a)->node_size(), 12);
+  // A stage that keeps the present: the Concats stay, and make it.
+  kept.add_outputs("key");
+  kept.add_outputs("v");
+  rt::FusionStats keptStats = rt::fuseStageProgram(kept, Opset);
+  EXPECT_EQ(keptStats.softmaxAttention, 1);
+  ASSERT_EQ(kept.forward_size(), 3);
+  EXPECT_EQ(kept.forward(0).op_type(), "Concat");
+  EXPECT_EQ(kept.forward(1).op_type(), "Concat");
 }
 
 TEST(FusionPass, AMatMulTakesTheTransposeOnlyItReads) {

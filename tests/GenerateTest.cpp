@@ -63,6 +63,26 @@ TEST_P(Generate, GreedyEqualsTransformers) {
                        out),
             0)
             << out;
+        // The decode step's attention reads the cache where it lies: the
+        // Concat of the past and this step's keys and values, the keys'
+        // transpose and scale, and Llama's repeat of its key and value
+        // heads are all in each fused attention (runtime/exec/Fusion.h).
+        if (stages == 1 && groups == 1 && prefill.empty()) {
+          ASSERT_EQ(runCommand(llvm::formatv("{0} compile {1}{2}.onnx --mode generate "
+                                             "--max-length 40 --slots 4 --hardware cpu -o {3} "
+                                             "--print-after fuse",
+                                             pipecBinary, fixtures, model, dir.path("p.plan")),
+                               out),
+                    0)
+              << out;
+          std::string chain = model == "llama" ? "(Concat Concat Unsqueeze Expand Reshape "
+                                                 "Unsqueeze Expand Reshape Reshape Transpose "
+                                                 "Reshape Mul MatMul"
+                                               : "(Concat Concat Reshape Transpose Reshape Mul "
+                                                 "MatMul";
+          EXPECT_NE(out.find("SoftmaxAttention -> "), std::string::npos) << out;
+          EXPECT_NE(out.find(chain), std::string::npos) << out;
+        }
         std::string generate = pipecBinary + " generate " + plan + " --prompts " + fixtures +
                                model + ".prompts.npy --max-new-tokens 32 -o " + tokens;
         ASSERT_EQ(runCommand(generate, out), 0) << out;

@@ -99,12 +99,16 @@ if decode:
         how = "B^T" if f["transposed"] == "1" else "B"
         rows = "1 row" if f["m"] == "1" else f"{f['m']} rows"
         return f"{rows} x {how} ({f['n']} x {f['k']})"
+
+    def target(b):
+        return f" on {b['label']}" if b.get("label") else ""
     notes.append("- A decode step's products, a few rows by a weight (B^T: read transposed, a "
                  "Linear as torch stores it; B: as the exporter folds it), weights streamed "
                  "from memory, one thread, the two alternating, in GFLOP/s: gemm's loops over "
-                 "the weight as stored (runtime/cpu/FewRowGemm.h) against the BLAS on the same "
-                 "operands. " + "; ".join(
-                     f"{shape(name)}: {b['few_row_gflops']:.1f} against {b['blas_gflops']:.1f} "
+                 "the weight as stored (runtime/cpu/FewRowGemm.h; each target this CPU runs) "
+                 "against the BLAS on the same operands. " + "; ".join(
+                     f"{shape(name)}{target(b)}: {b['few_row_gflops']:.1f} against "
+                     f"{b['blas_gflops']:.1f} "
                      f"({b['few_row_gflops'] / b['blas_gflops']:.2f}x)" for name, b in decode)
                  + ".")
 notes.append("- The predicted steps use the default `cpu` spec, which is calibrated on pipec's "

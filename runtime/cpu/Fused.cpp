@@ -412,6 +412,40 @@ int64_t repeatOf(const OpContext &ctx, const onnx::GraphProto &steps, ArrayRef<i
   return repeat;
 }
 
+/// The shape of Concat(\p past, \p appended) on the axis before the last
+/// (Fusion.cpp's cache Concat, the step of \p steps that reads the fused
+/// node's value \p name second); empty when that step joins on another
+/// axis or the two do not join.
+Shape appendedShape(const onnx::GraphProto &steps, const Tensor &past, const Tensor &appended,
+                    const std::string &name) {
+  const onnx::NodeProto *concat = nullptr;
+  for (const onnx::NodeProto &step : steps.node())
+    if (isOp(step, OpId::Concat) && step.input_size() == 2 && step.input(1) == name)
+      concat = &step;
+  int64_t rank = past.rank();
+  if (!concat || appended.rank() != rank || appended.elemType() != past.elemType() || rank < 2)
+    return {};
+  int64_t axis = attrInt(*concat, "axis", 0);
+  if ((axis < 0 ? axis + rank : axis) != rank - 2)
+    return {};
+  Shape joined(past.shape().begin(), past.shape().end());
+  for (int64_t i = 0; i < rank; ++i)
+    if (i != rank - 2 && appended.dim(i) != joined[i])
+      return {};
+  joined[rank - 2] += appended.dim(rank - 2);
+  return joined;
+}
+
+/// Rows [0, \p rows) of one head's \p width-wide keys or values: the first
+/// \p pastRows from \p past, the rest from \p appended.
+struct HeadRows {
+  const float *past, *appended;
+  int64_t pastRows, width;
+  const float *row(int64_t j) const {
+    return j < pastRows ? past + j * width : appended + (j - pastRows) * width;
+  }
+};
+
 } // namespace
 
 KernelResult softmaxAttention(const OpContext &ctx) {
@@ -423,7 +457,9 @@ KernelResult softmaxAttention(const OpContext &ctx) {
   // unscaled, scaled and transposed here head by head. Its grouped-query
   // repeats (inputs 8 to 10 for the keys, 11 to 13 for the values): each
   // key and value head read for the heads that share it.
-  const Tensor *keyScale = input(5);
+  // The cache's Concat (inputs 14 and 15): keys and values are the past's
+  // positions, then the appended ones, each head read where they lie.
+  const Tensor *keyScale = input(5), *keysAppended = input(14), *valuesAppended = input(15);
   bool keyRepeat = input(8) != nullptr, valueRepeat = input(11) != nullptr;
   auto isFloat = [](const Tensor *t) { return t && t->elemType() == DType::F32; };
   // The body's own nodes for what the kernel does not take: other types,
@@ -441,8 +477,16 @@ KernelResult softmaxAttention(const OpContext &ctx) {
   if (!steps)
     return body(); // which names the missing body
   // The keys and values as the products read them: [.., k, n] and [.., n, d].
+  // Appended keys are taken with their chain alone (rows of k to transpose).
   Shape keyShape(kt->shape().begin(), kt->shape().end()),
       valueShape(v->shape().begin(), v->shape().end());
+  if (keysAppended &&
+      (!keyScale ||
+       (keyShape = appendedShape(*steps, *kt, *keysAppended, ctx.node.input(14))).empty()))
+    return body();
+  if (valuesAppended &&
+      (valueShape = appendedShape(*steps, *v, *valuesAppended, ctx.node.input(15))).empty())
+    return body();
   int64_t keysShared = 1, valuesShared = 1;
   if (keyRepeat && !(keysShared = repeatOf(ctx, *steps, keyShape, 8)))
     return body();
@@ -486,19 +530,33 @@ KernelResult softmaxAttention(const OpContext &ctx) {
   // Each head as the body's nodes compute it, in order: the same GEMMs,
   // the mask's float add, softmax's rows, the NaN guard's select.
   float c = keyScale ? keyScale->data<float>()[0] : 1.0f;
+  int64_t pastKeys = keysAppended ? kt->dim(rank - 2) : n,
+          pastValues = valuesAppended ? v->dim(rank - 2) : n;
+  const float *pka = keysAppended ? keysAppended->data<float>() : nullptr,
+              *pva = valuesAppended ? valuesAppended->data<float>() : nullptr;
   parallelFor(heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(m * n), scaled(keyScale ? k * n : 0);
+    std::vector<float> s(m * n), scaled(keyScale ? k * n : 0), staged(pva ? n * d : 0);
     for (int64_t h = begin; h < end; ++h) {
       // The key and value heads this head reads: of its group when shared.
       int64_t group = h / headsAxis, within = h % headsAxis;
-      const float *keys = pk + (group * (headsAxis / keysShared) + within / keysShared) * k * n;
-      const float *values =
-          pv + (group * (headsAxis / valuesShared) + within / valuesShared) * n * d;
+      int64_t kh = group * (headsAxis / keysShared) + within / keysShared,
+              vh = group * (headsAxis / valuesShared) + within / valuesShared;
+      const float *keys = pk + kh * k * n, *values = pv + vh * n * d;
       if (keyScale) { // the Transpose's copy, then the Mul's products
-        for (int64_t j = 0; j < n; ++j)
+        HeadRows rows{pk + kh * pastKeys * k, pka ? pka + kh * (n - pastKeys) * k : nullptr,
+                      pastKeys, k};
+        for (int64_t j = 0; j < n; ++j) {
+          const float *row = rows.row(j);
           for (int64_t p = 0; p < k; ++p)
-            scaled[p * n + j] = keys[j * k + p] * c;
+            scaled[p * n + j] = row[p] * c;
+        }
         keys = scaled.data();
+      }
+      if (pva) { // the Concat's copy, of this head alone
+        HeadRows rows{pv + vh * pastValues * d, pva + vh * (n - pastValues) * d, pastValues, d};
+        for (int64_t j = 0; j < n; ++j)
+          std::memcpy(staged.data() + j * d, rows.row(j), d * sizeof(float));
+        values = staged.data();
       }
       gemm(false, false, m, n, k, 1.0f, pq + h * m * k, k, keys, n, 0.0f, s.data(), n);
       if (pm) {

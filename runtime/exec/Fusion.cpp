@@ -269,7 +269,10 @@ bool swapsLastTwo(const onnx::NodeProto &n) {
 /// fewer heads (torch's repeat_kv: Reshape(Expand(Unsqueeze(x, axes),
 /// wide), merged)), those three nodes join it too, the kernel reading each
 /// head of x for every head that shares it: inputs 8 to 10 (the keys'
-/// axes, wide and merged) and 11 to 13 (the values').
+/// axes, wide and merged) and 11 to 13 (the values'). Where the keys (with
+/// their chain) or the values are a KV cache's Concat(past, appended) that
+/// nothing else reads, it joins too: the past is input 1 or 2, the appended
+/// positions input 14 or 15.
 int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64_t opset) {
   if (opset < 13) // Softmax took the whole trailing shape before
     return 0;
@@ -293,7 +296,7 @@ int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64
   };
   std::vector<std::vector<int>> absorbs(nodes.size()); // final MatMul -> the nodes it takes
   std::vector<bool> absorbed(nodes.size(), false);
-  std::vector<std::array<std::string, 14>> operands(nodes.size());
+  std::vector<std::array<std::string, 16>> operands(nodes.size());
   for (int i = 0; i < nodes.size(); ++i) {
     const onnx::NodeProto &out = nodes[i];
     if (!isOp(out, OpId::MatMul) || out.input_size() != 2 || out.output_size() != 1)
@@ -367,6 +370,21 @@ int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64
     std::array<std::string, 3> keyRepeat, valueRepeat;
     repeat(keys, keyRepeat);
     repeat(values, valueRepeat);
+    // A KV cache's Concat(past, appended) that nothing else reads (the stage
+    // keeps the appended positions, not the present: Generation::Cache):
+    // attention reads both where they lie. The keys' only with their chain.
+    auto join = [&](std::string &value, std::string &appended) {
+      int concat = inner(value, "Concat", 1);
+      if (concat < 0 || nodes[concat].input_size() != 2)
+        return;
+      taken.push_back(concat);
+      value = nodes[concat].input(0);
+      appended = nodes[concat].input(1);
+    };
+    std::string keysAppended, valuesAppended;
+    if (!scale.empty())
+      join(keys, keysAppended);
+    join(values, valuesAppended);
     if (llvm::any_of(taken, [&](int t) { return absorbed[t]; }))
       continue;
     for (int t : taken)
@@ -386,7 +404,9 @@ int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64
                    keyRepeat[2],
                    valueRepeat[0],
                    valueRepeat[1],
-                   valueRepeat[2]};
+                   valueRepeat[2],
+                   keysAppended,
+                   valuesAppended};
   }
   NodeList rebuilt;
   int64_t made = 0;

@@ -412,7 +412,11 @@ Error GenerateRank::runPass(int64_t group, const Control &control, Clock::time_p
   for (const plan::Generation::Cache &c : job.g->cache()) {
     if (c.stage() != rank)
       continue;
-    const cpu::Tensor *present = values.find(c.present());
+    // This pass's positions alone where the stage keeps them (a decode
+    // step's), else the present, whose last positions they are.
+    const cpu::Tensor *present = c.appended().empty() ? nullptr : values.find(c.appended());
+    if (!present)
+      present = values.find(c.present());
     if (!present)
       return rankError(rank,
                        formatv("stage {0} did not make the present '{1}'", rank, c.present()));
