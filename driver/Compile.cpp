@@ -636,9 +636,8 @@ Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared, const Comp
     plan.mutable_run_status()->set_reason(why);
     return skipStagePasses("the plan cannot run: it has no stage programs", runner);
   }
-  if (options.maxLength > 0)
-    if (Error err = keepAppendedPositions(plan, prepared.graph, options.maxLength))
-      return err;
+  if (Error err = keepAppendedPositions(plan, prepared.graph, options.maxLength))
+    return err;
   if (Error err = fuseStagePrograms(plan, options.fuse, runner))
     return err;
   if (Error err = foldAndSelectRecompute(plan, runner))

@@ -113,7 +113,7 @@ void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first);
 /// --mode generate: the roles of the model's inputs and outputs, the stage
 /// that holds each cache, and each rank's cache bytes (every group's).
 llvm::Error describeGeneration(plan::Plan &plan, const Graph &graph, int64_t maxLength);
-/// --mode generate, before fuse: a stage keeps each cache's appended
+/// --mode generate (\p maxLength > 0), before fuse: a stage keeps each cache's appended
 /// positions (plan::Generation::Cache::appended) in place of its present,
 /// which attention may then read as the past and those where they lie.
 llvm::Error keepAppendedPositions(plan::Plan &plan, const Graph &graph, int64_t maxLength);

@@ -256,6 +256,8 @@ void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first) {
 /// --mode generate: the roles of the model's inputs and outputs, the stage
 /// that holds each cache, and each rank's cache bytes (every group's).
 Error keepAppendedPositions(plan::Plan &plan, const Graph &graph, int64_t maxLength) {
+  if (maxLength <= 0) // not a generation plan
+    return Error::success();
   auto roles = findGenerationRoles(graph, maxLength);
   if (!roles)
     return roles.takeError();

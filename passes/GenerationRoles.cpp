@@ -30,6 +30,18 @@ bool isGraphInput(const Graph &graph, int id) {
 /// token id read through them is still the token id.
 bool isReshaping(const Op &op) { return op.has(SameElements); }
 
+/// What a Concat(\p past, appended) that makes \p present appends: this
+/// pass's positions alone; empty when \p present is made otherwise.
+std::string appendedOf(const Graph &graph, int past, int present) {
+  int producer = graph.values[present].producer;
+  if (producer < 0)
+    return "";
+  const Op &op = graph.ops[producer];
+  if (!op.is(OpId::Concat) || op.inputs.size() != 2 || op.inputs[0] != past || op.inputs[1] < 0)
+    return "";
+  return graph.values[op.inputs[1]].name;
+}
+
 } // namespace
 
 Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLength) {
@@ -38,7 +50,7 @@ Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLe
   std::set<int> cacheInputs, cacheOutputs;
   // A cache entry: the graph input \p in (the past) and the graph output
   // \p out (its present), along \p axis.
-  auto addCache = [&](int in, int out, int64_t axis, bool inPlace, int appended = -1) -> Error {
+  auto addCache = [&](int in, int out, int64_t axis, bool inPlace) -> Error {
     const Value &past = graph.values[in], &present = graph.values[out];
     int64_t rank = static_cast<int64_t>(present.shape.size());
     if (axis < 0)
@@ -55,8 +67,7 @@ Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLe
     cache->set_present(present.name);
     cache->set_axis(static_cast<int32_t>(axis));
     cache->set_in_place(inPlace);
-    if (appended >= 0)
-      cache->set_appended(graph.values[appended].name);
+    cache->set_appended(appendedOf(graph, in, out));
     cacheInputs.insert(in);
     cacheOutputs.insert(out);
     return Error::success();
@@ -98,10 +109,7 @@ Expected<plan::Generation> findGenerationRoles(const Graph &graph, int64_t maxLe
     for (int in : op.inputs) {
       if (!isGraphInput(graph, in) || !isFloatDType(graph.values[in].type))
         continue;
-      // Concat(past, new): the new positions alone are what the cache takes.
-      int appended = op.inputs.size() == 2 && op.inputs[0] == in ? op.inputs[1] : -1;
-      if (Error err =
-              addCache(in, out, attrInt(graph.node(op), "axis", 0), /*inPlace=*/false, appended))
+      if (Error err = addCache(in, out, attrInt(graph.node(op), "axis", 0), /*inPlace=*/false))
         return std::move(err);
       break;
     }

@@ -254,6 +254,113 @@ bool swapsLastTwo(const onnx::NodeProto &n) {
   return (*perm)[rank - 2] == rank - 1 && (*perm)[rank - 1] == rank - 2;
 }
 
+/// The nodes a value is made by, where they are a default-domain op of one
+/// output that a given count of nodes read and nothing names.
+class InnerNodes {
+public:
+  InnerNodes(const NodeList &nodes, const StringSet<> &external)
+      : nodes(nodes), external(external) {
+    for (int i = 0; i < nodes.size(); ++i) {
+      for (const std::string &name : nodes[i].input())
+        if (!name.empty())
+          readers[name].push_back(i);
+      for (const std::string &name : nodes[i].output())
+        maker[name] = i;
+    }
+  }
+
+  /// The node making \p value when it is an \p opType node that \p count
+  /// nodes read; -1 otherwise.
+  int operator()(const std::string &value, StringRef opType, size_t count) const {
+    auto m = maker.find(value);
+    auto r = readers.find(value);
+    if (m == maker.end() || external.count(value) || r == readers.end() ||
+        r->second.size() != count)
+      return -1;
+    const onnx::NodeProto &n = nodes[m->second];
+    return isDefault(n) && n.op_type() == opType && n.output_size() == 1 ? m->second : -1;
+  }
+
+  const NodeList &nodes;
+
+private:
+  const StringSet<> &external;
+  StringMap<int> maker;
+  StringMap<std::vector<int>> readers;
+};
+
+/// What attention's keys (\p found[1]) and values (\p found[2]) are made
+/// from, as fuseSoftmaxAttention says, into \p found's other operands (5 to
+/// 15) and the nodes in \p taken.
+void traceKeysAndValues(const InnerNodes &inner, std::vector<int> &taken,
+                        std::array<std::string, 16> &found) {
+  const NodeList &nodes = inner.nodes;
+  // The keys as the exporter transposes and scales them, each step over
+  // the whole KV cache: k = Mul(Reshape(Transpose(Reshape(key))), c).
+  std::string keys = found[1], scale, mergedShape, splitShape;
+  if (int mul = inner(keys, "Mul", 1); mul >= 0 && nodes[mul].input_size() == 2)
+    for (int side : {0, 1}) {
+      const onnx::NodeProto &m = nodes[mul];
+      int split = inner(m.input(side), "Reshape", 1);
+      int swap = split >= 0 ? inner(nodes[split].input(0), "Transpose", 1) : -1;
+      if (swap < 0 || !swapsLastTwo(nodes[swap]))
+        continue;
+      int merge = inner(nodes[swap].input(0), "Reshape", 1);
+      if (merge < 0 || nodes[merge].input_size() != 2 || nodes[split].input_size() != 2 ||
+          m.input(1 - side).empty())
+        continue;
+      taken.insert(taken.end(), {merge, swap, split, mul});
+      keys = nodes[merge].input(0);
+      scale = m.input(1 - side);
+      mergedShape = nodes[merge].input(1);
+      splitShape = nodes[split].input(1);
+      break;
+    }
+  // Grouped-query attention's repeat of the key and value heads (torch's
+  // repeat_kv): x = Reshape(Expand(Unsqueeze(heads, axes), wide), merged).
+  auto repeat = [&](std::string &value, std::array<std::string, 3> &extra) {
+    int merge = inner(value, "Reshape", 1);
+    int wide = merge >= 0 ? inner(nodes[merge].input(0), "Expand", 1) : -1;
+    int unsqueeze = wide >= 0 ? inner(nodes[wide].input(0), "Unsqueeze", 1) : -1;
+    if (unsqueeze < 0 || nodes[unsqueeze].input_size() != 2 || nodes[wide].input_size() != 2 ||
+        nodes[merge].input_size() != 2)
+      return;
+    taken.insert(taken.end(), {unsqueeze, wide, merge});
+    value = nodes[unsqueeze].input(0);
+    extra = {nodes[unsqueeze].input(1), nodes[wide].input(1), nodes[merge].input(1)};
+  };
+  std::string values = found[2];
+  std::array<std::string, 3> keyRepeat, valueRepeat;
+  repeat(keys, keyRepeat);
+  repeat(values, valueRepeat);
+  // A KV cache's Concat(past, appended) that nothing else reads (the stage
+  // keeps the appended positions, not the present: Generation::Cache):
+  // attention reads both where they lie. The keys' only with their chain.
+  auto join = [&](std::string &value, std::string &appended) {
+    int concat = inner(value, "Concat", 1);
+    if (concat < 0 || nodes[concat].input_size() != 2)
+      return;
+    taken.push_back(concat);
+    value = nodes[concat].input(0);
+    appended = nodes[concat].input(1);
+  };
+  std::string keysAppended, valuesAppended;
+  if (!scale.empty())
+    join(keys, keysAppended);
+  join(values, valuesAppended);
+  found[1] = keys;
+  found[2] = values;
+  found[5] = scale;
+  found[6] = mergedShape;
+  found[7] = splitShape;
+  for (int j = 0; j < 3; ++j) {
+    found[8 + j] = keyRepeat[j];
+    found[11 + j] = valueRepeat[j];
+  }
+  found[14] = keysAppended;
+  found[15] = valuesAppended;
+}
+
 /// Attention as torch's exporters write scaled_dot_product_attention out:
 ///   S = MatMul(Q, K); [Z = Add(S, mask)]; P = Softmax(Z, axis -1);
 ///   [W = Where(IsNaN(P), c, P)]; O = MatMul(P or W, V)
@@ -276,24 +383,7 @@ bool swapsLastTwo(const onnx::NodeProto &n) {
 int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64_t opset) {
   if (opset < 13) // Softmax took the whole trailing shape before
     return 0;
-  StringMap<int> maker;
-  StringMap<std::vector<int>> readers;
-  for (int i = 0; i < nodes.size(); ++i) {
-    for (const std::string &name : nodes[i].input())
-      if (!name.empty())
-        readers[name].push_back(i);
-    for (const std::string &name : nodes[i].output())
-      maker[name] = i;
-  }
-  // The node making \p value when it is a default-domain op_type node with
-  // one output that \p count nodes read and nothing names; -1 otherwise.
-  auto inner = [&](const std::string &value, StringRef opType, size_t count) {
-    auto m = maker.find(value);
-    if (m == maker.end() || external.count(value) || readers[value].size() != count)
-      return -1;
-    const onnx::NodeProto &n = nodes[m->second];
-    return isDefault(n) && n.op_type() == opType && n.output_size() == 1 ? m->second : -1;
-  };
+  InnerNodes inner(nodes, external);
   std::vector<std::vector<int>> absorbs(nodes.size()); // final MatMul -> the nodes it takes
   std::vector<bool> absorbed(nodes.size(), false);
   std::vector<std::array<std::string, 16>> operands(nodes.size());
@@ -332,81 +422,16 @@ int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64
     if (product < 0 || nodes[product].input_size() != 2)
       continue;
     taken.push_back(product);
-    // The keys as the exporter transposes and scales them, each step over
-    // the whole KV cache: k = Mul(Reshape(Transpose(Reshape(key))), c).
-    std::string keys = nodes[product].input(1), scale, mergedShape, splitShape;
-    if (int mul = inner(keys, "Mul", 1); mul >= 0 && nodes[mul].input_size() == 2)
-      for (int side : {0, 1}) {
-        const onnx::NodeProto &m = nodes[mul];
-        int split = inner(m.input(side), "Reshape", 1);
-        int swap = split >= 0 ? inner(nodes[split].input(0), "Transpose", 1) : -1;
-        if (swap < 0 || !swapsLastTwo(nodes[swap]))
-          continue;
-        int merge = inner(nodes[swap].input(0), "Reshape", 1);
-        if (merge < 0 || nodes[merge].input_size() != 2 || nodes[split].input_size() != 2 ||
-            m.input(1 - side).empty())
-          continue;
-        taken.insert(taken.end(), {merge, swap, split, mul});
-        keys = nodes[merge].input(0);
-        scale = m.input(1 - side);
-        mergedShape = nodes[merge].input(1);
-        splitShape = nodes[split].input(1);
-        break;
-      }
-    // Grouped-query attention's repeat of the key and value heads (torch's
-    // repeat_kv): x = Reshape(Expand(Unsqueeze(heads, axes), wide), merged).
-    auto repeat = [&](std::string &value, std::array<std::string, 3> &extra) {
-      int merge = inner(value, "Reshape", 1);
-      int wide = merge >= 0 ? inner(nodes[merge].input(0), "Expand", 1) : -1;
-      int unsqueeze = wide >= 0 ? inner(nodes[wide].input(0), "Unsqueeze", 1) : -1;
-      if (unsqueeze < 0 || nodes[unsqueeze].input_size() != 2 || nodes[wide].input_size() != 2 ||
-          nodes[merge].input_size() != 2)
-        return;
-      taken.insert(taken.end(), {unsqueeze, wide, merge});
-      value = nodes[unsqueeze].input(0);
-      extra = {nodes[unsqueeze].input(1), nodes[wide].input(1), nodes[merge].input(1)};
-    };
-    std::string values = out.input(1);
-    std::array<std::string, 3> keyRepeat, valueRepeat;
-    repeat(keys, keyRepeat);
-    repeat(values, valueRepeat);
-    // A KV cache's Concat(past, appended) that nothing else reads (the stage
-    // keeps the appended positions, not the present: Generation::Cache):
-    // attention reads both where they lie. The keys' only with their chain.
-    auto join = [&](std::string &value, std::string &appended) {
-      int concat = inner(value, "Concat", 1);
-      if (concat < 0 || nodes[concat].input_size() != 2)
-        return;
-      taken.push_back(concat);
-      value = nodes[concat].input(0);
-      appended = nodes[concat].input(1);
-    };
-    std::string keysAppended, valuesAppended;
-    if (!scale.empty())
-      join(keys, keysAppended);
-    join(values, valuesAppended);
+    std::array<std::string, 16> found{nodes[product].input(0), nodes[product].input(1),
+                                      out.input(1), mask, guard};
+    traceKeysAndValues(inner, taken, found);
     if (llvm::any_of(taken, [&](int t) { return absorbed[t]; }))
       continue;
     for (int t : taken)
       absorbed[t] = true;
     std::sort(taken.begin(), taken.end());
     absorbs[i] = taken;
-    operands[i] = {nodes[product].input(0),
-                   keys,
-                   values,
-                   mask,
-                   guard,
-                   scale,
-                   mergedShape,
-                   splitShape,
-                   keyRepeat[0],
-                   keyRepeat[1],
-                   keyRepeat[2],
-                   valueRepeat[0],
-                   valueRepeat[1],
-                   valueRepeat[2],
-                   keysAppended,
-                   valuesAppended};
+    operands[i] = found;
   }
   NodeList rebuilt;
   int64_t made = 0;
