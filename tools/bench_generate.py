@@ -278,7 +278,9 @@ def main():
         label = {"gpt2": "GPT-2 124M", "llama": "Llama 246M (GQA 16/4)"}[name]
         peer = (f"{med['genai']:.1f} | {med['p1'] / med['genai']:.2f}x | "
                 f"{med['pipecg']:.1f} ({med['pipecg'] / med['genai']:.2f}x)"
-                if "genai" in med else "- (no GPT-2 in its builder) | - | -")
+                if "genai" in med else
+                ("- (no GPT-2 in its builder)" if name == "gpt2" else "- (not measured)")
+                + " | - | -")
         lines.append(f"| {label} | {med['torch']:.1f} | {med['p1']:.1f} | "
                      f"{med['p1'] / med['torch']:.2f}x | {peer} | {med['p2']:.1f} | "
                      f"{med['p2'] / med['p1']:.2f}x | {med['p2g2']:.1f} "
