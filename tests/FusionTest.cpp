@@ -19,9 +19,9 @@
 
 #include <gtest/gtest.h>
 
-#include <limits>
-
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <random>
 
 using namespace pipec;
@@ -328,6 +328,35 @@ TEST(MatMulBias, AddsTheBiasInPlaceWithTheAddsBits) {
           << r << " " << j;
 }
 
+/// \p t's element at \p index, as a double.
+double at(const Tensor &t, std::initializer_list<int64_t> index) {
+  int64_t flat = 0, d = 0;
+  for (int64_t i : index)
+    flat = flat * t.shape()[d++] + i;
+  return double(t.data<float>()[flat]);
+}
+
+/// Expects \p out at \p row (its indices but the last, which runs over
+/// \p width) to be attention computed in double: the softmax of
+/// score(j) over \p positions, weighting value(j, e).
+void expectAttention(const Tensor &out, std::vector<int64_t> row, int64_t positions, int64_t width,
+                     const std::function<double(int64_t)> &score,
+                     const std::function<double(int64_t, int64_t)> &value) {
+  std::vector<double> p(positions);
+  double sum = 0;
+  for (int64_t j = 0; j < positions; ++j)
+    sum += p[j] = std::exp(score(j));
+  for (int64_t e = 0; e < width; ++e) {
+    double want = 0;
+    for (int64_t j = 0; j < positions; ++j)
+      want += p[j] / sum * value(j, e);
+    int64_t flat = 0, d = 0;
+    for (int64_t i : row)
+      flat = flat * out.shape()[d++] + i;
+    EXPECT_NEAR(out.data<float>()[flat * width + e], want, 1e-5) << e;
+  }
+}
+
 /// torch's scaled_dot_product_attention written out, with its mask and
 /// NaN guard: o = MatMul(Where(IsNaN(p), c, p), v), p = Softmax(q k + m).
 std::vector<onnx::NodeProto> attentionNodes() {
@@ -359,27 +388,17 @@ TEST(SoftmaxAttention, MatchesItsBodyBitForBit) {
   ASSERT_EQ(got[0].shape(), (std::vector<int64_t>{2, 3, 5, 6}));
   EXPECT_EQ(worstDifference(got, unfused(f, in)), 0.0);
   // Against attention computed in double: head (1, 2), query 3.
-  auto at = [](const Tensor &t, std::initializer_list<int64_t> index) {
-    int64_t flat = 0, d = 0;
-    for (int64_t i : index)
-      flat = flat * t.shape()[d++] + i;
-    return double(t.data<float>()[flat]);
-  };
-  std::vector<double> p(7);
-  double sum = 0;
-  for (int64_t j = 0; j < 7; ++j) {
-    double score = 0;
-    for (int64_t kk = 0; kk < 4; ++kk)
-      score += at(q, {1, 2, 3, kk}) * at(k, {1, 2, kk, j});
-    p[j] = j > 5 ? 0.0 : std::exp(score);
-    sum += p[j];
-  }
-  for (int64_t e = 0; e < 6; ++e) {
-    double want = 0;
-    for (int64_t j = 0; j < 7; ++j)
-      want += p[j] / sum * at(v, {1, 2, j, e});
-    EXPECT_NEAR(at(got[0], {1, 2, 3, e}), want, 1e-5) << e;
-  }
+  expectAttention(
+      got[0], {1, 2, 3}, 7, 6,
+      [&](int64_t j) {
+        double score = j > 5 ? -INFINITY : 0.0;
+        for (int64_t kk = 0; kk < 4; ++kk)
+          score += at(q, {1, 2, 3, kk}) * at(k, {1, 2, kk, j});
+        return score;
+      },
+      [&](int64_t j, int64_t e) {
+        return at(v, {1, 2, j, e});
+      });
   // The padded query's output is all zeros.
   for (int64_t e = 0; e < 6; ++e)
     EXPECT_EQ(at(got[0], {1, 0, 0, e}), 0.0);
@@ -431,27 +450,17 @@ TEST(SoftmaxAttention, TransposesAndScalesTheKeysAsTheirChainDoes) {
   ASSERT_EQ(got[0].shape(), (std::vector<int64_t>{2, 3, 5, 6}));
   EXPECT_EQ(worstDifference(got, unfused(f, in)), 0.0);
   // Against attention in double: head (1, 2), query 3.
-  auto at = [](const Tensor &t, std::initializer_list<int64_t> index) {
-    int64_t flat = 0, d = 0;
-    for (int64_t i : index)
-      flat = flat * t.shape()[d++] + i;
-    return double(t.data<float>()[flat]);
-  };
-  std::vector<double> p(7);
-  double sum = 0;
-  for (int64_t j = 0; j < 7; ++j) {
-    double score = at(m, {1, 0, 3, j});
-    for (int64_t kk = 0; kk < 4; ++kk)
-      score += at(q, {1, 2, 3, kk}) * 0.5 * at(key, {1, 2, j, kk});
-    p[j] = std::exp(score);
-    sum += p[j];
-  }
-  for (int64_t e = 0; e < 6; ++e) {
-    double want = 0;
-    for (int64_t j = 0; j < 7; ++j)
-      want += p[j] / sum * at(v, {1, 2, j, e});
-    EXPECT_NEAR(at(got[0], {1, 2, 3, e}), want, 1e-5) << e;
-  }
+  expectAttention(
+      got[0], {1, 2, 3}, 7, 6,
+      [&](int64_t j) {
+        double score = at(m, {1, 0, 3, j});
+        for (int64_t kk = 0; kk < 4; ++kk)
+          score += at(q, {1, 2, 3, kk}) * 0.5 * at(key, {1, 2, j, kk});
+        return score;
+      },
+      [&](int64_t j, int64_t e) {
+        return at(v, {1, 2, j, e});
+      });
   // A scale per key position rather than one: the body's nodes, still
   // equal to them.
   Tensor perKey = randomTensor({1, 7}, 65);
@@ -502,27 +511,17 @@ TEST(SoftmaxAttention, ReadsEachSharedHeadForTheHeadsThatShareIt) {
   EXPECT_EQ(worstDifference(got, unfused(f, in)), 0.0);
   // Against attention in double: batch 1, head 3 (key and value head 1),
   // query 2.
-  auto at = [](const Tensor &t, std::initializer_list<int64_t> index) {
-    int64_t flat = 0, d = 0;
-    for (int64_t i : index)
-      flat = flat * t.shape()[d++] + i;
-    return double(t.data<float>()[flat]);
-  };
-  std::vector<double> p(7);
-  double sum = 0;
-  for (int64_t j = 0; j < 7; ++j) {
-    double score = at(m, {1, 0, 2, j});
-    for (int64_t kk = 0; kk < 4; ++kk)
-      score += at(q, {1, 3, 2, kk}) * 0.5 * at(kx, {1, 1, j, kk});
-    p[j] = std::exp(score);
-    sum += p[j];
-  }
-  for (int64_t e = 0; e < 6; ++e) {
-    double want = 0;
-    for (int64_t j = 0; j < 7; ++j)
-      want += p[j] / sum * at(vx, {1, 1, j, e});
-    EXPECT_NEAR(at(got[0], {1, 3, 2, e}), want, 1e-5) << e;
-  }
+  expectAttention(
+      got[0], {1, 3, 2}, 7, 6,
+      [&](int64_t j) {
+        double score = at(m, {1, 0, 2, j});
+        for (int64_t kk = 0; kk < 4; ++kk)
+          score += at(q, {1, 3, 2, kk}) * 0.5 * at(kx, {1, 1, j, kk});
+        return score;
+      },
+      [&](int64_t j, int64_t e) {
+        return at(vx, {1, 1, j, e});
+      });
   // A repeat along another axis (the new axis before the heads): the body's
   // nodes, still equal to them.
   Tensor before = Tensor::fromValues<int64_t>({1}, {1}),
@@ -577,28 +576,18 @@ TEST(SoftmaxAttention, ReadsThePastAndTheAppendedPositionsWhereTheyLie) {
   EXPECT_EQ(worstDifference(got, unfused(f, in)), 0.0);
   // Against attention in double: batch 1, head 2; position 6 is the
   // appended one.
-  auto at = [](const Tensor &t, std::initializer_list<int64_t> index) {
-    int64_t flat = 0, d = 0;
-    for (int64_t i : index)
-      flat = flat * t.shape()[d++] + i;
-    return double(t.data<float>()[flat]);
-  };
-  std::vector<double> p(7);
-  double sum = 0;
-  for (int64_t j = 0; j < 7; ++j) {
-    double score = at(m, {1, 0, 0, j});
-    for (int64_t kk = 0; kk < 4; ++kk)
-      score +=
-          at(q, {1, 2, 0, kk}) * 0.5 * (j < 6 ? at(kpast, {1, 2, j, kk}) : at(knew, {1, 2, 0, kk}));
-    p[j] = std::exp(score);
-    sum += p[j];
-  }
-  for (int64_t e = 0; e < 5; ++e) {
-    double want = 0;
-    for (int64_t j = 0; j < 7; ++j)
-      want += p[j] / sum * (j < 6 ? at(vpast, {1, 2, j, e}) : at(vnew, {1, 2, 0, e}));
-    EXPECT_NEAR(at(got[0], {1, 2, 0, e}), want, 1e-5) << e;
-  }
+  expectAttention(
+      got[0], {1, 2, 0}, 7, 5,
+      [&](int64_t j) {
+        double score = at(m, {1, 0, 0, j});
+        for (int64_t kk = 0; kk < 4; ++kk)
+          score += at(q, {1, 2, 0, kk}) * 0.5 *
+                   (j < 6 ? at(kpast, {1, 2, j, kk}) : at(knew, {1, 2, 0, kk}));
+        return score;
+      },
+      [&](int64_t j, int64_t e) {
+        return j < 6 ? at(vpast, {1, 2, j, e}) : at(vnew, {1, 2, 0, e});
+      });
 }
 
 TEST(MatMulTransposed, ReadsTheWeightTransposed) {
