@@ -30,7 +30,7 @@ using pipec::DType;
 
 namespace {
 
-constexpr int64_t Opset = 17;
+constexpr int64_t testOpset = 17;
 
 void setString(onnx::NodeProto &n, const std::string &name, const std::string &value) {
   onnx::AttributeProto *a = n.add_attribute();
@@ -56,14 +56,15 @@ Tensor randomTensor(std::vector<int64_t> shape, uint32_t seed, float lo = -2, fl
 }
 
 std::vector<Tensor> unfused(const onnx::NodeProto &fused, const std::vector<const Tensor *> &in) {
-  auto outs = runFusedBody(
-      fused, in, [](const onnx::NodeProto &n, auto args) { return cpu::runOp(n, Opset, args); });
+  auto outs = runFusedBody(fused, in, [](const onnx::NodeProto &n, auto args) {
+    return cpu::runOp(n, testOpset, args);
+  });
   EXPECT_TRUE(static_cast<bool>(outs)) << (outs ? "" : llvm::toString(outs.takeError()));
   return outs ? std::move(*outs) : std::vector<Tensor>{};
 }
 
 std::vector<Tensor> fused(const onnx::NodeProto &node, const std::vector<const Tensor *> &in) {
-  auto outs = cpu::runOp(node, Opset, in);
+  auto outs = cpu::runOp(node, testOpset, in);
   EXPECT_TRUE(static_cast<bool>(outs)) << (outs ? "" : llvm::toString(outs.takeError()));
   return outs ? std::move(*outs) : std::vector<Tensor>{};
 }
@@ -71,7 +72,7 @@ std::vector<Tensor> fused(const onnx::NodeProto &node, const std::vector<const T
 /// Whether the fused kernel itself (not its body, the fallback) takes
 /// \p in: else a comparison with the body compares the body with itself.
 bool kernelTakes(const onnx::NodeProto &node, const std::vector<const Tensor *> &in) {
-  auto kernel = compileFused(node, Opset);
+  auto kernel = compileFused(node, testOpset);
   EXPECT_TRUE(static_cast<bool>(kernel)) << (kernel ? "" : llvm::toString(kernel.takeError()));
   return kernel && fusedShape(*kernel, in).has_value();
 }
@@ -123,7 +124,7 @@ struct GeluCase {
 
 TEST(FusedKernel, MatchesItsBodyOnBroadcasts) {
   GeluCase g;
-  auto kernel = compileFused(g.fusedNode, Opset);
+  auto kernel = compileFused(g.fusedNode, testOpset);
   ASSERT_TRUE(static_cast<bool>(kernel)) << llvm::toString(kernel.takeError());
   EXPECT_EQ(kernel->program.ops, 13); // 12 nodes, the Sum of three taking two
   auto shape = fusedShape(*kernel, g.inputs);
@@ -220,7 +221,7 @@ TEST(FusedKernel, EveryUnaryAndPointwiseOpMatches) {
         setString(step, "approximate", "tanh");
       if (def.id == OpId::LeakyRelu || def.id == OpId::Elu)
         setFloat(step, "alpha", 0.2f);
-      ASSERT_TRUE(isFusable(step, Opset)) << def.name.str() << (grad ? " gradient" : "");
+      ASSERT_TRUE(isFusable(step, testOpset)) << def.name.str() << (grad ? " gradient" : "");
       // y, then y * x so that the node has two steps.
       onnx::NodeProto then = test::makeNode("Mul", {"y", "x"}, "z");
       onnx::NodeProto f = makeFusedNode(
@@ -243,7 +244,7 @@ TEST(FusedKernel, IntegerInputsRunTheBodyNodeByNode) {
   onnx::NodeProto add = test::makeNode("Add", {"a", "b"}, "s"),
                   mul = test::makeNode("Mul", {"s", "a"}, "m");
   onnx::NodeProto f = makeFusedNode("ints", {&add, &mul}, {"a", "b"}, {"m"});
-  auto kernel = compileFused(f, Opset);
+  auto kernel = compileFused(f, testOpset);
   ASSERT_TRUE(static_cast<bool>(kernel));
   EXPECT_FALSE(fusedShape(*kernel, {&a, &b}).has_value());
   std::vector<Tensor> out = fused(f, {&a, &b});
@@ -259,7 +260,7 @@ TEST(FusedKernel, AnOutputSmallerThanTheOthersRunsTheBody) {
   onnx::NodeProto tanh = test::makeNode("Tanh", {"bias"}, "t"),
                   mul = test::makeNode("Mul", {"x", "t"}, "y");
   onnx::NodeProto f = makeFusedNode("small", {&tanh, &mul}, {"x", "bias"}, {"t", "y"});
-  auto kernel = compileFused(f, Opset);
+  auto kernel = compileFused(f, testOpset);
   ASSERT_TRUE(static_cast<bool>(kernel));
   EXPECT_FALSE(fusedShape(*kernel, {&x, &bias}).has_value());
   std::vector<Tensor> out = fused(f, {&x, &bias});
@@ -272,7 +273,7 @@ TEST(FusedKernel, AnOutputSmallerThanTheOthersRunsTheBody) {
 TEST(FusedKernel, BadBodiesAreRefusedByName) {
   onnx::NodeProto tanh = test::makeNode("Tanh", {"missing"}, "t");
   onnx::NodeProto f = makeFusedNode("bad", {&tanh}, {"x"}, {"t"});
-  auto kernel = compileFused(f, Opset);
+  auto kernel = compileFused(f, testOpset);
   ASSERT_FALSE(static_cast<bool>(kernel));
   std::string why = llvm::toString(kernel.takeError());
   EXPECT_NE(why.find("'missing'"), std::string::npos) << why;
@@ -280,14 +281,14 @@ TEST(FusedKernel, BadBodiesAreRefusedByName) {
 
   onnx::NodeProto matmul = test::makeNode("MatMul", {"x", "x"}, "m");
   f = makeFusedNode("notfusable", {&matmul}, {"x"}, {"m"});
-  kernel = compileFused(f, Opset);
+  kernel = compileFused(f, testOpset);
   ASSERT_FALSE(static_cast<bool>(kernel));
   why = llvm::toString(kernel.takeError());
   EXPECT_NE(why.find("MatMul"), std::string::npos) << why;
 
   onnx::NodeProto add = test::makeNode("Add", {"x", "x"}, "s");
   f = makeFusedNode("noout", {&add}, {"x"}, {"nowhere"});
-  kernel = compileFused(f, Opset);
+  kernel = compileFused(f, testOpset);
   ASSERT_FALSE(static_cast<bool>(kernel));
   EXPECT_NE(llvm::toString(kernel.takeError()).find("'nowhere'"), std::string::npos);
 }
@@ -650,7 +651,7 @@ TEST(FusionPass, GroupsAChainAndKeepsWhatOthersRead) {
   p.add_keep("t");   // backward reads it
   p.add_send("out"); // the next stage does
   *p.add_backward_input() = test::makeNode("Mul", {"grad:y", "a"}, "grad:e");
-  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  rt::FusionStats stats = rt::fuseStageProgram(p, testOpset);
   // The first MatMul takes its bias Add; the second has no Add after it.
   EXPECT_EQ(stats.matMulBias, 1);
   EXPECT_EQ(stats.groups, 1);
@@ -682,7 +683,7 @@ TEST(FusionPass, AnAddOfTwoProductsTakesOneOfThem) {
   *p.add_forward() = test::makeNode("MatMul", {"x", "wm"}, "mlp");
   *p.add_forward() = test::makeNode("Add", {"attn", "mlp"}, "y");
   p.add_send("y");
-  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  rt::FusionStats stats = rt::fuseStageProgram(p, testOpset);
   EXPECT_EQ(stats.matMulBias, 1);
   ASSERT_EQ(opsOf(p.forward()), (std::vector<std::string>{"MatMul", MatMulBiasOpType.str()}));
   EXPECT_EQ(p.forward(0).output(0), "mlp");
@@ -698,7 +699,7 @@ TEST(FusionPass, AttentionBecomesOneNodeUnlessItsProbabilitiesAreRead) {
     *p.add_forward() = n;
   p.add_send("o");
   plan::StageProgram kept = p;
-  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  rt::FusionStats stats = rt::fuseStageProgram(p, testOpset);
   EXPECT_EQ(stats.softmaxAttention, 1);
   ASSERT_EQ(opsOf(p.forward()), (std::vector<std::string>{SoftmaxAttentionOpType.str()}));
   const onnx::NodeProto &a = p.forward(0);
@@ -708,7 +709,7 @@ TEST(FusionPass, AttentionBecomesOneNodeUnlessItsProbabilitiesAreRead) {
   // Training keeps the probabilities for backward: nothing fuses into the
   // attention then (the product and its mask still make a MatMulBias).
   kept.add_keep("p");
-  rt::FusionStats keptStats = rt::fuseStageProgram(kept, Opset);
+  rt::FusionStats keptStats = rt::fuseStageProgram(kept, testOpset);
   EXPECT_EQ(keptStats.softmaxAttention, 0);
   EXPECT_EQ(keptStats.matMulBias, 1);
 }
@@ -719,7 +720,7 @@ TEST(FusionPass, AttentionTakesTheKeyChainNothingElseReads) {
     *p.add_forward() = n;
   p.add_send("o");
   plan::StageProgram kept = p;
-  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  rt::FusionStats stats = rt::fuseStageProgram(p, testOpset);
   EXPECT_EQ(stats.softmaxAttention, 1);
   ASSERT_EQ(opsOf(p.forward()), (std::vector<std::string>{SoftmaxAttentionOpType.str()}));
   const onnx::NodeProto &a = p.forward(0);
@@ -729,7 +730,7 @@ TEST(FusionPass, AttentionTakesTheKeyChainNothingElseReads) {
   // The scaled keys read elsewhere too: the chain stays, attention fuses
   // from the product on.
   kept.add_send("k");
-  rt::FusionStats keptStats = rt::fuseStageProgram(kept, Opset);
+  rt::FusionStats keptStats = rt::fuseStageProgram(kept, testOpset);
   EXPECT_EQ(keptStats.softmaxAttention, 1);
   ASSERT_EQ(kept.forward_size(), 5);
   const onnx::NodeProto &b = kept.forward(kept.forward_size() - 1);
@@ -742,7 +743,7 @@ TEST(FusionPass, AttentionTakesTheGroupedQueryRepeats) {
   for (const onnx::NodeProto &n : groupedAttentionNodes())
     *p.add_forward() = n;
   p.add_send("o");
-  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  rt::FusionStats stats = rt::fuseStageProgram(p, testOpset);
   EXPECT_EQ(stats.softmaxAttention, 1);
   ASSERT_EQ(opsOf(p.forward()), (std::vector<std::string>{SoftmaxAttentionOpType.str()}));
   const onnx::NodeProto &a = p.forward(0);
@@ -760,7 +761,7 @@ TEST(FusionPass, AttentionTakesTheCacheConcatNothingElseReads) {
   p.add_outputs("knew"); // a generation stage keeps the appended positions
   p.add_outputs("vnew");
   plan::StageProgram kept = p;
-  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  rt::FusionStats stats = rt::fuseStageProgram(p, testOpset);
   EXPECT_EQ(stats.softmaxAttention, 1);
   ASSERT_EQ(opsOf(p.forward()), (std::vector<std::string>{SoftmaxAttentionOpType.str()}));
   const onnx::NodeProto &a = p.forward(0);
@@ -771,7 +772,7 @@ TEST(FusionPass, AttentionTakesTheCacheConcatNothingElseReads) {
   // A stage that keeps the present: the Concats stay, and make it.
   kept.add_outputs("key");
   kept.add_outputs("v");
-  rt::FusionStats keptStats = rt::fuseStageProgram(kept, Opset);
+  rt::FusionStats keptStats = rt::fuseStageProgram(kept, testOpset);
   EXPECT_EQ(keptStats.softmaxAttention, 1);
   ASSERT_EQ(kept.forward_size(), 3);
   EXPECT_EQ(kept.forward(0).op_type(), "Concat");
@@ -795,7 +796,7 @@ TEST(FusionPass, AMatMulTakesTheTransposeOnlyItReads) {
   *p.add_forward() = test::makeNode("MatMul", {"h", "vt"}, "y");
   p.add_send("y");
   *p.add_backward_input() = test::makeNode("MatMul", {"grad:y", "vt"}, "grad:h");
-  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  rt::FusionStats stats = rt::fuseStageProgram(p, testOpset);
   EXPECT_EQ(stats.matMulTransposed, 1);
   ASSERT_EQ(opsOf(p.forward()),
             (std::vector<std::string>{"Transpose", MatMulTransposedOpType.str(), "MatMul"}));
@@ -814,7 +815,7 @@ TEST(FusionPass, NeverMovesAValuePastItsReader) {
   *p.add_forward() = test::makeNode("Exp", {"t"}, "e");
   *p.add_forward() = test::makeNode("Add", {"e", "m"}, "y");
   p.add_send("y");
-  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  rt::FusionStats stats = rt::fuseStageProgram(p, testOpset);
   // Exp and Add fuse (both after the Softmax); Tanh stays before it.
   EXPECT_EQ(stats.groups, 1);
   EXPECT_EQ(opsOf(p.forward()), (std::vector<std::string>{"Tanh", "Softmax", FusedOpType.str()}));
@@ -836,12 +837,12 @@ TEST(FusionPass, RespectsTheLimitsAndOldOpsets) {
   }
   p.add_send(last);
   plan::StageProgram old = p;
-  rt::FusionStats stats = rt::fuseStageProgram(p, Opset);
+  rt::FusionStats stats = rt::fuseStageProgram(p, testOpset);
   EXPECT_EQ(stats.nodes, 40);
   EXPECT_GE(stats.groups, 6); // at most 7 additions (8 inputs) a group
   for (const onnx::NodeProto &n : p.forward()) {
     EXPECT_LE(n.input_size(), 8);
-    auto kernel = compileFused(n, Opset);
+    auto kernel = compileFused(n, testOpset);
     EXPECT_TRUE(static_cast<bool>(kernel)) << llvm::toString(kernel.takeError());
   }
   // Before opset 7 binary ops broadcast only by attribute: nothing fuses.
