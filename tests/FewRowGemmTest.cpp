@@ -21,7 +21,6 @@
 #include <limits>
 #include <random>
 #include <thread>
-#include <utility>
 #include <vector>
 
 using namespace pipec;
@@ -110,15 +109,16 @@ TEST(FewRowGemm, EqualsTheDoubleProductOnEveryTail) {
 }
 
 TEST(FewRowGemm, TheRankThreadsSplitTheColumnsWithoutChangingABit) {
-  // A decode step's shapes: 16 rows by a weight of 2003 rows of 768 read
-  // transposed, 2 rows by 768 rows of 2003. The two threads' bands split
-  // the columns where one thread's blocks do not.
+  // A decode step's shapes: the most rows gemm gives each form's loops
+  // here, by a weight of 2003 rows of 768 read transposed, or of 768 rows
+  // of 2003. The two threads' bands split the columns where one thread's
+  // blocks do not.
   const cpu::FewRowChoice &choice = cpu::fewRowChoice();
   if (!choice.transposed && !choice.plain)
     GTEST_SKIP() << "gemm keeps the BLAS on this CPU: " << choice.reason;
   const int64_t n = 2003, k = 768;
-  for (auto [transB, m] :
-       {std::pair{true, choice.transposedRows}, std::pair{false, choice.plainRows}}) {
+  for (const bool transB : {true, false}) {
+    const int64_t m = transB ? choice.transposedRows : choice.plainRows;
     if (m == 0)
       continue;
     std::vector<float> a = randoms(m * k, 4), b = randoms(n * k, 5);
