@@ -543,13 +543,12 @@ KernelResult softmaxAttention(const OpContext &ctx) {
               vh = group * (headsAxis / valuesShared) + within / valuesShared;
       const float *keys = pk + kh * k * n, *values = pv + vh * n * d;
       if (keyScale) { // the Transpose's copy, then the Mul's products
-        HeadRows rows{pk + kh * pastKeys * k, pka ? pka + kh * (n - pastKeys) * k : nullptr,
-                      pastKeys, k};
-        for (int64_t j = 0; j < n; ++j) {
-          const float *row = rows.row(j);
-          for (int64_t p = 0; p < k; ++p)
-            scaled[p * n + j] = row[p] * c;
-        }
+        transposeFloats(pk + kh * pastKeys * k, pastKeys, k, k, scaled.data(), n);
+        if (pka)
+          transposeFloats(pka + kh * (n - pastKeys) * k, n - pastKeys, k, k,
+                          scaled.data() + pastKeys, n);
+        for (float &x : scaled)
+          x = x * c;
         keys = scaled.data();
       }
       if (pva) { // the Concat's copy, of this head alone

@@ -91,6 +91,23 @@ void transpose8x8(const float *, int64_t, float *, int64_t) {}
 
 } // namespace
 
+void transposeFloats(const float *in, int64_t rows, int64_t cols, int64_t ldIn, float *out,
+                     int64_t ldOut) {
+  int64_t i = 0;
+  if (haveAvx2())
+    for (; i + 8 <= rows; i += 8) {
+      int64_t j = 0;
+      for (; j + 8 <= cols; j += 8)
+        transpose8x8(in + i * ldIn + j, ldIn, out + j * ldOut + i, ldOut);
+      for (int64_t ii = i; ii < i + 8; ++ii)
+        for (int64_t jj = j; jj < cols; ++jj)
+          out[jj * ldOut + ii] = in[ii * ldIn + jj];
+    }
+  for (; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      out[j * ldOut + i] = in[i * ldIn + j];
+}
+
 Tensor transpose(const Tensor &tensor, ArrayRef<int64_t> perm) {
   assert(static_cast<int64_t>(perm.size()) == tensor.rank());
   Shape outShape(perm.size()), readStrides(perm.size());
@@ -125,20 +142,13 @@ Tensor transpose(const Tensor &tensor, ArrayRef<int64_t> perm) {
           T *o = dst + b * rows * cols;
           for (int64_t j0 = 0; j0 < cols; j0 += tile) {
             int64_t j1 = std::min(cols, j0 + tile);
-            int64_t i = i0;
-            if constexpr (sizeof(T) == 4)
-              if (haveAvx2())
-                // 8 x 8 blocks through registers, the edges below.
-                for (; i + 8 <= i1; i += 8) {
-                  int64_t j = j0;
-                  for (; j + 8 <= j1; j += 8)
-                    transpose8x8(reinterpret_cast<const float *>(in + i * cols + j), cols,
-                                 reinterpret_cast<float *>(o + j * rows + i), rows);
-                  for (int64_t ii = i; ii < i + 8; ++ii)
-                    for (int64_t jj = j; jj < j1; ++jj)
-                      o[jj * rows + ii] = in[ii * cols + jj];
-                }
-            for (; i < i1; ++i) {
+            if constexpr (sizeof(T) == 4) {
+              // 32-bit elements are moved as floats, never computed on.
+              transposeFloats(reinterpret_cast<const float *>(in + i0 * cols + j0), i1 - i0,
+                              j1 - j0, cols, reinterpret_cast<float *>(o + j0 * rows + i0), rows);
+              continue;
+            }
+            for (int64_t i = i0; i < i1; ++i) {
               const T *row = in + i * cols;
               for (int64_t j = j0; j < j1; ++j)
                 o[j * rows + i] = row[j];
@@ -236,8 +246,8 @@ void gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha
           kernels->transposed(m, end - begin, k, alpha, a, lda, b + begin * ldb, ldb, beta,
                               c + begin, ldc);
         else
-          fewRowsPlain(*kernels, m, end - begin, k, alpha, a, lda, b + begin, ldb, beta,
-                       c + begin, ldc);
+          fewRowsPlain(*kernels, m, end - begin, k, alpha, a, lda, b + begin, ldb, beta, c + begin,
+                       ldc);
       });
       return;
     }

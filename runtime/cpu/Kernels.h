@@ -84,6 +84,12 @@ Tensor sumToShape(const Tensor &tensor, llvm::ArrayRef<int64_t> shape);
 /// \p tensor with its dimensions permuted: output dim i is input dim perm[i].
 Tensor transpose(const Tensor &tensor, llvm::ArrayRef<int64_t> perm);
 
+/// The \p rows x \p cols floats at \p in (rows \p ldIn apart) transposed
+/// to \p out (its rows \p ldOut apart): out[j * ldOut + i] = in[i * ldIn +
+/// j], 8 x 8 blocks through registers where the CPU has AVX2. Serial.
+void transposeFloats(const float *in, int64_t rows, int64_t cols, int64_t ldIn, float *out,
+                     int64_t ldOut);
+
 /// Row-major C = alpha * op(A) * op(B) + beta * C with op(A) m x k and op(B)
 /// k x n; float and double go to OpenBLAS, in bands over the calling thread's
 /// loop threads (support/Parallel.h). With beta == 0, C is not read.
