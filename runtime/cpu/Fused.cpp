@@ -271,22 +271,22 @@ KernelResult fused(const OpContext &ctx) {
     return outputs;
   }
   // Blocks are independent: the rank's loop threads take runs of them.
-  constexpr int64_t Block = 256;
-  int64_t blocks = (total + Block - 1) / Block;
+  constexpr int64_t blockSize = 256;
+  int64_t blocks = (total + blockSize - 1) / blockSize;
   parallelFor(blocks, 16, [&](int64_t firstBlock, int64_t endBlock) {
-    alignas(64) float scratch[k::MaxFusedRegisters][Block];
+    alignas(64) float scratch[k::MaxFusedRegisters][blockSize];
     const float *src[k::MaxFusedRegisters] = {};
     float *dst[k::MaxFusedRegisters] = {};
-    for (int64_t start = firstBlock * Block; start < std::min(total, endBlock * Block);
-         start += Block) {
-      int64_t n = std::min(Block, total - start);
+    for (int64_t start = firstBlock * blockSize; start < std::min(total, endBlock * blockSize);
+         start += blockSize) {
+      int64_t n = std::min(blockSize, total - start);
       for (int i = 0; i < p.inputs; ++i) {
         const float *data = inputs[i]->data<float>();
         src[i] = scratch[i];
         if (reads[i] == Read::InPlace)
           src[i] = data + start;
-        else if (reads[i] == Read::Scalar && start == firstBlock * Block)
-          std::fill_n(scratch[i], Block, data[0]);
+        else if (reads[i] == Read::Scalar && start == firstBlock * blockSize)
+          std::fill_n(scratch[i], blockSize, data[0]);
         else if (reads[i] == Read::Gather)
           gather(map, i, data, start, n, scratch[i]);
       }
