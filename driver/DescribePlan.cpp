@@ -253,8 +253,6 @@ void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first) {
                             .str());
 }
 
-/// --mode generate: the roles of the model's inputs and outputs, the stage
-/// that holds each cache, and each rank's cache bytes (every group's).
 Error keepAppendedPositions(plan::Plan &plan, const Graph &graph, int64_t maxLength) {
   if (maxLength <= 0) // not a generation plan
     return Error::success();
@@ -272,6 +270,8 @@ Error keepAppendedPositions(plan::Plan &plan, const Graph &graph, int64_t maxLen
   return Error::success();
 }
 
+/// --mode generate: the roles of the model's inputs and outputs, the stage
+/// that holds each cache, and each rank's cache bytes (every group's).
 Error describeGeneration(plan::Plan &plan, const Graph &graph, int64_t maxLength) {
   auto roles = findGenerationRoles(graph, maxLength);
   if (!roles)

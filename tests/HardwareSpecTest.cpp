@@ -351,6 +351,16 @@ private:
   MachineSettings saved;
 };
 
+/// Sets \p path's modification time \p seconds into the past.
+void ageFile(const std::string &path, int seconds) {
+  auto old = std::chrono::system_clock::now() - std::chrono::seconds(seconds);
+  int fd = -1;
+  ASSERT_FALSE(sys::fs::openFileForWrite(path, fd, sys::fs::CD_OpenExisting, sys::fs::OF_Append));
+  ASSERT_FALSE(sys::fs::setLastAccessAndModificationTime(
+      fd, sys::toTimePoint(std::chrono::system_clock::to_time_t(old))));
+  sys::Process::SafelyCloseFileDescriptor(fd);
+}
+
 /// A calibration taken while other threads load every core (twice over) is
 /// returned, marked disturbed, and not cached; one on the machine as it is
 /// then is cached exactly when it was not disturbed, its conditions kept.
@@ -389,15 +399,7 @@ TEST(HardwareSpec, DisturbedCalibrationIsMarkedAndReplaced) {
   EXPECT_EQ(again->calibratedAt, loaded->calibratedAt);
 
   // Once it has served its time, a quiet measurement replaces it.
-  auto old = std::chrono::system_clock::now() -
-             std::chrono::seconds(static_cast<int>(disturbedMeasurementSeconds) + 10);
-  {
-    int fd = -1;
-    ASSERT_FALSE(sys::fs::openFileForWrite(path, fd, sys::fs::CD_OpenExisting, sys::fs::OF_Append));
-    ASSERT_FALSE(sys::fs::setLastAccessAndModificationTime(
-        fd, sys::toTimePoint(std::chrono::system_clock::to_time_t(old))));
-    sys::Process::SafelyCloseFileDescriptor(fd);
-  }
+  ageFile(path, static_cast<int>(disturbedMeasurementSeconds) + 10);
   Expected<HardwareSpec> quiet = cpuHardware(1);
   ASSERT_TRUE(bool(quiet)) << errorText(quiet.takeError());
   EXPECT_GT(quiet->calibrationCpuShare, 0);
@@ -464,20 +466,6 @@ TEST(HardwareSpec, RunFarFromItsPredictionMeasuresAgain) {
               std::string::npos)
         << out;
   }
-}
-
-} // namespace
-
-namespace {
-
-/// Sets \p path's modification time \p seconds into the past.
-void ageFile(const std::string &path, int seconds) {
-  auto old = std::chrono::system_clock::now() - std::chrono::seconds(seconds);
-  int fd = -1;
-  ASSERT_FALSE(sys::fs::openFileForWrite(path, fd, sys::fs::CD_OpenExisting, sys::fs::OF_Append));
-  ASSERT_FALSE(sys::fs::setLastAccessAndModificationTime(
-      fd, sys::toTimePoint(std::chrono::system_clock::to_time_t(old))));
-  sys::Process::SafelyCloseFileDescriptor(fd);
 }
 
 } // namespace

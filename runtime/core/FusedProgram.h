@@ -55,10 +55,36 @@ inline constexpr llvm::StringLiteral MatMulBiasOpType = "MatMulBias";
 /// Transpose and the MatMul.
 inline constexpr llvm::StringLiteral MatMulTransposedOpType = "MatMulTransposed";
 /// Attention's products and softmax (runtime/exec/Fusion.h):
-/// O = MatMul(Softmax(MatMul(Q, K) [+ mask]) [NaN -> c], V); inputs Q, K,
-/// then the mask if there is one, V, then c if there is a NaN guard; its
-/// body the nodes it replaces.
+/// O = MatMul(Softmax(MatMul(Q, K) [+ mask]) [NaN -> c], V); its inputs are
+/// AttentionInput's, absent ones empty and trailing ones left off; its body
+/// the nodes it replaces.
 inline constexpr llvm::StringLiteral SoftmaxAttentionOpType = "SoftmaxAttention";
+
+/// A SoftmaxAttention node's inputs, in order (runtime/exec/Fusion.cpp says
+/// which nodes each chain stands for).
+enum AttentionInput : int {
+  AttentionQuery,
+  AttentionKeys,   // the product's K, or the cache's keys under the chains below
+  AttentionValues, // V, or the cache's values under the chains below
+  AttentionMask,
+  AttentionGuard, // the NaN guard's c
+  // The keys' transpose and scale: Mul(Reshape(Transpose(Reshape(keys,
+  // merged)), split), scale).
+  AttentionKeyScale,
+  AttentionKeyMerged,
+  AttentionKeySplit,
+  // Grouped-query repeats: Reshape(Expand(Unsqueeze(x, axes), wide), heads).
+  AttentionKeyAxes,
+  AttentionKeyWide,
+  AttentionKeyHeads,
+  AttentionValueAxes,
+  AttentionValueWide,
+  AttentionValueHeads,
+  // A KV cache's Concat(past, appended): the keys and values are the past.
+  AttentionKeysAppended,
+  AttentionValuesAppended,
+  AttentionInputs
+};
 
 /// The fused step of \p node (at default-domain \p opset), or nullopt when
 /// it cannot be one: not a float element-wise op the fused kernels compute

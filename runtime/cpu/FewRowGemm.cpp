@@ -84,13 +84,10 @@ inline Vec load(const float *p) { return _mm512_loadu_ps(p); }
 inline void store(float *p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec broadcast(const float *p) { return _mm512_set1_ps(*p); }
 inline Vec fma(Vec x, Vec y, Vec acc) { return _mm512_fmadd_ps(x, y, acc); }
+/// The two halves added, then AVX2's sum of eight.
 inline float sum(Vec v) {
-  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
-                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+  return avx2::sum(_mm256_add_ps(_mm512_castps512_ps256(v),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
 }
 #include "runtime/cpu/FewRowGemmBody.inc"
 } // namespace

@@ -16,8 +16,9 @@
 
 namespace pipec::cpu {
 
-/// The most rows of A each form's loops are measured at and given. Past
-/// these the BLAS's packed panels win on every CPU measured.
+/// The most rows of A each form's loops are measured at (1, 2, 4, ... up
+/// to these) and so may be given. On the CPUs measured the BLAS's packed
+/// panels had caught up by then (docs/PERFORMANCE.md).
 inline constexpr int64_t fewRowsTransposedMax = 32;
 inline constexpr int64_t fewRowsPlainMax = 16;
 

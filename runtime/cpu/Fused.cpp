@@ -359,31 +359,31 @@ std::vector<int64_t> reshaped(ArrayRef<int64_t> in, const Tensor *requested,
   return *out;
 }
 
-/// The shape the key chain (Fusion.cpp: Reshape to the fused node's input 6,
-/// Transpose of the last two axes, Reshape to its input 7) makes of keys of
+/// The shape the key chain (Fusion.cpp: Reshape to AttentionKeyMerged,
+/// Transpose of the last two axes, Reshape to AttentionKeySplit) makes of keys of
 /// \p shape [.., n, k], when it is [.., k, n] (their last two axes
 /// swapped); empty otherwise.
 std::vector<int64_t> keyChainShape(const OpContext &ctx, const onnx::GraphProto &steps,
                                    ArrayRef<int64_t> shape) {
   ArrayRef<const Tensor *> inputs = ctx.allInputs();
   int64_t rank = static_cast<int64_t>(shape.size());
-  std::vector<int64_t> three = reshaped(shape, inputs[6], reshapeTo(steps, ctx.node.input(6)));
+  std::vector<int64_t> three = reshaped(shape, inputs[AttentionKeyMerged],
+                                        reshapeTo(steps, ctx.node.input(AttentionKeyMerged)));
   if (three.size() != 3 || three[1] != shape[rank - 2] || three[2] != shape[rank - 1])
     return {};
   std::vector<int64_t> want(shape.begin(), shape.end());
   std::swap(want[rank - 2], want[rank - 1]);
-  if (reshaped({three[0], three[2], three[1]}, inputs[7], reshapeTo(steps, ctx.node.input(7))) !=
-      want)
+  if (reshaped({three[0], three[2], three[1]}, inputs[AttentionKeySplit],
+               reshapeTo(steps, ctx.node.input(AttentionKeySplit))) != want)
     return {};
   return want;
 }
 
 /// How many heads share each head of \p shape [.., heads, t, d] after the
-/// grouped-query repeat whose values are the fused node's inputs \p first
-/// (the Unsqueeze's axes), first + 1 (the Expand's shape) and first + 2 (the
-/// Reshape's target): an Unsqueeze before the last two axes, an Expand of
-/// that axis alone, a Reshape merging it into the heads. 0 when it is not
-/// that.
+/// grouped-query repeat whose values are the fused node's inputs from
+/// \p first (AttentionKeyAxes or AttentionValueAxes: the Unsqueeze's axes,
+/// then the Expand's shape and the Reshape's target): an Unsqueeze before the last two axes, an
+/// Expand of that axis alone, a Reshape merging it into the heads. 0 when it is not that.
 int64_t repeatOf(const OpContext &ctx, const onnx::GraphProto &steps, ArrayRef<int64_t> shape,
                  size_t first) {
   ArrayRef<const Tensor *> inputs = ctx.allInputs();
@@ -436,31 +436,24 @@ Shape appendedShape(const onnx::GraphProto &steps, const Tensor &past, const Ten
   return joined;
 }
 
-/// Rows [0, \p rows) of one head's \p width-wide keys or values: the first
-/// \p pastRows from \p past, the rest from \p appended.
-struct HeadRows {
-  const float *past, *appended;
-  int64_t pastRows, width;
-  const float *row(int64_t j) const {
-    return j < pastRows ? past + j * width : appended + (j - pastRows) * width;
-  }
-};
-
 } // namespace
 
 KernelResult softmaxAttention(const OpContext &ctx) {
   ArrayRef<const Tensor *> inputs = ctx.allInputs();
   auto body = [&] { return runBodyOnCpu(ctx.node, ctx.opset, inputs); };
   auto input = [&](size_t i) { return i < inputs.size() ? inputs[i] : nullptr; };
-  const Tensor *q = input(0), *kt = input(1), *v = input(2), *mask = input(3), *guard = input(4);
-  // Fusion.cpp's key chain (inputs 5 to 7): the keys untransposed and
+  const Tensor *q = input(AttentionQuery), *kt = input(AttentionKeys), *v = input(AttentionValues),
+               *mask = input(AttentionMask), *guard = input(AttentionGuard);
+  // Fusion.cpp's key chain (AttentionKeyScale on): the keys untransposed and
   // unscaled, scaled and transposed here head by head. Its grouped-query
-  // repeats (inputs 8 to 10 for the keys, 11 to 13 for the values): each
+  // repeats (AttentionKeyAxes, AttentionValueAxes on): each
   // key and value head read for the heads that share it.
-  // The cache's Concat (inputs 14 and 15): keys and values are the past's
-  // positions, then the appended ones, each head read where they lie.
-  const Tensor *keyScale = input(5), *keysAppended = input(14), *valuesAppended = input(15);
-  bool keyRepeat = input(8) != nullptr, valueRepeat = input(11) != nullptr;
+  // The cache's Concat (AttentionKeysAppended, AttentionValuesAppended): keys and values are the
+  // past's positions, then the appended ones, each head read where they lie.
+  const Tensor *keyScale = input(AttentionKeyScale), *keysAppended = input(AttentionKeysAppended),
+               *valuesAppended = input(AttentionValuesAppended);
+  bool keyRepeat = input(AttentionKeyAxes) != nullptr,
+       valueRepeat = input(AttentionValueAxes) != nullptr;
   auto isFloat = [](const Tensor *t) { return t && t->elemType() == DType::F32; };
   // The body's own nodes for what the kernel does not take: other types,
   // broadcast batch dimensions, a softmax over another axis, a mask that
@@ -482,16 +475,18 @@ KernelResult softmaxAttention(const OpContext &ctx) {
       valueShape(v->shape().begin(), v->shape().end());
   if (keysAppended &&
       (!keyScale ||
-       (keyShape = appendedShape(*steps, *kt, *keysAppended, ctx.node.input(14))).empty()))
+       (keyShape = appendedShape(*steps, *kt, *keysAppended, ctx.node.input(AttentionKeysAppended)))
+           .empty()))
     return body();
-  if (valuesAppended &&
-      (valueShape = appendedShape(*steps, *v, *valuesAppended, ctx.node.input(15))).empty())
+  if (valuesAppended && (valueShape = appendedShape(*steps, *v, *valuesAppended,
+                                                    ctx.node.input(AttentionValuesAppended)))
+                            .empty())
     return body();
   int64_t keysShared = 1, valuesShared = 1;
-  if (keyRepeat && !(keysShared = repeatOf(ctx, *steps, keyShape, 8)))
+  if (keyRepeat && !(keysShared = repeatOf(ctx, *steps, keyShape, AttentionKeyAxes)))
     return body();
   keyShape[rank - 3] *= keysShared;
-  if (valueRepeat && !(valuesShared = repeatOf(ctx, *steps, valueShape, 11)))
+  if (valueRepeat && !(valuesShared = repeatOf(ctx, *steps, valueShape, AttentionValueAxes)))
     return body();
   valueShape[rank - 3] *= valuesShared;
   if (keyScale && (keyShape = keyChainShape(ctx, *steps, keyShape)).empty())
@@ -552,9 +547,9 @@ KernelResult softmaxAttention(const OpContext &ctx) {
         keys = scaled.data();
       }
       if (pva) { // the Concat's copy, of this head alone
-        HeadRows rows{pv + vh * pastValues * d, pva + vh * (n - pastValues) * d, pastValues, d};
-        for (int64_t j = 0; j < n; ++j)
-          std::memcpy(staged.data() + j * d, rows.row(j), d * sizeof(float));
+        std::memcpy(staged.data(), pv + vh * pastValues * d, pastValues * d * sizeof(float));
+        std::memcpy(staged.data() + pastValues * d, pva + vh * (n - pastValues) * d,
+                    (n - pastValues) * d * sizeof(float));
         values = staged.data();
       }
       gemm(false, false, m, n, k, 1.0f, pq + h * m * k, k, keys, n, 0.0f, s.data(), n);

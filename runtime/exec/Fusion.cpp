@@ -269,16 +269,16 @@ public:
     }
   }
 
-  /// The node making \p value when it is an \p opType node that \p count
+  /// The node making \p value when it is an \p op node that \p count
   /// nodes read; -1 otherwise.
-  int operator()(const std::string &value, StringRef opType, size_t count) const {
+  int operator()(const std::string &value, OpId op, size_t count) const {
     auto m = maker.find(value);
     auto r = readers.find(value);
     if (m == maker.end() || external.count(value) || r == readers.end() ||
         r->second.size() != count)
       return -1;
     const onnx::NodeProto &n = nodes[m->second];
-    return isDefault(n) && n.op_type() == opType && n.output_size() == 1 ? m->second : -1;
+    return isDefault(n) && isOp(n, op) && n.output_size() == 1 ? m->second : -1;
   }
 
   const NodeList &nodes;
@@ -289,23 +289,23 @@ private:
   StringMap<std::vector<int>> readers;
 };
 
-/// What attention's keys (\p found[1]) and values (\p found[2]) are made
-/// from, as fuseSoftmaxAttention says, into \p found's other operands (5 to
-/// 15) and the nodes in \p taken.
+/// What attention's keys and values (\p found[AttentionKeys],
+/// found[AttentionValues]) are made from, as fuseSoftmaxAttention says, into
+/// \p found's other inputs (AttentionInput) and the nodes in \p taken.
 void traceKeysAndValues(const InnerNodes &inner, std::vector<int> &taken,
-                        std::array<std::string, 16> &found) {
+                        std::array<std::string, AttentionInputs> &found) {
   const NodeList &nodes = inner.nodes;
   // The keys as the exporter transposes and scales them, each step over
   // the whole KV cache: k = Mul(Reshape(Transpose(Reshape(key))), c).
-  std::string keys = found[1], scale, mergedShape, splitShape;
-  if (int mul = inner(keys, "Mul", 1); mul >= 0 && nodes[mul].input_size() == 2)
+  std::string keys = found[AttentionKeys], scale, mergedShape, splitShape;
+  if (int mul = inner(keys, OpId::Mul, 1); mul >= 0 && nodes[mul].input_size() == 2)
     for (int side : {0, 1}) {
       const onnx::NodeProto &m = nodes[mul];
-      int split = inner(m.input(side), "Reshape", 1);
-      int swap = split >= 0 ? inner(nodes[split].input(0), "Transpose", 1) : -1;
+      int split = inner(m.input(side), OpId::Reshape, 1);
+      int swap = split >= 0 ? inner(nodes[split].input(0), OpId::Transpose, 1) : -1;
       if (swap < 0 || !swapsLastTwo(nodes[swap]))
         continue;
-      int merge = inner(nodes[swap].input(0), "Reshape", 1);
+      int merge = inner(nodes[swap].input(0), OpId::Reshape, 1);
       if (merge < 0 || nodes[merge].input_size() != 2 || nodes[split].input_size() != 2 ||
           m.input(1 - side).empty())
         continue;
@@ -319,9 +319,9 @@ void traceKeysAndValues(const InnerNodes &inner, std::vector<int> &taken,
   // Grouped-query attention's repeat of the key and value heads (torch's
   // repeat_kv): x = Reshape(Expand(Unsqueeze(heads, axes), wide), merged).
   auto repeat = [&](std::string &value, std::array<std::string, 3> &extra) {
-    int merge = inner(value, "Reshape", 1);
-    int wide = merge >= 0 ? inner(nodes[merge].input(0), "Expand", 1) : -1;
-    int unsqueeze = wide >= 0 ? inner(nodes[wide].input(0), "Unsqueeze", 1) : -1;
+    int merge = inner(value, OpId::Reshape, 1);
+    int wide = merge >= 0 ? inner(nodes[merge].input(0), OpId::Expand, 1) : -1;
+    int unsqueeze = wide >= 0 ? inner(nodes[wide].input(0), OpId::Unsqueeze, 1) : -1;
     if (unsqueeze < 0 || nodes[unsqueeze].input_size() != 2 || nodes[wide].input_size() != 2 ||
         nodes[merge].input_size() != 2)
       return;
@@ -329,7 +329,7 @@ void traceKeysAndValues(const InnerNodes &inner, std::vector<int> &taken,
     value = nodes[unsqueeze].input(0);
     extra = {nodes[unsqueeze].input(1), nodes[wide].input(1), nodes[merge].input(1)};
   };
-  std::string values = found[2];
+  std::string values = found[AttentionValues];
   std::array<std::string, 3> keyRepeat, valueRepeat;
   repeat(keys, keyRepeat);
   repeat(values, valueRepeat);
@@ -337,7 +337,7 @@ void traceKeysAndValues(const InnerNodes &inner, std::vector<int> &taken,
   // keeps the appended positions, not the present: Generation::Cache):
   // attention reads both where they lie. The keys' only with their chain.
   auto join = [&](std::string &value, std::string &appended) {
-    int concat = inner(value, "Concat", 1);
+    int concat = inner(value, OpId::Concat, 1);
     if (concat < 0 || nodes[concat].input_size() != 2)
       return;
     taken.push_back(concat);
@@ -348,17 +348,17 @@ void traceKeysAndValues(const InnerNodes &inner, std::vector<int> &taken,
   if (!scale.empty())
     join(keys, keysAppended);
   join(values, valuesAppended);
-  found[1] = keys;
-  found[2] = values;
-  found[5] = scale;
-  found[6] = mergedShape;
-  found[7] = splitShape;
+  found[AttentionKeys] = keys;
+  found[AttentionValues] = values;
+  found[AttentionKeyScale] = scale;
+  found[AttentionKeyMerged] = mergedShape;
+  found[AttentionKeySplit] = splitShape;
   for (int j = 0; j < 3; ++j) {
-    found[8 + j] = keyRepeat[j];
-    found[11 + j] = valueRepeat[j];
+    found[AttentionKeyAxes + j] = keyRepeat[j];
+    found[AttentionValueAxes + j] = valueRepeat[j];
   }
-  found[14] = keysAppended;
-  found[15] = valuesAppended;
+  found[AttentionKeysAppended] = keysAppended;
+  found[AttentionValuesAppended] = valuesAppended;
 }
 
 /// Attention as torch's exporters write scaled_dot_product_attention out:
@@ -369,61 +369,59 @@ void traceKeysAndValues(const InnerNodes &inner, std::vector<int> &taken,
 /// kernel keeps each head's scores in cache. Where K is the keys merged to
 /// three axes, their last two swapped, split back and scaled (torch's
 /// decomposition over a KV cache: K = Mul(Reshape(Transpose(Reshape(key,
-/// merged)), split), c)), those four nodes join it: its inputs are then (Q,
-/// key, V, mask, guard, c, merged, split), and the kernel transposes and
+/// merged)), split), c)), those four nodes join it, and the kernel transposes and
 /// scales each head's keys in cache rather than the whole cache in memory.
 /// Where the keys or the values are grouped-query attention's repeat of
 /// fewer heads (torch's repeat_kv: Reshape(Expand(Unsqueeze(x, axes),
 /// wide), merged)), those three nodes join it too, the kernel reading each
-/// head of x for every head that shares it: inputs 8 to 10 (the keys'
-/// axes, wide and merged) and 11 to 13 (the values'). Where the keys (with
-/// their chain) or the values are a KV cache's Concat(past, appended) that
-/// nothing else reads, it joins too: the past is input 1 or 2, the appended
-/// positions input 14 or 15.
+/// head of x for every head that shares it. Where the keys (with their
+/// chain) or the values are a KV cache's Concat(past, appended) that nothing
+/// else reads, it joins too, reading the past and the appended positions.
+/// The inputs of each are AttentionInput's (runtime/core/FusedProgram.h).
 int64_t fuseSoftmaxAttention(NodeList &nodes, const StringSet<> &external, int64_t opset) {
   if (opset < 13) // Softmax took the whole trailing shape before
     return 0;
   InnerNodes inner(nodes, external);
   std::vector<std::vector<int>> absorbs(nodes.size()); // final MatMul -> the nodes it takes
   std::vector<bool> absorbed(nodes.size(), false);
-  std::vector<std::array<std::string, 16>> operands(nodes.size());
+  std::vector<std::array<std::string, AttentionInputs>> operands(nodes.size());
   for (int i = 0; i < nodes.size(); ++i) {
     const onnx::NodeProto &out = nodes[i];
     if (!isOp(out, OpId::MatMul) || out.input_size() != 2 || out.output_size() != 1)
       continue;
     std::vector<int> taken;
     std::string probs = out.input(0), guard;
-    int where = inner(probs, "Where", 1);
+    int where = inner(probs, OpId::Where, 1);
     if (where >= 0) {
       const onnx::NodeProto &w = nodes[where];
-      int isNan = w.input_size() == 3 ? inner(w.input(0), "IsNaN", 1) : -1;
+      int isNan = w.input_size() == 3 ? inner(w.input(0), OpId::IsNaN, 1) : -1;
       if (isNan < 0 || nodes[isNan].input(0) != w.input(2))
         continue;
       probs = w.input(2);
       guard = w.input(1);
       taken = {isNan, where};
     }
-    int softmax = inner(probs, "Softmax", taken.empty() ? 1 : 2);
+    int softmax = inner(probs, OpId::Softmax, taken.empty() ? 1 : 2);
     if (softmax < 0 || nodes[softmax].input_size() != 1)
       continue;
     taken.push_back(softmax);
     std::string scores = nodes[softmax].input(0), mask;
-    int add = inner(scores, "Add", 1);
+    int add = inner(scores, OpId::Add, 1);
     if (add >= 0) {
       const onnx::NodeProto &a = nodes[add];
       if (a.input_size() != 2 || a.input(0) == a.input(1))
         continue;
-      bool first = inner(a.input(0), "MatMul", 1) >= 0;
+      bool first = inner(a.input(0), OpId::MatMul, 1) >= 0;
       scores = first ? a.input(0) : a.input(1);
       mask = first ? a.input(1) : a.input(0);
       taken.push_back(add);
     }
-    int product = inner(scores, "MatMul", 1);
+    int product = inner(scores, OpId::MatMul, 1);
     if (product < 0 || nodes[product].input_size() != 2)
       continue;
     taken.push_back(product);
-    std::array<std::string, 16> found{nodes[product].input(0), nodes[product].input(1),
-                                      out.input(1), mask, guard};
+    std::array<std::string, AttentionInputs> found{nodes[product].input(0), nodes[product].input(1),
+                                                   out.input(1), mask, guard};
     traceKeysAndValues(inner, taken, found);
     if (llvm::any_of(taken, [&](int t) { return absorbed[t]; }))
       continue;
