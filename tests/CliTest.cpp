@@ -131,6 +131,11 @@ TEST(Cli, HelpListsCommands) {
   EXPECT_NE(out.find("inspect"), std::string::npos) << out;
   EXPECT_NE(out.find("model"), std::string::npos) << out;
   EXPECT_NE(out.find("Exit codes"), std::string::npos) << out;
+  // pipec's options only: none of the linked LLVM's code-generation ones.
+  EXPECT_NE(out.find("--version"), std::string::npos) << out;
+  for (const char *llvmOption : {"--x86-asm-syntax", "--aarch64-neon-syntax", "--amdgpu"})
+    EXPECT_EQ(out.find(llvmOption), std::string::npos) << llvmOption << "\n" << out;
+  EXPECT_LT(std::count(out.begin(), out.end(), '\n'), 60) << out;
   EXPECT_EQ(runCommand(pipecBinary + " inspect --help", out), 0);
   EXPECT_NE(out.find("--input-shape"), std::string::npos) << out;
 }

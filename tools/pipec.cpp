@@ -912,7 +912,9 @@ int main(int argc, char **argv) {
     }
   argc = static_cast<int>(args.size());
   argv = args.data();
-  cl::HideUnrelatedOptions({&ShapeCat, &DebugCat, &CompileCat, &cl::getGeneralCategory()});
+  // The linked LLVM libraries register their code-generation options in the
+  // general category: only pipec's own, and help and version, are shown.
+  cl::HideUnrelatedOptions({&ShapeCat, &DebugCat, &CompileCat});
   cl::SetVersionPrinter([](raw_ostream &os) { printVersions(os); });
   // llvm::cl writes some of its messages to stderr itself rather than to
   // the stream it is given: both are caught, to be printed in one form.
