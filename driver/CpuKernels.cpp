@@ -30,7 +30,7 @@ std::string recheckCpuCalibration(const plan::Plan &plan, StringRef planPath, do
       cacheFile.getLastModificationTime() > planFile.getLastModificationTime())
     return "cpu: " + off +
            "; the calibration was measured again after this plan was compiled: "
-           "compile again to predict with it";
+           "compile again to predict with it\n";
   wireCpuKernels();
   auto spec = recalibrateCpu(threads);
   if (!spec)

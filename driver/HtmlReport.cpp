@@ -1,6 +1,7 @@
 //===- HtmlReport.cpp - `pipec report --format html` ----------------------===//
 #include "driver/HtmlReport.h"
 #include "compiler/sim/Simulator.h"
+#include "driver/Curves.h"
 #include "driver/InspectReport.h"
 #include "driver/Report.h"
 
@@ -186,7 +187,8 @@ void printBalancing(const plan::Plan &plan, raw_ostream &os) {
 
 } // namespace
 
-void printReportHtml(const plan::Plan &plan, raw_ostream &os, const SimulationResult *measured) {
+void printReportHtml(const plan::Plan &plan, raw_ostream &os, const SimulationResult *measured,
+                     ArrayRef<MetricsPoint> curves) {
   const auto &sched = plan.schedule();
   auto sim = simulatePlan(plan);
   os << "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>\n<title>pipec report: "
@@ -197,7 +199,8 @@ void printReportHtml(const plan::Plan &plan, raw_ostream &os, const SimulationRe
         "padding:4px 8px;text-align:right}th{background:#f5f5f5}td.l,th.l{text-align:left}"
         ".summary td{text-align:left}.legend span{margin-right:16px;font-size:13px}"
         ".legend i{display:inline-block;width:12px;height:12px;margin-right:4px;"
-        "vertical-align:middle}.warn{color:#b15928}.chosen{font-weight:bold}"
+        "vertical-align:middle}.note{font-size:13px;color:#555}.warn{color:#b15928}"
+        ".chosen{font-weight:bold}"
         "code{background:#f5f5f5;padding:1px 4px}\n"
      << "</style></head><body>\n";
   os << "<h1>pipec partition report</h1>\n<table class=summary>\n";
@@ -253,6 +256,8 @@ void printReportHtml(const plan::Plan &plan, raw_ostream &os, const SimulationRe
        << "%. Drawn on its own time scale; ranks past P are data-parallel replicas.</p>\n";
     timeline(*measured, sched.stages() * sched.data_parallel(), os);
   }
+  if (!curves.empty())
+    printCurvesSvg(curves, os);
 
   os << "<h2>Stages</h2>\n<table>\n<tr><th>stage</th><th>rank</th><th>chunk</th>"
         "<th class=l>layers</th><th>params</th><th>fwd FLOPs</th><th>F</th><th>I</th>"

@@ -487,6 +487,34 @@ bool resizeLowered(LoweredStreams &lowered, const LoweringInputs &in) {
   return true;
 }
 
+void addEvaluationStream(plan::RankProgram &program) {
+  std::set<int> rebuilt; // the buffers RECOMPUTE fills, which evaluation never makes
+  for (const plan::Instruction &i : program.instructions())
+    if (i.op() == Op::RECOMPUTE)
+      rebuilt.insert(i.buffer());
+  program.clear_evaluation();
+  for (const plan::Instruction &i : program.instructions()) {
+    bool keep = false;
+    switch (i.op()) {
+    case Op::LOAD:
+    case Op::FORWARD:
+      keep = true;
+      break;
+    case Op::SEND:
+    case Op::RECV:
+      keep = !i.grad();
+      break;
+    case Op::FREE:
+      keep = !rebuilt.count(i.buffer());
+      break;
+    default:
+      break;
+    }
+    if (keep)
+      *program.add_evaluation() = i;
+  }
+}
+
 std::vector<plan::RankProgram> toRankPrograms(const LoweredStreams &lowered,
                                               const Schedule &schedule) {
   const Streams &streams = lowered.streams;
@@ -535,6 +563,8 @@ std::vector<plan::RankProgram> toRankPrograms(const LoweredStreams &lowered,
         break;
       }
     }
+    if (lowered.training)
+      addEvaluationStream(prog);
     const std::vector<BufferLife> &buffers = lowered.buffers[r];
     for (size_t b = 0; b < buffers.size(); ++b) {
       plan::Buffer *out = prog.add_buffers();
@@ -589,7 +619,33 @@ void printPrograms(const std::vector<plan::RankProgram> &programs, raw_ostream &
   }
 }
 
+namespace {
+/// verify-program over one stream per rank.
+Error verifyStreams(const std::vector<plan::RankProgram> &programs, int stages, int microbatches,
+                    ScheduleKind kind, int virtualStages);
+} // namespace
+
 Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, int microbatches,
+                    ScheduleKind kind, int virtualStages) {
+  if (Error err = verifyStreams(programs, stages, microbatches, kind, virtualStages))
+    return err;
+  // A train plan's evaluation streams, proved as its steps are.
+  if (std::none_of(programs.begin(), programs.end(),
+                   [](const plan::RankProgram &p) { return p.evaluation_size() > 0; }))
+    return Error::success();
+  std::vector<plan::RankProgram> evaluation(programs.size());
+  for (size_t r = 0; r < programs.size(); ++r) {
+    evaluation[r].set_rank(programs[r].rank());
+    *evaluation[r].mutable_instructions() = programs[r].evaluation();
+  }
+  if (Error err = verifyStreams(evaluation, stages, microbatches, kind, virtualStages))
+    return createStringError(inconvertibleErrorCode(), "%s (the evaluation streams)",
+                             toString(std::move(err)).c_str());
+  return Error::success();
+}
+
+namespace {
+Error verifyStreams(const std::vector<plan::RankProgram> &programs, int stages, int microbatches,
                     ScheduleKind kind, int virtualStages) {
   int ranks = static_cast<int>(programs.size()), chunks = stages * virtualStages;
   auto fail = [&](const Twine &why, const std::vector<int> &marked = {}) {
@@ -725,5 +781,6 @@ Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, 
   }
   return fail(toString(run.takeError()), marked);
 }
+} // namespace
 
 } // namespace pipec

@@ -125,7 +125,13 @@ llvm::Expected<std::vector<plan::RankProgram>> lowerSchedule(const Schedule &sch
 /// compute actions, then each rank's instructions, numbered.
 void printPrograms(const std::vector<plan::RankProgram> &programs, llvm::raw_ostream &os);
 
-/// verify-program; the error holds the rank x step grid when it fails.
+/// Fills \p program's `evaluation` from its training instructions: the
+/// loads, forwards, activation transfers and the frees of what the forwards
+/// made, in their order.
+void addEvaluationStream(plan::RankProgram &program);
+
+/// verify-program, over each rank's instructions and, in a train plan, its
+/// evaluation stream; the error holds the rank x step grid when it fails.
 llvm::Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages,
                           int microbatches, ScheduleKind kind, int virtualStages);
 

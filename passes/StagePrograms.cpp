@@ -167,12 +167,51 @@ bool sendsGradient(const Graph &graph, int id, const std::set<std::string> *flow
 
 namespace {
 
+/// Whether \p op, a Slice of \p v, drops leading positions of a dimension
+/// other than the first (the batch): labels[:, 1:], the shift by which a
+/// causal language model compares logits at t with tokens at t + 1.
+bool dropsLeadingPositions(const Graph &graph, const Op &op, int v) {
+  if (!op.is(OpId::Slice) || op.inputs.empty() || op.inputs[0] != v)
+    return false;
+  int rank = static_cast<int>(graph.values[v].shape.size());
+  std::vector<int64_t> starts, axes;
+  if (op.inputs.size() > 1) {
+    auto read = [&](size_t i, std::vector<int64_t> &out) {
+      if (i >= op.inputs.size() || op.inputs[i] < 0)
+        return i != 1; // starts are required
+      auto c = graph.readConstant(op.inputs[i], 16);
+      if (!c) {
+        llvm::consumeError(c.takeError());
+        return false;
+      }
+      out = (*c)->ints;
+      return true;
+    };
+    if (!read(1, starts) || !read(3, axes))
+      return false;
+  } else {
+    starts = attrInts(graph.node(op), "starts").value_or(std::vector<int64_t>{});
+    axes = attrInts(graph.node(op), "axes").value_or(std::vector<int64_t>{});
+  }
+  for (size_t i = 0; i < starts.size(); ++i) {
+    int64_t axis = axes.empty() ? static_cast<int64_t>(i) : axes[i];
+    if (axis < 0)
+      axis += rank;
+    if (axis > 0 && starts[i] >= 1)
+      return true;
+  }
+  return false;
+}
+
 /// Synthetic-data range of integer graph input \p id: the table size when it
 /// indexes a Gather or a contrib op's embedding or cache, the class count
 /// when it labels a cross-entropy, looking through ops that move values
 /// without changing them (labels are often shifted by a Slice and flattened
-/// first).
-int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward, int64_t &tableRows) {
+/// first). \p stream is what a token stream feeds it: TOKENS for ids that
+/// index a table and for labels shifted on their way to the loss,
+/// NEXT_TOKENS for labels the loss reads as they are.
+int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward, int64_t &tableRows,
+                      plan::DataInput::Stream &stream) {
   // Contrib ops that index tables (op, index input, table input):
   // EmbedLayerNormalization's input_ids, segment_ids and position_ids (word,
   // segment and position embeddings), RotaryEmbedding's position_ids (the
@@ -182,8 +221,13 @@ int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward, int6
       {OpId::MsEmbedLayerNormalization, 1, 4},
       {OpId::MsEmbedLayerNormalization, 8, 3},
       {OpId::MsRotaryEmbedding, 1, 2}};
+  stream = plan::DataInput::NOT_TOKENS;
+  auto labels = [&](bool shifted, int64_t classes) {
+    stream = shifted ? plan::DataInput::TOKENS : plan::DataInput::NEXT_TOKENS;
+    return classes;
+  };
   std::vector<int> work = {id};
-  std::set<int> seen = {id};
+  std::map<int, bool> shifted = {{id, false}};
   while (!work.empty()) {
     int v = work.back();
     work.pop_back();
@@ -195,29 +239,37 @@ int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward, int6
         int64_t axis = attrInt(graph.node(op), "axis", 0);
         if (axis < 0)
           axis += static_cast<int64_t>(data.shape.size());
-        if (axis >= 0 && axis < static_cast<int64_t>(data.shape.size()))
+        if (axis >= 0 && axis < static_cast<int64_t>(data.shape.size())) {
+          stream = plan::DataInput::TOKENS;
           return tableRows = data.shape[axis];
+        }
       }
       for (const auto &[type, index, table] : contribTables) {
         if (!op.is(type) || op.inputs.size() <= std::max(index, table) || op.inputs[index] != v ||
             op.inputs[table] < 0)
           continue;
         const Value &rows = graph.values[op.inputs[table]];
-        if (!rows.shape.empty())
+        if (!rows.shape.empty()) {
+          stream = plan::DataInput::TOKENS;
           return tableRows = rows.shape[0];
+        }
       }
       if ((op.is(OpId::SoftmaxCrossEntropyLoss) || op.is(OpId::NegativeLogLikelihoodLoss)) &&
           op.inputs.size() > 1 && op.inputs[1] == v) {
         const Value &scores = graph.values[op.inputs[0]];
         if (scores.shape.size() > 1)
-          return scores.shape[1];
+          return labels(shifted[v], scores.shape[1]);
       }
       // Ops that keep or move elements without computing new ones (labels
-      // are often shifted by a Slice and flattened first).
-      if ((op.has(SameElements) || op.has(MovesElements)) && (asData || op.is(OpId::Concat)))
+      // are often shifted by a Slice and flattened first; transformers pads
+      // them with the ignored index before it slices).
+      if ((op.has(SameElements) || op.has(MovesElements) || op.is(OpId::Pad)) &&
+          (asData || op.is(OpId::Concat)))
         for (int out : op.outputs)
-          if (out >= 0 && seen.insert(out).second)
+          if (out >= 0 && !shifted.count(out)) {
+            shifted[out] = shifted[v] || dropsLeadingPositions(graph, op, v);
             work.push_back(out);
+          }
     }
     if (backward)
       for (const onnx::NodeProto &n : backward->lossForward)
@@ -225,7 +277,7 @@ int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward, int6
             n.input(1) == graph.values[v].name) {
           int scores = graph.findValue(n.input(0));
           if (scores >= 0 && graph.values[scores].shape.size() > 1)
-            return graph.values[scores].shape[1];
+            return labels(shifted[v], graph.values[scores].shape[1]);
         }
   }
   return 2;
@@ -705,8 +757,10 @@ void addDataInputs(plan::Plan &plan, const Graph &graph, const Backward *backwar
       std::string lower = StringRef(v.name).lower();
       d.set_ones(StringRef(lower).contains("mask"));
       int64_t tableRows = 0;
-      d.set_high(syntheticHigh(graph, id, backward, tableRows));
+      plan::DataInput::Stream stream = plan::DataInput::NOT_TOKENS;
+      d.set_high(syntheticHigh(graph, id, backward, tableRows, stream));
       d.set_index_rows(tableRows);
+      d.set_stream(stream);
     }
   }
 }

@@ -17,6 +17,7 @@
 #include <google/protobuf/text_format.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <memory>
@@ -332,6 +333,32 @@ Expected<plan::Plan> readPlan(StringRef path) {
                 "training's precision, optimizer and recompute may be edited; recompile the "
                 "model for any other change");
   return plan;
+}
+
+double modelFlopsPerStep(const plan::Plan &plan) {
+  double forward = 0;
+  for (const plan::Stage &stage : plan.stages())
+    forward += stage.flops_f();
+  const plan::ScheduleInfo &s = plan.schedule();
+  return forward * std::max(1, s.microbatches()) * std::max(1, s.data_parallel()) *
+         (s.mode() == "train" ? 3 : 1);
+}
+
+double peakFlopsOfRun(const plan::Plan &plan) {
+  const plan::ScheduleInfo &s = plan.schedule();
+  double pipeline = 0;
+  for (int r = 0; r < s.stages(); ++r)
+    pipeline += plan.hardware_size() == 0  ? 0
+                : r < plan.hardware_size() ? plan.hardware(r).peak_flops()
+                                           : plan.hardware(0).peak_flops();
+  return pipeline * std::max(1, s.data_parallel());
+}
+
+int64_t tokensPerSample(const plan::Plan &plan) {
+  for (const plan::DataInput &d : plan.data())
+    if (d.stream() == plan::DataInput::TOKENS && d.shape_size() == 2)
+      return d.shape(1);
+  return 0;
 }
 
 } // namespace pipec

@@ -110,6 +110,20 @@ llvm::Error checkPlan(const plan::Plan &plan);
 /// A run on the CPU asks before it allocates; readers that only report do not.
 llvm::Error checkPlanFitsMachine(const plan::Plan &plan);
 
+/// The model FLOPs of one step of \p plan: the stages' forward FLOPs per
+/// microbatch, times the microbatches of every replica, times 3 in training
+/// (forward, input and weight gradients). Recomputation is not counted, as
+/// model FLOPs utilisation does not count it.
+double modelFlopsPerStep(const plan::Plan &plan);
+
+/// The peak FLOP/s of every rank of every replica of \p plan together, at
+/// its precision: the hardware spec's, or on a CPU the calibrated one.
+double peakFlopsOfRun(const plan::Plan &plan);
+
+/// The tokens one sample holds: the sequence length of the token ids the
+/// plan feeds (DataInput.stream TOKENS, [batch, S]); 0 when it feeds none.
+int64_t tokensPerSample(const plan::Plan &plan);
+
 /// The XXH3-128 over the external-data files \p plan's weights name, other
 /// than the model file itself (model.xxh3 covers that): each distinct
 /// location in name order, as "LOCATION\0" then the file's bytes; "" when

@@ -56,6 +56,10 @@ std::string formatRankNodes(const std::vector<std::string> &nodes);
 std::string formatMemory(const plan::Plan &plan, const std::vector<int64_t> &resident,
                          const std::vector<int64_t> &loading);
 
+/// `pipec run` (RunCommand.cpp): its subcommand, and its run.
+bool runCommandGiven();
+int runRun();
+
 /// `pipec generate` (GenerateCommand.cpp): its subcommand, and its run.
 bool generateCommandGiven();
 int runGenerate();

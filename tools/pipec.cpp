@@ -61,7 +61,6 @@ cl::SubCommand SimulateCmd("simulate", "Simulate a plan's instruction streams; w
 cl::SubCommand ProfileCmd("profile",
                           "Measure each layer's F, I and W time on this CPU: a cost table for "
                           "compile --costs");
-cl::SubCommand RunCmd("run", "Run a plan: train or infer on CPU ranks (threads or MPI processes)");
 cl::SubCommand SchedulesCmd("schedules",
                             "List the pipeline schedules: the V and M each takes, when to use it");
 
@@ -218,6 +217,11 @@ cl::opt<std::string> ReportTrace("trace",
                                  cl::value_desc("FILE"), cl::sub(ReportCmd));
 cl::opt<std::string> ReportOutput("o", cl::desc("Write to FILE instead of stdout"),
                                   cl::value_desc("FILE"), cl::sub(ReportCmd));
+cl::opt<std::string> ReportMetrics("metrics",
+                                   cl::desc("A run's metrics (pipec run --metrics): html draws "
+                                            "the loss, eval loss, lr and tokens/s curves, text "
+                                            "sums them up"),
+                                   cl::value_desc("FILE"), cl::sub(ReportCmd));
 
 // simulate
 cl::opt<std::string> SimulatePlan(cl::Positional, cl::desc("PLAN"), cl::Required,
@@ -236,99 +240,6 @@ cl::opt<int64_t> ProfileBatch("batch", cl::desc("Samples per microbatch"), cl::i
                               cl::sub(ProfileCmd));
 cl::opt<int> ProfileSteps("steps", cl::desc("Measured steps (after one warm-up)"), cl::init(3),
                           cl::sub(ProfileCmd));
-
-// run
-cl::opt<std::string> RunPlan(cl::Positional, cl::desc("PLAN"), cl::Required, cl::sub(RunCmd));
-cl::opt<int> RunSteps("steps", cl::desc("Training (or inference) steps"), cl::init(1),
-                      cl::sub(RunCmd));
-cl::opt<std::string> RunBackend("backend", cl::desc("cpu or cuda"), cl::init("cpu"),
-                                cl::sub(RunCmd));
-cl::opt<std::string> RunComm("comm",
-                             cl::desc("local (ranks as threads), mpi (one process per rank, "
-                                      "under mpirun) or nccl; default: mpi under mpirun, else "
-                                      "local"),
-                             cl::sub(RunCmd));
-cl::opt<uint64_t> RunSeed("seed", cl::desc("Seed of the synthetic data"), cl::init(1),
-                          cl::sub(RunCmd));
-cl::opt<std::string> RunData("data", cl::desc("Directory of NAME.npy or NAME.pb per input"),
-                             cl::value_desc("DIR"), cl::sub(RunCmd));
-cl::opt<bool> RunAllowNonfinite("allow-nonfinite",
-                                cl::desc("Feed NaN and infinities in --data floats, and go "
-                                         "on when an update leaves a weight infinite or NaN "
-                                         "(both refused by default, naming what)"),
-                                cl::sub(RunCmd));
-cl::opt<std::string> RunModel("model", cl::desc("The model file (default: the plan's path)"),
-                              cl::value_desc("FILE"), cl::sub(RunCmd));
-cl::opt<std::string> RunOptimizer("optimizer",
-                                  cl::desc("sgd, momentum or adamw (default: the plan's)"),
-                                  cl::sub(RunCmd));
-cl::opt<double> RunLr("lr", cl::desc("Learning rate (default 1e-3 adamw, 1e-2 sgd; 0 freezes)"),
-                      cl::init(0), cl::sub(RunCmd));
-cl::opt<double> RunMomentum("momentum", cl::desc("SGD momentum"), cl::init(0.9), cl::sub(RunCmd));
-cl::opt<std::string> RunLrSchedule("lr-schedule",
-                                   cl::desc("constant, linear or cosine (decay to 0 over the "
-                                            "run's steps)"),
-                                   cl::init("constant"), cl::sub(RunCmd));
-cl::opt<int> RunWarmup("warmup", cl::desc("Steps of linear learning-rate warm-up"), cl::init(0),
-                       cl::sub(RunCmd));
-cl::opt<double> RunClip("clip-grad-norm",
-                        cl::desc("Scale gradients down to this global norm (0: off)"), cl::init(0),
-                        cl::sub(RunCmd));
-cl::opt<double> RunWeightDecay("weight-decay", cl::desc("Decoupled weight decay"), cl::init(0),
-                               cl::sub(RunCmd));
-cl::opt<std::string> RunSave("save-weights",
-                             cl::desc("Write the trained model: OUT.onnx, or OUT.safetensors "
-                                      "under the checkpoint's names (a plan compiled with "
-                                      "--params); a regular file, /dev/null discards"),
-                             cl::value_desc("OUT"), cl::sub(RunCmd));
-cl::opt<std::string> RunInit("init",
-                             cl::desc("Start from this checkpoint's weights (.safetensors, an "
-                                      ".index.json or their folder; a plan compiled with "
-                                      "--params)"),
-                             cl::value_desc("CKPT"), cl::sub(RunCmd));
-cl::opt<std::string> RunCheckpoint("checkpoint", cl::desc("Write atomic checkpoints to DIR"),
-                                   cl::value_desc("DIR"), cl::sub(RunCmd));
-cl::opt<int> RunCheckpointEvery("checkpoint-every", cl::desc("Steps between checkpoints"),
-                                cl::init(1), cl::sub(RunCmd));
-cl::opt<bool> RunResume("resume", cl::desc("Continue from --checkpoint DIR's latest checkpoint"),
-                        cl::sub(RunCmd));
-cl::opt<bool> RunResumeIfExists("resume-if-exists",
-                                cl::desc("Continue from --checkpoint DIR's newest intact "
-                                         "checkpoint if there is one, else start fresh"),
-                                cl::sub(RunCmd));
-cl::opt<int> RunKeepCheckpoints("keep-checkpoints",
-                                cl::desc("Keep the newest N checkpoints, delete older ones"),
-                                cl::value_desc("N"), cl::sub(RunCmd));
-cl::opt<std::string> RunOutputs("outputs", cl::desc("Inference: write graph outputs to DIR"),
-                                cl::value_desc("DIR"), cl::sub(RunCmd));
-cl::opt<std::string> RunOutputFormat("output-format", cl::desc("npy or pb"), cl::init("npy"),
-                                     cl::sub(RunCmd));
-cl::opt<std::string> RunMetrics("metrics",
-                                cl::desc("Train: write each step's loss (full precision) as "
-                                         "JSON lines (a regular file; /dev/null discards)"),
-                                cl::value_desc("FILE"), cl::sub(RunCmd));
-cl::opt<std::string> RunTrace("trace",
-                              cl::desc("Write the measured timeline (Chrome trace; a regular "
-                                       "file, /dev/null discards)"),
-                              cl::value_desc("FILE"), cl::sub(RunCmd));
-cl::opt<double> RunTimeout("timeout",
-                           cl::desc("Seconds a rank may wait without progress before failing"),
-                           cl::init(120), cl::sub(RunCmd));
-cl::opt<bool> RunQuiet("quiet", cl::desc("No progress lines"), cl::sub(RunCmd));
-// Plans hold their fused nodes (format 4): fusion is chosen at compile.
-cl::opt<bool> RunNoFuse("no-fuse", cl::Hidden, cl::sub(RunCmd));
-cl::opt<std::string> RunPrecision("precision",
-                                  cl::desc("cuda: fp32, or bf16 tensor-core GEMMs with fp32 "
-                                           "weights (default: the plan's)"),
-                                  cl::sub(RunCmd));
-cl::opt<int> RunRanksPerDevice("ranks-per-device",
-                               cl::desc("cuda: ranks sharing one GPU (rank r uses GPU "
-                                        "r / N); lets one GPU run a whole pipeline"),
-                               cl::init(1), cl::sub(RunCmd));
-cl::opt<int> RunThreadsPerRank("threads-per-rank",
-                               cl::desc("BLAS threads of each rank (default: the node's cores "
-                                        "divided by its ranks)"),
-                               cl::init(0), cl::sub(RunCmd));
 
 // model
 cl::opt<std::string> ModelFamily(cl::Positional, cl::desc("gpt|llama|bert|mlp|resnet"),
@@ -619,11 +530,21 @@ int runCompile() {
 int runReport() {
   if (ReportFormat != "text" && ReportFormat != "json" && ReportFormat != "html")
     return badUsage("--format " + ReportFormat + ": expected text, json or html");
-  if (Error err = checkNotAnInput("-o", ReportOutput, {ReportPlan, ReportTrace}))
+  if (!ReportMetrics.empty() && ReportFormat == "json")
+    return badUsage("--metrics: html draws the run's curves and text sums them up; json reports "
+                    "the plan only (the metrics file is JSON lines already)");
+  if (Error err = checkNotAnInput("-o", ReportOutput, {ReportPlan, ReportTrace, ReportMetrics}))
     return reportError(std::move(err));
   auto plan = readVerifiedPlan(ReportPlan);
   if (!plan)
     return reportError(plan.takeError());
+  std::vector<MetricsPoint> curves;
+  if (!ReportMetrics.empty()) {
+    auto read = readMetrics(ReportMetrics);
+    if (!read)
+      return reportError(read.takeError());
+    curves = std::move(*read);
+  }
   Output out(ReportOutput);
   raw_ostream *os = &out.stream();
   std::optional<SimulationResult> measured;
@@ -637,9 +558,11 @@ int runReport() {
   if (ReportFormat == "json")
     printReportJson(*plan, *os);
   else if (ReportFormat == "html")
-    printReportHtml(*plan, *os, measured ? &*measured : nullptr);
+    printReportHtml(*plan, *os, measured ? &*measured : nullptr, curves);
   else
     printReportText(*plan, *os);
+  if (!curves.empty() && ReportFormat == "text")
+    *os << "\n" << summarizeMetrics(curves);
   if (measured && ReportFormat == "text") {
     double predicted = plan->predicted().step_time_s();
     *os << formatv("\nmeasured (last step of {0}): step {1} against {2} predicted ({3:f1}x), "
@@ -710,151 +633,6 @@ int runProfile() {
   if (Error err = writeFileAtomically(ProfileOutput, os.str()))
     return reportError(std::move(err));
   outs() << "wrote " << ProfileOutput << " (compile with --costs " << ProfileOutput << ")\n";
-  return 0;
-}
-
-int runRun() {
-  bool underMpi = launchedByMpi();
-  std::string comm = RunComm.empty() ? (underMpi ? "mpi" : "local") : RunComm.getValue();
-  if (comm != "local" && comm != "mpi" && comm != "nccl")
-    return badUsage("--comm " + comm + ": expected local, mpi or nccl");
-  if (RunBackend != "cpu" && RunBackend != "cuda")
-    return badUsage("--backend " + RunBackend + ": expected cpu or cuda");
-  if (comm == "nccl" && RunBackend != "cuda")
-    return badUsage("--comm nccl moves device memory; it needs --backend cuda");
-  if (comm == "nccl" && !underMpi)
-    return reportError(createStringError(inconvertibleErrorCode(),
-                                         "--comm nccl: start one process per rank with mpirun "
-                                         "(NCCL is bootstrapped over MPI)"));
-  if (comm == "nccl" && RunRanksPerDevice > 1)
-    return badUsage("--comm nccl takes one GPU per rank (NCCL refuses two ranks of one "
-                    "communicator on one device); share a GPU with --comm local");
-  if (!RunPrecision.empty() && RunPrecision != "fp32" && RunPrecision != "bf16")
-    return badUsage("--precision " + RunPrecision + ": expected fp32 or bf16");
-  if (RunOutputFormat != "npy" && RunOutputFormat != "pb")
-    return badUsage("--output-format " + RunOutputFormat + ": expected npy or pb");
-  if (RunResume && RunCheckpoint.empty())
-    return badUsage("--resume needs --checkpoint DIR");
-  if (RunResumeIfExists && RunCheckpoint.empty())
-    return badUsage("--resume-if-exists needs --checkpoint DIR");
-  if (RunResume && RunResumeIfExists)
-    return badUsage("--resume and --resume-if-exists exclude each other: --resume insists on "
-                    "the latest checkpoint, --resume-if-exists takes the newest intact one");
-  if (RunKeepCheckpoints.getNumOccurrences() && RunCheckpoint.empty())
-    return badUsage("--keep-checkpoints needs --checkpoint DIR");
-  if (!RunInit.empty() && !StringRef(RunInit).endswith(".safetensors") &&
-      !StringRef(RunInit).endswith(".index.json") && !sys::fs::is_directory(RunInit))
-    return badUsage("--init " + RunInit +
-                    ": expected a .safetensors checkpoint, a sharded "
-                    "checkpoint's .index.json, or their folder");
-  for (auto [flag, path] : {std::pair<StringRef, StringRef>{"--save-weights", RunSave},
-                            {"--metrics", RunMetrics},
-                            {"--trace", RunTrace}})
-    if (Error err = checkNotAnInput(flag, path, {RunPlan, RunModel, RunInit}))
-      return reportError(std::move(err));
-  rt::RunOptions options = runOptionsFromEnvironment();
-  options.steps = RunSteps;
-  options.seed = RunSeed;
-  options.dataDir = RunData;
-  options.allowNonfinite = RunAllowNonfinite;
-  options.modelPath = RunModel;
-  options.planDir = sys::path::parent_path(RunPlan).str();
-  if (!RunOptimizer.empty()) {
-    auto optimizer = parseOptimizer(RunOptimizer);
-    if (!optimizer)
-      return reportError(optimizer.takeError());
-    options.optimizer = *optimizer;
-  }
-  if (RunLr.getNumOccurrences())
-    options.lr = RunLr;
-  options.momentum = RunMomentum;
-  options.weightDecay = RunWeightDecay;
-  options.lrSchedule = RunLrSchedule;
-  options.warmup = RunWarmup;
-  options.clipGradNorm = RunClip;
-  options.saveWeights = RunSave;
-  options.initPath = RunInit;
-  options.checkpointDir = RunCheckpoint;
-  options.checkpointEvery = RunCheckpointEvery;
-  options.resume = RunResume;
-  options.resumeIfExists = RunResumeIfExists;
-  if (RunKeepCheckpoints.getNumOccurrences())
-    options.keepCheckpoints = RunKeepCheckpoints;
-  options.outputsDir = RunOutputs;
-  options.keepOutputs = !RunOutputs.empty();
-  options.outputsAsPb = RunOutputFormat == "pb";
-  options.tracePath = RunTrace;
-  options.timeoutSeconds = RunTimeout;
-  options.progress = !RunQuiet;
-  options.log = &outs();
-  options.backend = RunBackend;
-  options.precision = RunPrecision;
-  options.ranksPerDevice = RunRanksPerDevice;
-  if (RunThreadsPerRank.getNumOccurrences())
-    options.threadsPerRank = RunThreadsPerRank;
-  options.comm = comm == "nccl" ? "nccl" : "mpi";
-  // Flags first: a malformed value is reported before any file is read.
-  if (Error err = rt::checkRunOptions(options))
-    return reportError(std::move(err));
-  auto plan = readVerifiedPlan(RunPlan);
-  if (!plan)
-    return reportError(plan.takeError());
-  if (Error err = checkNotAnInput("--save-weights", RunSave, {plan->model().path()}))
-    return reportError(std::move(err));
-  bool train = plan->schedule().mode() == "train";
-  int ranks = plan->schedule().stages() * plan->schedule().data_parallel();
-  auto result = comm == "local" ? rt::runLocal(*plan, options) : rt::runMpi(*plan, options);
-  if (!result)
-    return reportError(result.takeError());
-  if (result->primary)
-    for (const std::string &warning : result->warnings)
-      errs() << "pipec: warning: " << warning << "\n";
-  if (!RunMetrics.empty() && result->primary) {
-    std::string lines;
-    for (size_t i = 0; i < result->losses.size(); ++i)
-      lines += formatv("{{\"step\": {0}, \"loss\": {1}}\n", result->firstStep + 1 + i,
-                       format("%.9g", result->losses[i]))
-                   .str();
-    if (Error err = writeFileAtomically(RunMetrics, lines))
-      return reportError(std::move(err));
-  }
-  if (!RunQuiet && result->primary) {
-    // A resumed run whose checkpoint is already at --steps runs none.
-    int done = std::max(0, RunSteps - result->firstStep);
-    double perStep = result->seconds / std::max(1, done);
-    outs() << formatv("{0} {1} step(s) of {2} on {3} rank(s) ({4}): {5} per step, predicted {6}",
-                      train ? "trained" : "ran", done, plan->schedule().name(), ranks, comm,
-                      formatSeconds(perStep), formatSeconds(plan->predicted().step_time_s()));
-    // Nodes that the device backend handed to the CPU, over all steps and ranks.
-    if (RunBackend != "cpu") {
-      int64_t total = 0;
-      std::string byOp;
-      for (const auto &[op, count] : result->fallbacks) {
-        total += count;
-        byOp += formatv("{0}{1} {2}", byOp.empty() ? "" : ", ", op, count).str();
-      }
-      outs() << formatv("; CPU fallbacks: {0}",
-                        total == 0 ? std::string("none")
-                                   : formatv("{0} node run(s) ({1})", total, byOp).str());
-    }
-    outs() << "\n";
-    if (!result->rankNodes.empty())
-      outs() << "nodes: " << formatRankNodes(result->rankNodes) << "\n";
-    if (RunBackend == "cpu" && !result->blas.empty())
-      outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas, result->threadsPerRank);
-    if (!result->peakResidentBytes.empty())
-      outs() << formatMemory(*plan, result->peakResidentBytes, result->loadResidentBytes) << "\n";
-    if (plan->has_fusion())
-      outs() << "fused by compile: " << describeFusion(plan->fusion()) << "\n";
-    if (RunBackend == "cpu" && done > 0)
-      outs() << recheckCpuCalibration(*plan, RunPlan, perStep, result->threadsPerRank);
-    if (!RunSave.empty())
-      outs() << "wrote " << RunSave << "\n";
-    if (!RunOutputs.empty())
-      outs() << "wrote " << result->outputs.size() << " output(s) to " << RunOutputs << "\n";
-    for (const std::string &written : {RunTrace.getValue(), RunMetrics.getValue()})
-      outs() << (written.empty() ? "" : "wrote " + written + "\n");
-  }
   return 0;
 }
 
@@ -983,10 +761,8 @@ int main(int argc, char **argv) {
     return runReport();
   if (SimulateCmd)
     return runSimulate();
-  if (RunCmd)
-    return RunNoFuse ? badUsage("--no-fuse is a compile option: the plan holds its fused nodes; "
-                                "compile it with --no-fuse")
-                     : runRun();
+  if (runCommandGiven())
+    return runRun();
   if (generateCommandGiven())
     return runGenerate();
   if (ProfileCmd)

@@ -33,6 +33,14 @@ Error RankExecutor::saveCheckpoint(StringRef file, int nextStep) {
   c.set_shards(s.shardOptimizer ? s.dp : 1);
   c.set_run(s.checkpointRun);
   c.set_plan(s.checkpointPlan);
+  if (const TokenStream *stream = s.data->tokenStream()) {
+    plan::TokenStreamPosition &at = *c.mutable_stream();
+    at.set_windows(stream->windows());
+    at.set_seq_len(stream->seqLen());
+    at.set_samples_seen(static_cast<int64_t>(nextStep) * s.globalBatch);
+    at.set_tokens_seen(at.samples_seen() * stream->seqLen());
+    at.set_epoch(at.samples_seen() / stream->windows());
+  }
   auto add = [&](const cpu::Tensor &t, const std::string &name,
                  google::protobuf::RepeatedPtrField<onnx::TensorProto> &into) -> Error {
     auto host = be.download(t);
@@ -83,6 +91,15 @@ Error RankExecutor::loadCheckpoint(StringRef file, int &nextStep) {
                              "with the plan's --dp and --shard-optimizer of the run that wrote it",
                              file, says(shards), says(ours)));
   }
+  const TokenStream *stream = s.data->tokenStream();
+  if (c.has_stream() && stream &&
+      (c.stream().windows() != stream->windows() || c.stream().seq_len() != stream->seqLen()))
+    return rankError(global,
+                     formatv("checkpoint {0} was trained on a token stream of {1} windows of {2} "
+                             "tokens; --data has {3} of {4}: resuming would not continue its "
+                             "order",
+                             file, c.stream().windows(), c.stream().seq_len() + 1,
+                             stream->windows(), stream->seqLen() + 1));
   std::set<std::string> seen;
   std::pair<const google::protobuf::RepeatedPtrField<onnx::TensorProto> *,
             std::map<std::string, cpu::Tensor> *>

@@ -488,6 +488,7 @@ Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, S
                                    static_cast<long long>(countedSamples));
         counted = spec.name();
         countedSamples = samples;
+        source->datasetSamples = samples;
       }
       in.dataset = std::move(*data);
     }
@@ -496,12 +497,20 @@ Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, S
   return source;
 }
 
+int64_t DataSource::samples() const { return stream ? stream->windows() : datasetSamples; }
+
+// TokenStream.cpp: what samples first.. of a stream give input \p spec.
+cpu::Tensor streamMicrobatch(const TokenStream &stream, const plan::DataInput &spec, DType type,
+                             int64_t first);
+
 Expected<cpu::Tensor> DataSource::microbatch(const std::string &name, int64_t first) const {
   auto it = inputs.find(name);
   if (it == inputs.end())
     return createStringError(inconvertibleErrorCode(), "the plan feeds no input '%s'",
                              name.c_str());
   const Input &in = it->second;
+  if (stream)
+    return streamMicrobatch(*stream, in.spec, in.type, first);
   std::vector<int64_t> shape(in.spec.shape().begin(), in.spec.shape().end());
   if (in.spec.whole()) {
     // The whole input, every step: its dataset, or one synthetic sample of

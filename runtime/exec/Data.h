@@ -30,10 +30,13 @@
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
+#include "llvm/Support/MemoryBuffer.h"
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace pipec::rt {
 
@@ -47,8 +50,88 @@ llvm::Error writeNpy(const cpu::Tensor &tensor, llvm::StringRef path);
 /// The element type of a plan dtype name ("f32", "i64", ...).
 llvm::Expected<DType> elemTypeOfName(llvm::StringRef name);
 
+/// A flat array of token ids (`pipec run --data FILE`), read as windows of
+/// S + 1 tokens: window w holds tokens w*S .. w*S + S, so that ids and the
+/// labels shifted by one come from one window. Sample n of a run reads
+/// window perm_e[n mod N] of epoch e = n / N (N windows): perm_e is a
+/// Fisher-Yates shuffle of 0 .. N-1 drawn from splitmix64 keyed by the seed
+/// and the epoch (docs/USER_GUIDE.md gives it in Python), so the order is
+/// the same however many stages, microbatches and replicas run it. An
+/// evaluation stream is read in order, unshuffled.
+///
+/// Files: NumPy .npy of one integer dimension; a raw .bin of little-endian
+/// uint16 or uint32 (nanoGPT's), or a Megatron indexed dataset's .bin whose
+/// .idx beside it gives the type. The file is mapped, not read.
+class TokenStream {
+public:
+  struct Options {
+    std::string flag = "--data"; ///< named in errors
+    std::string rawType = "uint16";
+    int64_t seqLen = 0;
+    /// The rows of the vocabulary: every token must lie in [0, vocabulary).
+    int64_t vocabulary = 0;
+    bool shuffled = true;
+    uint64_t seed = 1;
+  };
+  static llvm::Expected<std::shared_ptr<TokenStream>> open(llvm::StringRef path,
+                                                           const Options &options);
+  int64_t tokens() const { return count; }
+  int64_t windows() const { return (count - 1) / options.seqLen; }
+  int64_t seqLen() const { return options.seqLen; }
+  const std::string &flagName() const { return options.flag; }
+  /// The window sample \p n reads.
+  int64_t windowOf(int64_t n) const;
+  /// Token \p i of the file.
+  int64_t at(int64_t i) const;
+
+private:
+  Options options;
+  std::unique_ptr<llvm::MemoryBuffer> file;
+  const char *base = nullptr;
+  int elementBytes = 2;
+  bool isSigned = false;
+  int64_t count = 0;
+  mutable std::mutex mutex;
+  /// The permutations of the epochs last asked for.
+  mutable std::map<int64_t, std::shared_ptr<const std::vector<int64_t>>> epochs;
+};
+
+/// How `pipec run` reads --data or --eval-data.
+struct DataOptions {
+  std::string flag = "--data"; ///< named in errors
+  uint64_t seed = 1;
+  bool allowNonfinite = false;
+  /// A raw token file's element type (TokenStream).
+  std::string tokenType = "uint16";
+  /// --seq-len: 0, or the plan's sequence length (checked).
+  int64_t seqLen = 0;
+  /// Draw a stream's windows in the seeded order (training), or in order
+  /// (evaluation).
+  bool shuffled = true;
+};
+
+class DataSource;
+
+/// The data at \p path for \p plan: synthetic when empty, a directory of
+/// per-input datasets, or else a file of token ids (TokenStream), windows
+/// of the plan's sequence length over the vocabulary its token ids index.
+llvm::Expected<std::shared_ptr<DataSource>>
+openRunData(const plan::Plan &plan, llvm::StringRef path, const DataOptions &options);
+
 class DataSource {
 public:
+  /// Feeds \p plan's inputs from \p stream: those the plan marks TOKENS get
+  /// a window's first S tokens, NEXT_TOKENS its last S, masks ones. An
+  /// input a stream cannot feed (DataInput.stream NOT_TOKENS, not a mask),
+  /// or one not shaped [batch, S], is an error naming it.
+  static llvm::Expected<std::shared_ptr<DataSource>>
+  fromStream(const plan::Plan &plan, std::shared_ptr<const TokenStream> stream);
+  /// The token stream it reads, if any.
+  const TokenStream *tokenStream() const { return stream.get(); }
+  /// The samples it holds before it repeats: a stream's windows, a
+  /// directory's samples per input; 0 for synthetic data (no end).
+  int64_t samples() const;
+
   /// Opens the data of \p plan: synthetic from \p seed when \p dir is empty,
   /// else one file per input in \p dir (errors name the file). Datasets are
   /// checked whole: the same number of samples in every input, no NaN or
@@ -68,6 +151,8 @@ private:
   };
   std::map<std::string, Input> inputs;
   uint64_t seed = 0;
+  int64_t datasetSamples = 0;
+  std::shared_ptr<const TokenStream> stream;
 };
 
 } // namespace pipec::rt

@@ -277,7 +277,8 @@ Error RankExecutor::loadInputs(int stage, int mb, int t) {
   for (const std::string &name : stageProgram(stage).loads()) {
     if (values.count(name))
       continue;
-    auto tensor = s.data->microbatch(name, firstSample(s, t, replica, mb));
+    auto tensor =
+        (evaluating ? s.evalData : s.data)->microbatch(name, firstSample(s, t, replica, mb));
     if (!tensor)
       return rankError(global, toString(tensor.takeError()));
     auto placed = be.upload(*tensor);
@@ -854,15 +855,39 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
   lossSum = lossCount = 0;
   if (Error err = zeroAccumulators())
     return err;
+  if (Error err = runStream(program.instructions(), t))
+    return err;
+  stepLossSum = lossSum;
+  stepLossCount = lossCount;
+  return Error::success();
+}
+
+Error RankExecutor::evaluate(int batch, double &batchLossSum, double &batchLossCount) {
+  if (!s.evalData)
+    return rankError(global, "no evaluation data");
+  if (program.evaluation_size() == 0)
+    return rankError(global, "the plan has no evaluation stream; recompile the model");
+  lossSum = lossCount = 0;
+  evaluating = true;
+  Error err = runStream(program.evaluation(), batch);
+  evaluating = false;
+  if (err)
+    return err;
+  batchLossSum = lossSum;
+  batchLossCount = lossCount;
+  return Error::success();
+}
+
+Error RankExecutor::runStream(const google::protobuf::RepeatedPtrField<Ins> &stream, int t) {
   auto isComm = [&](int i) {
-    if (i < 0 || i >= program.instructions_size())
+    if (i < 0 || i >= stream.size())
       return false;
-    Ins::Op op = program.instructions(i).op();
+    Ins::Op op = stream.Get(i).op();
     return op == Ins::SEND || op == Ins::RECV;
   };
-  for (int i = 0; i < program.instructions_size(); ++i) {
-    const Ins &ins = program.instructions(i);
-    if (s.fault.rank == global && s.fault.step == t && s.fault.at == i) {
+  for (int i = 0; i < stream.size(); ++i) {
+    const Ins &ins = stream.Get(i);
+    if (!evaluating && s.fault.rank == global && s.fault.step == t && s.fault.at == i) {
       if (s.fault.kind == "kill")
         std::raise(SIGKILL);
       return rankError(global, formatv("injected fault at step {0} instruction {1}", t, i));
@@ -881,7 +906,8 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
       if (Error err = comm.groupEnd())
         return err;
     ++instructions;
-    if (category)
+    // An evaluation's forwards are not the step's compute.
+    if (category && !evaluating)
       record(ins, category, started, waitSeconds - waitedBefore);
   }
   if (Error err = comm.flush())
@@ -890,8 +916,6 @@ Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
     return rankError(global, formatv("{0} receive(s) posted but never used", pending.size()));
   envs.clear();
   outbox.clear();
-  stepLossSum = lossSum;
-  stepLossCount = lossCount;
   return Error::success();
 }
 

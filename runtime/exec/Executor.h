@@ -46,6 +46,7 @@
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -63,13 +64,34 @@ struct Fault {
 /// PIPEC_FAULT.
 Fault parseFault(llvm::StringRef text);
 
+/// One step of a run, as rank 0 saw it.
+struct StepRecord {
+  int step = 0; ///< from 1
+  /// The mean loss (train), the step's wall time (without evaluation or
+  /// checkpoints), its learning rate and, with clipping, gradient norm.
+  double loss = 0, seconds = 0, lr = 0, gradNorm = -1;
+  /// The evaluation's mean loss after this step, when one ran.
+  std::optional<double> evalLoss;
+};
+
 struct RunOptions {
   int steps = 1;
   /// A fault to inject (tests).
   Fault fault;
   uint64_t seed = 1;
-  /// A directory of per-input .npy / .pb datasets; empty: synthetic.
+  /// A directory of per-input .npy / .pb datasets, or a file of token ids
+  /// (TokenStream); empty: synthetic.
   std::string dataDir;
+  /// A raw token file's element type (uint16 or uint32); --seq-len, 0 or
+  /// the plan's sequence length.
+  std::string tokenType = "uint16";
+  int64_t seqLen = 0;
+  /// Evaluation: the forward of evalSteps batches of evalData (a token file
+  /// or a directory, read in order) every evalEvery steps (0: never);
+  /// evalSteps 0: every whole batch of the set.
+  std::string evalData;
+  int evalEvery = 0;
+  int evalSteps = 0;
   /// Feed NaN and infinities in --data floats rather than refuse them.
   bool allowNonfinite = false;
   /// Overrides Plan.model.path; a relative plan path is tried against the
@@ -116,6 +138,9 @@ struct RunOptions {
   bool outputsAsPb = false;
   /// Write the measured timeline (Chrome trace, the simulator's format).
   std::string tracePath;
+  /// Called on rank 0 after each step, with its record (evalLoss set on
+  /// the steps that evaluated).
+  std::function<void(const StepRecord &)> onStep;
   /// Print a progress line per step on \p log (rank 0).
   bool progress = false;
   llvm::raw_ostream *log = nullptr;
@@ -136,9 +161,22 @@ struct RunOptions {
   std::string comm = "mpi";
 };
 
+/// What a step's time makes of the plan's work: samples/s, tokens/s (0 for
+/// a plan that feeds no token ids), model FLOP/s and MFU against the peak
+/// of all the run's ranks (0 when unknown).
+struct StepRates {
+  double samplesPerSecond = 0, tokensPerSecond = 0, flopsPerSecond = 0, mfu = 0;
+};
+StepRates stepRates(const plan::Plan &plan, double seconds);
+/// "8.1k tokens/s  0.52 TFLOP/s  MFU 3.4% (of the calibrated CPU peak)", or
+/// samples/s for a plan that feeds no token ids.
+std::string formatRates(const plan::Plan &plan, double seconds, llvm::StringRef backend);
+
 struct RunResult {
   /// Mean loss per step (train).
   std::vector<double> losses;
+  /// Every step run (rank 0).
+  std::vector<StepRecord> history;
   int firstStep = 0;
   /// Lines the run warns about (corrupt checkpoints --resume-if-exists
   /// skipped), without the "pipec: warning: " prefix.

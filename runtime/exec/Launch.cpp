@@ -132,6 +132,9 @@ Error checkRunOptions(const RunOptions &o) {
       {finite(o.timeoutSeconds) && o.timeoutSeconds > 0, "timeout", o.timeoutSeconds,
        "a finite number of seconds > 0"},
       {o.ranksPerDevice >= 1, "ranks-per-device", double(o.ranksPerDevice), "at least 1"},
+      {o.evalEvery >= 0, "eval-every", double(o.evalEvery), "at least 1"},
+      {o.evalSteps >= 0, "eval-steps", double(o.evalSteps), "at least 1"},
+      {o.seqLen >= 0, "seq-len", double(o.seqLen), "at least 1"},
       {o.threadsPerRank.value_or(1) >= 1 && o.threadsPerRank.value_or(1) <= 1024,
        "threads-per-rank", double(o.threadsPerRank.value_or(1)), "in [1, 1024]"},
   };
@@ -164,7 +167,43 @@ uint64_t freshRunId() {
   return (uint64_t(device()) << 32) | device();
 }
 
+/// 950, 8.1k, 12.3M.
+std::string humanRate(double v) {
+  if (v >= 1e6)
+    return formatv("{0:f1}M", v / 1e6).str();
+  if (v >= 1e4)
+    return formatv("{0:f1}k", v / 1e3).str();
+  return formatv("{0:f0}", v).str();
+}
+
 } // namespace
+
+StepRates stepRates(const plan::Plan &plan, double seconds) {
+  StepRates rates;
+  if (seconds <= 0)
+    return rates;
+  double samples = static_cast<double>(plan.schedule().global_batch());
+  rates.samplesPerSecond = samples / seconds;
+  rates.tokensPerSecond = samples * static_cast<double>(tokensPerSample(plan)) / seconds;
+  rates.flopsPerSecond = modelFlopsPerStep(plan) / seconds;
+  if (double peak = peakFlopsOfRun(plan); peak > 0)
+    rates.mfu = rates.flopsPerSecond / peak;
+  return rates;
+}
+
+std::string formatRates(const plan::Plan &plan, double seconds, StringRef backend) {
+  StepRates rates = stepRates(plan, seconds);
+  std::string text = rates.tokensPerSecond > 0
+                         ? formatv("{0} tokens/s", humanRate(rates.tokensPerSecond)).str()
+                         : formatv("{0:f1} samples/s", rates.samplesPerSecond).str();
+  if (rates.flopsPerSecond > 0)
+    text += formatv("  {0:f3} TFLOP/s", rates.flopsPerSecond / 1e12).str();
+  if (rates.mfu > 0)
+    text += formatv("  MFU {0:f1}%{1}", 100 * rates.mfu,
+                    backend == "cpu" ? " (of the calibrated CPU peak)" : "")
+                .str();
+  return text;
+}
 
 Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOptions &options) {
   if (Error err = checkRunOptions(options))
@@ -216,10 +255,26 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
     s->optimizer = *optimizer;
   }
   s->lr = options.lr ? *options.lr : (s->optimizer == Optimizer::AdamW ? 1e-3 : 1e-2);
-  auto data = DataSource::open(plan, options.dataDir, options.seed, options.allowNonfinite);
+  DataOptions reading;
+  reading.seed = options.seed;
+  reading.allowNonfinite = options.allowNonfinite;
+  reading.tokenType = options.tokenType;
+  reading.seqLen = options.seqLen;
+  auto data = openRunData(plan, options.dataDir, reading);
   if (!data)
     return data.takeError();
   s->data = std::move(*data);
+  if (!options.evalData.empty()) {
+    if (!s->training)
+      return usageError("--eval-data: the plan infers; evaluation runs between training steps "
+                        "(run the evaluation set itself with --data)");
+    reading.flag = "--eval-data";
+    reading.shuffled = false;
+    auto eval = openRunData(plan, options.evalData, reading);
+    if (!eval)
+      return eval.takeError();
+    s->evalData = std::move(*eval);
+  }
   s->fault = options.fault;
   if (plan.programs_size() != s->P)
     return createStringError(inconvertibleErrorCode(), "the plan has %d programs for %d ranks",
@@ -275,6 +330,28 @@ template <typename Body> Error guardAllocation(const Twine &what, Body body) {
   }
 }
 
+/// The evaluation after step \p step: the mean loss of the evaluation
+/// batches, over every rank.
+Expected<double> evaluate(const Shared &s, Comm &comm, RankExecutor &ex, int step) {
+  int64_t batches = s.options.evalSteps;
+  if (batches <= 0)
+    batches = std::max<int64_t>(1, s.evalData->samples() / s.globalBatch);
+  double sum = 0, count = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    double batchSum = 0, batchCount = 0;
+    if (Error err = guardAllocation(
+            "rank " + Twine(ex.globalRank()) + ": evaluation after step " + Twine(step),
+            [&] { return ex.evaluate(static_cast<int>(b), batchSum, batchCount); }))
+      return std::move(err);
+    sum += batchSum;
+    count += batchCount;
+  }
+  double totals[2] = {sum, count};
+  if (Error err = comm.sumAll(totals))
+    return std::move(err);
+  return totals[1] > 0 ? totals[0] / totals[1] : 0;
+}
+
 /// One rank's whole run: load, resume, steps, checkpoints. Rank 0 prints.
 Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) {
   if (Error err = comm.prepareGroups(sumGroups(s)))
@@ -315,6 +392,7 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
   auto started = Clock::now();
   for (int t = first; t < o.steps; ++t) {
     double sum = 0, count = 0;
+    auto stepStarted = Clock::now();
     if (Error err = guardAllocation("rank " + Twine(ex.globalRank()) + ": step " + Twine(t + 1),
                                     [&] { return ex.step(t, sum, count); }))
       return err;
@@ -322,8 +400,24 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
     if (Error err = comm.sumAll(totals))
       return err;
     double loss = totals[1] > 0 ? totals[0] / totals[1] : 0;
-    if (comm.rank() == 0)
+    StepRecord record;
+    record.step = t + 1;
+    record.loss = loss;
+    record.seconds = std::chrono::duration<double>(Clock::now() - stepStarted).count();
+    record.lr = ex.lastLr;
+    record.gradNorm = ex.lastGradNorm;
+    if (s.evalData && o.evalEvery > 0 && (t + 1) % o.evalEvery == 0) {
+      auto evalLoss = evaluate(s, comm, ex, t + 1);
+      if (!evalLoss)
+        return evalLoss.takeError();
+      record.evalLoss = *evalLoss;
+    }
+    if (comm.rank() == 0) {
       result.losses.push_back(loss);
+      result.history.push_back(record);
+      if (o.onStep)
+        o.onStep(record);
+    }
     if (!o.checkpointDir.empty() &&
         ((t + 1) % std::max(1, o.checkpointEvery) == 0 || t + 1 == o.steps)) {
       std::string file = checkpointFile(o.checkpointDir, t + 1, ex.globalRank());
@@ -347,16 +441,18 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
     if (comm.rank() == 0 && o.progress && o.log) {
       double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
       int done = t + 1 - first;
-      double rate = elapsed > 0 ? done * s.globalBatch / elapsed : 0;
       double eta = done > 0 ? elapsed / done * (o.steps - t - 1) : 0;
       *o.log << formatv("step {0}/{1}", t + 1, o.steps);
       if (s.training)
         *o.log << formatv("  loss {0:f4}", loss);
+      if (record.evalLoss)
+        *o.log << formatv("  eval {0:f4}", *record.evalLoss);
       if (s.training && (o.lrSchedule != "constant" || o.warmup > 0))
         *o.log << formatv("  lr {0:e2}", ex.lastLr);
       if (s.training && ex.lastGradNorm >= 0)
         *o.log << formatv("  grad-norm {0:f3}", ex.lastGradNorm);
-      *o.log << formatv("  {0:f1} samples/s  ETA {1}\n", rate, formatDuration(eta));
+      *o.log << "  " << formatRates(*s.plan, record.seconds, o.backend)
+             << formatv("  ETA {0}\n", formatDuration(eta));
       o.log->flush();
     }
   }

@@ -56,6 +56,8 @@ struct Shared {
   RunOptions options;
   std::string modelPath, modelDir;
   std::shared_ptr<DataSource> data;
+  /// --eval-data, read in order; null without it.
+  std::shared_ptr<DataSource> evalData;
   int P = 1, dp = 1, K = 1, M = 1;
   int64_t globalBatch = 1, microbatchSize = 1;
   bool training = true;
@@ -105,6 +107,10 @@ public:
   /// the same model) are shared, not read again.
   llvm::Error load(const std::map<std::string, cpu::Tensor> *reuse = nullptr);
   llvm::Error step(int t, double &lossSum, double &lossCount);
+  /// Runs the plan's evaluation stream over batch \p batch of the
+  /// evaluation data (Shared::evalData): forwards only, the weights as they
+  /// are. The loss sums as step's do.
+  llvm::Error evaluate(int batch, double &lossSum, double &lossCount);
   llvm::Error saveCheckpoint(llvm::StringRef file, int nextStep);
   llvm::Error loadCheckpoint(llvm::StringRef file, int &nextStep);
 
@@ -139,6 +145,12 @@ public:
 
 private:
   const plan::StageProgram &stageProgram(int stage) const { return s.programs[stage]; }
+  /// Runs \p stream (a step's instructions, or an evaluation's) for step or
+  /// evaluation batch \p t.
+  llvm::Error runStream(const google::protobuf::RepeatedPtrField<Ins> &stream, int t);
+  /// Inside evaluate: inputs come from the evaluation data, and nothing is
+  /// traced or faulted.
+  bool evaluating = false;
   bool local(int stage) const { return stage >= 0 && stage < s.K && s.rankOfStage[stage] == rank; }
   int peerGlobal(int pipelineRank) const { return replica * s.P + pipelineRank; }
   Env &env(int stage, int mb) { return envs.try_emplace({stage, mb}, &names).first->second; }
