@@ -186,7 +186,7 @@ std::vector<std::pair<std::string, double>> stepScalars(const plan::Plan &plan,
 std::string metricsLine(const plan::Plan &plan, const rt::StepRecord &record) {
   std::string line = formatv("{{\"step\": {0}", record.step).str();
   for (const auto &[name, value] : stepScalars(plan, record))
-    line += formatv(", \"{0}\": {1}", name, format("%.9g", value)).str();
+    line += formatv(", \"{0}\": {1}", name, format("%.17g", value)).str();
   return line + "}\n";
 }
 
