@@ -483,6 +483,46 @@ TEST(Compile, HtmlReportRendersInABrowser) {
 
 namespace {
 
+/// What a token stream feeds each input is found by structure: ids that
+/// index the embedding get a window's first S tokens; labels the model
+/// shifts itself (transformers pads them and slices [:, 1:]) get the same;
+/// labels the loss reads as they are get the window shifted by one.
+TEST(Compile, TokenStreamRolesFollowTheGraph) {
+  TempDir dir;
+  std::string out, plan = dir.path("p.plan");
+  auto streamOf = [&](const std::string &name) {
+    auto read = readPlan(plan);
+    EXPECT_TRUE(!!read);
+    for (const plan::DataInput &d : read->data())
+      if (d.name() == name)
+        return d.stream();
+    ADD_FAILURE() << "no input " << name;
+    return plan::DataInput::NOT_TOKENS;
+  };
+  std::string hf = std::string(PIPEC_SOURCE_DIR) + "/tests/fixtures/torch/train/gpt2_tied.onnx";
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + hf + " -o " + plan +
+                           " --stages 2 --microbatches 2 --hardware cpu",
+                       out),
+            0)
+      << out;
+  EXPECT_EQ(streamOf("input_ids"), plan::DataInput::TOKENS);
+  EXPECT_EQ(streamOf("labels"), plan::DataInput::TOKENS);
+  std::string model = dir.path("gpt.onnx");
+  ASSERT_EQ(runCommand(pipecBinary + " model gpt --layers 2 --hidden 16 --vocab 32 --seq 8 "
+                                     "--loss -o " +
+                           model,
+                       out),
+            0)
+      << out;
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " -o " + plan +
+                           " --stages 2 --microbatches 2 --hardware cpu",
+                       out),
+            0)
+      << out;
+  EXPECT_EQ(streamOf("input_ids"), plan::DataInput::TOKENS);
+  EXPECT_EQ(streamOf("labels"), plan::DataInput::NEXT_TOKENS);
+}
+
 TEST(Compile, TrainingPlansCarryTheBackwardProgram) {
   TempDir dir;
   std::string model = dir.path("gpt.onnx"), out;

@@ -183,6 +183,70 @@ TEST(VerifyProgram, EveryScheduleSweepPasses) {
       }
 }
 
+/// An evaluation step runs every microbatch's forward through the same
+/// pipeline: each schedule's training stream gives one with its loads,
+/// forwards and activation transfers in order, and nothing else.
+TEST(LowerSchedule, EvaluationStreamsAreTheForwards) {
+  using Op = plan::Instruction;
+  auto schedule = generateSchedule(ScheduleKind::OneFOneB, 2, 1, 2);
+  ASSERT_TRUE(!!schedule);
+  auto programs = lowerSchedule(*schedule, unitInputs(2, /*recompute=*/true));
+  ASSERT_TRUE(!!programs) << toString(programs.takeError());
+  std::vector<std::string> rank1;
+  for (const auto &i : (*programs)[1].evaluation())
+    rank1.push_back(formatInstruction(i));
+  EXPECT_EQ(rank1, (std::vector<std::string>{
+                       "RECV act s0 mb0 <- 0 hidden0", "RECV act s0 mb0 <- 0 mask",
+                       "LOAD labels s1 mb0", "FORWARD s1 mb0 buf0", "FREE buf0",
+                       "RECV act s0 mb1 <- 0 hidden0", "RECV act s0 mb1 <- 0 mask",
+                       "LOAD labels s1 mb1", "FORWARD s1 mb1 buf2", "FREE buf2"}));
+  struct Shape {
+    ScheduleKind kind;
+    int v;
+  };
+  for (Shape s : {Shape{ScheduleKind::GPipe, 1}, Shape{ScheduleKind::OneFOneB, 1},
+                  Shape{ScheduleKind::Interleaved, 2}, Shape{ScheduleKind::ZBH1, 1},
+                  Shape{ScheduleKind::ZBV, 2}, Shape{ScheduleKind::DualPipeV, 2}}) {
+    SCOPED_TRACE(scheduleName(s.kind).str());
+    int P = 4, M = 8;
+    auto sweep = generateSchedule(s.kind, P, s.v, M);
+    ASSERT_TRUE(!!sweep) << toString(sweep.takeError());
+    auto lowered = lowerSchedule(*sweep, unitInputs(P * s.v, /*recompute=*/true));
+    ASSERT_TRUE(!!lowered) << toString(lowered.takeError());
+    llvm::Error err = verifyProgram(*lowered, P, M, s.kind, s.v);
+    ASSERT_FALSE(static_cast<bool>(err)) << toString(std::move(err));
+    for (const plan::RankProgram &p : *lowered) {
+      int forwards = 0;
+      for (const plan::Instruction &i : p.evaluation()) {
+        EXPECT_TRUE(i.op() == Op::LOAD || i.op() == Op::FORWARD || i.op() == Op::FREE ||
+                    ((i.op() == Op::SEND || i.op() == Op::RECV) && !i.grad()))
+            << formatInstruction(i);
+        forwards += i.op() == Op::FORWARD;
+      }
+      EXPECT_EQ(forwards, s.v * M);
+    }
+  }
+}
+
+/// verify-program proves the evaluation streams too, and says so.
+TEST(VerifyProgram, CatchesABrokenEvaluationStream) {
+  auto schedule = generateSchedule(ScheduleKind::OneFOneB, 2, 1, 3);
+  ASSERT_TRUE(!!schedule);
+  auto programs = lowerSchedule(*schedule, unitInputs(2));
+  ASSERT_TRUE(!!programs);
+  auto *evaluation = (*programs)[1].mutable_evaluation();
+  for (int i = 0; i < evaluation->size(); ++i)
+    if ((*evaluation)[i].op() == plan::Instruction::RECV) {
+      evaluation->DeleteSubrange(i, 1);
+      break;
+    }
+  llvm::Error err = verifyProgram(*programs, 2, 3, ScheduleKind::OneFOneB, 1);
+  ASSERT_TRUE(!!err);
+  std::string text = toString(std::move(err));
+  EXPECT_NE(text.find("has no matching RECV on rank 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("(the evaluation streams)"), std::string::npos) << text;
+}
+
 TEST(VerifyProgram, CatchesHandBrokenPlans) {
   auto schedule = generateSchedule(ScheduleKind::OneFOneB, 2, 1, 3);
   ASSERT_TRUE(!!schedule);
