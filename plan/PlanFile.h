@@ -19,7 +19,7 @@
 namespace pipec {
 
 /// The format_version this build writes and reads.
-inline constexpr uint32_t PlanFormatVersion = 5;
+inline constexpr uint32_t PlanFormatVersion = 6;
 
 enum class PlanEncoding { Binary, Text, Json };
 

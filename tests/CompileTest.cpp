@@ -508,8 +508,9 @@ TEST(Compile, TokenStreamRolesFollowTheGraph) {
   EXPECT_EQ(streamOf("input_ids"), plan::DataInput::TOKENS);
   EXPECT_EQ(streamOf("labels"), plan::DataInput::TOKENS);
   std::string model = dir.path("gpt.onnx");
-  ASSERT_EQ(runCommand(pipecBinary + " model gpt --layers 2 --hidden 16 --vocab 32 --seq 8 "
-                                     "--loss -o " +
+  ASSERT_EQ(runCommand(pipecBinary +
+                           " model gpt --layers 2 --hidden 16 --vocab 32 --seq 8 "
+                           "--loss -o " +
                            model,
                        out),
             0)

@@ -195,11 +195,11 @@ TEST(LowerSchedule, EvaluationStreamsAreTheForwards) {
   std::vector<std::string> rank1;
   for (const auto &i : (*programs)[1].evaluation())
     rank1.push_back(formatInstruction(i));
-  EXPECT_EQ(rank1, (std::vector<std::string>{
-                       "RECV act s0 mb0 <- 0 hidden0", "RECV act s0 mb0 <- 0 mask",
-                       "LOAD labels s1 mb0", "FORWARD s1 mb0 buf0", "FREE buf0",
-                       "RECV act s0 mb1 <- 0 hidden0", "RECV act s0 mb1 <- 0 mask",
-                       "LOAD labels s1 mb1", "FORWARD s1 mb1 buf2", "FREE buf2"}));
+  EXPECT_EQ(rank1,
+            (std::vector<std::string>{"RECV act s0 mb0 <- 0 hidden0", "RECV act s0 mb0 <- 0 mask",
+                                      "LOAD labels s1 mb0", "FORWARD s1 mb0 buf0", "FREE buf0",
+                                      "RECV act s0 mb1 <- 0 hidden0", "RECV act s0 mb1 <- 0 mask",
+                                      "LOAD labels s1 mb1", "FORWARD s1 mb1 buf2", "FREE buf2"}));
   struct Shape {
     ScheduleKind kind;
     int v;

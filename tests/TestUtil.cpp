@@ -198,6 +198,27 @@ std::string readFile(const std::string &path) {
   return ss.str();
 }
 
+std::string metricLosses(const std::string &path) {
+  std::string text = readFile(path), out;
+  auto field = [](StringRef line, StringRef key) {
+    size_t at = line.find("\"" + key.str() + "\": ");
+    if (at == StringRef::npos)
+      return StringRef();
+    return line.drop_front(at + key.size() + 4).take_until([](char c) {
+      return c == ',' || c == '}';
+    });
+  };
+  SmallVector<StringRef, 16> lines;
+  StringRef(text).split(lines, '\n', -1, /*KeepEmpty=*/false);
+  for (StringRef line : lines) {
+    out += (field(line, "step") + " " + field(line, "loss")).str();
+    if (StringRef eval = field(line, "eval_loss"); !eval.empty())
+      out += " " + eval.str();
+    out += "\n";
+  }
+  return out;
+}
+
 bool fileExists(const std::string &path) { return sys::fs::exists(path); }
 
 std::string realModel(StringRef relative) {

@@ -86,6 +86,9 @@ inline PipelineShape pipelineShape(ScheduleKind kind, int stages, int virtualSta
 }
 
 std::string readFile(const std::string &path);
+/// The losses of a `pipec run --metrics` file, a line per step: "STEP LOSS"
+/// and " EVAL" when it evaluated, as written (the rest of a line is timing).
+std::string metricLosses(const std::string &path);
 
 /// \p text, a text plan edited by a test, sealed again as compile seals
 /// (sealPlan), so that the edit reaches the checks behind the seal: what a

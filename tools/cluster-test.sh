@@ -179,7 +179,10 @@ clean() {
   single --steps 5 $trainFlags --metrics "$work/single.jsonl" --save-weights "$work/single.onnx" ||
     fail "the single-host run failed: $(tail -3 "$work/single.out")"
   cmp -s "$work/cluster.onnx" "$work/single.onnx" || fail "the weights differ from a single host's"
-  cmp -s "$work/cluster.jsonl" "$work/single.jsonl" || fail "the losses differ from a single host's"
+  # The step and loss of each line; the rest is timing.
+  losses() { grep -o '"step": [0-9]*, "loss": [^,}]*' "$1"; }
+  [ "$(losses "$work/cluster.jsonl")" = "$(losses "$work/single.jsonl")" ] &&
+    [ -n "$(losses "$work/single.jsonl")" ] || fail "the losses differ from a single host's"
   grep -q '^nodes: node0 ranks 0-1, node1 ranks 2-4, node2 ranks 5-7$' "$work/out" ||
     fail "the summary does not name the nodes: $(grep nodes: "$work/out")"
   echo "cluster-test: clean: ok: 5 steps on 3 nodes ($(grep '^nodes:' "$work/out")), losses and" \
