@@ -479,6 +479,54 @@ TEST(Compile, HtmlReportRendersInABrowser) {
   EXPECT_GT(distinctPixelBytes(readFile(png)), 100) << "the rendered page is blank";
 }
 
+/// `pipec report --metrics` draws a run's loss, eval loss, learning rate and
+/// tokens/s beside the partition report, and the page renders.
+TEST(Compile, HtmlReportDrawsARunsCurves) {
+  TempDir dir;
+  std::string fixture = std::string(PIPEC_SOURCE_DIR) + "/tests/fixtures/torch/stream/", out;
+  std::string plan = dir.path("s.plan"), metrics = dir.path("run.jsonl");
+  std::string html = dir.path("report.html");
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + fixture +
+                           "model.onnx --hardware cpu --stages 2 --microbatches 4 -o " + plan,
+                       out),
+            0)
+      << out;
+  ASSERT_EQ(runCommand(pipecBinary + " run " + plan + " --data " + fixture +
+                           "train.bin --eval-data " + fixture +
+                           "eval.bin --eval-every 10 --eval-steps 2 --steps 30 --quiet --metrics " +
+                           metrics,
+                       out),
+            0)
+      << out;
+  ASSERT_EQ(runCommand(pipecBinary + " report " + plan + " --format html --metrics " + metrics +
+                           " -o " + html,
+                       out),
+            0)
+      << out;
+  std::string text = readFile(html);
+  size_t curves = text.find("Training curves");
+  ASSERT_NE(curves, std::string::npos);
+  size_t end = text.find("<h2", curves + 1), charts = 0;
+  for (size_t p = text.find("<svg", curves); p < end; p = text.find("<svg", p + 1))
+    ++charts;
+  EXPECT_EQ(charts, 3u) << "loss with eval loss, learning rate, tokens/s";
+  EXPECT_NE(text.find("eval loss", curves), std::string::npos);
+  EXPECT_NE(text.find("tokens", curves), std::string::npos);
+  ASSERT_EQ(runCommand(pipecBinary + " report " + plan + " --metrics " + metrics, out), 0) << out;
+  EXPECT_NE(out.find("metrics: 30 step(s), 1 to 30"), std::string::npos) << out;
+  std::string chromium;
+  if (runCommand("command -v chromium", chromium) != 0)
+    GTEST_SKIP() << "chromium is not installed";
+  std::string png = dir.path("curves.png");
+  runCommand("cd " + dir.root() +
+                 " && timeout 120 chromium --headless --no-sandbox --disable-gpu "
+                 "--hide-scrollbars --window-size=1400,2000 --screenshot=" +
+                 png + " file://" + html,
+             out);
+  ASSERT_TRUE(fileExists(png)) << out;
+  EXPECT_GT(distinctPixelBytes(readFile(png)), 100) << "the rendered page is blank";
+}
+
 } // namespace
 
 namespace {

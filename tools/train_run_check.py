@@ -11,7 +11,9 @@
    the trained weights (--save-weights, then `compile --mode infer`) on the
    same windows, fed as per-input .npy files, whose loss output is the
    reference.
-3. Bad input: a token outside the vocabulary names its offset, a corpus
+3. Formats: the same ids as a uint16 .bin, a uint32 .bin, a Megatron-LM
+   .bin with its .idx, and a .npy train to the same losses.
+4. Bad input: a token outside the vocabulary names its offset, a corpus
    shorter than a window, a --seq-len the plan was not compiled for and an
    evaluation set of another sequence length each give one line and exit 1
    or 2.
@@ -104,6 +106,33 @@ def check_eval(pipec, work, plan, train_bin, eval_ids, metrics):
     print("evaluation: eval loss %.7f equals the inference run's %.7f" % (got, reference))
 
 
+def check_formats(pipec, work, plan, train_ids):
+    """The same ids as uint16 .bin, uint32 .bin (--token-type), a Megatron
+    .bin/.idx of int32 and an int64 .npy train alike."""
+    def losses(path, *extra):
+        metrics = os.path.join(work, "formats.jsonl")
+        run([pipec, "run", plan, "--data", path, "--steps", "3", "--quiet", "--metrics", metrics] +
+            list(extra))
+        return [json.loads(l)["loss"] for l in open(metrics)]
+    base = losses(os.path.join(work, "train.bin"))
+    wide = os.path.join(work, "wide.bin")
+    tokens(wide, train_ids, "I")
+    megatron = os.path.join(work, "megatron", "corpus")
+    os.makedirs(os.path.dirname(megatron), exist_ok=True)
+    tokens(megatron + ".bin", train_ids, "i")
+    with open(megatron + ".idx", "wb") as f:
+        # Megatron-LM's header: magic, version 1, dtype code 4 (int32).
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + bytes([4]))
+    npy = os.path.join(work, "ids.npy")
+    np.save(npy, np.array(train_ids, dtype=np.int64))
+    for name, got in (("uint32 .bin", losses(wide, "--token-type", "uint32")),
+                      ("Megatron .bin/.idx", losses(megatron + ".bin")),
+                      ("int64 .npy", losses(npy))):
+        if got != base:
+            sys.exit("FAIL: %s trains to %s, the uint16 .bin to %s" % (name, got, base))
+    print("formats: uint16 and uint32 .bin, Megatron .bin/.idx and .npy give the same losses")
+
+
 def check_errors(pipec, work, plan, train_bin):
     cases = []
     bad = os.path.join(work, "bad.bin")
@@ -146,7 +175,8 @@ def main():
     rng = np.random.default_rng(7)
     train_bin = os.path.join(a.work, "train.bin")
     eval_bin = os.path.join(a.work, "eval.bin")
-    tokens(train_bin, rng.integers(0, VOCAB, 3000).tolist())
+    train_ids = rng.integers(0, VOCAB, 3000).tolist()
+    tokens(train_bin, train_ids)
     eval_ids = rng.integers(0, VOCAB, 400).tolist()
     tokens(eval_bin, eval_ids)
     metrics = os.path.join(a.work, "run.jsonl")
@@ -159,6 +189,7 @@ def main():
          "--quiet"])
     check_tensorboard(metrics, board)
     check_eval(a.pipec, a.work, plan, train_bin, eval_ids, metrics)
+    check_formats(a.pipec, a.work, plan, train_ids)
     check_errors(a.pipec, a.work, plan, train_bin)
     print("ok")
 
