@@ -444,6 +444,22 @@ int distinctPixelBytes(const std::string &png) {
   return static_cast<int>(seen.size());
 }
 
+/// Renders \p html in headless Chromium, \p height pixels tall, and expects
+/// a drawn page; skips the test where Chromium is not installed.
+void expectRendersInChromium(TempDir &dir, const std::string &html, int height) {
+  std::string out;
+  if (runCommand("command -v chromium", out) != 0)
+    GTEST_SKIP() << "chromium is not installed";
+  std::string png = dir.path("page.png");
+  runCommand("cd " + dir.root() +
+                 " && timeout 120 chromium --headless --no-sandbox --disable-gpu "
+                 "--hide-scrollbars --window-size=1400," +
+                 std::to_string(height) + " --screenshot=" + png + " file://" + html,
+             out);
+  ASSERT_TRUE(fileExists(png)) << out;
+  EXPECT_GT(distinctPixelBytes(readFile(png)), 100) << "the rendered page is blank";
+}
+
 TEST(Compile, HtmlReportRendersInABrowser) {
   TempDir dir;
   std::string model = std::string(PIPEC_SOURCE_DIR) + "/models/bundled/gpt-4l.onnx", out;
@@ -466,17 +482,7 @@ TEST(Compile, HtmlReportRendersInABrowser) {
   for (size_t p = text.find("<title>"); p != std::string::npos; p = text.find("<title>", p + 1))
     ++boxes;
   EXPECT_GE(boxes, 16u * 4 * 3);
-  std::string chromium;
-  if (runCommand("command -v chromium", chromium) != 0)
-    GTEST_SKIP() << "chromium is not installed";
-  std::string png = dir.path("report.png");
-  runCommand("cd " + dir.root() +
-                 " && timeout 120 chromium --headless --no-sandbox --disable-gpu "
-                 "--hide-scrollbars --window-size=1400,1500 --screenshot=" +
-                 png + " file://" + html,
-             out);
-  ASSERT_TRUE(fileExists(png)) << out;
-  EXPECT_GT(distinctPixelBytes(readFile(png)), 100) << "the rendered page is blank";
+  expectRendersInChromium(dir, html, 1500);
 }
 
 /// `pipec report --metrics` draws a run's loss, eval loss, learning rate and
@@ -514,17 +520,7 @@ TEST(Compile, HtmlReportDrawsARunsCurves) {
   EXPECT_NE(text.find("tokens", curves), std::string::npos);
   ASSERT_EQ(runCommand(pipecBinary + " report " + plan + " --metrics " + metrics, out), 0) << out;
   EXPECT_NE(out.find("metrics: 30 step(s), 1 to 30"), std::string::npos) << out;
-  std::string chromium;
-  if (runCommand("command -v chromium", chromium) != 0)
-    GTEST_SKIP() << "chromium is not installed";
-  std::string png = dir.path("curves.png");
-  runCommand("cd " + dir.root() +
-                 " && timeout 120 chromium --headless --no-sandbox --disable-gpu "
-                 "--hide-scrollbars --window-size=1400,2000 --screenshot=" +
-                 png + " file://" + html,
-             out);
-  ASSERT_TRUE(fileExists(png)) << out;
-  EXPECT_GT(distinctPixelBytes(readFile(png)), 100) << "the rendered page is blank";
+  expectRendersInChromium(dir, html, 2000);
 }
 
 } // namespace

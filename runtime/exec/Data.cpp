@@ -164,13 +164,6 @@ Expected<NpyHeader> parseNpyHeader(StringRef text) {
   return out;
 }
 
-uint64_t splitmix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 /// \p shape without dimension \p axis: the shape of one sample.
 std::vector<int64_t> sampleShape(ArrayRef<int64_t> shape, int axis) {
   std::vector<int64_t> out(shape.begin(), shape.end());
@@ -541,21 +534,21 @@ Expected<cpu::Tensor> DataSource::microbatch(const std::string &name, int64_t fi
   }
   // Element e of a sample is its e-th value in row-major order (outer, then
   // inner): along axis 0 that is the sample's own flat layout.
-  uint64_t base = splitmix(seed ^ hashName(name));
+  uint64_t base = splitmix64(seed ^ hashName(name));
   bool floating = cpu::isFloating(in.type);
   for (int64_t s = 0; s < samples; ++s) {
-    uint64_t sampleKey = splitmix(base + static_cast<uint64_t>(first + s));
+    uint64_t sampleKey = splitmix64(base + static_cast<uint64_t>(first + s));
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t j = 0; j < inner; ++j) {
         int64_t e = o * inner + j;
         int64_t i = (o * samples + s) * inner + j;
-        uint64_t u = splitmix(sampleKey ^ static_cast<uint64_t>(e) * 0xD6E8FEB86659FD93ull);
+        uint64_t u = splitmix64(sampleKey ^ static_cast<uint64_t>(e) * 0xD6E8FEB86659FD93ull);
         if (in.spec.ones()) {
           out.setDouble(i, 1);
         } else if (floating) {
           // Box-Muller from two 53-bit uniforms.
           double u1 = (static_cast<double>(u >> 11) + 0.5) * 0x1.0p-53;
-          double u2 = static_cast<double>(splitmix(u) >> 11) * 0x1.0p-53;
+          double u2 = static_cast<double>(splitmix64(u) >> 11) * 0x1.0p-53;
           out.setDouble(i, std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2));
         } else {
           int64_t high = std::max<int64_t>(in.spec.high(), 1);

@@ -40,6 +40,15 @@
 
 namespace pipec::rt {
 
+/// SplitMix64's finalizer of \p x + the golden gamma: the counter-based
+/// randomness of synthetic data and of a token stream's order.
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 /// \p name as a file name: '/', ':' and '\\' made '_' (graph inputs and
 /// outputs are named like paths).
 std::string safeFileName(llvm::StringRef name);

@@ -25,13 +25,6 @@ namespace pipec::rt {
 
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 /// Epoch \p epoch's order of \p windows windows: Fisher-Yates from the last
 /// position down, position i swapping with splitmix64(key + i) mod (i + 1).
 std::vector<int64_t> shuffledWindows(int64_t windows, uint64_t seed, int64_t epoch) {
