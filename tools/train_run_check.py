@@ -151,6 +151,17 @@ def check_errors(pipec, work, plan, train_bin):
     np.save(os.path.join(other, "labels.npy"), np.ones((4, 8), dtype=np.int64))
     cases.append(([pipec, "run", plan, "--data", train_bin, "--eval-data", other, "--eval-every",
                    "1", "--quiet"], 1, "--eval-data"))
+    # A resume over a stream of other windows would not continue its order.
+    ckpt = os.path.join(work, "ckpt")
+    if os.path.isdir(ckpt):
+        import shutil
+        shutil.rmtree(ckpt)
+    run([pipec, "run", plan, "--data", train_bin, "--steps", "2", "--checkpoint", ckpt,
+         "--quiet"])
+    other_bin = os.path.join(work, "other.bin")
+    tokens(other_bin, [1] * 500)
+    cases.append(([pipec, "run", plan, "--data", other_bin, "--steps", "3", "--checkpoint", ckpt,
+                   "--resume", "--quiet"], 1, "resuming would not continue its order"))
     for args, code, needle in cases:
         p = subprocess.run(args, capture_output=True, text=True)
         lines = [l for l in p.stderr.splitlines() if l.strip()]
