@@ -709,7 +709,7 @@ int main(int argc, char **argv) {
       "  pipec compile MODEL.onnx -o MODEL.plan [--stages P] ...\n"
       "  pipec report MODEL.plan [--format text|json|html] [--trace run.json]\n"
       "  pipec simulate MODEL.plan [--trace trace.json]\n"
-      "  pipec run MODEL.plan [--steps N] [--data DIR] ...\n"
+      "  pipec run MODEL.plan [--steps N] [--data DIR|FILE] [--eval-data ...] ...\n"
       "  pipec profile MODEL.onnx -o costs.json [--batch B]\n"
       "  mpirun -np P pipec run MODEL.plan --comm mpi\n"
       "  pipec model gpt|llama|bert|mlp|resnet [options] -o FILE\n"
