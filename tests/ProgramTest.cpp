@@ -208,12 +208,12 @@ TEST(LowerSchedule, EvaluationStreamsAreTheForwards) {
                   Shape{ScheduleKind::Interleaved, 2}, Shape{ScheduleKind::ZBH1, 1},
                   Shape{ScheduleKind::ZBV, 2}, Shape{ScheduleKind::DualPipeV, 2}}) {
     SCOPED_TRACE(scheduleName(s.kind).str());
-    int P = 4, M = 8;
-    auto sweep = generateSchedule(s.kind, P, s.v, M);
+    int stages = 4, microbatches = 8;
+    auto sweep = generateSchedule(s.kind, stages, s.v, microbatches);
     ASSERT_TRUE(!!sweep) << toString(sweep.takeError());
-    auto lowered = lowerSchedule(*sweep, unitInputs(P * s.v, /*recompute=*/true));
+    auto lowered = lowerSchedule(*sweep, unitInputs(stages * s.v, /*recompute=*/true));
     ASSERT_TRUE(!!lowered) << toString(lowered.takeError());
-    llvm::Error err = verifyProgram(*lowered, P, M, s.kind, s.v);
+    llvm::Error err = verifyProgram(*lowered, stages, microbatches, s.kind, s.v);
     ASSERT_FALSE(static_cast<bool>(err)) << toString(std::move(err));
     for (const plan::RankProgram &p : *lowered) {
       int forwards = 0;
@@ -223,7 +223,7 @@ TEST(LowerSchedule, EvaluationStreamsAreTheForwards) {
             << formatInstruction(i);
         forwards += i.op() == Op::FORWARD;
       }
-      EXPECT_EQ(forwards, s.v * M);
+      EXPECT_EQ(forwards, s.v * microbatches);
     }
   }
 }

@@ -146,13 +146,13 @@ Expected<std::shared_ptr<TokenStream>> TokenStream::open(StringRef path, const O
                         stream->elementBytes));
   stream->base = bytes.data() + start;
   stream->count = static_cast<int64_t>(payload / stream->elementBytes);
-  int64_t S = options.seqLen;
-  if (S <= 0)
+  int64_t seqLen = options.seqLen;
+  if (seqLen <= 0)
     return fail("the plan feeds no token ids [batch, sequence] that a token stream could fill");
-  if (stream->count < S + 1)
+  if (stream->count < seqLen + 1)
     return fail(formatv("{0} token(s), fewer than one window of S + 1 = {1} (S is the plan's "
                         "sequence length)",
-                        stream->count, S + 1));
+                        stream->count, seqLen + 1));
   if (options.vocabulary > 0)
     for (int64_t i = 0; i < stream->count; ++i) {
       int64_t token = stream->at(i);
@@ -190,10 +190,10 @@ int64_t TokenStream::at(int64_t i) const {
 }
 
 int64_t TokenStream::windowOf(int64_t n) const {
-  int64_t N = windows();
+  int64_t count = windows();
   if (!options.shuffled)
-    return n % N;
-  int64_t epoch = n / N;
+    return n % count;
+  int64_t epoch = n / count;
   std::shared_ptr<const std::vector<int64_t>> order;
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -204,12 +204,12 @@ int64_t TokenStream::windowOf(int64_t n) const {
         epochs.erase(epochs.begin());
       it = epochs
                .emplace(epoch, std::make_shared<const std::vector<int64_t>>(
-                                   shuffledWindows(N, options.seed, epoch)))
+                                   shuffledWindows(count, options.seed, epoch)))
                .first;
     }
     order = it->second;
   }
-  return (*order)[static_cast<size_t>(n % N)];
+  return (*order)[static_cast<size_t>(n % count)];
 }
 
 Expected<std::shared_ptr<DataSource>>
@@ -292,7 +292,7 @@ cpu::Tensor streamMicrobatch(const TokenStream &stream, const plan::DataInput &s
   cpu::Tensor out(type, shape);
   int64_t samples = shape.empty() ? 1 : shape[0];
   int64_t width = out.numElements() / std::max<int64_t>(samples, 1);
-  int64_t S = stream.seqLen();
+  int64_t seqLen = stream.seqLen();
   int offset = spec.stream() == plan::DataInput::NEXT_TOKENS ? 1 : 0;
   for (int64_t s = 0; s < samples; ++s)
     for (int64_t j = 0; j < width; ++j) {
@@ -301,7 +301,7 @@ cpu::Tensor streamMicrobatch(const TokenStream &stream, const plan::DataInput &s
         out.setDouble(at, 1); // a mask
         continue;
       }
-      int64_t token = stream.at(stream.windowOf(first + s) * S + offset + j);
+      int64_t token = stream.at(stream.windowOf(first + s) * seqLen + offset + j);
       if (type == DType::I64)
         out.data<int64_t>()[at] = token;
       else
