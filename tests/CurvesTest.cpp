@@ -123,13 +123,7 @@ MetricsPoint point(int64_t step, std::optional<double> loss,
                    std::optional<double> evalLoss = std::nullopt,
                    std::optional<double> lr = std::nullopt,
                    std::optional<double> tokensPerSecond = std::nullopt) {
-  MetricsPoint p;
-  p.step = step;
-  p.loss = loss;
-  p.evalLoss = evalLoss;
-  p.lr = lr;
-  p.tokensPerSecond = tokensPerSecond;
-  return p;
+  return MetricsPoint{step, loss, evalLoss, lr, tokensPerSecond};
 }
 
 /// 200 steps of a decaying loss, a warm-up of the learning rate, tokens/s,

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <tuple>
 
 using namespace llvm;
 
@@ -47,23 +48,16 @@ Expected<std::pair<int, bool>> megatronType(StringRef idxPath) {
   StringRef bytes = (*file)->getBuffer();
   if (bytes.size() < 18 || !bytes.startswith(StringRef("MMIDIDX\0\0", 9)))
     return fileError(idxPath, "not a Megatron index (its header does not start MMIDIDX)");
-  switch (static_cast<uint8_t>(bytes[17])) {
-  case 1: // uint8
-    return std::make_pair(1, false);
-  case 2: // int8
-    return std::make_pair(1, true);
-  case 3: // int16
-    return std::make_pair(2, true);
-  case 4: // int32
-    return std::make_pair(4, true);
-  case 5: // int64
-    return std::make_pair(8, true);
-  case 8: // uint16
-    return std::make_pair(2, false);
-  default:
-    return fileError(idxPath, formatv("token type code {0} is not an integer type",
-                                      static_cast<int>(static_cast<uint8_t>(bytes[17]))));
-  }
+  // Megatron-LM's dtype codes (megatron/core/datasets/indexed_dataset.py):
+  // code, bytes, signed; 6 and 7 are floats.
+  static const std::tuple<uint8_t, int, bool> types[] = {
+      {1, 1, false}, {2, 1, true}, {3, 2, true}, {4, 4, true}, {5, 8, true}, {8, 2, false}};
+  uint8_t code = static_cast<uint8_t>(bytes[17]);
+  for (const auto &[known, size, isSigned] : types)
+    if (code == known)
+      return std::make_pair(size, isSigned);
+  return fileError(idxPath,
+                   formatv("token type code {0} is not an integer type", static_cast<int>(code)));
 }
 
 /// The bytes after a .npy header of one integer dimension, and the element.
