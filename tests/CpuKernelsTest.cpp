@@ -639,6 +639,67 @@ TEST(CpuKernels, MultiHeadAttentionWithBiasPastAndKeyLengthsMatchesLoops) {
   expectClose(out[2], floats({batch, numHeads, total, headSize}, v), 1e-5, 1e-5);
 }
 
+/// GroupQueryAttention decoding one token over a long past (4 query heads
+/// over 2 key/value heads, head size 12): against attention in double, and
+/// bit for bit against each score summed one row at a time in float, the
+/// order the kernel's blocks of 8 keys keep.
+TEST(CpuKernels, GroupQueryAttentionScoresKeepTheirOrder) {
+  const int64_t batch = 2, numHeads = 4, kvHeads = 2, headSize = 12, pastLen = 21;
+  const int64_t hidden = numHeads * headSize, kvHidden = kvHeads * headSize;
+  Tensor query = randomTensor({batch, 1, hidden}, 50), key = randomTensor({batch, 1, kvHidden}, 51),
+         value = randomTensor({batch, 1, kvHidden}, 52),
+         pastKey = randomTensor({batch, kvHeads, pastLen, headSize}, 53),
+         pastValue = randomTensor({batch, kvHeads, pastLen, headSize}, 54);
+  // Row 0 sees all its past; row 1 only its first 17 positions.
+  Tensor seqlens = Tensor::fromValues<int32_t>({batch}, {int32_t(pastLen), 17});
+  Tensor totalLength = Tensor::fromValues<int32_t>({}, {int32_t(pastLen + 1)});
+  auto out = run(contribNode("GroupQueryAttention", 7, 3)
+                     .attr("num_heads", numHeads)
+                     .attr("kv_num_heads", kvHeads),
+                 {&query, &key, &value, &pastKey, &pastValue, &seqlens, &totalLength});
+  ASSERT_EQ(out.size(), 3u);
+  const Tensor &presentKey = out[1], &presentValue = out[2];
+  int64_t present = presentKey.dim(2);
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t seen = seqlens.data<int32_t>()[b] + 1;
+    for (int64_t n = 0; n < numHeads; ++n) {
+      const float *q = query.data<float>() + b * hidden + n * headSize;
+      int64_t kv = (b * kvHeads + n / (numHeads / kvHeads)) * present * headSize;
+      std::vector<double> exact(seen), scores(seen);
+      double maxExact = -INFINITY, maxScore = -INFINITY;
+      for (int64_t t = 0; t < seen; ++t) {
+        const float *k = presentKey.data<float>() + kv + t * headSize;
+        float dot = 0;
+        double full = 0;
+        for (int64_t i = 0; i < headSize; ++i) {
+          dot += q[i] * k[i];
+          full += double(q[i]) * k[i];
+        }
+        scores[t] = double(dot * float(1 / std::sqrt(double(headSize))));
+        exact[t] = full / std::sqrt(double(headSize));
+        maxScore = std::max(maxScore, scores[t]);
+        maxExact = std::max(maxExact, exact[t]);
+      }
+      double sum = 0, sumExact = 0;
+      for (int64_t t = 0; t < seen; ++t) {
+        sum += scores[t] = std::exp(scores[t] - maxScore);
+        sumExact += exact[t] = std::exp(exact[t] - maxExact);
+      }
+      for (int64_t h = 0; h < headSize; ++h) {
+        double total = 0, totalExact = 0;
+        for (int64_t t = 0; t < seen; ++t) {
+          double v = presentValue.data<float>()[kv + t * headSize + h];
+          total += scores[t] / sum * v;
+          totalExact += exact[t] / sumExact * v;
+        }
+        float got = out[0].data<float>()[b * hidden + n * headSize + h];
+        EXPECT_EQ(got, float(total)) << "row " << b << " head " << n << " element " << h;
+        EXPECT_NEAR(got, totalExact, 1e-5) << "row " << b << " head " << n << " element " << h;
+      }
+    }
+  }
+}
+
 TEST(CpuKernels, RotaryEmbeddingHalvesAndInterleavedPairs) {
   // One head of 4 at position 1, where the cache holds angles with
   // (cos, sin) = (0, 1) for the first pair and (0.5, 0.5) for the second.

@@ -34,6 +34,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
+#include "runtime/cpu/Kernels.h"
 #include "support/Parallel.h"
 
 #include "llvm/Support/FormatVariadic.h"
@@ -41,6 +42,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 using namespace llvm;
@@ -203,6 +205,25 @@ void writePresent(const GqaSizes &a, const T *k, const T *v, const Tensor *pastK
     }
 }
 
+/// The dot products of \p q with each of the 8 rows of \p keys (\p H
+/// floats each, consecutive) into \p dots: the rows transposed into
+/// \p scratch (8 x H), then 8 sums side by side, each summing its products
+/// in the order of i as one row's loop would (the same bits).
+void dotEight(const float *q, const float *keys, int64_t H, float *scratch, float dots[8]) {
+  using Lanes = float __attribute__((vector_size(16)));
+  transposeFloats(keys, 8, H, H, scratch, 8);
+  Lanes low = {0, 0, 0, 0}, high = {0, 0, 0, 0};
+  for (int64_t i = 0; i < H; ++i) {
+    Lanes qi = {q[i], q[i], q[i], q[i]}, k0, k1;
+    std::memcpy(&k0, scratch + i * 8, sizeof k0);
+    std::memcpy(&k1, scratch + i * 8 + 4, sizeof k1);
+    low += qi * k0;
+    high += qi * k1;
+  }
+  std::memcpy(dots, &low, sizeof low);
+  std::memcpy(dots + 4, &high, sizeof high);
+}
+
 /// output [B, S, N * H]: each query head's softmax over the keys it sees
 /// of its kv head (N / Nkv query heads share one), times their values.
 template <typename T>
@@ -217,6 +238,7 @@ void attendHeads(const GqaSizes &a, const T *q, const T *pk, const T *pv, const 
   parallelFor(a.B * a.N, grain, [&](int64_t begin, int64_t end) {
     std::vector<T> qRot(a.H);
     std::vector<double> scores(a.present);
+    std::vector<float> keysT(8 * a.H);
     for (int64_t bn = begin; bn < end; ++bn) {
       int64_t b = bn / a.N, n = bn % a.N;
       const T *keys = pk + (b * a.Nkv + n / group) * a.present * a.H;
@@ -231,16 +253,27 @@ void attendHeads(const GqaSizes &a, const T *q, const T *pk, const T *pv, const 
         if (a.window > 0 && seen > a.window)
           first = seen - a.window;
         double maxScore = a.smooth ? 0.0 : -INFINITY;
-        for (int64_t t = first; t < seen; ++t) {
-          const T *kRow = keys + t * a.H;
-          float dot = 0;
-          for (int64_t i = 0; i < a.H; ++i)
-            dot += static_cast<float>(qRow[i]) * static_cast<float>(kRow[i]);
+        auto score = [&](int64_t t, float dot) {
           double x = static_cast<double>(dot * a.scale);
           if (a.softcap > 0)
             x = a.softcap * std::tanh(x / a.softcap);
           scores[t] = x;
           maxScore = std::max(maxScore, x);
+        };
+        int64_t t = first;
+        if constexpr (std::is_same_v<T, float>)
+          for (; t + 8 <= seen; t += 8) {
+            float dots[8];
+            dotEight(qRow, keys + t * a.H, a.H, keysT.data(), dots);
+            for (int l = 0; l < 8; ++l)
+              score(t + l, dots[l]);
+          }
+        for (; t < seen; ++t) {
+          const T *kRow = keys + t * a.H;
+          float dot = 0;
+          for (int64_t i = 0; i < a.H; ++i)
+            dot += static_cast<float>(qRow[i]) * static_cast<float>(kRow[i]);
+          score(t, dot);
         }
         double sum = a.smooth ? std::exp(-maxScore) : 0.0;
         for (int64_t t = first; t < seen; ++t)
