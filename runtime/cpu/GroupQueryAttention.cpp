@@ -252,28 +252,32 @@ void attendHeads(const GqaSizes &a, const T *q, const T *pk, const T *pv, const 
         int64_t seen = std::min(a.start[b] + s + 1, a.length[b]), first = 0;
         if (a.window > 0 && seen > a.window)
           first = seen - a.window;
+        // The running maximum stays in a register: the lambda returns each
+        // score rather than updating a captured one.
         double maxScore = a.smooth ? 0.0 : -INFINITY;
-        auto score = [&](int64_t t, float dot) {
-          double x = static_cast<double>(dot * a.scale);
-          if (a.softcap > 0)
-            x = a.softcap * std::tanh(x / a.softcap);
-          scores[t] = x;
-          maxScore = std::max(maxScore, x);
+        auto score = [softcap = a.softcap, scale = a.scale](float dot) {
+          double x = static_cast<double>(dot * scale);
+          return softcap > 0 ? softcap * std::tanh(x / softcap) : x;
         };
         int64_t t = first;
         if constexpr (std::is_same_v<T, float>)
           for (; t + 8 <= seen; t += 8) {
             float dots[8];
             dotEight(qRow, keys + t * a.H, a.H, keysT.data(), dots);
-            for (int l = 0; l < 8; ++l)
-              score(t + l, dots[l]);
+            for (int l = 0; l < 8; ++l) {
+              double x = score(dots[l]);
+              scores[t + l] = x;
+              maxScore = std::max(maxScore, x);
+            }
           }
         for (; t < seen; ++t) {
           const T *kRow = keys + t * a.H;
           float dot = 0;
           for (int64_t i = 0; i < a.H; ++i)
             dot += static_cast<float>(qRow[i]) * static_cast<float>(kRow[i]);
-          score(t, dot);
+          double x = score(dot);
+          scores[t] = x;
+          maxScore = std::max(maxScore, x);
         }
         double sum = a.smooth ? std::exp(-maxScore) : 0.0;
         for (int64_t t = first; t < seen; ++t)
