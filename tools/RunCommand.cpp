@@ -373,11 +373,21 @@ void printRunSummary(const plan::Plan &planRef, const rt::RunResult &resultRef, 
                                    : formatv("{0} node run(s) ({1})", total, byOp).str());
     }
     outs() << "\n";
-    if (done > 0)
-      outs() << "throughput: " << rt::formatRates(*plan, perStep, RunBackend) << "\n";
-    for (const rt::StepRecord &record : result->history)
-      if (record.evalLoss && record.step == result->history.back().step)
-        outs() << formatv("eval loss after step {0}: {1:f4}\n", record.step, *record.evalLoss);
+    if (!result->history.empty()) {
+      // The steps' own time: evaluations and checkpoints are not steps.
+      double stepSeconds = 0;
+      for (const rt::StepRecord &record : result->history)
+        stepSeconds += record.seconds;
+      stepSeconds /= static_cast<double>(result->history.size());
+      outs() << "throughput over the steps (evaluation and checkpoints aside): "
+             << rt::formatRates(*plan, stepSeconds, RunBackend) << "\n";
+    }
+    // The last evaluation, whichever step ran it.
+    auto evaluated = std::find_if(result->history.rbegin(), result->history.rend(),
+                                  [](const rt::StepRecord &r) { return r.evalLoss.has_value(); });
+    if (evaluated != result->history.rend())
+      outs() << formatv("eval loss after step {0}: {1:f4}\n", evaluated->step,
+                        *evaluated->evalLoss);
     if (!result->rankNodes.empty())
       outs() << "nodes: " << formatRankNodes(result->rankNodes) << "\n";
     if (RunBackend == "cpu" && !result->blas.empty())
