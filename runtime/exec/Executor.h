@@ -169,7 +169,9 @@ struct StepRates {
 };
 StepRates stepRates(const plan::Plan &plan, double seconds);
 /// "8.1k tokens/s  0.52 TFLOP/s  MFU 3.4% (of the calibrated CPU peak)", or
-/// samples/s for a plan that feeds no token ids.
+/// samples/s for a plan that feeds no token ids. The MFU says whose peak:
+/// the calibrated CPU's, or the plan's hardware spec by name (and, run on
+/// the \p backend "cpu", that it is not this CPU's).
 std::string formatRates(const plan::Plan &plan, double seconds, llvm::StringRef backend);
 
 struct RunResult {

@@ -198,10 +198,16 @@ std::string formatRates(const plan::Plan &plan, double seconds, StringRef backen
                          : formatv("{0:f1} samples/s", rates.samplesPerSecond).str();
   if (rates.flopsPerSecond > 0)
     text += formatv("  {0:f3} TFLOP/s", rates.flopsPerSecond / 1e12).str();
-  if (rates.mfu > 0)
-    text += formatv("  MFU {0:f1}%{1}", 100 * rates.mfu,
-                    backend == "cpu" ? " (of the calibrated CPU peak)" : "")
-                .str();
+  if (rates.mfu > 0) {
+    // Whose peak: a CPU plan's is calibrated; another spec's is named, and
+    // said not to be this CPU's when the plan runs on one.
+    std::string hardware = plan.hardware_size() > 0 ? plan.hardware(0).name() : "";
+    std::string whose = hardware == "cpu" ? "of the calibrated CPU peak"
+                        : backend == "cpu"
+                            ? "of " + hardware + "'s peak, the plan's hardware, " + "not this CPU's"
+                            : "of " + hardware + "'s peak";
+    text += formatv("  MFU {0:f1}% ({1})", 100 * rates.mfu, whose).str();
+  }
   return text;
 }
 
