@@ -208,19 +208,20 @@ bool dropsLeadingPositions(const Graph &graph, const Op &op, int v) {
 /// when it labels a cross-entropy, looking through ops that move values
 /// without changing them (labels are often shifted by a Slice and flattened
 /// first). \p stream is what a token stream feeds it: TOKENS for ids that
-/// index a table and for labels shifted on their way to the loss,
-/// NEXT_TOKENS for labels the loss reads as they are.
+/// index a table (a candidate: addDataInputs keeps those of the vocabulary)
+/// and for labels shifted on their way to the loss, NEXT_TOKENS for labels
+/// the loss reads as they are.
 int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward, int64_t &tableRows,
                       plan::DataInput::Stream &stream) {
-  // Contrib ops that index tables (op, index input, table input):
-  // EmbedLayerNormalization's input_ids, segment_ids and position_ids (word,
-  // segment and position embeddings), RotaryEmbedding's position_ids (the
-  // cos cache).
-  static const std::tuple<OpId, size_t, size_t> contribTables[] = {
-      {OpId::MsEmbedLayerNormalization, 0, 2},
-      {OpId::MsEmbedLayerNormalization, 1, 4},
-      {OpId::MsEmbedLayerNormalization, 8, 3},
-      {OpId::MsRotaryEmbedding, 1, 2}};
+  // Contrib ops that index tables (op, index input, table input, whether
+  // the table is the vocabulary): EmbedLayerNormalization's input_ids,
+  // segment_ids and position_ids (word, segment and position embeddings),
+  // RotaryEmbedding's position_ids (the cos cache).
+  static const std::tuple<OpId, size_t, size_t, bool> contribTables[] = {
+      {OpId::MsEmbedLayerNormalization, 0, 2, true},
+      {OpId::MsEmbedLayerNormalization, 1, 4, false},
+      {OpId::MsEmbedLayerNormalization, 8, 3, false},
+      {OpId::MsRotaryEmbedding, 1, 2, false}};
   stream = plan::DataInput::NOT_TOKENS;
   auto labels = [&](bool shifted, int64_t classes) {
     stream = shifted ? plan::DataInput::TOKENS : plan::DataInput::NEXT_TOKENS;
@@ -244,13 +245,13 @@ int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward, int6
           return tableRows = data.shape[axis];
         }
       }
-      for (const auto &[type, index, table] : contribTables) {
+      for (const auto &[type, index, table, words] : contribTables) {
         if (!op.is(type) || op.inputs.size() <= std::max(index, table) || op.inputs[index] != v ||
             op.inputs[table] < 0)
           continue;
         const Value &rows = graph.values[op.inputs[table]];
         if (!rows.shape.empty()) {
-          stream = plan::DataInput::TOKENS;
+          stream = words ? plan::DataInput::TOKENS : plan::DataInput::NOT_TOKENS;
           return tableRows = rows.shape[0];
         }
       }
@@ -729,6 +730,24 @@ void addTrainable(plan::Plan &plan, const Graph &graph, const Backward &backward
     plan.add_warnings(note);
 }
 
+/// Token ids are the inputs that index the vocabulary: a table of as many
+/// rows as the loss has classes, or, with no labels to say, the largest
+/// table an input indexes. Position ids index a table too (a Gather of the
+/// position embedding) and get no tokens from a stream.
+void keepVocabularyIds(plan::Plan &plan) {
+  int64_t vocabulary = 0;
+  for (const plan::DataInput &d : plan.data())
+    if (d.stream() != plan::DataInput::NOT_TOKENS && d.index_rows() == 0)
+      vocabulary = std::max(vocabulary, d.high()); // labels: the class count
+  if (vocabulary == 0)
+    for (const plan::DataInput &d : plan.data())
+      if (d.stream() == plan::DataInput::TOKENS)
+        vocabulary = std::max(vocabulary, d.index_rows());
+  for (plan::DataInput &d : *plan.mutable_data())
+    if (d.stream() == plan::DataInput::TOKENS && d.index_rows() > 0 && d.index_rows() != vocabulary)
+      d.set_stream(plan::DataInput::NOT_TOKENS);
+}
+
 /// What a step feeds: the graph inputs the stages load (\p loadedBy: the
 /// first stage that loads each).
 void addDataInputs(plan::Plan &plan, const Graph &graph, const Backward *backward,
@@ -763,6 +782,7 @@ void addDataInputs(plan::Plan &plan, const Graph &graph, const Backward *backwar
       d.set_stream(stream);
     }
   }
+  keepVocabularyIds(plan);
 }
 
 /// The graph outputs and the dimension each stacks its microbatches along.

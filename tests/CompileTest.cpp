@@ -564,6 +564,56 @@ TEST(Compile, TokenStreamRolesFollowTheGraph) {
   EXPECT_EQ(streamOf("labels"), plan::DataInput::NEXT_TOKENS);
 }
 
+/// Position ids index a table too, the position embedding's: only the ids
+/// of the vocabulary (the loss's classes) take a stream's tokens, and a
+/// token file cannot feed a model that also wants position ids.
+TEST(Compile, PositionIdsTakeNoTokens) {
+  TempDir dir;
+  GraphBuilder b;
+  b.input("input_ids", onnx::TensorProto::INT64, {2, 8});
+  b.input("position_ids", onnx::TensorProto::INT64, {2, 8});
+  b.input("labels", onnx::TensorProto::INT64, {2, 8});
+  b.weight("wte", {32, 16});
+  b.weight("wpe", {8, 16});
+  b.weight("head", {16, 32});
+  b.node("Gather", {"wte", "input_ids"}, {"tokens"});
+  b.node("Gather", {"wpe", "position_ids"}, {"positions"});
+  b.node("Add", {"tokens", "positions"}, {"hidden"});
+  b.node("MatMul", {"hidden", "head"}, {"logits"});
+  onnx::NodeProto &t = b.node("Transpose", {"logits"}, {"scores"});
+  onnx::AttributeProto &perm = *t.add_attribute();
+  perm.set_name("perm");
+  perm.set_type(onnx::AttributeProto::INTS);
+  for (int64_t axis : {0, 2, 1})
+    perm.add_ints(axis);
+  b.node("SoftmaxCrossEntropyLoss", {"scores", "labels"}, {"loss"});
+  b.output("loss");
+  std::string model = dir.path("pos.onnx"), plan = dir.path("pos.plan"), out;
+  b.write(model);
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " -o " + plan +
+                           " --stages 1 --microbatches 1 --hardware cpu",
+                       out),
+            0)
+      << out;
+  auto read = readPlan(plan);
+  ASSERT_TRUE(!!read);
+  std::map<std::string, plan::DataInput::Stream> streams;
+  for (const plan::DataInput &d : read->data())
+    streams[d.name()] = d.stream();
+  EXPECT_EQ(streams["input_ids"], plan::DataInput::TOKENS);
+  EXPECT_EQ(streams["position_ids"], plan::DataInput::NOT_TOKENS);
+  EXPECT_EQ(streams["labels"], plan::DataInput::NEXT_TOKENS);
+  std::ofstream(dir.path("tokens.bin"), std::ios::binary) << std::string(200, '\0');
+  EXPECT_EQ(
+      runCommand(pipecBinary + " run " + plan + " --data " + dir.path("tokens.bin") + " --quiet",
+                 out),
+      1)
+      << out;
+  EXPECT_NE(out.find("input 'position_ids' is neither token ids, nor labels, nor a mask"),
+            std::string::npos)
+      << out;
+}
+
 TEST(Compile, TrainingPlansCarryTheBackwardProgram) {
   TempDir dir;
   std::string model = dir.path("gpt.onnx"), out;
