@@ -33,14 +33,8 @@ Error RankExecutor::saveCheckpoint(StringRef file, int nextStep) {
   c.set_shards(s.shardOptimizer ? s.dp : 1);
   c.set_run(s.checkpointRun);
   c.set_plan(s.checkpointPlan);
-  if (const TokenStream *stream = s.data->tokenStream()) {
-    plan::TokenStreamPosition &at = *c.mutable_stream();
-    at.set_windows(stream->windows());
-    at.set_seq_len(stream->seqLen());
-    at.set_samples_seen(static_cast<int64_t>(nextStep) * s.globalBatch);
-    at.set_tokens_seen(at.samples_seen() * stream->seqLen());
-    at.set_epoch(at.samples_seen() / stream->windows());
-  }
+  if (const TokenStream *stream = s.data->tokenStream())
+    *c.mutable_stream() = stream->position(static_cast<int64_t>(nextStep) * s.globalBatch);
   auto add = [&](const cpu::Tensor &t, const std::string &name,
                  google::protobuf::RepeatedPtrField<onnx::TensorProto> &into) -> Error {
     auto host = be.download(t);

@@ -189,12 +189,8 @@ std::string safeFileName(StringRef name) {
   return safe;
 }
 
-Expected<cpu::Tensor> readNpy(StringRef path) {
+Expected<NpyArray> parseNpy(StringRef path, StringRef bytes) {
   auto fail = [&](const Twine &why) { return fileError(path, why); };
-  auto file = readInputFile(path);
-  if (!file)
-    return file.takeError();
-  StringRef bytes = (*file)->getBuffer();
   if (bytes.size() < 10 || !bytes.startswith("\x93NUMPY"))
     return fail("not a .npy file");
   uint8_t major = static_cast<uint8_t>(bytes[6]);
@@ -222,18 +218,28 @@ Expected<cpu::Tensor> readNpy(StringRef path) {
   auto type = typeOfDescr(header->descr);
   if (!type)
     return fail("element type '" + header->descr + "' is not supported");
-  const std::vector<int64_t> &shape = header->shape;
+  NpyArray array{*type, header->shape, bytes.drop_front(start + headerLength)};
   // The header's shape against the bytes present, before any allocation.
   uint64_t need = cpu::wireSize(*type);
   bool overflow = false;
-  for (int64_t d : shape)
+  for (int64_t d : array.shape)
     overflow |= __builtin_mul_overflow(need, static_cast<uint64_t>(d), &need);
-  StringRef data = bytes.drop_front(start + headerLength);
-  if (overflow || data.size() != need)
-    return fail(formatv("holds {0} bytes of data, shape {1} needs {2}", data.size(),
-                        cpu::shapeString(shape), overflow ? "more than 2^64" : Twine(need).str()));
-  cpu::Tensor tensor(*type, shape);
-  cpu::copyFromWire(tensor, data);
+  if (overflow || array.data.size() != need)
+    return fail(formatv("holds {0} bytes of data, shape {1} needs {2}", array.data.size(),
+                        cpu::shapeString(array.shape),
+                        overflow ? "more than 2^64" : Twine(need).str()));
+  return array;
+}
+
+Expected<cpu::Tensor> readNpy(StringRef path) {
+  auto file = readInputFile(path);
+  if (!file)
+    return file.takeError();
+  auto array = parseNpy(path, (*file)->getBuffer());
+  if (!array)
+    return array.takeError();
+  cpu::Tensor tensor(array->type, array->shape);
+  cpu::copyFromWire(tensor, array->data);
   return tensor;
 }
 
@@ -266,7 +272,7 @@ namespace {
 
 /// DIR/NAME.npy or DIR/NAME.pb, else under NAME's safe file name (as
 /// outputs are named); a missing file is an error naming both.
-Expected<cpu::Tensor> readDataset(StringRef dir, const plan::DataInput &spec) {
+Expected<cpu::Tensor> readDataset(StringRef dir, StringRef where, const plan::DataInput &spec) {
   SmallString<256> npy(dir), pb(dir);
   sys::path::append(npy, spec.name() + ".npy");
   sys::path::append(pb, spec.name() + ".pb");
@@ -279,9 +285,9 @@ Expected<cpu::Tensor> readDataset(StringRef dir, const plan::DataInput &spec) {
   if (sys::fs::exists(npy))
     return readNpy(npy);
   if (!sys::fs::exists(pb))
-    return createStringError(inconvertibleErrorCode(),
-                             "--data %s: no %s.npy or %s.pb for input '%s'", dir.str().c_str(),
-                             spec.name().c_str(), spec.name().c_str(), spec.name().c_str());
+    return createStringError(inconvertibleErrorCode(), "%s: no %s.npy or %s.pb for input '%s'",
+                             where.str().c_str(), spec.name().c_str(), spec.name().c_str(),
+                             spec.name().c_str());
   auto buffer = readInputFile(pb);
   if (!buffer)
     return buffer.takeError();
@@ -323,14 +329,14 @@ bool holds(DType type, __int128 v) {
 /// (integers exactly: a value the input's type cannot hold is refused,
 /// never wrapped); a float file for an integer input (or the reverse) is
 /// refused.
-Expected<cpu::Tensor> asInputType(cpu::Tensor data, DType type, StringRef dir,
+Expected<cpu::Tensor> asInputType(cpu::Tensor data, DType type, StringRef origin,
                                   const plan::DataInput &spec) {
   if (data.elemType() == type)
     return data;
   if (cpu::isFloating(data.elemType()) != cpu::isFloating(type))
-    return createStringError(inconvertibleErrorCode(),
-                             "--data %s: input '%s' is %s, the model takes %s", dir.str().c_str(),
-                             spec.name().c_str(), cpu::elemTypeName(data.elemType()).str().c_str(),
+    return createStringError(inconvertibleErrorCode(), "%s: input '%s' is %s, the model takes %s",
+                             origin.str().c_str(), spec.name().c_str(),
+                             cpu::elemTypeName(data.elemType()).str().c_str(),
                              spec.dtype().c_str());
   cpu::Tensor converted(type, data.shape());
   if (cpu::isFloating(type)) {
@@ -342,9 +348,9 @@ Expected<cpu::Tensor> asInputType(cpu::Tensor data, DType type, StringRef dir,
     __int128 v = integerAt(data, i);
     if (!holds(type, v))
       return createStringError(inconvertibleErrorCode(),
-                               "--data %s: input '%s' holds %s at element %lld, which %s (the "
+                               "%s: input '%s' holds %s at element %lld, which %s (the "
                                "model's type) cannot hold",
-                               dir.str().c_str(), spec.name().c_str(), integerText(v).c_str(),
+                               origin.str().c_str(), spec.name().c_str(), integerText(v).c_str(),
                                static_cast<long long>(i), cpu::elemTypeName(type).str().c_str());
     cpu::visitStorage(type, [&](auto tag) {
       using T = decltype(tag);
@@ -376,7 +382,7 @@ Error checkSampled(const plan::Plan &plan, const plan::DataInput &spec) {
 
 /// A dataset of samples stacked along the batch axis: any number of them,
 /// each of the spec's sample shape.
-Error checkDataset(const cpu::Tensor &data, StringRef dir, const plan::DataInput &spec) {
+Error checkDataset(const cpu::Tensor &data, StringRef origin, const plan::DataInput &spec) {
   int axis = spec.batch_axis();
   std::vector<int64_t> row =
       sampleShape(ArrayRef<int64_t>(spec.shape().data(), spec.shape_size()), axis);
@@ -385,8 +391,8 @@ Error checkDataset(const cpu::Tensor &data, StringRef dir, const plan::DataInput
     return Error::success();
   return createStringError(
       inconvertibleErrorCode(),
-      "--data %s: input '%s' has shape %s; samples of shape %s are needed, stacked along %s",
-      dir.str().c_str(), spec.name().c_str(), cpu::shapeString(data.shape()).c_str(),
+      "%s: input '%s' has shape %s; samples of shape %s are needed, stacked along %s",
+      origin.str().c_str(), spec.name().c_str(), cpu::shapeString(data.shape()).c_str(),
       cpu::shapeString(row).c_str(),
       axis == 0 ? "a first dimension" : formatv("dimension {0}", axis).str().c_str());
 }
@@ -396,7 +402,7 @@ Error checkDataset(const cpu::Tensor &data, StringRef dir, const plan::DataInput
 /// takes [0, rows) (a token id of -1 would read the last embedding row);
 /// inference keeps ONNX's Gather semantics, [-rows, rows). Names the input
 /// and sample.
-Error checkValues(const cpu::Tensor &data, StringRef dir, const plan::DataInput &spec,
+Error checkValues(const cpu::Tensor &data, StringRef origin, const plan::DataInput &spec,
                   bool allowNonfinite, bool training) {
   bool floating = cpu::isFloating(data.elemType());
   int64_t rows = spec.index_rows();
@@ -409,8 +415,8 @@ Error checkValues(const cpu::Tensor &data, StringRef dir, const plan::DataInput 
     std::string where =
         axis < 0 ? std::string()
                  : formatv(" sample {0}", (i / std::max<int64_t>(inner, 1)) % data.dim(axis)).str();
-    return createStringError(inconvertibleErrorCode(), "--data %s: input '%s'%s holds %s",
-                             dir.str().c_str(), spec.name().c_str(), where.c_str(),
+    return createStringError(inconvertibleErrorCode(), "%s: input '%s'%s holds %s",
+                             origin.str().c_str(), spec.name().c_str(), where.c_str(),
                              what.str().c_str());
   };
   __int128 low = training ? 0 : -static_cast<__int128>(rows);
@@ -433,7 +439,10 @@ Error checkValues(const cpu::Tensor &data, StringRef dir, const plan::DataInput 
 } // namespace
 
 Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, StringRef dir,
-                                                       uint64_t seed, bool allowNonfinite) {
+                                                       uint64_t seed, bool allowNonfinite,
+                                                       StringRef flag) {
+  // What errors name: "--data DIR".
+  std::string where = (flag + " " + dir).str();
   auto source = std::make_shared<DataSource>();
   source->seed = seed;
   std::string counted; // the first sampled input read, and its samples
@@ -450,23 +459,22 @@ Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, S
       if (Error err = checkSampled(plan, spec))
         return err;
     if (!dir.empty()) {
-      Expected<cpu::Tensor> data = readDataset(dir, spec);
+      Expected<cpu::Tensor> data = readDataset(dir, where, spec);
       if (data)
-        data = asInputType(std::move(*data), in.type, dir, spec);
+        data = asInputType(std::move(*data), in.type, where, spec);
       if (!data)
         return data.takeError();
       std::vector<int64_t> shape(spec.shape().begin(), spec.shape().end());
       if (spec.whole() && data->shape() != shape)
-        return createStringError(inconvertibleErrorCode(),
-                                 "--data %s: input '%s' has shape %s; the model takes %s whole",
-                                 dir.str().c_str(), spec.name().c_str(),
-                                 cpu::shapeString(data->shape()).c_str(),
-                                 cpu::shapeString(shape).c_str());
+        return createStringError(
+            inconvertibleErrorCode(), "%s: input '%s' has shape %s; the model takes %s whole",
+            where.c_str(), spec.name().c_str(), cpu::shapeString(data->shape()).c_str(),
+            cpu::shapeString(shape).c_str());
       if (!spec.whole())
-        if (Error err = checkDataset(*data, dir, spec))
+        if (Error err = checkDataset(*data, where, spec))
           return err;
       if (Error err =
-              checkValues(*data, dir, spec, allowNonfinite, plan.schedule().mode() == "train"))
+              checkValues(*data, where, spec, allowNonfinite, plan.schedule().mode() == "train"))
         return err;
       // Sample i of every input is one sample: the counts must agree, or
       // inputs and labels silently pair up wrongly.
@@ -474,9 +482,9 @@ Expected<std::shared_ptr<DataSource>> DataSource::open(const plan::Plan &plan, S
         int64_t samples = data->dim(spec.batch_axis());
         if (!counted.empty() && samples != countedSamples)
           return createStringError(inconvertibleErrorCode(),
-                                   "--data %s: input '%s' has %lld samples, input '%s' %lld; "
+                                   "%s: input '%s' has %lld samples, input '%s' %lld; "
                                    "every input needs the same number",
-                                   dir.str().c_str(), spec.name().c_str(),
+                                   where.c_str(), spec.name().c_str(),
                                    static_cast<long long>(samples), counted.c_str(),
                                    static_cast<long long>(countedSamples));
         counted = spec.name();

@@ -53,6 +53,16 @@ inline uint64_t splitmix64(uint64_t x) {
 /// outputs are named like paths).
 std::string safeFileName(llvm::StringRef name);
 
+/// A .npy file's array: its element type, shape and little-endian bytes
+/// (inside the file's own bytes).
+struct NpyArray {
+  DType type = DType::Undefined;
+  std::vector<int64_t> shape;
+  llvm::StringRef data;
+};
+/// Parses the .npy file \p bytes of \p path: its header, and its data's size
+/// against the shape. Errors name the path.
+llvm::Expected<NpyArray> parseNpy(llvm::StringRef path, llvm::StringRef bytes);
 llvm::Expected<cpu::Tensor> readNpy(llvm::StringRef path);
 llvm::Error writeNpy(const cpu::Tensor &tensor, llvm::StringRef path);
 
@@ -92,13 +102,14 @@ public:
   int64_t windowOf(int64_t n) const;
   /// Token \p i of the file.
   int64_t at(int64_t i) const;
+  /// Where the stream stands after \p samplesSeen samples (a checkpoint's).
+  plan::TokenStreamPosition position(int64_t samplesSeen) const;
 
 private:
   Options options;
   std::unique_ptr<llvm::MemoryBuffer> file;
   const char *base = nullptr;
-  int elementBytes = 2;
-  bool isSigned = false;
+  DType type = DType::U16;
   int64_t count = 0;
   mutable std::mutex mutex;
   /// The permutations of the epochs last asked for.
@@ -146,8 +157,10 @@ public:
   /// checked whole: the same number of samples in every input, no NaN or
   /// infinity unless \p allowNonfinite, indices inside the table they index
   /// (DataInput.index_rows); errors name the input and sample.
-  static llvm::Expected<std::shared_ptr<DataSource>>
-  open(const plan::Plan &plan, llvm::StringRef dir, uint64_t seed, bool allowNonfinite = false);
+  static llvm::Expected<std::shared_ptr<DataSource>> open(const plan::Plan &plan,
+                                                          llvm::StringRef dir, uint64_t seed,
+                                                          bool allowNonfinite = false,
+                                                          llvm::StringRef flag = "--data");
   /// Samples first .. first + B - 1 of input \p name, stacked along its batch
   /// axis; a whole input (DataInput.whole) as it is.
   llvm::Expected<cpu::Tensor> microbatch(const std::string &name, int64_t first) const;

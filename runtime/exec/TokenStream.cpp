@@ -41,61 +41,24 @@ std::vector<int64_t> shuffledWindows(int64_t windows, uint64_t seed, int64_t epo
 
 /// The element type a Megatron indexed dataset's .idx header names: magic
 /// "MMIDIDX\0\0", version (uint64 1), then one byte of dtype code.
-Expected<std::pair<int, bool>> megatronType(StringRef idxPath) {
+Expected<DType> megatronType(StringRef idxPath) {
   auto file = readInputFile(idxPath);
   if (!file)
     return file.takeError();
   StringRef bytes = (*file)->getBuffer();
   if (bytes.size() < 18 || !bytes.startswith(StringRef("MMIDIDX\0\0", 9)))
     return fileError(idxPath, "not a Megatron index (its header does not start MMIDIDX)");
-  // Megatron-LM's dtype codes (megatron/core/datasets/indexed_dataset.py):
-  // code, bytes, signed; 6 and 7 are floats.
-  static const std::tuple<uint8_t, int, bool> types[] = {
-      {1, 1, false}, {2, 1, true}, {3, 2, true}, {4, 4, true}, {5, 8, true}, {8, 2, false}};
+  // Megatron-LM's dtype codes (megatron/core/datasets/indexed_dataset.py);
+  // 6 and 7 are floats.
+  static const std::pair<uint8_t, DType> types[] = {{1, DType::U8},  {2, DType::I8},
+                                                    {3, DType::I16}, {4, DType::I32},
+                                                    {5, DType::I64}, {8, DType::U16}};
   uint8_t code = static_cast<uint8_t>(bytes[17]);
-  for (const auto &[known, size, isSigned] : types)
+  for (const auto &[known, type] : types)
     if (code == known)
-      return std::make_pair(size, isSigned);
+      return type;
   return fileError(idxPath,
                    formatv("token type code {0} is not an integer type", static_cast<int>(code)));
-}
-
-/// The bytes after a .npy header of one integer dimension, and the element.
-Expected<std::pair<size_t, std::pair<int, bool>>> npyLayout(StringRef path, StringRef bytes) {
-  auto fail = [&](const Twine &why) { return fileError(path, why); };
-  if (bytes.size() < 10 || !bytes.startswith("\x93NUMPY"))
-    return fail("not a NumPy .npy file");
-  uint8_t major = static_cast<uint8_t>(bytes[6]);
-  size_t headerLength =
-      major == 1
-          ? static_cast<uint8_t>(bytes[8]) | static_cast<uint8_t>(bytes[9]) << 8
-          : static_cast<size_t>(static_cast<uint8_t>(bytes[8]) |
-                                static_cast<uint8_t>(bytes[9]) << 8 |
-                                static_cast<uint8_t>(bytes[10]) << 16 |
-                                static_cast<uint32_t>(static_cast<uint8_t>(bytes[11])) << 24);
-  size_t start = (major == 1 ? 10 : 12) + headerLength;
-  if (start > bytes.size())
-    return fail("truncated .npy header");
-  StringRef header = bytes.slice(major == 1 ? 10 : 12, start);
-  if (header.contains("'fortran_order': True"))
-    return fail("a token array in Fortran order; save it in C order");
-  static const std::pair<const char *, std::pair<int, bool>> types[] = {
-      {"'<u2'", {2, false}}, {"'<u4'", {4, false}}, {"'<i4'", {4, true}}, {"'<i8'", {8, true}},
-      {"'<u8'", {8, false}}, {"'|u1'", {1, false}}, {"'<i2'", {2, true}}};
-  for (const auto &[descr, type] : types) {
-    if (!header.contains(descr))
-      continue;
-    size_t open = header.find("'shape':");
-    StringRef shape = open == StringRef::npos ? "" : header.drop_front(open + 8).ltrim();
-    shape = shape.drop_front(1).take_until([](char c) { return c == ')'; });
-    SmallVector<StringRef, 4> dims;
-    shape.split(dims, ',', -1, /*KeepEmpty=*/false);
-    if (llvm::count_if(dims, [](StringRef d) { return !d.trim().empty(); }) != 1)
-      return fail("a token array of " + Twine(dims.size()) +
-                  " dimensions; save the ids flat (one dimension)");
-    return std::make_pair(start, type);
-  }
-  return fail("not an integer token array (uint8, int16, uint16, int32, uint32 or int64)");
 }
 
 } // namespace
@@ -112,13 +75,16 @@ Expected<std::shared_ptr<TokenStream>> TokenStream::open(StringRef path, const O
     return file.takeError();
   stream->file = std::move(*file);
   StringRef bytes = stream->file->getBuffer();
-  size_t start = 0;
   if (path.endswith(".npy")) {
-    auto layout = npyLayout(path, bytes);
-    if (!layout)
-      return layout.takeError();
-    start = layout->first;
-    std::tie(stream->elementBytes, stream->isSigned) = layout->second;
+    auto array = parseNpy(path, bytes);
+    if (!array)
+      return array.takeError();
+    if (array->shape.size() != 1 || !isIntegerDType(array->type) || array->type == DType::U64)
+      return fail(formatv("a {0} array of {1} dimension(s); token ids are one dimension of "
+                          "integers (uint8 to int64)",
+                          dtypeName(array->type), array->shape.size()));
+    stream->type = array->type;
+    bytes = array->data;
   } else {
     SmallString<256> idx(path);
     sys::path::replace_extension(idx, ".idx");
@@ -126,20 +92,19 @@ Expected<std::shared_ptr<TokenStream>> TokenStream::open(StringRef path, const O
       auto type = megatronType(idx);
       if (!type)
         return type.takeError();
-      std::tie(stream->elementBytes, stream->isSigned) = *type;
+      stream->type = *type;
     } else if (options.rawType == "uint16" || options.rawType == "uint32") {
-      stream->elementBytes = options.rawType == "uint16" ? 2 : 4;
-      stream->isSigned = false;
+      stream->type = options.rawType == "uint16" ? DType::U16 : DType::U32;
     } else {
       return fail("--token-type " + options.rawType + ": expected uint16 or uint32");
     }
   }
-  size_t payload = bytes.size() - start;
-  if (payload % stream->elementBytes != 0)
-    return fail(formatv("{0} bytes of tokens is not a whole number of {1}-byte tokens", payload,
-                        stream->elementBytes));
-  stream->base = bytes.data() + start;
-  stream->count = static_cast<int64_t>(payload / stream->elementBytes);
+  size_t element = cpu::storageSize(stream->type);
+  if (bytes.size() % element != 0)
+    return fail(formatv("{0} bytes of tokens is not a whole number of {1}-byte tokens",
+                        bytes.size(), element));
+  stream->base = bytes.data();
+  stream->count = static_cast<int64_t>(bytes.size() / element);
   int64_t seqLen = options.seqLen;
   if (seqLen <= 0)
     return fail("the plan feeds no token ids [batch, sequence] that a token stream could fill");
@@ -153,34 +118,46 @@ Expected<std::shared_ptr<TokenStream>> TokenStream::open(StringRef path, const O
       if (token < 0 || token >= options.vocabulary)
         return fail(formatv("token {0} at offset {1} (byte {2}) is outside the vocabulary "
                             "[0, {3}) of the model's embedding",
-                            token, i, start + static_cast<size_t>(i) * stream->elementBytes,
+                            token, i,
+                            (bytes.data() - stream->file->getBufferStart()) +
+                                i * static_cast<int64_t>(element),
                             options.vocabulary));
     }
   return stream;
 }
 
 int64_t TokenStream::at(int64_t i) const {
-  const char *p = base + static_cast<size_t>(i) * elementBytes;
-  switch (elementBytes) {
-  case 1:
-    return isSigned ? static_cast<int64_t>(static_cast<int8_t>(*p))
-                    : static_cast<int64_t>(static_cast<uint8_t>(*p));
-  case 2: {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return isSigned ? static_cast<int64_t>(static_cast<int16_t>(v)) : v;
+  const char *p = base + static_cast<size_t>(i) * cpu::storageSize(type);
+  auto read = [p](auto value) {
+    std::memcpy(&value, p, sizeof value);
+    return static_cast<int64_t>(value);
+  };
+  switch (type) {
+  case DType::U8:
+    return read(uint8_t());
+  case DType::I8:
+    return read(int8_t());
+  case DType::U16:
+    return read(uint16_t());
+  case DType::I16:
+    return read(int16_t());
+  case DType::U32:
+    return read(uint32_t());
+  case DType::I32:
+    return read(int32_t());
+  default:
+    return read(int64_t());
   }
-  case 4: {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-    return isSigned ? static_cast<int64_t>(static_cast<int32_t>(v)) : v;
-  }
-  default: {
-    int64_t v;
-    std::memcpy(&v, p, 8);
-    return v;
-  }
-  }
+}
+
+plan::TokenStreamPosition TokenStream::position(int64_t samplesSeen) const {
+  plan::TokenStreamPosition at;
+  at.set_windows(windows());
+  at.set_seq_len(seqLen());
+  at.set_samples_seen(samplesSeen);
+  at.set_tokens_seen(samplesSeen * seqLen());
+  at.set_epoch(samplesSeen / windows());
+  return at;
 }
 
 int64_t TokenStream::windowOf(int64_t n) const {
@@ -240,14 +217,7 @@ DataSource::fromStream(const plan::Plan &plan, std::shared_ptr<const TokenStream
 Expected<std::shared_ptr<DataSource>> openRunData(const plan::Plan &plan, StringRef path,
                                                   const DataOptions &options) {
   if (path.empty() || sys::fs::is_directory(path)) {
-    auto source = DataSource::open(plan, path, options.seed, options.allowNonfinite);
-    if (source || options.flag == "--data")
-      return source;
-    // The directory's errors name --data: say which flag gave it.
-    std::string text = toString(source.takeError());
-    if (StringRef(text).startswith("--data "))
-      text = options.flag + text.substr(6);
-    return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
+    return DataSource::open(plan, path, options.seed, options.allowNonfinite, options.flag);
   }
   // The sequence length and vocabulary of the ids the plan feeds.
   const plan::DataInput *ids = nullptr;
@@ -284,23 +254,24 @@ cpu::Tensor streamMicrobatch(const TokenStream &stream, const plan::DataInput &s
                              int64_t first) {
   std::vector<int64_t> shape(spec.shape().begin(), spec.shape().end());
   cpu::Tensor out(type, shape);
-  int64_t samples = shape.empty() ? 1 : shape[0];
-  int64_t width = out.numElements() / std::max<int64_t>(samples, 1);
-  int64_t seqLen = stream.seqLen();
+  if (spec.stream() == plan::DataInput::NOT_TOKENS) { // a mask
+    for (int64_t i = 0; i < out.numElements(); ++i)
+      out.setDouble(i, 1);
+    return out;
+  }
+  // [samples, S], checked by fromStream.
+  int64_t samples = shape[0], seqLen = stream.seqLen();
   int offset = spec.stream() == plan::DataInput::NEXT_TOKENS ? 1 : 0;
-  for (int64_t s = 0; s < samples; ++s)
-    for (int64_t j = 0; j < width; ++j) {
-      int64_t at = s * width + j;
-      if (spec.stream() == plan::DataInput::NOT_TOKENS) {
-        out.setDouble(at, 1); // a mask
-        continue;
-      }
-      int64_t token = stream.at(stream.windowOf(first + s) * seqLen + offset + j);
+  for (int64_t s = 0; s < samples; ++s) {
+    int64_t from = stream.windowOf(first + s) * seqLen + offset;
+    for (int64_t j = 0; j < seqLen; ++j) {
+      int64_t token = stream.at(from + j);
       if (type == DType::I64)
-        out.data<int64_t>()[at] = token;
+        out.data<int64_t>()[s * seqLen + j] = token;
       else
-        out.setDouble(at, static_cast<double>(token));
+        out.setDouble(s * seqLen + j, static_cast<double>(token));
     }
+  }
   return out;
 }
 
