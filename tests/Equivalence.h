@@ -119,13 +119,14 @@ double relativeError(const cpu::Tensor &a, const cpu::Tensor &b, double floor = 
 /// (relative, in norm).
 void expectSameStep(const rt::RunResult &pipelined, const rt::RunResult &reference,
                     const std::string &what, double tolerance = 1e-5) {
-  ASSERT_EQ(pipelined.losses.size(), reference.losses.size()) << what;
-  for (size_t t = 0; t < reference.losses.size(); ++t)
-    EXPECT_LT(std::abs(pipelined.losses[t] - reference.losses[t]) / std::abs(reference.losses[t]),
+  ASSERT_EQ(pipelined.losses().size(), reference.losses().size()) << what;
+  for (size_t t = 0; t < reference.losses().size(); ++t)
+    EXPECT_LT(std::abs(pipelined.losses()[t] - reference.losses()[t]) /
+                  std::abs(reference.losses()[t]),
               tolerance)
-        << what << " step " << t << ": loss " << pipelined.losses[t] << " vs "
-        << reference.losses[t];
-  ASSERT_FALSE(reference.losses.empty()) << what;
+        << what << " step " << t << ": loss " << pipelined.losses()[t] << " vs "
+        << reference.losses()[t];
+  ASSERT_FALSE(reference.losses().empty()) << what;
   ASSERT_FALSE(reference.gradients.empty()) << what;
   ASSERT_FALSE(reference.weights.empty()) << what;
   ASSERT_EQ(pipelined.weights.size(), reference.weights.size()) << what;

@@ -257,8 +257,8 @@ TEST_F(Equivalence, TrainingLowersTheLossOnAFixedDataset) {
   options.dataDir = data;
   auto result = rt::runLocal(p, options);
   ASSERT_TRUE(static_cast<bool>(result)) << llvm::toString(result.takeError());
-  ASSERT_EQ(result->losses.size(), 150u);
-  EXPECT_LT(result->losses.back(), 0.5 * result->losses.front());
+  ASSERT_EQ(result->losses().size(), 150u);
+  EXPECT_LT(result->losses().back(), 0.5 * result->losses().front());
 }
 
 // Training-mode BatchNormalization normalizes each microbatch by its own

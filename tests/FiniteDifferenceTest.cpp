@@ -119,7 +119,7 @@ void checkAgainstDifferences(models::GeneratorOptions options, const std::string
   std::string path = dir.path(name + "-f64.onnx");
   save(model, path);
   rt::RunResult reference = step(path);
-  ASSERT_EQ(reference.losses.size(), 1u);
+  ASSERT_EQ(reference.losses().size(), 1u);
   ASSERT_FALSE(reference.gradients.empty());
 
   const double h = 1e-5;
@@ -146,8 +146,8 @@ void checkAgainstDifferences(models::GeneratorOptions options, const std::string
         std::string movedPath = dir.path(name + "-moved.onnx");
         save(moved, movedPath);
         rt::RunResult r = step(movedPath);
-        ASSERT_EQ(r.losses.size(), 1u);
-        loss[side] = r.losses[0];
+        ASSERT_EQ(r.losses().size(), 1u);
+        loss[side] = r.losses()[0];
       }
       double numeric = (loss[0] - loss[1]) / (2 * h);
       double analytic = grad->second.getDouble(i);

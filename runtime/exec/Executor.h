@@ -175,10 +175,15 @@ StepRates stepRates(const plan::Plan &plan, double seconds);
 std::string formatRates(const plan::Plan &plan, double seconds, llvm::StringRef backend);
 
 struct RunResult {
-  /// Mean loss per step (train).
-  std::vector<double> losses;
   /// Every step run (rank 0).
   std::vector<StepRecord> history;
+  /// Mean loss per step run (train): the history's.
+  std::vector<double> losses() const {
+    std::vector<double> out;
+    for (const StepRecord &record : history)
+      out.push_back(record.loss);
+    return out;
+  }
   int firstStep = 0;
   /// Lines the run warns about (corrupt checkpoints --resume-if-exists
   /// skipped), without the "pipec: warning: " prefix.

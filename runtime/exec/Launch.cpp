@@ -202,10 +202,11 @@ std::string formatRates(const plan::Plan &plan, double seconds, StringRef backen
     // Whose peak: a CPU plan's is calibrated; another spec's is named, and
     // said not to be this CPU's when the plan runs on one.
     std::string hardware = plan.hardware_size() > 0 ? plan.hardware(0).name() : "";
-    std::string whose = hardware == "cpu" ? "of the calibrated CPU peak"
-                        : backend == "cpu"
-                            ? "of " + hardware + "'s peak, the plan's hardware, " + "not this CPU's"
-                            : "of " + hardware + "'s peak";
+    std::string whose = "of " + hardware + "'s peak";
+    if (hardware == "cpu")
+      whose = "of the calibrated CPU peak";
+    else if (backend == "cpu")
+      whose += ", the plan's hardware, not this CPU's";
     text += formatv("  MFU {0:f1}% ({1})", 100 * rates.mfu, whose).str();
   }
   return text;
@@ -419,7 +420,6 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
       record.evalLoss = *evalLoss;
     }
     if (comm.rank() == 0) {
-      result.losses.push_back(loss);
       result.history.push_back(record);
       if (o.onStep)
         o.onStep(record);
