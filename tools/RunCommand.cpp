@@ -190,8 +190,64 @@ std::string metricsLine(const plan::Plan &plan, const rt::StepRecord &record) {
   return line + "}\n";
 }
 
+/// The lines after a run: what ran against the prediction, where, and what
+/// it wrote.
 void printRunSummary(const plan::Plan &plan, const rt::RunResult &result, StringRef comm,
-                     StringRef boardFile);
+                     StringRef boardFile) {
+  bool train = plan.schedule().mode() == "train";
+  int ranks = plan.schedule().stages() * plan.schedule().data_parallel();
+  // A resumed run whose checkpoint is already at --steps runs none.
+  int done = std::max(0, RunSteps - result.firstStep);
+  double perStep = result.seconds / std::max(1, done);
+  outs() << formatv("{0} {1} step(s) of {2} on {3} rank(s) ({4}): {5} per step, predicted {6}",
+                    train ? "trained" : "ran", done, plan.schedule().name(), ranks, comm,
+                    formatSeconds(perStep), formatSeconds(plan.predicted().step_time_s()));
+  // Nodes that the device backend handed to the CPU, over all steps and ranks.
+  if (RunBackend != "cpu") {
+    int64_t total = 0;
+    std::string byOp;
+    for (const auto &[op, count] : result.fallbacks) {
+      total += count;
+      byOp += formatv("{0}{1} {2}", byOp.empty() ? "" : ", ", op, count).str();
+    }
+    outs() << formatv("; CPU fallbacks: {0}",
+                      total == 0 ? std::string("none")
+                                 : formatv("{0} node run(s) ({1})", total, byOp).str());
+  }
+  outs() << "\n";
+  if (!result.history.empty()) {
+    // The steps' own time: evaluations and checkpoints are not steps.
+    double stepSeconds = 0;
+    for (const rt::StepRecord &record : result.history)
+      stepSeconds += record.seconds;
+    stepSeconds /= static_cast<double>(result.history.size());
+    outs() << "throughput over the steps (evaluation and checkpoints aside): "
+           << rt::formatRates(plan, stepSeconds, RunBackend) << "\n";
+  }
+  // The last evaluation, whichever step ran it.
+  auto evaluated = std::find_if(result.history.rbegin(), result.history.rend(),
+                                [](const rt::StepRecord &r) { return r.evalLoss.has_value(); });
+  if (evaluated != result.history.rend())
+    outs() << formatv("eval loss after step {0}: {1:f4}\n", evaluated->step, *evaluated->evalLoss);
+  if (!result.rankNodes.empty())
+    outs() << "nodes: " << formatRankNodes(result.rankNodes) << "\n";
+  if (RunBackend == "cpu" && !result.blas.empty())
+    outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result.blas, result.threadsPerRank);
+  if (!result.peakResidentBytes.empty())
+    outs() << formatMemory(plan, result.peakResidentBytes, result.loadResidentBytes) << "\n";
+  if (plan.has_fusion())
+    outs() << "fused by compile: " << describeFusion(plan.fusion()) << "\n";
+  if (RunBackend == "cpu" && done > 0)
+    outs() << recheckCpuCalibration(plan, RunPlan, perStep, result.threadsPerRank);
+  if (!RunSave.empty())
+    outs() << "wrote " << RunSave << "\n";
+  if (!RunOutputs.empty())
+    outs() << "wrote " << result.outputs.size() << " output(s) to " << RunOutputs << "\n";
+  for (const std::string &written : {RunTrace.getValue(), RunMetrics.getValue()})
+    outs() << (written.empty() ? "" : "wrote " + written + "\n");
+  if (!boardFile.empty())
+    outs() << "wrote " << boardFile << "\n";
+}
 
 } // namespace
 
@@ -342,73 +398,5 @@ int runRun() {
     printRunSummary(*plan, *result, comm, board ? board->path() : std::string());
   return 0;
 }
-
-namespace {
-
-/// The lines after a run: what ran against the prediction, where, and what
-/// it wrote.
-void printRunSummary(const plan::Plan &planRef, const rt::RunResult &resultRef, StringRef comm,
-                     StringRef boardFile) {
-  const plan::Plan *plan = &planRef;
-  const rt::RunResult *result = &resultRef;
-  bool train = plan->schedule().mode() == "train";
-  int ranks = plan->schedule().stages() * plan->schedule().data_parallel();
-  {
-    // A resumed run whose checkpoint is already at --steps runs none.
-    int done = std::max(0, RunSteps - result->firstStep);
-    double perStep = result->seconds / std::max(1, done);
-    outs() << formatv("{0} {1} step(s) of {2} on {3} rank(s) ({4}): {5} per step, predicted {6}",
-                      train ? "trained" : "ran", done, plan->schedule().name(), ranks, comm,
-                      formatSeconds(perStep), formatSeconds(plan->predicted().step_time_s()));
-    // Nodes that the device backend handed to the CPU, over all steps and ranks.
-    if (RunBackend != "cpu") {
-      int64_t total = 0;
-      std::string byOp;
-      for (const auto &[op, count] : result->fallbacks) {
-        total += count;
-        byOp += formatv("{0}{1} {2}", byOp.empty() ? "" : ", ", op, count).str();
-      }
-      outs() << formatv("; CPU fallbacks: {0}",
-                        total == 0 ? std::string("none")
-                                   : formatv("{0} node run(s) ({1})", total, byOp).str());
-    }
-    outs() << "\n";
-    if (!result->history.empty()) {
-      // The steps' own time: evaluations and checkpoints are not steps.
-      double stepSeconds = 0;
-      for (const rt::StepRecord &record : result->history)
-        stepSeconds += record.seconds;
-      stepSeconds /= static_cast<double>(result->history.size());
-      outs() << "throughput over the steps (evaluation and checkpoints aside): "
-             << rt::formatRates(*plan, stepSeconds, RunBackend) << "\n";
-    }
-    // The last evaluation, whichever step ran it.
-    auto evaluated = std::find_if(result->history.rbegin(), result->history.rend(),
-                                  [](const rt::StepRecord &r) { return r.evalLoss.has_value(); });
-    if (evaluated != result->history.rend())
-      outs() << formatv("eval loss after step {0}: {1:f4}\n", evaluated->step,
-                        *evaluated->evalLoss);
-    if (!result->rankNodes.empty())
-      outs() << "nodes: " << formatRankNodes(result->rankNodes) << "\n";
-    if (RunBackend == "cpu" && !result->blas.empty())
-      outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result->blas, result->threadsPerRank);
-    if (!result->peakResidentBytes.empty())
-      outs() << formatMemory(*plan, result->peakResidentBytes, result->loadResidentBytes) << "\n";
-    if (plan->has_fusion())
-      outs() << "fused by compile: " << describeFusion(plan->fusion()) << "\n";
-    if (RunBackend == "cpu" && done > 0)
-      outs() << recheckCpuCalibration(*plan, RunPlan, perStep, result->threadsPerRank);
-    if (!RunSave.empty())
-      outs() << "wrote " << RunSave << "\n";
-    if (!RunOutputs.empty())
-      outs() << "wrote " << result->outputs.size() << " output(s) to " << RunOutputs << "\n";
-    for (const std::string &written : {RunTrace.getValue(), RunMetrics.getValue()})
-      outs() << (written.empty() ? "" : "wrote " + written + "\n");
-    if (!boardFile.empty())
-      outs() << "wrote " << boardFile << "\n";
-  }
-}
-
-} // namespace
 
 } // namespace pipec::cli
