@@ -358,6 +358,18 @@ void expectAttention(const Tensor &out, std::vector<int64_t> row, int64_t positi
   }
 }
 
+/// The SoftmaxAttention node that replaces \p body, reading \p inputs
+/// (AttentionInput's order) and making "o".
+onnx::NodeProto attentionOver(const std::vector<onnx::NodeProto> &body,
+                              const std::vector<std::string> &inputs) {
+  std::vector<const onnx::NodeProto *> pointers;
+  for (const onnx::NodeProto &n : body)
+    pointers.push_back(&n);
+  onnx::NodeProto f = makeFusedNode("attn", pointers, inputs, {"o"});
+  f.set_op_type(SoftmaxAttentionOpType.str());
+  return f;
+}
+
 /// torch's scaled_dot_product_attention written out, with its mask and
 /// NaN guard: o = MatMul(Where(IsNaN(p), c, p), v), p = Softmax(q k + m).
 std::vector<onnx::NodeProto> attentionNodes() {
@@ -377,12 +389,7 @@ TEST(SoftmaxAttention, MatchesItsBodyBitForBit) {
     for (int64_t i = 0; i < 5; ++i)
       for (int64_t j = 0; j < 7; ++j)
         m.data<float>()[(b * 5 + i) * 7 + j] = (j > i + 2 || (b == 1 && i == 0)) ? minusInf : 0.0f;
-  std::vector<onnx::NodeProto> body = attentionNodes();
-  std::vector<const onnx::NodeProto *> pointers;
-  for (const onnx::NodeProto &n : body)
-    pointers.push_back(&n);
-  onnx::NodeProto f = makeFusedNode("attn", pointers, {"q", "k", "v", "m", "c"}, {"o"});
-  f.set_op_type(SoftmaxAttentionOpType.str());
+  onnx::NodeProto f = attentionOver(attentionNodes(), {"q", "k", "v", "m", "c"});
   std::vector<const Tensor *> in = {&q, &k, &v, &m, &c};
   std::vector<Tensor> got = fused(f, in);
   ASSERT_EQ(got.size(), 1u);
@@ -438,13 +445,8 @@ TEST(SoftmaxAttention, TransposesAndScalesTheKeysAsTheirChainDoes) {
          m = randomTensor({2, 1, 5, 7}, 64);
   Tensor merged = Tensor::fromValues<int64_t>({3}, {-1, 7, 4}),
          split = Tensor::fromValues<int64_t>({4}, {2, 3, 4, 7});
-  std::vector<onnx::NodeProto> body = keyChainAttentionNodes();
-  std::vector<const onnx::NodeProto *> pointers;
-  for (const onnx::NodeProto &n : body)
-    pointers.push_back(&n);
-  onnx::NodeProto f = makeFusedNode("attn", pointers,
-                                    {"q", "key", "v", "m", "c", "scale", "merged", "split"}, {"o"});
-  f.set_op_type(SoftmaxAttentionOpType.str());
+  onnx::NodeProto f = attentionOver(keyChainAttentionNodes(),
+                                    {"q", "key", "v", "m", "c", "scale", "merged", "split"});
   std::vector<const Tensor *> in = {&q, &key, &v, &m, &c, &scale, &merged, &split};
   std::vector<Tensor> got = fused(f, in);
   ASSERT_EQ(got.size(), 1u);
@@ -495,15 +497,9 @@ TEST(SoftmaxAttention, ReadsEachSharedHeadForTheHeadsThatShareIt) {
          vheads = Tensor::fromValues<int64_t>({4}, {2, 4, 7, 6}),
          merged = Tensor::fromValues<int64_t>({3}, {-1, 7, 4}),
          split = Tensor::fromValues<int64_t>({4}, {2, 4, 4, 7});
-  std::vector<onnx::NodeProto> body = groupedAttentionNodes();
-  std::vector<const onnx::NodeProto *> pointers;
-  for (const onnx::NodeProto &n : body)
-    pointers.push_back(&n);
-  onnx::NodeProto f = makeFusedNode("attn", pointers,
+  onnx::NodeProto f = attentionOver(groupedAttentionNodes(),
                                     {"q", "kx", "vx", "m", "c", "scale", "merged", "split", "axes",
-                                     "kwide", "kheads", "axes", "vwide", "vheads"},
-                                    {"o"});
-  f.set_op_type(SoftmaxAttentionOpType.str());
+                                     "kwide", "kheads", "axes", "vwide", "vheads"});
   std::vector<const Tensor *> in = {&q,     &kx,   &vx,    &m,      &c,    &scale, &merged,
                                     &split, &axes, &kwide, &kheads, &axes, &vwide, &vheads};
   std::vector<Tensor> got = fused(f, in);
@@ -559,15 +555,9 @@ TEST(SoftmaxAttention, ReadsThePastAndTheAppendedPositionsWhereTheyLie) {
          scale = Tensor::scalar(0.5f), m = randomTensor({2, 1, 1, 7}, 86);
   Tensor merged = Tensor::fromValues<int64_t>({3}, {-1, 7, 4}),
          split = Tensor::fromValues<int64_t>({4}, {2, 3, 4, 7});
-  std::vector<onnx::NodeProto> body = cachedAttentionNodes(-2);
-  std::vector<const onnx::NodeProto *> pointers;
-  for (const onnx::NodeProto &n : body)
-    pointers.push_back(&n);
-  onnx::NodeProto f = makeFusedNode("attn", pointers,
-                                    {"q", "kpast", "vpast", "m", "c", "scale", "merged", "split",
-                                     "", "", "", "", "", "", "knew", "vnew"},
-                                    {"o"});
-  f.set_op_type(SoftmaxAttentionOpType.str());
+  onnx::NodeProto f =
+      attentionOver(cachedAttentionNodes(-2), {"q", "kpast", "vpast", "m", "c", "scale", "merged",
+                                               "split", "", "", "", "", "", "", "knew", "vnew"});
   std::vector<const Tensor *> in = {&q,      &kpast,  &vpast,  &m,      &c,      &scale,
                                     &merged, &split,  nullptr, nullptr, nullptr, nullptr,
                                     nullptr, nullptr, &knew,   &vnew};
