@@ -917,31 +917,6 @@ Expected<plan::Plan> Compilation::autoSchedule() {
 
 } // namespace
 
-/// \p plan (a decode step) with the prefill of --prompt-length tokens: the
-/// same model compiled for S tokens and a past of max_length - S, in the
-/// decode step's layout.
-Expected<plan::Plan> withPrefill(plan::Plan plan, StringRef modelPath,
-                                 const CompileOptions &options) {
-  int64_t length = options.promptLength, maxLength = options.maxLength;
-  if (length >= maxLength)
-    return flagError(formatv("--prompt-length {0}: leaves no position of --max-length {1} to "
-                             "generate",
-                             length, maxLength));
-  CompileOptions prefill = options;
-  prefill.maxLength = 0;
-  prefill.promptLength = 0;
-  prefill.import.bindings.seq = length;
-  prefill.import.bindings.past = maxLength - length;
-  prefill.balance = plan.layout();
-  auto made = compileModel(modelPath, prefill, PipelineOptions());
-  if (!made)
-    return made.takeError();
-  plan::Generation *g = plan.mutable_generation();
-  g->set_prefill_length(length);
-  *g->mutable_prefill() = std::move(*made);
-  return plan;
-}
-
 Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &given,
                                   const PipelineOptions &pipeline) {
   CompileOptions options = given;

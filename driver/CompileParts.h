@@ -113,6 +113,11 @@ void addWarnings(plan::Plan &plan, const Graph &graph, const CostTable &first);
 /// --mode generate: the roles of the model's inputs and outputs, the stage
 /// that holds each cache, and each rank's cache bytes (every group's).
 llvm::Error describeGeneration(plan::Plan &plan, const Graph &graph, int64_t maxLength);
+/// \p plan (a decode step) with the prefill of --prompt-length tokens: the
+/// same model compiled for S tokens and a past of max_length - S, in the
+/// decode step's layout, its loop's start proved against \p plan's rounds.
+llvm::Expected<plan::Plan> withPrefill(plan::Plan plan, llvm::StringRef modelPath,
+                                       const CompileOptions &options);
 /// --mode generate (\p maxLength > 0), before fuse: a stage keeps each cache's appended
 /// positions (plan::Generation::Cache::appended) in place of its present,
 /// which attention may then read as the past and those where they lie.

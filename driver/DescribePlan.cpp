@@ -1,10 +1,14 @@
 //===- DescribePlan.cpp - A plan's header, layers, stages and warnings ---===//
 #include "driver/CompileParts.h"
+#include "compiler/schedule/ScheduleKind.h"
 #include "driver/InspectReport.h"
 #include "passes/GenerationRoles.h"
+#include "passes/GenerationStreams.h"
+#include "passes/LowerSchedule.h"
 #include "passes/PredictStep.h"
 #include "passes/StagePrograms.h"
 #include "plan/PlanFile.h"
+#include "support/Diagnostics.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSwitch.h"
@@ -306,7 +310,44 @@ Error describeGeneration(plan::Plan &plan, const Graph &graph, int64_t maxLength
                             .str());
   }
   *plan.mutable_generation() = std::move(*roles);
-  return Error::success();
+  addGenerationStreams(plan);
+  std::vector<plan::RankProgram> programs(plan.programs().begin(), plan.programs().end());
+  auto kind = parseSchedule(plan.schedule().name());
+  if (!kind)
+    return kind.takeError();
+  return verifyGenerationStreams(programs, programs, groups, *kind);
+}
+
+Expected<plan::Plan> withPrefill(plan::Plan plan, StringRef modelPath,
+                                 const CompileOptions &options) {
+  int64_t length = options.promptLength, maxLength = options.maxLength;
+  if (length >= maxLength)
+    return usageError(formatv("--prompt-length {0}: leaves no position of --max-length {1} to "
+                             "generate",
+                             length, maxLength));
+  CompileOptions prefill = options;
+  prefill.maxLength = 0;
+  prefill.promptLength = 0;
+  prefill.import.bindings.seq = length;
+  prefill.import.bindings.past = maxLength - length;
+  prefill.balance = plan.layout();
+  auto made = compileModel(modelPath, prefill, PipelineOptions());
+  if (!made)
+    return made.takeError();
+  addGenerationStreams(*made);
+  std::vector<plan::RankProgram> starts(made->programs().begin(), made->programs().end()),
+      programs(plan.programs().begin(), plan.programs().end());
+  auto kind = parseSchedule(plan.schedule().name());
+  if (!kind)
+    return kind.takeError();
+  if (Error err =
+          verifyGenerationStreams(starts, programs, plan.schedule().microbatches(), *kind))
+    return createStringError(inconvertibleErrorCode(), "the prefill's %s",
+                             toString(std::move(err)).c_str());
+  plan::Generation *g = plan.mutable_generation();
+  g->set_prefill_length(length);
+  *g->mutable_prefill() = std::move(*made);
+  return plan;
 }
 
 /// --mode generate: the groups of rows in flight, and why. Stages on

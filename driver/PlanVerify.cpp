@@ -23,6 +23,14 @@ Error verifyPlanStreams(const plan::Plan &plan) {
   std::vector<plan::RankProgram> programs(plan.programs().begin(), plan.programs().end());
   if (Error err = verifyProgram(programs, s.stages(), s.microbatches(), *kind, s.virtual_stages()))
     return err;
+  // A generation's prefill starts the loop that the decode step's rounds go on.
+  if (plan.has_generation() && plan.generation().has_prefill()) {
+    const plan::Plan &prefill = plan.generation().prefill();
+    std::vector<plan::RankProgram> starts(prefill.programs().begin(), prefill.programs().end());
+    if (Error err = verifyGenerationStreams(starts, programs, s.microbatches(), *kind))
+      return createStringError(inconvertibleErrorCode(), "generation.prefill: %s",
+                               toString(std::move(err)).c_str());
+  }
   if (plan.stage_programs_size() == 0)
     return Error::success();
   if (Error err = verifyKernels(plan))

@@ -1,6 +1,7 @@
 //===- LowerSchedule.cpp - lower-schedule and verify-program --------------===//
 #include "passes/LowerSchedule.h"
 #include "compiler/sim/Simulator.h"
+#include "passes/GenerationStreams.h"
 #include "plan/PlanFile.h"
 
 #include "llvm/ADT/StringExtras.h"
@@ -69,6 +70,10 @@ std::string formatInstruction(const plan::Instruction &i) {
     return "OPTIMIZER_STEP";
   case Op::FREE:
     return formatv("FREE buf{0}", i.buffer()).str();
+  case Op::SCHEDULE:
+  case Op::PICK:
+    return formatv("{0} s{1} mb{2}", plan::Instruction::Op_Name(i.op()), i.stage(), i.microbatch())
+        .str();
   default:
     return "?";
   }
@@ -629,6 +634,10 @@ Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, 
                     ScheduleKind kind, int virtualStages) {
   if (Error err = verifyStreams(programs, stages, microbatches, kind, virtualStages))
     return err;
+  if (std::any_of(programs.begin(), programs.end(),
+                  [](const plan::RankProgram &p) { return p.has_generation(); }))
+    if (Error err = verifyGenerationStreams(programs, programs, microbatches, kind))
+      return err;
   // A train plan's evaluation streams, proved as its steps are.
   if (std::none_of(programs.begin(), programs.end(),
                    [](const plan::RankProgram &p) { return p.evaluation_size() > 0; }))
@@ -640,6 +649,35 @@ Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages, 
   }
   if (Error err = verifyStreams(evaluation, stages, microbatches, kind, virtualStages))
     return createStringError(inconvertibleErrorCode(), "%s (the evaluation streams)",
+                             toString(std::move(err)).c_str());
+  return Error::success();
+}
+
+Error verifyGenerationStreams(const std::vector<plan::RankProgram> &starts,
+                              const std::vector<plan::RankProgram> &programs, int groups,
+                              ScheduleKind kind) {
+  int ranks = static_cast<int>(programs.size());
+  if (static_cast<int>(starts.size()) != ranks)
+    return createStringError(inconvertibleErrorCode(),
+                             "verify-program: %d generation starts for %d ranks", int(starts.size()),
+                             ranks);
+  // Unrolled: round k's pass of group g is microbatch k * groups + g, and
+  // the picks it sends are those the first rank's next round receives.
+  std::vector<plan::RankProgram> unrolled(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    const plan::GenerationStreams &own = programs[r].generation();
+    const google::protobuf::RepeatedPtrField<plan::Instruction> *rounds[4] = {
+        &starts[r].generation().start(), &own.round(), &own.round(), &own.stop()};
+    unrolled[r].set_rank(r);
+    for (int k = 0; k < 4; ++k)
+      for (const plan::Instruction &i : *rounds[k]) {
+        plan::Instruction &copy = *unrolled[r].add_instructions() = i;
+        bool picks = i.op() == Op::SEND && i.tensor().name() == GenerationPicks;
+        copy.set_microbatch((k + (picks ? 1 : 0)) * groups + i.microbatch());
+      }
+  }
+  if (Error err = verifyStreams(unrolled, ranks, 3 * groups, kind, 1))
+    return createStringError(inconvertibleErrorCode(), "%s (the generation streams)",
                              toString(std::move(err)).c_str());
   return Error::success();
 }

@@ -135,6 +135,13 @@ void addEvaluationStream(plan::RankProgram &program);
 llvm::Error verifyProgram(const std::vector<plan::RankProgram> &programs, int stages,
                           int microbatches, ScheduleKind kind, int virtualStages);
 
+/// verify-program over a generate plan's loop (GenerationStreams.h): each
+/// rank's start of \p starts (the programs' own, or a prefill's), two of
+/// \p programs' rounds and their stop, of \p groups groups, as one stream.
+llvm::Error verifyGenerationStreams(const std::vector<plan::RankProgram> &starts,
+                                    const std::vector<plan::RankProgram> &programs, int groups,
+                                    ScheduleKind kind);
+
 /// One line per instruction, e.g. "SEND act s1 mb3 -> 2 /h.3/Add_output_0".
 std::string formatInstruction(const plan::Instruction &instruction);
 

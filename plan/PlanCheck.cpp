@@ -147,18 +147,20 @@ Error checkSchedule(const plan::Plan &plan) {
   return Error::success();
 }
 
-/// One instruction of rank \p r's stream, at \p at.
-Error checkInstruction(const plan::Plan &plan, int r, int at, const plan::RankProgram &program) {
-  const Ins &ins = program.instructions(at);
+/// Instruction \p ins of rank \p r's stream \p stream ("instruction",
+/// "generation.round instruction", ...), at \p at.
+Error checkInstruction(const plan::Plan &plan, int r, int at, const plan::RankProgram &program,
+                       const Ins &ins, StringRef stream = "instruction") {
   auto fail = [&](const Twine &why) {
-    return planError("rank " + Twine(r) + " instruction " + Twine(at) + ": " + why);
+    return planError("rank " + Twine(r) + " " + stream + " " + Twine(at) + ": " + why);
   };
   if (!Ins::Op_IsValid(ins.op()))
     return fail("unknown op " + Twine(int(ins.op())));
   int ranks = plan.schedule().stages(), microbatches = plan.schedule().microbatches();
   bool compute = ins.op() == Ins::FORWARD || ins.op() == Ins::RECOMPUTE ||
                  ins.op() == Ins::BACKWARD || ins.op() == Ins::BACKWARD_INPUT ||
-                 ins.op() == Ins::BACKWARD_WEIGHT;
+                 ins.op() == Ins::BACKWARD_WEIGHT || ins.op() == Ins::SCHEDULE ||
+                 ins.op() == Ins::PICK;
   bool message = ins.op() == Ins::SEND || ins.op() == Ins::RECV;
   if (ins.stage() < -1 || ins.stage() >= plan.stages_size() || (compute && ins.stage() < 0))
     return fail("stage " + Twine(ins.stage()) + " of " + Twine(plan.stages_size()));
@@ -223,8 +225,23 @@ Error checkPrograms(const plan::Plan &plan) {
     if (program.rank() != r)
       return planError(formatv("instruction stream {0} says it is rank {1}", r, program.rank()));
     int steps = 0, scatters = 0, gathers = 0, sums = 0;
+    const plan::GenerationStreams &loop = program.generation();
+    for (auto [name, stream] : {std::pair{"generation.start instruction", &loop.start()},
+                                {"generation.round instruction", &loop.round()},
+                                {"generation.stop instruction", &loop.stop()}})
+      for (int i = 0; i < stream->size(); ++i) {
+        const Ins &ins = stream->Get(i);
+        bool loopOp = ins.op() == Ins::SCHEDULE || ins.op() == Ins::PICK ||
+                      ins.op() == Ins::LOAD || ins.op() == Ins::FORWARD ||
+                      ins.op() == Ins::SEND || ins.op() == Ins::RECV;
+        if (!loopOp)
+          return planError(formatv("rank {0} {1} {2}: {3} is not a step of the token loop", r,
+                                   name, i, Ins::Op_Name(ins.op())));
+        if (Error err = checkInstruction(plan, r, i, program, ins, name))
+          return err;
+      }
     for (int i = 0; i < program.instructions_size(); ++i) {
-      if (Error err = checkInstruction(plan, r, i, program))
+      if (Error err = checkInstruction(plan, r, i, program, program.instructions(i)))
         return err;
       const Ins &ins = program.instructions(i);
       steps += ins.op() == Ins::OPTIMIZER_STEP;

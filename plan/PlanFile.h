@@ -19,7 +19,7 @@
 namespace pipec {
 
 /// The format_version this build writes and reads.
-inline constexpr uint32_t PlanFormatVersion = 6;
+inline constexpr uint32_t PlanFormatVersion = 7;
 
 enum class PlanEncoding { Binary, Text, Json };
 
@@ -49,6 +49,14 @@ std::string sha256Hex(llvm::StringRef bytes);
 /// "tied:W" for weight W's copies. Nothing decides by it (Instruction's
 /// reduce and tied_weight are the facts).
 std::string allReduceGroupName(plan::Instruction::Reduce reduce, llvm::StringRef tiedWeight);
+
+/// The tensors a generate plan's token loop moves besides the stages' own
+/// (plan.proto's GenerationStreams): the control (int64 [rows + 1, 2]: per
+/// row its prompt, -1 for an idle slot, and its cache position, then the
+/// pass's kind) and the picks (int64 [2, rows]: per row its token, then
+/// whether it finished).
+inline constexpr const char *GenerationControl = "pipec.control";
+inline constexpr const char *GenerationPicks = "pipec.picks";
 
 /// Whether \p op is a collective of a group of ranks (ALLREDUCE,
 /// REDUCE_SCATTER, ALL_GATHER): it completes when the whole group reaches

@@ -505,10 +505,16 @@ Streams streamsOf(ArrayRef<const plan::RankProgram *> programs) {
       ops.push_back(op);
     }
   }
+  int lastStage = 0;
+  for (const std::vector<StreamOp> &ops : out.ranks)
+    for (const StreamOp &op : ops)
+      lastStage = std::max(lastStage, op.stage);
   for (size_t r = 0; r < programs.size(); ++r)
     for (StreamOp &op : out.ranks[r]) {
       std::tuple<int, int64_t, int64_t, bool> key;
-      if (op.op == Op::FORWARD)
+      if (op.op == Op::SCHEDULE) // a generation's: after the last stage's picks
+        key = {static_cast<int>(r), lastStage, op.microbatch, false};
+      else if (op.op == Op::FORWARD)
         key = {static_cast<int>(r), int64_t(op.stage) - 1, op.microbatch, false};
       else if (op.op == Op::BACKWARD || op.op == Op::BACKWARD_INPUT)
         key = {static_cast<int>(r), op.stage, op.microbatch, true};

@@ -66,8 +66,9 @@ struct StreamOp {
   int tensor = -1;     ///< SEND, RECV: in Streams::tensors
   int collective = -1; ///< ALLREDUCE: in Streams::collectives
   /// RECV: the mailbox it fills, one per (rank, stage, microbatch, grad).
-  /// FORWARD, BACKWARD, BACKWARD_INPUT: the one whose data it waits for
-  /// (the stage before's activations, its own outputs' gradients); -1 when
+  /// FORWARD, BACKWARD, BACKWARD_INPUT, SCHEDULE: the one whose data it
+  /// waits for (the stage before's activations, its own outputs' gradients,
+  /// a generation's picks from the last stage); -1 when
   /// no RECV fills it.
   int mailbox = -1;
 };

@@ -1,6 +1,7 @@
 //===- Generate.cpp - `pipec generate`: the token loop of a decoder plan -===//
 #include "runtime/exec/Generate.h"
 #include "ops/OpRegistry.h"
+#include "plan/PlanFile.h"
 #include "runtime/core/FusedProgram.h"
 #include "runtime/exec/RankExecutor.h"
 #include "runtime/exec/Trace.h"
@@ -19,10 +20,8 @@ using namespace llvm;
 
 namespace pipec::rt {
 
-namespace {
-
 /// What every rank of one generation shares (read-only once made).
-struct Job {
+struct GenerationJob {
   const Shared *s = nullptr;
   const plan::Generation *g = nullptr;
   const GenerateOptions *o = nullptr;
@@ -31,6 +30,8 @@ struct Job {
   int64_t rows = 1; ///< rows (slots) per group
   int64_t groups = 1;
 };
+
+namespace {
 
 /// A uniform double in [0, 1) drawn from (seed, prompt, position) alone.
 double uniformFor(uint64_t seed, int64_t prompt, int64_t position) {
@@ -139,196 +140,167 @@ Expected<cpu::Tensor> zerosFor(const plan::Plan &plan, StringRef name) {
   return cpu::Tensor(*type, std::vector<int64_t>(d->shape().begin(), d->shape().end()));
 }
 
-/// What one rank measured and picked.
-struct RankOut {
+} // namespace
+
+/// One rank's state in the token loop: its passes, its caches, each group's
+/// control and picks, and what it measured.
+struct GenerationLoop {
+  /// One of the passes a rank runs: the decode step (a token per row) or the
+  /// prefill (a prompt per row), each its own plan's stage program.
+  struct Pass {
+    const Shared *s = nullptr;
+    RankExecutor *ex = nullptr;
+    int64_t tokens = 1; ///< per row
+    /// The prefill's past inputs: zeros of its shape (every position masked).
+    std::map<std::string, cpu::Tensor> pasts;
+  };
+
+  /// What a pass of a group does, as SCHEDULE decides it on the first rank
+  /// and the control tensor (int64 [rows + 1, 2]) carries it down the stages:
+  /// per row its prompt (-1: an idle slot) and the cache positions written
+  /// before, then the pass's kind.
+  enum class Kind : int64_t { Decode = 0, Prefill = 1, Stop = 2 };
+  struct Control {
+    std::vector<int64_t> request, position;
+    Kind kind = Kind::Decode;
+
+    cpu::Tensor tensor() const {
+      int64_t rows = request.size();
+      cpu::Tensor t(DType::I64, {rows + 1, 2});
+      int64_t *d = t.data<int64_t>();
+      for (int64_t i = 0; i < rows; ++i) {
+        d[2 * i] = request[i];
+        d[2 * i + 1] = position[i];
+      }
+      d[2 * rows] = int64_t(kind);
+      return t;
+    }
+    static Control of(const cpu::Tensor &t) {
+      Control c;
+      int64_t rows = t.dim(0) - 1;
+      for (int64_t i = 0; i < rows; ++i) {
+        c.request.push_back(t.getInt64(2 * i));
+        c.position.push_back(t.getInt64(2 * i + 1));
+      }
+      c.kind = Kind(t.getInt64(2 * rows));
+      return c;
+    }
+  };
+
+  GenerationLoop(const GenerationJob &job, Pass decode, std::optional<Pass> prefill,
+                 Clock::time_point start)
+      : job(job), decode(std::move(decode)), prefill(std::move(prefill)), start(start) {}
+
+  const GenerationJob &job;
+  Pass decode;
+  std::optional<Pass> prefill;
+  Clock::time_point start;
+  /// Per cache input this rank's stage loads: one tensor per group, and its
+  /// batch axis.
+  std::map<std::string, std::vector<cpu::Tensor>> caches;
+  std::map<std::string, int> batchAxes;
+  /// Per group: its pass's control, the token each row feeds next (first
+  /// rank), the picks of its last pass, whether it stops in this round and
+  /// whether it stopped.
+  std::vector<Control> control;
+  std::vector<std::vector<int64_t>> next;
+  std::vector<cpu::Tensor> picks;
+  std::vector<bool> stopping, stopped;
+  /// The first rank: the next prompt to start.
+  int64_t waiting = 0;
+  /// The group whose pass this rank runs now, and its values.
+  int current = -1;
+  Env values;
   /// Last rank: the picked tokens [prompts x new], and when each prompt's
   /// tokens came (seconds since the start).
   std::vector<int64_t> tokens;
   std::vector<std::vector<double>> tokenTimes;
   /// With --trace: this rank's passes and waits.
   std::vector<TraceEvent> events;
-};
 
-/// One of the passes a rank runs: the decode step (a token per row) or the
-/// prefill (a prompt per row), each its own plan's stage program.
-struct Pass {
-  const Shared *s = nullptr;
-  RankExecutor *ex = nullptr;
-  int64_t tokens = 1; ///< per row
-  std::vector<const plan::TensorRef *> recvs, sends;
-  /// The prefill's past inputs: zeros of its shape (every position masked).
-  std::map<std::string, cpu::Tensor> pasts;
-};
-
-/// What a pass of a group does, as the first rank decides it and the
-/// control tensor (int64 [rows + 1, 2]) carries it down the stages: per row
-/// its prompt (-1: an idle slot) and the cache positions written before,
-/// then the pass's kind.
-enum class Kind : int64_t { Decode = 0, Prefill = 1, Stop = 2 };
-struct Control {
-  std::vector<int64_t> request, position;
-  Kind kind = Kind::Decode;
-
-  cpu::Tensor tensor() const {
-    int64_t rows = request.size();
-    cpu::Tensor t(DType::I64, {rows + 1, 2});
-    int64_t *d = t.data<int64_t>();
-    for (int64_t i = 0; i < rows; ++i) {
-      d[2 * i] = request[i];
-      d[2 * i + 1] = position[i];
-    }
-    d[2 * rows] = int64_t(kind);
-    return t;
-  }
-  static Control of(const cpu::Tensor &t) {
-    Control c;
-    int64_t rows = t.dim(0) - 1;
-    for (int64_t i = 0; i < rows; ++i) {
-      c.request.push_back(t.getInt64(2 * i));
-      c.position.push_back(t.getInt64(2 * i + 1));
-    }
-    c.kind = Kind(t.getInt64(2 * rows));
-    return c;
-  }
-};
-
-/// One rank's part of the token loop. The first rank schedules: it gives
-/// each slot a prompt, feeds its tokens, and when the last rank says a row
-/// finished (EOS or its new tokens), the next waiting prompt takes the slot.
-/// Every rank runs the groups round-robin in the same order; a group whose
-/// slots are all idle with no prompt waiting is stopped, the stop passed
-/// down the stages.
-class GenerateRank {
-public:
-  GenerateRank(const Job &job, Comm &comm, Backend &be, Pass decode, std::optional<Pass> prefill)
-      : job(job), comm(comm), be(be), rank(comm.rank()), last(rank + 1 == job.s->P),
-        decode(std::move(decode)), prefill(std::move(prefill)) {}
-
-  Error run(Clock::time_point start, RankOut &out);
-
-private:
-  Error prepare(Pass &pass);
-  /// The first rank: group \p group's next pass, after the last rank's
-  /// picks of its previous one.
-  Expected<Control> schedule(int64_t group, bool first, RankOut &out);
-  /// Runs \p control's pass of group \p group on this rank's stage.
-  Error runPass(int64_t group, const Control &control, Clock::time_point start, RankOut &out);
-  Error fillInputs(Pass &pass, Env &values, int64_t group, const Control &control);
-  /// The last rank: each busy row's next token, recorded; returns the
-  /// picks and which rows finished, int64 [2, rows].
-  Expected<cpu::Tensor> pick(const cpu::Tensor &logits, const Control &control, int64_t tokens,
-                             Clock::time_point start, RankOut &out);
+  Pass &pass(int group) { return control[group].kind == Kind::Prefill ? *prefill : decode; }
   /// The prompt the first rank gives a freed slot, or -1.
   int64_t nextRequest() { return waiting < job.promptCount ? waiting++ : -1; }
-  /// With --trace: an event of this rank from \p started (wallNow) to now.
-  void record(RankOut &out, char category, const std::string &name, double started) {
-    if (!job.o->tracePath.empty())
-      out.events.push_back({name, category, rank, started, wallNow() - started});
-  }
-  /// Waits for \p handle, traced as a wait named \p what.
-  Expected<cpu::Tensor> waitFor(int handle, RankOut &out, const std::string &what) {
-    double started = wallNow();
-    auto got = comm.wait(handle);
-    if (got && wallNow() - started > 1e-5)
-      record(out, 'C', what, started);
-    return got;
-  }
-  /// Receives an int64 tensor of \p shape from \p peer, traced as \p what.
-  Expected<cpu::Tensor> receive(int peer, std::vector<int64_t> shape, RankOut &out,
-                                const std::string &what) {
-    auto handle = comm.postRecv(peer, DType::I64, std::move(shape));
-    if (!handle)
-      return handle.takeError();
-    return waitFor(*handle, out, what);
-  }
-
-  const Job &job;
-  Comm &comm;
-  Backend &be;
-  int rank;
-  bool last;
-  Pass decode;
-  std::optional<Pass> prefill;
-  /// Per cache input this rank's stage loads: one tensor per group, and its
-  /// batch axis.
-  std::map<std::string, std::vector<cpu::Tensor>> caches;
-  std::map<std::string, int> batchAxes;
-  /// The first rank: each group's slots, the token each feeds next, and
-  /// the next prompt to start.
-  std::vector<Control> slots;
-  std::vector<std::vector<int64_t>> next;
-  int64_t waiting = 0;
-  /// The picks of a group's last pass when this rank is first and last.
-  std::vector<cpu::Tensor> localPicks;
 };
 
-Error GenerateRank::prepare(Pass &pass) {
-  for (const plan::Instruction &ins : pass.s->plan->programs(rank).instructions()) {
-    if (ins.microbatch() != 0 || ins.grad())
-      continue;
-    if (ins.op() == plan::Instruction::RECV)
-      pass.recvs.push_back(&ins.tensor());
-    if (ins.op() == plan::Instruction::SEND)
-      pass.sends.push_back(&ins.tensor());
-  }
-  for (const std::string &name : pass.s->programs[rank].loads())
-    if (name == job.g->tokens() && rank != 0)
-      return rankError(rank,
-                       formatv("stage {0} reads the token ids: only the first stage may", rank));
-  if (pass.tokens == 1)
-    return Error::success();
-  for (const plan::Generation::Cache &c : job.g->cache())
-    if (c.stage() == rank) {
-      auto zeros = zerosFor(*pass.s->plan, c.past());
-      if (!zeros)
-        return zeros.takeError();
-      pass.pasts[c.past()] = std::move(*zeros);
-    }
-  return Error::success();
+namespace {
+
+using Kind = GenerationLoop::Kind;
+using Control = GenerationLoop::Control;
+using Pass = GenerationLoop::Pass;
+
+/// Whether \p ins moves the control, which a stopping group still passes.
+bool movesControl(const Ins &ins) {
+  return (ins.op() == Ins::SEND || ins.op() == Ins::RECV) &&
+         ins.tensor().name() == GenerationControl;
 }
 
-Expected<Control> GenerateRank::schedule(int64_t group, bool first, RankOut &out) {
-  Control &c = slots[group];
-  int64_t n = c.kind == Kind::Prefill ? prefill->tokens : 1;
+} // namespace
+
+void RankExecutor::traceLoop(GenerationLoop &loop, char category, const std::string &name,
+                             double started) {
+  if (!loop.job.o->tracePath.empty())
+    loop.events.push_back({name, category, rank, started, wallNow() - started});
+}
+
+Expected<cpu::Tensor> RankExecutor::receiveLoop(GenerationLoop &loop, const Ins &ins) {
+  auto type = elemTypeOfName(ins.tensor().dtype());
+  if (!type)
+    return type.takeError();
+  auto handle =
+      comm.postRecv(ins.peer(), *type, {ins.tensor().shape().begin(), ins.tensor().shape().end()});
+  if (!handle)
+    return handle.takeError();
+  double started = wallNow();
+  auto got = comm.wait(*handle);
+  if (got && wallNow() - started > 1e-5) {
+    bool picks = ins.tensor().name() == GenerationPicks;
+    traceLoop(loop, 'C', formatv("{0} g{1}", picks ? "picks" : "recv", ins.microbatch()).str(),
+              started);
+  }
+  return got;
+}
+
+Error RankExecutor::schedule(GenerationLoop &loop, int group, bool first) {
+  const GenerationJob &job = loop.job;
+  Control &c = loop.control[group];
   if (first) {
     c.request.resize(job.rows);
     c.position.assign(job.rows, 0);
     for (int64_t &r : c.request)
-      r = nextRequest();
+      r = loop.nextRequest();
     // Prompts of the prefill's length go through in one pass.
-    c.kind = prefill ? Kind::Prefill : Kind::Decode;
+    c.kind = loop.prefill ? Kind::Prefill : Kind::Decode;
     if (c.request[0] < 0)
       c.kind = Kind::Stop; // more slots than prompts
-    return c;
+    return Error::success();
   }
-  cpu::Tensor picks;
-  if (job.s->P == 1) {
-    picks = localPicks[group];
-  } else {
-    auto got = receive(job.s->P - 1, {2, job.rows}, out, formatv("picks g{0}", group).str());
-    if (!got)
-      return got.takeError();
-    picks = std::move(*got);
-  }
+  const cpu::Tensor &picks = loop.picks[group];
+  if (picks.isNull() || picks.numElements() != 2 * job.rows)
+    return rankError(rank, formatv("group {0} has no picks of its last pass", group));
+  int64_t n = c.kind == Kind::Prefill ? loop.prefill->tokens : 1;
   for (int64_t i = 0; i < job.rows; ++i) {
     if (c.request[i] < 0)
       continue;
     c.position[i] += n;
-    next[group][i] = picks.getInt64(i);
+    loop.next[group][i] = picks.getInt64(i);
     if (picks.getInt64(job.rows + i)) {
       // Finished: the slot takes the next waiting prompt, from position 0.
-      c.request[i] = nextRequest();
+      c.request[i] = loop.nextRequest();
       c.position[i] = 0;
     }
   }
   c.kind = Kind::Decode;
   if (std::all_of(c.request.begin(), c.request.end(), [](int64_t r) { return r < 0; }))
     c.kind = Kind::Stop;
-  return c;
+  return Error::success();
 }
 
-Error GenerateRank::fillInputs(Pass &pass, Env &values, int64_t group, const Control &c) {
+Error RankExecutor::loadPass(GenerationLoop &loop, int group) {
+  const GenerationJob &job = loop.job;
   const plan::Generation &g = *job.g;
+  const Control &c = loop.control[group];
+  Pass &pass = loop.pass(group);
   int64_t n = pass.tokens, length = g.max_length();
   for (const std::string &name : pass.s->programs[rank].loads()) {
     cpu::Tensor host;
@@ -353,13 +325,13 @@ Error GenerateRank::fillInputs(Pass &pass, Env &values, int64_t group, const Con
           if (c.request[i] >= 0)
             token = position < job.promptLength
                         ? job.prompts->getInt64(c.request[i] * job.promptLength + position)
-                        : next[group][i];
+                        : loop.next[group][i];
           host.setDouble(i * n + k, double(name == g.tokens() ? token : position));
         }
       }
     } else if (auto zeros = pass.pasts.find(name); zeros != pass.pasts.end()) {
       host = zeros->second;
-    } else if (auto cache = caches.find(name); cache != caches.end()) {
+    } else if (auto cache = loop.caches.find(name); cache != loop.caches.end()) {
       host = cache->second[group];
     } else {
       return rankError(rank, formatv("stage {0} reads input '{1}', which has no role in "
@@ -369,43 +341,21 @@ Error GenerateRank::fillInputs(Pass &pass, Env &values, int64_t group, const Con
     auto placed = be.upload(host);
     if (!placed)
       return placed.takeError();
-    values[name] = std::move(*placed);
+    loop.values[name] = std::move(*placed);
   }
   return Error::success();
 }
 
-Error GenerateRank::runPass(int64_t group, const Control &control, Clock::time_point start,
-                            RankOut &out) {
-  Pass &pass = control.kind == Kind::Prefill ? *prefill : decode;
-  int64_t n = pass.tokens;
-  Env values = pass.ex->makeEnv();
-  if (Error err = fillInputs(pass, values, group, control))
-    return err;
-  std::vector<int> handles;
-  for (const plan::TensorRef *ref : pass.recvs) {
-    auto type = elemTypeOfName(ref->dtype());
-    if (!type)
-      return type.takeError();
-    auto handle = comm.postRecv(rank - 1, *type, {ref->shape().begin(), ref->shape().end()});
-    if (!handle)
-      return handle.takeError();
-    handles.push_back(*handle);
-  }
-  for (size_t i = 0; i < pass.recvs.size(); ++i) {
-    auto tensor = waitFor(handles[i], out, formatv("recv g{0}", group).str());
-    if (!tensor)
-      return tensor.takeError();
-    auto placed = be.upload(*tensor);
-    if (!placed)
-      return placed.takeError();
-    values[pass.recvs[i]->name()] = std::move(*placed);
-  }
+Error RankExecutor::forwardPass(GenerationLoop &loop, int group) {
+  const GenerationJob &job = loop.job;
+  const Control &control = loop.control[group];
+  Pass &pass = loop.pass(group);
   double started = wallNow();
-  if (Error err = pass.ex->runForward(rank, values))
+  if (Error err = pass.ex->runForward(rank, loop.values))
     return err;
-  record(out, 'F',
-         formatv("{0} g{1}", control.kind == Kind::Prefill ? "prefill" : "decode", group).str(),
-         started);
+  traceLoop(loop, 'F',
+            formatv("{0} g{1}", control.kind == Kind::Prefill ? "prefill" : "decode", group).str(),
+            started);
   std::vector<int64_t> at(job.rows);
   for (int64_t i = 0; i < job.rows; ++i)
     at[i] = control.request[i] < 0 ? 0 : control.position[i];
@@ -414,61 +364,40 @@ Error GenerateRank::runPass(int64_t group, const Control &control, Clock::time_p
       continue;
     // This pass's positions alone where the stage keeps them (a decode
     // step's), else the present, whose last positions they are.
-    const cpu::Tensor *present = c.appended().empty() ? nullptr : values.find(c.appended());
+    const cpu::Tensor *present = c.appended().empty() ? nullptr : loop.values.find(c.appended());
     if (!present)
-      present = values.find(c.present());
+      present = loop.values.find(c.present());
     if (!present)
       return rankError(rank,
                        formatv("stage {0} did not make the present '{1}'", rank, c.present()));
     auto host = be.download(*present);
     if (!host)
       return host.takeError();
-    writePositions(caches[c.past()][group], *host, batchAxes[c.past()], c.axis(), at, n,
-                   c.in_place());
+    writePositions(loop.caches[c.past()][group], *host, loop.batchAxes[c.past()], c.axis(), at,
+                   pass.tokens, c.in_place());
   }
-  if (!last) {
-    if (Error err = comm.send(rank + 1, control.tensor()))
-      return err;
-    for (const plan::TensorRef *ref : pass.sends) {
-      const cpu::Tensor *sent = values.find(ref->name());
-      if (!sent)
-        return rankError(rank,
-                         formatv("stage {0}: '{1}' to send was not computed", rank, ref->name()));
-      auto host = be.download(*sent);
-      if (!host)
-        return host.takeError();
-      if (Error err = comm.send(rank + 1, *host))
-        return err;
-    }
-    return Error::success();
-  }
-  const cpu::Tensor *logits = values.find(job.g->logits());
-  if (!logits)
-    return rankError(rank,
-                     formatv("the last stage did not make the logits '{0}'", job.g->logits()));
-  auto host = be.download(*logits);
-  if (!host)
-    return host.takeError();
-  auto picks = pick(*host, control, n, start, out);
-  if (!picks)
-    return picks.takeError();
-  if (job.s->P == 1) {
-    localPicks[group] = std::move(*picks);
-    return Error::success();
-  }
-  return comm.send(0, *picks);
+  return Error::success();
 }
 
-Expected<cpu::Tensor> GenerateRank::pick(const cpu::Tensor &logits, const Control &control,
-                                         int64_t tokens, Clock::time_point start, RankOut &out) {
+Error RankExecutor::pick(GenerationLoop &loop, int group) {
+  const GenerationJob &job = loop.job;
+  const Control &control = loop.control[group];
+  const cpu::Tensor *found = loop.values.find(job.g->logits());
+  if (!found)
+    return rankError(rank,
+                     formatv("the last stage did not make the logits '{0}'", job.g->logits()));
+  auto logits = be.download(*found);
+  if (!logits)
+    return logits.takeError();
   int64_t vocab = job.g->vocab(), rows = job.rows, limit = job.o->maxNewTokens;
+  int64_t tokens = loop.pass(group).tokens;
   // The prefill's head may have made the last position's alone.
-  if (logits.numElements() == rows * vocab)
+  if (logits->numElements() == rows * vocab)
     tokens = 1;
-  if (logits.numElements() != rows * tokens * vocab)
+  if (logits->numElements() != rows * tokens * vocab)
     return rankError(rank, formatv("the logits '{0}' are {1}, not [{2}, {3}, {4}]", job.g->logits(),
-                                   cpu::shapeString(logits.shape()), rows, tokens, vocab));
-  double now = std::chrono::duration<double>(Clock::now() - start).count();
+                                   cpu::shapeString(logits->shape()), rows, tokens, vocab));
+  double now = std::chrono::duration<double>(Clock::now() - loop.start).count();
   cpu::Tensor picks(DType::I64, {2, rows});
   int64_t *d = picks.data<int64_t>();
   std::vector<double> row(vocab);
@@ -481,27 +410,97 @@ Expected<cpu::Tensor> GenerateRank::pick(const cpu::Tensor &logits, const Contro
       continue;
     int64_t base = (i * tokens + tokens - 1) * vocab;
     for (int64_t v = 0; v < vocab; ++v)
-      row[v] = logits.getDouble(base + v);
+      row[v] = logits->getDouble(base + v);
     int64_t token = pickToken(*job.o, row, request, index);
     bool eos = job.o->eos && token == *job.o->eos;
-    out.tokens[request * limit + index] = token;
-    out.tokenTimes[request].push_back(now);
+    loop.tokens[request * limit + index] = token;
+    loop.tokenTimes[request].push_back(now);
     if (eos)
       // The rest of the row is the EOS id, as transformers pads it.
-      std::fill(out.tokens.begin() + request * limit + index + 1,
-                out.tokens.begin() + (request + 1) * limit, token);
+      std::fill(loop.tokens.begin() + request * limit + index + 1,
+                loop.tokens.begin() + (request + 1) * limit, token);
     d[i] = token;
     d[rows + i] = eos || index + 1 == limit;
   }
-  return picks;
+  loop.picks[group] = std::move(picks);
+  return Error::success();
 }
 
-Error GenerateRank::run(Clock::time_point start, RankOut &out) {
-  if (Error err = prepare(decode))
-    return err;
-  if (prefill)
-    if (Error err = prepare(*prefill))
+Error RankExecutor::loopStep(GenerationLoop &loop, const Ins &ins, bool first) {
+  int group = ins.microbatch();
+  if (group < 0 || group >= loop.job.groups)
+    return rankError(rank, formatv("the token loop names group {0} of {1}", group,
+                                   loop.job.groups));
+  if (loop.stopped[group] || (loop.stopping[group] && !movesControl(ins)))
+    return Error::success();
+  bool control = movesControl(ins);
+  switch (ins.op()) {
+  case Ins::SCHEDULE:
+    if (Error err = schedule(loop, group, first))
       return err;
+    break;
+  case Ins::RECV: {
+    auto got = receiveLoop(loop, ins);
+    if (!got)
+      return got.takeError();
+    if (ins.tensor().name() == GenerationPicks) {
+      loop.picks[group] = std::move(*got);
+      return Error::success();
+    }
+    if (!control) {
+      auto placed = be.upload(*got);
+      if (!placed)
+        return placed.takeError();
+      if (loop.current != group)
+        return rankError(rank, formatv("group {0}'s '{1}' came before its control", group,
+                                       ins.tensor().name()));
+      loop.values[ins.tensor().name()] = std::move(*placed);
+      return Error::success();
+    }
+    if (got->rank() != 2 || got->dim(0) != loop.job.rows + 1 || got->dim(1) != 2)
+      return rankError(rank, formatv("group {0}'s control is {1}", group,
+                                     cpu::shapeString(got->shape())));
+    loop.control[group] = Control::of(*got);
+    break;
+  }
+  case Ins::LOAD:
+    return loadPass(loop, group);
+  case Ins::FORWARD:
+    return forwardPass(loop, group);
+  case Ins::PICK:
+    return pick(loop, group);
+  case Ins::SEND: {
+    if (control)
+      return comm.send(ins.peer(), loop.control[group].tensor());
+    if (ins.tensor().name() == GenerationPicks)
+      return comm.send(ins.peer(), loop.picks[group]);
+    const cpu::Tensor *sent = loop.values.find(ins.tensor().name());
+    if (!sent)
+      return rankError(rank, formatv("stage {0}: '{1}' to send was not computed", rank,
+                                     ins.tensor().name()));
+    auto host = be.download(*sent);
+    if (!host)
+      return host.takeError();
+    return comm.send(ins.peer(), *host);
+  }
+  default:
+    return rankError(rank, formatv("{0} is not a step of the token loop",
+                                   Ins::Op_Name(ins.op())));
+  }
+  // SCHEDULE, or the control received: the group's pass begins.
+  if (loop.control[group].kind == Kind::Stop) {
+    loop.stopping[group] = true;
+    return Error::success();
+  }
+  if (loop.control[group].kind == Kind::Prefill && !loop.prefill)
+    return rankError(rank, formatv("group {0}'s pass is a prefill, which this rank has not", group));
+  loop.current = group;
+  loop.values = loop.pass(group).ex->makeEnv();
+  return Error::success();
+}
+
+Error RankExecutor::generate(GenerationLoop &loop) {
+  const GenerationJob &job = loop.job;
   for (const plan::Generation::Cache &c : job.g->cache())
     if (c.stage() == rank) {
       const plan::DataInput *d = dataInput(*job.s->plan, c.past());
@@ -509,55 +508,42 @@ Error GenerateRank::run(Clock::time_point start, RankOut &out) {
         return rankError(rank, formatv("the cache '{0}' does not hold its rows before its "
                                        "positions",
                                        c.past()));
-      batchAxes[c.past()] = d->batch_axis();
+      loop.batchAxes[c.past()] = d->batch_axis();
       for (int64_t g = 0; g < job.groups; ++g) {
         auto zeros = zerosFor(*job.s->plan, c.past());
         if (!zeros)
           return zeros.takeError();
-        caches[c.past()].push_back(std::move(*zeros));
+        loop.caches[c.past()].push_back(std::move(*zeros));
       }
     }
-  if (last) {
-    out.tokens.assign(job.promptCount * job.o->maxNewTokens, 0);
-    out.tokenTimes.assign(job.promptCount, {});
+  if (rank + 1 == s.P) {
+    loop.tokens.assign(job.promptCount * job.o->maxNewTokens, 0);
+    loop.tokenTimes.assign(job.promptCount, {});
   }
-  slots.assign(job.groups, Control());
-  next.assign(job.groups, std::vector<int64_t>(job.rows, 0));
-  localPicks.assign(job.groups, cpu::Tensor());
-  // The groups round-robin, each until it stops.
-  std::vector<int64_t> active(job.groups);
-  std::iota(active.begin(), active.end(), 0);
-  std::vector<bool> started(job.groups, false);
-  while (!active.empty()) {
-    for (size_t a = 0; a < active.size();) {
-      int64_t group = active[a];
-      Control control;
-      if (rank == 0) {
-        auto scheduled = schedule(group, !started[group], out);
-        if (!scheduled)
-          return scheduled.takeError();
-        control = std::move(*scheduled);
-        started[group] = true;
-      } else {
-        auto got = receive(rank - 1, {job.rows + 1, 2}, out, formatv("recv g{0}", group).str());
-        if (!got)
-          return got.takeError();
-        control = Control::of(*got);
-      }
-      if (control.kind == Kind::Stop) {
-        if (!last)
-          if (Error err = comm.send(rank + 1, control.tensor()))
-            return err;
-        active.erase(active.begin() + a);
-        continue;
-      }
-      if (Error err = runPass(group, control, start, out))
+  loop.control.assign(job.groups, Control());
+  loop.next.assign(job.groups, std::vector<int64_t>(job.rows, 0));
+  loop.picks.assign(job.groups, cpu::Tensor());
+  loop.stopping.assign(job.groups, false);
+  loop.stopped.assign(job.groups, false);
+  // The plan's streams: the start (the prefill's, when it runs), then
+  // rounds until every group stopped.
+  const plan::GenerationStreams &own = program.generation();
+  const auto &start = loop.prefill ? loop.prefill->s->plan->programs(rank).generation().start()
+                                   : own.start();
+  for (bool first = true;
+       std::find(loop.stopped.begin(), loop.stopped.end(), false) != loop.stopped.end();
+       first = false) {
+    for (const Ins &ins : first ? start : own.round())
+      if (Error err = loopStep(loop, ins, first))
         return err;
-      ++a;
-    }
+    for (int g = 0; g < job.groups; ++g)
+      if (loop.stopping[g])
+        loop.stopped[g] = true;
   }
   return comm.flush();
 }
+
+namespace {
 
 } // namespace
 
@@ -647,7 +633,7 @@ void keepLastPosition(Shared &prefill, const std::string &logits) {
 /// A generation's shared state: the job, the decode step's run and the
 /// prefill's (when the prompts have its length).
 struct Setup {
-  Job job;
+  GenerationJob job;
   RunOptions runOptions;
   std::unique_ptr<Shared> decode, prefill;
 };
@@ -665,7 +651,7 @@ Expected<std::unique_ptr<Setup>> setUp(const plan::Plan &plan, const GenerateOpt
     return shared.takeError();
   setup->decode = std::move(*shared);
   const Shared &s = *setup->decode;
-  Job &job = setup->job;
+  GenerationJob &job = setup->job;
   job.s = &s;
   job.g = &plan.generation();
   job.o = &options;
@@ -720,19 +706,57 @@ Expected<RankExecutors> loadRank(const Setup &setup, Comm &comm, Backend &backen
   return ex;
 }
 
-Error runRank(const Setup &setup, Comm &comm, Backend &backend, RankExecutors &ex,
-              Clock::time_point start, RankOut &out) {
-  Pass decode{setup.decode.get(), ex.decode.get(), 1, {}, {}, {}};
+/// What one rank measured and picked: the last rank's tokens [prompts x
+/// new] and when each prompt's came, and with --trace its events.
+struct RankOut {
+  std::vector<int64_t> tokens;
+  std::vector<std::vector<double>> tokenTimes;
+  std::vector<TraceEvent> events;
+};
+
+/// Rank \p rank's pass of \p s (\p tokens per row) on \p ex.
+Expected<Pass> makePass(const GenerationJob &job, const Shared &s, RankExecutor &ex, int rank,
+                        int64_t tokens) {
+  Pass pass{&s, &ex, tokens, {}};
+  for (const std::string &name : s.programs[rank].loads())
+    if (name == job.g->tokens() && rank != 0)
+      return rankError(rank,
+                       formatv("stage {0} reads the token ids: only the first stage may", rank));
+  if (tokens == 1)
+    return pass;
+  for (const plan::Generation::Cache &c : job.g->cache())
+    if (c.stage() == rank) {
+      auto zeros = zerosFor(*s.plan, c.past());
+      if (!zeros)
+        return zeros.takeError();
+      pass.pasts[c.past()] = std::move(*zeros);
+    }
+  return pass;
+}
+
+Error runRank(const Setup &setup, RankExecutors &ex, int rank, Clock::time_point start,
+              RankOut &out) {
+  auto decode = makePass(setup.job, *setup.decode, *ex.decode, rank, 1);
+  if (!decode)
+    return decode.takeError();
   std::optional<Pass> prefill;
-  if (ex.prefill)
-    prefill = Pass{setup.prefill.get(), ex.prefill.get(), setup.job.promptLength, {}, {}, {}};
-  GenerateRank rank(setup.job, comm, backend, std::move(decode), std::move(prefill));
-  return rank.run(start, out);
+  if (ex.prefill) {
+    auto made = makePass(setup.job, *setup.prefill, *ex.prefill, rank, setup.job.promptLength);
+    if (!made)
+      return made.takeError();
+    prefill = std::move(*made);
+  }
+  GenerationLoop loop(setup.job, std::move(*decode), std::move(prefill), start);
+  Error err = ex.decode->generate(loop);
+  out.tokens = std::move(loop.tokens);
+  out.tokenTimes = std::move(loop.tokenTimes);
+  out.events = std::move(loop.events);
+  return err;
 }
 
 /// The result from the last rank's \p out, the loop having taken
 /// \p seconds.
-GenerateResult resultOf(const Job &job, const RankOut &out, double seconds) {
+GenerateResult resultOf(const GenerationJob &job, const RankOut &out, double seconds) {
   GenerateResult result;
   result.seconds = seconds;
   result.tokens = cpu::Tensor::fromValues<int64_t>({job.promptCount, job.o->maxNewTokens},
@@ -756,7 +780,7 @@ GenerateResult resultOf(const Job &job, const RankOut &out, double seconds) {
 /// than there are groups in flight, since a rank computes only on a group
 /// that has reached it. With one group the stages take turns, so each rank
 /// computes on all the cores it shares.
-int computingAtOnce(const Job &job, int ranks) {
+int computingAtOnce(const GenerationJob &job, int ranks) {
   return static_cast<int>(std::clamp<int64_t>(job.groups, 1, std::max(1, ranks)));
 }
 
@@ -788,7 +812,7 @@ Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOpt
   std::vector<RankOut> outs(ranks);
   auto start = Clock::now();
   if (Error err = runRankThreads(ranks, threadsPerRank, comms, [&](int r) {
-        return runRank(su, *comms[r], *backends[r], executors[r], start, outs[r]);
+        return runRank(su, executors[r], r, start, outs[r]);
       }))
     return err;
   GenerateResult result = resultOf(su.job, outs[ranks - 1],
@@ -839,7 +863,7 @@ Expected<GenerateResult> generateMpi(const plan::Plan &plan, const GenerateOptio
     return failed(std::move(err));
   auto start = Clock::now();
   RankOut out;
-  if (Error err = runRank(su, **comm, **backend, *ex, start, out))
+  if (Error err = runRank(su, *ex, rank, start, out))
     return failed(std::move(err));
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   // The last rank's tokens and times, and every rank's trace events, to
@@ -877,7 +901,7 @@ Expected<GenerateResult> generateMpi(const plan::Plan &plan, const GenerateOptio
     if (!options.tracePath.empty())
       if (Error err = writeTrace(options.tracePath, events, int(gathered->size())))
         return failed(std::move(err));
-    const Job &job = su.job;
+    const GenerationJob &job = su.job;
     RankOut last;
     size_t want = job.promptCount * job.o->maxNewTokens;
     if (static_cast<size_t>(from.tokens_size()) != want)

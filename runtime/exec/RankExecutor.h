@@ -8,6 +8,7 @@
 //                   clipping, float32 master copies of half weights
 //   Checkpoint.cpp  a rank's checkpoint files
 //   Trace.cpp       the measured timeline
+//   Generate.cpp    a generate plan's token loop (RankExecutor::generate)
 //   Launch.cpp      a run: ranks as threads (runLocal) or MPI processes
 //                   (runMpi), their steps, outputs and results
 //
@@ -84,6 +85,11 @@ struct Shared {
   std::vector<plan::StageProgram> programs;
 };
 
+/// `pipec generate` (Generate.cpp): what its ranks share, and one rank's
+/// state in its token loop.
+struct GenerationJob;
+struct GenerationLoop;
+
 /// What the optimizer made of a weight of 1 that no gradient reached, after
 /// the run's steps: the factor by which a sliced table's rows outside the
 /// slice shrink (decoupled weight decay), 1 without decay.
@@ -121,6 +127,10 @@ public:
   llvm::Error runForward(int stage, Env &values);
   /// An empty Env of this rank's value names, for runForward.
   Env makeEnv() { return Env(&names); }
+  /// Runs this rank's part of a generate plan's token loop, \p loop: its
+  /// generation streams (the start, then rounds until every group stopped),
+  /// each instruction as loopStep says.
+  llvm::Error generate(GenerationLoop &loop);
   /// Host copies of this rank's trainable weights and of the running
   /// statistics its steps update.
   llvm::Expected<std::map<std::string, cpu::Tensor>> trainedWeights();
@@ -148,6 +158,19 @@ private:
   /// Runs \p stream (a step's instructions, or an evaluation's) for step or
   /// evaluation batch \p t.
   llvm::Error runStream(const google::protobuf::RepeatedPtrField<Ins> &stream, int t);
+  /// One instruction of the token loop (of the start when \p first):
+  /// SCHEDULE (the first rank), the control, hidden state and picks
+  /// received and sent, LOAD of the inputs the control makes, FORWARD and
+  /// the cache writes, PICK (the last rank). A group that stops passes its
+  /// control alone, then none of its instructions run.
+  llvm::Error loopStep(GenerationLoop &loop, const Ins &ins, bool first);
+  llvm::Error schedule(GenerationLoop &loop, int group, bool first);
+  llvm::Error loadPass(GenerationLoop &loop, int group);
+  llvm::Error forwardPass(GenerationLoop &loop, int group);
+  llvm::Error pick(GenerationLoop &loop, int group);
+  llvm::Expected<cpu::Tensor> receiveLoop(GenerationLoop &loop, const Ins &ins);
+  /// With --trace: an event of this rank from \p started (wallNow) to now.
+  void traceLoop(GenerationLoop &loop, char category, const std::string &name, double started);
   /// Inside evaluate: inputs come from the evaluation data, and nothing is
   /// traced or faulted.
   bool evaluating = false;
