@@ -59,6 +59,7 @@ struct Builder {
           add(out, Ins::RECV, r - 1, g, r - 1, t);
       if (!stop) {
         add(out, Ins::LOAD, r, g);
+        out.rbegin()->set_group("inputs");
         add(out, Ins::FORWARD, r, g);
       }
       if (!last) {

@@ -10,6 +10,9 @@
 //===----------------------------------------------------------------------===//
 #include "TestUtil.h"
 
+#include "driver/PlanVerify.h"
+#include "passes/LowerSchedule.h"
+#include "plan/PlanFile.h"
 #include "runtime/exec/Data.h"
 
 #include "llvm/Support/FormatVariadic.h"
@@ -328,6 +331,103 @@ TEST(GenerateCli, ReportAndBadInput) {
   EXPECT_EQ(runCommand(pipecBinary + " compile " + model + " --mode generate -o " + plan, out), 2)
       << out;
   EXPECT_NE(out.find("--mode generate needs --max-length L"), std::string::npos) << out;
+}
+
+/// \p stream, one formatInstruction line per instruction.
+std::vector<std::string> lines(const google::protobuf::RepeatedPtrField<plan::Instruction> &stream) {
+  std::vector<std::string> out;
+  for (const plan::Instruction &i : stream)
+    out.push_back(formatInstruction(i));
+  return out;
+}
+
+// The token loop is in the plan: each rank's start, round and stop streams,
+// which verify-program proves and the plan reader checks.
+TEST(GenerateCli, PlanHoldsTheLoop) {
+  TempDir dir;
+  std::string path = dir.path("g.plan"), out;
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + fixtures +
+                           "gpt2.onnx --mode generate --max-length 40 --stages 2 --microbatches "
+                           "2 --slots 4 --prompt-length 6 --hardware cpu -o " + path,
+                       out),
+            0)
+      << out;
+  auto plan = readPlan(path);
+  ASSERT_TRUE(bool(plan)) << llvm::toString(plan.takeError());
+  ASSERT_FALSE(bool(verifyPlanStreams(*plan)));
+  const plan::RankProgram &first = plan->programs(0), &last = plan->programs(1);
+  // What the first stage's forward sends the second (GPT-2's hidden state
+  // and its attention mask).
+  std::vector<std::string> hidden;
+  for (const plan::Instruction &i : first.instructions())
+    if (i.op() == plan::Instruction::SEND && i.microbatch() == 0)
+      hidden.push_back(i.tensor().name());
+  ASSERT_EQ(hidden.size(), 2u);
+  std::vector<std::string> round, last0, last1;
+  for (int g : {0, 1}) {
+    std::string mb = llvm::formatv("mb{0}", g).str();
+    std::vector<std::string> block = {"RECV act s1 " + mb + " <- 1 pipec.picks",
+                                      "SCHEDULE s0 " + mb,
+                                      "LOAD inputs s0 " + mb,
+                                      "FORWARD s0 " + mb + " buf0",
+                                      "SEND act s0 " + mb + " -> 1 pipec.control"};
+    std::vector<std::string> theirs = {"RECV act s0 " + mb + " <- 0 pipec.control"};
+    for (const std::string &h : hidden) {
+      block.push_back("SEND act s0 " + mb + " -> 1 " + h);
+      theirs.push_back("RECV act s0 " + mb + " <- 0 " + h);
+    }
+    for (const std::string &step : {"LOAD inputs s1 " + mb, "FORWARD s1 " + mb + " buf0",
+                                    "PICK s1 " + mb, "SEND act s1 " + mb + " -> 0 pipec.picks"})
+      theirs.push_back(step);
+    round.insert(round.end(), block.begin(), block.end());
+    last0.insert(last0.end(), theirs.begin(), theirs.end());
+    last1.push_back("RECV act s0 " + mb + " <- 0 pipec.control");
+  }
+  EXPECT_EQ(lines(first.generation().round()), round);
+  // The start has no picks to wait for; the last rank picks and sends them,
+  // and in the stop passes the control alone.
+  std::vector<std::string> start = lines(first.generation().start());
+  EXPECT_EQ(std::vector<std::string>(start.begin(), start.begin() + start.size() / 2),
+            std::vector<std::string>(round.begin() + 1, round.begin() + round.size() / 2));
+  EXPECT_EQ(lines(last.generation().round()), last0);
+  EXPECT_EQ(lines(last.generation().stop()), last1);
+  // The prefill's start sends its own hidden state, [rows, 6, width].
+  const plan::RankProgram &prefill = plan->generation().prefill().programs(0);
+  EXPECT_EQ(prefill.generation().start(5).tensor().shape(1), 6);
+
+  // A first rank whose start waits for picks, which no pass has made yet.
+  plan::Plan waits = *plan;
+  auto &early = *waits.mutable_programs(0)->mutable_generation()->mutable_start();
+  *early.Add() = first.generation().round(0);
+  for (int i = early.size() - 1; i > 0; --i)
+    early.SwapElements(i, i - 1);
+  llvm::Error err = verifyPlanStreams(waits);
+  ASSERT_TRUE(bool(err));
+  std::string text = llvm::toString(std::move(err));
+  EXPECT_NE(text.find("verify-program: rank 0 step 0: RECV act s1 mb0 <- 1 pipec.picks has no "
+                      "matching SEND on rank 1 (the generation streams)"),
+            std::string::npos)
+      << text;
+  // A round whose last rank sends no picks.
+  plan::Plan unmatched = *plan;
+  unmatched.mutable_programs(1)->mutable_generation()->mutable_round()->DeleteSubrange(
+      hidden.size() + 4, 1);
+  err = verifyPlanStreams(unmatched);
+  ASSERT_TRUE(bool(err));
+  text = llvm::toString(std::move(err));
+  EXPECT_NE(text.find("pipec.picks has no matching SEND on rank 1 (the generation streams)"),
+            std::string::npos)
+      << text;
+  // The plan reader takes only the loop's own steps, naming the stream.
+  plan::Plan reduced = *plan;
+  reduced.mutable_programs(0)->mutable_generation()->mutable_round(1)->set_op(
+      plan::Instruction::ALLREDUCE);
+  err = checkPlan(reduced);
+  ASSERT_TRUE(bool(err));
+  EXPECT_NE(llvm::toString(std::move(err))
+                .find("rank 0 generation.round instruction 1: ALLREDUCE is not a step of the "
+                      "token loop"),
+            std::string::npos);
 }
 
 } // namespace

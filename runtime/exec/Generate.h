@@ -33,6 +33,12 @@
 //    first rank schedules and sends each pass's rows and positions down the
 //    stages with the hidden state; a group with no prompt left stops.
 //
+// Each rank runs the loop from its streams in the plan (plan.proto's
+// GenerationStreams, made by passes/GenerationStreams.h and proved by
+// verify-program): its start, then its round until every group stopped.
+// RankExecutor::generate runs them instruction by instruction, as it runs
+// a training step's.
+//
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_EXEC_GENERATE_H
 #define PIPEC_RUNTIME_EXEC_GENERATE_H
