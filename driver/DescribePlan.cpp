@@ -1,6 +1,6 @@
 //===- DescribePlan.cpp - A plan's header, layers, stages and warnings ---===//
-#include "driver/CompileParts.h"
 #include "compiler/schedule/ScheduleKind.h"
+#include "driver/CompileParts.h"
 #include "driver/InspectReport.h"
 #include "passes/GenerationRoles.h"
 #include "passes/GenerationStreams.h"
@@ -323,8 +323,8 @@ Expected<plan::Plan> withPrefill(plan::Plan plan, StringRef modelPath,
   int64_t length = options.promptLength, maxLength = options.maxLength;
   if (length >= maxLength)
     return usageError(formatv("--prompt-length {0}: leaves no position of --max-length {1} to "
-                             "generate",
-                             length, maxLength));
+                              "generate",
+                              length, maxLength));
   CompileOptions prefill = options;
   prefill.maxLength = 0;
   prefill.promptLength = 0;
@@ -340,8 +340,7 @@ Expected<plan::Plan> withPrefill(plan::Plan plan, StringRef modelPath,
   auto kind = parseSchedule(plan.schedule().name());
   if (!kind)
     return kind.takeError();
-  if (Error err =
-          verifyGenerationStreams(starts, programs, plan.schedule().microbatches(), *kind))
+  if (Error err = verifyGenerationStreams(starts, programs, plan.schedule().microbatches(), *kind))
     return createStringError(inconvertibleErrorCode(), "the prefill's %s",
                              toString(std::move(err)).c_str());
   plan::Generation *g = plan.mutable_generation();

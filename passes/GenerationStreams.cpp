@@ -80,7 +80,8 @@ struct Builder {
 
 void addGenerationStreams(plan::Plan &plan) {
   const plan::ScheduleInfo &s = plan.schedule();
-  Builder b{s.stages(), s.microbatches(),
+  Builder b{s.stages(),
+            s.microbatches(),
             int64Tensor(GenerationControl, {s.microbatch_size() + 1, 2}),
             int64Tensor(GenerationPicks, {2, s.microbatch_size()}),
             {},

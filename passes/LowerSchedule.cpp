@@ -659,8 +659,8 @@ Error verifyGenerationStreams(const std::vector<plan::RankProgram> &starts,
   int ranks = static_cast<int>(programs.size());
   if (static_cast<int>(starts.size()) != ranks)
     return createStringError(inconvertibleErrorCode(),
-                             "verify-program: %d generation starts for %d ranks", int(starts.size()),
-                             ranks);
+                             "verify-program: %d generation starts for %d ranks",
+                             int(starts.size()), ranks);
   // Unrolled: round k's pass of group g is microbatch k * groups + g, and
   // the picks it sends are those the first rank's next round receives.
   std::vector<plan::RankProgram> unrolled(ranks);

@@ -231,12 +231,11 @@ Error checkPrograms(const plan::Plan &plan) {
                                 {"generation.stop instruction", &loop.stop()}})
       for (int i = 0; i < stream->size(); ++i) {
         const Ins &ins = stream->Get(i);
-        bool loopOp = ins.op() == Ins::SCHEDULE || ins.op() == Ins::PICK ||
-                      ins.op() == Ins::LOAD || ins.op() == Ins::FORWARD ||
-                      ins.op() == Ins::SEND || ins.op() == Ins::RECV;
+        bool loopOp = ins.op() == Ins::SCHEDULE || ins.op() == Ins::PICK || ins.op() == Ins::LOAD ||
+                      ins.op() == Ins::FORWARD || ins.op() == Ins::SEND || ins.op() == Ins::RECV;
         if (!loopOp)
-          return planError(formatv("rank {0} {1} {2}: {3} is not a step of the token loop", r,
-                                   name, i, Ins::Op_Name(ins.op())));
+          return planError(formatv("rank {0} {1} {2}: {3} is not a step of the token loop", r, name,
+                                   i, Ins::Op_Name(ins.op())));
         if (Error err = checkInstruction(plan, r, i, program, ins, name))
           return err;
       }

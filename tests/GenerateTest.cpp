@@ -334,7 +334,8 @@ TEST(GenerateCli, ReportAndBadInput) {
 }
 
 /// \p stream, one formatInstruction line per instruction.
-std::vector<std::string> lines(const google::protobuf::RepeatedPtrField<plan::Instruction> &stream) {
+std::vector<std::string>
+lines(const google::protobuf::RepeatedPtrField<plan::Instruction> &stream) {
   std::vector<std::string> out;
   for (const plan::Instruction &i : stream)
     out.push_back(formatInstruction(i));
@@ -348,7 +349,8 @@ TEST(GenerateCli, PlanHoldsTheLoop) {
   std::string path = dir.path("g.plan"), out;
   ASSERT_EQ(runCommand(pipecBinary + " compile " + fixtures +
                            "gpt2.onnx --mode generate --max-length 40 --stages 2 --microbatches "
-                           "2 --slots 4 --prompt-length 6 --hardware cpu -o " + path,
+                           "2 --slots 4 --prompt-length 6 --hardware cpu -o " +
+                           path,
                        out),
             0)
       << out;
@@ -366,11 +368,9 @@ TEST(GenerateCli, PlanHoldsTheLoop) {
   std::vector<std::string> round, last0, last1;
   for (int g : {0, 1}) {
     std::string mb = llvm::formatv("mb{0}", g).str();
-    std::vector<std::string> block = {"RECV act s1 " + mb + " <- 1 pipec.picks",
-                                      "SCHEDULE s0 " + mb,
-                                      "LOAD inputs s0 " + mb,
-                                      "FORWARD s0 " + mb + " buf0",
-                                      "SEND act s0 " + mb + " -> 1 pipec.control"};
+    std::vector<std::string> block = {
+        "RECV act s1 " + mb + " <- 1 pipec.picks", "SCHEDULE s0 " + mb, "LOAD inputs s0 " + mb,
+        "FORWARD s0 " + mb + " buf0", "SEND act s0 " + mb + " -> 1 pipec.control"};
     std::vector<std::string> theirs = {"RECV act s0 " + mb + " <- 0 pipec.control"};
     for (const std::string &h : hidden) {
       block.push_back("SEND act s0 " + mb + " -> 1 " + h);

@@ -3,6 +3,7 @@
 #include "ops/OpRegistry.h"
 #include "plan/PlanFile.h"
 #include "runtime/core/FusedProgram.h"
+#include "runtime/exec/Launcher.h"
 #include "runtime/exec/RankExecutor.h"
 #include "runtime/exec/Trace.h"
 #include "support/Diagnostics.h"
@@ -429,8 +430,8 @@ Error RankExecutor::pick(GenerationLoop &loop, int group) {
 Error RankExecutor::loopStep(GenerationLoop &loop, const Ins &ins, bool first) {
   int group = ins.microbatch();
   if (group < 0 || group >= loop.job.groups)
-    return rankError(rank, formatv("the token loop names group {0} of {1}", group,
-                                   loop.job.groups));
+    return rankError(rank,
+                     formatv("the token loop names group {0} of {1}", group, loop.job.groups));
   if (loop.stopped[group] || (loop.stopping[group] && !movesControl(ins)))
     return Error::success();
   bool control = movesControl(ins);
@@ -452,14 +453,14 @@ Error RankExecutor::loopStep(GenerationLoop &loop, const Ins &ins, bool first) {
       if (!placed)
         return placed.takeError();
       if (loop.current != group)
-        return rankError(rank, formatv("group {0}'s '{1}' came before its control", group,
-                                       ins.tensor().name()));
+        return rankError(
+            rank, formatv("group {0}'s '{1}' came before its control", group, ins.tensor().name()));
       loop.values[ins.tensor().name()] = std::move(*placed);
       return Error::success();
     }
     if (got->rank() != 2 || got->dim(0) != loop.job.rows + 1 || got->dim(1) != 2)
-      return rankError(rank, formatv("group {0}'s control is {1}", group,
-                                     cpu::shapeString(got->shape())));
+      return rankError(
+          rank, formatv("group {0}'s control is {1}", group, cpu::shapeString(got->shape())));
     loop.control[group] = Control::of(*got);
     break;
   }
@@ -476,16 +477,15 @@ Error RankExecutor::loopStep(GenerationLoop &loop, const Ins &ins, bool first) {
       return comm.send(ins.peer(), loop.picks[group]);
     const cpu::Tensor *sent = loop.values.find(ins.tensor().name());
     if (!sent)
-      return rankError(rank, formatv("stage {0}: '{1}' to send was not computed", rank,
-                                     ins.tensor().name()));
+      return rankError(
+          rank, formatv("stage {0}: '{1}' to send was not computed", rank, ins.tensor().name()));
     auto host = be.download(*sent);
     if (!host)
       return host.takeError();
     return comm.send(ins.peer(), *host);
   }
   default:
-    return rankError(rank, formatv("{0} is not a step of the token loop",
-                                   Ins::Op_Name(ins.op())));
+    return rankError(rank, formatv("{0} is not a step of the token loop", Ins::Op_Name(ins.op())));
   }
   // SCHEDULE, or the control received: the group's pass begins.
   if (loop.control[group].kind == Kind::Stop) {
@@ -493,7 +493,8 @@ Error RankExecutor::loopStep(GenerationLoop &loop, const Ins &ins, bool first) {
     return Error::success();
   }
   if (loop.control[group].kind == Kind::Prefill && !loop.prefill)
-    return rankError(rank, formatv("group {0}'s pass is a prefill, which this rank has not", group));
+    return rankError(rank,
+                     formatv("group {0}'s pass is a prefill, which this rank has not", group));
   loop.current = group;
   loop.values = loop.pass(group).ex->makeEnv();
   return Error::success();
@@ -528,8 +529,8 @@ Error RankExecutor::generate(GenerationLoop &loop) {
   // The plan's streams: the start (the prefill's, when it runs), then
   // rounds until every group stopped.
   const plan::GenerationStreams &own = program.generation();
-  const auto &start = loop.prefill ? loop.prefill->s->plan->programs(rank).generation().start()
-                                   : own.start();
+  const auto &start =
+      loop.prefill ? loop.prefill->s->plan->programs(rank).generation().start() : own.start();
   for (bool first = true;
        std::find(loop.stopped.begin(), loop.stopped.end(), false) != loop.stopped.end();
        first = false) {
@@ -543,9 +544,7 @@ Error RankExecutor::generate(GenerationLoop &loop) {
   return comm.flush();
 }
 
-namespace {
-
-} // namespace
+namespace {} // namespace
 
 Error checkGenerate(const plan::Plan &plan, const GenerateOptions &o, const cpu::Tensor &prompts) {
   if (!plan.has_generation())
@@ -642,7 +641,6 @@ Expected<std::unique_ptr<Setup>> setUp(const plan::Plan &plan, const GenerateOpt
                                        const cpu::Tensor &prompts) {
   if (Error err = checkGenerate(plan, options, prompts))
     return err;
-  keepFreedMemory();
   auto setup = std::make_unique<Setup>();
   setup->runOptions = options.run;
   setup->runOptions.steps = 1;
@@ -706,14 +704,6 @@ Expected<RankExecutors> loadRank(const Setup &setup, Comm &comm, Backend &backen
   return ex;
 }
 
-/// What one rank measured and picked: the last rank's tokens [prompts x
-/// new] and when each prompt's came, and with --trace its events.
-struct RankOut {
-  std::vector<int64_t> tokens;
-  std::vector<std::vector<double>> tokenTimes;
-  std::vector<TraceEvent> events;
-};
-
 /// Rank \p rank's pass of \p s (\p tokens per row) on \p ex.
 Expected<Pass> makePass(const GenerationJob &job, const Shared &s, RankExecutor &ex, int rank,
                         int64_t tokens) {
@@ -735,7 +725,7 @@ Expected<Pass> makePass(const GenerationJob &job, const Shared &s, RankExecutor 
 }
 
 Error runRank(const Setup &setup, RankExecutors &ex, int rank, Clock::time_point start,
-              RankOut &out) {
+              RankOutcome &out) {
   auto decode = makePass(setup.job, *setup.decode, *ex.decode, rank, 1);
   if (!decode)
     return decode.takeError();
@@ -756,7 +746,7 @@ Error runRank(const Setup &setup, RankExecutors &ex, int rank, Clock::time_point
 
 /// The result from the last rank's \p out, the loop having taken
 /// \p seconds.
-GenerateResult resultOf(const GenerationJob &job, const RankOut &out, double seconds) {
+GenerateResult resultOf(const GenerationJob &job, const RankOutcome &out, double seconds) {
   GenerateResult result;
   result.seconds = seconds;
   result.tokens = cpu::Tensor::fromValues<int64_t>({job.promptCount, job.o->maxNewTokens},
@@ -786,134 +776,79 @@ int computingAtOnce(const GenerationJob &job, int ranks) {
 
 } // namespace
 
-Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOptions &options,
-                                       const cpu::Tensor &prompts) {
+namespace {
+
+/// A generation on the ranks \p mpi says: threads of this process, or this
+/// process's rank of an MPI job.
+Expected<GenerateResult> launchGenerate(const plan::Plan &plan, const GenerateOptions &options,
+                                        const cpu::Tensor &prompts, bool mpi) {
+  auto launcher = Launcher::open(options.run, mpi);
+  if (!launcher)
+    return launcher.takeError();
+  Launcher &l = **launcher;
   auto setup = setUp(plan, options, prompts);
   if (!setup)
-    return setup.takeError();
+    return l.fail(setup.takeError());
   const Setup &su = **setup;
   int ranks = su.decode->P;
-  int threadsPerRank = shareCores(su.runOptions, computingAtOnce(su.job, ranks));
-  LocalWorld world(ranks, su.runOptions.timeoutSeconds);
-  std::vector<std::unique_ptr<Comm>> comms;
-  std::vector<std::unique_ptr<Backend>> backends;
+  if (Error err = l.place(*su.decode, formatv("{0} ranks", ranks).str(),
+                          [&](int n) { return computingAtOnce(su.job, n); }))
+    return err;
   std::vector<RankExecutors> executors;
-  for (int r = 0; r < ranks; ++r) {
-    auto backend = makeBackend(*su.decode, r / std::max(1, su.runOptions.ranksPerDevice), r);
-    if (!backend)
-      return backend.takeError();
-    backends.push_back(std::move(*backend));
-    comms.push_back(world.comm(r));
-    auto ex = loadRank(su, *comms.back(), *backends.back());
+  for (int i = 0; i < l.ranksHere(); ++i) {
+    auto ex = loadRank(su, l.comm(i), l.backend(i));
     if (!ex)
-      return ex.takeError();
+      return l.fail(ex.takeError());
     executors.push_back(std::move(*ex));
   }
-  std::vector<RankOut> outs(ranks);
-  auto start = Clock::now();
-  if (Error err = runRankThreads(ranks, threadsPerRank, comms, [&](int r) {
-        return runRank(su, executors[r], r, start, outs[r]);
-      }))
+  // Every rank starts together: the times are from one start.
+  if (Error err = l.together())
     return err;
-  GenerateResult result = resultOf(su.job, outs[ranks - 1],
-                                   std::chrono::duration<double>(Clock::now() - start).count());
+  std::vector<RankOutcome> outs(l.ranksHere());
+  auto start = Clock::now();
+  if (Error err =
+          l.run([&](int i) { return runRank(su, executors[i], l.globalRank(i), start, outs[i]); }))
+    return err;
+  double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  // The last rank's tokens and times, and every rank's trace events, to
+  // the reporting process in one message.
+  RankOutcome mine;
+  for (RankOutcome &out : outs)
+    mine.merge(std::move(out));
+  auto outcomes = l.gather(std::move(mine));
+  if (!outcomes)
+    return outcomes.takeError();
+  GenerateResult result;
+  result.primary = l.primary();
+  result.threadsPerRank = l.threadsPerRank();
+  if (!l.primary())
+    return result;
+  RankOutcome all;
+  for (RankOutcome &outcome : *outcomes)
+    all.merge(std::move(outcome));
+  size_t want = su.job.promptCount * options.maxNewTokens;
+  if (all.tokens.size() != want)
+    return l.fail(createStringError(inconvertibleErrorCode(), "rank %d sent %zu tokens, not %zu",
+                                    ranks - 1, all.tokens.size(), want));
+  if (!options.tracePath.empty())
+    if (Error err = writeTrace(options.tracePath, all.events, ranks))
+      return l.fail(std::move(err));
+  int threadsPerRank = result.threadsPerRank;
+  result = resultOf(su.job, all, seconds);
   result.threadsPerRank = threadsPerRank;
-  if (!options.tracePath.empty()) {
-    std::vector<TraceEvent> events;
-    for (RankOut &out : outs)
-      events.insert(events.end(), out.events.begin(), out.events.end());
-    if (Error err = writeTrace(options.tracePath, events, ranks))
-      return err;
-  }
   return result;
+}
+
+} // namespace
+
+Expected<GenerateResult> generateLocal(const plan::Plan &plan, const GenerateOptions &options,
+                                       const cpu::Tensor &prompts) {
+  return launchGenerate(plan, options, prompts, false);
 }
 
 Expected<GenerateResult> generateMpi(const plan::Plan &plan, const GenerateOptions &options,
                                      const cpu::Tensor &prompts) {
-  auto comm = makeMpiComm(options.run.timeoutSeconds);
-  if (!comm)
-    return comm.takeError();
-  auto failed = [&](Error err) -> Error {
-    std::string text = toString(std::move(err));
-    (*comm)->fail(text);
-    return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
-  };
-  auto setup = setUp(plan, options, prompts);
-  if (!setup)
-    return failed(setup.takeError());
-  const Setup &su = **setup;
-  auto place =
-      placeMpiProcess(**comm, su.decode->P, formatv("{0} ranks", su.decode->P).str(), su.runOptions,
-                      [&](int ranks) { return computingAtOnce(su.job, ranks); });
-  if (!place)
-    return failed(place.takeError());
-  int threadsPerRank = place->threadsPerRank;
-  int rank = (*comm)->rank();
-  // Its device as pipec run places it: the rank's index on its node over
-  // --ranks-per-device.
-  auto backend = makeBackend(*su.decode, place->device, rank);
-  if (!backend)
-    return failed(backend.takeError());
-  auto ex = loadRank(su, **comm, **backend);
-  if (!ex)
-    return failed(ex.takeError());
-  // Every rank starts together: the times are from one start.
-  double none[1] = {0};
-  if (Error err = (*comm)->sumAll(none))
-    return failed(std::move(err));
-  auto start = Clock::now();
-  RankOut out;
-  if (Error err = runRank(su, *ex, rank, start, out))
-    return failed(std::move(err));
-  double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  // The last rank's tokens and times, and every rank's trace events, to
-  // rank 0 in one typed message (plan.proto's RankResult).
-  plan::RankResult message;
-  if (rank + 1 == su.decode->P) {
-    message.mutable_tokens()->Add(out.tokens.begin(), out.tokens.end());
-    for (const std::vector<double> &times : out.tokenTimes)
-      message.add_token_times()->mutable_seconds()->Add(times.begin(), times.end());
-  }
-  addEvents(message, out.events);
-  std::string bytes;
-  if (!message.SerializeToString(&bytes))
-    return failed(rankError(rank, "its results are over protobuf's 2 GiB limit"));
-  auto gathered = (*comm)->gather(bytes);
-  if (!gathered)
-    return failed(gathered.takeError());
-  GenerateResult result;
-  result.primary = rank == 0;
-  if (rank == 0) {
-    std::vector<TraceEvent> events;
-    plan::RankResult from;
-    for (size_t r = 0; r < gathered->size(); ++r) {
-      plan::RankResult part;
-      if (!part.ParseFromString((*gathered)[r]))
-        return failed(
-            createStringError(inconvertibleErrorCode(), "rank %zu sent a malformed result", r));
-      size_t first = events.size();
-      appendEvents(part, events);
-      for (size_t e = first; e < events.size(); ++e)
-        events[e].rank = int(r);
-      if (r + 1 == gathered->size())
-        from = std::move(part);
-    }
-    if (!options.tracePath.empty())
-      if (Error err = writeTrace(options.tracePath, events, int(gathered->size())))
-        return failed(std::move(err));
-    const GenerationJob &job = su.job;
-    RankOut last;
-    size_t want = job.promptCount * job.o->maxNewTokens;
-    if (static_cast<size_t>(from.tokens_size()) != want)
-      return failed(createStringError(inconvertibleErrorCode(), "rank %d sent %d tokens, not %zu",
-                                      su.decode->P - 1, from.tokens_size(), want));
-    last.tokens.assign(from.tokens().begin(), from.tokens().end());
-    for (const plan::GroupTimes &times : from.token_times())
-      last.tokenTimes.emplace_back(times.seconds().begin(), times.seconds().end());
-    result = resultOf(job, last, seconds);
-  }
-  result.threadsPerRank = threadsPerRank;
-  return result;
+  return launchGenerate(plan, options, prompts, true);
 }
 
 } // namespace pipec::rt

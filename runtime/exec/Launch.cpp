@@ -1,10 +1,12 @@
 //===- Launch.cpp - A run: every rank of a plan, its steps and results --===//
 //
 // runLocal runs every rank (pipeline ranks x data-parallel replicas) as a
-// thread of this process, runMpi this process's rank under MPI. Both make
-// what the ranks share from the plan, run each rank's steps (resuming from
-// and writing checkpoints, rank 0 printing progress) and hand the reporting
-// process the losses, outputs, trained weights and trace.
+// thread of this process, runMpi this process's rank under MPI, both
+// through the Launcher (Launcher.h) that `pipec generate` starts its ranks
+// with. A run makes what the ranks share from the plan, runs each rank's
+// steps (resuming from and writing checkpoints, rank 0 printing progress)
+// and hands the reporting process the losses, outputs, trained weights and
+// trace.
 //
 //===----------------------------------------------------------------------===//
 #include "plan/PlanFile.h"
@@ -12,6 +14,7 @@
 #include "runtime/cpu/FewRowGemm.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/exec/Checkpoint.h"
+#include "runtime/exec/Launcher.h"
 #include "runtime/exec/ModelIO.h"
 #include "runtime/exec/ParamMap.h"
 #include "runtime/exec/RankExecutor.h"
@@ -543,72 +546,6 @@ Error writeOutputs(const RunOptions &o, const RunResult &result) {
 
 } // namespace
 
-Error runRankThreads(int ranks, int threadsPerRank, std::vector<std::unique_ptr<Comm>> &comms,
-                     function_ref<Error(int)> body) {
-  std::vector<std::string> errors(ranks);
-  std::mutex errorMutex;
-  int firstFailed = -1;
-  auto run = [&](int r) {
-    // With one BLAS thread a rank computes on its own thread only: give
-    // each its own core while there are enough.
-    if (threadsPerRank == 1)
-      pinToCore(r, ranks);
-    setLoopThreads(threadsPerRank);
-    if (Error err = body(r)) {
-      std::string text = toString(std::move(err));
-      {
-        std::lock_guard<std::mutex> lock(errorMutex);
-        if (firstFailed < 0)
-          firstFailed = r;
-      }
-      errors[r] = text;
-      comms[r]->fail(text);
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int r = 1; r < ranks; ++r)
-    threads.emplace_back(run, r);
-  run(0);
-  if (threadsPerRank == 1)
-    pinToCore(-1, ranks); // the caller's thread gets its mask back
-  for (std::thread &t : threads)
-    t.join();
-  if (firstFailed >= 0)
-    return createStringError(inconvertibleErrorCode(), "%s", errors[firstFailed].c_str());
-  return Error::success();
-}
-
-/// The backend of one rank: the CPU, or CUDA device \p device.
-Expected<MpiPlace> placeMpiProcess(Comm &comm, int ranks, StringRef layout,
-                                   const RunOptions &options, function_ref<int(int)> computing) {
-  if (comm.size() != ranks)
-    return createStringError(inconvertibleErrorCode(),
-                             "the plan has %s; mpirun started %d (use mpirun -np %d)",
-                             layout.str().c_str(), comm.size(), ranks);
-  // Processes on one node share its cores.
-  MpiPlace place;
-  place.threadsPerRank = shareCores(options, computing(comm.ranksOnThisNode()));
-  setLoopThreads(place.threadsPerRank);
-  place.device = comm.indexOnThisNode() / std::max(1, options.ranksPerDevice);
-  return place;
-}
-
-Expected<std::unique_ptr<Backend>> makeBackend(const Shared &s, int device, int pipelineRank) {
-  if (s.options.backend == "cpu")
-    return makeCpuBackend();
-  if (s.options.backend != "cuda")
-    return createStringError(inconvertibleErrorCode(), "--backend %s: expected cpu or cuda",
-                             s.options.backend.c_str());
-  std::string precision =
-      s.options.precision.empty() ? s.plan->training().precision() : s.options.precision;
-  auto backend = makeCudaBackend(device, precision == "bf16");
-  if (!backend)
-    return backend.takeError();
-  if (Error err = (*backend)->reserve(s.plan->ranks(pipelineRank).peak_memory_bytes()))
-    return err;
-  return backend;
-}
-
 /// Keeps freed tensor memory in the heap: a step frees and reallocates the
 /// same large activations over and over, and returning them to the kernel
 /// each time costs a page fault per page on the next touch.
@@ -620,35 +557,6 @@ void keepFreedMemory() {
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }
-
-/// What one rank brings the reporting process, in threads and processes
-/// alike: its pieces of the graph outputs, its trained weights (when the run
-/// keeps them), its measured timeline (with --trace) and the ops its device
-/// left to the host.
-struct RankOutcome {
-  std::map<std::string, std::map<int64_t, cpu::Tensor>> outputs;
-  std::map<std::string, cpu::Tensor> trained;
-  std::vector<TraceEvent> events;
-  std::map<std::string, int64_t> fallbacks;
-  /// Per process, in rank order: its peak resident set in the steps and
-  /// while it loaded.
-  std::vector<int64_t> peakResident, loadResident;
-
-  /// Adds \p other's, ranks in order: of a weight held twice (a tied
-  /// weight's copies) the first, the lowest rank's, stays.
-  void merge(RankOutcome &&other) {
-    for (auto &[name, parts] : other.outputs)
-      outputs[name].insert(std::make_move_iterator(parts.begin()),
-                           std::make_move_iterator(parts.end()));
-    for (auto &[name, w] : other.trained)
-      trained.emplace(name, std::move(w));
-    events.insert(events.end(), other.events.begin(), other.events.end());
-    for (const auto &[op, count] : other.fallbacks)
-      fallbacks[op] += count;
-    peakResident.insert(peakResident.end(), other.peakResident.begin(), other.peakResident.end());
-    loadResident.insert(loadResident.end(), other.loadResident.begin(), other.loadResident.end());
-  }
-};
 
 namespace {
 
@@ -672,49 +580,6 @@ Expected<RankOutcome> outcomeOf(RankExecutor &ex, const Backend &backend,
     outcome.events = ex.events;
   for (const auto &[op, count] : backend.fallbackOps())
     outcome.fallbacks[op] += count;
-  return outcome;
-}
-
-/// The outcome as the message a process sends rank 0.
-plan::RankResult toMessage(const RankOutcome &outcome) {
-  plan::RankResult message;
-  for (const auto &[name, w] : outcome.trained)
-    *message.add_weights() = cpu::toTensorProto(w, name);
-  for (const auto &[name, parts] : outcome.outputs)
-    for (const auto &[start, t] : parts) {
-      plan::OutputPart *part = message.add_outputs();
-      part->set_start(start);
-      *part->mutable_tensor() = cpu::toTensorProto(t, name);
-    }
-  addEvents(message, outcome.events);
-  for (const auto &[op, count] : outcome.fallbacks)
-    (*message.mutable_fallback_ops())[op] = count;
-  if (!outcome.peakResident.empty())
-    message.set_peak_resident_bytes(outcome.peakResident.front());
-  if (!outcome.loadResident.empty())
-    message.set_load_resident_bytes(outcome.loadResident.front());
-  return message;
-}
-
-Expected<RankOutcome> fromMessage(const plan::RankResult &message) {
-  RankOutcome outcome;
-  appendEvents(message, outcome.events);
-  for (const auto &[op, count] : message.fallback_ops())
-    outcome.fallbacks[op] += count;
-  outcome.peakResident = {message.peak_resident_bytes()};
-  outcome.loadResident = {message.load_resident_bytes()};
-  for (const plan::OutputPart &part : message.outputs()) {
-    auto tensor = cpu::fromTensorProto(part.tensor());
-    if (!tensor)
-      return tensor.takeError();
-    outcome.outputs[part.tensor().name()][part.start()] = std::move(*tensor);
-  }
-  for (const onnx::TensorProto &t : message.weights()) {
-    auto tensor = cpu::fromTensorProto(t);
-    if (!tensor)
-      return tensor.takeError();
-    outcome.trained.emplace(t.name(), std::move(*tensor));
-  }
   return outcome;
 }
 
@@ -754,69 +619,62 @@ Error finishRun(const Shared &s, RankOutcome outcome, RunResult &result) {
   return Error::success();
 }
 
-} // namespace
-
-Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) {
-  // Each local rank is a thread with its own weights, gradients and
-  // optimizer state; past a few hundred that is a memory runaway, not a run.
-  constexpr int64_t maxLocalRanks = 256;
-  int64_t wanted = int64_t(plan.schedule().stages()) * plan.schedule().data_parallel();
-  if (wanted > maxLocalRanks)
-    return createStringError(inconvertibleErrorCode(),
-                             "the plan has %lld ranks as threads of one process (at most %lld); "
-                             "run it under mpirun with --comm mpi",
-                             static_cast<long long>(wanted), static_cast<long long>(maxLocalRanks));
-  keepFreedMemory();
+/// A run on the ranks \p mpi says: threads of this process, or this
+/// process's rank of an MPI job.
+Expected<RunResult> launchRun(const plan::Plan &plan, const RunOptions &options, bool mpi) {
+  auto launcher = Launcher::open(options, mpi);
+  if (!launcher)
+    return launcher.takeError();
+  Launcher &l = **launcher;
   auto shared = makeShared(plan, options);
   if (!shared)
-    return shared.takeError();
+    return l.fail(shared.takeError());
+  Shared &s = **shared;
+  if (Error err = l.place(
+          s, formatv("{0} pipeline ranks x {1} replicas = {2} ranks", s.P, s.dp, s.P * s.dp).str(),
+          [](int ranks) { return ranks; }))
+    return err;
+  // The reporting process holds the checkpoint folder for the whole run,
+  // and gives every process its run id.
   CheckpointLock lock;
   if (!options.checkpointDir.empty()) {
-    auto taken = CheckpointLock::take(options.checkpointDir);
-    if (!taken)
-      return taken.takeError();
-    lock = std::move(*taken);
+    if (l.primary()) {
+      auto taken = CheckpointLock::take(options.checkpointDir);
+      if (!taken)
+        return l.fail(taken.takeError());
+      lock = std::move(*taken);
+    }
+    auto id = l.fromPrimary(l.primary() ? freshRunId() : 0);
+    if (!id)
+      return id.takeError();
+    setCheckpointIdentity(s, *id, plan);
   }
-  Shared &s = **shared;
-  if (!options.checkpointDir.empty())
-    setCheckpointIdentity(s, freshRunId(), plan);
-  int ranks = s.P * s.dp;
-  int threadsPerRank = shareCores(options, ranks);
-  LocalWorld world(ranks, options.timeoutSeconds);
-  std::vector<std::unique_ptr<Comm>> comms;
-  std::vector<std::unique_ptr<Backend>> backends;
   std::vector<std::unique_ptr<RankExecutor>> executors;
-  for (int r = 0; r < ranks; ++r) {
-    auto backend = makeBackend(s, r / std::max(1, options.ranksPerDevice), r % s.P);
-    if (!backend)
-      return backend.takeError();
-    backends.push_back(std::move(*backend));
-    comms.push_back(world.comm(r));
-    executors.push_back(std::make_unique<RankExecutor>(s, *comms.back(), *backends.back()));
-  }
-  std::vector<RunResult> results(ranks);
-  if (Error err = runRankThreads(ranks, threadsPerRank, comms, [&](int r) {
-        return runRank(s, *comms[r], *executors[r], results[r]);
-      }))
+  for (int i = 0; i < l.ranksHere(); ++i)
+    executors.push_back(std::make_unique<RankExecutor>(s, l.comm(i), l.backend(i)));
+  std::vector<RunResult> results(l.ranksHere());
+  if (Error err = l.run([&](int i) { return runRank(s, l.comm(i), *executors[i], results[i]); }))
     return err;
 
   RunResult result = std::move(results[0]);
+  result.primary = l.primary();
+  result.rankNodes = l.rankNodes();
   result.blas = blasName();
-  result.threadsPerRank = threadsPerRank;
+  result.threadsPerRank = l.threadsPerRank();
   // Replica 0 holds every weight; the result keeps its lowest rank's copy of
   // a tied one, and with collectWeights every copy, so tests can check that
   // they agree.
-  RankOutcome all;
-  for (int r = 0; r < ranks; ++r) {
-    RankExecutor &ex = *executors[r];
+  RankOutcome mine;
+  for (int i = 0; i < l.ranksHere(); ++i) {
+    RankExecutor &ex = *executors[i];
     result.busySeconds.push_back(ex.busy / std::max(1, options.steps - result.firstStep));
     result.instructions += ex.instructions;
     result.nodes += ex.nodesRun;
     result.kernelSeconds += ex.kernelSeconds;
     result.instructionSeconds += ex.instructionSeconds - ex.waitSeconds;
-    auto outcome = outcomeOf(ex, *backends[r], options);
+    auto outcome = outcomeOf(ex, l.backend(i), options);
     if (!outcome)
-      return outcome.takeError();
+      return l.fail(outcome.takeError());
     if (options.collectWeights) {
       std::map<std::string, cpu::Tensor> others;
       if (ex.replicaIndex() != 0) {
@@ -831,118 +689,34 @@ Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) 
         for (const auto &[name, g] : ex.lastGrads)
           result.gradients.emplace(name, g);
     }
-    all.merge(std::move(*outcome));
+    mine.merge(std::move(*outcome));
   }
-  // The ranks share the process.
-  all.peakResident = {cpu::peakResidentBytes()};
-  all.loadResident = {0};
+  // The process's peak, whichever of its ranks loaded most.
+  mine.peakResident = {cpu::peakResidentBytes()};
+  mine.loadResident = {0};
   for (const auto &ex : executors)
-    all.loadResident[0] = std::max(all.loadResident[0], ex->loadPeakResident);
+    mine.loadResident[0] = std::max(mine.loadResident[0], ex->loadPeakResident);
+  auto outcomes = l.gather(std::move(mine));
+  if (!outcomes)
+    return outcomes.takeError();
+  if (!l.primary())
+    return result;
+  RankOutcome all;
+  for (RankOutcome &outcome : *outcomes)
+    all.merge(std::move(outcome));
   if (Error err = finishRun(s, std::move(all), result))
-    return err;
+    return l.fail(std::move(err));
   return result;
 }
 
+} // namespace
+
+Expected<RunResult> runLocal(const plan::Plan &plan, const RunOptions &options) {
+  return launchRun(plan, options, false);
+}
+
 Expected<RunResult> runMpi(const plan::Plan &plan, const RunOptions &options) {
-  keepFreedMemory();
-  auto comm = makeMpiComm(options.timeoutSeconds);
-  if (!comm)
-    return comm.takeError();
-  auto shared = makeShared(plan, options);
-  if (!shared) {
-    Error err = shared.takeError();
-    std::string text = toString(std::move(err));
-    (*comm)->fail(text);
-    return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
-  }
-  Shared &s = **shared;
-  auto place = placeMpiProcess(
-      **comm, s.P * s.dp,
-      formatv("{0} pipeline ranks x {1} replicas = {2} ranks", s.P, s.dp, s.P * s.dp).str(),
-      options, [](int ranks) { return ranks; });
-  if (!place) {
-    std::string text = toString(place.takeError());
-    if ((*comm)->rank() == 0)
-      (*comm)->fail(text);
-    return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
-  }
-  int threadsPerRank = place->threadsPerRank;
-  auto backend = makeBackend(s, place->device, (*comm)->rank() % s.P);
-  if (!backend) {
-    std::string text = toString(backend.takeError());
-    (*comm)->fail(text);
-    return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
-  }
-  std::unique_ptr<Comm> transport = std::move(*comm);
-  if (options.comm == "nccl") {
-    auto nccl = makeNcclComm(std::move(transport), place->device, options.timeoutSeconds);
-    if (!nccl)
-      return nccl.takeError();
-    transport = std::move(*nccl);
-  }
-  comm = std::move(transport);
-  // Rank 0's process holds the checkpoint folder for the whole run.
-  CheckpointLock lock;
-  if (!options.checkpointDir.empty() && (*comm)->rank() == 0) {
-    auto taken = CheckpointLock::take(options.checkpointDir);
-    if (!taken) {
-      std::string text = toString(taken.takeError());
-      (*comm)->fail(text);
-      return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
-    }
-    lock = std::move(*taken);
-  }
-  if (!options.checkpointDir.empty()) {
-    // One run id for every process: rank 0's, in two exact halves.
-    uint64_t mine = (*comm)->rank() == 0 ? freshRunId() : 0;
-    double halves[2] = {double(mine >> 32), double(mine & 0xffffffffu)};
-    if (Error err = (*comm)->sumAll(halves))
-      return err;
-    setCheckpointIdentity(s, (uint64_t(halves[0]) << 32) | uint64_t(halves[1]), plan);
-  }
-  RankExecutor ex(s, **comm, **backend);
-  RunResult result;
-  result.primary = (*comm)->rank() == 0;
-  for (int r = 0; r < (*comm)->size(); ++r)
-    result.rankNodes.push_back((*comm)->nodeOf(r));
-  result.blas = blasName();
-  result.threadsPerRank = threadsPerRank;
-  auto fail = [&](Error err) -> Error {
-    std::string text = toString(std::move(err));
-    (*comm)->fail(text);
-    return createStringError(inconvertibleErrorCode(), "%s", text.c_str());
-  };
-  if (Error err = runRank(s, **comm, ex, result))
-    return fail(std::move(err));
-  result.instructions = ex.instructions;
-  result.busySeconds = {ex.busy / std::max(1, options.steps - result.firstStep)};
-  // Inference outputs, trained weights and the timeline go to rank 0.
-  auto outcome = outcomeOf(ex, **backend, options);
-  if (!outcome)
-    return fail(outcome.takeError());
-  outcome->peakResident = {cpu::peakResidentBytes()};
-  outcome->loadResident = {ex.loadPeakResident};
-  std::string bytes;
-  if (!toMessage(*outcome).SerializeToString(&bytes))
-    return fail(rankError((*comm)->rank(), "its results are over protobuf's 2 GiB limit"));
-  auto gathered = (*comm)->gather(bytes);
-  if (!gathered)
-    return fail(gathered.takeError());
-  if ((*comm)->rank() != 0)
-    return result;
-  RankOutcome all;
-  for (size_t from = 0; from < gathered->size(); ++from) {
-    plan::RankResult message;
-    if (!message.ParseFromString((*gathered)[from]))
-      return fail(rankError(0, formatv("rank {0}'s results did not parse", from)));
-    auto theirs = fromMessage(message);
-    if (!theirs)
-      return fail(theirs.takeError());
-    all.merge(std::move(*theirs));
-  }
-  if (Error err = finishRun(s, std::move(all), result))
-    return fail(std::move(err));
-  return result;
+  return launchRun(plan, options, true);
 }
 
 } // namespace pipec::rt

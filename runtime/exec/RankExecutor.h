@@ -327,38 +327,15 @@ private:
 /// against the machine and the model file's bytes.
 llvm::Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan,
                                                    const RunOptions &options);
-/// The backend of one rank: the CPU, or CUDA device \p device.
-llvm::Expected<std::unique_ptr<Backend>> makeBackend(const Shared &s, int device, int pipelineRank);
 /// The loop threads of each of \p ranks ranks of this node (--threads-per-rank,
 /// else the cores shared out).
 int shareCores(const RunOptions &options, int ranks);
-
-/// Where an MPI process of `pipec run` or `pipec generate` runs: its loop
-/// threads (set) and its device.
-struct MpiPlace {
-  int threadsPerRank = 1;
-  int device = 0;
-};
-/// Checks that mpirun started \p ranks processes (\p layout says what the
-/// plan's ranks are: "2 ranks"), shares this node's cores among the ranks
-/// of it that compute at once (\p computing of the node's rank count) and
-/// sets this process's loop threads, and places it on the device of its
-/// index among the node's ranks over --ranks-per-device.
-llvm::Expected<MpiPlace> placeMpiProcess(Comm &comm, int ranks, llvm::StringRef layout,
-                                         const RunOptions &options,
-                                         llvm::function_ref<int(int)> computing);
 /// Pins the calling thread to core \p rank of \p ranks; -1 restores the mask.
 void pinToCore(int rank, int ranks);
 /// The BLAS, its kernels and why it was chosen, for the summary's cpu: line.
 std::string blasName();
 /// Keeps freed tensor memory in the heap (a step's allocations repeat).
 void keepFreedMemory();
-/// Runs \p body(r) for each of \p ranks local ranks on a thread of its own
-/// (rank 0 on the caller's), each with \p threadsPerRank loop threads and
-/// pinned to a core when that is 1. A rank whose body fails fails its Comm,
-/// so that its peers stop; the first failure is returned.
-llvm::Error runRankThreads(int ranks, int threadsPerRank, std::vector<std::unique_ptr<Comm>> &comms,
-                           llvm::function_ref<llvm::Error(int)> body);
 
 } // namespace pipec::rt
 
