@@ -337,27 +337,12 @@ Error simulateInto(plan::Plan &plan, std::vector<plan::RankProgram> programs,
     plan.mutable_stages(k)->set_memory_peak_bytes(plan.ranks(plan.stages(k).rank()).weight_bytes() +
                                                   program.peak_activation_bytes());
   }
-  auto simulated = simulatePlan(plan);
-  if (!simulated)
-    return simulated.takeError();
-  auto *sim = plan.mutable_simulated();
-  sim->set_step_time_s(simulated->stepTime);
-  sim->set_bubble_fraction(simulated->bubbleFraction);
-  for (int r = 0; r < stages; ++r) {
-    sim->add_busy_s(simulated->busy[r]);
-    sim->add_idle_s(simulated->idle[r]);
-    sim->add_peak_memory_bytes(simulated->peakMemory[r]);
-    auto *rank = plan.mutable_ranks(r);
-    rank->set_busy_s(simulated->busy[r]);
-    rank->set_idle_s(simulated->idle[r]);
-    rank->set_peak_memory_bytes(simulated->peakMemory[r]);
-    rank->set_activation_bytes(plan.programs(r).peak_activation_bytes());
-  }
-  auto *predicted = plan.mutable_predicted();
-  predicted->set_step_time_s(simulated->stepTime);
-  predicted->set_bubble_fraction(simulated->bubbleFraction);
-  predicted->set_bottleneck_s(stagePlan.bottleneck);
-  predicted->set_imbalance(stagePlan.imbalance);
+  if (Error err = simulateIntoPlan(plan))
+    return err;
+  for (int r = 0; r < stages; ++r)
+    plan.mutable_ranks(r)->set_activation_bytes(plan.programs(r).peak_activation_bytes());
+  plan.mutable_predicted()->set_bottleneck_s(stagePlan.bottleneck);
+  plan.mutable_predicted()->set_imbalance(stagePlan.imbalance);
   return Error::success();
 }
 
@@ -638,7 +623,7 @@ Error attachStagePrograms(plan::Plan &plan, const Prepared &prepared, const Comp
   }
   if (Error err = keepAppendedPositions(plan, prepared.graph, options.maxLength))
     return err;
-  if (Error err = fuseStagePrograms(plan, options.fuse, runner))
+  if (Error err = fuseStagePrograms(plan, prepared.graph, options.fuse, runner))
     return err;
   if (Error err = foldAndSelectRecompute(plan, runner))
     return err;

@@ -1,7 +1,12 @@
 //===- StagePasses.cpp - The passes over the stage programs --------------===//
 #include "driver/StagePasses.h"
+#include "compiler/cost/CostModel.h"
+#include "compiler/sim/Simulator.h"
+#include "driver/Report.h"
+#include "ops/OpRegistry.h"
 #include "passes/FoldWeights.h"
 #include "passes/SelectRecompute.h"
+#include "passes/StagePrograms.h"
 #include "runtime/core/FusedProgram.h"
 #include "runtime/exec/Fusion.h"
 
@@ -30,6 +35,81 @@ template <class Each> void forFusedNodes(const plan::StageProgram &sp, Each each
   list("backward-weight", sp.backward_weight());
 }
 
+/// Bytes of \p name as the plan's runs hold it: a value of \p graph, or a
+/// gradient of one ("grad:V", "grad:V#K", "grad-next:V") as that value; 0
+/// for the names compile does not size (the backward's own constants).
+double bytesOfName(const Graph &graph, StringRef name, Precision precision) {
+  StringRef value = gradientOf(name);
+  if (value.empty()) {
+    value = name;
+    value.consume_front("grad-next:");
+  }
+  int id = value.empty() ? -1 : graph.findValue(value);
+  return id < 0 ? 0 : bytesAt(graph.values[id], precision);
+}
+
+/// The bytes \p node reads and writes.
+double nodeBytes(const onnx::NodeProto &node, const Graph &graph, Precision precision) {
+  double bytes = 0;
+  for (const auto *names : {&node.input(), &node.output()})
+    for (const std::string &name : *names)
+      bytes += bytesOfName(graph, name, precision);
+  return bytes;
+}
+
+/// The seconds fused node \p node saves on \p hw over its \p body's nodes
+/// run one by one, which also write and read the values between them, and
+/// launch once each. The CPU runs every fused node as one kernel; a
+/// device's backend runs FusedElementwise and MatMulBias so (a GEMM's
+/// epilogue), and the others' bodies node by node.
+double fusionSaving(const onnx::NodeProto &node, const onnx::GraphProto &body,
+                    const plan::HardwareInfo &hw, const Graph &graph, Precision precision) {
+  bool oneKernel = hw.sum_compute_and_memory() || isOp(node, OpId::FusedElementwise) ||
+                   isOp(node, OpId::MatMulBias);
+  if (!oneKernel || hw.memory_bandwidth() <= 0)
+    return 0;
+  double separate = 0;
+  for (const onnx::NodeProto &b : body.node())
+    separate += nodeBytes(b, graph, precision);
+  double saved = (separate - nodeBytes(node, graph, precision)) / hw.memory_bandwidth() +
+                 (body.node_size() - 1) * hw.launch_overhead_s();
+  return std::max(0.0, saved);
+}
+
+/// Each stage's F, I and W seconds less what its fused nodes save
+/// (Stage.fused_saving_s), and the step simulated again: the plan predicts
+/// the program that runs.
+Error priceFusion(plan::Plan &plan, const Graph &graph) {
+  auto precision = parsePrecision(plan.training().precision());
+  if (!precision) {
+    consumeError(precision.takeError());
+    precision = Precision::FP32;
+  }
+  for (const plan::StageProgram &sp : plan.stage_programs()) {
+    plan::Stage &stage = *plan.mutable_stages(sp.stage());
+    const plan::HardwareInfo &hw = plan.hardware(std::min(stage.rank(), plan.hardware_size() - 1));
+    double saved[3] = {0, 0, 0};
+    int list = 0;
+    for (const auto *nodes : {&sp.forward(), &sp.backward_input(), &sp.backward_weight()}) {
+      for (const onnx::NodeProto &node : *nodes)
+        if (const onnx::GraphProto *body =
+                node.domain() == FusedDomain ? fusedBodyOf(node) : nullptr)
+          saved[list] += fusionSaving(node, *body, hw, graph, *precision);
+      ++list;
+    }
+    const double before[3] = {stage.time_f_s(), stage.time_i_s(), stage.time_w_s()};
+    stage.clear_fused_saving_s();
+    for (int p = 0; p < 3; ++p)
+      stage.add_fused_saving_s(std::min(saved[p], before[p]));
+    stage.set_time_f_s(before[0] - stage.fused_saving_s(0));
+    stage.set_time_i_s(before[1] - stage.fused_saving_s(1));
+    stage.set_time_w_s(before[2] - stage.fused_saving_s(2));
+  }
+  if (plan.hardware_size() == 0 || plan.programs_size() == 0)
+    return Error::success();
+  return simulateIntoPlan(plan);
+}
+
 } // namespace
 
 std::string describeFusion(const plan::Fusion &f) {
@@ -40,7 +120,7 @@ std::string describeFusion(const plan::Fusion &f) {
       .str();
 }
 
-Error fuseStagePrograms(plan::Plan &plan, bool fuse, PassRunner &runner) {
+Error fuseStagePrograms(plan::Plan &plan, const Graph &graph, bool fuse, PassRunner &runner) {
   if (!fuse)
     return runner.skip("fuse", "--no-fuse keeps every node its own kernel");
   return runner.run(
@@ -56,7 +136,7 @@ Error fuseStagePrograms(plan::Plan &plan, bool fuse, PassRunner &runner) {
         f.set_mat_mul_bias(stats.matMulBias);
         f.set_mat_mul_transposed(stats.matMulTransposed);
         f.set_softmax_attention(stats.softmaxAttention);
-        return Error::success();
+        return priceFusion(plan, graph);
       },
       [&] { return describeFusion(plan.fusion()); },
       [&](raw_ostream &os) { printFusedNodes(plan, os); });
@@ -135,7 +215,18 @@ void printFusionByStage(const plan::Plan &plan, raw_ostream &os) {
     std::vector<std::string> parts;
     for (const auto &[op, counts] : byOp)
       parts.push_back(formatv("{0} {1} of {2} nodes", counts.first, op, counts.second).str());
-    os << formatv("  stage {0}: {1}\n", sp.stage(), parts.empty() ? "none" : join(parts, ", "));
+    std::string saves;
+    const plan::Stage &stage = plan.stages(sp.stage());
+    if (stage.fused_saving_s_size() == 3) {
+      saves = formatv("; saves F {0}", formatSeconds(stage.fused_saving_s(0))).str();
+      if (plan.schedule().mode() == "train")
+        saves += formatv(", I {0}, W {1}", formatSeconds(stage.fused_saving_s(1)),
+                         formatSeconds(stage.fused_saving_s(2)))
+                     .str();
+      saves += " per microbatch";
+    }
+    os << formatv("  stage {0}: {1}{2}\n", sp.stage(), parts.empty() ? "none" : join(parts, ", "),
+                  saves);
   }
 }
 

@@ -17,6 +17,7 @@
 #ifndef PIPEC_DRIVER_STAGEPASSES_H
 #define PIPEC_DRIVER_STAGEPASSES_H
 
+#include "compiler/ir/Graph.h"
 #include "driver/PassPipeline.h"
 #include "plan/plan.pb.h"
 
@@ -28,9 +29,12 @@
 namespace pipec {
 
 /// Runs the fuse pass on \p plan's stage programs through \p runner, a
-/// generation plan's decode step too. It is skipped when \p fuse is false
-/// (--no-fuse).
-llvm::Error fuseStagePrograms(plan::Plan &plan, bool fuse, PassRunner &runner);
+/// generation plan's decode step too, and prices what it made: each
+/// stage's times less what its fused nodes save (bytes of the values
+/// between their nodes at the memory bandwidth, and launches; \p graph
+/// sizes the values), the step simulated again. It is skipped when \p fuse
+/// is false (--no-fuse).
+llvm::Error fuseStagePrograms(plan::Plan &plan, const Graph &graph, bool fuse, PassRunner &runner);
 
 /// Runs fold-weights (inference) and select-recompute (training) on
 /// \p plan's stage programs through \p runner.

@@ -132,7 +132,8 @@ Expected<onnx::TensorProto> weightTensor(const Graph &graph, int id) {
   return t;
 }
 
-/// "grad:V" or "grad:V#K" -> V; "" for any other name.
+} // namespace
+
 StringRef gradientOf(StringRef name) {
   if (!name.consume_front("grad:"))
     return "";
@@ -142,8 +143,6 @@ StringRef gradientOf(StringRef name) {
     return name.take_front(hash);
   return name;
 }
-
-} // namespace
 
 std::set<std::string> valuesWithGradients(const Backward &backward) {
   std::set<std::string> out;

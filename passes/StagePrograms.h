@@ -47,6 +47,10 @@ namespace pipec {
 llvm::Error buildStagePrograms(plan::Plan &plan, const Graph &graph, const LayerGraph &layers,
                                const Backward *backward, llvm::StringRef freeze = "");
 
+/// "grad:V" or "grad:V#K" (a gradient of V, or a contribution to it) -> V;
+/// "" for any other name.
+llvm::StringRef gradientOf(llvm::StringRef name);
+
 /// The values whose gradient the backward program computes (some node makes
 /// "grad:V" or a contribution "grad:V#K").
 std::set<std::string> valuesWithGradients(const Backward &backward);

@@ -71,6 +71,53 @@ TEST(Compile, PlanIsDeterministicAndRoundTrips) {
 
 /// The nodes an inference runs once at load, and those RECOMPUTE reruns,
 /// are the plan's (fold-weights, select-recompute), not the executor's.
+// The plan prices the program that runs: each stage's times are the
+// unfused ones less what its fused nodes save, the bytes of the values
+// between their nodes at the memory bandwidth and their launches, and the
+// step is simulated from those.
+TEST(Compile, FusedNodesArePricedAsTheyRun) {
+  TempDir dir;
+  std::string model = dir.path("g.onnx"), out;
+  ASSERT_EQ(runCommand(pipecBinary + " model gpt --layers 2 --hidden 64 --heads 4 --vocab 100 " +
+                           "--seq 16 --loss -o " + model,
+                       out),
+            0)
+      << out;
+  for (std::string mode : {"infer", "train"}) {
+    SCOPED_TRACE(mode);
+    std::string flags = " --stages 2 --microbatches 2 --hardware cpu --mode " + mode;
+    std::string fused = dir.path(mode + ".plan"), unfused = dir.path(mode + "-nf.plan");
+    ASSERT_EQ(runCommand(pipecBinary + " compile " + model + flags + " -o " + fused, out), 0)
+        << out;
+    ASSERT_EQ(
+        runCommand(pipecBinary + " compile " + model + flags + " --no-fuse -o " + unfused, out), 0)
+        << out;
+    auto a = readPlan(fused), b = readPlan(unfused);
+    ASSERT_TRUE(a && b);
+    for (int k = 0; k < a->stages_size(); ++k) {
+      const plan::Stage &with = a->stages(k), &without = b->stages(k);
+      ASSERT_EQ(with.fused_saving_s_size(), 3);
+      EXPECT_TRUE(without.fused_saving_s().empty());
+      // Both stages fuse a GELU chain and bias adds: the forward saves.
+      EXPECT_GT(with.fused_saving_s(0), 0);
+      EXPECT_NEAR(with.time_f_s() + with.fused_saving_s(0), without.time_f_s(),
+                  1e-12 * without.time_f_s());
+      EXPECT_NEAR(with.time_i_s() + with.fused_saving_s(1), without.time_i_s(),
+                  1e-12 * without.time_i_s());
+      EXPECT_NEAR(with.time_w_s() + with.fused_saving_s(2), without.time_w_s(),
+                  1e-12 * without.time_w_s() + 1e-15);
+      if (mode == "train")
+        EXPECT_GT(with.fused_saving_s(1), 0); // the GELU's gradient chain
+    }
+    EXPECT_LT(a->predicted().step_time_s(), b->predicted().step_time_s());
+    EXPECT_EQ(a->predicted().step_time_s(), a->simulated().step_time_s());
+    ASSERT_EQ(runCommand(pipecBinary + " report " + fused, out), 0) << out;
+    EXPECT_NE(out.find(" FusedElementwise of "), std::string::npos) << out;
+    EXPECT_NE(out.find(mode == "train" ? "per microbatch" : "; saves F "), std::string::npos)
+        << out;
+  }
+}
+
 TEST(Compile, LoadNodesAndRerunAreInThePlan) {
   TempDir dir;
   std::string model = dir.path("g.onnx"), infer = dir.path("i.plan"), train = dir.path("t.plan"),

@@ -641,6 +641,30 @@ Expected<SimulationResult> simulatePlan(const plan::Plan &plan) {
   return result;
 }
 
+Error simulateIntoPlan(plan::Plan &plan) {
+  auto simulated = simulatePlan(plan);
+  if (!simulated)
+    return simulated.takeError();
+  plan::Simulated &sim = *plan.mutable_simulated();
+  sim.Clear();
+  sim.set_step_time_s(simulated->stepTime);
+  sim.set_bubble_fraction(simulated->bubbleFraction);
+  for (size_t r = 0; r < simulated->busy.size(); ++r) {
+    sim.add_busy_s(simulated->busy[r]);
+    sim.add_idle_s(simulated->idle[r]);
+    sim.add_peak_memory_bytes(simulated->peakMemory[r]);
+    if (static_cast<int>(r) < plan.ranks_size()) {
+      plan::Rank &rank = *plan.mutable_ranks(r);
+      rank.set_busy_s(simulated->busy[r]);
+      rank.set_idle_s(simulated->idle[r]);
+      rank.set_peak_memory_bytes(simulated->peakMemory[r]);
+    }
+  }
+  plan.mutable_predicted()->set_step_time_s(simulated->stepTime);
+  plan.mutable_predicted()->set_bubble_fraction(simulated->bubbleFraction);
+  return Error::success();
+}
+
 void writeChromeTrace(const SimulationResult &result, raw_ostream &os) {
   std::set<int> ranks;
   std::vector<TraceEvent> events;

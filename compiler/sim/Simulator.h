@@ -154,6 +154,9 @@ llvm::Expected<SimulationResult> runStreams(const Streams &streams, const Stream
 
 /// Simulates \p plan's programs with the plan's stage times and links.
 llvm::Expected<SimulationResult> simulatePlan(const plan::Plan &plan);
+/// simulatePlan, written into \p plan: `simulated`, each rank's busy, idle
+/// and peak memory, and the predicted step and bubble.
+llvm::Error simulateIntoPlan(plan::Plan &plan);
 
 // The parts of streamCosts.
 
