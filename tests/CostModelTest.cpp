@@ -135,6 +135,12 @@ TEST(CostModel, RooflineTimesAndMeasuredOverrides) {
   EXPECT_DOUBLE_EQ(serial.layers.back().time[Forward], gemm);
   EXPECT_DOUBLE_EQ(serial.layers.back().time[BackwardInput], gemm);
   EXPECT_DOUBLE_EQ(serial.layers.back().time[BackwardWeight], gemm + accumulate);
+  // On the CPU's own ranks the weight-gradient GEMM adds into the
+  // accumulator (beta = 1): no pass of its own.
+  HardwareSpec shared = cpu;
+  shared.sharesHostCores = true;
+  EXPECT_DOUBLE_EQ(computeCosts(*lg, shared, Precision::FP32).layers.back().time[BackwardWeight],
+                   gemm);
   // Ops that are not matrix products run at the vector rate where it is set
   // (the first layer's Relu: one FLOP per element, reading and writing them).
   cpu.vectorFlops = 1e7;

@@ -85,9 +85,17 @@ CostTable computeCosts(const LayerGraph &lg, const HardwareSpec &hw, Precision p
     lc.name = layer.name;
     lc.kind = layer.kind;
     lc.params = layer.params;
+    // The float32 weights whose gradient a product makes: a CPU rank's
+    // GEMM adds it into the accumulator (beta = 1), no pass of its own.
+    std::set<int> addedByGemm;
     for (int op : layer.ops) {
       const Op &o = graph.ops[op];
       OpCost c = opCost(graph, o, precision);
+      if (hw.sharesHostCores && (o.is(OpId::MatMul) || o.is(OpId::Gemm)) &&
+          c.gemms[BackwardWeight] > 0)
+        for (int in : o.inputs)
+          if (in >= 0 && graph.values[in].type == DType::F32)
+            addedByGemm.insert(in);
       for (int p = 0; p < 3; ++p) {
         lc.flops[p] += c.flops[p];
         lc.bytes[p] += c.bytes[p];
@@ -112,7 +120,8 @@ CostTable computeCosts(const LayerGraph &lg, const HardwareSpec &hw, Precision p
     // Each microbatch's weight gradients are added into the step's float32
     // accumulators: the accumulator read and written, the gradient read.
     for (int w : layer.weights)
-      if (isFloatDType(graph.values[w].type) && lc.flops[BackwardWeight] > 0)
+      if (isFloatDType(graph.values[w].type) && lc.flops[BackwardWeight] > 0 &&
+          !addedByGemm.count(w))
         lc.time[BackwardWeight] +=
             3.0 * double(graph.values[w].numElements()) * sizeof(float) / hw.memoryBandwidth +
             hw.launchOverhead;

@@ -9,7 +9,9 @@
 // rest (HardwareSpec::flopsFor), the sum of the first two instead of their
 // max where the spec says so (CPU ranks, HardwareSpec::sumsComputeAndMemory),
 // and in W, per float weight, adding the microbatch's gradient into the
-// step's accumulator (three float32 passes over the weight). The zero-bubble schedules need I and W
+// step's accumulator (three float32 passes over the weight; none on CPU ranks
+// for a float32 weight whose gradient a product makes, which the GEMM adds
+// into the accumulator with beta = 1). The zero-bubble schedules need I and W
 // apart. A measured cost table
 // (`compile --costs FILE`) overrides the roofline per layer.
 //
