@@ -90,9 +90,12 @@ def pipeline_stages(model, size):
     s = SIZES[size]
     half = s["layers"] // 2
 
-    def run_block(block, x, **kw):
-        out = block(x, **kw)
-        return out[0] if isinstance(out, tuple) else out
+    def run_blocks(blocks, x, **kw):
+        """x through each block in turn (a block may return a tuple: its hidden state first)."""
+        for block in blocks:
+            out = block(x, **kw)
+            x = out[0] if isinstance(out, tuple) else out
+        return x
 
     if s["arch"] == "gpt2":
         t = model.transformer
@@ -105,10 +108,7 @@ def pipeline_stages(model, size):
 
             def forward(self, input_ids):
                 pos = torch.arange(input_ids.shape[1], device=input_ids.device)
-                x = self.drop(self.wte(input_ids) + self.wpe(pos))
-                for block in self.h:
-                    x = run_block(block, x)
-                return x
+                return run_blocks(self.h, self.drop(self.wte(input_ids) + self.wpe(pos)))
 
         class Last(torch.nn.Module):
             def __init__(self):
@@ -120,17 +120,17 @@ def pipeline_stages(model, size):
                     self.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
 
             def forward(self, x):
-                for block in self.h:
-                    x = run_block(block, x)
-                return self.lm_head(self.ln_f(x))
+                return self.lm_head(self.ln_f(run_blocks(self.h, x)))
 
         return First(), Last()
 
     m = model.model
 
-    def positions(x):
+    def run_layers(layers, x):
+        """x through Llama's layers, with the rotary embeddings of its positions."""
         ids = torch.arange(x.shape[1], device=x.device).unsqueeze(0).expand(x.shape[0], -1)
-        return m.rotary_emb(x, ids)
+        return run_blocks(layers, x, position_embeddings=m.rotary_emb(x, ids),
+                          attention_mask=None)
 
     class LlamaFirst(torch.nn.Module):
         def __init__(self):
@@ -139,11 +139,7 @@ def pipeline_stages(model, size):
             self.layers = torch.nn.ModuleList(m.layers[:half])
 
         def forward(self, input_ids):
-            x = self.embed_tokens(input_ids)
-            rope = positions(x)
-            for layer in self.layers:
-                x = run_block(layer, x, position_embeddings=rope, attention_mask=None)
-            return x
+            return run_layers(self.layers, self.embed_tokens(input_ids))
 
     class LlamaLast(torch.nn.Module):
         def __init__(self):
@@ -152,9 +148,6 @@ def pipeline_stages(model, size):
             self.norm, self.lm_head = m.norm, model.lm_head
 
         def forward(self, x):
-            rope = positions(x)
-            for layer in self.layers:
-                x = run_block(layer, x, position_embeddings=rope, attention_mask=None)
-            return self.lm_head(self.norm(x))
+            return self.lm_head(self.norm(run_layers(self.layers, x)))
 
     return LlamaFirst(), LlamaLast()

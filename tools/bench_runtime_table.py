@@ -46,51 +46,56 @@ def scaling(one_rank, two_ranks, what):
                  f"the bubble (1/9 at P = 2, M = 8) allows 1.8x.")
 
 
+def row_note(name, text):
+    """Adds the note text(row) when the row `name` ran."""
+    row = rows.get(name)
+    if row:
+        notes.append(text(row))
+
+
+def overhead_note(name, b):
+    """The note on row `name`'s time in instructions outside node kernels and waits. Instructions
+    and their overhead are summed over the ranks: per rank, against the step's wall time."""
+    nranks = sum(1 for key in b if key.endswith("_busy_s") and "predicted" not in key)
+    share = (b['overhead_per_instruction_s'] * b['instructions'] / max(1, nranks)
+             / (b['real_time'] / 1e3) * 100)
+    return (f"- {name}: {b['overhead_per_instruction_s'] * 1e3:.2f} ms per instruction "
+            f"inside instructions but outside node kernels and waits (gradient "
+            f"accumulation, the optimizer update and loading data happen there), "
+            f"{share:.0f}% of each rank's step.")
+
+
 cpus = int(ctx.get('num_cpus', 2))
 scaling("gpt6/1_rank_m8", "gpt6/2_ranks_1f1b_m8",
         f"By default each rank computes on the cores divided by the ranks (1 rank: {cpus} "
         f"threads; 2 ranks: {max(1, cpus // 2)} each, {cpus} CPUs)")
 scaling("gpt6/1_rank_m8_1_thread", "gpt6/2_ranks_1f1b_m8_1_thread_each",
         "With `--threads-per-rank 1` (each rank on one thread, pinned to a core of its own)")
-mlp = rows.get("mlp16_tiny/4_ranks_1f1b_m64")
-if mlp:
-    notes.append(f"- Executor overhead per instruction (the tiny MLP, where kernels do next to "
-                 f"nothing): {mlp['overhead_per_instruction_s'] * 1e6:.1f} us of time inside "
-                 f"instructions but outside node kernels and message waits; "
-                 f"{mlp['instructions']:.0f} instructions and {mlp['nodes']:.0f} nodes per step "
-                 f"over 4 ranks, {mlp['real_time']:.2f} ms per step.")
+row_note("mlp16_tiny/4_ranks_1f1b_m64", lambda mlp: (
+    f"- Executor overhead per instruction (the tiny MLP, where kernels do next to "
+    f"nothing): {mlp['overhead_per_instruction_s'] * 1e6:.1f} us of time inside "
+    f"instructions but outside node kernels and message waits; "
+    f"{mlp['instructions']:.0f} instructions and {mlp['nodes']:.0f} nodes per step "
+    f"over 4 ranks, {mlp['real_time']:.2f} ms per step."))
 for name in ("gpt6/1_rank_m8", "gpt6/2_ranks_1f1b_m8"):
-    b = rows.get(name)
-    if b:
-        # Instructions and their overhead are summed over the ranks: per rank,
-        # against the step's wall time.
-        nranks = sum(1 for key in b if key.endswith("_busy_s") and "predicted" not in key)
-        share = (b['overhead_per_instruction_s'] * b['instructions'] / max(1, nranks)
-                 / (b['real_time'] / 1e3) * 100)
-        notes.append(f"- {name}: {b['overhead_per_instruction_s'] * 1e3:.2f} ms per instruction "
-                     f"inside instructions but outside node kernels and waits (gradient "
-                     f"accumulation, the optimizer update and loading data happen there), "
-                     f"{share:.0f}% of each rank's step.")
-fz = rows.get("gpt6/1_rank_m8_fused_vs_unfused")
-if fz:
-    notes.append(f"- Fused element-wise kernels and MatMul bias adds (the default; `pipec compile "
-                 f"--no-fuse` turns them off), one rank, the two runs alternating: "
-                 f"{fz['fused_step_s'] * 1e3:.0f} ms fused against {fz['unfused_step_s'] * 1e3:.0f} ms "
-                 f"unfused per step ({fz['unfused_step_s'] / fz['fused_step_s']:.2f}x), "
-                 f"{fz['fused_nodes']:.0f} against {fz['unfused_nodes']:.0f} nodes run per step.")
-gelu = rows.get("gelu_2048x1024/fused_vs_unfused")
-if gelu:
-    notes.append(f"- GPT-2's GELU (eight nodes, tanh form, on a 2048 x 1024 activation plus a bias, "
-                 f"keeping the tanh and x / 2 for backward as training does), the two forms "
-                 f"alternating: {gelu['fused_s'] * 1e3:.2f} ms as one fused kernel against "
-                 f"{gelu['unfused_s'] * 1e3:.2f} ms as eight kernels, "
-                 f"{gelu['unfused_s'] / gelu['fused_s']:.2f}x.")
-dispatch = rows.get("mlp2000x8/dispatch_1_rank_1_thread")
-if dispatch:
-    notes.append(f"- The executor's cost per node (`pipec model mlp --layers 2000 --hidden 8`, "
-                 f"{dispatch['nodes']:.0f} nodes of 8-wide Gemm and Relu, inference, one thread, "
-                 f"unfused): {dispatch['real_time']:.2f} ms per step, "
-                 f"{dispatch['ns_per_node']:.0f} ns per node, dispatch included.")
+    row_note(name, lambda b: overhead_note(name, b))
+row_note("gpt6/1_rank_m8_fused_vs_unfused", lambda fz: (
+    f"- Fused element-wise kernels and MatMul bias adds (the default; `pipec compile "
+    f"--no-fuse` turns them off), one rank, the two runs alternating: "
+    f"{fz['fused_step_s'] * 1e3:.0f} ms fused against {fz['unfused_step_s'] * 1e3:.0f} ms "
+    f"unfused per step ({fz['unfused_step_s'] / fz['fused_step_s']:.2f}x), "
+    f"{fz['fused_nodes']:.0f} against {fz['unfused_nodes']:.0f} nodes run per step."))
+row_note("gelu_2048x1024/fused_vs_unfused", lambda gelu: (
+    f"- GPT-2's GELU (eight nodes, tanh form, on a 2048 x 1024 activation plus a bias, "
+    f"keeping the tanh and x / 2 for backward as training does), the two forms "
+    f"alternating: {gelu['fused_s'] * 1e3:.2f} ms as one fused kernel against "
+    f"{gelu['unfused_s'] * 1e3:.2f} ms as eight kernels, "
+    f"{gelu['unfused_s'] / gelu['fused_s']:.2f}x."))
+row_note("mlp2000x8/dispatch_1_rank_1_thread", lambda dispatch: (
+    f"- The executor's cost per node (`pipec model mlp --layers 2000 --hidden 8`, "
+    f"{dispatch['nodes']:.0f} nodes of 8-wide Gemm and Relu, inference, one thread, "
+    f"unfused): {dispatch['real_time']:.2f} ms per step, "
+    f"{dispatch['ns_per_node']:.0f} ns per node, dispatch included."))
 decode = [(name, b) for name, b in rows.items()
           if name.startswith("decode_gemm") and "few_row_gflops" in b]
 if decode:

@@ -16,20 +16,16 @@ difference or a failed step, 77 when numpy, onnx or onnxruntime is missing.
 
   python3 tools/control_flow_check.py --pipec build/bin/pipec
 """
-import argparse
 import os
-import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-except ImportError as e:
-    print("skipped: %s" % e)
-    sys.exit(77)
+sys.dont_write_bytecode = True  # no __pycache__ in the repo
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle_common as O  # noqa: E402 -- first: exits 77 without numpy, onnx or onnxruntime
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 WIDTH = 16
 BATCH = 4
@@ -148,42 +144,32 @@ def build_model():
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--pipec", required=True)
-    args = parser.parse_args()
+    pipec = O.pipec_from_command_line()
     model = build_model()
     x = np.random.default_rng(3).standard_normal((BATCH, WIDTH)).astype(np.float32)
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.onnx")
         onnx.save(model, path)
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        want = session.run(["y"], {"x": x})[0]
+        want = O.onnxruntime_outputs(path, {"x": x})["y"]
         data = os.path.join(tmp, "data")
-        os.makedirs(data)
-        np.save(os.path.join(data, "x.npy"), x)
+        O.save_inputs(data, {"x": x})
         for stages in (1, 2, 3):
-            plan = os.path.join(tmp, "s%d.plan" % stages)
+            label = "stages=%d" % stages
             out = os.path.join(tmp, "out%d" % stages)
-            for step in (
-                [args.pipec, "compile", path, "-o", plan, "--mode", "infer", "--stages",
-                 str(stages), "--microbatches", "2", "--batch", str(BATCH)],
-                [args.pipec, "run", plan, "--data", data, "--outputs", out, "--quiet"],
-            ):
-                result = subprocess.run(step, capture_output=True, text=True, timeout=300)
-                if result.returncode != 0:
-                    print("FAIL stages=%d: %s: %s" % (stages, step[1], result.stderr.strip()))
-                    failures += 1
-                    break
-            else:
-                got = np.load(os.path.join(out, "y.npy"))
-                err = float(np.max(np.abs(got - want)) / max(1e-12, np.max(np.abs(want))))
-                ok = got.shape == want.shape and err <= 1e-5
-                print("%s stages=%d: max relative difference %.2e" %
-                      ("ok  " if ok else "FAIL", stages, err))
-                failures += 0 if ok else 1
+            result = O.compile_and_run(pipec, path, ["--stages", str(stages), "--microbatches",
+                                                     "2", "--batch", str(BATCH)],
+                                       data=data, plan=os.path.join(tmp, "s%d.plan" % stages),
+                                       outputs=out, label=label, timeout=300)
+            if not O.ran(result, label):
+                failures += 1
+                continue
+            got = np.load(os.path.join(out, "y.npy"))
+            err = float(np.max(np.abs(got - want)) / max(1e-12, np.max(np.abs(want))))
+            ok = got.shape == want.shape and err <= 1e-5
+            print("%s stages=%d: max relative difference %.2e" %
+                  ("ok  " if ok else "FAIL", stages, err))
+            failures += 0 if ok else 1
     return 1 if failures else 0
 
 

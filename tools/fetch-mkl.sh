@@ -15,18 +15,13 @@ wheel_sha256=76322a3abf512594ab7b4e82cb72df91e4e5d195498769aa8b292373c1ddd6d1
 libs="libmkl_rt.so.3 libmkl_intel_lp64.so.3 libmkl_sequential.so.3 libmkl_core.so.3
   libmkl_def.so.3 libmkl_mc3.so.3 libmkl_avx2.so.3 libmkl_avx512.so.3 libmkl_avx10.so.3"
 
-deps=build/_deps
-prefix=$deps/mkl
-stamp=$prefix/pipec-mkl.stamp
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wheel_sha256" ]; then
-  exit 0
-fi
+. tools/wheel-stamp.sh
+skip_if_unpacked mkl "$wheel_sha256"
 if [ "$(uname -m)" != x86_64 ]; then
   echo "fetch-mkl: MKL is for x86-64; pipec uses OpenBLAS alone on $(uname -m)"
   exit 0
 fi
 tools/fetch-wheel.sh "mkl==$version" "$wheel" "$wheel_sha256"
-python=$deps/venv/bin/python
 rm -rf "$prefix"
 mkdir -p "$prefix/lib"
 members=""
@@ -45,5 +40,5 @@ with zipfile.ZipFile(wheel) as z:
             shutil.copyfileobj(src, dst)
 PY
 rm -f "$deps/$wheel" # 229 MB, and nothing reads it again
-echo "$wheel_sha256" >"$stamp"
+mark_unpacked "$wheel_sha256"
 echo "fetch-mkl: MKL $version in $prefix"

@@ -12,19 +12,14 @@ version=0.3.34.481.3
 wheel=scipy_openblas32-$version-py3-none-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
 wheel_sha256=0595f94cd58c1f8a0d90c975621f4587337a003916b1979e834ebdf2cb5d9504
 
-deps=build/_deps
-prefix=$deps/openblas
-stamp=$prefix/pipec-openblas.stamp
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wheel_sha256" ]; then
-  exit 0
-fi
+. tools/wheel-stamp.sh
+skip_if_unpacked openblas "$wheel_sha256"
 if [ "$(uname -m)" != x86_64 ]; then
   echo "fetch-openblas: no pinned wheel for $(uname -m); configure with -DPIPEC_BLAS=system" >&2
   exit 1
 fi
 
 tools/fetch-wheel.sh "scipy-openblas32==$version" "$wheel" "$wheel_sha256"
-python=$deps/venv/bin/python
 rm -rf "$prefix" "$deps/openblas-unpack"
 "$python" -m zipfile -e "$deps/$wheel" "$deps/openblas-unpack"
 mkdir -p "$prefix"
@@ -34,5 +29,5 @@ mv "$deps/openblas-unpack/scipy_openblas32/lib/libscipy_openblas.so" "$prefix/li
 mv "$deps/openblas-unpack/scipy_openblas32-$version.dist-info/licenses/LICENSE.txt" \
   "$prefix/LICENSE.txt"
 rm -rf "$deps/openblas-unpack"
-echo "$wheel_sha256" >"$stamp"
+mark_unpacked "$wheel_sha256"
 echo "fetch-openblas: OpenBLAS $version (scipy-openblas32) in $prefix"

@@ -17,20 +17,16 @@ agreement, 1 on a difference or a failed step, 77 when numpy, onnx or onnxruntim
 
   python3 tools/gqa_check.py --pipec build/bin/pipec
 """
-import argparse
 import os
-import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
-except ImportError as e:
-    print("skipped: %s" % e)
-    sys.exit(77)
+sys.dont_write_bytecode = True  # no __pycache__ in the repo
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle_common as O  # noqa: E402 -- first: exits 77 without numpy, onnx or onnxruntime
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
 
 # name: (batch, queries, past buffer, heads, kv heads, head size, seqlens_k, attributes,
 #        packed, rotary dim or 0)
@@ -113,34 +109,18 @@ def compile_and_run(pipec, path, data, tmp, tag):
     """Saves data as the run's inputs, compiles path (1 stage, inference) and runs it; the
     completed run (its exit code and stderr), or None with the failed compile printed."""
     folder = os.path.join(tmp, "data-" + tag)
-    os.makedirs(folder)
-    for key, array in data.items():
-        np.save(os.path.join(folder, key + ".npy"), array)
-    plan = os.path.join(tmp, tag + ".plan")
-    built = subprocess.run([pipec, "compile", path, "-o", plan, "--mode", "infer", "--stages",
-                            "1", "--microbatches", "1"], capture_output=True, text=True,
-                           timeout=120)
-    if built.returncode != 0:
-        print("FAIL %s: compile: %s" % (tag, built.stderr.strip()))
-        return None
-    return subprocess.run([pipec, "run", plan, "--data", folder, "--outputs",
-                           os.path.join(tmp, "out-" + tag), "--quiet"], capture_output=True,
-                          text=True, timeout=120)
+    O.save_inputs(folder, data)
+    return O.compile_and_run(pipec, path, ["--stages", "1", "--microbatches", "1"], data=folder,
+                             plan=os.path.join(tmp, tag + ".plan"),
+                             outputs=os.path.join(tmp, "out-" + tag), label=tag, timeout=120)
 
 
 def check(pipec, name, case, tmp):
     path = os.path.join(tmp, name + ".onnx")
     onnx.save(build(case), path)
     data = feeds(case, 7)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    want = dict(zip(names, session.run(names, data)))
-    result = compile_and_run(pipec, path, data, tmp, name)
-    if result is None or result.returncode != 0:
-        if result is not None:
-            print("FAIL %s: run: %s" % (name, result.stderr.strip()))
+    want = O.onnxruntime_outputs(path, data)
+    if not O.ran(compile_and_run(pipec, path, data, tmp, name), name):
         return False
     ok = True
     for key, ref in want.items():
@@ -172,15 +152,13 @@ def check_bad_length(pipec, tmp):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--pipec", required=True)
-    args = parser.parse_args()
+    pipec = O.pipec_from_command_line()
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         for name, case in CASES.items():
-            failures += 0 if check(args.pipec, name, case, tmp) else 1
+            failures += 0 if check(pipec, name, case, tmp) else 1
         print("%d of %d cases equal onnxruntime" % (len(CASES) - failures, len(CASES)))
-        failures += 0 if check_bad_length(args.pipec, tmp) else 1
+        failures += 0 if check_bad_length(pipec, tmp) else 1
     return 1 if failures else 0
 
 

@@ -17,20 +17,16 @@ difference or a failed step, 77 when numpy, onnx or onnxruntime is missing.
 
   python3 tools/shape_arith_check.py --pipec build/bin/pipec
 """
-import argparse
 import os
-import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-except ImportError as e:
-    print("skipped: %s" % e)
-    sys.exit(77)
+sys.dont_write_bytecode = True  # no __pycache__ in the repo
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle_common as O  # noqa: E402 -- first: exits 77 without numpy, onnx or onnxruntime
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 SHAPES = [(1, 3, 64, 64), (2, 3, 48, 80)]
 
@@ -126,26 +122,18 @@ def build_model():
 
 def check(pipec, path, shape, stages, tmp):
     x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    want = dict(zip(names, session.run(names, {"x": x})))
+    want = O.onnxruntime_outputs(path, {"x": x})
     tag = "x%s-s%d" % ("x".join(map(str, shape)), stages)
     data = os.path.join(tmp, "data-" + tag)
-    os.makedirs(data)
-    np.save(os.path.join(data, "x.npy"), x)
-    plan = os.path.join(tmp, tag + ".plan")
+    O.save_inputs(data, {"x": x})
     out = os.path.join(tmp, "out-" + tag)
-    for step in (
-        [pipec, "compile", path, "-o", plan, "--mode", "infer", "--stages", str(stages),
-         "--microbatches", "1", "--input-shape", "x=" + ",".join(map(str, shape))],
-        [pipec, "run", plan, "--data", data, "--outputs", out, "--quiet"],
-    ):
-        result = subprocess.run(step, capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
-            print("FAIL %s: %s: %s" % (tag, step[1], result.stderr.strip()))
-            return False
+    options = ["--stages", str(stages), "--microbatches", "1",
+               "--input-shape", "x=" + ",".join(map(str, shape))]
+    result = O.compile_and_run(pipec, path, options, data=data,
+                               plan=os.path.join(tmp, tag + ".plan"), outputs=out, label=tag,
+                               timeout=300)
+    if not O.ran(result, tag):
+        return False
     ok = True
     for name, ref in want.items():
         got = np.load(os.path.join(out, name.replace("/", "_") + ".npy"))
@@ -159,16 +147,14 @@ def check(pipec, path, shape, stages, tmp):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--pipec", required=True)
-    args = parser.parse_args()
+    pipec = O.pipec_from_command_line()
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "fpn.onnx")
         onnx.save(build_model(), path)
         for shape in SHAPES:
             for stages in (1, 2):
-                failures += 0 if check(args.pipec, path, shape, stages, tmp) else 1
+                failures += 0 if check(pipec, path, shape, stages, tmp) else 1
     return 1 if failures else 0
 
 
