@@ -239,6 +239,17 @@ Expected<int64_t> batchDims(const OpContext &ctx, ArrayRef<int64_t> dataShape,
   return batch;
 }
 
+/// The offsets of the elements \p indices names along the node's `axis` in
+/// a tensor of \p shape (GatherElements, ScatterElements, and the former's
+/// gradient).
+Expected<std::vector<int64_t>> offsetsAlongAxis(const OpContext &ctx, ArrayRef<int64_t> shape,
+                                                const Tensor &indices) {
+  Expected<int64_t> axis = ctx.normalizeAxis(ctx.attrInt("axis", 0), shape.size());
+  if (!axis)
+    return axis.takeError();
+  return elementOffsets(ctx, shape, indices, *axis);
+}
+
 } // namespace
 
 Expected<Outputs> gatherElements(const OpContext &ctx) {
@@ -247,10 +258,7 @@ Expected<Outputs> gatherElements(const OpContext &ctx) {
     return e;
   if (data.rank() == 0)
     return ctx.fail("data must have rank >= 1");
-  Expected<int64_t> axis = ctx.normalizeAxis(ctx.attrInt("axis", 0), data.rank());
-  if (!axis)
-    return axis.takeError();
-  Expected<std::vector<int64_t>> offsets = elementOffsets(ctx, data.shape(), indices, *axis);
+  Expected<std::vector<int64_t>> offsets = offsetsAlongAxis(ctx, data.shape(), indices);
   if (!offsets)
     return offsets.takeError();
   Tensor out(data.elemType(), indices.shape());
@@ -276,10 +284,7 @@ Expected<Outputs> scatterElements(const OpContext &ctx) {
   if (updates.shape() != indices.shape())
     return ctx.fail("updates " + updates.describe() + " and indices " + indices.describe() +
                     " differ in shape");
-  Expected<int64_t> axis = ctx.normalizeAxis(ctx.attrInt("axis", 0), data.rank());
-  if (!axis)
-    return axis.takeError();
-  Expected<std::vector<int64_t>> offsets = elementOffsets(ctx, data.shape(), indices, *axis);
+  Expected<std::vector<int64_t>> offsets = offsetsAlongAxis(ctx, data.shape(), indices);
   if (!offsets)
     return offsets.takeError();
   Tensor out = data.clone();
@@ -298,10 +303,7 @@ Expected<Outputs> gatherElementsGrad(const OpContext &ctx) {
   if (dy.shape() != indices.shape())
     return ctx.fail("dY " + dy.describe() + " and indices " + indices.describe() +
                     " differ in shape");
-  Expected<int64_t> axis = ctx.normalizeAxis(ctx.attrInt("axis", 0), shape->size());
-  if (!axis)
-    return axis.takeError();
-  Expected<std::vector<int64_t>> offsets = elementOffsets(ctx, *shape, indices, *axis);
+  Expected<std::vector<int64_t>> offsets = offsetsAlongAxis(ctx, *shape, indices);
   if (!offsets)
     return offsets.takeError();
   Tensor out(dy.elemType(), *shape);
