@@ -1,10 +1,10 @@
 //===- Fusion.h - Fusing element-wise chains of stage programs ----------===//
 //
-// Before a run, the executor replaces chains of fusable element-wise nodes
-// (runtime/core/FusedProgram.h: float unary, binary and pointwise-gradient ops) in
-// each node list of a stage program by FusedElementwise nodes. Fusion is a
-// run-time choice (`pipec run --no-fuse` turns it off); the plan file keeps
-// the unfused nodes.
+// Compile's fuse pass (driver/StagePasses.h) replaces chains of fusable
+// element-wise nodes (runtime/core/FusedProgram.h: float unary, binary and
+// pointwise-gradient ops) in each node list of a stage program by
+// FusedElementwise nodes; the plan holds them, and the pass prices them
+// (`compile --no-fuse` keeps every node its own kernel).
 //
 // A group is grown in program order: a fusable node joins the groups that
 // make its inputs when the joined group can run at the node's position,
