@@ -69,8 +69,9 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   // Each name once: `cpu` (or a file over it) reads or measures its
   // calibration for the share of this machine's cores that `pipec run` gives
   // each of the plan's ranks; a JSON spec is parsed.
-  int cpuThreads = defaultThreadsPerRank(
-      options.computingRanks > 0 ? options.computingRanks : options.stages * options.dataParallel);
+  int computing =
+      options.computingRanks > 0 ? options.computingRanks : options.stages * options.dataParallel;
+  int cpuThreads = defaultThreadsPerRank(computing);
   wireCpuKernels();
   std::map<std::string, HardwareSpec> resolved;
   for (const std::string &name : *names) {
@@ -81,7 +82,7 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
         return hw.takeError();
       it = resolved.emplace(name, std::move(*hw)).first;
     }
-    setup.hardware.push_back(it->second);
+    setup.hardware.push_back(sharedByRanks(it->second, computing, cpuThreads, allowedCpuCount()));
   }
   std::string precisionText = options.precision;
   if (precisionText.empty())

@@ -529,3 +529,31 @@ TEST(MachineCache, CachedMeasurementKeepsQuietFiguresAndRetriesDisturbedOnes) {
   EXPECT_EQ(get()->text, "rate 4\n");
   EXPECT_EQ(measured, 3);
 }
+
+// Ranks of this machine past its CPUs take turns: each computes at the share
+// of the CPUs it gets. A device, or ranks that fit, keep their rates.
+TEST(HardwareSpec, RanksPastTheCpusShareThem) {
+  HardwareSpec cpu;
+  cpu.name = "cpu";
+  cpu.sharesHostCores = true;
+  cpu.peakFlopsF32 = cpu.peakFlopsBf16 = 100e9;
+  cpu.vectorFlops = 20e9;
+  cpu.memoryBandwidth = 10e9;
+  cpu.launchOverhead = 1e-6;
+  cpu.gemmOverhead = 4e-6;
+  HardwareSpec shared = sharedByRanks(cpu, 4, 1, 2);
+  EXPECT_DOUBLE_EQ(shared.peakFlopsF32, 50e9);
+  EXPECT_DOUBLE_EQ(shared.peakFlopsBf16, 50e9);
+  EXPECT_DOUBLE_EQ(shared.vectorFlops, 10e9);
+  EXPECT_DOUBLE_EQ(shared.memoryBandwidth, 5e9);
+  EXPECT_DOUBLE_EQ(shared.launchOverhead, 2e-6);
+  EXPECT_DOUBLE_EQ(shared.gemmOverhead, 8e-6);
+  EXPECT_NE(shared.source.find("4 ranks of 1 thread(s) computing at once on 2 CPUs take turns"),
+            std::string::npos)
+      << shared.source;
+  EXPECT_EQ(sharedByRanks(cpu, 2, 1, 2), cpu);
+  EXPECT_EQ(sharedByRanks(cpu, 1, 2, 2), cpu);
+  HardwareSpec device = cpu;
+  device.sharesHostCores = false;
+  EXPECT_EQ(sharedByRanks(device, 8, 1, 2), device);
+}

@@ -9,6 +9,7 @@
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 
@@ -327,6 +328,24 @@ void writeHardwareJson(const HardwareSpec &spec, raw_ostream &os) {
       j.attribute("calibrated_at", spec.calibratedAt);
   });
   os << "\n";
+}
+
+HardwareSpec sharedByRanks(HardwareSpec spec, int ranks, int threads, int cpus) {
+  int64_t wanted = int64_t(std::max(1, ranks)) * std::max(1, threads);
+  if (!spec.sharesHostCores || cpus < 1 || wanted <= cpus)
+    return spec;
+  double share = double(cpus) / double(wanted);
+  spec.peakFlopsF32 *= share;
+  spec.peakFlopsBf16 *= share;
+  spec.vectorFlops *= share;
+  spec.memoryBandwidth *= share;
+  spec.launchOverhead /= share;
+  spec.gemmOverhead /= share;
+  spec.source += formatv("; {0} ranks of {1} thread(s) computing at once on {2} CPUs take turns: "
+                         "each at {3:f2} of these rates",
+                         ranks, threads, cpus, share)
+                     .str();
+  return spec;
 }
 
 } // namespace pipec

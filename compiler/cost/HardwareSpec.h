@@ -118,6 +118,14 @@ llvm::Expected<HardwareSpec> resolveHardware(llvm::StringRef nameOrPath, int cpu
 /// CPU count. Takes about two seconds.
 llvm::Expected<HardwareSpec> calibrateCpu(int threads = 0);
 
+/// \p spec, a rank of this machine's CPU (sharesHostCores), as it computes
+/// when \p ranks ranks of \p threads threads each compute at once on
+/// \p cpus CPUs: past the CPUs they take turns, so each runs at
+/// cpus / (ranks x threads) of its calibrated rates (FLOP/s and bandwidth
+/// times that share, per-node and per-GEMM costs over it). The spec as it
+/// is when they fit, or for a device.
+HardwareSpec sharedByRanks(HardwareSpec spec, int ranks, int threads, int cpus);
+
 /// calibrateCpu(\p threads), cached as JSON in $PIPEC_CACHE_DIR, else
 /// $XDG_CACHE_HOME/pipec, else $HOME/.cache/pipec (cpuCachePath()). A missing
 /// or unreadable cache is recalibrated and rewritten; failing to write the
