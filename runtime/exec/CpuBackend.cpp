@@ -3,6 +3,7 @@
 #include "runtime/comm/Comm.h"
 #include "runtime/core/Backend.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/OptimizerKernels.h"
 #include "runtime/kernels/KernelBodies.h"
 #include "support/Attributes.h"
 #include "support/Parallel.h"
@@ -202,8 +203,7 @@ private:
     T *mp = m.isNull() ? nullptr : m.data<T>(), *vp = v.isNull() ? nullptr : v.data<T>();
     T *op = out.data<T>();
     parallelFor(n, blockElements, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i)
-        kernels::optimizerElement<T>(i, p, wp, gp, mp, vp, op, mp, vp);
+      cpu::optimizerUpdate(p, wp, gp, mp, vp, op, begin, end);
     });
     w = std::move(out);
     return Error::success();
