@@ -42,6 +42,9 @@ bool isCompute(const plan::Instruction &i) {
 } // namespace
 
 std::string formatInstruction(const plan::Instruction &i) {
+  if (isCollective(i.op()))
+    return formatv("{0} {1} {2} bytes", plan::Instruction::Op_Name(i.op()), i.group(), i.bytes())
+        .str();
   switch (i.op()) {
   case Op::LOAD:
     return formatv("LOAD {0} s{1} mb{2}", i.group(), i.stage(), i.microbatch()).str();
@@ -60,11 +63,6 @@ std::string formatInstruction(const plan::Instruction &i) {
     return formatv("{0} {1} s{2} mb{3} {4} {5} {6}", i.op() == Op::SEND ? "SEND" : "RECV",
                    i.grad() ? "grad" : "act", i.stage(), i.microbatch(),
                    i.op() == Op::SEND ? "->" : "<-", i.peer(), i.tensor().name())
-        .str();
-  case Op::ALLREDUCE:
-  case Op::REDUCE_SCATTER:
-  case Op::ALL_GATHER:
-    return formatv("{0} {1} {2} bytes", plan::Instruction::Op_Name(i.op()), i.group(), i.bytes())
         .str();
   case Op::OPTIMIZER_STEP:
     return "OPTIMIZER_STEP";
@@ -552,9 +550,10 @@ std::vector<plan::RankProgram> toRankPrograms(const LoweredStreams &lowered,
         if (op.buffer >= 0)
           i.set_buffer(op.buffer);
         break;
-      case Op::ALLREDUCE:
-      case Op::REDUCE_SCATTER:
-      case Op::ALL_GATHER: {
+      default:
+        break;
+      }
+      if (isCollective(op.op)) {
         const StreamCollective &c = streams.collectives[op.collective];
         i.set_group(c.group);
         i.set_reduce(c.reduce);
@@ -562,10 +561,6 @@ std::vector<plan::RankProgram> toRankPrograms(const LoweredStreams &lowered,
         for (int rank : c.ranks)
           i.add_ranks(rank);
         i.set_bytes(c.bytes);
-        break;
-      }
-      default:
-        break;
       }
     }
     if (lowered.training)

@@ -244,9 +244,16 @@ Error checkPrograms(const plan::Plan &plan) {
         return err;
       const Ins &ins = program.instructions(i);
       steps += ins.op() == Ins::OPTIMIZER_STEP;
-      // Counted where they run: the sums before the update, the gather after.
-      scatters += ins.op() == Ins::REDUCE_SCATTER && steps == 0;
-      gathers += ins.op() == Ins::ALL_GATHER && steps == 1;
+      // Each collective on its side of the update (Collectives.def's WHEN):
+      // the gradients' before it, the updated weights' after.
+      if (const CollectiveInfo *c = collectiveOf(ins.op());
+          c && training && c->afterUpdate != (steps > 0))
+        return planError(formatv("rank {0} instruction {1}: {2} runs {3} OPTIMIZER_STEP; a step "
+                                 "runs it {4}",
+                                 r, i, Ins::Op_Name(ins.op()), steps > 0 ? "after" : "before",
+                                 c->afterUpdate ? "after" : "before"));
+      scatters += ins.op() == Ins::REDUCE_SCATTER;
+      gathers += ins.op() == Ins::ALL_GATHER;
       sums += ins.op() == Ins::ALLREDUCE && ins.reduce() == Ins::DATA_PARALLEL;
     }
     // Training ranks update once per step; without it the rank's weights

@@ -361,4 +361,16 @@ int64_t tokensPerSample(const plan::Plan &plan) {
   return 0;
 }
 
+const CollectiveInfo *collectiveOf(plan::Instruction::Op op) {
+  static const CollectiveInfo rows[] = {
+#define PIPEC_COLLECTIVE(OP, NAME, RING, WHEN)                                                     \
+  {plan::Instruction::OP, NAME, RING, std::string_view(#WHEN) == "AfterUpdate"},
+#include "plan/Collectives.def"
+  };
+  for (const CollectiveInfo &row : rows)
+    if (row.op == op)
+      return &row;
+  return nullptr;
+}
+
 } // namespace pipec

@@ -58,13 +58,24 @@ std::string allReduceGroupName(plan::Instruction::Reduce reduce, llvm::StringRef
 inline constexpr const char *GenerationControl = "pipec.control";
 inline constexpr const char *GenerationPicks = "pipec.picks";
 
-/// Whether \p op is a collective of a group of ranks (ALLREDUCE,
-/// REDUCE_SCATTER, ALL_GATHER): it completes when the whole group reaches
-/// it.
-inline bool isCollective(plan::Instruction::Op op) {
-  return op == plan::Instruction::ALLREDUCE || op == plan::Instruction::REDUCE_SCATTER ||
-         op == plan::Instruction::ALL_GATHER;
-}
+/// A row of plan/Collectives.def: a collective of a group of ranks, which
+/// completes when the whole group reaches it.
+struct CollectiveInfo {
+  plan::Instruction::Op op;
+  /// Its name in traces and timelines ("allreduce", "reduce-scatter").
+  const char *name;
+  /// Its ring's steps as a share of an all-reduce's.
+  double ringShare;
+  /// A training step runs it after OPTIMIZER_STEP (the updated weights),
+  /// else before it (the gradients).
+  bool afterUpdate;
+};
+
+/// The row of \p op, or null when \p op is no collective.
+const CollectiveInfo *collectiveOf(plan::Instruction::Op op);
+
+/// Whether \p op is a collective (ALLREDUCE, REDUCE_SCATTER, ALL_GATHER).
+inline bool isCollective(plan::Instruction::Op op) { return collectiveOf(op) != nullptr; }
 
 /// The name under which a chunk's backward reads the gradient of a tensor V
 /// it sent on, as the next chunk returns it: "grad-next:V". The stage

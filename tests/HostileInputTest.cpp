@@ -427,6 +427,35 @@ TEST_F(Hostile, NonFiniteDataAndLossStopTheRun) {
   expectError("run --quiet " + mlpPlan + " --data " + data, 1, "sample 3 holds inf");
 }
 
+// Each collective runs on its side of the update (plan/Collectives.def): a
+// sharded plan whose all-gather of the updated weights comes before
+// OPTIMIZER_STEP is refused by every reader, naming the instruction.
+TEST_F(Hostile, ACollectiveOnTheWrongSideOfTheUpdateIsRefused) {
+  std::string mlpPlan, out;
+  ASSERT_NO_FATAL_FAILURE(compileMlp(
+      "--stages 1 --microbatches 1 --batch 8 --dp 2 --shard-optimizer --hardware cpu", mlpPlan));
+  ASSERT_EQ(runCommand(pipecBinary + " compile " + dir.path("m.onnx") + " -o " +
+                           dir.path("m.txt.plan") +
+                           " --stages 1 --microbatches 1 --batch 8 --dp 2 --shard-optimizer "
+                           "--hardware cpu --emit text",
+                       out),
+            0)
+      << out;
+  std::string text = readFile(dir.path("m.txt.plan"));
+  // The update and the gather after it, swapped.
+  llvm::Regex pair("  instructions \\{\n    op: OPTIMIZER_STEP\n([^}]*)\\}\n  instructions \\{\n"
+                   "    op: ALL_GATHER\n([^}]*)\\}\n");
+  ASSERT_TRUE(pair.match(text)) << text.substr(0, 2000);
+  std::string swapped = pair.sub("  instructions {\n    op: ALL_GATHER\n\\2}\n  instructions {\n"
+                                 "    op: OPTIMIZER_STEP\n\\1}\n",
+                                 text);
+  std::string edited = dir.path("gather-first.plan");
+  std::ofstream(edited) << resealedTextPlan(swapped);
+  for (const char *command : {"report", "run --quiet"})
+    expectError(std::string(command) + " " + edited, 1,
+                "ALL_GATHER runs before OPTIMIZER_STEP; a step runs it after");
+}
+
 TEST_F(Hostile, AnUpdateThatOverflowsStopsTheRun) {
   // MSE against labels of 1e18: the first loss (about 1e36) is finite, its
   // gradient about 1e18, and an SGD step of lr 1e24 moves the weights past

@@ -197,6 +197,13 @@ Error Engine::advance(int r, Deadlock *deadlock) {
   RankState &st = state[r];
   while (!done(r)) {
     const StreamOp &ins = at(r, st.pc);
+    if (isCollective(ins.op)) {
+      int at = st.pc;
+      collective(r);
+      if (st.pc == at)
+        return Error::success(); // the rest of its group is not there yet
+      continue;
+    }
     switch (ins.op) {
     case Op::SEND:
     case Op::RECV: {
@@ -221,15 +228,6 @@ Error Engine::advance(int r, Deadlock *deadlock) {
       ++st.pc;
       if (Error err = match(c, deadlock))
         return err;
-      continue;
-    }
-    case Op::ALLREDUCE:
-    case Op::REDUCE_SCATTER:
-    case Op::ALL_GATHER: {
-      int at = st.pc;
-      collective(r);
-      if (st.pc == at)
-        return Error::success(); // the rest of its group is not there yet
       continue;
     }
     case Op::LOAD:
@@ -367,10 +365,7 @@ void Engine::collective(int r) {
       TimelineEvent e;
       e.rank = peer;
       e.category = 'C';
-      e.name = (theirs.op == Op::REDUCE_SCATTER ? "reduce-scatter "
-                : theirs.op == Op::ALL_GATHER   ? "all-gather "
-                                                : "allreduce ") +
-               group.group;
+      e.name = std::string(collectiveOf(theirs.op)->name) + " " + group.group;
       e.start = start;
       e.duration = length;
       result.events.push_back(e);
@@ -482,9 +477,13 @@ Streams streamsOf(ArrayRef<const plan::RankProgram *> programs) {
           op.mailbox = it->second;
         }
         break;
-      case Op::ALLREDUCE:
-      case Op::REDUCE_SCATTER:
-      case Op::ALL_GATHER: {
+      case Op::LOAD:
+        op.labels = ins.group() == "labels";
+        break;
+      default:
+        break;
+      }
+      if (isCollective(ins.op())) {
         StreamCollective c;
         c.op = ins.op();
         c.reduce = ins.reduce();
@@ -494,13 +493,6 @@ Streams streamsOf(ArrayRef<const plan::RankProgram *> programs) {
         c.group = ins.group();
         op.collective = static_cast<int>(out.collectives.size());
         out.collectives.push_back(std::move(c));
-        break;
-      }
-      case Op::LOAD:
-        op.labels = ins.group() == "labels";
-        break;
-      default:
-        break;
       }
       ops.push_back(op);
     }
@@ -601,7 +593,7 @@ StreamCosts streamCosts(const StepCosts &c) {
       double ring = ringAllReduceSeconds(c.dataParallel, group.bytes, [&](int64_t b) {
         return interNodeStepSeconds(hardware(r), b);
       });
-      return group.op == Op::ALLREDUCE ? ring : ring / 2;
+      return ring * collectiveOf(group.op)->ringShare;
     }
     // The step is asked for only with two ranks or more.
     return ringAllReduceSeconds(static_cast<int>(group.ranks.size()), group.bytes, [&](int64_t b) {

@@ -841,10 +841,7 @@ void RankExecutor::record(const Ins &ins, char category, double started, double 
     busy += duration;
   if (!tracing)
     return;
-  std::string name = category == 'C' ? (ins.op() == Ins::REDUCE_SCATTER ? "reduce-scatter "
-                                        : ins.op() == Ins::ALL_GATHER   ? "all-gather "
-                                                                        : "allreduce ") +
-                                           ins.group()
+  std::string name = category == 'C' ? std::string(collectiveOf(ins.op())->name) + " " + ins.group()
                      : category == 'O'
                          ? std::string("optimizer")
                          : formatv("{0}{1}{2}", ins.stage(), category, ins.microbatch()).str();
