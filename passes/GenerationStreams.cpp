@@ -82,8 +82,8 @@ void addGenerationStreams(plan::Plan &plan) {
   const plan::ScheduleInfo &s = plan.schedule();
   Builder b{s.stages(),
             s.microbatches(),
-            int64Tensor(GenerationControl, {s.microbatch_size() + 1, 2}),
-            int64Tensor(GenerationPicks, {2, s.microbatch_size()}),
+            int64Tensor(generationControl, {s.microbatch_size() + 1, 2}),
+            int64Tensor(generationPicks, {2, s.microbatch_size()}),
             {},
             {}};
   b.sends.resize(plan.programs_size());

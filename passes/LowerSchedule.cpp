@@ -667,7 +667,7 @@ Error verifyGenerationStreams(const std::vector<plan::RankProgram> &starts,
     for (int k = 0; k < 4; ++k)
       for (const plan::Instruction &i : *rounds[k]) {
         plan::Instruction &copy = *unrolled[r].add_instructions() = i;
-        bool picks = i.op() == Op::SEND && i.tensor().name() == GenerationPicks;
+        bool picks = i.op() == Op::SEND && i.tensor().name() == generationPicks;
         copy.set_microbatch((k + (picks ? 1 : 0)) * groups + i.microbatch());
       }
   }

@@ -55,8 +55,8 @@ std::string allReduceGroupName(plan::Instruction::Reduce reduce, llvm::StringRef
 /// row its prompt, -1 for an idle slot, and its cache position, then the
 /// pass's kind) and the picks (int64 [2, rows]: per row its token, then
 /// whether it finished).
-inline constexpr const char *GenerationControl = "pipec.control";
-inline constexpr const char *GenerationPicks = "pipec.picks";
+inline constexpr const char *generationControl = "pipec.control";
+inline constexpr const char *generationPicks = "pipec.picks";
 
 /// A row of plan/Collectives.def: a collective of a group of ranks, which
 /// completes when the whole group reaches it.

@@ -233,7 +233,7 @@ using Pass = GenerationLoop::Pass;
 /// Whether \p ins moves the control, which a stopping group still passes.
 bool movesControl(const Ins &ins) {
   return (ins.op() == Ins::SEND || ins.op() == Ins::RECV) &&
-         ins.tensor().name() == GenerationControl;
+         ins.tensor().name() == generationControl;
 }
 
 } // namespace
@@ -255,7 +255,7 @@ Expected<cpu::Tensor> RankExecutor::receiveLoop(GenerationLoop &loop, const Ins 
   double started = wallNow();
   auto got = comm.wait(*handle);
   if (got && wallNow() - started > 1e-5) {
-    bool picks = ins.tensor().name() == GenerationPicks;
+    bool picks = ins.tensor().name() == generationPicks;
     traceLoop(loop, 'C', formatv("{0} g{1}", picks ? "picks" : "recv", ins.microbatch()).str(),
               started);
   }
@@ -444,7 +444,7 @@ Error RankExecutor::loopStep(GenerationLoop &loop, const Ins &ins, bool first) {
     auto got = receiveLoop(loop, ins);
     if (!got)
       return got.takeError();
-    if (ins.tensor().name() == GenerationPicks) {
+    if (ins.tensor().name() == generationPicks) {
       loop.picks[group] = std::move(*got);
       return Error::success();
     }
@@ -473,7 +473,7 @@ Error RankExecutor::loopStep(GenerationLoop &loop, const Ins &ins, bool first) {
   case Ins::SEND: {
     if (control)
       return comm.send(ins.peer(), loop.control[group].tensor());
-    if (ins.tensor().name() == GenerationPicks)
+    if (ins.tensor().name() == generationPicks)
       return comm.send(ins.peer(), loop.picks[group]);
     const cpu::Tensor *sent = loop.values.find(ins.tensor().name());
     if (!sent)
