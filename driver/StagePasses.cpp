@@ -80,6 +80,8 @@ double fusionSaving(const onnx::NodeProto &node, const onnx::GraphProto &body,
 /// (Stage.fused_saving_s), and the step simulated again: the plan predicts
 /// the program that runs.
 Error priceFusion(plan::Plan &plan, const Graph &graph) {
+  if (plan.hardware_size() == 0 || plan.programs_size() == 0)
+    return Error::success(); // nothing to price the nodes on, or to simulate
   auto precision = parsePrecision(plan.training().precision());
   if (!precision) {
     consumeError(precision.takeError());
@@ -105,8 +107,6 @@ Error priceFusion(plan::Plan &plan, const Graph &graph) {
     stage.set_time_i_s(before[1] - stage.fused_saving_s(1));
     stage.set_time_w_s(before[2] - stage.fused_saving_s(2));
   }
-  if (plan.hardware_size() == 0 || plan.programs_size() == 0)
-    return Error::success();
   return simulateIntoPlan(plan);
 }
 

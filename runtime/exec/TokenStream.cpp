@@ -128,26 +128,12 @@ Expected<std::shared_ptr<TokenStream>> TokenStream::open(StringRef path, const O
 
 int64_t TokenStream::at(int64_t i) const {
   const char *p = base + static_cast<size_t>(i) * cpu::storageSize(type);
-  auto read = [p](auto value) {
+  // The file's ids may sit at any offset: copied out, not dereferenced.
+  return cpu::visitStorage(type, [p](auto tag) -> int64_t {
+    decltype(tag) value;
     std::memcpy(&value, p, sizeof value);
     return static_cast<int64_t>(value);
-  };
-  switch (type) {
-  case DType::U8:
-    return read(uint8_t());
-  case DType::I8:
-    return read(int8_t());
-  case DType::U16:
-    return read(uint16_t());
-  case DType::I16:
-    return read(int16_t());
-  case DType::U32:
-    return read(uint32_t());
-  case DType::I32:
-    return read(int32_t());
-  default:
-    return read(int64_t());
-  }
+  });
 }
 
 plan::TokenStreamPosition TokenStream::position(int64_t samplesSeen) const {
