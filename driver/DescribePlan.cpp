@@ -33,6 +33,13 @@ plan::TensorRef tensorRef(const Graph &graph, int id, Precision precision) {
   return t;
 }
 
+/// Sets \p out's time_f_s, time_i_s and time_w_s to \p time's F, I and W.
+template <typename Proto> void setPhaseTimes(Proto &out, const std::array<double, 3> &time) {
+  out.set_time_f_s(time[Forward]);
+  out.set_time_i_s(time[BackwardInput]);
+  out.set_time_w_s(time[BackwardWeight]);
+}
+
 } // namespace
 
 bool overMemoryLimit(const plan::Rank &r) {
@@ -139,9 +146,7 @@ void describeLayers(plan::Plan &plan, const CompileOptions &options, const Prepa
     li->set_kind(layerKindName(lc.kind).str());
     li->set_params(lc.params);
     li->set_flops_f(lc.flops[Forward]);
-    li->set_time_f_s(lc.time[Forward]);
-    li->set_time_i_s(lc.time[BackwardInput]);
-    li->set_time_w_s(lc.time[BackwardWeight]);
+    setPhaseTimes(*li, lc.time);
     li->set_activation_bytes(lc.activationBytes);
     li->set_boundary_bytes(lc.boundaryBytes);
     li->set_measured(lc.measured);
@@ -171,9 +176,7 @@ void describeStages(plan::Plan &plan, const LayerGraph &layers, const StagePlan 
       s->add_layers(layers.layers[l].name);
     s->set_params(c.params);
     s->set_flops_f(c.flopsForward);
-    s->set_time_f_s(c.time[Forward]);
-    s->set_time_i_s(c.time[BackwardInput]);
-    s->set_time_w_s(c.time[BackwardWeight]);
+    setPhaseTimes(*s, c.time);
     s->set_comm_s(c.commTime);
     s->set_boundary_bytes(c.boundaryBytes);
     s->set_activation_bytes(c.activationBytes);

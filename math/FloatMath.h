@@ -31,12 +31,14 @@ inline float powerOfTwo(int32_t n) {
   return f;
 }
 
-/// e^x: +inf from 88.72 on, 0 below -103.98, subnormal between. Branch-free
-/// (selects, no early returns), so that loops over it vectorise.
-inline float exp(float x) {
-  const float high = 88.7228394f, low = -103.972084f;
-  float c = x < low ? low : x;
-  c = c > high ? high : c;
+/// e^c as p * 2^n: n = round(c / ln2) and p = e^r, r = c - n ln2, by the
+/// degree-7 polynomial. No clamps or selects: the caller keeps c within
+/// [-103.98, 88.72].
+struct ReducedExp {
+  float n;
+  float p;
+};
+inline ReducedExp reducedExp(float c) {
   // n = round(c / ln2) by the 1.5 * 2^23 trick (no rounding call).
   const float shifter = 12582912.0f;
   float n = (c * 1.44269504088896341f + shifter) - shifter;
@@ -50,10 +52,20 @@ inline float exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
+  return {n, p};
+}
+
+/// e^x: +inf from 88.72 on, 0 below -103.98, subnormal between. Branch-free
+/// (selects, no early returns), so that loops over it vectorise.
+inline float exp(float x) {
+  const float high = 88.7228394f, low = -103.972084f;
+  float c = x < low ? low : x;
+  c = c > high ? high : c;
+  ReducedExp e = reducedExp(c);
   // Scale by 2^n in two halves, so that subnormal results and n = 128 work.
-  int32_t k = static_cast<int32_t>(n);
+  int32_t k = static_cast<int32_t>(e.n);
   int32_t half = k / 2;
-  float y = p * powerOfTwo(half) * powerOfTwo(k - half);
+  float y = e.p * powerOfTwo(half) * powerOfTwo(k - half);
   y = x < low ? 0.0f : y;
   y = x >= high ? __builtin_inff() : y;
   return x != x ? x : y;
@@ -73,20 +85,10 @@ inline float tanh(float x) {
   p = p * z + 1.33314422036e-1f;
   p = p * z - 3.33332819422e-1f;
   float small = p * z * a + a;
-  // tanh(9.1) rounds to 1. exp as above, without its clamps and selects.
+  // tanh(9.1) rounds to 1. exp's reduction, without its clamps and selects.
   float t = 2.0f * (a < 9.1f ? a : 9.1f);
-  const float shifter = 12582912.0f;
-  float n = (t * 1.44269504088896341f + shifter) - shifter;
-  float r = t - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float q = 1.9875691500e-4f;
-  q = q * r + 1.3981999507e-3f;
-  q = q * r + 8.3334519073e-3f;
-  q = q * r + 4.1665795894e-2f;
-  q = q * r + 1.6666665459e-1f;
-  q = q * r + 5.0000001201e-1f;
-  q = q * (r * r) + r + 1.0f;
-  float e = q * powerOfTwo(static_cast<int32_t>(n));
+  ReducedExp q = reducedExp(t);
+  float e = q.p * powerOfTwo(static_cast<int32_t>(q.n));
   float large = 1.0f - 2.0f / (e + 1.0f);
   float y = __builtin_copysignf(a < 0.625f ? small : large, x);
   return x != x ? x : y;

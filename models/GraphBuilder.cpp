@@ -57,37 +57,37 @@ void appendRandom(std::string &raw, int64_t count, Rng &r, float base, ConvertFn
   }
 }
 
+/// An attribute named \p name of \p type, its value unset.
+onnx::AttributeProto namedAttr(StringRef name, onnx::AttributeProto::AttributeType type) {
+  onnx::AttributeProto a;
+  a.set_name(name.str());
+  a.set_type(type);
+  return a;
+}
+
 } // namespace
 
 onnx::AttributeProto attrInt(StringRef name, int64_t value) {
-  onnx::AttributeProto a;
-  a.set_name(name.str());
-  a.set_type(onnx::AttributeProto::INT);
+  onnx::AttributeProto a = namedAttr(name, onnx::AttributeProto::INT);
   a.set_i(value);
   return a;
 }
 
 onnx::AttributeProto attrFloat(StringRef name, float value) {
-  onnx::AttributeProto a;
-  a.set_name(name.str());
-  a.set_type(onnx::AttributeProto::FLOAT);
+  onnx::AttributeProto a = namedAttr(name, onnx::AttributeProto::FLOAT);
   a.set_f(value);
   return a;
 }
 
 onnx::AttributeProto attrInts(StringRef name, ArrayRef<int64_t> values) {
-  onnx::AttributeProto a;
-  a.set_name(name.str());
-  a.set_type(onnx::AttributeProto::INTS);
+  onnx::AttributeProto a = namedAttr(name, onnx::AttributeProto::INTS);
   for (int64_t v : values)
     a.add_ints(v);
   return a;
 }
 
 onnx::AttributeProto attrString(StringRef name, StringRef value) {
-  onnx::AttributeProto a;
-  a.set_name(name.str());
-  a.set_type(onnx::AttributeProto::STRING);
+  onnx::AttributeProto a = namedAttr(name, onnx::AttributeProto::STRING);
   a.set_s(value.str());
   return a;
 }

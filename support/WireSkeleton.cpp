@@ -22,6 +22,24 @@ enum class MessageKind { Model, Graph, Node, Attribute, Tensor };
 
 enum WireType : uint32_t { Varint = 0, Fixed64 = 1, Length = 2, Fixed32 = 5 };
 
+/// A length-delimited field rewritten as a message: field \c number of a
+/// \c parent holds a \c child (onnx.proto's field numbers).
+struct ChildField {
+  MessageKind parent;
+  uint32_t number;
+  MessageKind child;
+};
+constexpr ChildField childFields[] = {
+    {MessageKind::Model, 7, MessageKind::Graph},       // ModelProto.graph
+    {MessageKind::Graph, 1, MessageKind::Node},        // GraphProto.node
+    {MessageKind::Graph, 5, MessageKind::Tensor},      // GraphProto.initializer
+    {MessageKind::Node, 5, MessageKind::Attribute},    // NodeProto.attribute
+    {MessageKind::Attribute, 5, MessageKind::Tensor},  // AttributeProto.t
+    {MessageKind::Attribute, 10, MessageKind::Tensor}, // AttributeProto.tensors
+    {MessageKind::Attribute, 6, MessageKind::Graph},   // AttributeProto.g
+    {MessageKind::Attribute, 11, MessageKind::Graph},  // AttributeProto.graphs
+};
+
 class SkeletonWriter {
 public:
   SkeletonWriter(StringRef bytes, uint64_t threshold)
@@ -133,30 +151,9 @@ private:
 
   /// The child message kind of a length-delimited field, if it is rewritten.
   static bool childKind(MessageKind parent, uint32_t number, MessageKind &child) {
-    switch (parent) {
-    case MessageKind::Model:
-      if (number == 7)
-        return child = MessageKind::Graph, true;
-      return false;
-    case MessageKind::Graph:
-      if (number == 1)
-        return child = MessageKind::Node, true;
-      if (number == 5)
-        return child = MessageKind::Tensor, true;
-      return false;
-    case MessageKind::Node:
-      if (number == 5)
-        return child = MessageKind::Attribute, true;
-      return false;
-    case MessageKind::Attribute:
-      if (number == 5 || number == 10)
-        return child = MessageKind::Tensor, true;
-      if (number == 6 || number == 11)
-        return child = MessageKind::Graph, true;
-      return false;
-    case MessageKind::Tensor:
-      return false;
-    }
+    for (const ChildField &f : childFields)
+      if (f.parent == parent && f.number == number)
+        return child = f.child, true;
     return false;
   }
 

@@ -251,20 +251,30 @@ TEST(BalanceStages, UniformAndParamsMethods) {
   EXPECT_LE(time->bottleneck, uniform->bottleneck);
 }
 
+/// The ONNX bytes of a Llama 3 shape with light weights: vocabulary 128256,
+/// 8 key/value heads, batch 1; "" (and a failure) when it is not generated.
+std::string lightLlama(int layers, int hidden, int seq, int heads, int ffn, bool withLoss) {
+  models::GeneratorOptions o(models::Family::Llama, layers, hidden, 128256, seq, heads);
+  o.kvHeads = 8;
+  o.ffn = ffn;
+  o.batch = 1;
+  o.lightWeights = true;
+  o.withLoss = withLoss;
+  auto model = models::generateModel(o);
+  EXPECT_TRUE(!!model) << toString(model.takeError());
+  std::string bytes;
+  if (model)
+    model->SerializeToString(&bytes);
+  return bytes;
+}
+
 /// Llama 3 405B (Meta, "The Llama 3 Herd of Models", 2024): 126 blocks,
 /// hidden 16384, vocabulary 128256, sequence 8192, 16 pipeline stages with
 /// tensor parallelism inside each node, so every stage boundary crosses
 /// nodes. Meta put one block fewer on the first and the last stage.
 TEST(BalanceStages, Llama405BShapeHasLighterFirstAndLastStages) {
-  models::GeneratorOptions o(models::Family::Llama, 126, 16384, 128256, 8192, 128);
-  o.kvHeads = 8;
-  o.ffn = 53248;
-  o.batch = 1;
-  o.lightWeights = true;
-  auto model = models::generateModel(o);
-  ASSERT_TRUE(!!model) << toString(model.takeError());
-  std::string bytes;
-  model->SerializeToString(&bytes);
+  std::string bytes = lightLlama(126, 16384, 8192, 128, 53248, false);
+  ASSERT_FALSE(bytes.empty());
   EXPECT_LT(bytes.size(), 8u << 20) << "light weights keep the file small";
   ImportOptions io;
   io.bindings.seq = 8192;
@@ -376,16 +386,8 @@ TEST(BalanceStages, TimeNeverPredictsASlowerStepThanParamsOrUniform) {
 /// weights. `time` simulates each candidate and keeps the fastest step. The
 /// compiled plans: docs/USER_GUIDE.md, "Balancing".
 TEST(BalanceStages, Llama3_8BShapeTimeIsTheFastestStep) {
-  models::GeneratorOptions o(models::Family::Llama, 32, 4096, 128256, 4096, 32);
-  o.kvHeads = 8;
-  o.ffn = 14336;
-  o.batch = 1;
-  o.lightWeights = true;
-  o.withLoss = true;
-  auto model = models::generateModel(o);
-  ASSERT_TRUE(!!model) << toString(model.takeError());
-  std::string bytes;
-  model->SerializeToString(&bytes);
+  std::string bytes = lightLlama(32, 4096, 4096, 32, 14336, true);
+  ASSERT_FALSE(bytes.empty());
   ImportOptions io;
   io.bindings.seq = 4096;
   GroupedGraph g = groupGraph(importBytes(bytes, io));

@@ -14,8 +14,6 @@ using namespace pipec::test;
 
 namespace {
 
-const std::string pipecBinary = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
-
 TEST(Cli, ModelThenInspectJson) {
   TempDir dir;
   std::string out;

@@ -23,15 +23,11 @@ using llvm::toString;
 
 namespace {
 
-const std::string pipecBinary = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
-
 std::string generateGpt(const TempDir &dir, int layers) {
-  std::string model = dir.path("gpt.onnx"), out;
-  EXPECT_EQ(runCommand(pipecBinary + " model gpt --layers " + std::to_string(layers) +
-                           " --hidden 64 --heads 4 --vocab 512 --seq 32 -o " + model,
-                       out),
-            0)
-      << out;
+  std::string model = dir.path("gpt.onnx");
+  EXPECT_TRUE(pipecModel("gpt --layers " + std::to_string(layers) +
+                             " --hidden 64 --heads 4 --vocab 512 --seq 32",
+                         model));
   return model;
 }
 
@@ -78,11 +74,8 @@ TEST(Compile, PlanIsDeterministicAndRoundTrips) {
 TEST(Compile, FusedNodesArePricedAsTheyRun) {
   TempDir dir;
   std::string model = dir.path("g.onnx"), out;
-  ASSERT_EQ(runCommand(pipecBinary + " model gpt --layers 2 --hidden 64 --heads 4 --vocab 100 " +
-                           "--seq 16 --loss -o " + model,
-                       out),
-            0)
-      << out;
+  ASSERT_TRUE(
+      pipecModel("gpt --layers 2 --hidden 64 --heads 4 --vocab 100 --seq 16 --loss", model));
   for (std::string mode : {"infer", "train"}) {
     SCOPED_TRACE(mode);
     std::string flags = " --stages 2 --microbatches 2 --hardware cpu --mode " + mode;
@@ -122,11 +115,7 @@ TEST(Compile, LoadNodesAndRerunAreInThePlan) {
   TempDir dir;
   std::string model = dir.path("g.onnx"), infer = dir.path("i.plan"), train = dir.path("t.plan"),
               out;
-  ASSERT_EQ(runCommand(pipecBinary + " model gpt --layers 2 --hidden 32 --heads 4 --vocab 100 " +
-                           "--seq 8 --loss -o " + model,
-                       out),
-            0)
-      << out;
+  ASSERT_TRUE(pipecModel("gpt --layers 2 --hidden 32 --heads 4 --vocab 100 --seq 8 --loss", model));
   std::string flags = " --stages 2 --microbatches 2 --hardware cpu";
   ASSERT_EQ(
       runCommand(pipecBinary + " compile " + model + flags + " --mode infer -o " + infer, out), 0)
@@ -295,13 +284,9 @@ TEST(Compile, GoldenReportForAGeneratedGpt) {
 TEST(Compile, Llama3_8BShapeTimeBalancingAndItsReport) {
   TempDir dir;
   std::string model = dir.path("llama8b.onnx"), plan = dir.path("llama8b.plan"), out;
-  ASSERT_EQ(runCommand(pipecBinary +
-                           " model llama --layers 32 --hidden 4096 --heads 32 --kv-heads 8 "
-                           "--ffn 14336 --vocab 128256 --seq 4096 --batch 1 --light --loss -o " +
-                           model,
-                       out),
-            0)
-      << out;
+  ASSERT_TRUE(pipecModel("llama --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --ffn 14336 "
+                         "--vocab 128256 --seq 4096 --batch 1 --light --loss",
+                         model));
   ASSERT_EQ(runCommand(pipecBinary + " compile " + model +
                            " --stages 4 --microbatches 16 --hardware h100 --memory-limit none -o " +
                            plan + " --report",
@@ -336,13 +321,8 @@ TEST(Compile, HeterogeneousHardwareListAndFile) {
   TempDir dir;
   // Wide enough to be compute-bound, light so that it carries no weight bytes.
   std::string model = dir.path("wide.onnx"), out;
-  ASSERT_EQ(runCommand(pipecBinary +
-                           " model gpt --layers 8 --hidden 1024 --heads 16 --vocab 1000 "
-                           "--seq 512 --light -o " +
-                           model,
-                       out),
-            0)
-      << out;
+  ASSERT_TRUE(
+      pipecModel("gpt --layers 8 --hidden 1024 --heads 16 --vocab 1000 --seq 512 --light", model));
   std::ofstream(dir.path("slow.json"))
       << R"({"base": "h100", "name": "h100-half", "peak_flops_bf16": 4.945e14,
             "peak_flops_fp32": 3.35e13, "memory_bandwidth": 1.675e12})";
@@ -366,13 +346,7 @@ namespace {
 TEST(Compile, EveryScheduleCompilesReportsAndSimulates) {
   TempDir dir;
   std::string model = dir.path("gpt32.onnx"), out;
-  ASSERT_EQ(runCommand(pipecBinary +
-                           " model gpt --layers 32 --hidden 64 --heads 4 --vocab 256 --seq 16 "
-                           "-o " +
-                           model,
-                       out),
-            0)
-      << out;
+  ASSERT_TRUE(pipecModel("gpt --layers 32 --hidden 64 --heads 4 --vocab 256 --seq 16", model));
   struct Case {
     const char *schedule;
     int v;
@@ -422,12 +396,7 @@ TEST(Compile, EveryScheduleCompilesReportsAndSimulates) {
 TEST(Compile, AutoScheduleSaysWhatItTried) {
   TempDir dir;
   std::string model = dir.path("gpt8.onnx"), out;
-  ASSERT_EQ(runCommand(pipecBinary +
-                           " model gpt --layers 8 --hidden 64 --heads 4 --vocab 256 --seq 16 "
-                           "-o " +
-                           model,
-                       out),
-            0);
+  ASSERT_TRUE(pipecModel("gpt --layers 8 --hidden 64 --heads 4 --vocab 256 --seq 16", model));
   std::string plan = dir.path("auto.plan");
   ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " --timing-only" +
                            " --seq 16 --stages 2 --schedule auto -o " + plan + " --report",
@@ -601,11 +570,7 @@ TEST(Compile, TokenStreamRolesFollowTheGraph) {
   EXPECT_EQ(streamOf("input_ids"), plan::DataInput::TOKENS);
   EXPECT_EQ(streamOf("labels"), plan::DataInput::TOKENS);
   std::string model = dir.path("gpt.onnx");
-  ASSERT_EQ(runCommand(pipecBinary + " model gpt --layers 2 --hidden 16 --vocab 32 --seq 8 " +
-                           "--loss -o " + model,
-                       out),
-            0)
-      << out;
+  ASSERT_TRUE(pipecModel("gpt --layers 2 --hidden 16 --vocab 32 --seq 8 --loss", model));
   compile(model);
   EXPECT_EQ(streamOf("input_ids"), plan::DataInput::TOKENS);
   EXPECT_EQ(streamOf("labels"), plan::DataInput::NEXT_TOKENS);
@@ -664,12 +629,7 @@ TEST(Compile, PositionIdsTakeNoTokens) {
 TEST(Compile, TrainingPlansCarryTheBackwardProgram) {
   TempDir dir;
   std::string model = dir.path("gpt.onnx"), out;
-  ASSERT_EQ(runCommand(pipecBinary +
-                           " model gpt --layers 2 --hidden 32 --heads 4 --vocab 64 --seq 8 "
-                           "--loss -o " +
-                           model,
-                       out),
-            0);
+  ASSERT_TRUE(pipecModel("gpt --layers 2 --hidden 32 --heads 4 --vocab 64 --seq 8 --loss", model));
   ASSERT_EQ(runCommand(pipecBinary + " compile " + model + " --timing-only --seq 8 --stages 2 -o " +
                            dir.path("g.plan"),
                        out),
@@ -686,10 +646,7 @@ TEST(Compile, TrainingPlansCarryTheBackwardProgram) {
       EXPECT_GT(layer.backward_weight_ops(), 5) << layer.name();
     }
   // A model with nothing to train against says so and still plans.
-  ASSERT_EQ(runCommand(pipecBinary + " model mlp --layers 2 --hidden 16 --vocab 8 -o " +
-                           dir.path("mlp.onnx"),
-                       out),
-            0);
+  ASSERT_TRUE(pipecModel("mlp --layers 2 --hidden 16 --vocab 8", dir.path("mlp.onnx")));
   ASSERT_EQ(runCommand(pipecBinary + " compile " + dir.path("mlp.onnx") + " --timing-only" +
                            " --stages 2 -o " + dir.path("m.plan") + " --report",
                        out),
@@ -707,11 +664,7 @@ TEST(Compile, AFixedBatchMustBeTheMicrobatch) {
   // a model with a static batch of 4 runs only in microbatches of 4.
   TempDir dir;
   std::string model = dir.path("mlp4.onnx"), out;
-  ASSERT_EQ(
-      runCommand(pipecBinary + " model mlp --layers 2 --hidden 16 --vocab 8 --batch 4 -o " + model,
-                 out),
-      0)
-      << out;
+  ASSERT_TRUE(pipecModel("mlp --layers 2 --hidden 16 --vocab 8 --batch 4", model));
   auto compile = [&](const std::string &flags, const std::string &name) {
     EXPECT_EQ(runCommand(pipecBinary + " compile " + model + " --mode infer --stages 2 " + flags +
                              " -o " + dir.path(name),
@@ -747,9 +700,7 @@ TEST(Compile, AFixedBatchMustBeTheMicrobatch) {
   // A model without a loss compiles for training only with --timing-only;
   // run names why it cannot train, and the way out.
   std::string mlp = dir.path("mlp.onnx");
-  ASSERT_EQ(runCommand(pipecBinary + " model mlp --layers 2 --hidden 8 --vocab 4 -o " + mlp, out),
-            0)
-      << out;
+  ASSERT_TRUE(pipecModel("mlp --layers 2 --hidden 8 --vocab 4", mlp));
   ASSERT_EQ(runCommand(pipecBinary + " compile " + mlp +
                            " --stages 2 --hardware cpu --timing-only -o " + dir.path("mlp.plan"),
                        out),
@@ -803,12 +754,7 @@ TEST(Compile, EveryPassShowsItsStatsAndIr) {
   ASSERT_EQ(passNames(), pipeline);
   TempDir dir;
   std::string model = dir.path("gpt.onnx"), out;
-  ASSERT_EQ(runCommand(pipecBinary +
-                           " model gpt --layers 2 --hidden 32 --vocab 100 --seq 8 --loss -o " +
-                           model,
-                       out),
-            0)
-      << out;
+  ASSERT_TRUE(pipecModel("gpt --layers 2 --hidden 32 --vocab 100 --seq 8 --loss", model));
   std::string flags = " --seq 8 --stages 2 --microbatches 4";
   ASSERT_EQ(
       runCommand(pipecBinary + " compile " + model + flags + " -o " + dir.path("quiet.plan"), out),

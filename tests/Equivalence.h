@@ -82,13 +82,20 @@ plan::Plan compileFor(const std::string &model, const Config &s, int64_t globalB
 /// Extra run settings for the equivalence checks (clipping, schedules).
 rt::RunOptions extraOptions;
 
-rt::RunResult runPlan(const plan::Plan &plan, const std::string &optimizer = "sgd", int steps = 1) {
+/// extraOptions for \p steps of \p optimizer from seed 7 (lr 0.5, adamw's
+/// 1e-3), the weights and gradients collected.
+rt::RunOptions stepOptions(const std::string &optimizer = "sgd", int steps = 1) {
   rt::RunOptions options = extraOptions;
   options.steps = steps;
   options.seed = 7;
   options.optimizer = llvm::cantFail(parseOptimizer(optimizer));
   options.lr = optimizer == "adamw" ? 1e-3 : 0.5;
   options.collectWeights = true;
+  return options;
+}
+
+rt::RunResult runPlan(const plan::Plan &plan, const std::string &optimizer = "sgd", int steps = 1) {
+  rt::RunOptions options = stepOptions(optimizer, steps);
   options.timeoutSeconds = 60;
   auto result = rt::runLocal(plan, options);
   EXPECT_TRUE(static_cast<bool>(result)) << (result ? "" : llvm::toString(result.takeError()));

@@ -356,12 +356,7 @@ TEST_F(Equivalence, CudaBackendMatchesCpu) {
     GTEST_SKIP() << "no CUDA device or no CUDA backend";
   plan::Plan p = compileFor(gpt(true), Config{"1f1b", 2, 1, 4, 1}, 8);
   rt::RunResult cpuRun = runPlan(p);
-  rt::RunOptions options;
-  options.steps = 1;
-  options.seed = 7;
-  options.optimizer = Optimizer::SGD;
-  options.lr = 0.5;
-  options.collectWeights = true;
+  rt::RunOptions options = stepOptions();
   options.backend = "cuda";
   options.precision = "fp32";
   options.ranksPerDevice = 2;

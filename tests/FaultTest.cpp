@@ -24,17 +24,10 @@ using namespace pipec::test;
 
 namespace {
 
-const std::string pipecBinary = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
-
 /// A small GPT with a loss, compiled for 2 CPU ranks.
-class Fault : public ::testing::Test {
+class Fault : public SmallGptPlanTest {
 protected:
-  void SetUp() override {
-    model = dir.path("g.onnx");
-    plan = dir.path("g.plan");
-    ckpt = dir.path("ckpt");
-    ASSERT_TRUE(smallGptPlan(model, plan, "--microbatches 2"));
-  }
+  Fault() : SmallGptPlanTest("--microbatches 2") {}
 
   /// `pipec run PLAN --quiet ARGS`; returns the exit status, output in \p out.
   int run(const std::string &args, std::string &out) {
@@ -73,8 +66,7 @@ protected:
     return ckpt + "/step-" + std::to_string(step) + "/rank-" + std::to_string(rank) + ".ckpt";
   }
 
-  TempDir dir;
-  std::string model, plan, ckpt;
+  std::string ckpt = dir.path("ckpt");
 };
 
 TEST_F(Fault, AStepMixingTwoRunsIsRefusedNamingTwoFiles) {

@@ -370,6 +370,18 @@ onnx::NodeProto attentionOver(const std::vector<onnx::NodeProto> &body,
   return f;
 }
 
+/// \p f's one output on \p in, of \p shape and equal bit for bit to its
+/// body's, into \p out; a fatal failure otherwise.
+void runFused(const onnx::NodeProto &f, const std::vector<const Tensor *> &in,
+              const std::vector<int64_t> &shape, Tensor &out) {
+  std::vector<Tensor> got = fused(f, in);
+  ASSERT_EQ(got.size(), 1u);
+  std::vector<int64_t> gotShape(got[0].shape().begin(), got[0].shape().end());
+  ASSERT_EQ(gotShape, shape);
+  EXPECT_EQ(worstDifference(got, unfused(f, in)), 0.0);
+  out = std::move(got[0]);
+}
+
 /// torch's scaled_dot_product_attention written out, with its mask and
 /// NaN guard: o = MatMul(Where(IsNaN(p), c, p), v), p = Softmax(q k + m).
 std::vector<onnx::NodeProto> attentionNodes() {
@@ -391,13 +403,11 @@ TEST(SoftmaxAttention, MatchesItsBodyBitForBit) {
         m.data<float>()[(b * 5 + i) * 7 + j] = (j > i + 2 || (b == 1 && i == 0)) ? minusInf : 0.0f;
   onnx::NodeProto f = attentionOver(attentionNodes(), {"q", "k", "v", "m", "c"});
   std::vector<const Tensor *> in = {&q, &k, &v, &m, &c};
-  std::vector<Tensor> got = fused(f, in);
-  ASSERT_EQ(got.size(), 1u);
-  ASSERT_EQ(got[0].shape(), (std::vector<int64_t>{2, 3, 5, 6}));
-  EXPECT_EQ(worstDifference(got, unfused(f, in)), 0.0);
+  Tensor got;
+  ASSERT_NO_FATAL_FAILURE(runFused(f, in, {2, 3, 5, 6}, got));
   // Against attention computed in double: head (1, 2), query 3.
   expectAttention(
-      got[0], {1, 2, 3}, 7, 6,
+      got, {1, 2, 3}, 7, 6,
       [&](int64_t j) {
         double score = j > 5 ? -INFINITY : 0.0;
         for (int64_t kk = 0; kk < 4; ++kk)
@@ -409,7 +419,7 @@ TEST(SoftmaxAttention, MatchesItsBodyBitForBit) {
       });
   // The padded query's output is all zeros.
   for (int64_t e = 0; e < 6; ++e)
-    EXPECT_EQ(at(got[0], {1, 0, 0, e}), 0.0);
+    EXPECT_EQ(at(got, {1, 0, 0, e}), 0.0);
   // Without mask and guard: the three nodes.
   onnx::NodeProto s = test::makeNode("MatMul", {"q", "k"}, "s"),
                   sm = test::makeNode("Softmax", {"s"}, "p"),
@@ -448,13 +458,11 @@ TEST(SoftmaxAttention, TransposesAndScalesTheKeysAsTheirChainDoes) {
   onnx::NodeProto f = attentionOver(keyChainAttentionNodes(),
                                     {"q", "key", "v", "m", "c", "scale", "merged", "split"});
   std::vector<const Tensor *> in = {&q, &key, &v, &m, &c, &scale, &merged, &split};
-  std::vector<Tensor> got = fused(f, in);
-  ASSERT_EQ(got.size(), 1u);
-  ASSERT_EQ(got[0].shape(), (std::vector<int64_t>{2, 3, 5, 6}));
-  EXPECT_EQ(worstDifference(got, unfused(f, in)), 0.0);
+  Tensor got;
+  ASSERT_NO_FATAL_FAILURE(runFused(f, in, {2, 3, 5, 6}, got));
   // Against attention in double: head (1, 2), query 3.
   expectAttention(
-      got[0], {1, 2, 3}, 7, 6,
+      got, {1, 2, 3}, 7, 6,
       [&](int64_t j) {
         double score = at(m, {1, 0, 3, j});
         for (int64_t kk = 0; kk < 4; ++kk)
@@ -502,14 +510,12 @@ TEST(SoftmaxAttention, ReadsEachSharedHeadForTheHeadsThatShareIt) {
                                      "kwide", "kheads", "axes", "vwide", "vheads"});
   std::vector<const Tensor *> in = {&q,     &kx,   &vx,    &m,      &c,    &scale, &merged,
                                     &split, &axes, &kwide, &kheads, &axes, &vwide, &vheads};
-  std::vector<Tensor> got = fused(f, in);
-  ASSERT_EQ(got.size(), 1u);
-  ASSERT_EQ(got[0].shape(), (std::vector<int64_t>{2, 4, 5, 6}));
-  EXPECT_EQ(worstDifference(got, unfused(f, in)), 0.0);
+  Tensor got;
+  ASSERT_NO_FATAL_FAILURE(runFused(f, in, {2, 4, 5, 6}, got));
   // Against attention in double: batch 1, head 3 (key and value head 1),
   // query 2.
   expectAttention(
-      got[0], {1, 3, 2}, 7, 6,
+      got, {1, 3, 2}, 7, 6,
       [&](int64_t j) {
         double score = at(m, {1, 0, 2, j});
         for (int64_t kk = 0; kk < 4; ++kk)
@@ -561,14 +567,12 @@ TEST(SoftmaxAttention, ReadsThePastAndTheAppendedPositionsWhereTheyLie) {
   std::vector<const Tensor *> in = {&q,      &kpast,  &vpast,  &m,      &c,      &scale,
                                     &merged, &split,  nullptr, nullptr, nullptr, nullptr,
                                     nullptr, nullptr, &knew,   &vnew};
-  std::vector<Tensor> got = fused(f, in);
-  ASSERT_EQ(got.size(), 1u);
-  ASSERT_EQ(got[0].shape(), (std::vector<int64_t>{2, 3, 1, 5}));
-  EXPECT_EQ(worstDifference(got, unfused(f, in)), 0.0);
+  Tensor got;
+  ASSERT_NO_FATAL_FAILURE(runFused(f, in, {2, 3, 1, 5}, got));
   // Against attention in double: batch 1, head 2; position 6 is the
   // appended one.
   expectAttention(
-      got[0], {1, 2, 0}, 7, 5,
+      got, {1, 2, 0}, 7, 5,
       [&](int64_t j) {
         double score = at(m, {1, 0, 0, j});
         for (int64_t kk = 0; kk < 4; ++kk)

@@ -24,7 +24,6 @@ using namespace pipec::test;
 
 namespace {
 
-const std::string pipecBinary = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
 const std::string fixtures = std::string(PIPEC_SOURCE_DIR) + "/tests/fixtures/torch/generate/";
 
 /// The EOS ids the fixtures' greedy_eos tokens stop at (MANIFEST.json).
@@ -276,30 +275,24 @@ TEST(GenerateCli, ReportAndBadInput) {
         << out;
     EXPECT_NE(out.find(std::string("groups: ") + why), std::string::npos) << out;
   }
+  // `pipec generate PLAN --prompts ARGS` exits 2, saying \p why.
+  auto refused = [&](const std::string &args, const std::string &why) {
+    EXPECT_EQ(runCommand(pipecBinary + " generate " + plan + " --prompts " + args, out), 2)
+        << args << "\n"
+        << out;
+    EXPECT_NE(out.find(why), std::string::npos) << args << "\n" << out;
+  };
   std::string prompts = fixtures + "gpt2.prompts.npy";
   // 6 prompt tokens and 35 new need 41 positions.
-  EXPECT_EQ(runCommand(pipecBinary + " generate " + plan + " --prompts " + prompts +
-                           " --max-new-tokens 35",
-                       out),
-            2)
-      << out;
-  EXPECT_NE(out.find("pipec: error: --prompts: prompts of 6 tokens and 35 new need 41 positions; "
-                     "the plan holds 40 (--max-length)"),
-            std::string::npos)
-      << out;
-  EXPECT_EQ(runCommand(pipecBinary + " generate " + plan + " --prompts " + fixtures +
-                           "gpt2.greedy.npy --max-new-tokens 2 --eos 100",
-                       out),
-            2)
-      << out;
-  EXPECT_NE(out.find("--eos 100: outside the vocabulary of 100"), std::string::npos) << out;
+  refused(prompts + " --max-new-tokens 35",
+          "pipec: error: --prompts: prompts of 6 tokens and 35 new need 41 positions; the plan "
+          "holds 40 (--max-length)");
+  refused(fixtures + "gpt2.greedy.npy --max-new-tokens 2 --eos 100",
+          "--eos 100: outside the vocabulary of 100");
   std::string bad = dir.path("bad.npy");
   ASSERT_FALSE(bool(rt::writeNpy(
       cpu::Tensor::fromValues<int64_t>({2, 3}, {5, 6, 7, 8, 100, 9}, DType::I64), bad)));
-  EXPECT_EQ(runCommand(pipecBinary + " generate " + plan + " --prompts " + bad, out), 2) << out;
-  EXPECT_NE(out.find("--prompts: prompt 1 token 1 is 100, outside the vocabulary of 100"),
-            std::string::npos)
-      << out;
+  refused(bad, "--prompts: prompt 1 token 1 is 100, outside the vocabulary of 100");
   EXPECT_EQ(runCommand(pipecBinary + " generate " + plan + " --prompts " + prompts +
                            " --greedy --temperature 0.5",
                        out),

@@ -177,16 +177,18 @@ inline std::unique_ptr<Differentiated> build(const std::string &bytes, const Los
   return result;
 }
 
-/// The error differentiate gives for the model \p b (MSE against "labels"),
-/// or "no error"; import and grouping must succeed.
-inline std::string differentiateError(const GraphBuilder &b) {
+/// The error differentiate gives for the model \p b against \p loss (MSE
+/// against "labels" by default), or "no error"; import and grouping must
+/// succeed.
+inline std::string differentiateError(const GraphBuilder &b,
+                                      const LossSpec &loss = {LossSpec::Kind::Mse, "", "labels"}) {
   auto graph = importBytes(b.serialize());
   if (!graph)
     return "import: " + llvm::toString(graph.takeError());
   auto layers = groupLayers(*graph);
   if (!layers)
     return "group-layers: " + llvm::toString(layers.takeError());
-  auto backward = differentiate(*graph, *layers, {LossSpec::Kind::Mse, "", "labels"});
+  auto backward = differentiate(*graph, *layers, loss);
   return backward ? "no error" : llvm::toString(backward.takeError());
 }
 

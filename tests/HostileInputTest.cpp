@@ -20,15 +20,12 @@ using namespace pipec::test;
 
 namespace {
 
-const std::string pipecBinary = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
-
 /// A small GPT with a loss, compiled for 2 CPU ranks as a text plan.
-class Hostile : public ::testing::Test {
+class Hostile : public SmallGptPlanTest {
 protected:
+  Hostile() : SmallGptPlanTest("--microbatches 4 --emit text") {}
   void SetUp() override {
-    model = dir.path("g.onnx");
-    plan = dir.path("g.plan");
-    ASSERT_TRUE(smallGptPlan(model, plan, "--microbatches 4 --emit text"));
+    ASSERT_NO_FATAL_FAILURE(SmallGptPlanTest::SetUp());
     planText = readFile(plan);
   }
 
@@ -77,8 +74,7 @@ protected:
         << out;
   }
 
-  TempDir dir;
-  std::string model, plan, planText;
+  std::string planText;
 };
 
 TEST_F(Hostile, MalformedFlagValuesExitTwo) {

@@ -164,13 +164,20 @@ GroupedGraph groupGraph(Expected<Graph> graph) {
   return out;
 }
 
+::testing::AssertionResult pipecModel(const std::string &args, const std::string &model) {
+  std::string command = pipecBinary + " model " + args + " -o " + model, out;
+  if (runCommand(command, out) != 0)
+    return ::testing::AssertionFailure() << command << "\n" << out;
+  return ::testing::AssertionSuccess();
+}
+
 ::testing::AssertionResult smallGptPlan(const std::string &model, const std::string &plan,
                                         const std::string &compileFlags) {
-  const std::string pipec = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
   std::string out;
   for (const std::string &command :
-       {pipec + " model gpt --layers 2 --hidden 16 --vocab 50 --seq 8 --loss -o " + model,
-        pipec + " compile " + model + " -o " + plan + " --stages 2 --hardware cpu " + compileFlags})
+       {pipecBinary + " model gpt --layers 2 --hidden 16 --vocab 50 --seq 8 --loss -o " + model,
+        pipecBinary + " compile " + model + " -o " + plan + " --stages 2 --hardware cpu " +
+            compileFlags})
     if (runCommand(command, out) != 0)
       return ::testing::AssertionFailure() << command << "\n" << out;
   return ::testing::AssertionSuccess();

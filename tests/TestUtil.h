@@ -17,6 +17,9 @@
 
 namespace pipec::test {
 
+/// The pipec command of this build.
+inline const std::string pipecBinary = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
+
 /// A fresh directory under the build tree, removed when the object dies.
 class TempDir {
 public:
@@ -72,11 +75,29 @@ GroupedGraph groupGraph(llvm::Expected<Graph> graph);
 /// Runs a shell command; returns its exit status and captures stdout+stderr.
 int runCommand(const std::string &command, std::string &output);
 
+/// `pipec model ARGS -o MODEL` by the built pipec; the command and its
+/// output as a failure when it does not exit 0.
+::testing::AssertionResult pipecModel(const std::string &args, const std::string &model);
+
 /// `pipec model gpt` of 2 layers, width 16, vocabulary 50, 8 tokens and a
 /// loss to \p model, compiled for 2 CPU ranks with \p compileFlags to
 /// \p plan by the built pipec; the failing command's output otherwise.
 ::testing::AssertionResult smallGptPlan(const std::string &model, const std::string &plan,
                                         const std::string &compileFlags);
+
+/// A fixture: smallGptPlan's model and plan, compiled with the flags its
+/// subclass gives, in a directory of the test's own.
+class SmallGptPlanTest : public ::testing::Test {
+protected:
+  explicit SmallGptPlanTest(std::string compileFlags) : compileFlags(std::move(compileFlags)) {}
+  void SetUp() override { ASSERT_TRUE(smallGptPlan(model, plan, compileFlags)); }
+
+  TempDir dir;
+  std::string model = dir.path("g.onnx"), plan = dir.path("g.plan");
+
+private:
+  std::string compileFlags;
+};
 
 /// A shape the test knows the schedule takes (it aborts on one it does not).
 inline PipelineShape pipelineShape(ScheduleKind kind, int stages, int virtualStages,

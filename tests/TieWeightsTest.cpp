@@ -16,7 +16,6 @@ using namespace pipec::test;
 
 namespace {
 
-const std::string pipecBinary = std::string(PIPEC_BINARY_DIR) + "/bin/pipec";
 const std::string compileFlags =
     " --stages 2 --microbatches 2 --batch 4 --hardware cpu --precision fp32 "
     "--optimizer sgd";

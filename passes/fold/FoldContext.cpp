@@ -90,15 +90,18 @@ ConstTensor castTo(const ConstTensor &src, DType type) {
   return out;
 }
 
+std::vector<int64_t> intsOf(const ConstTensor &t) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0, n = t.numElements(); i < n; ++i)
+    out.push_back(t.intAt(i));
+  return out;
+}
+
 std::optional<std::vector<int64_t>> axesOf(const FoldContext &ctx, size_t input) {
   if (auto attr = attrInts(ctx.node, "axes"))
     return attr;
-  if (ctx.inputs.size() > input && ctx.inputs[input]) {
-    std::vector<int64_t> axes;
-    for (int64_t i = 0; i < ctx.inputs[input]->numElements(); ++i)
-      axes.push_back(ctx.inputs[input]->intAt(i));
-    return axes;
-  }
+  if (ctx.inputs.size() > input && ctx.inputs[input])
+    return intsOf(*ctx.inputs[input]);
   return std::nullopt;
 }
 

@@ -164,6 +164,9 @@ ConstTensor broadcastTo(const ConstTensor &src, llvm::ArrayRef<int64_t> shape);
 /// \p src converted element by element to \p type.
 ConstTensor castTo(const ConstTensor &src, DType type);
 
+/// The elements of \p t as integers (floats are truncated).
+std::vector<int64_t> intsOf(const ConstTensor &t);
+
 /// The op's axes: its "axes" attribute (older opsets) or else its input
 /// \p input (newer ones); std::nullopt when it has neither.
 std::optional<std::vector<int64_t>> axesOf(const FoldContext &ctx, size_t input);

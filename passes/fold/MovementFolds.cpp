@@ -100,11 +100,9 @@ FoldResult slice(const FoldContext &ctx) {
     for (int64_t i = 0; i < (*s)->numElements(); ++i)
       starts.push_back((*s)->intAt(i)), ends.push_back((*e)->intAt(i));
     if (in.size() > 3 && in[3])
-      for (int64_t i = 0; i < in[3]->numElements(); ++i)
-        axes.push_back(in[3]->intAt(i));
+      axes = intsOf(*in[3]);
     if (in.size() > 4 && in[4])
-      for (int64_t i = 0; i < in[4]->numElements(); ++i)
-        steps.push_back(in[4]->intAt(i));
+      steps = intsOf(*in[4]);
   } else {
     starts = attrInts(ctx.node, "starts").value_or(std::vector<int64_t>{});
     ends = attrInts(ctx.node, "ends").value_or(std::vector<int64_t>{});
@@ -158,10 +156,7 @@ FoldResult expand(const FoldContext &ctx) {
   if (!inputs)
     return inputs.takeError();
   auto [a, s] = *inputs;
-  std::vector<int64_t> target;
-  for (int64_t i = 0; i < s->numElements(); ++i)
-    target.push_back(s->intAt(i));
-  auto shape = broadcastShapes(a->shape, target);
+  auto shape = broadcastShapes(a->shape, intsOf(*s));
   if (!shape)
     return ctx.wrap(shape.takeError());
   if (product(*shape) > ctx.maxElements)

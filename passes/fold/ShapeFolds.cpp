@@ -83,6 +83,21 @@ std::optional<ConstTensor> fillOf(const onnx::NodeProto &node) {
   return fill;
 }
 
+/// Input 0's elements under the shape \p shapeOf makes of its shape: the
+/// evaluators that only reshape. An error of \p shapeOf is returned as it is.
+FoldResult reshaped(const FoldContext &ctx,
+                    function_ref<Expected<std::vector<int64_t>>(ArrayRef<int64_t>)> shapeOf) {
+  auto a = ctx.need(0);
+  if (!a)
+    return a.takeError();
+  auto shape = shapeOf((*a)->shape);
+  if (!shape)
+    return shape.takeError();
+  ConstTensor t = **a;
+  t.shape = std::move(*shape);
+  return ctx.done(std::move(t));
+}
+
 } // namespace
 
 FoldResult constant(const FoldContext &ctx) {
@@ -129,75 +144,62 @@ FoldResult shapeOrSize(const FoldContext &ctx) {
 }
 
 FoldResult unsqueeze(const FoldContext &ctx) {
-  auto a = ctx.need(0);
-  if (!a)
-    return a.takeError();
-  ConstTensor t = **a;
-  auto axes = axesOf(ctx, 1);
-  if (!axes)
-    return ctx.fail("Unsqueeze needs axes");
-  int64_t rank = static_cast<int64_t>(t.shape.size() + axes->size());
-  std::vector<int64_t> sorted;
-  for (int64_t axis : *axes)
-    sorted.push_back(normalizeAxis(axis, rank));
-  std::sort(sorted.begin(), sorted.end());
-  for (int64_t axis : sorted) {
-    if (axis < 0 || axis > static_cast<int64_t>(t.shape.size()))
-      return ctx.fail("axis out of range");
-    t.shape.insert(t.shape.begin() + axis, 1);
-  }
-  return ctx.done(std::move(t));
+  return reshaped(ctx, [&](ArrayRef<int64_t> in) -> Expected<std::vector<int64_t>> {
+    auto axes = axesOf(ctx, 1);
+    if (!axes)
+      return ctx.fail("Unsqueeze needs axes");
+    int64_t rank = static_cast<int64_t>(in.size() + axes->size());
+    std::vector<int64_t> sorted;
+    for (int64_t axis : *axes)
+      sorted.push_back(normalizeAxis(axis, rank));
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<int64_t> shape = in.vec();
+    for (int64_t axis : sorted) {
+      if (axis < 0 || axis > static_cast<int64_t>(shape.size()))
+        return ctx.fail("axis out of range");
+      shape.insert(shape.begin() + axis, 1);
+    }
+    return shape;
+  });
 }
 
 FoldResult squeeze(const FoldContext &ctx) {
-  auto a = ctx.need(0);
-  if (!a)
-    return a.takeError();
-  ConstTensor t = **a;
-  auto axes = axesOf(ctx, 1);
-  std::vector<int64_t> shape;
-  int64_t rank = static_cast<int64_t>(t.shape.size());
-  for (int64_t d = 0; d < rank; ++d) {
-    bool drop = !axes ? t.shape[d] == 1 : false;
-    if (axes)
-      for (int64_t axis : *axes)
-        drop |= normalizeAxis(axis, rank) == d;
-    if (drop && t.shape[d] != 1)
-      return ctx.fail("squeezed dimension is not 1");
-    if (!drop)
-      shape.push_back(t.shape[d]);
-  }
-  t.shape = shape;
-  return ctx.done(std::move(t));
+  return reshaped(ctx, [&](ArrayRef<int64_t> in) -> Expected<std::vector<int64_t>> {
+    auto axes = axesOf(ctx, 1);
+    std::vector<int64_t> shape;
+    int64_t rank = static_cast<int64_t>(in.size());
+    for (int64_t d = 0; d < rank; ++d) {
+      bool drop = !axes ? in[d] == 1 : false;
+      if (axes)
+        for (int64_t axis : *axes)
+          drop |= normalizeAxis(axis, rank) == d;
+      if (drop && in[d] != 1)
+        return ctx.fail("squeezed dimension is not 1");
+      if (!drop)
+        shape.push_back(in[d]);
+    }
+    return shape;
+  });
 }
 
 FoldResult reshape(const FoldContext &ctx) {
-  auto inputs = ctx.needInputs<2>();
-  if (!inputs)
-    return inputs.takeError();
-  auto [a, s] = *inputs;
-  std::vector<int64_t> requested;
-  for (int64_t i = 0; i < s->numElements(); ++i)
-    requested.push_back(s->intAt(i));
-  auto shape = reshapeTarget(a->shape, requested, attrInt(ctx.node, "allowzero", 0) != 0,
-                             formatShape(a->shape));
-  if (!shape)
-    return ctx.wrap(shape.takeError());
-  ConstTensor t = *a;
-  t.shape = *shape;
-  return ctx.done(std::move(t));
+  return reshaped(ctx, [&](ArrayRef<int64_t> in) -> Expected<std::vector<int64_t>> {
+    auto s = ctx.need(1);
+    if (!s)
+      return s.takeError();
+    auto shape = reshapeTarget(in, intsOf(**s), attrInt(ctx.node, "allowzero", 0) != 0,
+                               formatShape(in.vec()));
+    if (!shape)
+      return ctx.wrap(shape.takeError());
+    return shape;
+  });
 }
 
 FoldResult flatten(const FoldContext &ctx) {
-  auto a = ctx.need(0);
-  if (!a)
-    return a.takeError();
-  ConstTensor t = **a;
-  int64_t rank = static_cast<int64_t>(t.shape.size());
-  int64_t axis = normalizeAxis(attrInt(ctx.node, "axis", 1), rank);
-  ArrayRef<int64_t> dims(t.shape);
-  t.shape = {product(dims.take_front(axis)), product(dims.drop_front(axis))};
-  return ctx.done(std::move(t));
+  return reshaped(ctx, [&](ArrayRef<int64_t> in) -> Expected<std::vector<int64_t>> {
+    int64_t axis = normalizeAxis(attrInt(ctx.node, "axis", 1), static_cast<int64_t>(in.size()));
+    return std::vector<int64_t>{product(in.take_front(axis)), product(in.drop_front(axis))};
+  });
 }
 
 FoldResult constantOfShape(const FoldContext &ctx) {

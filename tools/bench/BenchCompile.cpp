@@ -223,44 +223,31 @@ void compileAll(benchmark::State &state, const std::string &path, int stages, in
   }
 }
 
+/// Registers \p fn with \p args as benchmark \p name, timed in milliseconds.
+template <typename Fn, typename... Args> auto *registerMs(const char *name, Fn fn, Args... args) {
+  return benchmark::RegisterBenchmark(name, fn, args...)->Unit(benchmark::kMillisecond);
+}
+
 void registerAll() {
   std::string deep = ensureModel("gpt-1024l.onnx", deepGpt(), false);
-  benchmark::RegisterBenchmark("gpt1024/protobuf_parse", protobufParse, deep)
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("gpt1024/skeleton_scan", skeleton, deep)
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("gpt1024/pipec_import", importOnly, deep)
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("gpt1024/import_passes_group", importAndGroup, deep)
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("gpt1024/balance_time_16_stages", balance, deep, 16,
-                               BalanceMethod::Time)
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("gpt1024/balance_time_64_stages", balance, deep, 64,
-                               BalanceMethod::Time)
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("gpt1024/balance_params_64_stages", balance, deep, 64,
-                               BalanceMethod::Params)
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("gpt1024/predict_step_p64_m256", predictStep, deep, 64)
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("gpt1024/compile_p64_m256", compileAll, deep, 64, 256)
-      ->Unit(benchmark::kMillisecond)
-      ->Iterations(1);
+  registerMs("gpt1024/protobuf_parse", protobufParse, deep);
+  registerMs("gpt1024/skeleton_scan", skeleton, deep);
+  registerMs("gpt1024/pipec_import", importOnly, deep);
+  registerMs("gpt1024/import_passes_group", importAndGroup, deep);
+  registerMs("gpt1024/balance_time_16_stages", balance, deep, 16, BalanceMethod::Time);
+  registerMs("gpt1024/balance_time_64_stages", balance, deep, 64, BalanceMethod::Time);
+  registerMs("gpt1024/balance_params_64_stages", balance, deep, 64, BalanceMethod::Params);
+  registerMs("gpt1024/predict_step_p64_m256", predictStep, deep, 64);
+  registerMs("gpt1024/compile_p64_m256", compileAll, deep, 64, 256)->Iterations(1);
   if (std::getenv("PIPEC_BENCH_SKIP_HEAVY"))
     return;
   std::string inlined = ensureModel("gpt-1.5gb-inline.onnx", heavyGpt(), false);
   std::string external = ensureModel("gpt-1.5gb-external.onnx", heavyGpt(), true);
-  benchmark::RegisterBenchmark("gpt1.5GB/protobuf_parse_inline", protobufParse, inlined)
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("gpt1.5GB/pipec_import_inline", importOnly, inlined)
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("gpt1.5GB/pipec_import_external", importOnly, external)
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("gpt1.5GB/import_passes_group_inline", importAndGroup, inlined)
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("gpt1.5GB/import_passes_group_external", importAndGroup, external)
-      ->Unit(benchmark::kMillisecond);
+  registerMs("gpt1.5GB/protobuf_parse_inline", protobufParse, inlined);
+  registerMs("gpt1.5GB/pipec_import_inline", importOnly, inlined);
+  registerMs("gpt1.5GB/pipec_import_external", importOnly, external);
+  registerMs("gpt1.5GB/import_passes_group_inline", importAndGroup, inlined);
+  registerMs("gpt1.5GB/import_passes_group_external", importAndGroup, external);
 }
 
 } // namespace
