@@ -33,7 +33,7 @@ TEST(GpuKernelBodies, IndexMapMergesContiguousDimensions) {
   EXPECT_EQ(map.rank, 1);
   EXPECT_EQ(map.shape[0], 24);
   // [3, 1] broadcast to [2, 3, 4]: dimension 0 and 2 read with stride 0.
-  ASSERT_TRUE(k::makeIndexMap(shape, {k::broadcastStrides({3, 1}, shape)}, map));
+  ASSERT_TRUE(k::makeIndexMap(shape, {k::broadcastStrides(Shape{3, 1}, shape)}, map));
   for (int64_t i = 0; i < 24; ++i)
     EXPECT_EQ(k::offsetOf(map, 0, i), (i / 4) % 3) << "index " << i;
   // A transpose keeps both dimensions.
@@ -87,7 +87,7 @@ TEST(GpuKernelBodies, WhereAndComparisonsMatchCpu) {
   Tensor cond = bools({2, 1, 4}), x = floats({3, 4}), y = floats({});
   Tensor expected = runCpu(NodeBuilder("Where", 3), {cond, x, y})[0];
   k::IndexMap map;
-  const Shape &shape = expected.shape();
+  llvm::ArrayRef<int64_t> shape = expected.shape();
   ASSERT_TRUE(k::makeIndexMap(shape,
                               {k::broadcastStrides(cond.shape(), shape),
                                k::broadcastStrides(x.shape(), shape),
@@ -146,8 +146,9 @@ TEST(GpuKernelBodies, StridedCopiesMatchCpu) {
       close(stridedRead(x, {2, 2, 4, 2}, {in[0], in[1], in[2], -2 * in[3]}, 1 * in[1] + 4 * in[3]),
             expected));
   Tensor small = floats({3, 1});
-  EXPECT_TRUE(close(stridedRead(small, {2, 3, 4}, k::broadcastStrides({3, 1}, {2, 3, 4}), 0),
-                    runCpu(NodeBuilder("Expand", 2), {small, int64s({3}, {2, 3, 4})})[0]));
+  EXPECT_TRUE(
+      close(stridedRead(small, {2, 3, 4}, k::broadcastStrides(Shape{3, 1}, Shape{2, 3, 4}), 0),
+            runCpu(NodeBuilder("Expand", 2), {small, int64s({3}, {2, 3, 4})})[0]));
 }
 
 /// Both reduction passes, with few threads so that every output has several

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <numeric>
 
 using namespace llvm;
 
@@ -110,17 +111,12 @@ public:
   Error prepareGroups(const std::vector<std::vector<int>> &) override { return Error::success(); }
 
   Error sum(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
-    if (group.size() < 2)
-      return Error::success();
-    std::vector<cpu::Tensor> mine(tensors.begin(), tensors.end());
-    return collective(group, std::move(mine), "", [&](State::Slot &slot) {
-      // Every member adds the parts in member order: the same bits on all.
-      for (size_t t = 0; t < tensors.size(); ++t) {
-        cpu::Tensor total = slot.parts[0][t].clone();
-        for (size_t m = 1; m < slot.parts.size(); ++m)
-          addInto(total, slot.parts[m][t]);
-        tensors[t] = std::move(total);
-      }
+    // Every member adds the parts in member order: the same bits on all.
+    return eachTensor(group, tensors, [&](State::Slot &slot, size_t t) {
+      cpu::Tensor total = slot.parts[0][t].clone();
+      for (size_t m = 1; m < slot.parts.size(); ++m)
+        addInto(total, slot.parts[m][t]);
+      return total;
     });
   }
 
@@ -137,49 +133,38 @@ public:
                                  "a multiple of %lld elements, got %s",
                                  self, static_cast<long long>(n), static_cast<long long>(n),
                                  t.describe().c_str());
-    std::vector<cpu::Tensor> mine(tensors.begin(), tensors.end());
-    return collective(group, std::move(mine), "", [&](State::Slot &slot) {
-      // This member's block, added in member order as sum() adds.
-      for (size_t t = 0; t < tensors.size(); ++t) {
-        const cpu::Tensor &first = slot.parts[0][t];
-        int64_t c = first.numElements() / n;
-        size_t width = cpu::storageSize(first.elemType());
-        cpu::Tensor total(first.elemType(), {c});
-        std::memcpy(total.rawData(), static_cast<const char *>(first.rawData()) + index * c * width,
-                    c * width);
-        for (size_t m = 1; m < slot.parts.size(); ++m) {
-          const cpu::Tensor &part = slot.parts[m][t];
-          addInto(total, part.elemType() == cpu::DType::F64
-                             ? static_cast<const void *>(part.data<double>() + index * c)
-                             : static_cast<const void *>(part.data<float>() + index * c));
-        }
-        tensors[t] = std::move(total);
+    // This member's block, added in member order as sum() adds.
+    return eachTensor(group, tensors, [&](State::Slot &slot, size_t t) {
+      const cpu::Tensor &first = slot.parts[0][t];
+      int64_t c = first.numElements() / n;
+      size_t width = cpu::storageSize(first.elemType());
+      cpu::Tensor total(first.elemType(), {c});
+      std::memcpy(total.rawData(), static_cast<const char *>(first.rawData()) + index * c * width,
+                  c * width);
+      for (size_t m = 1; m < slot.parts.size(); ++m) {
+        const cpu::Tensor &part = slot.parts[m][t];
+        addInto(total, part.elemType() == cpu::DType::F64
+                           ? static_cast<const void *>(part.data<double>() + index * c)
+                           : static_cast<const void *>(part.data<float>() + index * c));
       }
+      return total;
     });
   }
 
   Error allGather(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors) override {
-    if (group.size() < 2)
-      return Error::success();
-    std::vector<cpu::Tensor> mine(tensors.begin(), tensors.end());
-    return collective(group, std::move(mine), "", [&](State::Slot &slot) {
-      for (size_t t = 0; t < tensors.size(); ++t) {
-        const cpu::Tensor &first = slot.parts[0][t];
-        size_t bytes = first.byteSize();
-        cpu::Tensor all(first.elemType(),
-                        {first.numElements() * static_cast<int64_t>(group.size())});
-        for (size_t m = 0; m < slot.parts.size(); ++m)
-          std::memcpy(static_cast<char *>(all.rawData()) + m * bytes, slot.parts[m][t].rawData(),
-                      bytes);
-        tensors[t] = std::move(all);
-      }
+    return eachTensor(group, tensors, [&](State::Slot &slot, size_t t) {
+      const cpu::Tensor &first = slot.parts[0][t];
+      size_t bytes = first.byteSize();
+      cpu::Tensor all(first.elemType(), {first.numElements() * static_cast<int64_t>(group.size())});
+      for (size_t m = 0; m < slot.parts.size(); ++m)
+        std::memcpy(static_cast<char *>(all.rawData()) + m * bytes, slot.parts[m][t].rawData(),
+                    bytes);
+      return all;
     });
   }
 
   Error sumAll(MutableArrayRef<double> values) override {
-    std::vector<int> all(state->size);
-    for (int r = 0; r < state->size; ++r)
-      all[r] = r;
+    std::vector<int> all = allRanks();
     if (all.size() < 2)
       return Error::success();
     cpu::Tensor t = cpu::Tensor::fromValues<double>({static_cast<int64_t>(values.size())},
@@ -193,9 +178,7 @@ public:
   }
 
   Expected<std::vector<std::string>> gather(const std::string &bytes) override {
-    std::vector<int> all(state->size);
-    for (int r = 0; r < state->size; ++r)
-      all[r] = r;
+    std::vector<int> all = allRanks();
     std::vector<std::string> out;
     if (Error err = collective(all, {}, bytes, [&](State::Slot &slot) {
           if (self == 0)
@@ -226,6 +209,13 @@ private:
     std::vector<int64_t> shape;
   };
 
+  /// Ranks 0 to size - 1: the group of sumAll and gather.
+  std::vector<int> allRanks() const {
+    std::vector<int> all(state->size);
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }
+
   /// \p total += the first numElements() elements of \p part, of its type.
   static void addInto(cpu::Tensor &total, const void *part) {
     if (total.elemType() == cpu::DType::F64) {
@@ -242,6 +232,20 @@ private:
   }
   static void addInto(cpu::Tensor &total, const cpu::Tensor &part) {
     addInto(total, part.rawData());
+  }
+
+  /// Exchanges \p tensors over \p group (nothing to do for fewer than two
+  /// members), then replaces each tensors[t] by \p combine(slot, t), which
+  /// reads every member's tensor t in slot.parts (member order).
+  template <typename Combine>
+  Error eachTensor(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors, Combine combine) {
+    if (group.size() < 2)
+      return Error::success();
+    std::vector<cpu::Tensor> mine(tensors.begin(), tensors.end());
+    return collective(group, std::move(mine), "", [&](State::Slot &slot) {
+      for (size_t t = 0; t < tensors.size(); ++t)
+        tensors[t] = combine(slot, t);
+    });
   }
 
   template <typename Read>

@@ -35,6 +35,21 @@ Error mpiError(int code, const Twine &what) {
       return mpiError(code_, what);                                                                \
   } while (false)
 
+/// An MPI type of \p type's storage size, so that a tensor travels as
+/// whole elements (half types are stored as float).
+MPI_Datatype storageWord(cpu::DType type) {
+  switch (cpu::storageSize(type)) {
+  case 8:
+    return MPI_UINT64_T;
+  case 4:
+    return MPI_UINT32_T;
+  case 2:
+    return MPI_UINT16_T;
+  default:
+    return MPI_BYTE;
+  }
+}
+
 class MpiComm final : public Comm {
 public:
   MpiComm(double timeout) : timeout(timeout) {
@@ -194,7 +209,7 @@ public:
     int n = static_cast<int>(group.size());
     return eachTensor(
         group, tensors, "a reduce-scatter",
-        [&](const cpu::Tensor &t, cpu::Tensor &out, MPI_Comm comm, MPI_Request &request) -> Error {
+        [&](const cpu::Tensor &t, MPI_Comm comm, MPI_Request &request) -> Expected<cpu::Tensor> {
           bool isDouble = t.elemType() == cpu::DType::F64;
           if ((!isDouble && t.elemType() != cpu::DType::F32) || t.numElements() % n != 0 ||
               t.numElements() / n > INT_MAX)
@@ -209,8 +224,7 @@ public:
                                                   isDouble ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, comm,
                                                   &request),
                         formatv("rank {0}: reduce-scatter", self));
-          out = std::move(mine);
-          return Error::success();
+          return mine;
         });
   }
 
@@ -218,31 +232,25 @@ public:
     int n = static_cast<int>(group.size());
     return eachTensor(
         group, tensors, "an all-gather",
-        [&](const cpu::Tensor &t, cpu::Tensor &out, MPI_Comm comm, MPI_Request &request) -> Error {
-          // Elements of one storage word each (half types are stored as float).
-          size_t width = cpu::storageSize(t.elemType());
-          MPI_Datatype word = width == 8   ? MPI_UINT64_T
-                              : width == 4 ? MPI_UINT32_T
-                              : width == 2 ? MPI_UINT16_T
-                                           : MPI_BYTE;
+        [&](const cpu::Tensor &t, MPI_Comm comm, MPI_Request &request) -> Expected<cpu::Tensor> {
           if (t.numElements() > INT_MAX)
             return createStringError(inconvertibleErrorCode(),
                                      "rank %d: an all-gather of %s is over MPI's INT_MAX count",
                                      self, t.describe().c_str());
           int count = static_cast<int>(t.numElements());
+          MPI_Datatype word = storageWord(t.elemType());
           cpu::Tensor all(t.elemType(), {t.numElements() * n});
           PIPEC_MPI_TRY(
               MPI_Iallgather(t.rawData(), count, word, all.rawData(), count, word, comm, &request),
               formatv("rank {0}: all-gather", self));
-          out = std::move(all);
-          return Error::success();
+          return all;
         });
   }
 
-  /// Runs \p start (tensor, result, communicator, request) on each of
-  /// \p tensors over \p group, waits for its request under the timeout, and
-  /// then replaces the tensor by the result (the request reads the tensor
-  /// until it completes).
+  /// Runs \p start (tensor, communicator, request), which returns the
+  /// result tensor, on each of \p tensors over \p group, waits for its
+  /// request under the timeout, and then replaces the tensor by the result
+  /// (the request reads the tensor until it completes).
   template <typename Start>
   Error eachTensor(ArrayRef<int> group, MutableArrayRef<cpu::Tensor> tensors, const char *what,
                    Start start) {
@@ -253,13 +261,13 @@ public:
       return comm.takeError();
     for (cpu::Tensor &t : tensors) {
       MPI_Request request;
-      cpu::Tensor out;
-      if (Error err = start(t, out, *comm, request))
-        return err;
+      Expected<cpu::Tensor> out = start(t, *comm, request);
+      if (!out)
+        return out.takeError();
       if (Error err =
               poll(request, MPI_STATUS_IGNORE, std::string(what) + " of " + members(group), group))
         return err;
-      t = std::move(out);
+      t = std::move(*out);
     }
     return Error::success();
   }

@@ -37,6 +37,7 @@ class NodeProto;
 
 namespace pipec {
 struct OpDef;
+class ParsedAttrs;
 } // namespace pipec
 
 namespace pipec::kernels {
@@ -75,11 +76,13 @@ public:
   virtual llvm::Expected<std::vector<cpu::Tensor>>
   run(const onnx::NodeProto &node, int64_t opset, llvm::ArrayRef<const cpu::Tensor *> inputs) = 0;
   /// The same, \p def being \p node's row of ops/Ops.def, found once when
-  /// the rank prepared its nodes (null: the backend looks it up).
+  /// the rank prepared its nodes (null: the backend looks it up), and \p
+  /// attrs what its kernel parsed of its attributes on an earlier run.
   virtual llvm::Expected<std::vector<cpu::Tensor>> run(const onnx::NodeProto &node,
-                                                       const OpDef *def, int64_t opset,
+                                                       const OpDef *def, ParsedAttrs &attrs,
+                                                       int64_t opset,
                                                        llvm::ArrayRef<const cpu::Tensor *> inputs) {
-    (void)def;
+    (void)def, (void)attrs;
     return run(node, opset, inputs);
   }
   /// Runs \p node (one output) and adds its result into \p accumulator in

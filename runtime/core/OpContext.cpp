@@ -85,10 +85,22 @@ std::optional<OpContext::Shape> OpContext::intsFromInputOrAttr(size_t i, StringR
 }
 
 Expected<kernels::ElemParams> OpContext::elemParams(ElemOp op) const {
-  kernels::ElemParams params;
-  if (std::string err = kernels::readElemParams(op, NodeParams(node), params); !err.empty())
-    return fail(err);
-  return params;
+  struct Read {
+    ElemOp op;
+    kernels::ElemParams params;
+    std::string error;
+  };
+  auto readNow = [&] {
+    Read r{op, {}, {}};
+    r.error = kernels::readElemParams(op, NodeParams(node), r.params);
+    return r;
+  };
+  Read read = parsed<Read>(readNow);
+  if (read.op != op) // a node read as another op than the first time
+    read = readNow();
+  if (!read.error.empty())
+    return fail(read.error);
+  return read.params;
 }
 
 Error OpContext::fail(const Twine &message) const { return nodeError(node, message); }

@@ -23,6 +23,7 @@
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/Error.h"
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,14 +55,26 @@ private:
   std::string node, opType, detail;
 };
 
+/// What a kernel read from its node's attributes, kept with a prepared node
+/// (the executor's node lists) between its runs, so that the node's
+/// attributes are read once: OpContext::parsed.
+class ParsedAttrs {
+private:
+  friend class OpContext;
+  /// The call site that made value.
+  const void *site = nullptr;
+  std::shared_ptr<const void> value;
+};
+
 class OpContext {
 public:
   using Shape = std::vector<int64_t>;
 
-  /// \p def is the registry's row for the node's op, when it has one.
+  /// \p def is the registry's row for the node's op, when it has one;
+  /// \p kept, where the node is run more than once, keeps what parsed() read.
   OpContext(const onnx::NodeProto &node, int64_t opset, llvm::ArrayRef<const cpu::Tensor *> inputs,
-            const OpDef *def = nullptr)
-      : node(node), opset(opset), def(def), inputs(inputs) {}
+            const OpDef *def = nullptr, ParsedAttrs *kept = nullptr)
+      : node(node), opset(opset), def(def), inputs(inputs), kept(kept) {}
 
   const onnx::NodeProto &node;
   /// The default-domain opset the node runs under.
@@ -88,6 +101,20 @@ public:
   float attrFloat(llvm::StringRef name, float otherwise) const;
   std::string attrString(llvm::StringRef name, llvm::StringRef otherwise) const;
   std::optional<Shape> attrInts(llvm::StringRef name) const;
+  /// \p parse(), a T made from the node's attributes alone (no input), read
+  /// on the node's first run and kept after it where the node has a
+  /// ParsedAttrs; read on every call where it has none. A kernel calls it
+  /// once per run (a second call site would replace the first's value).
+  template <typename T, typename Parse> T parsed(Parse parse) const {
+    static const char site = 0;
+    if (!kept)
+      return parse();
+    if (kept->site != &site) {
+      kept->value = std::make_shared<const T>(parse());
+      kept->site = &site;
+    }
+    return *static_cast<const T *>(kept->value.get());
+  }
   /// An integer list that ONNX moved from attribute \p name to input \p i in
   /// some opset (Squeeze axes, Slice starts, Split sizes): the input when the
   /// node has it (a host tensor), else the attribute, else nullopt.
@@ -96,7 +123,8 @@ public:
   /// (ops/Window.h), or an error naming the node.
   llvm::Expected<WindowAttrs> windowAttrs(int64_t rank) const;
   /// The attributes the element math of \p op reads; an error naming the
-  /// node when they are invalid.
+  /// node when they are invalid. Read through parsed(): an element-wise
+  /// kernel reads nothing else that way.
   llvm::Expected<kernels::ElemParams> elemParams(ElemOp op) const;
 
   /// A malformed node or input.
@@ -116,6 +144,7 @@ public:
 
 private:
   llvm::ArrayRef<const cpu::Tensor *> inputs;
+  ParsedAttrs *kept;
 };
 
 } // namespace pipec

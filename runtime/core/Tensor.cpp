@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 using namespace llvm;
 
@@ -110,18 +111,42 @@ std::string shapeString(ArrayRef<int64_t> shape) {
   return s + "]";
 }
 
+namespace {
+
+/// The allocator of a host buffer's shared_ptr control block: the small
+/// blocks of HostBuffers, which each thread keeps for reuse, instead of the
+/// C heap. Every kernel output makes one.
+template <typename T> struct ControlBlocks {
+  using value_type = T;
+  ControlBlocks() = default;
+  template <typename U> ControlBlocks(const ControlBlocks<U> &) {}
+  T *allocate(size_t n) {
+    bool zeroed = false;
+    void *block = HostBuffers::allocate(bytesFor(n), zeroed);
+    if (!block)
+      throw std::bad_alloc();
+    return static_cast<T *>(block);
+  }
+  void deallocate(T *block, size_t n) { HostBuffers::release(block, bytesFor(n)); }
+  static size_t bytesFor(size_t n) { return (n * sizeof(T) + 63) / 64 * 64; }
+  friend bool operator==(const ControlBlocks &, const ControlBlocks &) { return true; }
+  friend bool operator!=(const ControlBlocks &, const ControlBlocks &) { return false; }
+};
+
+} // namespace
+
 //===----------------------------------------------------------------------===//
 // Tensor
 //===----------------------------------------------------------------------===//
 
-Tensor::Tensor(DType type, std::vector<int64_t> shape) : Tensor(type, std::move(shape), true) {}
+Tensor::Tensor(DType type, ArrayRef<int64_t> shape) : Tensor(type, shape, true) {}
 
-Tensor Tensor::uninitialized(DType type, std::vector<int64_t> shape) {
-  return Tensor(type, std::move(shape), false);
+Tensor Tensor::uninitialized(DType type, ArrayRef<int64_t> shape) {
+  return Tensor(type, shape, false);
 }
 
-Tensor::Tensor(DType type, std::vector<int64_t> shape, bool zero)
-    : type(type), dims(std::move(shape)), count(numElementsOf(dims)) {
+Tensor::Tensor(DType type, ArrayRef<int64_t> shape, bool zero)
+    : type(type), dims(shape.begin(), shape.end()), count(numElementsOf(dims)) {
   assert(llvm::all_of(dims, [](int64_t d) { return d >= 0; }) && "negative dimension");
   // 64-byte alignment suits SIMD loads and BLAS; never allocate zero bytes.
   size_t bytes = (std::max<size_t>(byteSize(), 1) + 63) / 64 * 64;
@@ -131,7 +156,8 @@ Tensor::Tensor(DType type, std::vector<int64_t> shape, bool zero)
     throw AllocationFailure(static_cast<int64_t>(bytes), shapeString(dims));
   if (zero && !zeroed)
     std::memset(memory, 0, bytes);
-  storage = std::shared_ptr<void>(memory, [bytes](void *p) { HostBuffers::release(p, bytes); });
+  storage = std::shared_ptr<void>(
+      memory, [bytes](void *p) { HostBuffers::release(p, bytes); }, ControlBlocks<void>());
 }
 
 double Tensor::getDouble(int64_t flatIndex) const {
@@ -168,11 +194,11 @@ std::vector<int64_t> Tensor::toInt64Vector() const {
   return result;
 }
 
-Tensor Tensor::onDevice(DType type, std::vector<int64_t> shape, std::shared_ptr<void> storage,
+Tensor Tensor::onDevice(DType type, ArrayRef<int64_t> shape, std::shared_ptr<void> storage,
                         int device) {
   Tensor t;
   t.type = type;
-  t.dims = std::move(shape);
+  t.dims.assign(shape.begin(), shape.end());
   t.count = numElementsOf(t.dims);
   t.storage = std::move(storage);
   t.deviceIndex = device;
@@ -188,10 +214,10 @@ Tensor Tensor::clone() const {
   return copy;
 }
 
-Tensor Tensor::reshaped(std::vector<int64_t> newShape) const {
+Tensor Tensor::reshaped(ArrayRef<int64_t> newShape) const {
   assert(numElementsOf(newShape) == count && "reshape changes the element count");
   Tensor result = *this;
-  result.dims = std::move(newShape);
+  result.dims.assign(newShape.begin(), newShape.end());
   return result;
 }
 
@@ -324,6 +350,18 @@ Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto, StringRef baseD
       return fail(formatv("{0} values for shape {1}", have, shapeString(shape)));
     return Error::success();
   };
+  // Checks that field holds count values, then copies them into the tensor,
+  // each cast to the storage type.
+  auto copyFrom = [&](const auto &field) -> Expected<Tensor> {
+    if (Error e = checkCount(field.size()))
+      return e;
+    visitStorage(*type, [&](auto tag) {
+      using T = decltype(tag);
+      for (int64_t i = 0; i < count; ++i)
+        tensor.data<T>()[i] = static_cast<T>(field[i]);
+    });
+    return std::move(tensor);
+  };
 
   if (proto.data_location() == onnx::TensorProto::EXTERNAL) {
     Expected<std::string> bytes = readExternalData(proto, baseDir, name);
@@ -345,30 +383,14 @@ Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto, StringRef baseD
 
   switch (*type) {
   case DType::F32:
-    if (Error e = checkCount(proto.float_data_size()))
-      return e;
-    llvm::copy(proto.float_data(), tensor.data<float>());
-    break;
+    return copyFrom(proto.float_data());
   case DType::F64:
-    if (Error e = checkCount(proto.double_data_size()))
-      return e;
-    llvm::copy(proto.double_data(), tensor.data<double>());
-    break;
+    return copyFrom(proto.double_data());
   case DType::I64:
-    if (Error e = checkCount(proto.int64_data_size()))
-      return e;
-    llvm::copy(proto.int64_data(), tensor.data<int64_t>());
-    break;
+    return copyFrom(proto.int64_data());
   case DType::U32:
   case DType::U64:
-    if (Error e = checkCount(proto.uint64_data_size()))
-      return e;
-    visitStorage(*type, [&](auto tag) {
-      using T = decltype(tag);
-      for (int64_t i = 0; i < count; ++i)
-        tensor.data<T>()[i] = static_cast<T>(proto.uint64_data(i));
-    });
-    break;
+    return copyFrom(proto.uint64_data());
   case DType::F16:
   case DType::BF16:
     if (Error e = checkCount(proto.int32_data_size()))
@@ -377,18 +399,10 @@ Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto, StringRef baseD
       auto bits = static_cast<uint16_t>(proto.int32_data(i));
       tensor.data<float>()[i] = *type == DType::F16 ? halfToFloat(bits) : bfloat16ToFloat(bits);
     }
-    break;
+    return tensor;
   default: // The small integer types and bool travel in int32_data.
-    if (Error e = checkCount(proto.int32_data_size()))
-      return e;
-    visitStorage(*type, [&](auto tag) {
-      using T = decltype(tag);
-      for (int64_t i = 0; i < count; ++i)
-        tensor.data<T>()[i] = static_cast<T>(proto.int32_data(i));
-    });
-    break;
+    return copyFrom(proto.int32_data());
   }
-  return tensor;
 }
 
 onnx::TensorProto toTensorProto(const Tensor &tensor, StringRef name) {

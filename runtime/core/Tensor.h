@@ -3,7 +3,9 @@
 // A Tensor is an element type, a shape and a contiguous row-major buffer.
 // The buffer is owned through a std::shared_ptr: copying a Tensor is cheap and
 // the copy shares the buffer (writes through one are seen by the other); use
-// clone() for an independent copy. Tensors convert to and from ONNX
+// clone() for an independent copy. The shape is kept inline up to
+// Tensor::inlineRank dimensions, so making, copying and dropping a tensor
+// of a kernel's output costs no heap allocation beyond its buffer. Tensors convert to and from ONNX
 // TensorProto, including external data next to a model file.
 //
 // Half-precision types (Float16, BFloat16) are stored widened to float: their
@@ -19,6 +21,7 @@
 #include "support/Float16.h"
 
 #include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/ErrorHandling.h"
@@ -169,21 +172,25 @@ public:
 /// threads may read a shared buffer, but a writer needs its own clone().
 class Tensor {
 public:
+  /// Dimensions kept inside the Tensor; a higher rank goes to the heap.
+  static constexpr unsigned inlineRank = 6;
+  using Dims = llvm::SmallVector<int64_t, inlineRank>;
+
   Tensor() = default;
   /// A zero-filled tensor. Dimensions must be >= 0. Throws
   /// AllocationFailure when the memory cannot be had.
-  Tensor(DType type, std::vector<int64_t> shape);
+  Tensor(DType type, llvm::ArrayRef<int64_t> shape);
   /// A tensor whose elements are not set: for a kernel's output that the
   /// kernel writes whole (zeroing it first costs a pass over memory).
-  static Tensor uninitialized(DType type, std::vector<int64_t> shape);
+  static Tensor uninitialized(DType type, llvm::ArrayRef<int64_t> shape);
 
   /// A tensor holding \p values (row-major, size must match \p shape), of
   /// element type \p type, which must be stored as T (Float16 takes floats).
   template <typename T>
-  static Tensor fromValues(std::vector<int64_t> shape, llvm::ArrayRef<T> values,
+  static Tensor fromValues(llvm::ArrayRef<int64_t> shape, llvm::ArrayRef<T> values,
                            DType type = elemTypeOf<T>()) {
     assert(storedAs<T>(type) && "values do not match the element type");
-    Tensor result(type, std::move(shape));
+    Tensor result(type, shape);
     assert(static_cast<int64_t>(values.size()) == result.numElements());
     std::copy(values.begin(), values.end(), result.data<T>());
     if (type == DType::F16 || type == DType::BF16)
@@ -191,9 +198,9 @@ public:
     return result;
   }
   template <typename T>
-  static Tensor fromValues(std::vector<int64_t> shape, std::initializer_list<T> values,
+  static Tensor fromValues(llvm::ArrayRef<int64_t> shape, std::initializer_list<T> values,
                            DType type = elemTypeOf<T>()) {
-    return fromValues(std::move(shape), llvm::ArrayRef<T>(values), type);
+    return fromValues(shape, llvm::ArrayRef<T>(values), type);
   }
   /// A rank-0 tensor.
   template <typename T> static Tensor scalar(T value, DType type = elemTypeOf<T>()) {
@@ -204,18 +211,28 @@ public:
   /// owned by \p storage (a backend's allocation, in the host layout: half
   /// types stored as float). Host code must not read its data; backends move
   /// it with their own copies.
-  static Tensor onDevice(DType type, std::vector<int64_t> shape, std::shared_ptr<void> storage,
+  static Tensor onDevice(DType type, llvm::ArrayRef<int64_t> shape, std::shared_ptr<void> storage,
                          int device);
   /// -1 for host memory, else the device holding the elements.
   int device() const { return deviceIndex; }
   bool onHost() const { return deviceIndex < 0; }
 
   bool isNull() const { return !storage; }
+  /// Makes this the null tensor, dropping its share of the buffer.
+  void reset() {
+    if (storage) {
+      storage.reset();
+      dims.clear();
+      count = 0;
+      type = DType::F32;
+      deviceIndex = -1;
+    }
+  }
   /// True when no other Tensor shares the buffer (a view included): its
   /// holder may write it in place.
   bool ownsBuffer() const { return storage && storage.use_count() == 1; }
   DType elemType() const { return type; }
-  const std::vector<int64_t> &shape() const { return dims; }
+  llvm::ArrayRef<int64_t> shape() const { return dims; }
   int64_t rank() const { return static_cast<int64_t>(dims.size()); }
   /// Dimension \p i; negative \p i counts from the end.
   int64_t dim(int64_t i) const { return dims[i < 0 ? i + rank() : i]; }
@@ -248,7 +265,7 @@ public:
   Tensor clone() const;
   /// A tensor of the same elements and storage under another shape with the
   /// same number of elements.
-  Tensor reshaped(std::vector<int64_t> newShape) const;
+  Tensor reshaped(llvm::ArrayRef<int64_t> newShape) const;
   /// Rounds stored values to what Float16/BFloat16 can represent; a no-op for
   /// other types. Kernels compute half types in float and call this last.
   void roundToElemType();
@@ -257,10 +274,10 @@ public:
   std::string describe() const;
 
 private:
-  Tensor(DType type, std::vector<int64_t> shape, bool zero);
+  Tensor(DType type, llvm::ArrayRef<int64_t> shape, bool zero);
 
   DType type = DType::F32;
-  std::vector<int64_t> dims;
+  Dims dims;
   int64_t count = 0;
   std::shared_ptr<void> storage;
   int deviceIndex = -1;
@@ -306,5 +323,15 @@ bool allClose(const Tensor &actual, const Tensor &expected, double rtol = 1e-5, 
               std::string *why = nullptr);
 
 } // namespace pipec::cpu
+
+namespace llvm {
+// A tensor's shape (an ArrayRef) against one a kernel built as a vector:
+// "x.shape() != Shape{batch, n}". Declared beside ArrayRef, where
+// argument-dependent lookup finds them (also from gtest's EXPECT_EQ).
+inline bool operator==(ArrayRef<int64_t> a, const std::vector<int64_t> &b) { return a.equals(b); }
+inline bool operator==(const std::vector<int64_t> &a, ArrayRef<int64_t> b) { return b.equals(a); }
+inline bool operator!=(ArrayRef<int64_t> a, const std::vector<int64_t> &b) { return !a.equals(b); }
+inline bool operator!=(const std::vector<int64_t> &a, ArrayRef<int64_t> b) { return !b.equals(a); }
+} // namespace llvm
 
 #endif // PIPEC_RUNTIME_CORE_TENSOR_H

@@ -59,6 +59,16 @@ Expected<std::vector<Tensor>> pointwise(const onnx::NodeProto &node,
   });
 }
 
+/// The axis attribute (default -1, the last) as an axis of \p t.
+Expected<int64_t> axisAttr(const onnx::NodeProto &node, const Tensor &t) {
+  int64_t axis = attrInt(node, "axis", -1);
+  if (axis < 0)
+    axis += t.rank();
+  if (axis < 0 || axis >= t.rank())
+    return fail(node, "axis out of range for " + t.describe());
+  return axis;
+}
+
 /// Splits \p shape around \p axis into outer x size x inner.
 void splitAt(ArrayRef<int64_t> shape, int64_t axis, int64_t &outer, int64_t &size, int64_t &inner) {
   outer = numElementsOf(shape.take_front(axis));
@@ -71,13 +81,11 @@ Expected<std::vector<Tensor>> softmaxGrad(const onnx::NodeProto &node,
   const Tensor &dy = *inputs[0], &y = *inputs[1];
   if (dy.shape() != y.shape())
     return fail(node, "dY " + dy.describe() + " and Y " + y.describe() + " differ");
-  int64_t axis = attrInt(node, "axis", -1);
-  if (axis < 0)
-    axis += y.rank();
-  if (axis < 0 || axis >= y.rank())
-    return fail(node, "axis out of range for " + y.describe());
+  Expected<int64_t> axis = axisAttr(node, y);
+  if (!axis)
+    return axis.takeError();
   int64_t outer, size, inner;
-  splitAt(y.shape(), axis, outer, size, inner);
+  splitAt(y.shape(), *axis, outer, size, inner);
   return floating(node, y, [&](auto tag) -> Expected<std::vector<Tensor>> {
     using T = decltype(tag);
     Tensor dx = Tensor::uninitialized(y.elemType(), y.shape()); // every element is written
@@ -225,17 +233,15 @@ Expected<LayerNormRows> layerNormRows(const onnx::NodeProto &node, const Tensor 
                                       const Tensor &x) {
   if (dy.shape() != x.shape() || dy.elemType() != x.elemType())
     return fail(node, "dY " + dy.describe() + " and X " + x.describe() + " differ");
-  int64_t axis = attrInt(node, "axis", -1);
-  if (axis < 0)
-    axis += x.rank();
-  if (axis < 0 || axis >= x.rank())
-    return fail(node, "axis out of range for " + x.describe());
+  Expected<int64_t> axis = axisAttr(node, x);
+  if (!axis)
+    return axis.takeError();
   if (!isFloating(x.elemType()))
     return fail(node, "element type " + elemTypeName(x.elemType()).str() + " is not supported");
   double epsilon = attrFloat(node, "epsilon", 1e-5);
   LayerNormRows r;
-  r.rows = numElementsOf(ArrayRef<int64_t>(x.shape()).take_front(axis));
-  r.width = numElementsOf(ArrayRef<int64_t>(x.shape()).drop_front(axis));
+  r.rows = numElementsOf(ArrayRef<int64_t>(x.shape()).take_front(*axis));
+  r.width = numElementsOf(ArrayRef<int64_t>(x.shape()).drop_front(*axis));
   r.mean.resize(r.rows);
   r.rstd.resize(r.rows);
   withFloatStorage(x, [&](const auto *xs) {
@@ -495,66 +501,51 @@ Expected<ConvShapes> convShapes(const onnx::NodeProto &node, const Tensor &dy, A
   return s;
 }
 
-Expected<std::vector<Tensor>> convGradInput(const onnx::NodeProto &node,
-                                            ArrayRef<const Tensor *> inputs) {
-  const Tensor &dy = *inputs[0], &weight = *inputs[1];
-  auto xShape = shapeAttr(node);
-  if (!xShape)
-    return xShape.takeError();
-  if (dy.elemType() != weight.elemType())
-    return fail(node, "dY " + dy.describe() + " and W " + weight.describe() + " differ in type");
-  auto s = convShapes(node, dy, *xShape, weight.shape());
+/// ConvGradInput (dX from dY and W, \p ofInput) or ConvGradWeight (dW from
+/// dY and X): per image and group, one GEMM of dY with the other operand,
+/// through im2col columns unless the window is the identity. The shape
+/// attribute is the result's.
+Expected<std::vector<Tensor>> convGrad(const onnx::NodeProto &node, ArrayRef<const Tensor *> inputs,
+                                       bool ofInput) {
+  const Tensor &dy = *inputs[0], &other = *inputs[1];
+  auto shape = shapeAttr(node);
+  if (!shape)
+    return shape.takeError();
+  if (dy.elemType() != other.elemType())
+    return fail(node, "dY " + dy.describe() + (ofInput ? " and W " : " and X ") + other.describe() +
+                          " differ in type");
+  auto s = ofInput ? convShapes(node, dy, *shape, other.shape())
+                   : convShapes(node, dy, other.shape(), *shape);
   if (!s)
     return s.takeError();
   return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
     using T = decltype(tag);
     const Window &w = s->window;
-    Tensor dx(dy.elemType(), *xShape);
+    Tensor grad(dy.elemType(), *shape);
     int64_t rows = s->rows(), cols = w.outSize(), gc = s->groupChannels(), gm = s->groupMaps();
     bool identity = w.isIdentity();
     std::vector<T> columns(identity ? 0 : rows * cols);
     for (int64_t n = 0; n < s->batch; ++n)
       for (int64_t g = 0; g < s->group; ++g) {
-        T *image = dx.data<T>() + (n * s->channels + g * gc) * w.inSize();
-        // columns = W_g^T dY_g: [rows, gm] x [gm, cols].
-        T *target = identity ? image : columns.data();
-        gemm(true, false, rows, cols, gm, T(1), weight.data<T>() + g * gm * rows, rows,
-             dy.data<T>() + (n * s->maps + g * gm) * cols, cols, T(0), target, cols);
-        if (!identity)
-          col2im(columns.data(), gc, w, image);
+        int64_t imageAt = (n * s->channels + g * gc) * w.inSize();
+        const T *dyg = dy.data<T>() + (n * s->maps + g * gm) * cols;
+        if (ofInput) {
+          T *image = grad.data<T>() + imageAt;
+          // columns = W_g^T dY_g: [rows, gm] x [gm, cols].
+          gemm(true, false, rows, cols, gm, T(1), other.data<T>() + g * gm * rows, rows, dyg, cols,
+               T(0), identity ? image : columns.data(), cols);
+          if (!identity)
+            col2im(columns.data(), gc, w, image);
+        } else {
+          const T *image = other.data<T>() + imageAt;
+          if (!identity)
+            im2col(image, gc, w, columns.data());
+          // dW_g += dY_g columns^T: [gm, cols] x [cols, rows].
+          gemm(false, true, gm, rows, cols, T(1), dyg, cols, identity ? image : columns.data(),
+               cols, T(1), grad.data<T>() + g * gm * rows, rows);
+        }
       }
-    return std::vector<Tensor>{dx};
-  });
-}
-
-Expected<std::vector<Tensor>> convGradWeight(const onnx::NodeProto &node,
-                                             ArrayRef<const Tensor *> inputs) {
-  const Tensor &dy = *inputs[0], &x = *inputs[1];
-  auto wShape = shapeAttr(node);
-  if (!wShape)
-    return wShape.takeError();
-  if (dy.elemType() != x.elemType())
-    return fail(node, "dY " + dy.describe() + " and X " + x.describe() + " differ in type");
-  auto s = convShapes(node, dy, x.shape(), *wShape);
-  if (!s)
-    return s.takeError();
-  return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
-    using T = decltype(tag);
-    const Window &w = s->window;
-    Tensor dw(dy.elemType(), *wShape);
-    int64_t rows = s->rows(), cols = w.outSize(), gc = s->groupChannels(), gm = s->groupMaps();
-    bool identity = w.isIdentity();
-    std::vector<T> columns(identity ? 0 : rows * cols);
-    for (int64_t n = 0; n < s->batch; ++n)
-      for (int64_t g = 0; g < s->group; ++g) {
-        const T *image = x.data<T>() + (n * s->channels + g * gc) * w.inSize();
-        if (!identity)
-          im2col(image, gc, w, columns.data());
-        // dW_g += dY_g columns^T: [gm, cols] x [cols, rows].
-        gemm(false, true, gm, rows, cols, T(1), dy.data<T>() + (n * s->maps + g * gm) * cols, cols,
-             identity ? image : columns.data(), cols, T(1), dw.data<T>() + g * gm * rows, rows);
-      }
-    return std::vector<Tensor>{dw};
+    return std::vector<Tensor>{grad};
   });
 }
 
@@ -700,29 +691,24 @@ KernelResult unaryGrad(const OpContext &ctx) {
                    [&](double a) { return kernels::elemDerivative(op, a, p); });
 }
 
-KernelResult softmaxGrad(const OpContext &ctx) { return softmaxGrad(ctx.node, ctx.allInputs()); }
-KernelResult gatherGrad(const OpContext &ctx) { return gatherGrad(ctx.node, ctx.allInputs()); }
-KernelResult layerNormGradInput(const OpContext &ctx) {
-  return layerNormGradInput(ctx.node, ctx.allInputs());
-}
-KernelResult layerNormGradWeight(const OpContext &ctx) {
-  return layerNormGradWeight(ctx.node, ctx.allInputs());
-}
+// The gradient kernels above that read only the node and its inputs.
+#define PIPEC_NODE_KERNEL(NAME)                                                                    \
+  KernelResult NAME(const OpContext &ctx) { return NAME(ctx.node, ctx.allInputs()); }
+PIPEC_NODE_KERNEL(softmaxGrad)
+PIPEC_NODE_KERNEL(gatherGrad)
+PIPEC_NODE_KERNEL(layerNormGradInput)
+PIPEC_NODE_KERNEL(layerNormGradWeight)
+PIPEC_NODE_KERNEL(maxPoolGrad)
+PIPEC_NODE_KERNEL(averagePoolGrad)
+PIPEC_NODE_KERNEL(batchNormGradWeight)
+PIPEC_NODE_KERNEL(crossEntropyGrad)
+#undef PIPEC_NODE_KERNEL
+
 KernelResult convGradInput(const OpContext &ctx) {
-  return convGradInput(ctx.node, ctx.allInputs());
+  return convGrad(ctx.node, ctx.allInputs(), /*ofInput=*/true);
 }
 KernelResult convGradWeight(const OpContext &ctx) {
-  return convGradWeight(ctx.node, ctx.allInputs());
-}
-KernelResult maxPoolGrad(const OpContext &ctx) { return maxPoolGrad(ctx.node, ctx.allInputs()); }
-KernelResult averagePoolGrad(const OpContext &ctx) {
-  return averagePoolGrad(ctx.node, ctx.allInputs());
-}
-KernelResult batchNormGradWeight(const OpContext &ctx) {
-  return batchNormGradWeight(ctx.node, ctx.allInputs());
-}
-KernelResult crossEntropyGrad(const OpContext &ctx) {
-  return crossEntropyGrad(ctx.node, ctx.allInputs());
+  return convGrad(ctx.node, ctx.allInputs(), /*ofInput=*/false);
 }
 
 } // namespace pipec::cpu

@@ -202,6 +202,9 @@ void writePresent(const GqaSizes &a, const T *k, const T *v, const Tensor *pastK
           std::copy_n(kRow, a.H, pk + at);
         std::copy_n(v + row * a.vStride + a.vOffset + h * a.H, a.H, pv + at);
       }
+      int64_t written = (a.start[b] + a.S) * a.H, all = a.present * a.H;
+      std::fill(pk + to + written, pk + to + all, T(0));
+      std::fill(pv + to + written, pv + to + all, T(0));
     }
 }
 
@@ -323,11 +326,12 @@ Expected<Outputs> groupQueryAttention(const OpContext &ctx) {
     const T *k = a.packed ? q : ctx.input(1).data<T>(), *v = a.packed ? q : ctx.input(2).data<T>();
     const T *cos = a.rotaryHalf > 0 ? ctx.input(7).data<T>() : nullptr;
     const T *sin = a.rotaryHalf > 0 ? ctx.input(8).data<T>() : nullptr;
-    Tensor presentKey(query.elemType(), {a.B, a.Nkv, a.present, a.H});
-    Tensor presentValue(query.elemType(), {a.B, a.Nkv, a.present, a.H});
+    // writePresent and attendHeads write every element.
+    Tensor presentKey = Tensor::uninitialized(query.elemType(), {a.B, a.Nkv, a.present, a.H});
+    Tensor presentValue = Tensor::uninitialized(query.elemType(), {a.B, a.Nkv, a.present, a.H});
     writePresent(a, k, v, ctx.optInput(3), ctx.optInput(4), cos, sin, presentKey.data<T>(),
                  presentValue.data<T>());
-    Tensor out(query.elemType(), {a.B, a.S, a.N * a.H});
+    Tensor out = Tensor::uninitialized(query.elemType(), {a.B, a.S, a.N * a.H});
     attendHeads(a, q, presentKey.data<T>(), presentValue.data<T>(), cos, sin, out.data<T>());
     return Outputs{out, presentKey, presentValue};
   });

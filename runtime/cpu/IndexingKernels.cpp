@@ -250,6 +250,71 @@ Expected<std::vector<int64_t>> offsetsAlongAxis(const OpContext &ctx, ArrayRef<i
   return elementOffsets(ctx, shape, indices, *axis);
 }
 
+/// Combines \p updates (called \p updatesName in errors), of indices'
+/// shape, by \p r into the elements of \p out that \p indices names along
+/// attribute 'axis': ScatterElements, and GatherElementsGrad into zeros.
+Error scatterAlongAxis(const OpContext &ctx, Tensor &out, const Tensor &indices,
+                       const Tensor &updates, StringRef updatesName, Reduction r) {
+  if (updates.shape() != indices.shape())
+    return ctx.fail(updatesName + " " + updates.describe() + " and indices " + indices.describe() +
+                    " differ in shape");
+  Expected<std::vector<int64_t>> offsets = offsetsAlongAxis(ctx, out.shape(), indices);
+  if (!offsets)
+    return offsets.takeError();
+  scatterInto(out, updates, *offsets, 1, r);
+  return Error::success();
+}
+
+/// The shape of the slices that the index tuples of \p indices gather from
+/// data of \p dataShape: indices' leading dimensions, then data's from
+/// dimension \p from (batch_dims plus the tuple length) on.
+Shape tupleSlicesShape(const Tensor &indices, ArrayRef<int64_t> dataShape, int64_t from) {
+  Shape shape(indices.shape().begin(), indices.shape().end() - 1);
+  shape.insert(shape.end(), dataShape.begin() + from, dataShape.end());
+  return shape;
+}
+
+/// Combines \p updates (called \p updatesName in errors) by \p r into the
+/// slices of \p out that the index tuples of \p indices address, after
+/// attribute batch_dims where \p batched: ScatterND, and GatherNDGrad into
+/// zeros.
+Error scatterTuples(const OpContext &ctx, Tensor &out, const Tensor &indices, const Tensor &updates,
+                    StringRef updatesName, Reduction r, bool batched) {
+  int64_t batch = 0;
+  if (batched) {
+    Expected<int64_t> given = batchDims(ctx, out.shape(), shapeString(out.shape()), indices);
+    if (!given)
+      return given.takeError();
+    batch = *given;
+  }
+  Expected<int64_t> k = tupleLength(ctx, out, indices, batch);
+  if (!k)
+    return k.takeError();
+  Shape expected = tupleSlicesShape(indices, out.shape(), batch + *k);
+  if (updates.shape() != expected)
+    return ctx.fail(updatesName + " " + updates.describe() + " must have shape " +
+                    shapeString(expected));
+  Expected<std::vector<int64_t>> offsets = tupleOffsets(ctx, out, indices, batch, *k);
+  if (!offsets)
+    return offsets.takeError();
+  scatterInto(out, updates, *offsets, product(out.shape().drop_front(batch + *k)), r);
+  return Error::success();
+}
+
+/// The gradient of a gather's data, dY (input 0) added into zeros of
+/// attribute 'shape' by \p scatter(out, dY, indices) -> Error.
+template <typename Scatter>
+Expected<Outputs> gatherGradient(const OpContext &ctx, Scatter scatter) {
+  const Tensor &dy = ctx.input(0), &indices = ctx.input(1);
+  Expected<Shape> shape = gatheredShape(ctx);
+  if (!shape)
+    return shape.takeError();
+  Tensor out(dy.elemType(), *shape);
+  if (Error e = scatter(out, dy, indices))
+    return e;
+  return Outputs{out};
+}
+
 } // namespace
 
 Expected<Outputs> gatherElements(const OpContext &ctx) {
@@ -281,14 +346,9 @@ Expected<Outputs> scatterElements(const OpContext &ctx) {
     return r.takeError();
   if (data.rank() == 0)
     return ctx.fail("data must have rank >= 1");
-  if (updates.shape() != indices.shape())
-    return ctx.fail("updates " + updates.describe() + " and indices " + indices.describe() +
-                    " differ in shape");
-  Expected<std::vector<int64_t>> offsets = offsetsAlongAxis(ctx, data.shape(), indices);
-  if (!offsets)
-    return offsets.takeError();
   Tensor out = data.clone();
-  scatterInto(out, updates, *offsets, 1, *r);
+  if (Error e = scatterAlongAxis(ctx, out, indices, updates, "updates", *r))
+    return e;
   return Outputs{out};
 }
 
@@ -296,19 +356,9 @@ Expected<Outputs> scatterElements(const OpContext &ctx) {
 /// GatherElements' data, zeros of `shape` with dY added at the elements
 /// the indices gathered.
 Expected<Outputs> gatherElementsGrad(const OpContext &ctx) {
-  const Tensor &dy = ctx.input(0), &indices = ctx.input(1);
-  Expected<Shape> shape = gatheredShape(ctx);
-  if (!shape)
-    return shape.takeError();
-  if (dy.shape() != indices.shape())
-    return ctx.fail("dY " + dy.describe() + " and indices " + indices.describe() +
-                    " differ in shape");
-  Expected<std::vector<int64_t>> offsets = offsetsAlongAxis(ctx, *shape, indices);
-  if (!offsets)
-    return offsets.takeError();
-  Tensor out(dy.elemType(), *shape);
-  scatterInto(out, dy, *offsets, 1, Reduction::Add);
-  return Outputs{out};
+  return gatherGradient(ctx, [&](Tensor &out, const Tensor &dy, const Tensor &indices) {
+    return scatterAlongAxis(ctx, out, indices, dy, "dY", Reduction::Add);
+  });
 }
 
 Expected<Outputs> gatherND(const OpContext &ctx) {
@@ -325,9 +375,7 @@ Expected<Outputs> gatherND(const OpContext &ctx) {
   Expected<std::vector<int64_t>> offsets = tupleOffsets(ctx, data, indices, batch, *k);
   if (!offsets)
     return offsets.takeError();
-  Shape shape(indices.shape().begin(), indices.shape().end() - 1);
-  shape.insert(shape.end(), data.shape().begin() + batch + *k, data.shape().end());
-  Tensor out(data.elemType(), shape);
+  Tensor out(data.elemType(), tupleSlicesShape(indices, data.shape(), batch + *k));
   size_t block = product(ArrayRef<int64_t>(data.shape()).drop_front(batch + *k)) *
                  storageSize(data.elemType());
   const char *src = static_cast<const char *>(data.rawData());
@@ -343,28 +391,9 @@ Expected<Outputs> gatherND(const OpContext &ctx) {
 /// GatherND's data, zeros of `shape` with each slice of dY added at the
 /// slice its index tuple gathered.
 Expected<Outputs> gatherNDGrad(const OpContext &ctx) {
-  const Tensor &dy = ctx.input(0), &indices = ctx.input(1);
-  Expected<Shape> shape = gatheredShape(ctx);
-  if (!shape)
-    return shape.takeError();
-  Tensor out(dy.elemType(), *shape);
-  Expected<int64_t> batchOrError = batchDims(ctx, *shape, shapeString(*shape), indices);
-  if (!batchOrError)
-    return batchOrError.takeError();
-  int64_t batch = *batchOrError;
-  Expected<int64_t> k = tupleLength(ctx, out, indices, batch);
-  if (!k)
-    return k.takeError();
-  Shape expected(indices.shape().begin(), indices.shape().end() - 1);
-  expected.insert(expected.end(), shape->begin() + batch + *k, shape->end());
-  if (dy.shape() != expected)
-    return ctx.fail("dY " + dy.describe() + " must have shape " + shapeString(expected));
-  Expected<std::vector<int64_t>> offsets = tupleOffsets(ctx, out, indices, batch, *k);
-  if (!offsets)
-    return offsets.takeError();
-  scatterInto(out, dy, *offsets, product(ArrayRef<int64_t>(*shape).drop_front(batch + *k)),
-              Reduction::Add);
-  return Outputs{out};
+  return gatherGradient(ctx, [&](Tensor &out, const Tensor &dy, const Tensor &indices) {
+    return scatterTuples(ctx, out, indices, dy, "dY", Reduction::Add, /*batched=*/true);
+  });
 }
 
 Expected<Outputs> scatterND(const OpContext &ctx) {
@@ -372,18 +401,9 @@ Expected<Outputs> scatterND(const OpContext &ctx) {
   Expected<Reduction> r = scatterReduction(ctx);
   if (!r)
     return r.takeError();
-  Expected<int64_t> k = tupleLength(ctx, data, indices, 0);
-  if (!k)
-    return k.takeError();
-  Shape expected(indices.shape().begin(), indices.shape().end() - 1);
-  expected.insert(expected.end(), data.shape().begin() + *k, data.shape().end());
-  if (updates.shape() != expected)
-    return ctx.fail("updates " + updates.describe() + " must have shape " + shapeString(expected));
-  Expected<std::vector<int64_t>> offsets = tupleOffsets(ctx, data, indices, 0, *k);
-  if (!offsets)
-    return offsets.takeError();
   Tensor out = data.clone();
-  scatterInto(out, updates, *offsets, product(ArrayRef<int64_t>(data.shape()).drop_front(*k)), *r);
+  if (Error e = scatterTuples(ctx, out, indices, updates, "updates", *r, /*batched=*/false))
+    return e;
   return Outputs{out};
 }
 

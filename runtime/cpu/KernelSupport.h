@@ -39,6 +39,14 @@ namespace pipec::cpu {
 using Outputs = std::vector<Tensor>;
 using Shape = std::vector<int64_t>;
 
+/// The outputs of a kernel with one, \p t moved in (an initializer list
+/// would copy it).
+inline Outputs single(Tensor t) {
+  Outputs outs;
+  outs.push_back(std::move(t));
+  return outs;
+}
+
 template <typename T> constexpr bool isFloat = std::is_floating_point_v<T>;
 template <typename T> constexpr bool isBool = std::is_same_v<T, bool>;
 
@@ -61,7 +69,7 @@ inline int64_t product(llvm::ArrayRef<int64_t> dims) { return numElementsOf(dims
 /// right-aligned): 0 along broadcast dimensions (KernelBodies' rule).
 inline Shape broadcastStrides(llvm::ArrayRef<int64_t> shape, llvm::ArrayRef<int64_t> outShape) {
   assert(shape.size() <= outShape.size() && "shape has more dimensions than it broadcasts to");
-  return kernels::broadcastStrides(shape.vec(), outShape.vec());
+  return kernels::broadcastStrides(shape, outShape);
 }
 
 /// Calls fn(outIndex, offsets) for every element of \p outShape in row-major
@@ -222,8 +230,10 @@ constexpr int reductionLanes = 8;
 
 /// The sum over k in [0, n) of term(k), in double: eight partial sums over
 /// interleaved elements, combined in a fixed order, so the loop vectorises
-/// and the result depends only on n and the terms (not on threads).
-template <typename Term> double laneSum(int64_t n, Term term) {
+/// and the result depends only on n and the terms (not on threads). Always
+/// inlined, so that a PIPEC_VECTOR_CLONES caller vectorises it for its own
+/// target rather than calling the baseline version.
+template <typename Term> [[gnu::always_inline]] inline double laneSum(int64_t n, Term term) {
   double lane[reductionLanes] = {};
   int64_t k = 0;
   for (; k + reductionLanes <= n; k += reductionLanes)
@@ -237,8 +247,8 @@ template <typename Term> double laneSum(int64_t n, Term term) {
 }
 
 /// The largest of \p n floats (NaNs skipped; -infinity when there is none),
-/// over eight lanes so the loop vectorises.
-inline float laneMax(const float *in, int64_t n) {
+/// over eight lanes so the loop vectorises. Always inlined, as laneSum.
+[[gnu::always_inline]] inline float laneMax(const float *in, int64_t n) {
   float lane[reductionLanes];
   for (float &v : lane)
     v = -std::numeric_limits<float>::infinity();
@@ -302,12 +312,12 @@ llvm::Expected<Outputs> unaryOver(const OpContext &ctx, Fn fn) {
     if constexpr (!Accepts<T>::value) {
       return ctx.unsupportedType(x, 0);
     } else {
-      Tensor y(x.elemType(), x.shape());
+      Tensor y = Tensor::uninitialized(x.elemType(), x.shape()); // every element is written
       const T *in = x.data<T>();
       T *out = y.data<T>();
       for (int64_t i = 0, e = x.numElements(); i < e; ++i)
         out[i] = static_cast<T>(fn(in[i]));
-      return Outputs{y};
+      return single(std::move(y));
     }
   });
 }

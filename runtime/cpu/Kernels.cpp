@@ -332,11 +332,12 @@ Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
 }
 
 Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
-                                    ArrayRef<const Tensor *> inputs, const OpDef *row) {
+                                    ArrayRef<const Tensor *> inputs, const OpDef *row,
+                                    ParsedAttrs *attrs) {
   Expected<const OpDef *> def = row ? Expected<const OpDef *>(row) : rowOf(node, opset);
   if (!def)
     return def.takeError();
-  OpContext ctx(node, opset, inputs, *def);
+  OpContext ctx(node, opset, inputs, *def, attrs);
   if (static_cast<int>(inputs.size()) > node.input_size())
     return ctx.fail(
         formatv("{0} input tensors for {1} node inputs", inputs.size(), node.input_size()));
@@ -357,7 +358,7 @@ Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
   // Half-precision results were computed in float; round them unless they
   // are views of an input (already representable, and not ours to write).
   for (Tensor &out : *outputs) {
-    if (out.isNull())
+    if (out.isNull() || (out.elemType() != DType::F16 && out.elemType() != DType::BF16))
       continue;
     bool shared = llvm::any_of(
         inputs, [&](const Tensor *in) { return in && in->rawData() == out.rawData(); });

@@ -68,9 +68,12 @@ bool isSupported(llvm::StringRef opType, llvm::StringRef domain = "");
 llvm::Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
                                           llvm::ArrayRef<const Tensor *> inputs);
 /// The same, \p row being the node's row of ops/Ops.def, found once by the
-/// caller (one with a CPU kernel); null: looked up here.
+/// caller (one with a CPU kernel); null: looked up here. \p attrs, when
+/// given, keeps what the kernel parsed of the node's attributes from one
+/// run to the next (OpContext::parsed).
 llvm::Expected<std::vector<Tensor>> runOp(const onnx::NodeProto &node, int64_t opset,
-                                          llvm::ArrayRef<const Tensor *> inputs, const OpDef *row);
+                                          llvm::ArrayRef<const Tensor *> inputs, const OpDef *row,
+                                          ParsedAttrs *attrs = nullptr);
 
 //===----------------------------------------------------------------------===//
 // Building blocks shared with other kernels

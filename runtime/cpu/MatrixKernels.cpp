@@ -89,6 +89,16 @@ Expected<Outputs> matMul(const OpContext &ctx) {
   });
 }
 
+namespace {
+
+/// Gemm's attributes, read once per node.
+struct GemmAttrs {
+  bool transA, transB;
+  float alpha, beta;
+};
+
+} // namespace
+
 /// Gemm: Y = alpha * op(A) * op(B) + beta * C, C broadcast to Y.
 Expected<Outputs> gemmOp(const OpContext &ctx) {
   if (Error e = ctx.sameType(0, 1))
@@ -97,23 +107,29 @@ Expected<Outputs> gemmOp(const OpContext &ctx) {
   const Tensor *c = ctx.optInput(2);
   if (a.rank() != 2 || b.rank() != 2)
     return ctx.fail("A and B must be matrices, got " + a.describe() + " and " + b.describe());
-  bool transA = ctx.attrInt("transA", 0), transB = ctx.attrInt("transB", 0);
+  GemmAttrs at = ctx.parsed<GemmAttrs>([&] {
+    return GemmAttrs{ctx.attrInt("transA", 0) != 0, ctx.attrInt("transB", 0) != 0,
+                     ctx.attrFloat("alpha", 1.0f), ctx.attrFloat("beta", 1.0f)};
+  });
+  bool transA = at.transA, transB = at.transB;
   int64_t m = transA ? a.dim(1) : a.dim(0), k = transA ? a.dim(0) : a.dim(1);
   int64_t kb = transB ? b.dim(1) : b.dim(0), n = transB ? b.dim(0) : b.dim(1);
   if (k != kb)
     return ctx.fail("inner dimensions differ: " + a.describe() + " x " + b.describe() +
                     (transA ? " (transA)" : "") + (transB ? " (transB)" : ""));
-  Shape outShape{m, n};
+  const int64_t outShape[2] = {m, n};
+  // C's strides as Y's rows and columns read it (0 along a broadcast one).
+  int64_t cStrides[2] = {0, 0};
   if (c) {
     if (c->elemType() != a.elemType())
       return ctx.fail("C must have A's element type");
-    Expected<Shape> shape = broadcastShapes(c->shape(), outShape);
-    if (!shape || *shape != outShape) {
-      consumeError(shape.takeError());
+    int64_t rows = c->rank() == 2 ? c->dim(0) : 1, cols = c->rank() >= 1 ? c->dim(-1) : 1;
+    if (c->rank() > 2 || (rows != 1 && rows != m) || (cols != 1 && cols != n))
       return ctx.fail("C " + c->describe() + " does not broadcast to " + shapeString(outShape));
-    }
+    cStrides[0] = rows == 1 ? 0 : cols;
+    cStrides[1] = cols == 1 ? 0 : 1;
   }
-  double alpha = ctx.attrFloat("alpha", 1.0f), beta = c ? ctx.attrFloat("beta", 1.0f) : 0.0;
+  double alpha = at.alpha, beta = c ? at.beta : 0.0;
   return visitStorage(a.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
     if constexpr (isBool<T>) {
@@ -125,7 +141,6 @@ Expected<Outputs> gemmOp(const OpContext &ctx) {
         // C is broadcast into each band of Y by the thread that computes it.
         Tensor y = Tensor::uninitialized(a.elemType(), outShape); // every element is written
         T *py = y.data<T>();
-        Shape cStrides = c ? broadcastStrides(c->shape(), outShape) : Shape{0, 0};
         const T *pc = c ? c->data<T>() : nullptr;
         auto fillC = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
           for (int64_t i = r0; i < r1; ++i) {
@@ -139,12 +154,12 @@ Expected<Outputs> gemmOp(const OpContext &ctx) {
         cpu::gemm(transA, transB, m, n, k, static_cast<T>(alpha), a.data<T>(), a.dim(1),
                   b.data<T>(), b.dim(1), static_cast<T>(beta), py, n,
                   c ? GemmPrepare(fillC) : GemmPrepare());
-        return Outputs{y};
+        return single(std::move(y));
       } else {
         Tensor y = c ? expandTo<T>(*c, outShape) : Tensor::uninitialized(a.elemType(), outShape);
         gemmAny<T>(transA, transB, m, n, k, static_cast<T>(alpha), a.data<T>(), a.dim(1),
                    b.data<T>(), b.dim(1), static_cast<T>(beta), y.data<T>(), n);
-        return Outputs{y};
+        return single(std::move(y));
       }
     }
   });
@@ -200,6 +215,16 @@ Expected<Window> windowGeometry(const OpContext &ctx, ArrayRef<int64_t> spatial,
   return w;
 }
 
+Expected<Window> poolWindow(const OpContext &ctx, const Tensor &x) {
+  if (x.rank() < 3)
+    return ctx.fail("X must have rank >= 3, got " + x.describe());
+  std::optional<Shape> kernel = ctx.attrInts("kernel_shape");
+  if (!kernel)
+    return ctx.fail("missing attribute 'kernel_shape'");
+  return windowGeometry(ctx, ArrayRef<int64_t>(x.shape()).drop_front(2), *kernel,
+                        ctx.attrInt("ceil_mode", 0));
+}
+
 /// Conv (1-D to 3-D, groups): im2col per image and group, then a GEMM.
 Expected<Outputs> conv(const OpContext &ctx) {
   return convolve(ctx, ctx.input(0), ctx.input(1), ctx.optInput(2), false);
@@ -230,9 +255,7 @@ Expected<Outputs> convolve(const OpContext &ctx, const Tensor &x, const Tensor &
       windowGeometry(ctx, ArrayRef<int64_t>(x.shape()).drop_front(2), kernel, false);
   if (!w)
     return w.takeError();
-  Shape outShape{batch, maps};
-  for (int64_t i = 0; i < w->rank; ++i)
-    outShape.push_back(w->out[Window::maxRank - w->rank + i]);
+  Shape outShape = w->outShape(batch, maps);
 
   return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);
@@ -274,22 +297,14 @@ Expected<Outputs> convolve(const OpContext &ctx, const Tensor &x, const Tensor &
 template <bool IsMax> Expected<Outputs> pool(const OpContext &ctx) {
   const bool isMax = IsMax;
   const Tensor &x = ctx.input(0);
-  if (x.rank() < 3)
-    return ctx.fail("X must have rank >= 3, got " + x.describe());
-  std::optional<Shape> kernel = ctx.attrInts("kernel_shape");
-  if (!kernel)
-    return ctx.fail("missing attribute 'kernel_shape'");
-  Expected<Window> geometry = windowGeometry(ctx, ArrayRef<int64_t>(x.shape()).drop_front(2),
-                                             *kernel, ctx.attrInt("ceil_mode", 0));
+  Expected<Window> geometry = poolWindow(ctx, x);
   if (!geometry)
     return geometry.takeError();
   const Window &w = *geometry;
   bool includePad = ctx.attrInt("count_include_pad", 0);
   bool columnMajor = ctx.attrInt("storage_order", 0);
   int64_t planes = x.dim(0) * x.dim(1);
-  Shape outShape{x.dim(0), x.dim(1)};
-  for (int64_t i = 0; i < w.rank; ++i)
-    outShape.push_back(w.out[Window::maxRank - w.rank + i]);
+  Shape outShape = w.outShape(x.dim(0), x.dim(1));
 
   return visitStorage(x.elemType(), [&](auto tag) -> Expected<Outputs> {
     using T = decltype(tag);

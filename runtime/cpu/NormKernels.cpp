@@ -29,35 +29,14 @@ namespace {
 /// shiftedExponentials' body, inlined into each vector clone that calls it.
 [[gnu::always_inline]] inline double exponentialsOfRow(const float *in, float *out, int64_t size,
                                                        float &maxValue) {
-  // Written out here rather than through laneMax and laneSum, which a clone
-  // would call in their baseline versions. A local max: out could alias the
-  // reference, which would keep the loop from vectorising.
-  float lane[reductionLanes];
-  for (float &v : lane)
-    v = -std::numeric_limits<float>::infinity();
-  int64_t k = 0;
-  for (; k + reductionLanes <= size; k += reductionLanes)
-    for (int l = 0; l < reductionLanes; ++l)
-      lane[l] = in[k + l] > lane[l] ? in[k + l] : lane[l];
-  float shift = -std::numeric_limits<float>::infinity();
-  for (; k < size; ++k)
-    shift = in[k] > shift ? in[k] : shift;
-  for (float v : lane)
-    shift = v > shift ? v : shift;
+  // laneMax and laneSum are always inlined, so each clone vectorises them
+  // for its own target. A local max: out could alias the reference, which
+  // would keep the loop from vectorising.
+  float shift = laneMax(in, size);
   maxValue = shift;
   for (int64_t j = 0; j < size; ++j)
     out[j] = kernels::floatmath::exp(in[j] - shift);
-  // laneSum's order: eight interleaved partial sums in double, then a tail.
-  double sums[reductionLanes] = {};
-  k = 0;
-  for (; k + reductionLanes <= size; k += reductionLanes)
-    for (int l = 0; l < reductionLanes; ++l)
-      sums[l] += double(out[k + l]);
-  double tail = 0;
-  for (; k < size; ++k)
-    tail += double(out[k]);
-  return ((sums[0] + sums[4]) + (sums[1] + sums[5])) + ((sums[2] + sums[6]) + (sums[3] + sums[7])) +
-         tail;
+  return laneSum(size, [&](int64_t k) { return out[k]; });
 }
 
 } // namespace
@@ -93,32 +72,12 @@ namespace {
 PIPEC_VECTOR_CLONES void layerNormRow(const float *in, float *out, const float *g, const float *bb,
                                       int64_t size, double epsilon, double &meanOut,
                                       double &invStdOut) {
-  double lanes[reductionLanes] = {};
-  int64_t k = 0;
-  for (; k + reductionLanes <= size; k += reductionLanes)
-    for (int l = 0; l < reductionLanes; ++l)
-      lanes[l] += double(in[k + l]);
-  double tail = 0;
-  for (; k < size; ++k)
-    tail += double(in[k]);
-  double mean = (((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
-                 ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7])) + tail) /
-                size;
-  for (double &l : lanes)
-    l = 0;
-  tail = 0;
-  for (k = 0; k + reductionLanes <= size; k += reductionLanes)
-    for (int l = 0; l < reductionLanes; ++l) {
-      double d = double(in[k + l]) - mean;
-      lanes[l] += d * d;
-    }
-  for (; k < size; ++k) {
+  double mean = laneSum(size, [&](int64_t k) { return double(in[k]); }) / size;
+  auto squaredDeviation = [&](int64_t k) {
     double d = double(in[k]) - mean;
-    tail += d * d;
-  }
-  double var = (((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
-                ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7])) + tail) /
-               size;
+    return d * d;
+  };
+  double var = laneSum(size, squaredDeviation) / size;
   double invStd = 1 / std::sqrt(var + epsilon);
   for (int64_t j = 0; j < size; ++j)
     out[j] = static_cast<float>((in[j] - mean) * invStd * g[j] + bb[j]);

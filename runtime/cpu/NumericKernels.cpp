@@ -42,6 +42,17 @@ Error floatInput(const OpContext &ctx, size_t i) {
   return Error::success();
 }
 
+/// Checks that input 0, called \p name in errors, is a float tensor of
+/// images: rank 2 or more, [N, C, ...].
+Error floatImages(const OpContext &ctx, StringRef name) {
+  if (Error e = floatInput(ctx, 0))
+    return e;
+  const Tensor &x = ctx.input(0);
+  if (x.rank() < 2)
+    return ctx.fail(name + " must have rank >= 2 (N x C x ...), got " + x.describe());
+  return Error::success();
+}
+
 /// Mean and variance (population) of n values from \p at(j), in double.
 template <typename Fn> std::pair<double, double> moments(int64_t n, Fn at) {
   double mean = 0, var = 0;
@@ -119,10 +130,8 @@ Expected<Outputs> lpNormalization(const OpContext &ctx) {
 /// channels [c - floor((size-1)/2), c + ceil((size-1)/2)] that exist.
 Expected<Outputs> lrn(const OpContext &ctx) {
   const Tensor &x = ctx.input(0);
-  if (Error e = floatInput(ctx, 0))
+  if (Error e = floatImages(ctx, "X"))
     return e;
-  if (x.rank() < 2)
-    return ctx.fail("X must have rank >= 2 (N x C x ...), got " + x.describe());
   if (!ctx.attr("size"))
     return ctx.fail("missing attribute 'size'");
   int64_t size = ctx.attrInt("size", 1);
@@ -194,10 +203,8 @@ Tensor normalizeGroups(const Tensor &x, const Tensor &scale, const Tensor &bias,
 /// elements, then scaled and shifted per channel.
 Expected<Outputs> instanceNormalization(const OpContext &ctx) {
   const Tensor &x = ctx.input(0), &scale = ctx.input(1), &bias = ctx.input(2);
-  if (Error e = floatInput(ctx, 0))
+  if (Error e = floatImages(ctx, "input"))
     return e;
-  if (x.rank() < 2)
-    return ctx.fail("input must have rank >= 2 (N x C x ...), got " + x.describe());
   for (size_t i : {1, 2}) {
     if (Error e = ctx.sameType(0, i))
       return e;
@@ -214,10 +221,8 @@ Expected<Outputs> instanceNormalization(const OpContext &ctx) {
 /// takes scale and bias per group, opset 21 per channel.
 Expected<Outputs> groupNormalization(const OpContext &ctx) {
   const Tensor &x = ctx.input(0), &scale = ctx.input(1), &bias = ctx.input(2);
-  if (Error e = floatInput(ctx, 0))
+  if (Error e = floatImages(ctx, "X"))
     return e;
-  if (x.rank() < 2)
-    return ctx.fail("X must have rank >= 2 (N x C x ...), got " + x.describe());
   if (!ctx.attr("num_groups"))
     return ctx.fail("missing attribute 'num_groups'");
   int64_t groups = ctx.attrInt("num_groups", 1), channels = x.dim(1);
@@ -285,25 +290,16 @@ Expected<Outputs> lpPool(const OpContext &ctx) {
   const Tensor &x = ctx.input(0);
   if (Error e = floatInput(ctx, 0))
     return e;
-  if (x.rank() < 3)
-    return ctx.fail("X must have rank >= 3, got " + x.describe());
-  std::optional<Shape> kernel = ctx.attrInts("kernel_shape");
-  if (!kernel)
-    return ctx.fail("missing attribute 'kernel_shape'");
+  Expected<Window> geometry = poolWindow(ctx, x);
+  if (!geometry)
+    return geometry.takeError();
+  const Window &w = *geometry;
   double p = 2;
   if (const onnx::AttributeProto *attr = ctx.attr("p"))
     p = attr->type() == onnx::AttributeProto::FLOAT ? attr->f() : static_cast<double>(attr->i());
   if (!(p > 0))
     return ctx.fail(formatv("p must be positive, not {0}", p));
-  Expected<Window> geometry = windowGeometry(ctx, ArrayRef<int64_t>(x.shape()).drop_front(2),
-                                             *kernel, ctx.attrInt("ceil_mode", 0));
-  if (!geometry)
-    return geometry.takeError();
-  const Window &w = *geometry;
-  Shape outShape{x.dim(0), x.dim(1)};
-  for (int64_t i = 0; i < w.rank; ++i)
-    outShape.push_back(w.out[Window::maxRank - w.rank + i]);
-  Tensor y(x.elemType(), outShape);
+  Tensor y(x.elemType(), w.outShape(x.dim(0), x.dim(1)));
   visitStorage(x.elemType(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (isFloat<T>) {

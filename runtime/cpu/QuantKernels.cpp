@@ -107,8 +107,15 @@ Expected<QuantLayout> layoutOf(const OpContext &ctx, const Tensor &x, const Tens
   return layout;
 }
 
-/// Checks that the zero point (input 2), when given, has the scale's shape.
-Error checkZeroPoint(const OpContext &ctx) {
+/// Checks the inputs QuantizeLinear and DequantizeLinear share: x (input
+/// 0) int32 or of a type \p xAccepts, a float scale (input 1), and a zero
+/// point (input 2), when given, of the scale's shape.
+Error checkLinearInputs(const OpContext &ctx, function_ref<bool(DType)> xAccepts) {
+  const Tensor &x = ctx.input(0), &scale = ctx.input(1);
+  if (!xAccepts(x.elemType()) && x.elemType() != DType::I32)
+    return ctx.unsupportedType(x, 0);
+  if (!isFloating(scale.elemType()))
+    return ctx.unsupportedType(scale, 1);
   const Tensor *zero = ctx.optInput(2);
   if (zero && zero->shape() != ctx.input(1).shape())
     return ctx.fail("zero point " + zero->describe() + " must have the scale's shape " +
@@ -164,14 +171,10 @@ Expected<Outputs> perScale(const OpContext &ctx, const Tensor &x, const Tensor &
 /// division is rounded in y_scale's type, or in 'precision' (opset 23 on).
 /// y has the zero point's type, else output_dtype (opset 21 on), else uint8.
 Expected<Outputs> quantizeLinear(const OpContext &ctx) {
+  if (Error e = checkLinearInputs(ctx, isFloating))
+    return e;
   const Tensor &x = ctx.input(0), &scale = ctx.input(1);
   const Tensor *zero = ctx.optInput(2);
-  if (!isFloating(x.elemType()) && x.elemType() != DType::I32)
-    return ctx.unsupportedType(x, 0);
-  if (!isFloating(scale.elemType()))
-    return ctx.unsupportedType(scale, 1);
-  if (Error e = checkZeroPoint(ctx))
-    return e;
   int64_t outputType = ctx.opset >= 21 ? ctx.attrInt("output_dtype", 0) : 0;
   DType type = DType::U8;
   if (zero) {
@@ -203,16 +206,12 @@ Expected<Outputs> quantizeLinear(const OpContext &ctx) {
 /// DequantizeLinear: y = (x - x_zero_point) * x_scale, the product rounded
 /// in y's type: output_dtype (opset 23 on), else x_scale's type.
 Expected<Outputs> dequantizeLinear(const OpContext &ctx) {
+  if (Error e = checkLinearInputs(ctx, [](DType t) { return quantRange(t).has_value(); }))
+    return e;
   const Tensor &x = ctx.input(0), &scale = ctx.input(1);
   const Tensor *zero = ctx.optInput(2);
-  if (!quantRange(x.elemType()) && x.elemType() != DType::I32)
-    return ctx.unsupportedType(x, 0);
-  if (!isFloating(scale.elemType()))
-    return ctx.unsupportedType(scale, 1);
   if (zero && zero->elemType() != x.elemType())
     return ctx.fail("the zero point must have x's element type " + elemTypeName(x.elemType()));
-  if (Error e = checkZeroPoint(ctx))
-    return e;
   Expected<DType> type = floatTypeAttr(ctx, "output_dtype", scale.elemType());
   if (!type)
     return type.takeError();
@@ -305,6 +304,20 @@ Expected<Tensor> integerProduct(const OpContext &ctx, const Tensor &a, const Ten
   return std::move((*product)[0]);
 }
 
+/// The operands of MatMulInteger and ConvInteger (inputs 0 and 1) minus
+/// their optional zero points (inputs 2 and 3), laid out as \p aLayout and
+/// \p bLayout say, as int32.
+Expected<std::pair<Tensor, Tensor>> shiftedOperands(const OpContext &ctx, ZeroPoint aLayout,
+                                                    ZeroPoint bLayout) {
+  Expected<Tensor> a = shifted(ctx, ctx.input(0), ctx.optInput(2), 0, aLayout);
+  if (!a)
+    return a.takeError();
+  Expected<Tensor> b = shifted(ctx, ctx.input(1), ctx.optInput(3), 1, bLayout);
+  if (!b)
+    return b.takeError();
+  return std::make_pair(std::move(*a), std::move(*b));
+}
+
 /// Checks the operands QLinearMatMul and QLinearConv share: the scales
 /// (inputs 1, 4 and 6) of one floating type, and y_zero_point (input 7) of
 /// a quantized type other than the 16-bit ones. Returns the range of
@@ -328,13 +341,11 @@ Expected<std::pair<double, double>> requantRange(const OpContext &ctx) {
 
 /// MatMulInteger: (A - a_zero_point) x (B - b_zero_point) in int32.
 Expected<Outputs> matMulInteger(const OpContext &ctx) {
-  Expected<Tensor> a = shifted(ctx, ctx.input(0), ctx.optInput(2), 0, ZeroPoint::PerRow);
-  if (!a)
-    return a.takeError();
-  Expected<Tensor> b = shifted(ctx, ctx.input(1), ctx.optInput(3), 1, ZeroPoint::Broadcast);
-  if (!b)
-    return b.takeError();
-  Expected<Tensor> y = integerProduct(ctx, *a, *b);
+  Expected<std::pair<Tensor, Tensor>> operands =
+      shiftedOperands(ctx, ZeroPoint::PerRow, ZeroPoint::Broadcast);
+  if (!operands)
+    return operands.takeError();
+  Expected<Tensor> y = integerProduct(ctx, operands->first, operands->second);
   if (!y)
     return y.takeError();
   return Outputs{*y};
@@ -343,13 +354,11 @@ Expected<Outputs> matMulInteger(const OpContext &ctx) {
 /// ConvInteger: Conv of (x - x_zero_point) by (w - w_zero_point) in int32;
 /// padding reads as the zero point (0 after the shift).
 Expected<Outputs> convInteger(const OpContext &ctx) {
-  Expected<Tensor> x = shifted(ctx, ctx.input(0), ctx.optInput(2), 0, ZeroPoint::Scalar);
-  if (!x)
-    return x.takeError();
-  Expected<Tensor> w = shifted(ctx, ctx.input(1), ctx.optInput(3), 1, ZeroPoint::PerChannel);
-  if (!w)
-    return w.takeError();
-  return convolve(ctx, *x, *w, nullptr, true);
+  Expected<std::pair<Tensor, Tensor>> operands =
+      shiftedOperands(ctx, ZeroPoint::Scalar, ZeroPoint::PerChannel);
+  if (!operands)
+    return operands.takeError();
+  return convolve(ctx, operands->first, operands->second, nullptr, true);
 }
 
 /// QLinearMatMul: the int32 product of the shifted operands, requantized by

@@ -28,6 +28,13 @@ struct Window {
   int64_t outSize() const { return out[0] * out[1] * out[2]; }
   int64_t inSize() const { return in[0] * in[1] * in[2]; }
   int64_t kernelSize() const { return kernel[0] * kernel[1] * kernel[2]; }
+  /// The op's output shape: [batch, channels] and the op's own rank of
+  /// spatial output sizes.
+  Shape outShape(int64_t batch, int64_t channels) const {
+    Shape shape{batch, channels};
+    shape.insert(shape.end(), out.end() - rank, out.end());
+    return shape;
+  }
 };
 
 /// Reads strides, dilations, pads and auto_pad for a window of \p kernel
@@ -36,6 +43,12 @@ struct Window {
 /// (unsupported).
 llvm::Expected<Window> windowGeometry(const OpContext &ctx, llvm::ArrayRef<int64_t> spatial,
                                       llvm::ArrayRef<int64_t> kernel, bool ceilMode);
+
+/// The window of a pool (MaxPool, AveragePool, LpPool) over \p x
+/// [N, C, spatial...]: kernel_shape and ceil_mode read from \p ctx's node,
+/// the rest as windowGeometry reads it. Errors name the node: X of rank
+/// below 3, kernel_shape missing or not matching X.
+llvm::Expected<Window> poolWindow(const OpContext &ctx, const Tensor &x);
 
 /// Conv of \p x by \p weight plus \p bias (optional) with the attributes of
 /// \p ctx's node (group, kernel_shape, strides, dilations, pads, auto_pad):

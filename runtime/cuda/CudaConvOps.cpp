@@ -90,7 +90,8 @@ columnChunks(const ConvGeometry &g,
 /// for what the device does not handle or a malformed node (nonempty
 /// tensors only).
 std::optional<ConvGeometry> convGeometry(const NodeView &n, ArrayRef<int64_t> x,
-                                         ArrayRef<int64_t> weight, const Shape *out) {
+                                         ArrayRef<int64_t> weight,
+                                         std::optional<ArrayRef<int64_t>> out) {
   if (x.size() < 3 || x.size() > 5 || weight.size() != x.size() || product(x) == 0 ||
       product(weight) == 0)
     return std::nullopt;
@@ -126,7 +127,7 @@ Result CudaBackend::conv(const NodeView &n) {
   const Tensor *x = n.in(0), *weight = n.in(1), *bias = n.in(2);
   if (!isFloat(x) || !isFloat(weight) || (n.in(2) && !isFloat(bias)) || n.numOutputs() != 1)
     return std::nullopt;
-  auto geometry = convGeometry(n, x->shape(), weight->shape(), nullptr);
+  auto geometry = convGeometry(n, x->shape(), weight->shape(), std::nullopt);
   if (!geometry || (bias && (bias->rank() != 1 || bias->dim(0) != geometry->maps)))
     return std::nullopt;
   const ConvGeometry &g = *geometry;
@@ -169,7 +170,7 @@ Result CudaBackend::convGradInput(const NodeView &n) {
   auto xShape = n.attrInts("shape");
   if (!isFloat(dy) || !isFloat(weight) || !xShape || n.numOutputs() != 1)
     return std::nullopt;
-  auto geometry = convGeometry(n, *xShape, weight->shape(), &dy->shape());
+  auto geometry = convGeometry(n, *xShape, weight->shape(), dy->shape());
   if (!geometry)
     return std::nullopt;
   const ConvGeometry &g = *geometry;
@@ -208,7 +209,7 @@ Result CudaBackend::convGradWeight(const NodeView &n) {
   auto wShape = n.attrInts("shape");
   if (!isFloat(dy) || !isFloat(x) || !wShape || n.numOutputs() != 1)
     return std::nullopt;
-  auto geometry = convGeometry(n, x->shape(), *wShape, &dy->shape());
+  auto geometry = convGeometry(n, x->shape(), *wShape, dy->shape());
   if (!geometry)
     return std::nullopt;
   const ConvGeometry &g = *geometry;
@@ -273,7 +274,7 @@ Result CudaBackend::poolGrad(const NodeView &n) {
   bool isMax = n.is(OpId::MaxPoolGrad);
   const Tensor *dy = n.in(0), *x = isMax ? n.in(1) : nullptr;
   auto kernel = n.attrInts("kernel_shape");
-  std::optional<Shape> xShape = isMax && isFloat(x) ? x->shape() : n.attrInts("shape");
+  std::optional<Shape> xShape = isMax && isFloat(x) ? Shape(x->shape()) : n.attrInts("shape");
   if (!isFloat(dy) || (isMax && !isFloat(x)) || !kernel || !xShape || n.numOutputs() != 1 ||
       dy->rank() < 3 || dy->rank() > 5 || xShape->size() != size_t(dy->rank()) ||
       (*xShape)[0] != dy->dim(0) || (*xShape)[1] != dy->dim(1) || product(*xShape) == 0 ||

@@ -194,8 +194,9 @@ Result CudaBackend::layerNorm(const NodeView &n) {
     }
     PIPEC_TRY_ASSIGN(dev, onDevice(*t));
     PIPEC_TRY_ASSIGN(
-        full,
-        broadcastTo(dev.reshaped(t->numElements() == size ? normShape : t->shape()), normShape));
+        full, broadcastTo(dev.reshaped(t->numElements() == size ? ArrayRef<int64_t>(normShape)
+                                                                : t->shape()),
+                          normShape));
     if (!full)
       return std::nullopt;
     (t == scale ? gamma : beta) = *full;

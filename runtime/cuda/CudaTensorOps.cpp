@@ -498,7 +498,7 @@ Result CudaBackend::variadicSum(const NodeView &n) {
     const Tensor *t = n.in(i);
     if (!isFloat(t))
       return std::nullopt;
-    auto next = cpu::broadcastShapes(i == 0 ? t->shape() : shape, t->shape());
+    auto next = cpu::broadcastShapes(i == 0 ? t->shape() : ArrayRef<int64_t>(shape), t->shape());
     if (!next) {
       consumeError(next.takeError());
       return std::nullopt;

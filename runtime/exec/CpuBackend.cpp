@@ -82,12 +82,12 @@ public:
   }
 
   Expected<std::vector<cpu::Tensor>> run(const onnx::NodeProto &node, const OpDef *def,
-                                         int64_t opset,
+                                         ParsedAttrs &attrs, int64_t opset,
                                          ArrayRef<const cpu::Tensor *> inputs) override {
     for (const cpu::Tensor *t : inputs)
       if (t && !t->onHost())
         return notOnHost(*t);
-    return cpu::runOp(node, opset, inputs, def);
+    return cpu::runOp(node, opset, inputs, def, &attrs);
   }
 
   Expected<bool> runInto(const onnx::NodeProto &node, int64_t opset,

@@ -161,29 +161,29 @@ const std::vector<PreparedNode> &
 RankExecutor::prepare(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
                       const std::vector<std::vector<std::string>> *dropAfter) {
   auto [it, added] = preparedLists.try_emplace({&nodes, dropAfter});
-  std::vector<PreparedNode> &list = it->second;
+  PreparedList &list = it->second;
   if (!added)
-    return list;
-  list.reserve(nodes.size());
+    return list.nodes();
+  std::vector<int> inputs, outputs, drops;
+  std::vector<const cpu::Tensor *> nodeWeights;
   for (int index = 0; index < nodes.size(); ++index) {
     const onnx::NodeProto &node = nodes.Get(index);
-    PreparedNode p;
-    p.node = &node;
     const OpDef *def = lookupOp(node.domain(), node.op_type(), s.plan->opset());
-    p.def = def && def->hasCpuKernel ? def : nullptr;
+    inputs.clear(), outputs.clear(), drops.clear(), nodeWeights.clear();
     for (const std::string &name : node.input()) {
-      p.inputs.push_back(name.empty() ? -1 : names.slotOf(name));
+      inputs.push_back(name.empty() ? -1 : names.slotOf(name));
       auto w = name.empty() ? weights.end() : weights.find(name);
-      p.weights.push_back(w == weights.end() ? nullptr : &w->second);
+      nodeWeights.push_back(w == weights.end() ? nullptr : &w->second);
     }
     for (const std::string &name : node.output())
-      p.outputs.push_back(name.empty() ? -1 : names.slotOf(name));
+      outputs.push_back(name.empty() ? -1 : names.slotOf(name));
     if (dropAfter)
       for (const std::string &name : (*dropAfter)[index])
-        p.drops.push_back(names.slotOf(name));
-    list.push_back(std::move(p));
+        drops.push_back(names.slotOf(name));
+    list.add(node, def && def->hasCpuKernel ? def : nullptr, inputs, nodeWeights, outputs, drops);
   }
-  return list;
+  list.seal();
+  return list.nodes();
 }
 
 Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
@@ -247,7 +247,7 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
     }
     auto outs = [&]() -> Expected<std::vector<cpu::Tensor>> {
       try {
-        return be.run(node, p.def, s.plan->opset(), inputs);
+        return be.run(node, p.def, p.attrs, s.plan->opset(), inputs);
       } catch (const cpu::AllocationFailure &failure) {
         return createStringError(inconvertibleErrorCode(),
                                  "'%s' needs %lld bytes (%s, made by %s node '%s'); out of memory",
@@ -825,7 +825,8 @@ Error RankExecutor::execute(const Ins &ins, int i, int t, char &category) {
     return allGather(ins);
   case Ins::FREE:
     if (auto it = bufferOwner.find(ins.buffer()); it != bufferOwner.end())
-      envs.erase(it->second);
+      if (auto owner = envs.find(it->second); owner != envs.end())
+        owner->second.reset();
     return Error::success();
   default:
     return rankError(global, formatv("unknown instruction {0}", static_cast<int>(ins.op())));
@@ -911,7 +912,8 @@ Error RankExecutor::runStream(const google::protobuf::RepeatedPtrField<Ins> &str
     return err;
   if (!pending.empty())
     return rankError(global, formatv("{0} receive(s) posted but never used", pending.size()));
-  envs.clear();
+  for (auto &kept : envs)
+    kept.second.reset();
   outbox.clear();
   return Error::success();
 }

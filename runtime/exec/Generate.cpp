@@ -102,7 +102,7 @@ struct CacheSlot {
 /// (GroupQueryAttention's buffer).
 void writePositions(cpu::Tensor &past, const cpu::Tensor &present, int batchAxis, int axis,
                     ArrayRef<int64_t> at, int64_t count, bool inPlace) {
-  const std::vector<int64_t> &shape = past.shape();
+  ArrayRef<int64_t> shape = past.shape();
   int64_t outer = 1, inner = 1, between = 1;
   for (int i = 0; i < axis; ++i)
     outer *= shape[i];

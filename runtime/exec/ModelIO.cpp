@@ -393,7 +393,8 @@ Error saveTrainedParams(const plan::Plan &plan, const std::map<std::string, cpu:
         return fail(toString(value.takeError()));
       result = std::move(*value);
     } else {
-      result = cpu::Tensor::uninitialized(*type, {p.shape().begin(), p.shape().end()});
+      result = cpu::Tensor::uninitialized(*type,
+                                          std::vector<int64_t>(p.shape().begin(), p.shape().end()));
     }
     for (const plan::ParamPlace *place = from; place; place = nullptr) {
       auto it = trained.find(place->weight());

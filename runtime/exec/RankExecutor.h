@@ -277,7 +277,7 @@ private:
   /// The slots of the values of this rank's programs, and each node list
   /// prepared (by its address and that of its drop schedule; prepare).
   ValueNames names;
-  std::map<std::pair<const void *, const void *>, std::vector<PreparedNode>> preparedLists;
+  std::map<std::pair<const void *, const void *>, PreparedList> preparedLists;
   const std::vector<PreparedNode> &
   prepare(const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
           const std::vector<std::vector<std::string>> *dropAfter);

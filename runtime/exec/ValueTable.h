@@ -13,13 +13,17 @@
 #define PIPEC_RUNTIME_EXEC_VALUETABLE_H
 
 #include "ops/OpRegistry.h"
+#include "runtime/core/OpContext.h"
 #include "runtime/core/Tensor.h"
 
 #include "onnx/onnx_pb.h"
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
 
 #include <algorithm>
+#include <array>
+#include <cassert>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -78,13 +82,20 @@ public:
   }
   void clear(int slot) {
     if (slot >= 0 && slot < static_cast<int>(slots.size()))
-      slots[slot] = cpu::Tensor();
+      slots[slot].reset();
+  }
+  /// Unsets every value, keeping the slots for the next microbatch that
+  /// takes this Env (a step makes thousands of values: sizing the table
+  /// again per microbatch costs more than its nodes' dispatch).
+  void reset() {
+    for (cpu::Tensor &t : slots)
+      t.reset();
   }
   /// Unsets every value whose name \p drop says to.
   void clearIf(llvm::function_ref<bool(const std::string &)> drop) {
     for (size_t s = 0; s < slots.size(); ++s)
       if (!slots[s].isNull() && drop(names->name(static_cast<int>(s))))
-        slots[s] = cpu::Tensor();
+        slots[s].reset();
   }
 
 private:
@@ -100,12 +111,56 @@ struct PreparedNode {
   const OpDef *def = nullptr;
   /// Per input: its slot (-1 for an omitted input), and the weight of that
   /// name where the rank holds one (read when the slot is unset).
-  std::vector<int> inputs;
-  std::vector<const cpu::Tensor *> weights;
+  llvm::ArrayRef<int> inputs;
+  llvm::ArrayRef<const cpu::Tensor *> weights;
   /// Per output: its slot, -1 for an omitted one.
-  std::vector<int> outputs;
+  llvm::ArrayRef<int> outputs;
   /// The slots to unset once it ran.
-  std::vector<int> drops;
+  llvm::ArrayRef<int> drops;
+  /// What its kernel parsed of its attributes, kept for the next run (the
+  /// node lists are otherwise fixed once prepared).
+  mutable ParsedAttrs attrs;
+};
+
+/// A node list as the rank runs it: its nodes, and the slots and weights
+/// that their lists view, in node order in two arrays (a node's lists are
+/// read where the one before it left off, not from a heap block each).
+class PreparedList {
+public:
+  /// Appends \p node, whose lists are \p inputs, \p weights (one per
+  /// input), \p outputs and \p drops.
+  void add(const onnx::NodeProto &node, const OpDef *def, llvm::ArrayRef<int> inputs,
+           llvm::ArrayRef<const cpu::Tensor *> weights, llvm::ArrayRef<int> outputs,
+           llvm::ArrayRef<int> drops) {
+    assert(inputs.size() == weights.size() && "a weight per input");
+    PreparedNode &p = list.emplace_back();
+    p.node = &node;
+    p.def = def;
+    lengths.push_back({slots.size(), inputs.size(), outputs.size(), drops.size()});
+    slots.insert(slots.end(), inputs.begin(), inputs.end());
+    slots.insert(slots.end(), outputs.begin(), outputs.end());
+    slots.insert(slots.end(), drops.begin(), drops.end());
+    nodeWeights.insert(nodeWeights.end(), weights.begin(), weights.end());
+  }
+  /// Points each node's lists into the arrays, once every node is added.
+  void seal() {
+    size_t weightAt = 0;
+    for (size_t i = 0; i < list.size(); ++i) {
+      auto [at, in, out, drop] = lengths[i];
+      list[i].inputs = llvm::ArrayRef<int>(slots).slice(at, in);
+      list[i].outputs = llvm::ArrayRef<int>(slots).slice(at + in, out);
+      list[i].drops = llvm::ArrayRef<int>(slots).slice(at + in + out, drop);
+      list[i].weights = llvm::ArrayRef<const cpu::Tensor *>(nodeWeights).slice(weightAt, in);
+      weightAt += in;
+    }
+  }
+  const std::vector<PreparedNode> &nodes() const { return list; }
+
+private:
+  std::vector<PreparedNode> list;
+  std::vector<int> slots;
+  std::vector<const cpu::Tensor *> nodeWeights;
+  std::vector<std::array<size_t, 4>> lengths;
 };
 
 } // namespace pipec::rt

@@ -37,29 +37,36 @@ template <typename M, int Arity, typename T> PIPEC_HD bool compare(T a, T b) {
   else
     return false;
 }
+
+/// Binary \p op on a and b by its row of Ops.def: a comparison's bool when
+/// \p Compare, else the arithmetic op's T.
+template <bool Compare, typename T, typename R = std::conditional_t<Compare, bool, T>>
+PIPEC_HD R binaryValue(ElemOp op, T a, T b) {
+  switch (op) {
+#define PIPEC_ELEMENTWISE(ID, DOMAIN, NAME, SINCE, ARITY, ...)                                     \
+  case ElemOp::ID:                                                                                 \
+    if constexpr (Compare)                                                                         \
+      return compare<elem::ID, ARITY, T>(a, b);                                                    \
+    else                                                                                           \
+      return arithmetic<elem::ID, ARITY, T>(a, b);
+#include "ops/Ops.def"
+  }
+  if constexpr (Compare)
+    return false;
+  else
+    return a;
+}
 } // namespace detail
 
 /// Binary \p op of one numeric type T (Add, Mul, Div, Pow, ...), as the CPU
 /// kernel computes an element.
 template <typename T> PIPEC_HD T arithmeticValue(ElemOp op, T a, T b) {
-  switch (op) {
-#define PIPEC_ELEMENTWISE(ID, DOMAIN, NAME, SINCE, ARITY, ...)                                     \
-  case ElemOp::ID:                                                                                 \
-    return detail::arithmetic<elem::ID, ARITY, T>(a, b);
-#include "ops/Ops.def"
-  }
-  return a;
+  return detail::binaryValue<false>(op, a, b);
 }
 
 /// Comparison \p op (Equal, Less, ...) of one type T.
 template <typename T> PIPEC_HD bool compareValue(ElemOp op, T a, T b) {
-  switch (op) {
-#define PIPEC_ELEMENTWISE(ID, DOMAIN, NAME, SINCE, ARITY, ...)                                     \
-  case ElemOp::ID:                                                                                 \
-    return detail::compare<elem::ID, ARITY, T>(a, b);
-#include "ops/Ops.def"
-  }
-  return false;
+  return detail::binaryValue<true>(op, a, b);
 }
 
 /// True for the binary ops that give bool.
@@ -72,21 +79,26 @@ PIPEC_HD void unaryElement(int64_t i, ElemOp op, const ElemParams &p, const floa
   y[i] = elemValue(op, x[i], 0.0f, p);
 }
 
-/// out[i] = op(a[.], b[.]) through a two-operand map.
+/// out[i] = op(a[.], b[.]) through a two-operand map, into bool for a
+/// comparison (\p Compare).
+template <bool Compare, typename T, typename R>
+PIPEC_HD void binaryElement(int64_t i, ElemOp op, const IndexMap &map, const T *a, const T *b,
+                            R *out) {
+  int64_t off[MaxOperands];
+  offsetsOf(map, i, off);
+  out[i] = detail::binaryValue<Compare>(op, a[off[0]], b[off[1]]);
+}
+
 template <typename T>
 PIPEC_HD void arithmeticElement(int64_t i, ElemOp op, const IndexMap &map, const T *a, const T *b,
                                 T *out) {
-  int64_t off[MaxOperands];
-  offsetsOf(map, i, off);
-  out[i] = arithmeticValue<T>(op, a[off[0]], b[off[1]]);
+  binaryElement<false>(i, op, map, a, b, out);
 }
 
 template <typename T>
 PIPEC_HD void compareElement(int64_t i, ElemOp op, const IndexMap &map, const T *a, const T *b,
                              bool *out) {
-  int64_t off[MaxOperands];
-  offsetsOf(map, i, off);
-  out[i] = compareValue<T>(op, a[off[0]], b[off[1]]);
+  binaryElement<true>(i, op, map, a, b, out);
 }
 
 /// dx[i] = dy[i] * derivative of unary \p op at a[i] (UnaryGrad).

@@ -74,7 +74,7 @@ PIPEC_HD void offsetsOf(const BasicIndexMap<N> &map, int64_t index, int64_t *off
 }
 
 /// Row-major strides of \p shape, in elements.
-inline std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape) {
+template <typename Shape> std::vector<int64_t> contiguousStrides(const Shape &shape) {
   std::vector<int64_t> strides(shape.size(), 1);
   for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d)
     strides[d] = strides[d + 1] * shape[d + 1];
@@ -82,15 +82,18 @@ inline std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape)
 }
 
 /// Strides that read a tensor of \p shape as \p outShape (numpy
-/// broadcasting, right-aligned): 0 along broadcast dimensions.
-inline std::vector<int64_t> broadcastStrides(const std::vector<int64_t> &shape,
-                                             const std::vector<int64_t> &outShape) {
+/// broadcasting, right-aligned): its contiguous strides, 0 along broadcast
+/// dimensions. Either shape is any indexable list of int64_t.
+template <typename InShape, typename OutShape>
+std::vector<int64_t> broadcastStrides(const InShape &shape, const OutShape &outShape) {
   std::vector<int64_t> strides(outShape.size(), 0);
-  std::vector<int64_t> own = contiguousStrides(shape);
   size_t lead = outShape.size() - shape.size();
-  for (size_t i = 0; i < shape.size(); ++i)
+  int64_t step = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
     if (shape[i] != 1)
-      strides[lead + i] = own[i];
+      strides[lead + i] = step;
+    step *= shape[i];
+  }
   return strides;
 }
 
