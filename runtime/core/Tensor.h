@@ -4,9 +4,9 @@
 // The buffer is owned through a std::shared_ptr: copying a Tensor is cheap and
 // the copy shares the buffer (writes through one are seen by the other); use
 // clone() for an independent copy. The shape is kept inline up to
-// Tensor::inlineRank dimensions, so making, copying and dropping a tensor
-// of a kernel's output costs no heap allocation beyond its buffer. Tensors convert to and from ONNX
-// TensorProto, including external data next to a model file.
+// Tensor::inlineRank dimensions, so making, copying and dropping a kernel's
+// output costs no heap allocation beyond its buffer. Tensors convert to and
+// from ONNX TensorProto, including external data next to a model file.
 //
 // Half-precision types (Float16, BFloat16) are stored widened to float: their
 // element type says what they are, data<float>() holds their values, and

@@ -153,6 +153,7 @@ public:
       list[i].weights = llvm::ArrayRef<const cpu::Tensor *>(nodeWeights).slice(weightAt, in);
       weightAt += in;
     }
+    lengths = {};
   }
   const std::vector<PreparedNode> &nodes() const { return list; }
 
@@ -160,6 +161,8 @@ private:
   std::vector<PreparedNode> list;
   std::vector<int> slots;
   std::vector<const cpu::Tensor *> nodeWeights;
+  /// Per node until seal: where its slots start, and its input, output and
+  /// drop counts.
   std::vector<std::array<size_t, 4>> lengths;
 };
 
