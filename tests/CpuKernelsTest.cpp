@@ -91,6 +91,49 @@ TEST(CpuKernels, GemmTransposesScalesAndBroadcastsC) {
   expectClose(out[0], Tensor::fromValues<float>({2, 2}, {13, 14, 25, 20}));
 }
 
+// A node the executor runs again keeps what its kernel parsed of its
+// attributes (OpContext::parsed, one ParsedAttrs per prepared node): each
+// run gives the node's own numbers, and another node with its own
+// ParsedAttrs reads its own attributes, not the first node's.
+TEST(CpuKernels, GemmKeepsItsParsedAttributesPerNode) {
+  Tensor a = Tensor::fromValues<float>({2, 2}, {1, 2, 3, 4});
+  Tensor b = Tensor::fromValues<float>({2, 2}, {1, 0, 1, 1}); // B^T = [[1, 1], [0, 1]]
+  Tensor c = Tensor::fromValues<float>({2}, {10, 20});
+  NodeBuilder scaled =
+      NodeBuilder("Gemm", 3).attr("transB", int64_t(1)).attr("alpha", 2.0f).attr("beta", 0.5f);
+  NodeBuilder plain("Gemm", 3);
+  pipec::ParsedAttrs scaledKept, plainKept;
+  for (int runs = 0; runs < 2; ++runs) {
+    // A B^T = [[1, 3], [3, 7]]: times 2, plus 0.5 * [10, 20].
+    auto out = runOp(scaled.node, 17, {&a, &b, &c}, nullptr, &scaledKept);
+    ASSERT_TRUE(!!out) << llvm::toString(out.takeError());
+    expectClose((*out)[0], Tensor::fromValues<float>({2, 2}, {7, 16, 11, 24}));
+    // A B = [[3, 2], [7, 4]], plus [10, 20].
+    out = runOp(plain.node, 17, {&a, &b, &c}, nullptr, &plainKept);
+    ASSERT_TRUE(!!out) << llvm::toString(out.takeError());
+    expectClose((*out)[0], Tensor::fromValues<float>({2, 2}, {13, 22, 17, 24}));
+  }
+}
+
+TEST(CpuKernels, ParsedReadsOnceWhereTheNodeKeepsIt) {
+  NodeBuilder node = NodeBuilder("Gemm", 2).attr("alpha", 3.0f);
+  int reads = 0;
+  auto alpha = [&](const pipec::OpContext &ctx) {
+    return ctx.parsed<float>([&] {
+      ++reads;
+      return ctx.attrFloat("alpha", 1.0f);
+    });
+  };
+  pipec::ParsedAttrs kept;
+  pipec::OpContext withKept(node.node, 17, {}, nullptr, &kept), without(node.node, 17, {});
+  EXPECT_EQ(alpha(withKept), 3.0f);
+  EXPECT_EQ(alpha(withKept), 3.0f);
+  EXPECT_EQ(reads, 1);
+  EXPECT_EQ(alpha(without), 3.0f);
+  EXPECT_EQ(alpha(without), 3.0f);
+  EXPECT_EQ(reads, 3);
+}
+
 //===----------------------------------------------------------------------===//
 // Conv
 //===----------------------------------------------------------------------===//
