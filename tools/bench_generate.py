@@ -296,27 +296,15 @@ def main():
          "|---|---|---|---|---|---|---|---|---|---|---|"] + lines)
     print(table)
     if a.write:
-        section = f"""## Generation (pipec generate against transformers' generate)
-
-`tools/bench-peers.sh --generate --rounds {a.rounds} --write` (tools/bench_generate.py says what
+        # Only the generated paragraph and table: the section's other text is written by hand.
+        from doc_section import write_section
+        write_section(DOC, "generate", f"""`tools/bench-peers.sh --generate --rounds {a.rounds} --write` (tools/bench_generate.py says what
 each row measures). {PROMPTS} prompts of {PROMPT_LEN} random tokens, {NEW} new tokens each,
 greedy, all rows decoded together; medians of {a.rounds} alternated rounds, each contender in a
 fresh process; torch with {a.threads} threads, pipec on the same cores. CPU: {cpu_name()}.
 
 {table}
-"""
-        with open(DOC) as f:
-            doc = f.read()
-        start = doc.find("## Generation (")
-        if start >= 0:
-            end = doc.find("\n## ", start + 1)
-            doc = doc[:start] + section + (doc[end + 1:] if end >= 0 else "")
-        else:
-            gpu = doc.find("## GPU (CUDA backend)")
-            doc = doc[:gpu] + section + "\n" + doc[gpu:] if gpu >= 0 else doc + "\n" + section
-        with open(DOC, "w") as f:
-            f.write(doc)
-        print("wrote", DOC)
+""")
 
 
 if __name__ == "__main__":
