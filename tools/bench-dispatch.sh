@@ -27,8 +27,12 @@ done
 step() { # WHICH -> ms per step
   local nofuse=()
   grep -qx "$1" "$work/fuse-at-run" 2>/dev/null && nofuse=(--no-fuse)
+  # pipec prints the step in ms, or in us below a millisecond.
   "${!1}" run "$work/$1.plan" --steps 300 --threads-per-rank 1 "${nofuse[@]}" 2>&1 |
-    sed -n 's/.*: \([0-9.]*\) ms per step.*/\1/p'
+    awk 'match($0, /: [0-9.]+ [mu]s per step/) {
+           split(substr($0, RSTART + 2, RLENGTH - 2), f, " ")
+           print (f[2] == "us" ? f[1] / 1000 : f[1])
+         }'
 }
 : >"$work/before" && : >"$work/after"
 for r in $(seq "$rounds"); do
