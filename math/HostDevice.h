@@ -1,7 +1,8 @@
 //===- HostDevice.h - Functions that compile for the host and the device -===//
 //
 // PIPEC_HD marks a function of runtime/kernels that the CPU kernels call on
-// the host and the CUDA kernels on the device. The math shims below give
+// the host and the CUDA kernels on the device (PIPEC_HD_INLINE one that is
+// always inlined). The math shims below give
 // one name per libm function with a float and a double overload, so that a
 // kernel body templated on its element type calls sinf for float and sin
 // for double on both sides (the host's std:: overloads do the same); the
@@ -17,8 +18,12 @@
 
 #if defined(__CUDACC__)
 #define PIPEC_HD __host__ __device__ inline
+#define PIPEC_HD_INLINE __host__ __device__ __forceinline__
 #else
 #define PIPEC_HD inline
+// Row functions the CPU calls from its vector clones (PIPEC_VECTOR_CLONES):
+// inlined, so that each clone vectorises them for its own target.
+#define PIPEC_HD_INLINE [[gnu::always_inline]] inline
 #endif
 
 namespace pipec::kernels::math {

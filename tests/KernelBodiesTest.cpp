@@ -197,8 +197,8 @@ TEST(GpuKernelBodies, SoftmaxRowsMatchCpu) {
           runCpu(NodeBuilder("SoftmaxGrad", 2, 1, "pipec").i("axis", axis), {dy, expected})[0];
       Tensor got(DType::F32, x.shape());
       for (int64_t r = 0; r < k::rowCount(layout); ++r)
-        k::softmaxGradRow(lanes, r, layout, dy.data<float>(), expected.data<float>(),
-                          got.data<float>());
+        k::softmaxGradRow<float>(lanes, r, layout, dy.data<float>(), expected.data<float>(),
+                                 got.data<float>());
       if (!logarithm) {
         EXPECT_TRUE(close(got, grad)) << "axis " << axis;
       }
@@ -213,8 +213,9 @@ TEST(GpuKernelBodies, LayerNormRowsMatchCpu) {
   int64_t rows = 4, size = 24;
   Tensor y(DType::F32, x.shape()), mean(DType::F32, {4, 1, 1}), invStd(DType::F32, {4, 1, 1});
   for (int64_t r = 0; r < rows; ++r)
-    k::layerNormRow(lanes, r, size, 1e-3f, x.data<float>(), scale.data<float>(), bias.data<float>(),
-                    y.data<float>(), mean.data<float>(), invStd.data<float>());
+    k::layerNormRow<float>(lanes, r, size, 1e-3f, x.data<float>(), scale.data<float>(),
+                           bias.data<float>(), y.data<float>(), mean.data<float>(),
+                           invStd.data<float>());
   EXPECT_TRUE(close(y, expected[0]));
   EXPECT_TRUE(close(mean, expected[1]));
   EXPECT_TRUE(close(invStd, expected[2]));
@@ -225,8 +226,8 @@ TEST(GpuKernelBodies, LayerNormRowsMatchCpu) {
              {dy, x, scale})[0];
   Tensor gotDx(DType::F32, x.shape());
   for (int64_t r = 0; r < rows; ++r)
-    k::layerNormGradInputRow(lanes, r, size, 1e-3f, dy.data<float>(), x.data<float>(),
-                             scale.data<float>(), gotDx.data<float>());
+    k::layerNormGradInputRow<float>(lanes, r, size, 1e-3f, dy.data<float>(), x.data<float>(),
+                                    scale.data<float>(), gotDx.data<float>());
   EXPECT_TRUE(close(gotDx, dx));
 
   Tensor dScale = runCpu(NodeBuilder("LayerNormGradWeight", 2, 1, "pipec")
@@ -236,12 +237,12 @@ TEST(GpuKernelBodies, LayerNormRowsMatchCpu) {
                          {dy, x})[0];
   std::vector<float> mu(rows), rstd(rows);
   for (int64_t r = 0; r < rows; ++r)
-    k::layerNormStatsRow(lanes, r, size, 1e-3f, x.data<float>(), mu.data(), rstd.data());
+    k::layerNormStatsRow<float>(lanes, r, size, 1e-3f, x.data<float>(), mu.data(), rstd.data());
   int64_t chunks = 3, chunkLength = 2; // rows 0-1, 2-3, none
   std::vector<double> partial(size * chunks);
   for (int64_t t = 0; t < size * chunks; ++t)
-    k::layerNormGradWeightPartial(t, rows, size, chunkLength, dy.data<float>(), x.data<float>(),
-                                  mu.data(), rstd.data(), partial.data());
+    k::layerNormGradWeightPartial<float>(t, rows, size, chunkLength, dy.data<float>(),
+                                         x.data<float>(), mu.data(), rstd.data(), partial.data());
   Tensor gotScale(DType::F32, {3, 8});
   for (int64_t o = 0; o < size; ++o)
     k::reduceFinishElement<float>(o, size, chunks, partial.data(), 1.0, gotScale.data<float>());
@@ -332,8 +333,8 @@ TEST(GpuKernelBodies, GatherAndItsGradientMatchCpu) {
                {dy, idx})[0];
     Tensor got(DType::F32, data.shape());
     for (int64_t i = 0; i < dy.numElements(); ++i)
-      k::gatherGradElement<int64_t>(i, p, dy.data<float>(), idx.data<int64_t>(), got.data<float>(),
-                                    &flag);
+      k::gatherGradElement<float, int64_t>(i, p, dy.data<float>(), idx.data<int64_t>(),
+                                           got.data<float>(), &flag);
     EXPECT_EQ(flag, 0);
     EXPECT_TRUE(close(got, dData)) << "axis " << axis;
   }
@@ -612,7 +613,7 @@ TEST(GpuKernelBodies, GlobalAveragePoolMatchesCpu) {
     k::reducePartialElement<float>(t, plan, x.data<float>(), partial.data());
   Tensor actual(DType::F32, expected.shape());
   for (int64_t o = 0; o < plan.outputs; ++o)
-    k::reduceFinishElement<float>(o, plan.outputs, plan.chunks, partial.data(), 1.0 / 42,
+    k::reduceFinishElement<float>(o, plan.outputs, plan.chunks, partial.data(), 42.0,
                                   actual.data<float>());
   EXPECT_TRUE(close(actual, expected));
 }

@@ -2,9 +2,10 @@
 //
 // Plain loops over float or double storage; each kernel follows the formula
 // in passes/Differentiate.h. The convolution gradients are GEMMs (OpenBLAS,
-// through Kernels.h) around im2col and its adjoint col2im; the windows are
-// walked in the forward kernels' order so that MaxPoolGrad picks the same
-// maximum as MaxPool.
+// through Kernels.h) around im2col and its adjoint col2im (Window.h); the
+// pool gradients loop around the device's per-element bodies
+// (runtime/kernels/KernelBodies.h), and MaxPoolGrad takes each window's
+// maximum from poolArgmax, as MaxPool does.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,6 +14,7 @@
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/Window.h"
 #include "support/Attributes.h"
 #include "support/Parallel.h"
 
@@ -89,20 +91,12 @@ Expected<std::vector<Tensor>> softmaxGrad(const onnx::NodeProto &node,
   return floating(node, y, [&](auto tag) -> Expected<std::vector<Tensor>> {
     using T = decltype(tag);
     Tensor dx = Tensor::uninitialized(y.elemType(), y.shape()); // every element is written
-    const T *pd = dy.data<T>(), *py = y.data<T>();
-    T *px = dx.data<T>();
+    kernels::RowLayout layout{outer, size, inner};
     // Rows are independent: the rank's loop threads take runs of them.
     parallelFor(outer * inner, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        int64_t base = (row / inner) * size * inner + row % inner;
-        double dot = laneSum(size, [&](int64_t k) {
-          return double(pd[base + k * inner]) * double(py[base + k * inner]);
-        });
-        for (int64_t k = 0; k < size; ++k) {
-          int64_t i = base + k * inner;
-          px[i] = static_cast<T>(double(py[i]) * (double(pd[i]) - dot));
-        }
-      }
+      for (int64_t row = begin; row < end; ++row)
+        kernels::softmaxGradRow<double>(VectorLanes(), row, layout, dy.data<T>(), y.data<T>(),
+                                        dx.data<T>());
     });
     return std::vector<Tensor>{dx};
   });
@@ -127,19 +121,16 @@ Expected<std::vector<Tensor>> gatherGrad(const onnx::NodeProto &node,
   if (dy.numElements() != outer * count * inner)
     return fail(node, "dY " + dy.describe() + " does not match indices " + indices.describe());
   std::vector<int64_t> idx = indices.toInt64Vector();
+  for (int64_t i : idx)
+    if (i < -size || i >= size)
+      return fail(node, "index " + Twine(i) + " out of range [0, " + Twine(size) + ")");
+  kernels::GatherParams p{outer, size, count, inner};
   return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
     using T = decltype(tag);
     Tensor dx(dy.elemType(), shape);
-    const T *pd = dy.data<T>();
-    T *px = dx.data<T>();
-    for (int64_t o = 0; o < outer; ++o)
-      for (int64_t j = 0; j < count; ++j) {
-        int64_t k = idx[j] < 0 ? idx[j] + size : idx[j];
-        if (k < 0 || k >= size)
-          return fail(node, "index " + Twine(idx[j]) + " out of range [0, " + Twine(size) + ")");
-        for (int64_t in = 0; in < inner; ++in)
-          px[(o * size + k) * inner + in] += pd[(o * count + j) * inner + in];
-      }
+    int flag = 0; // the indices are checked above
+    for (int64_t i = 0; i < dy.numElements(); ++i)
+      kernels::gatherGradElement(i, p, dy.data<T>(), idx.data(), dx.data<T>(), &flag);
     return std::vector<Tensor>{dx};
   });
 }
@@ -154,61 +145,31 @@ Expected<std::vector<Tensor>> crossEntropyGrad(const onnx::NodeProto &node,
   if (labels.numElements() != n * inner)
     return fail(node, "labels " + labels.describe() + " do not match scores " + scores.describe());
   std::string reduction = attrString(node, "reduction", "mean");
-  const auto *ignoreAttr = findAttr(node, "ignore_index");
+  kernels::CrossEntropyParams p;
+  if (const auto *ignoreAttr = findAttr(node, "ignore_index")) {
+    p.hasIgnore = true;
+    p.ignoreIndex = ignoreAttr->i();
+  }
+  p.reduction = reduction == "sum" ? 1 : reduction == "none" ? 0 : 2;
   std::vector<int64_t> lab = labels.toInt64Vector();
-  double count = 0;
-  for (int64_t l : lab)
-    count += ignoreAttr && l == ignoreAttr->i() ? 0 : 1;
-  double scale = dLoss.getDouble(0) / (reduction == "sum" || count == 0 ? 1.0 : count);
+  for (int64_t label : lab)
+    if (!(p.hasIgnore && label == p.ignoreIndex) && (label < 0 || label >= c))
+      return fail(node, "label " + Twine(label) + " out of range [0, " + Twine(c) + ")");
+  double count;
+  kernels::labelCount(kernels::SerialLanes(), n * inner, p, lab.data(), &count);
+  kernels::RowLayout layout{n, c, inner};
   return floating(node, scores, [&](auto tag) -> Expected<std::vector<Tensor>> {
     using T = decltype(tag);
-    Tensor dx(scores.elemType(), scores.shape());
-    const T *ps = scores.data<T>();
-    T *px = dx.data<T>();
-    if constexpr (std::is_same_v<T, float>) {
-      if (inner == 1) {
-        for (int64_t label : lab)
-          if (!(ignoreAttr && label == ignoreAttr->i()) && (label < 0 || label >= c))
-            return fail(node, "label " + Twine(label) + " out of range [0, " + Twine(c) + ")");
-        // Rows of classes (a language model's tokens): the rank's loop
-        // threads take runs of rows; the exponentials in float, in loops
-        // that vectorise, their sum in double.
-        parallelFor(n, 4, [&](int64_t begin, int64_t end) {
-          for (int64_t b = begin; b < end; ++b) {
-            int64_t label = lab[b];
-            if (ignoreAttr && label == ignoreAttr->i())
-              continue;
-            const float *row = ps + b * c;
-            float *out = px + b * c;
-            float maxV;
-            double sum = shiftedExponentials(row, out, c, maxV);
-            float factor = static_cast<float>(scale / sum);
-            for (int64_t k = 0; k < c; ++k)
-              out[k] *= factor;
-            out[label] = static_cast<float>(double(out[label]) - scale);
-          }
-        });
-        return std::vector<Tensor>{dx};
-      }
-    }
-    for (int64_t b = 0; b < n; ++b)
-      for (int64_t in = 0; in < inner; ++in) {
-        int64_t label = lab[b * inner + in];
-        if (ignoreAttr && label == ignoreAttr->i())
-          continue;
-        if (label < 0 || label >= c)
-          return fail(node, "label " + Twine(label) + " out of range [0, " + Twine(c) + ")");
-        int64_t base = b * c * inner + in;
-        double maxV = -INFINITY, sum = 0;
-        for (int64_t k = 0; k < c; ++k)
-          maxV = std::max(maxV, double(ps[base + k * inner]));
-        for (int64_t k = 0; k < c; ++k)
-          sum += std::exp(double(ps[base + k * inner]) - maxV);
-        for (int64_t k = 0; k < c; ++k) {
-          double p = std::exp(double(ps[base + k * inner]) - maxV) / sum;
-          px[base + k * inner] = static_cast<T>(scale * (p - (k == label ? 1.0 : 0.0)));
-        }
-      }
+    Tensor dx = Tensor::uninitialized(scores.elemType(), scores.shape()); // every row is written
+    T dl = static_cast<T>(dLoss.getDouble(0));
+    int flag = 0; // the labels are checked above
+    // Rows of classes (a language model's tokens): the rank's loop threads
+    // take runs of rows.
+    parallelFor(n * inner, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row)
+        kernels::crossEntropyGradRow(VectorLanes(), row, layout, p, &dl, &count, scores.data<T>(),
+                                     lab.data(), dx.data<T>(), &flag);
+    });
     return std::vector<Tensor>{dx};
   });
 }
@@ -222,11 +183,11 @@ template <typename F> void withFloatStorage(const Tensor &t, F f) {
     f(static_cast<const float *>(t.rawData()));
 }
 
-/// Shared by both LayerNorm gradients: per row of the normalised axes, the
-/// mean and reciprocal standard deviation of X.
+/// Shared by both LayerNorm gradients: X's rows (the normalised axes) and
+/// epsilon, after checking dY against X.
 struct LayerNormRows {
   int64_t rows = 0, width = 0;
-  std::vector<double> mean, rstd;
+  double epsilon = 0;
 };
 
 Expected<LayerNormRows> layerNormRows(const onnx::NodeProto &node, const Tensor &dy,
@@ -238,26 +199,10 @@ Expected<LayerNormRows> layerNormRows(const onnx::NodeProto &node, const Tensor 
     return axis.takeError();
   if (!isFloating(x.elemType()))
     return fail(node, "element type " + elemTypeName(x.elemType()).str() + " is not supported");
-  double epsilon = attrFloat(node, "epsilon", 1e-5);
   LayerNormRows r;
+  r.epsilon = attrFloat(node, "epsilon", 1e-5);
   r.rows = numElementsOf(ArrayRef<int64_t>(x.shape()).take_front(*axis));
   r.width = numElementsOf(ArrayRef<int64_t>(x.shape()).drop_front(*axis));
-  r.mean.resize(r.rows);
-  r.rstd.resize(r.rows);
-  withFloatStorage(x, [&](const auto *xs) {
-    parallelFor(r.rows, 8, [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        const auto *in = xs + row * r.width;
-        double mean = laneSum(r.width, [&](int64_t k) { return double(in[k]); }) / double(r.width);
-        double sq = laneSum(r.width, [&](int64_t k) {
-          double d = double(in[k]) - mean;
-          return d * d;
-        });
-        r.mean[row] = mean;
-        r.rstd[row] = 1.0 / std::sqrt(sq / double(r.width) + epsilon);
-      }
-    });
-  });
   return r;
 }
 
@@ -269,33 +214,21 @@ Expected<std::vector<Tensor>> layerNormGradInput(const onnx::NodeProto &node,
     return r.takeError();
   if (scale.numElements() != r->width)
     return fail(node, "scale " + scale.describe() + " does not match X " + x.describe());
-  if (!isFloating(x.elemType()))
-    return fail(node, "element type " + elemTypeName(x.elemType()).str() + " is not supported");
   if (!isFloating(scale.elemType()))
     return fail(node, "scale " + scale.describe() + " is not a float");
-  Tensor dx(x.elemType(), x.shape());
-  // Rows are independent: each thread keeps its own g and x-hat.
+  Tensor dx = Tensor::uninitialized(x.elemType(), x.shape()); // every row is written
+  std::vector<double> gamma(r->width);
+  for (int64_t k = 0; k < r->width; ++k)
+    gamma[k] = scale.getDouble(k);
+  // kernels::layerNormGradInputRow in double; rows on the loop threads.
   withFloatStorage(x, [&](const auto *xs) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(xs)>>;
     const T *dys = static_cast<const T *>(dy.rawData());
     T *dxs = static_cast<T *>(dx.rawData());
-    std::vector<double> gamma(r->width);
-    for (int64_t k = 0; k < r->width; ++k)
-      gamma[k] = scale.getDouble(k);
     parallelFor(r->rows, 8, [&](int64_t begin, int64_t end) {
-      std::vector<double> g(r->width), xh(r->width);
-      for (int64_t row = begin; row < end; ++row) {
-        for (int64_t k = 0; k < r->width; ++k) {
-          int64_t i = row * r->width + k;
-          xh[k] = (double(xs[i]) - r->mean[row]) * r->rstd[row];
-          g[k] = double(dys[i]) * gamma[k];
-        }
-        double meanG = laneSum(r->width, [&](int64_t k) { return g[k]; }) / double(r->width);
-        double meanGX =
-            laneSum(r->width, [&](int64_t k) { return g[k] * xh[k]; }) / double(r->width);
-        for (int64_t k = 0; k < r->width; ++k)
-          dxs[row * r->width + k] = static_cast<T>(r->rstd[row] * (g[k] - meanG - xh[k] * meanGX));
-      }
+      for (int64_t row = begin; row < end; ++row)
+        kernels::layerNormGradInputRow<double>(VectorLanes(), row, r->width, r->epsilon, dys, xs,
+                                               gamma.data(), dxs);
     });
   });
   dx.roundToElemType();
@@ -308,24 +241,27 @@ Expected<std::vector<Tensor>> layerNormGradWeight(const onnx::NodeProto &node,
   auto r = layerNormRows(node, dy, x);
   if (!r)
     return r.takeError();
-  if (!isFloating(x.elemType()))
-    return fail(node, "element type " + elemTypeName(x.elemType()).str() + " is not supported");
   std::vector<int64_t> shape{r->width};
   if (const auto *shapeAttr = findAttr(node, "shape"))
     shape.assign(shapeAttr->ints().begin(), shapeAttr->ints().end());
   if (numElementsOf(shape) != r->width)
     return fail(node, "shape " + shapeString(shape) + " does not match X " + x.describe());
   Tensor dscale(x.elemType(), shape);
-  // A sum over rows, in row order (the bits do not depend on threads).
-  std::vector<double> acc(r->width, 0.0);
+  // kernels::layerNormStatsRow and layerNormGradWeightTerm in double; the
+  // terms summed over rows in row order (the bits do not depend on threads).
+  std::vector<double> mean(r->rows), rstd(r->rows), acc(r->width, 0.0);
   withFloatStorage(x, [&](const auto *xs) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(xs)>>;
     const T *dys = static_cast<const T *>(dy.rawData());
+    parallelFor(r->rows, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row)
+        kernels::layerNormStatsRow<double>(VectorLanes(), row, r->width, r->epsilon, xs,
+                                           mean.data(), rstd.data());
+    });
     for (int64_t row = 0; row < r->rows; ++row)
-      for (int64_t k = 0; k < r->width; ++k) {
-        int64_t i = row * r->width + k;
-        acc[k] += double(dys[i]) * (double(xs[i]) - r->mean[row]) * r->rstd[row];
-      }
+      for (int64_t k = 0; k < r->width; ++k)
+        acc[k] += kernels::layerNormGradWeightTerm<double>(row * r->width + k, row, dys, xs,
+                                                           mean.data(), rstd.data());
   });
   for (int64_t k = 0; k < r->width; ++k)
     dscale.setDouble(k, acc[k]);
@@ -337,26 +273,6 @@ Expected<std::vector<Tensor>> layerNormGradWeight(const onnx::NodeProto &node,
 // Convolution and pooling gradients
 //===----------------------------------------------------------------------===//
 
-/// Sliding-window geometry of a Conv or pool gradient, padded to three
-/// spatial dimensions as the forward kernels pad it (a 1-D or 2-D op gets
-/// leading dimensions of size 1). Pads are explicit (the differentiate pass
-/// resolves auto_pad) and the output sizes are dY's.
-struct Window {
-  static constexpr int MaxRank = 3;
-  std::array<int64_t, MaxRank> in, kernel, stride, dilation, padBegin, padEnd, out;
-  int64_t inSize() const { return in[0] * in[1] * in[2]; }
-  int64_t outSize() const { return out[0] * out[1] * out[2]; }
-  int64_t kernelSize() const { return kernel[0] * kernel[1] * kernel[2]; }
-  /// True when every window is one input element at the same position: the
-  /// im2col columns are the image itself.
-  bool isIdentity() const {
-    for (int d = 0; d < MaxRank; ++d)
-      if (kernel[d] != 1 || stride[d] != 1 || padBegin[d] != 0 || out[d] != in[d])
-        return false;
-    return true;
-  }
-};
-
 std::vector<int64_t> intsAttr(const onnx::NodeProto &node, StringRef name,
                               std::vector<int64_t> otherwise) {
   return attrInts(node, name).value_or(std::move(otherwise));
@@ -364,11 +280,13 @@ std::vector<int64_t> intsAttr(const onnx::NodeProto &node, StringRef name,
 
 /// Reads strides, dilations and pads for a window of \p kernel sliding over
 /// \p in to give \p out, and checks that the sizes agree (out as with
-/// ceil_mode off or on).
-Expected<Window> windowOf(const onnx::NodeProto &node, ArrayRef<int64_t> in,
-                          ArrayRef<int64_t> kernel, ArrayRef<int64_t> out) {
+/// ceil_mode off or on). The window is padded to three spatial dimensions
+/// as the forward kernels pad it; pads are explicit (the differentiate pass
+/// resolves auto_pad) and the output sizes are dY's.
+Expected<kernels::ConvWindow> windowOf(const onnx::NodeProto &node, ArrayRef<int64_t> in,
+                                       ArrayRef<int64_t> kernel, ArrayRef<int64_t> out) {
   size_t rank = in.size();
-  if (rank < 1 || rank > Window::MaxRank)
+  if (rank < 1 || rank > 3)
     return fail(node, Twine(rank) + " spatial dimensions (1 to 3 are supported)");
   if (kernel.size() != rank || out.size() != rank)
     return fail(node, "kernel " + shapeString(kernel) + ", input " + shapeString(in) +
@@ -382,84 +300,19 @@ Expected<Window> windowOf(const onnx::NodeProto &node, ArrayRef<int64_t> in,
   std::vector<int64_t> pads = intsAttr(node, "pads", std::vector<int64_t>(2 * rank, 0));
   if (strides.size() != rank || dilations.size() != rank || pads.size() != 2 * rank)
     return fail(node, "strides, dilations or pads do not match the spatial rank");
-  Window w;
-  size_t lead = Window::MaxRank - rank;
-  for (int d = 0; d < Window::MaxRank; ++d) {
-    w.in[d] = w.kernel[d] = w.stride[d] = w.dilation[d] = w.out[d] = 1;
-    w.padBegin[d] = w.padEnd[d] = 0;
-  }
+  kernels::ConvWindow w;
+  if (kernels::makeGradWindow(in.vec(), kernel.vec(), strides, dilations, pads, out.vec(), w))
+    return w;
+  // Name the first dimension that does not fit.
   for (size_t i = 0; i < rank; ++i) {
-    size_t d = lead + i;
-    w.in[d] = in[i], w.kernel[d] = kernel[i], w.stride[d] = strides[i];
-    w.dilation[d] = dilations[i], w.padBegin[d] = pads[i], w.padEnd[d] = pads[rank + i];
-    w.out[d] = out[i];
-    if (w.kernel[d] < 1 || w.stride[d] < 1 || w.dilation[d] < 1 || w.padBegin[d] < 0 ||
-        w.padEnd[d] < 0)
+    if (kernel[i] < 1 || strides[i] < 1 || dilations[i] < 1 || pads[i] < 0 || pads[rank + i] < 0)
       return fail(node, "kernel, strides and dilations must be positive and pads non-negative");
-    int64_t span = w.in[d] + w.padBegin[d] + w.padEnd[d] - (w.kernel[d] - 1) * w.dilation[d] - 1;
-    if (span < 0 || w.out[d] < span / w.stride[d] + 1 ||
-        w.out[d] > (span + w.stride[d] - 1) / w.stride[d] + 1)
-      return fail(node, "output size " + Twine(w.out[d]) + " does not fit input size " +
-                            Twine(w.in[d]) + " in spatial dimension " + Twine(i));
+    if (!kernels::makeGradWindow({in[i]}, {kernel[i]}, {strides[i]}, {dilations[i]},
+                                 {pads[i], pads[rank + i]}, {out[i]}, w))
+      return fail(node, "output size " + Twine(out[i]) + " does not fit input size " +
+                            Twine(in[i]) + " in spatial dimension " + Twine(i));
   }
-  return w;
-}
-
-/// Calls f(k, o, i, inPadded) for every kernel tap k and output position o
-/// (both row-major; the taps outermost) of one plane. i is the input element
-/// the tap reads, or -1 where it reads padding; inPadded says whether the
-/// tap lies inside the padded input. For one o the taps come in increasing
-/// k, as in the forward kernels' window loops.
-template <typename F> void forEachTap(const Window &w, F &&f) {
-  int64_t k = 0;
-  for (int64_t kd = 0; kd < w.kernel[0]; ++kd)
-    for (int64_t kh = 0; kh < w.kernel[1]; ++kh)
-      for (int64_t kw = 0; kw < w.kernel[2]; ++kw, ++k) {
-        int64_t o = 0;
-        for (int64_t od = 0; od < w.out[0]; ++od) {
-          int64_t id = od * w.stride[0] - w.padBegin[0] + kd * w.dilation[0];
-          bool padD = id >= -w.padBegin[0] && id < w.in[0] + w.padEnd[0];
-          bool inD = id >= 0 && id < w.in[0];
-          for (int64_t oh = 0; oh < w.out[1]; ++oh) {
-            int64_t ih = oh * w.stride[1] - w.padBegin[1] + kh * w.dilation[1];
-            bool padH = padD && ih >= -w.padBegin[1] && ih < w.in[1] + w.padEnd[1];
-            bool inH = inD && ih >= 0 && ih < w.in[1];
-            for (int64_t ow = 0; ow < w.out[2]; ++ow, ++o) {
-              int64_t iw = ow * w.stride[2] - w.padBegin[2] + kw * w.dilation[2];
-              bool padW = padH && iw >= -w.padBegin[2] && iw < w.in[2] + w.padEnd[2];
-              bool inW = inH && iw >= 0 && iw < w.in[2];
-              f(k, o, inW ? (id * w.in[1] + ih) * w.in[2] + iw : int64_t(-1), padW);
-            }
-          }
-        }
-      }
-}
-
-/// Unfolds \p channels planes of \p image into columns [channels * kernel
-/// taps, output positions], zeros where a tap reads padding.
-template <typename T> void im2col(const T *image, int64_t channels, const Window &w, T *columns) {
-  int64_t inSize = w.inSize(), colSize = w.kernelSize() * w.outSize(), outSize = w.outSize();
-  for (int64_t c = 0; c < channels; ++c) {
-    const T *plane = image + c * inSize;
-    T *cols = columns + c * colSize;
-    forEachTap(w, [&](int64_t k, int64_t o, int64_t i, bool) {
-      cols[k * outSize + o] = i < 0 ? T(0) : plane[i];
-    });
-  }
-}
-
-/// The adjoint of im2col: adds every column entry to the image element it
-/// was read from.
-template <typename T> void col2im(const T *columns, int64_t channels, const Window &w, T *image) {
-  int64_t inSize = w.inSize(), colSize = w.kernelSize() * w.outSize(), outSize = w.outSize();
-  for (int64_t c = 0; c < channels; ++c) {
-    T *plane = image + c * inSize;
-    const T *cols = columns + c * colSize;
-    forEachTap(w, [&](int64_t k, int64_t o, int64_t i, bool) {
-      if (i >= 0)
-        plane[i] += cols[k * outSize + o];
-    });
-  }
+  return fail(node, "the window does not fit its input and output sizes");
 }
 
 /// The shape attribute, required.
@@ -474,7 +327,7 @@ Expected<std::vector<int64_t>> shapeAttr(const onnx::NodeProto &node) {
 /// group, kernel...], dY [N, M, out...].
 struct ConvShapes {
   int64_t batch, channels, maps, group;
-  Window window;
+  kernels::ConvWindow window;
   int64_t groupChannels() const { return channels / group; }
   int64_t groupMaps() const { return maps / group; }
   /// Rows of one group's im2col matrix.
@@ -520,7 +373,7 @@ Expected<std::vector<Tensor>> convGrad(const onnx::NodeProto &node, ArrayRef<con
     return s.takeError();
   return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
     using T = decltype(tag);
-    const Window &w = s->window;
+    const kernels::ConvWindow &w = s->window;
     Tensor grad(dy.elemType(), *shape);
     int64_t rows = s->rows(), cols = w.outSize(), gc = s->groupChannels(), gm = s->groupMaps();
     bool identity = w.isIdentity();
@@ -550,8 +403,8 @@ Expected<std::vector<Tensor>> convGrad(const onnx::NodeProto &node, ArrayRef<con
 }
 
 /// The window of a pool over \p xShape whose gradient is \p dy.
-Expected<Window> poolWindow(const onnx::NodeProto &node, const Tensor &dy,
-                            ArrayRef<int64_t> xShape) {
+Expected<kernels::ConvWindow> poolWindow(const onnx::NodeProto &node, const Tensor &dy,
+                                         ArrayRef<int64_t> xShape) {
   if (dy.rank() < 3 || int64_t(xShape.size()) != dy.rank() || dy.dim(0) != xShape[0] ||
       dy.dim(1) != xShape[1])
     return fail(node, "dY " + dy.describe() + " does not fit X " + shapeString(xShape));
@@ -573,26 +426,23 @@ Expected<std::vector<Tensor>> maxPoolGrad(const onnx::NodeProto &node,
     return w.takeError();
   return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
     using T = decltype(tag);
-    Tensor dx(dy.elemType(), x.shape());
+    Tensor dx = Tensor::uninitialized(dy.elemType(), x.shape()); // every element is written
     int64_t planes = x.dim(0) * x.dim(1), inSize = w->inSize(), outSize = w->outSize();
-    std::vector<T> best(outSize);
-    std::vector<int64_t> argmax(outSize);
-    for (int64_t p = 0; p < planes; ++p) {
-      const T *in = x.data<T>() + p * inSize;
-      std::fill(argmax.begin(), argmax.end(), -1);
-      // The forward kernel's choice: the first strict maximum in window order.
-      forEachTap(*w, [&](int64_t, int64_t o, int64_t i, bool) {
-        if (i >= 0 && (argmax[o] < 0 || in[i] > best[o])) {
-          best[o] = in[i];
-          argmax[o] = i;
-        }
-      });
-      const T *grad = dy.data<T>() + p * outSize;
-      T *out = dx.data<T>() + p * inSize;
+    const T *px = x.data<T>();
+    // The forward kernel's choice: the first strict maximum in window order.
+    std::vector<int64_t> argmax(planes * outSize);
+    forEachRow(planes, outSize, [&](int64_t plane) {
+      T best;
       for (int64_t o = 0; o < outSize; ++o)
-        if (argmax[o] >= 0)
-          out[argmax[o]] += grad[o];
-    }
+        argmax[plane * outSize + o] = kernels::poolArgmax(*w, o, px + plane * inSize, best);
+    });
+    kernels::PoolParams p;
+    p.w = *w;
+    p.isMax = true;
+    int64_t rowSize = w->in[2];
+    forEachRow(planes * w->in[0] * w->in[1], rowSize, [&](int64_t r) {
+      kernels::poolGradRun(r * rowSize, rowSize, p, dy.data<T>(), px, dx.data<T>(), argmax.data());
+    });
     return std::vector<Tensor>{dx};
   });
 }
@@ -607,24 +457,17 @@ Expected<std::vector<Tensor>> averagePoolGrad(const onnx::NodeProto &node,
   if (!w)
     return w.takeError();
   bool includePad = findAttr(node, "count_include_pad") && findAttr(node, "count_include_pad")->i();
-  int64_t outSize = w->outSize(), inSize = w->inSize();
-  // Every plane has the same window counts.
-  std::vector<int64_t> count(outSize, 0);
-  forEachTap(*w, [&](int64_t, int64_t o, int64_t i, bool inPadded) {
-    count[o] += includePad ? inPadded : i >= 0;
-  });
+  kernels::PoolParams p;
+  p.w = *w;
+  p.isMax = false, p.includePad = includePad;
   return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
     using T = decltype(tag);
-    Tensor dx(dy.elemType(), *xShape);
-    int64_t planes = dx.dim(0) * dx.dim(1);
-    for (int64_t p = 0; p < planes; ++p) {
-      const T *grad = dy.data<T>() + p * outSize;
-      T *out = dx.data<T>() + p * inSize;
-      forEachTap(*w, [&](int64_t, int64_t o, int64_t i, bool) {
-        if (i >= 0)
-          out[i] += grad[o] / static_cast<T>(count[o]);
-      });
-    }
+    Tensor dx = Tensor::uninitialized(dy.elemType(), *xShape); // every element is written
+    int64_t rowSize = p.w.in[2];
+    forEachRow(dx.dim(0) * dx.dim(1) * p.w.in[0] * p.w.in[1], rowSize, [&](int64_t r) {
+      kernels::poolGradRun<T>(r * rowSize, rowSize, p, dy.data<T>(), nullptr, dx.data<T>(),
+                              nullptr);
+    });
     return std::vector<Tensor>{dx};
   });
 }
@@ -645,15 +488,17 @@ Expected<std::vector<Tensor>> batchNormGradWeight(const onnx::NodeProto &node,
   return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
     using T = decltype(tag);
     Tensor dscale(dy.elemType(), {channels});
-    const T *pd = dy.data<T>(), *px = x.data<T>();
+    std::vector<double> mu(channels), variance(channels), partial(channels);
     for (int64_t c = 0; c < channels; ++c) {
-      double mu = mean.getDouble(c), acc = 0;
-      for (int64_t n = 0; n < batch; ++n) {
-        int64_t base = (n * channels + c) * spatial;
-        for (int64_t s = 0; s < spatial; ++s)
-          acc += double(pd[base + s]) * (double(px[base + s]) - mu);
-      }
-      dscale.data<T>()[c] = static_cast<T>(acc / std::sqrt(var.getDouble(c) + epsilon));
+      mu[c] = mean.getDouble(c);
+      variance[c] = var.getDouble(c);
+    }
+    // One chunk per channel: its elements added in batch-major order.
+    for (int64_t c = 0; c < channels; ++c) {
+      kernels::batchNormGradWeightPartial(c, channels, batch, spatial, 1, dy.data<T>(), x.data<T>(),
+                                          mu.data(), partial.data());
+      kernels::batchNormGradWeightFinish(c, 1, epsilon, partial.data(), variance.data(),
+                                         dscale.data<T>());
     }
     return std::vector<Tensor>{dscale};
   });

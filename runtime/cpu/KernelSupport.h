@@ -246,32 +246,45 @@ template <typename Term> [[gnu::always_inline]] inline double laneSum(int64_t n,
          tail;
 }
 
-/// The largest of \p n floats (NaNs skipped; -infinity when there is none),
-/// over eight lanes so the loop vectorises. Always inlined, as laneSum.
-[[gnu::always_inline]] inline float laneMax(const float *in, int64_t n) {
-  float lane[reductionLanes];
-  for (float &v : lane)
-    v = -std::numeric_limits<float>::infinity();
-  int64_t k = 0;
-  for (; k + reductionLanes <= n; k += reductionLanes)
-    for (int l = 0; l < reductionLanes; ++l)
-      lane[l] = in[k + l] > lane[l] ? in[k + l] : lane[l];
-  float best = -std::numeric_limits<float>::infinity();
-  for (; k < n; ++k)
-    best = in[k] > best ? in[k] : best;
-  for (float v : lane)
-    best = v > best ? v : best;
-  return best;
-}
-
-/// out[j] = exp(in[j] - max(in)) over a float row of \p size (in float, a
-/// loop that vectorises), the max left in \p maxValue; returns their sum,
-/// taken in double (laneSum). Softmax, its log form and the cross-entropy
-/// gradient share it (NormKernels.cpp, compiled for the CPU's vectors).
-double shiftedExponentials(const float *in, float *out, int64_t size, float &maxValue);
+/// The lanes KernelBodies' row functions take on the CPU: one thread walks
+/// the row; sums are laneSum's and maxima take eight lanes too, so that the
+/// loops vectorise and the bits do not depend on the vector width. Always
+/// inlined, as laneSum.
+struct VectorLanes {
+  template <typename F> [[gnu::always_inline]] void forEach(int64_t n, F f) const {
+    for (int64_t j = 0; j < n; ++j)
+      f(j);
+  }
+  template <typename F> [[gnu::always_inline]] double sumOf(int64_t n, F term) const {
+    return laneSum(n, term);
+  }
+  /// The largest term (NaNs skipped; -infinity when there is none).
+  template <typename T, typename F> [[gnu::always_inline]] T maxOf(int64_t n, F term) const {
+    T lane[reductionLanes];
+    for (T &v : lane)
+      v = -std::numeric_limits<T>::infinity();
+    int64_t k = 0;
+    for (; k + reductionLanes <= n; k += reductionLanes)
+      for (int l = 0; l < reductionLanes; ++l) {
+        T v = term(k + l);
+        lane[l] = v > lane[l] ? v : lane[l];
+      }
+    T best = -std::numeric_limits<T>::infinity();
+    for (; k < n; ++k) {
+      T v = term(k);
+      best = v > best ? v : best;
+    }
+    for (T v : lane)
+      best = v > best ? v : best;
+    return best;
+  }
+  bool leader() const { return true; }
+};
 
 /// Softmax (or log-softmax) of float rows [begin, end) of \p size, x to y
-/// (which may be x): Softmax's kernel on its rows, and SoftmaxAttention's.
+/// (which may be x for softmax): kernels::softmaxRowAt on each row, compiled
+/// for the CPU's vectors. Softmax's kernel on its rows, and
+/// SoftmaxAttention's.
 void softmaxRowRange(const float *x, float *y, int64_t size, int64_t begin, int64_t end,
                      bool logarithm);
 

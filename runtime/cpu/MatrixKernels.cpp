@@ -1,8 +1,9 @@
 //===- MatrixKernels.cpp - MatMul, Gemm, Conv and the pools on the CPU ------===//
 //
 // The products go to the BLAS (float, double) or a plain loop (integers);
-// Conv is im2col per image and group, then one GEMM. The pools walk their
-// windows directly.
+// Conv is im2col per image and group, then one GEMM. Conv's im2col and
+// bias and the pools loop around the device's per-element bodies
+// (runtime/kernels/KernelBodies.h).
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/KernelSupport.h"
@@ -177,13 +178,9 @@ Expected<Window> windowGeometry(const OpContext &ctx, ArrayRef<int64_t> spatial,
   if (!attrs)
     return attrs.takeError();
   const Shape &pads = attrs->pads;
-  Window w;
+  Window w; // sizes 1 and pads 0 in the leading dimensions
   w.rank = rank;
   int64_t lead = Window::maxRank - rank;
-  for (int64_t i = 0; i < Window::maxRank; ++i) {
-    w.in[i] = w.kernel[i] = w.stride[i] = w.dilation[i] = w.out[i] = 1;
-    w.padBegin[i] = w.padEnd[i] = 0;
-  }
   for (int64_t i = 0; i < rank; ++i) {
     int64_t d = lead + i, in = spatial[i], k = kernel[i], s = attrs->strides[i],
             dil = attrs->dilations[i];
@@ -268,9 +265,7 @@ Expected<Outputs> convolve(const OpContext &ctx, const Tensor &x, const Tensor &
       int64_t groupChannels = channels / group, groupMaps = maps / group;
       int64_t rows = groupChannels * w->kernelSize(), cols = w->outSize();
       // A 1x1 kernel over the unpadded input reads the image as the columns.
-      bool pointwise = w->kernelSize() == 1 && w->padBegin == std::array<int64_t, 3>{0, 0, 0} &&
-                       w->padEnd == std::array<int64_t, 3>{0, 0, 0} &&
-                       w->stride == std::array<int64_t, 3>{1, 1, 1};
+      bool pointwise = w->isIdentity();
       std::vector<T> columns(pointwise ? 0 : rows * cols);
       for (int64_t n = 0; n < batch; ++n)
         for (int64_t g = 0; g < group; ++g) {
@@ -283,11 +278,12 @@ Expected<Outputs> convolve(const OpContext &ctx, const Tensor &x, const Tensor &
           T *out = y.data<T>() + (n * maps + g * groupMaps) * cols;
           gemmAny<T>(false, false, groupMaps, cols, rows, T(1),
                      weight.data<T>() + g * groupMaps * rows, rows, cols2, cols, T(0), out, cols);
-          if (bias)
-            for (int64_t m = 0; m < groupMaps; ++m)
-              for (int64_t p = 0; p < cols; ++p)
-                out[m * cols + p] += bias->data<T>()[g * groupMaps + m];
         }
+      if (bias)
+        forEachRow(batch * maps, cols, [&](int64_t row) {
+          for (int64_t i = row * cols; i < (row + 1) * cols; ++i)
+            kernels::biasElement(i, maps, cols, bias->data<T>(), y.data<T>());
+        });
       return Outputs{y};
     }
   });
@@ -313,57 +309,36 @@ template <bool IsMax> Expected<Outputs> pool(const OpContext &ctx) {
     } else {
       if (!isMax && !isFloat<T>)
         return ctx.unsupportedType(x, 0);
-      Tensor y(x.elemType(), outShape), indices(DType::I64, outShape);
+      bool wantsIndices = isMax && ctx.wantsOutput(1);
+      Tensor y = Tensor::uninitialized(x.elemType(), outShape); // every element is written
+      Tensor indices = wantsIndices ? Tensor::uninitialized(DType::I64, outShape) : Tensor();
+      kernels::PoolParams p;
+      p.w = w;
+      p.isMax = isMax, p.includePad = includePad;
+      const T *in = x.data<T>();
       T *out = y.data<T>();
-      int64_t *outIndex = indices.data<int64_t>();
-      for (int64_t plane = 0; plane < planes; ++plane) {
-        const T *in = x.data<T>() + plane * w.inSize();
-        int64_t o = plane * w.outSize();
-        for (int64_t od = 0; od < w.out[0]; ++od)
-          for (int64_t oh = 0; oh < w.out[1]; ++oh)
-            for (int64_t ow = 0; ow < w.out[2]; ++ow, ++o) {
-              std::array<int64_t, 3> origin{od * w.stride[0] - w.padBegin[0],
-                                            oh * w.stride[1] - w.padBegin[1],
-                                            ow * w.stride[2] - w.padBegin[2]};
-              T best = std::numeric_limits<T>::lowest();
-              if constexpr (isFloat<T>)
-                best = -std::numeric_limits<T>::infinity();
-              int64_t bestIndex = -1, padded = 0, valid = 0;
-              double sum = 0;
-              for (int64_t kd = 0; kd < w.kernel[0]; ++kd)
-                for (int64_t kh = 0; kh < w.kernel[1]; ++kh)
-                  for (int64_t kw = 0; kw < w.kernel[2]; ++kw) {
-                    std::array<int64_t, 3> at{origin[0] + kd * w.dilation[0],
-                                              origin[1] + kh * w.dilation[1],
-                                              origin[2] + kw * w.dilation[2]};
-                    bool inPadded = true, inInput = true;
-                    for (int d = 0; d < 3; ++d) {
-                      inPadded &= at[d] >= -w.padBegin[d] && at[d] < w.in[d] + w.padEnd[d];
-                      inInput &= at[d] >= 0 && at[d] < w.in[d];
-                    }
-                    padded += inPadded;
-                    if (!inInput)
-                      continue;
-                    ++valid;
-                    int64_t offset = (at[0] * w.in[1] + at[1]) * w.in[2] + at[2];
-                    T v = in[offset];
-                    sum += v;
-                    if (bestIndex < 0 || v > best) {
-                      best = v;
-                      bestIndex =
-                          columnMajor ? at[0] + (at[1] + at[2] * w.in[1]) * w.in[0] : offset;
-                    }
-                  }
-              if (isMax) {
-                out[o] = best;
-                outIndex[o] = bestIndex < 0 ? -1 : plane * w.inSize() + bestIndex;
-              } else {
-                int64_t count = includePad ? padded : valid;
-                out[o] = static_cast<T>(count ? sum / count : 0.0);
-              }
-            }
-      }
-      if (isMax && ctx.wantsOutput(1))
+      int64_t *outIndex = wantsIndices ? indices.data<int64_t>() : nullptr;
+      int64_t inSize = w.inSize(), outSize = w.outSize();
+      // Indices: the maximum's position in X, its spatial part column-major
+      // for storage_order 1; -1 for a window of padding only.
+      auto indexOf = [&](int64_t plane, int64_t at) -> int64_t {
+        if (at < 0)
+          return -1;
+        if (columnMajor) {
+          int64_t iw = at % w.in[2], rest = at / w.in[2], ih = rest % w.in[1], id = rest / w.in[1];
+          at = id + (ih + iw * w.in[1]) * w.in[0];
+        }
+        return plane * inSize + at;
+      };
+      forEachRow(planes, outSize, [&](int64_t plane) {
+        for (int64_t o = 0, t = plane * outSize; o < outSize; ++o, ++t) {
+          if (outIndex)
+            outIndex[t] = indexOf(plane, kernels::poolArgmax(p.w, o, in + plane * inSize, out[t]));
+          else
+            kernels::poolElement(t, p, in, out);
+        }
+      });
+      if (wantsIndices)
         return Outputs{y, indices};
       return Outputs{y};
     }

@@ -275,22 +275,20 @@ Expected<Outputs> gather(const OpContext &ctx) {
   shape.insert(shape.end(), indices.shape().begin(), indices.shape().end());
   shape.insert(shape.end(), data.shape().begin() + *axis + 1, data.shape().end());
   std::vector<int64_t> index = indices.toInt64Vector();
-  for (int64_t &i : index) {
+  for (int64_t i : index)
     if (i < -layout.size || i >= layout.size)
       return ctx.fail(formatv("index {0} is out of range for dimension {1} of size {2}", i, *axis,
                               layout.size));
-    if (i < 0)
-      i += layout.size;
-  }
-  Tensor out(data.elemType(), shape);
+  Tensor out = Tensor::uninitialized(data.elemType(), shape); // every block is written
+  // kernels::gatherSource over blocks of the inner elements, each copied
+  // whole.
+  int64_t count = static_cast<int64_t>(index.size());
+  kernels::GatherParams p{layout.outer, layout.size, count, 1};
   size_t block = layout.inner * storageSize(data.elemType());
   const char *src = static_cast<const char *>(data.rawData());
   char *dst = static_cast<char *>(out.rawData());
-  for (int64_t o = 0; o < layout.outer; ++o)
-    for (int64_t i : index) {
-      std::memcpy(dst, src + (o * layout.size + i) * block, block);
-      dst += block;
-    }
+  for (int64_t b = 0; b < layout.outer * count; ++b, dst += block)
+    std::memcpy(dst, src + kernels::gatherSource(b, p, index.data()) * block, block);
   return Outputs{out};
 }
 

@@ -24,108 +24,34 @@ using namespace llvm;
 
 namespace pipec::cpu {
 
-namespace {
-
-/// shiftedExponentials' body, inlined into each vector clone that calls it.
-[[gnu::always_inline]] inline double exponentialsOfRow(const float *in, float *out, int64_t size,
-                                                       float &maxValue) {
-  // laneMax and laneSum are always inlined, so each clone vectorises them
-  // for its own target. A local max: out could alias the reference, which
-  // would keep the loop from vectorising.
-  float shift = laneMax(in, size);
-  maxValue = shift;
-  for (int64_t j = 0; j < size; ++j)
-    out[j] = kernels::floatmath::exp(in[j] - shift);
-  return laneSum(size, [&](int64_t k) { return out[k]; });
-}
-
-} // namespace
-
-PIPEC_VECTOR_CLONES double shiftedExponentials(const float *in, float *out, int64_t size,
-                                               float &maxValue) {
-  return exponentialsOfRow(in, out, size, maxValue);
-}
-
 PIPEC_VECTOR_CLONES void softmaxRowRange(const float *x, float *y, int64_t size, int64_t begin,
                                          int64_t end, bool logarithm) {
-  for (int64_t row = begin; row < end; ++row) {
-    const float *in = x + row * size;
-    float *out = y + row * size;
-    float maxValue;
-    double sum = exponentialsOfRow(in, out, size, maxValue);
-    if (logarithm) {
-      float logSum = static_cast<float>(std::log(sum));
-      for (int64_t j = 0; j < size; ++j)
-        out[j] = (in[j] - maxValue) - logSum;
-      continue;
-    }
-    float scale = static_cast<float>(1 / sum);
-    for (int64_t j = 0; j < size; ++j)
-      out[j] *= scale;
-  }
+  for (int64_t row = begin; row < end; ++row)
+    kernels::softmaxRowAt(VectorLanes(), x + row * size, y + row * size, size, 1, logarithm);
 }
 
 namespace {
 
-/// One row of a float LayerNormalization: its statistics in double (lane
-/// sums, the order fixed), each output computed in double.
+/// One row of a float LayerNormalization (kernels::layerNormRow in double),
+/// compiled for the CPU's vectors.
 PIPEC_VECTOR_CLONES void layerNormRow(const float *in, float *out, const float *g, const float *bb,
-                                      int64_t size, double epsilon, double &meanOut,
-                                      double &invStdOut) {
-  double mean = laneSum(size, [&](int64_t k) { return double(in[k]); }) / size;
-  auto squaredDeviation = [&](int64_t k) {
-    double d = double(in[k]) - mean;
-    return d * d;
-  };
-  double var = laneSum(size, squaredDeviation) / size;
-  double invStd = 1 / std::sqrt(var + epsilon);
-  for (int64_t j = 0; j < size; ++j)
-    out[j] = static_cast<float>((in[j] - mean) * invStd * g[j] + bb[j]);
-  meanOut = mean;
-  invStdOut = invStd;
+                                      int64_t size, double epsilon, double &mean, double &invStd) {
+  kernels::layerNormRow<double>(VectorLanes(), 0, size, epsilon, in, g, bb, out, &mean, &invStd);
 }
 
-/// Softmax or log-softmax of contiguous float rows (the last axis): the
-/// exponentials in float, in loops that vectorise, their sum in double.
-void softmaxRows(const float *x, float *y, AxisSplit split, bool logarithm) {
-  int64_t size = split.size;
-  parallelFor(split.outer, 16, [&](int64_t begin, int64_t end) {
-    softmaxRowRange(x, y, size, begin, end, logarithm);
-  });
-}
-
-/// Softmax or log-softmax of \p x along the middle dimension of \p split.
-/// Sums run in double; each exponential is computed once, in float for
-/// float rows.
+/// Softmax or log-softmax of \p x along the middle dimension of \p split:
+/// kernels::softmaxRow on each row, the rank's loop threads taking runs of
+/// rows. Contiguous float rows take the vector clones.
 template <typename T> void softmaxAlong(const T *x, T *y, AxisSplit split, bool logarithm) {
   if constexpr (std::is_same_v<T, float>)
     if (split.inner == 1)
-      return softmaxRows(x, y, split, logarithm);
-  // Rows are independent: the rank's loop threads take runs of them.
-  parallelFor(split.outer * split.inner, 16, [&](int64_t begin, int64_t end) {
-    std::vector<double> shifted(split.size);
-    for (int64_t row = begin; row < end; ++row) {
-      int64_t o = row / split.inner, i = row % split.inner;
-      const T *in = x + o * split.size * split.inner + i;
-      T *out = y + o * split.size * split.inner + i;
-      double maxValue = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j < split.size; ++j)
-        maxValue = std::max(maxValue, double(in[j * split.inner]));
-      double sum = 0;
-      for (int64_t j = 0; j < split.size; ++j) {
-        shifted[j] = double(in[j * split.inner]) - maxValue;
-        // Float rows take the float exponential (math/FloatMath.h).
-        double e = std::is_same_v<T, float>
-                       ? double(kernels::floatmath::exp(static_cast<float>(shifted[j])))
-                       : std::exp(shifted[j]);
-        sum += e;
-        if (!logarithm)
-          shifted[j] = e;
-      }
-      double scale = logarithm ? std::log(sum) : 1 / sum;
-      for (int64_t j = 0; j < split.size; ++j)
-        out[j * split.inner] = static_cast<T>(logarithm ? shifted[j] - scale : shifted[j] * scale);
-    }
+      return parallelFor(split.outer, 16, [&](int64_t begin, int64_t end) {
+        softmaxRowRange(x, y, split.size, begin, end, logarithm);
+      });
+  kernels::RowLayout layout{split.outer, split.size, split.inner};
+  parallelFor(kernels::rowCount(layout), 16, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row)
+      kernels::softmaxRow(VectorLanes(), row, layout, x, y, logarithm);
   });
 }
 
@@ -199,23 +125,12 @@ Expected<Outputs> layerNormalization(const OpContext &ctx) {
       for (int64_t o = begin; o < end; ++o) {
         const T *in = x.data<T>() + o * size;
         T *out = y.data<T>() + o * size;
-        if constexpr (std::is_same_v<T, float>) {
-          double mean, invStd;
+        double mean, invStd;
+        if constexpr (std::is_same_v<T, float>)
           layerNormRow(in, out, g, bb, size, epsilon, mean, invStd);
-          meanOut.setDouble(o, mean);
-          invStdOut.setDouble(o, invStd);
-          continue;
-        }
-        double mean = laneSum(size, [&](int64_t j) { return double(in[j]); }) / size;
-        double var = laneSum(size,
-                             [&](int64_t j) {
-                               double d = double(in[j]) - mean;
-                               return d * d;
-                             }) /
-                     size;
-        double invStd = 1 / std::sqrt(var + epsilon);
-        for (int64_t j = 0; j < size; ++j)
-          out[j] = static_cast<T>((in[j] - mean) * invStd * g[j] + bb[j]);
+        else
+          kernels::layerNormRow<double>(VectorLanes(), 0, size, epsilon, in, g, bb, out, &mean,
+                                        &invStd);
         meanOut.setDouble(o, mean);
         invStdOut.setDouble(o, invStd);
       }
@@ -276,15 +191,20 @@ Expected<Outputs> batchNormalization(const OpContext &ctx) {
       runningMean.setDouble(c, ctx.input(3).getDouble(c) * momentum + mean[c] * (1 - momentum));
       runningVar.setDouble(c, ctx.input(4).getDouble(c) * momentum + var[c] * (1 - momentum));
     }
-    Tensor y(x.elemType(), x.shape());
+    Tensor y = Tensor::uninitialized(x.elemType(), x.shape()); // every element is written
     T *out = y.data<T>();
+    std::vector<double> scale(channels), bias(channels);
+    for (int64_t c = 0; c < channels; ++c) {
+      scale[c] = ctx.input(1).getDouble(c);
+      bias[c] = ctx.input(2).getDouble(c);
+    }
     for (int64_t n = 0; n < batch; ++n)
       for (int64_t c = 0; c < channels; ++c) {
-        double mul = ctx.input(1).getDouble(c) / std::sqrt(var[c] + epsilon);
-        double add = ctx.input(2).getDouble(c) - mean[c] * mul;
+        kernels::BatchNormAffine a = kernels::batchNormAffine(c, epsilon, scale.data(), bias.data(),
+                                                              mean.data(), var.data());
         int64_t base = (n * channels + c) * spatial;
         for (int64_t s = 0; s < spatial; ++s)
-          out[base + s] = static_cast<T>(in[base + s] * mul + add);
+          out[base + s] = kernels::batchNormApply(in[base + s], a);
       }
     if (training)
       return Outputs{y, runningMean, runningVar};
@@ -294,36 +214,35 @@ Expected<Outputs> batchNormalization(const OpContext &ctx) {
 
 namespace {
 
-/// Whether \p reduced marks trailing axes only, so that each output's
-/// elements are one contiguous run.
-bool reducesTrailingAxes(const std::vector<bool> &reduced) {
-  bool keptSeen = false;
-  for (size_t i = reduced.size(); i-- > 0;) {
-    if (reduced[i] && keptSeen)
-      return false;
-    keptSeen = keptSeen || !reduced[i];
-  }
-  return true;
-}
-
-/// acc[o] = the sum (of squares) of row o's \p perRow contiguous elements,
-/// added in order in Acc, as the strided walk adds them (the same bits);
-/// rows on the loop threads. RMSNorm's mean of squares, a row's mean.
-template <typename T, typename Acc>
-void sumRows(const T *in, int64_t rows, int64_t perRow, bool squares, Acc *acc) {
-  parallelFor(rows, std::max<int64_t>(1, (1 << 14) / perRow), [&](int64_t begin, int64_t end) {
+/// The Reduce kinds that sum (Sum, Mean, SumSquare, L2) over a float
+/// tensor: kernels::reducePartialElement with one chunk per output (the
+/// elements added in row-major order, in double), then
+/// kernels::reduceFinishElement, outputs on the loop threads. False when the
+/// walk needs more dimensions than an IndexMap has.
+template <typename T>
+bool sumByPlan(const Tensor &x, const std::vector<bool> &reduced, ReduceKind kind, T *out) {
+  kernels::ReducePlan plan;
+  if (!kernels::makeReducePlan(std::vector<int64_t>(x.shape().begin(), x.shape().end()), reduced,
+                               plan))
+    return false;
+  plan.chunks = 1;
+  plan.chunkLength = plan.count;
+  plan.squares = kind == ReduceKind::SumSquare || kind == ReduceKind::L2;
+  // A mean over no elements is 0 / 0, NaN.
+  double divisor = kind == ReduceKind::Mean ? static_cast<double>(plan.count) : 1.0;
+  std::vector<double> partial(plan.outputs);
+  const T *in = x.data<T>();
+  int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, plan.count));
+  parallelFor(plan.outputs, grain, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
-      const T *row = in + o * perRow;
-      Acc sum = 0;
-      if (squares)
-        for (int64_t j = 0; j < perRow; ++j)
-          sum += Acc(row[j]) * Acc(row[j]);
+      kernels::reducePartialElement(o, plan, in, partial.data());
+      if (kind == ReduceKind::L2)
+        out[o] = static_cast<T>(std::sqrt(partial[o]));
       else
-        for (int64_t j = 0; j < perRow; ++j)
-          sum += row[j];
-      acc[o] = sum;
+        kernels::reduceFinishElement(o, plan.outputs, 1, partial.data(), divisor, out);
     }
   });
+  return true;
 }
 
 } // namespace
@@ -392,20 +311,23 @@ template <ReduceKind Kind> Expected<Outputs> reduce(const OpContext &ctx) {
       else if (kind == ReduceKind::Min)
         init = isFloat<T> ? std::numeric_limits<Acc>::infinity()
                           : static_cast<Acc>(std::numeric_limits<T>::max());
+      bool sums = kind == ReduceKind::Sum || kind == ReduceKind::Mean ||
+                  kind == ReduceKind::SumSquare || kind == ReduceKind::L2;
+      if constexpr (isFloat<T>) {
+        Tensor out = Tensor::uninitialized(x.elemType(), outShape); // every element is written
+        if (sums && sumByPlan(x, reduced, kind, out.data<T>()))
+          return Outputs{out};
+      }
       std::vector<Acc> acc(outCount, init);
       std::vector<double> shift;
       auto walk = [&](auto &&fn) {
         forEachStrided<1>(x.shape(), {accStrides},
                           [&](int64_t i, const std::array<int64_t, 1> &off) { fn(in[i], off[0]); });
       };
-      bool rows = isFloat<T> && perOutput > 0 && reducesTrailingAxes(reduced);
       switch (kind) {
       case ReduceKind::Sum:
       case ReduceKind::Mean:
-        if (rows)
-          sumRows(in, outCount, perOutput, false, acc.data());
-        else
-          walk([&](T v, int64_t o) { acc[o] += v; });
+        walk([&](T v, int64_t o) { acc[o] += v; });
         break;
       case ReduceKind::Max:
         walk([&](T v, int64_t o) { acc[o] = kernels::elem::Max::value<Acc>(acc[o], v); });
@@ -421,10 +343,7 @@ template <ReduceKind Kind> Expected<Outputs> reduce(const OpContext &ctx) {
         break;
       case ReduceKind::L2:
       case ReduceKind::SumSquare:
-        if (rows)
-          sumRows(in, outCount, perOutput, true, acc.data());
-        else
-          walk([&](T v, int64_t o) { acc[o] += Acc(v) * Acc(v); });
+        walk([&](T v, int64_t o) { acc[o] += Acc(v) * Acc(v); });
         break;
       case ReduceKind::LogSum:
         walk([&](T v, int64_t o) { acc[o] += v; });
@@ -539,7 +458,8 @@ Expected<Tensor> negativeLogLikelihood(const OpContext &ctx, const Tensor &logPr
   const auto *ignoreAttr = ctx.attr("ignore_index");
   const T *lp = logProb.data<T>();
   Tensor losses(logProb.elemType(), labelShape);
-  double total = 0, weightSum = 0;
+  // A position's weight: its class's, 1 without weights, 0 when ignored.
+  std::vector<T> weight(batch * inner, T(0));
   for (int64_t n = 0; n < batch; ++n)
     for (int64_t d = 0; d < inner; ++d) {
       int64_t i = n * inner + d, label = labels.getInt64(i);
@@ -547,16 +467,16 @@ Expected<Tensor> negativeLogLikelihood(const OpContext &ctx, const Tensor &logPr
         continue;
       if (label < 0 || label >= classes)
         return ctx.fail(formatv("label {0} is out of range for {1} classes", label, classes));
-      double w = weights ? double(weights->data<T>()[label]) : 1.0;
-      double loss = -double(lp[(n * classes + label) * inner + d]) * w;
+      weight[i] = weights ? weights->data<T>()[label] : T(1);
+      double loss = -double(lp[(n * classes + label) * inner + d]) * double(weight[i]);
       losses.data<T>()[i] = static_cast<T>(loss);
-      total += loss;
-      weightSum += w;
     }
   if (reduction == "none")
     return losses;
-  return Tensor::scalar(static_cast<T>(reduction == "sum" ? total : total / weightSum),
-                        logProb.elemType());
+  T total;
+  kernels::crossEntropyFinish(kernels::SerialLanes(), batch * inner, reduction == "mean",
+                              losses.data<T>(), weight.data(), &total);
+  return Tensor::scalar(total, logProb.elemType());
 }
 
 } // namespace

@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
+#include "runtime/cpu/Window.h"
 
 #include "llvm/Support/FormatVariadic.h"
 
@@ -52,10 +53,24 @@ int64_t windowCount(const Geometry &g, int64_t d, int64_t image) {
   return span < 0 ? 0 : span / g.stride[d] + 1;
 }
 
-/// Adds the columns [channels * kernelSize, colSize] into the images
-/// [channels, imageSize] (zeroed by the caller): the adjoint of im2col.
-template <typename T> void col2im(const T *columns, int64_t channels, const Geometry &g, T *image) {
+/// Sums the columns [channels * kernelSize, colSize] into the images
+/// [channels, imageSize] (zeroed by the caller): the adjoint of im2col. Up
+/// to 3 spatial dimensions go to Window.h's col2im (the device's body,
+/// which writes every element); more take the N-D loop here, which adds
+/// each element's taps in the same (increasing) order.
+template <typename T>
+void scatterColumns(const T *columns, int64_t channels, const Geometry &g, T *image) {
   int64_t rank = g.rank(), kernelSize = g.kernelSize(), colSize = g.colSize();
+  if (rank <= Window::maxRank) {
+    kernels::ConvWindow w;
+    for (int64_t i = 0, d = Window::maxRank - rank; i < rank; ++i, ++d) {
+      w.in[d] = g.image[i], w.kernel[d] = g.kernel[i], w.stride[d] = g.stride[i];
+      w.dilation[d] = g.dilation[i], w.padBegin[d] = g.padBegin[i], w.padEnd[d] = g.padEnd[i];
+      w.out[d] = g.cols[i];
+    }
+    col2im(columns, channels, w, image);
+    return;
+  }
   Shape imageStrides = stridesOf(g.image);
   Shape tap(rank, 0), at(rank, 0);
   for (int64_t k = 0; k < kernelSize; ++k) {
@@ -168,7 +183,8 @@ Expected<Outputs> convTranspose(const OpContext &ctx) {
                    w.data<T>() + k * groupChannels * rows, rows,
                    x.data<T>() + (n * channels + k * groupChannels) * cols, cols, T(0),
                    columns.data(), cols);
-        col2im(columns.data(), groupMaps, g, y.data<T>() + (n * maps + k * groupMaps) * image);
+        scatterColumns(columns.data(), groupMaps, g,
+                       y.data<T>() + (n * maps + k * groupMaps) * image);
       }
     if (bias)
       for (int64_t n = 0; n < batch; ++n)
@@ -215,8 +231,8 @@ Expected<Outputs> col2Im(const OpContext &ctx) {
     } else {
       Tensor y(input.elemType(), outShape);
       for (int64_t n = 0; n < batch; ++n)
-        col2im(input.data<T>() + n * input.dim(1) * input.dim(2), channels, g,
-               y.data<T>() + n * channels * g.imageSize());
+        scatterColumns(input.data<T>() + n * input.dim(1) * input.dim(2), channels, g,
+                       y.data<T>() + n * channels * g.imageSize());
       return Outputs{y};
     }
   });

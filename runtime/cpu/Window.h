@@ -2,37 +2,39 @@
 //
 // The geometry of a kernel sliding over 1 to 3 spatial dimensions (strides,
 // dilations, pads, auto_pad, ceil_mode), read once from a node, and the
-// im2col unfolding that turns a convolution into one GEMM. Conv, the pools,
-// LpPool and ConvInteger share them. Internal to runtime/cpu.
+// im2col unfolding that turns a convolution into one GEMM, with its adjoint
+// col2im. Conv, the pools, LpPool, ConvInteger, the Conv and pool gradients
+// and ConvTranspose share them. The window is the device's
+// kernels::ConvWindow, and im2col and col2im loop around the per-element
+// bodies that the device's kernels loop around too
+// (runtime/kernels/ConvBodies.h). Internal to runtime/cpu.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_CPU_WINDOW_H
 #define PIPEC_RUNTIME_CPU_WINDOW_H
 
 #include "runtime/cpu/KernelSupport.h"
+#include "runtime/kernels/KernelBodies.h"
+#include "support/Parallel.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/Error.h"
 
 #include <algorithm>
-#include <array>
 
 namespace pipec::cpu {
 
-/// Sliding-window geometry of Conv and the pools, padded to three spatial
-/// dimensions: a 1-D or 2-D op gets leading dimensions of size 1.
-struct Window {
+/// Sliding-window geometry of Conv and the pools: the device's window,
+/// padded to three spatial dimensions (a 1-D or 2-D op gets leading
+/// dimensions of size 1), and the op's own spatial rank.
+struct Window : kernels::ConvWindow {
   static constexpr int maxRank = 3;
   int64_t rank = 0; ///< The op's own spatial rank.
-  std::array<int64_t, maxRank> in, kernel, stride, dilation, padBegin, padEnd, out;
-  int64_t outSize() const { return out[0] * out[1] * out[2]; }
-  int64_t inSize() const { return in[0] * in[1] * in[2]; }
-  int64_t kernelSize() const { return kernel[0] * kernel[1] * kernel[2]; }
   /// The op's output shape: [batch, channels] and the op's own rank of
   /// spatial output sizes.
   Shape outShape(int64_t batch, int64_t channels) const {
     Shape shape{batch, channels};
-    shape.insert(shape.end(), out.end() - rank, out.end());
+    shape.insert(shape.end(), out + maxRank - rank, out + maxRank);
     return shape;
   }
 };
@@ -57,33 +59,42 @@ llvm::Expected<Window> poolWindow(const OpContext &ctx, const Tensor &x);
 llvm::Expected<Outputs> convolve(const OpContext &ctx, const Tensor &x, const Tensor &weight,
                                  const Tensor *bias, bool int32);
 
+/// Runs \p body(row) for each of \p rows rows of \p rowSize elements on the
+/// loop threads, chunks of about 2^14 elements each (the element loops of
+/// im2col, col2im, Conv's bias, the pools and their gradients).
+template <typename F> void forEachRow(int64_t rows, int64_t rowSize, F &&body) {
+  int64_t grain = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, rowSize));
+  parallelFor(rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      body(r);
+  });
+}
+
 /// Unfolds one image's channels [channels, in...] into columns
-/// [channels * kernel, out...] so that convolution becomes one GEMM.
-template <typename T> void im2col(const T *image, int64_t channels, const Window &w, T *columns) {
+/// [channels * kernel, out...] so that convolution becomes one GEMM, a row
+/// of columns a call: any element type (ConvInteger unfolds int32).
+template <typename T>
+void im2col(const T *image, int64_t channels, const kernels::ConvWindow &w, T *columns) {
+  kernels::Im2colParams p;
+  p.w = w;
+  p.channels = channels;
   int64_t outSize = w.outSize();
-  for (int64_t c = 0; c < channels; ++c)
-    for (int64_t kd = 0; kd < w.kernel[0]; ++kd)
-      for (int64_t kh = 0; kh < w.kernel[1]; ++kh)
-        for (int64_t kw = 0; kw < w.kernel[2]; ++kw) {
-          T *row =
-              columns + (((c * w.kernel[0] + kd) * w.kernel[1] + kh) * w.kernel[2] + kw) * outSize;
-          for (int64_t od = 0; od < w.out[0]; ++od) {
-            int64_t id = od * w.stride[0] - w.padBegin[0] + kd * w.dilation[0];
-            for (int64_t oh = 0; oh < w.out[1]; ++oh) {
-              int64_t ih = oh * w.stride[1] - w.padBegin[1] + kh * w.dilation[1];
-              T *dst = row + (od * w.out[1] + oh) * w.out[2];
-              if (id < 0 || id >= w.in[0] || ih < 0 || ih >= w.in[1]) {
-                std::fill(dst, dst + w.out[2], T(0));
-                continue;
-              }
-              const T *src = image + ((c * w.in[0] + id) * w.in[1] + ih) * w.in[2];
-              for (int64_t ow = 0; ow < w.out[2]; ++ow) {
-                int64_t iw = ow * w.stride[2] - w.padBegin[2] + kw * w.dilation[2];
-                dst[ow] = iw >= 0 && iw < w.in[2] ? src[iw] : T(0);
-              }
-            }
-          }
-        }
+  forEachRow(p.rows(), outSize,
+             [&](int64_t r) { kernels::im2colRun(r * outSize, outSize, p, image, columns); });
+}
+
+/// The adjoint of im2col: writes each element of the \p channels planes of
+/// \p image as the sum of the column entries read from it (taps in
+/// increasing order, from T(0)), a row of the last dimension a call. Pads
+/// may be negative.
+template <typename T>
+void col2im(const T *columns, int64_t channels, const kernels::ConvWindow &w, T *image) {
+  kernels::Im2colParams p;
+  p.w = w;
+  p.channels = channels;
+  int64_t rowSize = w.in[2];
+  forEachRow(channels * w.in[0] * w.in[1], rowSize,
+             [&](int64_t r) { kernels::col2imRun(r * rowSize, rowSize, p, columns, image); });
 }
 
 } // namespace pipec::cpu

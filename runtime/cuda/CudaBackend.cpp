@@ -566,7 +566,7 @@ Error CudaBackend::gemmGrid(bool transA, bool transB, int64_t m, int64_t n, int6
 }
 
 Expected<bool> CudaBackend::reduceInto(const Tensor &x, const std::vector<bool> &reduced,
-                                       double scale, Tensor &out) {
+                                       double divisor, Tensor &out) {
   k::ReducePlan plan;
   if (!k::makeReducePlan(x.shape(), reduced, plan))
     return false;
@@ -575,7 +575,7 @@ Expected<bool> CudaBackend::reduceInto(const Tensor &x, const std::vector<bool> 
   PIPEC_TRY_ASSIGN(partial,
                    scratch(static_cast<size_t>(plan.outputs * plan.chunks) * sizeof(double)));
   PIPEC_CUDA_TRY(launchReduce(plan, static_cast<const float *>(x.rawData()),
-                              static_cast<double *>(partial.get()), scale,
+                              static_cast<double *>(partial.get()), divisor,
                               static_cast<float *>(out.rawData()), stream));
   return true;
 }

@@ -314,7 +314,7 @@ Result CudaBackend::globalAveragePool(const NodeView &n) {
   reduced[0] = reduced[1] = false;
   PIPEC_TRY_ASSIGN(dev, onDevice(*x));
   PIPEC_TRY_ASSIGN(out, allocate(DType::F32, outShape));
-  PIPEC_TRY_ASSIGN(done, reduceInto(dev, reduced, 1.0 / static_cast<double>(size), out));
+  PIPEC_TRY_ASSIGN(done, reduceInto(dev, reduced, static_cast<double>(size), out));
   if (!done)
     return std::nullopt;
   return Outputs{out};

@@ -33,7 +33,7 @@ template <typename F> __global__ void forEach(int64_t n, F f) {
 }
 
 /// The lanes of one warp; every lane calls each reduction.
-struct WarpLanes {
+struct WarpLanes : StridedLanes<WarpLanes> {
   __device__ int lane() const { return threadIdx.x & (WarpSize - 1); }
   __device__ int count() const { return WarpSize; }
   __device__ double sum(double v) const {
@@ -241,7 +241,9 @@ template <typename I> struct GatherGradFn {
   const I *indices;
   float *dx;
   int *flag;
-  __device__ void operator()(int64_t i) const { gatherGradElement<I>(i, p, dy, indices, dx, flag); }
+  __device__ void operator()(int64_t i) const {
+    gatherGradElement<float, I>(i, p, dy, indices, dx, flag);
+  }
 };
 
 struct ReducePartialFn {
@@ -254,10 +256,10 @@ struct ReducePartialFn {
 struct ReduceFinishFn {
   int64_t outputs, chunks;
   const double *partial;
-  double scale;
+  double divisor;
   float *out;
   __device__ void operator()(int64_t o) const {
-    reduceFinishElement<float>(o, outputs, chunks, partial, scale, out);
+    reduceFinishElement<float>(o, outputs, chunks, partial, divisor, out);
   }
 };
 
@@ -276,7 +278,7 @@ struct SoftmaxGradFn {
   const float *dy, *y;
   float *dx;
   template <typename L> __device__ void operator()(const L &lanes, int64_t row) const {
-    softmaxGradRow(lanes, row, layout, dy, y, dx);
+    softmaxGradRow<float>(lanes, row, layout, dy, y, dx);
   }
 };
 
@@ -286,7 +288,7 @@ struct LayerNormFn {
   const float *x, *gamma, *beta;
   float *y, *mean, *invStd;
   template <typename L> __device__ void operator()(const L &lanes, int64_t row) const {
-    layerNormRow(lanes, row, size, epsilon, x, gamma, beta, y, mean, invStd);
+    layerNormRow<float>(lanes, row, size, epsilon, x, gamma, beta, y, mean, invStd);
   }
 };
 
@@ -296,7 +298,7 @@ struct LayerNormGradInputFn {
   const float *dy, *x, *scale;
   float *dx;
   template <typename L> __device__ void operator()(const L &lanes, int64_t row) const {
-    layerNormGradInputRow(lanes, row, size, epsilon, dy, x, scale, dx);
+    layerNormGradInputRow<float>(lanes, row, size, epsilon, dy, x, scale, dx);
   }
 };
 
@@ -306,7 +308,7 @@ struct LayerNormStatsFn {
   const float *x;
   float *mean, *rstd;
   template <typename L> __device__ void operator()(const L &lanes, int64_t row) const {
-    layerNormStatsRow(lanes, row, size, epsilon, x, mean, rstd);
+    layerNormStatsRow<float>(lanes, row, size, epsilon, x, mean, rstd);
   }
 };
 
@@ -315,7 +317,7 @@ struct LayerNormGradWeightFn {
   const float *dy, *x, *mean, *rstd;
   double *partial;
   __device__ void operator()(int64_t t) const {
-    layerNormGradWeightPartial(t, rows, size, chunkLength, dy, x, mean, rstd, partial);
+    layerNormGradWeightPartial<float>(t, rows, size, chunkLength, dy, x, mean, rstd, partial);
   }
 };
 
@@ -624,12 +626,12 @@ cudaError_t launchGatherGrad(bool int32Indices, const GatherParams &p, const flo
                 stream);
 }
 
-cudaError_t launchReduce(const ReducePlan &plan, const float *in, double *partial, double scale,
+cudaError_t launchReduce(const ReducePlan &plan, const float *in, double *partial, double divisor,
                          float *out, cudaStream_t stream) {
   if (cudaError_t e =
           launch(plan.outputs * plan.chunks, ReducePartialFn{plan, in, partial}, stream))
     return e;
-  return launch(plan.outputs, ReduceFinishFn{plan.outputs, plan.chunks, partial, scale, out},
+  return launch(plan.outputs, ReduceFinishFn{plan.outputs, plan.chunks, partial, divisor, out},
                 stream);
 }
 

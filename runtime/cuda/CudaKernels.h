@@ -82,8 +82,8 @@ cudaError_t launchGatherGrad(bool int32Indices, const GatherParams &p, const flo
                              const void *indices, float *dx, int *flag, cudaStream_t stream);
 
 /// Both passes of \p plan over floats: \p partial holds plan.outputs *
-/// plan.chunks doubles; out gets plan.outputs floats times \p scale.
-cudaError_t launchReduce(const ReducePlan &plan, const float *in, double *partial, double scale,
+/// plan.chunks doubles; out gets plan.outputs floats divided by \p divisor.
+cudaError_t launchReduce(const ReducePlan &plan, const float *in, double *partial, double divisor,
                          float *out, cudaStream_t stream);
 
 cudaError_t launchSoftmax(const RowLayout &layout, const float *x, float *y, bool logarithm,

@@ -258,12 +258,11 @@ Result CudaBackend::reduce(const NodeView &n) {
     else if (keepDims)
       outShape.push_back(1);
   }
-  double scale = 1;
-  if (n.is(OpId::ReduceMean))
-    scale = count ? 1.0 / static_cast<double>(count) : std::nan("");
+  // A mean over no elements is 0 / 0, NaN.
+  double divisor = n.is(OpId::ReduceMean) ? static_cast<double>(count) : 1.0;
   PIPEC_TRY_ASSIGN(dev, onDevice(*x));
   PIPEC_TRY_ASSIGN(out, allocate(DType::F32, outShape));
-  PIPEC_TRY_ASSIGN(done, reduceInto(dev, reduced, scale, out));
+  PIPEC_TRY_ASSIGN(done, reduceInto(dev, reduced, divisor, out));
   if (!done)
     return std::nullopt;
   return Outputs{out};

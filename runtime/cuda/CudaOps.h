@@ -292,8 +292,9 @@ private:
   Expected<bool> gemmBias(int64_t m, int64_t n, int64_t k, const float *a, const float *b,
                           const float *bias, float *c);
   /// A float sum of \p x over the dimensions marked \p reduced, into \p out
-  /// (its element count is the kept dimensions' product), times \p scale.
-  Expected<bool> reduceInto(const Tensor &x, const std::vector<bool> &reduced, double scale,
+  /// (its element count is the kept dimensions' product), divided by
+  /// \p divisor.
+  Expected<bool> reduceInto(const Tensor &x, const std::vector<bool> &reduced, double divisor,
                             Tensor &out);
 
   int device;
