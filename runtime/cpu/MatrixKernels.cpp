@@ -29,7 +29,10 @@ Expected<Outputs> matMul(const OpContext &ctx) {
   const Tensor &a = ctx.input(0), &b = ctx.input(1);
   if (a.rank() == 0 || b.rank() == 0)
     return ctx.fail("operands must have rank >= 1, got " + a.describe() + " and " + b.describe());
-  Shape aShape = a.shape(), bShape = b.shape();
+  // Shapes kept inline: a decode step's MatMuls are small enough that
+  // heap shapes would show.
+  using Dims = Tensor::Dims;
+  Dims aShape(a.shape().begin(), a.shape().end()), bShape(b.shape().begin(), b.shape().end());
   if (a.rank() == 1)
     aShape.insert(aShape.begin(), 1);
   if (b.rank() == 1)
@@ -40,13 +43,22 @@ Expected<Outputs> matMul(const OpContext &ctx) {
     return ctx.fail("inner dimensions differ: " + a.describe() + " x " + b.describe());
   ArrayRef<int64_t> aBatch = ArrayRef<int64_t>(aShape).drop_back(2);
   ArrayRef<int64_t> bBatch = ArrayRef<int64_t>(bShape).drop_back(2);
-  Expected<Shape> batch = broadcastShapes(aBatch, bBatch);
-  if (!batch)
-    return ctx.fail("batch dimensions: " + toString(batch.takeError()));
-  Shape outShape = *batch;
+  // The batch dimensions broadcast, right-aligned.
+  Dims batch(std::max(aBatch.size(), bBatch.size()), 1);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    int64_t da = i < aBatch.size() ? aBatch[aBatch.size() - 1 - i] : 1;
+    int64_t db = i < bBatch.size() ? bBatch[bBatch.size() - 1 - i] : 1;
+    if (da != db && da != 1 && db != 1) {
+      Expected<Shape> broadcast = broadcastShapes(aBatch, bBatch);
+      return ctx.fail("batch dimensions: " + (broadcast ? std::string("do not broadcast")
+                                                        : toString(broadcast.takeError())));
+    }
+    batch[batch.size() - 1 - i] = da == 1 ? db : da;
+  }
+  Dims outShape = batch;
   outShape.push_back(m);
   outShape.push_back(n);
-  Shape finalShape = *batch;
+  Dims finalShape = batch;
   if (a.rank() > 1)
     finalShape.push_back(m);
   if (b.rank() > 1)
@@ -63,20 +75,20 @@ Expected<Outputs> matMul(const OpContext &ctx) {
           k > 0 ? Tensor::uninitialized(a.elemType(), outShape) : Tensor(a.elemType(), outShape);
       const T *pa = a.data<T>(), *pb = b.data<T>();
       T *po = out.data<T>();
-      if (product(bBatch) == 1 && Shape(aBatch) == *batch) {
+      if (product(bBatch) == 1 && aBatch == ArrayRef<int64_t>(batch)) {
         // One weight matrix for the whole batch: fold the batch into M.
         gemmAny<T>(false, false, product(aBatch) * m, n, k, T(1), pa, k, pb, n, T(0), po, n);
       } else {
-        Shape aStrides = broadcastStrides(aBatch, *batch),
-              bStrides = broadcastStrides(bBatch, *batch);
+        Shape aStrides = broadcastStrides(aBatch, batch),
+              bStrides = broadcastStrides(bBatch, batch);
         for (int64_t &s : aStrides)
           s *= m * k;
         for (int64_t &s : bStrides)
           s *= k * n;
         // The products are independent: the rank's loop threads take runs
         // of them (attention's per-head products are small).
-        std::vector<std::array<int64_t, 2>> offsets(product(*batch));
-        forEachStrided<2>(*batch, {aStrides, bStrides},
+        std::vector<std::array<int64_t, 2>> offsets(product(batch));
+        forEachStrided<2>(batch, {aStrides, bStrides},
                           [&](int64_t i, const std::array<int64_t, 2> &off) { offsets[i] = off; });
         int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, m * n * k));
         parallelFor(static_cast<int64_t>(offsets.size()), grain, [&](int64_t begin, int64_t end) {
