@@ -12,6 +12,7 @@
 #include "ops/OpRegistry.h"
 #include "runtime/core/Backend.h"
 #include "runtime/core/OpContext.h"
+#include "runtime/cpu/KernelSupport.h"
 #include "runtime/kernels/KernelBodies.h"
 
 #include "onnx/onnx_pb.h"
@@ -19,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 using namespace pipec;
 using namespace pipec::test;
@@ -305,6 +307,64 @@ TEST(GpuKernelBodies, CrossEntropyRowsMatchCpu) {
           EXPECT_TRUE(close(got, dx)) << reduction << (ignore ? " ignoring" : "");
         }
       }
+}
+
+/// Whether \p a and \p b hold the same bits.
+::testing::AssertionResult sameBits(const Tensor &a, const Tensor &b) {
+  if (a.shape() != b.shape() || a.elemType() != b.elemType())
+    return ::testing::AssertionFailure() << a.describe() << " against " << b.describe();
+  if (std::memcmp(a.rawData(), b.rawData(), a.numElements() * cpu::storageSize(a.elemType())))
+    return ::testing::AssertionFailure() << "the bits differ";
+  return ::testing::AssertionSuccess();
+}
+
+/// The CPU kernels are loops around the bodies, not copies of them: each
+/// row kernel's output is the body's in the CPU's configuration
+/// (VectorLanes, double element arithmetic), bit for bit, on rows long
+/// enough to take the vector lanes and their tails.
+TEST(GpuKernelBodies, CpuKernelsRunTheBodies) {
+  cpu::VectorLanes lanes;
+  int64_t rows = 3, size = 37;
+  Tensor x = floats({rows, size}, -4, 4), dy = floats({rows, size}), scale = floats({size}),
+         bias = floats({size});
+  k::RowLayout layout{rows, size, 1};
+  for (bool logarithm : {false, true}) {
+    Tensor y = runCpu(NodeBuilder(logarithm ? "LogSoftmax" : "Softmax", 1), {x})[0];
+    Tensor got(DType::F32, x.shape());
+    for (int64_t r = 0; r < rows; ++r)
+      k::softmaxRow(lanes, r, layout, x.data<float>(), got.data<float>(), logarithm);
+    EXPECT_TRUE(sameBits(got, y)) << (logarithm ? "LogSoftmax" : "Softmax");
+  }
+  Tensor probs = runCpu(NodeBuilder("Softmax", 1), {x})[0];
+  Tensor dx = runCpu(NodeBuilder("SoftmaxGrad", 2, 1, "pipec").i("axis", 1), {dy, probs})[0];
+  Tensor gotDx(DType::F32, x.shape());
+  for (int64_t r = 0; r < rows; ++r)
+    k::softmaxGradRow<double>(lanes, r, layout, dy.data<float>(), probs.data<float>(),
+                              gotDx.data<float>());
+  EXPECT_TRUE(sameBits(gotDx, dx)) << "SoftmaxGrad";
+
+  Tensor norm = runCpu(NodeBuilder("LayerNormalization", 3).i("axis", 1).f("epsilon", 1e-3f),
+                       {x, scale, bias})[0];
+  Tensor gotNorm(DType::F32, x.shape());
+  for (int64_t r = 0; r < rows; ++r)
+    k::layerNormRow<double>(lanes, r, size, double(1e-3f), x.data<float>(), scale.data<float>(),
+                            bias.data<float>(), gotNorm.data<float>(), (double *)nullptr,
+                            (double *)nullptr);
+  EXPECT_TRUE(sameBits(gotNorm, norm)) << "LayerNormalization";
+
+  Tensor labels = int64s({rows}, {3, 0, 36});
+  Tensor dScores =
+      runCpu(NodeBuilder("SoftmaxCrossEntropyLossGrad", 3, 1, "pipec").s("reduction", "mean"),
+             {Tensor::scalar(0.75f), x, labels})[0];
+  k::CrossEntropyParams p;
+  double count = double(rows);
+  float dLoss = 0.75f;
+  int flag = 0;
+  Tensor gotScores(DType::F32, x.shape());
+  for (int64_t r = 0; r < rows; ++r)
+    k::crossEntropyGradRow(lanes, r, layout, p, &dLoss, &count, x.data<float>(),
+                           labels.data<int64_t>(), gotScores.data<float>(), &flag);
+  EXPECT_TRUE(sameBits(gotScores, dScores)) << "SoftmaxCrossEntropyLossGrad";
 }
 
 TEST(GpuKernelBodies, GatherAndItsGradientMatchCpu) {

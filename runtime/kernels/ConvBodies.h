@@ -201,10 +201,11 @@ PIPEC_HD int64_t tapOf(const ConvWindow &w, int d, int64_t i, int64_t o) {
 /// (the CPU's Col2Im takes them all).
 template <typename T>
 PIPEC_HD void col2imRun(int64_t i, int64_t n, const Im2colParams &p, const T *columns, T *image) {
-  if (n <= 0) // an empty row of an empty image
-    return;
   const ConvWindow &w = p.w;
-  int64_t inSize = w.inSize(), outSize = w.outSize(), taps = w.kernelSize();
+  int64_t inSize = w.inSize();
+  if (n <= 0 || inSize == 0) // an empty row of an empty image
+    return;
+  int64_t outSize = w.outSize(), taps = w.kernelSize();
   int64_t pos = i % inSize, plane = i / inSize; // plane = b * channels + c
   int64_t at[3] = {pos / (w.in[2] * w.in[1]), (pos / w.in[2]) % w.in[1], pos % w.in[2]};
   TapRange rd(w, 0, at[0]), rh(w, 1, at[1]), rw(w, 2, at[2]);
