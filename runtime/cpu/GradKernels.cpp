@@ -426,22 +426,21 @@ Expected<std::vector<Tensor>> maxPoolGrad(const onnx::NodeProto &node,
     return w.takeError();
   return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
     using T = decltype(tag);
-    Tensor dx = Tensor::uninitialized(dy.elemType(), x.shape()); // every element is written
+    Tensor dx(dy.elemType(), x.shape());
     int64_t planes = x.dim(0) * x.dim(1), inSize = w->inSize(), outSize = w->outSize();
-    const T *px = x.data<T>();
-    // The forward kernel's choice: the first strict maximum in window order.
-    std::vector<int64_t> argmax(planes * outSize);
+    const T *px = x.data<T>(), *pd = dy.data<T>();
+    T *out = dx.data<T>();
+    // Each window's dY goes to its maximum (kernels::poolArgmax, the forward
+    // kernel's choice: the first strict maximum in tap order), the windows
+    // in increasing order: per element, the order in which the device's
+    // poolGradRun adds them.
     forEachRow(planes, outSize, [&](int64_t plane) {
       T best;
-      for (int64_t o = 0; o < outSize; ++o)
-        argmax[plane * outSize + o] = kernels::poolArgmax(*w, o, px + plane * inSize, best);
-    });
-    kernels::PoolParams p;
-    p.w = *w;
-    p.isMax = true;
-    int64_t rowSize = w->in[2];
-    forEachRow(planes * w->in[0] * w->in[1], rowSize, [&](int64_t r) {
-      kernels::poolGradRun(r * rowSize, rowSize, p, dy.data<T>(), px, dx.data<T>(), argmax.data());
+      for (int64_t o = 0; o < outSize; ++o) {
+        int64_t at = kernels::poolArgmax(*w, o, px + plane * inSize, best);
+        if (at >= 0)
+          out[plane * inSize + at] += pd[plane * outSize + o];
+      }
     });
     return std::vector<Tensor>{dx};
   });
@@ -493,10 +492,16 @@ Expected<std::vector<Tensor>> batchNormGradWeight(const onnx::NodeProto &node,
       mu[c] = mean.getDouble(c);
       variance[c] = var.getDouble(c);
     }
-    // One chunk per channel: its elements added in batch-major order.
+    // Each channel's terms added in batch-major order, in one chunk (the
+    // device's pass two over one partial sum).
     for (int64_t c = 0; c < channels; ++c) {
-      kernels::batchNormGradWeightPartial(c, channels, batch, spatial, 1, dy.data<T>(), x.data<T>(),
-                                          mu.data(), partial.data());
+      double acc = 0;
+      for (int64_t n = 0; n < batch; ++n) {
+        int64_t base = (n * channels + c) * spatial;
+        for (int64_t s = 0; s < spatial; ++s)
+          acc += kernels::batchNormGradWeightTerm(base + s, dy.data<T>(), x.data<T>(), mu[c]);
+      }
+      partial[c] = acc;
       kernels::batchNormGradWeightFinish(c, 1, epsilon, partial.data(), variance.data(),
                                          dscale.data<T>());
     }

@@ -84,17 +84,20 @@ void im2col(const T *image, int64_t channels, const kernels::ConvWindow &w, T *c
 }
 
 /// The adjoint of im2col: writes each element of the \p channels planes of
-/// \p image as the sum of the column entries read from it (taps in
-/// increasing order, from T(0)), a row of the last dimension a call. Pads
-/// may be negative.
+/// \p image as the sum of the column entries read from it, from T(0) with
+/// the taps in increasing order (kernels::col2imAddRun over each channel's
+/// rows in order; the channels on the loop threads). Pads may be negative.
 template <typename T>
 void col2im(const T *columns, int64_t channels, const kernels::ConvWindow &w, T *image) {
   kernels::Im2colParams p;
   p.w = w;
   p.channels = channels;
-  int64_t rowSize = w.in[2];
-  forEachRow(channels * w.in[0] * w.in[1], rowSize,
-             [&](int64_t r) { kernels::col2imRun(r * rowSize, rowSize, p, columns, image); });
+  int64_t taps = w.kernelSize(), outSize = w.outSize(), inSize = w.inSize();
+  forEachRow(channels, taps * outSize, [&](int64_t c) {
+    std::fill(image + c * inSize, image + (c + 1) * inSize, T(0));
+    for (int64_t k = 0; k < taps; ++k)
+      kernels::col2imAddRun((c * taps + k) * outSize, outSize, p, columns, image);
+  });
 }
 
 } // namespace pipec::cpu

@@ -2,9 +2,13 @@
 //
 // The per-element (and per-row) bodies of im2col, col2im, the Conv bias,
 // the pools and their gradients, and batch normalization, for the CPU and
-// CUDA kernels alike (KernelBodies.h says how). The CPU's im2col, col2im,
-// Conv bias, pools and pool gradients loop around them a row of elements a
-// call (the *Run functions), where a device thread takes one element.
+// CUDA kernels alike (KernelBodies.h says how). The CPU calls them a row of
+// elements at a time (the *Run functions), where a device thread takes one
+// element. Two gradients take a scatter on the CPU and a gather on the
+// device, adding the same terms in the same order: col2im (col2imAddRun
+// against col2imRun) and MaxPoolGrad (poolArgmax's window maxima against
+// poolGradRun); one core walks the columns and windows once rather than
+// searching, for each element, the taps that read it.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_RUNTIME_KERNELS_CONVBODIES_H
@@ -107,11 +111,13 @@ PIPEC_HD void windowAt(const ConvWindow &w, int64_t o, int64_t *at) {
   at[0] = rest / w.out[1], at[1] = rest % w.out[1], at[2] = o % w.out[2];
 }
 
-/// Column entries t to t + n - 1 (in [images, rows, outSize] order, all in
-/// one row) from the images: the device fills one entry a thread, the host
-/// a row a call. Any element type (the CPU's ConvInteger unfolds int32).
-template <typename T>
-PIPEC_HD void im2colRun(int64_t t, int64_t n, const Im2colParams &p, const T *image, T *columns) {
+/// Walks column entries t to t + n - 1 (in [images, rows, outSize] order,
+/// all in one row) a stretch along the last output dimension at a time:
+/// span(at, plane, len, from, lo, hi) for the entries at, at + 1, ... at +
+/// len - 1 of the columns, of which [lo, hi) read the image elements plane +
+/// from + e * stride[2] and the rest read padding.
+template <typename F>
+PIPEC_HD void forColumnSpans(int64_t t, int64_t n, const Im2colParams &p, F span) {
   if (n <= 0) // an empty row of an empty output
     return;
   const ConvWindow &w = p.w;
@@ -120,29 +126,68 @@ PIPEC_HD void im2colRun(int64_t t, int64_t n, const Im2colParams &p, const T *im
   int64_t c = r / taps, k = r % taps;
   int64_t kw = k % w.kernel[2], kh = (k / w.kernel[2]) % w.kernel[1],
           kd = k / (w.kernel[2] * w.kernel[1]);
-  const T *plane = image + (b * p.channels + c) * w.inSize();
-  T *out = columns + row * outSize + o;
+  int64_t plane = (b * p.channels + c) * w.inSize(), at = row * outSize + o;
   if (p.batchInner) {
     int64_t batch = p.images / p.group, nb = b / p.group, g = b % p.group;
-    out = columns + ((g * rows + r) * batch + nb) * outSize + o;
+    at = ((g * rows + r) * batch + nb) * outSize + o;
   }
-  int64_t at[3];
-  windowAt(w, o, at);
+  int64_t pos[3];
+  windowAt(w, o, pos);
   while (n > 0) {
-    // Along the last dimension the run reads one input row (or padding).
-    int64_t id = at[0] * w.stride[0] - w.padBegin[0] + kd * w.dilation[0];
-    int64_t ih = at[1] * w.stride[1] - w.padBegin[1] + kh * w.dilation[1];
+    // Along the last dimension the stretch reads one input row (or padding).
+    int64_t id = pos[0] * w.stride[0] - w.padBegin[0] + kd * w.dilation[0];
+    int64_t ih = pos[1] * w.stride[1] - w.padBegin[1] + kh * w.dilation[1];
     bool inRow = id >= 0 && id < w.in[0] && ih >= 0 && ih < w.in[1];
-    int64_t rowAt = (id * w.in[1] + ih) * w.in[2];
-    int64_t len = w.out[2] - at[2] < n ? w.out[2] - at[2] : n;
-    for (int64_t e = 0; e < len; ++e) {
-      int64_t iw = (at[2] + e) * w.stride[2] - w.padBegin[2] + kw * w.dilation[2];
-      out[e] = inRow && iw >= 0 && iw < w.in[2] ? plane[rowAt + iw] : T(0);
+    int64_t len = w.out[2] - pos[2] < n ? w.out[2] - pos[2] : n;
+    int64_t first = pos[2] * w.stride[2] - w.padBegin[2] + kw * w.dilation[2], lo = 0, hi = 0;
+    if (inRow) {
+      lo = first >= 0 ? 0 : (-first + w.stride[2] - 1) / w.stride[2];
+      hi = first >= w.in[2] ? 0 : (w.in[2] - first + w.stride[2] - 1) / w.stride[2];
+      lo = lo < len ? lo : len;
+      hi = hi < lo ? lo : (hi < len ? hi : len);
     }
-    out += len, n -= len, at[2] = 0;
-    if (++at[1] == w.out[1])
-      at[1] = 0, ++at[0];
+    span(at, plane, len, (id * w.in[1] + ih) * w.in[2] + first, lo, hi);
+    at += len, n -= len, pos[2] = 0;
+    if (++pos[1] == w.out[1])
+      pos[1] = 0, ++pos[0];
   }
+}
+
+/// Column entries t to t + n - 1 (in [images, rows, outSize] order, all in
+/// one row) from the images: the device fills one entry a thread, the host
+/// a row a call. Any element type (the CPU's ConvInteger unfolds int32).
+template <typename T>
+PIPEC_HD void im2colRun(int64_t t, int64_t n, const Im2colParams &p, const T *image, T *columns) {
+  int64_t stride = p.w.stride[2];
+  forColumnSpans(t, n, p,
+                 [&](int64_t at, int64_t plane, int64_t len, int64_t from, int64_t lo, int64_t hi) {
+                   T *out = columns + at;
+                   const T *in = image + plane;
+                   for (int64_t e = 0; e < lo; ++e)
+                     out[e] = T(0);
+                   for (int64_t e = lo; e < hi; ++e)
+                     out[e] = in[from + e * stride];
+                   for (int64_t e = hi; e < len; ++e)
+                     out[e] = T(0);
+                 });
+}
+
+/// The adjoint of im2colRun, on the host: adds column entries t to t + n -
+/// 1 into the image elements they were read from. Called over a channel's
+/// rows in order, it adds each element's entries in increasing tap order,
+/// as col2imRun (the device's form, one element a thread) sums them: the
+/// same bits, with no search for the taps that read an element.
+template <typename T>
+PIPEC_HD void col2imAddRun(int64_t t, int64_t n, const Im2colParams &p, const T *columns,
+                           T *image) {
+  int64_t stride = p.w.stride[2];
+  forColumnSpans(t, n, p,
+                 [&](int64_t at, int64_t plane, int64_t, int64_t from, int64_t lo, int64_t hi) {
+                   const T *in = columns + at;
+                   T *out = image + plane;
+                   for (int64_t e = lo; e < hi; ++e)
+                     out[from + e * stride] += in[e];
+                 });
 }
 
 /// Column element \p t (in [images, rows, outSize] order) from the images.
@@ -424,9 +469,16 @@ PIPEC_HD void batchNormElement(int64_t i, int64_t channels, int64_t spatial, dou
   y[i] = batchNormApply(x[i], batchNormAffine(c, epsilon, scale, bias, mean, var));
 }
 
+/// Element \p i's term of BatchNormGradWeight's sum: dY (X - mean), in
+/// double.
+template <typename T>
+PIPEC_HD double batchNormGradWeightTerm(int64_t i, const T *dy, const T *x, double mean) {
+  return static_cast<double>(dy[i]) * (static_cast<double>(x[i]) - mean);
+}
+
 /// Pass one of BatchNormGradWeight: partial t covers channel t / chunks and
 /// chunk t % chunks of its batch * spatial elements (in batch-major order),
-/// summing dY (X - mean) in double.
+/// summing their terms.
 template <typename T, typename P>
 PIPEC_HD void batchNormGradWeightPartial(int64_t t, int64_t channels, int64_t batch,
                                          int64_t spatial, int64_t chunks, const T *dy, const T *x,
@@ -435,10 +487,9 @@ PIPEC_HD void batchNormGradWeightPartial(int64_t t, int64_t channels, int64_t ba
   int64_t length = (count + chunks - 1) / chunks;
   int64_t end = (chunk + 1) * length < count ? (chunk + 1) * length : count;
   double mu = static_cast<double>(mean[c]), acc = 0;
-  for (int64_t r = chunk * length; r < end; ++r) {
-    int64_t i = ((r / spatial) * channels + c) * spatial + r % spatial;
-    acc += static_cast<double>(dy[i]) * (static_cast<double>(x[i]) - mu);
-  }
+  for (int64_t r = chunk * length; r < end; ++r)
+    acc +=
+        batchNormGradWeightTerm(((r / spatial) * channels + c) * spatial + r % spatial, dy, x, mu);
   partial[t] = acc;
 }
 
