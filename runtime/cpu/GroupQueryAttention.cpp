@@ -208,18 +208,17 @@ void writePresent(const GqaSizes &a, const T *k, const T *v, const Tensor *pastK
     }
 }
 
-/// The dot products of \p q with each of the 8 rows of \p keys (\p H
-/// floats each, consecutive) into \p dots: the rows transposed into
-/// \p scratch (8 x H), then 8 sums side by side, each summing its products
-/// in the order of i as one row's loop would (the same bits).
-void dotEight(const float *q, const float *keys, int64_t H, float *scratch, float dots[8]) {
+/// The dot products of \p q with each of 8 keys of \p H floats, given
+/// transposed in \p keysT (H x 8, transposeFloats), into \p dots: 8 sums
+/// side by side, each summing its products in the order of i as one key's
+/// loop would (the same bits).
+void dotEight(const float *q, const float *keysT, int64_t H, float dots[8]) {
   using Lanes = float __attribute__((vector_size(16)));
-  transposeFloats(keys, 8, H, H, scratch, 8);
   Lanes low = {0, 0, 0, 0}, high = {0, 0, 0, 0};
   for (int64_t i = 0; i < H; ++i) {
     Lanes qi = {q[i], q[i], q[i], q[i]}, k0, k1;
-    std::memcpy(&k0, scratch + i * 8, sizeof k0);
-    std::memcpy(&k1, scratch + i * 8 + 4, sizeof k1);
+    std::memcpy(&k0, keysT + i * 8, sizeof k0);
+    std::memcpy(&k1, keysT + i * 8 + 4, sizeof k1);
     low += qi * k0;
     high += qi * k1;
   }
@@ -227,85 +226,107 @@ void dotEight(const float *q, const float *keys, int64_t H, float *scratch, floa
   std::memcpy(dots + 4, &high, sizeof high);
 }
 
+/// One query head's row of scores: its maximum, and each score softmaxed
+/// in place over [first, seen), then the weighted sum of the values into
+/// \p dst (each output element summing its positions in order, eight
+/// elements at a time so that their sums run side by side in registers).
+template <typename T>
+void weighValues(const GqaSizes &a, double *scores, double maxScore, int64_t first, int64_t seen,
+                 const T *values, T *dst) {
+  double sum = a.smooth ? std::exp(-maxScore) : 0.0;
+  for (int64_t t = first; t < seen; ++t)
+    sum += scores[t] = std::exp(scores[t] - maxScore);
+  for (int64_t t = first; t < seen; ++t)
+    scores[t] /= sum;
+  int64_t i = 0;
+  for (; i + 8 <= a.H; i += 8) {
+    double sums[8] = {};
+    for (int64_t t = first; t < seen; ++t) {
+      const T *vRow = values + t * a.H + i;
+      for (int l = 0; l < 8; ++l)
+        sums[l] += scores[t] * static_cast<double>(vRow[l]);
+    }
+    for (int l = 0; l < 8; ++l)
+      dst[i + l] = static_cast<T>(sums[l]);
+  }
+  for (; i < a.H; ++i) {
+    double total = 0;
+    for (int64_t t = first; t < seen; ++t)
+      total += scores[t] * static_cast<double>(values[t * a.H + i]);
+    dst[i] = static_cast<T>(total);
+  }
+}
+
 /// output [B, S, N * H]: each query head's softmax over the keys it sees
-/// of its kv head (N / Nkv query heads share one), times their values.
+/// of its kv head (N / Nkv query heads share one), times their values. The
+/// query heads of one kv head go together, so that each block of 8 keys is
+/// transposed once for all of them.
 template <typename T>
 void attendHeads(const GqaSizes &a, const T *q, const T *pk, const T *pv, const T *cos,
                  const T *sin, T *out) {
   int64_t group = a.N / a.Nkv;
-  // Heads are independent: the rank's loop threads take runs of them, each
-  // run some 64k multiply-adds at least (a tiny decode step's heads stay on
-  // one thread: waking another costs more than they do).
-  int64_t grain =
-      std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, a.S * a.present * a.H));
-  parallelFor(a.B * a.N, grain, [&](int64_t begin, int64_t end) {
-    std::vector<T> qRot(a.H);
-    std::vector<double> scores(a.present);
+  // kv heads are independent: the rank's loop threads take runs of them,
+  // each run some 64k multiply-adds at least (a tiny decode step's heads
+  // stay on one thread: waking another costs more than they do).
+  int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) /
+                                           std::max<int64_t>(1, group * a.S * a.present * a.H));
+  parallelFor(a.B * a.Nkv, grain, [&](int64_t begin, int64_t end) {
+    std::vector<T> qRot(group * a.H);
+    std::vector<const T *> qRows(group);
+    std::vector<double> scores(group * a.present), maxScores(group);
     std::vector<float> keysT(8 * a.H);
-    for (int64_t bn = begin; bn < end; ++bn) {
-      int64_t b = bn / a.N, n = bn % a.N;
-      const T *keys = pk + (b * a.Nkv + n / group) * a.present * a.H;
-      const T *values = pv + (b * a.Nkv + n / group) * a.present * a.H;
+    auto score = [softcap = a.softcap, scale = a.scale](float dot) {
+      double x = static_cast<double>(dot * scale);
+      return softcap > 0 ? softcap * std::tanh(x / softcap) : x;
+    };
+    for (int64_t unit = begin; unit < end; ++unit) {
+      int64_t b = unit / a.Nkv, kv = unit % a.Nkv;
+      const T *keys = pk + (b * a.Nkv + kv) * a.present * a.H;
+      const T *values = pv + (b * a.Nkv + kv) * a.present * a.H;
       for (int64_t s = 0; s < a.S; ++s) {
-        const T *qRow = q + (b * a.S + s) * a.qStride + n * a.H;
-        if (a.rotaryHalf > 0) {
-          rotate(qRow, qRot.data(), a.H, a.rotaryHalf, cos, sin, a.start[b] + s, a.interleaved);
-          qRow = qRot.data();
+        for (int64_t j = 0; j < group; ++j) {
+          int64_t n = kv * group + j;
+          qRows[j] = q + (b * a.S + s) * a.qStride + n * a.H;
+          if (a.rotaryHalf > 0) {
+            rotate(qRows[j], qRot.data() + j * a.H, a.H, a.rotaryHalf, cos, sin, a.start[b] + s,
+                   a.interleaved);
+            qRows[j] = qRot.data() + j * a.H;
+          }
+          maxScores[j] = a.smooth ? 0.0 : -INFINITY;
         }
         int64_t seen = std::min(a.start[b] + s + 1, a.length[b]), first = 0;
         if (a.window > 0 && seen > a.window)
           first = seen - a.window;
-        // The running maximum stays in a register: the lambda returns each
-        // score rather than updating a captured one.
-        double maxScore = a.smooth ? 0.0 : -INFINITY;
-        auto score = [softcap = a.softcap, scale = a.scale](float dot) {
-          double x = static_cast<double>(dot * scale);
-          return softcap > 0 ? softcap * std::tanh(x / softcap) : x;
-        };
         int64_t t = first;
         if constexpr (std::is_same_v<T, float>)
           for (; t + 8 <= seen; t += 8) {
-            float dots[8];
-            dotEight(qRow, keys + t * a.H, a.H, keysT.data(), dots);
-            for (int l = 0; l < 8; ++l) {
-              double x = score(dots[l]);
-              scores[t + l] = x;
-              maxScore = std::max(maxScore, x);
+            transposeFloats(keys + t * a.H, 8, a.H, a.H, keysT.data(), 8);
+            for (int64_t j = 0; j < group; ++j) {
+              float dots[8];
+              dotEight(qRows[j], keysT.data(), a.H, dots);
+              double *row = scores.data() + j * a.present;
+              for (int l = 0; l < 8; ++l) {
+                double x = score(dots[l]);
+                row[t + l] = x;
+                maxScores[j] = std::max(maxScores[j], x);
+              }
             }
           }
         for (; t < seen; ++t) {
           const T *kRow = keys + t * a.H;
-          float dot = 0;
-          for (int64_t i = 0; i < a.H; ++i)
-            dot += static_cast<float>(qRow[i]) * static_cast<float>(kRow[i]);
-          double x = score(dot);
-          scores[t] = x;
-          maxScore = std::max(maxScore, x);
-        }
-        double sum = a.smooth ? std::exp(-maxScore) : 0.0;
-        for (int64_t t = first; t < seen; ++t)
-          sum += scores[t] = std::exp(scores[t] - maxScore);
-        for (int64_t t = first; t < seen; ++t)
-          scores[t] /= sum;
-        // Each output element sums its positions in order; eight elements
-        // at a time, so that their sums run side by side in registers.
-        T *dst = out + (b * a.S + s) * a.N * a.H + n * a.H;
-        int64_t i = 0;
-        for (; i + 8 <= a.H; i += 8) {
-          double sums[8] = {};
-          for (int64_t t = first; t < seen; ++t) {
-            const T *vRow = values + t * a.H + i;
-            for (int l = 0; l < 8; ++l)
-              sums[l] += scores[t] * static_cast<double>(vRow[l]);
+          for (int64_t j = 0; j < group; ++j) {
+            float dot = 0;
+            for (int64_t i = 0; i < a.H; ++i)
+              dot += static_cast<float>(qRows[j][i]) * static_cast<float>(kRow[i]);
+            double x = score(dot);
+            scores[j * a.present + t] = x;
+            maxScores[j] = std::max(maxScores[j], x);
           }
-          for (int l = 0; l < 8; ++l)
-            dst[i + l] = static_cast<T>(sums[l]);
         }
-        for (; i < a.H; ++i) {
-          double total = 0;
-          for (int64_t t = first; t < seen; ++t)
-            total += scores[t] * static_cast<double>(values[t * a.H + i]);
-          dst[i] = static_cast<T>(total);
+        for (int64_t j = 0; j < group; ++j) {
+          int64_t n = kv * group + j;
+          weighValues(a, scores.data() + j * a.present, maxScores[j], first, seen, values,
+                      out + (b * a.S + s) * a.N * a.H + n * a.H);
         }
       }
     }
