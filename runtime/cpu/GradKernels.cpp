@@ -464,8 +464,7 @@ Expected<std::vector<Tensor>> averagePoolGrad(const onnx::NodeProto &node,
     Tensor dx = Tensor::uninitialized(dy.elemType(), *xShape); // every element is written
     int64_t rowSize = p.w.in[2];
     forEachRow(dx.dim(0) * dx.dim(1) * p.w.in[0] * p.w.in[1], rowSize, [&](int64_t r) {
-      kernels::poolGradRun<T>(r * rowSize, rowSize, p, dy.data<T>(), nullptr, dx.data<T>(),
-                              nullptr);
+      kernels::poolGradRun<T>(r * rowSize, rowSize, p, dy.data<T>(), nullptr, dx.data<T>());
     });
     return std::vector<Tensor>{dx};
   });

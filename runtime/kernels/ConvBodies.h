@@ -386,12 +386,11 @@ template <typename T> PIPEC_HD void poolElement(int64_t t, const PoolParams &p, 
 /// row of the last dimension): MaxPoolGrad adds dY of the windows whose
 /// maximum it is in increasing output order, AveragePoolGrad dY / T(count)
 /// of every window reading it in increasing tap order, each from T(0) (the
-/// CPU kernels' orders for one element). MaxPoolGrad takes each window's
-/// maximum from \p argmax ([planes, outSize], poolArgmax's positions) when
-/// given, else from poolArgmax over \p x; AveragePoolGrad reads neither.
+/// CPU kernels' orders for one element). MaxPoolGrad finds each window's
+/// maximum with poolArgmax over \p x; AveragePoolGrad does not read x.
 template <typename T>
-PIPEC_HD void poolGradRun(int64_t i, int64_t n, const PoolParams &p, const T *dy, const T *x, T *dx,
-                          const int64_t *argmax) {
+PIPEC_HD void poolGradRun(int64_t i, int64_t n, const PoolParams &p, const T *dy, const T *x,
+                          T *dx) {
   if (n <= 0) // an empty row of an empty input
     return;
   const ConvWindow &w = p.w;
@@ -422,9 +421,7 @@ PIPEC_HD void poolGradRun(int64_t i, int64_t n, const PoolParams &p, const T *dy
           int64_t o = (o3[0] * w.out[1] + o3[1]) * w.out[2] + o3[2];
           if (p.isMax) {
             T best;
-            int64_t winner =
-                argmax ? argmax[plane * outSize + o] : poolArgmax(w, o, x + plane * inSize, best);
-            if (winner == pos + e)
+            if (poolArgmax(w, o, x + plane * inSize, best) == pos + e)
               acc += grad[o];
           } else {
             acc += grad[o] / static_cast<T>(poolCount(w, o3, p.includePad));
@@ -438,9 +435,8 @@ PIPEC_HD void poolGradRun(int64_t i, int64_t n, const PoolParams &p, const T *dy
 
 /// Input gradient element \p i: poolGradRun of one element.
 template <typename T>
-PIPEC_HD void poolGradElement(int64_t i, const PoolParams &p, const T *dy, const T *x, T *dx,
-                              const int64_t *argmax = nullptr) {
-  poolGradRun(i, 1, p, dy, x, dx, argmax);
+PIPEC_HD void poolGradElement(int64_t i, const PoolParams &p, const T *dy, const T *x, T *dx) {
+  poolGradRun(i, 1, p, dy, x, dx);
 }
 
 /// BatchNormalization (inference) of channel \p c as y = x * mul + add, in
