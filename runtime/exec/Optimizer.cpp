@@ -110,6 +110,7 @@ Error RankExecutor::optimizerStep(int t) {
   if (s.options.collectWeights)
     if (Error err = collectGradients(u.gradScale))
       return err;
+  std::vector<UpdatedState> updatedState;
   for (const std::string &name : trainableHere) {
     cpu::Tensor &g = grads[name];
     auto center = s.decayCenters.find(name);
@@ -127,25 +128,10 @@ Error RankExecutor::optimizerStep(int t) {
     cpu::Tensor &target = m != master.end() ? m->second : s.shardOptimizer ? shard : weights[name];
     if (Error err = be.optimize(u, target, g, moment1[name], moment2[name]))
       return rankError(global, formatv("updating '{0}': {1}", name, toString(std::move(err))));
-    // A weight (or Adam's second moment) the update left infinite or NaN
-    // poisons every later step and the saved model: stop, naming it.
     if (!o.allowNonfinite) {
-      std::vector<const cpu::Tensor *> state = {&target};
+      updatedState.push_back({name, true, target});
       if (moment2[name].numElements() > 0)
-        state.push_back(&moment2[name]);
-      for (const cpu::Tensor *tensor : state) {
-        const cpu::Tensor *one[] = {tensor};
-        auto squares = be.sumOfSquares(one, 1.0);
-        if (!squares)
-          return squares.takeError();
-        if (!std::isfinite(*squares))
-          return rankError(
-              global,
-              formatv("step {0}: the update left {1} '{2}' infinite or NaN (lr {3}, weight decay "
-                      "{4}); lower --lr, or pass --allow-nonfinite to go on",
-                      t + 1, tensor == &target ? "weight" : "the optimizer state of", name,
-                      format("%g", u.lr), format("%g", u.weightDecay)));
-      }
+        updatedState.push_back({name, false, moment2[name]});
     }
     cpu::Tensor updated = target;
     if (m != master.end()) {
@@ -162,7 +148,38 @@ Error RankExecutor::optimizerStep(int t) {
     else
       weights[name] = std::move(updated);
   }
+  if (Error err = checkFinite(updatedState, t, u))
+    return err;
   return updateRunningStats();
+}
+
+Error RankExecutor::checkFinite(ArrayRef<UpdatedState> state, int t, const OptimizerUpdate &u) {
+  // A weight (or Adam's second moment) the update left infinite or NaN
+  // poisons every later step and the saved model: stop, naming it. One sum
+  // of squares over them all leaves the device (finite exactly when each
+  // is: a float's square is far inside double's range); only a step that
+  // fails looks for the first culprit, in the order of the update.
+  std::vector<const cpu::Tensor *> all;
+  for (const UpdatedState &updated : state)
+    all.push_back(&updated.tensor);
+  auto total = be.sumOfSquares(all, 1.0);
+  if (!total)
+    return total.takeError();
+  if (std::isfinite(*total))
+    return Error::success();
+  for (const UpdatedState &updated : state) {
+    const cpu::Tensor *one[] = {&updated.tensor};
+    auto squares = be.sumOfSquares(one, 1.0);
+    if (!squares)
+      return squares.takeError();
+    if (!std::isfinite(*squares))
+      return rankError(
+          global, formatv("step {0}: the update left {1} '{2}' infinite or NaN (lr {3}, weight "
+                          "decay {4}); lower --lr, or pass --allow-nonfinite to go on",
+                          t + 1, updated.weight ? "weight" : "the optimizer state of", updated.name,
+                          format("%g", u.lr), format("%g", u.weightDecay)));
+  }
+  return rankError(global, formatv("step {0}: the update left a weight infinite or NaN", t + 1));
 }
 
 Error RankExecutor::collectGradients(double scale) {
