@@ -13,6 +13,7 @@
 #include "runtime/core/Backend.h"
 #include "runtime/core/OpContext.h"
 #include "runtime/cpu/KernelSupport.h"
+#include "runtime/cpu/Window.h"
 #include "runtime/kernels/KernelBodies.h"
 
 #include "onnx/onnx_pb.h"
@@ -348,8 +349,8 @@ TEST(GpuKernelBodies, CpuKernelsRunTheBodies) {
   Tensor gotNorm(DType::F32, x.shape());
   for (int64_t r = 0; r < rows; ++r)
     k::layerNormRow<double>(lanes, r, size, double(1e-3f), x.data<float>(), scale.data<float>(),
-                            bias.data<float>(), gotNorm.data<float>(), (double *)nullptr,
-                            (double *)nullptr);
+                            bias.data<float>(), gotNorm.data<float>(),
+                            static_cast<double *>(nullptr), static_cast<double *>(nullptr));
   EXPECT_TRUE(sameBits(gotNorm, norm)) << "LayerNormalization";
 
   Tensor labels = int64s({rows}, {3, 0, 36});
@@ -582,6 +583,30 @@ TEST(GpuKernelBodies, ConvAndItsGradientsMatchCpu) {
   }
 }
 
+/// col2im's two forms: the device's gather (col2imElement, one image
+/// element a thread) and the CPU's scatter (cpu::col2im over
+/// col2imAddRun) add each element's column entries in the same order.
+TEST(GpuKernelBodies, Col2imScatterEqualsTheGather) {
+  const WindowCase cases[] = {
+      {{2, 4, 7, 6}, {3, 3}, {2, 1}, {1, 2}, {1, 0, 2, 1}, 1},
+      {{1, 3, 5, 5}, {2, 3}, {1, 1}, {1, 1}, {0, 1, 1, 0}, 1},
+      {{1, 2, 4, 5, 6}, {2, 2, 3}, {2, 1, 2}, {1, 2, 1}, {1, 0, 1, 0, 1, 2}, 1}, // 3-D
+      {{2, 2, 9}, {3}, {2}, {2}, {1, 1}, 1},                                     // 1-D
+  };
+  for (const WindowCase &c : cases) {
+    k::Im2colParams p;
+    ASSERT_TRUE(
+        k::makeConvWindow(spatial(c.x), c.kernel, c.strides, c.dilations, c.pads, false, p.w));
+    p.channels = c.x[0] * c.x[1];
+    Tensor columns = floats({p.rows(), p.w.outSize()});
+    Tensor gathered(DType::F32, c.x), scattered(DType::F32, c.x);
+    for (int64_t i = 0; i < gathered.numElements(); ++i)
+      k::col2imElement(i, p, columns.data<float>(), gathered.data<float>());
+    cpu::col2im(columns.data<float>(), p.channels, p.w, scattered.data<float>());
+    EXPECT_TRUE(sameBits(scattered, gathered)) << "over " << cpu::shapeString(c.x);
+  }
+}
+
 TEST(GpuKernelBodies, PoolsAndTheirGradientsMatchCpu) {
   struct PoolCase {
     WindowCase window;
@@ -617,7 +642,8 @@ TEST(GpuKernelBodies, PoolsAndTheirGradientsMatchCpu) {
       std::string what = std::string(isMax ? "Max" : "Average") + " over " +
                          cpu::shapeString(wc.x) + (c.ceilMode ? ", ceil" : "") +
                          (c.includePad ? ", pads counted" : "");
-      EXPECT_TRUE(close(y, expected)) << what;
+      // The CPU kernel loops around the same body: the same bits.
+      EXPECT_TRUE(sameBits(y, expected)) << what;
 
       Tensor dy = floats(expected.shape());
       NodeBuilder backward(isMax ? "MaxPoolGrad" : "AveragePoolGrad", isMax ? 2 : 1, 1, "pipec");
@@ -632,7 +658,9 @@ TEST(GpuKernelBodies, PoolsAndTheirGradientsMatchCpu) {
       Tensor dx(DType::F32, wc.x);
       for (int64_t i = 0; i < dx.numElements(); ++i)
         k::poolGradElement(i, p, dy.data<float>(), x.data<float>(), dx.data<float>());
-      EXPECT_TRUE(close(dx, dxExpected)) << what << " (gradient)";
+      // The CPU's scatter (MaxPoolGrad) and gather (AveragePoolGrad) add
+      // each element's terms in the body's order: the same bits.
+      EXPECT_TRUE(sameBits(dx, dxExpected)) << what << " (gradient)";
     }
 }
 

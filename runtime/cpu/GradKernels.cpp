@@ -3,9 +3,9 @@
 // Plain loops over float or double storage; each kernel follows the formula
 // in passes/Differentiate.h. The convolution gradients are GEMMs (OpenBLAS,
 // through Kernels.h) around im2col and its adjoint col2im (Window.h); the
-// pool gradients loop around the device's per-element bodies
-// (runtime/kernels/KernelBodies.h), and MaxPoolGrad takes each window's
-// maximum from poolArgmax, as MaxPool does.
+// pool gradients use the device's bodies (runtime/kernels/ConvBodies.h):
+// MaxPoolGrad adds each window's dY at its poolArgmax, as MaxPool picks
+// it, and AveragePoolGrad loops around poolGradRun.
 //
 //===----------------------------------------------------------------------===//
 
@@ -124,13 +124,19 @@ Expected<std::vector<Tensor>> gatherGrad(const onnx::NodeProto &node,
   for (int64_t i : idx)
     if (i < -size || i >= size)
       return fail(node, "index " + Twine(i) + " out of range [0, " + Twine(size) + ")");
-  kernels::GatherParams p{outer, size, count, inner};
+  // kernels::gatherSource over blocks of the inner elements, as Gather's
+  // kernel reads them: each block of dY added whole, in order.
+  kernels::GatherParams blocks{outer, size, count, 1};
   return floating(node, dy, [&](auto tag) -> Expected<std::vector<Tensor>> {
     using T = decltype(tag);
     Tensor dx(dy.elemType(), shape);
-    int flag = 0; // the indices are checked above
-    for (int64_t i = 0; i < dy.numElements(); ++i)
-      kernels::gatherGradElement(i, p, dy.data<T>(), idx.data(), dx.data<T>(), &flag);
+    const T *pd = dy.data<T>();
+    T *px = dx.data<T>();
+    for (int64_t b = 0; b < outer * count; ++b) {
+      T *to = px + kernels::gatherSource(b, blocks, idx.data()) * inner;
+      for (int64_t in = 0; in < inner; ++in)
+        to[in] += pd[b * inner + in];
+    }
     return std::vector<Tensor>{dx};
   });
 }

@@ -3,7 +3,7 @@
 // The products go to the BLAS (float, double) or a plain loop (integers);
 // Conv is im2col per image and group, then one GEMM. Conv's im2col and
 // bias and the pools loop around the device's per-element bodies
-// (runtime/kernels/KernelBodies.h).
+// (runtime/kernels/ConvBodies.h).
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/KernelSupport.h"

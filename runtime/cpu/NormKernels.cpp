@@ -313,11 +313,12 @@ template <ReduceKind Kind> Expected<Outputs> reduce(const OpContext &ctx) {
                           : static_cast<Acc>(std::numeric_limits<T>::max());
       bool sums = kind == ReduceKind::Sum || kind == ReduceKind::Mean ||
                   kind == ReduceKind::SumSquare || kind == ReduceKind::L2;
-      if constexpr (isFloat<T>) {
-        Tensor out = Tensor::uninitialized(x.elemType(), outShape); // every element is written
-        if (sums && sumByPlan(x, reduced, kind, out.data<T>()))
-          return Outputs{out};
-      }
+      if constexpr (isFloat<T>)
+        if (sums) {
+          Tensor out = Tensor::uninitialized(x.elemType(), outShape); // every element is written
+          if (sumByPlan(x, reduced, kind, out.data<T>()))
+            return Outputs{out};
+        }
       std::vector<Acc> acc(outCount, init);
       std::vector<double> shift;
       auto walk = [&](auto &&fn) {

@@ -55,8 +55,8 @@ int64_t windowCount(const Geometry &g, int64_t d, int64_t image) {
 
 /// Sums the columns [channels * kernelSize, colSize] into the images
 /// [channels, imageSize] (zeroed by the caller): the adjoint of im2col. Up
-/// to 3 spatial dimensions go to Window.h's col2im (the device's body,
-/// which writes every element); more take the N-D loop here, which adds
+/// to 3 spatial dimensions go to Window.h's col2im (kernels::col2imAddRun,
+/// which zeroes its planes itself); more take the N-D loop here, which adds
 /// each element's taps in the same (increasing) order.
 template <typename T>
 void scatterColumns(const T *columns, int64_t channels, const Geometry &g, T *image) {

@@ -159,6 +159,8 @@ Error RankExecutor::checkFinite(ArrayRef<UpdatedState> state, int t, const Optim
   // of squares over them all leaves the device (finite exactly when each
   // is: a float's square is far inside double's range); only a step that
   // fails looks for the first culprit, in the order of the update.
+  if (state.empty()) // --allow-nonfinite, or nothing trained here
+    return Error::success();
   std::vector<const cpu::Tensor *> all;
   for (const UpdatedState &updated : state)
     all.push_back(&updated.tensor);
