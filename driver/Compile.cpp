@@ -70,7 +70,8 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   // calibration for the share of this machine's cores that `pipec run` gives
   // each of the plan's ranks; a JSON spec is parsed.
   int computing =
-      options.computingRanks > 0 ? options.computingRanks : options.stages * options.dataParallel;
+      options.computingRanks > 0 ? options.computingRanks
+                                 : options.stages * options.dataParallel * options.tensorParallel;
   int cpuThreads = defaultThreadsPerRank(computing);
   wireCpuKernels();
   std::map<std::string, HardwareSpec> resolved;
@@ -209,6 +210,7 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
                                             int64_t microbatchSize, StringRef knownHash = "") {
   ImportOptions importOptions = options.import;
   importOptions.bindings.batch = microbatchSize;
+  importOptions.tensorParallel = options.tensorParallel;
   auto graph = loadGraph(modelPath, importOptions, runner);
   if (!graph)
     return graph.takeError();
@@ -919,6 +921,12 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &giv
                              scheduleName(options.schedule)));
   if (options.dataParallel < 1)
     return flagError("--dp must be at least 1");
+  if (options.tensorParallel < 1)
+    return flagError(formatv("--tp {0}: must be at least 1", options.tensorParallel));
+  if (options.tensorParallel > 1 && options.maxLength > 0)
+    return flagError(formatv("--tp {0}: generation runs without tensor parallelism (--mode "
+                             "generate takes --tp 1)",
+                             options.tensorParallel));
   // 0 asks for the default; a negative count is a mistake, never a default.
   if (options.microbatches < 0)
     return flagError(formatv("--microbatches {0}: must be at least 1", options.microbatches));
@@ -947,6 +955,13 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &giv
   if (options.globalBatch > 0 && options.globalBatch % options.dataParallel != 0)
     return flagError(formatv("--batch {0} does not divide over --dp {1} replicas",
                              options.globalBatch, options.dataParallel));
+  // A tensor-parallel group talks at every split product: it stays inside
+  // a node, on the intra-node link.
+  for (const HardwareSpec &hw : setup->hardware)
+    if (options.tensorParallel > std::max(1, hw.devicesPerNode))
+      return flagError(formatv("--tp {0}: larger than a node of {1} ({2} devices); a "
+                               "tensor-parallel group stays inside a node",
+                               options.tensorParallel, hw.name, hw.devicesPerNode));
   Compilation compilation(modelPath, options, std::move(*setup), pipeline);
   if (options.training && options.autoSchedule)
     return compilation.autoSchedule();

@@ -56,6 +56,9 @@ struct CompileOptions {
   /// A measured cost table (JSON) overriding the roofline.
   std::string costs;
   int dataParallel = 1;
+  /// --tp T: each stage's matrix products split over T ranks
+  /// (shard-tensors).
+  int tensorParallel = 1;
   /// Weights (a regular expression over their names) the optimizer leaves
   /// alone.
   std::string freeze;

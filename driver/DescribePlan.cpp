@@ -112,6 +112,14 @@ void describeRun(plan::Plan &plan, StringRef modelPath, const CompileOptions &op
   info->set_microbatches(shape.microbatches());
   info->set_mode(options.training ? "train" : "infer");
   info->set_data_parallel(shape.dataParallel());
+  info->set_tensor_parallel(options.tensorParallel);
+  for (const auto &[name, shard] : graph.shards) {
+    plan::WeightShard *w = plan.add_weight_shards();
+    w->set_weight(name);
+    w->set_axis(shard.axis);
+    w->set_parts(shard.parts);
+    w->set_stride(shard.stride);
+  }
   info->set_global_batch(shape.globalBatch());
   info->set_microbatch_size(shape.microbatchSize());
   for (const HardwareSpec &hw : setup.hardware)

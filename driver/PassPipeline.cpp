@@ -1,6 +1,7 @@
 //===- PassPipeline.cpp - The pipeline of named passes --------------------===//
 #include "driver/PassPipeline.h"
 #include "passes/EliminateDead.h"
+#include "passes/ShardTensors.h"
 #include "passes/FoldConstants.h"
 #include "passes/GroupLayers.h"
 #include "passes/InferShapes.h"

@@ -31,7 +31,7 @@ constexpr GradKind gradKind(const char *column) {
 // clang-format off
 const OpDef rows[] = {
 #define PIPEC_OP(ID, DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, SHAPE, COST, GRAD, CPU, DEVICE, FOLD,    \
-                 FLAGS)                                                                            \
+                 FLAGS, SHARD)                                                                     \
     {OpId::ID, OpDomain::DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, FLAGS, gradKind(#GRAD),              \
      implemented(#CPU), implemented(#DEVICE), implemented(#FOLD), std::nullopt},
 #define PIPEC_ELEMENTWISE(ID, DOMAIN, NAME, SINCE, ARITY, COST, GRAD, CPU, FOLD, FLAGS)            \

@@ -56,6 +56,10 @@ enum OpFlags : uint8_t {
   /// It moves elements without computing new ones (Slice, Transpose,
   /// Concat): an index read through it is still an index into the same table.
   MovesElements = 64,
+  /// It communicates over the tensor-parallel ranks of its stage
+  /// (TpAllReduce, TpCopy): the executor, which holds the ranks' Comm,
+  /// runs it where the op is not the identity.
+  Collective = 128,
 };
 
 /// What the differentiate pass knows about an op's gradient.

@@ -18,7 +18,7 @@ namespace {
 // clang-format off
 const fold::Evaluator evaluators[] = {
 #define PIPEC_OP(ID, DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, SHAPE, COST, GRAD, CPU, DEVICE, FOLD,    \
-                 FLAGS)                                                                            \
+                 FLAGS, SHARD)                                                                     \
     fold::FOLD,
 #include "ops/Ops.def"
 };

@@ -71,8 +71,12 @@ Expected<onnx::TensorProto> weightTensor(const Graph &graph, int id) {
   if (v.storage) {
     t.set_name(v.name);
     t.set_data_type(static_cast<int32_t>(v.type));
-    for (int64_t d : v.shape)
-      t.add_dims(d);
+    // A split weight's tensor is the model's whole one; ranks load pieces.
+    auto shard = graph.shards.find(v.name);
+    for (size_t k = 0; k < v.shape.size(); ++k)
+      t.add_dims(shard != graph.shards.end() && shard->second.axis == static_cast<int>(k)
+                     ? v.shape[k] * shard->second.parts
+                     : v.shape[k]);
     t.set_data_location(onnx::TensorProto::EXTERNAL);
     StringRef dir = sys::path::parent_path(graph.path);
     std::string file = v.storage->file == 0 ? sys::path::filename(graph.path).str()

@@ -133,13 +133,13 @@ Error checkReceives(const plan::Plan &plan) {
 
 /// Every node of \p nodes, and of their subgraphs, has a kernel: a row of
 /// Ops.def at \p opset with a CPU kernel (a device without its own kernel
-/// runs the op on the CPU).
+/// runs the op on the CPU), or a collective the executor runs itself.
 Error checkKernels(int stage, StringRef part,
                    const google::protobuf::RepeatedPtrField<onnx::NodeProto> &nodes,
                    int64_t opset) {
   for (const onnx::NodeProto &node : nodes) {
     const OpDef *def = lookupOp(node.domain(), node.op_type(), opset);
-    if (!def || !def->hasCpuKernel) {
+    if (!def || !(def->hasCpuKernel || def->has(Collective))) {
       std::string domain = node.domain().empty() || node.domain() == "ai.onnx"
                                ? std::string()
                                : " of domain '" + node.domain() + "'";

@@ -108,6 +108,9 @@ Error checkSchedule(const plan::Plan &plan) {
     return err;
   if (Error err = checkCount("schedule.data_parallel", s.data_parallel(), 1, maxRanks / s.stages()))
     return err;
+  if (Error err = checkCount("schedule.tensor_parallel", std::max(1, s.tensor_parallel()), 1,
+                             maxRanks / (int64_t(s.stages()) * s.data_parallel())))
+    return err;
   int64_t replicas = s.data_parallel();
   if (Error err = checkCount("schedule.microbatch_size", s.microbatch_size(),
                              plan.programs_size() ? 1 : 0, int64_t(1) << 40))
@@ -423,6 +426,25 @@ Error checkTensors(const plan::Plan &plan) {
   for (const std::string &name : plan.trainable())
     if (!weights.count(name))
       return planError("trainable '" + name + "' is not one of the plan's weights");
+  // Each split weight is one of the plan's, cut into the plan's T pieces of
+  // equal blocks along one of its axes.
+  StringSet<> split;
+  int parts = std::max(1, plan.schedule().tensor_parallel());
+  for (const plan::WeightShard &shard : plan.weight_shards()) {
+    std::string name = "weight shard '" + shard.weight() + "'";
+    auto w = llvm::find_if(plan.weights(), [&](const onnx::TensorProto &t) {
+      return t.name() == shard.weight();
+    });
+    if (w == plan.weights().end())
+      return planError(name + " is not one of the plan's weights");
+    if (!split.insert(shard.weight()).second)
+      return planError(name + " is listed twice");
+    if (shard.parts() != parts || shard.axis() < 0 || shard.axis() >= w->dims_size() ||
+        shard.stride() < 1 || w->dims(shard.axis()) % (shard.stride() * parts) != 0)
+      return planError(formatv("{0}: axis {1} of {2} pieces in {3} blocks does not cut its "
+                               "dimensions over tensor_parallel {4}",
+                               name, shard.axis(), shard.parts(), shard.stride(), parts));
+  }
   for (const plan::DataInput &d : plan.data()) {
     std::optional<DType> type = dtypeOfName(d.dtype());
     if (!type || dtypeSize(*type) == 0)

@@ -340,8 +340,11 @@ double modelFlopsPerStep(const plan::Plan &plan) {
   for (const plan::Stage &stage : plan.stages())
     forward += stage.flops_f();
   const plan::ScheduleInfo &s = plan.schedule();
+  // A stage's FLOPs are one tensor-parallel rank's: its split products'
+  // share and the replicated rest (norms, embedding, head), which every
+  // rank computes.
   return forward * std::max(1, s.microbatches()) * std::max(1, s.data_parallel()) *
-         (s.mode() == "train" ? 3 : 1);
+         std::max(1, s.tensor_parallel()) * (s.mode() == "train" ? 3 : 1);
 }
 
 double peakFlopsOfRun(const plan::Plan &plan) {
@@ -351,7 +354,7 @@ double peakFlopsOfRun(const plan::Plan &plan) {
     pipeline += plan.hardware_size() == 0  ? 0
                 : r < plan.hardware_size() ? plan.hardware(r).peak_flops()
                                            : plan.hardware(0).peak_flops();
-  return pipeline * std::max(1, s.data_parallel());
+  return pipeline * std::max(1, s.data_parallel()) * std::max(1, s.tensor_parallel());
 }
 
 int64_t tokensPerSample(const plan::Plan &plan) {

@@ -16,10 +16,12 @@
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <algorithm>
+
 namespace pipec {
 
 /// The format_version this build writes and reads.
-inline constexpr uint32_t PlanFormatVersion = 7;
+inline constexpr uint32_t PlanFormatVersion = 8;
 
 enum class PlanEncoding { Binary, Text, Json };
 
@@ -44,6 +46,26 @@ std::string contentHash(llvm::StringRef bytes);
 
 /// The lowercase hex SHA-256 of \p bytes: a checkpoint's checksum.
 std::string sha256Hex(llvm::StringRef bytes);
+
+/// Where each rank of a run sits: replica d of dp, pipeline rank r of P
+/// (whose RankProgram it runs), tensor-parallel rank t of T, at global rank
+/// ((d x P) + r) x T + t, so that a tensor-parallel group is consecutive
+/// ranks, inside a node.
+struct RankGrid {
+  int P = 1, dp = 1, T = 1;
+  static RankGrid of(const plan::Plan &plan) {
+    const plan::ScheduleInfo &s = plan.schedule();
+    return {std::max(1, s.stages()), std::max(1, s.data_parallel()),
+            std::max(1, s.tensor_parallel())};
+  }
+  int ranks() const { return P * dp * T; }
+  int global(int replica, int pipelineRank, int tp) const {
+    return (replica * P + pipelineRank) * T + tp;
+  }
+  int replicaOf(int global) const { return global / (T * P); }
+  int pipelineRankOf(int global) const { return (global / T) % P; }
+  int tpOf(int global) const { return global % T; }
+};
 
 /// The name people read for an all-reduce group: "dp" for the replicas,
 /// "tied:W" for weight W's copies. Nothing decides by it (Instruction's

@@ -82,8 +82,11 @@ std::string formatMemory(const plan::Plan &plan, const std::vector<int64_t> &res
     return "memory: not measured";
   int stages = plan.ranks_size();
   int processes = static_cast<int>(resident.size());
-  int ranks = stages * std::max(1, plan.schedule().data_parallel());
-  auto predicted = [&](int rank) { return plan.ranks(rank % stages).peak_memory_bytes(); };
+  RankGrid grid = RankGrid::of(plan);
+  int ranks = grid.ranks();
+  auto predicted = [&](int rank) {
+    return plan.ranks(grid.pipelineRankOf(rank) % stages).peak_memory_bytes();
+  };
   if (processes == 1) {
     int64_t sum = 0;
     for (int g = 0; g < ranks; ++g)

@@ -195,7 +195,7 @@ std::string metricsLine(const plan::Plan &plan, const rt::StepRecord &record) {
 void printRunSummary(const plan::Plan &plan, const rt::RunResult &result, StringRef comm,
                      StringRef boardFile) {
   bool train = plan.schedule().mode() == "train";
-  int ranks = plan.schedule().stages() * plan.schedule().data_parallel();
+  int ranks = RankGrid::of(plan).ranks();
   // A resumed run whose checkpoint is already at --steps runs none.
   int done = std::max(0, RunSteps - result.firstStep);
   double perStep = result.seconds / std::max(1, done);

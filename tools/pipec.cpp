@@ -179,6 +179,11 @@ cl::opt<std::string> Costs("costs", cl::desc("Measured per-layer costs (JSON) ov
                            cl::value_desc("FILE"), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<int> DataParallel("dp", cl::desc("Data-parallel replicas"), cl::init(1),
                           cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<int> TensorParallel("tp",
+                            cl::desc("Tensor-parallel ranks per stage: each stage's matrix "
+                                     "products split over T ranks of a node (Megatron's split)"),
+                            cl::init(1), cl::value_desc("T"), cl::cat(CompileCat),
+                            cl::sub(CompileCmd));
 cl::opt<std::string> Emit("emit", cl::desc("Plan encoding: binary|text|json"), cl::init("binary"),
                           cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> LossOutput("loss",
@@ -479,6 +484,7 @@ int runCompile() {
     return badUsage("--untie: only training (--mode train) has weights to untie");
   options.costs = Costs;
   options.dataParallel = DataParallel;
+  options.tensorParallel = TensorParallel;
   options.shardOptimizer = ShardOptimizer;
   if (ShardOptimizer && Mode == "infer")
     return badUsage("--shard-optimizer: an inference plan has no optimizer state to shard");
@@ -549,8 +555,7 @@ int runReport() {
   raw_ostream *os = &out.stream();
   std::optional<SimulationResult> measured;
   if (!ReportTrace.empty()) {
-    auto read = readMeasuredTrace(ReportTrace,
-                                  plan->schedule().stages() * plan->schedule().data_parallel());
+    auto read = readMeasuredTrace(ReportTrace, RankGrid::of(*plan).ranks());
     if (!read)
       return reportError(read.takeError());
     measured = std::move(*read);

@@ -64,6 +64,17 @@ struct ConstTensor {
 };
 
 /// How symbolic input dimensions are bound to numbers.
+/// How a weight is split over the tensor-parallel ranks of its stage
+/// (shard-tensors): its axis, seen as `stride` blocks of equal size, each cut
+/// into `parts` pieces; rank t holds piece t of every block. A fused QKV
+/// weight's output axis has stride 3, so each rank holds its heads' columns
+/// of Q, of K and of V.
+struct TensorShard {
+  int axis = 0;
+  int parts = 1;
+  int64_t stride = 1;
+};
+
 struct ShapeBindings {
   /// Whole input shapes by input name (`--input-shape NAME=D0,D1,..`).
   std::map<std::string, std::vector<int64_t>> inputShapes;
@@ -184,6 +195,11 @@ public:
   /// padding_idx): `--pad-row`, or the pad_token_id of a checkpoint's
   /// config. Differentiate's Gather rule reads it.
   std::map<std::string, int64_t> paddingRows;
+  /// T: the ranks each stage's tensors are split over (`--tp`); 1 for none.
+  int tensorParallel = 1;
+  /// The weights shard-tensors split, by name: each Value's shape is one
+  /// rank's piece, the plan's tensor the whole (PlanFile's weight shards).
+  std::map<std::string, TensorShard> shards;
   /// Non-fatal findings of the importer and passes, in the order found.
   std::vector<std::string> warnings;
   /// The symbolic input dimensions the importer bound (name, value), in the

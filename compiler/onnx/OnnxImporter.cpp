@@ -611,6 +611,7 @@ Expected<Graph> importOnnxBuffer(std::unique_ptr<MemoryBuffer> buffer, StringRef
   graph.files.push_back(std::move(buffer));
   graph.fileNames.push_back(graph.path);
   graph.bindings = options.bindings;
+  graph.tensorParallel = options.tensorParallel;
   Importer importer(graph, options, baseDir);
   try {
     if (Error err = importer.run())

@@ -31,6 +31,8 @@ struct ImportOptions {
   /// and referenced; smaller tensors are parsed with the model (shape
   /// constants, scalars).
   uint64_t inlineThreshold = DefaultInlineThreshold;
+  /// `--tp T`: the Graph's tensorParallel, which shard-tensors reads.
+  int tensorParallel = 1;
 };
 
 /// Parses \p path into a Graph with ops in topological order and input shapes

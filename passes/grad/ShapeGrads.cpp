@@ -27,6 +27,19 @@ Error identityGrad(GradContext &ctx) {
   });
 }
 
+/// The tensor-parallel pair (Megatron-LM's f and g): TpCopy hands a
+/// replicated value to every rank's shard of a split product, so its
+/// gradient sums the ranks' partial gradients (TpAllReduce); TpAllReduce
+/// sums the ranks' partial products into a replicated value, so its
+/// gradient is the replicated gradient itself.
+Error tpCopyGrad(GradContext &ctx) {
+  return ctx.forEachWanted([&](size_t i) {
+    if (i == 0)
+      ctx.contribute(0, ctx.unary("TpAllReduce", ctx.dy(), "pipec"));
+    return Error::success();
+  });
+}
+
 Error castGrad(GradContext &ctx) {
   return ctx.forEachWanted([&](size_t) {
     onnx::NodeProto &cast = ctx.emit("Cast", {ctx.dy()});
@@ -256,7 +269,7 @@ namespace rules {
 const GradRule identity{&identityGrad}, cast{&castGrad}, reshape{&reshapeGrad},
     transpose{&transposeGrad}, expand{&expandGrad}, concat{&concatGrad},
     split{&splitGrad, everyInput, /*allOutputs=*/true}, slice{&sliceGrad}, gather{&gatherGrad},
-    resize{&resizeGrad, &onlyData};
+    resize{&resizeGrad, &onlyData}, tpCopy{&tpCopyGrad}, tpAllReduce{&identityGrad};
 } // namespace rules
 
 } // namespace pipec::grad

@@ -9,6 +9,7 @@
 #include "plan/PlanFile.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/exec/RankExecutor.h"
+#include "runtime/exec/TensorShards.h"
 
 #include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/StringExtras.h"
@@ -17,6 +18,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 
 using namespace llvm;
 
@@ -70,6 +72,13 @@ Error RankExecutor::load(const std::map<std::string, cpu::Tensor> *reuse) {
                                               : cpu::fromTensorProto(*it->second, s.modelDir);
     if (!tensor)
       return rankError(global, "loading weights: " + toString(tensor.takeError()));
+    if (auto shard = s.shards.find(name); shard != s.shards.end()) {
+      auto piece = shardPiece(*tensor, *shard->second, tp);
+      if (!piece)
+        return rankError(global, formatv("loading weight '{0}': {1}", name,
+                                         toString(piece.takeError())));
+      tensor = std::move(*piece);
+    }
     bool half = tensor->elemType() == cpu::DType::F16 || tensor->elemType() == cpu::DType::BF16;
     if (s.trainable.count(name)) {
       if (tensor->elemType() != cpu::DType::F32 && tensor->elemType() != cpu::DType::F64 && !half)
@@ -180,7 +189,8 @@ RankExecutor::prepare(const google::protobuf::RepeatedPtrField<onnx::NodeProto> 
     if (dropAfter)
       for (const std::string &name : (*dropAfter)[index])
         drops.push_back(names.slotOf(name));
-    list.add(node, def && def->hasCpuKernel ? def : nullptr, inputs, nodeWeights, outputs, drops);
+    bool runs = def && (def->hasCpuKernel || def->has(Collective));
+    list.add(node, runs ? def : nullptr, inputs, nodeWeights, outputs, drops);
   }
   list.seal();
   return list.nodes();
@@ -235,6 +245,18 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
         w = &found->second;
       }
       inputs.push_back(w);
+    }
+    if (p.def && p.def->id == OpId::TpAllReduce) {
+      // The partial sums of a split product, summed over the stage's
+      // tensor-parallel ranks (the executor holds their Comm).
+      auto summed = sumOverTp(*inputs[0]);
+      if (!summed)
+        return rankError(global, formatv("stage {0} microbatch {1} {2}: node '{3}' ({4}): {5}",
+                                         stage, mb, phase, cpu::nodeLabel(node), node.op_type(),
+                                         toString(summed.takeError())));
+      values.put(p.outputs[0]) = std::move(*summed);
+      lap();
+      continue;
     }
     if (instead) {
       Expected<bool> done = instead(index, inputs);
@@ -374,11 +396,13 @@ Error RankExecutor::forward(int stage, int mb, int t, bool again) {
       return rankError(global, formatv("step {0} microbatch {1}: the loss is {2}; stopped before "
                                        "the optimizer step, nothing saved",
                                        t + 1, mb, std::isnan(loss) ? "NaN" : "infinite"));
-    if (count > 0)
+    // The tensor-parallel ranks compute one loss: the first counts it.
+    if (count > 0 && tp == 0)
       lossSum += host->getDouble(0) * count;
-    lossCount += count;
+    if (tp == 0)
+      lossCount += count;
   }
-  if (!s.training && s.options.keepOutputs)
+  if (!s.training && s.options.keepOutputs && tp == 0)
     for (const std::string &name : sp.outputs())
       if (const cpu::Tensor *out = values.find(name)) {
         auto host = be.download(*out);
@@ -528,8 +552,25 @@ Error RankExecutor::backwardWeight(int stage, int mb) {
 std::vector<int> RankExecutor::replicaGroup() const {
   std::vector<int> group;
   for (int d = 0; d < s.dp; ++d)
-    group.push_back(d * s.P + rank);
+    group.push_back(s.grid.global(d, rank, tp));
   return group;
+}
+
+std::vector<int> RankExecutor::tpGroup() const {
+  std::vector<int> group;
+  for (int t = 0; t < s.grid.T; ++t)
+    group.push_back(s.grid.global(replica, rank, t));
+  return group;
+}
+
+Expected<cpu::Tensor> RankExecutor::sumOverTp(const cpu::Tensor &input) {
+  // A fresh copy: the transports may sum in place.
+  auto sum = be.sum({&input});
+  if (!sum)
+    return sum.takeError();
+  if (Error err = sumOver(tpGroup(), {&*sum}))
+    return std::move(err);
+  return sum;
 }
 
 int64_t RankExecutor::shardElements(const std::string &name) const {
@@ -670,9 +711,62 @@ Error RankExecutor::allGather(const Ins &ins) {
   return Error::success();
 }
 
+Expected<cpu::Tensor> RankExecutor::joinOverTp(const cpu::Tensor &piece,
+                                                const plan::WeightShard &shard) {
+  auto host = be.download(piece);
+  if (!host)
+    return host.takeError();
+  int64_t n = host->numElements();
+  std::vector<cpu::Tensor> one{host->clone().reshaped({n})};
+  if (comm.deviceSums()) {
+    auto placed = be.upload(one[0]);
+    if (!placed)
+      return placed.takeError();
+    one[0] = std::move(*placed);
+    if (Error err = be.synchronize())
+      return std::move(err);
+  }
+  if (Error err = comm.allGather(tpGroup(), one))
+    return std::move(err);
+  auto all = be.download(one[0]);
+  if (!all)
+    return all.takeError();
+  std::vector<cpu::Tensor> pieces;
+  size_t bytes = host->byteSize();
+  for (int t = 0; t < s.grid.T; ++t) {
+    cpu::Tensor p = cpu::Tensor::uninitialized(host->elemType(), host->shape());
+    std::memcpy(p.rawData(), static_cast<const char *>(all->rawData()) + t * bytes, bytes);
+    pieces.push_back(std::move(p));
+  }
+  return joinShards(pieces, shard);
+}
+
+Error RankExecutor::joinSplitWeights() {
+  for (const std::string &name : trainableHere)
+    if (auto shard = s.shards.find(name); shard != s.shards.end()) {
+      auto whole = joinOverTp(weights[name], *shard->second);
+      if (!whole)
+        return rankError(global, formatv("joining '{0}': {1}", name, toString(whole.takeError())));
+      joinedWeights[name] = std::move(*whole);
+    }
+  for (auto &[name, g] : lastGrads)
+    if (auto shard = s.shards.find(name); shard != s.shards.end()) {
+      auto whole = joinOverTp(g, *shard->second);
+      if (!whole)
+        return rankError(global, formatv("joining the gradient of '{0}': {1}", name,
+                                         toString(whole.takeError())));
+      g = std::move(*whole);
+    }
+  return Error::success();
+}
+
 Expected<std::map<std::string, cpu::Tensor>> RankExecutor::trainedWeights() {
   std::map<std::string, cpu::Tensor> out;
   for (const std::string &name : trainableHere) {
+    if (auto joined = joinedWeights.find(name); joined != joinedWeights.end()) {
+      out.emplace(name, joined->second);
+      continue;
+    }
     auto host = be.download(weights[name]);
     if (!host)
       return host.takeError();

@@ -561,6 +561,10 @@ Error checkGenerate(const plan::Plan &plan, const GenerateOptions &o, const cpu:
     return createStringError(inconvertibleErrorCode(),
                              "generation runs one pipeline; the plan has --dp %d",
                              plan.schedule().data_parallel());
+  if (plan.schedule().tensor_parallel() > 1)
+    return createStringError(inconvertibleErrorCode(),
+                             "generation runs without tensor parallelism; the plan has --tp %d",
+                             plan.schedule().tensor_parallel());
   if (prompts.rank() != 2 || prompts.dim(0) < 1 || prompts.dim(1) < 1 ||
       !cpu::isInteger(prompts.elemType()))
     return usageError(formatv("--prompts: expected integer token ids [prompts, length], got {0} "

@@ -234,6 +234,9 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
   // and the global batch to microbatch_size x M x dp.
   s->P = plan.schedule().stages();
   s->dp = plan.schedule().data_parallel();
+  s->grid = RankGrid::of(plan);
+  for (const plan::WeightShard &shard : plan.weight_shards())
+    s->shards[shard.weight()] = &shard;
   s->K = plan.stages_size();
   s->M = plan.schedule().microbatches();
   s->microbatchSize = plan.schedule().microbatch_size();
@@ -297,26 +300,37 @@ namespace {
 
 /// The all-reduce groups of the run, in one order on every rank.
 std::vector<std::vector<int>> sumGroups(const Shared &s) {
+  const RankGrid &grid = s.grid;
   std::vector<std::vector<int>> groups;
   for (int d = 0; d < s.dp; ++d)
-    for (const plan::RankProgram &p : s.plan->programs())
-      for (const Ins &ins : p.instructions())
-        if (ins.op() == Ins::ALLREDUCE && ins.reduce() == Ins::TIED_WEIGHT) {
-          std::vector<int> g;
-          for (int r : ins.ranks())
-            g.push_back(d * s.P + r);
-          std::sort(g.begin(), g.end());
-          groups.push_back(g);
-        }
+    for (int t = 0; t < grid.T; ++t)
+      for (const plan::RankProgram &p : s.plan->programs())
+        for (const Ins &ins : p.instructions())
+          if (ins.op() == Ins::ALLREDUCE && ins.reduce() == Ins::TIED_WEIGHT) {
+            std::vector<int> g;
+            for (int r : ins.ranks())
+              g.push_back(grid.global(d, r, t));
+            std::sort(g.begin(), g.end());
+            groups.push_back(g);
+          }
   if (s.dp > 1)
-    for (int r = 0; r < s.P; ++r) {
-      std::vector<int> g;
-      for (int d = 0; d < s.dp; ++d)
-        g.push_back(d * s.P + r);
-      groups.push_back(g);
-    }
+    for (int r = 0; r < s.P; ++r)
+      for (int t = 0; t < grid.T; ++t) {
+        std::vector<int> g;
+        for (int d = 0; d < s.dp; ++d)
+          g.push_back(grid.global(d, r, t));
+        groups.push_back(g);
+      }
+  if (grid.T > 1)
+    for (int d = 0; d < s.dp; ++d)
+      for (int r = 0; r < s.P; ++r) {
+        std::vector<int> g;
+        for (int t = 0; t < grid.T; ++t)
+          g.push_back(grid.global(d, r, t));
+        groups.push_back(g);
+      }
   std::vector<int> all;
-  for (int r = 0; r < s.P * s.dp; ++r)
+  for (int r = 0; r < grid.ranks(); ++r)
     all.push_back(r);
   groups.push_back(all);
   return groups;
@@ -383,8 +397,8 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
   ResumeMode mode = o.resumeIfExists ? ResumeMode::IfExists
                     : o.resume       ? ResumeMode::Latest
                                      : ResumeMode::Fresh;
-  auto step = agreeResumeStep(o.checkpointDir, mode, comm, ex.globalRank(), s.P * s.dp, s.P,
-                              result.warnings);
+  auto step = agreeResumeStep(o.checkpointDir, mode, comm, ex.globalRank(), s.grid.ranks(),
+                              s.P, result.warnings);
   if (!step)
     return step.takeError();
   if (*step > 0) {
@@ -466,6 +480,10 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
     }
   }
   result.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  // Whole weights for the saved model and the tests: a collective of each
+  // tensor-parallel group, so on the ranks' own threads.
+  if (s.grid.T > 1 && (!o.saveWeights.empty() || o.collectWeights))
+    return ex.joinSplitWeights();
   return Error::success();
 }
 
@@ -612,7 +630,7 @@ Error finishRun(const Shared &s, RankOutcome outcome, RunResult &result) {
       return err;
   }
   if (!options.tracePath.empty())
-    if (Error err = writeTrace(options.tracePath, events, s.P * s.dp))
+    if (Error err = writeTrace(options.tracePath, events, s.grid.ranks()))
       return err;
   if (options.collectWeights)
     result.weights = std::move(trained);
@@ -630,9 +648,15 @@ Expected<RunResult> launchRun(const plan::Plan &plan, const RunOptions &options,
   if (!shared)
     return l.fail(shared.takeError());
   Shared &s = **shared;
-  if (Error err = l.place(
-          s, formatv("{0} pipeline ranks x {1} replicas = {2} ranks", s.P, s.dp, s.P * s.dp).str(),
-          [](int ranks) { return ranks; }))
+  std::string layout =
+      s.grid.T > 1 ? formatv("{0} pipeline ranks x {1} replicas x {2} tensor-parallel ranks = {3} "
+                             "ranks",
+                             s.P, s.dp, s.grid.T, s.grid.ranks())
+                         .str()
+                   : formatv("{0} pipeline ranks x {1} replicas = {2} ranks", s.P, s.dp,
+                             s.grid.ranks())
+                         .str();
+  if (Error err = l.place(s, layout, [](int ranks) { return ranks; }))
     return err;
   // The reporting process holds the checkpoint folder for the whole run,
   // and gives every process its run id.
@@ -675,7 +699,9 @@ Expected<RunResult> launchRun(const plan::Plan &plan, const RunOptions &options,
     auto outcome = outcomeOf(ex, l.backend(i), options);
     if (!outcome)
       return l.fail(outcome.takeError());
-    if (options.collectWeights) {
+    // A tensor-parallel group's ranks hold the same whole weights once
+    // joined: the first of each group gives its copies.
+    if (options.collectWeights && ex.tpIndex() == 0) {
       std::map<std::string, cpu::Tensor> others;
       if (ex.replicaIndex() != 0) {
         auto weights = ex.trainedWeights();
@@ -684,7 +710,7 @@ Expected<RunResult> launchRun(const plan::Plan &plan, const RunOptions &options,
         others = std::move(*weights);
       }
       for (const auto &[name, w] : ex.replicaIndex() == 0 ? outcome->trained : others)
-        result.weightCopies.push_back({name, ex.globalRank() % s.P, ex.replicaIndex(), w.clone()});
+        result.weightCopies.push_back({name, ex.pipelineRank(), ex.replicaIndex(), w.clone()});
       if (ex.replicaIndex() == 0)
         for (const auto &[name, g] : ex.lastGrads)
           result.gradients.emplace(name, g);

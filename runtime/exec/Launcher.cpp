@@ -121,7 +121,7 @@ Error Launcher::fail(Error err) {
 }
 
 Error Launcher::place(const Shared &s, StringRef layout, function_ref<int(int)> computing) {
-  int ranks = s.P * s.dp;
+  int ranks = s.grid.ranks();
   if (!mpi) {
     // Each local rank is a thread with its own weights, gradients and
     // optimizer state; past a few hundred that is a memory runaway, not a
@@ -135,7 +135,8 @@ Error Launcher::place(const Shared &s, StringRef layout, function_ref<int(int)> 
     threads = shareCores(options, computing(ranks));
     world = std::make_unique<LocalWorld>(ranks, options.timeoutSeconds);
     for (int r = 0; r < ranks; ++r) {
-      auto backend = makeBackend(s, r / std::max(1, options.ranksPerDevice), r % s.P);
+      auto backend =
+          makeBackend(s, r / std::max(1, options.ranksPerDevice), s.grid.pipelineRankOf(r));
       if (!backend)
         return backend.takeError();
       backends.push_back(std::move(*backend));
@@ -155,7 +156,7 @@ Error Launcher::place(const Shared &s, StringRef layout, function_ref<int(int)> 
   threads = shareCores(options, computing(comm.ranksOnThisNode()));
   setLoopThreads(threads);
   int device = comm.indexOnThisNode() / std::max(1, options.ranksPerDevice);
-  auto backend = makeBackend(s, device, comm.rank() % s.P);
+  auto backend = makeBackend(s, device, s.grid.pipelineRankOf(comm.rank()));
   if (!backend)
     return fail(backend.takeError());
   backends.push_back(std::move(*backend));

@@ -93,8 +93,12 @@ Error RankExecutor::optimizerStep(int t) {
     double squares[1] = {0};
     if (replica == 0 || s.shardOptimizer) {
       std::vector<const cpu::Tensor *> counted;
+      // The tensor-parallel ranks count their pieces of a split weight, and
+      // the first of them the (identical) gradients of the rest.
       for (const std::string &name : trainableHere)
-        if (auto owner = tiedOwner.find(name); owner == tiedOwner.end() || owner->second == rank)
+        if (auto owner = tiedOwner.find(name);
+            (owner == tiedOwner.end() || owner->second == rank) &&
+            (tp == 0 || s.shards.count(name)))
           counted.push_back(&grads[name]);
       auto sum = be.sumOfSquares(counted, u.gradScale);
       if (!sum)

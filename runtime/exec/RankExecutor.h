@@ -21,6 +21,7 @@
 #include "runtime/exec/Data.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/exec/ValueTable.h"
+#include "plan/PlanFile.h"
 #include "support/ChromeTrace.h"
 
 #include "onnx/onnx_pb.h"
@@ -60,6 +61,12 @@ struct Shared {
   /// --eval-data, read in order; null without it.
   std::shared_ptr<DataSource> evalData;
   int P = 1, dp = 1, K = 1, M = 1;
+  /// Where each global rank sits: (replica, pipeline rank, tensor-parallel
+  /// rank); grid.T ranks run each pipeline rank's program on their pieces
+  /// of its split weights.
+  RankGrid grid;
+  /// --tp: how each split weight is cut, by name.
+  std::map<std::string, const plan::WeightShard *> shards;
   int64_t globalBatch = 1, microbatchSize = 1;
   bool training = true;
   /// --shard-optimizer over dp > 1 replicas: each keeps and updates 1/dp of
@@ -106,8 +113,9 @@ inline int64_t firstSample(const Shared &s, int step, int replica, int mb) {
 class RankExecutor {
 public:
   RankExecutor(const Shared &shared, Comm &comm, Backend &backend)
-      : s(shared), comm(comm), be(backend), global(comm.rank()), replica(global / shared.P),
-        rank(global % shared.P), program(shared.plan->programs(rank)) {}
+      : s(shared), comm(comm), be(backend), global(comm.rank()),
+        replica(shared.grid.replicaOf(global)), rank(shared.grid.pipelineRankOf(global)),
+        tp(shared.grid.tpOf(global)), program(shared.plan->programs(rank)) {}
 
   /// Loads this rank's weights; those in \p reuse (another executor's, of
   /// the same model) are shared, not read again.
@@ -134,7 +142,13 @@ public:
   /// Host copies of this rank's trainable weights and of the running
   /// statistics its steps update.
   llvm::Expected<std::map<std::string, cpu::Tensor>> trainedWeights();
+  /// --tp: joins the pieces of the split weights (and of their last
+  /// gradients, collectWeights) over this rank's tensor-parallel group, for
+  /// trainedWeights to return whole; every rank of the group calls it.
+  llvm::Error joinSplitWeights();
   int replicaIndex() const { return replica; }
+  int pipelineRank() const { return rank; }
+  int tpIndex() const { return tp; }
   std::map<std::string, cpu::Tensor> weights; ///< this rank's weights and constants
   std::map<std::string, cpu::Tensor> lastGrads;
   std::map<std::string, std::map<int64_t, cpu::Tensor>> outputs;
@@ -175,7 +189,7 @@ private:
   /// traced or faulted.
   bool evaluating = false;
   bool local(int stage) const { return stage >= 0 && stage < s.K && s.rankOfStage[stage] == rank; }
-  int peerGlobal(int pipelineRank) const { return replica * s.P + pipelineRank; }
+  int peerGlobal(int pipelineRank) const { return s.grid.global(replica, pipelineRank, tp); }
   Env &env(int stage, int mb) { return envs.try_emplace({stage, mb}, &names).first->second; }
   /// \p dropAfter, when given: per node, the values to erase from
   /// \p values once it ran. \p instead, when given, is asked first with
@@ -226,6 +240,16 @@ private:
   /// The global ranks of this rank's data-parallel replicas, this one among
   /// them, in order.
   std::vector<int> replicaGroup() const;
+  /// The global ranks that split this rank's stages' tensors, in order.
+  std::vector<int> tpGroup() const;
+  /// TpAllReduce: the sum of \p input over tpGroup().
+  llvm::Expected<cpu::Tensor> sumOverTp(const cpu::Tensor &input);
+  /// The whole of split weight (or gradient) \p piece, from the pieces of
+  /// every rank of tpGroup().
+  llvm::Expected<cpu::Tensor> joinOverTp(const cpu::Tensor &piece,
+                                         const plan::WeightShard &shard);
+  /// joinSplitWeights' whole weights.
+  std::map<std::string, cpu::Tensor> joinedWeights;
   /// --shard-optimizer: the elements of each replica's shard of weight
   /// \p name, its elements over the replicas rounded up (the last shard is
   /// padded with zeros).
@@ -282,7 +306,7 @@ private:
   const Shared &s;
   Comm &comm;
   Backend &be;
-  int global, replica, rank;
+  int global, replica, rank, tp;
   const plan::RankProgram &program;
   /// The slots of the values of this rank's programs, and each node list
   /// prepared (by its address and that of its drop schedule; prepare).

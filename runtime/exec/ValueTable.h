@@ -106,8 +106,8 @@ private:
 /// A node of a node list as the rank runs it.
 struct PreparedNode {
   const onnx::NodeProto *node = nullptr;
-  /// Its op's row, when the row has a CPU kernel; else null (the backend
-  /// looks the op up by name).
+  /// Its op's row, when the row has a CPU kernel or is a collective the
+  /// executor runs; else null (the backend looks the op up by name).
   const OpDef *def = nullptr;
   /// Per input: its slot (-1 for an omitted input), and the weight of that
   /// name where the rank holds one (read when the slot is unset).

@@ -1,0 +1,665 @@
+//===- ShardTensors.cpp - shard-tensors: tensor parallelism by structure -===//
+#include "passes/ShardTensors.h"
+#include "passes/GraphEdit.h"
+#include "passes/InferShapes.h"
+
+#include "support/Attributes.h"
+
+#include "onnx/onnx_pb.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <map>
+#include <optional>
+#include <set>
+
+using namespace llvm;
+
+namespace pipec {
+namespace {
+
+/// A value's layout over the T ranks: replicated (axis -1), or split on
+/// `axis`, seen as `stride` equal blocks each cut into T pieces.
+struct Layout {
+  int axis = -1;
+  int64_t stride = 1;
+  bool split() const { return axis >= 0; }
+  bool operator==(const Layout &o) const { return axis == o.axis && stride == o.stride; }
+  bool operator!=(const Layout &o) const { return !(*this == o); }
+};
+
+/// A shape constant a node reads, rewritten for one rank.
+struct ConstEdit {
+  int op = -1, slot = -1;
+  ConstTensor value;
+};
+
+/// One region: the products that read one replicated activation, and what
+/// their split reaches until partial sums end it. Grown on a copy of the
+/// layouts, committed whole or not at all.
+class Region {
+public:
+  Region(const Graph &graph, int parts) : graph(graph), T(parts) {}
+
+  const Graph &graph;
+  const int T;
+  std::map<int, Layout> layouts;
+  std::vector<int> partials;
+  std::vector<ConstEdit> edits;
+  /// Why the region stays replicated, naming the node at fault.
+  std::string refusal;
+
+  Layout of(int id) const {
+    auto it = id >= 0 ? layouts.find(id) : layouts.end();
+    return it == layouts.end() ? Layout() : it->second;
+  }
+  const Value &val(int id) const { return graph.values[id]; }
+  const std::vector<int64_t> &shape(int id) const { return graph.values[id].shape; }
+  int rank(int id) const { return static_cast<int>(graph.values[id].shape.size()); }
+
+  bool refuse(const Op &op, const Twine &why) {
+    refusal = formatv("node '{0}' ({1}): {2}", op.name, op.opType, why.str()).str();
+    return false;
+  }
+  Error fail(const Op &op, const Twine &why) const {
+    return createStringError(inconvertibleErrorCode(), "%s: node '%s' (%s): %s",
+                             graph.path.c_str(), op.name.c_str(), op.opType.c_str(),
+                             why.str().c_str());
+  }
+  /// Sets output \p i of \p op to \p layout.
+  void setOut(const Op &op, size_t i, Layout layout) {
+    if (i < op.outputs.size() && op.outputs[i] >= 0)
+      layouts[op.outputs[i]] = layout;
+  }
+
+  /// Splits weight \p id, which \p op reads, by \p layout: an initializer
+  /// that nothing else reads. A weight read elsewhere, an activation, or an
+  /// axis that does not divide refuses.
+  bool splitWeight(const Op &op, int id, Layout layout) {
+    if (auto it = layouts.find(id); it != layouts.end())
+      return it->second == layout || refuse(op, "'" + val(id).name + "' is split two ways");
+    const Value &v = val(id);
+    bool initializer = v.kind == ValueKind::Weight && v.producer < 0 &&
+                       (v.storage || v.tensorIndex >= 0) && isFloatDType(v.type);
+    if (!initializer)
+      return refuse(op, formatv("'{0}' has the split axis's full size and is no weight", v.name));
+    if (readsOf(graph, id).size() != 1)
+      return refuse(op, formatv("weight '{0}' is read by other nodes as well", v.name));
+    int64_t size = v.shape[layout.axis];
+    if (size % (layout.stride * T) != 0)
+      return refuse(op, formatv("weight '{0}' has {1} entries on axis {2}, which do not divide "
+                                "over {3} blocks of {4} ranks",
+                                v.name, size, layout.axis, layout.stride, T));
+    layouts[id] = layout;
+    return true;
+  }
+
+  /// The compile-time integers input \p slot of \p op holds, if any.
+  std::optional<ConstTensor> constantInput(const Op &op, size_t slot) const {
+    if (slot >= op.inputs.size() || op.inputs[slot] < 0)
+      return std::nullopt;
+    const Value &v = val(op.inputs[slot]);
+    if (v.constant && !v.constant->isFloat())
+      return *v.constant;
+    if (v.kind == ValueKind::Constant || (v.kind == ValueKind::Weight && v.producer < 0)) {
+      auto read = graph.readConstant(op.inputs[slot], 64);
+      if (read && !(*read)->isFloat())
+        return **read;
+      if (!read)
+        consumeError(read.takeError());
+    }
+    return std::nullopt;
+  }
+  /// Axes from input \p slot or attribute \p attr, normalized to \p rank.
+  std::optional<std::vector<int64_t>> axesOf(const Op &op, size_t slot, StringRef attr,
+                                             int64_t rank) const {
+    std::vector<int64_t> axes;
+    if (auto c = constantInput(op, slot))
+      axes = c->ints;
+    else if (auto a = attrInts(graph.node(op), attr))
+      axes = *a;
+    else if (slot < op.inputs.size() && op.inputs[slot] >= 0)
+      return std::nullopt;
+    for (int64_t &a : axes)
+      a = a < 0 ? a + rank : a;
+    return axes;
+  }
+};
+
+using ShardRule = Expected<bool> (*)(Region &, const Op &, int);
+
+//===----------------------------------------------------------------------===//
+// The rules of Ops.def's SHARD column
+//===----------------------------------------------------------------------===//
+
+namespace rules {
+
+Expected<bool> none(Region &r, const Op &op, int) {
+  return r.refuse(op, "no rule carries a split value through this op");
+}
+
+/// Element-wise with broadcasting: the split inputs agree on the output's
+/// axis; another input broadcasts there (size 1, or no such axis), or is a
+/// weight split with them (a bias).
+Expected<bool> elementwise(Region &r, const Op &op, int) {
+  int out = op.outputs.empty() ? -1 : op.outputs[0];
+  if (out < 0)
+    return r.refuse(op, "it has no output");
+  int R = r.rank(out);
+  std::optional<Layout> layout;
+  for (int id : op.inputs) {
+    Layout l = r.of(id);
+    if (!l.split())
+      continue;
+    int a = l.axis + R - r.rank(id);
+    if (r.shape(id)[l.axis] != r.shape(out)[a])
+      return r.refuse(op, "a split input is broadcast");
+    if (layout && *layout != Layout{a, l.stride})
+      return r.refuse(op, "its inputs are split on different axes");
+    layout = Layout{a, l.stride};
+  }
+  for (int id : op.inputs) {
+    if (id < 0 || r.of(id).split())
+      continue;
+    int k = layout->axis - (R - r.rank(id));
+    if (k < 0 || r.shape(id)[k] == 1)
+      continue;
+    if (!r.splitWeight(op, id, {k, layout->stride}))
+      return false;
+  }
+  for (size_t i = 0; i < op.outputs.size(); ++i)
+    if (op.outputs[i] >= 0 && r.shape(op.outputs[i]) == r.shape(out))
+      r.setOut(op, i, *layout);
+  return true;
+}
+
+/// Softmax and LogSoftmax: along an axis other than the split one.
+Expected<bool> alongAxis(Region &r, const Op &op, int) {
+  int in = op.inputs[0];
+  int R = r.rank(in);
+  bool flattens = r.graph.opsetFor(op.domain) < 13;
+  int64_t axis = attrInt(r.graph.node(op), "axis", flattens ? 1 : -1);
+  axis = axis < 0 ? axis + R : axis;
+  if (flattens && axis != R - 1)
+    return r.refuse(op, "before opset 13 it flattens the axes after 'axis'");
+  Layout l = r.of(in);
+  if (axis == l.axis)
+    return r.refuse(op, "it normalizes along the split axis");
+  r.setOut(op, 0, l);
+  return true;
+}
+
+Expected<bool> transpose(Region &r, const Op &op, int) {
+  int in = op.inputs[0];
+  int R = r.rank(in);
+  std::vector<int64_t> perm;
+  if (auto p = attrInts(r.graph.node(op), "perm"))
+    perm = *p;
+  else
+    for (int k = 0; k < R; ++k)
+      perm.push_back(R - 1 - k);
+  Layout l = r.of(in);
+  for (int j = 0; j < static_cast<int>(perm.size()); ++j)
+    if (perm[j] == l.axis)
+      r.setOut(op, 0, {j, l.stride});
+  return true;
+}
+
+/// Reshape: the split axis maps to one output axis, splitting into heads
+/// (the outermost axis it splits into takes the split) or merging heads
+/// (it is the outermost axis merged). The target's entry for that axis is
+/// rewritten to one rank's.
+Expected<bool> reshape(Region &r, const Op &op, int o) {
+  int in = op.inputs[0], out = op.outputs[0];
+  std::optional<ConstTensor> target = r.constantInput(op, 1);
+  if (!target)
+    return r.refuse(op, "its target shape is not known at compile time");
+  if (attrInt(r.graph.node(op), "allowzero", 0) != 0)
+    return r.refuse(op, "it has allowzero");
+  const std::vector<int64_t> &from = r.shape(in), &to = r.shape(out);
+  Layout l = r.of(in);
+  // Groups of input axes and output axes with equal products.
+  size_t i = 0, j = 0;
+  while (i < from.size() || j < to.size()) {
+    size_t i0 = i, j0 = j;
+    int64_t a = i < from.size() ? from[i++] : 1, b = j < to.size() ? to[j++] : 1;
+    while (a != b) {
+      if (a < b && i < from.size())
+        a *= from[i++];
+      else if (b < a && j < to.size())
+        b *= to[j++];
+      else
+        return r.refuse(op, "its shapes do not group");
+    }
+    // Size-1 axes that trail the group belong to no product.
+    if (l.axis < static_cast<int>(i0) || l.axis >= static_cast<int>(i))
+      continue;
+    for (size_t k = i0; k < static_cast<size_t>(l.axis); ++k)
+      if (from[k] != 1)
+        return r.refuse(op, "it merges the split axis into an axis outside it");
+    size_t head = j0;
+    while (head + 1 < j && to[head] == 1)
+      ++head;
+    if (j - j0 > 1 && i - i0 > 1)
+      return r.refuse(op, "it regroups the split axis with others");
+    int64_t heads = to[head];
+    if (heads % l.stride != 0 || (heads / l.stride) % r.T != 0)
+      return r.fail(op, formatv("its {0} heads (axis {1} of {2}) do not divide over --tp {3}",
+                                heads / l.stride, head, formatShape(to), r.T));
+    r.setOut(op, 0, {static_cast<int>(head), l.stride});
+    ConstEdit edit{o, 1, *target};
+    if (head < edit.value.ints.size() && edit.value.ints[head] > 0)
+      edit.value.ints[head] /= r.T;
+    else if (head < edit.value.ints.size() && edit.value.ints[head] == 0 &&
+             (head >= from.size() || static_cast<int>(head) != l.axis))
+      return r.refuse(op, "it copies an input axis onto the split one");
+    r.edits.push_back(std::move(edit));
+    return true;
+  }
+  return r.refuse(op, "the split axis has no output axis");
+}
+
+/// MatMul: batch axes carry a split when both operands agree on it (or the
+/// other broadcasts); rows and columns carry theirs; a contracted split
+/// with a weight makes the partial sums of a row-split product.
+Expected<bool> matMul(Region &r, const Op &op, int) {
+  int A = op.inputs[0], B = op.inputs[1], out = op.outputs[0];
+  int ra = r.rank(A), rb = r.rank(B), R = r.rank(out);
+  if (ra < 2 || rb < 2)
+    return r.refuse(op, "a split vector operand");
+  Layout la = r.of(A), lb = r.of(B);
+  if (la.split() && la.axis == ra - 1) {
+    if (lb.split() ? !(lb.axis == rb - 2 && lb.stride == la.stride)
+                   : !r.splitWeight(op, B, {rb - 2, la.stride}))
+      return lb.split() ? r.refuse(op, "its operands split different axes") : false;
+    r.partials.push_back(out);
+    return true;
+  }
+  if (lb.split() && lb.axis == rb - 2)
+    return r.refuse(op, "it contracts a split axis of a replicated operand");
+  if (la.split() && la.axis == ra - 2) {
+    if (lb.split())
+      return r.refuse(op, "both operands are split");
+    r.setOut(op, 0, {R - 2, la.stride});
+    return true;
+  }
+  if (lb.split() && lb.axis == rb - 1) {
+    if (la.split())
+      return r.refuse(op, "both operands are split");
+    r.setOut(op, 0, {R - 1, lb.stride});
+    return true;
+  }
+  // A batch axis.
+  int a = la.split() ? la.axis + R - ra : lb.axis + R - rb;
+  Layout l = la.split() ? la : lb;
+  for (auto [id, lay, rk] : {std::tuple{A, la, ra}, std::tuple{B, lb, rb}}) {
+    int k = a - (R - rk);
+    if (lay.split() ? lay != Layout{k, l.stride} : (k >= 0 && r.shape(id)[k] != 1))
+      return r.refuse(op, "its operands do not split one batch axis");
+  }
+  r.setOut(op, 0, {a, l.stride});
+  return true;
+}
+
+/// Split: along another axis each piece keeps the split; along the split
+/// axis, `stride` equal pieces (a fused QKV) each split plainly.
+Expected<bool> split(Region &r, const Op &op, int o) {
+  int in = op.inputs[0];
+  Layout l = r.of(in);
+  int64_t axis = attrInt(r.graph.node(op), "axis", 0);
+  axis = axis < 0 ? axis + r.rank(in) : axis;
+  if (axis != l.axis) {
+    for (size_t i = 0; i < op.outputs.size(); ++i)
+      r.setOut(op, i, l);
+    return true;
+  }
+  int64_t pieces = static_cast<int64_t>(op.outputs.size());
+  if (pieces != l.stride)
+    return r.refuse(op, formatv("it cuts the split axis into {0} pieces, not {1}", pieces,
+                                l.stride));
+  for (int id : op.outputs)
+    if (id < 0 || r.shape(id)[axis] * pieces != r.shape(in)[axis])
+      return r.refuse(op, "its pieces differ in size");
+  if (op.inputs.size() > 1 && op.inputs[1] >= 0) {
+    std::optional<ConstTensor> sizes = r.constantInput(op, 1);
+    if (!sizes)
+      return r.refuse(op, "its sizes are not known at compile time");
+    ConstEdit edit{o, 1, *sizes};
+    for (int64_t &s : edit.value.ints)
+      s /= r.T;
+    r.edits.push_back(std::move(edit));
+  } else if (attrInts(r.graph.node(op), "split")) {
+    return r.refuse(op, "its sizes are an attribute");
+  }
+  for (size_t i = 0; i < op.outputs.size(); ++i)
+    r.setOut(op, i, {l.axis, 1});
+  return true;
+}
+
+Expected<bool> unsqueeze(Region &r, const Op &op, int) {
+  int in = op.inputs[0], R = r.rank(op.outputs[0]);
+  auto axes = r.axesOf(op, 1, "axes", R);
+  if (!axes)
+    return r.refuse(op, "its axes are not known at compile time");
+  Layout l = r.of(in);
+  int k = 0;
+  for (int j = 0; j < R; ++j) {
+    if (is_contained(*axes, j))
+      continue;
+    if (k++ == l.axis)
+      r.setOut(op, 0, {j, l.stride});
+  }
+  return true;
+}
+
+Expected<bool> squeeze(Region &r, const Op &op, int) {
+  int in = op.inputs[0], R = r.rank(in);
+  auto axes = r.axesOf(op, 1, "axes", R);
+  if (!axes)
+    return r.refuse(op, "its axes are not known at compile time");
+  Layout l = r.of(in);
+  int below = 0;
+  for (int j = 0; j < l.axis; ++j)
+    below += axes->empty() ? r.shape(in)[j] == 1 : is_contained(*axes, j);
+  r.setOut(op, 0, {l.axis - below, l.stride});
+  return true;
+}
+
+/// Expand: the target's entry on the split axis becomes one rank's.
+Expected<bool> expand(Region &r, const Op &op, int o) {
+  int in = op.inputs[0], out = op.outputs[0];
+  std::optional<ConstTensor> target = r.constantInput(op, 1);
+  if (!target)
+    return r.refuse(op, "its target shape is not known at compile time");
+  Layout l = r.of(in);
+  int R = r.rank(out), a = l.axis + R - r.rank(in);
+  int k = a - (R - static_cast<int>(target->ints.size()));
+  ConstEdit edit{o, 1, *target};
+  if (k >= 0 && edit.value.ints[k] != 1) {
+    if (edit.value.ints[k] != r.shape(in)[l.axis])
+      return r.refuse(op, "it broadcasts the split axis");
+    edit.value.ints[k] /= r.T;
+    r.edits.push_back(std::move(edit));
+  }
+  r.setOut(op, 0, {a, l.stride});
+  return true;
+}
+
+Expected<bool> concat(Region &r, const Op &op, int) {
+  int out = op.outputs[0], R = r.rank(out);
+  int64_t axis = attrInt(r.graph.node(op), "axis", 0);
+  axis = axis < 0 ? axis + R : axis;
+  std::optional<Layout> layout;
+  for (int id : op.inputs)
+    if (Layout l = r.of(id); l.split()) {
+      if (l.axis == axis || (layout && *layout != l))
+        return r.refuse(op, "it joins along the split axis, or inputs split apart");
+      layout = l;
+    }
+  for (int id : op.inputs)
+    if (!r.of(id).split() && !r.splitWeight(op, id, *layout))
+      return false;
+  r.setOut(op, 0, *layout);
+  return true;
+}
+
+/// Slice: along other axes, or the whole of the split axis.
+Expected<bool> slice(Region &r, const Op &op, int) {
+  int in = op.inputs[0], R = r.rank(in);
+  Layout l = r.of(in);
+  auto axes = r.axesOf(op, 3, "axes", R);
+  auto starts = r.constantInput(op, 1), ends = r.constantInput(op, 2);
+  std::optional<ConstTensor> steps = r.constantInput(op, 4);
+  if (!axes || !starts || !ends || (op.inputs.size() > 4 && op.inputs[4] >= 0 && !steps))
+    return r.refuse(op, "its bounds are not known at compile time");
+  if (axes->empty())
+    for (size_t k = 0; k < starts->ints.size(); ++k)
+      axes->push_back(static_cast<int64_t>(k));
+  for (size_t k = 0; k < axes->size(); ++k) {
+    if ((*axes)[k] != l.axis)
+      continue;
+    int64_t size = r.shape(in)[l.axis];
+    bool whole = starts->ints[k] == 0 && ends->ints[k] >= size &&
+                 (!steps || steps->ints[k] == 1);
+    if (!whole)
+      return r.refuse(op, "it slices the split axis");
+  }
+  r.setOut(op, 0, l);
+  return true;
+}
+
+} // namespace rules
+
+/// The rule of each row of Ops.def (its SHARD column), by OpId.
+// clang-format off
+const ShardRule shardRules[] = {
+#define PIPEC_OP(ID, DOMAIN, NAME, SINCE, MIN_IN, MAX_IN, SHAPE, COST, GRAD, CPU, DEVICE, FOLD,    \
+                 FLAGS, SHARD)                                                                     \
+    &rules::SHARD,
+#include "ops/Ops.def"
+};
+// clang-format on
+
+//===----------------------------------------------------------------------===//
+// Regions
+//===----------------------------------------------------------------------===//
+
+/// A product of a replicated activation and a 2-D float initializer: where
+/// a column split may start.
+bool columnCandidate(const Graph &graph, const Op &op) {
+  if (!op.is(OpId::MatMul) || op.inputs.size() != 2 || op.inputs[0] < 0 || op.inputs[1] < 0)
+    return false;
+  const Value &x = graph.values[op.inputs[0]], &w = graph.values[op.inputs[1]];
+  return x.kind == ValueKind::Activation && x.shape.size() >= 2 && w.kind == ValueKind::Weight &&
+         w.producer < 0 && w.shape.size() == 2 && isFloatDType(w.type);
+}
+
+/// The blocks a column split of \p op's output must keep apart: k when the
+/// output (through a bias and reshapes that keep its last axis) is cut into
+/// k equal pieces on that axis (a fused QKV), else 1.
+int64_t blocksAhead(const Graph &graph, const Op &op) {
+  int id = op.outputs[0];
+  for (int depth = 0; depth < 4; ++depth) {
+    const Value &v = graph.values[id];
+    if (v.users.size() != 1)
+      return 1;
+    const Op &user = graph.ops[v.users[0]];
+    if (user.is(OpId::Split)) {
+      int64_t axis = attrInt(graph.node(user), "axis", 0);
+      int64_t rank = static_cast<int64_t>(v.shape.size());
+      return (axis < 0 ? axis + rank : axis) == rank - 1
+                 ? static_cast<int64_t>(user.outputs.size())
+                 : 1;
+    }
+    if (user.outputs.empty() || user.outputs[0] < 0)
+      return 1;
+    const Value &next = graph.values[user.outputs[0]];
+    bool keepsLast = !next.shape.empty() && next.shape.back() == v.shape.back();
+    if (!keepsLast || !(user.is(OpId::Reshape) || (user.def && user.def->elem)))
+      return 1;
+    id = user.outputs[0];
+  }
+  return 1;
+}
+
+/// Grows the region of the products \p seeds (ops reading one activation)
+/// over the ops from \p first on. False with the refusal recorded, or an
+/// error for an axis that cannot divide.
+Expected<bool> grow(Region &r, ArrayRef<int> seeds, int first,
+                    const std::set<int> &committedValues) {
+  const Graph &graph = r.graph;
+  for (int s : seeds) {
+    const Op &op = graph.ops[s];
+    int64_t blocks = blocksAhead(graph, op);
+    if (!r.splitWeight(op, op.inputs[1], {1, blocks}))
+      return false;
+    r.setOut(op, 0, {r.rank(op.outputs[0]) - 1, blocks});
+  }
+  for (int o = first; o < static_cast<int>(graph.ops.size()); ++o) {
+    const Op &op = graph.ops[o];
+    if (op.dead || is_contained(seeds, o))
+      continue;
+    bool touched = any_of(op.inputs, [&](int id) { return r.of(id).split(); });
+    if (!touched)
+      continue;
+    if (any_of(op.inputs, [&](int id) { return committedValues.count(id) > 0; }))
+      return r.refuse(op, "it reads two split regions");
+    if (!op.def || !op.captures.empty())
+      return rules::none(r, op, o);
+    auto done = shardRules[static_cast<size_t>(op.def->id)](r, op, o);
+    if (!done || !*done)
+      return done;
+  }
+  for (int id : graph.outputs)
+    if (r.of(id).split())
+      return r.refuse(graph.ops[graph.values[id].producer], "its split output is a graph output");
+  return true;
+}
+
+/// A new op of \p type reading \p input, named after it; returns the op,
+/// not yet in the op list, and adds its node and output value.
+Op collectiveOp(Graph &graph, StringRef type, int input, const std::string &scope) {
+  std::string name = freshName(graph, graph.values[input].name + "." + type.lower());
+  int out = graph.addValue(name, ValueKind::Activation);
+  Value &v = graph.values[out];
+  v.type = graph.values[input].type;
+  v.shape = graph.values[input].shape;
+  v.shapeKnown = true;
+  onnx::NodeProto &node = *graph.model->mutable_graph()->add_node();
+  node.set_name(name);
+  node.set_op_type(type.str());
+  node.set_domain("pipec");
+  node.add_input(graph.values[input].name);
+  node.add_output(name);
+  Op op;
+  op.name = name;
+  op.scope = scope;
+  op.setType("pipec", type);
+  op.inputs = {input};
+  op.outputs = {out};
+  op.nodeIndex = graph.model->graph().node_size() - 1;
+  return op;
+}
+
+/// Writes region \p r into the graph: split weights and their records, the
+/// rewritten constants, and the collectives to insert (\p before: op index
+/// -> ops to insert before it).
+void commit(Graph &graph, Region &r, ArrayRef<int> seeds, std::map<int, std::vector<Op>> &before,
+            std::set<int> &committedValues) {
+  for (auto &[id, layout] : r.layouts) {
+    Value &v = graph.values[id];
+    committedValues.insert(id);
+    v.shape[layout.axis] /= r.T;
+    if (v.kind == ValueKind::Weight)
+      graph.shards[v.name] = {layout.axis, r.T, layout.stride};
+    else
+      v.shapeKnown = false;
+  }
+  for (ConstEdit &e : r.edits) {
+    const Op &op = graph.ops[e.op];
+    int id = graph.addValue(freshName(graph, op.name + ".tp_shape"), ValueKind::Constant);
+    Value &v = graph.values[id];
+    v.type = e.value.type;
+    v.shape = e.value.shape;
+    v.shapeKnown = true;
+    v.constant = std::make_shared<const ConstTensor>(std::move(e.value));
+    rewire(graph, e.op, e.slot, id);
+  }
+  const Op &first = graph.ops[seeds[0]];
+  Op copy = collectiveOp(graph, "TpCopy", first.inputs[0], first.scope);
+  for (int s : seeds)
+    rewire(graph, s, 0, copy.outputs[0]);
+  before[seeds[0]].push_back(std::move(copy));
+  for (int partial : r.partials) {
+    int producer = graph.values[partial].producer;
+    std::vector<std::pair<int, int>> reads = readsOf(graph, partial);
+    bool output = is_contained(graph.outputs, partial);
+    Op sum = collectiveOp(graph, "TpAllReduce", partial, graph.ops[producer].scope);
+    int summed = sum.outputs[0];
+    for (auto [o, slot] : reads)
+      rewire(graph, o, slot, summed);
+    if (output)
+      std::replace(graph.outputs.begin(), graph.outputs.end(), partial, summed);
+    graph.values[partial].shapeKnown = false;
+    before[producer + 1].push_back(std::move(sum));
+  }
+}
+
+} // namespace
+
+Expected<bool> shardTensors(Graph &graph) {
+  int T = graph.tensorParallel;
+  if (T <= 1)
+    return false;
+  graph.rebuildUses();
+  // Candidates grouped by the activation they read, in op order.
+  std::map<int, std::vector<int>> groups;
+  std::vector<int> order;
+  for (int o = 0; o < static_cast<int>(graph.ops.size()); ++o)
+    if (!graph.ops[o].dead && columnCandidate(graph, graph.ops[o])) {
+      int x = graph.ops[o].inputs[0];
+      if (groups[x].empty())
+        order.push_back(x);
+      groups[x].push_back(o);
+    }
+  std::set<int> committedValues;
+  std::map<int, std::vector<Op>> before;
+  std::vector<std::pair<std::string, std::string>> replicated;
+  for (int x : order) {
+    if (committedValues.count(x))
+      continue; // a row split's input, read by its own products
+    std::vector<int> seeds = groups[x];
+    Region r(graph, T);
+    auto grown = grow(r, seeds, seeds[0], committedValues);
+    if (!grown)
+      return grown.takeError();
+    if (!*grown) {
+      replicated.push_back({graph.ops[seeds[0]].name, r.refusal});
+      continue;
+    }
+    commit(graph, r, seeds, before, committedValues);
+  }
+  if (before.empty()) {
+    graph.warnings.push_back(formatv("--tp {0}: no matrix product could be split; every rank "
+                                     "computes the whole model",
+                                     T));
+    return false;
+  }
+  for (auto &[op, why] : replicated)
+    graph.warnings.push_back(
+        formatv("--tp {0}: node '{1}' and what it feeds stay replicated: {2}", T, op, why).str());
+  std::vector<Op> ops;
+  for (int o = 0; o < static_cast<int>(graph.ops.size()); ++o) {
+    if (auto it = before.find(o); it != before.end())
+      for (Op &added : it->second)
+        ops.push_back(std::move(added));
+    ops.push_back(std::move(graph.ops[o]));
+  }
+  if (auto it = before.find(static_cast<int>(graph.ops.size())); it != before.end())
+    for (Op &added : it->second)
+      ops.push_back(std::move(added));
+  graph.ops = std::move(ops);
+  graph.rebuildUses();
+  // One rank's shapes, inferred again from the split weights and the
+  // rewritten targets; each split value must come out as its piece.
+  std::map<int, std::vector<int64_t>> expected;
+  for (int id : committedValues)
+    if (graph.values[id].kind != ValueKind::Weight) {
+      expected[id] = graph.values[id].shape;
+      graph.values[id].shapeKnown = false;
+    }
+  auto inferred = inferShapes(graph);
+  if (!inferred)
+    return inferred.takeError();
+  for (auto &[id, shape] : expected)
+    if (graph.values[id].shape != shape)
+      return createStringError(inconvertibleErrorCode(),
+                               "%s: --tp %d: '%s' has shape %s on one rank, not its piece %s",
+                               graph.path.c_str(), T, graph.values[id].name.c_str(),
+                               formatShape(graph.values[id].shape).c_str(),
+                               formatShape(shape).c_str());
+  return true;
+}
+
+} // namespace pipec
