@@ -69,9 +69,9 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   // Each name once: `cpu` (or a file over it) reads or measures its
   // calibration for the share of this machine's cores that `pipec run` gives
   // each of the plan's ranks; a JSON spec is parsed.
-  int computing =
-      options.computingRanks > 0 ? options.computingRanks
-                                 : options.stages * options.dataParallel * options.tensorParallel;
+  int computing = options.computingRanks > 0
+                      ? options.computingRanks
+                      : options.stages * options.dataParallel * options.tensorParallel;
   int cpuThreads = defaultThreadsPerRank(computing);
   wireCpuKernels();
   std::map<std::string, HardwareSpec> resolved;

@@ -1,10 +1,10 @@
 //===- PassPipeline.cpp - The pipeline of named passes --------------------===//
 #include "driver/PassPipeline.h"
 #include "passes/EliminateDead.h"
-#include "passes/ShardTensors.h"
 #include "passes/FoldConstants.h"
 #include "passes/GroupLayers.h"
 #include "passes/InferShapes.h"
+#include "passes/ShardTensors.h"
 #include "plan/PlanFile.h"
 
 #include "llvm/ADT/STLExtras.h"

@@ -40,10 +40,10 @@ struct ConstEdit {
 /// layouts, committed whole or not at all.
 class Region {
 public:
-  Region(const Graph &graph, int parts) : graph(graph), T(parts) {}
+  Region(const Graph &graph, int parts) : graph(graph), parts(parts) {}
 
   const Graph &graph;
-  const int T;
+  const int parts;
   std::map<int, Layout> layouts;
   std::vector<int> partials;
   std::vector<ConstEdit> edits;
@@ -63,9 +63,8 @@ public:
     return false;
   }
   Error fail(const Op &op, const Twine &why) const {
-    return createStringError(inconvertibleErrorCode(), "%s: node '%s' (%s): %s",
-                             graph.path.c_str(), op.name.c_str(), op.opType.c_str(),
-                             why.str().c_str());
+    return createStringError(inconvertibleErrorCode(), "%s: node '%s' (%s): %s", graph.path.c_str(),
+                             op.name.c_str(), op.opType.c_str(), why.str().c_str());
   }
   /// Sets output \p i of \p op to \p layout.
   void setOut(const Op &op, size_t i, Layout layout) {
@@ -87,10 +86,10 @@ public:
     if (readsOf(graph, id).size() != 1)
       return refuse(op, formatv("weight '{0}' is read by other nodes as well", v.name));
     int64_t size = v.shape[layout.axis];
-    if (size % (layout.stride * T) != 0)
+    if (size % (layout.stride * parts) != 0)
       return refuse(op, formatv("weight '{0}' has {1} entries on axis {2}, which do not divide "
                                 "over {3} blocks of {4} ranks",
-                                v.name, size, layout.axis, layout.stride, T));
+                                v.name, size, layout.axis, layout.stride, parts));
     layouts[id] = layout;
     return true;
   }
@@ -146,13 +145,13 @@ Expected<bool> elementwise(Region &r, const Op &op, int) {
   int out = op.outputs.empty() ? -1 : op.outputs[0];
   if (out < 0)
     return r.refuse(op, "it has no output");
-  int R = r.rank(out);
+  int outRank = r.rank(out);
   std::optional<Layout> layout;
   for (int id : op.inputs) {
     Layout l = r.of(id);
     if (!l.split())
       continue;
-    int a = l.axis + R - r.rank(id);
+    int a = l.axis + outRank - r.rank(id);
     if (r.shape(id)[l.axis] != r.shape(out)[a])
       return r.refuse(op, "a split input is broadcast");
     if (layout && *layout != Layout{a, l.stride})
@@ -162,7 +161,7 @@ Expected<bool> elementwise(Region &r, const Op &op, int) {
   for (int id : op.inputs) {
     if (id < 0 || r.of(id).split())
       continue;
-    int k = layout->axis - (R - r.rank(id));
+    int k = layout->axis - (outRank - r.rank(id));
     if (k < 0 || r.shape(id)[k] == 1)
       continue;
     if (!r.splitWeight(op, id, {k, layout->stride}))
@@ -177,11 +176,11 @@ Expected<bool> elementwise(Region &r, const Op &op, int) {
 /// Softmax and LogSoftmax: along an axis other than the split one.
 Expected<bool> alongAxis(Region &r, const Op &op, int) {
   int in = op.inputs[0];
-  int R = r.rank(in);
+  int outRank = r.rank(in);
   bool flattens = r.graph.opsetFor(op.domain) < 13;
   int64_t axis = attrInt(r.graph.node(op), "axis", flattens ? 1 : -1);
-  axis = axis < 0 ? axis + R : axis;
-  if (flattens && axis != R - 1)
+  axis = axis < 0 ? axis + outRank : axis;
+  if (flattens && axis != outRank - 1)
     return r.refuse(op, "before opset 13 it flattens the axes after 'axis'");
   Layout l = r.of(in);
   if (axis == l.axis)
@@ -192,13 +191,13 @@ Expected<bool> alongAxis(Region &r, const Op &op, int) {
 
 Expected<bool> transpose(Region &r, const Op &op, int) {
   int in = op.inputs[0];
-  int R = r.rank(in);
+  int outRank = r.rank(in);
   std::vector<int64_t> perm;
   if (auto p = attrInts(r.graph.node(op), "perm"))
     perm = *p;
   else
-    for (int k = 0; k < R; ++k)
-      perm.push_back(R - 1 - k);
+    for (int k = 0; k < outRank; ++k)
+      perm.push_back(outRank - 1 - k);
   Layout l = r.of(in);
   for (int j = 0; j < static_cast<int>(perm.size()); ++j)
     if (perm[j] == l.axis)
@@ -244,13 +243,13 @@ Expected<bool> reshape(Region &r, const Op &op, int o) {
     if (j - j0 > 1 && i - i0 > 1)
       return r.refuse(op, "it regroups the split axis with others");
     int64_t heads = to[head];
-    if (heads % l.stride != 0 || (heads / l.stride) % r.T != 0)
+    if (heads % l.stride != 0 || (heads / l.stride) % r.parts != 0)
       return r.fail(op, formatv("its {0} heads (axis {1} of {2}) do not divide over --tp {3}",
-                                heads / l.stride, head, formatShape(to), r.T));
+                                heads / l.stride, head, formatShape(to), r.parts));
     r.setOut(op, 0, {static_cast<int>(head), l.stride});
     ConstEdit edit{o, 1, *target};
     if (head < edit.value.ints.size() && edit.value.ints[head] > 0)
-      edit.value.ints[head] /= r.T;
+      edit.value.ints[head] /= r.parts;
     else if (head < edit.value.ints.size() && edit.value.ints[head] == 0 &&
              (head >= from.size() || static_cast<int>(head) != l.axis))
       return r.refuse(op, "it copies an input axis onto the split one");
@@ -264,14 +263,14 @@ Expected<bool> reshape(Region &r, const Op &op, int o) {
 /// other broadcasts); rows and columns carry theirs; a contracted split
 /// with a weight makes the partial sums of a row-split product.
 Expected<bool> matMul(Region &r, const Op &op, int) {
-  int A = op.inputs[0], B = op.inputs[1], out = op.outputs[0];
-  int ra = r.rank(A), rb = r.rank(B), R = r.rank(out);
+  int lhs = op.inputs[0], rhs = op.inputs[1], out = op.outputs[0];
+  int ra = r.rank(lhs), rb = r.rank(rhs), outRank = r.rank(out);
   if (ra < 2 || rb < 2)
     return r.refuse(op, "a split vector operand");
-  Layout la = r.of(A), lb = r.of(B);
+  Layout la = r.of(lhs), lb = r.of(rhs);
   if (la.split() && la.axis == ra - 1) {
     if (lb.split() ? !(lb.axis == rb - 2 && lb.stride == la.stride)
-                   : !r.splitWeight(op, B, {rb - 2, la.stride}))
+                   : !r.splitWeight(op, rhs, {rb - 2, la.stride}))
       return lb.split() ? r.refuse(op, "its operands split different axes") : false;
     r.partials.push_back(out);
     return true;
@@ -281,20 +280,20 @@ Expected<bool> matMul(Region &r, const Op &op, int) {
   if (la.split() && la.axis == ra - 2) {
     if (lb.split())
       return r.refuse(op, "both operands are split");
-    r.setOut(op, 0, {R - 2, la.stride});
+    r.setOut(op, 0, {outRank - 2, la.stride});
     return true;
   }
   if (lb.split() && lb.axis == rb - 1) {
     if (la.split())
       return r.refuse(op, "both operands are split");
-    r.setOut(op, 0, {R - 1, lb.stride});
+    r.setOut(op, 0, {outRank - 1, lb.stride});
     return true;
   }
   // A batch axis.
-  int a = la.split() ? la.axis + R - ra : lb.axis + R - rb;
+  int a = la.split() ? la.axis + outRank - ra : lb.axis + outRank - rb;
   Layout l = la.split() ? la : lb;
-  for (auto [id, lay, rk] : {std::tuple{A, la, ra}, std::tuple{B, lb, rb}}) {
-    int k = a - (R - rk);
+  for (auto [id, lay, rk] : {std::tuple{lhs, la, ra}, std::tuple{rhs, lb, rb}}) {
+    int k = a - (outRank - rk);
     if (lay.split() ? lay != Layout{k, l.stride} : (k >= 0 && r.shape(id)[k] != 1))
       return r.refuse(op, "its operands do not split one batch axis");
   }
@@ -316,8 +315,8 @@ Expected<bool> split(Region &r, const Op &op, int o) {
   }
   int64_t pieces = static_cast<int64_t>(op.outputs.size());
   if (pieces != l.stride)
-    return r.refuse(op, formatv("it cuts the split axis into {0} pieces, not {1}", pieces,
-                                l.stride));
+    return r.refuse(op,
+                    formatv("it cuts the split axis into {0} pieces, not {1}", pieces, l.stride));
   for (int id : op.outputs)
     if (id < 0 || r.shape(id)[axis] * pieces != r.shape(in)[axis])
       return r.refuse(op, "its pieces differ in size");
@@ -327,7 +326,7 @@ Expected<bool> split(Region &r, const Op &op, int o) {
       return r.refuse(op, "its sizes are not known at compile time");
     ConstEdit edit{o, 1, *sizes};
     for (int64_t &s : edit.value.ints)
-      s /= r.T;
+      s /= r.parts;
     r.edits.push_back(std::move(edit));
   } else if (attrInts(r.graph.node(op), "split")) {
     return r.refuse(op, "its sizes are an attribute");
@@ -338,13 +337,13 @@ Expected<bool> split(Region &r, const Op &op, int o) {
 }
 
 Expected<bool> unsqueeze(Region &r, const Op &op, int) {
-  int in = op.inputs[0], R = r.rank(op.outputs[0]);
-  auto axes = r.axesOf(op, 1, "axes", R);
+  int in = op.inputs[0], outRank = r.rank(op.outputs[0]);
+  auto axes = r.axesOf(op, 1, "axes", outRank);
   if (!axes)
     return r.refuse(op, "its axes are not known at compile time");
   Layout l = r.of(in);
   int k = 0;
-  for (int j = 0; j < R; ++j) {
+  for (int j = 0; j < outRank; ++j) {
     if (is_contained(*axes, j))
       continue;
     if (k++ == l.axis)
@@ -354,8 +353,8 @@ Expected<bool> unsqueeze(Region &r, const Op &op, int) {
 }
 
 Expected<bool> squeeze(Region &r, const Op &op, int) {
-  int in = op.inputs[0], R = r.rank(in);
-  auto axes = r.axesOf(op, 1, "axes", R);
+  int in = op.inputs[0], outRank = r.rank(in);
+  auto axes = r.axesOf(op, 1, "axes", outRank);
   if (!axes)
     return r.refuse(op, "its axes are not known at compile time");
   Layout l = r.of(in);
@@ -373,13 +372,13 @@ Expected<bool> expand(Region &r, const Op &op, int o) {
   if (!target)
     return r.refuse(op, "its target shape is not known at compile time");
   Layout l = r.of(in);
-  int R = r.rank(out), a = l.axis + R - r.rank(in);
-  int k = a - (R - static_cast<int>(target->ints.size()));
+  int outRank = r.rank(out), a = l.axis + outRank - r.rank(in);
+  int k = a - (outRank - static_cast<int>(target->ints.size()));
   ConstEdit edit{o, 1, *target};
   if (k >= 0 && edit.value.ints[k] != 1) {
     if (edit.value.ints[k] != r.shape(in)[l.axis])
       return r.refuse(op, "it broadcasts the split axis");
-    edit.value.ints[k] /= r.T;
+    edit.value.ints[k] /= r.parts;
     r.edits.push_back(std::move(edit));
   }
   r.setOut(op, 0, {a, l.stride});
@@ -387,9 +386,9 @@ Expected<bool> expand(Region &r, const Op &op, int o) {
 }
 
 Expected<bool> concat(Region &r, const Op &op, int) {
-  int out = op.outputs[0], R = r.rank(out);
+  int out = op.outputs[0], outRank = r.rank(out);
   int64_t axis = attrInt(r.graph.node(op), "axis", 0);
-  axis = axis < 0 ? axis + R : axis;
+  axis = axis < 0 ? axis + outRank : axis;
   std::optional<Layout> layout;
   for (int id : op.inputs)
     if (Layout l = r.of(id); l.split()) {
@@ -406,9 +405,9 @@ Expected<bool> concat(Region &r, const Op &op, int) {
 
 /// Slice: along other axes, or the whole of the split axis.
 Expected<bool> slice(Region &r, const Op &op, int) {
-  int in = op.inputs[0], R = r.rank(in);
+  int in = op.inputs[0], outRank = r.rank(in);
   Layout l = r.of(in);
-  auto axes = r.axesOf(op, 3, "axes", R);
+  auto axes = r.axesOf(op, 3, "axes", outRank);
   auto starts = r.constantInput(op, 1), ends = r.constantInput(op, 2);
   std::optional<ConstTensor> steps = r.constantInput(op, 4);
   if (!axes || !starts || !ends || (op.inputs.size() > 4 && op.inputs[4] >= 0 && !steps))
@@ -420,8 +419,7 @@ Expected<bool> slice(Region &r, const Op &op, int) {
     if ((*axes)[k] != l.axis)
       continue;
     int64_t size = r.shape(in)[l.axis];
-    bool whole = starts->ints[k] == 0 && ends->ints[k] >= size &&
-                 (!steps || steps->ints[k] == 1);
+    bool whole = starts->ints[k] == 0 && ends->ints[k] >= size && (!steps || steps->ints[k] == 1);
     if (!whole)
       return r.refuse(op, "it slices the split axis");
   }
@@ -468,9 +466,8 @@ int64_t blocksAhead(const Graph &graph, const Op &op) {
     if (user.is(OpId::Split)) {
       int64_t axis = attrInt(graph.node(user), "axis", 0);
       int64_t rank = static_cast<int64_t>(v.shape.size());
-      return (axis < 0 ? axis + rank : axis) == rank - 1
-                 ? static_cast<int64_t>(user.outputs.size())
-                 : 1;
+      return (axis < 0 ? axis + rank : axis) == rank - 1 ? static_cast<int64_t>(user.outputs.size())
+                                                         : 1;
     }
     if (user.outputs.empty() || user.outputs[0] < 0)
       return 1;
@@ -550,9 +547,9 @@ void commit(Graph &graph, Region &r, ArrayRef<int> seeds, std::map<int, std::vec
   for (auto &[id, layout] : r.layouts) {
     Value &v = graph.values[id];
     committedValues.insert(id);
-    v.shape[layout.axis] /= r.T;
+    v.shape[layout.axis] /= r.parts;
     if (v.kind == ValueKind::Weight)
-      graph.shards[v.name] = {layout.axis, r.T, layout.stride};
+      graph.shards[v.name] = {layout.axis, r.parts, layout.stride};
     else
       v.shapeKnown = false;
   }
@@ -589,8 +586,8 @@ void commit(Graph &graph, Region &r, ArrayRef<int> seeds, std::map<int, std::vec
 } // namespace
 
 Expected<bool> shardTensors(Graph &graph) {
-  int T = graph.tensorParallel;
-  if (T <= 1)
+  int parts = graph.tensorParallel;
+  if (parts <= 1)
     return false;
   graph.rebuildUses();
   // Candidates grouped by the activation they read, in op order.
@@ -610,7 +607,7 @@ Expected<bool> shardTensors(Graph &graph) {
     if (committedValues.count(x))
       continue; // a row split's input, read by its own products
     std::vector<int> seeds = groups[x];
-    Region r(graph, T);
+    Region r(graph, parts);
     auto grown = grow(r, seeds, seeds[0], committedValues);
     if (!grown)
       return grown.takeError();
@@ -623,12 +620,13 @@ Expected<bool> shardTensors(Graph &graph) {
   if (before.empty()) {
     graph.warnings.push_back(formatv("--tp {0}: no matrix product could be split; every rank "
                                      "computes the whole model",
-                                     T));
+                                     parts));
     return false;
   }
   for (auto &[op, why] : replicated)
     graph.warnings.push_back(
-        formatv("--tp {0}: node '{1}' and what it feeds stay replicated: {2}", T, op, why).str());
+        formatv("--tp {0}: node '{1}' and what it feeds stay replicated: {2}", parts, op, why)
+            .str());
   std::vector<Op> ops;
   for (int o = 0; o < static_cast<int>(graph.ops.size()); ++o) {
     if (auto it = before.find(o); it != before.end())
@@ -654,11 +652,10 @@ Expected<bool> shardTensors(Graph &graph) {
     return inferred.takeError();
   for (auto &[id, shape] : expected)
     if (graph.values[id].shape != shape)
-      return createStringError(inconvertibleErrorCode(),
-                               "%s: --tp %d: '%s' has shape %s on one rank, not its piece %s",
-                               graph.path.c_str(), T, graph.values[id].name.c_str(),
-                               formatShape(graph.values[id].shape).c_str(),
-                               formatShape(shape).c_str());
+      return createStringError(
+          inconvertibleErrorCode(), "%s: --tp %d: '%s' has shape %s on one rank, not its piece %s",
+          graph.path.c_str(), parts, graph.values[id].name.c_str(),
+          formatShape(graph.values[id].shape).c_str(), formatShape(shape).c_str());
   return true;
 }
 

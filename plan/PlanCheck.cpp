@@ -432,9 +432,8 @@ Error checkTensors(const plan::Plan &plan) {
   int parts = std::max(1, plan.schedule().tensor_parallel());
   for (const plan::WeightShard &shard : plan.weight_shards()) {
     std::string name = "weight shard '" + shard.weight() + "'";
-    auto w = llvm::find_if(plan.weights(), [&](const onnx::TensorProto &t) {
-      return t.name() == shard.weight();
-    });
+    auto w = llvm::find_if(plan.weights(),
+                           [&](const onnx::TensorProto &t) { return t.name() == shard.weight(); });
     if (w == plan.weights().end())
       return planError(name + " is not one of the plan's weights");
     if (!split.insert(shard.weight()).second)

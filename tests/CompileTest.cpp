@@ -748,9 +748,10 @@ std::vector<std::string> prefixed(const std::string &prefix, const std::string &
 
 TEST(Compile, EveryPassShowsItsStatsAndIr) {
   const std::vector<std::string> pipeline = {
-      "import",      "infer-shapes",   "fold-constants", "eliminate-dead", "group-layers",
-      "tie-weights", "train-params",   "differentiate",  "balance-stages", "lower-schedule",
-      "plan-memory", "verify-program", "fuse",           "fold-weights",   "select-recompute"};
+      "import",         "infer-shapes",   "fold-constants", "eliminate-dead", "shard-tensors",
+      "group-layers",   "tie-weights",    "train-params",   "differentiate",  "balance-stages",
+      "lower-schedule", "plan-memory",    "verify-program", "fuse",           "fold-weights",
+      "select-recompute"};
   ASSERT_EQ(passNames(), pipeline);
   TempDir dir;
   std::string model = dir.path("gpt.onnx"), out;
@@ -844,7 +845,7 @@ TEST(Compile, UnknownPrintAfterListsThePasses) {
             2);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_NE(out.find("--print-after lower: expected all or a pass: import, infer-shapes, "
-                     "fold-constants, eliminate-dead, group-layers, tie-weights, "
+                     "fold-constants, eliminate-dead, shard-tensors, group-layers, tie-weights, "
                      "train-params, differentiate, balance-stages, lower-schedule, plan-memory, "
                      "verify-program, fuse, fold-weights, select-recompute"),
             std::string::npos)

@@ -35,6 +35,8 @@ struct Config {
   std::string schedule = "1f1b";
   int stages = 1, virtualStages = 1, microbatches = 1, dp = 1;
   bool shardOptimizer = false;
+  /// --tp: tensor-parallel ranks per stage.
+  int tp = 1;
   /// --memory-limit; empty: the hardware's.
   std::string memoryLimit;
   /// --balance: uniform keeps the split fixed whatever the costs.
@@ -53,6 +55,7 @@ plan::Plan compileFor(const std::string &model, const Config &s, int64_t globalB
   options.microbatches = s.microbatches;
   options.globalBatch = globalBatch;
   options.dataParallel = s.dp;
+  options.tensorParallel = s.tp;
   options.hardware = "cpu";
   options.balance = s.balance;
   options.recompute = recompute;
@@ -257,8 +260,9 @@ protected:
     plan::Plan single = compileFor(path, Config{"gpipe", 1, 1, 1, 1}, batch);
     rt::RunResult reference = runPlan(single, optimizer, steps);
     for (const Config &s : setups) {
-      std::string what = formatv("{0} {1} P={2} V={3} M={4} dp={5}", llvm::sys::path::stem(path),
-                                 s.schedule, s.stages, s.virtualStages, s.microbatches, s.dp);
+      std::string what =
+          formatv("{0} {1} P={2} V={3} M={4} dp={5} tp={6}", llvm::sys::path::stem(path),
+                  s.schedule, s.stages, s.virtualStages, s.microbatches, s.dp, s.tp);
       plan::Plan pipelined = compileFor(path, s, batch);
       if (pipelined.stage_programs_size() == 0) {
         ADD_FAILURE() << what << ": the plan has no stage programs to run";

@@ -397,8 +397,8 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
   ResumeMode mode = o.resumeIfExists ? ResumeMode::IfExists
                     : o.resume       ? ResumeMode::Latest
                                      : ResumeMode::Fresh;
-  auto step = agreeResumeStep(o.checkpointDir, mode, comm, ex.globalRank(), s.grid.ranks(),
-                              s.P, result.warnings);
+  auto step = agreeResumeStep(o.checkpointDir, mode, comm, ex.globalRank(), s.grid.ranks(), s.P,
+                              result.warnings);
   if (!step)
     return step.takeError();
   if (*step > 0) {
@@ -649,13 +649,13 @@ Expected<RunResult> launchRun(const plan::Plan &plan, const RunOptions &options,
     return l.fail(shared.takeError());
   Shared &s = **shared;
   std::string layout =
-      s.grid.T > 1 ? formatv("{0} pipeline ranks x {1} replicas x {2} tensor-parallel ranks = {3} "
-                             "ranks",
-                             s.P, s.dp, s.grid.T, s.grid.ranks())
-                         .str()
-                   : formatv("{0} pipeline ranks x {1} replicas = {2} ranks", s.P, s.dp,
-                             s.grid.ranks())
-                         .str();
+      s.grid.T > 1
+          ? formatv("{0} pipeline ranks x {1} replicas x {2} tensor-parallel ranks = {3} "
+                    "ranks",
+                    s.P, s.dp, s.grid.T, s.grid.ranks())
+                .str()
+          : formatv("{0} pipeline ranks x {1} replicas = {2} ranks", s.P, s.dp, s.grid.ranks())
+                .str();
   if (Error err = l.place(s, layout, [](int ranks) { return ranks; }))
     return err;
   // The reporting process holds the checkpoint folder for the whole run,

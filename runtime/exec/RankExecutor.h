@@ -16,12 +16,12 @@
 #ifndef PIPEC_RUNTIME_EXEC_RANKEXECUTOR_H
 #define PIPEC_RUNTIME_EXEC_RANKEXECUTOR_H
 
+#include "plan/PlanFile.h"
 #include "runtime/comm/Comm.h"
 #include "runtime/core/Backend.h"
 #include "runtime/exec/Data.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/exec/ValueTable.h"
-#include "plan/PlanFile.h"
 #include "support/ChromeTrace.h"
 
 #include "onnx/onnx_pb.h"
@@ -246,8 +246,7 @@ private:
   llvm::Expected<cpu::Tensor> sumOverTp(const cpu::Tensor &input);
   /// The whole of split weight (or gradient) \p piece, from the pieces of
   /// every rank of tpGroup().
-  llvm::Expected<cpu::Tensor> joinOverTp(const cpu::Tensor &piece,
-                                         const plan::WeightShard &shard);
+  llvm::Expected<cpu::Tensor> joinOverTp(const cpu::Tensor &piece, const plan::WeightShard &shard);
   /// joinSplitWeights' whole weights.
   std::map<std::string, cpu::Tensor> joinedWeights;
   /// --shard-optimizer: the elements of each replica's shard of weight

@@ -1,0 +1,219 @@
+//===- TensorParallelTest.cpp - --tp: split stages equal one rank -------===//
+//
+// Tensor parallelism (the shard-tensors pass and the ranks that run its
+// pieces) against the one-rank full-batch step: the same loss, gradients
+// and updated weights for the generated GPT (fused QKV, tied and untied
+// head), Llama (grouped-query attention, rotary halves, SwiGLU) and BERT,
+// under pipeline schedules, data parallelism and the sharded optimizer, as
+// threads and as MPI processes. Also what the pass splits, and what it
+// refuses.
+//
+//===----------------------------------------------------------------------===//
+#include "Equivalence.h"
+
+#include "driver/Compile.h"
+#include "plan/PlanFile.h"
+#include "runtime/exec/TensorShards.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+#include <map>
+
+using namespace pipec;
+using namespace pipec::test;
+using llvm::formatv;
+
+namespace {
+
+/// \p schedule over \p stages ranks of \p tp tensor-parallel ranks each.
+Config split(const std::string &schedule, int stages, int virtualStages, int microbatches,
+             int tp = 2, int dp = 1, bool shardOptimizer = false) {
+  Config c;
+  c.schedule = schedule;
+  c.stages = stages;
+  c.virtualStages = virtualStages;
+  c.microbatches = microbatches;
+  c.dp = dp;
+  c.shardOptimizer = shardOptimizer;
+  c.tp = tp;
+  return c;
+}
+
+const std::vector<Config> &schedules() {
+  static const std::vector<Config> setups = {
+      split("1f1b", 1, 1, 2),
+      split("1f1b", 2, 1, 4),
+      split("interleaved", 2, 2, 4),
+      split("zbv", 2, 2, 4),
+  };
+  return setups;
+}
+
+TEST_F(Equivalence, TensorParallelGptTied) { check(gpt(true), 8, schedules()); }
+
+TEST_F(Equivalence, TensorParallelGptUntied) {
+  check(gpt(false), 8, {split("1f1b", 1, 1, 1), split("1f1b", 2, 1, 4)});
+}
+
+TEST_F(Equivalence, TensorParallelLlamaGroupedQueryAttention) {
+  check(llama(), 8, {split("1f1b", 1, 1, 2), split("zbv", 2, 2, 4)});
+}
+
+TEST_F(Equivalence, TensorParallelBertEncoder) {
+  check(bert(), 8, {split("1f1b", 1, 1, 2), split("1f1b", 2, 1, 4)});
+}
+
+TEST_F(Equivalence, TensorParallelAdamWOverThreeSteps) {
+  check(gpt(true), 4, {split("1f1b", 2, 1, 2)}, "adamw", 3, 1e-4);
+}
+
+// 8 ranks: 2 stages x 2 replicas x 2 tensor-parallel ranks, each replica's
+// optimizer state sharded over the replicas.
+TEST_F(Equivalence, TensorParallelTimesDataParallelShardedOptimizer) {
+  check(gpt(true), 8, {split("1f1b", 2, 1, 2, 2, 2, true)}, "adamw", 2, 1e-4);
+}
+
+/// The plan of \p model at --tp \p tp (one stage), or the error.
+llvm::Expected<plan::Plan> compileSplit(const std::string &model, int tp,
+                                        const std::string &hardware) {
+  CompileOptions options;
+  options.stages = 1;
+  options.microbatches = 1;
+  options.globalBatch = 2;
+  options.tensorParallel = tp;
+  options.hardware = hardware;
+  options.schedule = ScheduleKind::OneFOneB;
+  return compileModel(model, options, PipelineOptions());
+}
+
+TEST_F(Equivalence, ShardTensorsSplitsByStructure) {
+  auto plan = compileSplit(gpt(true), 2, "cpu");
+  ASSERT_TRUE(static_cast<bool>(plan)) << llvm::toString(plan.takeError());
+  EXPECT_EQ(plan->schedule().tensor_parallel(), 2);
+  std::map<std::string, plan::WeightShard> shards;
+  for (const plan::WeightShard &s : plan->weight_shards())
+    shards[s.weight()] = s;
+  // Per block: the fused QKV's columns in 3 blocks (its Q, K and V), their
+  // bias, the output projection's rows; the MLP's up columns and bias, its
+  // down rows. The tied embedding and head, the norms and the output
+  // projections' biases stay whole.
+  EXPECT_EQ(shards.size(), 6u * 6);
+  for (int b = 0; b < 6; ++b) {
+    std::string block = formatv("transformer.h.{0}.", b).str();
+    ASSERT_TRUE(shards.count(block + "attn.c_attn.weight")) << block;
+    EXPECT_EQ(shards[block + "attn.c_attn.weight"].axis(), 1);
+    EXPECT_EQ(shards[block + "attn.c_attn.weight"].stride(), 3);
+    EXPECT_EQ(shards[block + "attn.c_attn.bias"].stride(), 3);
+    EXPECT_EQ(shards[block + "attn.c_proj.weight"].axis(), 0);
+    EXPECT_EQ(shards[block + "mlp.c_fc.weight"].axis(), 1);
+    EXPECT_EQ(shards[block + "mlp.c_fc.weight"].stride(), 1);
+    EXPECT_EQ(shards[block + "mlp.c_proj.weight"].axis(), 0);
+    EXPECT_FALSE(shards.count(block + "attn.c_proj.bias"));
+    EXPECT_FALSE(shards.count(block + "ln_1.weight"));
+  }
+  // Two sums a block forward, and two (the copies' gradients) backward.
+  int forward = 0, backward = 0;
+  for (const plan::StageProgram &sp : plan->stage_programs()) {
+    for (const onnx::NodeProto &n : sp.forward())
+      forward += n.op_type() == "TpAllReduce";
+    for (const onnx::NodeProto &n : sp.backward_input())
+      backward += n.op_type() == "TpAllReduce";
+  }
+  EXPECT_EQ(forward, 12);
+  EXPECT_EQ(backward, 12);
+  // The plan holds each split weight whole, as the model file does.
+  for (const onnx::TensorProto &w : plan->weights()) {
+    if (w.name() == "transformer.h.0.attn.c_attn.weight")
+      EXPECT_EQ(w.dims(1), 3 * 32);
+  }
+}
+
+TEST_F(Equivalence, ShardTensorsSplitsEveryFamily) {
+  // Llama: Q, K, V, the output, gate, up and down of each of 4 blocks.
+  auto llamaPlan = compileSplit(llama(), 2, "cpu");
+  ASSERT_TRUE(static_cast<bool>(llamaPlan)) << llvm::toString(llamaPlan.takeError());
+  EXPECT_EQ(llamaPlan->weight_shards_size(), 7 * 4);
+  auto bertPlan = compileSplit(bert(), 2, "cpu");
+  ASSERT_TRUE(static_cast<bool>(bertPlan)) << llvm::toString(bertPlan.takeError());
+  EXPECT_GE(bertPlan->weight_shards_size(), 4 * 4);
+  // An untied head feeds the loss, which no rule splits: it stays whole,
+  // and the plan says so.
+  auto untied = compileSplit(gpt(false), 2, "cpu");
+  ASSERT_TRUE(static_cast<bool>(untied)) << llvm::toString(untied.takeError());
+  bool headWarned = false;
+  for (const std::string &w : untied->warnings())
+    headWarned |= llvm::StringRef(w).contains("stay replicated");
+  EXPECT_TRUE(headWarned);
+}
+
+TEST_F(Equivalence, ShardTensorsRefusesHeadsThatDoNotDivide) {
+  models::GeneratorOptions o(models::Family::Gpt, 2, 48, 64, 8, 3);
+  o.withLoss = true;
+  auto plan = compileSplit(model("gpt-3-heads", o), 2, "cpu");
+  ASSERT_FALSE(static_cast<bool>(plan));
+  std::string error = llvm::toString(plan.takeError());
+  EXPECT_NE(error.find("(Reshape): its 3 heads"), std::string::npos) << error;
+  EXPECT_NE(error.find("do not divide over --tp 2"), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+}
+
+TEST_F(Equivalence, TensorParallelStaysInsideANode) {
+  auto plan = compileSplit(gpt(true), 16, "h100");
+  ASSERT_FALSE(static_cast<bool>(plan));
+  std::string error = llvm::toString(plan.takeError());
+  EXPECT_NE(error.find("--tp 16: larger than a node of h100 (8 devices)"), std::string::npos)
+      << error;
+}
+
+TEST(TensorShards, PiecesOfBlocksJoinBack) {
+  // W [2, 6], columns in 3 blocks of 2: piece 0 takes each block's first.
+  std::vector<float> values;
+  for (int i = 0; i < 12; ++i)
+    values.push_back(static_cast<float>(i));
+  cpu::Tensor whole = cpu::Tensor::fromValues<float>({2, 6}, values);
+  plan::WeightShard shard;
+  shard.set_axis(1);
+  shard.set_parts(2);
+  shard.set_stride(3);
+  auto p0 = rt::shardPiece(whole, shard, 0), p1 = rt::shardPiece(whole, shard, 1);
+  ASSERT_TRUE(p0 && p1);
+  EXPECT_EQ(p0->values<float>().vec(), (std::vector<float>{0, 2, 4, 6, 8, 10}));
+  EXPECT_EQ(p1->values<float>().vec(), (std::vector<float>{1, 3, 5, 7, 9, 11}));
+  auto joined = rt::joinShards({*p0, *p1}, shard);
+  ASSERT_TRUE(static_cast<bool>(joined));
+  EXPECT_EQ(joined->values<float>().vec(), values);
+  shard.set_stride(4);
+  auto bad = rt::shardPiece(whole, shard, 0);
+  ASSERT_FALSE(static_cast<bool>(bad));
+  EXPECT_NE(llvm::toString(bad.takeError()).find("does not cut its shape"), std::string::npos);
+}
+
+// MPI processes run the same arithmetic as threads; saved weights are the
+// whole tensors, equal to one rank's.
+TEST_F(RunCli, TensorParallelMpiProcessesMatchThreadsAndOneRank) {
+  std::string model = gpt(true), out;
+  std::string one = plan(model, "--stages 1 --microbatches 1 --batch 8", "tp-one");
+  std::string split =
+      plan(model, "--stages 2 --microbatches 4 --batch 8 --tp 2 --schedule 1f1b", "tp-split");
+  std::string flags = " --steps 2 --optimizer sgd --lr 0.5 --quiet --save-weights ";
+  ASSERT_EQ(runCommand(pipecBin() + " run " + one + flags + dir->path("tp-one.onnx"), out), 0)
+      << out;
+  ASSERT_EQ(runCommand(pipecBin() + " run " + split + flags + dir->path("tp-local.onnx"), out), 0)
+      << out;
+  EXPECT_LT(worstWeightError(dir->path("tp-local.onnx"), dir->path("tp-one.onnx")), 1e-5);
+  if (!haveMpirun())
+    GTEST_SKIP() << "mpirun is not installed";
+  ASSERT_EQ(runCommand(mpirun(4) + pipecBin() + " run " + split + " --comm mpi" + flags +
+                           dir->path("tp-mpi.onnx"),
+                       out),
+            0)
+      << out;
+  EXPECT_EQ(readFile(dir->path("tp-local.onnx")), readFile(dir->path("tp-mpi.onnx")));
+  // A wrong process count names the layout.
+  EXPECT_NE(runCommand(mpirun(2) + pipecBin() + " run " + split + " --comm mpi --steps 1", out), 0);
+  EXPECT_NE(out.find("2 pipeline ranks x 1 replicas x 2 tensor-parallel ranks = 4 ranks"),
+            std::string::npos)
+      << out;
+}
+
+} // namespace
