@@ -46,6 +46,9 @@ public:
   const int parts;
   std::map<int, Layout> layouts;
   std::vector<int> partials;
+  /// A row-split Gemm's bias (partial value -> its C), added once after the
+  /// sum rather than by every rank.
+  std::map<int, int> partialBias;
   std::vector<ConstEdit> edits;
   /// Why the region stays replicated, naming the node at fault.
   std::string refusal;
@@ -79,6 +82,18 @@ public:
     if (auto it = layouts.find(id); it != layouts.end())
       return it->second == layout || refuse(op, "'" + val(id).name + "' is split two ways");
     const Value &v = val(id);
+    // A weight the exporter reads through a Transpose (torch's Linear as
+    // MatMul(x, Transpose(W))): W splits on the axis the Transpose moves.
+    if (v.kind == ValueKind::Weight && v.producer >= 0) {
+      const Op &t = graph.ops[v.producer];
+      if (!t.is(OpId::Transpose) || t.inputs.size() != 1 || readsOf(graph, id).size() != 1)
+        return refuse(op, formatv("'{0}' is computed, not a weight the node alone reads", v.name));
+      std::vector<int64_t> perm = permOf(t);
+      if (!splitWeight(t, t.inputs[0], {static_cast<int>(perm[layout.axis]), layout.stride}))
+        return false;
+      layouts[id] = layout;
+      return true;
+    }
     bool initializer = v.kind == ValueKind::Weight && v.producer < 0 &&
                        (v.storage || v.tensorIndex >= 0) && isFloatDType(v.type);
     if (!initializer)
@@ -94,6 +109,15 @@ public:
     return true;
   }
 
+  /// A Transpose's permutation (its attribute, else the reversal).
+  std::vector<int64_t> permOf(const Op &t) const {
+    if (auto p = attrInts(graph.node(t), "perm"))
+      return *p;
+    std::vector<int64_t> perm;
+    for (int k = rank(t.inputs[0]) - 1; k >= 0; --k)
+      perm.push_back(k);
+    return perm;
+  }
   /// The compile-time integers input \p slot of \p op holds, if any.
   std::optional<ConstTensor> constantInput(const Op &op, size_t slot) const {
     if (slot >= op.inputs.size() || op.inputs[slot] < 0)
@@ -191,13 +215,7 @@ Expected<bool> alongAxis(Region &r, const Op &op, int) {
 
 Expected<bool> transpose(Region &r, const Op &op, int) {
   int in = op.inputs[0];
-  int outRank = r.rank(in);
-  std::vector<int64_t> perm;
-  if (auto p = attrInts(r.graph.node(op), "perm"))
-    perm = *p;
-  else
-    for (int k = 0; k < outRank; ++k)
-      perm.push_back(outRank - 1 - k);
+  std::vector<int64_t> perm = r.permOf(op);
   Layout l = r.of(in);
   for (int j = 0; j < static_cast<int>(perm.size()); ++j)
     if (perm[j] == l.axis)
@@ -205,17 +223,18 @@ Expected<bool> transpose(Region &r, const Op &op, int) {
   return true;
 }
 
-/// Reshape: the split axis maps to one output axis, splitting into heads
-/// (the outermost axis it splits into takes the split) or merging heads
-/// (it is the outermost axis merged). The target's entry for that axis is
-/// rewritten to one rank's.
+/// Reshape: the split axis maps to one output axis. Axes merged in front
+/// of it multiply its blocks ([B, H] -> [B*H]: B blocks of H, each cut into
+/// T pieces); an axis split into several takes the split on the first that
+/// the blocks do not fill ([3*H*D] of 3 blocks -> [3, H, D]: on H). The
+/// target's entry for that axis is rewritten to one rank's.
 Expected<bool> reshape(Region &r, const Op &op, int o) {
   int in = op.inputs[0], out = op.outputs[0];
   std::optional<ConstTensor> target = r.constantInput(op, 1);
   if (!target)
     return r.refuse(op, "its target shape is not known at compile time");
-  if (attrInt(r.graph.node(op), "allowzero", 0) != 0)
-    return r.refuse(op, "it has allowzero");
+  if (attrInt(r.graph.node(op), "allowzero", 0) != 0 && is_contained(target->ints, 0))
+    return r.refuse(op, "it has allowzero and a 0 in its target");
   const std::vector<int64_t> &from = r.shape(in), &to = r.shape(out);
   Layout l = r.of(in);
   // Groups of input axes and output axes with equal products.
@@ -231,27 +250,28 @@ Expected<bool> reshape(Region &r, const Op &op, int o) {
       else
         return r.refuse(op, "its shapes do not group");
     }
-    // Size-1 axes that trail the group belong to no product.
     if (l.axis < static_cast<int>(i0) || l.axis >= static_cast<int>(i))
       continue;
-    for (size_t k = i0; k < static_cast<size_t>(l.axis); ++k)
-      if (from[k] != 1)
-        return r.refuse(op, "it merges the split axis into an axis outside it");
-    size_t head = j0;
-    while (head + 1 < j && to[head] == 1)
-      ++head;
     if (j - j0 > 1 && i - i0 > 1)
       return r.refuse(op, "it regroups the split axis with others");
+    int64_t blocks = l.stride;
+    for (size_t k = i0; k < static_cast<size_t>(l.axis); ++k)
+      blocks *= from[k];
+    size_t head = j0;
+    while (head + 1 < j && blocks % to[head] == 0)
+      blocks /= to[head++];
     int64_t heads = to[head];
-    if (heads % l.stride != 0 || (heads / l.stride) % r.parts != 0)
+    if (heads % blocks != 0)
+      return r.refuse(op, "it cuts the split axis across its blocks");
+    if ((heads / blocks) % r.parts != 0)
       return r.fail(op, formatv("its {0} heads (axis {1} of {2}) do not divide over --tp {3}",
-                                heads / l.stride, head, formatShape(to), r.parts));
-    r.setOut(op, 0, {static_cast<int>(head), l.stride});
+                                heads / blocks, head, formatShape(to), r.parts));
+    r.setOut(op, 0, {static_cast<int>(head), blocks});
     ConstEdit edit{o, 1, *target};
     if (head < edit.value.ints.size() && edit.value.ints[head] > 0)
       edit.value.ints[head] /= r.parts;
     else if (head < edit.value.ints.size() && edit.value.ints[head] == 0 &&
-             (head >= from.size() || static_cast<int>(head) != l.axis))
+             (static_cast<int>(head) != l.axis || blocks != l.stride))
       return r.refuse(op, "it copies an input axis onto the split one");
     r.edits.push_back(std::move(edit));
     return true;
@@ -298,6 +318,26 @@ Expected<bool> matMul(Region &r, const Op &op, int) {
       return r.refuse(op, "its operands do not split one batch axis");
   }
   r.setOut(op, 0, {a, l.stride});
+  return true;
+}
+
+/// Gemm: a split contracted axis of A with a weight B makes a row-split
+/// product's partial sums; its bias C is then added once, after the sum.
+Expected<bool> gemm(Region &r, const Op &op, int) {
+  const onnx::NodeProto &node = r.graph.node(op);
+  int lhs = op.inputs[0], rhs = op.inputs[1], out = op.outputs[0];
+  bool transA = attrInt(node, "transA", 0) != 0, transB = attrInt(node, "transB", 0) != 0;
+  Layout la = r.of(lhs);
+  if (r.of(rhs).split() || la.axis != (transA ? 0 : 1))
+    return r.refuse(op, "only a split of A's contracted axis carries through it");
+  if (!r.splitWeight(op, rhs, {transB ? 1 : 0, la.stride}))
+    return false;
+  if (op.inputs.size() > 2 && op.inputs[2] >= 0) {
+    if (attrFloat(node, "beta", 1.0f) != 1.0f)
+      return r.refuse(op, "its bias is scaled (beta)");
+    r.partialBias[out] = op.inputs[2];
+  }
+  r.partials.push_back(out);
   return true;
 }
 
@@ -443,14 +483,28 @@ const ShardRule shardRules[] = {
 // Regions
 //===----------------------------------------------------------------------===//
 
-/// A product of a replicated activation and a 2-D float initializer: where
-/// a column split may start.
-bool columnCandidate(const Graph &graph, const Op &op) {
-  if (!op.is(OpId::MatMul) || op.inputs.size() != 2 || op.inputs[0] < 0 || op.inputs[1] < 0)
+/// A 2-D float initializer, or the Transpose of one (torch's Linear).
+bool matrixWeight(const Graph &graph, int id) {
+  const Value &w = graph.values[id];
+  if (w.kind != ValueKind::Weight || w.shape.size() != 2 || !isFloatDType(w.type))
     return false;
-  const Value &x = graph.values[op.inputs[0]], &w = graph.values[op.inputs[1]];
-  return x.kind == ValueKind::Activation && x.shape.size() >= 2 && w.kind == ValueKind::Weight &&
-         w.producer < 0 && w.shape.size() == 2 && isFloatDType(w.type);
+  if (w.producer < 0)
+    return true;
+  const Op &t = graph.ops[w.producer];
+  return t.is(OpId::Transpose) && t.inputs.size() == 1 && t.inputs[0] >= 0 &&
+         graph.values[t.inputs[0]].producer < 0;
+}
+
+/// A product of a replicated activation and a weight matrix (MatMul, or
+/// Gemm without a transposed A): where a column split may start.
+bool columnCandidate(const Graph &graph, const Op &op) {
+  bool gemm = op.is(OpId::Gemm) && attrInt(graph.node(op), "transA", 0) == 0;
+  if (!(op.is(OpId::MatMul) || gemm) || op.inputs.size() < 2 || op.inputs[0] < 0 ||
+      op.inputs[1] < 0)
+    return false;
+  const Value &x = graph.values[op.inputs[0]];
+  return x.kind == ValueKind::Activation && x.shape.size() >= 2 &&
+         matrixWeight(graph, op.inputs[1]);
 }
 
 /// The blocks a column split of \p op's output must keep apart: k when the
@@ -489,9 +543,18 @@ Expected<bool> grow(Region &r, ArrayRef<int> seeds, int first,
   for (int s : seeds) {
     const Op &op = graph.ops[s];
     int64_t blocks = blocksAhead(graph, op);
-    if (!r.splitWeight(op, op.inputs[1], {1, blocks}))
+    bool transB = op.is(OpId::Gemm) && attrInt(graph.node(op), "transB", 0) != 0;
+    if (!r.splitWeight(op, op.inputs[1], {transB ? 0 : 1, blocks}))
       return false;
-    r.setOut(op, 0, {r.rank(op.outputs[0]) - 1, blocks});
+    int out = op.outputs[0];
+    // Gemm's bias C: split with the columns, unless it broadcasts.
+    if (op.is(OpId::Gemm) && op.inputs.size() > 2 && op.inputs[2] >= 0) {
+      int c = op.inputs[2];
+      int last = r.rank(c) - 1;
+      if (last >= 0 && r.shape(c)[last] != 1 && !r.splitWeight(op, c, {last, blocks}))
+        return false;
+    }
+    r.setOut(op, 0, {r.rank(out) - 1, blocks});
   }
   for (int o = first; o < static_cast<int>(graph.ops.size()); ++o) {
     const Op &op = graph.ops[o];
@@ -548,7 +611,7 @@ void commit(Graph &graph, Region &r, ArrayRef<int> seeds, std::map<int, std::vec
     Value &v = graph.values[id];
     committedValues.insert(id);
     v.shape[layout.axis] /= r.parts;
-    if (v.kind == ValueKind::Weight)
+    if (v.kind == ValueKind::Weight && v.producer < 0)
       graph.shards[v.name] = {layout.axis, r.parts, layout.stride};
     else
       v.shapeKnown = false;
@@ -572,14 +635,29 @@ void commit(Graph &graph, Region &r, ArrayRef<int> seeds, std::map<int, std::vec
     int producer = graph.values[partial].producer;
     std::vector<std::pair<int, int>> reads = readsOf(graph, partial);
     bool output = is_contained(graph.outputs, partial);
-    Op sum = collectiveOp(graph, "TpAllReduce", partial, graph.ops[producer].scope);
+    const std::string &scope = graph.ops[producer].scope;
+    Op sum = collectiveOp(graph, "TpAllReduce", partial, scope);
     int summed = sum.outputs[0];
+    before[producer + 1].push_back(std::move(sum));
+    if (auto bias = r.partialBias.find(partial); bias != r.partialBias.end()) {
+      // The Gemm leaves its bias to an Add after the sum.
+      Op &gemm = graph.ops[producer];
+      gemm.inputs.resize(2);
+      graph.model->mutable_graph()->mutable_node(gemm.nodeIndex)->mutable_input()->RemoveLast();
+      Op add = collectiveOp(graph, "Add", summed, scope);
+      add.setType("", "Add");
+      add.inputs.push_back(bias->second);
+      onnx::NodeProto &node = *graph.model->mutable_graph()->mutable_node(add.nodeIndex);
+      node.set_domain("");
+      node.add_input(graph.values[bias->second].name);
+      summed = add.outputs[0];
+      before[producer + 1].push_back(std::move(add));
+    }
     for (auto [o, slot] : reads)
       rewire(graph, o, slot, summed);
     if (output)
       std::replace(graph.outputs.begin(), graph.outputs.end(), partial, summed);
     graph.values[partial].shapeKnown = false;
-    before[producer + 1].push_back(std::move(sum));
   }
 }
 

@@ -39,6 +39,9 @@ compares with torch's full-batch step:
   reloaded    after one SGD step the model pipec saved runs in onnxruntime, and its loss equals
               that of the original model holding torch's weights after the step (1e-5)
 
+The tensor-parallel configurations (--tp 2) split each stage's products over two ranks
+(shard-tensors) and hold them to the same torch step.
+
 Each inference export runs at 1, 2 and 4 stages (as many microbatches, each the export's fixed
 batch): outputs within 1e-4 (absolute, plus 1e-4 relative) of torch's eager outputs.
 
@@ -93,6 +96,12 @@ CONFIGS = [
     ("P2-1f1b-padded", ["--stages", "2", "--schedule", "1f1b"], 4, 1, "padded"),
     ("P4-zbv-dp2-padded", ["--stages", "2", "--virtual-stages", "2", "--schedule", "zbv"], 2, 2,
      "padded"),
+    # Tensor parallelism (shard-tensors): each stage's products split over 2 ranks.
+    ("P1-tp2", ["--stages", "1", "--tp", "2"], 2, 1, "sgd"),
+    ("P2-tp2-1f1b", ["--stages", "2", "--schedule", "1f1b", "--tp", "2"], 4, 1, "sgd"),
+    ("P2-tp2-dp2-adamw-sharded", ["--stages", "2", "--schedule", "1f1b", "--tp", "2",
+                                  "--shard-optimizer"], 2, 2, "adamw"),
+    ("P2-tp2-padded", ["--stages", "2", "--schedule", "1f1b", "--tp", "2"], 4, 1, "padded"),
 ]
 INFER_STAGES = [1, 2, 4]
 
