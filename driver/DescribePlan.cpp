@@ -104,7 +104,13 @@ void describeRun(plan::Plan &plan, StringRef modelPath, const CompileOptions &op
   model->set_path(modelPath.str());
   model->set_xxh3(prepared.xxh3);
   model->set_nodes(prepared.fileNodes);
-  model->set_params(prepared.layers.totalParams());
+  // The model's parameters, whole: a split weight's pieces on every
+  // tensor-parallel rank (stages and layers count one rank's).
+  int64_t params = prepared.layers.totalParams();
+  for (const auto &[name, shard] : graph.shards)
+    if (int id = graph.findValue(name); id >= 0)
+      params += (shard.parts - 1) * graph.values[id].numElements();
+  model->set_params(params);
   auto *info = plan.mutable_schedule();
   info->set_name(scheduleName(shape.schedule()).str());
   info->set_stages(shape.stages());
@@ -158,6 +164,7 @@ void describeLayers(plan::Plan &plan, const CompileOptions &options, const Prepa
     li->set_activation_bytes(lc.activationBytes);
     li->set_boundary_bytes(lc.boundaryBytes);
     li->set_measured(lc.measured);
+    li->set_tp_comm_s(lc.tpCommTime);
     if (prepared.backward) {
       li->set_backward_input_ops(static_cast<int>(prepared.backward->inputGrad[l].size()));
       li->set_backward_weight_ops(static_cast<int>(prepared.backward->weightGrad[l].size()));

@@ -136,9 +136,14 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
   for (int r = 1; r < plan.hardware_size(); ++r)
     if (plan.hardware(r).name() != plan.hardware(0).name())
       hw = "mixed";
-  os << formatv("schedule  {0}  P={1} V={2} M={3}  {4}, microbatch {5}, global batch {6}\n",
+  os << formatv("schedule  {0}  P={1} V={2} M={3}{7}  {4}, microbatch {5}, global batch {6}\n",
                 sched.name(), sched.stages(), sched.virtual_stages(), sched.microbatches(),
-                sched.mode(), sched.microbatch_size(), sched.global_batch());
+                sched.mode(), sched.microbatch_size(), sched.global_batch(),
+                sched.tensor_parallel() > 1
+                    ? formatv(" T={0} ({1} weights split)", sched.tensor_parallel(),
+                              plan.weight_shards_size())
+                          .str()
+                    : std::string());
   std::string sharded = plan.training().shard_optimizer()
                             ? formatv(" sharded over {0} replicas", sched.data_parallel()).str()
                             : std::string();
@@ -170,6 +175,17 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
                   humanCount(s.params()), humanCount(static_cast<int64_t>(s.flops_f())),
                   formatSeconds(s.time_f_s()), formatSeconds(s.time_i_s()),
                   formatSeconds(s.time_w_s()), humanCount(s.boundary_bytes(), true), memory);
+  }
+  if (sched.tensor_parallel() > 1) {
+    // What the tensor-parallel sums cost each layer (within F and I above).
+    os << formatv("\ntensor parallel: {0} ranks per stage; each layer's sums over them per "
+                  "microbatch (ring all-reduce on the intra-node link, within F and I)\n",
+                  sched.tensor_parallel());
+    for (const plan::LayerInfo &l : plan.layers())
+      if (l.tp_comm_s() > 0)
+        os << formatv("  {0,-28} {1,10}  ({2:f1}% of its time)\n", l.name(),
+                      formatSeconds(l.tp_comm_s()),
+                      layerTime(l) > 0 ? 100 * l.tp_comm_s() / layerTime(l) : 0.0);
   }
   if (plan.training().recompute()) {
     // Which layers recompute, per stage: all of them, or (auto) the fewest

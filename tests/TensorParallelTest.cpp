@@ -121,6 +121,15 @@ TEST_F(Equivalence, ShardTensorsSplitsByStructure) {
   }
   EXPECT_EQ(forward, 12);
   EXPECT_EQ(backward, 12);
+  // The model's parameters are counted whole; each block's sums cost their
+  // ring's time on the intra-node link, the embedding's nothing.
+  auto whole = compileSplit(gpt(true), 1, "cpu");
+  ASSERT_TRUE(static_cast<bool>(whole)) << llvm::toString(whole.takeError());
+  EXPECT_EQ(plan->model().params(), whole->model().params());
+  for (const plan::LayerInfo &l : plan->layers())
+    EXPECT_EQ(l.tp_comm_s() > 0, l.kind() == "block") << l.name();
+  for (const plan::LayerInfo &l : whole->layers())
+    EXPECT_EQ(l.tp_comm_s(), 0) << l.name();
   // The plan holds each split weight whole, as the model file does.
   for (const onnx::TensorProto &w : plan->weights()) {
     if (w.name() == "transformer.h.0.attn.c_attn.weight")

@@ -97,6 +97,15 @@ CostTable computeCosts(const LayerGraph &lg, const HardwareSpec &hw, Precision p
           if (in >= 0 && graph.values[in].type == DType::F32)
             addedByGemm.insert(in);
       for (int p = 0; p < 3; ++p) {
+        // A ring all-reduce over the T ranks of one node: 2 (T - 1) steps of
+        // bytes / T each way, each step paying the link's latency.
+        if (c.tpSumBytes[p] > 0 && graph.tensorParallel > 1) {
+          double steps = 2.0 * (graph.tensorParallel - 1);
+          double seconds = steps * (hw.intraNode.latency + c.tpSumBytes[p] / graph.tensorParallel /
+                                                                hw.intraNode.bandwidth);
+          lc.time[p] += seconds;
+          lc.tpCommTime += seconds;
+        }
         lc.flops[p] += c.flops[p];
         lc.bytes[p] += c.bytes[p];
         if (c.flops[p] > 0 || c.bytes[p] > 0) {

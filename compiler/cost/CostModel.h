@@ -64,6 +64,9 @@ struct LayerCost {
   int64_t inputBytes = 0;
   /// Bytes crossing the boundary after this layer.
   int64_t boundaryBytes = 0;
+  /// Seconds of time (included in it) the layer's sums over the stage's
+  /// tensor-parallel ranks take per microbatch (--tp).
+  double tpCommTime = 0;
   /// Times come from a measured cost table.
   bool measured = false;
   int defaultedOps = 0;

@@ -38,6 +38,10 @@ struct OpCost {
   std::array<double, 3> bytes{};
   /// Matrix products (GEMM calls) per pass: each pays HardwareSpec::gemmOverhead.
   std::array<double, 3> gemms{};
+  /// Bytes each pass sums over the stage's tensor-parallel ranks (a ring
+  /// all-reduce on the intra-node link): TpAllReduce's forward, TpCopy's
+  /// gradient.
+  std::array<double, 3> tpSumBytes{};
   /// No rule for this op: the documented default was used.
   bool defaulted = false;
 };
@@ -175,6 +179,14 @@ struct Einsum : EinsumBackward {
 /// \p Projection, the fused input projection by input 1 too.
 template <bool Projection> struct Attention : AttentionBackward {
   static int64_t flops(const Graph &graph, const Op &op);
+};
+/// A sum over the stage's tensor-parallel ranks in pass \p P of its
+/// output's bytes: no FLOPs; its time is the link's (CostModel).
+template <Pass P> struct TpSum {
+  static int64_t flops(const Graph &, const Op &) { return 0; }
+  static void cost(const Graph &, const Op &, const OpTraffic &t, OpCost &cost) {
+    cost.tpSumBytes[P] = t.out;
+  }
 };
 /// K FLOPs per element of output 0.
 template <int K> struct Norm : PointwiseBackward {
