@@ -86,7 +86,19 @@ public:
     // MatMul(x, Transpose(W))): W splits on the axis the Transpose moves.
     if (v.kind == ValueKind::Weight && v.producer >= 0) {
       const Op &t = graph.ops[v.producer];
-      if (!t.is(OpId::Transpose) || t.inputs.size() != 1 || readsOf(graph, id).size() != 1)
+      bool alone = readsOf(graph, id).size() == 1;
+      // A weight filled at load (ConstantOfShape: a model's structure
+      // without its bytes) fills one rank's piece.
+      if (t.is(OpId::ConstantOfShape) && alone &&
+          v.shape[layout.axis] % (layout.stride * parts) == 0)
+        if (std::optional<ConstTensor> shape = constantInput(t, 0)) {
+          ConstEdit edit{v.producer, 0, *shape};
+          edit.value.ints[layout.axis] /= parts;
+          edits.push_back(std::move(edit));
+          layouts[id] = layout;
+          return true;
+        }
+      if (!t.is(OpId::Transpose) || t.inputs.size() != 1 || !alone)
         return refuse(op, formatv("'{0}' is computed, not a weight the node alone reads", v.name));
       std::vector<int64_t> perm = permOf(t);
       if (!splitWeight(t, t.inputs[0], {static_cast<int>(perm[layout.axis]), layout.stride}))
@@ -483,7 +495,8 @@ const ShardRule shardRules[] = {
 // Regions
 //===----------------------------------------------------------------------===//
 
-/// A 2-D float initializer, or the Transpose of one (torch's Linear).
+/// A 2-D float initializer, the Transpose of one (torch's Linear), or a
+/// fill (a model without its weights' bytes).
 bool matrixWeight(const Graph &graph, int id) {
   const Value &w = graph.values[id];
   if (w.kind != ValueKind::Weight || w.shape.size() != 2 || !isFloatDType(w.type))
@@ -491,8 +504,9 @@ bool matrixWeight(const Graph &graph, int id) {
   if (w.producer < 0)
     return true;
   const Op &t = graph.ops[w.producer];
-  return t.is(OpId::Transpose) && t.inputs.size() == 1 && t.inputs[0] >= 0 &&
-         graph.values[t.inputs[0]].producer < 0;
+  return t.is(OpId::ConstantOfShape) ||
+         (t.is(OpId::Transpose) && t.inputs.size() == 1 && t.inputs[0] >= 0 &&
+          graph.values[t.inputs[0]].producer < 0);
 }
 
 /// A product of a replicated activation and a weight matrix (MatMul, or
