@@ -2,6 +2,7 @@
 #include "runtime/exec/Checkpoint.h"
 #include "plan/PlanFile.h"
 #include "runtime/exec/RankExecutor.h"
+#include "runtime/exec/TensorShards.h"
 #include "support/InputFile.h"
 
 #include "google/protobuf/io/coded_stream.h"
@@ -33,6 +34,10 @@ Error RankExecutor::saveCheckpoint(StringRef file, int nextStep) {
   c.set_shards(s.shardOptimizer ? s.dp : 1);
   c.set_run(s.checkpointRun);
   c.set_plan(s.checkpointPlan);
+  c.set_tensor_parallel(s.grid.T);
+  for (const std::string &name : trainableHere)
+    if (auto shard = s.shards.find(name); shard != s.shards.end())
+      *c.add_weight_shards() = *shard->second;
   if (const TokenStream *stream = s.data->tokenStream())
     *c.mutable_stream() = stream->position(static_cast<int64_t>(nextStep) * s.globalBatch);
   auto add = [&](const cpu::Tensor &t, const std::string &name,
@@ -72,7 +77,90 @@ Error RankExecutor::loadCheckpoint(StringRef file, int &nextStep) {
   auto parsed = parseCheckpoint(*bytes);
   if (!parsed)
     return rankError(global, formatv("checkpoint {0}: {1}", file, toString(parsed.takeError())));
-  const plan::Checkpoint &c = *parsed;
+  if (parsed->tensor_parallel() > 1 && parsed->tensor_parallel() != s.grid.T)
+    return rankError(global, formatv("checkpoint {0} holds one of {1} tensor-parallel pieces; "
+                                     "this run has --tp {2}",
+                                     file, parsed->tensor_parallel(), s.grid.T));
+  return applyCheckpoint(*parsed, file, nextStep);
+}
+
+Error RankExecutor::loadCheckpointAcross(StringRef dir, int step, int writtenT, int &nextStep) {
+  // The files of this rank's stage and replica at the T that wrote them.
+  std::vector<plan::Checkpoint> pieces;
+  std::string first;
+  for (int t = 0; t < writtenT; ++t) {
+    std::string file = checkpointFile(dir, step, (replica * s.P + rank) * writtenT + t);
+    auto bytes = readCheckpointFile(file);
+    if (!bytes)
+      return rankError(global, toString(bytes.takeError()));
+    auto parsed = parseCheckpoint(*bytes);
+    if (!parsed)
+      return rankError(global, formatv("checkpoint {0}: {1}", file, toString(parsed.takeError())));
+    if (std::max(1, parsed->tensor_parallel()) != writtenT)
+      return rankError(global, formatv("checkpoint {0} was written at --tp {1}, not the {2} its "
+                                       "step's files make; resume with the stages and --dp "
+                                       "that wrote it",
+                                       file, std::max(1, parsed->tensor_parallel()), writtenT));
+    if (parsed->shards() > 1 || s.shardOptimizer)
+      return rankError(global, formatv("checkpoint {0}: a sharded optimizer's state resumes at "
+                                       "the --tp that wrote it ({1})",
+                                       file, writtenT));
+    if (t == 0)
+      first = file;
+    pieces.push_back(std::move(*parsed));
+  }
+  // Each tensor whole (the pieces joined where the writer split it), then
+  // this rank's piece where this run splits it.
+  std::map<std::string, const plan::WeightShard *> written;
+  for (const plan::WeightShard &shard : pieces[0].weight_shards())
+    written[shard.weight()] = &shard;
+  plan::Checkpoint merged = pieces[0];
+  merged.set_tensor_parallel(s.grid.T);
+  merged.clear_weight_shards();
+  using Tensors = google::protobuf::RepeatedPtrField<onnx::TensorProto>;
+  // The weights, masters and moments of a checkpoint.
+  auto tensorsOf = [](plan::Checkpoint &c, int kind) -> Tensors & {
+    return kind == 0   ? *c.mutable_weights()
+           : kind == 1 ? *c.mutable_masters()
+           : kind == 2 ? *c.mutable_moment1()
+                       : *c.mutable_moment2();
+  };
+  auto recut = [&](int kind) -> Error {
+    Tensors &into = tensorsOf(merged, kind);
+    for (int i = 0; i < into.size(); ++i) {
+      const std::string name = into.Get(i).name();
+      std::vector<cpu::Tensor> parts;
+      for (plan::Checkpoint &p : pieces) {
+        const Tensors &theirs = tensorsOf(p, kind);
+        if (i >= theirs.size() || theirs.Get(i).name() != name)
+          return createStringError(inconvertibleErrorCode(), "the files of step %d list '%s' apart",
+                                   step, name.c_str());
+        auto t = cpu::fromTensorProto(theirs.Get(i));
+        if (!t)
+          return t.takeError();
+        parts.push_back(std::move(*t));
+      }
+      auto cut = written.find(name);
+      Expected<cpu::Tensor> whole =
+          cut == written.end() ? std::move(parts[0]) : joinShards(parts, *cut->second);
+      if (whole)
+        if (auto mine = s.shards.find(name); mine != s.shards.end())
+          whole = shardPiece(*whole, *mine->second, tp);
+      if (!whole)
+        return createStringError(inconvertibleErrorCode(), "'%s': %s", name.c_str(),
+                                 toString(whole.takeError()).c_str());
+      *into.Mutable(i) = cpu::toTensorProto(*whole, name);
+    }
+    return Error::success();
+  };
+  for (int kind = 0; kind < 4; ++kind)
+    if (Error err = recut(kind))
+      return rankError(global, formatv("checkpoint {0} at --tp {1}: {2}", first, writtenT,
+                                       toString(std::move(err))));
+  return applyCheckpoint(merged, first, nextStep);
+}
+
+Error RankExecutor::applyCheckpoint(const plan::Checkpoint &c, StringRef file, int &nextStep) {
   nextStep = c.next_step();
   int shards = c.shards();
   int ours = s.shardOptimizer ? s.dp : 1;
@@ -351,17 +439,21 @@ std::vector<int> checkpointSteps(StringRef dir) {
 
 namespace {
 
-/// The lowest global rank whose file of \p step is not intact, -1 when all
-/// are; collective: every rank checks its own file.
-Expected<int> firstBadRank(StringRef dir, int step, Comm &comm, int global, int ranks) {
-  std::vector<double> bad(ranks, 0.0);
-  if (auto mine = readCheckpointFile(checkpointFile(dir, step, global)); !mine) {
-    consumeError(mine.takeError());
-    bad[global] = 1;
-  }
+/// The lowest rank whose file of \p step (\p written files) is not intact,
+/// -1 when all are; collective: each of the \p ranks ranks checks the files
+/// r with r mod ranks = \p global (its own, when the run that wrote them
+/// had as many ranks).
+Expected<int> firstBadRank(StringRef dir, int step, Comm &comm, int global, int ranks,
+                           int written) {
+  std::vector<double> bad(std::max(written, 1), 0.0);
+  for (int r = global; r < written; r += ranks)
+    if (auto mine = readCheckpointFile(checkpointFile(dir, step, r)); !mine) {
+      consumeError(mine.takeError());
+      bad[r] = 1;
+    }
   if (Error err = comm.sumAll(bad))
     return err;
-  for (int r = 0; r < ranks; ++r)
+  for (int r = 0; r < written; ++r)
     if (bad[r] > 0)
       return r;
   return -1;
@@ -375,11 +467,9 @@ std::string whyBad(StringRef dir, int step, int rank) {
                : toString(bytes.takeError());
 }
 
-/// Succeeds when \p step holds the files of \p ranks ranks (\p stages
-/// pipeline ranks times the replicas); else says how many wrote it. A run
-/// at another --dp would find some files missing or left over, and a
-/// sharded optimizer's state split for another number of replicas.
-Error sameRanks(StringRef dir, int step, int ranks, int stages) {
+} // namespace
+
+int checkpointRanks(StringRef dir, int step) {
   SmallString<256> folder(dir);
   sys::path::append(folder, formatv("step-{0}", step).str());
   int written = 0;
@@ -390,7 +480,30 @@ Error sameRanks(StringRef dir, int step, int ranks, int stages) {
     written += name.consume_front("rank-") && name.consume_back(".ckpt") &&
                !name.getAsInteger(10, rank) && rank >= 0;
   }
-  if (written == ranks || written == 0)
+  return written;
+}
+
+namespace {
+
+/// The files of \p step to check: those written when they make whole
+/// pipelines (a run at another --tp wrote them), else at least \p ranks (a
+/// missing one is then found missing).
+int filesToCheck(StringRef dir, int step, int ranks, int tp) {
+  int written = checkpointRanks(dir, step), pipelines = ranks / std::max(1, tp);
+  return written > 0 && written % pipelines == 0 ? written : std::max(written, ranks);
+}
+
+/// Succeeds when \p step holds the files of \p ranks ranks (\p stages
+/// pipeline ranks times the replicas times \p tp), or of the same pipelines
+/// at another tensor-parallel degree; else says how many wrote it. A run at
+/// another --dp would find some files missing or left over, and a sharded
+/// optimizer's state split for another number of replicas.
+Error sameRanks(StringRef dir, int step, int ranks, int stages, int tp) {
+  SmallString<256> folder(dir);
+  sys::path::append(folder, formatv("step-{0}", step).str());
+  int written = checkpointRanks(dir, step);
+  int pipelines = ranks / std::max(1, tp);
+  if (written == ranks || written == 0 || written % pipelines == 0)
     return Error::success(); // none: the files' own checks say why
   auto replicas = [&](int n) {
     return n % stages == 0
@@ -399,7 +512,7 @@ Error sameRanks(StringRef dir, int step, int ranks, int stages) {
   };
   return createStringError(inconvertibleErrorCode(),
                            "checkpoint %s was written by %d ranks%s, this run has %d%s; resume "
-                           "with the stages and --dp that wrote it",
+                           "with the stages and --dp that wrote it (--tp may differ)",
                            folder.c_str(), written, replicas(written).c_str(), ranks,
                            replicas(ranks).c_str());
 }
@@ -430,21 +543,22 @@ Error checkOneRun(StringRef dir, int step, int ranks) {
 } // namespace
 
 Expected<int> agreeResumeStep(StringRef dir, ResumeMode mode, Comm &comm, int global, int ranks,
-                              int stages, std::vector<std::string> &skipped) {
+                              int stages, int tp, std::vector<std::string> &skipped) {
   if (mode == ResumeMode::Fresh)
     return 0;
   std::vector<int> steps = checkpointSteps(dir);
   if (mode == ResumeMode::IfExists) {
     for (int step : steps) {
-      if (Error other = sameRanks(dir, step, ranks, stages)) {
+      if (Error other = sameRanks(dir, step, ranks, stages, tp)) {
         skipped.push_back(toString(std::move(other)) + "; skipped");
         continue;
       }
-      auto bad = firstBadRank(dir, step, comm, global, ranks);
+      int written = filesToCheck(dir, step, ranks, tp);
+      auto bad = firstBadRank(dir, step, comm, global, ranks, written);
       if (!bad)
         return bad.takeError();
       if (*bad < 0) {
-        Error mixed = checkOneRun(dir, step, ranks);
+        Error mixed = checkOneRun(dir, step, written);
         if (!mixed)
           return step;
         skipped.push_back(toString(std::move(mixed)) + "; skipped");
@@ -457,13 +571,14 @@ Expected<int> agreeResumeStep(StringRef dir, ResumeMode mode, Comm &comm, int gl
   auto latest = latestCheckpoint(dir);
   if (!latest)
     return latest.takeError();
-  if (Error other = sameRanks(dir, *latest, ranks, stages))
+  if (Error other = sameRanks(dir, *latest, ranks, stages, tp))
     return std::move(other);
-  auto bad = firstBadRank(dir, *latest, comm, global, ranks);
+  int written = filesToCheck(dir, *latest, ranks, tp);
+  auto bad = firstBadRank(dir, *latest, comm, global, ranks, written);
   if (!bad)
     return bad.takeError();
   if (*bad < 0) {
-    if (Error mixed = checkOneRun(dir, *latest, ranks))
+    if (Error mixed = checkOneRun(dir, *latest, written))
       return std::move(mixed);
     return *latest;
   }
@@ -471,7 +586,7 @@ Expected<int> agreeResumeStep(StringRef dir, ResumeMode mode, Comm &comm, int gl
   for (int step : steps) {
     if (step >= *latest)
       continue;
-    auto earlier = firstBadRank(dir, step, comm, global, ranks);
+    auto earlier = firstBadRank(dir, step, comm, global, ranks, filesToCheck(dir, step, ranks, tp));
     if (!earlier)
       return earlier.takeError();
     if (*earlier < 0) {

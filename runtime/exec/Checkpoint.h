@@ -83,15 +83,21 @@ enum class ResumeMode {
   IfExists, ///< --resume-if-exists: the newest intact step, else step 0
 };
 
+/// The rank files of \p dir's step \p step.
+int checkpointRanks(llvm::StringRef dir, int step);
+
 /// The step all \p ranks ranks (\p stages pipeline ranks times the
-/// replicas) of a run continue from (0: from the start); a step written by
-/// another number of ranks is refused (Latest) or skipped (IfExists);
+/// replicas times \p tensorParallel) of a run continue from (0: from the
+/// start); a step written by another number of ranks is refused (Latest) or
+/// skipped (IfExists), unless only its tensor-parallel degree differs (its
+/// files are then read across: RankExecutor::loadCheckpointAcross);
 /// collective over \p comm, \p global this rank's global index. Latest
 /// refuses a corrupt or missing file naming it, and names the newest intact
 /// earlier checkpoint if there is one. IfExists skips corrupt steps, adding
 /// a line per skipped step to \p skipped.
 llvm::Expected<int> agreeResumeStep(llvm::StringRef dir, ResumeMode mode, Comm &comm, int global,
-                                    int ranks, int stages, std::vector<std::string> &skipped);
+                                    int ranks, int stages, int tensorParallel,
+                                    std::vector<std::string> &skipped);
 
 /// A run's hold on its checkpoint folder: an exclusive flock on DIR/lock,
 /// which records the holder's pid, released when this is destroyed (or the

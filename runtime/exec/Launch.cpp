@@ -398,13 +398,18 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
                     : o.resume       ? ResumeMode::Latest
                                      : ResumeMode::Fresh;
   auto step = agreeResumeStep(o.checkpointDir, mode, comm, ex.globalRank(), s.grid.ranks(), s.P,
-                              result.warnings);
+                              s.grid.T, result.warnings);
   if (!step)
     return step.takeError();
   if (*step > 0) {
     std::string file = checkpointFile(o.checkpointDir, *step, ex.globalRank());
-    if (Error err = guardAllocation("rank " + Twine(ex.globalRank()) + ": checkpoint " + file,
-                                    [&] { return ex.loadCheckpoint(file, first); }))
+    // Written at another --tp: the same pipelines, read across.
+    int writtenT = checkpointRanks(o.checkpointDir, *step) / (s.P * s.dp);
+    if (Error err = guardAllocation("rank " + Twine(ex.globalRank()) + ": checkpoint " + file, [&] {
+          return writtenT > 0 && writtenT != s.grid.T
+                     ? ex.loadCheckpointAcross(o.checkpointDir, *step, writtenT, first)
+                     : ex.loadCheckpoint(file, first);
+        }))
       return err;
   }
   if (first >= o.steps && ex.globalRank() == 0)

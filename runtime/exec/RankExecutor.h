@@ -127,6 +127,10 @@ public:
   llvm::Error evaluate(int batch, double &lossSum, double &lossCount);
   llvm::Error saveCheckpoint(llvm::StringRef file, int nextStep);
   llvm::Error loadCheckpoint(llvm::StringRef file, int &nextStep);
+  /// Resumes from \p dir's step \p step, written at another tensor-parallel
+  /// degree \p writtenT: the pieces of this rank's stage and replica joined
+  /// where that run split them, and cut where this one does.
+  llvm::Error loadCheckpointAcross(llvm::StringRef dir, int step, int writtenT, int &nextStep);
 
   int globalRank() const { return global; }
   /// Runs stage \p stage's forward nodes over \p values (its inputs, and
@@ -293,6 +297,8 @@ private:
   /// Instruction \p i (\p ins) of step \p t; \p category is the trace
   /// letter of a compute (F, R, I, W, B, C, O), 0 for the rest.
   llvm::Error execute(const Ins &ins, int i, int t, char &category);
+  /// Takes the state of checkpoint \p c (read from \p file).
+  llvm::Error applyCheckpoint(const plan::Checkpoint &c, llvm::StringRef file, int &nextStep);
   llvm::Error send(const Ins &ins, int i);
   llvm::Error postRecv(const Ins &ins);
   /// Counts the compute \p ins as busy time and traces it: it began at
