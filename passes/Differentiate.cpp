@@ -399,8 +399,8 @@ std::string Differentiator::countLabels(const Value &loss) {
   if (loss.producer < 0)
     return "";
   const Op &op = graph.ops[loss.producer];
-  if (!op.domain.empty() ||
-      (!op.is(OpId::SoftmaxCrossEntropyLoss) && !op.is(OpId::NegativeLogLikelihoodLoss)) ||
+  if ((!op.is(OpId::SoftmaxCrossEntropyLoss) && !op.is(OpId::NegativeLogLikelihoodLoss) &&
+       !op.is(OpId::TpSoftmaxCrossEntropyLoss)) ||
       op.inputs.size() != 2 || op.outputs.empty() || op.outputs[0] != graph.findValue(loss.name))
     return "";
   const onnx::NodeProto &node = graph.node(op);

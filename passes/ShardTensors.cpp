@@ -2,6 +2,7 @@
 #include "passes/ShardTensors.h"
 #include "passes/GraphEdit.h"
 #include "passes/InferShapes.h"
+#include "passes/TieWeights.h"
 
 #include "support/Attributes.h"
 
@@ -49,9 +50,14 @@ public:
   /// A row-split Gemm's bias (partial value -> its C), added once after the
   /// sum rather than by every rank.
   std::map<int, int> partialBias;
+  /// The SoftmaxCrossEntropyLoss ops whose scores are split on the classes:
+  /// the vocabulary-parallel loss (TpSoftmaxCrossEntropyLoss) replaces them.
+  std::vector<int> vocabLosses;
   std::vector<ConstEdit> edits;
   /// Why the region stays replicated, naming the node at fault.
   std::string refusal;
+  /// The weights of folded ties, which stay whole.
+  const std::set<std::string> *tied = nullptr;
 
   Layout of(int id) const {
     auto it = id >= 0 ? layouts.find(id) : layouts.end();
@@ -112,6 +118,8 @@ public:
       return refuse(op, formatv("'{0}' has the split axis's full size and is no weight", v.name));
     if (readsOf(graph, id).size() != 1)
       return refuse(op, formatv("weight '{0}' is read by other nodes as well", v.name));
+    if (tied && tied->count(v.name))
+      return refuse(op, formatv("weight '{0}' is a tied head or embedding", v.name));
     int64_t size = v.shape[layout.axis];
     if (size % (layout.stride * parts) != 0)
       return refuse(op, formatv("weight '{0}' has {1} entries on axis {2}, which do not divide "
@@ -353,6 +361,24 @@ Expected<bool> gemm(Region &r, const Op &op, int) {
   return true;
 }
 
+/// SoftmaxCrossEntropyLoss of [rows, classes] scores split on the classes
+/// (a language model's head): Megatron's vocabulary-parallel loss, whose
+/// maximum, sum of exponentials and target logit are reduced over the ranks.
+Expected<bool> softmaxCrossEntropy(Region &r, const Op &op, int o) {
+  int scores = op.inputs[0];
+  Layout l = r.of(scores);
+  if (r.rank(scores) != 2 || l.axis != 1 || l.stride != 1 || r.of(op.inputs[1]).split())
+    return r.refuse(op, "only [rows, classes] scores split on the classes carry through it");
+  if (op.inputs.size() > 2 && op.inputs[2] >= 0)
+    return r.refuse(op, "it weighs its classes");
+  if (op.outputs.size() > 1 && op.outputs[1] >= 0)
+    return r.refuse(op, "its log-probabilities are read");
+  if (attrString(r.graph.node(op), "reduction", "mean") == "none")
+    return r.refuse(op, "its reduction is none");
+  r.vocabLosses.push_back(o);
+  return true;
+}
+
 /// Split: along another axis each piece keeps the split; along the split
 /// axis, `stride` equal pieces (a fused QKV) each split plainly.
 Expected<bool> split(Region &r, const Op &op, int o) {
@@ -585,9 +611,6 @@ Expected<bool> grow(Region &r, ArrayRef<int> seeds, int first,
     if (!done || !*done)
       return done;
   }
-  for (int id : graph.outputs)
-    if (r.of(id).split())
-      return r.refuse(graph.ops[graph.values[id].producer], "its split output is a graph output");
   return true;
 }
 
@@ -639,6 +662,55 @@ void commit(Graph &graph, Region &r, ArrayRef<int> seeds, std::map<int, std::vec
     v.shapeKnown = true;
     v.constant = std::make_shared<const ConstTensor>(std::move(e.value));
     rewire(graph, e.op, e.slot, id);
+  }
+  // A split graph output (a head's logits beside the loss) is gathered
+  // whole under its own name; the stage's nodes read its piece.
+  for (int id : std::vector<int>(graph.outputs)) {
+    auto layout = r.layouts.find(id);
+    if (layout == r.layouts.end())
+      continue;
+    std::string name = graph.values[id].name;
+    int producer = graph.values[id].producer;
+    std::string pieceName = freshName(graph, name + ".tp_piece");
+    graph.valueIds.erase(name);
+    graph.values[id].name = pieceName;
+    graph.valueIds[pieceName] = id;
+    for (auto [o, slot] : readsOf(graph, id))
+      rewire(graph, o, slot, id);
+    onnx::NodeProto &made =
+        *graph.model->mutable_graph()->mutable_node(graph.ops[producer].nodeIndex);
+    for (int k = 0; k < made.output_size(); ++k)
+      if (made.output(k) == name)
+        made.set_output(k, pieceName);
+    Op gather = collectiveOp(graph, "TpAllGather", id, graph.ops[producer].scope);
+    int whole = gather.outputs[0];
+    graph.valueIds.erase(graph.values[whole].name);
+    graph.values[whole].name = name;
+    graph.valueIds[name] = whole;
+    graph.values[whole].shape[layout->second.axis] *= r.parts; // the whole, as before
+    gather.name = name + ".tpallgather";
+    onnx::NodeProto &node = *graph.model->mutable_graph()->mutable_node(gather.nodeIndex);
+    node.set_output(0, name);
+    node.set_name(name + ".tpallgather");
+    auto attr = [&](const char *key, int64_t value) {
+      onnx::AttributeProto &a = *node.add_attribute();
+      a.set_name(key);
+      a.set_type(onnx::AttributeProto::INT);
+      a.set_i(value);
+    };
+    attr("axis", layout->second.axis);
+    attr("stride", layout->second.stride);
+    std::replace(graph.outputs.begin(), graph.outputs.end(), id, whole);
+    graph.values[whole].isGraphOutput = true;
+    graph.values[id].isGraphOutput = false;
+    before[producer + 1].push_back(std::move(gather));
+  }
+  for (int o : r.vocabLosses) {
+    Op &loss = graph.ops[o];
+    loss.setType("pipec", "TpSoftmaxCrossEntropyLoss");
+    onnx::NodeProto &node = *graph.model->mutable_graph()->mutable_node(loss.nodeIndex);
+    node.set_op_type("TpSoftmaxCrossEntropyLoss");
+    node.set_domain("pipec");
   }
   const Op &first = graph.ops[seeds[0]];
   Op copy = collectiveOp(graph, "TpCopy", first.inputs[0], first.scope);
@@ -694,12 +766,18 @@ Expected<bool> shardTensors(Graph &graph) {
     }
   std::set<int> committedValues;
   std::map<int, std::vector<Op>> before;
+  // A folded tie's head trains as its embedding's transpose (tie-weights,
+  // after this pass): both stay whole, as a tied head does.
+  std::set<std::string> tied;
+  for (const std::string &name : foldedTieWeights(graph))
+    tied.insert(name);
   std::vector<std::pair<std::string, std::string>> replicated;
   for (int x : order) {
     if (committedValues.count(x))
       continue; // a row split's input, read by its own products
     std::vector<int> seeds = groups[x];
     Region r(graph, parts);
+    r.tied = &tied;
     auto grown = grow(r, seeds, seeds[0], committedValues);
     if (!grown)
       return grown.takeError();

@@ -258,11 +258,14 @@ int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward, int6
           return tableRows = rows.shape[0];
         }
       }
-      if ((op.is(OpId::SoftmaxCrossEntropyLoss) || op.is(OpId::NegativeLogLikelihoodLoss)) &&
+      if ((op.is(OpId::SoftmaxCrossEntropyLoss) || op.is(OpId::NegativeLogLikelihoodLoss) ||
+           op.is(OpId::TpSoftmaxCrossEntropyLoss)) &&
           op.inputs.size() > 1 && op.inputs[1] == v) {
+        // The vocabulary-parallel loss reads one rank's share of the classes.
         const Value &scores = graph.values[op.inputs[0]];
+        int64_t parts = op.is(OpId::TpSoftmaxCrossEntropyLoss) ? graph.tensorParallel : 1;
         if (scores.shape.size() > 1)
-          return labels(shifted[v], scores.shape[1]);
+          return labels(shifted[v], scores.shape[1] * parts);
       }
       // Ops that keep or move elements without computing new ones (labels
       // are often shifted by a Slice and flattened first; transformers pads

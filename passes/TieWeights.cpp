@@ -83,6 +83,19 @@ std::vector<FoldedTie> findFoldedTies(const Graph &graph, const std::vector<bool
   return out;
 }
 
+} // namespace
+
+std::vector<std::string> foldedTieWeights(const Graph &graph) {
+  std::vector<std::string> names;
+  for (const FoldedTie &tie : findFoldedTies(graph, floatInitializers(graph))) {
+    names.push_back(tie.head);
+    names.push_back(tie.embedding);
+  }
+  return names;
+}
+
+namespace {
+
 /// Reads Transpose(tie.embedding) where tie.head was read: a Transpose op
 /// (and node) in the scope of the head's first reader, just before it.
 void retie(Graph &graph, const FoldedTie &tie) {

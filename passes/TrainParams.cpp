@@ -226,9 +226,12 @@ Expected<std::vector<ParamRewrite>> trainParams(Graph &graph, LayerGraph &layers
       ids.push_back(graph.findValue(place.weight()));
     DType type = ids[0] >= 0 ? graph.values[ids[0]].type : DType::Undefined;
     bool fits = all_of(ids, [&](int id) {
+      // A weight split over tensor-parallel ranks keeps its form (shard-tensors
+      // cut it as the model file holds it).
       return id >= 0 && graph.values[id].kind == ValueKind::Weight &&
-             graph.values[id].producer < 0 && graph.values[id].type == type &&
-             !graph.values[id].users.empty() && !capturedBySubgraph(graph, id);
+             !graph.shards.count(graph.values[id].name) && graph.values[id].producer < 0 &&
+             graph.values[id].type == type && !graph.values[id].users.empty() &&
+             !capturedBySubgraph(graph, id);
     });
     if (!fits || (kind == Rewrite::Nodes && (!fold.value || fold.value->type != type)))
       continue;

@@ -137,22 +137,71 @@ TEST_F(Equivalence, ShardTensorsSplitsByStructure) {
   }
 }
 
+/// The nodes of \p plan's stage programs of op \p type.
+int nodesOf(const plan::Plan &plan, llvm::StringRef type) {
+  int n = 0;
+  for (const plan::StageProgram &sp : plan.stage_programs())
+    for (const auto *list : {&sp.forward(), &sp.backward_input(), &sp.backward_weight()})
+      for (const onnx::NodeProto &node : *list)
+        n += node.op_type() == type;
+  return n;
+}
+
 TEST_F(Equivalence, ShardTensorsSplitsEveryFamily) {
-  // Llama: Q, K, V, the output, gate, up and down of each of 4 blocks.
+  // Llama: Q, K, V, the output, gate, up and down of each of 4 blocks, and
+  // the untied head over the vocabulary, whose loss is then
+  // vocabulary-parallel.
   auto llamaPlan = compileSplit(llama(), 2, "cpu");
   ASSERT_TRUE(static_cast<bool>(llamaPlan)) << llvm::toString(llamaPlan.takeError());
-  EXPECT_EQ(llamaPlan->weight_shards_size(), 7 * 4);
+  EXPECT_EQ(llamaPlan->weight_shards_size(), 7 * 4 + 1);
+  EXPECT_EQ(nodesOf(*llamaPlan, "TpSoftmaxCrossEntropyLoss"), 1);
+  EXPECT_EQ(nodesOf(*llamaPlan, "TpSoftmaxCrossEntropyLossGrad"), 1);
   auto bertPlan = compileSplit(bert(), 2, "cpu");
   ASSERT_TRUE(static_cast<bool>(bertPlan)) << llvm::toString(bertPlan.takeError());
   EXPECT_GE(bertPlan->weight_shards_size(), 4 * 4);
-  // An untied head feeds the loss, which no rule splits: it stays whole,
-  // and the plan says so.
-  auto untied = compileSplit(gpt(false), 2, "cpu");
-  ASSERT_TRUE(static_cast<bool>(untied)) << llvm::toString(untied.takeError());
+  // A tied head reads the embedding's table, which the Gather reads whole:
+  // it stays replicated, and the plan says so.
+  auto tied = compileSplit(gpt(true), 2, "cpu");
+  ASSERT_TRUE(static_cast<bool>(tied)) << llvm::toString(tied.takeError());
   bool headWarned = false;
-  for (const std::string &w : untied->warnings())
+  for (const std::string &w : tied->warnings())
     headWarned |= llvm::StringRef(w).contains("stay replicated");
   EXPECT_TRUE(headWarned);
+  EXPECT_EQ(nodesOf(*tied, "TpSoftmaxCrossEntropyLoss"), 0);
+}
+
+// Inference: the split head's logits, gathered whole under the model's own
+// output name, equal one rank's.
+TEST_F(Equivalence, TensorParallelInferenceGathersTheLogits) {
+  models::GeneratorOptions o(models::Family::Llama, 2, 32, 64, 8, 4);
+  o.kvHeads = 2;
+  std::string path = model("llama-infer", o);
+  auto run = [&](int tp) {
+    CompileOptions options;
+    options.stages = 2;
+    options.microbatches = 2;
+    options.globalBatch = 4;
+    options.tensorParallel = tp;
+    options.hardware = "cpu";
+    options.training = false;
+    options.schedule = ScheduleKind::OneFOneB;
+    auto plan = compileModel(path, options, PipelineOptions());
+    EXPECT_TRUE(static_cast<bool>(plan)) << (plan ? "" : llvm::toString(plan.takeError()));
+    rt::RunOptions ro;
+    ro.steps = 1;
+    ro.seed = 3;
+    ro.keepOutputs = true;
+    auto result = plan ? rt::runLocal(*plan, ro) : llvm::Expected<rt::RunResult>(plan.takeError());
+    EXPECT_TRUE(static_cast<bool>(result)) << (result ? "" : llvm::toString(result.takeError()));
+    return result ? std::move(*result) : rt::RunResult();
+  };
+  rt::RunResult one = run(1), two = run(2);
+  ASSERT_EQ(one.outputs.size(), 1u);
+  ASSERT_EQ(two.outputs.size(), 1u);
+  const cpu::Tensor &a = one.outputs.begin()->second, &b = two.outputs.begin()->second;
+  EXPECT_EQ(one.outputs.begin()->first, two.outputs.begin()->first);
+  ASSERT_EQ(a.shape(), b.shape());
+  EXPECT_LT(relativeError(b, a), 1e-5);
 }
 
 TEST_F(Equivalence, ShardTensorsRefusesHeadsThatDoNotDivide) {

@@ -14,6 +14,8 @@
 #               gives the weights of the one-rank run, within 1e-5; and the
 #               one-rank CUDA run those of the CPU backend, within 1e-3
 #   recompute   the 2-stage 1F1B plan with --recompute, the same
+#   tp          the 2-stage 1F1B plan with --tp 2 (4 ranks on the GPU, the
+#               head's vocabulary-parallel loss included), the same
 #   sharded     --shard-optimizer with two replicas on the GPU gives the
 #               unsharded replicas' weights after 3 AdamW steps, within 1e-6
 #   generate    greedy generation (fp32) of the GPT-2 and Llama fixtures, and of
@@ -264,6 +266,19 @@ elif step "$e" "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-recompute.plan" -
      step "$e" "$pipec" run "$work/gpt-recompute.plan" "${trainFlags[@]}" --ranks-per-device 2 \
        --save-weights "$work/w-recompute.onnx"; then
   matches "$label" "$ref" "$work/w-recompute.onnx" 1e-5 1e-6
+else
+  row "$label" FAIL "$(why $? "$e")"
+fi
+# --tp 2: each stage's products split over two ranks, all four ranks on the
+# one GPU (threads: host sums), the untied head's loss vocabulary-parallel.
+label="tp=2 P=2 = 1 rank ($backend)"
+if [ -z "$ref" ]; then
+  row "$label" FAIL "no one-rank run to compare with"
+elif step "$e" "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-tp.plan" --stages 2 \
+       --schedule 1f1b --tp 2 "${planFlags[@]}" &&
+     step "$e" "$pipec" run "$work/gpt-tp.plan" "${trainFlags[@]}" --ranks-per-device 4 \
+       --save-weights "$work/w-tp.onnx"; then
+  matches "$label" "$ref" "$work/w-tp.onnx" 1e-5 1e-6
 else
   row "$label" FAIL "$(why $? "$e")"
 fi

@@ -188,6 +188,14 @@ template <Pass P> struct TpSum {
     cost.tpSumBytes[P] = t.out;
   }
 };
+/// An all-gather over the stage's tensor-parallel ranks of its output's
+/// pieces: half an all-reduce's ring (TpSum's time) of the output's bytes.
+struct TpGather {
+  static int64_t flops(const Graph &, const Op &) { return 0; }
+  static void cost(const Graph &, const Op &, const OpTraffic &t, OpCost &cost) {
+    cost.tpSumBytes[Forward] = t.out / 2;
+  }
+};
 /// K FLOPs per element of output 0.
 template <int K> struct Norm : PointwiseBackward {
   static int64_t flops(const Graph &graph, const Op &op);

@@ -69,8 +69,9 @@ extern const GradRule identity, cast, reshape, transpose, expand, concat, split,
 // LinearGrads.cpp
 extern const GradRule matMul, gemm;
 // NormGrads.cpp
-extern const GradRule reduceSumMean, softmax, softmaxCrossEntropyLoss, layerNormalization,
-    batchNormalization, rmsNormalization, instanceNormalization, groupNormalization;
+extern const GradRule reduceSumMean, softmax, softmaxCrossEntropyLoss, tpSoftmaxCrossEntropyLoss,
+    layerNormalization, batchNormalization, rmsNormalization, instanceNormalization,
+    groupNormalization;
 // ConvGrads.cpp
 extern const GradRule conv, convTranspose, pool, globalAveragePool;
 // IndexingGrads.cpp

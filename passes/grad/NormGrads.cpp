@@ -100,6 +100,22 @@ Error softmaxCrossEntropyLossGrad(GradContext &ctx) {
   });
 }
 
+/// The vocabulary-parallel loss (shard-tensors): its gradient needs the
+/// whole row's softmax, so it is a collective of the stage's
+/// tensor-parallel ranks too.
+Error tpSoftmaxCrossEntropyLossGrad(GradContext &ctx) {
+  return ctx.ifDataWanted([&]() -> Error {
+    const onnx::NodeProto &node = ctx.node();
+    onnx::NodeProto &g =
+        ctx.emit("TpSoftmaxCrossEntropyLossGrad", {ctx.dy(), ctx.in(0), ctx.in(1)}, "pipec");
+    GradContext::setString(g, "reduction", attrString(node, "reduction", "mean"));
+    if (const auto *ii = findAttr(node, "ignore_index"))
+      GradContext::setInt(g, "ignore_index", ii->i());
+    ctx.contribute(0, GradContext::out(g));
+    return Error::success();
+  });
+}
+
 Error layerNormalizationGrad(GradContext &ctx) {
   return ctx.forEachWanted([&](size_t i) -> Error {
     int64_t axis = attrInt(ctx.node(), "axis", -1);
@@ -379,6 +395,7 @@ bool exceptStatistics(size_t input) { return input < 3; }
 namespace rules {
 const GradRule reduceSumMean{&reduceSumMeanGrad}, softmax{&softmaxGrad},
     softmaxCrossEntropyLoss{&softmaxCrossEntropyLossGrad},
+    tpSoftmaxCrossEntropyLoss{&tpSoftmaxCrossEntropyLossGrad},
     layerNormalization{&layerNormalizationGrad},
     batchNormalization{&batchNormalizationGrad, &exceptStatistics, false,
                        &batchNormalizationStatistics},

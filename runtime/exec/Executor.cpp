@@ -245,15 +245,16 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
       }
       inputs.push_back(w);
     }
-    if (p.def && p.def->id == OpId::TpAllReduce) {
-      // The partial sums of a split product, summed over the stage's
-      // tensor-parallel ranks (the executor holds their Comm).
-      auto summed = sumOverTp(*inputs[0]);
-      if (!summed)
-        return rankError(global, formatv("stage {0} microbatch {1} {2}: node '{3}' ({4}): {5}",
-                                         stage, mb, phase, cpu::nodeLabel(node), node.op_type(),
-                                         toString(summed.takeError())));
-      values.put(p.outputs[0]) = std::move(*summed);
+    if (p.def && p.def->has(Collective) && !p.def->hasCpuKernel) {
+      // Over the stage's tensor-parallel ranks: the executor holds their
+      // Comm.
+      auto outs = runCollective(node, *p.def, inputs);
+      if (!outs)
+        return rankError(global, formatv("stage {0} microbatch {1} {2}: {3}", stage, mb, phase,
+                                         toString(outs.takeError())));
+      for (size_t o = 0; o < p.outputs.size() && o < outs->size(); ++o)
+        if (p.outputs[o] >= 0)
+          values.put(p.outputs[o]) = std::move((*outs)[o]);
       lap();
       continue;
     }

@@ -248,6 +248,14 @@ private:
   std::vector<int> tpGroup() const;
   /// TpAllReduce: the sum of \p input over tpGroup().
   llvm::Expected<cpu::Tensor> sumOverTp(const cpu::Tensor &input);
+  /// Host tensor \p host summed over tpGroup(), on the host.
+  llvm::Expected<cpu::Tensor> sumHostOverTp(const cpu::Tensor &host);
+  /// Every rank of tpGroup()'s \p host (flat), in group order, on the host.
+  llvm::Expected<cpu::Tensor> gatherOverTp(const cpu::Tensor &host);
+  /// A collective node (Ops.def's Collective rows without a kernel): the
+  /// partial products summed, the vocabulary-parallel loss or its gradient.
+  llvm::Expected<std::vector<cpu::Tensor>> runCollective(const onnx::NodeProto &node,
+                                                         const OpDef &def, NodeInputs inputs);
   /// The whole of split weight (or gradient) \p piece, from the pieces of
   /// every rank of tpGroup().
   llvm::Expected<cpu::Tensor> joinOverTp(const cpu::Tensor &piece, const plan::WeightShard &shard);

@@ -1,16 +1,23 @@
 //===- TensorParallel.cpp - A rank's tensor-parallel group --------------===//
 //
 // --tp T: the ranks that split one stage's tensors (RankGrid) sum the
-// partial products of their split matrix products (TpAllReduce nodes) and,
-// at the end of a run that keeps its weights, join their pieces of the
-// split weights (TensorShards.h) into the whole tensors.
+// partial products of their split matrix products (TpAllReduce nodes),
+// compute the vocabulary-parallel loss and its gradient over their shares of
+// the classes (TpSoftmaxCrossEntropyLoss, Megatron-LM's: the rows' maximum,
+// sum of exponentials and target logit reduced over the ranks) and, at the
+// end of a run that keeps its weights, join their pieces of the split
+// weights (TensorShards.h) into the whole tensors.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/exec/RankExecutor.h"
 #include "runtime/exec/TensorShards.h"
 
+#include "support/Attributes.h"
+#include "support/Diagnostics.h"
+
 #include "llvm/Support/FormatVariadic.h"
 
+#include <cmath>
 #include <cstring>
 
 using namespace llvm;
@@ -30,17 +37,13 @@ Expected<cpu::Tensor> RankExecutor::sumOverTp(const cpu::Tensor &input) {
   if (!sum)
     return sum.takeError();
   if (Error err = sumOver(tpGroup(), {&*sum}))
-    return std::move(err);
+    return err;
   return sum;
 }
 
-Expected<cpu::Tensor> RankExecutor::joinOverTp(const cpu::Tensor &piece,
-                                               const plan::WeightShard &shard) {
-  auto host = be.download(piece);
-  if (!host)
-    return host.takeError();
-  int64_t n = host->numElements();
-  std::vector<cpu::Tensor> one{host->clone().reshaped({n})};
+Expected<cpu::Tensor> RankExecutor::gatherOverTp(const cpu::Tensor &host) {
+  int64_t n = host.numElements();
+  std::vector<cpu::Tensor> one{host.clone().reshaped({n})};
   if (comm.deviceSums()) {
     auto placed = be.upload(one[0]);
     if (!placed)
@@ -50,8 +53,16 @@ Expected<cpu::Tensor> RankExecutor::joinOverTp(const cpu::Tensor &piece,
       return std::move(err);
   }
   if (Error err = comm.allGather(tpGroup(), one))
-    return std::move(err);
-  auto all = be.download(one[0]);
+    return err;
+  return be.download(one[0]);
+}
+
+Expected<cpu::Tensor> RankExecutor::joinOverTp(const cpu::Tensor &piece,
+                                               const plan::WeightShard &shard) {
+  auto host = be.download(piece);
+  if (!host)
+    return host.takeError();
+  auto all = gatherOverTp(*host);
   if (!all)
     return all.takeError();
   std::vector<cpu::Tensor> pieces;
@@ -81,6 +92,183 @@ Error RankExecutor::joinSplitWeights() {
       g = std::move(*whole);
     }
   return Error::success();
+}
+
+namespace {
+
+/// One rank's rows of a vocabulary-parallel loss: its share of the classes
+/// of each row (scores [rows, classes / T], in double), the rows' labels
+/// over all classes, and which of them count.
+struct VocabRows {
+  int64_t rows = 0, classes = 0, offset = 0;
+  std::vector<double> scores;
+  std::vector<int64_t> labels;
+  bool hasIgnore = false, mean = true;
+  int64_t ignore = 0;
+  bool counts(int64_t i) const { return !(hasIgnore && labels[i] == ignore); }
+  /// The label's class among this rank's, or -1.
+  int64_t local(int64_t i) const {
+    int64_t j = labels[i] - offset;
+    return counts(i) && j >= 0 && j < classes ? j : -1;
+  }
+};
+
+Expected<VocabRows> vocabRows(const onnx::NodeProto &node, const cpu::Tensor &scores,
+                              const cpu::Tensor &labels, int tp, int parts) {
+  auto fail = [&](const Twine &why) {
+    return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s",
+                             nodeLabel(node).c_str(), node.op_type().c_str(), why.str().c_str());
+  };
+  if (scores.rank() != 2 || !cpu::isFloating(scores.elemType()))
+    return fail("expects float scores [rows, classes], got " + scores.describe());
+  VocabRows v;
+  v.rows = scores.dim(0);
+  v.classes = scores.dim(1);
+  v.offset = tp * v.classes;
+  if (labels.numElements() != v.rows)
+    return fail("labels " + labels.describe() + " do not match scores " + scores.describe());
+  v.labels = labels.toInt64Vector();
+  if (const auto *ignore = findAttr(node, "ignore_index")) {
+    v.hasIgnore = true;
+    v.ignore = ignore->i();
+  }
+  v.mean = attrString(node, "reduction", "mean") == "mean";
+  for (int64_t i = 0; i < v.rows; ++i)
+    if (v.counts(i) && (v.labels[i] < 0 || v.labels[i] >= v.classes * parts))
+      return fail(formatv("label {0} out of range [0, {1})", v.labels[i], v.classes * parts));
+  v.scores.resize(static_cast<size_t>(v.rows * v.classes));
+  for (int64_t k = 0; k < v.rows * v.classes; ++k)
+    v.scores[k] = scores.getDouble(k);
+  return v;
+}
+
+cpu::Tensor doubles(const std::vector<double> &values) {
+  cpu::Tensor t(DType::F64, {static_cast<int64_t>(values.size())});
+  std::memcpy(t.rawData(), values.data(), values.size() * sizeof(double));
+  return t;
+}
+
+} // namespace
+
+Expected<cpu::Tensor> RankExecutor::sumHostOverTp(const cpu::Tensor &host) {
+  auto placed = be.upload(host);
+  if (!placed)
+    return placed.takeError();
+  if (Error err = sumOver(tpGroup(), {&*placed}))
+    return err;
+  return be.download(*placed);
+}
+
+Expected<std::vector<cpu::Tensor>>
+RankExecutor::runCollective(const onnx::NodeProto &node, const OpDef &def,
+                            ArrayRef<const cpu::Tensor *> inputs) {
+  if (def.id == OpId::TpAllReduce) {
+    auto summed = sumOverTp(*inputs[0]);
+    if (!summed)
+      return summed.takeError();
+    return std::vector<cpu::Tensor>{std::move(*summed)};
+  }
+  if (def.id == OpId::TpAllGather) {
+    // A split graph output, whole: every rank's piece, joined along its
+    // split axis (of `stride` blocks).
+    auto piece = be.download(*inputs[0]);
+    if (!piece)
+      return piece.takeError();
+    auto all = gatherOverTp(*piece);
+    if (!all)
+      return all.takeError();
+    plan::WeightShard cut;
+    cut.set_axis(static_cast<int>(attrInt(node, "axis", 0)));
+    cut.set_parts(s.grid.T);
+    cut.set_stride(attrInt(node, "stride", 1));
+    std::vector<cpu::Tensor> pieces;
+    size_t bytes = piece->byteSize();
+    for (int t = 0; t < s.grid.T; ++t) {
+      cpu::Tensor p = cpu::Tensor::uninitialized(piece->elemType(), piece->shape());
+      std::memcpy(p.rawData(), static_cast<const char *>(all->rawData()) + t * bytes, bytes);
+      pieces.push_back(std::move(p));
+    }
+    auto whole = joinShards(pieces, cut);
+    if (!whole)
+      return whole.takeError();
+    auto placed = be.upload(*whole);
+    if (!placed)
+      return placed.takeError();
+    return std::vector<cpu::Tensor>{std::move(*placed)};
+  }
+  bool grad = def.id == OpId::TpSoftmaxCrossEntropyLossGrad;
+  if (def.id != OpId::TpSoftmaxCrossEntropyLoss && !grad)
+    return createStringError(inconvertibleErrorCode(), "node '%s' (%s): no collective runs it",
+                             nodeLabel(node).c_str(), node.op_type().c_str());
+  auto scores = be.download(*inputs[grad ? 1 : 0]);
+  auto labels = scores ? be.download(*inputs[grad ? 2 : 1]) : scores.takeError();
+  if (!labels)
+    return labels.takeError();
+  auto rows = vocabRows(node, *scores, *labels, tp, s.grid.T);
+  if (!rows)
+    return rows.takeError();
+  const VocabRows &v = *rows;
+  // Each row's maximum over every rank's classes (gathered: a maximum is no
+  // sum), then its sum of exponentials below it.
+  std::vector<double> most(v.rows, -INFINITY), sums(v.rows, 0.0), picked(v.rows, 0.0);
+  for (int64_t i = 0; i < v.rows; ++i)
+    for (int64_t j = 0; j < v.classes; ++j)
+      most[i] = std::max(most[i], v.scores[i * v.classes + j]);
+  auto all = gatherOverTp(doubles(most));
+  if (!all)
+    return all.takeError();
+  for (int t = 0; t < s.grid.T; ++t)
+    for (int64_t i = 0; i < v.rows; ++i)
+      most[i] = std::max(most[i], all->data<double>()[t * v.rows + i]);
+  for (int64_t i = 0; i < v.rows; ++i) {
+    for (int64_t j = 0; j < v.classes; ++j)
+      sums[i] += std::exp(v.scores[i * v.classes + j] - most[i]);
+    if (int64_t j = v.local(i); j >= 0)
+      picked[i] = v.scores[i * v.classes + j] - most[i];
+  }
+  auto sum = sumHostOverTp(doubles(sums));
+  if (!sum)
+    return sum.takeError();
+  double count = 0;
+  for (int64_t i = 0; i < v.rows; ++i)
+    count += v.counts(i);
+  if (!grad) {
+    // loss = log(sum) - (target - max), summed or averaged over the rows
+    // that count.
+    auto target = sumHostOverTp(doubles(picked));
+    if (!target)
+      return target.takeError();
+    double total = 0;
+    for (int64_t i = 0; i < v.rows; ++i)
+      if (v.counts(i))
+        total += std::log(sum->data<double>()[i]) - target->data<double>()[i];
+    cpu::Tensor loss(scores->elemType(), {});
+    loss.setDouble(0, v.mean ? total / count : total);
+    auto placed = be.upload(loss);
+    if (!placed)
+      return placed.takeError();
+    return std::vector<cpu::Tensor>{std::move(*placed)};
+  }
+  // dScores = dLoss / divisor * (softmax - onehot(label)), 0 for a row
+  // that does not count.
+  auto dLoss = be.download(*inputs[0]);
+  if (!dLoss)
+    return dLoss.takeError();
+  double scale = dLoss->getDouble(0) / (v.mean && count > 0 ? count : 1.0);
+  cpu::Tensor dx(scores->elemType(), scores->shape());
+  for (int64_t i = 0; i < v.rows; ++i) {
+    if (!v.counts(i))
+      continue;
+    int64_t label = v.local(i);
+    for (int64_t j = 0; j < v.classes; ++j) {
+      double p = std::exp(v.scores[i * v.classes + j] - most[i]) / sum->data<double>()[i];
+      dx.setDouble(i * v.classes + j, scale * (p - (j == label ? 1.0 : 0.0)));
+    }
+  }
+  auto placed = be.upload(dx);
+  if (!placed)
+    return placed.takeError();
+  return std::vector<cpu::Tensor>{std::move(*placed)};
 }
 
 } // namespace pipec::rt
