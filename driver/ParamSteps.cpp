@@ -141,8 +141,13 @@ Error trainParamsStep(Prepared &out, const CompileOptions &options, PassRunner &
 /// input (the token embedding).
 Error choosePaddingRows(Prepared &out, const CompileOptions &options) {
   Graph &graph = out.graph;
+  // A vocabulary-parallel table (shard-tensors) holds one rank's rows.
   auto rowsOf = [&](int id) {
-    return graph.values[id].shape.empty() ? 0 : graph.values[id].shape[0];
+    const Value &v = graph.values[id];
+    auto shard = graph.shards.find(v.name);
+    int64_t parts =
+        shard != graph.shards.end() && shard->second.axis == 0 ? shard->second.parts : 1;
+    return v.shape.empty() ? 0 : v.shape[0] * parts;
   };
   for (const auto &[name, row] : options.padRows) {
     std::string weight = name;
@@ -166,8 +171,8 @@ Error choosePaddingRows(Prepared &out, const CompileOptions &options) {
     return Error::success();
   auto [pad, vocab] = *config;
   for (const Op &op : graph.ops) {
-    if (op.dead || !op.is(OpId::Gather) || op.inputs.size() < 2 || op.inputs[0] < 0 ||
-        op.inputs[1] < 0)
+    if (op.dead || !(op.is(OpId::Gather) || op.is(OpId::TpGather)) || op.inputs.size() < 2 ||
+        op.inputs[0] < 0 || op.inputs[1] < 0)
       continue;
     const Value &table = graph.values[op.inputs[0]];
     if (table.kind != ValueKind::Weight || table.producer >= 0 ||

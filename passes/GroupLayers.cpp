@@ -581,7 +581,7 @@ bool hasEmbeddingLookup(const Graph &graph, const std::vector<int> &ops) {
     const Op &o = graph.ops[op];
     if (o.is(OpId::MsEmbedLayerNormalization))
       return true;
-    if (o.is(OpId::Gather) && !o.inputs.empty() && o.inputs[0] >= 0 &&
+    if ((o.is(OpId::Gather) || o.is(OpId::TpGather)) && !o.inputs.empty() && o.inputs[0] >= 0 &&
         graph.values[o.inputs[0]].kind == ValueKind::Weight)
       return true;
   }

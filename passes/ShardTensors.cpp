@@ -639,11 +639,9 @@ Op collectiveOp(Graph &graph, StringRef type, int input, const std::string &scop
   return op;
 }
 
-/// Writes region \p r into the graph: split weights and their records, the
-/// rewritten constants, and the collectives to insert (\p before: op index
-/// -> ops to insert before it).
-void commit(Graph &graph, Region &r, ArrayRef<int> seeds, std::map<int, std::vector<Op>> &before,
-            std::set<int> &committedValues) {
+/// Writes \p r's split weights and values (their pieces' shapes, the
+/// weights' cuts) and its rewritten constants into the graph.
+void applySplits(Graph &graph, Region &r, std::set<int> &committedValues) {
   for (auto &[id, layout] : r.layouts) {
     Value &v = graph.values[id];
     committedValues.insert(id);
@@ -663,6 +661,13 @@ void commit(Graph &graph, Region &r, ArrayRef<int> seeds, std::map<int, std::vec
     v.constant = std::make_shared<const ConstTensor>(std::move(e.value));
     rewire(graph, e.op, e.slot, id);
   }
+}
+
+/// Writes region \p r into the graph: applySplits, and the collectives to
+/// insert (\p before: op index -> ops to insert before it).
+void commit(Graph &graph, Region &r, ArrayRef<int> seeds, std::map<int, std::vector<Op>> &before,
+            std::set<int> &committedValues) {
+  applySplits(graph, r, committedValues);
   // A split graph output (a head's logits beside the loss) is gathered
   // whole under its own name; the stage's nodes read its piece.
   for (int id : std::vector<int>(graph.outputs)) {
@@ -747,6 +752,40 @@ void commit(Graph &graph, Region &r, ArrayRef<int> seeds, std::map<int, std::vec
   }
 }
 
+/// The vocabulary lookups: a Gather of the rows of a 2-D weight that it
+/// alone reads, by ids computed at run time (token ids). The table's rows
+/// split and the lookup becomes TpGather (Megatron's vocabulary-parallel
+/// embedding: each rank looks up the ids in its rows, zeros elsewhere, and
+/// the group sums). Returns how many.
+int splitEmbeddings(Graph &graph, int parts, const std::set<std::string> &tied,
+                    std::set<int> &committedValues) {
+  int split = 0;
+  for (int o = 0; o < static_cast<int>(graph.ops.size()); ++o) {
+    const Op &op = graph.ops[o];
+    if (op.dead || !op.is(OpId::Gather) || op.inputs.size() != 2 || op.inputs[0] < 0 ||
+        op.inputs[1] < 0 || attrInt(graph.node(op), "axis", 0) != 0)
+      continue;
+    const Value &ids = graph.values[op.inputs[1]];
+    const Value &table = graph.values[op.inputs[0]];
+    if ((ids.kind != ValueKind::Activation && ids.kind != ValueKind::Input) ||
+        table.shape.size() != 2 || table.kind != ValueKind::Weight)
+      continue;
+    Region r(graph, parts);
+    r.tied = &tied;
+    if (!r.splitWeight(op, op.inputs[0], {0, 1}))
+      continue;
+    applySplits(graph, r, committedValues);
+    Op &lookup = graph.ops[o];
+    lookup.setType("pipec", "TpGather");
+    onnx::NodeProto &node = *graph.model->mutable_graph()->mutable_node(lookup.nodeIndex);
+    node.set_op_type("TpGather");
+    node.set_domain("pipec");
+    node.clear_attribute();
+    ++split;
+  }
+  return split;
+}
+
 } // namespace
 
 Expected<bool> shardTensors(Graph &graph) {
@@ -771,6 +810,7 @@ Expected<bool> shardTensors(Graph &graph) {
   std::set<std::string> tied;
   for (const std::string &name : foldedTieWeights(graph))
     tied.insert(name);
+  int lookups = splitEmbeddings(graph, parts, tied, committedValues);
   std::vector<std::pair<std::string, std::string>> replicated;
   for (int x : order) {
     if (committedValues.count(x))
@@ -787,7 +827,7 @@ Expected<bool> shardTensors(Graph &graph) {
     }
     commit(graph, r, seeds, before, committedValues);
   }
-  if (before.empty()) {
+  if (before.empty() && lookups == 0) {
     graph.warnings.push_back(formatv("--tp {0}: no matrix product could be split; every rank "
                                      "computes the whole model",
                                      parts));

@@ -238,14 +238,17 @@ int64_t syntheticHigh(const Graph &graph, int id, const Backward *backward, int6
     for (int user : graph.values[v].users) {
       const Op &op = graph.ops[user];
       bool asData = !op.inputs.empty() && op.inputs[0] == v;
-      if (op.is(OpId::Gather) && op.inputs.size() > 1 && op.inputs[1] == v) {
+      if ((op.is(OpId::Gather) || op.is(OpId::TpGather)) && op.inputs.size() > 1 &&
+          op.inputs[1] == v) {
         const Value &data = graph.values[op.inputs[0]];
+        // A vocabulary-parallel table holds one rank's share of the rows.
+        int64_t parts = op.is(OpId::TpGather) ? graph.tensorParallel : 1;
         int64_t axis = attrInt(graph.node(op), "axis", 0);
         if (axis < 0)
           axis += static_cast<int64_t>(data.shape.size());
         if (axis >= 0 && axis < static_cast<int64_t>(data.shape.size())) {
           stream = plan::DataInput::TOKENS;
-          return tableRows = data.shape[axis];
+          return tableRows = data.shape[axis] * parts;
         }
       }
       for (const auto &[type, index, table, words] : contribTables) {

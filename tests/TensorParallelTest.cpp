@@ -148,12 +148,14 @@ int nodesOf(const plan::Plan &plan, llvm::StringRef type) {
 }
 
 TEST_F(Equivalence, ShardTensorsSplitsEveryFamily) {
-  // Llama: Q, K, V, the output, gate, up and down of each of 4 blocks, and
-  // the untied head over the vocabulary, whose loss is then
-  // vocabulary-parallel.
+  // Llama: Q, K, V, the output, gate, up and down of each of 4 blocks, the
+  // untied head over the vocabulary, whose loss is then vocabulary-parallel,
+  // and the embedding's rows, whose lookup is too.
   auto llamaPlan = compileSplit(llama(), 2, "cpu");
   ASSERT_TRUE(static_cast<bool>(llamaPlan)) << llvm::toString(llamaPlan.takeError());
-  EXPECT_EQ(llamaPlan->weight_shards_size(), 7 * 4 + 1);
+  EXPECT_EQ(llamaPlan->weight_shards_size(), 7 * 4 + 2);
+  EXPECT_EQ(nodesOf(*llamaPlan, "TpGather"), 1);
+  EXPECT_EQ(nodesOf(*llamaPlan, "TpGatherGrad"), 1);
   EXPECT_EQ(nodesOf(*llamaPlan, "TpSoftmaxCrossEntropyLoss"), 1);
   EXPECT_EQ(nodesOf(*llamaPlan, "TpSoftmaxCrossEntropyLossGrad"), 1);
   auto bertPlan = compileSplit(bert(), 2, "cpu");
@@ -168,6 +170,7 @@ TEST_F(Equivalence, ShardTensorsSplitsEveryFamily) {
     headWarned |= llvm::StringRef(w).contains("stay replicated");
   EXPECT_TRUE(headWarned);
   EXPECT_EQ(nodesOf(*tied, "TpSoftmaxCrossEntropyLoss"), 0);
+  EXPECT_EQ(nodesOf(*tied, "TpGather"), 0);
 }
 
 // Inference: the split head's logits, gathered whole under the model's own

@@ -245,6 +245,29 @@ Error gatherGrad(GradContext &ctx) {
   });
 }
 
+/// The vocabulary-parallel lookup (shard-tensors): each rank adds dY into
+/// the rows of its share of the table (pipec.TpGatherGrad, run by the
+/// executor, which knows the rank's share); the padding row takes none.
+Error tpGatherGrad(GradContext &ctx) {
+  return ctx.ifDataWanted([&]() {
+    std::string dy = ctx.dy();
+    if (auto pad = ctx.graph.paddingRows.find(ctx.node().input(0));
+        pad != ctx.graph.paddingRows.end()) {
+      std::string isPad = ctx.binary("Equal", ctx.in(1), ctx.constInts({pad->second}));
+      std::vector<int64_t> trailing;
+      for (size_t a = 1; a < ctx.shapeOf(0).size(); ++a)
+        trailing.push_back(static_cast<int64_t>(ctx.shapeOf(1).size() + a - 1));
+      if (!trailing.empty())
+        isPad = ctx.binary("Unsqueeze", isPad, ctx.constInts(trailing));
+      dy = GradContext::out(ctx.emit("Where", {isPad, ctx.constScalar(0.0, ctx.type()), dy}));
+    }
+    onnx::NodeProto &g = ctx.emit("TpGatherGrad", {dy, ctx.in(1)}, "pipec");
+    GradContext::setInts(g, "shape", ctx.shapeOf(0));
+    ctx.contribute(0, GradContext::out(g));
+    return Error::success();
+  });
+}
+
 /// Resize is linear in X: its gradient is the adjoint of the same
 /// interpolation (pipec.ResizeGrad, which rereads the forward node's inputs
 /// and attributes). roi, scales and sizes get none.
@@ -269,7 +292,8 @@ namespace rules {
 const GradRule identity{&identityGrad}, cast{&castGrad}, reshape{&reshapeGrad},
     transpose{&transposeGrad}, expand{&expandGrad}, concat{&concatGrad},
     split{&splitGrad, everyInput, /*allOutputs=*/true}, slice{&sliceGrad}, gather{&gatherGrad},
-    resize{&resizeGrad, &onlyData}, tpCopy{&tpCopyGrad}, tpAllReduce{&identityGrad};
+    resize{&resizeGrad, &onlyData}, tpCopy{&tpCopyGrad}, tpAllReduce{&identityGrad},
+    tpGather{&tpGatherGrad, &onlyData};
 } // namespace rules
 
 } // namespace pipec::grad

@@ -256,6 +256,11 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
         if (p.outputs[o] >= 0)
           values.put(p.outputs[o]) = std::move((*outs)[o]);
       lap();
+      if (afterNode) {
+        if (Error err = afterNode(index))
+          return err;
+        last = Clock::now();
+      }
       continue;
     }
     if (instead) {

@@ -256,6 +256,10 @@ private:
   /// partial products summed, the vocabulary-parallel loss or its gradient.
   llvm::Expected<std::vector<cpu::Tensor>> runCollective(const onnx::NodeProto &node,
                                                          const OpDef &def, NodeInputs inputs);
+  /// TpGather (the vocabulary-parallel lookup) and its gradient: this rank's
+  /// rows of the table, [tp x rows, (tp + 1) x rows).
+  llvm::Expected<std::vector<cpu::Tensor>> lookupCollective(const onnx::NodeProto &node,
+                                                            const OpDef &def, NodeInputs inputs);
   /// The whole of split weight (or gradient) \p piece, from the pieces of
   /// every rank of tpGroup().
   llvm::Expected<cpu::Tensor> joinOverTp(const cpu::Tensor &piece, const plan::WeightShard &shard);

@@ -160,6 +160,74 @@ Expected<cpu::Tensor> RankExecutor::sumHostOverTp(const cpu::Tensor &host) {
 }
 
 Expected<std::vector<cpu::Tensor>>
+RankExecutor::lookupCollective(const onnx::NodeProto &node, const OpDef &def,
+                               ArrayRef<const cpu::Tensor *> inputs) {
+  auto fail = [&](const Twine &why) {
+    return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s",
+                             nodeLabel(node).c_str(), node.op_type().c_str(), why.str().c_str());
+  };
+  bool grad = def.id == OpId::TpGatherGrad;
+  auto data = be.download(*inputs[0]);
+  auto ids = data ? be.download(*inputs[1]) : data.takeError();
+  if (!ids)
+    return ids.takeError();
+  // The table's rows here: [offset, offset + rows) of rows x T.
+  std::vector<int64_t> shape;
+  if (grad) {
+    auto attr = attrInts(node, "shape");
+    if (!attr || attr->empty())
+      return fail("needs the table's shape");
+    shape = *attr;
+  } else {
+    shape.assign(data->shape().begin(), data->shape().end());
+  }
+  if (shape.empty() || !cpu::isFloating(data->elemType()))
+    return fail("expects a float table, got " + data->describe());
+  int64_t rows = shape[0], offset = tp * rows, all = rows * s.grid.T;
+  int64_t width = 1;
+  for (size_t k = 1; k < shape.size(); ++k)
+    width *= shape[k];
+  std::vector<int64_t> index = ids->toInt64Vector();
+  for (int64_t &i : index) {
+    if (i < -all || i >= all)
+      return fail(formatv("index {0} out of range [-{1}, {1})", i, all));
+    i = (i < 0 ? i + all : i) - offset; // a row here when in [0, rows)
+  }
+  if (!grad) {
+    // Its rows' entries, zeros for the others; the group's sum has them all.
+    std::vector<int64_t> outShape(ids->shape().begin(), ids->shape().end());
+    outShape.insert(outShape.end(), shape.begin() + 1, shape.end());
+    cpu::Tensor out(data->elemType(), outShape);
+    for (size_t n = 0; n < index.size(); ++n)
+      if (index[n] >= 0 && index[n] < rows)
+        for (int64_t k = 0; k < width; ++k)
+          out.setDouble(static_cast<int64_t>(n) * width + k, data->getDouble(index[n] * width + k));
+    auto summed = sumHostOverTp(out);
+    if (!summed)
+      return summed.takeError();
+    auto placed = be.upload(*summed);
+    if (!placed)
+      return placed.takeError();
+    return std::vector<cpu::Tensor>{std::move(*placed)};
+  }
+  // dTable: each row here gets the dY of the ids that read it.
+  const cpu::Tensor &dy = *data;
+  if (dy.numElements() != static_cast<int64_t>(index.size()) * width)
+    return fail("dY " + dy.describe() + " does not match the ids " + ids->describe());
+  cpu::Tensor dx(dy.elemType(), shape);
+  for (size_t n = 0; n < index.size(); ++n)
+    if (index[n] >= 0 && index[n] < rows)
+      for (int64_t k = 0; k < width; ++k) {
+        int64_t at = index[n] * width + k;
+        dx.setDouble(at, dx.getDouble(at) + dy.getDouble(static_cast<int64_t>(n) * width + k));
+      }
+  auto placed = be.upload(dx);
+  if (!placed)
+    return placed.takeError();
+  return std::vector<cpu::Tensor>{std::move(*placed)};
+}
+
+Expected<std::vector<cpu::Tensor>>
 RankExecutor::runCollective(const onnx::NodeProto &node, const OpDef &def,
                             ArrayRef<const cpu::Tensor *> inputs) {
   if (def.id == OpId::TpAllReduce) {
@@ -196,6 +264,8 @@ RankExecutor::runCollective(const onnx::NodeProto &node, const OpDef &def,
       return placed.takeError();
     return std::vector<cpu::Tensor>{std::move(*placed)};
   }
+  if (def.id == OpId::TpGather || def.id == OpId::TpGatherGrad)
+    return lookupCollective(node, def, inputs);
   bool grad = def.id == OpId::TpSoftmaxCrossEntropyLossGrad;
   if (def.id != OpId::TpSoftmaxCrossEntropyLoss && !grad)
     return createStringError(inconvertibleErrorCode(), "node '%s' (%s): no collective runs it",
