@@ -120,6 +120,9 @@ void describeRun(plan::Plan &plan, StringRef modelPath, const CompileOptions &op
   info->set_data_parallel(shape.dataParallel());
   info->set_tensor_parallel(options.tensorParallel);
   for (const auto &[name, shard] : graph.shards) {
+    // A folded tie's head that tie-weights replaced is read no more.
+    if (int id = graph.findValue(name); id < 0 || graph.values[id].users.empty())
+      continue;
     plan::WeightShard *w = plan.add_weight_shards();
     w->set_weight(name);
     w->set_axis(shard.axis);

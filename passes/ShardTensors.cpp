@@ -58,6 +58,9 @@ public:
   std::string refusal;
   /// The weights of folded ties, which stay whole.
   const std::set<std::string> *tied = nullptr;
+  /// Tables split before the regions (a tied embedding), each with its
+  /// layout: a tied head's product may read them so.
+  const std::map<int, Layout> *presplit = nullptr;
 
   Layout of(int id) const {
     auto it = id >= 0 ? layouts.find(id) : layouts.end();
@@ -86,6 +89,8 @@ public:
   /// axis that does not divide refuses.
   bool splitWeight(const Op &op, int id, Layout layout) {
     if (auto it = layouts.find(id); it != layouts.end())
+      return it->second == layout || refuse(op, "'" + val(id).name + "' is split two ways");
+    if (auto it = presplit ? presplit->find(id) : layouts.end(); presplit && it != presplit->end())
       return it->second == layout || refuse(op, "'" + val(id).name + "' is split two ways");
     const Value &v = val(id);
     // A weight the exporter reads through a Transpose (torch's Linear as
@@ -752,14 +757,25 @@ void commit(Graph &graph, Region &r, ArrayRef<int> seeds, std::map<int, std::vec
   }
 }
 
-/// The vocabulary lookups: a Gather of the rows of a 2-D weight that it
-/// alone reads, by ids computed at run time (token ids). The table's rows
+/// A vocabulary lookup whose table was split: its Gather, and the ties that
+/// must split alike (a head reading Transpose(table), or a folded tie's
+/// head), else the split is taken back.
+struct Lookup {
+  int op = -1, table = -1;
+  std::vector<int> transposes; ///< outputs of Transpose(table)
+  std::string foldedHead;
+};
+
+/// The vocabulary lookups: a Gather of the rows of a 2-D weight by ids
+/// computed at run time (token ids), the table read by nothing else but a
+/// tied head (through a Transpose, or as a folded tie). The table's rows
 /// split and the lookup becomes TpGather (Megatron's vocabulary-parallel
-/// embedding: each rank looks up the ids in its rows, zeros elsewhere, and
-/// the group sums). Returns how many.
-int splitEmbeddings(Graph &graph, int parts, const std::set<std::string> &tied,
-                    std::set<int> &committedValues) {
-  int split = 0;
+/// embedding: each rank looks the ids up in its rows, zeros for the others,
+/// and the group sums).
+std::vector<Lookup> splitEmbeddings(Graph &graph, int parts,
+                                    const std::map<std::string, std::string> &headOf,
+                                    std::set<int> &committedValues) {
+  std::vector<Lookup> split;
   for (int o = 0; o < static_cast<int>(graph.ops.size()); ++o) {
     const Op &op = graph.ops[o];
     if (op.dead || !op.is(OpId::Gather) || op.inputs.size() != 2 || op.inputs[0] < 0 ||
@@ -770,20 +786,69 @@ int splitEmbeddings(Graph &graph, int parts, const std::set<std::string> &tied,
     if ((ids.kind != ValueKind::Activation && ids.kind != ValueKind::Input) ||
         table.shape.size() != 2 || table.kind != ValueKind::Weight)
       continue;
+    Lookup lookup{o, op.inputs[0], {}, ""};
+    if (auto head = headOf.find(table.name); head != headOf.end())
+      lookup.foldedHead = head->second;
+    bool alone = true;
+    for (auto [reader, slot] : readsOf(graph, op.inputs[0])) {
+      const Op &r = graph.ops[reader];
+      if (reader == o)
+        continue;
+      bool transposes = r.is(OpId::Transpose) && r.outputs.size() == 1 && r.outputs[0] >= 0 &&
+                        (!attrInts(graph.node(r), "perm") ||
+                         *attrInts(graph.node(r), "perm") == std::vector<int64_t>{1, 0});
+      if (!transposes) {
+        alone = false;
+        break;
+      }
+      lookup.transposes.push_back(r.outputs[0]);
+    }
     Region r(graph, parts);
-    r.tied = &tied;
-    if (!r.splitWeight(op, op.inputs[0], {0, 1}))
+    bool tied = !lookup.transposes.empty();
+    if (!alone || (table.producer >= 0 && (tied || !lookup.foldedHead.empty())))
       continue;
+    if (tied || !lookup.foldedHead.empty()) {
+      // A tied table: split here, its head's product reads it so (presplit).
+      if (!isFloatDType(table.type) || table.shape[0] % parts != 0 ||
+          !(table.storage || table.tensorIndex >= 0))
+        continue;
+      r.layouts[op.inputs[0]] = {0, 1};
+    } else if (!r.splitWeight(op, op.inputs[0], {0, 1})) {
+      continue;
+    }
     applySplits(graph, r, committedValues);
-    Op &lookup = graph.ops[o];
-    lookup.setType("pipec", "TpGather");
-    onnx::NodeProto &node = *graph.model->mutable_graph()->mutable_node(lookup.nodeIndex);
+    Op &gather = graph.ops[o];
+    gather.setType("pipec", "TpGather");
+    onnx::NodeProto &node = *graph.model->mutable_graph()->mutable_node(gather.nodeIndex);
     node.set_op_type("TpGather");
     node.set_domain("pipec");
     node.clear_attribute();
-    ++split;
+    split.push_back(std::move(lookup));
   }
   return split;
+}
+
+/// Takes back the split of \p lookup's table where a tie of it did not split
+/// alike (its head's region stayed whole): the lookup reads the whole table.
+void keepTiesWhole(Graph &graph, const Lookup &lookup, int parts, std::set<int> &committedValues) {
+  bool alike = lookup.foldedHead.empty() || graph.shards.count(lookup.foldedHead);
+  for (int out : lookup.transposes)
+    alike = alike && committedValues.count(out);
+  if (alike)
+    return;
+  Value &table = graph.values[lookup.table];
+  table.shape[0] *= parts;
+  graph.shards.erase(table.name);
+  committedValues.erase(lookup.table);
+  Op &gather = graph.ops[lookup.op];
+  gather.setType("", "Gather");
+  onnx::NodeProto &node = *graph.model->mutable_graph()->mutable_node(gather.nodeIndex);
+  node.set_op_type("Gather");
+  node.set_domain("");
+  graph.warnings.push_back(formatv("--tp {0}: the embedding '{1}' stays whole, as its tied head "
+                                   "does",
+                                   parts, table.name)
+                               .str());
 }
 
 } // namespace
@@ -806,11 +871,24 @@ Expected<bool> shardTensors(Graph &graph) {
   std::set<int> committedValues;
   std::map<int, std::vector<Op>> before;
   // A folded tie's head trains as its embedding's transpose (tie-weights,
-  // after this pass): both stay whole, as a tied head does.
+  // after this pass): it splits only where its embedding did, alike.
+  std::map<std::string, std::string> headOf;
+  for (auto &[head, embedding] : foldedTiePairs(graph))
+    headOf[embedding] = head;
+  std::vector<Lookup> lookups = splitEmbeddings(graph, parts, headOf, committedValues);
+  std::map<int, Layout> presplit;
   std::set<std::string> tied;
-  for (const std::string &name : foldedTieWeights(graph))
-    tied.insert(name);
-  int lookups = splitEmbeddings(graph, parts, tied, committedValues);
+  for (auto &[head, embedding] : foldedTiePairs(graph)) {
+    int table = graph.findValue(embedding);
+    if (!graph.shards.count(embedding)) {
+      tied.insert(head);
+      tied.insert(embedding);
+    } else if (table >= 0) {
+      presplit[table] = {0, 1};
+    }
+  }
+  for (const Lookup &lookup : lookups)
+    presplit[lookup.table] = {0, 1};
   std::vector<std::pair<std::string, std::string>> replicated;
   for (int x : order) {
     if (committedValues.count(x))
@@ -818,6 +896,7 @@ Expected<bool> shardTensors(Graph &graph) {
     std::vector<int> seeds = groups[x];
     Region r(graph, parts);
     r.tied = &tied;
+    r.presplit = &presplit;
     auto grown = grow(r, seeds, seeds[0], committedValues);
     if (!grown)
       return grown.takeError();
@@ -827,7 +906,9 @@ Expected<bool> shardTensors(Graph &graph) {
     }
     commit(graph, r, seeds, before, committedValues);
   }
-  if (before.empty() && lookups == 0) {
+  for (const Lookup &lookup : lookups)
+    keepTiesWhole(graph, lookup, parts, committedValues);
+  if (before.empty() && lookups.empty()) {
     graph.warnings.push_back(formatv("--tp {0}: no matrix product could be split; every rank "
                                      "computes the whole model",
                                      parts));

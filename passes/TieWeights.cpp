@@ -37,9 +37,17 @@ std::vector<bool> floatInitializers(const Graph &graph) {
 /// Whether \p head holds bitwise the transpose of \p table (both 2-D, of
 /// one type, stored in the model's files) and is not constant.
 bool holdsTranspose(const Graph &graph, const Value &head, const Value &table) {
-  if (head.type != table.type || head.shape.size() != 2 || table.shape.size() != 2 ||
-      head.shape[0] != table.shape[1] || head.shape[1] != table.shape[0] || !head.storage ||
-      !table.storage)
+  // The whole tensors, as the files hold them (shard-tensors may have cut
+  // both: the table's rows and the head's columns alike).
+  auto whole = [&](const Value &v) {
+    std::vector<int64_t> shape = v.shape;
+    if (auto shard = graph.shards.find(v.name); shard != graph.shards.end())
+      shape[shard->second.axis] *= shard->second.parts;
+    return shape;
+  };
+  std::vector<int64_t> hs = whole(head), ts = whole(table);
+  if (head.type != table.type || hs.size() != 2 || ts.size() != 2 || hs[0] != ts[1] ||
+      hs[1] != ts[0] || !head.storage || !table.storage)
     return false;
   auto h = graph.storageBytes(head), e = graph.storageBytes(table);
   if (!h || !e) {
@@ -47,7 +55,7 @@ bool holdsTranspose(const Graph &graph, const Value &head, const Value &table) {
     consumeError(e.takeError());
     return false;
   }
-  int64_t rows = head.shape[0], cols = head.shape[1], elements = rows * cols;
+  int64_t rows = hs[0], cols = hs[1], elements = rows * cols;
   if (elements < 2 || h->size() != e->size() || h->size() % elements != 0)
     return false;
   size_t width = h->size() / elements;
@@ -67,8 +75,8 @@ bool holdsTranspose(const Graph &graph, const Value &head, const Value &table) {
 std::vector<FoldedTie> findFoldedTies(const Graph &graph, const std::vector<bool> &candidates) {
   std::set<int> tables;
   for (const Op &op : graph.ops)
-    if (!op.dead && op.is(OpId::Gather) && !op.inputs.empty() && op.inputs[0] >= 0 &&
-        candidates[op.inputs[0]])
+    if (!op.dead && (op.is(OpId::Gather) || op.is(OpId::TpGather)) && !op.inputs.empty() &&
+        op.inputs[0] >= 0 && candidates[op.inputs[0]])
       tables.insert(op.inputs[0]);
   std::vector<FoldedTie> out;
   for (size_t h = 0; h < graph.values.size(); ++h) {
@@ -85,13 +93,11 @@ std::vector<FoldedTie> findFoldedTies(const Graph &graph, const std::vector<bool
 
 } // namespace
 
-std::vector<std::string> foldedTieWeights(const Graph &graph) {
-  std::vector<std::string> names;
-  for (const FoldedTie &tie : findFoldedTies(graph, floatInitializers(graph))) {
-    names.push_back(tie.head);
-    names.push_back(tie.embedding);
-  }
-  return names;
+std::vector<std::pair<std::string, std::string>> foldedTiePairs(const Graph &graph) {
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (const FoldedTie &tie : findFoldedTies(graph, floatInitializers(graph)))
+    pairs.push_back({tie.head, tie.embedding});
+  return pairs;
 }
 
 namespace {

@@ -102,9 +102,10 @@ struct TieReport {
   int retied() const;
 };
 
-/// The heads and embeddings of \p graph's folded ties (tie-weights reads
-/// the head as the embedding's transpose): shard-tensors leaves them whole.
-std::vector<std::string> foldedTieWeights(const Graph &graph);
+/// The (head, embedding) pairs of \p graph's folded ties (tie-weights reads
+/// the head as the embedding's transpose): shard-tensors splits both alike
+/// or neither.
+std::vector<std::pair<std::string, std::string>> foldedTiePairs(const Graph &graph);
 
 /// Runs tie-weights on \p graph and its \p layers (group-layers' result):
 /// reties folded ties, unties what \p options names, and regroups \p layers
