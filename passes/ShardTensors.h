@@ -13,13 +13,19 @@
 //    key/value heads);
 //  - the product that contracts the split axis with a weight (attention's
 //    output projection, the MLP's down projection) splits that weight's rows
-//    and makes a partial sum on every rank.
+//    and makes a partial sum on every rank;
+//  - the vocabulary: an embedding's lookup splits its table's rows
+//    (TpGather), a head its columns, its cross-entropy then
+//    vocabulary-parallel (TpSoftmaxCrossEntropyLoss); a tied head and its
+//    table split alike or not at all (a folded tie too, which tie-weights
+//    reties piece by piece); a split graph output is gathered whole under
+//    its own name (TpAllGather).
 // The pass reads the replicated activation through TpCopy (identity; its
 // gradient sums the ranks') and the partial sums through TpAllReduce (sums
 // the ranks'; its gradient is the identity): Megatron's f and g. A region
-// that meets an op without a rule for its split, a value read twice in two
-// layouts, or a graph output stays replicated (a warning says where); an
-// axis of heads that does not divide over T is an error naming its node.
+// that meets an op without a rule for its split or a value read twice in
+// two layouts stays replicated (a warning says where); an axis of heads
+// that does not divide over T is an error naming its node.
 //
 // The Graph is then one rank's: split weights and values have their pieces'
 // shapes (inferred again), reshape targets and split sizes are rewritten,
