@@ -293,6 +293,7 @@ void printReportJson(const plan::Plan &plan, raw_ostream &os) {
       j.attribute("virtual_stages", sched.virtual_stages());
       j.attribute("microbatches", sched.microbatches());
       j.attribute("mode", sched.mode());
+      j.attribute("tensor_parallel", std::max(1, sched.tensor_parallel()));
     });
     j.attribute("balance_method", plan.balance_method());
     j.attribute("layout", plan.layout());
