@@ -748,10 +748,10 @@ std::vector<std::string> prefixed(const std::string &prefix, const std::string &
 
 TEST(Compile, EveryPassShowsItsStatsAndIr) {
   const std::vector<std::string> pipeline = {
-      "import",         "infer-shapes",   "fold-constants", "eliminate-dead", "shard-tensors",
-      "group-layers",   "tie-weights",    "train-params",   "differentiate",  "balance-stages",
-      "lower-schedule", "plan-memory",    "verify-program", "fuse",           "fold-weights",
-      "select-recompute"};
+      "import",         "infer-shapes",   "fold-constants", "eliminate-dead",
+      "shard-tensors",  "group-layers",   "tie-weights",    "train-params",
+      "differentiate",  "balance-stages", "lower-schedule", "plan-memory",
+      "verify-program", "fuse",           "fold-weights",   "select-recompute"};
   ASSERT_EQ(passNames(), pipeline);
   TempDir dir;
   std::string model = dir.path("gpt.onnx"), out;

@@ -102,7 +102,7 @@ CostTable computeCosts(const LayerGraph &lg, const HardwareSpec &hw, Precision p
         if (c.tpSumBytes[p] > 0 && graph.tensorParallel > 1) {
           double steps = 2.0 * (graph.tensorParallel - 1);
           double seconds = steps * (hw.intraNode.latency + c.tpSumBytes[p] / graph.tensorParallel /
-                                                                hw.intraNode.bandwidth);
+                                                               hw.intraNode.bandwidth);
           lc.time[p] += seconds;
           lc.tpCommTime += seconds;
         }
