@@ -872,13 +872,14 @@ Expected<bool> shardTensors(Graph &graph) {
   std::map<int, std::vector<Op>> before;
   // A folded tie's head trains as its embedding's transpose (tie-weights,
   // after this pass): it splits only where its embedding did, alike.
+  std::vector<std::pair<std::string, std::string>> ties = foldedTiePairs(graph);
   std::map<std::string, std::string> headOf;
-  for (auto &[head, embedding] : foldedTiePairs(graph))
+  for (auto &[head, embedding] : ties)
     headOf[embedding] = head;
   std::vector<Lookup> lookups = splitEmbeddings(graph, parts, headOf, committedValues);
   std::map<int, Layout> presplit;
   std::set<std::string> tied;
-  for (auto &[head, embedding] : foldedTiePairs(graph)) {
+  for (auto &[head, embedding] : ties) {
     int table = graph.findValue(embedding);
     if (!graph.shards.count(embedding)) {
       tied.insert(head);

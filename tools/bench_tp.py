@@ -25,6 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_memory import gb  # noqa: E402
 from doc_section import write_section  # noqa: E402
 
 MODEL = ["llama", "--layers", "32", "--hidden", "4096", "--heads", "32", "--kv-heads", "8",
@@ -50,10 +51,6 @@ def compile_plan(pipec, model, out, tp, limit=None):
         return None, run.stderr.strip().splitlines()[-1]
     with open(out) as f:
         return json.load(f), time.time() - started
-
-
-def gb(value):
-    return f"{int(value) / 1e9:.1f}"
 
 
 def main():

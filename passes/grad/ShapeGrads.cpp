@@ -221,23 +221,30 @@ Error sliceGrad(GradContext &ctx) {
   });
 }
 
+/// dY with the padding row's reads zeroed, when the Gather's table has one
+/// (Graph::paddingRows); else dY.
+std::string withoutPaddingRow(GradContext &ctx) {
+  auto pad = ctx.graph.paddingRows.find(ctx.node().input(0));
+  if (pad == ctx.graph.paddingRows.end())
+    return ctx.dy();
+  std::string isPad = ctx.binary("Equal", ctx.in(1), ctx.constInts({pad->second}));
+  std::vector<int64_t> trailing;
+  for (size_t a = 1; a < ctx.shapeOf(0).size(); ++a)
+    trailing.push_back(static_cast<int64_t>(ctx.shapeOf(1).size() + a - 1));
+  if (!trailing.empty())
+    isPad = ctx.binary("Unsqueeze", isPad, ctx.constInts(trailing));
+  return GradContext::out(ctx.emit("Where", {isPad, ctx.constScalar(0.0, ctx.type()), ctx.dy()}));
+}
+
 /// The gradient for the data operand (an embedding table): dY scattered
 /// back by the indices. The indices get none. A table with a padding row
 /// (Graph::paddingRows, torch's padding_idx) takes no gradient there: dY is
 /// zeroed where the index is that row.
 Error gatherGrad(GradContext &ctx) {
-  auto pad = ctx.graph.paddingRows.find(ctx.node().input(0));
-  if (pad == ctx.graph.paddingRows.end() || attrInt(ctx.node(), "axis", 0) != 0)
+  if (!ctx.graph.paddingRows.count(ctx.node().input(0)) || attrInt(ctx.node(), "axis", 0) != 0)
     return gatheredDataGrad(ctx, "GatherGrad", "axis");
   return ctx.ifDataWanted([&]() {
-    std::string isPad = ctx.binary("Equal", ctx.in(1), ctx.constInts({pad->second}));
-    std::vector<int64_t> trailing;
-    for (size_t a = 1; a < ctx.shapeOf(0).size(); ++a)
-      trailing.push_back(static_cast<int64_t>(ctx.shapeOf(1).size() + a - 1));
-    if (!trailing.empty())
-      isPad = ctx.binary("Unsqueeze", isPad, ctx.constInts(trailing));
-    onnx::NodeProto &kept = ctx.emit("Where", {isPad, ctx.constScalar(0.0, ctx.type()), ctx.dy()});
-    onnx::NodeProto &g = ctx.emit("GatherGrad", {GradContext::out(kept), ctx.in(1)}, "pipec");
+    onnx::NodeProto &g = ctx.emit("GatherGrad", {withoutPaddingRow(ctx), ctx.in(1)}, "pipec");
     GradContext::setInt(g, "axis", 0);
     GradContext::setInts(g, "shape", ctx.shapeOf(0));
     ctx.contribute(0, GradContext::out(g));
@@ -250,18 +257,7 @@ Error gatherGrad(GradContext &ctx) {
 /// executor, which knows the rank's share); the padding row takes none.
 Error tpGatherGrad(GradContext &ctx) {
   return ctx.ifDataWanted([&]() {
-    std::string dy = ctx.dy();
-    if (auto pad = ctx.graph.paddingRows.find(ctx.node().input(0));
-        pad != ctx.graph.paddingRows.end()) {
-      std::string isPad = ctx.binary("Equal", ctx.in(1), ctx.constInts({pad->second}));
-      std::vector<int64_t> trailing;
-      for (size_t a = 1; a < ctx.shapeOf(0).size(); ++a)
-        trailing.push_back(static_cast<int64_t>(ctx.shapeOf(1).size() + a - 1));
-      if (!trailing.empty())
-        isPad = ctx.binary("Unsqueeze", isPad, ctx.constInts(trailing));
-      dy = GradContext::out(ctx.emit("Where", {isPad, ctx.constScalar(0.0, ctx.type()), dy}));
-    }
-    onnx::NodeProto &g = ctx.emit("TpGatherGrad", {dy, ctx.in(1)}, "pipec");
+    onnx::NodeProto &g = ctx.emit("TpGatherGrad", {withoutPaddingRow(ctx), ctx.in(1)}, "pipec");
     GradContext::setInts(g, "shape", ctx.shapeOf(0));
     ctx.contribute(0, GradContext::out(g));
     return Error::success();

@@ -70,13 +70,20 @@ Error RankExecutor::saveCheckpoint(StringRef file, int nextStep) {
   return writeCheckpointFile(file, bytes);
 }
 
-Error RankExecutor::loadCheckpoint(StringRef file, int &nextStep) {
+Expected<plan::Checkpoint> RankExecutor::readCheckpoint(StringRef file) {
   auto bytes = readCheckpointFile(file);
   if (!bytes)
     return rankError(global, toString(bytes.takeError()));
   auto parsed = parseCheckpoint(*bytes);
   if (!parsed)
     return rankError(global, formatv("checkpoint {0}: {1}", file, toString(parsed.takeError())));
+  return parsed;
+}
+
+Error RankExecutor::loadCheckpoint(StringRef file, int &nextStep) {
+  auto parsed = readCheckpoint(file);
+  if (!parsed)
+    return parsed.takeError();
   if (parsed->tensor_parallel() > 1 && parsed->tensor_parallel() != s.grid.T)
     return rankError(global, formatv("checkpoint {0} holds one of {1} tensor-parallel pieces; "
                                      "this run has --tp {2}",
@@ -90,12 +97,9 @@ Error RankExecutor::loadCheckpointAcross(StringRef dir, int step, int writtenT, 
   std::string first;
   for (int t = 0; t < writtenT; ++t) {
     std::string file = checkpointFile(dir, step, (replica * s.P + rank) * writtenT + t);
-    auto bytes = readCheckpointFile(file);
-    if (!bytes)
-      return rankError(global, toString(bytes.takeError()));
-    auto parsed = parseCheckpoint(*bytes);
+    auto parsed = readCheckpoint(file);
     if (!parsed)
-      return rankError(global, formatv("checkpoint {0}: {1}", file, toString(parsed.takeError())));
+      return parsed.takeError();
     if (std::max(1, parsed->tensor_parallel()) != writtenT)
       return rankError(global, formatv("checkpoint {0} was written at --tp {1}, not the {2} its "
                                        "step's files make; resume with the stages and --dp "

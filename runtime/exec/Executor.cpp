@@ -245,25 +245,10 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
       }
       inputs.push_back(w);
     }
-    if (p.def && p.def->has(Collective) && !p.def->hasCpuKernel) {
-      // Over the stage's tensor-parallel ranks: the executor holds their
-      // Comm.
-      auto outs = runCollective(node, *p.def, inputs);
-      if (!outs)
-        return rankError(global, formatv("stage {0} microbatch {1} {2}: {3}", stage, mb, phase,
-                                         toString(outs.takeError())));
-      for (size_t o = 0; o < p.outputs.size() && o < outs->size(); ++o)
-        if (p.outputs[o] >= 0)
-          values.put(p.outputs[o]) = std::move((*outs)[o]);
-      lap();
-      if (afterNode) {
-        if (Error err = afterNode(index))
-          return err;
-        last = Clock::now();
-      }
-      continue;
-    }
-    if (instead) {
+    // Over the stage's tensor-parallel ranks: the executor, which holds
+    // their Comm, runs it in the backend's place.
+    bool collective = p.def && p.def->has(Collective) && !p.def->hasCpuKernel;
+    if (instead && !collective) {
       Expected<bool> done = instead(index, inputs);
       if (!done)
         return done.takeError();
@@ -274,6 +259,8 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
     }
     auto outs = [&]() -> Expected<std::vector<cpu::Tensor>> {
       try {
+        if (collective)
+          return runCollective(node, *p.def, inputs);
         return be.run(node, p.def, p.attrs, s.plan->opset(), inputs);
       } catch (const cpu::AllocationFailure &failure) {
         return createStringError(inconvertibleErrorCode(),

@@ -313,26 +313,22 @@ std::vector<std::vector<int>> sumGroups(const Shared &s) {
             std::sort(g.begin(), g.end());
             groups.push_back(g);
           }
-  if (s.dp > 1)
+  // The ranks global(k) for k < n.
+  auto group = [](int n, function_ref<int(int)> global) {
+    std::vector<int> g;
+    for (int k = 0; k < n; ++k)
+      g.push_back(global(k));
+    return g;
+  };
+  if (s.dp > 1) // the replicas of each (r, t)
     for (int r = 0; r < s.P; ++r)
-      for (int t = 0; t < grid.T; ++t) {
-        std::vector<int> g;
-        for (int d = 0; d < s.dp; ++d)
-          g.push_back(grid.global(d, r, t));
-        groups.push_back(g);
-      }
-  if (grid.T > 1)
+      for (int t = 0; t < grid.T; ++t)
+        groups.push_back(group(s.dp, [&](int d) { return grid.global(d, r, t); }));
+  if (grid.T > 1) // the tensor-parallel ranks of each (d, r)
     for (int d = 0; d < s.dp; ++d)
-      for (int r = 0; r < s.P; ++r) {
-        std::vector<int> g;
-        for (int t = 0; t < grid.T; ++t)
-          g.push_back(grid.global(d, r, t));
-        groups.push_back(g);
-      }
-  std::vector<int> all;
-  for (int r = 0; r < grid.ranks(); ++r)
-    all.push_back(r);
-  groups.push_back(all);
+      for (int r = 0; r < s.P; ++r)
+        groups.push_back(group(grid.T, [&](int t) { return grid.global(d, r, t); }));
+  groups.push_back(group(grid.ranks(), [](int r) { return r; }));
   return groups;
 }
 

@@ -309,6 +309,9 @@ private:
   /// Instruction \p i (\p ins) of step \p t; \p category is the trace
   /// letter of a compute (F, R, I, W, B, C, O), 0 for the rest.
   llvm::Error execute(const Ins &ins, int i, int t, char &category);
+  /// Rank file \p file's checkpoint, its checksum checked; errors name the
+  /// rank and the file.
+  llvm::Expected<plan::Checkpoint> readCheckpoint(llvm::StringRef file);
   /// Takes the state of checkpoint \p c (read from \p file).
   llvm::Error applyCheckpoint(const plan::Checkpoint &c, llvm::StringRef file, int &nextStep);
   llvm::Error send(const Ins &ins, int i);

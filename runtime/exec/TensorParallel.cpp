@@ -238,25 +238,12 @@ RankExecutor::runCollective(const onnx::NodeProto &node, const OpDef &def,
   }
   if (def.id == OpId::TpAllGather) {
     // A split graph output, whole: every rank's piece, joined along its
-    // split axis (of `stride` blocks).
-    auto piece = be.download(*inputs[0]);
-    if (!piece)
-      return piece.takeError();
-    auto all = gatherOverTp(*piece);
-    if (!all)
-      return all.takeError();
+    // split axis (of `stride` blocks), as a split weight's are.
     plan::WeightShard cut;
     cut.set_axis(static_cast<int>(attrInt(node, "axis", 0)));
     cut.set_parts(s.grid.T);
     cut.set_stride(attrInt(node, "stride", 1));
-    std::vector<cpu::Tensor> pieces;
-    size_t bytes = piece->byteSize();
-    for (int t = 0; t < s.grid.T; ++t) {
-      cpu::Tensor p = cpu::Tensor::uninitialized(piece->elemType(), piece->shape());
-      std::memcpy(p.rawData(), static_cast<const char *>(all->rawData()) + t * bytes, bytes);
-      pieces.push_back(std::move(p));
-    }
-    auto whole = joinShards(pieces, cut);
+    auto whole = joinOverTp(*inputs[0], cut);
     if (!whole)
       return whole.takeError();
     auto placed = be.upload(*whole);
