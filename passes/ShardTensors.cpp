@@ -828,14 +828,22 @@ std::vector<Lookup> splitEmbeddings(Graph &graph, int parts,
   return split;
 }
 
-/// Takes back the split of \p lookup's table where a tie of it did not split
-/// alike (its head's region stayed whole): the lookup reads the whole table.
-void keepTiesWhole(Graph &graph, const Lookup &lookup, int parts, std::set<int> &committedValues) {
-  bool alike = lookup.foldedHead.empty() || graph.shards.count(lookup.foldedHead);
-  for (int out : lookup.transposes)
-    alike = alike && committedValues.count(out);
-  if (alike)
-    return;
+/// Takes back the split of \p lookup's table where no tie of it split (its
+/// head's region stayed whole): the lookup reads the whole table. Some heads
+/// split and others not cannot be taken back: an error naming the table.
+Error keepTiesWhole(Graph &graph, const Lookup &lookup, int parts, std::set<int> &committedValues) {
+  int ties = !lookup.foldedHead.empty(), split = graph.shards.count(lookup.foldedHead);
+  for (int out : lookup.transposes) {
+    ++ties;
+    split += committedValues.count(out);
+  }
+  if (split == ties)
+    return Error::success();
+  if (split > 0)
+    return createStringError(inconvertibleErrorCode(),
+                             "%s: --tp %d: the heads tied to '%s' split in part; compile with "
+                             "--tp 1, or --untie them",
+                             graph.path.c_str(), parts, graph.values[lookup.table].name.c_str());
   Value &table = graph.values[lookup.table];
   table.shape[0] *= parts;
   graph.shards.erase(table.name);
@@ -849,6 +857,7 @@ void keepTiesWhole(Graph &graph, const Lookup &lookup, int parts, std::set<int> 
                                    "does",
                                    parts, table.name)
                                .str());
+  return Error::success();
 }
 
 } // namespace
@@ -908,7 +917,8 @@ Expected<bool> shardTensors(Graph &graph) {
     commit(graph, r, seeds, before, committedValues);
   }
   for (const Lookup &lookup : lookups)
-    keepTiesWhole(graph, lookup, parts, committedValues);
+    if (Error err = keepTiesWhole(graph, lookup, parts, committedValues))
+      return std::move(err);
   if (before.empty() && lookups.empty()) {
     graph.warnings.push_back(formatv("--tp {0}: no matrix product could be split; every rank "
                                      "computes the whole model",
