@@ -211,6 +211,7 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   ImportOptions importOptions = options.import;
   importOptions.bindings.batch = microbatchSize;
   importOptions.tensorParallel = options.tensorParallel;
+  importOptions.training = options.training;
   auto graph = loadGraph(modelPath, importOptions, runner);
   if (!graph)
     return graph.takeError();

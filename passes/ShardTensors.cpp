@@ -673,12 +673,19 @@ void applySplits(Graph &graph, Region &r, std::set<int> &committedValues) {
 void commit(Graph &graph, Region &r, ArrayRef<int> seeds, std::map<int, std::vector<Op>> &before,
             std::set<int> &committedValues) {
   applySplits(graph, r, committedValues);
-  // A split graph output (a head's logits beside the loss) is gathered
-  // whole under its own name; the stage's nodes read its piece.
+  // A split graph output (a head's logits) is gathered whole under its own
+  // name; the stage's nodes read its piece. A training step keeps no output
+  // but the loss: there the output is dropped, not gathered every
+  // microbatch.
   for (int id : std::vector<int>(graph.outputs)) {
     auto layout = r.layouts.find(id);
     if (layout == r.layouts.end())
       continue;
+    if (graph.training) {
+      graph.outputs.erase(std::find(graph.outputs.begin(), graph.outputs.end(), id));
+      graph.values[id].isGraphOutput = false;
+      continue;
+    }
     std::string name = graph.values[id].name;
     int producer = graph.values[id].producer;
     std::string pieceName = freshName(graph, name + ".tp_piece");

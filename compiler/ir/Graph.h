@@ -197,6 +197,9 @@ public:
   std::map<std::string, int64_t> paddingRows;
   /// T: the ranks each stage's tensors are split over (`--tp`); 1 for none.
   int tensorParallel = 1;
+  /// Compiled for training (`--mode train`): a step keeps no graph output
+  /// but the loss, so shard-tensors gathers none.
+  bool training = false;
   /// The weights shard-tensors split, by name: each Value's shape is one
   /// rank's piece, the plan's tensor the whole (PlanFile's weight shards).
   std::map<std::string, TensorShard> shards;
