@@ -7,6 +7,7 @@
 #include "driver/InspectReport.h"
 #include "driver/MapParams.h"
 #include "driver/Report.h"
+#include "driver/SearchParallel.h"
 #include "driver/StagePasses.h"
 #include "passes/ActivationMemory.h"
 #include "passes/BalanceStages.h"
@@ -61,6 +62,8 @@ Expected<std::vector<std::string>> perRank(StringRef flag, StringRef value, int 
   return out;
 }
 
+} // namespace
+
 Expected<Setup> resolveSetup(const CompileOptions &options) {
   Setup setup;
   auto names = perRank("hardware", options.hardware, options.stages);
@@ -112,6 +115,8 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   }
   return setup;
 }
+
+namespace {
 
 /// differentiate, in train mode: the backward program against the loss
 /// chooseLoss finds by structure (or the one the flags name). A model with
@@ -203,11 +208,11 @@ Error tieStep(Prepared &out, StringRef modelPath, const CompileOptions &options,
       });
 }
 
-/// import, the graph passes, group-layers, tie-weights (train mode), the
-/// costs on each rank's hardware (an analysis), then differentiate.
+} // namespace
+
 Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOptions &options,
                                             PassRunner &runner, const Setup &setup,
-                                            int64_t microbatchSize, StringRef knownHash = "") {
+                                            int64_t microbatchSize, StringRef knownHash) {
   ImportOptions importOptions = options.import;
   importOptions.bindings.batch = microbatchSize;
   importOptions.tensorParallel = options.tensorParallel;
@@ -257,6 +262,8 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   indexCuts(*out, setup.precision);
   return out;
 }
+
+namespace {
 
 /// lower-schedule (the schedule's compute actions, lowered to each rank's
 /// instructions), plan-memory and verify-program.
@@ -381,11 +388,8 @@ Expected<StagePlan> balanceStep(const Prepared &prepared, const BalanceOptions &
   return std::move(*stagePlan);
 }
 
-/// A configuration that is compared, never written (the other balancing
-/// methods beside the plan written, --schedule auto's candidates): balanced,
-/// with the step, bubble and memory peaks simulatePlan would give its
-/// lowered plan, predicted by the same engine in lower-schedule's array
-/// form (StepPredictor::predict).
+} // namespace
+
 Expected<Judged> judge(const CompileOptions &options, const Setup &setup, const Prepared &prepared,
                        const PipelineShape &shape, PassRunner &runner) {
   BalanceOptions balance = balanceOptions(options, setup, prepared, shape);
@@ -397,6 +401,8 @@ Expected<Judged> judge(const CompileOptions &options, const Setup &setup, const 
     return predicted.takeError();
   return Judged{std::move(*stagePlan), std::move(*predicted)};
 }
+
+namespace {
 
 /// What balancing bought: the other methods on the same inputs, with the
 /// steps the simulator predicts.
@@ -928,6 +934,10 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &giv
     return flagError(formatv("--tp {0}: generation runs without tensor parallelism (--mode "
                              "generate takes --tp 1)",
                              options.tensorParallel));
+  if (options.parallel.gpus < 0)
+    return flagError(formatv("--gpus {0}: must be at least 1", options.parallel.gpus));
+  if (options.parallel.gpus > 0)
+    return searchParallel(modelPath, options, pipeline);
   // 0 asks for the default; a negative count is a mistake, never a default.
   if (options.microbatches < 0)
     return flagError(formatv("--microbatches {0}: must be at least 1", options.microbatches));

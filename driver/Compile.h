@@ -59,6 +59,14 @@ struct CompileOptions {
   /// --tp T: each stage's matrix products split over T ranks
   /// (shard-tensors).
   int tensorParallel = 1;
+  /// --parallel auto --gpus N: compile chooses T, P, D, M and the schedule
+  /// for N devices (driver/SearchParallel.h). Those of --tp, --stages, --dp
+  /// and --microbatches given beside it stay fixed.
+  struct ParallelSearch {
+    int gpus = 0;        ///< 0: no search; the flags fix T, P, D and M
+    int gpusPerNode = 0; ///< 0: the hardware's devices per node
+    bool fixedTp = false, fixedStages = false, fixedDp = false, fixedMicrobatches = false;
+  } parallel;
   /// Weights (a regular expression over their names) the optimizer leaves
   /// alone.
   std::string freeze;

@@ -14,10 +14,12 @@
 #include "passes/Differentiate.h"
 #include "passes/GroupLayers.h"
 #include "passes/LowerSchedule.h"
+#include "passes/SearchSchedules.h"
 #include "passes/TieWeights.h"
 #include "passes/TrainParams.h"
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -67,6 +69,28 @@ struct Setup {
   std::vector<int64_t> limits;
   Precision precision = Precision::BF16;
 };
+
+/// Each rank's hardware spec (--hardware, one name or one per stage), the
+/// precision and the memory limits. Errors name the flag.
+llvm::Expected<Setup> resolveSetup(const CompileOptions &options);
+
+/// import, the graph passes, group-layers, tie-weights (train mode), the
+/// costs on each rank's hardware (an analysis), then differentiate: the
+/// front half for microbatches of \p microbatchSize samples. \p knownHash:
+/// the model file's, when a compile has hashed it already.
+llvm::Expected<std::unique_ptr<Prepared>> prepare(llvm::StringRef modelPath,
+                                                  const CompileOptions &options, PassRunner &runner,
+                                                  const Setup &setup, int64_t microbatchSize,
+                                                  llvm::StringRef knownHash = "");
+
+/// A configuration that is compared, never written (the other balancing
+/// methods beside the plan written, --schedule auto's candidates,
+/// --parallel auto's): balanced, with the step, bubble and memory peaks
+/// simulatePlan would give its lowered plan, predicted by the same engine in
+/// lower-schedule's array form (StepPredictor::predict).
+llvm::Expected<Judged> judge(const CompileOptions &options, const Setup &setup,
+                             const Prepared &prepared, const PipelineShape &shape,
+                             PassRunner &runner);
 
 /// A rank whose peak memory is over its limit (none when the limit is 0).
 bool overMemoryLimit(const plan::Rank &rank);

@@ -303,6 +303,12 @@ void printReportHtml(const plan::Plan &plan, raw_ostream &os, const SimulationRe
        rankMemory, limits, [](double v) { return humanCount(static_cast<int64_t>(v), true); });
 
   printBalancing(plan, os);
+  if (plan.parallel_search_size()) {
+    os << "<h2>Parallel search</h2>\n<ul>\n";
+    for (const auto &line : plan.parallel_search())
+      os << "<li>" << escape(line) << "</li>\n";
+    os << "</ul>\n";
+  }
   if (plan.schedule_search_size()) {
     os << "<h2>Schedule search</h2>\n<ul>\n";
     for (const auto &line : plan.schedule_search())

@@ -128,6 +128,24 @@ std::vector<std::string> explainEdgeStages(const plan::Plan &plan) {
   return lines;
 }
 
+namespace {
+
+/// What --parallel auto and --schedule auto tried, each a section of lines.
+void printSearches(const plan::Plan &plan, raw_ostream &os) {
+  if (plan.parallel_search_size()) {
+    os << "\nparallel search (--parallel auto)\n";
+    for (const auto &line : plan.parallel_search())
+      os << "  " << line << "\n";
+  }
+  if (plan.schedule_search_size()) {
+    os << "\nschedule search\n";
+    for (const auto &line : plan.schedule_search())
+      os << "  " << line << "\n";
+  }
+}
+
+} // namespace
+
 void printReportText(const plan::Plan &plan, raw_ostream &os) {
   const auto &sched = plan.schedule();
   os << formatv("model     {0}  ({1} params, xxh3 {2})\n", plan.model().path(),
@@ -252,11 +270,7 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
       os << "\ntimeline: " << toString(sim.takeError()) << "\n";
     }
   }
-  if (plan.schedule_search_size()) {
-    os << "\nschedule search\n";
-    for (const auto &line : plan.schedule_search())
-      os << "  " << line << "\n";
-  }
+  printSearches(plan, os);
   if (plan.alternatives_size()) {
     os << "\nbalancing  predicted step  slowest stage  imbalance  layout\n";
     for (const auto &a : plan.alternatives()) {
@@ -294,7 +308,13 @@ void printReportJson(const plan::Plan &plan, raw_ostream &os) {
       j.attribute("microbatches", sched.microbatches());
       j.attribute("mode", sched.mode());
       j.attribute("tensor_parallel", std::max(1, sched.tensor_parallel()));
+      j.attribute("data_parallel", std::max(1, sched.data_parallel()));
     });
+    if (plan.parallel_search_size())
+      j.attributeArray("parallel_search", [&] {
+        for (const std::string &line : plan.parallel_search())
+          j.value(line);
+      });
     j.attribute("balance_method", plan.balance_method());
     j.attribute("layout", plan.layout());
     j.attributeArray("stages", [&] {

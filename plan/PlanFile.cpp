@@ -340,11 +340,17 @@ double modelFlopsPerStep(const plan::Plan &plan) {
   for (const plan::Stage &stage : plan.stages())
     forward += stage.flops_f();
   const plan::ScheduleInfo &s = plan.schedule();
+  return modelFlopsPerStep(forward, s.microbatches(), s.data_parallel(), s.tensor_parallel(),
+                           s.mode() == "train");
+}
+
+double modelFlopsPerStep(double forwardPerMicrobatch, int microbatches, int dataParallel,
+                         int tensorParallel, bool training) {
   // A stage's FLOPs are one tensor-parallel rank's: its split products'
   // share and the replicated rest (norms, embedding, head), which every
   // rank computes.
-  return forward * std::max(1, s.microbatches()) * std::max(1, s.data_parallel()) *
-         std::max(1, s.tensor_parallel()) * (s.mode() == "train" ? 3 : 1);
+  return forwardPerMicrobatch * std::max(1, microbatches) * std::max(1, dataParallel) *
+         std::max(1, tensorParallel) * (training ? 3 : 1);
 }
 
 double peakFlopsOfRun(const plan::Plan &plan) {

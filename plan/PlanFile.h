@@ -156,6 +156,10 @@ llvm::Error checkPlanFitsMachine(const plan::Plan &plan);
 /// (forward, input and weight gradients). Recomputation is not counted, as
 /// model FLOPs utilisation does not count it.
 double modelFlopsPerStep(const plan::Plan &plan);
+/// The same from its parts: one tensor-parallel rank's forward FLOPs per
+/// microbatch, summed over the stages, and the shape of the step.
+double modelFlopsPerStep(double forwardPerMicrobatch, int microbatches, int dataParallel,
+                         int tensorParallel, bool training);
 
 /// The peak FLOP/s of every rank of every replica of \p plan together, at
 /// its precision: the hardware spec's, or on a CPU the calibrated one.

@@ -175,6 +175,39 @@ TEST(Cli, SchedulesTableAndDefaultV) {
       << out;
 }
 
+/// --parallel auto through the command line: the plan it writes, the report's
+/// search, and the flags it refuses.
+TEST(Cli, ParallelAutoChoosesAndReports) {
+  TempDir dir;
+  std::string out;
+  std::string model = dir.path("l.onnx"), plan = dir.path("l.plan");
+  ASSERT_EQ(runCommand(pipecBinary +
+                           " model llama --layers 4 --hidden 64 --heads 4 --kv-heads 2 --vocab 64 "
+                           "--seq 16 --loss -o " +
+                           model,
+                       out),
+            0)
+      << out;
+  std::string compile = pipecBinary + " compile " + model + " -o " + plan;
+  ASSERT_EQ(runCommand(compile + " --parallel auto --gpus 4 --batch 8 --tp 2", out), 0) << out;
+  ASSERT_EQ(runCommand(pipecBinary + " report " + plan, out), 0) << out;
+  EXPECT_NE(out.find("parallel search (--parallel auto)\n  chose T=2 P="), std::string::npos)
+      << out;
+  ASSERT_EQ(runCommand(pipecBinary + " report " + plan + " --format json", out), 0) << out;
+  EXPECT_NE(out.find("\"tensor_parallel\": 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"parallel_search\": ["), std::string::npos) << out;
+  EXPECT_EQ(runCommand(compile + " --parallel auto --batch 8", out), 2) << out;
+  EXPECT_NE(out.find("--parallel auto: give --gpus N"), std::string::npos) << out;
+  EXPECT_EQ(runCommand(compile + " --gpus 4", out), 2) << out;
+  EXPECT_NE(out.find("only --parallel auto plans for a cluster"), std::string::npos) << out;
+  EXPECT_EQ(runCommand(compile + " --parallel manual --gpus 4", out), 2) << out;
+  EXPECT_NE(out.find("--parallel manual: expected auto"), std::string::npos) << out;
+  EXPECT_EQ(runCommand(compile + " --parallel auto --gpus 4 --batch 8 --hardware h100,a100", out),
+            2)
+      << out;
+  EXPECT_NE(out.find("give one --hardware"), std::string::npos) << out;
+}
+
 /// The bundled models are generated; regenerating gives the same bytes.
 TEST(Cli, BundledModelsAreReproducible) {
   TempDir dir;

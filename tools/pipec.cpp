@@ -184,6 +184,18 @@ cl::opt<int> TensorParallel("tp",
                                      "products split over T ranks of a node (Megatron's split)"),
                             cl::init(1), cl::value_desc("T"), cl::cat(CompileCat),
                             cl::sub(CompileCmd));
+cl::opt<std::string> Parallel("parallel",
+                              cl::desc("auto: choose T, P, D, M and the schedule for --gpus "
+                                       "devices (those of --tp, --stages, --dp and "
+                                       "--microbatches given stay fixed)"),
+                              cl::value_desc("auto"), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<int> Gpus("gpus", cl::desc("--parallel auto: the devices to plan for"), cl::init(0),
+                  cl::value_desc("N"), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<int> GpusPerNode("gpus-per-node",
+                         cl::desc("--parallel auto: devices per node, the most a "
+                                  "tensor-parallel group spans (default: the hardware's)"),
+                         cl::init(0), cl::value_desc("G"), cl::cat(CompileCat),
+                         cl::sub(CompileCmd));
 cl::opt<std::string> Emit("emit", cl::desc("Plan encoding: binary|text|json"), cl::init("binary"),
                           cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> LossOutput("loss",
@@ -382,6 +394,50 @@ int runInspect() {
   std::exit(0);
 }
 
+/// --parallel auto, --gpus and --gpus-per-node into \p options: the search
+/// for a cluster, which keeps the layout flags given. An exit code when they
+/// are misused.
+std::optional<int> parallelFromFlags(CompileOptions &options) {
+  if (!Parallel.getNumOccurrences()) {
+    if (Gpus.getNumOccurrences() || GpusPerNode.getNumOccurrences())
+      return badUsage("--gpus and --gpus-per-node: only --parallel auto plans for a cluster");
+    return std::nullopt;
+  }
+  if (Parallel != "auto")
+    return badUsage("--parallel " + Parallel + ": expected auto");
+  if (!Gpus.getNumOccurrences())
+    return badUsage("--parallel auto: give --gpus N, the devices to plan for");
+  if (Gpus < 1)
+    return badUsage("--gpus " + Twine(Gpus) + ": must be at least 1");
+  if (GpusPerNode.getNumOccurrences() && GpusPerNode < 1)
+    return badUsage("--gpus-per-node " + Twine(GpusPerNode) + ": must be at least 1");
+  options.parallel.gpus = Gpus;
+  options.parallel.gpusPerNode = GpusPerNode;
+  options.parallel.fixedTp = TensorParallel.getNumOccurrences() > 0;
+  options.parallel.fixedStages = Stages.getNumOccurrences() > 0;
+  options.parallel.fixedDp = DataParallel.getNumOccurrences() > 0;
+  options.parallel.fixedMicrobatches = Microbatches.getNumOccurrences() > 0;
+  // The schedule is searched with the layout unless one is given.
+  if (!Schedule.getNumOccurrences())
+    options.autoSchedule = true;
+  return std::nullopt;
+}
+
+/// --pad-row NAME=ROW (repeatable) into \p options; an exit code when one is
+/// malformed or the mode has no gradients.
+std::optional<int> padRowsFromFlags(CompileOptions &options) {
+  for (const std::string &spec : PadRow) {
+    auto [name, row] = StringRef(spec).rsplit('=');
+    int64_t index = -1;
+    if (name.empty() || row.getAsInteger(10, index) || index < 0)
+      return badUsage("--pad-row " + spec + ": expected NAME=ROW, ROW a row index");
+    if (Mode != "train")
+      return badUsage("--pad-row: only training (--mode train) has gradients to hold back");
+    options.padRows.push_back({name.str(), index});
+  }
+  return std::nullopt;
+}
+
 int runCompile() {
   auto importOptions = importOptionsFromFlags();
   if (!importOptions)
@@ -442,6 +498,8 @@ int runCompile() {
     options.loss.addedLoss = LossSpec::Kind::Mse;
   else if (LossFn.getNumOccurrences())
     return badUsage("--loss-fn " + LossFn + ": expected cross-entropy or mse");
+  if (std::optional<int> bad = parallelFromFlags(options))
+    return *bad;
   if (Schedule == "auto") {
     options.autoSchedule = true;
   } else {
@@ -493,15 +551,8 @@ int runCompile() {
   if (!pipeline)
     return exitUsage;
   options.params = Params;
-  for (const std::string &spec : PadRow) {
-    auto [name, row] = StringRef(spec).rsplit('=');
-    int64_t index = -1;
-    if (name.empty() || row.getAsInteger(10, index) || index < 0)
-      return badUsage("--pad-row " + spec + ": expected NAME=ROW, ROW a row index");
-    if (Mode != "train")
-      return badUsage("--pad-row: only training (--mode train) has gradients to hold back");
-    options.padRows.push_back({name.str(), index});
-  }
+  if (std::optional<int> bad = padRowsFromFlags(options))
+    return *bad;
   auto plan = compileModel(CompileModel, options, *pipeline);
   if (!plan)
     return reportError(plan.takeError());
