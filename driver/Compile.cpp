@@ -216,6 +216,7 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   ImportOptions importOptions = options.import;
   importOptions.bindings.batch = microbatchSize;
   importOptions.tensorParallel = options.tensorParallel;
+  importOptions.sequenceParallel = options.sequenceParallel;
   importOptions.training = options.training;
   auto graph = loadGraph(modelPath, importOptions, runner);
   if (!graph)
@@ -930,6 +931,9 @@ Expected<plan::Plan> compileModel(StringRef modelPath, const CompileOptions &giv
     return flagError("--dp must be at least 1");
   if (options.tensorParallel < 1)
     return flagError(formatv("--tp {0}: must be at least 1", options.tensorParallel));
+  if (options.sequenceParallel && options.tensorParallel < 2 && options.parallel.gpus == 0)
+    return flagError("--sequence-parallel: splits the sequence over the tensor-parallel ranks; "
+                     "give --tp 2 or more");
   if (options.tensorParallel > 1 && options.maxLength > 0)
     return flagError(formatv("--tp {0}: generation runs without tensor parallelism (--mode "
                              "generate takes --tp 1)",

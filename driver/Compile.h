@@ -59,6 +59,9 @@ struct CompileOptions {
   /// --tp T: each stage's matrix products split over T ranks
   /// (shard-tensors).
   int tensorParallel = 1;
+  /// --sequence-parallel: norms and residuals split on the sequence over the
+  /// T ranks (passes/SequenceParallel.h).
+  bool sequenceParallel = false;
   /// --parallel auto --gpus N: compile chooses T, P, D, M and the schedule
   /// for N devices (driver/SearchParallel.h). Those of --tp, --stages, --dp
   /// and --microbatches given beside it stay fixed.

@@ -119,6 +119,9 @@ void describeRun(plan::Plan &plan, StringRef modelPath, const CompileOptions &op
   info->set_mode(options.training ? "train" : "infer");
   info->set_data_parallel(shape.dataParallel());
   info->set_tensor_parallel(options.tensorParallel);
+  info->set_sequence_parallel(graph.sequenceParallel && options.tensorParallel > 1);
+  for (const std::string &name : graph.sequenceGrads)
+    plan.add_sequence_grads(name);
   for (const auto &[name, shard] : graph.shards) {
     // A folded tie's head that tie-weights replaced is read no more.
     if (int id = graph.findValue(name); id < 0 || graph.values[id].users.empty())

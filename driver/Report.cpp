@@ -158,8 +158,9 @@ void printReportText(const plan::Plan &plan, raw_ostream &os) {
                 sched.name(), sched.stages(), sched.virtual_stages(), sched.microbatches(),
                 sched.mode(), sched.microbatch_size(), sched.global_batch(),
                 sched.tensor_parallel() > 1
-                    ? formatv(" T={0} ({1} weights split)", sched.tensor_parallel(),
-                              plan.weight_shards_size())
+                    ? formatv(" T={0} ({1} weights split{2})", sched.tensor_parallel(),
+                              plan.weight_shards_size(),
+                              sched.sequence_parallel() ? ", sequence parallel" : "")
                           .str()
                     : std::string());
   std::string sharded = plan.training().shard_optimizer()
@@ -309,6 +310,7 @@ void printReportJson(const plan::Plan &plan, raw_ostream &os) {
       j.attribute("mode", sched.mode());
       j.attribute("tensor_parallel", std::max(1, sched.tensor_parallel()));
       j.attribute("data_parallel", std::max(1, sched.data_parallel()));
+      j.attribute("sequence_parallel", sched.sequence_parallel());
     });
     if (plan.parallel_search_size())
       j.attributeArray("parallel_search", [&] {

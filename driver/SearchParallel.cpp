@@ -107,6 +107,7 @@ Expected<Prepared *> ParallelSearch::preparedFor(int tp, int64_t size) {
     return it->second.get();
   CompileOptions at = options;
   at.tensorParallel = tp;
+  at.sequenceParallel = options.sequenceParallel && tp > 1;
   auto made =
       prepare(modelPath, at, quiet, setup, size, cache.empty() ? "" : cache.begin()->second->xxh3);
   if (!made)
@@ -133,6 +134,7 @@ std::vector<std::pair<ScheduleKind, int>> ParallelSearch::schedules() const {
 void ParallelSearch::judgeLayout(Layout &layout, Prepared &prepared) {
   CompileOptions at = options;
   at.tensorParallel = layout.tp;
+  at.sequenceParallel = options.sequenceParallel && layout.tp > 1;
   at.stages = layout.stages;
   at.dataParallel = layout.dp;
   at.microbatches = layout.microbatches;
@@ -400,6 +402,7 @@ Expected<plan::Plan> searchParallel(StringRef modelPath, const CompileOptions &o
   CompileOptions chosen = options;
   chosen.parallel.gpus = 0;
   chosen.tensorParallel = best->tp;
+  chosen.sequenceParallel = options.sequenceParallel && best->tp > 1;
   chosen.stages = best->stages;
   chosen.dataParallel = best->dp;
   chosen.microbatches = best->microbatches;

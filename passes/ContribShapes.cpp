@@ -8,6 +8,8 @@
 #include "ops/OpRegistry.h"
 #include "support/Attributes.h"
 
+#include "llvm/Support/FormatVariadic.h"
+
 #include <algorithm>
 
 using namespace llvm;
@@ -20,6 +22,10 @@ using Types = std::vector<TensorType>;
 enum class Rule {
   None,
   SameAsInput,
+  /// A tensor-parallel collective's output: its input with the node's
+  /// `axis` divided by T (each rank's piece) or multiplied (the whole).
+  TpPiece,
+  TpWhole,
   SkipNorm,
   SimplifiedNorm,
   EmbedNorm,
@@ -32,9 +38,9 @@ enum class Rule {
 /// are no rule of this file.
 namespace token {
 constexpr Rule onnx = Rule::None, none = Rule::None, sameAsInput = Rule::SameAsInput,
-               skipNorm = Rule::SkipNorm, simplifiedNorm = Rule::SimplifiedNorm,
-               embedNorm = Rule::EmbedNorm, attention = Rule::Attention,
-               multiHeadAttention = Rule::MultiHeadAttention,
+               tpPiece = Rule::TpPiece, tpWhole = Rule::TpWhole, skipNorm = Rule::SkipNorm,
+               simplifiedNorm = Rule::SimplifiedNorm, embedNorm = Rule::EmbedNorm,
+               attention = Rule::Attention, multiHeadAttention = Rule::MultiHeadAttention,
                groupQueryAttention = Rule::GroupQueryAttention;
 } // namespace token
 
@@ -82,6 +88,23 @@ Expected<std::optional<Types>> inferContribShapes(const Graph &graph, const Op &
     for (auto &t : out)
       t = {x->type, x->shape};
     return std::optional<Types>(out);
+  case Rule::TpPiece:
+  case Rule::TpWhole: {
+    int64_t rank = static_cast<int64_t>(x->shape.size());
+    int64_t axis = attrInt(node, "axis", 0), parts = std::max(1, graph.tensorParallel);
+    if (axis < 0 || axis >= rank)
+      return fail("axis " + Twine(axis) + " is out of range for rank " + Twine(rank));
+    TensorType t{x->type, x->shape};
+    if (rule == Rule::TpWhole)
+      t.shape[axis] *= parts;
+    else if (t.shape[axis] % parts != 0)
+      return fail(formatv("axis {0} of {1} entries does not divide over {2} ranks", axis,
+                          t.shape[axis], parts));
+    else
+      t.shape[axis] /= parts;
+    out[0] = t;
+    return std::optional<Types>(out);
+  }
   case Rule::SimplifiedNorm: {
     // Outputs: Y, inv_std_var (the normalized dimensions [axis, rank) set
     // to 1).

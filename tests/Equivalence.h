@@ -37,6 +37,8 @@ struct Config {
   bool shardOptimizer = false;
   /// --tp: tensor-parallel ranks per stage.
   int tp = 1;
+  /// --sequence-parallel (with tp > 1).
+  bool sequenceParallel = false;
   /// --memory-limit; empty: the hardware's.
   std::string memoryLimit;
   /// --balance: uniform keeps the split fixed whatever the costs.
@@ -56,6 +58,7 @@ plan::Plan compileFor(const std::string &model, const Config &s, int64_t globalB
   options.globalBatch = globalBatch;
   options.dataParallel = s.dp;
   options.tensorParallel = s.tp;
+  options.sequenceParallel = s.sequenceParallel;
   options.hardware = "cpu";
   options.balance = s.balance;
   options.recompute = recompute;
@@ -260,9 +263,9 @@ protected:
     plan::Plan single = compileFor(path, Config{"gpipe", 1, 1, 1, 1}, batch);
     rt::RunResult reference = runPlan(single, optimizer, steps);
     for (const Config &s : setups) {
-      std::string what =
-          formatv("{0} {1} P={2} V={3} M={4} dp={5} tp={6}", llvm::sys::path::stem(path),
-                  s.schedule, s.stages, s.virtualStages, s.microbatches, s.dp, s.tp);
+      std::string what = formatv("{0} {1} P={2} V={3} M={4} dp={5} tp={6}{7}",
+                                 llvm::sys::path::stem(path), s.schedule, s.stages, s.virtualStages,
+                                 s.microbatches, s.dp, s.tp, s.sequenceParallel ? " sp" : "");
       plan::Plan pipelined = compileFor(path, s, batch);
       if (pipelined.stage_programs_size() == 0) {
         ADD_FAILURE() << what << ": the plan has no stage programs to run";
@@ -323,6 +326,12 @@ std::map<std::string, cpu::Tensor> readWeights(const std::string &path) {
 
 class RunCli : public Equivalence {
 protected:
+  /// \p model compiled with \p flags (tensor-parallel over 4 ranks), run 2
+  /// SGD steps as threads and as 4 MPI processes: the weights saved equal
+  /// one rank's, and the two runs' files are the same bytes. Returns the
+  /// split plan.
+  std::string checkSplitRuns(const std::string &model, const std::string &flags,
+                             const std::string &name);
   /// Compiles \p model to a plan file with the given compile flags.
   std::string plan(const std::string &model, const std::string &flags, const std::string &name) {
     std::string path = dir->path(name + ".plan"), out;
@@ -343,6 +352,26 @@ double worstWeightError(const std::string &a, const std::string &b) {
     if (left.count(w))
       worst = std::max(worst, relativeError(left.at(w), ref));
   return worst;
+}
+
+std::string RunCli::checkSplitRuns(const std::string &model, const std::string &flags,
+                                   const std::string &name) {
+  std::string out;
+  std::string one = plan(model, "--stages 1 --microbatches 1 --batch 8", name + "-one");
+  std::string split = plan(model, flags, name + "-split");
+  std::string run = " --steps 2 --optimizer sgd --lr 0.5 --quiet --save-weights ";
+  std::string saved = dir->path(name + "-one.onnx"), local = dir->path(name + "-local.onnx");
+  EXPECT_EQ(runCommand(pipecBin() + " run " + one + run + saved, out), 0) << out;
+  EXPECT_EQ(runCommand(pipecBin() + " run " + split + run + local, out), 0) << out;
+  EXPECT_LT(worstWeightError(local, saved), 1e-5);
+  if (!haveMpirun())
+    return split;
+  std::string mpi = dir->path(name + "-mpi.onnx");
+  EXPECT_EQ(runCommand(mpirun(4) + pipecBin() + " run " + split + " --comm mpi" + run + mpi, out),
+            0)
+      << out;
+  EXPECT_EQ(readFile(local), readFile(mpi));
+  return split;
 }
 
 } // namespace

@@ -3,9 +3,10 @@
 
 Llama-3-shaped 8B, 70B and 405B models (`pipec model llama --light`: the structure without
 the weights' bytes; vocabulary 128,256, sequence 8,192) compiled with `--parallel auto` for
-8, 64, 1,024 and 8,192 H100 80 GB devices in nodes of 8, AdamW in bf16 with --recompute auto
-and --shard-optimizer, a global batch of max(128, N / 4) sequences (Megatron's recipes train
-8B and 70B on 128; Llama 3 405B trained on 2,048 at 8,192 GPUs). Per answer: the layout,
+8, 64, 1,024 and 8,192 H100 80 GB devices in nodes of 8, AdamW in bf16 with --recompute
+auto, --shard-optimizer and --sequence-parallel (as Megatron's recipes train), a global batch
+of max(128, N / 4) sequences (Megatron's recipes train 8B and 70B on 128; Llama 3 405B
+trained on 2,048 at 8,192 GPUs). Per answer: the layout,
 schedule and microbatches chosen, the predicted step and MFU, the largest rank's peak memory,
 and the seconds the whole compile took (search and the chosen plan). Where no layout fits the
 error says which came closest.
@@ -57,7 +58,7 @@ def search(pipec, model, out, gpus):
     cmd = [pipec, "compile", model, "--emit", "json", "-o", out, "--parallel", "auto",
            "--gpus", str(gpus), "--gpus-per-node", "8", "--batch", str(batch),
            "--hardware", "h100", "--precision", "bf16", "--optimizer", "adamw",
-           "--recompute", "auto", "--shard-optimizer"]
+           "--recompute", "auto", "--shard-optimizer", "--sequence-parallel"]
     started = time.time()
     run = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.time() - started

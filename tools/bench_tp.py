@@ -9,8 +9,8 @@ sequences (128 / dp microbatches of one sequence per replica), AdamW in bf16 wit
 auto and --shard-optimizer. For T = 1, 2,
 4 and 8: the parameters a rank holds, the predicted step, the largest rank's peak memory and its
 weights with their optimizer state, the share of the step the group's sums take, and whether the
-plan fits. A configuration that does not fit is compiled again without a memory limit, for the
-step and the memory it would need.
+plan fits; for T > 1 also the step and peak with --sequence-parallel. A configuration that does
+not fit is compiled again without a memory limit, for the step and the memory it would need.
 
 With --measure it also runs a GPT-2-medium-shaped model (24 blocks of width 1,024, 16 heads,
 vocabulary 50,257, sequence 128: 355 M parameters, real weights) for 2 AdamW steps in fp32 on this
@@ -44,7 +44,7 @@ STAGES = 4
 BATCH = 128
 
 
-def compile_plan(pipec, model, out, tp, limit=None):
+def compile_plan(pipec, model, out, tp, limit=None, sequence=False):
     """The plan's JSON and the seconds compile took, or (None, error)."""
     dp = GPUS // (STAGES * tp)
     cmd = [pipec, "compile", model, "--emit", "json", "-o", out, "--stages", str(STAGES),
@@ -54,6 +54,8 @@ def compile_plan(pipec, model, out, tp, limit=None):
            "--recompute", "auto", "--shard-optimizer"]
     if limit:
         cmd += ["--memory-limit", limit]
+    if sequence:
+        cmd.append("--sequence-parallel")
     started = time.time()
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
@@ -134,15 +136,24 @@ def main():
             busy = sum(float(l.get("time_f_s", 0)) + float(l.get("time_i_s", 0)) +
                        float(l.get("time_w_s", 0)) for l in layers)
             params = max(int(s["params"]) for s in plan["stages"])
+            sequence = "-"
+            if tp > 1:
+                split, _ = compile_plan(args.pipec, model, out, tp, sequence=True)
+                if split is None:
+                    split, _ = compile_plan(args.pipec, model, out, tp, "none", True)
+                if split is None:
+                    sys.exit(f"bench_tp: --tp {tp} --sequence-parallel: {_}")
+                sequence = (f"{float(split['predicted']['step_time_s']):.3f} s, "
+                            f"{gb(max(int(r['peak_memory_bytes']) for r in split['ranks']))} GB")
             rows.append(
                 f"| {tp} | {GPUS // (STAGES * tp)} | {params / 1e9:.2f} B | {step:.3f} s | {gb(peak)} GB | "
                 f"{gb(held)} GB | {100 * comm / busy if busy else 0:.1f}% | "
-                f"{'yes' if fits else 'no'} | {seconds:.1f} s |")
+                f"{'yes' if fits else 'no'} | {seconds:.1f} s | {sequence} |")
     table = [
         "| T | dp | parameters per rank (largest stage) | predicted step | peak per rank (largest) | weights and "
         "optimizer state per rank (largest) | the group's sums, share of compute | fits 80 GB | "
-        "compile |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "compile | with --sequence-parallel: step, peak |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *rows,
     ]
     text = "\n".join(table)

@@ -184,6 +184,10 @@ cl::opt<int> TensorParallel("tp",
                                      "products split over T ranks of a node (Megatron's split)"),
                             cl::init(1), cl::value_desc("T"), cl::cat(CompileCat),
                             cl::sub(CompileCmd));
+cl::opt<bool> SequenceParallel("sequence-parallel",
+                               cl::desc("With --tp: norms and residuals split on the sequence "
+                                        "over the T ranks (Megatron's sequence parallelism)"),
+                               cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::opt<std::string> Parallel("parallel",
                               cl::desc("auto: choose T, P, D, M and the schedule for --gpus "
                                        "devices (those of --tp, --stages, --dp and "
@@ -543,6 +547,7 @@ int runCompile() {
   options.costs = Costs;
   options.dataParallel = DataParallel;
   options.tensorParallel = TensorParallel;
+  options.sequenceParallel = SequenceParallel;
   options.shardOptimizer = ShardOptimizer;
   if (ShardOptimizer && Mode == "infer")
     return badUsage("--shard-optimizer: an inference plan has no optimizer state to shard");

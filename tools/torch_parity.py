@@ -102,6 +102,11 @@ CONFIGS = [
     ("P2-tp2-dp2-adamw-sharded", ["--stages", "2", "--schedule", "1f1b", "--tp", "2",
                                   "--shard-optimizer"], 2, 2, "adamw"),
     ("P2-tp2-padded", ["--stages", "2", "--schedule", "1f1b", "--tp", "2"], 4, 1, "padded"),
+    # Sequence parallelism: norms and residuals split on the tokens over the same 2 ranks.
+    ("P2-tp2-sp-1f1b", ["--stages", "2", "--schedule", "1f1b", "--tp", "2",
+                        "--sequence-parallel"], 4, 1, "sgd"),
+    ("P2-tp2-sp-dp2-adamw-sharded", ["--stages", "2", "--schedule", "1f1b", "--tp", "2",
+                                     "--sequence-parallel", "--shard-optimizer"], 2, 2, "adamw"),
 ]
 INFER_STAGES = [1, 2, 4]
 

@@ -188,14 +188,32 @@ template <Pass P> struct TpSum {
     cost.tpSumBytes[P] = t.out;
   }
 };
-/// An all-gather over the stage's tensor-parallel ranks of its output's
-/// pieces: half an all-reduce's ring (TpSum's time) of the output's bytes.
-struct TpGather {
+/// A reduce-scatter or an all-gather over the stage's tensor-parallel
+/// ranks: half an all-reduce's ring (TpSum's time) of the whole tensor's
+/// bytes (the input's when \p OfInput, else the output's), in the forward
+/// when \p InForward and in the backward's input gradients when
+/// \p InBackward.
+template <bool OfInput, bool InForward, bool InBackward> struct TpHalfRing {
   static int64_t flops(const Graph &, const Op &) { return 0; }
   static void cost(const Graph &, const Op &, const OpTraffic &t, OpCost &cost) {
-    cost.tpSumBytes[Forward] = t.out / 2;
+    double whole = OfInput ? t.in : t.out;
+    if (InForward)
+      cost.tpSumBytes[Forward] = whole / 2;
+    if (InBackward)
+      cost.tpSumBytes[BackwardInput] = whole / 2;
   }
 };
+/// TpAllGather: a split value gathered whole for replicated use.
+struct AllGatherRing : TpHalfRing<false, true, false> {};
+/// TpGatherCopy: gathered whole for split products; its gradient is
+/// reduce-scattered.
+struct GatherCopyRing : TpHalfRing<false, true, true> {};
+/// TpReduceScatter: partial sums reduced to each rank's piece; its gradient
+/// is all-gathered.
+struct ReduceScatterRing : TpHalfRing<true, true, true> {};
+/// TpScatter: each rank's piece of a replicated value, cut where it is;
+/// its gradient is all-gathered.
+struct ScatterRing : TpHalfRing<true, false, true> {};
 /// K FLOPs per element of output 0.
 template <int K> struct Norm : PointwiseBackward {
   static int64_t flops(const Graph &graph, const Op &op);

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -197,6 +198,13 @@ public:
   std::map<std::string, int64_t> paddingRows;
   /// T: the ranks each stage's tensors are split over (`--tp`); 1 for none.
   int tensorParallel = 1;
+  /// `--sequence-parallel`: what stays outside the split products (norms,
+  /// residuals) is split on the sequence over the same T ranks.
+  bool sequenceParallel = false;
+  /// The weights each tensor-parallel rank trains on its share of the
+  /// sequence (a norm's scale): their gradients are summed over the T ranks
+  /// before the optimizer.
+  std::set<std::string> sequenceGrads;
   /// Compiled for training (`--mode train`): a step keeps no graph output
   /// but the loss, so shard-tensors gathers none.
   bool training = false;

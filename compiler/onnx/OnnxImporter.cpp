@@ -612,6 +612,7 @@ Expected<Graph> importOnnxBuffer(std::unique_ptr<MemoryBuffer> buffer, StringRef
   graph.fileNames.push_back(graph.path);
   graph.bindings = options.bindings;
   graph.tensorParallel = options.tensorParallel;
+  graph.sequenceParallel = options.sequenceParallel;
   graph.training = options.training;
   Importer importer(graph, options, baseDir);
   try {

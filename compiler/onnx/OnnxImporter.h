@@ -33,6 +33,8 @@ struct ImportOptions {
   uint64_t inlineThreshold = DefaultInlineThreshold;
   /// `--tp T`: the Graph's tensorParallel, which shard-tensors reads.
   int tensorParallel = 1;
+  /// `--sequence-parallel`: the Graph's sequenceParallel.
+  bool sequenceParallel = false;
   /// Compiled for training: the Graph's training, which shard-tensors reads.
   bool training = false;
 };

@@ -65,7 +65,7 @@ extern const GradRule none, missing;
 extern const GradRule unary, add, sub, mul, div, pow, maxMin, sum, clip, where;
 // ShapeGrads.cpp
 extern const GradRule identity, cast, reshape, transpose, expand, concat, split, slice, gather,
-    resize, tpCopy, tpAllReduce, tpGather;
+    resize, tpCopy, tpAllReduce, tpGather, tpAllGather, tpGatherCopy, tpReduceScatter, tpScatter;
 // LinearGrads.cpp
 extern const GradRule matMul, gemm;
 // NormGrads.cpp

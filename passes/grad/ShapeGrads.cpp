@@ -40,6 +40,25 @@ Error tpCopyGrad(GradContext &ctx) {
   });
 }
 
+/// Sequence parallelism's pairs (Korthikanti et al., 2022), each along the
+/// forward node's axis and blocks: TpGatherCopy (all-gather for split
+/// products, whose gradients are partial) and TpReduceScatter are each
+/// other's gradient; TpAllGather (for replicated use) and TpScatter (each
+/// rank's piece of a replicated value) too.
+template <const char *Grad> Error tpPieceGrad(GradContext &ctx) {
+  return ctx.forEachWanted([&](size_t i) {
+    if (i != 0)
+      return Error::success();
+    onnx::NodeProto &g = ctx.emit(Grad, {ctx.dy()}, "pipec");
+    GradContext::setInt(g, "axis", attrInt(ctx.node(), "axis", 0));
+    GradContext::setInt(g, "stride", attrInt(ctx.node(), "stride", 1));
+    ctx.contribute(0, GradContext::out(g));
+    return Error::success();
+  });
+}
+constexpr char allGatherOp[] = "TpAllGather", reduceScatterOp[] = "TpReduceScatter",
+               scatterOp[] = "TpScatter";
+
 Error castGrad(GradContext &ctx) {
   return ctx.forEachWanted([&](size_t) {
     onnx::NodeProto &cast = ctx.emit("Cast", {ctx.dy()});
@@ -289,7 +308,9 @@ const GradRule identity{&identityGrad}, cast{&castGrad}, reshape{&reshapeGrad},
     transpose{&transposeGrad}, expand{&expandGrad}, concat{&concatGrad},
     split{&splitGrad, everyInput, /*allOutputs=*/true}, slice{&sliceGrad}, gather{&gatherGrad},
     resize{&resizeGrad, &onlyData}, tpCopy{&tpCopyGrad}, tpAllReduce{&identityGrad},
-    tpGather{&tpGatherGrad, &onlyData};
+    tpGather{&tpGatherGrad, &onlyData}, tpAllGather{&tpPieceGrad<scatterOp>},
+    tpGatherCopy{&tpPieceGrad<reduceScatterOp>}, tpReduceScatter{&tpPieceGrad<allGatherOp>},
+    tpScatter{&tpPieceGrad<allGatherOp>};
 } // namespace rules
 
 } // namespace pipec::grad

@@ -237,6 +237,7 @@ Expected<std::unique_ptr<Shared>> makeShared(const plan::Plan &plan, const RunOp
   s->grid = RankGrid::of(plan);
   for (const plan::WeightShard &shard : plan.weight_shards())
     s->shards[shard.weight()] = &shard;
+  s->sequenceGrads.insert(plan.sequence_grads().begin(), plan.sequence_grads().end());
   s->K = plan.stages_size();
   s->M = plan.schedule().microbatches();
   s->microbatchSize = plan.schedule().microbatch_size();

@@ -72,6 +72,8 @@ double untrainedFactor(const Shared &s) {
 Error RankExecutor::optimizerStep(int t) {
   if (Error err = fillUnsetGradients())
     return err;
+  if (Error err = sumSequenceGrads())
+    return err;
   const RunOptions &o = s.options;
   OptimizerUpdate u = stepUpdate(s, t);
   lastLr = u.lr;

@@ -67,6 +67,9 @@ struct Shared {
   RankGrid grid;
   /// --tp: how each split weight is cut, by name.
   std::map<std::string, const plan::WeightShard *> shards;
+  /// --sequence-parallel: the weights whose gradients each tensor-parallel
+  /// rank holds for its tokens alone (plan.sequence_grads).
+  std::set<std::string> sequenceGrads;
   int64_t globalBatch = 1, microbatchSize = 1;
   bool training = true;
   /// --shard-optimizer over dp > 1 replicas: each keeps and updates 1/dp of
@@ -248,6 +251,9 @@ private:
   std::vector<int> tpGroup() const;
   /// TpAllReduce: the sum of \p input over tpGroup().
   llvm::Expected<cpu::Tensor> sumOverTp(const cpu::Tensor &input);
+  /// --sequence-parallel: sums the gradients of Shared::sequenceGrads here
+  /// over tpGroup(), before the optimizer reads them.
+  llvm::Error sumSequenceGrads();
   /// Host tensor \p host summed over tpGroup(), on the host.
   llvm::Expected<cpu::Tensor> sumHostOverTp(const cpu::Tensor &host);
   /// Every rank of tpGroup()'s \p host (flat), in group order, on the host.

@@ -41,6 +41,14 @@ Expected<cpu::Tensor> RankExecutor::sumOverTp(const cpu::Tensor &input) {
   return sum;
 }
 
+Error RankExecutor::sumSequenceGrads() {
+  std::vector<cpu::Tensor *> sums;
+  for (const std::string &name : trainableHere)
+    if (s.sequenceGrads.count(name))
+      sums.push_back(&grads[name]);
+  return sums.empty() ? Error::success() : sumOver(tpGroup(), sums);
+}
+
 Expected<cpu::Tensor> RankExecutor::gatherOverTp(const cpu::Tensor &host) {
   int64_t n = host.numElements();
   std::vector<cpu::Tensor> one{host.clone().reshaped({n})};
@@ -236,20 +244,32 @@ RankExecutor::runCollective(const onnx::NodeProto &node, const OpDef &def,
       return summed.takeError();
     return std::vector<cpu::Tensor>{std::move(*summed)};
   }
-  if (def.id == OpId::TpAllGather) {
-    // A split graph output, whole: every rank's piece, joined along its
-    // split axis (of `stride` blocks), as a split weight's are.
-    plan::WeightShard cut;
-    cut.set_axis(static_cast<int>(attrInt(node, "axis", 0)));
-    cut.set_parts(s.grid.T);
-    cut.set_stride(attrInt(node, "stride", 1));
-    auto whole = joinOverTp(*inputs[0], cut);
-    if (!whole)
-      return whole.takeError();
-    auto placed = be.upload(*whole);
+  // Along the node's split axis, of `stride` blocks each cut into T pieces,
+  // as a split weight's are.
+  plan::WeightShard cut;
+  cut.set_axis(static_cast<int>(attrInt(node, "axis", 0)));
+  cut.set_parts(s.grid.T);
+  cut.set_stride(attrInt(node, "stride", 1));
+  auto place = [&](Expected<cpu::Tensor> host) -> Expected<std::vector<cpu::Tensor>> {
+    if (!host)
+      return host.takeError();
+    auto placed = be.upload(*host);
     if (!placed)
       return placed.takeError();
     return std::vector<cpu::Tensor>{std::move(*placed)};
+  };
+  // A split value, whole: every rank's piece, joined.
+  if (def.id == OpId::TpAllGather || def.id == OpId::TpGatherCopy)
+    return place(joinOverTp(*inputs[0], cut));
+  // This rank's piece of the group's sum, or of a replicated value.
+  if (def.id == OpId::TpReduceScatter || def.id == OpId::TpScatter) {
+    Expected<cpu::Tensor> whole =
+        def.id == OpId::TpReduceScatter ? sumOverTp(*inputs[0]) : be.download(*inputs[0]);
+    if (whole && def.id == OpId::TpReduceScatter)
+      whole = be.download(*whole);
+    if (!whole)
+      return whole.takeError();
+    return place(shardPiece(*whole, cut, tp));
   }
   if (def.id == OpId::TpGather || def.id == OpId::TpGatherGrad)
     return lookupCollective(node, def, inputs);
