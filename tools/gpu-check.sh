@@ -15,7 +15,8 @@
 #               one-rank CUDA run those of the CPU backend, within 1e-3
 #   recompute   the 2-stage 1F1B plan with --recompute, the same
 #   tp          the 2-stage 1F1B plan with --tp 2 (4 ranks on the GPU, the
-#               head's vocabulary-parallel loss included), the same
+#               head's vocabulary-parallel loss included), the same; and with
+#               --sequence-parallel, the same
 #   sharded     --shard-optimizer with two replicas on the GPU gives the
 #               unsharded replicas' weights after 3 AdamW steps, within 1e-6
 #   generate    greedy generation (fp32) of the GPT-2 and Llama fixtures, and of
@@ -279,6 +280,19 @@ elif step "$e" "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-tp.plan" --stages
      step "$e" "$pipec" run "$work/gpt-tp.plan" "${trainFlags[@]}" --ranks-per-device 4 \
        --save-weights "$work/w-tp.onnx"; then
   matches "$label" "$ref" "$work/w-tp.onnx" 1e-5 1e-6
+else
+  row "$label" FAIL "$(why $? "$e")"
+fi
+# --sequence-parallel beside it: the norms and residuals split on the tokens
+# (reduce-scatters and all-gathers in place of the sums), the same weights.
+label="tp=2 sequence-parallel P=2 = 1 rank ($backend)"
+if [ -z "$ref" ]; then
+  row "$label" FAIL "no one-rank run to compare with"
+elif step "$e" "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-sp.plan" --stages 2 \
+       --schedule 1f1b --tp 2 --sequence-parallel "${planFlags[@]}" &&
+     step "$e" "$pipec" run "$work/gpt-sp.plan" "${trainFlags[@]}" --ranks-per-device 4 \
+       --save-weights "$work/w-sp.onnx"; then
+  matches "$label" "$ref" "$work/w-sp.onnx" 1e-5 1e-6
 else
   row "$label" FAIL "$(why $? "$e")"
 fi
