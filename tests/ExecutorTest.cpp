@@ -649,6 +649,63 @@ TEST_F(RunCli, MeasuredTraceBesideThePrediction) {
   EXPECT_EQ(runCommand(pipecBin() + " report " + p + " --trace " + p, out), 1) << out;
 }
 
+// run --profile: the last step's nodes by op class on every rank, which add
+// up to the rank's node time inside the step, and the backend's counters,
+// the same in two runs of the same plan.
+TEST_F(RunCli, ProfileOfTheLastStep) {
+  std::string p = plan(gpt(true), "--stages 2 --microbatches 4 --batch 8", "profiled"), out;
+  auto profile = [&](const std::string &name) -> llvm::json::Value {
+    std::string file = dir->path(name);
+    EXPECT_EQ(runCommand(pipecBin() + " run " + p + " --steps 2 --quiet --profile " + file, out), 0)
+        << out;
+    auto parsed = llvm::json::parse(readFile(file));
+    EXPECT_TRUE(static_cast<bool>(parsed)) << (parsed ? "" : llvm::toString(parsed.takeError()));
+    return parsed ? std::move(*parsed) : llvm::json::Value(nullptr);
+  };
+  llvm::json::Value first = profile("profile-1.json"), second = profile("profile-2.json");
+  const llvm::json::Object *a = first.getAsObject(), *b = second.getAsObject();
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->getString("backend").getValueOr(""), "cpu");
+  EXPECT_EQ(a->getInteger("step").getValueOr(0), 2);
+  const llvm::json::Array *ranks = a->getArray("ranks"), *again = b->getArray("ranks");
+  ASSERT_TRUE(ranks && again);
+  ASSERT_EQ(ranks->size(), 2u);
+  for (size_t r = 0; r < ranks->size(); ++r) {
+    const llvm::json::Object &rank = *(*ranks)[r].getAsObject();
+    double step = *rank.getNumber("step_s"), nodes = *rank.getNumber("nodes_s");
+    EXPECT_GT(nodes, 0);
+    EXPECT_LE(nodes, step);
+    double classes = 0, products = 0;
+    int64_t nodeCount = 0;
+    for (const llvm::json::Value &c : *rank.getArray("classes")) {
+      const llvm::json::Object &o = *c.getAsObject();
+      classes += *o.getNumber("seconds");
+      nodeCount += *o.getInteger("nodes");
+      llvm::StringRef op = o.getString("op").getValueOr("");
+      if (op.startswith("MatMul") || op == "Gemm")
+        products += *o.getNumber("gflops");
+    }
+    EXPECT_NEAR(classes, nodes, 1e-9 + 1e-9 * nodes);
+    EXPECT_GT(products, 0);
+    // Every node the backend ran is a launch; what it counts is the same
+    // in a second run of the same plan.
+    EXPECT_GE(*rank.getInteger("launches"), nodeCount / 2);
+    const llvm::json::Object &other = *(*again)[r].getAsObject();
+    for (const char *counter : {"launches", "host_syncs", "d2h_bytes", "allocations"})
+      EXPECT_EQ(rank.getInteger(counter), other.getInteger(counter)) << counter;
+  }
+  // The last stage downloads the loss: the host waits for it.
+  EXPECT_GT(*(*ranks)[1].getAsObject()->getInteger("host_syncs"), 0);
+  EXPECT_EQ(
+      runCommand(pipecBin() + " run " + p + " --steps 1 --profile " + dir->path("profile-3.json"),
+                 out),
+      2)
+      << out;
+  EXPECT_NE(out.find("--profile: profiles the last step after the first warms up"),
+            std::string::npos)
+      << out;
+}
+
 TEST_F(RunCli, ProfiledCostsFeedCompile) {
   std::string model = gpt(true), out, costs = dir->path("costs.json");
   ASSERT_EQ(runCommand(pipecBin() + " profile " + model + " --batch 2 --steps 2 -o " + costs, out),

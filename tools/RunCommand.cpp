@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <utility>
 
 using namespace llvm;
@@ -136,6 +137,12 @@ cl::opt<std::string> RunTrace("trace",
                               cl::desc("Write the measured timeline (Chrome trace; a regular "
                                        "file, /dev/null discards)"),
                               cl::value_desc("FILE"), cl::sub(RunCmd));
+cl::opt<std::string> RunProfile("profile",
+                                cl::desc("Profile the last step (the ones before warm up): per "
+                                         "rank, nodes by op class with their time, FLOP/s and "
+                                         "GB/s, and the backend's launches, host waits, bytes "
+                                         "back to the host and allocations (JSON)"),
+                                cl::value_desc("FILE"), cl::sub(RunCmd));
 cl::opt<double> RunTimeout("timeout",
                            cl::desc("Seconds a rank may wait without progress before failing"),
                            cl::init(120), cl::sub(RunCmd));
@@ -243,10 +250,24 @@ void printRunSummary(const plan::Plan &plan, const rt::RunResult &result, String
     outs() << "wrote " << RunSave << "\n";
   if (!RunOutputs.empty())
     outs() << "wrote " << result.outputs.size() << " output(s) to " << RunOutputs << "\n";
-  for (const std::string &written : {RunTrace.getValue(), RunMetrics.getValue()})
+  for (const std::string &written :
+       {RunTrace.getValue(), RunMetrics.getValue(), RunProfile.getValue()})
     outs() << (written.empty() ? "" : "wrote " + written + "\n");
   if (!boardFile.empty())
     outs() << "wrote " << boardFile << "\n";
+}
+
+/// Why --profile cannot run as given, if it cannot.
+std::optional<std::string> profileRefusal(bool underMpi) {
+  if (RunProfile.empty())
+    return std::nullopt;
+  if (underMpi)
+    return std::string("--profile: profiles the ranks of one process (threads, "
+                       "--ranks-per-device on a GPU); under mpirun each process holds one rank");
+  if (RunSteps < 2)
+    return std::string("--profile: profiles the last step after the first warms up; give "
+                       "--steps 2 or more");
+  return std::nullopt;
 }
 
 } // namespace
@@ -303,7 +324,8 @@ int runRun() {
     return badUsage("--tensorboard " + RunTensorBoard + ": not a directory");
   for (auto [flag, path] : {std::pair<StringRef, StringRef>{"--save-weights", RunSave},
                             {"--metrics", RunMetrics},
-                            {"--trace", RunTrace}})
+                            {"--trace", RunTrace},
+                            {"--profile", RunProfile}})
     if (Error err = checkNotAnInput(flag, path, {RunPlan, RunModel, RunInit}))
       return reportError(std::move(err));
   rt::RunOptions options = runOptionsFromEnvironment();
@@ -343,6 +365,9 @@ int runRun() {
   options.keepOutputs = !RunOutputs.empty();
   options.outputsAsPb = RunOutputFormat == "pb";
   options.tracePath = RunTrace;
+  options.profilePath = RunProfile;
+  if (std::optional<std::string> why = profileRefusal(underMpi))
+    return badUsage(*why);
   options.timeoutSeconds = RunTimeout;
   options.progress = !RunQuiet;
   options.log = &outs();

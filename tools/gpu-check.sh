@@ -28,6 +28,9 @@
 #               --no-fuse), and 1F1B and ZB-H1 on two ranks sharing the GPU:
 #               steady step, TFLOP/s, MFU against the peak, and measured
 #               against predicted step
+#   profile     the one-rank bench plan's last step by op class, with the
+#               backend's launches, host syncs, bytes to the host and
+#               allocations (run --profile; the JSON is kept in the results)
 #   torch       the same GPT in torch.distributed.pipelining with the
 #               machine's torch, bf16 autocast: its step beside pipec's
 #
@@ -445,6 +448,18 @@ benchRow "bench 1f1b P=1" 1f1b 1
 benchRow "bench 1f1b P=1 --no-fuse" 1f1b 1 --no-fuse
 benchRow "bench 1f1b P=2 (GPU shared)" 1f1b 2
 benchRow "bench zb-h1 P=2 (GPU shared)" zb-h1 2
+# The profile of the one-rank plan's third step (run --profile): where the
+# step goes by op class, and the host's waits and launches (the file is kept
+# with the results).
+label="profile 1f1b P=1"
+if [ -f "$work/bench-1f1b-1.plan" ] &&
+   step "$b" "$pipec" run "$work/bench-1f1b-1.plan" --backend "$backend" --precision bf16 \
+     --seed 3 --timeout 60 --steps 3 --quiet --profile "$results/profile-1f1b-1.json" &&
+   summary=$("$py" "$here/gpu_check_table.py" profile "$results/profile-1f1b-1.json" 2>>"$b"); then
+  row "$label" ok "$summary"
+else
+  row "$label" FAIL "see bench.log"
+fi
 
 #--- torch ------------------------------------------------------------------------
 t=$results/torch.log

@@ -13,6 +13,10 @@ Usage:
       empty
   gpu_check_table.py ratio A B
       A / B with two decimals
+  gpu_check_table.py profile FILE
+      one line of a `pipec run --profile` file (rank 0): the step, the nodes'
+      share of it, launches, host synchronisations, bytes back to the host,
+      allocations, and the three op classes that took the most time
 """
 import json
 import sys
@@ -40,6 +44,17 @@ def ratio(a, b):
     print("%.2f" % (float(a) / float(b)))
 
 
+def profile(path):
+    with open(path) as f:
+        r = json.load(f)["ranks"][0]
+    top = ", ".join("%s %.0f%%" % (c["op"], 100 * c["share_of_step"]) for c in r["classes"][:3])
+    print("step %.2f ms, nodes %.0f%% of it; %d launches, %d host syncs, %d bytes to the host, "
+          "%d allocations; %s" % (1e3 * r["step_s"], 100 * r["nodes_s"] / max(r["step_s"], 1e-12),
+                                  r["launches"], r["host_syncs"], r["d2h_bytes"],
+                                  r["allocations"], top))
+
+
 if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
-    {"seconds": seconds, "flops": flops, "cells": cells, "ratio": ratio}[command](*args)
+    {"seconds": seconds, "flops": flops, "cells": cells, "ratio": ratio,
+     "profile": profile}[command](*args)

@@ -67,6 +67,20 @@ struct OptimizerUpdate {
 /// it: the kind as a number and Adam's bias corrections at u.step.
 kernels::OptimizerParams optimizerParams(const OptimizerUpdate &u);
 
+/// What a backend has done that costs a device its pace, counted from its
+/// creation: what it launched, the host's waits for it, the bytes it
+/// handed back to the host, and its allocations. `pipec run --profile`
+/// reports a step's share. A device backend counts the device's calls; the
+/// CPU backend counts the calls that would be those on a device, so that a
+/// CPU run tells how a step would talk to a GPU.
+struct BackendCounters {
+  int64_t launches = 0, hostSyncs = 0, deviceToHostBytes = 0, allocations = 0;
+  BackendCounters operator-(const BackendCounters &o) const {
+    return {launches - o.launches, hostSyncs - o.hostSyncs, deviceToHostBytes - o.deviceToHostBytes,
+            allocations - o.allocations};
+  }
+};
+
 class Backend {
 public:
   virtual ~Backend() = default;
@@ -133,6 +147,8 @@ public:
   virtual llvm::Error synchronize() = 0;
   /// Ops that ran on the CPU kernels instead of the device, by op type.
   virtual std::map<std::string, int64_t> fallbackOps() const { return {}; }
+  /// What the backend has done so far (BackendCounters).
+  virtual BackendCounters counters() const { return {}; }
 };
 
 /// The CPU backend: the kernels of runtime/cpu, GEMMs through OpenBLAS.

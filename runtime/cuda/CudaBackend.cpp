@@ -94,6 +94,7 @@ CudaBackend::~CudaBackend() {
 
 Expected<Tensor> CudaBackend::allocate(DType type, Shape shape) {
   size_t bytes = static_cast<size_t>(product(shape)) * cpu::storageSize(type);
+  ++counted.allocations;
   PIPEC_TRY_ASSIGN(block, pool->allocate(bytes));
   return Tensor::onDevice(type, std::move(shape), std::move(block), device);
 }
@@ -103,6 +104,7 @@ Error CudaBackend::uploadInto(void *dst, const void *src, size_t bytes) {
     return Error::success();
   if (!staging) {
     PIPEC_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+    ++counted.hostSyncs;
     PIPEC_CUDA_TRY(cudaStreamSynchronize(stream));
     return Error::success();
   }
@@ -182,6 +184,8 @@ Expected<Tensor> CudaBackend::download(const Tensor &tensor) {
   if (tensor.byteSize() > 0)
     PIPEC_CUDA_TRY(cudaMemcpyAsync(host.rawData(), tensor.rawData(), tensor.byteSize(),
                                    cudaMemcpyDefault, stream));
+  ++counted.hostSyncs;
+  counted.deviceToHostBytes += static_cast<int64_t>(tensor.byteSize());
   PIPEC_CUDA_TRY(cudaStreamSynchronize(stream));
   retireHolds(true);
   if (Error err = verifyChecks())
@@ -242,6 +246,7 @@ Error CudaBackend::synchronize() {
     return err;
   if (Error err = commitHolds())
     return err;
+  ++counted.hostSyncs;
   PIPEC_CUDA_TRY(cudaStreamSynchronize(stream));
   retireHolds(true);
   return verifyChecks();
@@ -300,6 +305,8 @@ Error CudaBackend::verifyChecks() {
   PIPEC_CUDA_TRY(cudaMemcpyAsync(found.data(), flags, found.size() * sizeof(int),
                                  cudaMemcpyDeviceToHost, stream));
   PIPEC_CUDA_TRY(cudaMemsetAsync(flags, 0, found.size() * sizeof(int), stream));
+  ++counted.hostSyncs;
+  counted.deviceToHostBytes += static_cast<int64_t>(found.size() * sizeof(int));
   PIPEC_CUDA_TRY(cudaStreamSynchronize(stream));
   std::vector<std::string> checks = std::move(pendingChecks);
   pendingChecks.clear();
@@ -322,6 +329,7 @@ Expected<Outputs> CudaBackend::run(const onnx::NodeProto &node, int64_t opset,
     if (Error err = verifyChecks())
       return err;
   retireHolds(false);
+  ++counted.launches;
   Expected<Outputs> outputs = dispatch(NodeView(node, opset, inputs, device));
   Error holds = commitHolds();
   if (!outputs) {

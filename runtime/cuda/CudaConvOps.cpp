@@ -386,6 +386,7 @@ Result CudaBackend::batchNormGradWeight(const NodeView &n) {
 Expected<Tensor> CudaBackend::sum(ArrayRef<const Tensor *> terms) {
   if (Error err = enter())
     return err;
+  ++counted.launches;
   if (terms.empty())
     return createStringError(inconvertibleErrorCode(), "cuda:%d: a sum of no terms", device);
   const Tensor &first = *terms[0];
@@ -436,6 +437,7 @@ Expected<Tensor> CudaBackend::sum(ArrayRef<const Tensor *> terms) {
 Error CudaBackend::addInto(Tensor &accumulator, const Tensor &term) {
   if (Error err = enter())
     return err;
+  ++counted.launches;
   if (accumulator.device() != device)
     return createStringError(inconvertibleErrorCode(),
                              "cuda:%d: the accumulator %s is not this device's", device,
@@ -474,6 +476,9 @@ Expected<double> CudaBackend::sumOfSquares(ArrayRef<const Tensor *> tensors, dou
   }
   double result = 0;
   PIPEC_CUDA_TRY(cudaMemcpyAsync(&result, total, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  counted.launches += static_cast<int64_t>(tensors.size());
+  ++counted.hostSyncs;
+  counted.deviceToHostBytes += sizeof(double);
   PIPEC_CUDA_TRY(cudaStreamSynchronize(stream));
   if (Error err = commitHolds())
     return err;
@@ -484,6 +489,7 @@ Error CudaBackend::optimize(const rt::OptimizerUpdate &u, Tensor &w, const Tenso
                             Tensor &v) {
   if (Error err = enter())
     return err;
+  ++counted.launches;
   auto type = scalarOf(w.elemType());
   if (!type || (*type != k::Scalar::F32 && *type != k::Scalar::F64))
     return createStringError(inconvertibleErrorCode(),

@@ -169,6 +169,9 @@ public:
   Error reserve(int64_t bytes) override;
   Error synchronize() override;
   std::map<std::string, int64_t> fallbackOps() const override { return fallbacks; }
+  /// Nodes dispatched, the host's stream waits, the bytes copied back and
+  /// the pool's allocations (run --profile).
+  rt::BackendCounters counters() const override { return counted; }
 
   DevicePool::Stats poolStats() const { return pool->stats(); }
   int64_t biasEpilogueGemms() const { return epilogueGemms; }
@@ -346,6 +349,7 @@ private:
   std::map<std::string, Outputs> constants;
   size_t constantBytes = 0;
   std::map<std::string, int64_t> fallbacks;
+  rt::BackendCounters counted;
 };
 
 } // namespace pipec::cuda

@@ -69,6 +69,10 @@ template <typename T> double squaresOf(const T *data, int64_t n, double scale) {
   return total;
 }
 
+/// The CPU backend. It counts (BackendCounters) the calls that would be
+/// those on a device: a node, sum, addition or update launches; a download,
+/// a synchronize and a norm make the host wait (the latter two bring back a
+/// result's bytes); every tensor it makes or uploads is an allocation.
 class CpuBackend final : public Backend {
 public:
   std::string name() const override { return "cpu"; }
@@ -78,7 +82,7 @@ public:
     for (const cpu::Tensor *t : inputs)
       if (t && !t->onHost())
         return notOnHost(*t);
-    return cpu::runOp(node, opset, inputs);
+    return launched(cpu::runOp(node, opset, inputs));
   }
 
   Expected<std::vector<cpu::Tensor>> run(const onnx::NodeProto &node, const OpDef *def,
@@ -87,8 +91,10 @@ public:
     for (const cpu::Tensor *t : inputs)
       if (t && !t->onHost())
         return notOnHost(*t);
-    return cpu::runOp(node, opset, inputs, def, &attrs);
+    return launched(cpu::runOp(node, opset, inputs, def, &attrs));
   }
+
+  BackendCounters counters() const override { return counted; }
 
   Expected<bool> runInto(const onnx::NodeProto &node, int64_t opset,
                          ArrayRef<const cpu::Tensor *> inputs, cpu::Tensor &acc) override {
@@ -106,32 +112,42 @@ public:
       return false;
     cpu::gemm(transA, transB, m, n, k, attrFloat(node, "alpha", 1.0f), a.data<float>(), a.dim(1),
               b.data<float>(), b.dim(1), 1.0f, acc.data<float>(), n);
+    ++counted.launches;
     return true;
   }
 
-  Expected<cpu::Tensor> upload(const cpu::Tensor &host) override { return host; }
+  Expected<cpu::Tensor> upload(const cpu::Tensor &host) override {
+    ++counted.allocations;
+    return host;
+  }
 
   Expected<cpu::Tensor> download(const cpu::Tensor &tensor) override {
     if (!tensor.onHost())
       return notOnHost(tensor);
+    ++counted.hostSyncs;
+    counted.deviceToHostBytes += tensor.byteSize();
     return tensor;
   }
 
   Expected<cpu::Tensor> zeros(DType type, ArrayRef<int64_t> shape) override {
+    ++counted.allocations;
     return cpu::Tensor(type, shape.vec());
   }
 
   Expected<cpu::Tensor> sum(ArrayRef<const cpu::Tensor *> terms) override {
     if (terms.empty())
       return createStringError(inconvertibleErrorCode(), "a sum of no terms");
+    ++counted.launches, ++counted.allocations;
     cpu::Tensor total = terms[0]->clone();
     for (const cpu::Tensor *t : terms.drop_front())
-      if (Error err = addInto(total, *t))
+      if (Error err = add(total, *t))
         return err;
     return total;
   }
 
   Expected<double> sumOfSquares(ArrayRef<const cpu::Tensor *> tensors, double scale) override {
+    ++counted.launches, ++counted.hostSyncs;
+    counted.deviceToHostBytes += sizeof(double);
     double total = 0;
     for (const cpu::Tensor *t : tensors) {
       if (!t->onHost())
@@ -148,6 +164,41 @@ public:
   }
 
   Error addInto(cpu::Tensor &acc, const cpu::Tensor &term) override {
+    ++counted.launches;
+    return add(acc, term);
+  }
+
+  Error optimize(const OptimizerUpdate &u, cpu::Tensor &w, const cpu::Tensor &g, cpu::Tensor &m,
+                 cpu::Tensor &v) override {
+    if (!w.onHost() || !g.onHost())
+      return notOnHost(w.onHost() ? g : w);
+    ++counted.launches;
+    if (w.elemType() == cpu::DType::F32)
+      return update<float>(u, w, g, m, v);
+    if (w.elemType() == cpu::DType::F64)
+      return update<double>(u, w, g, m, v);
+    return createStringError(inconvertibleErrorCode(), "training %s: float or double weights only",
+                             w.describe().c_str());
+  }
+
+  Error synchronize() override {
+    ++counted.hostSyncs;
+    return Error::success();
+  }
+
+private:
+  BackendCounters counted;
+
+  /// A node's outputs, counted as one launch and an allocation each.
+  Expected<std::vector<cpu::Tensor>> launched(Expected<std::vector<cpu::Tensor>> outputs) {
+    ++counted.launches;
+    if (outputs)
+      counted.allocations += static_cast<int64_t>(outputs->size());
+    return outputs;
+  }
+
+  /// \p acc += \p term (addInto's work, uncounted: sum's terms).
+  Error add(cpu::Tensor &acc, const cpu::Tensor &term) {
     if (!acc.onHost() || !term.onHost())
       return notOnHost(acc.onHost() ? term : acc);
     // float16 and bfloat16 are stored as float: a float32 accumulator takes
@@ -170,21 +221,6 @@ public:
     return Error::success();
   }
 
-  Error optimize(const OptimizerUpdate &u, cpu::Tensor &w, const cpu::Tensor &g, cpu::Tensor &m,
-                 cpu::Tensor &v) override {
-    if (!w.onHost() || !g.onHost())
-      return notOnHost(w.onHost() ? g : w);
-    if (w.elemType() == cpu::DType::F32)
-      return update<float>(u, w, g, m, v);
-    if (w.elemType() == cpu::DType::F64)
-      return update<double>(u, w, g, m, v);
-    return createStringError(inconvertibleErrorCode(), "training %s: float or double weights only",
-                             w.describe().c_str());
-  }
-
-  Error synchronize() override { return Error::success(); }
-
-private:
   /// Every update in double (kernels::optimizerElement, the body every
   /// backend runs), stored in the weight's type; the weight is replaced
   /// (never written in place).
@@ -194,10 +230,11 @@ private:
     using Kind = OptimizerUpdate::Kind;
     int64_t n = w.numElements();
     cpu::Tensor out(w.elemType(), w.shape());
+    ++counted.allocations;
     if (u.kind != Kind::SGD && m.isNull())
-      m = cpu::Tensor(w.elemType(), w.shape());
+      m = cpu::Tensor(w.elemType(), w.shape()), ++counted.allocations;
     if (u.kind == Kind::AdamW && v.isNull())
-      v = cpu::Tensor(w.elemType(), w.shape());
+      v = cpu::Tensor(w.elemType(), w.shape()), ++counted.allocations;
     kernels::OptimizerParams p = optimizerParams(u);
     const T *wp = w.data<T>(), *gp = g.data<T>();
     T *mp = m.isNull() ? nullptr : m.data<T>(), *vp = v.isNull() ? nullptr : v.data<T>();

@@ -211,11 +211,14 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
   // One clock read per node: each node's time runs from the end of the one
   // before, its dispatch included.
   auto last = Clock::now();
-  auto lap = [&] {
+  auto lap = [&](const onnx::NodeProto &node, ArrayRef<cpu::Tensor> outputs) {
     auto now = Clock::now();
-    kernelSeconds += std::chrono::duration<double>(now - last).count();
+    double seconds = std::chrono::duration<double>(now - last).count();
+    kernelSeconds += seconds;
     last = now;
     ++nodesRun;
+    if (profile)
+      profile->node(node, inputs, outputs, seconds);
   };
   for (const PreparedNode &p : prepared) {
     ++index;
@@ -253,7 +256,7 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
       if (!done)
         return done.takeError();
       if (*done) {
-        lap();
+        lap(node, {});
         continue;
       }
     }
@@ -270,7 +273,7 @@ Error RankExecutor::runNodes(const google::protobuf::RepeatedPtrField<onnx::Node
                                  node.op_type().c_str(), cpu::nodeLabel(node).c_str());
       }
     }();
-    lap();
+    lap(node, outs ? ArrayRef<cpu::Tensor>(*outs) : ArrayRef<cpu::Tensor>());
     if (!outs)
       return rankError(global, formatv("stage {0} microbatch {1} {2}: {3}", stage, mb, phase,
                                        toString(outs.takeError())));

@@ -138,6 +138,9 @@ struct RunOptions {
   bool outputsAsPb = false;
   /// Write the measured timeline (Chrome trace, the simulator's format).
   std::string tracePath;
+  /// Write the last step's profile (StepProfile.h): nodes by op class and
+  /// the backend's counters, per rank.
+  std::string profilePath;
   /// Called on rank 0 after each step, with its record (evalLoss set on
   /// the steps that evaluated).
   std::function<void(const StepRecord &)> onStep;

@@ -418,10 +418,24 @@ Error runRank(const Shared &s, Comm &comm, RankExecutor &ex, RunResult &result) 
   auto started = Clock::now();
   for (int t = first; t < o.steps; ++t) {
     double sum = 0, count = 0;
+    // run --profile: the last step, the ones before it warming up.
+    bool profiled = !o.profilePath.empty() && t + 1 == o.steps;
+    BackendCounters before = profiled ? ex.backendCounters() : BackendCounters();
+    if (profiled) {
+      ex.stepProfile = RankProfile();
+      ex.stepProfile.rank = ex.globalRank();
+      ex.profile = &ex.stepProfile;
+    }
     auto stepStarted = Clock::now();
     if (Error err = guardAllocation("rank " + Twine(ex.globalRank()) + ": step " + Twine(t + 1),
                                     [&] { return ex.step(t, sum, count); }))
       return err;
+    if (profiled) {
+      ex.profile = nullptr;
+      ex.stepProfile.stepSeconds =
+          std::chrono::duration<double>(Clock::now() - stepStarted).count();
+      ex.stepProfile.counters = ex.backendCounters() - before;
+    }
     double totals[2] = {sum, count};
     if (Error err = comm.sumAll(totals))
       return err;
@@ -683,6 +697,13 @@ Expected<RunResult> launchRun(const plan::Plan &plan, const RunOptions &options,
     return err;
 
   RunResult result = std::move(results[0]);
+  if (!options.profilePath.empty() && options.steps > result.firstStep) {
+    std::vector<RankProfile> profiles;
+    for (const auto &ex : executors)
+      profiles.push_back(ex->stepProfile);
+    if (Error err = writeProfile(options.profilePath, options.backend, options.steps, profiles))
+      return l.fail(std::move(err));
+  }
   result.primary = l.primary();
   result.rankNodes = l.rankNodes();
   result.blas = blasName();

@@ -21,6 +21,7 @@
 #include "runtime/core/Backend.h"
 #include "runtime/exec/Data.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/exec/StepProfile.h"
 #include "runtime/exec/ValueTable.h"
 #include "support/ChromeTrace.h"
 
@@ -173,6 +174,12 @@ public:
   double lastLr = 0, lastGradNorm = -1;
   /// Seconds spent waiting for messages inside compute instructions.
   double waitSeconds = 0;
+  /// run --profile: the profiled step's nodes, recorded while set.
+  RankProfile *profile = nullptr;
+  /// run --profile: the last step's profile on this rank.
+  RankProfile stepProfile;
+  /// What this rank's backend has done so far.
+  BackendCounters backendCounters() const { return be.counters(); }
 
 private:
   const plan::StageProgram &stageProgram(int stage) const { return s.programs[stage]; }
