@@ -127,7 +127,7 @@ Expected<Growth> grow(Graph &graph, const Tokens &t, const std::set<int> &tensor
       // Weights read beside the tokens train on this rank's alone.
       for (int id : op.inputs)
         if (id >= 0 && !r.of(id).split())
-          if (int w = rootWeight(graph, id); w >= 0 && graph.values[w].kind == ValueKind::Weight)
+          if (int w = rootWeight(graph, id); w >= 0)
             graph.sequenceGrads.insert(graph.values[w].name);
       continue;
     }

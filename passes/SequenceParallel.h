@@ -39,9 +39,9 @@
 namespace pipec {
 
 /// Splits the sequence of \p graph (shard-tensors' output, its ops in order,
-/// uses rebuilt) as above; the values it splits join \p splitValues, whose
-/// shapes are then inferred again. \p committedValues: the values
-/// shard-tensors split, which no sequence split may reach.
+/// uses rebuilt) as above. \p splitValues holds the values shard-tensors
+/// split, whose ops read the tokens whole; the values split on the sequence
+/// join it, and all their shapes are then inferred again.
 llvm::Error splitSequence(Graph &graph, std::set<int> &splitValues);
 
 } // namespace pipec

@@ -47,6 +47,22 @@ struct Config {
   bool fuse = true;
 };
 
+/// \p schedule over \p stages ranks of \p tp tensor-parallel ranks each
+/// (with \p sequenceParallel, the rest split on the tokens over them).
+Config split(const std::string &schedule, int stages, int virtualStages, int microbatches,
+             int tp = 2, int dp = 1, bool shardOptimizer = false, bool sequenceParallel = false) {
+  Config c;
+  c.schedule = schedule;
+  c.stages = stages;
+  c.virtualStages = virtualStages;
+  c.microbatches = microbatches;
+  c.dp = dp;
+  c.shardOptimizer = shardOptimizer;
+  c.tp = tp;
+  c.sequenceParallel = sequenceParallel;
+  return c;
+}
+
 /// The plan of \p model for \p s; a failure is the test's, or with
 /// \p error given, its message there and an empty plan.
 plan::Plan compileFor(const std::string &model, const Config &s, int64_t globalBatch,

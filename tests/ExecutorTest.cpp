@@ -14,6 +14,7 @@
 #include "runtime/core/Backend.h"
 #include "runtime/exec/Data.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/exec/StepProfile.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -694,8 +695,17 @@ TEST_F(RunCli, ProfileOfTheLastStep) {
     for (const char *counter : {"launches", "host_syncs", "d2h_bytes", "allocations"})
       EXPECT_EQ(rank.getInteger(counter), other.getInteger(counter)) << counter;
   }
-  // The last stage downloads the loss: the host waits for it.
-  EXPECT_GT(*(*ranks)[1].getAsObject()->getInteger("host_syncs"), 0);
+  // What makes the host wait today, counted as a device would: on every
+  // rank the tied embedding's gradient, summed over the two ranks that hold
+  // it through the host (64 x 32 floats), and the one norm of the updated
+  // state that checks it is finite (a double); on the last stage also each
+  // microbatch's loss and label count (a float each).
+  const int64_t tied = 64 * 32 * 4, norm = 8, microbatches = 4;
+  const llvm::json::Object &front = *(*ranks)[0].getAsObject(), &last = *(*ranks)[1].getAsObject();
+  EXPECT_EQ(front.getInteger("host_syncs").getValueOr(-1), 2);
+  EXPECT_EQ(front.getInteger("d2h_bytes").getValueOr(-1), tied + norm);
+  EXPECT_EQ(last.getInteger("host_syncs").getValueOr(-1), 2 * microbatches + 2);
+  EXPECT_EQ(last.getInteger("d2h_bytes").getValueOr(-1), microbatches * (4 + 4) + tied + norm);
   EXPECT_EQ(
       runCommand(pipecBin() + " run " + p + " --steps 1 --profile " + dir->path("profile-3.json"),
                  out),
@@ -704,6 +714,28 @@ TEST_F(RunCli, ProfileOfTheLastStep) {
   EXPECT_NE(out.find("--profile: profiles the last step after the first warms up"),
             std::string::npos)
       << out;
+}
+
+// A profile's FLOPs: a product's 2 M N K from its shapes (Gemm's transA
+// read), one per output element otherwise.
+TEST(StepProfile, NodeFlops) {
+  onnx::NodeProto matmul, gemm, add;
+  matmul.set_op_type("MatMul");
+  gemm.set_op_type("Gemm");
+  onnx::AttributeProto *trans = gemm.add_attribute();
+  trans->set_name("transA");
+  trans->set_type(onnx::AttributeProto::INT);
+  trans->set_i(1);
+  add.set_op_type("Add");
+  cpu::Tensor a(cpu::DType::F32, {2, 3, 4}), b(cpu::DType::F32, {4, 5});
+  std::vector<cpu::Tensor> product;
+  product.emplace_back(cpu::DType::F32, std::vector<int64_t>{2, 3, 5});
+  EXPECT_EQ(rt::nodeFlops(matmul, {&a, &b}, product), 2.0 * 2 * 3 * 5 * 4);
+  cpu::Tensor at(cpu::DType::F32, {7, 3}), bt(cpu::DType::F32, {7, 5});
+  std::vector<cpu::Tensor> out;
+  out.emplace_back(cpu::DType::F32, std::vector<int64_t>{3, 5});
+  EXPECT_EQ(rt::nodeFlops(gemm, {&at, &bt}, out), 2.0 * 3 * 5 * 7);
+  EXPECT_EQ(rt::nodeFlops(add, {&at, &at}, out), 15.0);
 }
 
 TEST_F(RunCli, ProfiledCostsFeedCompile) {

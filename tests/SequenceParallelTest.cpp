@@ -28,16 +28,7 @@ namespace {
 /// split on the sequence.
 Config sequence(const std::string &schedule, int stages, int virtualStages, int microbatches,
                 int dp = 1, bool shardOptimizer = false) {
-  Config c;
-  c.schedule = schedule;
-  c.stages = stages;
-  c.virtualStages = virtualStages;
-  c.microbatches = microbatches;
-  c.dp = dp;
-  c.shardOptimizer = shardOptimizer;
-  c.tp = 2;
-  c.sequenceParallel = true;
-  return c;
+  return split(schedule, stages, virtualStages, microbatches, 2, dp, shardOptimizer, true);
 }
 
 TEST_F(Equivalence, SequenceParallelGptTied) {

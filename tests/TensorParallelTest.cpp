@@ -25,20 +25,6 @@ using llvm::formatv;
 
 namespace {
 
-/// \p schedule over \p stages ranks of \p tp tensor-parallel ranks each.
-Config split(const std::string &schedule, int stages, int virtualStages, int microbatches,
-             int tp = 2, int dp = 1, bool shardOptimizer = false) {
-  Config c;
-  c.schedule = schedule;
-  c.stages = stages;
-  c.virtualStages = virtualStages;
-  c.microbatches = microbatches;
-  c.dp = dp;
-  c.shardOptimizer = shardOptimizer;
-  c.tp = tp;
-  return c;
-}
-
 const std::vector<Config> &schedules() {
   static const std::vector<Config> setups = {
       split("1f1b", 1, 1, 2),

@@ -274,31 +274,23 @@ else
   row "$label" FAIL "$(why $? "$e")"
 fi
 # --tp 2: each stage's products split over two ranks, all four ranks on the
-# one GPU (threads: host sums), the untied head's loss vocabulary-parallel.
-label="tp=2 P=2 = 1 rank ($backend)"
-if [ -z "$ref" ]; then
-  row "$label" FAIL "no one-rank run to compare with"
-elif step "$e" "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-tp.plan" --stages 2 \
-       --schedule 1f1b --tp 2 "${planFlags[@]}" &&
-     step "$e" "$pipec" run "$work/gpt-tp.plan" "${trainFlags[@]}" --ranks-per-device 4 \
-       --save-weights "$work/w-tp.onnx"; then
-  matches "$label" "$ref" "$work/w-tp.onnx" 1e-5 1e-6
-else
-  row "$label" FAIL "$(why $? "$e")"
-fi
-# --sequence-parallel beside it: the norms and residuals split on the tokens
-# (reduce-scatters and all-gathers in place of the sums), the same weights.
-label="tp=2 sequence-parallel P=2 = 1 rank ($backend)"
-if [ -z "$ref" ]; then
-  row "$label" FAIL "no one-rank run to compare with"
-elif step "$e" "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-sp.plan" --stages 2 \
-       --schedule 1f1b --tp 2 --sequence-parallel "${planFlags[@]}" &&
-     step "$e" "$pipec" run "$work/gpt-sp.plan" "${trainFlags[@]}" --ranks-per-device 4 \
-       --save-weights "$work/w-sp.onnx"; then
-  matches "$label" "$ref" "$work/w-sp.onnx" 1e-5 1e-6
-else
-  row "$label" FAIL "$(why $? "$e")"
-fi
+# one GPU (threads: host sums), the untied head's loss vocabulary-parallel;
+# and with --sequence-parallel the norms and residuals split on the tokens
+# (reduce-scatters and all-gathers in place of the sums). The same weights.
+for split in "tp:" "sp:--sequence-parallel"; do
+  name=${split%%:*} extra=${split#*:}
+  label="tp=2${extra:+ sequence-parallel} P=2 = 1 rank ($backend)"
+  if [ -z "$ref" ]; then
+    row "$label" FAIL "no one-rank run to compare with"
+  elif step "$e" "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-$name.plan" --stages 2 \
+         --schedule 1f1b --tp 2 $extra "${planFlags[@]}" &&
+       step "$e" "$pipec" run "$work/gpt-$name.plan" "${trainFlags[@]}" --ranks-per-device 4 \
+         --save-weights "$work/w-$name.onnx"; then
+    matches "$label" "$ref" "$work/w-$name.onnx" 1e-5 1e-6
+  else
+    row "$label" FAIL "$(why $? "$e")"
+  fi
+done
 # --shard-optimizer: two replicas on the one GPU (threads: host
 # collectives), each updating its shard of every weight on the device, give
 # the unsharded replicas' weights after three AdamW steps with clipping and
