@@ -218,6 +218,7 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   importOptions.tensorParallel = options.tensorParallel;
   importOptions.sequenceParallel = options.sequenceParallel;
   importOptions.training = options.training;
+  importOptions.fuseAttention = options.fuseAttention;
   auto graph = loadGraph(modelPath, importOptions, runner);
   if (!graph)
     return graph.takeError();
@@ -225,7 +226,7 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   out->graph = std::move(*graph);
   // One hash per compile (XXH3-128 runs at memory speed, but the file may be GBs).
   out->xxh3 = knownHash.empty() ? contentHash(out->graph.files[0]->getBuffer()) : knownHash.str();
-  out->fileNodes = out->graph.model->graph().node_size();
+  out->fileNodes = out->graph.fileNodes;
   auto layers = buildLayerGraph(out->graph, runner);
   if (!layers)
     return layers.takeError();

@@ -83,6 +83,9 @@ struct CompileOptions {
   bool timingOnly = false;
   /// The fuse pass: false (--no-fuse) keeps every node its own kernel.
   bool fuse = true;
+  /// fuse-attention: false (--attention unfused) trains attention as the
+  /// exporter's nodes, its scores kept for the backward.
+  bool fuseAttention = true;
   /// --params: the model's own tensors (.safetensors). Initializers the
   /// exporter merged from several of them train as one copy each
   /// (driver/MapParams.h); the plan's param_map is filled after compiling.

@@ -29,7 +29,7 @@ using namespace params;
 
 Expected<std::map<std::string, std::vector<ParamSplit>>> guessMergedSplits(const Graph &graph) {
   std::map<std::string, std::vector<ParamSplit>> splits;
-  std::map<std::string, std::vector<Reader>> readers = readersOf(*graph.model);
+  std::map<std::string, std::vector<Reader>> readers = readersOf(*graph.model, graph.fileNodes);
   // Only the values of weights that several modules (or unnamed nodes) read.
   auto weights = graphWeights(graph, [&](const Value &v) {
     auto it = readers.find(v.name);
@@ -106,7 +106,7 @@ cpu::Tensor broadcastCore(const cpu::Tensor &t) {
 
 Expected<std::vector<ParamFold>> guessParamFolds(const Graph &graph,
                                                  const std::set<std::string> &decided) {
-  std::map<std::string, std::vector<Reader>> readers = readersOf(*graph.model);
+  std::map<std::string, std::vector<Reader>> readers = readersOf(*graph.model, graph.fileNodes);
   auto moduleOf = [&](const std::string &name) -> std::string {
     std::set<std::string> modules;
     for (const Reader &r : readers[name])

@@ -332,12 +332,13 @@ std::optional<onnx::ModelProto> parseModel(StringRef path) {
 }
 
 /// The reads of each initializer of \p model by the main graph's nodes.
-std::map<std::string, std::vector<Reader>> readersOf(const onnx::ModelProto &model) {
+std::map<std::string, std::vector<Reader>> readersOf(const onnx::ModelProto &model, int nodes) {
   std::set<std::string> initializers;
   for (const onnx::TensorProto &t : model.graph().initializer())
     initializers.insert(t.name());
   std::map<std::string, std::vector<Reader>> readers;
-  for (int n = 0; n < model.graph().node_size(); ++n) {
+  int count = nodes < 0 ? model.graph().node_size() : std::min(nodes, model.graph().node_size());
+  for (int n = 0; n < count; ++n) {
     const onnx::NodeProto &node = model.graph().node(n);
     std::string scope = scopeOf(node);
     for (int i = 0; i < node.input_size(); ++i)

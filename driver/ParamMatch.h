@@ -85,8 +85,9 @@ struct Reader {
 /// The places that hold \p p in \p w (MapParams.cpp).
 std::vector<plan::ParamPlace> findPlaces(const Weight &w, Param &p);
 
-/// The reads of each initializer of \p model by the main graph's nodes.
-std::map<std::string, std::vector<Reader>> readersOf(const onnx::ModelProto &model);
+/// The reads of each initializer of \p model by the main graph's nodes (its
+/// first \p nodes when given: the file's, before those passes appended).
+std::map<std::string, std::vector<Reader>> readersOf(const onnx::ModelProto &model, int nodes = -1);
 
 /// The float weights of \p graph that its ops read, stored in its files or
 /// inline (typed data); with \p wanted, those it keeps (their values alone

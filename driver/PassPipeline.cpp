@@ -2,6 +2,7 @@
 #include "driver/PassPipeline.h"
 #include "passes/EliminateDead.h"
 #include "passes/FoldConstants.h"
+#include "passes/FuseAttention.h"
 #include "passes/GroupLayers.h"
 #include "passes/InferShapes.h"
 #include "passes/ShardTensors.h"

@@ -12,6 +12,7 @@
 #include "passes/grad/GradContext.h"
 #include "passes/grad/GradRules.h"
 
+#include "ops/Attention.h"
 #include "ops/OpRegistry.h"
 #include "support/Attributes.h"
 #include "support/Diagnostics.h"
@@ -76,6 +77,26 @@ bool perSample(const Graph &graph, int id, int64_t batch) {
 /// (exporters fill masks with the lowest float, -3.4e38). No parameter holds
 /// such values; a causal mask an exporter folded into an initializer does,
 /// and is not trained.
+/// Whether every live read of \p id is as a step tensor of fused attention
+/// (ops/Attention.h: a mask or bias, which fuse-attention takes only where
+/// it carries no gradient).
+bool readAsAttentionStep(const Graph &graph, int id) {
+  const Value &v = graph.values[id];
+  bool any = false;
+  for (int user : v.users) {
+    const Op &op = graph.ops[user];
+    if (op.dead)
+      continue;
+    if (!op.is(OpId::ScaledDotProductAttention))
+      return false;
+    for (size_t i = 0; i < op.inputs.size(); ++i)
+      if (op.inputs[i] == id && i < attention::FirstTensor)
+        return false;
+    any = true;
+  }
+  return any;
+}
+
 bool holdsMaskFill(const Graph &graph, int id) {
   const Value &v = graph.values[id];
   if (v.users.empty() || v.numElements() > (int64_t(1) << 26))
@@ -206,6 +227,7 @@ std::vector<bool> dataWeights(const Graph &graph) {
     const Value &value = graph.values[v];
     if (value.kind == ValueKind::Weight && value.producer < 0 && isFloatDType(value.type) &&
         (perSample(graph, static_cast<int>(v), batch) ||
+         readAsAttentionStep(graph, static_cast<int>(v)) ||
          holdsMaskFill(graph, static_cast<int>(v)) ||
          (value.tensorIndex >= initializers && computedFill(graph, static_cast<int>(v)))))
       data[v] = true;
@@ -272,6 +294,14 @@ GradientPath markGradientPath(const Graph &graph, bool graphInputGrads) {
   }
   return path;
 }
+
+} // namespace
+
+std::vector<bool> gradientValues(const Graph &graph) {
+  return markGradientPath(graph, /*graphInputGrads=*/false).needsGrad;
+}
+
+namespace {
 
 class Differentiator {
 public:

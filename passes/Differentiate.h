@@ -188,9 +188,15 @@ struct LossChoice {
 /// The float initializers of \p graph that are data, not parameters, and
 /// get no gradient: rotary position tables an exporter folded, tensors of
 /// one entry per sample (a batch's attention mask, a folded zeros_like),
-/// masks (filled with infinities or the lowest float), and Constant node
-/// fills (one value everywhere, rank 2 or more: a computed torch.zeros).
+/// masks (filled with infinities or the lowest float; or read only as a
+/// fused attention's masks), and Constant node fills (one value everywhere,
+/// rank 2 or more: a computed torch.zeros).
 std::vector<bool> dataWeights(const Graph &graph);
+
+/// Per value of \p graph: whether a training step computes its gradient
+/// (it is computed from a trainable weight through ops whose rules pass
+/// one on), as differentiate decides it.
+std::vector<bool> gradientValues(const Graph &graph);
 
 /// Chooses the loss of \p graph (after infer-shapes) by structure, never
 /// by a name:

@@ -33,6 +33,13 @@ std::string freshName(const Graph &graph, const std::string &base) {
   return name;
 }
 
+std::pair<int, int> fileRead(const Graph &graph, int o, int slot) {
+  const Op &op = graph.ops[o];
+  if (static_cast<size_t>(slot) < op.fileReads.size())
+    return op.fileReads[slot];
+  return {op.nodeIndex, slot};
+}
+
 void rewire(Graph &graph, int o, int slot, int id) {
   Op &op = graph.ops[o];
   op.inputs[slot] = id;

@@ -28,6 +28,10 @@ bool capturedBySubgraph(const Graph &graph, int id);
 /// A name no value has: \p base, else base.N.
 std::string freshName(const Graph &graph, const std::string &base);
 
+/// The (node, input) of the model file that reads what input \p slot of op
+/// \p o reads: the op's own node, or for an op a pass made, its fileReads.
+std::pair<int, int> fileRead(const Graph &graph, int o, int slot);
+
 /// Points input \p slot of op \p o at value \p id, in the op and its node.
 /// The caller rebuilds the uses.
 void rewire(Graph &graph, int o, int slot, int id);

@@ -165,7 +165,8 @@ int copyFor(Graph &graph, int id, const std::string &base,
   std::vector<WeightReader> readers;
   for (auto [o, slot] : reads) {
     rewire(graph, o, slot, copyId);
-    readers.push_back({graph.ops[o].nodeIndex, slot});
+    auto [node, input] = fileRead(graph, o, slot);
+    readers.push_back({node, input});
   }
   shared.copies.push_back(name);
   shared.copyReaders.push_back(std::move(readers));
@@ -213,7 +214,7 @@ std::optional<SharedWeight> splitByParams(Graph &graph, const std::string &name,
       wanted.insert({r.node, r.input});
     std::vector<std::pair<int, int>> mine;
     for (auto [o, slot] : reads)
-      if (wanted.count({graph.ops[o].nodeIndex, slot}))
+      if (wanted.count(fileRead(graph, o, slot)))
         mine.push_back({o, slot});
     if (mine.empty())
       continue;

@@ -103,14 +103,16 @@ TEST(Cli, PrintAfterAndStats) {
   EXPECT_NE(out.find("IR after fold-constants"), std::string::npos);
   EXPECT_NE(out.find("IR after group-layers"), std::string::npos);
   EXPECT_NE(out.find("stats: infer-shapes"), std::string::npos);
-  EXPECT_TRUE(fileExists(dir.path("dump/05-group-layers.txt")));
-  EXPECT_FALSE(fileExists(dir.path("dump/06-tie-weights.txt")));
+  EXPECT_TRUE(fileExists(dir.path("dump/06-group-layers.txt")));
+  EXPECT_FALSE(fileExists(dir.path("dump/07-tie-weights.txt")));
   // A pass that inspect does not run is named as such, not silently ignored.
   EXPECT_EQ(runCommand(pipecBinary + " inspect " + model + " --print-after=differentiate", out), 2);
-  EXPECT_NE(out.find("--print-after differentiate: this command runs import, infer-shapes, "
-                     "fold-constants, eliminate-dead, shard-tensors, group-layers (or all); "
-                     "differentiate runs under compile"),
-            std::string::npos)
+  EXPECT_NE(
+      out.find(
+          "--print-after differentiate: this command runs import, infer-shapes, "
+          "fold-constants, eliminate-dead, shard-tensors, fuse-attention, group-layers (or all); "
+          "differentiate runs under compile"),
+      std::string::npos)
       << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_EQ(runCommand(pipecBinary + " inspect " + model + " --print-after=frobnicate", out), 2);

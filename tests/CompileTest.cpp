@@ -280,7 +280,10 @@ TEST(Compile, GoldenReportForAGeneratedGpt) {
 /// min-max layout E,t*8|t*8|t*8|t*8,L at 2.35 s against uniform's 2.32 s
 /// and params' 2.33 s), and the report says why the last stage is lighter.
 /// The figures include adding each microbatch's weight gradients into the
-/// float32 accumulators (about 7 ms per microbatch on a stage of 2 G params).
+/// float32 accumulators (about 7 ms per microbatch on a stage of 2 G params),
+/// and attention fused (fuse-attention: priced by its FLOPs and the bytes of
+/// Q, K, V and O, as FlashAttention runs; 2.46 s a step with the scores
+/// materialised).
 TEST(Compile, Llama3_8BShapeTimeBalancingAndItsReport) {
   TempDir dir;
   std::string model = dir.path("llama8b.onnx"), plan = dir.path("llama8b.plan"), out;
@@ -299,20 +302,23 @@ TEST(Compile, Llama3_8BShapeTimeBalancingAndItsReport) {
   for (const auto &a : loaded->alternatives())
     steps[a.method()] = a.step_time_s();
   ASSERT_EQ(steps.size(), 3u) << out;
-  EXPECT_LE(steps["time"], steps["params"]) << out;
-  EXPECT_LE(steps["time"], steps["uniform"]) << out;
-  EXPECT_NEAR(steps["time"], 2.46, 0.01) << out;
+  // Within rounding: here the three layouts simulate to the same 1.58 s.
+  EXPECT_LE(steps["time"], steps["params"] * (1 + 1e-9)) << out;
+  EXPECT_LE(steps["time"], steps["uniform"] * (1 + 1e-9)) << out;
+  EXPECT_NEAR(steps["time"], 1.58, 0.01) << out;
   EXPECT_EQ(loaded->layout(), "E,t*8|t*9|t*8|t*7,L") << out;
   EXPECT_NE(out.find("stage 3 (rank 3): 7 blocks (2 fewer than the fullest)"), std::string::npos)
       << out;
-  EXPECT_NE(out.find("head 'head' 15.20 ms (1.04 blocks' worth, 525.34 M params)"),
+  EXPECT_NE(out.find("head 'head' 15.20 ms (1.64 blocks' worth, 525.34 M params)"),
             std::string::npos)
       << out;
-  // Each microbatch in flight keeps what the backward reads: about 1.6 GiB a
-  // block in bf16, as Korthikanti et al. ("Reducing Activation Recomputation
-  // in Large Transformer Models", 2022) count a block without dropout.
-  EXPECT_NE(out.find("rank 0 memory: peak 89.52 GiB"), std::string::npos) << out;
-  EXPECT_NE(out.find("activations held 55.69 GiB (4.0 microbatches of 13.41 GiB, and"),
+  // Each microbatch in flight keeps what the backward reads: about 0.7 GiB a
+  // block in bf16 with attention fused, where Korthikanti et al. ("Reducing
+  // Activation Recomputation in Large Transformer Models", 2022) count 34 s h
+  // bytes (0.53 GiB) for a GPT block without dropout and its scores (Llama's
+  // gated MLP of 3.5 h keeps more); 1.6 GiB with the scores kept.
+  EXPECT_NE(out.find("rank 0 memory: peak 56.85 GiB"), std::string::npos) << out;
+  EXPECT_NE(out.find("activations held 23.02 GiB (4.0 microbatches of 5.66 GiB, and"),
             std::string::npos)
       << out;
 }
@@ -748,10 +754,10 @@ std::vector<std::string> prefixed(const std::string &prefix, const std::string &
 
 TEST(Compile, EveryPassShowsItsStatsAndIr) {
   const std::vector<std::string> pipeline = {
-      "import",         "infer-shapes",   "fold-constants", "eliminate-dead",
-      "shard-tensors",  "group-layers",   "tie-weights",    "train-params",
-      "differentiate",  "balance-stages", "lower-schedule", "plan-memory",
-      "verify-program", "fuse",           "fold-weights",   "select-recompute"};
+      "import",         "infer-shapes",    "fold-constants", "eliminate-dead", "shard-tensors",
+      "fuse-attention", "group-layers",    "tie-weights",    "train-params",   "differentiate",
+      "balance-stages", "lower-schedule",  "plan-memory",    "verify-program", "fuse",
+      "fold-weights",   "select-recompute"};
   ASSERT_EQ(passNames(), pipeline);
   TempDir dir;
   std::string model = dir.path("gpt.onnx"), out;
@@ -845,8 +851,9 @@ TEST(Compile, UnknownPrintAfterListsThePasses) {
             2);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_NE(out.find("--print-after lower: expected all or a pass: import, infer-shapes, "
-                     "fold-constants, eliminate-dead, shard-tensors, group-layers, tie-weights, "
-                     "train-params, differentiate, balance-stages, lower-schedule, plan-memory, "
+                     "fold-constants, eliminate-dead, shard-tensors, fuse-attention, group-layers, "
+                     "tie-weights, train-params, differentiate, balance-stages, lower-schedule, "
+                     "plan-memory, "
                      "verify-program, fuse, fold-weights, select-recompute"),
             std::string::npos)
       << out;

@@ -45,6 +45,8 @@ struct Config {
   std::string balance = "uniform";
   /// false: compile with --no-fuse.
   bool fuse = true;
+  /// false: compile with --attention unfused.
+  bool fuseAttention = true;
 };
 
 /// \p schedule over \p stages ranks of \p tp tensor-parallel ranks each
@@ -81,6 +83,7 @@ plan::Plan compileFor(const std::string &model, const Config &s, int64_t globalB
   options.shardOptimizer = s.shardOptimizer;
   options.memoryLimit = s.memoryLimit;
   options.fuse = s.fuse;
+  options.fuseAttention = s.fuseAttention;
   auto kind = parseSchedule(s.schedule);
   EXPECT_TRUE(static_cast<bool>(kind)) << s.schedule;
   if (!kind) {

@@ -169,6 +169,12 @@ cl::opt<bool> NoFuse("no-fuse",
                      cl::desc("Keep each node its own kernel: no fused element-wise chains, "
                               "bias adds, transposed weights or attention"),
                      cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<std::string>
+    AttentionMode("attention",
+                  cl::desc("How training runs attention: fused (one node whose gradient recomputes "
+                           "the scores, the default) or unfused (the exporter's nodes, the scores "
+                           "kept for the backward)"),
+                  cl::init("fused"), cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::list<std::string> Untie("untie",
                             cl::desc("Train a shared initializer as one copy per layer that reads "
                                      "it, or keep a folded tie apart; all: every initializer the "
@@ -534,6 +540,9 @@ int runCompile() {
   }
   options.timingOnly = TimingOnly;
   options.fuse = !NoFuse;
+  if (AttentionMode != "fused" && AttentionMode != "unfused")
+    return badUsage("--attention " + AttentionMode + ": expected fused or unfused");
+  options.fuseAttention = AttentionMode == "fused";
   for (const std::string &name : Untie) {
     if (name.empty())
       return badUsage("--untie: expected NAME or all, got an empty name");

@@ -257,6 +257,18 @@ template <bool Projection> int64_t Attention<Projection>::flops(const Graph &gra
   return flops;
 }
 
+int64_t ScoresAttention::flops(const Graph &graph, const Op &op) {
+  const auto &q = inputShape(graph, op, 0), &kt = inputShape(graph, op, 1),
+             &v = inputShape(graph, op, 2);
+  if (q.size() < 2 || kt.size() != q.size() || v.size() != q.size())
+    return outputElements(graph, op);
+  int64_t heads = 1;
+  for (size_t i = 0; i + 2 < q.size(); ++i)
+    heads *= q[i];
+  int64_t m = q[q.size() - 2], k = q.back(), n = kt.back(), d = v.back();
+  return heads * m * n * (2 * (k + d) + 5);
+}
+
 template <int K> int64_t Norm<K>::flops(const Graph &graph, const Op &op) {
   return op.outputs.empty() ? 0 : K * elements(graph, op.outputs[0]);
 }

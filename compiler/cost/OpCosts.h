@@ -180,6 +180,11 @@ struct Einsum : EinsumBackward {
 template <bool Projection> struct Attention : AttentionBackward {
   static int64_t flops(const Graph &graph, const Op &op);
 };
+/// pipec.ScaledDotProductAttention (ops/Attention.h): Q Kt and P V
+/// (2 m n (k + d) per head) and the scores' steps and softmax (5 m n).
+struct ScoresAttention : AttentionBackward {
+  static int64_t flops(const Graph &graph, const Op &op);
+};
 /// A sum over the stage's tensor-parallel ranks in pass \p P of its
 /// output's bytes: no FLOPs; its time is the link's (CostModel).
 template <Pass P> struct TpSum {

@@ -149,6 +149,11 @@ struct Op {
   std::vector<int> captures;
   /// Index of the NodeProto in the model's top-level graph.
   int nodeIndex = -1;
+  /// Per input of an op a pass made from nodes of the file (fuse-attention):
+  /// the (node, input) of the file that read the same value, so that what
+  /// is recorded against the file (untied copies, a parameter's readers)
+  /// names the file's node. Empty for an op of the file.
+  std::vector<std::pair<int, int>> fileReads;
   /// Set by passes that remove the op; compact() drops dead ops.
   bool dead = false;
 
@@ -208,6 +213,11 @@ public:
   /// Compiled for training (`--mode train`): a step keeps no graph output
   /// but the loss, so shard-tensors gathers none.
   bool training = false;
+  /// Nodes of the model file's graph; passes append theirs after them.
+  int fileNodes = 0;
+  /// Attention fused into one node for training (fuse-attention); false
+  /// under --attention unfused.
+  bool fuseAttention = true;
   /// The weights shard-tensors split, by name: each Value's shape is one
   /// rank's piece, the plan's tensor the whole (PlanFile's weight shards).
   std::map<std::string, TensorShard> shards;

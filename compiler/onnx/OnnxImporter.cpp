@@ -614,6 +614,8 @@ Expected<Graph> importOnnxBuffer(std::unique_ptr<MemoryBuffer> buffer, StringRef
   graph.tensorParallel = options.tensorParallel;
   graph.sequenceParallel = options.sequenceParallel;
   graph.training = options.training;
+  graph.fileNodes = graph.model->graph().node_size();
+  graph.fuseAttention = options.fuseAttention;
   Importer importer(graph, options, baseDir);
   try {
     if (Error err = importer.run())

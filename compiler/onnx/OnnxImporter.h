@@ -37,6 +37,8 @@ struct ImportOptions {
   bool sequenceParallel = false;
   /// Compiled for training: the Graph's training, which shard-tensors reads.
   bool training = false;
+  /// The Graph's fuseAttention (--attention unfused clears it).
+  bool fuseAttention = true;
 };
 
 /// Parses \p path into a Graph with ops in topological order and input shapes

@@ -68,6 +68,10 @@ public:
   void setCrossing(std::vector<bool> crossing) { crossingDerived = std::move(crossing); }
   /// Per op of the graph, the layer it is in.
   void setOpLayers(std::vector<int> layers) { opLayers = std::move(layers); }
+  /// The list the next nodes go to (forEachWanted's choice for the input at
+  /// hand): a rule that computes several inputs' gradients in one node
+  /// makes one per list.
+  const std::vector<onnx::NodeProto> &currentList() const { return *sink; }
   /// Selects \p list (e.g. the loss's forward nodes).
   void sinkTo(std::vector<onnx::NodeProto> &list) { sink = &list; }
 

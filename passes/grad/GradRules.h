@@ -14,6 +14,7 @@
 //   IndexingGrads.cpp     trilu, cumSum, gatherElements, gatherND, scatterND,
 //                         scatterElements, topK, pad
 //   EinsumGrads.cpp       einsum
+//   AttentionGrads.cpp    scaledDotProductAttention
 // and two that are not rules: `none` (no gradient flows through the op)
 // and `missing` (the op is differentiable but pipec has no rule: an error
 // naming the node). An op without a row of Ops.def is `missing`.
@@ -79,6 +80,8 @@ extern const GradRule trilu, cumSum, gatherElements, gatherND, scatterND, scatte
     pad;
 // EinsumGrads.cpp
 extern const GradRule einsum;
+// AttentionGrads.cpp
+extern const GradRule scaledDotProductAttention;
 } // namespace rules
 
 } // namespace pipec::grad

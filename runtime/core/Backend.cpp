@@ -24,6 +24,18 @@ kernels::OptimizerParams optimizerParams(const OptimizerUpdate &u) {
   return p;
 }
 
+llvm::Expected<std::vector<cpu::Tensor>>
+Backend::downloadAll(llvm::ArrayRef<const cpu::Tensor *> tensors) {
+  std::vector<cpu::Tensor> out;
+  for (const cpu::Tensor *t : tensors) {
+    auto host = download(*t);
+    if (!host)
+      return host.takeError();
+    out.push_back(std::move(*host));
+  }
+  return out;
+}
+
 llvm::Expected<cpu::Tensor> Backend::slice(const cpu::Tensor &t, int64_t begin, int64_t count) {
   auto host = download(t);
   if (!host)

@@ -114,6 +114,11 @@ public:
   virtual llvm::Expected<cpu::Tensor> upload(const cpu::Tensor &host) = 0;
   /// A host copy of \p tensor, complete when this returns.
   virtual llvm::Expected<cpu::Tensor> download(const cpu::Tensor &tensor) = 0;
+  /// Host copies of \p tensors, complete when this returns, after one wait
+  /// for them all (a step's losses and label counts). The default downloads
+  /// each in turn.
+  virtual llvm::Expected<std::vector<cpu::Tensor>>
+  downloadAll(llvm::ArrayRef<const cpu::Tensor *> tensors);
   /// A zero tensor of the backend's.
   virtual llvm::Expected<cpu::Tensor> zeros(DType type, llvm::ArrayRef<int64_t> shape) = 0;
   /// A fresh tensor holding the sum of \p terms (same type and element

@@ -238,12 +238,19 @@ Expected<std::vector<Tensor>> runFusedBody(
   const onnx::GraphProto *body = fusedBodyOf(node);
   if (!body)
     return fusedError(node, "no body graph");
+  return runBodyGraph(*body, node, inputs, run);
+}
+
+Expected<std::vector<Tensor>> runBodyGraph(
+    const onnx::GraphProto &body, const onnx::NodeProto &node, ArrayRef<const Tensor *> inputs,
+    function_ref<Expected<std::vector<Tensor>>(const onnx::NodeProto &, ArrayRef<const Tensor *>)>
+        run) {
   std::map<std::string, Tensor> values;
   for (int i = 0; i < node.input_size() && i < static_cast<int>(inputs.size()); ++i)
     if (inputs[i])
       values[node.input(i)] = *inputs[i];
   std::vector<const Tensor *> args;
-  for (const onnx::NodeProto &n : body->node()) {
+  for (const onnx::NodeProto &n : body.node()) {
     args.clear();
     for (const std::string &name : n.input()) {
       auto it = values.find(name);

@@ -141,6 +141,16 @@ runFusedBody(const onnx::NodeProto &node, llvm::ArrayRef<const cpu::Tensor *> in
                  const onnx::NodeProto &, llvm::ArrayRef<const cpu::Tensor *>)>
                  run);
 
+/// Runs \p body, the steps that compute \p node, one node at a time through
+/// \p run: its values start as \p node's inputs, by name, and end as its
+/// outputs.
+llvm::Expected<std::vector<cpu::Tensor>>
+runBodyGraph(const onnx::GraphProto &body, const onnx::NodeProto &node,
+             llvm::ArrayRef<const cpu::Tensor *> inputs,
+             llvm::function_ref<llvm::Expected<std::vector<cpu::Tensor>>(
+                 const onnx::NodeProto &, llvm::ArrayRef<const cpu::Tensor *>)>
+                 run);
+
 /// The bias length of MatMulBias \p node on \p inputs when the bias can be
 /// added in a GEMM's epilogue: a body of MatMul then Add, A float32
 /// [..., M, K], B float32 [K, N], the bias float32 with N elements along the

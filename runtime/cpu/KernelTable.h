@@ -161,6 +161,9 @@ KernelResult fused(const OpContext &ctx);
 KernelResult matMulBias(const OpContext &ctx);
 KernelResult matMulTransposed(const OpContext &ctx);
 KernelResult softmaxAttention(const OpContext &ctx);
+// Fused attention in training and its gradient (ScaledAttention.cpp).
+KernelResult scaledDotProductAttention(const OpContext &ctx);
+KernelResult scaledDotProductAttentionGrad(const OpContext &ctx);
 
 } // namespace pipec::cpu
 

@@ -193,6 +193,34 @@ Expected<Tensor> CudaBackend::download(const Tensor &tensor) {
   return host;
 }
 
+Expected<std::vector<Tensor>> CudaBackend::downloadAll(ArrayRef<const Tensor *> tensors) {
+  if (Error err = enter())
+    return err;
+  std::vector<Tensor> out;
+  bool queued = false;
+  for (const Tensor *t : tensors) {
+    if (t->onHost()) {
+      out.push_back(*t);
+      continue;
+    }
+    Tensor host(t->elemType(), t->shape());
+    if (t->byteSize() > 0)
+      PIPEC_CUDA_TRY(
+          cudaMemcpyAsync(host.rawData(), t->rawData(), t->byteSize(), cudaMemcpyDefault, stream));
+    counted.deviceToHostBytes += static_cast<int64_t>(t->byteSize());
+    out.push_back(std::move(host));
+    queued = true;
+  }
+  if (!queued)
+    return out;
+  ++counted.hostSyncs;
+  PIPEC_CUDA_TRY(cudaStreamSynchronize(stream));
+  retireHolds(true);
+  if (Error err = verifyChecks())
+    return err;
+  return out;
+}
+
 Expected<Shape> CudaBackend::hostInts(const Tensor &t) {
   if (t.onHost())
     return t.toInt64Vector();

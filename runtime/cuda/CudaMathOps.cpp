@@ -5,6 +5,8 @@
 // cross-entropy loss, and pipec's gradient ops.
 //
 //===----------------------------------------------------------------------===//
+#include "ops/Attention.h"
+#include "runtime/core/AttentionBody.h"
 #include "runtime/cuda/CudaOps.h"
 
 using namespace llvm;
@@ -394,6 +396,24 @@ Result CudaBackend::unaryGrad(const NodeView &n) {
 /// backend: for inputs its kernel does not take.
 Result CudaBackend::runBody(const NodeView &n) {
   auto outputs = runFusedBody(n.node, n.allInputs(),
+                              [&](const onnx::NodeProto &step, ArrayRef<const Tensor *> in) {
+                                return dispatch(NodeView(step, n.opset, in, device));
+                              });
+  if (!outputs)
+    return outputs.takeError();
+  return std::move(*outputs);
+}
+
+Result CudaBackend::runAttentionBody(const NodeView &n) {
+  ArrayRef<const Tensor *> inputs = n.allInputs();
+  size_t q = n.node.op_type() == attention::GradOpType ? attention::GradQuery : attention::Query;
+  if (q >= inputs.size() || !inputs[q])
+    return createStringError(inconvertibleErrorCode(), "node '%s' (%s): no Q",
+                             n.node.name().c_str(), n.node.op_type().c_str());
+  auto body = attentionBody(n.node, inputs[q]->rank(), n.opset);
+  if (!body)
+    return body.takeError();
+  auto outputs = runBodyGraph(*body, n.node, inputs,
                               [&](const onnx::NodeProto &step, ArrayRef<const Tensor *> in) {
                                 return dispatch(NodeView(step, n.opset, in, device));
                               });

@@ -159,6 +159,8 @@ public:
                         ArrayRef<const Tensor *> inputs) override;
   Expected<Tensor> upload(const Tensor &host) override;
   Expected<Tensor> download(const Tensor &tensor) override;
+  /// Every copy queued on the stream, then one wait.
+  Expected<std::vector<Tensor>> downloadAll(ArrayRef<const Tensor *> tensors) override;
   Expected<Tensor> zeros(DType type, ArrayRef<int64_t> shape) override;
   Expected<Tensor> slice(const Tensor &t, int64_t begin, int64_t count) override;
   Expected<Tensor> sum(ArrayRef<const Tensor *> terms) override;
@@ -258,6 +260,11 @@ private:
   /// the host fused them).
   Result matMulTransposed(const NodeView &n) { return runBody(n); }
   Result softmaxAttention(const NodeView &n) { return runBody(n); }
+  /// Fused attention in training and its gradient (ops/Attention.h): the
+  /// ops of its body (runtime/core/AttentionBody.h) on this backend.
+  Result runAttentionBody(const NodeView &n);
+  Result scaledDotProductAttention(const NodeView &n) { return runAttentionBody(n); }
+  Result scaledDotProductAttentionGrad(const NodeView &n) { return runAttentionBody(n); }
   Result softmaxGrad(const NodeView &n);
   Result gatherGrad(const NodeView &n);
   Result layerNormGradInput(const NodeView &n);

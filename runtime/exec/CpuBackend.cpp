@@ -129,6 +129,20 @@ public:
     return tensor;
   }
 
+  /// One wait for all: what a device's batch of copies costs.
+  Expected<std::vector<cpu::Tensor>> downloadAll(ArrayRef<const cpu::Tensor *> tensors) override {
+    std::vector<cpu::Tensor> out;
+    for (const cpu::Tensor *t : tensors) {
+      if (!t->onHost())
+        return notOnHost(*t);
+      counted.deviceToHostBytes += t->byteSize();
+      out.push_back(*t);
+    }
+    if (!tensors.empty())
+      ++counted.hostSyncs;
+    return out;
+  }
+
   Expected<cpu::Tensor> zeros(DType type, ArrayRef<int64_t> shape) override {
     ++counted.allocations;
     return cpu::Tensor(type, shape.vec());

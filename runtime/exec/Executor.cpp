@@ -369,33 +369,17 @@ Error RankExecutor::forward(int stage, int mb, int t, bool again) {
     if (!loss || loss->numElements() != 1)
       return rankError(global, formatv("stage {0} microbatch {1}: no scalar loss '{2}'", stage, mb,
                                        s.plan->loss_value()));
-    auto host = be.download(*loss);
-    if (!host)
-      return host.takeError();
-    // A token-mean loss weighs each microbatch by the labels it counts; one
-    // that counts none adds nothing (its mean is 0/0).
-    double count = 1;
+    cpu::Tensor count;
     if (const std::string &name = s.plan->loss_count_value(); !name.empty()) {
       const cpu::Tensor *counted = values.find(name);
       if (!counted || counted->numElements() != 1)
         return rankError(global, formatv("stage {0} microbatch {1}: no scalar label count '{2}'",
                                          stage, mb, name));
-      auto n = be.download(*counted);
-      if (!n)
-        return n.takeError();
-      count = n->getDouble(0);
+      count = *counted;
     }
-    // A NaN or infinite loss would poison every weight at the optimizer
-    // step: the run stops here, before any rank updates or saves.
-    if (double loss = host->getDouble(0); !std::isfinite(loss) && count > 0)
-      return rankError(global, formatv("step {0} microbatch {1}: the loss is {2}; stopped before "
-                                       "the optimizer step, nothing saved",
-                                       t + 1, mb, std::isnan(loss) ? "NaN" : "infinite"));
     // The tensor-parallel ranks compute one loss: the first counts it.
-    if (count > 0 && tp == 0)
-      lossSum += host->getDouble(0) * count;
     if (tp == 0)
-      lossCount += count;
+      pendingLosses.push_back({*loss, std::move(count), t, mb});
   }
   if (!s.training && s.options.keepOutputs && tp == 0)
     for (const std::string &name : sp.outputs())
@@ -872,11 +856,49 @@ void RankExecutor::record(const Ins &ins, char category, double started, double 
   events.push_back({name, category, global, begin, duration});
 }
 
+Error RankExecutor::settleLosses() {
+  if (pendingLosses.empty())
+    return Error::success();
+  std::vector<const cpu::Tensor *> read;
+  for (const PendingLoss &p : pendingLosses) {
+    read.push_back(&p.loss);
+    if (p.count.numElements() > 0)
+      read.push_back(&p.count);
+  }
+  auto host = be.downloadAll(read);
+  if (!host)
+    return host.takeError();
+  size_t next = 0;
+  for (const PendingLoss &p : pendingLosses) {
+    double loss = (*host)[next++].getDouble(0);
+    // A token-mean loss weighs each microbatch by the labels it counts; one
+    // that counts none adds nothing (its mean is 0/0).
+    double count = p.count.numElements() > 0 ? (*host)[next++].getDouble(0) : 1;
+    // A NaN or infinite loss would poison every weight at the optimizer
+    // step: the run stops here, before any rank updates or saves.
+    if (!std::isfinite(loss) && count > 0) {
+      pendingLosses.clear();
+      return rankError(global,
+                       formatv("step {0} microbatch {1}: the loss is {2}; stopped before "
+                               "the optimizer step, nothing saved",
+                               p.step + 1, p.microbatch, std::isnan(loss) ? "NaN" : "infinite"));
+    }
+    if (count > 0)
+      lossSum += loss * count;
+    lossCount += count;
+  }
+  pendingLosses.clear();
+  return Error::success();
+}
+
 Error RankExecutor::step(int t, double &stepLossSum, double &stepLossCount) {
   lossSum = lossCount = 0;
+  pendingLosses.clear();
   if (Error err = zeroAccumulators())
     return err;
   if (Error err = runStream(program.instructions(), t))
+    return err;
+  if (Error err = settleLosses())
     return err;
   stepLossSum = lossSum;
   stepLossCount = lossCount;
@@ -889,11 +911,14 @@ Error RankExecutor::evaluate(int batch, double &batchLossSum, double &batchLossC
   if (program.evaluation_size() == 0)
     return rankError(global, "the plan has no evaluation stream; recompile the model");
   lossSum = lossCount = 0;
+  pendingLosses.clear();
   evaluating = true;
   Error err = runStream(program.evaluation(), batch);
   evaluating = false;
   if (err)
     return err;
+  if (Error settled = settleLosses())
+    return settled;
   batchLossSum = lossSum;
   batchLossCount = lossCount;
   return Error::success();

@@ -70,6 +70,9 @@ double untrainedFactor(const Shared &s) {
 }
 
 Error RankExecutor::optimizerStep(int t) {
+  // The step's losses and label counts, read with one wait.
+  if (Error err = settleLosses())
+    return err;
   if (Error err = fillUnsetGradients())
     return err;
   if (Error err = sumSequenceGrads())

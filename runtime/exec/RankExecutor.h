@@ -385,6 +385,18 @@ private:
   /// Tied weight -> the lowest pipeline rank holding it.
   std::map<std::string, int> tiedOwner;
   double lossSum = 0, lossCount = 0;
+  /// The last stage's loss (and label count) of each microbatch, left where
+  /// the backend computed them until settleLosses reads them all with one
+  /// wait.
+  struct PendingLoss {
+    cpu::Tensor loss, count; // count: empty without a label count
+    int step = 0, microbatch = 0;
+  };
+  std::vector<PendingLoss> pendingLosses;
+  /// Adds the pending losses to lossSum and lossCount, in microbatch order,
+  /// after one download of them all; stops the run on a non-finite loss of
+  /// a microbatch that counts labels.
+  llvm::Error settleLosses();
 };
 
 // The pieces of a run that `pipec generate` (Generate.cpp) shares with

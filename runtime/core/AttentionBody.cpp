@@ -1,0 +1,223 @@
+//===- AttentionBody.cpp - Fused attention as the ops it stands for -------===//
+#include "runtime/core/AttentionBody.h"
+
+#include "ops/Attention.h"
+#include "support/Attributes.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+#include <string>
+#include <vector>
+
+using namespace llvm;
+
+namespace pipec {
+namespace {
+
+namespace a = attention;
+using a::ScoreStep;
+
+/// Appends nodes to a body and names their outputs.
+class BodyWriter {
+public:
+  BodyWriter(onnx::GraphProto &body, int64_t opset) : body(body), opset(opset) {}
+
+  /// A node of \p op reading \p inputs; its one output is \p out, or a
+  /// fresh name.
+  onnx::NodeProto &add(StringRef op, std::vector<std::string> inputs, std::string out = "") {
+    onnx::NodeProto &n = *body.add_node();
+    n.set_op_type(op.str());
+    n.set_name(formatv("sdpa/{0}/{1}", body.node_size(), op).str());
+    for (std::string &in : inputs)
+      n.add_input(std::move(in));
+    n.add_output(out.empty() ? "sdpa:" + std::to_string(body.node_size()) : out);
+    return n;
+  }
+  std::string value(StringRef op, std::vector<std::string> inputs, std::string out = "") {
+    return add(op, std::move(inputs), std::move(out)).output(0);
+  }
+  std::string scalar(float c) {
+    onnx::NodeProto &n = add("Constant", {});
+    onnx::AttributeProto &attr = *n.add_attribute();
+    attr.set_name("value");
+    attr.set_type(onnx::AttributeProto::TENSOR);
+    attr.mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+    attr.mutable_t()->add_float_data(c);
+    return n.output(0);
+  }
+  /// A reduction of \p x over its last axis, kept: axes as an attribute
+  /// before opset \p inputSince, as an input from it.
+  std::string reduceLast(StringRef op, const std::string &x, int64_t inputSince,
+                         std::string out = "") {
+    std::vector<std::string> inputs = {x};
+    if (opset >= inputSince) {
+      onnx::NodeProto &axes = add("Constant", {});
+      onnx::AttributeProto &attr = *axes.add_attribute();
+      attr.set_name("value");
+      attr.set_type(onnx::AttributeProto::TENSOR);
+      attr.mutable_t()->set_data_type(onnx::TensorProto::INT64);
+      attr.mutable_t()->add_dims(1);
+      attr.mutable_t()->add_int64_data(-1);
+      inputs.push_back(axes.output(0));
+    }
+    onnx::NodeProto &n = add(op, inputs, std::move(out));
+    if (opset < inputSince)
+      setInts(n, "axes", {-1});
+    setInt(n, "keepdims", 1);
+    return n.output(0);
+  }
+  std::string swapLast(const std::string &x, int64_t rank) {
+    std::vector<int64_t> perm;
+    for (int64_t i = 0; i < rank; ++i)
+      perm.push_back(i);
+    std::swap(perm[rank - 2], perm[rank - 1]);
+    onnx::NodeProto &n = add("Transpose", {x});
+    setInts(n, "perm", perm);
+    return n.output(0);
+  }
+  static void setInt(onnx::NodeProto &n, StringRef name, int64_t v) {
+    onnx::AttributeProto &attr = *n.add_attribute();
+    attr.set_name(name.str());
+    attr.set_type(onnx::AttributeProto::INT);
+    attr.set_i(v);
+  }
+  static void setInts(onnx::NodeProto &n, StringRef name, ArrayRef<int64_t> v) {
+    onnx::AttributeProto &attr = *n.add_attribute();
+    attr.set_name(name.str());
+    attr.set_type(onnx::AttributeProto::INTS);
+    for (int64_t x : v)
+      attr.add_ints(x);
+  }
+
+private:
+  onnx::GraphProto &body;
+  int64_t opset;
+};
+
+struct Steps {
+  std::vector<ScoreStep> kinds;
+  std::vector<float> scalars;
+  std::vector<std::string> tensors; // per step, its tensor's name or ""
+};
+
+Expected<Steps> stepsOf(const onnx::NodeProto &node, int first) {
+  auto fail = [&](const Twine &why) {
+    return createStringError(inconvertibleErrorCode(), "node '%s' (%s): %s", node.name().c_str(),
+                             node.op_type().c_str(), why.str().c_str());
+  };
+  Steps s;
+  std::vector<int64_t> kinds = attrInts(node, "steps").value_or(std::vector<int64_t>{});
+  const onnx::AttributeProto *scalars = findAttr(node, "scalars");
+  if (static_cast<int64_t>(kinds.size()) != (scalars ? scalars->floats_size() : 0))
+    return fail("its steps and scalars differ in number");
+  int next = first;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    if (kinds[i] < 0 || kinds[i] >= a::ScoreSteps)
+      return fail(formatv("step {0} is {1}, not a score step", i, kinds[i]));
+    ScoreStep kind = static_cast<ScoreStep>(kinds[i]);
+    s.kinds.push_back(kind);
+    s.scalars.push_back(scalars->floats(static_cast<int>(i)));
+    std::string tensor;
+    if (a::readsTensor(kind)) {
+      if (next >= node.input_size())
+        return fail(formatv("step {0} reads input {1}, which it lacks", i, next));
+      tensor = node.input(next++);
+    }
+    s.tensors.push_back(tensor);
+  }
+  return s;
+}
+
+/// The scores S = steps(Q Kt).
+std::string scores(BodyWriter &w, const Steps &s, const std::string &q, const std::string &kt) {
+  std::string x = w.value("MatMul", {q, kt});
+  for (size_t i = 0; i < s.kinds.size(); ++i) {
+    const std::string &t = s.tensors[i];
+    switch (s.kinds[i]) {
+    case ScoreStep::Scale:
+      x = w.value("Mul", {x, w.scalar(s.scalars[i])});
+      break;
+    case ScoreStep::Divide:
+      x = w.value("Div", {x, w.scalar(s.scalars[i])});
+      break;
+    case ScoreStep::Add:
+      x = w.value("Add", {x, t});
+      break;
+    case ScoreStep::Keep:
+      x = w.value("Where", {t, x, w.scalar(s.scalars[i])});
+      break;
+    case ScoreStep::Drop:
+      x = w.value("Where", {t, w.scalar(s.scalars[i]), x});
+      break;
+    }
+  }
+  return x;
+}
+
+} // namespace
+
+Expected<onnx::GraphProto> attentionBody(const onnx::NodeProto &node, int64_t rank, int64_t opset) {
+  bool grad = node.op_type() == a::GradOpType;
+  if ((!grad && node.op_type() != a::OpType) || rank < 2 || opset < 13 ||
+      node.input_size() < (grad ? a::GradFirstTensor : a::FirstTensor) ||
+      node.output_size() < (grad ? 3 : 2))
+    return createStringError(inconvertibleErrorCode(),
+                             "node '%s' (%s): not a fused attention of rank 2 or more at opset 13+",
+                             node.name().c_str(), node.op_type().c_str());
+  Expected<Steps> steps = stepsOf(node, grad ? a::GradFirstTensor : a::FirstTensor);
+  if (!steps)
+    return steps.takeError();
+  bool guarded = attrInt(node, "guarded", 0) != 0;
+  float guard = attrFloat(node, "guard", 0);
+  onnx::GraphProto body;
+  BodyWriter w(body, opset);
+  if (!grad) {
+    std::string s = scores(w, *steps, node.input(a::Query), node.input(a::KeysT));
+    onnx::NodeProto &softmax = w.add("Softmax", {s});
+    BodyWriter::setInt(softmax, "axis", -1);
+    std::string p = softmax.output(0);
+    if (guarded)
+      p = w.value("Where", {w.value("IsNaN", {p}), w.scalar(guard), p});
+    w.value("MatMul", {p, node.input(a::Values)}, node.output(a::Out));
+    // log(sum(exp(S - max))) + max
+    std::string top = w.reduceLast("ReduceMax", s, 18);
+    std::string sum = w.reduceLast("ReduceSum", w.value("Exp", {w.value("Sub", {s, top})}), 13);
+    w.value("Add", {w.value("Log", {sum}), top}, node.output(a::LogSumExp));
+    return body;
+  }
+  const std::string &dO = node.input(a::GradOut), &q = node.input(a::GradQuery),
+                    &kt = node.input(a::GradKeysT), &v = node.input(a::GradValues);
+  std::string s = scores(w, *steps, q, kt);
+  std::string p = w.value("Exp", {w.value("Sub", {s, node.input(a::GradLogSumExp)})});
+  std::string nan = w.value("IsNaN", {p}), zero = w.scalar(0);
+  std::string used = guarded ? w.value("Where", {nan, w.scalar(guard), p}) : p;
+  w.value("MatMul", {w.swapLast(used, rank), dO}, node.output(2));
+  std::string dp = w.value("MatMul", {dO, w.swapLast(v, rank)});
+  std::string rowDot =
+      w.reduceLast("ReduceSum", w.value("Mul", {dO, node.input(a::GradForwardOut)}), 13);
+  std::string ds = w.value("Mul", {w.value("Where", {nan, zero, p}), w.value("Sub", {dp, rowDot})});
+  for (size_t i = steps->kinds.size(); i-- > 0;) {
+    const std::string &t = steps->tensors[i];
+    switch (steps->kinds[i]) {
+    case ScoreStep::Scale:
+      ds = w.value("Mul", {ds, w.scalar(steps->scalars[i])});
+      break;
+    case ScoreStep::Divide:
+      ds = w.value("Div", {ds, w.scalar(steps->scalars[i])});
+      break;
+    case ScoreStep::Add:
+      break;
+    case ScoreStep::Keep:
+      ds = w.value("Where", {t, ds, zero});
+      break;
+    case ScoreStep::Drop:
+      ds = w.value("Where", {t, zero, ds});
+      break;
+    }
+  }
+  w.value("MatMul", {ds, w.swapLast(kt, rank)}, node.output(0));
+  w.value("MatMul", {w.swapLast(q, rank), ds}, node.output(1));
+  return body;
+}
+
+} // namespace pipec

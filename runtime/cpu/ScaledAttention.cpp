@@ -1,0 +1,314 @@
+//===- ScaledAttention.cpp - Fused attention in training, and its gradient ===//
+//
+// pipec.ScaledDotProductAttention and ScaledDotProductAttentionGrad
+// (ops/Attention.h), head by head: each head's scores live in a buffer of
+// the thread that computes it, never in a tensor. The forward keeps one
+// float per row, the log-sum-exp of the scores, from which the gradient
+// recomputes the probabilities after its own product Q Kt (the recompute
+// of FlashAttention, Dao et al. 2022, without its tiling: a head's scores
+// fit the cache here).
+//
+// Before:  O, L = ScaledDotProductAttention(Q [1,1,1,1] = 1,
+//                 Kt [1,1,1,2] = [0, 1], V [1,1,2,1] = [2, 4])
+// After:   O = 2 e^0 / (e^0 + e^1) + 4 e^1 / (e^0 + e^1) = 3.462,
+//          L = log(e^0 + e^1) = 1.313
+//
+//===----------------------------------------------------------------------===//
+#include "ops/Attention.h"
+#include "runtime/cpu/KernelSupport.h"
+#include "runtime/cpu/KernelTable.h"
+#include "runtime/cpu/Kernels.h"
+#include "runtime/kernels/IndexMap.h"
+#include "support/Parallel.h"
+
+#include "onnx/onnx_pb.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+#include <cmath>
+#include <limits>
+
+using namespace llvm;
+
+namespace pipec::cpu {
+namespace {
+
+namespace a = attention;
+using a::ScoreStep;
+
+/// One step of the scores, with its tensor read at the scores' offsets.
+struct Step {
+  ScoreStep kind = ScoreStep::Scale;
+  float c = 0;
+  const Tensor *tensor = nullptr;
+  /// The tensor's element strides over the scores' dimensions (0 where it
+  /// broadcasts).
+  std::vector<int64_t> strides;
+};
+
+/// What both kernels read: the products' sizes and the score steps.
+struct Attention {
+  int64_t heads = 1, m = 0, k = 0, n = 0, d = 0;
+  Shape scoreShape; // [.., m, n]
+  std::vector<Step> steps;
+  bool guarded = false;
+  float guard = 0;
+
+  /// Q [.., m, k], Kt [.., k, n], V [.., n, d] of \p ctx's inputs \p first
+  /// on, and the steps' tensors from \p tensors on.
+  static Expected<Attention> read(const OpContext &ctx, size_t first, size_t tensors);
+
+  /// S = Q Kt of head \p h, then the steps, into \p s [m, n].
+  void scores(int64_t h, const float *q, const float *kt, float *s) const;
+  /// \p ds [m, n] of head \p h back through the steps (their derivative:
+  /// the scales, zero where a mask chose its fill).
+  void backThroughSteps(int64_t h, float *ds) const;
+
+private:
+  /// The offset of head \p h's first score in a tensor of \p strides.
+  int64_t headOffset(int64_t h, ArrayRef<int64_t> strides) const {
+    int64_t offset = 0;
+    for (int64_t dim = static_cast<int64_t>(scoreShape.size()) - 3; dim >= 0; --dim) {
+      offset += (h % scoreShape[dim]) * strides[dim];
+      h /= scoreShape[dim];
+    }
+    return offset;
+  }
+};
+
+Expected<Attention> Attention::read(const OpContext &ctx, size_t first, size_t tensors) {
+  const Tensor &q = ctx.input(first), &kt = ctx.input(first + 1), &v = ctx.input(first + 2);
+  for (size_t i = first; i < first + 3; ++i)
+    if (ctx.input(i).elemType() != DType::F32)
+      return ctx.unsupportedType(ctx.input(i), i);
+  int64_t rank = q.rank();
+  if (rank < 2 || kt.rank() != rank || v.rank() != rank ||
+      q.shape().drop_back(2) != kt.shape().drop_back(2) ||
+      q.shape().drop_back(2) != v.shape().drop_back(2) || kt.dim(rank - 2) != q.dim(rank - 1) ||
+      v.dim(rank - 2) != kt.dim(rank - 1))
+    return ctx.fail("Q, Kt and V must be [.., m, k], [.., k, n] and [.., n, d] with the same "
+                    "leading dimensions");
+  Attention at;
+  at.heads = product(q.shape().drop_back(2));
+  at.m = q.dim(rank - 2);
+  at.k = q.dim(rank - 1);
+  at.n = kt.dim(rank - 1);
+  at.d = v.dim(rank - 1);
+  at.scoreShape.assign(q.shape().begin(), q.shape().end() - 1);
+  at.scoreShape.push_back(at.n);
+  at.guarded = ctx.attrInt("guarded", 0) != 0;
+  at.guard = ctx.attrFloat("guard", 0);
+  std::optional<Shape> kinds = ctx.attrInts("steps");
+  std::vector<float> scalars;
+  if (const onnx::AttributeProto *attr = ctx.attr("scalars"))
+    scalars.assign(attr->floats().begin(), attr->floats().end());
+  size_t count = kinds ? kinds->size() : 0;
+  if (scalars.size() != count)
+    return ctx.fail(formatv("{0} steps but {1} scalars", count, scalars.size()));
+  size_t next = tensors;
+  for (size_t i = 0; i < count; ++i) {
+    int64_t kind = (*kinds)[i];
+    if (kind < 0 || kind >= a::ScoreSteps)
+      return ctx.fail(formatv("step {0} is {1}, not a score step", i, kind));
+    Step step{static_cast<ScoreStep>(kind), scalars[i]};
+    if (a::readsTensor(step.kind)) {
+      if (next >= ctx.numInputs() || !ctx.optInput(next))
+        return ctx.fail(formatv("step {0} reads input {1}, which the node lacks", i, next));
+      const Tensor &t = ctx.input(next);
+      DType want = step.kind == ScoreStep::Add ? DType::F32 : DType::Bool;
+      if (t.elemType() != want)
+        return ctx.unsupportedType(t, next);
+      Expected<Shape> joined = broadcastShapes(t.shape(), at.scoreShape);
+      if (!joined || *joined != at.scoreShape) {
+        consumeError(joined.takeError());
+        return ctx.fail(formatv("input {0} does not broadcast to the scores", next));
+      }
+      step.tensor = &t;
+      step.strides = kernels::broadcastStrides(t.shape(), at.scoreShape);
+      ++next;
+    }
+    at.steps.push_back(std::move(step));
+  }
+  if (next != ctx.numInputs())
+    return ctx.fail(formatv("{0} inputs, but the steps read {1}", ctx.numInputs(), next));
+  return at;
+}
+
+void Attention::scores(int64_t h, const float *q, const float *kt, float *s) const {
+  gemm(false, false, m, n, k, 1.0f, q + h * m * k, k, kt + h * k * n, n, 0.0f, s, n);
+  int64_t rank = static_cast<int64_t>(scoreShape.size());
+  for (const Step &step : steps) {
+    int64_t base = step.tensor ? headOffset(h, step.strides) : 0;
+    int64_t rs = step.tensor ? step.strides[rank - 2] : 0,
+            cs = step.tensor ? step.strides[rank - 1] : 0;
+    for (int64_t i = 0; i < m; ++i) {
+      float *row = s + i * n;
+      switch (step.kind) {
+      case ScoreStep::Scale:
+        for (int64_t j = 0; j < n; ++j)
+          row[j] = row[j] * step.c;
+        break;
+      case ScoreStep::Divide:
+        for (int64_t j = 0; j < n; ++j)
+          row[j] = row[j] / step.c;
+        break;
+      case ScoreStep::Add: {
+        const float *t = step.tensor->data<float>() + base + i * rs;
+        for (int64_t j = 0; j < n; ++j)
+          row[j] = row[j] + t[j * cs];
+        break;
+      }
+      case ScoreStep::Keep:
+      case ScoreStep::Drop: {
+        const bool *t = step.tensor->data<bool>() + base + i * rs;
+        bool keepWhere = step.kind == ScoreStep::Keep;
+        for (int64_t j = 0; j < n; ++j)
+          row[j] = t[j * cs] == keepWhere ? row[j] : step.c;
+        break;
+      }
+      }
+    }
+  }
+}
+
+void Attention::backThroughSteps(int64_t h, float *ds) const {
+  int64_t rank = static_cast<int64_t>(scoreShape.size());
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const Step &step = *it;
+    if (step.kind == ScoreStep::Add)
+      continue;
+    int64_t base = step.tensor ? headOffset(h, step.strides) : 0;
+    int64_t rs = step.tensor ? step.strides[rank - 2] : 0,
+            cs = step.tensor ? step.strides[rank - 1] : 0;
+    for (int64_t i = 0; i < m; ++i) {
+      float *row = ds + i * n;
+      if (step.kind == ScoreStep::Scale || step.kind == ScoreStep::Divide) {
+        for (int64_t j = 0; j < n; ++j)
+          row[j] = step.kind == ScoreStep::Scale ? row[j] * step.c : row[j] / step.c;
+        continue;
+      }
+      const bool *t = step.tensor->data<bool>() + base + i * rs;
+      bool keepWhere = step.kind == ScoreStep::Keep;
+      for (int64_t j = 0; j < n; ++j)
+        row[j] = t[j * cs] == keepWhere ? row[j] : 0.0f;
+    }
+  }
+}
+
+/// Softmax of each row of \p s [rows, n] in place, and each row's
+/// log-sum-exp into \p lse: a row of -inf only (every position masked) is
+/// NaN with -inf, as softmax makes it.
+void softmaxRows(float *s, float *lse, int64_t rows, int64_t n) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < rows; ++i) {
+    float *row = s + i * n;
+    float top = -inf;
+    for (int64_t j = 0; j < n; ++j)
+      top = std::max(top, row[j]);
+    if (top == -inf) {
+      for (int64_t j = 0; j < n; ++j)
+        row[j] = std::numeric_limits<float>::quiet_NaN();
+      lse[i] = -inf;
+      continue;
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      row[j] = std::exp(row[j] - top);
+      sum += row[j];
+    }
+    float scale = static_cast<float>(1.0 / sum);
+    for (int64_t j = 0; j < n; ++j)
+      row[j] *= scale;
+    lse[i] = top + static_cast<float>(std::log(sum));
+  }
+}
+
+} // namespace
+
+KernelResult scaledDotProductAttention(const OpContext &ctx) {
+  Expected<Attention> read = Attention::read(ctx, a::Query, a::FirstTensor);
+  if (!read)
+    return read.takeError();
+  const Attention &at = *read;
+  const float *q = ctx.input(a::Query).data<float>(), *kt = ctx.input(a::KeysT).data<float>(),
+              *v = ctx.input(a::Values).data<float>();
+  Shape outShape(at.scoreShape.begin(), at.scoreShape.end() - 1), lseShape = outShape;
+  outShape.push_back(at.d);
+  lseShape.push_back(1);
+  Tensor out = Tensor::uninitialized(DType::F32, outShape); // every head is written
+  Tensor lse = Tensor::uninitialized(DType::F32, lseShape);
+  float *po = out.data<float>(), *pl = lse.data<float>();
+  parallelFor(at.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(at.m * at.n);
+    for (int64_t h = begin; h < end; ++h) {
+      at.scores(h, q, kt, s.data());
+      softmaxRows(s.data(), pl + h * at.m, at.m, at.n);
+      if (at.guarded)
+        for (float &p : s)
+          p = std::isnan(p) ? at.guard : p;
+      gemm(false, false, at.m, at.d, at.n, 1.0f, s.data(), at.n, v + h * at.n * at.d, at.d, 0.0f,
+           po + h * at.m * at.d, at.d);
+    }
+  });
+  return std::vector<Tensor>{std::move(out), std::move(lse)};
+}
+
+KernelResult scaledDotProductAttentionGrad(const OpContext &ctx) {
+  Expected<Attention> read = Attention::read(ctx, a::GradQuery, a::GradFirstTensor);
+  if (!read)
+    return read.takeError();
+  const Attention &at = *read;
+  const Tensor &dOut = ctx.input(a::GradOut), &out = ctx.input(a::GradForwardOut),
+               &lse = ctx.input(a::GradLogSumExp);
+  Shape outShape(at.scoreShape.begin(), at.scoreShape.end() - 1);
+  outShape.push_back(at.d);
+  for (size_t i : {size_t(a::GradOut), size_t(a::GradForwardOut), size_t(a::GradLogSumExp)})
+    if (ctx.input(i).elemType() != DType::F32)
+      return ctx.unsupportedType(ctx.input(i), i);
+  if (dOut.shape() != ArrayRef<int64_t>(outShape) || out.shape() != ArrayRef<int64_t>(outShape) ||
+      lse.numElements() != at.heads * at.m)
+    return ctx.fail("dO and O must have the output's shape and L one element per row");
+  const float *q = ctx.input(a::GradQuery).data<float>(),
+              *kt = ctx.input(a::GradKeysT).data<float>(),
+              *v = ctx.input(a::GradValues).data<float>(), *pdo = dOut.data<float>(),
+              *po = out.data<float>(), *pl = lse.data<float>();
+  Tensor dq = Tensor::uninitialized(DType::F32, ctx.input(a::GradQuery).shape());
+  Tensor dkt = Tensor::uninitialized(DType::F32, ctx.input(a::GradKeysT).shape());
+  Tensor dv = Tensor::uninitialized(DType::F32, ctx.input(a::GradValues).shape());
+  float *pdq = dq.data<float>(), *pdk = dkt.data<float>(), *pdv = dv.data<float>();
+  int64_t m = at.m, n = at.n, k = at.k, d = at.d;
+  parallelFor(at.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> p(m * n), ds(m * n);
+    for (int64_t h = begin; h < end; ++h) {
+      const float *dO = pdo + h * m * d, *o = po + h * m * d, *l = pl + h * m;
+      at.scores(h, q, kt, p.data());
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          p[i * n + j] = std::exp(p[i * n + j] - l[i]);
+      // dS = P (dP - rowsum(dO O)), dP = dO V^T; no gradient on a row
+      // whose probabilities are NaN (every position masked).
+      gemm(false, true, m, n, d, 1.0f, dO, d, v + h * n * d, d, 0.0f, ds.data(), n);
+      for (int64_t i = 0; i < m; ++i) {
+        double dot = 0;
+        for (int64_t c = 0; c < d; ++c)
+          dot += static_cast<double>(dO[i * d + c]) * o[i * d + c];
+        float rowDot = static_cast<float>(dot);
+        for (int64_t j = 0; j < n; ++j) {
+          float pij = p[i * n + j];
+          ds[i * n + j] = std::isnan(pij) ? 0.0f : pij * (ds[i * n + j] - rowDot);
+        }
+      }
+      // dV = P^T dO with the probabilities the forward multiplied V by.
+      if (at.guarded)
+        for (float &x : p)
+          x = std::isnan(x) ? at.guard : x;
+      gemm(true, false, n, d, m, 1.0f, p.data(), n, dO, d, 0.0f, pdv + h * n * d, d);
+      at.backThroughSteps(h, ds.data());
+      gemm(false, true, m, k, n, 1.0f, ds.data(), n, kt + h * k * n, n, 0.0f, pdq + h * m * k, k);
+      gemm(true, false, k, n, m, 1.0f, q + h * m * k, k, ds.data(), n, 0.0f, pdk + h * k * n, n);
+    }
+  });
+  return std::vector<Tensor>{std::move(dq), std::move(dkt), std::move(dv)};
+}
+
+} // namespace pipec::cpu
