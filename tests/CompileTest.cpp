@@ -302,14 +302,15 @@ TEST(Compile, Llama3_8BShapeTimeBalancingAndItsReport) {
   for (const auto &a : loaded->alternatives())
     steps[a.method()] = a.step_time_s();
   ASSERT_EQ(steps.size(), 3u) << out;
-  // Within rounding: here the three layouts simulate to the same 1.58 s.
+  // Within rounding: here the layouts of time and uniform simulate to the
+  // same 1.60 s.
   EXPECT_LE(steps["time"], steps["params"] * (1 + 1e-9)) << out;
   EXPECT_LE(steps["time"], steps["uniform"] * (1 + 1e-9)) << out;
-  EXPECT_NEAR(steps["time"], 1.58, 0.01) << out;
+  EXPECT_NEAR(steps["time"], 1.60, 0.01) << out;
   EXPECT_EQ(loaded->layout(), "E,t*8|t*9|t*8|t*7,L") << out;
   EXPECT_NE(out.find("stage 3 (rank 3): 7 blocks (2 fewer than the fullest)"), std::string::npos)
       << out;
-  EXPECT_NE(out.find("head 'head' 15.20 ms (1.64 blocks' worth, 525.34 M params)"),
+  EXPECT_NE(out.find("head 'head' 15.20 ms (1.61 blocks' worth, 525.34 M params)"),
             std::string::npos)
       << out;
   // Each microbatch in flight keeps what the backward reads: about 0.7 GiB a

@@ -24,8 +24,9 @@
 #               GPU gives transformers' 32 tokens exactly
 #   fallbacks   the nodes the one-rank CUDA run handed to the CPU, by op
 #   nccl        the same over NCCL under mpirun, or why it could not run
-#   bench       a bf16 GPT trained with 1F1B on one rank (fused and
-#               --no-fuse), and 1F1B and ZB-H1 on two ranks sharing the GPU:
+#   bench       a bf16 GPT trained with 1F1B on one rank (fused,
+#               --no-fuse, and --attention unfused), and 1F1B and ZB-H1 on
+#               two ranks sharing the GPU:
 #               steady step, TFLOP/s, MFU against the peak, and measured
 #               against predicted step
 #   profile     the one-rank bench plan's last step by op class, with the
@@ -387,9 +388,12 @@ read -r bL bH bNH bS bV bB bM bN <<<"${PIPEC_BENCH:-$defaultBench}"
 echo "bench: GPT L=$bL H=$bH heads=$bNH seq=$bS vocab=$bV, batch $bB in $bM microbatches, bf16, $bN steps; peak $peak TFLOP/s" |
   tee -a "$table" >>"$b"
 pipecP1=""
-# benchRow LABEL SCHED STAGES [--no-fuse]: the plan compiled with the same flags
+# The bench plan of SCHED STAGES [FLAGS]: bench-SCHED-STAGES[-FLAGS without blanks and dashes].plan
+benchPlan() { local flags=${3:-}; echo "$work/bench-$1-$2${flags:+-${flags//[ -]/}}.plan"; }
+# benchRow LABEL SCHED STAGES [FLAGS]: the plan compiled with the same flags
 benchRow() {
-  local label=$1 sched=$2 stages=$3 extra=${4:-} plan=$work/bench-$2-$3${4:+-unfused}.plan
+  local label=$1 sched=$2 stages=$3 extra=${4:-} plan
+  plan=$(benchPlan "$2" "$3" "${4:-}")
   if [ ! -f "$plan" ]; then
     row "$label" FAIL "not run: its plan ($sched, $stages stage(s)) did not compile"
     return
@@ -403,7 +407,7 @@ benchRow() {
   if [ $rc != 0 ]; then row "$label" FAIL "$(why $rc "$b")"; return; fi
   local summary
   summary=$(tail -n +"$mark" "$b" | grep -E 'step\(s\) of .* per step, predicted' | tail -1)
-  if [ -n "$extra" ] && tail -n +"$mark" "$b" | grep -q '^fused '; then
+  if [ "$extra" = --no-fuse ] && tail -n +"$mark" "$b" | grep -q '^fused '; then
     row "$label" FAIL "asked for --no-fuse but the run fused nodes"
     return
   fi
@@ -429,15 +433,18 @@ benchRow() {
 benchOk=1
 step "$b" "$pipec" model gpt --layers "$bL" --hidden "$bH" --heads "$bNH" --seq "$bS" --vocab "$bV" \
   --loss -o "$work/bench.onnx" || benchOk=0
-for plan in "1f1b 1" "1f1b 2" "zb-h1 2" "1f1b 1 --no-fuse"; do
-  read -r sched stages nofuse <<<"$plan"
+for plan in "1f1b 1" "1f1b 2" "zb-h1 2" "1f1b 1 --no-fuse" "1f1b 1 --attention unfused"; do
+  read -r sched stages flags <<<"$plan"
+  # shellcheck disable=SC2086 # the flags are words
   [ $benchOk = 1 ] && step "$b" "$pipec" compile "$work/bench.onnx" \
-    -o "$work/bench-$sched-$stages${nofuse:+-unfused}.plan" \
+    -o "$(benchPlan "$sched" "$stages" "$flags")" \
     --stages "$stages" --schedule "$sched" --microbatches "$bM" --batch "$bB" --hardware h200 \
-    --precision bf16 ${nofuse:+"$nofuse"}
+    --precision bf16 $flags
 done
 benchRow "bench 1f1b P=1" 1f1b 1
 benchRow "bench 1f1b P=1 --no-fuse" 1f1b 1 --no-fuse
+# Attention as the exporter's nodes, its scores kept (before fuse-attention).
+benchRow "bench 1f1b P=1 --attention unfused" 1f1b 1 "--attention unfused"
 benchRow "bench 1f1b P=2 (GPU shared)" 1f1b 2
 benchRow "bench zb-h1 P=2 (GPU shared)" zb-h1 2
 # The profile of the one-rank plan's third step (run --profile): where the

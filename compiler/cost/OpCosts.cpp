@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
 
 using namespace llvm;
 
@@ -257,16 +258,42 @@ template <bool Projection> int64_t Attention<Projection>::flops(const Graph &gra
   return flops;
 }
 
-int64_t ScoresAttention::flops(const Graph &graph, const Op &op) {
+namespace {
+
+/// heads x m x n, and k and d, of a fused attention; nullopt when its
+/// shapes are not those of ops/Attention.h.
+struct ScoresShape {
+  int64_t scores, k, d;
+};
+std::optional<ScoresShape> scoresShape(const Graph &graph, const Op &op) {
   const auto &q = inputShape(graph, op, 0), &kt = inputShape(graph, op, 1),
              &v = inputShape(graph, op, 2);
   if (q.size() < 2 || kt.size() != q.size() || v.size() != q.size())
-    return outputElements(graph, op);
-  int64_t heads = 1;
+    return std::nullopt;
+  int64_t scores = q[q.size() - 2] * kt.back();
   for (size_t i = 0; i + 2 < q.size(); ++i)
-    heads *= q[i];
-  int64_t m = q[q.size() - 2], k = q.back(), n = kt.back(), d = v.back();
-  return heads * m * n * (2 * (k + d) + 5);
+    scores *= q[i];
+  return ScoresShape{scores, q.back(), v.back()};
+}
+
+} // namespace
+
+int64_t ScoresAttention::flops(const Graph &graph, const Op &op) {
+  std::optional<ScoresShape> s = scoresShape(graph, op);
+  return s ? s->scores * (2 * (s->k + s->d) + ExpFlops) : outputElements(graph, op);
+}
+
+void ScoresAttention::cost(const Graph &graph, const Op &op, const OpTraffic &t, OpCost &cost) {
+  forwardBytes(t, cost);
+  std::optional<ScoresShape> s = scoresShape(graph, op);
+  cost.flops[BackwardInput] =
+      s ? static_cast<double>(s->scores * (2 * (3 * s->k + 2 * s->d) + ExpFlops + 5))
+        : 2 * cost.flops[Forward];
+  cost.flops[BackwardWeight] = 0;
+  // Reads Q, Kt, V, O, dO and the masks; writes dQ, dKt and dV.
+  cost.bytes[BackwardInput] = 2 * (t.in + t.out);
+  cost.bytes[BackwardWeight] = 0;
+  cost.gemms = {2, 5, 0.0};
 }
 
 template <int K> int64_t Norm<K>::flops(const Graph &graph, const Op &op) {

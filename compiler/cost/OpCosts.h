@@ -180,10 +180,18 @@ struct Einsum : EinsumBackward {
 template <bool Projection> struct Attention : AttentionBackward {
   static int64_t flops(const Graph &graph, const Op &op);
 };
-/// pipec.ScaledDotProductAttention (ops/Attention.h): Q Kt and P V
-/// (2 m n (k + d) per head) and the scores' steps and softmax (5 m n).
-struct ScoresAttention : AttentionBackward {
+/// pipec.ScaledDotProductAttention (ops/Attention.h), per head of m
+/// queries, n keys, Q Kt of width k and V of width d: forward, Q Kt and P V
+/// (2 m n (k + d)) and per score its steps, exponential and softmax
+/// (ExpFlops); I, Q Kt again, dP, dV, dQ and dKt (2 m n (3 k + 2 d)), the
+/// exponential again and dS; the bytes are Q, Kt, V and O (and the masks)
+/// each way, the scores never leaving the kernel.
+struct ScoresAttention {
+  /// What one score's exponential and softmax (or its gradient) cost,
+  /// counted in FLOPs of the GEMMs' kind (a polynomial exponential).
+  static constexpr int64_t ExpFlops = 20;
   static int64_t flops(const Graph &graph, const Op &op);
+  static void cost(const Graph &graph, const Op &op, const OpTraffic &traffic, OpCost &cost);
 };
 /// A sum over the stage's tensor-parallel ranks in pass \p P of its
 /// output's bytes: no FLOPs; its time is the link's (CostModel).

@@ -158,13 +158,13 @@ std::string scores(BodyWriter &w, const Steps &s, const std::string &q, const st
 
 Expected<onnx::GraphProto> attentionBody(const onnx::NodeProto &node, int64_t rank, int64_t opset) {
   bool grad = node.op_type() == a::GradOpType;
+  int first = grad ? int(a::GradFirstTensor) : int(a::FirstTensor);
   if ((!grad && node.op_type() != a::OpType) || rank < 2 || opset < 13 ||
-      node.input_size() < (grad ? a::GradFirstTensor : a::FirstTensor) ||
-      node.output_size() < (grad ? 3 : 2))
+      node.input_size() < first || node.output_size() < (grad ? 3 : 2))
     return createStringError(inconvertibleErrorCode(),
                              "node '%s' (%s): not a fused attention of rank 2 or more at opset 13+",
                              node.name().c_str(), node.op_type().c_str());
-  Expected<Steps> steps = stepsOf(node, grad ? a::GradFirstTensor : a::FirstTensor);
+  Expected<Steps> steps = stepsOf(node, first);
   if (!steps)
     return steps.takeError();
   bool guarded = attrInt(node, "guarded", 0) != 0;
@@ -176,13 +176,17 @@ Expected<onnx::GraphProto> attentionBody(const onnx::NodeProto &node, int64_t ra
     onnx::NodeProto &softmax = w.add("Softmax", {s});
     BodyWriter::setInt(softmax, "axis", -1);
     std::string p = softmax.output(0);
+    // L = sum_j P_j (S_j - log P_j), by ops every backend has (no ReduceMax
+    // on the device): each finite S_j - log P_j is L, and a masked one
+    // (NaN, or 0 where the fill was the lowest float) weighs P_j = 0.
+    onnx::NodeProto &logSoftmax = w.add("LogSoftmax", {s});
+    BodyWriter::setInt(logSoftmax, "axis", -1);
+    std::string each = w.value("Sub", {s, logSoftmax.output(0)});
+    each = w.value("Where", {w.value("IsNaN", {each}), w.scalar(0), each});
+    w.reduceLast("ReduceSum", w.value("Mul", {p, each}), 13, node.output(a::LogSumExp));
     if (guarded)
       p = w.value("Where", {w.value("IsNaN", {p}), w.scalar(guard), p});
     w.value("MatMul", {p, node.input(a::Values)}, node.output(a::Out));
-    // log(sum(exp(S - max))) + max
-    std::string top = w.reduceLast("ReduceMax", s, 18);
-    std::string sum = w.reduceLast("ReduceSum", w.value("Exp", {w.value("Sub", {s, top})}), 13);
-    w.value("Add", {w.value("Log", {sum}), top}, node.output(a::LogSumExp));
     return body;
   }
   const std::string &dO = node.input(a::GradOut), &q = node.input(a::GradQuery),

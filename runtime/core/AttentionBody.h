@@ -3,8 +3,8 @@
 // pipec.ScaledDotProductAttention and its gradient (ops/Attention.h) written
 // out as default-domain ONNX ops, one at a time: MatMul, the score steps
 // (Mul, Div, Add, Where), Softmax, the NaN guard, and for the log-sum-exp
-// ReduceMax, Exp, ReduceSum and Log; the gradient's Transposes and products
-// besides. A backend without kernels of its own for the two nodes runs this
+// LogSoftmax and ReduceSum (ops the CUDA backend has kernels for); the
+// gradient's Transposes and products besides. A backend without kernels of its own for the two nodes runs this
 // body with the kernels it has (the CUDA backend); the CPU's kernels are
 // held to it in tests.
 //

@@ -14,6 +14,7 @@
 //          L = log(e^0 + e^1) = 1.313
 //
 //===----------------------------------------------------------------------===//
+#include "math/FloatMath.h"
 #include "ops/Attention.h"
 #include "runtime/cpu/KernelSupport.h"
 #include "runtime/cpu/KernelTable.h"
@@ -110,7 +111,9 @@ Expected<Attention> Attention::read(const OpContext &ctx, size_t first, size_t t
     int64_t kind = (*kinds)[i];
     if (kind < 0 || kind >= a::ScoreSteps)
       return ctx.fail(formatv("step {0} is {1}, not a score step", i, kind));
-    Step step{static_cast<ScoreStep>(kind), scalars[i]};
+    Step step;
+    step.kind = static_cast<ScoreStep>(kind);
+    step.c = scalars[i];
     if (a::readsTensor(step.kind)) {
       if (next >= ctx.numInputs() || !ctx.optInput(next))
         return ctx.fail(formatv("step {0} reads input {1}, which the node lacks", i, next));
@@ -195,31 +198,39 @@ void Attention::backThroughSteps(int64_t h, float *ds) const {
   }
 }
 
-/// Softmax of each row of \p s [rows, n] in place, and each row's
-/// log-sum-exp into \p lse: a row of -inf only (every position masked) is
-/// NaN with -inf, as softmax makes it.
-void softmaxRows(float *s, float *lse, int64_t rows, int64_t n) {
+/// Softmax of one row of \p n scores in place; returns its log-sum-exp. A
+/// row of -inf only (every position masked) is NaN with -inf, as softmax
+/// makes it. Vectorised: FloatMath's exp, VectorLanes' maximum and sum.
+PIPEC_VECTOR_CLONES float softmaxRow(float *row, int64_t n) {
   constexpr float inf = std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < rows; ++i) {
-    float *row = s + i * n;
-    float top = -inf;
+  float top = VectorLanes().maxOf<float>(n, [&](int64_t j) { return row[j]; });
+  if (top == -inf) {
     for (int64_t j = 0; j < n; ++j)
-      top = std::max(top, row[j]);
-    if (top == -inf) {
-      for (int64_t j = 0; j < n; ++j)
-        row[j] = std::numeric_limits<float>::quiet_NaN();
-      lse[i] = -inf;
-      continue;
-    }
-    double sum = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      row[j] = std::exp(row[j] - top);
-      sum += row[j];
-    }
-    float scale = static_cast<float>(1.0 / sum);
-    for (int64_t j = 0; j < n; ++j)
-      row[j] *= scale;
-    lse[i] = top + static_cast<float>(std::log(sum));
+      row[j] = std::numeric_limits<float>::quiet_NaN();
+    return -inf;
+  }
+  for (int64_t j = 0; j < n; ++j)
+    row[j] = kernels::floatmath::exp(row[j] - top);
+  double sum = laneSum(n, [&](int64_t j) { return row[j]; });
+  float scale = static_cast<float>(1.0 / sum);
+  for (int64_t j = 0; j < n; ++j)
+    row[j] *= scale;
+  return top + static_cast<float>(std::log(sum));
+}
+
+/// P = exp(S - l) of one row in place: NaN where every position was masked
+/// (l = -inf).
+PIPEC_VECTOR_CLONES void probabilitiesRow(float *row, int64_t n, float l) {
+  for (int64_t j = 0; j < n; ++j)
+    row[j] = kernels::floatmath::exp(row[j] - l);
+}
+
+/// dS = P (dP - dot) of one row, \p ds holding dP on entry; 0 where P is NaN.
+PIPEC_VECTOR_CLONES void scoreGradRow(const float *p, float *ds, int64_t n, float dot) {
+  for (int64_t j = 0; j < n; ++j) {
+    float pj = p[j];
+    float g = pj * (ds[j] - dot);
+    ds[j] = pj != pj ? 0.0f : g;
   }
 }
 
@@ -242,7 +253,8 @@ KernelResult scaledDotProductAttention(const OpContext &ctx) {
     std::vector<float> s(at.m * at.n);
     for (int64_t h = begin; h < end; ++h) {
       at.scores(h, q, kt, s.data());
-      softmaxRows(s.data(), pl + h * at.m, at.m, at.n);
+      for (int64_t i = 0; i < at.m; ++i)
+        pl[h * at.m + i] = softmaxRow(s.data() + i * at.n, at.n);
       if (at.guarded)
         for (float &p : s)
           p = std::isnan(p) ? at.guard : p;
@@ -283,20 +295,14 @@ KernelResult scaledDotProductAttentionGrad(const OpContext &ctx) {
       const float *dO = pdo + h * m * d, *o = po + h * m * d, *l = pl + h * m;
       at.scores(h, q, kt, p.data());
       for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j)
-          p[i * n + j] = std::exp(p[i * n + j] - l[i]);
+        probabilitiesRow(p.data() + i * n, n, l[i]);
       // dS = P (dP - rowsum(dO O)), dP = dO V^T; no gradient on a row
       // whose probabilities are NaN (every position masked).
       gemm(false, true, m, n, d, 1.0f, dO, d, v + h * n * d, d, 0.0f, ds.data(), n);
       for (int64_t i = 0; i < m; ++i) {
-        double dot = 0;
-        for (int64_t c = 0; c < d; ++c)
-          dot += static_cast<double>(dO[i * d + c]) * o[i * d + c];
-        float rowDot = static_cast<float>(dot);
-        for (int64_t j = 0; j < n; ++j) {
-          float pij = p[i * n + j];
-          ds[i * n + j] = std::isnan(pij) ? 0.0f : pij * (ds[i * n + j] - rowDot);
-        }
+        const float *dOi = dO + i * d, *oi = o + i * d;
+        double dot = laneSum(d, [&](int64_t c) { return double(dOi[c]) * oi[c]; });
+        scoreGradRow(p.data() + i * n, ds.data() + i * n, n, static_cast<float>(dot));
       }
       // dV = P^T dO with the probabilities the forward multiplied V by.
       if (at.guarded)

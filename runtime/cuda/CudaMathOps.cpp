@@ -406,7 +406,8 @@ Result CudaBackend::runBody(const NodeView &n) {
 
 Result CudaBackend::runAttentionBody(const NodeView &n) {
   ArrayRef<const Tensor *> inputs = n.allInputs();
-  size_t q = n.node.op_type() == attention::GradOpType ? attention::GradQuery : attention::Query;
+  size_t q = n.node.op_type() == attention::GradOpType ? size_t(attention::GradQuery)
+                                                       : size_t(attention::Query);
   if (q >= inputs.size() || !inputs[q])
     return createStringError(inconvertibleErrorCode(), "node '%s' (%s): no Q",
                              n.node.name().c_str(), n.node.op_type().c_str());
