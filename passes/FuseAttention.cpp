@@ -1,4 +1,4 @@
-//===- FuseAttention.cpp - fuse-attention: attention as one node in training ===//
+//===- FuseAttention.cpp - fuse-attention: attention as one node ----------===//
 
 #include "passes/FuseAttention.h"
 
@@ -32,7 +32,7 @@ struct Found {
 
 class Matcher {
 public:
-  Matcher(const Graph &graph) : graph(graph), grads(gradientValues(graph)) {}
+  explicit Matcher(const Graph &graph) : graph(graph), grads(gradientValues(graph)) {}
 
   /// The attention whose last product is op \p o, or nullopt.
   std::optional<Found> match(int o) const;

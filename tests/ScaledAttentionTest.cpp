@@ -1,4 +1,4 @@
-//===- ScaledAttentionTest.cpp - Attention as one node in training ----------===//
+//===- ScaledAttentionTest.cpp - Attention as one node in training -------===//
 //
 // fuse-attention (passes/FuseAttention.h) and pipec.ScaledDotProductAttention
 // with its gradient (ops/Attention.h):

@@ -34,6 +34,9 @@
 #               allocations (run --profile; the JSON is kept in the results)
 #   torch       the same GPT in torch.distributed.pipelining with the
 #               machine's torch, bf16 autocast: its step beside pipec's
+#   real size   a GPT of 24 x 2048, sequence 2048, 16 sequences, one rank:
+#               pipec's step (as a bench row) and torch eager's (bf16
+#               autocast, SDPA) with its peak memory
 #
 # Formulas: training FLOPs per step = 3 x M x (sum over stages of the plan's
 # forward FLOPs per microbatch) (backward = 2 x forward); TFLOP/s = FLOPs /
@@ -389,7 +392,7 @@ echo "bench: GPT L=$bL H=$bH heads=$bNH seq=$bS vocab=$bV, batch $bB in $bM micr
   tee -a "$table" >>"$b"
 pipecP1=""
 # The bench plan of SCHED STAGES [FLAGS]: bench-SCHED-STAGES[-FLAGS without blanks and dashes].plan
-benchPlan() { local flags=${3:-}; echo "$work/bench-$1-$2${flags:+-${flags//[ -]/}}.plan"; }
+benchPlan() { local flags=${3:-}; echo "$work/${benchPrefix:-bench}-$1-$2${flags:+-${flags//[ -]/}}.plan"; }
 # benchRow LABEL SCHED STAGES [FLAGS]: the plan compiled with the same flags
 benchRow() {
   local label=$1 sched=$2 stages=$3 extra=${4:-} plan
@@ -486,6 +489,38 @@ else
   else
     row torch FAIL "$(why $? "$t")"
   fi
+fi
+
+#--- real size ----------------------------------------------------------------------
+# Issue 47's real size: a GPT of 24 blocks, width 2048, 16 heads, sequence
+# 2048, 16 sequences a step in 8 microbatches, one rank, bf16; pipec's 1F1B
+# step, then torch eager's on the same model and batch (bf16 autocast, SDPA,
+# gradient accumulation over the same microbatches) with its peak memory.
+if [ $dry = 1 ]; then defaultReal="2 64 4 64 256 4 2 2"; else defaultReal="24 2048 16 2048 32768 16 8 3"; fi
+read -r rL rH rNH rS rV rB rM rN <<<"${PIPEC_BENCH_REAL:-$defaultReal}"
+echo "real size: GPT L=$rL H=$rH heads=$rNH seq=$rS vocab=$rV, batch $rB in $rM microbatches, bf16, $rN steps" |
+  tee -a "$table" >>"$b"
+benchPrefix=real bN=$rN pipecP1=""
+if step "$b" "$pipec" model gpt --layers "$rL" --hidden "$rH" --heads "$rNH" --seq "$rS" \
+     --vocab "$rV" --loss -o "$work/real.onnx"; then
+  step "$b" "$pipec" compile "$work/real.onnx" -o "$(benchPlan 1f1b 1)" --stages 1 \
+    --schedule 1f1b --microbatches "$rM" --batch "$rB" --hardware h200 --precision bf16
+fi
+benchRow "real 1f1b P=1" 1f1b 1
+rm -f "$work/real.onnx"
+if "$py" -c 'import torch' >>"$t" 2>&1; then
+  device=cuda
+  [ $dry = 1 ] && device=cpu
+  if step "$t" "$py" "$here/gpu_check_torch_bench.py" --device "$device" --eager "$rL" "$rH" \
+       "$rNH" "$rS" "$rV" "$rB" "$rM" "$rN"; then
+    torchMs=$(sed -n 's/^TORCH_STEP_MS //p' "$t" | tail -1)
+    torchPeak=$(sed -n 's/^TORCH_PEAK_MB //p' "$t" | tail -1)
+    row "real torch (eager)" ok "$torchMs ms/step on $device${torchPeak:+, peak $torchPeak MB}${pipecP1:+; pipec 1f1b P=1 / torch = $("$py" "$here/gpu_check_table.py" ratio "$pipecP1" "$torchMs")}"
+  else
+    row "real torch (eager)" FAIL "$(why $? "$t")"
+  fi
+else
+  row "real torch (eager)" SKIPPED "$py cannot import torch"
 fi
 
 echo "gpu-check: ${SECONDS}s; table and logs in $results" | tee -a "$table"

@@ -1,17 +1,24 @@
 #!/usr/bin/env python3
 """The torch side of tools/gpu-check.sh's benchmark.
 
-Usage: gpu_check_torch_bench.py [--device cuda|cpu] L H NH S V B M STEPS
+Usage: gpu_check_torch_bench.py [--device cuda|cpu] [--eager] L H NH S V B M STEPS
 
-Prints "TORCH_MODE pipelining|accumulation" and "TORCH_STEP_MS <ms>". The
-CPU (tools/gpu-check.sh --dry-run) runs the same code with a tiny model.
+Prints "TORCH_MODE pipelining|accumulation|eager", "TORCH_STEP_MS <ms>" and,
+on a GPU, "TORCH_PEAK_MB <MB>" (torch.cuda.max_memory_allocated). --eager:
+torch eager over the same microbatches (gradient accumulation), without
+torch.distributed.pipelining. The CPU (tools/gpu-check.sh --dry-run) runs the
+same code with a tiny model.
 """
 import sys
 
 args = sys.argv[1:]
 device = "cuda"
-if args[:1] == ["--device"]:
-    device, args = args[1], args[2:]
+eager = False
+while args[:1] in (["--device"], ["--eager"]):
+    if args[0] == "--eager":
+        eager, args = True, args[1:]
+    else:
+        device, args = args[1], args[2:]
 
 # The benchmark GPT (pre-LN blocks, tied to nothing, GELU MLP of 4x) in bf16
 # autocast with AdamW, one pipeline stage of torch.distributed.pipelining
@@ -60,16 +67,22 @@ def step(body):
     with torch.autocast(dev.type, dtype=torch.bfloat16):
         body()
     opt.step()
-try:
-    body, mode = pipelined(), "pipelining"
+if eager:
+    body, mode = accumulated(), "eager"
     step(body)
-except Exception as e:  # a torch without single-stage schedules
-    print("pipelining failed (%s); timing gradient accumulation" % e)
-    body, mode = accumulated(), "accumulation"
-    step(body)
+else:
+    try:
+        body, mode = pipelined(), "pipelining"
+        step(body)
+    except Exception as e:  # a torch without single-stage schedules
+        print("pipelining failed (%s); timing gradient accumulation" % e)
+        body, mode = accumulated(), "accumulation"
+        step(body)
 sync()
 print("TORCH_MODE", mode)
 t = time.perf_counter()
 for _ in range(STEPS): step(body)
 sync()
 print("TORCH_STEP_MS %.3f" % ((time.perf_counter() - t) / STEPS * 1e3))
+if device == "cuda":
+    print("TORCH_PEAK_MB %.0f" % (torch.cuda.max_memory_allocated() / 2**20))
