@@ -160,11 +160,20 @@ std::string GradContext::channelsFirst(const std::string &x, int64_t channels, s
 }
 
 void GradContext::addContribution(int id, std::string name) {
-  if (sink->empty() || sink->back().output(0) != name || !StringRef(name).startswith("bwd:"))
+  // Which output of the last node \p name is (a node may make several
+  // inputs' gradients: fused attention's dQ, dKt and dV).
+  int output = -1;
+  if (!sink->empty() && StringRef(name).startswith("bwd:"))
+    for (int k = 0; k < sink->back().output_size(); ++k)
+      if (sink->back().output(k) == name)
+        output = k;
+  if (output < 0) {
     name = unary("Identity", name);
+    output = 0;
+  }
   std::string label = "grad:" + val(id).name + "#" + std::to_string(contribs[id].size());
-  sink->back().set_output(0, label);
-  contribs[id].push_back({sink, sink->size() - 1});
+  sink->back().set_output(output, label);
+  contribs[id].push_back({sink, sink->size() - 1, output});
   contribLayers[id].push_back(layerIndex);
 }
 
@@ -180,11 +189,11 @@ void GradContext::finalize(int id) {
   std::string name = "grad:" + val(id).name;
   if (it->second.size() == 1) {
     Contribution c = it->second.front();
-    (*c.list)[c.index].set_output(0, name);
+    (*c.list)[c.index].set_output(c.output, name);
   } else {
     std::vector<std::string> parts;
     for (const Contribution &c : it->second)
-      parts.push_back((*c.list)[c.index].output(0));
+      parts.push_back((*c.list)[c.index].output(c.output));
     emit("Sum", parts).set_output(0, name);
   }
   finalGrad[id] = name;

@@ -108,8 +108,8 @@ public:
   // --- Gradient bookkeeping -------------------------------------------------
 
   /// Records \p name (made by the last nodes emitted) as a contribution to
-  /// value \p id; emits an Identity when \p name is not a fresh node output
-  /// (e.g. the output gradient passed through unchanged).
+  /// value \p id; emits an Identity when \p name is not a fresh output of
+  /// the last node (e.g. the output gradient passed through unchanged).
   void addContribution(int id, std::string name);
   /// Records \p statistic (made by the last nodes emitted) as one
   /// microbatch's statistic of the running buffer read as input \p i of the
@@ -185,6 +185,7 @@ private:
   struct Contribution {
     std::vector<onnx::NodeProto> *list;
     size_t index;
+    int output = 0; ///< which output of the node it is
   };
 
   std::string fresh() { return "bwd:" + std::to_string(counter++); }
