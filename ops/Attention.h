@@ -64,9 +64,9 @@ enum class ScoreStep : int64_t {
   Divide, ///< S / c (Div by a scalar)
   Add,    ///< S + T (an additive mask or bias)
   Keep,   ///< T ? S : c (Where(T, S, c): a causal mask)
-  Drop,   ///< T ? c : S (Where(T, c, S): masked_fill)
+  Drop,   ///< T ? c : S (Where(T, c, S): masked_fill); the last
 };
-inline constexpr int64_t ScoreSteps = 5;
+inline constexpr int64_t ScoreSteps = static_cast<int64_t>(ScoreStep::Drop) + 1;
 
 /// Whether \p step reads the next step tensor.
 inline bool readsTensor(ScoreStep step) { return step >= ScoreStep::Add; }

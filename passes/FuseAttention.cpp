@@ -18,15 +18,19 @@ namespace {
 
 using attention::ScoreStep;
 
+/// One score step found: its kind, its scalar and, for a step that reads a
+/// tensor, the op and input that read it.
+struct FoundStep {
+  ScoreStep kind;
+  double scalar;
+  int op = -1, slot = -1;
+};
+
 /// One attention found: the ops it replaces and what the fused node reads.
 struct Found {
   int product = -1;
   std::vector<int> taken; // every op but the last MatMul
-  std::vector<ScoreStep> steps;
-  std::vector<double> scalars;
-  std::vector<int> tensors;
-  /// Per tensor, the op and input that read it.
-  std::vector<std::pair<int, int>> tensorReads;
+  std::vector<FoundStep> steps;
   std::optional<double> guard;
 };
 
@@ -88,20 +92,12 @@ bool Matcher::walk(int id, const std::vector<int64_t> &shape, Found &f) const {
   // A step reading input \p slot of op p (-1: none), then the rest from
   // \p next.
   auto step = [&](ScoreStep kind, double c, int slot, int next) {
-    size_t steps = f.steps.size(), tensors = f.tensors.size(), taken = f.taken.size();
-    f.steps.push_back(kind);
-    f.scalars.push_back(c);
-    if (slot >= 0) {
-      f.tensors.push_back(op.inputs[slot]);
-      f.tensorReads.push_back({p, slot});
-    }
+    size_t steps = f.steps.size(), taken = f.taken.size();
+    f.steps.push_back({kind, c, slot >= 0 ? p : -1, slot});
     f.taken.push_back(p);
     if (walk(next, shape, f))
       return true;
     f.steps.resize(steps);
-    f.scalars.resize(steps);
-    f.tensors.resize(tensors);
-    f.tensorReads.resize(tensors);
     f.taken.resize(taken);
     return false;
   };
@@ -166,9 +162,6 @@ std::optional<Found> Matcher::match(int o) const {
   if (!walk(graph.ops[p].inputs[0], scores, f))
     return std::nullopt;
   std::reverse(f.steps.begin(), f.steps.end());
-  std::reverse(f.scalars.begin(), f.scalars.end());
-  std::reverse(f.tensors.begin(), f.tensors.end());
-  std::reverse(f.tensorReads.begin(), f.tensorReads.end());
   // The products: Q [.., m, k] Kt [.., k, n] and P V [.., n, d], no
   // broadcasting between them.
   const Op &product = graph.ops[f.product];
@@ -186,21 +179,26 @@ std::optional<Found> Matcher::match(int o) const {
   return f;
 }
 
-void setAttr(onnx::NodeProto &node, StringRef name, onnx::AttributeProto::AttributeType type,
-             function_ref<void(onnx::AttributeProto &)> fill) {
-  onnx::AttributeProto &a = *node.add_attribute();
-  a.set_name(name.str());
-  a.set_type(type);
-  fill(a);
-}
-
 /// Replaces op \p o, the last product of \p f, by the fused node.
 void replace(Graph &graph, int o, const Found &f) {
   Op &out = graph.ops[o];
   const Op &product = graph.ops[f.product];
   int result = out.outputs[0];
   std::vector<int> inputs = {product.inputs[0], product.inputs[1], out.inputs[1]};
-  inputs.insert(inputs.end(), f.tensors.begin(), f.tensors.end());
+  // Where the file read each input: Q and Kt at the first product, V at the
+  // second, each step's tensor at its step.
+  std::vector<std::pair<int, int>> reads = {fileRead(graph, f.product, 0),
+                                            fileRead(graph, f.product, 1), fileRead(graph, o, 1)};
+  std::vector<int64_t> kinds;
+  std::vector<float> scalars;
+  for (const FoundStep &s : f.steps) {
+    kinds.push_back(static_cast<int64_t>(s.kind));
+    scalars.push_back(static_cast<float>(s.scalar));
+    if (s.op >= 0) {
+      inputs.push_back(graph.ops[s.op].inputs[s.slot]);
+      reads.push_back(fileRead(graph, s.op, s.slot));
+    }
+  }
   std::string name = freshName(graph, graph.values[result].name + ".logsumexp");
   int lse = graph.addValue(name, ValueKind::Activation);
   Value &l = graph.values[lse];
@@ -216,24 +214,10 @@ void replace(Graph &graph, int o, const Found &f) {
     node.add_input(graph.values[id].name);
   node.add_output(graph.values[result].name);
   node.add_output(name);
-  setAttr(node, "steps", onnx::AttributeProto::INTS, [&](onnx::AttributeProto &a) {
-    for (ScoreStep s : f.steps)
-      a.add_ints(static_cast<int64_t>(s));
-  });
-  setAttr(node, "scalars", onnx::AttributeProto::FLOATS, [&](onnx::AttributeProto &a) {
-    for (double c : f.scalars)
-      a.add_floats(static_cast<float>(c));
-  });
-  setAttr(node, "guarded", onnx::AttributeProto::INT,
-          [&](onnx::AttributeProto &a) { a.set_i(f.guard ? 1 : 0); });
-  setAttr(node, "guard", onnx::AttributeProto::FLOAT,
-          [&](onnx::AttributeProto &a) { a.set_f(static_cast<float>(f.guard.value_or(0))); });
-  // Where the file read each input: Q and Kt at the first product, V at the
-  // second, each step's tensor at its step.
-  std::vector<std::pair<int, int>> reads = {fileRead(graph, f.product, 0),
-                                            fileRead(graph, f.product, 1), fileRead(graph, o, 1)};
-  for (auto [op, slot] : f.tensorReads)
-    reads.push_back(fileRead(graph, op, slot));
+  setAttrInts(node, "steps", kinds);
+  setAttrFloats(node, "scalars", scalars);
+  setAttrInt(node, "guarded", f.guard ? 1 : 0);
+  setAttrFloat(node, "guard", static_cast<float>(f.guard.value_or(0)));
   for (int t : f.taken)
     graph.ops[t].dead = true;
   out.fileReads = std::move(reads);

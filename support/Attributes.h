@@ -9,6 +9,7 @@
 
 #include "onnx/onnx_pb.h"
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 
 #include <optional>
@@ -46,6 +47,40 @@ inline std::optional<std::vector<int64_t>> attrInts(const onnx::NodeProto &node,
   if (!attr)
     return std::nullopt;
   return std::vector<int64_t>(attr->ints().begin(), attr->ints().end());
+}
+
+// Setters: each adds attribute \p name to \p node (which must not have it).
+
+inline onnx::AttributeProto &addAttr(onnx::NodeProto &node, llvm::StringRef name,
+                                     onnx::AttributeProto::AttributeType type) {
+  onnx::AttributeProto &attr = *node.add_attribute();
+  attr.set_name(name.str());
+  attr.set_type(type);
+  return attr;
+}
+
+inline void setAttrInt(onnx::NodeProto &node, llvm::StringRef name, int64_t v) {
+  addAttr(node, name, onnx::AttributeProto::INT).set_i(v);
+}
+
+inline void setAttrFloat(onnx::NodeProto &node, llvm::StringRef name, float v) {
+  addAttr(node, name, onnx::AttributeProto::FLOAT).set_f(v);
+}
+
+inline void setAttrString(onnx::NodeProto &node, llvm::StringRef name, llvm::StringRef v) {
+  addAttr(node, name, onnx::AttributeProto::STRING).set_s(v.str());
+}
+
+inline void setAttrInts(onnx::NodeProto &node, llvm::StringRef name, llvm::ArrayRef<int64_t> v) {
+  onnx::AttributeProto &attr = addAttr(node, name, onnx::AttributeProto::INTS);
+  for (int64_t x : v)
+    attr.add_ints(x);
+}
+
+inline void setAttrFloats(onnx::NodeProto &node, llvm::StringRef name, llvm::ArrayRef<float> v) {
+  onnx::AttributeProto &attr = addAttr(node, name, onnx::AttributeProto::FLOATS);
+  for (float x : v)
+    attr.add_floats(x);
 }
 
 } // namespace pipec

@@ -22,6 +22,7 @@
 #include "runtime/core/FusedProgram.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/exec/Data.h"
+#include "support/Attributes.h"
 
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
@@ -73,25 +74,16 @@ struct Case {
       tensors.push_back(stem);
       t[stem] = load(dir + stem + ".npy");
     }
+    std::vector<int64_t> steps;
+    for (const llvm::json::Value &step : *node.getArray("steps"))
+      steps.push_back(*step.getAsInteger());
+    const cpu::Tensor &scalars = t["scalars"];
     auto setAttrs = [&](onnx::NodeProto &n) {
-      onnx::AttributeProto *steps = n.add_attribute();
-      steps->set_name("steps");
-      steps->set_type(onnx::AttributeProto::INTS);
-      for (const llvm::json::Value &s : *node.getArray("steps"))
-        steps->add_ints(*s.getAsInteger());
-      onnx::AttributeProto *scalars = n.add_attribute();
-      scalars->set_name("scalars");
-      scalars->set_type(onnx::AttributeProto::FLOATS);
-      for (int64_t i = 0; i < t["scalars"].numElements(); ++i)
-        scalars->add_floats(t["scalars"].data<float>()[i]);
-      onnx::AttributeProto *guarded = n.add_attribute();
-      guarded->set_name("guarded");
-      guarded->set_type(onnx::AttributeProto::INT);
-      guarded->set_i(*node.getInteger("guarded"));
-      onnx::AttributeProto *guard = n.add_attribute();
-      guard->set_name("guard");
-      guard->set_type(onnx::AttributeProto::FLOAT);
-      guard->set_f(static_cast<float>(*node.getNumber("guard")));
+      setAttrInts(n, "steps", steps);
+      setAttrFloats(n, "scalars",
+                    llvm::ArrayRef<float>(scalars.data<float>(), scalars.numElements()));
+      setAttrInt(n, "guarded", *node.getInteger("guarded"));
+      setAttrFloat(n, "guard", static_cast<float>(*node.getNumber("guard")));
     };
     forward.set_name(name);
     forward.set_domain("pipec");

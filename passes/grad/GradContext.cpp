@@ -59,32 +59,19 @@ onnx::NodeProto &GradContext::emit(StringRef opType, ArrayRef<std::string> input
 }
 
 void GradContext::setInt(onnx::NodeProto &node, StringRef name, int64_t v) {
-  auto *a = node.add_attribute();
-  a->set_name(name.str());
-  a->set_type(onnx::AttributeProto::INT);
-  a->set_i(v);
+  setAttrInt(node, name, v);
 }
 
 void GradContext::setFloat(onnx::NodeProto &node, StringRef name, float v) {
-  auto *a = node.add_attribute();
-  a->set_name(name.str());
-  a->set_type(onnx::AttributeProto::FLOAT);
-  a->set_f(v);
+  setAttrFloat(node, name, v);
 }
 
 void GradContext::setString(onnx::NodeProto &node, StringRef name, StringRef v) {
-  auto *a = node.add_attribute();
-  a->set_name(name.str());
-  a->set_type(onnx::AttributeProto::STRING);
-  a->set_s(v.str());
+  setAttrString(node, name, v);
 }
 
 void GradContext::setInts(onnx::NodeProto &node, StringRef name, ArrayRef<int64_t> v) {
-  auto *a = node.add_attribute();
-  a->set_name(name.str());
-  a->set_type(onnx::AttributeProto::INTS);
-  for (int64_t x : v)
-    a->add_ints(x);
+  setAttrInts(node, name, v);
 }
 
 std::string GradContext::constInts(ArrayRef<int64_t> values) {

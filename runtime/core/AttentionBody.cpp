@@ -38,11 +38,9 @@ public:
   }
   std::string scalar(float c) {
     onnx::NodeProto &n = add("Constant", {});
-    onnx::AttributeProto &attr = *n.add_attribute();
-    attr.set_name("value");
-    attr.set_type(onnx::AttributeProto::TENSOR);
-    attr.mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
-    attr.mutable_t()->add_float_data(c);
+    onnx::TensorProto &t = *addAttr(n, "value", onnx::AttributeProto::TENSOR).mutable_t();
+    t.set_data_type(onnx::TensorProto::FLOAT);
+    t.add_float_data(c);
     return n.output(0);
   }
   /// A reduction of \p x over its last axis, kept: axes as an attribute
@@ -52,18 +50,16 @@ public:
     std::vector<std::string> inputs = {x};
     if (opset >= inputSince) {
       onnx::NodeProto &axes = add("Constant", {});
-      onnx::AttributeProto &attr = *axes.add_attribute();
-      attr.set_name("value");
-      attr.set_type(onnx::AttributeProto::TENSOR);
-      attr.mutable_t()->set_data_type(onnx::TensorProto::INT64);
-      attr.mutable_t()->add_dims(1);
-      attr.mutable_t()->add_int64_data(-1);
+      onnx::TensorProto &t = *addAttr(axes, "value", onnx::AttributeProto::TENSOR).mutable_t();
+      t.set_data_type(onnx::TensorProto::INT64);
+      t.add_dims(1);
+      t.add_int64_data(-1);
       inputs.push_back(axes.output(0));
     }
     onnx::NodeProto &n = add(op, inputs, std::move(out));
     if (opset < inputSince)
-      setInts(n, "axes", {-1});
-    setInt(n, "keepdims", 1);
+      setAttrInts(n, "axes", {-1});
+    setAttrInt(n, "keepdims", 1);
     return n.output(0);
   }
   std::string swapLast(const std::string &x, int64_t rank) {
@@ -72,21 +68,8 @@ public:
       perm.push_back(i);
     std::swap(perm[rank - 2], perm[rank - 1]);
     onnx::NodeProto &n = add("Transpose", {x});
-    setInts(n, "perm", perm);
+    setAttrInts(n, "perm", perm);
     return n.output(0);
-  }
-  static void setInt(onnx::NodeProto &n, StringRef name, int64_t v) {
-    onnx::AttributeProto &attr = *n.add_attribute();
-    attr.set_name(name.str());
-    attr.set_type(onnx::AttributeProto::INT);
-    attr.set_i(v);
-  }
-  static void setInts(onnx::NodeProto &n, StringRef name, ArrayRef<int64_t> v) {
-    onnx::AttributeProto &attr = *n.add_attribute();
-    attr.set_name(name.str());
-    attr.set_type(onnx::AttributeProto::INTS);
-    for (int64_t x : v)
-      attr.add_ints(x);
   }
 
 private:
@@ -174,13 +157,13 @@ Expected<onnx::GraphProto> attentionBody(const onnx::NodeProto &node, int64_t ra
   if (!grad) {
     std::string s = scores(w, *steps, node.input(a::Query), node.input(a::KeysT));
     onnx::NodeProto &softmax = w.add("Softmax", {s});
-    BodyWriter::setInt(softmax, "axis", -1);
+    setAttrInt(softmax, "axis", -1);
     std::string p = softmax.output(0);
     // L = sum_j P_j (S_j - log P_j), by ops every backend has (no ReduceMax
     // on the device): each finite S_j - log P_j is L, and a masked one
     // (NaN, or 0 where the fill was the lowest float) weighs P_j = 0.
     onnx::NodeProto &logSoftmax = w.add("LogSoftmax", {s});
-    BodyWriter::setInt(logSoftmax, "axis", -1);
+    setAttrInt(logSoftmax, "axis", -1);
     std::string each = w.value("Sub", {s, logSoftmax.output(0)});
     each = w.value("Where", {w.value("IsNaN", {each}), w.scalar(0), each});
     w.reduceLast("ReduceSum", w.value("Mul", {p, each}), 13, node.output(a::LogSumExp));

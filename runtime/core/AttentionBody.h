@@ -4,9 +4,9 @@
 // out as default-domain ONNX ops, one at a time: MatMul, the score steps
 // (Mul, Div, Add, Where), Softmax, the NaN guard, and for the log-sum-exp
 // LogSoftmax and ReduceSum (ops the CUDA backend has kernels for); the
-// gradient's Transposes and products besides. A backend without kernels of its own for the two nodes runs this
-// body with the kernels it has (the CUDA backend); the CPU's kernels are
-// held to it in tests.
+// gradient's Transposes and products besides. A backend without kernels of its own for the two
+// nodes runs this body with the kernels it has (the CUDA backend); the CPU's kernels are held to it
+// in tests.
 //
 // It materialises the scores, as the nodes an exporter wrote did; only the
 // fused kernels keep them per head.

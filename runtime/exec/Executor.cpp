@@ -862,7 +862,7 @@ Error RankExecutor::settleLosses() {
   std::vector<const cpu::Tensor *> read;
   for (const PendingLoss &p : pendingLosses) {
     read.push_back(&p.loss);
-    if (p.count.numElements() > 0)
+    if (!p.count.isNull())
       read.push_back(&p.count);
   }
   auto host = be.downloadAll(read);
@@ -873,7 +873,7 @@ Error RankExecutor::settleLosses() {
     double loss = (*host)[next++].getDouble(0);
     // A token-mean loss weighs each microbatch by the labels it counts; one
     // that counts none adds nothing (its mean is 0/0).
-    double count = p.count.numElements() > 0 ? (*host)[next++].getDouble(0) : 1;
+    double count = !p.count.isNull() ? (*host)[next++].getDouble(0) : 1;
     // A NaN or infinite loss would poison every weight at the optimizer
     // step: the run stops here, before any rank updates or saves.
     if (!std::isfinite(loss) && count > 0) {

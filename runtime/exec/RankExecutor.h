@@ -389,7 +389,7 @@ private:
   /// the backend computed them until settleLosses reads them all with one
   /// wait.
   struct PendingLoss {
-    cpu::Tensor loss, count; // count: empty without a label count
+    cpu::Tensor loss, count; // count: null without a label count
     int step = 0, microbatch = 0;
   };
   std::vector<PendingLoss> pendingLosses;
