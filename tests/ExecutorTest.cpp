@@ -734,6 +734,82 @@ TEST_F(RunCli, OneRankStepWaitsTwice) {
   EXPECT_EQ(rank.getInteger("d2h_bytes").getValueOr(-1), 8 * (4 + 4) + 8);
 }
 
+// The optimizer updates every weight in launches of 32 (multi-tensor), in
+// place once the moments exist, and returns the squares of what it wrote
+// for the finite check; a weight something else still holds is replaced,
+// and the holder keeps the values it had.
+TEST(CpuBackend, OptimizerUpdatesInPlace) {
+  auto be = rt::makeCpuBackend();
+  rt::OptimizerUpdate u;
+  u.kind = rt::OptimizerUpdate::Kind::AdamW;
+  u.lr = 1e-2;
+  u.weightDecay = 0.1;
+  const int weights = 40; // two launches
+  std::vector<cpu::Tensor> w, g, m(weights), v(weights);
+  for (int i = 0; i < weights; ++i) {
+    w.emplace_back(cpu::DType::F32, std::vector<int64_t>{3, i + 1});
+    g.emplace_back(cpu::DType::F32, std::vector<int64_t>{3, i + 1});
+    for (int64_t e = 0; e < w[i].numElements(); ++e) {
+      w[i].setDouble(e, 0.5 - 0.01 * (e + i));
+      g[i].setDouble(e, 0.2 * std::sin(double(e + 7 * i)));
+    }
+  }
+  std::vector<cpu::Tensor> reference;
+  for (const cpu::Tensor &t : w)
+    reference.push_back(t.clone());
+  std::vector<cpu::Tensor> refM(weights), refV(weights);
+  auto same = [](const cpu::Tensor &a, const cpu::Tensor &b) {
+    if (a.numElements() != b.numElements())
+      return false;
+    for (int64_t e = 0; e < a.numElements(); ++e)
+      if (a.getDouble(e) != b.getDouble(e))
+        return false;
+    return true;
+  };
+  auto slotsOf = [](std::vector<cpu::Tensor> &w, std::vector<cpu::Tensor> &g,
+                    std::vector<cpu::Tensor> &m, std::vector<cpu::Tensor> &v) {
+    std::vector<rt::OptimizerSlot> slots;
+    for (size_t i = 0; i < w.size(); ++i)
+      slots.push_back({&w[i], &g[i], &m[i], &v[i], i == 3 ? 1.0 : 0.0});
+    return slots;
+  };
+  for (int step = 0; step < 3; ++step) {
+    u.step = step;
+    // The reference: one weight at a time.
+    for (int i = 0; i < weights; ++i) {
+      rt::OptimizerSlot one{&reference[i], &g[i], &refM[i], &refV[i], i == 3 ? 1.0 : 0.0};
+      ASSERT_TRUE(static_cast<bool>(rt::makeCpuBackend()->optimize(u, {one})));
+    }
+    cpu::Tensor held = step == 2 ? w[5] : cpu::Tensor(); // a send in flight
+    cpu::Tensor heldValues = step == 2 ? w[5].clone() : cpu::Tensor();
+    std::vector<const void *> addresses;
+    for (const cpu::Tensor &t : w)
+      addresses.push_back(t.rawData());
+    rt::BackendCounters before = be->counters();
+    auto squares = be->optimize(u, slotsOf(w, g, m, v));
+    ASSERT_TRUE(static_cast<bool>(squares)) << llvm::toString(squares.takeError());
+    rt::BackendCounters after = be->counters();
+    EXPECT_EQ(after.launches - before.launches, 2);
+    // The first step makes both moments of each weight; later steps make
+    // only the one number, and a new weight for the one held elsewhere.
+    int64_t made = after.allocations - before.allocations;
+    EXPECT_EQ(made, step == 0 ? 2 * weights + 1 : step == 2 ? 2 : 1) << "step " << step;
+    double expected = 0;
+    for (int i = 0; i < weights; ++i) {
+      EXPECT_TRUE(same(w[i], reference[i])) << "weight " << i << " step " << step;
+      EXPECT_TRUE(same(v[i], refV[i])) << "weight " << i << " step " << step;
+      EXPECT_EQ(w[i].rawData() == addresses[i], !(step == 2 && i == 5)) << "weight " << i;
+      for (const cpu::Tensor *t : {&w[i], &v[i]})
+        for (int64_t e = 0; e < t->numElements(); ++e)
+          expected += t->getDouble(e) * t->getDouble(e);
+    }
+    if (step == 2) {
+      EXPECT_TRUE(same(held, heldValues)) << "the holder's weight was written";
+    }
+    EXPECT_NEAR(squares->getDouble(0), expected, 1e-12 * expected);
+  }
+}
+
 // A profile's FLOPs: a product's 2 M N K from its shapes (Gemm's transA
 // read), one per output element otherwise.
 TEST(StepProfile, NodeFlops) {

@@ -46,9 +46,7 @@ struct OptimizerParams;
 
 namespace pipec::rt {
 
-/// One optimizer update of one weight: w, and the moments it needs, are
-/// replaced by new tensors (never written in place: views of w may still be
-/// in flight to another rank).
+/// One optimizer step's settings, the same for every weight it updates.
 struct OptimizerUpdate {
   using Kind = Optimizer;
   Kind kind = Kind::SGD;
@@ -62,6 +60,23 @@ struct OptimizerUpdate {
   /// its parameter plus a constant (ParamMap.h) decays the parameter.
   double decayCenter = 0;
 };
+
+/// One weight's part in a multi-tensor update (Backend::optimize): the
+/// weight (or its master copy, or a replica's shard of it), its gradient,
+/// and the moments its kind needs (null until the first step; the backend
+/// creates them).
+struct OptimizerSlot {
+  cpu::Tensor *w = nullptr;
+  const cpu::Tensor *g = nullptr;
+  cpu::Tensor *m = nullptr, *v = nullptr;
+  /// Weight decay pulls w towards this, not 0 (OptimizerUpdate::decayCenter).
+  double decayCenter = 0;
+};
+
+/// The slots one launch of a device's update takes: their table is the
+/// kernel's argument (kernel arguments are limited to 4 KiB), so nothing is
+/// uploaded for it.
+inline constexpr int OptimizerSlotsPerLaunch = 32;
 
 /// \p u as the element-wise update kernel (kernels::optimizerElement) takes
 /// it: the kind as a number and Adam's bias corrections at u.step.
@@ -132,10 +147,17 @@ public:
   /// moving the gradients off the device.
   virtual llvm::Expected<double> sumOfSquares(llvm::ArrayRef<const cpu::Tensor *> tensors,
                                               double scale) = 0;
-  /// Applies \p update to weight \p w with gradient \p g; \p m and \p v are
-  /// the moments (null until the first step; the backend creates them).
-  virtual llvm::Error optimize(const OptimizerUpdate &update, cpu::Tensor &w, const cpu::Tensor &g,
-                               cpu::Tensor &m, cpu::Tensor &v) = 0;
+  /// Applies \p update to every slot, OptimizerSlotsPerLaunch slots a
+  /// launch (multi-tensor, as NVIDIA's apex multi_tensor_apply). A tensor is
+  /// written in place where the backend's handle is its only one; one that
+  /// something else still holds (a weight in flight to another rank, a view
+  /// kept for later) is replaced by a new tensor. After the first step,
+  /// which creates the moments, nothing is allocated. Returns a one-element
+  /// double tensor of the backend's: the sum of the squares of every
+  /// updated weight and second moment, finite exactly when they all are,
+  /// for the caller to read with the step's other numbers.
+  virtual llvm::Expected<cpu::Tensor> optimize(const OptimizerUpdate &update,
+                                               llvm::ArrayRef<OptimizerSlot> slots) = 0;
   /// A flat copy of elements [\p begin, \p begin + \p count) of \p t (in
   /// its flat order), zeros where that runs past its end: a replica's shard
   /// of a weight, or a gradient padded to a whole number of shards

@@ -485,52 +485,86 @@ Expected<double> CudaBackend::sumOfSquares(ArrayRef<const Tensor *> tensors, dou
   return result;
 }
 
-Error CudaBackend::optimize(const rt::OptimizerUpdate &u, Tensor &w, const Tensor &g, Tensor &m,
-                            Tensor &v) {
+Expected<Tensor> CudaBackend::optimize(const rt::OptimizerUpdate &u,
+                                       ArrayRef<rt::OptimizerSlot> slots) {
   if (Error err = enter())
     return err;
-  ++counted.launches;
-  auto type = scalarOf(w.elemType());
-  if (!type || (*type != k::Scalar::F32 && *type != k::Scalar::F64))
-    return createStringError(inconvertibleErrorCode(),
-                             "cuda:%d: training %s: float or double weights only", device,
-                             w.describe().c_str());
-  if (g.elemType() != w.elemType() || g.numElements() != w.numElements())
-    return createStringError(inconvertibleErrorCode(), "cuda:%d: gradient %s for weight %s", device,
-                             g.describe().c_str(), w.describe().c_str());
+  PIPEC_TRY_ASSIGN(squares, zeros(DType::F64, {1}));
   k::OptimizerParams p = rt::optimizerParams(u);
-  PIPEC_TRY_ASSIGN(dw, onDevice(w));
-  PIPEC_TRY_ASSIGN(dg, onDevice(g));
-  // The moments this kind needs: zero at first, replaced every step.
-  auto moment = [&](Tensor &t) -> Expected<Tensor> {
-    if (t.isNull())
-      return zeros(w.elemType(), w.shape());
-    return onDevice(t);
+  // Written in place when this pool's buffer has no other handle; else a
+  // new tensor (what the update reads stays as it was).
+  auto inPlace = [&](const Tensor &t) {
+    return t.device() == device && t.ownsBuffer() && pool->owns(t.rawData());
   };
-  Tensor dm, dv, wOut, mOut, vOut;
-  PIPEC_TRY_ASSIGN(newW, allocate(w.elemType(), w.shape()));
-  wOut = newW;
-  if (p.kind >= 1) {
-    PIPEC_TRY_ASSIGN(mm, moment(m));
-    PIPEC_TRY_ASSIGN(newM, allocate(w.elemType(), w.shape()));
-    dm = mm;
-    mOut = newM;
+  auto writable = [&](const Tensor &t) -> Expected<Tensor> {
+    if (inPlace(t))
+      return t;
+    return allocate(t.elemType(), t.shape());
+  };
+  OptimizerTable table;
+  std::optional<k::Scalar> tableType;
+  auto flush = [&]() -> Error {
+    if (table.count > 0) {
+      ++counted.launches;
+      PIPEC_CUDA_TRY(
+          launchOptimizer(*tableType, p, table, static_cast<double *>(squares.rawData()), stream));
+    }
+    table.count = 0;
+    return Error::success();
+  };
+  for (const rt::OptimizerSlot &slot : slots) {
+    Tensor &w = *slot.w;
+    const Tensor &g = *slot.g;
+    auto type = scalarOf(w.elemType());
+    if (!type || (*type != k::Scalar::F32 && *type != k::Scalar::F64))
+      return createStringError(inconvertibleErrorCode(),
+                               "cuda:%d: training %s: float or double weights only", device,
+                               w.describe().c_str());
+    if (g.elemType() != w.elemType() || g.numElements() != w.numElements())
+      return createStringError(inconvertibleErrorCode(), "cuda:%d: gradient %s for weight %s",
+                               device, g.describe().c_str(), w.describe().c_str());
+    if (table.count == OptimizerTable::Slots || (tableType && *tableType != *type))
+      if (Error err = flush())
+        return err;
+    tableType = type;
+    // The moments start at zero, and are the backend's own after that.
+    auto moment = [&](Tensor &t, bool needed) -> Error {
+      if (!needed)
+        return Error::success();
+      if (t.isNull()) {
+        PIPEC_TRY_ASSIGN(fresh, zeros(w.elemType(), w.shape()));
+        t = fresh;
+      } else if (!inPlace(t)) {
+        PIPEC_TRY_ASSIGN(source, onDevice(t));
+        PIPEC_TRY_ASSIGN(copy, allocate(w.elemType(), w.shape()));
+        PIPEC_CUDA_TRY(cudaMemcpyAsync(copy.rawData(), source.rawData(), source.byteSize(),
+                                       cudaMemcpyDeviceToDevice, stream));
+        t = copy;
+      }
+      return Error::success();
+    };
+    if (Error err = moment(*slot.m, p.kind >= 1))
+      return err;
+    if (Error err = moment(*slot.v, p.kind == 2))
+      return err;
+    PIPEC_TRY_ASSIGN(out, writable(w));
+    PIPEC_TRY_ASSIGN(dw, onDevice(w));
+    PIPEC_TRY_ASSIGN(dg, onDevice(g));
+    int s = table.count++;
+    table.w[s] = dw.rawData();
+    table.g[s] = dg.rawData();
+    table.wOut[s] = out.rawData();
+    table.m[s] = table.mOut[s] = p.kind >= 1 ? slot.m->rawData() : nullptr;
+    table.v[s] = table.vOut[s] = p.kind == 2 ? slot.v->rawData() : nullptr;
+    table.n[s] = w.numElements();
+    table.decayCenter[s] = slot.decayCenter;
+    w = out;
   }
-  if (p.kind == 2) {
-    PIPEC_TRY_ASSIGN(vv, moment(v));
-    PIPEC_TRY_ASSIGN(newV, allocate(w.elemType(), w.shape()));
-    dv = vv;
-    vOut = newV;
-  }
-  PIPEC_CUDA_TRY(launchOptimizer(*type, p, dw.rawData(), dg.rawData(), dm.rawData(), dv.rawData(),
-                                 wOut.rawData(), mOut.rawData(), vOut.rawData(), w.numElements(),
-                                 stream));
-  w = wOut;
-  if (p.kind >= 1)
-    m = mOut;
-  if (p.kind == 2)
-    v = vOut;
-  return commitHolds();
+  if (Error err = flush())
+    return err;
+  if (Error err = commitHolds())
+    return err;
+  return squares;
 }
 
 } // namespace pipec::cuda

@@ -432,15 +432,6 @@ struct BatchNormGradWeightFinishFn {
   }
 };
 
-template <typename T> struct OptimizerFn {
-  OptimizerParams p;
-  const T *w, *g, *m, *v;
-  T *wOut, *mOut, *vOut;
-  __device__ void operator()(int64_t i) const {
-    optimizerElement<T>(i, p, w, g, m, v, wOut, mOut, vOut);
-  }
-};
-
 } // namespace
 
 //===----------------------------------------------------------------------===//
@@ -549,16 +540,10 @@ cudaError_t launchGradient(ElemOp op, const ElemParams &params, const float *dy,
   return launch(n, GradientFn{op, params, dy, a, dx}, stream);
 }
 
-template <typename T>
-__global__ void sumSquaresKernel(const T *x, int64_t n, double scale, double *total) {
+/// Adds the block's sum of every thread's \p s into \p total; every
+/// thread of the block calls it.
+__device__ void addBlockSum(double s, double *total) {
   __shared__ double warps[Threads / WarpSize];
-  double s = 0;
-  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    double g = static_cast<double>(x[i]) * scale;
-    s += g * g;
-  }
   WarpLanes lanes;
   s = lanes.sum(s);
   int warp = threadIdx.x / WarpSize;
@@ -571,6 +556,18 @@ __global__ void sumSquaresKernel(const T *x, int64_t n, double scale, double *to
     if (lanes.lane() == 0)
       atomicAdd(total, s);
   }
+}
+
+template <typename T>
+__global__ void sumSquaresKernel(const T *x, int64_t n, double scale, double *total) {
+  double s = 0;
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    double g = static_cast<double>(x[i]) * scale;
+    s += g * g;
+  }
+  addBlockSum(s, total);
 }
 
 cudaError_t launchSumSquares(Scalar type, const void *x, int64_t n, double scale, double *total,
@@ -751,25 +748,51 @@ cudaError_t launchBatchNormGradWeight(int64_t batch, int64_t channels, int64_t s
                 stream);
 }
 
-cudaError_t launchOptimizer(Scalar type, const OptimizerParams &p, const void *w, const void *g,
-                            const void *m, const void *v, void *wOut, void *mOut, void *vOut,
-                            int64_t n, cudaStream_t stream) {
+/// Block (x, s) updates a stride of slot s, then adds its squares.
+template <typename T>
+__global__ void optimizerKernel(OptimizerParams p, OptimizerTable table, double *squares) {
+  int s = blockIdx.y;
+  p.decayCenter = table.decayCenter[s];
+  const T *w = static_cast<const T *>(table.w[s]), *g = static_cast<const T *>(table.g[s]);
+  const T *m = static_cast<const T *>(table.m[s]), *v = static_cast<const T *>(table.v[s]);
+  T *wOut = static_cast<T *>(table.wOut[s]), *mOut = static_cast<T *>(table.mOut[s]);
+  T *vOut = static_cast<T *>(table.vOut[s]);
+  double sum = 0;
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < table.n[s];
+       i += stride) {
+    optimizerElement<T>(i, p, w, g, m, v, wOut, mOut, vOut);
+    double wi = static_cast<double>(wOut[i]);
+    sum += wi * wi;
+    if (vOut) {
+      double vi = static_cast<double>(vOut[i]);
+      sum += vi * vi;
+    }
+  }
+  addBlockSum(sum, squares);
+}
+
+cudaError_t launchOptimizer(Scalar type, const OptimizerParams &p, const OptimizerTable &table,
+                            double *squares, cudaStream_t stream) {
+  if (table.count <= 0)
+    return cudaSuccess;
+  if (table.count > OptimizerTable::Slots)
+    return cudaErrorInvalidValue;
+  int64_t most = 0;
+  for (int s = 0; s < table.count; ++s)
+    most = std::max(most, table.n[s]);
+  // Enough blocks per slot to fill the device with one large tensor; the
+  // grid-stride loop covers the rest.
+  dim3 grid(static_cast<unsigned>(std::min<int64_t>(blocksFor(most), 512)),
+            static_cast<unsigned>(table.count));
+  clearStaleError();
   if (type == Scalar::F32)
-    return launch(n,
-                  OptimizerFn<float>{p, static_cast<const float *>(w),
-                                     static_cast<const float *>(g), static_cast<const float *>(m),
-                                     static_cast<const float *>(v), static_cast<float *>(wOut),
-                                     static_cast<float *>(mOut), static_cast<float *>(vOut)},
-                  stream);
-  if (type == Scalar::F64)
-    return launch(n,
-                  OptimizerFn<double>{p, static_cast<const double *>(w),
-                                      static_cast<const double *>(g),
-                                      static_cast<const double *>(m),
-                                      static_cast<const double *>(v), static_cast<double *>(wOut),
-                                      static_cast<double *>(mOut), static_cast<double *>(vOut)},
-                  stream);
-  return cudaErrorInvalidValue;
+    optimizerKernel<float><<<grid, Threads, 0, stream>>>(p, table, squares);
+  else if (type == Scalar::F64)
+    optimizerKernel<double><<<grid, Threads, 0, stream>>>(p, table, squares);
+  else
+    return cudaErrorInvalidValue;
+  return cudaGetLastError();
 }
 
 } // namespace pipec::cuda

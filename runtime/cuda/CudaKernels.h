@@ -161,10 +161,23 @@ cudaError_t launchBatchNormGradWeight(int64_t batch, int64_t channels, int64_t s
                                       const float *mean, const float *var, double *partial,
                                       int64_t chunks, float *dScale, cudaStream_t stream);
 
-/// One optimizer update of n elements of F32 or F64.
-cudaError_t launchOptimizer(Scalar type, const OptimizerParams &p, const void *w, const void *g,
-                            const void *m, const void *v, void *wOut, void *mOut, void *vOut,
-                            int64_t n, cudaStream_t stream);
+/// The tensors of one multi-tensor optimizer launch, passed by value as
+/// the kernel's argument (under its 4 KiB limit), so nothing is uploaded.
+/// Slot s updates n[s] elements; its outputs may be its inputs.
+struct OptimizerTable {
+  static constexpr int Slots = 32;
+  int count = 0;
+  const void *w[Slots], *g[Slots], *m[Slots], *v[Slots];
+  void *wOut[Slots], *mOut[Slots], *vOut[Slots];
+  int64_t n[Slots];
+  double decayCenter[Slots];
+};
+
+/// One optimizer update of every slot of \p table (F32 or F64, all of
+/// \p type), adding the squares of the new weights and second moments
+/// into \p squares (one double).
+cudaError_t launchOptimizer(Scalar type, const OptimizerParams &p, const OptimizerTable &table,
+                            double *squares, cudaStream_t stream);
 
 } // namespace pipec::cuda
 

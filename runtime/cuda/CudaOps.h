@@ -166,8 +166,8 @@ public:
   Expected<Tensor> sum(ArrayRef<const Tensor *> terms) override;
   Error addInto(Tensor &accumulator, const Tensor &term) override;
   Expected<double> sumOfSquares(ArrayRef<const Tensor *> tensors, double scale) override;
-  Error optimize(const rt::OptimizerUpdate &update, Tensor &w, const Tensor &g, Tensor &m,
-                 Tensor &v) override;
+  Expected<Tensor> optimize(const rt::OptimizerUpdate &update,
+                            ArrayRef<rt::OptimizerSlot> slots) override;
   Error reserve(int64_t bytes) override;
   Error synchronize() override;
   std::map<std::string, int64_t> fallbackOps() const override { return fallbacks; }

@@ -182,17 +182,34 @@ public:
     return add(acc, term);
   }
 
-  Error optimize(const OptimizerUpdate &u, cpu::Tensor &w, const cpu::Tensor &g, cpu::Tensor &m,
-                 cpu::Tensor &v) override {
-    if (!w.onHost() || !g.onHost())
-      return notOnHost(w.onHost() ? g : w);
-    ++counted.launches;
-    if (w.elemType() == cpu::DType::F32)
-      return update<float>(u, w, g, m, v);
-    if (w.elemType() == cpu::DType::F64)
-      return update<double>(u, w, g, m, v);
-    return createStringError(inconvertibleErrorCode(), "training %s: float or double weights only",
-                             w.describe().c_str());
+  Expected<cpu::Tensor> optimize(const OptimizerUpdate &u, ArrayRef<OptimizerSlot> slots) override {
+    // Counted as a device would launch it: one launch a table of slots.
+    counted.launches += (static_cast<int64_t>(slots.size()) + OptimizerSlotsPerLaunch - 1) /
+                        OptimizerSlotsPerLaunch;
+    double squares = 0;
+    for (const OptimizerSlot &slot : slots) {
+      cpu::Tensor &w = *slot.w;
+      const cpu::Tensor &g = *slot.g;
+      if (!w.onHost() || !g.onHost())
+        return notOnHost(w.onHost() ? g : w);
+      if (g.elemType() != w.elemType() || g.numElements() != w.numElements())
+        return createStringError(inconvertibleErrorCode(), "gradient %s for weight %s",
+                                 g.describe().c_str(), w.describe().c_str());
+      Expected<double> sum = w.elemType() == cpu::DType::F32 ? update<float>(u, slot)
+                             : w.elemType() == cpu::DType::F64
+                                 ? update<double>(u, slot)
+                                 : Expected<double>(createStringError(inconvertibleErrorCode(),
+                                                                      "training %s: float or "
+                                                                      "double weights only",
+                                                                      w.describe().c_str()));
+      if (!sum)
+        return sum.takeError();
+      squares += *sum;
+    }
+    cpu::Tensor total(cpu::DType::F64, {1});
+    ++counted.allocations;
+    total.data<double>()[0] = squares;
+    return total;
   }
 
   Error synchronize() override {
@@ -235,29 +252,40 @@ private:
     return Error::success();
   }
 
-  /// Every update in double (kernels::optimizerElement, the body every
-  /// backend runs), stored in the weight's type; the weight is replaced
-  /// (never written in place).
+  /// One slot's update, in double (kernels::optimizerElement, the body
+  /// every backend runs), stored in the weight's type; returns the sum of
+  /// the squares of the new weight and second moment. A tensor something
+  /// else holds too is replaced (counted as an allocation), never written.
   template <typename T>
-  Error update(const OptimizerUpdate &u, cpu::Tensor &w, const cpu::Tensor &g, cpu::Tensor &m,
-               cpu::Tensor &v) {
+  Expected<double> update(const OptimizerUpdate &given, const OptimizerSlot &slot) {
     using Kind = OptimizerUpdate::Kind;
+    cpu::Tensor &w = *slot.w;
     int64_t n = w.numElements();
-    cpu::Tensor out(w.elemType(), w.shape());
-    ++counted.allocations;
-    if (u.kind != Kind::SGD && m.isNull())
-      m = cpu::Tensor(w.elemType(), w.shape()), ++counted.allocations;
-    if (u.kind == Kind::AdamW && v.isNull())
-      v = cpu::Tensor(w.elemType(), w.shape()), ++counted.allocations;
+    auto own = [&](cpu::Tensor &t, bool needed) {
+      if (!needed)
+        return;
+      if (t.isNull()) // the moments start at zero
+        t = cpu::Tensor(w.elemType(), w.shape()), ++counted.allocations;
+      else if (!t.ownsBuffer())
+        t = t.clone(), ++counted.allocations;
+    };
+    own(*slot.m, given.kind != Kind::SGD);
+    own(*slot.v, given.kind == Kind::AdamW);
+    bool inPlace = w.ownsBuffer();
+    counted.allocations += inPlace ? 0 : 1;
+    cpu::Tensor out = inPlace ? w : cpu::Tensor(w.elemType(), w.shape());
+    OptimizerUpdate u = given;
+    u.decayCenter = slot.decayCenter;
     kernels::OptimizerParams p = optimizerParams(u);
-    const T *wp = w.data<T>(), *gp = g.data<T>();
-    T *mp = m.isNull() ? nullptr : m.data<T>(), *vp = v.isNull() ? nullptr : v.data<T>();
+    const T *wp = w.data<T>(), *gp = slot.g->data<T>();
+    T *mp = given.kind != Kind::SGD ? slot.m->data<T>() : nullptr;
+    T *vp = given.kind == Kind::AdamW ? slot.v->data<T>() : nullptr;
     T *op = out.data<T>();
     parallelFor(n, blockElements, [&](int64_t begin, int64_t end) {
       cpu::optimizerUpdate(p, wp, gp, mp, vp, op, begin, end);
     });
     w = std::move(out);
-    return Error::success();
+    return squaresOf(op, n, 1.0) + (vp ? squaresOf(vp, n, 1.0) : 0.0);
   }
 };
 

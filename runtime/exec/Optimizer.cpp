@@ -119,31 +119,38 @@ Error RankExecutor::optimizerStep(int t) {
   if (s.options.collectWeights)
     if (Error err = collectGradients(u.gradScale))
       return err;
-  std::vector<UpdatedState> updatedState;
-  for (const std::string &name : trainableHere) {
-    cpu::Tensor &g = grads[name];
+  // Every weight this rank trains, in one multi-tensor update: its master
+  // copy where it has one, its shard when the optimizer is sharded.
+  std::vector<cpu::Tensor> shards(trainableHere.size());
+  std::vector<OptimizerSlot> slots;
+  for (size_t i = 0; i < trainableHere.size(); ++i) {
+    const std::string &name = trainableHere[i];
     auto center = s.decayCenters.find(name);
-    u.decayCenter = center == s.decayCenters.end() ? 0.0 : center->second;
     auto m = master.find(name);
     // Sharded, a float32 weight's update starts from its shard.
-    cpu::Tensor shard;
     if (s.shardOptimizer && m == master.end()) {
       int64_t elements = shardElements(name);
       auto sliced = be.slice(weights[name], replica * elements, elements);
       if (!sliced)
         return sliced.takeError();
-      shard = std::move(*sliced);
+      shards[i] = std::move(*sliced);
     }
-    cpu::Tensor &target = m != master.end() ? m->second : s.shardOptimizer ? shard : weights[name];
-    if (Error err = be.optimize(u, target, g, moment1[name], moment2[name]))
-      return rankError(global, formatv("updating '{0}': {1}", name, toString(std::move(err))));
-    if (!o.allowNonfinite) {
-      updatedState.push_back({name, true, target});
-      if (moment2[name].numElements() > 0)
-        updatedState.push_back({name, false, moment2[name]});
-    }
-    cpu::Tensor updated = target;
-    if (m != master.end()) {
+    OptimizerSlot slot;
+    slot.w = m != master.end() ? &m->second : s.shardOptimizer ? &shards[i] : &weights[name];
+    slot.g = &grads[name];
+    slot.m = &moment1[name];
+    slot.v = &moment2[name];
+    slot.decayCenter = center == s.decayCenters.end() ? 0.0 : center->second;
+    slots.push_back(slot);
+  }
+  auto squares = be.optimize(u, slots);
+  if (!squares)
+    return rankError(global,
+                     formatv("step {0}, the optimizer: {1}", t + 1, toString(squares.takeError())));
+  for (size_t i = 0; i < trainableHere.size(); ++i) {
+    const std::string &name = trainableHere[i];
+    cpu::Tensor updated = *slots[i].w;
+    if (auto m = master.find(name); m != master.end()) {
       int type = weights[name].elemType() == cpu::DType::F16 ? onnx::TensorProto::FLOAT16
                                                              : onnx::TensorProto::BFLOAT16;
       auto rounded = castTo(m->second, type);
@@ -157,39 +164,41 @@ Error RankExecutor::optimizerStep(int t) {
     else
       weights[name] = std::move(updated);
   }
-  if (Error err = checkFinite(updatedState, t, u))
-    return err;
+  if (!o.allowNonfinite && !slots.empty())
+    if (Error err = checkFinite(*squares, slots, t, u))
+      return err;
   return updateRunningStats();
 }
 
-Error RankExecutor::checkFinite(ArrayRef<UpdatedState> state, int t, const OptimizerUpdate &u) {
+Error RankExecutor::checkFinite(const cpu::Tensor &squares, ArrayRef<OptimizerSlot> slots, int t,
+                                const OptimizerUpdate &u) {
   // A weight (or Adam's second moment) the update left infinite or NaN
-  // poisons every later step and the saved model: stop, naming it. One sum
-  // of squares over them all leaves the device (finite exactly when each
-  // is: a float's square is far inside double's range); only a step that
-  // fails looks for the first culprit, in the order of the update.
-  if (state.empty()) // --allow-nonfinite, or nothing trained here
+  // poisons every later step and the saved model: stop, naming it. The
+  // update summed their squares where they are (finite exactly when each
+  // is: a float's square is far inside double's range), and that one
+  // number leaves the device; only a step that fails looks for the first
+  // culprit, in the order of the update.
+  const cpu::Tensor *total[] = {&squares};
+  auto read = be.downloadAll(total);
+  if (!read)
+    return read.takeError();
+  if (std::isfinite((*read)[0].getDouble(0)))
     return Error::success();
-  std::vector<const cpu::Tensor *> all;
-  for (const UpdatedState &updated : state)
-    all.push_back(&updated.tensor);
-  auto total = be.sumOfSquares(all, 1.0);
-  if (!total)
-    return total.takeError();
-  if (std::isfinite(*total))
-    return Error::success();
-  for (const UpdatedState &updated : state) {
-    const cpu::Tensor *one[] = {&updated.tensor};
-    auto squares = be.sumOfSquares(one, 1.0);
-    if (!squares)
-      return squares.takeError();
-    if (!std::isfinite(*squares))
-      return rankError(
-          global, formatv("step {0}: the update left {1} '{2}' infinite or NaN (lr {3}, weight "
-                          "decay {4}); lower --lr, or pass --allow-nonfinite to go on",
-                          t + 1, updated.weight ? "weight" : "the optimizer state of", updated.name,
-                          format("%g", u.lr), format("%g", u.weightDecay)));
-  }
+  for (size_t i = 0; i < slots.size(); ++i)
+    for (bool weight : {true, false}) {
+      const cpu::Tensor *one[] = {weight ? slots[i].w : slots[i].v};
+      if (one[0]->isNull())
+        continue;
+      auto sum = be.sumOfSquares(one, 1.0);
+      if (!sum)
+        return sum.takeError();
+      if (!std::isfinite(*sum))
+        return rankError(
+            global, formatv("step {0}: the update left {1} '{2}' infinite or NaN (lr {3}, "
+                            "weight decay {4}); lower --lr, or pass --allow-nonfinite to go on",
+                            t + 1, weight ? "weight" : "the optimizer state of", trainableHere[i],
+                            format("%g", u.lr), format("%g", u.weightDecay)));
+    }
   return rankError(global, formatv("step {0}: the update left a weight infinite or NaN", t + 1));
 }
 

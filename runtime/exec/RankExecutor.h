@@ -294,16 +294,11 @@ private:
                            llvm::Error (Comm::*collective)(llvm::ArrayRef<int>,
                                                            llvm::MutableArrayRef<cpu::Tensor>));
   llvm::Error optimizerStep(int t);
-  /// What an optimizer step updated, for its finite check: a weight (or
-  /// its master), or its second moment.
-  struct UpdatedState {
-    std::string name;
-    bool weight;
-    cpu::Tensor tensor;
-  };
-  /// Fails, naming the first of \p state (in update order) that step \p t
-  /// left infinite or NaN; reads one number from the device when none is.
-  llvm::Error checkFinite(llvm::ArrayRef<UpdatedState> state, int t, const OptimizerUpdate &u);
+  /// Fails, naming the first of \p slots' weights and second moments (in
+  /// update order) that step \p t left infinite or NaN, when \p squares
+  /// (the update's sum of their squares, read with one wait) is not finite.
+  llvm::Error checkFinite(const cpu::Tensor &squares, llvm::ArrayRef<OptimizerSlot> slots, int t,
+                          const OptimizerUpdate &u);
   /// --collect-weights: the step's whole gradients, times \p scale, into
   /// lastGrads.
   llvm::Error collectGradients(double scale);

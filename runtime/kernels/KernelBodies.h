@@ -507,8 +507,9 @@ struct OptimizerParams {
   double decayCenter = 0; ///< decay pulls towards it (a weight holding 1 + w: 1)
 };
 
-/// Writes the new weight and moments (never in place; m and v may be null
-/// for SGD, v for momentum).
+/// Writes the new weight and moments (m and v may be null for SGD, v for
+/// momentum). The outputs may be the inputs: element i is read before it is
+/// written.
 template <typename T>
 PIPEC_HD void optimizerElement(int64_t i, const OptimizerParams &p, const T *w, const T *g,
                                const T *m, const T *v, T *wOut, T *mOut, T *vOut) {
