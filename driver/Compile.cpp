@@ -95,6 +95,11 @@ Expected<Setup> resolveSetup(const CompileOptions &options) {
   if (!precision)
     return precision.takeError();
   setup.precision = *precision;
+  if (options.autocast && (!options.training || setup.precision != Precision::BF16))
+    return usageError(formatv("--autocast: needs --mode train and --precision bf16 (this "
+                              "compile: --mode {0}, --precision {1})",
+                              options.training ? "train" : "infer", precisionName(setup.precision))
+                          .str());
   if (options.memoryLimit.empty()) {
     for (const HardwareSpec &hw : setup.hardware)
       setup.limits.push_back(hw.memoryBytes);
@@ -238,6 +243,8 @@ Expected<std::unique_ptr<Prepared>> prepare(StringRef modelPath, const CompileOp
   if (options.training)
     if (Error err = choosePaddingRows(*out, options))
       return err;
+  if (Error err = autocastStep(*out, options, runner))
+    return err;
   // After tie-weights: its copies are read by one layer each.
   out->sharedWeights = out->layers.sharedWeights();
   for (const HardwareSpec &hw : setup.hardware) {

@@ -86,6 +86,9 @@ struct CompileOptions {
   /// fuse-attention: false (--attention unfused) trains attention as the
   /// exporter's nodes, its scores kept for the backward.
   bool fuseAttention = true;
+  /// --autocast: with --precision bf16, a training compile stores its
+  /// activations in bf16 as torch.autocast would (passes/Autocast.h).
+  bool autocast = false;
   /// --params: the model's own tensors (.safetensors). Initializers the
   /// exporter merged from several of them train as one copy each
   /// (driver/MapParams.h); the plan's param_map is filled after compiling.

@@ -160,6 +160,10 @@ llvm::Error trainParamsStep(Prepared &out, const CompileOptions &options, PassRu
 /// --params (train mode).
 llvm::Error choosePaddingRows(Prepared &out, const CompileOptions &options);
 
+/// autocast (driver/ParamSteps.cpp; train mode with --autocast): bf16
+/// activations where torch.autocast keeps them.
+llvm::Error autocastStep(Prepared &out, const CompileOptions &options, PassRunner &runner);
+
 } // namespace pipec
 
 #endif // PIPEC_DRIVER_COMPILEPARTS_H

@@ -24,12 +24,11 @@ plan::TensorRef tensorRef(const Graph &graph, int id, Precision precision) {
   plan::TensorRef t;
   t.set_name(v.name);
   // dtype is the value's own; bytes are what the link carries at the plan's
-  // precision (bf16 plans move float32 activations as bf16).
-  bool halve = precision == Precision::BF16 && v.type == DType::F32;
+  // precision (bytesAt: bf16 plans move float32 activations as bf16).
   t.set_dtype(dtypeName(v.type).str());
   for (int64_t d : v.shape)
     t.add_shape(d);
-  t.set_bytes(halve ? v.byteSize() / 2 : v.byteSize());
+  t.set_bytes(static_cast<int64_t>(bytesAt(graph, id, precision)));
   return t;
 }
 

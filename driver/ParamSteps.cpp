@@ -1,12 +1,15 @@
-//===- ParamSteps.cpp - train-params and the padding rows of a compile ---===//
+//===- ParamSteps.cpp - The training graph's steps before differentiate --===//
 //
 // The compile steps that read the user's checkpoint (--params) into the
 // graph before differentiate: train-params (passes/TrainParams.h), the
-// initializers that hold no parameter, and the embeddings' padding rows.
+// initializers that hold no parameter, and the embeddings' padding rows;
+// then autocast (passes/Autocast.h), which gives the activations the types
+// a bf16 run stores.
 //
 //===----------------------------------------------------------------------===//
 #include "driver/CompileParts.h"
 #include "driver/MapParams.h"
+#include "passes/Autocast.h"
 #include "passes/TrainParams.h"
 #include "support/Diagnostics.h"
 
@@ -187,6 +190,28 @@ Error choosePaddingRows(Prepared &out, const CompileOptions &options) {
                                    .str());
   }
   return Error::success();
+}
+
+/// autocast (train mode, --autocast): bf16 activations where torch.autocast
+/// keeps them.
+Error autocastStep(Prepared &out, const CompileOptions &options, PassRunner &runner) {
+  if (!options.training)
+    return runner.skip("autocast", "inference (--mode infer) keeps the model's types");
+  if (!options.autocast)
+    return runner.skip("autocast", "without --autocast, activations keep the model's types");
+  out.graph.autocast = true;
+  AutocastReport report;
+  return runner.run(
+      "autocast",
+      [&]() -> Error {
+        auto done = autocast(out.graph, out.layers);
+        if (!done)
+          return done.takeError();
+        report = *done;
+        return Error::success();
+      },
+      [&] { return formatv("casts {0}, bf16 products {1}", report.casts, report.lowOps).str(); },
+      [&](raw_ostream &os) { printGraph(out.graph, os); });
 }
 
 } // namespace pipec

@@ -45,7 +45,7 @@ double bytesOfName(const Graph &graph, StringRef name, Precision precision) {
     value.consume_front("grad-next:");
   }
   int id = value.empty() ? -1 : graph.findValue(value);
-  return id < 0 ? 0 : bytesAt(graph.values[id], precision);
+  return id < 0 ? 0 : bytesAt(graph, id, precision);
 }
 
 /// The bytes \p node reads and writes.

@@ -35,7 +35,7 @@ enum class OpId : uint16_t {
 };
 
 /// Ops.def's FLAGS.
-enum OpFlags : uint8_t {
+enum OpFlags : uint16_t {
   NoFlags = 0,
   /// A fused element-wise node may take it (beyond the element-wise rows,
   /// whose math decides).
@@ -60,6 +60,14 @@ enum OpFlags : uint8_t {
   /// (TpAllReduce, TpCopy): the executor, which holds the ranks' Comm,
   /// runs it where the op is not the identity.
   Collective = 128,
+  /// Under autocast (passes/Autocast.h) it runs on bf16 and writes bf16:
+  /// torch.autocast's list of ops that autocast to lower precision on CUDA
+  /// (matrix products, convolutions, attention).
+  LowPrecision = 256,
+  /// Under autocast it runs on float32: torch.autocast's list of ops that
+  /// autocast to float32 on CUDA (exp, log, pow, softmax, the norms, sums,
+  /// the losses).
+  FullPrecision = 512,
 };
 
 /// What the differentiate pass knows about an op's gradient.
@@ -78,7 +86,7 @@ struct OpDef {
   int minInputs;
   /// -1: variadic (every input required).
   int maxInputs;
-  uint8_t flags;
+  uint16_t flags;
   GradKind grad;
   bool hasCpuKernel;
   bool hasDeviceKernel;

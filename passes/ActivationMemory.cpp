@@ -1,6 +1,7 @@
 //===- ActivationMemory.cpp - What a layer holds while it runs ----------===//
 #include "passes/ActivationMemory.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringRef.h"
 
@@ -67,6 +68,20 @@ private:
   std::vector<int64_t> delta;
 };
 
+/// Whether value \p id is made anew each microbatch: an activation, or a
+/// weight derived at run time from a float weight (autocast's bf16 cast, a
+/// tied head's Transpose), which the forward makes and the backward may
+/// keep. Constants and the fills of a light model are the weights'.
+bool heldPerMicrobatch(const Graph &graph, int id) {
+  const Value &v = graph.values[id];
+  if (v.kind == ValueKind::Activation)
+    return true;
+  if (v.kind != ValueKind::Weight || v.producer < 0)
+    return false;
+  return llvm::any_of(graph.ops[v.producer].inputs,
+                      [&](int in) { return in >= 0 && isFloatDType(graph.values[in].type); });
+}
+
 } // namespace
 
 void countActivationMemory(CostTable &table, const LayerGraph &lg, const Backward *backward) {
@@ -78,9 +93,7 @@ void countActivationMemory(CostTable &table, const LayerGraph &lg, const Backwar
       posOf[lg.layers[l].ops[i]] = static_cast<int>(i);
     }
   BackwardReads reads = backward ? backwardReads(*backward) : BackwardReads{};
-  auto bytesOf = [&](int id) {
-    return static_cast<int64_t>(bytesAt(graph.values[id], table.precision));
-  };
+  auto bytesOf = [&](int id) { return static_cast<int64_t>(bytesAt(graph, id, table.precision)); };
   auto kept = [&](int id) { return reads.read.count(graph.values[id].name) > 0; };
   for (size_t l = 0; l < lg.layers.size() && l < table.layers.size(); ++l) {
     const Layer &layer = lg.layers[l];
@@ -106,7 +119,7 @@ void countActivationMemory(CostTable &table, const LayerGraph &lg, const Backwar
             graph.values[in].producer >= 0 && layerOf[graph.values[in].producer] != int(l))
           inputs.insert(in);
       for (int out : op.outputs) {
-        if (out < 0 || graph.values[out].kind != ValueKind::Activation)
+        if (out < 0 || !heldPerMicrobatch(graph, out))
           continue;
         std::vector<int> at = readers(out);
         if (backward && kept(out))

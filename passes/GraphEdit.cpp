@@ -46,6 +46,21 @@ void rewire(Graph &graph, int o, int slot, int id) {
   graph.model->mutable_graph()->mutable_node(op.nodeIndex)->set_input(slot, graph.values[id].name);
 }
 
+void insertOps(Graph &graph, std::map<int, std::vector<Op>> &before) {
+  std::vector<Op> ops;
+  for (int o = 0; o < static_cast<int>(graph.ops.size()); ++o) {
+    if (auto it = before.find(o); it != before.end())
+      for (Op &added : it->second)
+        ops.push_back(std::move(added));
+    ops.push_back(std::move(graph.ops[o]));
+  }
+  if (auto it = before.find(static_cast<int>(graph.ops.size())); it != before.end())
+    for (Op &added : it->second)
+      ops.push_back(std::move(added));
+  graph.ops = std::move(ops);
+  graph.rebuildUses();
+}
+
 llvm::Error regroupAfter(Graph &graph, LayerGraph &layers, llvm::StringRef pass) {
   if (llvm::Error err = verifyGraph(graph, /*requireShapes=*/true))
     return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s: %s", pass.str().c_str(),

@@ -13,6 +13,7 @@
 
 #include "llvm/Support/Error.h"
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +36,10 @@ std::pair<int, int> fileRead(const Graph &graph, int o, int slot);
 /// Points input \p slot of op \p o at value \p id, in the op and its node.
 /// The caller rebuilds the uses.
 void rewire(Graph &graph, int o, int slot, int id);
+
+/// Inserts the ops of \p before (op index -> ops to insert before it; the
+/// op count: at the end) into the op list, and rebuilds the uses.
+void insertOps(Graph &graph, std::map<int, std::vector<Op>> &before);
 
 /// After \p pass edited \p graph: checks it (shapes known) and groups its
 /// layers again into \p layers.

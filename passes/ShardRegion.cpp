@@ -490,19 +490,4 @@ void gatherOutput(Graph &graph, int id, Layout layout, int parts,
   before[producer + 1].push_back(std::move(gather));
 }
 
-void insertOps(Graph &graph, std::map<int, std::vector<Op>> &before) {
-  std::vector<Op> ops;
-  for (int o = 0; o < static_cast<int>(graph.ops.size()); ++o) {
-    if (auto it = before.find(o); it != before.end())
-      for (Op &added : it->second)
-        ops.push_back(std::move(added));
-    ops.push_back(std::move(graph.ops[o]));
-  }
-  if (auto it = before.find(static_cast<int>(graph.ops.size())); it != before.end())
-    for (Op &added : it->second)
-      ops.push_back(std::move(added));
-  graph.ops = std::move(ops);
-  graph.rebuildUses();
-}
-
 } // namespace pipec::shard

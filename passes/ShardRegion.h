@@ -219,10 +219,6 @@ void applySplits(Graph &graph, Region &r, std::set<int> &committedValues);
 void gatherOutput(Graph &graph, int id, Layout layout, int parts,
                   std::map<int, std::vector<Op>> &before);
 
-/// Inserts the ops of \p before (op index -> ops to insert before it; the
-/// op count: at the end) into the op list, and rebuilds the uses.
-void insertOps(Graph &graph, std::map<int, std::vector<Op>> &before);
-
 /// The rule of each row of Ops.def (its SHARD column), by OpId.
 extern const ShardRule shardRules[];
 /// The rule of a row without one: a split value may not reach the op.

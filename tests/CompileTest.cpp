@@ -318,8 +318,8 @@ TEST(Compile, Llama3_8BShapeTimeBalancingAndItsReport) {
   // Activation Recomputation in Large Transformer Models", 2022) count 34 s h
   // bytes (0.53 GiB) for a GPT block without dropout and its scores (Llama's
   // gated MLP of 3.5 h keeps more); 1.6 GiB with the scores kept.
-  EXPECT_NE(out.find("rank 0 memory: peak 56.85 GiB"), std::string::npos) << out;
-  EXPECT_NE(out.find("activations held 23.02 GiB (4.0 microbatches of 5.66 GiB, and"),
+  EXPECT_NE(out.find("rank 0 memory: peak 56.86 GiB"), std::string::npos) << out;
+  EXPECT_NE(out.find("activations held 23.03 GiB (4.0 microbatches of 5.66 GiB, and"),
             std::string::npos)
       << out;
 }
@@ -755,10 +755,10 @@ std::vector<std::string> prefixed(const std::string &prefix, const std::string &
 
 TEST(Compile, EveryPassShowsItsStatsAndIr) {
   const std::vector<std::string> pipeline = {
-      "import",         "infer-shapes",    "fold-constants", "eliminate-dead", "shard-tensors",
-      "fuse-attention", "group-layers",    "tie-weights",    "train-params",   "differentiate",
-      "balance-stages", "lower-schedule",  "plan-memory",    "verify-program", "fuse",
-      "fold-weights",   "select-recompute"};
+      "import",         "infer-shapes",   "fold-constants",  "eliminate-dead", "shard-tensors",
+      "fuse-attention", "group-layers",   "tie-weights",     "train-params",   "autocast",
+      "differentiate",  "balance-stages", "lower-schedule",  "plan-memory",    "verify-program",
+      "fuse",           "fold-weights",   "select-recompute"};
   ASSERT_EQ(passNames(), pipeline);
   TempDir dir;
   std::string model = dir.path("gpt.onnx"), out;
@@ -853,7 +853,8 @@ TEST(Compile, UnknownPrintAfterListsThePasses) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_NE(out.find("--print-after lower: expected all or a pass: import, infer-shapes, "
                      "fold-constants, eliminate-dead, shard-tensors, fuse-attention, group-layers, "
-                     "tie-weights, train-params, differentiate, balance-stages, lower-schedule, "
+                     "tie-weights, train-params, autocast, differentiate, balance-stages, "
+                     "lower-schedule, "
                      "plan-memory, "
                      "verify-program, fuse, fold-weights, select-recompute"),
             std::string::npos)

@@ -47,6 +47,8 @@ struct Config {
   bool fuse = true;
   /// false: compile with --attention unfused.
   bool fuseAttention = true;
+  /// --precision bf16 --autocast.
+  bool autocast = false;
 };
 
 /// \p schedule over \p stages ranks of \p tp tensor-parallel ranks each
@@ -84,6 +86,10 @@ plan::Plan compileFor(const std::string &model, const Config &s, int64_t globalB
   options.memoryLimit = s.memoryLimit;
   options.fuse = s.fuse;
   options.fuseAttention = s.fuseAttention;
+  if (s.autocast) {
+    options.precision = "bf16";
+    options.autocast = true;
+  }
   auto kind = parseSchedule(s.schedule);
   EXPECT_TRUE(static_cast<bool>(kind)) << s.schedule;
   if (!kind) {

@@ -9,6 +9,7 @@
 #                                             GEMMs, ...), rpath $ORIGIN
 #   BUNDLE/tools/                             gpu-check.sh and its Python parts
 #   BUNDLE/fixtures/generate/                 the generation fixtures
+#   BUNDLE/fixtures/train/                    GPT-2 with its loss, its batch, torch's bf16 losses
 #   BUNDLE/MANIFEST                           commit, files and sizes
 #
 # and BUNDLE.tar.xz of it. The GPU machine's image has CUDA and NCCL (its
@@ -135,6 +136,11 @@ strip --strip-unneeded "$bundle"/bin/* "$bundle"/lib/*
 patchelf --set-rpath '$ORIGIN/../lib' "$bundle"/bin/*
 for lib in "$bundle"/lib/*; do patchelf --set-rpath '$ORIGIN' "$lib"; done
 cp tools/gpu-check.sh tools/gpu_check_*.py "$bundle/tools/"
+# The GPT-2 training fixture and torch's bf16 autocast losses on it
+# (tests/fixtures/torch/train/autocast.json).
+mkdir -p "$bundle/fixtures/train"
+cp -r tests/fixtures/torch/train/gpt2_tied.onnx tests/fixtures/torch/train/gpt2_tied.data \
+  tests/fixtures/torch/train/autocast.json "$bundle/fixtures/train/"
 # The generation fixtures and transformers' tokens (tests/fixtures/torch/generate).
 mkdir -p "$bundle/fixtures/generate"
 cp tests/fixtures/torch/generate/*.onnx tests/fixtures/torch/generate/*.npy "$bundle/fixtures/generate/"

@@ -19,6 +19,11 @@
 #               --sequence-parallel, the same
 #   sharded     --shard-optimizer with two replicas on the GPU gives the
 #               unsharded replicas' weights after 3 AdamW steps, within 1e-6
+#   autocast    torch's GPT-2 export trained 50 AdamW steps with --precision
+#               bf16 --autocast (bf16 activations): each loss within 1% of
+#               torch's own autocast run, the last within 1% of its float32
+#               run; the CPU fallbacks it took (the device has no bf16
+#               kernels yet)
 #   generate    greedy generation (fp32) of the GPT-2 and Llama fixtures, and of
 #               the Llama in onnxruntime-genai's form, on 2 stages sharing the
 #               GPU gives transformers' 32 tokens exactly
@@ -311,6 +316,35 @@ if step "$e" "$pipec" compile "$work/gpt.onnx" -o "$work/gpt-dp.plan" --stages 1
    step "$e" "$pipec" run "$work/gpt-zero.plan" "${adamFlags[@]}" \
      --ranks-per-device 2 --save-weights "$work/w-zero.onnx"; then
   matches "$label" "$work/w-dp.onnx" "$work/w-zero.onnx" 1e-6 1e-7
+else
+  row "$label" FAIL "$(why $? "$e")"
+fi
+# bf16 activations (--autocast): 50 AdamW steps of torch's GPT-2 export on its
+# batch, every step's loss within 1% of torch's own run under torch.autocast
+# and the last within 1% of torch's float32 run (fixtures/train/autocast.json).
+label="autocast gpt2 50 steps = torch bf16 ($backend)"
+fx=$bundle/fixtures/train
+if [ ! -f "$fx/autocast.json" ]; then
+  row "$label" FAIL "the bundle has no $fx/autocast.json"
+elif step "$e" "$pipec" compile "$fx/gpt2_tied.onnx" -o "$work/autocast.plan" --mode train \
+       --optimizer adamw --precision bf16 --autocast --stages 1 --hardware h100 &&
+     step "$e" "$pipec" run "$work/autocast.plan" --data "$fx/gpt2_tied.data" --backend "$backend" \
+       --steps 50 --optimizer adamw --lr 1e-3 --weight-decay 0.1 --timeout 120 \
+       --metrics "$work/autocast.jsonl"; then
+  fb=$(last "$e" 'CPU fallbacks:')
+  if out=$("$py" -c "import json, sys
+got = [json.loads(l)['loss'] for l in open(sys.argv[1])]
+ref = json.load(open(sys.argv[2]))['models']['gpt2_tied']
+worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref['bf16']))
+last = abs(got[-1] - ref['fp32'][-1]) / abs(ref['fp32'][-1])
+print('loss %.4f -> %.4f, worst step %.1e from torch bf16, last %.1e from fp32; %s'
+      % (got[0], got[-1], worst, last, sys.argv[3]))
+sys.exit(0 if len(got) == len(ref['bf16']) and worst <= 1e-2 and last <= 1e-2 else 1)" \
+      "$work/autocast.jsonl" "$fx/autocast.json" "${fb:-no fallback line}" 2>&1); then
+    row "$label" ok "$out"
+  else
+    row "$label" FAIL "$out"
+  fi
 else
   row "$label" FAIL "$(why $? "$e")"
 fi

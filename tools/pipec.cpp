@@ -175,6 +175,11 @@ cl::opt<std::string>
                            "the scores, the default) or unfused (the exporter's nodes, the scores "
                            "kept for the backward)"),
                   cl::init("fused"), cl::cat(CompileCat), cl::sub(CompileCmd));
+cl::opt<bool> Autocast("autocast",
+                       cl::desc("With --precision bf16 in training: activations in bf16 where "
+                                "torch.autocast keeps them (products bf16; softmax, norms, losses "
+                                "float32), weights float32"),
+                       cl::cat(CompileCat), cl::sub(CompileCmd));
 cl::list<std::string> Untie("untie",
                             cl::desc("Train a shared initializer as one copy per layer that reads "
                                      "it, or keep a folded tie apart; all: every initializer the "
@@ -543,6 +548,7 @@ int runCompile() {
   if (AttentionMode != "fused" && AttentionMode != "unfused")
     return badUsage("--attention " + AttentionMode + ": expected fused or unfused");
   options.fuseAttention = AttentionMode == "fused";
+  options.autocast = Autocast;
   for (const std::string &name : Untie) {
     if (name.empty())
       return badUsage("--untie: expected NAME or all, got an empty name");

@@ -38,6 +38,10 @@ compares with torch's full-batch step:
               (1e-5 relative, 1e-6 absolute)
   reloaded    after one SGD step the model pipec saved runs in onnxruntime, and its loss equals
               that of the original model holding torch's weights after the step (1e-5)
+  autocast    --precision bf16 --autocast (bf16 activations, float32 weights), 50 AdamW steps
+              (lr 1e-3) on the batch: every step's loss within 1% of torch's own run under
+              torch.autocast(bfloat16), the last within 1% of torch's float32 run
+              (train/autocast.json, tools/fixtures/torch_autocast.py; GPT-2, Llama, BERT, ViT)
 
 The tensor-parallel configurations (--tp 2) split each stage's products over two ranks
 (shard-tensors) and hold them to the same torch step.
@@ -107,6 +111,10 @@ CONFIGS = [
                         "--sequence-parallel"], 4, 1, "sgd"),
     ("P2-tp2-sp-dp2-adamw-sharded", ["--stages", "2", "--schedule", "1f1b", "--tp", "2",
                                      "--sequence-parallel", "--shard-optimizer"], 2, 2, "adamw"),
+    # bf16 activations (--autocast), 50 AdamW steps against torch's own autocast run
+    # (train/autocast.json, the models it names).
+    ("P1-autocast", ["--stages", "1"], 1, 1, "autocast"),
+    ("P2-1f1b-autocast", ["--stages", "2", "--schedule", "1f1b"], 2, 1, "autocast"),
 ]
 INFER_STAGES = [1, 2, 4]
 
@@ -180,7 +188,38 @@ def batch_of(manifest_entry):
     return manifest_entry["inputs"][0]["shape"][0]
 
 
+def check_autocast(onnx_path, base, flags, work):
+    """--precision bf16 --autocast: each of the 50 AdamW steps' losses within 1% of torch's
+    own autocast run, the last within 1% of torch's float32 run."""
+    ref = json.load(open(os.path.join(ROOT, "train", "autocast.json")))
+    want = ref["models"][base]
+    plan = os.path.join(work, "model.plan")
+    metrics = os.path.join(work, "metrics.jsonl")
+    pipec(["compile", onnx_path, "-o", plan, "--mode", "train", "--optimizer", "adamw",
+           "--precision", "bf16", "--autocast"] + flags, work)
+    pipec(["run", plan, "--model", onnx_path, "--data", os.path.join(ROOT, "train", base + ".data"),
+           "--steps", str(ref["steps"]), "--optimizer", "adamw", "--lr", str(ref["lr"]),
+           "--weight-decay", "0.1", "--metrics", metrics, "--quiet"], work)
+    losses = [json.loads(line)["loss"] for line in open(metrics)]
+    problems = []
+    if len(losses) != ref["steps"]:
+        return ["%d losses for %d steps" % (len(losses), ref["steps"])], ""
+    steps = [abs(a - b) / abs(b) for a, b in zip(losses, want["bf16"])]
+    worst = int(np.argmax(steps))
+    if steps[worst] > 1e-2:
+        problems.append("step %d: loss %.6g, torch's autocast %.6g (relative %.2e)"
+                        % (worst + 1, losses[worst], want["bf16"][worst], steps[worst]))
+    last = abs(losses[-1] - want["fp32"][-1]) / abs(want["fp32"][-1])
+    if last > 1e-2:
+        problems.append("last loss %.6g, torch's float32 %.6g (relative %.2e)"
+                        % (losses[-1], want["fp32"][-1], last))
+    return problems, ("loss %.4f -> %.4f; worst step %.1e from torch bf16, last %.1e from fp32"
+                      % (losses[0], losses[-1], steps[worst], last))
+
+
 def check_train(onnx_path, base, flags, optimizer, work):
+    if optimizer == "autocast":
+        return check_autocast(onnx_path, base, flags, work)
     meta = json.load(open(os.path.join(ROOT, "train", base + ".json")))
     npz = np.load(os.path.join(ROOT, "train", base + ".npz"))
     where = meta["onnx"][os.path.basename(onnx_path)]
@@ -444,6 +483,7 @@ MANIFESTS = [("MANIFEST.json", None), ("MANIFEST.user_exports.json", USER_CONFIG
 
 
 def cases():
+    autocast = json.load(open(os.path.join(ROOT, "train", "autocast.json")))["models"]
     for manifest_file, labels in MANIFESTS:
         manifest = json.load(open(os.path.join(ROOT, "train", manifest_file)))
         for name in sorted(manifest["models"]):
@@ -453,6 +493,8 @@ def cases():
             padded = os.path.exists(os.path.join(ROOT, "train", base + ".padded.npz"))
             for label, flags, microbatches, replicas, optimizer in CONFIGS:
                 if optimizer == "padded" and not padded or labels and label not in labels:
+                    continue
+                if optimizer == "autocast" and base not in autocast:
                     continue
                 flags = flags + ["--microbatches", str(microbatches), "--dp", str(replicas),
                                  "--batch", str(batch * microbatches * replicas)]

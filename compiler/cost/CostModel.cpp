@@ -30,9 +30,10 @@ Expected<Precision> parsePrecision(StringRef name) {
 
 StringRef precisionName(Precision precision) { return nameOf(precisionNames, precision, "fp32"); }
 
-double bytesAt(const Value &v, Precision precision) {
+double bytesAt(const Graph &graph, int id, Precision precision) {
+  const Value &v = graph.values[id];
   double bytes = static_cast<double>(v.byteSize());
-  if (precision == Precision::BF16 && v.type == DType::F32)
+  if (precision == Precision::BF16 && v.type == DType::F32 && !graph.autocast)
     bytes /= 2;
   return bytes;
 }
@@ -59,12 +60,12 @@ OpCost opCost(const Graph &graph, const Op &op, Precision precision) {
   OpTraffic traffic;
   for (int id : op.inputs)
     if (id >= 0) {
-      (isWeight(graph, id) ? traffic.weights : traffic.in) += bytesAt(graph.values[id], precision);
+      (isWeight(graph, id) ? traffic.weights : traffic.in) += bytesAt(graph, id, precision);
       traffic.anyWeight |= isWeight(graph, id);
     }
   for (int id : op.outputs)
     if (id >= 0) {
-      traffic.out += bytesAt(graph.values[id], precision);
+      traffic.out += bytesAt(graph, id, precision);
       traffic.outElems += static_cast<double>(graph.values[id].numElements());
     }
   cost.flops[Forward] = static_cast<double>(forwardFlops(graph, op));
@@ -124,7 +125,7 @@ CostTable computeCosts(const LayerGraph &lg, const HardwareSpec &hw, Precision p
       }
       for (int out : o.outputs)
         if (out >= 0 && graph.values[out].kind == ValueKind::Activation)
-          lc.activationBytes += static_cast<int64_t>(bytesAt(graph.values[out], precision));
+          lc.activationBytes += static_cast<int64_t>(bytesAt(graph, out, precision));
     }
     // Each microbatch's weight gradients are added into the step's float32
     // accumulators: the accumulator read and written, the gradient read.
@@ -136,7 +137,7 @@ CostTable computeCosts(const LayerGraph &lg, const HardwareSpec &hw, Precision p
             hw.launchOverhead;
     if (l + 1 < lg.layers.size())
       for (int id : lg.crossingAfter(l))
-        lc.boundaryBytes += static_cast<int64_t>(bytesAt(graph.values[id], precision));
+        lc.boundaryBytes += static_cast<int64_t>(bytesAt(graph, id, precision));
     if (l > 0)
       lc.inputBytes = table.layers.back().boundaryBytes;
     table.layers.push_back(std::move(lc));

@@ -81,9 +81,10 @@ struct CostTable {
   std::vector<std::string> defaultedOpTypes;
 };
 
-/// Bytes of a value as the run would hold it: fp32 activations and weights
-/// are bf16 under mixed precision.
-double bytesAt(const Value &v, Precision precision);
+/// Bytes of value \p id of \p graph as the run would hold it: under bf16
+/// precision a float32 value is counted as bf16, unless autocast gave the
+/// graph's values the types a run stores (Graph::autocast).
+double bytesAt(const Graph &graph, int id, Precision precision);
 
 /// Roofline costs of every layer of \p layers on \p hardware.
 CostTable computeCosts(const LayerGraph &layers, const HardwareSpec &hardware, Precision precision);

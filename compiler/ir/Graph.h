@@ -218,6 +218,10 @@ public:
   /// Attention fused into one node for training (fuse-attention); false
   /// under --attention unfused.
   bool fuseAttention = true;
+  /// autocast rewrote the graph's float32 activations to bf16 where
+  /// torch.autocast would (--autocast): its values carry the types a run
+  /// stores, and the memory model counts them as they are.
+  bool autocast = false;
   /// The weights shard-tensors split, by name: each Value's shape is one
   /// rank's piece, the plan's tensor the whole (PlanFile's weight shards).
   std::map<std::string, TensorShard> shards;

@@ -2,6 +2,7 @@
 #include "passes/grad/GradContext.h"
 #include "passes/grad/GradRules.h"
 #include "support/Diagnostics.h"
+#include "support/Float16.h"
 
 #include "support/Attributes.h"
 
@@ -94,8 +95,13 @@ std::string GradContext::constScalar(double value, DType type) {
   a->set_type(onnx::AttributeProto::TENSOR);
   auto *t = a->mutable_t();
   t->set_data_type(static_cast<int32_t>(type));
+  // ONNX keeps float16 and bfloat16 values as their bits in int32_data.
   if (type == DType::F64)
     t->add_double_data(value);
+  else if (type == DType::BF16)
+    t->add_int32_data(floatToBFloat16(static_cast<float>(value)));
+  else if (type == DType::F16)
+    t->add_int32_data(floatToHalf(static_cast<float>(value)));
   else
     t->add_float_data(static_cast<float>(value));
   return out(node);

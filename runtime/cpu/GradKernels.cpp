@@ -33,10 +33,12 @@ namespace {
 
 Error fail(const onnx::NodeProto &node, const Twine &what) { return nodeError(node, what); }
 
-/// Calls f(T{}) for float or double tensors, fails otherwise.
+/// Calls f(T{}) for float or double tensors (float for bf16 and float16,
+/// held as float: runOp rounds what f writes in their type), fails
+/// otherwise.
 template <typename F>
 Expected<std::vector<Tensor>> floating(const onnx::NodeProto &node, const Tensor &t, F &&f) {
-  if (t.elemType() == DType::F32)
+  if (storedAs<float>(t.elemType()))
     return f(float{});
   if (t.elemType() == DType::F64)
     return f(double{});

@@ -79,8 +79,10 @@ private:
 
 Expected<Attention> Attention::read(const OpContext &ctx, size_t first, size_t tensors) {
   const Tensor &q = ctx.input(first), &kt = ctx.input(first + 1), &v = ctx.input(first + 2);
+  // float32, or bf16 and float16 (held as float, the results rounded by
+  // runOp): the products of an autocast plan.
   for (size_t i = first; i < first + 3; ++i)
-    if (ctx.input(i).elemType() != DType::F32)
+    if (!storedAs<float>(ctx.input(i).elemType()))
       return ctx.unsupportedType(ctx.input(i), i);
   int64_t rank = q.rank();
   if (rank < 2 || kt.rank() != rank || v.rank() != rank ||
@@ -118,8 +120,8 @@ Expected<Attention> Attention::read(const OpContext &ctx, size_t first, size_t t
       if (next >= ctx.numInputs() || !ctx.optInput(next))
         return ctx.fail(formatv("step {0} reads input {1}, which the node lacks", i, next));
       const Tensor &t = ctx.input(next);
-      DType want = step.kind == ScoreStep::Add ? DType::F32 : DType::Bool;
-      if (t.elemType() != want)
+      bool add = step.kind == ScoreStep::Add;
+      if (add ? !storedAs<float>(t.elemType()) : t.elemType() != DType::Bool)
         return ctx.unsupportedType(t, next);
       Expected<Shape> joined = broadcastShapes(t.shape(), at.scoreShape);
       if (!joined || *joined != at.scoreShape) {
@@ -246,7 +248,8 @@ KernelResult scaledDotProductAttention(const OpContext &ctx) {
   Shape outShape(at.scoreShape.begin(), at.scoreShape.end() - 1), lseShape = outShape;
   outShape.push_back(at.d);
   lseShape.push_back(1);
-  Tensor out = Tensor::uninitialized(DType::F32, outShape); // every head is written
+  // O in the products' type, the log-sum-exp float32 whatever they are.
+  Tensor out = Tensor::uninitialized(ctx.input(a::Query).elemType(), outShape); // every head
   Tensor lse = Tensor::uninitialized(DType::F32, lseShape);
   float *po = out.data<float>(), *pl = lse.data<float>();
   parallelFor(at.heads, 1, [&](int64_t begin, int64_t end) {
@@ -275,7 +278,7 @@ KernelResult scaledDotProductAttentionGrad(const OpContext &ctx) {
   Shape outShape(at.scoreShape.begin(), at.scoreShape.end() - 1);
   outShape.push_back(at.d);
   for (size_t i : {size_t(a::GradOut), size_t(a::GradForwardOut), size_t(a::GradLogSumExp)})
-    if (ctx.input(i).elemType() != DType::F32)
+    if (!storedAs<float>(ctx.input(i).elemType()))
       return ctx.unsupportedType(ctx.input(i), i);
   if (dOut.shape() != ArrayRef<int64_t>(outShape) || out.shape() != ArrayRef<int64_t>(outShape) ||
       lse.numElements() != at.heads * at.m)
@@ -284,9 +287,10 @@ KernelResult scaledDotProductAttentionGrad(const OpContext &ctx) {
               *kt = ctx.input(a::GradKeysT).data<float>(),
               *v = ctx.input(a::GradValues).data<float>(), *pdo = dOut.data<float>(),
               *po = out.data<float>(), *pl = lse.data<float>();
-  Tensor dq = Tensor::uninitialized(DType::F32, ctx.input(a::GradQuery).shape());
-  Tensor dkt = Tensor::uninitialized(DType::F32, ctx.input(a::GradKeysT).shape());
-  Tensor dv = Tensor::uninitialized(DType::F32, ctx.input(a::GradValues).shape());
+  auto like = [&](size_t i) {
+    return Tensor::uninitialized(ctx.input(i).elemType(), ctx.input(i).shape());
+  };
+  Tensor dq = like(a::GradQuery), dkt = like(a::GradKeysT), dv = like(a::GradValues);
   float *pdq = dq.data<float>(), *pdk = dkt.data<float>(), *pdv = dv.data<float>();
   int64_t m = at.m, n = at.n, k = at.k, d = at.d;
   parallelFor(at.heads, 1, [&](int64_t begin, int64_t end) {
