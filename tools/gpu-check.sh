@@ -39,6 +39,9 @@
 #               allocations (run --profile; the JSON is kept in the results)
 #   torch       the same GPT in torch.distributed.pipelining with the
 #               machine's torch, bf16 autocast: its step beside pipec's
+#   alternated  pipec's one-rank bench plan and torch eager (bf16 autocast,
+#               SDPA) on the same GPT and batch, run in turn three times:
+#               the medians of their steps and pipec / torch
 #   real size   a GPT of 24 x 2048, sequence 2048, 16 sequences, one rank:
 #               pipec's step (as a bench row) and torch eager's (bf16
 #               autocast, SDPA) with its peak memory
@@ -522,6 +525,38 @@ else
     fi
   else
     row torch FAIL "$(why $? "$t")"
+  fi
+fi
+
+# Alternated: the one-rank bench plan and torch eager on the same GPT and
+# batch, round after round (pipec, then torch, three times), so that the
+# device's clocks and temperature fall on both; the medians and their ratio.
+label="alternated pipec 1f1b P=1 / torch eager"
+if [ ! -f "$work/bench-1f1b-1.plan" ]; then
+  row "$label" FAIL "not run: the bench plan did not compile"
+elif ! "$py" -c 'import torch' >>"$t" 2>&1; then
+  row "$label" SKIPPED "$py cannot import torch"
+else
+  device=cuda
+  [ $dry = 1 ] && device=cpu
+  metrics="" torchRounds="" altOk=1
+  for r in 1 2 3; do
+    if step "$b" "$pipec" run "$work/bench-1f1b-1.plan" --backend "$backend" --precision bf16 \
+         --seed 3 --timeout 60 --steps "$bN" --quiet --metrics "$work/alt-$r.jsonl" &&
+       step "$t" "$py" "$here/gpu_check_torch_bench.py" --device "$device" --eager "$bL" "$bH" \
+         "$bNH" "$bS" "$bV" "$bB" "$bM" "$bN"; then
+      metrics=${metrics:+$metrics,}$work/alt-$r.jsonl
+      torchRounds=${torchRounds:+$torchRounds,}$(sed -n 's/^TORCH_STEP_MS //p' "$t" | tail -1)
+    else
+      altOk=0
+      break
+    fi
+  done
+  if [ $altOk = 1 ] && cells=$("$py" "$here/gpu_check_table.py" alternated "$metrics" "$torchRounds" 2>>"$b"); then
+    IFS='|' read -r altPipec altTorch altRatio <<<"$cells"
+    row "$label" ok "pipec $altPipec, torch $altTorch (medians of 3 rounds on $device; torch's: $torchRounds ms); pipec / torch = $altRatio"
+  else
+    row "$label" FAIL "see bench.log and torch.log"
   fi
 fi
 

@@ -13,6 +13,10 @@ Usage:
       empty
   gpu_check_table.py ratio A B
       A / B with two decimals
+  gpu_check_table.py alternated METRICS.jsonl,... TORCH_MS,...
+      rounds of pipec and torch run one after the other: pipec's step per round
+      (the median of a run's steps after its first, from `pipec run --metrics`),
+      torch's (TORCH_STEP_MS), and "PIPEC ms|TORCH ms|PIPEC/TORCH" of their medians
   gpu_check_table.py profile FILE
       one line of a `pipec run --profile` file (rank 0): the step, the nodes'
       share of it, launches, host synchronisations, bytes back to the host,
@@ -44,6 +48,23 @@ def ratio(a, b):
     print("%.2f" % (float(a) / float(b)))
 
 
+def median(values):
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def alternated(metrics, torch_ms):
+    pipec = []
+    for path in metrics.split(","):
+        with open(path) as f:
+            steps = [json.loads(line)["seconds"] for line in f if line.strip()]
+        pipec.append(1e3 * median(steps[1:] or steps))
+    torch = [float(ms) for ms in torch_ms.split(",")]
+    p, t = median(pipec), median(torch)
+    print("%.2f ms|%.2f ms|%.2f" % (p, t, p / t))
+
+
 def profile(path):
     with open(path) as f:
         r = json.load(f)["ranks"][0]
@@ -57,4 +78,4 @@ def profile(path):
 if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
     {"seconds": seconds, "flops": flops, "cells": cells, "ratio": ratio,
-     "profile": profile}[command](*args)
+     "profile": profile, "alternated": alternated}[command](*args)
