@@ -503,6 +503,20 @@ TEST_F(CudaBackendTest, Bf16MatMulBiasRunsInTheEpilogue) {
   EXPECT_TRUE(bf16.fallbackOps().empty());
 }
 
+// The most memory the rank's tensors held at once: two uploads alive
+// together count both, and dropping them does not lower the peak.
+TEST_F(CudaBackendTest, DevicePeakCountsWhatWasHeldAtOnce) {
+  int64_t before = backend->devicePeakBytes();
+  {
+    Tensor a = up(floats({1 << 20})), b = up(floats({1 << 20}));
+    EXPECT_GE(backend->devicePeakBytes(), before + 2 * (int64_t(4) << 20));
+  }
+  int64_t peak = backend->devicePeakBytes();
+  Tensor c = up(floats({1 << 10}));
+  EXPECT_EQ(backend->devicePeakBytes(), peak);
+  EXPECT_EQ(rt::makeCpuBackend()->devicePeakBytes(), 0);
+}
+
 TEST_F(CudaBackendTest, OptimizerMatchesCpuBackend) {
   for (int code : {0, 1, 2}) { // SGD, momentum, AdamW
     Tensor w = floats({1000}), wRef = w.clone();

@@ -107,4 +107,18 @@ std::string formatMemory(const plan::Plan &plan, const std::vector<int64_t> &res
                  measured, model, loaded);
 }
 
+std::string formatDeviceMemory(const plan::Plan &plan, const std::map<int, int64_t> &peaks) {
+  std::string out;
+  for (const auto &[rank, bytes] : peaks) {
+    if (rank < 0 || rank >= plan.ranks_size())
+      continue;
+    int64_t predicted = plan.ranks(rank).peak_memory_bytes();
+    out += formatv("{0}rank {1} peak {2}, plan {3} ({4}x)", out.empty() ? "" : "; ", rank,
+                   humanCount(bytes, true), humanCount(predicted, true),
+                   format("%.2f", predicted > 0 ? double(bytes) / double(predicted) : 0.0))
+               .str();
+  }
+  return out.empty() ? out : "device memory: " + out;
+}
+
 } // namespace pipec::cli

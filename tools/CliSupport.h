@@ -17,6 +17,7 @@
 #include "llvm/Support/Error.h"
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,11 @@ std::string formatRankNodes(const std::vector<std::string> &nodes);
 /// prediction for the same ranks (see CliSupport.cpp).
 std::string formatMemory(const plan::Plan &plan, const std::vector<int64_t> &resident,
                          const std::vector<int64_t> &loading);
+
+/// A device run's memory beside the plan's: "device memory: rank 0 peak
+/// 41.2 GiB, plan 40.1 GiB (1.03x); ...", per pipeline rank of \p peaks; empty
+/// when there are none.
+std::string formatDeviceMemory(const plan::Plan &plan, const std::map<int, int64_t> &peaks);
 
 /// `pipec run` (RunCommand.cpp): its subcommand, and its run.
 bool runCommandGiven();

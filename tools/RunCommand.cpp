@@ -242,6 +242,8 @@ void printRunSummary(const plan::Plan &plan, const rt::RunResult &result, String
     outs() << formatv("cpu: {0}, {1} thread(s) per rank\n", result.blas, result.threadsPerRank);
   if (!result.peakResidentBytes.empty())
     outs() << formatMemory(plan, result.peakResidentBytes, result.loadResidentBytes) << "\n";
+  if (std::string device = formatDeviceMemory(plan, result.devicePeakBytes); !device.empty())
+    outs() << device << "\n";
   if (plan.has_fusion())
     outs() << "fused by compile: " << describeFusion(plan.fusion()) << "\n";
   if (RunBackend == "cpu" && done > 0)

@@ -32,8 +32,9 @@
 #   bench       a bf16 GPT trained with 1F1B on one rank (fused,
 #               --no-fuse, and --attention unfused), and 1F1B and ZB-H1 on
 #               two ranks sharing the GPU:
-#               steady step, TFLOP/s, MFU against the peak, and measured
-#               against predicted step
+#               steady step, TFLOP/s, MFU against the peak, measured
+#               against predicted step, and each rank's device memory peak
+#               against the plan's
 #   profile     the one-rank bench plan's last step by op class, with the
 #               backend's launches, host syncs, bytes to the host and
 #               allocations (run --profile; the JSON is kept in the results)
@@ -445,8 +446,9 @@ benchRow() {
   step "$b" "$pipec" run "$plan" "${common[@]}" --steps "$bN"
   rc=$?
   if [ $rc != 0 ]; then row "$label" FAIL "$(why $rc "$b")"; return; fi
-  local summary
+  local summary devmem
   summary=$(tail -n +"$mark" "$b" | grep -E 'step\(s\) of .* per step, predicted' | tail -1)
+  devmem=$(tail -n +"$mark" "$b" | sed -n 's/^device memory: //p' | tail -1)
   if [ "$extra" = --no-fuse ] && tail -n +"$mark" "$b" | grep -q '^fused '; then
     row "$label" FAIL "asked for --no-fuse but the run fused nodes"
     return
@@ -467,7 +469,7 @@ benchRow() {
   local steady predicted tf mfu ratio fb
   IFS='|' read -r steady predicted tf mfu ratio <<<"$cells"
   fb=$(echo "$summary" | sed -n 's/.*; CPU fallbacks: //p')
-  row "$label" ok "step $steady (predicted $predicted, measured/predicted $ratio), $tf TFLOP/s, MFU $mfu${fb:+; CPU fallbacks: $fb}"
+  row "$label" ok "step $steady (predicted $predicted, measured/predicted $ratio), $tf TFLOP/s, MFU $mfu${devmem:+; device memory $devmem}${fb:+; CPU fallbacks: $fb}"
   if [ "$stages" = 1 ] && [ -z "$extra" ]; then pipecP1=${steady% ms}; fi
 }
 benchOk=1

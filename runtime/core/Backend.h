@@ -174,6 +174,9 @@ public:
   virtual llvm::Error synchronize() = 0;
   /// Ops that ran on the CPU kernels instead of the device, by op type.
   virtual std::map<std::string, int64_t> fallbackOps() const { return {}; }
+  /// The most device memory the rank's tensors held at once (bytes handed
+  /// out by its pool, size classes' slack included); 0 on the CPU.
+  virtual int64_t devicePeakBytes() const { return 0; }
   /// What the backend has done so far (BackendCounters).
   virtual BackendCounters counters() const { return {}; }
 };

@@ -171,6 +171,7 @@ public:
   Error reserve(int64_t bytes) override;
   Error synchronize() override;
   std::map<std::string, int64_t> fallbackOps() const override { return fallbacks; }
+  int64_t devicePeakBytes() const override { return pool ? pool->stats().peakInUse : 0; }
   /// Nodes dispatched, the host's stream waits, the bytes copied back and
   /// the pool's allocations (run --profile).
   rt::BackendCounters counters() const override { return counted; }

@@ -101,6 +101,7 @@ Expected<std::shared_ptr<void>> DevicePool::allocate(size_t bytes) {
       counters.bytesFromDevice += static_cast<int64_t>(size);
     }
     counters.bytesInUse += static_cast<int64_t>(size);
+    counters.peakInUse = std::max(counters.peakInUse, counters.bytesInUse);
   }
   std::shared_ptr<DevicePool> self = shared_from_this();
   return std::shared_ptr<void>(block, [self, size](void *p) { self->release(p, size); });

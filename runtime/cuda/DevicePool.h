@@ -43,6 +43,8 @@ public:
     /// Bytes in blocks handed out now, cached in free lists, and obtained
     /// from CUDA in total (arena included).
     int64_t bytesInUse = 0, bytesCached = 0, bytesFromDevice = 0;
+    /// The most bytes handed out at once since the pool was made.
+    int64_t peakInUse = 0;
   };
 
   /// A pool on \p device (does not allocate yet).

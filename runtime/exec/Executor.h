@@ -221,6 +221,10 @@ struct RunResult {
   /// its steps and while its weights loaded: one for a local run (its ranks
   /// share it), one per rank under MPI.
   std::vector<int64_t> peakResidentBytes, loadResidentBytes;
+  /// On a device: per pipeline rank, the most memory one of its ranks'
+  /// tensors held at once (empty on the CPU, and for ranks of other
+  /// processes under MPI).
+  std::map<int, int64_t> devicePeakBytes;
   /// Nodes run on the host instead of the device, by op, summed over the
   /// steps and every rank (Backend::fallbackOps); empty on the CPU backend.
   std::map<std::string, int64_t> fallbacks;

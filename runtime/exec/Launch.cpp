@@ -614,6 +614,8 @@ Expected<RankOutcome> outcomeOf(RankExecutor &ex, const Backend &backend,
     outcome.events = ex.events;
   for (const auto &[op, count] : backend.fallbackOps())
     outcome.fallbacks[op] += count;
+  if (int64_t peak = backend.devicePeakBytes(); peak > 0)
+    outcome.devicePeak[ex.pipelineRank()] = peak;
   return outcome;
 }
 
@@ -628,6 +630,7 @@ Error finishRun(const Shared &s, RankOutcome outcome, RunResult &result) {
   for (const auto &[op, count] : outcome.fallbacks)
     result.fallbacks[op] += count;
   result.peakResidentBytes = outcome.peakResident;
+  result.devicePeakBytes = outcome.devicePeak;
   result.loadResidentBytes = outcome.loadResident;
   if (Error err = guardAllocation("assembling the outputs",
                                   [&] { return assembleOutputs(*s.plan, outputs, result); }))

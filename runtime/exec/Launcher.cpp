@@ -24,6 +24,8 @@ void RankOutcome::merge(RankOutcome &&other) {
     fallbacks[op] += count;
   peakResident.insert(peakResident.end(), other.peakResident.begin(), other.peakResident.end());
   loadResident.insert(loadResident.end(), other.loadResident.begin(), other.loadResident.end());
+  for (const auto &[rank, bytes] : other.devicePeak)
+    devicePeak[rank] = std::max(devicePeak[rank], bytes);
   if (!other.tokens.empty()) {
     tokens = std::move(other.tokens);
     tokenTimes = std::move(other.tokenTimes);

@@ -32,6 +32,9 @@ struct RankOutcome {
   /// Per process, in rank order: its peak resident set in the steps and
   /// while it loaded.
   std::vector<int64_t> peakResident, loadResident;
+  /// Per pipeline rank: the most device memory one of its ranks held at
+  /// once (Backend::devicePeakBytes; ranks of this process, none on the CPU).
+  std::map<int, int64_t> devicePeak;
   /// Generation: the picked tokens [prompts x new], and when each prompt's
   /// came (seconds since the loop's start).
   std::vector<int64_t> tokens;
