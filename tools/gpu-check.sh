@@ -40,6 +40,9 @@
 #               allocations (run --profile; the JSON is kept in the results)
 #   torch       the same GPT in torch.distributed.pipelining with the
 #               machine's torch, bf16 autocast: its step beside pipec's
+#   torch.compile  the same GPT and microbatches in torch eager under
+#               torch.compile, where it compiles within 150 s: its step and
+#               compile time
 #   alternated  pipec's one-rank bench plan and torch eager (bf16 autocast,
 #               SDPA) on the same GPT and batch, run in turn three times:
 #               the medians of their steps and pipec / torch
@@ -530,6 +533,25 @@ else
   fi
 fi
 
+# torch.compile (inductor) on the same GPT and microbatches, where it compiles
+# within 150 s: its steady step beside pipec's, and its compile time.
+if "$py" -c 'import torch' >>"$t" 2>&1; then
+  device=cuda
+  [ $dry = 1 ] && device=cpu
+  if step "$t" timeout 150 "$py" "$here/gpu_check_torch_bench.py" --device "$device" --compile \
+       "$bL" "$bH" "$bNH" "$bS" "$bV" "$bB" "$bM" "$bN"; then
+    torchMs=$(sed -n 's/^TORCH_STEP_MS //p' "$t" | tail -1)
+    compileS=$(sed -n 's/^TORCH_COMPILE_S //p' "$t" | tail -1)
+    row "torch (compile)" ok "$torchMs ms/step on $device after ${compileS}s compiling${pipecP1:+; pipec 1f1b P=1 / torch.compile = $("$py" "$here/gpu_check_table.py" ratio "$pipecP1" "$torchMs")}"
+  else
+    rc=$?
+    if [ $rc = 124 ]; then
+      row "torch (compile)" UNAVAILABLE "torch.compile did not compile and step within 150 s"
+    else
+      row "torch (compile)" FAIL "$(why $rc "$t")"
+    fi
+  fi
+fi
 # Alternated: the one-rank bench plan and torch eager on the same GPT and
 # batch, round after round (pipec, then torch, three times), so that the
 # device's clocks and temperature fall on both; the medians and their ratio.

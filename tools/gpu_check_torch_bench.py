@@ -1,22 +1,27 @@
 #!/usr/bin/env python3
 """The torch side of tools/gpu-check.sh's benchmark.
 
-Usage: gpu_check_torch_bench.py [--device cuda|cpu] [--eager] L H NH S V B M STEPS
+Usage: gpu_check_torch_bench.py [--device cuda|cpu] [--eager | --compile] L H NH S V B M STEPS
 
-Prints "TORCH_MODE pipelining|accumulation|eager", "TORCH_STEP_MS <ms>" and,
+Prints "TORCH_MODE pipelining|accumulation|eager|compile", "TORCH_STEP_MS <ms>" and,
 on a GPU, "TORCH_PEAK_MB <MB>" (torch.cuda.max_memory_allocated). --eager:
 torch eager over the same microbatches (gradient accumulation), without
-torch.distributed.pipelining. The CPU (tools/gpu-check.sh --dry-run) runs the
-same code with a tiny model.
+torch.distributed.pipelining. --compile: the same with the model under
+torch.compile (its default inductor backend); the first step, which
+compiles, is timed apart ("TORCH_COMPILE_S <s>"). The CPU (tools/gpu-check.sh
+--dry-run) runs the same code with a tiny model.
 """
 import sys
 
 args = sys.argv[1:]
 device = "cuda"
-eager = False
-while args[:1] in (["--device"], ["--eager"]):
+eager = compiled = False
+while args[:1] in (["--device"], ["--eager"], ["--compile"]):
     if args[0] == "--eager":
         eager, args = True, args[1:]
+    elif args[0] == "--compile":
+        eager = compiled = True
+        args = args[1:]
     else:
         device, args = args[1], args[2:]
 
@@ -51,6 +56,7 @@ class Gpt(nn.Module):
         return s.head(s.ln(x))
 model = Gpt().to(dev)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+forward = torch.compile(model) if compiled else model
 loss = lambda logits, y: F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
 ids = torch.randint(0, V, (B, S), device=dev); labels = torch.randint(0, V, (B, S), device=dev)
 def pipelined():
@@ -60,7 +66,7 @@ def accumulated():
     # The same microbatches without the pipelining runtime.
     def run():
         for x, y in zip(ids.chunk(M), labels.chunk(M)):
-            (loss(model(x), y) / M).backward()
+            (loss(forward(x), y) / M).backward()
     return run
 def step(body):
     opt.zero_grad(set_to_none=True)
@@ -68,8 +74,12 @@ def step(body):
         body()
     opt.step()
 if eager:
-    body, mode = accumulated(), "eager"
+    body, mode = accumulated(), "compile" if compiled else "eager"
+    t = time.perf_counter()
     step(body)
+    sync()
+    if compiled:
+        print("TORCH_COMPILE_S %.1f" % (time.perf_counter() - t))
 else:
     try:
         body, mode = pipelined(), "pipelining"
