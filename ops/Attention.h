@@ -21,14 +21,19 @@
 //     S, dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO O)) (0 on a row
 //     whose P is NaN), back through the steps, dQ = dS Kt^T, dKt = Q^T dS.
 //
-// Q, Kt and V have the same leading (batch, head) dimensions; every tensor
-// T broadcasts to the scores [.., m, n]. Float32 throughout; T of a Keep or
-// Drop step is bool.
+// Q, Kt and V have the same leading (batch, head) dimensions, but for
+// grouped-query attention (`groups` > 1): Kt's and V's last leading
+// dimension (the heads) is Q's / groups, and Q's head h reads their head
+// h / groups (as Llama's repeat_kv repeats them); the gradient sums a
+// key/value head's dKt and dV over its group. Every tensor T broadcasts to
+// the scores [.., m, n]. Float32 (or the bf16 of an autocast plan, O and
+// the gradients in their inputs' type, L float32); T of a Keep or Drop
+// step is bool.
 //
 // Attributes: steps (ints, ScoreStep per step), scalars (floats, one per
 // step: the Scale's or Divide's c, the Keep's or Drop's fill; 0 for Add),
-// guarded (int), guard (float). A step that reads a tensor reads the next
-// of T_1, .., T_t.
+// guarded (int), guard (float), groups (int, 1 when absent). A step that reads a tensor reads the
+// next of T_1, .., T_t.
 //
 //===----------------------------------------------------------------------===//
 #ifndef PIPEC_OPS_ATTENTION_H

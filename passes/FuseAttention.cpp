@@ -8,6 +8,7 @@
 #include "passes/GraphEdit.h"
 #include "support/Attributes.h"
 
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -26,12 +27,29 @@ struct FoundStep {
   int op = -1, slot = -1;
 };
 
+/// A key or value head tensor X [b, kv, n, c] that the exporter repeated
+/// `groups` times per head before the attention (Llama's repeat_kv:
+/// Unsqueeze at 2, Expand, Reshape merging kv and groups, with the batch
+/// too in torch.onnx's dynamo export), then for K^T swapped in its last two
+/// axes and scaled.
+struct Repeat {
+  int source = -1;    // X
+  int unsqueeze = -1; // the op that read X
+  int64_t groups = 1;
+  bool swapped = false; // the fused input is X^T's repeat
+  double scale = 1;     // and times this
+  std::vector<int> ops; // the repeat's ops, read by the attention alone
+};
+
 /// One attention found: the ops it replaces and what the fused node reads.
 struct Found {
   int product = -1;
   std::vector<int> taken; // every op but the last MatMul
   std::vector<FoundStep> steps;
   std::optional<double> guard;
+  /// Grouped-query attention: K^T and V read as their heads before the
+  /// exporter repeated them (both, with the same groups, or neither).
+  std::optional<Repeat> keys, values;
 };
 
 class Matcher {
@@ -77,6 +95,23 @@ private:
   /// product Q Kt, appending them last first; false where they are not
   /// steps of ops/Attention.h.
   bool walk(int id, const std::vector<int64_t> &shape, Found &f) const;
+  /// The repeat of key/value heads that made the fused input \p id (K^T
+  /// when \p keys, else V), or nullopt.
+  std::optional<Repeat> repeatOf(int id, bool keys) const;
+  /// Whether op \p p is a Transpose of the last two axes alone.
+  bool swapsLast(int p) const {
+    const Op &op = graph.ops[p];
+    if (!op.is(OpId::Transpose) || op.inputs.empty())
+      return false;
+    size_t rank = val(op.inputs[0]).shape.size();
+    std::vector<int64_t> perm = attrInts(graph.node(op), "perm").value_or(std::vector<int64_t>{});
+    if (rank < 2 || perm.size() != rank)
+      return false;
+    for (size_t i = 0; i < rank; ++i)
+      if (perm[i] != static_cast<int64_t>(i < rank - 2 ? i : (i == rank - 2 ? rank - 1 : rank - 2)))
+        return false;
+    return true;
+  }
 
   const Graph &graph;
   std::vector<bool> grads;
@@ -123,6 +158,79 @@ bool Matcher::walk(int id, const std::vector<int64_t> &shape, Found &f) const {
            (scalar(x) && step(ScoreStep::Drop, *scalar(x), 0, y));
   }
   return false;
+}
+
+std::optional<Repeat> Matcher::repeatOf(int id, bool keys) const {
+  const std::vector<int64_t> &want = val(id).shape;
+  if (want.size() != 4)
+    return std::nullopt;
+  Repeat r;
+  int v = id, p = inner(v);
+  auto take = [&](int input) {
+    r.ops.push_back(p);
+    v = graph.ops[p].inputs[input];
+    p = inner(v);
+  };
+  // Back from the attention: a scale (K^T only), a Reshape of [b * h, x, y]
+  // to [b, h, x, y], a swap of the last two axes (K^T only), then the
+  // repeat itself.
+  if (keys && p >= 0 && graph.ops[p].inputs.size() == 2 &&
+      (graph.ops[p].is(OpId::Mul) || graph.ops[p].is(OpId::Div))) {
+    const Op &op = graph.ops[p];
+    bool div = op.is(OpId::Div);
+    if (scalar(op.inputs[1])) {
+      r.scale = div ? 1 / *scalar(op.inputs[1]) : *scalar(op.inputs[1]);
+      take(0);
+    } else if (!div && scalar(op.inputs[0])) {
+      r.scale = *scalar(op.inputs[0]);
+      take(1);
+    }
+  }
+  bool merged =
+      p >= 0 && graph.ops[p].is(OpId::Reshape) && val(graph.ops[p].inputs[0]).shape.size() == 3;
+  if (merged)
+    take(0);
+  if (keys && p >= 0 && swapsLast(p)) {
+    r.swapped = true;
+    take(0);
+  }
+  // The repeat: Reshape(Expand(Unsqueeze(X, axis 2))).
+  if (p < 0 || !graph.ops[p].is(OpId::Reshape))
+    return std::nullopt;
+  take(0);
+  if (p < 0 || !graph.ops[p].is(OpId::Expand))
+    return std::nullopt;
+  take(0);
+  if (p < 0 || !graph.ops[p].is(OpId::Unsqueeze))
+    return std::nullopt;
+  const Op &unsqueeze = graph.ops[p];
+  std::vector<int64_t> axes =
+      attrInts(graph.node(unsqueeze), "axes").value_or(std::vector<int64_t>{});
+  if (unsqueeze.inputs.size() > 1) {
+    const Value &a = val(unsqueeze.inputs[1]);
+    if (!a.constant)
+      return std::nullopt;
+    for (int64_t i = 0; i < a.constant->numElements(); ++i)
+      axes.push_back(a.constant->intAt(i));
+  }
+  if (axes.size() != 1 || (axes[0] != 2 && axes[0] != -3))
+    return std::nullopt;
+  r.unsqueeze = p;
+  take(0);
+  r.source = v;
+  const std::vector<int64_t> &x = val(v).shape;
+  const std::vector<int64_t> &e = val(graph.ops[r.ops[r.ops.size() - 2]].outputs[0]).shape;
+  if (!isF32(v) || x.size() != 4 || e.size() != 5 || e[0] != x[0] || e[1] != x[1] || e[3] != x[2] ||
+      e[4] != x[3] || e[2] < 2)
+    return std::nullopt;
+  r.groups = e[2];
+  // What the attention reads is the repeat, swapped where it says so.
+  std::vector<int64_t> expected = {x[0], x[1] * r.groups, x[2], x[3]};
+  if (r.swapped)
+    std::swap(expected[2], expected[3]);
+  if (want != expected)
+    return std::nullopt;
+  return r;
 }
 
 std::optional<Found> Matcher::match(int o) const {
@@ -176,11 +284,48 @@ std::optional<Found> Matcher::match(int o) const {
       return std::nullopt;
   if (kt[rank - 2] != q[rank - 1] || v[rank - 2] != kt[rank - 1])
     return std::nullopt;
+  // Grouped-query attention: read K and V before their repeat, when both
+  // were repeated by the same groups and the repeats feed nothing else.
+  std::optional<Repeat> keys = repeatOf(product.inputs[1], true),
+                        values = repeatOf(out.inputs[1], false);
+  if (keys && values && keys->groups == values->groups && !values->swapped && keys->swapped) {
+    f.keys = std::move(keys);
+    f.values = std::move(values);
+  }
   return f;
 }
 
-/// Replaces op \p o, the last product of \p f, by the fused node.
-void replace(Graph &graph, int o, const Found &f) {
+/// X^T of the key heads X [b, kv, n, k] a repeat read: a Transpose of its
+/// last two axes, to insert before the attention.
+Op swappedKeys(Graph &graph, const Repeat &r) {
+  const Value &x = graph.values[r.source];
+  std::string name = freshName(graph, x.name + ".transposed");
+  std::vector<int64_t> shape = {x.shape[0], x.shape[1], x.shape[3], x.shape[2]};
+  int id = graph.addValue(name, ValueKind::Activation);
+  Value &t = graph.values[id];
+  t.type = DType::F32;
+  t.shape = shape;
+  t.shapeKnown = true;
+  onnx::NodeProto &node = *graph.model->mutable_graph()->add_node();
+  node.set_name("attention:" + name);
+  node.set_op_type("Transpose");
+  node.add_input(graph.values[r.source].name);
+  node.add_output(name);
+  setAttrInts(node, "perm", {0, 1, 3, 2});
+  Op op;
+  op.name = node.name();
+  op.scope = graph.ops[r.unsqueeze].scope;
+  op.setType("", "Transpose");
+  op.inputs = {r.source};
+  op.outputs = {id};
+  op.fileReads = {fileRead(graph, r.unsqueeze, 0)};
+  op.nodeIndex = graph.model->graph().node_size() - 1;
+  return op;
+}
+
+/// Replaces op \p o, the last product of \p f, by the fused node; a
+/// Transpose it needs goes into \p before.
+void replace(Graph &graph, int o, const Found &f, std::map<int, std::vector<Op>> &before) {
   Op &out = graph.ops[o];
   const Op &product = graph.ops[f.product];
   int result = out.outputs[0];
@@ -191,6 +336,25 @@ void replace(Graph &graph, int o, const Found &f) {
                                             fileRead(graph, f.product, 1), fileRead(graph, o, 1)};
   std::vector<int64_t> kinds;
   std::vector<float> scalars;
+  int64_t groups = 1;
+  if (f.keys && f.values) {
+    // K^T and V as the exporter's key and value heads; a scale of K^T
+    // scales the scores first.
+    Op swapped = swappedKeys(graph, *f.keys);
+    inputs[1] = swapped.outputs[0];
+    inputs[2] = f.values->source;
+    reads[1] = swapped.fileReads[0];
+    reads[2] = fileRead(graph, f.values->unsqueeze, 0);
+    before[o].push_back(std::move(swapped));
+    if (f.keys->scale != 1) {
+      kinds.push_back(static_cast<int64_t>(ScoreStep::Scale));
+      scalars.push_back(static_cast<float>(f.keys->scale));
+    }
+    for (const Repeat *r : {&*f.keys, &*f.values})
+      for (int op : r->ops)
+        graph.ops[op].dead = true;
+    groups = f.keys->groups;
+  }
   for (const FoundStep &s : f.steps) {
     kinds.push_back(static_cast<int64_t>(s.kind));
     scalars.push_back(static_cast<float>(s.scalar));
@@ -218,6 +382,8 @@ void replace(Graph &graph, int o, const Found &f) {
   setAttrFloats(node, "scalars", scalars);
   setAttrInt(node, "guarded", f.guard ? 1 : 0);
   setAttrFloat(node, "guard", static_cast<float>(f.guard.value_or(0)));
+  if (groups > 1)
+    setAttrInt(node, "groups", groups);
   for (int t : f.taken)
     graph.ops[t].dead = true;
   out.fileReads = std::move(reads);
@@ -235,6 +401,7 @@ Expected<bool> fuseAttention(Graph &graph) {
     return false;
   Matcher matcher(graph);
   std::vector<bool> taken(graph.ops.size(), false);
+  std::map<int, std::vector<Op>> before;
   int made = 0;
   for (int o = 0; o < static_cast<int>(graph.ops.size()); ++o) {
     if (graph.ops[o].dead || taken[o])
@@ -244,11 +411,16 @@ Expected<bool> fuseAttention(Graph &graph) {
       continue;
     for (int t : f->taken)
       taken[t] = true;
-    replace(graph, o, *f);
+    if (f->keys && f->values)
+      for (const Repeat *r : {&*f->keys, &*f->values})
+        for (int t : r->ops)
+          taken[t] = true;
+    replace(graph, o, *f, before);
     ++made;
   }
   if (made == 0)
     return false;
+  insertOps(graph, before);
   graph.compact();
   return true;
 }

@@ -13,7 +13,14 @@
 // later); torch's NaN guard Where(IsNaN(P), c, P); Casts to float32 of a
 // float32; O = MatMul(P, V). Every value between is float32, has the
 // scores' shape, is read by the next node alone (P by the guard's two) and
-// is no graph output; Q, Kt and V have the same leading dimensions. A mask
+// is no graph output; Q, Kt and V have the same leading dimensions.
+// Grouped-query attention: where K and V reach the products through
+// repeat_kv (Unsqueeze at 2, Expand, Reshape merging the key/value heads
+// and their repeats, with the batch too in torch.onnx's dynamo export; for
+// K a swap of its last two axes and a scalar scale after), the node reads
+// the heads before the repeat, K as a new Transpose, with `groups` the
+// repeats and the scale as its first step: the step keeps 1 / groups of
+// the repeated K and V, and the repeats are not computed. A mask
 // computed from a trained weight (T5's relative position bias) keeps its
 // nodes: its gradient needs the scores' gradient whole.
 //

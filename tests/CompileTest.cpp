@@ -302,15 +302,16 @@ TEST(Compile, Llama3_8BShapeTimeBalancingAndItsReport) {
   for (const auto &a : loaded->alternatives())
     steps[a.method()] = a.step_time_s();
   ASSERT_EQ(steps.size(), 3u) << out;
-  // Within rounding: here the layouts of time and uniform simulate to the
-  // same 1.60 s.
+  // Within rounding. Grouped-query attention reads Llama's 8 key/value
+  // heads as they are (not repeated to 32), which the step no longer
+  // computes nor keeps: 1.59 s.
   EXPECT_LE(steps["time"], steps["params"] * (1 + 1e-9)) << out;
   EXPECT_LE(steps["time"], steps["uniform"] * (1 + 1e-9)) << out;
-  EXPECT_NEAR(steps["time"], 1.60, 0.01) << out;
-  EXPECT_EQ(loaded->layout(), "E,t*8|t*9|t*8|t*7,L") << out;
-  EXPECT_NE(out.find("stage 3 (rank 3): 7 blocks (2 fewer than the fullest)"), std::string::npos)
+  EXPECT_NEAR(steps["time"], 1.59, 0.01) << out;
+  EXPECT_EQ(loaded->layout(), "E,t*8|t*9|t*9|t*6,L") << out;
+  EXPECT_NE(out.find("stage 3 (rank 3): 6 blocks (3 fewer than the fullest)"), std::string::npos)
       << out;
-  EXPECT_NE(out.find("head 'head' 15.20 ms (1.61 blocks' worth, 525.34 M params)"),
+  EXPECT_NE(out.find("head 'head' 15.20 ms (1.63 blocks' worth, 525.34 M params)"),
             std::string::npos)
       << out;
   // Each microbatch in flight keeps what the backward reads: about 0.7 GiB a
@@ -318,8 +319,8 @@ TEST(Compile, Llama3_8BShapeTimeBalancingAndItsReport) {
   // Activation Recomputation in Large Transformer Models", 2022) count 34 s h
   // bytes (0.53 GiB) for a GPT block without dropout and its scores (Llama's
   // gated MLP of 3.5 h keeps more); 1.6 GiB with the scores kept.
-  EXPECT_NE(out.find("rank 0 memory: peak 56.86 GiB"), std::string::npos) << out;
-  EXPECT_NE(out.find("activations held 23.03 GiB (4.0 microbatches of 5.66 GiB, and"),
+  EXPECT_NE(out.find("rank 0 memory: peak 55.36 GiB"), std::string::npos) << out;
+  EXPECT_NE(out.find("activations held 21.53 GiB (4.0 microbatches of 5.29 GiB, and"),
             std::string::npos)
       << out;
 }

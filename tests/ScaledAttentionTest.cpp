@@ -4,7 +4,8 @@
 // with its gradient (ops/Attention.h):
 //  - the CPU kernels against PyTorch's forward and gradients
 //    (tools/fixtures/torch_attention.py: GPT-2's causal Where, torch.onnx's
-//    padded SDPA with its NaN guard, masked rows, rank 3) within 1e-5;
+//    padded SDPA with its NaN guard, masked rows, rank 3, grouped-query
+//    heads) within 1e-5;
 //  - the body the CUDA backend runs (runtime/core/AttentionBody.h) against
 //    the kernels, on the CPU's kernels for its ops;
 //  - which attentions the pass fuses: every block of the generated models
@@ -84,6 +85,8 @@ struct Case {
                     llvm::ArrayRef<float>(scalars.data<float>(), scalars.numElements()));
       setAttrInt(n, "guarded", *node.getInteger("guarded"));
       setAttrFloat(n, "guard", static_cast<float>(*node.getNumber("guard")));
+      if (llvm::Optional<int64_t> groups = node.getInteger("groups"))
+        setAttrInt(n, "groups", *groups);
     };
     forward.set_name(name);
     forward.set_domain("pipec");
@@ -135,7 +138,7 @@ double maxError(const cpu::Tensor &got, const cpu::Tensor &want, const std::stri
   return scale > 0 ? worst / scale : worst;
 }
 
-const char *const Cases[] = {"causal_gpt2", "padded_sdpa", "masked_rows", "no_heads"};
+const char *const Cases[] = {"causal_gpt2", "padded_sdpa", "masked_rows", "no_heads", "gqa_llama"};
 
 TEST(ScaledAttention, KernelsEqualTorch) {
   for (const char *name : Cases) {
@@ -263,6 +266,23 @@ TEST(FusedAttentionExports, EveryBlockOfTorchsExports) {
     plan::Plan p = compileIn(dir + file, "train");
     EXPECT_EQ(countForward(p, a::OpType), blocks);
     EXPECT_EQ(countForward(p, "Softmax"), 0);
+  }
+  // Grouped-query attention (Llama's 4 query heads over 2 key/value heads,
+  // Gemma's 4 over 1): the node reads K and V as the model made them, before
+  // repeat_kv.
+  for (const auto &[file, groups] :
+       {std::pair{"llama.onnx", 2}, std::pair{"llama_legacy.onnx", 2},
+        std::pair{"user_llama.onnx", 2}, std::pair{"user_gemma.onnx", 4}}) {
+    SCOPED_TRACE(file);
+    plan::Plan p = compileIn(dir + file, "train");
+    int grouped = 0;
+    for (const plan::StageProgram &program : p.stage_programs())
+      for (const onnx::NodeProto &node : program.forward())
+        if (node.op_type() == a::OpType) {
+          EXPECT_EQ(attrInt(node, "groups", 1), groups) << node.name();
+          ++grouped;
+        }
+    EXPECT_EQ(grouped, 2);
   }
   // T5's self-attention adds a position bias made from a trained table: its
   // gradient needs the scores', so those blocks keep their nodes.

@@ -62,6 +62,44 @@ public:
     setAttrInt(n, "keepdims", 1);
     return n.output(0);
   }
+  /// An int64 constant of \p values, one-dimensional.
+  std::string ints(const std::vector<int64_t> &values) {
+    onnx::NodeProto &n = add("Constant", {});
+    onnx::TensorProto &t = *addAttr(n, "value", onnx::AttributeProto::TENSOR).mutable_t();
+    t.set_data_type(onnx::TensorProto::INT64);
+    t.add_dims(static_cast<int64_t>(values.size()));
+    for (int64_t v : values)
+      t.add_int64_data(v);
+    return n.output(0);
+  }
+  /// \p x [.., kv, a, b] with a new axis of \p groups before its last two:
+  /// [.., kv, groups, a, b] (Unsqueeze, then Expand).
+  std::string groupAxis(const std::string &x, int64_t rank, int64_t groups) {
+    std::vector<int64_t> to(rank + 1, 1);
+    to[rank - 2] = groups;
+    return value("Expand", {value("Unsqueeze", {x, ints({rank - 2})}), ints(to)});
+  }
+  /// \p x [.., kv, a, b] with each of its heads repeated \p groups times:
+  /// [.., kv * groups, a, b], head h the repeat of head h / groups, as
+  /// Llama's repeat_kv makes them.
+  std::string repeatHeads(const std::string &x, int64_t rank, int64_t groups) {
+    std::vector<int64_t> times(rank, 1);
+    times[rank - 3] = groups;
+    return value("Reshape",
+                 {groupAxis(x, rank, groups), value("Mul", {value("Shape", {x}), ints(times)})});
+  }
+  /// The gradient of repeatHeads(\p like): \p x [.., kv * groups, a, b]
+  /// summed over each head's repeats into \p out.
+  std::string sumRepeats(const std::string &x, const std::string &like, int64_t rank,
+                         int64_t groups, std::string out) {
+    std::string grouped = value("Reshape", {x, value("Shape", {groupAxis(like, rank, groups)})});
+    std::vector<std::string> inputs = {grouped};
+    if (opset >= 13)
+      inputs.push_back(ints({rank - 2}));
+    onnx::NodeProto &n = add("ReduceSum", inputs, std::move(out));
+    setAttrInt(n, "keepdims", 0);
+    return n.output(0);
+  }
   std::string swapLast(const std::string &x, int64_t rank) {
     std::vector<int64_t> perm;
     for (int64_t i = 0; i < rank; ++i)
@@ -152,10 +190,19 @@ Expected<onnx::GraphProto> attentionBody(const onnx::NodeProto &node, int64_t ra
     return steps.takeError();
   bool guarded = attrInt(node, "guarded", 0) != 0;
   float guard = attrFloat(node, "guard", 0);
+  int64_t groups = attrInt(node, "groups", 1);
+  if (groups < 1 || (groups > 1 && rank < 3))
+    return createStringError(inconvertibleErrorCode(), "node '%s' (%s): groups %lld at rank %lld",
+                             node.name().c_str(), node.op_type().c_str(),
+                             static_cast<long long>(groups), static_cast<long long>(rank));
   onnx::GraphProto body;
   BodyWriter w(body, opset);
+  // Grouped-query attention: Kt's and V's heads repeated to Q's.
+  auto repeated = [&](const std::string &x) {
+    return groups > 1 ? w.repeatHeads(x, rank, groups) : x;
+  };
   if (!grad) {
-    std::string s = scores(w, *steps, node.input(a::Query), node.input(a::KeysT));
+    std::string s = scores(w, *steps, node.input(a::Query), repeated(node.input(a::KeysT)));
     onnx::NodeProto &softmax = w.add("Softmax", {s});
     setAttrInt(softmax, "axis", -1);
     std::string p = softmax.output(0);
@@ -169,16 +216,22 @@ Expected<onnx::GraphProto> attentionBody(const onnx::NodeProto &node, int64_t ra
     w.reduceLast("ReduceSum", w.value("Mul", {p, each}), 13, node.output(a::LogSumExp));
     if (guarded)
       p = w.value("Where", {w.value("IsNaN", {p}), w.scalar(guard), p});
-    w.value("MatMul", {p, node.input(a::Values)}, node.output(a::Out));
+    w.value("MatMul", {p, repeated(node.input(a::Values))}, node.output(a::Out));
     return body;
   }
-  const std::string &dO = node.input(a::GradOut), &q = node.input(a::GradQuery),
-                    &kt = node.input(a::GradKeysT), &v = node.input(a::GradValues);
+  const std::string &dO = node.input(a::GradOut), &q = node.input(a::GradQuery);
+  std::string kt = repeated(node.input(a::GradKeysT)), v = repeated(node.input(a::GradValues));
+  // Each head's dKt and dV: the sum over its repeats.
+  auto summed = [&](const std::string &full, const std::string &like, int o) {
+    if (groups > 1)
+      w.sumRepeats(full, like, rank, groups, node.output(o));
+  };
   std::string s = scores(w, *steps, q, kt);
   std::string p = w.value("Exp", {w.value("Sub", {s, node.input(a::GradLogSumExp)})});
   std::string nan = w.value("IsNaN", {p}), zero = w.scalar(0);
   std::string used = guarded ? w.value("Where", {nan, w.scalar(guard), p}) : p;
-  w.value("MatMul", {w.swapLast(used, rank), dO}, node.output(2));
+  summed(w.value("MatMul", {w.swapLast(used, rank), dO}, groups > 1 ? "" : node.output(2)),
+         node.input(a::GradValues), 2);
   std::string dp = w.value("MatMul", {dO, w.swapLast(v, rank)});
   std::string rowDot =
       w.reduceLast("ReduceSum", w.value("Mul", {dO, node.input(a::GradForwardOut)}), 13);
@@ -203,7 +256,8 @@ Expected<onnx::GraphProto> attentionBody(const onnx::NodeProto &node, int64_t ra
     }
   }
   w.value("MatMul", {ds, w.swapLast(kt, rank)}, node.output(0));
-  w.value("MatMul", {w.swapLast(q, rank), ds}, node.output(1));
+  summed(w.value("MatMul", {w.swapLast(q, rank), ds}, groups > 1 ? "" : node.output(1)),
+         node.input(a::GradKeysT), 1);
   return body;
 }
 

@@ -49,7 +49,8 @@ struct Step {
 
 /// What both kernels read: the products' sizes and the score steps.
 struct Attention {
-  int64_t heads = 1, m = 0, k = 0, n = 0, d = 0;
+  /// Q's heads; each reads Kt's and V's head h / groups.
+  int64_t heads = 1, groups = 1, m = 0, k = 0, n = 0, d = 0;
   Shape scoreShape; // [.., m, n]
   std::vector<Step> steps;
   bool guarded = false;
@@ -84,14 +85,26 @@ Expected<Attention> Attention::read(const OpContext &ctx, size_t first, size_t t
   for (size_t i = first; i < first + 3; ++i)
     if (!storedAs<float>(ctx.input(i).elemType()))
       return ctx.unsupportedType(ctx.input(i), i);
-  int64_t rank = q.rank();
-  if (rank < 2 || kt.rank() != rank || v.rank() != rank ||
-      q.shape().drop_back(2) != kt.shape().drop_back(2) ||
-      q.shape().drop_back(2) != v.shape().drop_back(2) || kt.dim(rank - 2) != q.dim(rank - 1) ||
+  int64_t rank = q.rank(), groups = ctx.attrInt("groups", 1);
+  if (groups < 1 || (groups > 1 && rank < 3))
+    return ctx.fail(formatv("groups {0} for Q of rank {1}", groups, rank));
+  // Kt's and V's leading dimensions are Q's, the last (the heads) divided
+  // by the groups.
+  auto leading = [&](const Tensor &t) {
+    if (t.rank() != rank)
+      return false;
+    for (int64_t i = 0; i < rank - 2; ++i)
+      if (t.dim(i) * (i == rank - 3 ? groups : 1) != q.dim(i))
+        return false;
+    return true;
+  };
+  if (rank < 2 || !leading(kt) || !leading(v) || kt.dim(rank - 2) != q.dim(rank - 1) ||
       v.dim(rank - 2) != kt.dim(rank - 1))
-    return ctx.fail("Q, Kt and V must be [.., m, k], [.., k, n] and [.., n, d] with the same "
-                    "leading dimensions");
+    return ctx.fail(formatv("Q, Kt and V must be [.., m, k], [.., k, n] and [.., n, d] with the "
+                            "same leading dimensions, Kt's and V's heads Q's / {0}",
+                            groups));
   Attention at;
+  at.groups = groups;
   at.heads = product(q.shape().drop_back(2));
   at.m = q.dim(rank - 2);
   at.k = q.dim(rank - 1);
@@ -140,7 +153,7 @@ Expected<Attention> Attention::read(const OpContext &ctx, size_t first, size_t t
 }
 
 void Attention::scores(int64_t h, const float *q, const float *kt, float *s) const {
-  gemm(false, false, m, n, k, 1.0f, q + h * m * k, k, kt + h * k * n, n, 0.0f, s, n);
+  gemm(false, false, m, n, k, 1.0f, q + h * m * k, k, kt + h / groups * k * n, n, 0.0f, s, n);
   int64_t rank = static_cast<int64_t>(scoreShape.size());
   for (const Step &step : steps) {
     int64_t base = step.tensor ? headOffset(h, step.strides) : 0;
@@ -261,8 +274,8 @@ KernelResult scaledDotProductAttention(const OpContext &ctx) {
       if (at.guarded)
         for (float &p : s)
           p = std::isnan(p) ? at.guard : p;
-      gemm(false, false, at.m, at.d, at.n, 1.0f, s.data(), at.n, v + h * at.n * at.d, at.d, 0.0f,
-           po + h * at.m * at.d, at.d);
+      gemm(false, false, at.m, at.d, at.n, 1.0f, s.data(), at.n, v + h / at.groups * at.n * at.d,
+           at.d, 0.0f, po + h * at.m * at.d, at.d);
     }
   });
   return std::vector<Tensor>{std::move(out), std::move(lse)};
@@ -293,16 +306,21 @@ KernelResult scaledDotProductAttentionGrad(const OpContext &ctx) {
   Tensor dq = like(a::GradQuery), dkt = like(a::GradKeysT), dv = like(a::GradValues);
   float *pdq = dq.data<float>(), *pdk = dkt.data<float>(), *pdv = dv.data<float>();
   int64_t m = at.m, n = at.n, k = at.k, d = at.d;
-  parallelFor(at.heads, 1, [&](int64_t begin, int64_t end) {
+  // By key/value head: its group's query heads one after the other, each
+  // adding its dKt and dV into the head's (beta 1 after the first).
+  int64_t groups = at.groups;
+  parallelFor(at.heads / groups, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> p(m * n), ds(m * n);
-    for (int64_t h = begin; h < end; ++h) {
+    for (int64_t h = begin * groups; h < end * groups; ++h) {
+      int64_t kv = h / groups;
+      float beta = h % groups == 0 ? 0.0f : 1.0f;
       const float *dO = pdo + h * m * d, *o = po + h * m * d, *l = pl + h * m;
       at.scores(h, q, kt, p.data());
       for (int64_t i = 0; i < m; ++i)
         probabilitiesRow(p.data() + i * n, n, l[i]);
       // dS = P (dP - rowsum(dO O)), dP = dO V^T; no gradient on a row
       // whose probabilities are NaN (every position masked).
-      gemm(false, true, m, n, d, 1.0f, dO, d, v + h * n * d, d, 0.0f, ds.data(), n);
+      gemm(false, true, m, n, d, 1.0f, dO, d, v + kv * n * d, d, 0.0f, ds.data(), n);
       for (int64_t i = 0; i < m; ++i) {
         const float *dOi = dO + i * d, *oi = o + i * d;
         double dot = laneSum(d, [&](int64_t c) { return double(dOi[c]) * oi[c]; });
@@ -312,10 +330,10 @@ KernelResult scaledDotProductAttentionGrad(const OpContext &ctx) {
       if (at.guarded)
         for (float &x : p)
           x = std::isnan(x) ? at.guard : x;
-      gemm(true, false, n, d, m, 1.0f, p.data(), n, dO, d, 0.0f, pdv + h * n * d, d);
+      gemm(true, false, n, d, m, 1.0f, p.data(), n, dO, d, beta, pdv + kv * n * d, d);
       at.backThroughSteps(h, ds.data());
-      gemm(false, true, m, k, n, 1.0f, ds.data(), n, kt + h * k * n, n, 0.0f, pdq + h * m * k, k);
-      gemm(true, false, k, n, m, 1.0f, q + h * m * k, k, ds.data(), n, 0.0f, pdk + h * k * n, n);
+      gemm(false, true, m, k, n, 1.0f, ds.data(), n, kt + kv * k * n, n, 0.0f, pdq + h * m * k, k);
+      gemm(true, false, k, n, m, 1.0f, q + h * m * k, k, ds.data(), n, beta, pdk + kv * k * n, n);
     }
   });
   return std::vector<Tensor>{std::move(dq), std::move(dkt), std::move(dv)};
