@@ -63,7 +63,8 @@ private:
     switch (policyOf(op)) {
     case Policy::Own:
       // Cast writes what its attribute says; CastLike its target's type.
-      if (op.is(OpId::CastLike) && op.inputs.size() > 1 && op.outputs[0] >= 0)
+      if (op.is(OpId::CastLike) && op.inputs.size() > 1 && !op.outputs.empty() &&
+          op.outputs[0] >= 0)
         retype(op.outputs[0], graph.values[op.inputs[1]].type);
       return;
     case Policy::Declared:
@@ -74,8 +75,9 @@ private:
       if (slots.empty())
         return;
       castAll(o, slots, DType::BF16);
-      if (graph.ops[o].outputs[0] >= 0 && graph.values[graph.ops[o].outputs[0]].type == DType::F32)
-        retype(graph.ops[o].outputs[0], DType::BF16);
+      if (int out = graph.ops[o].outputs.empty() ? -1 : graph.ops[o].outputs[0];
+          out >= 0 && graph.values[out].type == DType::F32)
+        retype(out, DType::BF16);
       ++report.lowOps;
       return;
     case Policy::Promote:
