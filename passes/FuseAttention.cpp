@@ -186,8 +186,12 @@ std::optional<Repeat> Matcher::repeatOf(int id, bool keys) const {
       take(1);
     }
   }
-  bool merged =
-      p >= 0 && graph.ops[p].is(OpId::Reshape) && val(graph.ops[p].inputs[0]).shape.size() == 3;
+  // A Reshape that splits the leading [b * h] of its input alone.
+  bool merged = false;
+  if (p >= 0 && graph.ops[p].is(OpId::Reshape)) {
+    const std::vector<int64_t> &in = val(graph.ops[p].inputs[0]).shape;
+    merged = in.size() == 3 && in[0] == want[0] * want[1] && in[1] == want[2] && in[2] == want[3];
+  }
   if (merged)
     take(0);
   if (keys && p >= 0 && swapsLast(p)) {
@@ -224,8 +228,15 @@ std::optional<Repeat> Matcher::repeatOf(int id, bool keys) const {
       e[4] != x[3] || e[2] < 2)
     return std::nullopt;
   r.groups = e[2];
+  // The repeat's Reshape merges the heads with their repeats (and with the
+  // batch where a split follows) and keeps the last two axes: Reshapes keep
+  // the elements' order, so this is head h of X at h / groups.
+  const std::vector<int64_t> &repeat = val(graph.ops[r.ops[r.ops.size() - 3]].outputs[0]).shape;
+  std::vector<int64_t> heads = {x[0], x[1] * r.groups, x[2], x[3]};
+  if (repeat != (merged ? std::vector<int64_t>{x[0] * x[1] * r.groups, x[2], x[3]} : heads))
+    return std::nullopt;
   // What the attention reads is the repeat, swapped where it says so.
-  std::vector<int64_t> expected = {x[0], x[1] * r.groups, x[2], x[3]};
+  std::vector<int64_t> expected = heads;
   if (r.swapped)
     std::swap(expected[2], expected[3]);
   if (want != expected)

@@ -808,6 +808,13 @@ TEST(CpuBackend, OptimizerUpdatesInPlace) {
     }
     EXPECT_NEAR(squares->getDouble(0), expected, 1e-12 * expected);
   }
+  // A gradient of another size is refused, naming the weight.
+  cpu::Tensor wrong(cpu::DType::F32, {2});
+  rt::OptimizerSlot bad{&w[0], &wrong, &m[0], &v[0], 0.0, "h.0.attn.weight"};
+  auto refused = be->optimize(u, {bad});
+  ASSERT_FALSE(static_cast<bool>(refused));
+  EXPECT_NE(llvm::toString(refused.takeError()).find("training 'h.0.attn.weight'"),
+            std::string::npos);
 }
 
 // A profile's FLOPs: a product's 2 M N K from its shapes (Gemm's transA

@@ -109,6 +109,8 @@ py=${PIPEC_PYTHON:-python3}
 deadline=${PIPEC_CHECK_SECONDS:-540}
 peak=${PIPEC_PEAK_TFLOPS:-989}
 if [ $dry = 1 ]; then backend=cpu; else backend=cuda; fi
+# Where torch's rows run: the device, or the CPU in the dry run.
+if [ $dry = 1 ]; then device=cpu; else device=cuda; fi
 table=$results/table.txt
 : >"$table"
 for f in env gputest equivalence bench torch; do : >"$results/$f.log"; done
@@ -517,8 +519,6 @@ if ! "$py" -c 'import torch' >>"$t" 2>&1; then
     row torch UNAVAILABLE "$py cannot import torch"
   fi
 else
-  device=cuda
-  [ $dry = 1 ] && device=cpu
   if step "$t" "$py" "$here/gpu_check_torch_bench.py" --device "$device" "$bL" "$bH" "$bNH" "$bS" \
        "$bV" "$bB" "$bM" "$bN"; then
     torchMs=$(sed -n 's/^TORCH_STEP_MS //p' "$t" | tail -1)
@@ -542,8 +542,6 @@ if [ ! -f "$work/bench-1f1b-1.plan" ]; then
 elif ! "$py" -c 'import torch' >>"$t" 2>&1; then
   row "$label" SKIPPED "$py cannot import torch"
 else
-  device=cuda
-  [ $dry = 1 ] && device=cpu
   metrics="" torchRounds="" altOk=1
   for r in 1 2 3; do
     if step "$b" "$pipec" run "$work/bench-1f1b-1.plan" --backend "$backend" --precision bf16 \
@@ -584,8 +582,6 @@ fi
 benchRow "real 1f1b P=1" 1f1b 1
 rm -f "$work/real.onnx"
 if "$py" -c 'import torch' >>"$t" 2>&1; then
-  device=cuda
-  [ $dry = 1 ] && device=cpu
   if step "$t" "$py" "$here/gpu_check_torch_bench.py" --device "$device" --eager "$rL" "$rH" \
        "$rNH" "$rS" "$rV" "$rB" "$rM" "$rN"; then
     torchMs=$(sed -n 's/^TORCH_STEP_MS //p' "$t" | tail -1)
@@ -603,8 +599,6 @@ fi
 # within 150 s: its steady step beside pipec's, and its compile time. Last, so
 # that a slow compile takes no time from the rows above.
 if "$py" -c 'import torch' >>"$t" 2>&1; then
-  device=cuda
-  [ $dry = 1 ] && device=cpu
   if step "$t" timeout 150 "$py" "$here/gpu_check_torch_bench.py" --device "$device" --compile \
        "$bL" "$bH" "$bNH" "$bS" "$bV" "$bB" "$bM" "$benchSteps"; then
     torchMs=$(sed -n 's/^TORCH_STEP_MS //p' "$t" | tail -1)

@@ -43,25 +43,6 @@ public:
     t.add_float_data(c);
     return n.output(0);
   }
-  /// A reduction of \p x over its last axis, kept: axes as an attribute
-  /// before opset \p inputSince, as an input from it.
-  std::string reduceLast(StringRef op, const std::string &x, int64_t inputSince,
-                         std::string out = "") {
-    std::vector<std::string> inputs = {x};
-    if (opset >= inputSince) {
-      onnx::NodeProto &axes = add("Constant", {});
-      onnx::TensorProto &t = *addAttr(axes, "value", onnx::AttributeProto::TENSOR).mutable_t();
-      t.set_data_type(onnx::TensorProto::INT64);
-      t.add_dims(1);
-      t.add_int64_data(-1);
-      inputs.push_back(axes.output(0));
-    }
-    onnx::NodeProto &n = add(op, inputs, std::move(out));
-    if (opset < inputSince)
-      setAttrInts(n, "axes", {-1});
-    setAttrInt(n, "keepdims", 1);
-    return n.output(0);
-  }
   /// An int64 constant of \p values, one-dimensional.
   std::string ints(const std::vector<int64_t> &values) {
     onnx::NodeProto &n = add("Constant", {});
@@ -70,6 +51,19 @@ public:
     t.add_dims(static_cast<int64_t>(values.size()));
     for (int64_t v : values)
       t.add_int64_data(v);
+    return n.output(0);
+  }
+  /// A reduction of \p x over its last axis, kept: axes as an attribute
+  /// before opset \p inputSince, as an input from it.
+  std::string reduceLast(StringRef op, const std::string &x, int64_t inputSince,
+                         std::string out = "") {
+    std::vector<std::string> inputs = {x};
+    if (opset >= inputSince)
+      inputs.push_back(ints({-1}));
+    onnx::NodeProto &n = add(op, inputs, std::move(out));
+    if (opset < inputSince)
+      setAttrInts(n, "axes", {-1});
+    setAttrInt(n, "keepdims", 1);
     return n.output(0);
   }
   /// \p x [.., kv, a, b] with a new axis of \p groups before its last two:
@@ -93,10 +87,8 @@ public:
   std::string sumRepeats(const std::string &x, const std::string &like, int64_t rank,
                          int64_t groups, std::string out) {
     std::string grouped = value("Reshape", {x, value("Shape", {groupAxis(like, rank, groups)})});
-    std::vector<std::string> inputs = {grouped};
-    if (opset >= 13)
-      inputs.push_back(ints({rank - 2}));
-    onnx::NodeProto &n = add("ReduceSum", inputs, std::move(out));
+    // (The body's opset is 13 or later: ReduceSum's axes are an input.)
+    onnx::NodeProto &n = add("ReduceSum", {grouped, ints({rank - 2})}, std::move(out));
     setAttrInt(n, "keepdims", 0);
     return n.output(0);
   }

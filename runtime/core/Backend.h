@@ -71,6 +71,8 @@ struct OptimizerSlot {
   cpu::Tensor *m = nullptr, *v = nullptr;
   /// Weight decay pulls w towards this, not 0 (OptimizerUpdate::decayCenter).
   double decayCenter = 0;
+  /// The weight's name, for errors.
+  llvm::StringRef name;
 };
 
 /// The slots one launch of a device's update takes: their table is the

@@ -503,6 +503,10 @@ Expected<Tensor> CudaBackend::optimize(const rt::OptimizerUpdate &u,
   };
   OptimizerTable table;
   std::optional<k::Scalar> tableType;
+  // What the table's pointers read until its launch is queued: an upload,
+  // the weight a new tensor replaces. Dropped earlier, the pool would hand
+  // their blocks to the next slot's tensors before the kernel read them.
+  std::vector<Tensor> reads;
   auto flush = [&]() -> Error {
     if (table.count > 0) {
       ++counted.launches;
@@ -510,19 +514,20 @@ Expected<Tensor> CudaBackend::optimize(const rt::OptimizerUpdate &u,
           launchOptimizer(*tableType, p, table, static_cast<double *>(squares.rawData()), stream));
     }
     table.count = 0;
+    reads.clear();
     return Error::success();
   };
   for (const rt::OptimizerSlot &slot : slots) {
     Tensor &w = *slot.w;
     const Tensor &g = *slot.g;
     auto type = scalarOf(w.elemType());
-    if (!type || (*type != k::Scalar::F32 && *type != k::Scalar::F64))
+    if (!type || (*type != k::Scalar::F32 && *type != k::Scalar::F64) ||
+        g.elemType() != w.elemType() || g.numElements() != w.numElements())
       return createStringError(inconvertibleErrorCode(),
-                               "cuda:%d: training %s: float or double weights only", device,
-                               w.describe().c_str());
-    if (g.elemType() != w.elemType() || g.numElements() != w.numElements())
-      return createStringError(inconvertibleErrorCode(), "cuda:%d: gradient %s for weight %s",
-                               device, g.describe().c_str(), w.describe().c_str());
+                               "cuda:%d: training '%s': weight %s, gradient %s (float or double, "
+                               "of one type and size)",
+                               device, slot.name.str().c_str(), w.describe().c_str(),
+                               g.describe().c_str());
     if (table.count == OptimizerTable::Slots || (tableType && *tableType != *type))
       if (Error err = flush())
         return err;
@@ -558,6 +563,8 @@ Expected<Tensor> CudaBackend::optimize(const rt::OptimizerUpdate &u,
     table.v[s] = table.vOut[s] = p.kind == 2 ? slot.v->rawData() : nullptr;
     table.n[s] = w.numElements();
     table.decayCenter[s] = slot.decayCenter;
+    reads.push_back(dw);
+    reads.push_back(dg);
     w = out;
   }
   if (Error err = flush())

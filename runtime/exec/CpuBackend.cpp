@@ -192,19 +192,14 @@ public:
       const cpu::Tensor &g = *slot.g;
       if (!w.onHost() || !g.onHost())
         return notOnHost(w.onHost() ? g : w);
-      if (g.elemType() != w.elemType() || g.numElements() != w.numElements())
-        return createStringError(inconvertibleErrorCode(), "gradient %s for weight %s",
-                                 g.describe().c_str(), w.describe().c_str());
-      Expected<double> sum = w.elemType() == cpu::DType::F32 ? update<float>(u, slot)
-                             : w.elemType() == cpu::DType::F64
-                                 ? update<double>(u, slot)
-                                 : Expected<double>(createStringError(inconvertibleErrorCode(),
-                                                                      "training %s: float or "
-                                                                      "double weights only",
-                                                                      w.describe().c_str()));
-      if (!sum)
-        return sum.takeError();
-      squares += *sum;
+      bool f32 = w.elemType() == cpu::DType::F32, f64 = w.elemType() == cpu::DType::F64;
+      if (!(f32 || f64) || g.elemType() != w.elemType() || g.numElements() != w.numElements())
+        return createStringError(inconvertibleErrorCode(),
+                                 "training '%s': weight %s, gradient %s (float or double, of one "
+                                 "type and size)",
+                                 slot.name.str().c_str(), w.describe().c_str(),
+                                 g.describe().c_str());
+      squares += f32 ? update<float>(u, slot) : update<double>(u, slot);
     }
     cpu::Tensor total(cpu::DType::F64, {1});
     ++counted.allocations;
@@ -256,8 +251,7 @@ private:
   /// every backend runs), stored in the weight's type; returns the sum of
   /// the squares of the new weight and second moment. A tensor something
   /// else holds too is replaced (counted as an allocation), never written.
-  template <typename T>
-  Expected<double> update(const OptimizerUpdate &given, const OptimizerSlot &slot) {
+  template <typename T> double update(const OptimizerUpdate &given, const OptimizerSlot &slot) {
     using Kind = OptimizerUpdate::Kind;
     cpu::Tensor &w = *slot.w;
     int64_t n = w.numElements();

@@ -141,6 +141,7 @@ Error RankExecutor::optimizerStep(int t) {
     slot.m = &moment1[name];
     slot.v = &moment2[name];
     slot.decayCenter = center == s.decayCenters.end() ? 0.0 : center->second;
+    slot.name = name;
     slots.push_back(slot);
   }
   auto squares = be.optimize(u, slots);
