@@ -162,17 +162,15 @@ Error foldAndSelectRecompute(plan::Plan &plan, PassRunner &runner) {
     }
   };
   int64_t total = 0;
-  Error err = training
-                  ? runner.skip("fold-weights", "training changes the weights every step")
-                  : runner.run(
-                        "fold-weights",
-                        [&] {
-                          for (plan::StageProgram &sp : *plan.mutable_stage_programs())
-                            total += foldWeightNodes(sp, plan.opset());
-                          return Error::success();
-                        },
-                        [&] { return formatv("load nodes {0}", total).str(); },
-                        [&](raw_ostream &os) { perStage(&plan::StageProgram::load_nodes, os); });
+  Error err = runner.run(
+      "fold-weights",
+      [&] {
+        for (plan::StageProgram &sp : *plan.mutable_stage_programs())
+          total += foldWeightNodes(sp, plan.opset());
+        return Error::success();
+      },
+      [&] { return formatv("load nodes {0}", total).str(); },
+      [&](raw_ostream &os) { perStage(&plan::StageProgram::load_nodes, os); });
   if (err)
     return err;
   total = 0;

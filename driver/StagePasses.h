@@ -8,7 +8,8 @@
 //                     (runtime/exec/Fusion.h); the plan's `fusion` counts
 //                     them. Skipped with --no-fuse, and for --mode
 //                     generate, whose decode step runs as written.
-//   fold-weights      inference: nodes of weights alone run once, at load
+//   fold-weights      nodes of weights alone run once at load and, in
+//                     training, after each optimizer step
 //                     (passes/FoldWeights.h)
 //   select-recompute  training with recompute: the nodes RECOMPUTE reruns
 //                     (passes/SelectRecompute.h)
@@ -36,7 +37,7 @@ namespace pipec {
 /// is false (--no-fuse).
 llvm::Error fuseStagePrograms(plan::Plan &plan, const Graph &graph, bool fuse, PassRunner &runner);
 
-/// Runs fold-weights (inference) and select-recompute (training) on
+/// Runs fold-weights and select-recompute (training) on
 /// \p plan's stage programs through \p runner.
 llvm::Error foldAndSelectRecompute(plan::Plan &plan, PassRunner &runner);
 

@@ -68,20 +68,6 @@ private:
   std::vector<int64_t> delta;
 };
 
-/// Whether value \p id is made anew each microbatch: an activation, or a
-/// weight derived at run time from a float weight (autocast's bf16 cast, a
-/// tied head's Transpose), which the forward makes and the backward may
-/// keep. Constants and the fills of a light model are the weights'.
-bool heldPerMicrobatch(const Graph &graph, int id) {
-  const Value &v = graph.values[id];
-  if (v.kind == ValueKind::Activation)
-    return true;
-  if (v.kind != ValueKind::Weight || v.producer < 0)
-    return false;
-  return llvm::any_of(graph.ops[v.producer].inputs,
-                      [&](int in) { return in >= 0 && isFloatDType(graph.values[in].type); });
-}
-
 } // namespace
 
 void countActivationMemory(CostTable &table, const LayerGraph &lg, const Backward *backward) {
@@ -110,6 +96,7 @@ void countActivationMemory(CostTable &table, const LayerGraph &lg, const Backwar
     };
     LayerCost &lc = table.layers[l];
     lc.activationBytes = 0;
+    lc.derivedWeightBytes = 0;
     LiveBytes forward(n), gradients(n);
     std::set<int> inputs; // activations of earlier layers this layer reads
     for (int i = 0; i < n; ++i) {
@@ -119,10 +106,15 @@ void countActivationMemory(CostTable &table, const LayerGraph &lg, const Backwar
             graph.values[in].producer >= 0 && layerOf[graph.values[in].producer] != int(l))
           inputs.insert(in);
       for (int out : op.outputs) {
-        if (out < 0 || !heldPerMicrobatch(graph, out))
+        if (out < 0)
+          continue;
+        bool derived = graph.isDerivedWeight(out);
+        if (!derived && graph.values[out].kind != ValueKind::Activation)
           continue;
         std::vector<int> at = readers(out);
-        if (backward && kept(out))
+        if (derived)
+          lc.derivedWeightBytes += bytesOf(out);
+        else if (backward && kept(out))
           lc.activationBytes += bytesOf(out);
         else
           forward.add(i, std::max(i, at.empty() ? i : *std::max_element(at.begin(), at.end())),

@@ -18,8 +18,12 @@
 //    sum, and each weight-gradient term at its op. The backward's own
 //    temporaries have no static shape at compile time; the gradients of the
 //    forward values stand for them.
-// A rank then holds its weights and their state, the kept bytes of the
-// microbatches in flight, and its chunks' working bytes.
+//  - derivedWeightBytes: the weights the layer derives from float weights
+//    (autocast's bf16 copies, a tied head's Transpose). The fold-weights
+//    pass makes them once per optimizer step, so the stage holds one copy
+//    whatever the microbatches in flight.
+// A rank then holds its weights and their state, its derived weights, the
+// kept bytes of the microbatches in flight, and its chunks' working bytes.
 //
 // Before: layer 1: Z = MatMul(H, W2); S = Softmax(Z); loss = CE(S, labels)
 //         (activationBytes = |Z| + |S| + |loss|, workingBytes = 0)
@@ -35,7 +39,8 @@
 
 namespace pipec {
 
-/// Sets every layer's activationBytes and workingBytes in \p table (made by
+/// Sets every layer's activationBytes, workingBytes and derivedWeightBytes
+/// in \p table (made by
 /// computeCosts for \p layers) at the table's precision. \p backward is the
 /// differentiated program; null in inference.
 void countActivationMemory(CostTable &table, const LayerGraph &layers, const Backward *backward);

@@ -58,10 +58,12 @@ public:
     const CostTable &first = *options.rankCosts.front();
     params.assign(layers + 1, 0);
     activations.assign(layers + 1, 0);
+    derived.assign(layers + 1, 0);
     workingMax.emplace_back();
     for (int l = 0; l < layers; ++l) {
       params[l + 1] = params[l] + lg.layers[l].params;
       activations[l + 1] = activations[l] + first.layers[l].activationBytes;
+      derived[l + 1] = derived[l] + first.layers[l].derivedWeightBytes;
       workingMax[0].push_back(first.layers[l].workingBytes);
     }
     for (size_t p = 1; (size_t(1) << p) <= size_t(layers); ++p) {
@@ -103,6 +105,7 @@ public:
       if (__builtin_mul_overflow(perChunk, recomputes ? maxBoundary : activations[layers], &kept) ||
           __builtin_mul_overflow(recomputes ? rebuiltHeld[k] : 0, activations[layers], &rebuilt) ||
           __builtin_mul_overflow(params[layers], bytesPerParam(options.training), &bound) ||
+          __builtin_add_overflow(bound, derived[layers], &bound) ||
           __builtin_add_overflow(bound, kept, &bound) ||
           __builtin_add_overflow(bound, rebuilt, &bound) ||
           __builtin_add_overflow(bound, working(0, layers), &bound))
@@ -185,8 +188,13 @@ public:
       rebuilt = activations[i + recomputed] - activations[i];
       kept = input + act - rebuilt;
     }
-    return weightStateBytes(paramsOf(i, j), options.training) + perChunk * kept +
-           rebuiltHeld[chunk] * rebuilt + working(i, j);
+    return weightBytesOf(i, j) + perChunk * kept + rebuiltHeld[chunk] * rebuilt + working(i, j);
+  }
+
+  /// What layers [i, j) hold whatever the microbatches in flight: their
+  /// weights and state, and the weights they derive once a step.
+  int64_t weightBytesOf(int i, int j) const {
+    return weightStateBytes(paramsOf(i, j), options.training) + derived[j] - derived[i];
   }
 
   /// The most any of layers [i, j) holds beyond its kept activations while
@@ -301,6 +309,8 @@ private:
   std::map<const CostTable *, int> tableIndex;
   std::vector<std::array<std::vector<double>, 3>> prefix;
   std::vector<int64_t> params, activations;
+  /// Prefix sums of the layers' derivedWeightBytes.
+  std::vector<int64_t> derived;
   /// workingMax[p][i]: the most working bytes of layers [i, i + 2^p).
   std::vector<std::vector<int64_t>> workingMax;
   std::vector<std::pair<int64_t, std::vector<int>>> shared;
@@ -668,7 +678,7 @@ StagePlan describePlan(const LayerGraph &lg, const BalanceOptions &options, cons
     const ChunkPlan &c = plan.chunks[k];
     RankPlan &rank = plan.ranks[c.rank];
     int64_t total = costs.memoryWith(k, cuts[k], cuts[k + 1], c.recomputedLayers);
-    int64_t weights = weightStateBytes(c.params, options.training);
+    int64_t weights = costs.weightBytesOf(cuts[k], cuts[k + 1]);
     rank.weightBytes += weights;
     rank.optimizerBytes += optimizerStateBytes(c.params, options.training);
     rank.activationBytes += total - weights;

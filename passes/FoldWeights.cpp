@@ -1,4 +1,4 @@
-//===- FoldWeights.cpp - Nodes of weights alone run once, at load --------===//
+//===- FoldWeights.cpp - Nodes of weights alone run once per update ------===//
 #include "passes/FoldWeights.h"
 #include "ops/OpRegistry.h"
 
@@ -20,7 +20,7 @@ int64_t foldWeightNodes(plan::StageProgram &sp, int64_t opset) {
   int64_t moved = 0;
   for (onnx::NodeProto &node : *sp.mutable_forward()) {
     const OpDef *def = lookupOp(node.domain(), node.op_type(), opset);
-    bool fold = def && !def->has(Random) && node.input_size() > 0 &&
+    bool fold = def && !def->has(Random) && !def->has(Collective) && node.input_size() > 0 &&
                 none_of(node.output(), [&](const std::string &o) { return leaving.contains(o); }) &&
                 all_of(node.input(),
                        [&](const std::string &in) { return in.empty() || weights.contains(in); });
@@ -35,6 +35,14 @@ int64_t foldWeightNodes(plan::StageProgram &sp, int64_t opset) {
     ++moved;
   }
   sp.mutable_forward()->Swap(&forward);
+  // What the backward read of them it now reads from the weights.
+  for (auto *list : {sp.mutable_keep(), sp.mutable_recompute()}) {
+    google::protobuf::RepeatedPtrField<std::string> rest;
+    for (std::string &name : *list)
+      if (!weights.contains(name))
+        *rest.Add() = std::move(name);
+    list->Swap(&rest);
+  }
   return moved;
 }
 

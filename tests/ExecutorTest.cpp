@@ -556,6 +556,27 @@ TEST_F(RunCli, ResumedRunIsBitIdentical) {
   std::string halfStraight = readFile(dir->path("half-straight.onnx"));
   ASSERT_FALSE(halfStraight.empty());
   EXPECT_TRUE(halfStraight == readFile(dir->path("half-resumed.onnx")));
+  // Under autocast the bf16 copies of the weights (and the tied head's
+  // Transpose) are load nodes, made once a step: a resumed run makes them
+  // again from the restored weights.
+  std::string cast = plan(gpt(true),
+                          "--stages 2 --microbatches 2 --batch 4 --precision bf16 "
+                          "--autocast",
+                          "resume-autocast");
+  auto castPlan = readPlan(cast);
+  ASSERT_TRUE(!!castPlan) << toString(castPlan.takeError());
+  EXPECT_GT(castPlan->stage_programs(1).load_nodes_size(), 0);
+  for (const char *run :
+       {" --steps 3 --save-weights autocast-straight.onnx", " --steps 2 --checkpoint autocast-ckpt",
+        " --steps 3 --resume --checkpoint autocast-ckpt --save-weights "
+        "autocast-resumed.onnx"})
+    ASSERT_EQ(
+        runCommand("cd " + dir->root() + " && " + pipecBin() + " run " + cast + run + flags, out),
+        0)
+        << out;
+  std::string castStraight = readFile(dir->path("autocast-straight.onnx"));
+  ASSERT_FALSE(castStraight.empty());
+  EXPECT_TRUE(castStraight == readFile(dir->path("autocast-resumed.onnx")));
   // Killed during step 2 (after the checkpoint of step 2), then resumed.
   int rc = runCommand("PIPEC_FAULT=rank=1,step=2,at=4,kind=error " + pipecBin() + " run " + p +
                           " --steps 4 --checkpoint " + ckpt + flags,

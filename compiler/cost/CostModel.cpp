@@ -97,7 +97,12 @@ CostTable computeCosts(const LayerGraph &lg, const HardwareSpec &hw, Precision p
         for (int in : o.inputs)
           if (in >= 0 && graph.values[in].type == DType::F32)
             addedByGemm.insert(in);
-      for (int p = 0; p < 3; ++p) {
+      // A weight derived from weights is made once per weight update, not
+      // per microbatch (the fold-weights pass); its gradient is.
+      bool derived = !o.outputs.empty() && llvm::all_of(o.outputs, [&](int out) {
+        return out < 0 || graph.isDerivedWeight(out);
+      });
+      for (int p = derived ? 1 : 0; p < 3; ++p) {
         // A ring all-reduce over the T ranks of one node: 2 (T - 1) steps of
         // bytes / T each way, each step paying the link's latency.
         if (c.tpSumBytes[p] > 0 && graph.tensorParallel > 1) {

@@ -60,6 +60,11 @@ struct LayerCost {
   /// keeps: temporaries, gradients, the weight-gradient terms
   /// (countActivationMemory; 0 until then).
   int64_t workingBytes = 0;
+  /// Bytes of the weights the layer derives from float weights at run time
+  /// (autocast's bf16 copies, a tied head's Transpose): made once per
+  /// optimizer step and held by the stage like its weights
+  /// (countActivationMemory; 0 until then).
+  int64_t derivedWeightBytes = 0;
   /// Bytes entering the layer from earlier ones (what recompute keeps).
   int64_t inputBytes = 0;
   /// Bytes crossing the boundary after this layer.

@@ -312,6 +312,14 @@ void Graph::compact() {
   rebuildUses();
 }
 
+bool Graph::isDerivedWeight(int id) const {
+  const Value &v = values[id];
+  if (v.kind != ValueKind::Weight || v.producer < 0)
+    return false;
+  return llvm::any_of(ops[v.producer].inputs,
+                      [&](int in) { return in >= 0 && isFloatDType(values[in].type); });
+}
+
 int64_t Graph::parameterCount() const {
   // Count stored weights, and weights computed from constants alone (fills
   // such as ConstantOfShape); not weights derived from other weights (a

@@ -253,6 +253,11 @@ public:
   /// Total parameter elements (weights reachable from live ops).
   int64_t parameterCount() const;
   int liveOpCount() const;
+  /// Whether value \p id is a weight derived at run time from a float
+  /// weight (autocast's bf16 copy, a tied head's Transpose), not a stored
+  /// one or a fill: the fold-weights pass makes it once per weight update,
+  /// and the memory and time models count it so.
+  bool isDerivedWeight(int id) const;
 };
 
 /// Prints one line per value and op; used by --print-after and tests.

@@ -166,6 +166,7 @@ Error RankExecutor::loadCheckpointAcross(StringRef dir, int step, int writtenT, 
 
 Error RankExecutor::applyCheckpoint(const plan::Checkpoint &c, StringRef file, int &nextStep) {
   nextStep = c.next_step();
+  loadNodesStale = true;
   int shards = c.shards();
   int ours = s.shardOptimizer ? s.dp : 1;
   if (shards != ours) {

@@ -925,6 +925,13 @@ Error RankExecutor::evaluate(int batch, double &batchLossSum, double &batchLossC
 }
 
 Error RankExecutor::runStream(const google::protobuf::RepeatedPtrField<Ins> &stream, int t) {
+  if (loadNodesStale) {
+    for (int k = 0; k < s.K; ++k)
+      if (local(k))
+        if (Error err = runLoadNodes(k))
+          return err;
+    loadNodesStale = false;
+  }
   auto isComm = [&](int i) {
     if (i < 0 || i >= stream.size())
       return false;

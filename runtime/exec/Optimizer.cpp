@@ -70,6 +70,7 @@ double untrainedFactor(const Shared &s) {
 }
 
 Error RankExecutor::optimizerStep(int t) {
+  loadNodesStale = true;
   // The step's losses and label counts, read with one wait.
   if (Error err = settleLosses())
     return err;

@@ -367,8 +367,12 @@ private:
   llvm::Error updateRunningStats();
   std::map<int, std::set<std::string>> keepSets;
   /// Runs \p stage's load_nodes (the plan's fold-weights pass: nodes of
-  /// weights alone, inference) once; their outputs join `weights`.
+  /// weights alone); their outputs join `weights`.
   llvm::Error runLoadNodes(int stage);
+  /// Whether the weights changed since the load nodes last ran (an
+  /// optimizer step, a restored checkpoint): the next stream runs them
+  /// first, once for the step.
+  bool loadNodesStale = false;
   /// Per local stage that recomputes: what FORWARD keeps
   /// (keep_when_recomputing, the plan's select-recompute pass).
   std::map<int, std::set<std::string>> keptWhenRecomputing;
