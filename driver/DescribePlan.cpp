@@ -78,6 +78,10 @@ BalanceOptions balanceOptions(const CompileOptions &options, const Setup &setup,
   balance.training.recompute = options.recompute;
   balance.training.optimizerShards = options.shardOptimizer ? shape.dataParallel() : 1;
   balance.rankCosts = prepared.rankCosts;
+  // One rank's costs serve every stage (--parallel auto prepares once per T
+  // and microbatch size, for any P).
+  if (balance.rankCosts.size() == 1)
+    balance.rankCosts.assign(shape.stages(), prepared.rankCosts[0]);
   balance.rankHardware = setup.hardware;
   balance.memoryLimit = setup.limits;
   balance.method = StringSwitch<BalanceMethod>(options.balance)

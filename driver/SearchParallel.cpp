@@ -11,10 +11,12 @@
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
 #include <optional>
+#include <thread>
 
 using namespace llvm;
 
@@ -82,10 +84,14 @@ public:
   std::string nothingFits() const;
 
 private:
-  /// The front half at \p tp for microbatches of \p size (prepared once), or
-  /// why that T cannot split the model.
-  Expected<Prepared *> preparedFor(int tp, int64_t size);
-  void judgeLayout(Layout &layout, Prepared &prepared);
+  /// Balances and simulates \p layout under each schedule through \p runner;
+  /// returns how many schedules it judged. Reads the search's state only, so
+  /// layouts are judged on threads of their own.
+  int judgeLayout(Layout &layout, const Prepared &prepared, PassRunner &runner) const;
+  /// Prepares the front half of each (T, microbatch size) of \p keys that
+  /// is not prepared yet, on as many threads as the machine has cores, into
+  /// `cache` or, with why, `failed`.
+  void prepareAll(const std::vector<std::pair<int, int64_t>> &keys);
   std::vector<std::pair<ScheduleKind, int>> schedules() const;
 
   StringRef modelPath;
@@ -93,29 +99,17 @@ private:
   Setup setup;
   int perNode;
   PassRunner quiet;
+  /// The front half at each (T, microbatch size), prepared once; or why
+  /// that T cannot split the model.
   std::map<std::pair<int, int64_t>, std::unique_ptr<Prepared>> cache;
+  std::map<std::pair<int, int64_t>, std::string> failed;
+  std::string hash; ///< the model file's, once the first front half read it
   std::vector<Layout> layouts;
   /// T that cannot split the model: the reason, one line each.
   std::vector<std::string> refused;
   int skippedBatch = 0;
   int judged = 0;
 };
-
-Expected<Prepared *> ParallelSearch::preparedFor(int tp, int64_t size) {
-  auto key = std::make_pair(tp, size);
-  if (auto it = cache.find(key); it != cache.end())
-    return it->second.get();
-  CompileOptions at = options;
-  at.tensorParallel = tp;
-  at.sequenceParallel = options.sequenceParallel && tp > 1;
-  auto made =
-      prepare(modelPath, at, quiet, setup, size, cache.empty() ? "" : cache.begin()->second->xxh3);
-  if (!made)
-    return made.takeError();
-  Prepared *ptr = made->get();
-  cache[key] = std::move(*made);
-  return ptr;
-}
 
 std::vector<std::pair<ScheduleKind, int>> ParallelSearch::schedules() const {
   std::vector<std::pair<ScheduleKind, int>> out;
@@ -131,7 +125,8 @@ std::vector<std::pair<ScheduleKind, int>> ParallelSearch::schedules() const {
   return out;
 }
 
-void ParallelSearch::judgeLayout(Layout &layout, Prepared &prepared) {
+int ParallelSearch::judgeLayout(Layout &layout, const Prepared &prepared,
+                                PassRunner &runner) const {
   CompileOptions at = options;
   at.tensorParallel = layout.tp;
   at.sequenceParallel = options.sequenceParallel && layout.tp > 1;
@@ -141,7 +136,7 @@ void ParallelSearch::judgeLayout(Layout &layout, Prepared &prepared) {
   Setup ranks = setup;
   ranks.hardware.assign(layout.stages, setup.hardware[0]);
   ranks.limits.assign(layout.stages, setup.limits[0]);
-  prepared.rankCosts.assign(layout.stages, prepared.rankCosts[0]);
+  int count = 0;
   const HardwareSpec &hw = setup.hardware[0];
   double peakFlops = hw.peakFlops(setup.precision == Precision::BF16);
   // Why no schedule has a plan: balancing's reason (memory) before a
@@ -154,8 +149,8 @@ void ParallelSearch::judgeLayout(Layout &layout, Prepared &prepared) {
       shapeError = toString(shape.takeError());
       continue;
     }
-    auto made = judge(at, ranks, prepared, *shape, quiet);
-    ++judged;
+    auto made = judge(at, ranks, prepared, *shape, runner);
+    ++count;
     if (!made) {
       balanceError = toString(made.takeError());
       continue;
@@ -190,6 +185,65 @@ void ParallelSearch::judgeLayout(Layout &layout, Prepared &prepared) {
   }
   if (!layout.kind)
     layout.why = "no plan: " + (balanceError.empty() ? shapeError : balanceError);
+  return count;
+}
+
+/// Runs \p body(i) for i in [0, n) on as many threads as the machine has
+/// cores (the calling one among them), each with its own runner copied from
+/// \p quiet.
+void parallelFor(size_t n, const PassRunner &quiet,
+                 const std::function<void(size_t, PassRunner &)> &body) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    PassRunner runner = quiet.quiet();
+    for (size_t i = next++; i < n; i = next++)
+      body(i, runner);
+  };
+  size_t threads = std::min<size_t>(n, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t)
+    pool.emplace_back(work);
+  work();
+  for (std::thread &t : pool)
+    t.join();
+}
+
+void ParallelSearch::prepareAll(const std::vector<std::pair<int, int64_t>> &keys) {
+  std::vector<std::pair<int, int64_t>> missing;
+  for (const auto &key : keys)
+    if (!cache.count(key) && !failed.count(key) &&
+        std::find(missing.begin(), missing.end(), key) == missing.end())
+      missing.push_back(key);
+  if (missing.empty())
+    return;
+  auto prepareOne = [&](std::pair<int, int64_t> key, PassRunner &runner, StringRef hash) {
+    CompileOptions at = options;
+    at.tensorParallel = key.first;
+    at.sequenceParallel = options.sequenceParallel && key.first > 1;
+    return prepare(modelPath, at, runner, setup, key.second, hash);
+  };
+  auto keep = [&](std::pair<int, int64_t> key, Expected<std::unique_ptr<Prepared>> made) {
+    if (made)
+      cache[key] = std::move(*made);
+    else
+      failed[key] = toString(made.takeError());
+  };
+  // The first front half hashes the model file; the others reuse its hash.
+  size_t from = 0;
+  if (hash.empty()) {
+    PassRunner runner = quiet.quiet();
+    auto made = prepareOne(missing[0], runner, "");
+    if (made)
+      hash = (*made)->xxh3;
+    keep(missing[0], std::move(made));
+    from = 1;
+  }
+  std::vector<std::optional<Expected<std::unique_ptr<Prepared>>>> made(missing.size());
+  parallelFor(missing.size() - from, quiet, [&](size_t i, PassRunner &runner) {
+    made[from + i].emplace(prepareOne(missing[from + i], runner, hash));
+  });
+  for (size_t i = from; i < missing.size(); ++i)
+    keep(missing[i], std::move(*made[i]));
 }
 
 Error ParallelSearch::run() {
@@ -201,16 +255,27 @@ Error ParallelSearch::run() {
   training.optimizer = options.optimizer;
   training.mixedPrecision = setup.precision == Precision::BF16;
   training.recompute = options.recompute;
-  for (int tp : divisorsOf(perNode)) {
-    if (gpus % tp != 0 || (options.parallel.fixedTp && tp != options.tensorParallel))
-      continue;
-    auto first = preparedFor(tp, 1);
-    if (!first) {
-      refused.push_back(formatv("T={0}: {1}", tp, toString(first.takeError())).str());
+  // Every T's front half for microbatches of one sample (its layers and
+  // parameters bound the layouts), then those of the other sizes the
+  // layouts ask for, each prepared once and on threads of their own.
+  std::vector<int> tps;
+  for (int tp : divisorsOf(perNode))
+    if (gpus % tp == 0 && (!options.parallel.fixedTp || tp == options.tensorParallel))
+      tps.push_back(tp);
+  std::vector<std::pair<int, int64_t>> firsts;
+  for (int tp : tps)
+    firsts.push_back({tp, 1});
+  prepareAll(firsts);
+  // The layouts to judge and the front half of each.
+  std::vector<std::pair<size_t, std::pair<int, int64_t>>> pending;
+  for (int tp : tps) {
+    if (auto why = failed.find({tp, 1}); why != failed.end()) {
+      refused.push_back(formatv("T={0}: {1}", tp, why->second).str());
       continue;
     }
-    int layers = static_cast<int>((*first)->layers.layers.size());
-    int64_t params = (*first)->layers.totalParams();
+    const Prepared &first = *cache.at({tp, 1});
+    int layers = static_cast<int>(first.layers.layers.size());
+    int64_t params = first.layers.totalParams();
     for (int stages : divisorsOf(gpus / tp)) {
       int dp = gpus / (tp * stages);
       if (stages > layers || (options.parallel.fixedStages && stages != options.stages) ||
@@ -251,17 +316,26 @@ Error ParallelSearch::run() {
         } else if (size > 1 && microbatches < stages) {
           continue; // fewer microbatches than stages: the bubble grows
         }
-        auto prepared = preparedFor(tp, size);
-        if (!prepared)
-          return prepared.takeError();
         Layout layout = base;
         layout.size = size;
         layout.microbatches = static_cast<int>(microbatches);
-        judgeLayout(layout, **prepared);
         layouts.push_back(std::move(layout));
+        pending.push_back({layouts.size() - 1, {tp, size}});
       }
     }
   }
+  std::vector<std::pair<int, int64_t>> keys;
+  for (const auto &p : pending)
+    keys.push_back(p.second);
+  prepareAll(keys);
+  for (const auto &p : pending)
+    if (auto why = failed.find(p.second); why != failed.end())
+      return createStringError(inconvertibleErrorCode(), why->second);
+  std::atomic<int> count{0};
+  parallelFor(pending.size(), quiet, [&](size_t i, PassRunner &runner) {
+    count += judgeLayout(layouts[pending[i].first], *cache.at(pending[i].second), runner);
+  });
+  judged += count;
   return Error::success();
 }
 
