@@ -103,6 +103,10 @@ bool fitsMemory(const plan::Plan &plan);
 /// flowing values, in train mode.
 void indexCuts(Prepared &prepared, Precision precision);
 
+/// How \p options train on \p setup's ranks with \p replicas data-parallel
+/// replicas: what the memory model and the gradient all-reduces count.
+TrainingSetup trainingSetup(const CompileOptions &options, const Setup &setup, int replicas);
+
 /// What balance-stages needs for \p shape; options.balance names a method
 /// or gives a layout. The result refers to \p options, \p setup and
 /// \p prepared.

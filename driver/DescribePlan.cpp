@@ -68,15 +68,22 @@ void indexCuts(Prepared &prepared, Precision precision) {
   }
 }
 
+TrainingSetup trainingSetup(const CompileOptions &options, const Setup &setup, int replicas) {
+  TrainingSetup training;
+  training.training = options.training;
+  training.optimizer = options.optimizer;
+  training.mixedPrecision = setup.precision == Precision::BF16;
+  training.autocast = options.autocast;
+  training.recompute = options.recompute;
+  training.optimizerShards = options.shardOptimizer ? replicas : 1;
+  return training;
+}
+
 BalanceOptions balanceOptions(const CompileOptions &options, const Setup &setup,
                               const Prepared &prepared, const PipelineShape &shape) {
   BalanceOptions balance;
   balance.shape = shape;
-  balance.training.training = options.training;
-  balance.training.optimizer = options.optimizer;
-  balance.training.mixedPrecision = setup.precision == Precision::BF16;
-  balance.training.recompute = options.recompute;
-  balance.training.optimizerShards = options.shardOptimizer ? shape.dataParallel() : 1;
+  balance.training = trainingSetup(options, setup, shape.dataParallel());
   balance.rankCosts = prepared.rankCosts;
   // One rank's costs serve every stage (--parallel auto prepares once per T
   // and microbatch size, for any P).
@@ -247,7 +254,7 @@ LoweringInputs loweringInputs(const CompileOptions &options, const PipelineShape
     }
     lowering.inputBytes.push_back(input);
   }
-  int64_t gradBytes = setup.precision == Precision::BF16 ? 2 : 4;
+  int64_t gradBytes = gradientBytesPerParam(trainingSetup(options, setup, shape.dataParallel()));
   for (auto &[w, users] : prepared.sharedWeights) {
     std::set<int> ranks;
     for (int l : users)

@@ -250,11 +250,7 @@ Error ParallelSearch::run() {
   const int gpus = options.parallel.gpus;
   const int64_t batch = options.globalBatch;
   std::vector<int64_t> sizes = {1, 2, 4};
-  TrainingSetup training;
-  training.training = options.training;
-  training.optimizer = options.optimizer;
-  training.mixedPrecision = setup.precision == Precision::BF16;
-  training.recompute = options.recompute;
+  TrainingSetup training = trainingSetup(options, setup, 1);
   // Every T's front half for microbatches of one sample (its layers and
   // parameters bound the layouts), then those of the other sizes the
   // layouts ask for, each prepared once and on threads of their own.
@@ -291,7 +287,7 @@ Error ParallelSearch::run() {
       base.dp = dp;
       // Memory first: some rank holds at least 1/P of one tensor-parallel
       // rank's weights with their state, whatever the partition.
-      training.optimizerShards = options.shardOptimizer ? dp : 1;
+      training = trainingSetup(options, setup, dp);
       int64_t share = weightStateBytes(params, training) / stages;
       int64_t limit = setup.limits[0];
       if (limit > 0 && share > limit) {

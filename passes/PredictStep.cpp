@@ -56,7 +56,7 @@ LoweringInputs defaultLoweringInputs(const StagePlan &plan, const BalanceOptions
     in.inputBytes.push_back(c.index > 0 ? plan.chunks[c.index - 1].boundaryBytes : 0);
   }
   in.collectives =
-      dataParallelCollectives(plan, options.shape, options.training.mixedPrecision ? 2 : 4,
+      dataParallelCollectives(plan, options.shape, gradientBytesPerParam(options.training),
                               options.training.optimizerShards > 1);
   return in;
 }

@@ -511,6 +511,18 @@ TEST(MemoryModel, BytesPerParamAndSizes) {
   zero.optimizer = Optimizer::SGD;
   zero.mixedPrecision = false;
   EXPECT_EQ(weightStateBytes(1000, zero), 8000); // SGD in fp32 has no state to shard
+  // Mixed precision moves bf16 gradients; autocast keeps the run's types:
+  // float32 weights (the masters), float32 gradients (moved at 4 bytes),
+  // the moments sharded, and its bf16 copies counted by the layers.
+  TrainingSetup mixed;
+  EXPECT_EQ(gradientBytesPerParam(mixed), 2);
+  TrainingSetup autocast;
+  autocast.autocast = true;
+  autocast.optimizerShards = 8;
+  EXPECT_EQ(gradientBytesPerParam(autocast), 4);
+  EXPECT_EQ(bytesPerParam(autocast), 16);
+  EXPECT_EQ(optimizerBytesPerParam(autocast), 8);
+  EXPECT_EQ(weightStateBytes(8000, autocast), 8000 * 8 + 8000 * 8 / 8);
   EXPECT_EQ(*parseByteSize("80GB", "memory-limit"), 80000000000);
   EXPECT_EQ(*parseByteSize("64GiB", "memory-limit"), 64ll << 30);
   EXPECT_EQ(*parseByteSize("1.5e9", "memory-limit"), 1500000000);

@@ -35,14 +35,19 @@ int64_t optimizerBytesPerParam(const TrainingSetup &setup) {
   int64_t moments = setup.optimizer == Optimizer::SGD        ? 0
                     : setup.optimizer == Optimizer::Momentum ? 4
                                                              : 8;
-  // Mixed precision: an fp32 master copy beside the bf16 weight.
-  return moments + (setup.mixedPrecision ? 4 : 0);
+  // Mixed precision: an fp32 master copy beside the bf16 weight; under
+  // autocast the weight is the master.
+  return moments + (setup.mixedPrecision && !setup.autocast ? 4 : 0);
+}
+
+int64_t gradientBytesPerParam(const TrainingSetup &setup) {
+  return setup.mixedPrecision && !setup.autocast ? 2 : 4;
 }
 
 int64_t bytesPerParam(const TrainingSetup &setup) {
   if (!setup.training)
     return setup.mixedPrecision ? 2 : 4;
-  int64_t weightAndGrad = setup.mixedPrecision ? 2 + 2 : 4 + 4;
+  int64_t weightAndGrad = 2 * gradientBytesPerParam(setup);
   return weightAndGrad + optimizerBytesPerParam(setup);
 }
 

@@ -48,7 +48,16 @@ llvm::StringRef recomputeName(Recompute recompute);
 struct TrainingSetup {
   bool training = true;
   Optimizer optimizer = Optimizer::AdamW;
+  /// bf16: a bf16 weight and gradient beside a float32 master copy (16
+  /// bytes a parameter with AdamW, as ZeRO counts them), the products at
+  /// the bf16 rate.
   bool mixedPrecision = true;
+  /// --autocast (with mixedPrecision): the run's own types. The weights
+  /// stay float32 and are the optimizer's masters, their gradients are
+  /// accumulated and summed over replicas in float32 (as Megatron-LM does
+  /// under bf16), and the products read bf16 copies made once a step,
+  /// which the layers count as derivedWeightBytes.
+  bool autocast = false;
   Recompute recompute = Recompute::None;
   /// The replicas the optimizer state is divided over (--shard-optimizer
   /// with --dp N: N), else 1.
@@ -62,6 +71,11 @@ int64_t bytesPerParam(const TrainingSetup &setup);
 /// Of bytesPerParam, the optimizer's own state: the fp32 master copy of a
 /// mixed-precision weight and the moments. What sharding divides.
 int64_t optimizerBytesPerParam(const TrainingSetup &setup);
+
+/// Bytes of one parameter's gradient as the data-parallel and tied-weight
+/// all-reduces move it: 2 in mixed precision, 4 in float32 and under
+/// autocast.
+int64_t gradientBytesPerParam(const TrainingSetup &setup);
 
 /// Bytes \p params parameters take on a rank: weights and gradients, and
 /// its shard of the optimizer state (rounded up).
