@@ -5,6 +5,7 @@
 #include "driver/Report.h"
 #include "plan/PlanFile.h"
 #include "support/Diagnostics.h"
+#include "support/Parallel.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/BuryPointer.h"
@@ -188,10 +189,10 @@ int ParallelSearch::judgeLayout(Layout &layout, const Prepared &prepared,
   return count;
 }
 
-/// Runs \p body(i) for i in [0, n) on as many threads as the machine has
-/// cores (the calling one among them), each with its own runner copied from
-/// \p quiet.
-void parallelFor(size_t n, const PassRunner &quiet,
+/// Runs \p body(i) for i in [0, n) on as many threads as this process may
+/// use cores (the calling one among them), each taking the next i when it
+/// is done with one, with its own runner copied from \p quiet.
+void onEveryCore(size_t n, const PassRunner &quiet,
                  const std::function<void(size_t, PassRunner &)> &body) {
   std::atomic<size_t> next{0};
   auto work = [&] {
@@ -199,7 +200,7 @@ void parallelFor(size_t n, const PassRunner &quiet,
     for (size_t i = next++; i < n; i = next++)
       body(i, runner);
   };
-  size_t threads = std::min<size_t>(n, std::thread::hardware_concurrency());
+  size_t threads = std::min<size_t>(n, static_cast<size_t>(allowedCpuCount()));
   std::vector<std::thread> pool;
   for (size_t t = 1; t < threads; ++t)
     pool.emplace_back(work);
@@ -239,7 +240,7 @@ void ParallelSearch::prepareAll(const std::vector<std::pair<int, int64_t>> &keys
     from = 1;
   }
   std::vector<std::optional<Expected<std::unique_ptr<Prepared>>>> made(missing.size());
-  parallelFor(missing.size() - from, quiet, [&](size_t i, PassRunner &runner) {
+  onEveryCore(missing.size() - from, quiet, [&](size_t i, PassRunner &runner) {
     made[from + i].emplace(prepareOne(missing[from + i], runner, hash));
   });
   for (size_t i = from; i < missing.size(); ++i)
@@ -328,7 +329,7 @@ Error ParallelSearch::run() {
     if (auto why = failed.find(p.second); why != failed.end())
       return createStringError(inconvertibleErrorCode(), why->second);
   std::atomic<int> count{0};
-  parallelFor(pending.size(), quiet, [&](size_t i, PassRunner &runner) {
+  onEveryCore(pending.size(), quiet, [&](size_t i, PassRunner &runner) {
     count += judgeLayout(layouts[pending[i].first], *cache.at(pending[i].second), runner);
   });
   judged += count;

@@ -229,7 +229,8 @@ std::vector<bool> dataWeights(const Graph &graph) {
         (perSample(graph, static_cast<int>(v), batch) ||
          readAsAttentionStep(graph, static_cast<int>(v)) ||
          holdsMaskFill(graph, static_cast<int>(v)) ||
-         (value.tensorIndex >= initializers && computedFill(graph, static_cast<int>(v)))))
+         (value.tensorIndex >= initializers && !graph.isFillWeight(static_cast<int>(v)) &&
+          computedFill(graph, static_cast<int>(v)))))
       data[v] = true;
   }
   return data;

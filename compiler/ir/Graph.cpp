@@ -1,5 +1,6 @@
 //===- Graph.cpp - The imported op graph ----------------------------------===//
 #include "compiler/ir/Graph.h"
+#include "support/FillTensor.h"
 #include "support/Float16.h"
 
 #include "onnx/onnx_pb.h"
@@ -271,6 +272,25 @@ Expected<std::shared_ptr<const ConstTensor>> Graph::readConstant(int valueId,
       value.tensorIndex < model->graph().initializer_size()
           ? model->graph().initializer(value.tensorIndex)
           : *constantTensors[value.tensorIndex - model->graph().initializer_size()];
+  if (tensor.doc_string() == FillTensorDoc) {
+    // One value over the shape (a weight a model stores as a fill).
+    ConstTensor one;
+    one.type = value.type;
+    one.shape = {1};
+    Error err = tensor.has_raw_data()
+                    ? decodeRaw(one, ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(
+                                                           tensor.raw_data().data()),
+                                                       tensor.raw_data().size()))
+                    : decodeTyped(one, tensor);
+    if (err)
+      return fail(std::move(err));
+    int64_t n = value.numElements();
+    if (!one.floats.empty())
+      out->floats.assign(n, one.floats[0]);
+    else
+      out->ints.assign(n, one.ints.empty() ? 0 : one.ints[0]);
+    return std::shared_ptr<const ConstTensor>(std::move(out));
+  }
   Error err =
       tensor.has_raw_data()
           ? decodeRaw(*out,
@@ -318,6 +338,14 @@ bool Graph::isDerivedWeight(int id) const {
     return false;
   return llvm::any_of(ops[v.producer].inputs,
                       [&](int in) { return in >= 0 && isFloatDType(values[in].type); });
+}
+
+bool Graph::isFillWeight(int id) const {
+  const Value &v = values[id];
+  int initializers = model ? model->graph().initializer_size() : 0;
+  return v.producer < 0 && v.tensorIndex >= initializers &&
+         v.tensorIndex - initializers < static_cast<int>(constantTensors.size()) &&
+         constantTensors[v.tensorIndex - initializers]->doc_string() == FillTensorDoc;
 }
 
 int64_t Graph::parameterCount() const {

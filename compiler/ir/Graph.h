@@ -258,6 +258,10 @@ public:
   /// one or a fill: the fold-weights pass makes it once per weight update,
   /// and the memory and time models count it so.
   bool isDerivedWeight(int id) const;
+  /// Whether value \p id is a weight the model stores as a fill (a
+  /// ConstantOfShape of a light model, which fold-constants made a weight:
+  /// support/FillTensor.h), a parameter like an initializer.
+  bool isFillWeight(int id) const;
 };
 
 /// Prints one line per value and op; used by --print-after and tests.

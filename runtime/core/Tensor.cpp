@@ -8,6 +8,7 @@
 #include "runtime/core/HostBuffers.h"
 #include "support/Broadcast.h"
 #include "support/EnumNames.h"
+#include "support/FillTensor.h"
 #include "support/Float16.h"
 #include "support/InputFile.h"
 
@@ -327,6 +328,22 @@ Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto, StringRef baseD
   for (int64_t d : shape)
     if (__builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements))
       return fail("shape " + shapeString(shape) + " overflows");
+  if (proto.doc_string() == FillTensorDoc) {
+    // A weight stored as its fill: the one value over the shape.
+    onnx::TensorProto one = proto;
+    one.clear_doc_string();
+    one.clear_dims();
+    one.add_dims(1);
+    Expected<Tensor> value = fromTensorProto(one, baseDir);
+    if (!value)
+      return value.takeError();
+    Tensor filled(*type, shape);
+    visitStorage(*type, [&](auto tag) {
+      using T = decltype(tag);
+      std::fill_n(filled.data<T>(), filled.numElements(), value->data<T>()[0]);
+    });
+    return std::move(filled);
+  }
   if (proto.data_location() != onnx::TensorProto::EXTERNAL) {
     if (proto.has_raw_data()) {
       if (proto.raw_data().size() / std::max<size_t>(1, wireSize(*type)) != elements ||
