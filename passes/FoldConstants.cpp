@@ -32,7 +32,7 @@ bool fillToWeight(Graph &graph, Op &op) {
   t->clear_dims();
   for (int64_t d : w.shape)
     t->add_dims(d);
-  t->set_doc_string(FillTensorDoc.str());
+  t->set_doc_string(fillTensorDoc.str());
   w.tensorIndex =
       graph.model->graph().initializer_size() + static_cast<int>(graph.constantTensors.size());
   graph.constantTensors.push_back(t);

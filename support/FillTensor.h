@@ -17,7 +17,7 @@
 
 namespace pipec {
 
-inline constexpr llvm::StringLiteral FillTensorDoc = "pipec:fill";
+inline constexpr llvm::StringLiteral fillTensorDoc = "pipec:fill";
 
 } // namespace pipec
 

@@ -272,7 +272,7 @@ Expected<std::shared_ptr<const ConstTensor>> Graph::readConstant(int valueId,
       value.tensorIndex < model->graph().initializer_size()
           ? model->graph().initializer(value.tensorIndex)
           : *constantTensors[value.tensorIndex - model->graph().initializer_size()];
-  if (tensor.doc_string() == FillTensorDoc) {
+  if (tensor.doc_string() == fillTensorDoc) {
     // One value over the shape (a weight a model stores as a fill).
     ConstTensor one;
     one.type = value.type;
@@ -345,7 +345,7 @@ bool Graph::isFillWeight(int id) const {
   int initializers = model ? model->graph().initializer_size() : 0;
   return v.producer < 0 && v.tensorIndex >= initializers &&
          v.tensorIndex - initializers < static_cast<int>(constantTensors.size()) &&
-         constantTensors[v.tensorIndex - initializers]->doc_string() == FillTensorDoc;
+         constantTensors[v.tensorIndex - initializers]->doc_string() == fillTensorDoc;
 }
 
 int64_t Graph::parameterCount() const {

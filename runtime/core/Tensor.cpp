@@ -328,7 +328,7 @@ Expected<Tensor> fromTensorProto(const onnx::TensorProto &proto, StringRef baseD
   for (int64_t d : shape)
     if (__builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements))
       return fail("shape " + shapeString(shape) + " overflows");
-  if (proto.doc_string() == FillTensorDoc) {
+  if (proto.doc_string() == fillTensorDoc) {
     // A weight stored as its fill: the one value over the shape.
     onnx::TensorProto one = proto;
     one.clear_doc_string();
