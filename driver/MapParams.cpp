@@ -378,14 +378,15 @@ namespace params {
 
 /// The float weights of \p graph that its ops read, stored in its files or
 /// inline (typed data); with \p wanted, those it keeps (their values alone
-/// are read).
+/// are read). A light model's fills hold no values to compare: none.
 Expected<std::vector<Weight>> graphWeights(const Graph &graph,
                                            function_ref<bool(const Value &)> wanted) {
   std::vector<Weight> weights;
   for (size_t id = 0; id < graph.values.size(); ++id) {
     const Value &v = graph.values[id];
     if (v.kind != ValueKind::Weight || v.producer >= 0 || v.users.empty() || !v.shapeKnown ||
-        (v.type != DType::F32 && v.type != DType::F64) || (wanted && !wanted(v)))
+        (v.type != DType::F32 && v.type != DType::F64) ||
+        graph.isFillWeight(static_cast<int>(id)) || (wanted && !wanted(v)))
       continue; // 16-bit floats are held as float32 in memory: not read here
     cpu::Tensor value(v.type, v.shape);
     if (v.storage) {

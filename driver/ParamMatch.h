@@ -91,7 +91,7 @@ std::map<std::string, std::vector<Reader>> readersOf(const onnx::ModelProto &mod
 
 /// The float weights of \p graph that its ops read, stored in its files or
 /// inline (typed data); with \p wanted, those it keeps (their values alone
-/// are read).
+/// are read). A light model's fills hold no values to compare: none.
 llvm::Expected<std::vector<Weight>>
 graphWeights(const Graph &graph, llvm::function_ref<bool(const Value &)> wanted = nullptr);
 

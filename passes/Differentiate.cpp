@@ -151,8 +151,9 @@ std::vector<int> foldedRotaryTables(const Graph &graph) {
   std::map<std::vector<int64_t>, std::vector<int>> byShape;
   for (size_t v = 0; v < graph.values.size(); ++v) {
     const Value &value = graph.values[v];
+    // A fill holds one value: no angles.
     if (value.kind != ValueKind::Weight || value.producer >= 0 || value.users.empty() ||
-        !isFloatDType(value.type) || value.shape.size() < 2)
+        !isFloatDType(value.type) || value.shape.size() < 2 || graph.isFillWeight(int(v)))
       continue;
     int64_t n = 1;
     for (int64_t d : value.shape)
