@@ -702,10 +702,74 @@ Expected<LossChoice> chooseLoss(const Graph &graph, const LossOptions &options) 
   return choice;
 }
 
+namespace {
+
+/// Whether a Cast from \p from to \p to gives back every value exactly.
+bool widensExactly(DType from, DType to) {
+  bool half = from == DType::BF16 || from == DType::F16;
+  return (half && (to == DType::F32 || to == DType::F64)) ||
+         (from == DType::F32 && to == DType::F64);
+}
+
+/// The backward reads a widening Cast's input and widens it again where it
+/// needs the wide value, instead of each microbatch keeping the wide copy:
+/// the widening is exact, so the values are the same, and a microbatch
+/// keeps 2 bytes an element (none when it keeps the narrow value anyway)
+/// instead of 4. Autocast's casts before torch's float32 ops (GELU's Pow,
+/// the loss's logits) are such; the fuse pass then folds the Cast into the
+/// kernel that reads it. Only in the Cast's own layer, whose stage holds
+/// its input.
+void widenAgainInBackward(const Graph &graph, const LayerGraph &layers, Backward &backward) {
+  for (size_t l = 0; l < layers.layers.size(); ++l) {
+    std::map<std::string, int> wide; // wide value -> its Cast
+    for (int o : layers.layers[l].ops) {
+      const Op &op = graph.ops[o];
+      if (op.dead || !op.is(OpId::Cast) || op.inputs.size() != 1 || op.outputs.size() != 1 ||
+          op.inputs[0] < 0 || op.outputs[0] < 0)
+        continue;
+      const Value &x = graph.values[op.inputs[0]], &v = graph.values[op.outputs[0]];
+      if (x.kind == ValueKind::Activation && !v.isGraphOutput && widensExactly(x.type, v.type))
+        wide[v.name] = o;
+    }
+    if (wide.empty())
+      continue;
+    auto rewrite = [&](std::vector<onnx::NodeProto> &list, StringRef part) {
+      std::map<std::string, std::string> again;
+      std::vector<onnx::NodeProto> out;
+      for (onnx::NodeProto &node : list) {
+        for (int i = 0; i < node.input_size(); ++i) {
+          auto it = wide.find(node.input(i));
+          if (it == wide.end())
+            continue;
+          auto [name, fresh] =
+              again.try_emplace(it->first, formatv("{0}.again.{1}{2}", it->first, part, l).str());
+          if (fresh) {
+            onnx::NodeProto cast = graph.node(graph.ops[it->second]);
+            cast.set_name(name->second);
+            cast.clear_output();
+            cast.add_output(name->second);
+            out.push_back(std::move(cast));
+          }
+          node.set_input(i, name->second);
+        }
+        out.push_back(std::move(node));
+      }
+      list = std::move(out);
+    };
+    rewrite(backward.inputGrad[l], "i");
+    rewrite(backward.weightGrad[l], "w");
+  }
+}
+
+} // namespace
+
 Expected<Backward> differentiate(const Graph &graph, const LayerGraph &layers, const LossSpec &loss,
                                  bool graphInputGrads) {
   Differentiator d(graph, layers, graphInputGrads);
-  return d.run(loss);
+  auto backward = d.run(loss);
+  if (backward)
+    widenAgainInBackward(graph, layers, *backward);
+  return backward;
 }
 
 namespace {

@@ -48,6 +48,12 @@
 // contributions "grad:V#K" when V has users in several layers) are what
 // crosses the same boundary backward.
 //
+// A backward read of a value made by an exact widening Cast in the same
+// layer (bf16 to float32: autocast's casts before torch's float32 ops) reads
+// "V.again.iL" or "V.again.wL" instead, a Cast of V's narrow input placed
+// before the list's first reader: a microbatch keeps the narrow value, not
+// the wide copy, and the values are the same.
+//
 // Before:  layer 0: Y = MatMul(X, W1); H = Relu(Y)
 //          layer 1: Z = MatMul(H, W2); loss = ReduceSum(Z, keepdims=0)
 // After:   I[1]: grad:loss = Constant(1)
