@@ -602,8 +602,21 @@ Expected<LayerGraph> Grouper::build(const std::vector<int> &order, std::vector<S
         loss |= in >= 0 && graph.values[in].producer >= 0 && inLoss[graph.values[in].producer];
       inLoss[order[p]] = loss;
     }
-    while (lossBegin > head.begin && inLoss[order[lossBegin - 1]])
+    // A Cast that only the loss reads (the logits widened to float32 for
+    // it: autocast's, or a model's own `.float()`) computes the loss too:
+    // the head sends the narrow logits, and the loss keeps them.
+    auto castForLoss = [&](const Op &op) {
+      if (!op.is(OpId::Cast) || op.outputs.size() != 1 || op.outputs[0] < 0)
+        return false;
+      const Value &out = graph.values[op.outputs[0]];
+      return !out.isGraphOutput && !out.users.empty() &&
+             llvm::all_of(out.users, [&](int u) { return inLoss[u]; });
+    };
+    while (lossBegin > head.begin &&
+           (inLoss[order[lossBegin - 1]] || castForLoss(graph.ops[order[lossBegin - 1]]))) {
+      inLoss[order[lossBegin - 1]] = true;
       --lossBegin;
+    }
     if (lossBegin < head.end) {
       Segment loss{"loss", LayerKind::Loss, lossBegin, head.end};
       head.end = lossBegin;

@@ -12,7 +12,8 @@
 // Within the room the evidence leaves, each boundary goes where the fewest
 // bytes cross (cut analysis), so that a boundary carries the hidden state and
 // not three projections of it. Ops before the first block form the embedding
-// (or a stem), ops after the last the head, and a trailing loss its own layer.
+// (or a stem), ops after the last the head, and a trailing loss its own layer
+// (with the Casts only it reads: the logits widened for it).
 // Ops that only compute constants join the first layer that reads them.
 //
 // Before:  124 ops: /model/embed_tokens/Gather, /model/layers.0/..., ...,
