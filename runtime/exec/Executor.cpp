@@ -130,13 +130,13 @@ Error RankExecutor::load(const std::map<std::string, cpu::Tensor> *reuse) {
     if (sp.recompute_size() > 0)
       keptWhenRecomputing[k] = std::set<std::string>(sp.keep_when_recomputing().begin(),
                                                      sp.keep_when_recomputing().end());
-    if (Error err = runLoadNodes(k))
+    if (Error err = runLoadNodes(k, /*inStep=*/false))
       return err;
   }
   return Error::success();
 }
 
-Error RankExecutor::runLoadNodes(int stage) {
+Error RankExecutor::runLoadNodes(int stage, bool inStep) {
   // The plan's fold-weights pass chose them: nodes of weights alone.
   for (const onnx::NodeProto &node : stageProgram(stage).load_nodes()) {
     std::vector<const cpu::Tensor *> inputs;
@@ -148,11 +148,19 @@ Error RankExecutor::runLoadNodes(int stage) {
                                          stage, cpu::nodeLabel(node), node.op_type(), name));
       inputs.push_back(name.empty() ? nullptr : &w->second);
     }
+    auto started = Clock::now();
     auto outs = be.run(node, s.plan->opset(), inputs);
     if (!outs)
       return rankError(global,
                        formatv("stage {0}: folding node '{1}' ({2}) of weights: {3}", stage,
                                cpu::nodeLabel(node), node.op_type(), toString(outs.takeError())));
+    if (inStep) {
+      double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+      kernelSeconds += seconds;
+      ++nodesRun;
+      if (profile)
+        profile->node(node, inputs, *outs, seconds);
+    }
     for (int o = 0; o < node.output_size() && o < static_cast<int>(outs->size()); ++o)
       if (!node.output(o).empty())
         weights[node.output(o)] = std::move((*outs)[o]);
@@ -928,7 +936,7 @@ Error RankExecutor::runStream(const google::protobuf::RepeatedPtrField<Ins> &str
   if (loadNodesStale) {
     for (int k = 0; k < s.K; ++k)
       if (local(k))
-        if (Error err = runLoadNodes(k))
+        if (Error err = runLoadNodes(k, /*inStep=*/true))
           return err;
     loadNodesStale = false;
   }

@@ -367,8 +367,10 @@ private:
   llvm::Error updateRunningStats();
   std::map<int, std::set<std::string>> keepSets;
   /// Runs \p stage's load_nodes (the plan's fold-weights pass: nodes of
-  /// weights alone); their outputs join `weights`.
-  llvm::Error runLoadNodes(int stage);
+  /// weights alone); their outputs join `weights`. \p inStep: a step's
+  /// refresh after the weights changed, counted with its nodes (and in its
+  /// profile) as the load's run is not.
+  llvm::Error runLoadNodes(int stage, bool inStep);
   /// Whether the weights changed since the load nodes last ran (an
   /// optimizer step, a restored checkpoint): the next stream runs them
   /// first, once for the step.
