@@ -90,8 +90,8 @@ private:
   /// layouts are judged on threads of their own.
   int judgeLayout(Layout &layout, const Prepared &prepared, PassRunner &runner) const;
   /// Prepares the front half of each (T, microbatch size) of \p keys that
-  /// is not prepared yet, on as many threads as the machine has cores, into
-  /// `cache` or, with why, `failed`.
+  /// is not prepared yet, on as many threads as the process may use cores
+  /// (onEveryCore), into `cache` or, with why, `failed`.
   void prepareAll(const std::vector<std::pair<int, int64_t>> &keys);
   std::vector<std::pair<ScheduleKind, int>> schedules() const;
 
@@ -229,7 +229,8 @@ void ParallelSearch::prepareAll(const std::vector<std::pair<int, int64_t>> &keys
     else
       failed[key] = toString(made.takeError());
   };
-  // The first front half hashes the model file; the others reuse its hash.
+  // The first front half hashes the model file, and any setup done on first
+  // use runs on one thread; the others reuse its hash.
   size_t from = 0;
   if (hash.empty()) {
     PassRunner runner = quiet.quiet();

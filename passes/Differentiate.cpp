@@ -716,9 +716,9 @@ bool widensExactly(DType from, DType to) {
 /// the widening is exact, so the values are the same, and a microbatch
 /// keeps 2 bytes an element (none when it keeps the narrow value anyway)
 /// instead of 4. Autocast's casts before torch's float32 ops (GELU's Pow,
-/// the loss's logits) are such; the fuse pass then folds the Cast into the
-/// kernel that reads it. Only in the Cast's own layer, whose stage holds
-/// its input.
+/// the loss's logits) are such; the fuse pass fuses the Cast into its
+/// reader where that is element-wise (GPT-2's GELU backward: 2 of the
+/// model's 7). Only in the Cast's own layer, whose stage holds its input.
 void widenAgainInBackward(const Graph &graph, const LayerGraph &layers, Backward &backward) {
   for (size_t l = 0; l < layers.layers.size(); ++l) {
     std::map<std::string, int> wide; // wide value -> its Cast

@@ -118,17 +118,7 @@ public:
     if (v.kind == ValueKind::Weight && v.producer >= 0) {
       const Op &t = graph.ops[v.producer];
       bool alone = readsOf(graph, id).size() == 1;
-      // A weight filled at load (ConstantOfShape: a model's structure
-      // without its bytes) fills one rank's piece.
-      if (t.is(OpId::ConstantOfShape) && alone &&
-          v.shape[layout.axis] % (layout.stride * parts) == 0)
-        if (std::optional<ConstTensor> shape = constantInput(t, 0)) {
-          ConstEdit edit{v.producer, 0, *shape};
-          edit.value.ints[layout.axis] /= parts;
-          edits.push_back(std::move(edit));
-          layouts[id] = layout;
-          return true;
-        }
+      // (A light model's fills are weights by now: fold-constants.)
       if (!t.is(OpId::Transpose) || t.inputs.size() != 1 || !alone)
         return refuse(
             op, llvm::formatv("'{0}' is computed, not a weight the node alone reads", v.name));

@@ -28,8 +28,8 @@ using namespace shard;
 // Regions
 //===----------------------------------------------------------------------===//
 
-/// A 2-D float initializer, the Transpose of one (torch's Linear), or a
-/// fill (a model without its weights' bytes).
+/// A 2-D float initializer (a light model's fills among them, since
+/// fold-constants), or the Transpose of one (torch's Linear).
 bool matrixWeight(const Graph &graph, int id) {
   const Value &w = graph.values[id];
   if (w.kind != ValueKind::Weight || w.shape.size() != 2 || !isFloatDType(w.type))
@@ -37,9 +37,8 @@ bool matrixWeight(const Graph &graph, int id) {
   if (w.producer < 0)
     return true;
   const Op &t = graph.ops[w.producer];
-  return t.is(OpId::ConstantOfShape) ||
-         (t.is(OpId::Transpose) && t.inputs.size() == 1 && t.inputs[0] >= 0 &&
-          graph.values[t.inputs[0]].producer < 0);
+  return t.is(OpId::Transpose) && t.inputs.size() == 1 && t.inputs[0] >= 0 &&
+         graph.values[t.inputs[0]].producer < 0;
 }
 
 /// A product of a replicated activation and a weight matrix (MatMul, or

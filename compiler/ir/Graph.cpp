@@ -272,25 +272,10 @@ Expected<std::shared_ptr<const ConstTensor>> Graph::readConstant(int valueId,
       value.tensorIndex < model->graph().initializer_size()
           ? model->graph().initializer(value.tensorIndex)
           : *constantTensors[value.tensorIndex - model->graph().initializer_size()];
-  if (tensor.doc_string() == fillTensorDoc) {
-    // One value over the shape (a weight a model stores as a fill).
-    ConstTensor one;
-    one.type = value.type;
-    one.shape = {1};
-    Error err = tensor.has_raw_data()
-                    ? decodeRaw(one, ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(
-                                                           tensor.raw_data().data()),
-                                                       tensor.raw_data().size()))
-                    : decodeTyped(one, tensor);
-    if (err)
-      return fail(std::move(err));
-    int64_t n = value.numElements();
-    if (!one.floats.empty())
-      out->floats.assign(n, one.floats[0]);
-    else
-      out->ints.assign(n, one.ints.empty() ? 0 : one.ints[0]);
-    return std::shared_ptr<const ConstTensor>(std::move(out));
-  }
+  // A weight a model stores as a fill holds one value for the whole shape.
+  bool fill = tensor.doc_string() == fillTensorDoc;
+  if (fill)
+    out->shape = {1};
   Error err =
       tensor.has_raw_data()
           ? decodeRaw(*out,
@@ -299,6 +284,13 @@ Expected<std::shared_ptr<const ConstTensor>> Graph::readConstant(int valueId,
           : decodeTyped(*out, tensor);
   if (err)
     return fail(std::move(err));
+  if (fill) {
+    out->shape = value.shape;
+    if (!out->floats.empty())
+      out->floats.assign(value.numElements(), out->floats[0]);
+    if (!out->ints.empty())
+      out->ints.assign(value.numElements(), out->ints[0]);
+  }
   return std::shared_ptr<const ConstTensor>(std::move(out));
 }
 
@@ -349,9 +341,10 @@ bool Graph::isFillWeight(int id) const {
 }
 
 int64_t Graph::parameterCount() const {
-  // Count stored weights, and weights computed from constants alone (fills
-  // such as ConstantOfShape); not weights derived from other weights (a
-  // transposed tied embedding is the same parameter).
+  // Count stored weights (a light model's fills among them: fold-constants
+  // made them weights), and weights computed from constants alone; not
+  // weights derived from other weights (a transposed tied embedding is the
+  // same parameter).
   int64_t total = 0;
   for (const Value &value : values) {
     if (value.kind != ValueKind::Weight || value.users.empty() || !value.shapeKnown)
